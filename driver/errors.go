@@ -1,0 +1,99 @@
+package driver
+
+import (
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Sentinel errors, one per class of failure. Every error a driver or a
+// layer above it returns is marked with exactly one of them, wrapped with a
+// message that says what was asked and why it failed. Test for them with
+// errors.Is from github.com/cockroachdb/errors (it also sees marks that the
+// standard library's errors.Is does not).
+var (
+	// ErrInvalid: an argument no call could accept (zero size, an
+	// alignment that is not a power of two, an unknown access value).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrMisaligned: a size, address or offset that is not a multiple of
+	// the granularity that applies; the message names the granularity.
+	ErrMisaligned = errors.New("misaligned")
+	// ErrOutOfMemory: the device cannot commit the memory asked for.
+	ErrOutOfMemory = errors.New("out of memory")
+	// ErrNoDevice: a device ID the driver does not have.
+	ErrNoDevice = errors.New("no such device")
+	// ErrNotReserved: an address range not inside any live reservation,
+	// or a range that is not exactly one reservation.
+	ErrNotReserved = errors.New("not reserved")
+	// ErrOverlap: a mapping or carve that would cover memory already in use.
+	ErrOverlap = errors.New("overlaps an existing mapping")
+	// ErrNotMapped: an address or range with no mapping behind it.
+	ErrNotMapped = errors.New("not mapped")
+	// ErrPartial: a range that covers part of a mapping where the whole
+	// mapping is the unit (Unmap).
+	ErrPartial = errors.New("not a whole mapping")
+	// ErrBadHandle: a chunk handle that is unknown or already released.
+	ErrBadHandle = errors.New("unknown or released chunk handle")
+	// ErrBusy: an object still in use (a reservation with live mappings).
+	ErrBusy = errors.New("in use")
+	// ErrAccessDenied: a read or write at memory the caller may not touch
+	// (reserved only, or not granted to the device).
+	ErrAccessDenied = errors.New("access denied")
+	// ErrUnsupported: a feature this driver does not implement.
+	ErrUnsupported = errors.New("not supported")
+	// ErrClosed: a call on a closed object.
+	ErrClosed = errors.New("closed")
+)
+
+// CheckSize returns nil when size is a positive multiple of gran, and
+// otherwise an error naming what was asked and the granularity.
+func CheckSize(what string, size, gran uint64) error {
+	if size == 0 {
+		return errors.Wrapf(ErrInvalid, "%s: size is zero", what)
+	}
+	if size%gran != 0 {
+		return errors.WithHintf(
+			errors.Wrapf(ErrMisaligned, "%s: size %s (%d bytes) is not a multiple of the granularity %s",
+				what, units.Bytes(size), size, units.Bytes(gran)),
+			"round the size up to a multiple of %d bytes", gran)
+	}
+	return nil
+}
+
+// CheckAddr returns nil when addr is a multiple of gran.
+func CheckAddr(what string, addr Addr, gran uint64) error {
+	if uint64(addr)%gran != 0 {
+		return errors.Wrapf(ErrMisaligned, "%s: address %s is not a multiple of the granularity %s",
+			what, addr, units.Bytes(gran))
+	}
+	return nil
+}
+
+// CheckAlign returns nil when align is 0 (the default) or a power of two.
+func CheckAlign(what string, align uint64) error {
+	if align&(align-1) != 0 {
+		return errors.Wrapf(ErrInvalid, "%s: alignment %d is not a power of two", what, align)
+	}
+	return nil
+}
+
+// CheckAccess returns nil when a is a defined access value.
+func CheckAccess(what string, a Access) error {
+	if !a.Valid() {
+		return errors.Wrapf(ErrInvalid, "%s: access value %d is not none (0), read (1) or read-write (3)",
+			what, uint8(a))
+	}
+	return nil
+}
+
+// CheckDevice returns nil when dev is one of n devices.
+func CheckDevice(what string, dev DeviceID, n int) error {
+	if dev < 0 || int(dev) >= n {
+		return errors.Wrapf(ErrNoDevice, "%s: device %d (the driver has %d, numbered 0 to %d)",
+			what, dev, n, n-1)
+	}
+	return nil
+}
+
+// Closed is the error for a call on a closed object.
+func Closed(what string) error { return errors.Wrapf(ErrClosed, "%s", what) }

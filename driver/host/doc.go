@@ -1,0 +1,48 @@
+// Package host is the driver on this machine's own memory: real virtual
+// memory, real commits, real faults, no accelerator needed. It is the
+// embedded default and the driver the layers above are tested on.
+//
+// Its devices are logical. Each has a heap — a memfd committed range by
+// range with fallocate — and a capacity, so out of memory, placement and
+// ranges spanning devices are real and testable on one machine.
+//
+//	operation   system calls
+//	----------  ------------------------------------------------------------------
+//	Reserve     mmap(hint or NULL, size+align, PROT_NONE,
+//	            MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), trimmed with munmap to
+//	            the alignment; a hint is tried first with MAP_FIXED_NOREPLACE
+//	Create      a first-fit range of the device's memfd heap, committed with
+//	            fallocate; a shareable chunk gets a memfd of its own, so an
+//	            export never exposes the heap
+//	Map         mmap(addr, size, PROT_NONE, MAP_SHARED|MAP_FIXED, fd, off) —
+//	            only ever inside a reservation this driver owns
+//	SetAccess   mprotect with the widest access any device has; per-device
+//	            rights are the library's to check. When a granule first becomes
+//	            accessible its page tables are filled with
+//	            madvise(MADV_POPULATE_READ/WRITE) unless Options.NoPopulate
+//	Unmap       mmap(addr, size, PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|
+//	            MAP_NORESERVE|MAP_FIXED): back to reserved, the range stays ours
+//	Release     fallocate(PUNCH_HOLE) of the heap range, or close of the
+//	            chunk's own memfd — once the handle is released and its last
+//	            mapping is gone
+//	Unreserve   munmap
+//	Read/Write  a copy under runtime/debug.SetPanicOnFault, after the ledger
+//	            checked the range is mapped and accessible: a fault that still
+//	            happens is ErrAccessDenied, never a crash
+//
+// Why populate at the grant and not at Map: the kernel does not populate a
+// PROT_NONE mapping (MAP_POPULATE on one leaves every page to fault later;
+// measured here: 515 faults for 2 MiB), and a mapping may only be touched
+// once access is granted. Populating at the grant costs about as much as
+// MAP_POPULATE on a readable mapping and removes the first-touch faults,
+// which on these machines cost about 10 ms per 2 MiB.
+//
+// Kernel mappings are a limited resource (vm.max_map_count, 65,530 per
+// process). Heap ranges are taken first-fit from the lowest offset, so
+// chunks created one after another lie side by side in the heap; mapped
+// side by side in a reservation with the same access, the kernel merges
+// them into one mapping.
+//
+// The host driver never maps, unmaps or protects memory outside the
+// reservations it made, and never hands the heap's file descriptor out.
+package host

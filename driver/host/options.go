@@ -1,0 +1,81 @@
+package host
+
+import (
+	"bufio"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Options configure a host driver. Zero fields take the defaults.
+type Options struct {
+	// Devices is the number of logical devices (default 1).
+	Devices int
+	// Capacity is each device's capacity. The default is a safe share of
+	// the machine: half of MemAvailable, split evenly between the devices.
+	Capacity uint64
+	// Granularity is each device's minimum granularity: a power of two, at
+	// least the OS page size (default 2 MiB, as on current GPUs). The
+	// recommended granularity is max(Granularity, 2 MiB).
+	Granularity uint64
+	// NoPopulate turns off filling page tables when access is granted;
+	// the first touch of each page then takes a fault.
+	NoPopulate bool
+}
+
+// withDefaults fills the zero fields and checks the rest.
+func (o Options) withDefaults() (Options, error) {
+	if o.Devices == 0 {
+		o.Devices = 1
+	}
+	if o.Devices < 0 || o.Devices > driver.MaxDevices {
+		return o, errors.Wrapf(driver.ErrInvalid, "host: %d devices (1 to %d are supported)", o.Devices, driver.MaxDevices)
+	}
+	if o.Granularity == 0 {
+		o.Granularity = 2 * units.MiB
+	}
+	page := uint64(os.Getpagesize())
+	if g := o.Granularity; g&(g-1) != 0 || g < page {
+		return o, errors.Wrapf(driver.ErrInvalid, "host: granularity %d is not a power of two of at least the page size %d", g, page)
+	}
+	if o.Capacity == 0 {
+		avail, err := memAvailable()
+		if err != nil {
+			return o, errors.WithHint(err, "set Options.Capacity explicitly")
+		}
+		o.Capacity = avail / 2 / uint64(o.Devices) / o.Granularity * o.Granularity
+		if o.Capacity == 0 {
+			return o, errors.Wrapf(driver.ErrOutOfMemory, "host: MemAvailable is %s, too little for %d devices", units.Bytes(avail), o.Devices)
+		}
+	}
+	if err := driver.CheckSize("host: device capacity", o.Capacity, o.Granularity); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// memAvailable reads MemAvailable from /proc/meminfo.
+func memAvailable() (uint64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, errors.Wrap(err, "host: reading MemAvailable")
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemAvailable:" {
+			kb, err := strconv.ParseUint(fields[1], 10, 64)
+			if err != nil {
+				return 0, errors.Wrapf(err, "host: parsing %q", sc.Text())
+			}
+			return kb * units.KiB, nil
+		}
+	}
+	return 0, errors.New("host: /proc/meminfo has no MemAvailable line")
+}

@@ -1,0 +1,681 @@
+// Package ledger is the driver-side record every vmarena backend keeps: the
+// live reservations, chunks and mappings and the access each device has to
+// each mapped granule. It checks every call against the rules in the driver
+// package doc before the backend makes a system call, and records the result
+// only after the call succeeded, so a failed call changes nothing.
+//
+// A Ledger implements all of driver.Driver except Name, Supports, Read and
+// Write; a backend (driver/host, driver/sim) supplies the system calls
+// through the Backend interface and adds those four methods.
+//
+// The ledger never touches memory and never makes a system call itself.
+// Backend methods run with the ledger's lock held, so they see and leave a
+// consistent record; they must not call back into the ledger.
+package ledger
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Backend makes the system calls behind the ledger's record. Each method
+// either succeeds completely or fails having changed nothing.
+type Backend interface {
+	// Reserve returns size bytes of fresh address space aligned to align
+	// (a power of two at least the driver granularity), at hint if it can,
+	// and the backend's own record of it, kept in Region.Backing.
+	Reserve(size, align uint64, hint driver.Addr) (driver.Addr, any, error)
+	// Unreserve returns a range Reserve gave; nothing inside is mapped.
+	Unreserve(r *Region) error
+	// Commit provides c's memory and may set c.Backing.
+	Commit(c *Chunk) error
+	// Free returns c's memory: c is released and has no mappings left.
+	Free(c *Chunk) error
+	// Map places m.Chunk at m.Addr, inaccessible.
+	Map(m *Mapping) error
+	// Unmap returns [m.Addr, m.Addr+m.Size) to the reserved state.
+	Unmap(m *Mapping) error
+	// Protect changes the widest access any device has over
+	// [addr, addr+size), inside r, from `from` to `to`; the range is
+	// mapped throughout and from != to.
+	Protect(r *Region, addr driver.Addr, size uint64, from, to driver.Access) error
+	// Close frees the backend's own resources; the ledger has already
+	// unmapped, freed and unreserved everything.
+	Close() error
+}
+
+// Chunk is a physical chunk as the ledger records it.
+type Chunk struct {
+	Handle driver.Handle
+	Device driver.DeviceID
+	Size   uint64
+	Opts   driver.ChunkOptions
+	// Backing is the backend's own record (heap offset, file descriptor).
+	Backing any
+
+	released bool // the handle was released; memory waits for maps == 0
+	maps     int  // live mappings of this chunk
+}
+
+// Mapping is one chunk mapped whole at Addr, inside Region.
+type Mapping struct {
+	Addr   driver.Addr
+	Size   uint64
+	Chunk  *Chunk
+	Region *Region
+	// gran is the granule of access: the chunk's device MinGranularity.
+	gran uint64
+	// access holds, per granule, 2 bits per device (device d at bits 2d
+	// and 2d+1) with the driver.Access value that device has.
+	access []uint64
+}
+
+func (m *Mapping) end() driver.Addr { return m.Addr + driver.Addr(m.Size) }
+
+// Region is one live range Reserve gave. Invariant: maps is sorted by
+// Addr, its mappings lie inside [Base, Base+Size) and do not overlap.
+type Region struct {
+	Base driver.Addr
+	Size uint64
+	// Backing is the backend's own record (the base as a pointer).
+	Backing any
+	maps    []*Mapping
+}
+
+func (r *Region) end() driver.Addr { return r.Base + driver.Addr(r.Size) }
+
+// Ledger is the record. Invariants (checked by Check): reservations is
+// sorted by base and its ranges do not overlap; every chunk in chunks is
+// either unreleased or released with maps > 0; chunk.maps equals the number
+// of mappings of it; used[d] is the sum of sizes of the chunks of device d
+// still in chunks.
+type Ledger struct {
+	name    string
+	backend Backend
+	devs    []driver.Device
+	gran    uint64
+	share   bool
+
+	mu           sync.RWMutex
+	closed       bool
+	reservations []*Region
+	chunks       map[driver.Handle]*Chunk
+	nextHandle   driver.Handle
+	used         []uint64
+}
+
+// New returns a ledger for devices, with calls made through b. name prefixes
+// every error message. shareable says whether the backend honours
+// ChunkOptions.Shareable.
+func New(name string, devs []driver.Device, b Backend, shareable bool) (*Ledger, error) {
+	if len(devs) == 0 || len(devs) > driver.MaxDevices {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %d devices (1 to %d are supported)", name, len(devs), driver.MaxDevices)
+	}
+	l := &Ledger{
+		name: name, backend: b, devs: append([]driver.Device(nil), devs...), share: shareable,
+		chunks: map[driver.Handle]*Chunk{}, nextHandle: 1, used: make([]uint64, len(devs)),
+	}
+	for i, d := range devs {
+		g := d.MinGranularity
+		if d.ID != driver.DeviceID(i) || g == 0 || g&(g-1) != 0 || d.RecommendedGranularity%g != 0 || d.RecommendedGranularity == 0 {
+			return nil, errors.AssertionFailedf("%s: device %d is malformed: %+v", name, i, d)
+		}
+		l.gran = max(l.gran, g)
+	}
+	return l, nil
+}
+
+// Devices implements driver.Driver.
+func (l *Ledger) Devices() []driver.Device { return append([]driver.Device(nil), l.devs...) }
+
+// Granularity implements driver.Driver.
+func (l *Ledger) Granularity() uint64 { return l.gran }
+
+// Used reports the bytes committed on dev: chunks not yet returned.
+func (l *Ledger) Used(dev driver.DeviceID) uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if dev < 0 || int(dev) >= len(l.used) {
+		return 0
+	}
+	return l.used[dev]
+}
+
+func (l *Ledger) errClosed(op string) error { return driver.Closed(fmt.Sprintf("%s: %s", l.name, op)) }
+
+// Reserve implements driver.Driver.
+func (l *Ledger) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, error) {
+	what := fmt.Sprintf("%s: reserve %s", l.name, units.Bytes(size))
+	if err := driver.CheckSize(what, size, l.gran); err != nil {
+		return 0, err
+	}
+	if err := driver.CheckAlign(what, align); err != nil {
+		return 0, err
+	}
+	if err := driver.CheckAddr(what+" at hint", hint, l.gran); err != nil {
+		return 0, err
+	}
+	align = max(align, l.gran)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, l.errClosed("reserve")
+	}
+	base, backing, err := l.backend.Reserve(size, align, hint)
+	if err != nil {
+		return 0, errors.Wrapf(err, "%s", what)
+	}
+	r := &Region{Base: base, Size: size, Backing: backing}
+	i := sort.Search(len(l.reservations), func(i int) bool { return l.reservations[i].Base >= base })
+	if uint64(base)%align != 0 || (i > 0 && l.reservations[i-1].end() > base) ||
+		(i < len(l.reservations) && l.reservations[i].Base < r.end()) {
+		_ = l.backend.Unreserve(r)
+		return 0, errors.AssertionFailedf("%s: backend returned [%s, %s), misaligned or overlapping a live reservation", what, base, r.end())
+	}
+	l.reservations = append(l.reservations, nil)
+	copy(l.reservations[i+1:], l.reservations[i:])
+	l.reservations[i] = r
+	return base, nil
+}
+
+// Unreserve implements driver.Driver.
+func (l *Ledger) Unreserve(base driver.Addr, size uint64) error {
+	what := fmt.Sprintf("%s: unreserve [%s, +%s)", l.name, base, units.Bytes(size))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.errClosed("unreserve")
+	}
+	i, r := l.findReservation(base)
+	if r == nil || r.Base != base {
+		return errors.Wrapf(driver.ErrNotReserved, "%s: no reservation starts there", what)
+	}
+	if r.Size != size {
+		return errors.Wrapf(driver.ErrNotReserved, "%s: the reservation there is %s, and unreserve takes it whole", what, units.Bytes(r.Size))
+	}
+	if len(r.maps) > 0 {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "%s: %d mapping(s) still inside: %s", what, len(r.maps), describeMaps(r.maps)),
+			"unmap everything inside a reservation before unreserving it")
+	}
+	if err := l.backend.Unreserve(r); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	l.reservations = append(l.reservations[:i], l.reservations[i+1:]...)
+	return nil
+}
+
+func describeMaps(ms []*Mapping) string {
+	var b strings.Builder
+	for i, m := range ms {
+		if i == 4 {
+			fmt.Fprintf(&b, ", and %d more", len(ms)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "[%s, %s) chunk %d", m.Addr, m.end(), m.Chunk.Handle)
+	}
+	return b.String()
+}
+
+// Create implements driver.Driver.
+func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (driver.Handle, error) {
+	what := fmt.Sprintf("%s: create %s on device %d", l.name, units.Bytes(size), dev)
+	if err := driver.CheckDevice(what, dev, len(l.devs)); err != nil {
+		return 0, err
+	}
+	d := l.devs[dev]
+	if err := driver.CheckSize(what, size, d.MinGranularity); err != nil {
+		return 0, err
+	}
+	if opts.Shareable && !l.share {
+		return 0, errors.Wrapf(driver.ErrUnsupported, "%s: shareable chunks", what)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, l.errClosed("create")
+	}
+	if free := d.Capacity - l.used[dev]; size > free {
+		return 0, errors.WithHintf(
+			errors.Wrapf(driver.ErrOutOfMemory, "%s: asked %s, device has %s free of %s",
+				what, units.Bytes(size), units.Bytes(free), units.Bytes(d.Capacity)),
+			"release chunks on device %d, or create on another device", dev)
+	}
+	c := &Chunk{Handle: l.nextHandle, Device: dev, Size: size, Opts: opts}
+	if err := l.backend.Commit(c); err != nil {
+		return 0, errors.Wrapf(err, "%s", what)
+	}
+	l.nextHandle++
+	l.chunks[c.Handle] = c
+	l.used[dev] += size
+	return c.Handle, nil
+}
+
+// chunk returns the live (unreleased) chunk h.
+func (l *Ledger) chunk(what string, h driver.Handle) (*Chunk, error) {
+	c := l.chunks[h]
+	if c == nil || c.released {
+		state := "unknown"
+		if c != nil || (h != 0 && h < l.nextHandle) {
+			state = "already released"
+		}
+		return nil, errors.Wrapf(driver.ErrBadHandle, "%s: handle %d is %s", what, h, state)
+	}
+	return c, nil
+}
+
+// Release implements driver.Driver.
+func (l *Ledger) Release(h driver.Handle) error {
+	what := fmt.Sprintf("%s: release chunk %d", l.name, h)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.errClosed("release")
+	}
+	c, err := l.chunk(what, h)
+	if err != nil {
+		return err
+	}
+	if c.maps == 0 {
+		if err := l.backend.Free(c); err != nil {
+			return errors.Wrapf(err, "%s", what)
+		}
+		l.forget(c)
+		return nil
+	}
+	c.released = true // memory goes with the last mapping
+	return nil
+}
+
+func (l *Ledger) forget(c *Chunk) {
+	delete(l.chunks, c.Handle)
+	l.used[c.Device] -= c.Size
+}
+
+// findReservation returns the reservation containing addr and its index.
+func (l *Ledger) findReservation(addr driver.Addr) (int, *Region) {
+	i := sort.Search(len(l.reservations), func(i int) bool { return l.reservations[i].end() > addr })
+	if i < len(l.reservations) && l.reservations[i].Base <= addr {
+		return i, l.reservations[i]
+	}
+	return -1, nil
+}
+
+// reservationFor returns the reservation holding all of [addr, addr+size).
+func (l *Ledger) reservationFor(what string, addr driver.Addr, size uint64) (*Region, error) {
+	_, r := l.findReservation(addr)
+	end := addr + driver.Addr(size)
+	if r == nil || end < addr {
+		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what, addr)
+	}
+	if end > r.end() {
+		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: [%s, %s) runs past the end of the reservation [%s, %s)",
+			what, addr, end, r.Base, r.end())
+	}
+	return r, nil
+}
+
+// mapIndex returns the index of the first mapping of r that ends after addr.
+func (r *Region) mapIndex(addr driver.Addr) int {
+	return sort.Search(len(r.maps), func(i int) bool { return r.maps[i].end() > addr })
+}
+
+// Map implements driver.Driver.
+func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
+	what := fmt.Sprintf("%s: map chunk %d at %s", l.name, h, addr)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.errClosed("map")
+	}
+	c, err := l.chunk(what, h)
+	if err != nil {
+		return err
+	}
+	gran := l.devs[c.Device].MinGranularity
+	if err := driver.CheckAddr(what, addr, gran); err != nil {
+		return err
+	}
+	r, err := l.reservationFor(what, addr, c.Size)
+	if err != nil {
+		return err
+	}
+	m := &Mapping{Addr: addr, Size: c.Size, Chunk: c, Region: r, gran: gran, access: make([]uint64, c.Size/gran)}
+	i := r.mapIndex(addr)
+	if i < len(r.maps) && r.maps[i].Addr < m.end() {
+		o := r.maps[i]
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrOverlap, "%s: [%s, %s) overlaps the mapping [%s, %s) of chunk %d",
+				what, addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
+			"unmap it first: map never replaces a mapping")
+	}
+	if err := l.backend.Map(m); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	r.maps = append(r.maps, nil)
+	copy(r.maps[i+1:], r.maps[i:])
+	r.maps[i] = m
+	c.maps++
+	return nil
+}
+
+// Unmap implements driver.Driver.
+func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
+	what := fmt.Sprintf("%s: unmap [%s, +%s)", l.name, addr, units.Bytes(size))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.errClosed("unmap")
+	}
+	_, r := l.findReservation(addr)
+	if r == nil {
+		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what, addr)
+	}
+	i := r.mapIndex(addr)
+	if i == len(r.maps) || r.maps[i].Addr > addr {
+		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what, addr)
+	}
+	m := r.maps[i]
+	if m.Addr != addr || m.Size != size {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrPartial, "%s: the mapping there is [%s, %s)", what, m.Addr, m.end()),
+			"unmap takes a whole mapping: its start address and its full size")
+	}
+	if err := l.backend.Unmap(m); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	r.maps = append(r.maps[:i], r.maps[i+1:]...)
+	c := m.Chunk
+	c.maps--
+	if c.released && c.maps == 0 {
+		if err := l.backend.Free(c); err != nil {
+			// The mapping is gone; the chunk stays recorded as released
+			// so Close retries returning its memory.
+			return errors.Wrapf(err, "%s: unmapped, but returning the memory of released chunk %d failed", what, c.Handle)
+		}
+		l.forget(c)
+	}
+	return nil
+}
+
+// accessOf returns dev's access in access word w.
+func accessOf(w uint64, dev driver.DeviceID) driver.Access {
+	return driver.Access(w >> (2 * uint(dev)) & 3)
+}
+
+func withAccess(w uint64, dev driver.DeviceID, a driver.Access) uint64 {
+	shift := 2 * uint(dev)
+	return w&^(3<<shift) | uint64(a)<<shift
+}
+
+// widest is the union of the access of every device in w.
+func widest(w uint64) driver.Access {
+	var a uint64
+	for ; w != 0; w >>= 2 {
+		a |= w & 3
+	}
+	return driver.Access(a)
+}
+
+// run is a stretch of granules whose widest access goes from `from` to `to`.
+type run struct {
+	addr     driver.Addr
+	size     uint64
+	from, to driver.Access
+}
+
+// SetAccess implements driver.Driver.
+func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
+	what := fmt.Sprintf("%s: set access of device %d over [%s, +%s) to %s", l.name, dev, addr, units.Bytes(size), a)
+	if err := driver.CheckDevice(what, dev, len(l.devs)); err != nil {
+		return err
+	}
+	if err := driver.CheckAccess(what, a); err != nil {
+		return err
+	}
+	if size == 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.errClosed("set access")
+	}
+	r, err := l.reservationFor(what, addr, size)
+	if err != nil {
+		return err
+	}
+	end := addr + driver.Addr(size)
+	// Collect the mappings covering [addr, end), refusing gaps.
+	var ms []*Mapping
+	at := addr
+	for i := r.mapIndex(addr); at < end; i++ {
+		if i == len(r.maps) || r.maps[i].Addr > at {
+			gapEnd := end
+			if i < len(r.maps) {
+				gapEnd = min(end, r.maps[i].Addr)
+			}
+			return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what, at, gapEnd)
+		}
+		ms = append(ms, r.maps[i])
+		at = r.maps[i].end()
+	}
+	first, last := ms[0], ms[len(ms)-1]
+	if err := driver.CheckAddr(what, addr, first.gran); err != nil {
+		return err
+	}
+	if err := driver.CheckAddr(what+" (end)", end, last.gran); err != nil {
+		return err
+	}
+	// Plan: new access words, and runs where the widest access changes.
+	type update struct {
+		m    *Mapping
+		g    int
+		word uint64
+	}
+	var ups []update
+	var runs []run
+	for _, m := range ms {
+		lo, hi := max(addr, m.Addr), min(end, m.end())
+		for g := int(uint64(lo-m.Addr) / m.gran); g < int(uint64(hi-m.Addr)/m.gran); g++ {
+			old := m.access[g]
+			nw := withAccess(old, dev, a)
+			ups = append(ups, update{m, g, nw})
+			from, to := widest(old), widest(nw)
+			gaddr := m.Addr + driver.Addr(uint64(g)*m.gran)
+			if n := len(runs); n > 0 && runs[n-1].from == from && runs[n-1].to == to &&
+				runs[n-1].addr+driver.Addr(runs[n-1].size) == gaddr {
+				runs[n-1].size += m.gran
+			} else {
+				runs = append(runs, run{gaddr, m.gran, from, to})
+			}
+		}
+	}
+	for i, rn := range runs {
+		if rn.from == rn.to {
+			continue
+		}
+		if err := l.backend.Protect(r, rn.addr, rn.size, rn.from, rn.to); err != nil {
+			// Undo the runs already changed, so the call changes nothing.
+			for _, done := range runs[:i] {
+				if done.from == done.to {
+					continue
+				}
+				if uerr := l.backend.Protect(r, done.addr, done.size, done.to, done.from); uerr != nil {
+					return errors.CombineErrors(errors.Wrapf(err, "%s", what),
+						errors.AssertionFailedf("%s: undoing [%s, +%d) failed: %v", what, done.addr, done.size, uerr))
+				}
+			}
+			return errors.Wrapf(err, "%s", what)
+		}
+	}
+	for _, u := range ups {
+		u.m.access[u.g] = u.word
+	}
+	return nil
+}
+
+// Access implements driver.Driver.
+func (l *Ledger) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, error) {
+	what := fmt.Sprintf("%s: access of device %d at %s", l.name, dev, addr)
+	if err := driver.CheckDevice(what, dev, len(l.devs)); err != nil {
+		return 0, err
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return 0, l.errClosed("access")
+	}
+	m, err := l.mappingAt(what, addr)
+	if err != nil {
+		return 0, err
+	}
+	return accessOf(m.access[uint64(addr-m.Addr)/m.gran], dev), nil
+}
+
+func (l *Ledger) mappingAt(what string, addr driver.Addr) (*Mapping, error) {
+	_, r := l.findReservation(addr)
+	if r == nil {
+		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what, addr)
+	}
+	i := r.mapIndex(addr)
+	if i == len(r.maps) || r.maps[i].Addr > addr {
+		return nil, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what, addr)
+	}
+	return r.maps[i], nil
+}
+
+// WithRange runs fn with the record locked for reading, after checking that
+// [addr, addr+n) lies inside one reservation and, unless want is
+// AccessNone, that the widest access granted over every granule in it
+// allows want. While fn runs no reservation can be freed and no mapping can
+// change, so the range stays the driver's own and in the state checked.
+func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Access, fn func(r *Region) error) error {
+	what := fmt.Sprintf("%s: %s %d bytes at %s", l.name, op, n, addr)
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return l.errClosed(op)
+	}
+	if n == 0 {
+		return nil
+	}
+	r, err := l.reservationFor(what, addr, n)
+	if err != nil {
+		return err
+	}
+	if want != driver.AccessNone {
+		end := addr + driver.Addr(n)
+		at := addr
+		for i := r.mapIndex(addr); at < end; i++ {
+			if i == len(r.maps) || r.maps[i].Addr > at {
+				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what, at)
+			}
+			m := r.maps[i]
+			for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
+				if a := widest(m.access[g]); !a.Allows(want) {
+					return errors.Wrapf(driver.ErrAccessDenied, "%s: the granule at %s is mapped with access %s for every device, %s is needed",
+						what, m.Addr+driver.Addr(g*m.gran), a, want)
+				}
+			}
+			at = m.end()
+		}
+	}
+	if err := fn(r); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	return nil
+}
+
+// Close implements driver.Driver: it unmaps every mapping, frees every chunk
+// and unreserves every reservation, then closes the backend.
+func (l *Ledger) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.errClosed("close")
+	}
+	l.closed = true
+	var errs error
+	for _, r := range l.reservations {
+		for _, m := range r.maps {
+			errs = errors.CombineErrors(errs, l.backend.Unmap(m))
+			m.Chunk.maps--
+		}
+		r.maps = nil
+		errs = errors.CombineErrors(errs, l.backend.Unreserve(r))
+	}
+	l.reservations = nil
+	for _, c := range l.chunks {
+		errs = errors.CombineErrors(errs, l.backend.Free(c))
+		l.forget(c)
+	}
+	errs = errors.CombineErrors(errs, l.backend.Close())
+	if errs != nil {
+		return errors.Wrapf(errs, "%s: close", l.name)
+	}
+	return nil
+}
+
+// Check verifies every invariant of the record and returns all violations.
+func (l *Ledger) Check() error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
+	}
+	maps := map[*Chunk]int{}
+	for i, r := range l.reservations {
+		if i > 0 && l.reservations[i-1].end() > r.Base {
+			fail("%s: reservations %d and %d overlap", l.name, i-1, i)
+		}
+		for j, m := range r.maps {
+			if m.Addr < r.Base || m.end() > r.end() {
+				fail("%s: mapping [%s, %s) outside its reservation", l.name, m.Addr, m.end())
+			}
+			if j > 0 && r.maps[j-1].end() > m.Addr {
+				fail("%s: mappings at %s and %s overlap", l.name, r.maps[j-1].Addr, m.Addr)
+			}
+			if l.chunks[m.Chunk.Handle] != m.Chunk {
+				fail("%s: mapping at %s refers to chunk %d, which is not recorded", l.name, m.Addr, m.Chunk.Handle)
+			}
+			if uint64(len(m.access))*m.gran != m.Size {
+				fail("%s: mapping at %s has %d access words for %d bytes", l.name, m.Addr, len(m.access), m.Size)
+			}
+			maps[m.Chunk]++
+		}
+	}
+	used := make([]uint64, len(l.devs))
+	for h, c := range l.chunks {
+		if c.Handle != h {
+			fail("%s: chunk %d recorded under handle %d", l.name, c.Handle, h)
+		}
+		if c.maps != maps[c] {
+			fail("%s: chunk %d counts %d mappings, %d exist", l.name, h, c.maps, maps[c])
+		}
+		if c.released && c.maps == 0 {
+			fail("%s: chunk %d is released and unmapped but still recorded", l.name, h)
+		}
+		used[c.Device] += c.Size
+	}
+	for d := range used {
+		if used[d] != l.used[d] {
+			fail("%s: device %d counts %d bytes used, chunks hold %d", l.name, d, l.used[d], used[d])
+		}
+		if used[d] > l.devs[d].Capacity {
+			fail("%s: device %d holds %d bytes, over its capacity %d", l.name, d, used[d], l.devs[d].Capacity)
+		}
+	}
+	return errs
+}
