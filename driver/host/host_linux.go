@@ -160,9 +160,22 @@ func (b *backend) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, an
 			_ = unix.MunmapPtr(p, uintptr(size))
 		}
 	}
+	// The kernel often returns an aligned range by itself (large anonymous
+	// mappings are aligned to 2 MiB since Linux 6.7): try the exact size
+	// first, one system call.
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_NONE, reserveFlags)
+	if err != nil {
+		return 0, nil, reserveError(err, size)
+	}
+	if uint64(uintptr(p))%align == 0 {
+		return driver.Addr(uintptr(p)), p, nil
+	}
+	if err := unix.MunmapPtr(p, uintptr(size)); err != nil {
+		return 0, nil, errors.Wrap(err, "munmap")
+	}
 	// Over-reserve by align and trim both ends, so the range is aligned.
 	extra := align - min(align, b.page)
-	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size+extra), unix.PROT_NONE, reserveFlags)
+	p, err = unix.MmapPtr(-1, 0, nil, uintptr(size+extra), unix.PROT_NONE, reserveFlags)
 	if err != nil {
 		return 0, nil, reserveError(err, size)
 	}

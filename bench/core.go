@@ -1,0 +1,215 @@
+// Package bench measures vmarena against baselines run in the same process:
+// each benchmark times the library's operation and the bare system calls
+// that do the same work, interleaved in one loop (alternating which runs
+// first, so neither always meets a warm cache), and reports both and their
+// ratio. Figures are never asserted: the machines are shared and noisy.
+//
+// The baselines make memory system calls directly; that is their point.
+// Nothing else outside driver/ does.
+package bench
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/mapping"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// ChunkSize is the chunk the core benchmarks move: the usual GPU granularity.
+const ChunkSize = 2 * units.MiB
+
+// Pair is the time the library and the bare baseline took over n rounds.
+type Pair struct {
+	N         int
+	Lib, Bare time.Duration
+}
+
+// Ratio is library time over baseline time.
+func (p Pair) Ratio() float64 { return float64(p.Lib) / float64(p.Bare) }
+
+// interleave runs lib and bare n times each, alternating which goes first.
+func interleave(n int, lib, bare func() error) (Pair, error) {
+	p := Pair{N: n}
+	for i := 0; i < n; i++ {
+		first, second := lib, bare
+		firstT, secondT := &p.Lib, &p.Bare
+		if i%2 == 1 {
+			first, second, firstT, secondT = bare, lib, &p.Bare, &p.Lib
+		}
+		t0 := time.Now()
+		if err := first(); err != nil {
+			return p, err
+		}
+		t1 := time.Now()
+		if err := second(); err != nil {
+			return p, err
+		}
+		t2 := time.Now()
+		*firstT += t1.Sub(t0)
+		*secondT += t2.Sub(t1)
+	}
+	return p, nil
+}
+
+// bareRegion is the baseline's own memfd and PROT_NONE reservation.
+type bareRegion struct {
+	fd   int
+	base unsafe.Pointer
+	size uint64
+}
+
+func newBareRegion(size uint64) (*bareRegion, error) {
+	fd, err := unix.MemfdCreate("vmarena-bench-bare", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		_ = unix.Close(fd)
+		return nil, err
+	}
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		_ = unix.Close(fd)
+		return nil, err
+	}
+	return &bareRegion{fd: fd, base: p, size: size}, nil
+}
+
+func (r *bareRegion) close() error {
+	return errors.CombineErrors(unix.MunmapPtr(r.base, uintptr(r.size)), unix.Close(r.fd))
+}
+
+// MapAccessUnmap times mapping a committed 2 MiB chunk, granting one device
+// read-write access, and unmapping it: through mapping.Table on the host
+// driver, and as the same system calls made bare (mmap MAP_FIXED of the
+// memfd, mprotect, madvise populate when populate is on, mmap MAP_FIXED of
+// anonymous PROT_NONE to re-reserve).
+func MapAccessUnmap(n int, populate bool) (Pair, error) {
+	drv, err := host.New(host.Options{Devices: 1, Capacity: ChunkSize, Granularity: ChunkSize, NoPopulate: !populate})
+	if err != nil {
+		return Pair{}, err
+	}
+	defer drv.Close()
+	res, err := vaspace.New(drv).Reserve(ChunkSize, 0)
+	if err != nil {
+		return Pair{}, err
+	}
+	mem := physical.New(drv)
+	tab, err := mapping.New(res, mem)
+	if err != nil {
+		return Pair{}, err
+	}
+	c, err := mem.Create(0, ChunkSize, driver.ChunkOptions{})
+	if err != nil {
+		return Pair{}, err
+	}
+	bare, err := newBareRegion(ChunkSize)
+	if err != nil {
+		return Pair{}, err
+	}
+	defer bare.close()
+	if err := fallocate(bare.fd, 0, ChunkSize); err != nil {
+		return Pair{}, err
+	}
+	lib := func() error {
+		if err := tab.Map(res.Base(), c); err != nil {
+			return err
+		}
+		if err := tab.SetAccess(res.Base(), ChunkSize, 0, driver.AccessReadWrite); err != nil {
+			return err
+		}
+		return tab.Unmap(res.Base())
+	}
+	bareOp := func() error {
+		if _, err := unix.MmapPtr(bare.fd, 0, bare.base, uintptr(ChunkSize), unix.PROT_NONE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+			return err
+		}
+		mem := unsafe.Slice((*byte)(bare.base), ChunkSize)
+		if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+			return err
+		}
+		if populate {
+			if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
+				return err
+			}
+		}
+		_, err := unix.MmapPtr(-1, 0, bare.base, uintptr(ChunkSize), unix.PROT_NONE,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED)
+		return err
+	}
+	return interleave(n, lib, bareOp)
+}
+
+// CreateRelease times committing and returning a 2 MiB chunk: through
+// physical.Memory on the host driver, and as bare fallocate plus
+// fallocate(PUNCH_HOLE) on a memfd.
+func CreateRelease(n int) (Pair, error) {
+	drv, err := host.New(host.Options{Devices: 1, Capacity: ChunkSize, Granularity: ChunkSize})
+	if err != nil {
+		return Pair{}, err
+	}
+	defer drv.Close()
+	mem := physical.New(drv)
+	bare, err := newBareRegion(ChunkSize)
+	if err != nil {
+		return Pair{}, err
+	}
+	defer bare.close()
+	lib := func() error {
+		c, err := mem.Create(0, ChunkSize, driver.ChunkOptions{})
+		if err != nil {
+			return err
+		}
+		return c.Release()
+	}
+	bareOp := func() error {
+		if err := fallocate(bare.fd, 0, ChunkSize); err != nil {
+			return err
+		}
+		return fallocate(bare.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, ChunkSize)
+	}
+	return interleave(n, lib, bareOp)
+}
+
+// ReserveFree times reserving and freeing size bytes of address space:
+// through vaspace on the host driver, and as bare mmap(PROT_NONE,
+// MAP_NORESERVE) plus munmap.
+func ReserveFree(n int, size uint64) (Pair, error) {
+	drv, err := host.New(host.Options{Devices: 1, Capacity: ChunkSize, Granularity: ChunkSize})
+	if err != nil {
+		return Pair{}, err
+	}
+	defer drv.Close()
+	space := vaspace.New(drv)
+	lib := func() error {
+		r, err := space.Reserve(size, 0)
+		if err != nil {
+			return err
+		}
+		return r.Free()
+	}
+	bareOp := func() error {
+		p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			return err
+		}
+		return unix.MunmapPtr(p, uintptr(size))
+	}
+	return interleave(n, lib, bareOp)
+}
+
+func fallocate(fd int, mode uint32, size uint64) error {
+	for {
+		if err := unix.Fallocate(fd, mode, 0, int64(size)); err != unix.EINTR {
+			return err
+		}
+	}
+}

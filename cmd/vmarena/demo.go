@@ -1,0 +1,204 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/procmaps"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/mapping"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// demo walks through the core on the host driver: a 64 GiB reservation,
+// chunks of two logical devices mapped into it, access granted and revoked
+// per device, a chunk aliased at two addresses, release while mapped, and
+// every refusal as the error a user would see.
+func demo(w io.Writer) (err error) {
+	drv, err := host.New(host.Options{Devices: 2, Capacity: 64 * units.MiB})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	space := vaspace.New(drv)
+	mem := physical.New(drv)
+	gran := drv.Granularity()
+
+	step := 0
+	say := func(format string, args ...any) {
+		step++
+		fmt.Fprintf(w, "\n%d. %s\n", step, fmt.Sprintf(format, args...))
+	}
+	refused := func(err error) {
+		if err == nil {
+			fmt.Fprintln(w, "   !! expected a refusal, got none")
+			return
+		}
+		fmt.Fprintf(w, "   refused: %v\n", err)
+	}
+
+	fmt.Fprintf(w, "vmarena demo: host driver, 2 logical devices of %s, granularity %s\n",
+		units.Bytes(drv.Devices()[0].Capacity), units.Bytes(gran))
+
+	res, err := space.Reserve(64*units.GiB, 0)
+	if err != nil {
+		return err
+	}
+	tab, err := mapping.New(res, mem)
+	if err != nil {
+		return err
+	}
+	at := func(off uint64) driver.Addr { return res.Base() + driver.Addr(off) }
+	say("Reserve 64 GiB of address space: no memory behind it yet.")
+	printMap(w, tab, mem)
+
+	a, err := mem.Create(0, 2*gran, driver.ChunkOptions{})
+	if err != nil {
+		return err
+	}
+	b, err := mem.Create(1, gran, driver.ChunkOptions{})
+	if err != nil {
+		return err
+	}
+	if err := tab.Map(at(0), a); err != nil {
+		return err
+	}
+	if err := tab.Map(at(2*gran), b); err != nil {
+		return err
+	}
+	say("Create %s on device 0 and %s on device 1 and map them side by side: one contiguous range backed by two devices, inaccessible until granted.",
+		units.Bytes(a.Size()), units.Bytes(b.Size()))
+	printMap(w, tab, mem)
+
+	if err := tab.SetAccess(at(0), 3*gran, 0, driver.AccessReadWrite); err != nil {
+		return err
+	}
+	if err := tab.SetAccess(at(0), gran, 1, driver.AccessRead); err != nil {
+		return err
+	}
+	say("Grant device 0 read-write over all three granules, and device 1 read over the first only.")
+	printMap(w, tab, mem)
+
+	msg := []byte("hello from device 0")
+	if err := tab.Write(0, at(0), msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if err := tab.Read(1, at(0), got); err != nil {
+		return err
+	}
+	say("Device 0 writes %q at the base; device 1 reads it back: %q.", msg, got)
+	fmt.Fprintln(w, "   device 1 writing there:")
+	refused(tab.Write(1, at(0), msg))
+	fmt.Fprintln(w, "   device 1 reading the second granule, which it was not granted:")
+	refused(tab.Read(1, at(gran), got))
+
+	if err := tab.Map(at(32*units.GiB), a); err != nil {
+		return err
+	}
+	if err := tab.SetAccess(at(32*units.GiB), gran, 1, driver.AccessRead); err != nil {
+		return err
+	}
+	alias := make([]byte, len(msg))
+	if err := tab.Read(1, at(32*units.GiB), alias); err != nil {
+		return err
+	}
+	say("Alias: map the same %s chunk again 32 GiB further on. Device 1 reads %q through the alias: one chunk, two addresses.",
+		units.Bytes(a.Size()), alias)
+	printMap(w, tab, mem)
+
+	say("Refusals, each leaving everything as it was:")
+	refused(tab.Map(at(gran), b))
+	refused(tab.Unmap(at(gran)))
+	refused(tab.SetAccess(at(4*gran), gran, 0, driver.AccessRead))
+	refused(tab.Read(0, at(8*gran), got))
+	_, oom := mem.Create(0, 64*units.MiB, driver.ChunkOptions{})
+	refused(oom)
+	refused(res.Free())
+
+	if err := tab.SetAccess(at(0), 3*gran, 0, driver.AccessNone); err != nil {
+		return err
+	}
+	say("Revoke device 0's access; reading now fails instead of crashing:")
+	refused(tab.Read(0, at(0), got))
+
+	if err := a.Release(); err != nil {
+		return err
+	}
+	say("Release the aliased chunk's handle while both mappings live: its memory stays until the last mapping goes.")
+	printUsage(w, mem)
+	if err := tab.Unmap(at(0)); err != nil {
+		return err
+	}
+	if err := tab.Unmap(at(32 * units.GiB)); err != nil {
+		return err
+	}
+	say("Unmap both mappings of the released chunk: now its memory is returned.")
+	printMap(w, tab, mem)
+
+	if err := tab.Close(); err != nil {
+		return err
+	}
+	if err := b.Release(); err != nil {
+		return err
+	}
+	if err := res.Free(); err != nil {
+		return err
+	}
+	say("Close the table, release the last chunk, free the reservation.")
+	printUsage(w, mem)
+	return nil
+}
+
+// printMap prints the reservation's memory map, and how many kernel
+// mappings the reservation costs.
+func printMap(w io.Writer, tab *mapping.Table, mem *physical.Memory) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "   offset\tsize\tstate\tdevice\tchunk\taccess")
+	base := tab.Reservation().Base()
+	for s := range tab.Spans() {
+		dev, chunk, access := "-", "-", "-"
+		if s.Chunk != nil {
+			dev = fmt.Sprint(s.Chunk.Device())
+			chunk = fmt.Sprintf("%d +%#x", s.Chunk.Handle(), s.ChunkOffset)
+			var parts []string
+			for d, a := range s.Access {
+				if a != driver.AccessNone {
+					parts = append(parts, fmt.Sprintf("dev%d:%s", d, a))
+				}
+			}
+			access = strings.Join(parts, " ")
+			if access == "" {
+				access = "none"
+			}
+		}
+		fmt.Fprintf(tw, "   %#x\t%s\t%s\t%s\t%s\t%s\n", uint64(s.Range.Base-base), units.Bytes(s.Range.Size),
+			s.State, dev, chunk, access)
+	}
+	_ = tw.Flush()
+	if es, err := procmaps.Read(); err == nil {
+		r := tab.Reservation().Range()
+		fmt.Fprintf(w, "   kernel mappings in the reservation: %d\n", len(procmaps.Within(es, uint64(r.Base), uint64(r.End()))))
+	}
+	printUsage(w, mem)
+}
+
+func printUsage(w io.Writer, mem *physical.Memory) {
+	var parts []string
+	for d := range mem.Driver().Devices() {
+		u, err := mem.Usage(driver.DeviceID(d))
+		if err != nil {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("device %d: %s used (peak %s) of %s", d,
+			units.Bytes(u.Used), units.Bytes(u.Peak), units.Bytes(u.Capacity)))
+	}
+	fmt.Fprintf(w, "   %s\n", strings.Join(parts, "; "))
+}

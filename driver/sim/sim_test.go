@@ -1,0 +1,40 @@
+package sim_test
+
+import (
+	"testing"
+
+	"github.com/cockroachdb/errors"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// TestConformance runs the driver conformance suite against sim drivers of
+// the smallest and the usual granularity, and against one of real GPU size,
+// where the fill-to-capacity tests skip.
+func TestConformance(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts sim.Options
+	}{
+		{"2x256KiB-gran4KiB", sim.Options{Devices: 2, Granularity: 4 * units.KiB, Capacity: 64 * 4 * units.KiB}},
+		{"3x64MiB-gran2MiB", sim.Options{Devices: 3, Granularity: 2 * units.MiB, Capacity: 32 * 2 * units.MiB}},
+		{"8x80GiB", sim.Options{Devices: 8}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			drivertest.Run(t, func(t *testing.T) driver.Driver {
+				d, err := sim.New(c.opts)
+				require.NoError(t, err)
+				t.Cleanup(func() {
+					if err := d.Close(); err != nil && !errors.Is(err, driver.ErrClosed) {
+						t.Errorf("close: %v", err)
+					}
+				})
+				return d
+			})
+		})
+	}
+}

@@ -1,0 +1,551 @@
+// Package mapping is the page table of one reservation: which physical
+// chunk backs which range, and what each device may do there. It is the
+// library's own view of the memory states named in the driver package doc
+// (reserved, mapped, accessible), kept beside the driver's and checked
+// against it by Check.
+//
+// A Table owns the mappings inside its reservation and nothing else: it
+// maps only inside that reservation, holds a reference on every chunk it
+// maps (so a released chunk keeps its memory until its last mapping goes),
+// and attaches itself to the reservation so the reservation cannot be freed
+// while anything is mapped. Every change goes through the driver first and
+// is recorded only when the driver succeeded, so a failed call leaves the
+// table and the driver as they were.
+//
+// Every driver call a Table makes runs under the reservation's Hold: the
+// reservation cannot be freed meanwhile, so a table never reaches into a
+// range the kernel (or a simulated space) has since given to someone else.
+//
+// Reads and writes through a Table check the named device's access first
+// (the host driver can only enforce the widest access of all devices), then
+// let the driver move the bytes; a fault still becomes ErrAccessDenied. A
+// Table never touches memory itself.
+package mapping
+
+import (
+	"fmt"
+	"iter"
+	"sort"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// State is the state of a granule of a reservation.
+type State uint8
+
+const (
+	// Reserved: address space only; any access faults.
+	Reserved State = iota
+	// Mapped: a chunk backs it, no device may touch it.
+	Mapped
+	// Accessible: mapped, and at least one device may read it.
+	Accessible
+)
+
+func (s State) String() string {
+	switch s {
+	case Reserved:
+		return "reserved"
+	case Mapped:
+		return "mapped"
+	case Accessible:
+		return "accessible"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// entry is one mapping: a chunk mapped whole at rng.Base. access holds per
+// granule (of gran bytes) one driver.Access per device.
+type entry struct {
+	rng    vaspace.Range
+	chunk  *physical.Chunk
+	gran   uint64
+	access [][]driver.Access
+}
+
+// Table is the page table of one reservation. Invariant: maps is sorted by
+// address, its ranges lie inside the reservation and do not overlap, and
+// each entry holds one Acquire on its chunk.
+type Table struct {
+	res  *vaspace.Reservation
+	mem  *physical.Memory
+	drv  driver.Driver
+	devs []driver.Device
+
+	mu     sync.RWMutex
+	maps   []*entry
+	closed bool
+}
+
+// New returns an empty table for res, whose chunks come from mem. Both must
+// be on the same driver.
+func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
+	drv := res.Space().Driver()
+	if mem.Driver() != drv {
+		return nil, errors.Wrap(driver.ErrInvalid, "mapping: the reservation and the physical memory are on different drivers")
+	}
+	t := &Table{res: res, mem: mem, drv: drv, devs: drv.Devices()}
+	// Attach under Hold: a reservation freed meanwhile refuses, so a table
+	// is never attached to a dead range.
+	if err := res.Hold(func() error { res.Attach(t); return nil }); err != nil {
+		return nil, errors.Wrap(err, "mapping: new table")
+	}
+	return t, nil
+}
+
+// Reservation is the table's reservation.
+func (t *Table) Reservation() *vaspace.Reservation { return t.res }
+
+// Occupied implements vaspace.Occupant: every live mapping.
+func (t *Table) Occupied() []vaspace.Use {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	uses := make([]vaspace.Use, len(t.maps))
+	for i, e := range t.maps {
+		uses[i] = vaspace.Use{Range: e.rng, What: e.chunk.String()}
+	}
+	return uses
+}
+
+func (t *Table) errClosed(op string) error {
+	return driver.Closed("mapping: " + op + " on a closed table")
+}
+
+// index returns the index of the first entry that ends after addr.
+func (t *Table) index(addr driver.Addr) int {
+	return sort.Search(len(t.maps), func(i int) bool { return t.maps[i].rng.End() > addr })
+}
+
+// inside checks that [addr, addr+size) lies in the table's reservation.
+func (t *Table) inside(what string, addr driver.Addr, size uint64) error {
+	r := t.res.Range()
+	want := vaspace.Range{Base: addr, Size: size}
+	if want.End() < addr || !r.ContainsRange(want) {
+		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside the table's reservation %s", what, want, r)
+	}
+	return nil
+}
+
+// Map maps the whole chunk c at addr, inaccessible to every device.
+func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
+	what := fmt.Sprintf("mapping: map %s at %s", c, addr)
+	if c.Memory() != t.mem {
+		return errors.Wrapf(driver.ErrBadHandle, "%s: the chunk belongs to another physical memory", what)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return t.errClosed("map")
+	}
+	if err := t.inside(what, addr, c.Size()); err != nil {
+		return err
+	}
+	i := t.index(addr)
+	end := addr + driver.Addr(c.Size())
+	if i < len(t.maps) && t.maps[i].rng.Base < end {
+		o := t.maps[i]
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrOverlap, "%s: %s overlaps the mapping %s of %s",
+				what, vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
+			"unmap it first: map never replaces a mapping")
+	}
+	if err := c.Acquire(); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	if err := t.res.Hold(func() error { return t.drv.Map(addr, c.Handle()) }); err != nil {
+		if derr := c.Drop(); derr != nil {
+			return errors.CombineErrors(err, derr)
+		}
+		return errors.Wrapf(err, "%s", what)
+	}
+	gran := t.devs[c.Device()].MinGranularity
+	e := &entry{rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
+		access: make([][]driver.Access, c.Size()/gran)}
+	for g := range e.access {
+		e.access[g] = make([]driver.Access, len(t.devs))
+	}
+	t.maps = append(t.maps, nil)
+	copy(t.maps[i+1:], t.maps[i:])
+	t.maps[i] = e
+	return nil
+}
+
+// Unmap removes the mapping that starts at addr, returning its range to the
+// reserved state and dropping the table's reference on its chunk.
+func (t *Table) Unmap(addr driver.Addr) error {
+	what := fmt.Sprintf("mapping: unmap at %s", addr)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return t.errClosed("unmap")
+	}
+	if err := t.inside(what, addr, 1); err != nil {
+		return err
+	}
+	i := t.index(addr)
+	if i == len(t.maps) || t.maps[i].rng.Base > addr {
+		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what)
+	}
+	if t.maps[i].rng.Base != addr {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrPartial, "%s: it is inside the mapping %s of %s", what, t.maps[i].rng, t.maps[i].chunk),
+			"unmap takes a whole mapping, by its start address")
+	}
+	return t.unmapAt(what, i)
+}
+
+// UnmapRange removes every mapping inside r. A mapping that r cuts is
+// ErrPartial, and then nothing is unmapped.
+func (t *Table) UnmapRange(r vaspace.Range) error {
+	what := fmt.Sprintf("mapping: unmap %s", r)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return t.errClosed("unmap")
+	}
+	if err := t.inside(what, r.Base, r.Size); err != nil {
+		return err
+	}
+	lo, hi := t.index(r.Base), t.index(r.End())
+	for _, i := range []int{lo, hi} {
+		if i < len(t.maps) && t.maps[i].rng.Overlaps(r) && !r.ContainsRange(t.maps[i].rng) {
+			return errors.Wrapf(driver.ErrPartial, "%s: it cuts the mapping %s of %s", what, t.maps[i].rng, t.maps[i].chunk)
+		}
+	}
+	for i := hi - 1; i >= lo; i-- {
+		if i < len(t.maps) && r.ContainsRange(t.maps[i].rng) {
+			if err := t.unmapAt(what, i); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (t *Table) unmapAt(what string, i int) error {
+	e := t.maps[i]
+	if err := t.res.Hold(func() error { return t.drv.Unmap(e.rng.Base, e.rng.Size) }); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	t.maps = append(t.maps[:i], t.maps[i+1:]...)
+	if err := e.chunk.Drop(); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	return nil
+}
+
+// SetAccess sets what dev may do over [addr, addr+size), which must be
+// mapped throughout; it may span several mappings.
+func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
+	what := fmt.Sprintf("mapping: set access of device %d over [%s, +%s) to %s", dev, addr, units.Bytes(size), a)
+	if err := driver.CheckDevice(what, dev, len(t.devs)); err != nil {
+		return err
+	}
+	if err := driver.CheckAccess(what, a); err != nil {
+		return err
+	}
+	if size == 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return t.errClosed("set access")
+	}
+	if err := t.inside(what, addr, size); err != nil {
+		return err
+	}
+	end := addr + driver.Addr(size)
+	es, err := t.covering(what, addr, end)
+	if err != nil {
+		return err
+	}
+	if err := driver.CheckAddr(what, addr, es[0].gran); err != nil {
+		return err
+	}
+	if err := driver.CheckAddr(what+" (end)", end, es[len(es)-1].gran); err != nil {
+		return err
+	}
+	if err := t.res.Hold(func() error { return t.drv.SetAccess(addr, size, dev, a) }); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	for _, e := range es {
+		lo, hi := max(addr, e.rng.Base), min(end, e.rng.End())
+		for g := uint64(lo-e.rng.Base) / e.gran; g < uint64(hi-e.rng.Base)/e.gran; g++ {
+			e.access[g][dev] = a
+		}
+	}
+	return nil
+}
+
+// covering returns the entries covering [addr, end), or ErrNotMapped naming
+// the first gap.
+func (t *Table) covering(what string, addr, end driver.Addr) ([]*entry, error) {
+	var es []*entry
+	at := addr
+	for i := t.index(addr); at < end; i++ {
+		if i == len(t.maps) || t.maps[i].rng.Base > at {
+			gapEnd := end
+			if i < len(t.maps) {
+				gapEnd = min(end, t.maps[i].rng.Base)
+			}
+			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what, at, gapEnd)
+		}
+		es = append(es, t.maps[i])
+		at = t.maps[i].rng.End()
+	}
+	return es, nil
+}
+
+// Entry is what backs one address.
+type Entry struct {
+	// Mapping is the whole mapping the address falls in.
+	Mapping vaspace.Range
+	Chunk   *physical.Chunk
+	// Offset is the address's offset inside the chunk.
+	Offset uint64
+	// Access is what each device may do at the address (index = device).
+	Access []driver.Access
+}
+
+// Lookup reports what backs addr: ErrNotMapped if nothing does.
+func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
+	what := fmt.Sprintf("mapping: lookup %s", addr)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.closed {
+		return Entry{}, t.errClosed("lookup")
+	}
+	if err := t.inside(what, addr, 1); err != nil {
+		return Entry{}, err
+	}
+	i := t.index(addr)
+	if i == len(t.maps) || t.maps[i].rng.Base > addr {
+		return Entry{}, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what)
+	}
+	e := t.maps[i]
+	off := uint64(addr - e.rng.Base)
+	return Entry{Mapping: e.rng, Chunk: e.chunk, Offset: off,
+		Access: append([]driver.Access(nil), e.access[off/e.gran]...)}, nil
+}
+
+// Mapping is one live mapping, as Mappings lists them.
+type Mapping struct {
+	Range vaspace.Range
+	Chunk *physical.Chunk
+}
+
+// Mappings lists the live mappings in address order. It iterates over a
+// copy taken when called, so the table may change while it runs.
+func (t *Table) Mappings() iter.Seq[Mapping] {
+	t.mu.RLock()
+	ms := make([]Mapping, len(t.maps))
+	for i, e := range t.maps {
+		ms[i] = Mapping{Range: e.rng, Chunk: e.chunk}
+	}
+	t.mu.RUnlock()
+	return func(yield func(Mapping) bool) {
+		for _, m := range ms {
+			if !yield(m) {
+				return
+			}
+		}
+	}
+}
+
+// Span is a maximal stretch of the reservation in one state with one chunk
+// and the same access for every device throughout.
+type Span struct {
+	Range vaspace.Range
+	State State
+	// Chunk and ChunkOffset say what backs the start of the span (nil when
+	// reserved).
+	Chunk       *physical.Chunk
+	ChunkOffset uint64
+	// Access is per device (nil when reserved).
+	Access []driver.Access
+}
+
+// Spans lists the whole reservation, reserved gaps included, in address
+// order: the memory map the demo prints. Like Mappings it iterates over a
+// copy.
+func (t *Table) Spans() iter.Seq[Span] {
+	t.mu.RLock()
+	var spans []Span
+	at := t.res.Base()
+	for _, e := range t.maps {
+		if e.rng.Base > at {
+			spans = append(spans, Span{Range: vaspace.Range{Base: at, Size: uint64(e.rng.Base - at)}, State: Reserved})
+		}
+		for g := range e.access {
+			acc := e.access[g]
+			gaddr := e.rng.Base + driver.Addr(uint64(g)*e.gran)
+			if n := len(spans); g > 0 && equalAccess(spans[n-1].Access, acc) {
+				spans[n-1].Range.Size += e.gran
+				continue
+			}
+			state := Mapped
+			for _, a := range acc {
+				if a != driver.AccessNone {
+					state = Accessible
+				}
+			}
+			spans = append(spans, Span{Range: vaspace.Range{Base: gaddr, Size: e.gran}, State: state,
+				Chunk: e.chunk, ChunkOffset: uint64(g) * e.gran, Access: append([]driver.Access(nil), acc...)})
+		}
+		at = e.rng.End()
+	}
+	if end := t.res.Range().End(); at < end {
+		spans = append(spans, Span{Range: vaspace.Range{Base: at, Size: uint64(end - at)}, State: Reserved})
+	}
+	t.mu.RUnlock()
+	return func(yield func(Span) bool) {
+		for _, s := range spans {
+			if !yield(s) {
+				return
+			}
+		}
+	}
+}
+
+// describeAccess reads well after "has": "no access", "read access".
+func describeAccess(a driver.Access) string {
+	if a == driver.AccessNone {
+		return "no access"
+	}
+	return a.String() + " access"
+}
+
+func equalAccess(a, b []driver.Access) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Read copies len(p) bytes at addr into p on behalf of dev, which must have
+// read access over the whole range.
+func (t *Table) Read(dev driver.DeviceID, addr driver.Addr, p []byte) error {
+	return t.touch("read", dev, addr, p, driver.AccessRead, t.drv.Read)
+}
+
+// Write copies p to addr on behalf of dev, which must have read-write
+// access over the whole range. A refused write changes no byte.
+func (t *Table) Write(dev driver.DeviceID, addr driver.Addr, p []byte) error {
+	return t.touch("write", dev, addr, p, driver.AccessReadWrite, t.drv.Write)
+}
+
+func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte, want driver.Access,
+	move func(driver.Addr, []byte) error) error {
+	what := fmt.Sprintf("mapping: %s %d bytes at %s for device %d", op, len(p), addr, dev)
+	if err := driver.CheckDevice(what, dev, len(t.devs)); err != nil {
+		return err
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.closed {
+		return t.errClosed(op)
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	if err := t.inside(what, addr, uint64(len(p))); err != nil {
+		return err
+	}
+	end := addr + driver.Addr(len(p))
+	at := addr
+	for i := t.index(addr); at < end; i++ {
+		if i == len(t.maps) || t.maps[i].rng.Base > at {
+			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what, at)
+		}
+		e := t.maps[i]
+		for g := uint64(at-e.rng.Base) / e.gran; g < uint64(len(e.access)) && e.rng.Base+driver.Addr(g*e.gran) < end; g++ {
+			if a := e.access[g][dev]; !a.Allows(want) {
+				return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s at %s, %s access is needed",
+					what, dev, describeAccess(a), e.rng.Base+driver.Addr(g*e.gran), want)
+			}
+		}
+		at = e.rng.End()
+	}
+	if err := t.res.Hold(func() error { return move(addr, p) }); err != nil {
+		return errors.Wrapf(err, "%s", what)
+	}
+	return nil
+}
+
+// Close unmaps every mapping and detaches the table from its reservation.
+// The reservation itself stays; free it with its Free.
+func (t *Table) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return t.errClosed("close")
+	}
+	var errs error
+	for i := len(t.maps) - 1; i >= 0; i-- {
+		errs = errors.CombineErrors(errs, t.unmapAt("mapping: close", i))
+	}
+	if errs != nil {
+		return errs
+	}
+	t.closed = true
+	t.res.Detach(t)
+	return nil
+}
+
+// Check compares the table with the driver and with its own invariants and
+// returns every inconsistency: entries sorted, inside the reservation and
+// not overlapping; each entry's chunk live in the table's memory with at
+// least one mapping; and the driver reporting the same access for every
+// device at every granule.
+func (t *Table) Check() error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
+	}
+	perChunk := map[*physical.Chunk]int{}
+	for i, e := range t.maps {
+		if !t.res.Range().ContainsRange(e.rng) {
+			fail("mapping: %s is outside the reservation %s", e.rng, t.res.Range())
+		}
+		if i > 0 && t.maps[i-1].rng.End() > e.rng.Base {
+			fail("mapping: %s and %s overlap", t.maps[i-1].rng, e.rng)
+		}
+		if e.rng.Size != e.chunk.Size() {
+			fail("mapping: %s maps %s of a different size", e.rng, e.chunk)
+		}
+		perChunk[e.chunk]++
+		for g := range e.access {
+			gaddr := e.rng.Base + driver.Addr(uint64(g)*e.gran)
+			for d := range t.devs {
+				got, err := t.drv.Access(gaddr, driver.DeviceID(d))
+				if err != nil {
+					fail("mapping: the driver does not see the mapping at %s: %v", gaddr, err)
+					break
+				}
+				if got != e.access[g][d] {
+					fail("mapping: at %s device %d has %s in the table, %s in the driver", gaddr, d, e.access[g][d], got)
+				}
+			}
+		}
+	}
+	for c, n := range perChunk {
+		if c.Mappings() < n {
+			fail("mapping: %s counts %d mappings, this table alone holds %d", c, c.Mappings(), n)
+		}
+	}
+	return errs
+}

@@ -1,0 +1,39 @@
+// Package physical owns the physical memory of one driver's devices: it
+// creates chunks ([Memory.Create]), counts per device how much memory they
+// hold ([Memory.Usage]), and returns that memory when a chunk is both
+// released and unmapped everywhere.
+//
+// # Chunk states
+//
+//	live      created; the handle is valid and the chunk may be mapped.
+//	released  Release gave up the handle; the chunk can no longer be mapped,
+//	          but its memory stays committed while mappings of it remain.
+//	returned  released and its last mapping dropped: the memory is back on
+//	          the device, and the chunk is no longer counted or listed.
+//
+// The mapping layer brackets every mapping of a chunk with [Chunk.Acquire]
+// (before the driver maps it) and [Chunk.Drop] (after the driver unmapped
+// it), so that Used agrees with the driver, which returns the memory at the
+// same moment: when the handle is released and the last mapping is gone.
+//
+// # Invariants (checked by [Memory.Check])
+//
+//   - Every chunk not yet returned is listed once, under its handle; a
+//     listed chunk is live, or released with at least one mapping.
+//   - A device's Used is the sum of the sizes of its listed chunks, never
+//     above its Capacity nor above its Peak; Chunks counts them.
+//   - A failed call changes nothing.
+//
+// # Locking
+//
+// A Memory and all its chunks share one mutex; every method is safe for
+// concurrent use. The driver is called with that mutex held (drivers never
+// call back).
+//
+// # What it never does
+//
+// It never makes a system call and never touches memory: only drivers do.
+// It never maps or unmaps (the mapping layer does, through the driver), and
+// it never rounds a size up: a size that is not a multiple of the device's
+// granularity is an error.
+package physical

@@ -1,0 +1,213 @@
+package physical
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Memory is the physical memory of one driver's devices: it creates chunks
+// and keeps per-device usage. It does not own the driver: Close releases the
+// chunks and leaves the driver open.
+type Memory struct {
+	d     driver.Driver
+	devs  []driver.Device // d.Devices(), fixed for the driver's life
+	share bool            // d.Supports(driver.FeatureShareable)
+
+	mu     sync.Mutex
+	closed bool
+	// chunks holds every chunk whose memory is not yet returned, by handle.
+	chunks map[driver.Handle]*Chunk
+	// usage[d] counts device d: Used is the sum of sizes of d's chunks in
+	// chunks, Chunks their number, Peak the most Used has been.
+	usage []Usage
+}
+
+// Usage is what one device holds.
+type Usage struct {
+	Device driver.DeviceID
+	// Used is the bytes of chunks whose memory is not yet returned to the
+	// device: live chunks, and released chunks still mapped.
+	Used uint64
+	// Peak is the highest Used has been.
+	Peak uint64
+	// Capacity is how many bytes of chunks the device can hold at once.
+	Capacity uint64
+	// Chunks is the number of chunks counted in Used.
+	Chunks int
+}
+
+// New returns the Memory of d's devices, with nothing created yet.
+func New(d driver.Driver) *Memory {
+	m := &Memory{d: d, devs: d.Devices(), share: d.Supports(driver.FeatureShareable), chunks: map[driver.Handle]*Chunk{}}
+	m.usage = make([]Usage, len(m.devs))
+	for i, dev := range m.devs {
+		m.usage[i] = Usage{Device: dev.ID, Capacity: dev.Capacity}
+	}
+	return m
+}
+
+// Driver returns the driver whose memory m manages.
+func (m *Memory) Driver() driver.Driver { return m.d }
+
+// Create commits size bytes on device dev: a positive multiple of the
+// device's minimum granularity. Running out is driver.ErrOutOfMemory, here
+// and never later.
+func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (*Chunk, error) {
+	what := fmt.Sprintf("physical: create %s on device %d", units.Bytes(size), dev)
+	if opts.Shareable {
+		what = fmt.Sprintf("physical: create shareable %s on device %d", units.Bytes(size), dev)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, driver.Closed(what + ": the memory is closed")
+	}
+	if err := driver.CheckDevice(what, dev, len(m.devs)); err != nil {
+		return nil, err
+	}
+	if err := driver.CheckSize(what, size, m.devs[dev].MinGranularity); err != nil {
+		return nil, err
+	}
+	if opts.Shareable && !m.share {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no shareable chunks", what, m.d.Name())
+	}
+	u := &m.usage[dev]
+	h, err := m.d.Create(dev, size, opts)
+	if err != nil {
+		if errors.Is(err, driver.ErrOutOfMemory) {
+			// The driver's message has its own figures; these are the ones
+			// this Memory counts, which differ when others share the driver.
+			return nil, errors.WithHintf(
+				errors.Wrapf(err, "%s: device %d had %s free of %s",
+					what, dev, units.Bytes(u.Capacity-min(u.Used, u.Capacity)), units.Bytes(u.Capacity)),
+				"release chunks on device %d, or create on another device", dev)
+		}
+		return nil, errors.Wrapf(err, "%s", what)
+	}
+	if _, dup := m.chunks[h]; dup || h == 0 {
+		return nil, errors.AssertionFailedf("%s: the driver returned handle %d, which is zero or already live", what, h)
+	}
+	c := &Chunk{m: m, handle: h, dev: dev, size: size, shareable: opts.Shareable}
+	m.chunks[h] = c
+	u.Used += size
+	u.Peak = max(u.Peak, u.Used)
+	u.Chunks++
+	return c, nil
+}
+
+// Usage reports what device dev holds. It answers after Close too: chunks
+// still mapped then keep their memory until unmapped.
+func (m *Memory) Usage(dev driver.DeviceID) (Usage, error) {
+	if err := driver.CheckDevice("physical: usage", dev, len(m.devs)); err != nil {
+		return Usage{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.usage[dev], nil
+}
+
+// Chunks returns every chunk whose memory is not yet returned, by handle.
+func (m *Memory) Chunks() []*Chunk {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sortedChunks()
+}
+
+func (m *Memory) sortedChunks() []*Chunk {
+	hs := slices.Sorted(maps.Keys(m.chunks))
+	cs := make([]*Chunk, len(hs))
+	for i, h := range hs {
+		cs[i] = m.chunks[h]
+	}
+	return cs
+}
+
+// Close releases every chunk not yet released and closes m: Create,
+// Acquire and Release then return driver.ErrClosed. Chunks still mapped
+// keep their memory (and stay counted in Used) until the mapping layer
+// drops their last mapping, so Drop, Usage, Chunks and Check still work.
+// Should the driver refuse to release a chunk, Close releases the others,
+// reports the refusals, and m is closed all the same.
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return driver.Closed("physical: close: the memory is already closed")
+	}
+	m.closed = true
+	var errs error
+	for _, c := range m.sortedChunks() {
+		if c.released {
+			continue
+		}
+		if err := c.releaseLocked(); err != nil {
+			errs = errors.CombineErrors(errs, err)
+		}
+	}
+	if errs != nil {
+		return errors.Wrapf(errs, "physical: close")
+	}
+	return nil
+}
+
+// Check walks every chunk and counter and returns every broken invariant as
+// an errors.AssertionFailedf, combined.
+func (m *Memory) Check() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
+	}
+	used := make([]uint64, len(m.devs))
+	count := make([]int, len(m.devs))
+	for h, c := range m.chunks {
+		if c.handle != h || c.m != m {
+			fail("physical: %s is listed under handle %d or belongs to another memory", c, h)
+		}
+		if c.dev < 0 || int(c.dev) >= len(m.devs) {
+			fail("physical: %s is on a device the driver does not have", c)
+			continue
+		}
+		if c.returned {
+			fail("physical: %s is returned but still listed", c)
+		}
+		if c.released && c.maps == 0 {
+			fail("physical: %s is released and unmapped but its memory is not returned", c)
+		}
+		if c.maps < 0 {
+			fail("physical: %s counts %d mappings", c, c.maps)
+		}
+		if m.closed && !c.released {
+			fail("physical: %s is not released after Close", c)
+		}
+		if g := m.devs[c.dev].MinGranularity; c.size == 0 || c.size%g != 0 {
+			fail("physical: %s is not a multiple of the granularity %s", c, units.Bytes(g))
+		}
+		used[c.dev] += c.size
+		count[c.dev]++
+	}
+	for d, u := range m.usage {
+		if u.Device != driver.DeviceID(d) || u.Capacity != m.devs[d].Capacity {
+			fail("physical: usage of device %d is recorded as device %d of capacity %d", d, u.Device, u.Capacity)
+		}
+		if u.Used != used[d] || u.Chunks != count[d] {
+			fail("physical: device %d counts %d bytes in %d chunk(s), its chunks hold %d bytes in %d",
+				d, u.Used, u.Chunks, used[d], count[d])
+		}
+		if u.Used > u.Peak {
+			fail("physical: device %d uses %d bytes, above its peak %d", d, u.Used, u.Peak)
+		}
+		if u.Used > u.Capacity {
+			fail("physical: device %d uses %d bytes, above its capacity %d", d, u.Used, u.Capacity)
+		}
+	}
+	return errs
+}
