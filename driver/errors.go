@@ -46,51 +46,51 @@ var (
 )
 
 // CheckSize returns nil when size is a positive multiple of gran, and
-// otherwise an error naming what was asked and the granularity.
-func CheckSize(what string, size, gran uint64) error {
+// otherwise an error naming what() was asked and the granularity.
+func CheckSize(what func() string, size, gran uint64) error {
 	if size == 0 {
-		return errors.Wrapf(ErrInvalid, "%s: size is zero", what)
+		return errors.Wrapf(ErrInvalid, "%s: size is zero", what())
 	}
 	if size%gran != 0 {
 		return errors.WithHintf(
 			errors.Wrapf(ErrMisaligned, "%s: size %s (%d bytes) is not a multiple of the granularity %s",
-				what, units.Bytes(size), size, units.Bytes(gran)),
+				what(), units.Bytes(size), size, units.Bytes(gran)),
 			"round the size up to a multiple of %d bytes", gran)
 	}
 	return nil
 }
 
 // CheckAddr returns nil when addr is a multiple of gran.
-func CheckAddr(what string, addr Addr, gran uint64) error {
+func CheckAddr(what func() string, addr Addr, gran uint64) error {
 	if uint64(addr)%gran != 0 {
 		return errors.Wrapf(ErrMisaligned, "%s: address %s is not a multiple of the granularity %s",
-			what, addr, units.Bytes(gran))
+			what(), addr, units.Bytes(gran))
 	}
 	return nil
 }
 
 // CheckAlign returns nil when align is 0 (the default) or a power of two.
-func CheckAlign(what string, align uint64) error {
+func CheckAlign(what func() string, align uint64) error {
 	if align&(align-1) != 0 {
-		return errors.Wrapf(ErrInvalid, "%s: alignment %d is not a power of two", what, align)
+		return errors.Wrapf(ErrInvalid, "%s: alignment %d is not a power of two", what(), align)
 	}
 	return nil
 }
 
 // CheckAccess returns nil when a is a defined access value.
-func CheckAccess(what string, a Access) error {
+func CheckAccess(what func() string, a Access) error {
 	if !a.Valid() {
 		return errors.Wrapf(ErrInvalid, "%s: access value %d is not none (0), read (1) or read-write (3)",
-			what, uint8(a))
+			what(), uint8(a))
 	}
 	return nil
 }
 
 // CheckDevice returns nil when dev is one of n devices.
-func CheckDevice(what string, dev DeviceID, n int) error {
+func CheckDevice(what func() string, dev DeviceID, n int) error {
 	if dev < 0 || int(dev) >= n {
 		return errors.Wrapf(ErrNoDevice, "%s: device %d (the driver has %d, numbered 0 to %d)",
-			what, dev, n, n-1)
+			what(), dev, n, n-1)
 	}
 	return nil
 }

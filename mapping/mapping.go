@@ -1,5 +1,5 @@
 // Package mapping is the page table of one reservation: which physical
-// chunk backs which range, and what each device may do there. It is the
+// chunk backs which range, and what() each device may do there. It is the
 // library's own view of the memory states named in the driver package doc
 // (reserved, mapped, accessible), kept beside the driver's and checked
 // against it by Check.
@@ -123,20 +123,20 @@ func (t *Table) index(addr driver.Addr) int {
 }
 
 // inside checks that [addr, addr+size) lies in the table's reservation.
-func (t *Table) inside(what string, addr driver.Addr, size uint64) error {
+func (t *Table) inside(what func() string, addr driver.Addr, size uint64) error {
 	r := t.res.Range()
 	want := vaspace.Range{Base: addr, Size: size}
 	if want.End() < addr || !r.ContainsRange(want) {
-		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside the table's reservation %s", what, want, r)
+		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside the table's reservation %s", what(), want, r)
 	}
 	return nil
 }
 
 // Map maps the whole chunk c at addr, inaccessible to every device.
 func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
-	what := fmt.Sprintf("mapping: map %s at %s", c, addr)
+	what := func() string { return fmt.Sprintf("mapping: map %s at %s", c, addr) }
 	if c.Memory() != t.mem {
-		return errors.Wrapf(driver.ErrBadHandle, "%s: the chunk belongs to another physical memory", what)
+		return errors.Wrapf(driver.ErrBadHandle, "%s: the chunk belongs to another physical memory", what())
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -152,17 +152,17 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 		o := t.maps[i]
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: %s overlaps the mapping %s of %s",
-				what, vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
+				what(), vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
 			"unmap it first: map never replaces a mapping")
 	}
 	if err := c.Acquire(); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	if err := t.res.Hold(func() error { return t.drv.Map(addr, c.Handle()) }); err != nil {
 		if derr := c.Drop(); derr != nil {
 			return errors.CombineErrors(err, derr)
 		}
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	gran := t.devs[c.Device()].MinGranularity
 	e := &entry{rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
@@ -179,7 +179,7 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 // Unmap removes the mapping that starts at addr, returning its range to the
 // reserved state and dropping the table's reference on its chunk.
 func (t *Table) Unmap(addr driver.Addr) error {
-	what := fmt.Sprintf("mapping: unmap at %s", addr)
+	what := func() string { return fmt.Sprintf("mapping: unmap at %s", addr) }
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -190,11 +190,11 @@ func (t *Table) Unmap(addr driver.Addr) error {
 	}
 	i := t.index(addr)
 	if i == len(t.maps) || t.maps[i].rng.Base > addr {
-		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what)
+		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what())
 	}
 	if t.maps[i].rng.Base != addr {
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrPartial, "%s: it is inside the mapping %s of %s", what, t.maps[i].rng, t.maps[i].chunk),
+			errors.Wrapf(driver.ErrPartial, "%s: it is inside the mapping %s of %s", what(), t.maps[i].rng, t.maps[i].chunk),
 			"unmap takes a whole mapping, by its start address")
 	}
 	return t.unmapAt(what, i)
@@ -203,7 +203,7 @@ func (t *Table) Unmap(addr driver.Addr) error {
 // UnmapRange removes every mapping inside r. A mapping that r cuts is
 // ErrPartial, and then nothing is unmapped.
 func (t *Table) UnmapRange(r vaspace.Range) error {
-	what := fmt.Sprintf("mapping: unmap %s", r)
+	what := func() string { return fmt.Sprintf("mapping: unmap %s", r) }
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -215,7 +215,7 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 	lo, hi := t.index(r.Base), t.index(r.End())
 	for _, i := range []int{lo, hi} {
 		if i < len(t.maps) && t.maps[i].rng.Overlaps(r) && !r.ContainsRange(t.maps[i].rng) {
-			return errors.Wrapf(driver.ErrPartial, "%s: it cuts the mapping %s of %s", what, t.maps[i].rng, t.maps[i].chunk)
+			return errors.Wrapf(driver.ErrPartial, "%s: it cuts the mapping %s of %s", what(), t.maps[i].rng, t.maps[i].chunk)
 		}
 	}
 	for i := hi - 1; i >= lo; i-- {
@@ -228,22 +228,24 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 	return nil
 }
 
-func (t *Table) unmapAt(what string, i int) error {
+func (t *Table) unmapAt(what func() string, i int) error {
 	e := t.maps[i]
 	if err := t.res.Hold(func() error { return t.drv.Unmap(e.rng.Base, e.rng.Size) }); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	t.maps = append(t.maps[:i], t.maps[i+1:]...)
 	if err := e.chunk.Drop(); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	return nil
 }
 
-// SetAccess sets what dev may do over [addr, addr+size), which must be
+// SetAccess sets what() dev may do over [addr, addr+size), which must be
 // mapped throughout; it may span several mappings.
 func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
-	what := fmt.Sprintf("mapping: set access of device %d over [%s, +%s) to %s", dev, addr, units.Bytes(size), a)
+	what := func() string {
+		return fmt.Sprintf("mapping: set access of device %d over [%s, +%s) to %s", dev, addr, units.Bytes(size), a)
+	}
 	if err := driver.CheckDevice(what, dev, len(t.devs)); err != nil {
 		return err
 	}
@@ -251,7 +253,7 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 		return err
 	}
 	if size == 0 {
-		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what)
+		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -269,11 +271,11 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 	if err := driver.CheckAddr(what, addr, es[0].gran); err != nil {
 		return err
 	}
-	if err := driver.CheckAddr(what+" (end)", end, es[len(es)-1].gran); err != nil {
+	if err := driver.CheckAddr(func() string { return what() + " (end)" }, end, es[len(es)-1].gran); err != nil {
 		return err
 	}
 	if err := t.res.Hold(func() error { return t.drv.SetAccess(addr, size, dev, a) }); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	for _, e := range es {
 		lo, hi := max(addr, e.rng.Base), min(end, e.rng.End())
@@ -286,7 +288,7 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 
 // covering returns the entries covering [addr, end), or ErrNotMapped naming
 // the first gap.
-func (t *Table) covering(what string, addr, end driver.Addr) ([]*entry, error) {
+func (t *Table) covering(what func() string, addr, end driver.Addr) ([]*entry, error) {
 	var es []*entry
 	at := addr
 	for i := t.index(addr); at < end; i++ {
@@ -295,7 +297,7 @@ func (t *Table) covering(what string, addr, end driver.Addr) ([]*entry, error) {
 			if i < len(t.maps) {
 				gapEnd = min(end, t.maps[i].rng.Base)
 			}
-			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what, at, gapEnd)
+			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, gapEnd)
 		}
 		es = append(es, t.maps[i])
 		at = t.maps[i].rng.End()
@@ -303,20 +305,20 @@ func (t *Table) covering(what string, addr, end driver.Addr) ([]*entry, error) {
 	return es, nil
 }
 
-// Entry is what backs one address.
+// Entry is what() backs one address.
 type Entry struct {
 	// Mapping is the whole mapping the address falls in.
 	Mapping vaspace.Range
 	Chunk   *physical.Chunk
 	// Offset is the address's offset inside the chunk.
 	Offset uint64
-	// Access is what each device may do at the address (index = device).
+	// Access is what() each device may do at the address (index = device).
 	Access []driver.Access
 }
 
-// Lookup reports what backs addr: ErrNotMapped if nothing does.
+// Lookup reports what() backs addr: ErrNotMapped if nothing does.
 func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
-	what := fmt.Sprintf("mapping: lookup %s", addr)
+	what := func() string { return fmt.Sprintf("mapping: lookup %s", addr) }
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if t.closed {
@@ -327,7 +329,7 @@ func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
 	}
 	i := t.index(addr)
 	if i == len(t.maps) || t.maps[i].rng.Base > addr {
-		return Entry{}, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what)
+		return Entry{}, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what())
 	}
 	e := t.maps[i]
 	off := uint64(addr - e.rng.Base)
@@ -364,7 +366,7 @@ func (t *Table) Mappings() iter.Seq[Mapping] {
 type Span struct {
 	Range vaspace.Range
 	State State
-	// Chunk and ChunkOffset say what backs the start of the span (nil when
+	// Chunk and ChunkOffset say what() backs the start of the span (nil when
 	// reserved).
 	Chunk       *physical.Chunk
 	ChunkOffset uint64
@@ -448,7 +450,7 @@ func (t *Table) Write(dev driver.DeviceID, addr driver.Addr, p []byte) error {
 
 func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte, want driver.Access,
 	move func(driver.Addr, []byte) error) error {
-	what := fmt.Sprintf("mapping: %s %d bytes at %s for device %d", op, len(p), addr, dev)
+	what := func() string { return fmt.Sprintf("mapping: %s %d bytes at %s for device %d", op, len(p), addr, dev) }
 	if err := driver.CheckDevice(what, dev, len(t.devs)); err != nil {
 		return err
 	}
@@ -467,19 +469,19 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 	at := addr
 	for i := t.index(addr); at < end; i++ {
 		if i == len(t.maps) || t.maps[i].rng.Base > at {
-			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what, at)
+			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 		}
 		e := t.maps[i]
 		for g := uint64(at-e.rng.Base) / e.gran; g < uint64(len(e.access)) && e.rng.Base+driver.Addr(g*e.gran) < end; g++ {
 			if a := e.access[g][dev]; !a.Allows(want) {
 				return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s at %s, %s access is needed",
-					what, dev, describeAccess(a), e.rng.Base+driver.Addr(g*e.gran), want)
+					what(), dev, describeAccess(a), e.rng.Base+driver.Addr(g*e.gran), want)
 			}
 		}
 		at = e.rng.End()
 	}
 	if err := t.res.Hold(func() error { return move(addr, p) }); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	return nil
 }
@@ -494,7 +496,7 @@ func (t *Table) Close() error {
 	}
 	var errs error
 	for i := len(t.maps) - 1; i >= 0; i-- {
-		errs = errors.CombineErrors(errs, t.unmapAt("mapping: close", i))
+		errs = errors.CombineErrors(errs, t.unmapAt(func() string { return "mapping: close" }, i))
 	}
 	if errs != nil {
 		return errs

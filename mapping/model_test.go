@@ -3,6 +3,9 @@ package mapping_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -32,7 +35,7 @@ const (
 	mMaxRes  = 4
 	mMaxChk  = 24
 	opBytes  = 6
-	maxOps   = 400
+	maxOps   = 100
 )
 
 type opKind uint8
@@ -575,4 +578,31 @@ func FuzzModel(f *testing.F) {
 		require.Equal(t, ops, decode(encode(ops)), "encode inverts decode")
 		runModel(t, ops)
 	})
+}
+
+// TestSeedCorpus checks the fuzz seed corpus is there and decodes into real
+// sequences. With VMARENA_WRITE_CORPUS=1 it writes the corpus afresh.
+func TestSeedCorpus(t *testing.T) {
+	dir := filepath.Join("testdata", "fuzz", "FuzzModel")
+	if os.Getenv("VMARENA_WRITE_CORPUS") == "1" {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		for i, n := range []int{8, 25, 50, 75, maxOps} {
+			data := encode(randomOps(rand.New(rand.NewPCG(uint64(100+i), 3)), n))
+			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", data)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%03d-ops", n)), []byte(body), 0o644))
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "seed-*"))
+	require.NoError(t, err)
+	require.Len(t, files, 5)
+	for _, f := range files {
+		body, err := os.ReadFile(f)
+		require.NoError(t, err)
+		lines := strings.SplitN(string(body), "\n", 3)
+		require.Equal(t, "go test fuzz v1", lines[0])
+		quoted := strings.TrimSuffix(strings.TrimPrefix(lines[1], "[]byte("), ")")
+		data, err := strconv.Unquote(quoted)
+		require.NoError(t, err, f)
+		require.NotEmpty(t, decode([]byte(data)), f)
+	}
 }

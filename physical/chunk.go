@@ -71,12 +71,12 @@ func (c *Chunk) Release() error {
 }
 
 func (c *Chunk) releaseLocked() error {
-	what := fmt.Sprintf("physical: release %s", c)
+	what := func() string { return fmt.Sprintf("physical: release %s", c) }
 	if c.released {
-		return errors.Wrapf(driver.ErrBadHandle, "%s: already released", what)
+		return errors.Wrapf(driver.ErrBadHandle, "%s: already released", what())
 	}
 	if err := c.m.d.Release(c.handle); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	c.released = true
 	if c.maps == 0 {
@@ -98,14 +98,14 @@ func (c *Chunk) returnLocked() {
 // the driver maps the chunk, and calls Drop if the map then fails. A
 // released chunk is driver.ErrBadHandle.
 func (c *Chunk) Acquire() error {
-	what := fmt.Sprintf("physical: acquire %s for a mapping", c)
+	what := func() string { return fmt.Sprintf("physical: acquire %s for a mapping", c) }
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	if c.m.closed {
-		return driver.Closed(what + ": the memory is closed")
+		return driver.Closed(what() + ": the memory is closed")
 	}
 	if c.released {
-		return errors.WithHint(errors.Wrapf(driver.ErrBadHandle, "%s: the chunk is released", what),
+		return errors.WithHint(errors.Wrapf(driver.ErrBadHandle, "%s: the chunk is released", what()),
 			"a released chunk cannot be mapped again; create a new one")
 	}
 	c.maps++

@@ -29,7 +29,7 @@ type Memory struct {
 	usage []Usage
 }
 
-// Usage is what one device holds.
+// Usage is what() one device holds.
 type Usage struct {
 	Device driver.DeviceID
 	// Used is the bytes of chunks whose memory is not yet returned to the
@@ -60,14 +60,17 @@ func (m *Memory) Driver() driver.Driver { return m.d }
 // device's minimum granularity. Running out is driver.ErrOutOfMemory, here
 // and never later.
 func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (*Chunk, error) {
-	what := fmt.Sprintf("physical: create %s on device %d", units.Bytes(size), dev)
-	if opts.Shareable {
-		what = fmt.Sprintf("physical: create shareable %s on device %d", units.Bytes(size), dev)
+	what := func() string {
+		kind := ""
+		if opts.Shareable {
+			kind = "shareable "
+		}
+		return fmt.Sprintf("physical: create %s%s on device %d", kind, units.Bytes(size), dev)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, driver.Closed(what + ": the memory is closed")
+		return nil, driver.Closed(what() + ": the memory is closed")
 	}
 	if err := driver.CheckDevice(what, dev, len(m.devs)); err != nil {
 		return nil, err
@@ -76,23 +79,16 @@ func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 		return nil, err
 	}
 	if opts.Shareable && !m.share {
-		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no shareable chunks", what, m.d.Name())
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no shareable chunks", what(), m.d.Name())
 	}
 	u := &m.usage[dev]
 	h, err := m.d.Create(dev, size, opts)
 	if err != nil {
-		if errors.Is(err, driver.ErrOutOfMemory) {
-			// The driver's message has its own figures; these are the ones
-			// this Memory counts, which differ when others share the driver.
-			return nil, errors.WithHintf(
-				errors.Wrapf(err, "%s: device %d had %s free of %s",
-					what, dev, units.Bytes(u.Capacity-min(u.Used, u.Capacity)), units.Bytes(u.Capacity)),
-				"release chunks on device %d, or create on another device", dev)
-		}
-		return nil, errors.Wrapf(err, "%s", what)
+		// The driver's message says what was asked and what was free.
+		return nil, errors.Wrapf(err, "%s", what())
 	}
 	if _, dup := m.chunks[h]; dup || h == 0 {
-		return nil, errors.AssertionFailedf("%s: the driver returned handle %d, which is zero or already live", what, h)
+		return nil, errors.AssertionFailedf("%s: the driver returned handle %d, which is zero or already live", what(), h)
 	}
 	c := &Chunk{m: m, handle: h, dev: dev, size: size, shareable: opts.Shareable}
 	m.chunks[h] = c
@@ -102,10 +98,10 @@ func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	return c, nil
 }
 
-// Usage reports what device dev holds. It answers after Close too: chunks
+// Usage reports what() device dev holds. It answers after Close too: chunks
 // still mapped then keep their memory until unmapped.
 func (m *Memory) Usage(dev driver.DeviceID) (Usage, error) {
-	if err := driver.CheckDevice("physical: usage", dev, len(m.devs)); err != nil {
+	if err := driver.CheckDevice(func() string { return "physical: usage" }, dev, len(m.devs)); err != nil {
 		return Usage{}, err
 	}
 	m.mu.Lock()

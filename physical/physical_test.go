@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/extent"
 	"github.com/vmarena/vmarena/internal/units"
@@ -59,23 +60,18 @@ func stateOf(t *testing.T, m *Memory, d *sim.Driver) state {
 	return st
 }
 
+// requireIs checks err is marked with target (and no other sentinel) and
+// its message says want.
 func requireIs(t *testing.T, err, target error, want ...string) {
 	t.Helper()
-	require.Error(t, err)
-	require.True(t, errors.Is(err, target), "want %v, got: %v", target, err)
-	for _, w := range want {
-		require.Contains(t, err.Error(), w)
-	}
+	drivertest.RequireIs(t, err, target, want...)
 }
 
 // requireIsMsg is requireIs with msg in the failure.
 func requireIsMsg(t *testing.T, msg string, err, target error, want ...string) {
 	t.Helper()
 	require.Error(t, err, msg)
-	require.True(t, errors.Is(err, target), "%s: want %v, got: %v", msg, target, err)
-	for _, w := range want {
-		require.Contains(t, err.Error(), w, msg)
-	}
+	drivertest.RequireIs(t, err, target, want...)
 }
 
 func createErr(_ *Chunk, err error) error { return err }
@@ -130,7 +126,7 @@ func TestCreateRejectsBadInput(t *testing.T) {
 	requireIs(t, createErr(m.Create(1, gran/2, driver.ChunkOptions{})), driver.ErrMisaligned, "granularity 2 MiB")
 	// Out of memory: says what was asked and what was free.
 	err = createErr(m.Create(0, 4*gran, driver.ChunkOptions{}))
-	requireIs(t, err, driver.ErrOutOfMemory, "physical: create 8 MiB on device 0", "device 0 had 4 MiB free of 64 MiB")
+	requireIs(t, err, driver.ErrOutOfMemory, "physical: create 8 MiB on device 0", "asked 8 MiB, device has 4 MiB free of 64 MiB")
 	require.NotEmpty(t, errors.GetAllHints(err))
 
 	require.Equal(t, before, stateOf(t, m, d))
@@ -363,7 +359,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			case size%gran != 0:
 				requireIsMsg(t, desc, err, driver.ErrMisaligned, "granularity 2 MiB")
 			case md.used[dev]+size > capacity:
-				requireIsMsg(t, desc, err, driver.ErrOutOfMemory, fmt.Sprintf("had %s free", units.Bytes(capacity-md.used[dev])))
+				requireIsMsg(t, desc, err, driver.ErrOutOfMemory, fmt.Sprintf("has %s free", units.Bytes(capacity-md.used[dev])))
 			default:
 				require.NoError(t, err, desc)
 				md.chunks[c.Handle()] = &mchunk{c: c, dev: dev, size: size}

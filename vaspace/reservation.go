@@ -80,15 +80,15 @@ func (r *Reservation) Space() *Space { return r.space }
 // String formats r as "reservation [0x..., 0x...)".
 func (r *Reservation) String() string { return "reservation " + r.Range().String() }
 
-func (r *Reservation) errFreed(what string) error {
-	return errors.WithHint(driver.Closed(what+": the reservation is freed"), "reserve a new range")
+func (r *Reservation) errFreed(what func() string) error {
+	return errors.WithHint(driver.Closed(what()+": the reservation is freed"), "reserve a new range")
 }
 
 // Carve takes a free sub-range of size bytes (a multiple of the driver's
 // granularity) starting at a multiple of max(align, granularity), from the
 // lowest address that has room. align is 0 or a power of two.
 func (r *Reservation) Carve(size, align uint64) (Range, error) {
-	what := fmt.Sprintf("vaspace: carve %s from %s", units.Bytes(size), r)
+	what := func() string { return fmt.Sprintf("vaspace: carve %s from %s", units.Bytes(size), r) }
 	if err := driver.CheckSize(what, size, r.gran); err != nil {
 		return Range{}, err
 	}
@@ -106,7 +106,7 @@ func (r *Reservation) Carve(size, align uint64) (Range, error) {
 		return Range{}, errors.WithHint(
 			errors.Wrapf(driver.ErrOutOfMemory,
 				"%s: the reservation has no free range of %s aligned to %s (the largest free range is %s; %s of %s carved)",
-				what, units.Bytes(size), units.Bytes(align), units.Bytes(r.free.Largest()),
+				what(), units.Bytes(size), units.Bytes(align), units.Bytes(r.free.Largest()),
 				units.Bytes(r.free.InUse()), units.Bytes(r.size)),
 			"uncarve ranges you no longer need, or reserve a larger range")
 	}
@@ -119,7 +119,7 @@ func (r *Reservation) Carve(size, align uint64) (Range, error) {
 // reservation, start on the driver's granularity and be free throughout.
 func (r *Reservation) CarveAt(base driver.Addr, size uint64) (Range, error) {
 	c := Range{base, size}
-	what := fmt.Sprintf("vaspace: carve %s from %s", c, r)
+	what := func() string { return fmt.Sprintf("vaspace: carve %s from %s", c, r) }
 	if err := driver.CheckSize(what, size, r.gran); err != nil {
 		return Range{}, err
 	}
@@ -132,15 +132,15 @@ func (r *Reservation) CarveAt(base driver.Addr, size uint64) (Range, error) {
 		return Range{}, r.errFreed(what)
 	}
 	if c.End() < c.Base || !r.Range().ContainsRange(c) {
-		return Range{}, errors.Wrapf(driver.ErrNotReserved, "%s: the range is not inside the reservation", what)
+		return Range{}, errors.Wrapf(driver.ErrNotReserved, "%s: the range is not inside the reservation", what())
 	}
 	if !r.free.AllocAt(uint64(base), size) {
 		i := sort.Search(len(r.carved), func(i int) bool { return r.carved[i].End() > base })
 		if i == len(r.carved) || !r.carved[i].Overlaps(c) {
-			return Range{}, errors.AssertionFailedf("%s: the range is not free, but no carved range overlaps it", what)
+			return Range{}, errors.AssertionFailedf("%s: the range is not free, but no carved range overlaps it", what())
 		}
 		return Range{}, errors.WithHint(
-			errors.Wrapf(driver.ErrOverlap, "%s: it overlaps the carved range %s", what, r.carved[i]),
+			errors.Wrapf(driver.ErrOverlap, "%s: it overlaps the carved range %s", what(), r.carved[i]),
 			"uncarve that range first, or let Carve find a free one")
 	}
 	r.insertCarved(c)
@@ -155,7 +155,7 @@ func (r *Reservation) insertCarved(c Range) {
 // Uncarve gives back a range that Carve or CarveAt returned, exactly as it
 // was returned; anything else is driver.ErrNotReserved.
 func (r *Reservation) Uncarve(c Range) error {
-	what := fmt.Sprintf("vaspace: uncarve %s from %s", c, r)
+	what := func() string { return fmt.Sprintf("vaspace: uncarve %s from %s", c, r) }
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.freed {
@@ -171,22 +171,22 @@ func (r *Reservation) Uncarve(c Range) error {
 		return 0
 	})
 	if !found {
-		// Name a carved range it overlaps, if any, to show what was meant.
+		// Name a carved range it overlaps, if any, to show what() was meant.
 		j := sort.Search(len(r.carved), func(j int) bool { return r.carved[j].End() > c.Base })
 		if j < len(r.carved) && r.carved[j].Overlaps(c) {
 			return errors.WithHint(
-				errors.Wrapf(driver.ErrNotReserved, "%s: no carved range starts there (it overlaps the carved range %s)", what, r.carved[j]),
+				errors.Wrapf(driver.ErrNotReserved, "%s: no carved range starts there (it overlaps the carved range %s)", what(), r.carved[j]),
 				"uncarve takes exactly a range Carve or CarveAt returned")
 		}
-		return errors.Wrapf(driver.ErrNotReserved, "%s: nothing carved starts there", what)
+		return errors.Wrapf(driver.ErrNotReserved, "%s: nothing carved starts there", what())
 	}
 	if r.carved[i] != c {
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrNotReserved, "%s: the carved range there is %s", what, r.carved[i]),
+			errors.Wrapf(driver.ErrNotReserved, "%s: the carved range there is %s", what(), r.carved[i]),
 			"uncarve takes exactly a range Carve or CarveAt returned")
 	}
 	if err := r.free.Free(uint64(c.Base), c.Size); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	r.carved = slices.Delete(r.carved, i, i+1)
 	return nil
@@ -251,7 +251,7 @@ func (r *Reservation) Hold(fn func() error) error {
 	r.hold.RLock()
 	defer r.hold.RUnlock()
 	if r.Freed() {
-		return r.errFreed(fmt.Sprintf("vaspace: hold %s", r))
+		return r.errFreed(func() string { return fmt.Sprintf("vaspace: hold %s", r) })
 	}
 	return fn()
 }
@@ -263,7 +263,7 @@ func (r *Reservation) Hold(fn func() error) error {
 // driver.ErrClosed (or nothing). Carved ranges need not be uncarved first:
 // carving is bookkeeping, and goes with the range.
 func (r *Reservation) Free() error {
-	what := fmt.Sprintf("vaspace: free %s", r)
+	what := func() string { return fmt.Sprintf("vaspace: free %s", r) }
 	for {
 		uses, gen, freed := r.uses()
 		if freed {
@@ -271,7 +271,7 @@ func (r *Reservation) Free() error {
 		}
 		if len(uses) > 0 {
 			return errors.WithHint(
-				errors.Wrapf(driver.ErrBusy, "%s: %d use(s) still inside: %s", what, len(uses), describeUses(uses)),
+				errors.Wrapf(driver.ErrBusy, "%s: %d use(s) still inside: %s", what(), len(uses), describeUses(uses)),
 				"unmap everything inside the reservation, or detach its occupants, before freeing it")
 		}
 		r.hold.Lock()

@@ -38,9 +38,11 @@ func (s *Space) Driver() driver.Driver { return s.d }
 // granularity, aligned to align (a power of two; 0 means the granularity,
 // and a smaller one is raised to it).
 func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
-	what := fmt.Sprintf("vaspace: reserve %s", units.Bytes(size))
-	if align != 0 {
-		what += fmt.Sprintf(" aligned to %d", align)
+	what := func() string {
+		if align != 0 {
+			return fmt.Sprintf("vaspace: reserve %s aligned to %d", units.Bytes(size), align)
+		}
+		return fmt.Sprintf("vaspace: reserve %s", units.Bytes(size))
 	}
 	if err := driver.CheckSize(what, size, s.gran); err != nil {
 		return nil, err
@@ -51,17 +53,17 @@ func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, driver.Closed(what + ": the space is closed")
+		return nil, driver.Closed(what() + ": the space is closed")
 	}
 	base, err := s.d.Reserve(size, align, 0)
 	if err != nil {
-		return nil, errors.Wrapf(err, "%s", what)
+		return nil, errors.Wrapf(err, "%s", what())
 	}
 	r := newReservation(s, base, size)
 	i := sort.Search(len(s.rs), func(i int) bool { return s.rs[i].base >= base })
 	if (i > 0 && s.rs[i-1].Range().Overlaps(r.Range())) || (i < len(s.rs) && s.rs[i].Range().Overlaps(r.Range())) {
 		_ = s.d.Unreserve(base, size)
-		return nil, errors.AssertionFailedf("%s: the driver returned %s, which overlaps a live reservation", what, r.Range())
+		return nil, errors.AssertionFailedf("%s: the driver returned %s, which overlaps a live reservation", what(), r.Range())
 	}
 	s.rs = slices.Insert(s.rs, i, r)
 	return r, nil
@@ -107,7 +109,7 @@ func (s *Space) Close() error {
 			return errors.WithHint(
 				errors.Wrapf(driver.ErrBusy, "vaspace: close: %d reservation(s) still in use: %s",
 					len(busy), strings.Join(busy, "; ")),
-				"unmap what is mapped in them, or detach their occupants, before closing")
+				"unmap what() is mapped in them, or detach their occupants, before closing")
 		}
 
 		for _, r := range rs {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/sim"
 )
 
@@ -62,24 +63,18 @@ func snap(s *Space) snapshot {
 	return sn
 }
 
-// requireIs checks err is marked with target and its message says want.
+// requireIs checks err is marked with target (and no other sentinel) and
+// its message says want.
 func requireIs(t *testing.T, err, target error, want ...string) {
 	t.Helper()
-	require.Error(t, err)
-	require.True(t, errors.Is(err, target), "want %v, got: %v", target, err)
-	for _, w := range want {
-		require.Contains(t, err.Error(), w)
-	}
+	drivertest.RequireIs(t, err, target, want...)
 }
 
 // requireIsMsg is requireIs with msg in the failure.
 func requireIsMsg(t *testing.T, msg string, err, target error, want ...string) {
 	t.Helper()
 	require.Error(t, err, msg)
-	require.True(t, errors.Is(err, target), "%s: want %v, got: %v", msg, target, err)
-	for _, w := range want {
-		require.Contains(t, err.Error(), w, msg)
-	}
+	drivertest.RequireIs(t, err, target, want...)
 }
 
 func TestRange(t *testing.T) {

@@ -128,6 +128,7 @@ func demo(w io.Writer) (err error) {
 	}
 	say("Revoke device 0's access; reading now fails instead of crashing:")
 	refused(tab.Read(0, at(0), got))
+	printMap(w, tab, mem)
 
 	if err := a.Release(); err != nil {
 		return err

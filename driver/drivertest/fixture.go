@@ -34,9 +34,10 @@ var sentinels = []error{
 	driver.ErrClosed,
 }
 
-// requireIs fails t unless err is marked with want and with no other
-// sentinel, and its message contains every fragment.
-func requireIs(t testing.TB, err, want error, fragments ...string) {
+// RequireIs fails t unless err is marked with want and with no other
+// sentinel, and its message contains every fragment. The layers above the
+// driver use it too: their errors follow the same one-sentinel rule.
+func RequireIs(t testing.TB, err, want error, fragments ...string) {
 	t.Helper()
 	require.Errorf(t, err, "want an error marked %q, got none", want)
 	require.Truef(t, errors.Is(err, want), "want an error marked %q, got: %v", want, err)
@@ -54,7 +55,7 @@ func requireIs(t testing.TB, err, want error, fragments ...string) {
 // every fragment.
 func (f *fixture) requireIs(err, want error, fragments ...string) {
 	f.t.Helper()
-	requireIs(f.t, err, want, fragments...)
+	RequireIs(f.t, err, want, fragments...)
 }
 
 // g is the minimum granularity of dev: the unit of its chunks, mapping

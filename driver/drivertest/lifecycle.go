@@ -58,7 +58,7 @@ func (s suite) close(t *testing.T) {
 			{"Close", f.d.Close},
 		}
 		for _, c := range calls {
-			f.t.Run(c.name, func(t *testing.T) { requireIs(t, c.call(), driver.ErrClosed) })
+			f.t.Run(c.name, func(t *testing.T) { RequireIs(t, c.call(), driver.ErrClosed) })
 		}
 	})
 	s.run(t, "SecondClose", func(f *fixture) {

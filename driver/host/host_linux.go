@@ -82,7 +82,7 @@ func (d *Driver) Write(addr driver.Addr, p []byte) error {
 // yet returned. Shareable chunks, which have memfds of their own, are not
 // included. It is the kernel's figure, for leak tests.
 func (d *Driver) HeapBytes(dev driver.DeviceID) (uint64, error) {
-	if err := driver.CheckDevice("host: heap bytes", dev, len(d.b.heaps)); err != nil {
+	if err := driver.CheckDevice(func() string { return "host: heap bytes" }, dev, len(d.b.heaps)); err != nil {
 		return 0, err
 	}
 	var st unix.Stat_t

@@ -53,7 +53,7 @@ func (o Options) withDefaults() (Options, error) {
 			return o, errors.Wrapf(driver.ErrOutOfMemory, "host: MemAvailable is %s, too little for %d devices", units.Bytes(avail), o.Devices)
 		}
 	}
-	if err := driver.CheckSize("host: device capacity", o.Capacity, o.Granularity); err != nil {
+	if err := driver.CheckSize(func() string { return "host: device capacity" }, o.Capacity, o.Granularity); err != nil {
 		return o, err
 	}
 	return o, nil

@@ -152,14 +152,14 @@ func (l *Ledger) errClosed(op string) error { return driver.Closed(fmt.Sprintf("
 
 // Reserve implements driver.Driver.
 func (l *Ledger) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, error) {
-	what := fmt.Sprintf("%s: reserve %s", l.name, units.Bytes(size))
+	what := func() string { return fmt.Sprintf("%s: reserve %s", l.name, units.Bytes(size)) }
 	if err := driver.CheckSize(what, size, l.gran); err != nil {
 		return 0, err
 	}
 	if err := driver.CheckAlign(what, align); err != nil {
 		return 0, err
 	}
-	if err := driver.CheckAddr(what+" at hint", hint, l.gran); err != nil {
+	if err := driver.CheckAddr(func() string { return what() + " at hint" }, hint, l.gran); err != nil {
 		return 0, err
 	}
 	align = max(align, l.gran)
@@ -170,14 +170,14 @@ func (l *Ledger) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, err
 	}
 	base, backing, err := l.backend.Reserve(size, align, hint)
 	if err != nil {
-		return 0, errors.Wrapf(err, "%s", what)
+		return 0, errors.Wrapf(err, "%s", what())
 	}
 	r := &Region{Base: base, Size: size, Backing: backing}
 	i := sort.Search(len(l.reservations), func(i int) bool { return l.reservations[i].Base >= base })
 	if uint64(base)%align != 0 || (i > 0 && l.reservations[i-1].end() > base) ||
 		(i < len(l.reservations) && l.reservations[i].Base < r.end()) {
 		_ = l.backend.Unreserve(r)
-		return 0, errors.AssertionFailedf("%s: backend returned [%s, %s), misaligned or overlapping a live reservation", what, base, r.end())
+		return 0, errors.AssertionFailedf("%s: backend returned [%s, %s), misaligned or overlapping a live reservation", what(), base, r.end())
 	}
 	l.reservations = append(l.reservations, nil)
 	copy(l.reservations[i+1:], l.reservations[i:])
@@ -187,7 +187,7 @@ func (l *Ledger) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, err
 
 // Unreserve implements driver.Driver.
 func (l *Ledger) Unreserve(base driver.Addr, size uint64) error {
-	what := fmt.Sprintf("%s: unreserve [%s, +%s)", l.name, base, units.Bytes(size))
+	what := func() string { return fmt.Sprintf("%s: unreserve [%s, +%s)", l.name, base, units.Bytes(size)) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -195,18 +195,18 @@ func (l *Ledger) Unreserve(base driver.Addr, size uint64) error {
 	}
 	i, r := l.findReservation(base)
 	if r == nil || r.Base != base {
-		return errors.Wrapf(driver.ErrNotReserved, "%s: no reservation starts there", what)
+		return errors.Wrapf(driver.ErrNotReserved, "%s: no reservation starts there", what())
 	}
 	if r.Size != size {
-		return errors.Wrapf(driver.ErrNotReserved, "%s: the reservation there is %s, and unreserve takes it whole", what, units.Bytes(r.Size))
+		return errors.Wrapf(driver.ErrNotReserved, "%s: the reservation there is %s, and unreserve takes it whole", what(), units.Bytes(r.Size))
 	}
 	if len(r.maps) > 0 {
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrBusy, "%s: %d mapping(s) still inside: %s", what, len(r.maps), describeMaps(r.maps)),
+			errors.Wrapf(driver.ErrBusy, "%s: %d mapping(s) still inside: %s", what(), len(r.maps), describeMaps(r.maps)),
 			"unmap everything inside a reservation before unreserving it")
 	}
 	if err := l.backend.Unreserve(r); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	l.reservations = append(l.reservations[:i], l.reservations[i+1:]...)
 	return nil
@@ -229,7 +229,7 @@ func describeMaps(ms []*Mapping) string {
 
 // Create implements driver.Driver.
 func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (driver.Handle, error) {
-	what := fmt.Sprintf("%s: create %s on device %d", l.name, units.Bytes(size), dev)
+	what := func() string { return fmt.Sprintf("%s: create %s on device %d", l.name, units.Bytes(size), dev) }
 	if err := driver.CheckDevice(what, dev, len(l.devs)); err != nil {
 		return 0, err
 	}
@@ -238,7 +238,7 @@ func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 		return 0, err
 	}
 	if opts.Shareable && !l.share {
-		return 0, errors.Wrapf(driver.ErrUnsupported, "%s: shareable chunks", what)
+		return 0, errors.Wrapf(driver.ErrUnsupported, "%s: shareable chunks", what())
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -248,12 +248,12 @@ func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	if free := d.Capacity - l.used[dev]; size > free {
 		return 0, errors.WithHintf(
 			errors.Wrapf(driver.ErrOutOfMemory, "%s: asked %s, device has %s free of %s",
-				what, units.Bytes(size), units.Bytes(free), units.Bytes(d.Capacity)),
+				what(), units.Bytes(size), units.Bytes(free), units.Bytes(d.Capacity)),
 			"release chunks on device %d, or create on another device", dev)
 	}
 	c := &Chunk{Handle: l.nextHandle, Device: dev, Size: size, Opts: opts}
 	if err := l.backend.Commit(c); err != nil {
-		return 0, errors.Wrapf(err, "%s", what)
+		return 0, errors.Wrapf(err, "%s", what())
 	}
 	l.nextHandle++
 	l.chunks[c.Handle] = c
@@ -262,21 +262,21 @@ func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 }
 
 // chunk returns the live (unreleased) chunk h.
-func (l *Ledger) chunk(what string, h driver.Handle) (*Chunk, error) {
+func (l *Ledger) chunk(what func() string, h driver.Handle) (*Chunk, error) {
 	c := l.chunks[h]
 	if c == nil || c.released {
 		state := "unknown"
 		if c != nil || (h != 0 && h < l.nextHandle) {
 			state = "already released"
 		}
-		return nil, errors.Wrapf(driver.ErrBadHandle, "%s: handle %d is %s", what, h, state)
+		return nil, errors.Wrapf(driver.ErrBadHandle, "%s: handle %d is %s", what(), h, state)
 	}
 	return c, nil
 }
 
 // Release implements driver.Driver.
 func (l *Ledger) Release(h driver.Handle) error {
-	what := fmt.Sprintf("%s: release chunk %d", l.name, h)
+	what := func() string { return fmt.Sprintf("%s: release chunk %d", l.name, h) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -288,7 +288,7 @@ func (l *Ledger) Release(h driver.Handle) error {
 	}
 	if c.maps == 0 {
 		if err := l.backend.Free(c); err != nil {
-			return errors.Wrapf(err, "%s", what)
+			return errors.Wrapf(err, "%s", what())
 		}
 		l.forget(c)
 		return nil
@@ -312,15 +312,15 @@ func (l *Ledger) findReservation(addr driver.Addr) (int, *Region) {
 }
 
 // reservationFor returns the reservation holding all of [addr, addr+size).
-func (l *Ledger) reservationFor(what string, addr driver.Addr, size uint64) (*Region, error) {
+func (l *Ledger) reservationFor(what func() string, addr driver.Addr, size uint64) (*Region, error) {
 	_, r := l.findReservation(addr)
 	end := addr + driver.Addr(size)
 	if r == nil || end < addr {
-		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what, addr)
+		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
 	}
 	if end > r.end() {
 		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: [%s, %s) runs past the end of the reservation [%s, %s)",
-			what, addr, end, r.Base, r.end())
+			what(), addr, end, r.Base, r.end())
 	}
 	return r, nil
 }
@@ -332,7 +332,7 @@ func (r *Region) mapIndex(addr driver.Addr) int {
 
 // Map implements driver.Driver.
 func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
-	what := fmt.Sprintf("%s: map chunk %d at %s", l.name, h, addr)
+	what := func() string { return fmt.Sprintf("%s: map chunk %d at %s", l.name, h, addr) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -356,11 +356,11 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 		o := r.maps[i]
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: [%s, %s) overlaps the mapping [%s, %s) of chunk %d",
-				what, addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
+				what(), addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
 			"unmap it first: map never replaces a mapping")
 	}
 	if err := l.backend.Map(m); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	r.maps = append(r.maps, nil)
 	copy(r.maps[i+1:], r.maps[i:])
@@ -371,7 +371,7 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 
 // Unmap implements driver.Driver.
 func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
-	what := fmt.Sprintf("%s: unmap [%s, +%s)", l.name, addr, units.Bytes(size))
+	what := func() string { return fmt.Sprintf("%s: unmap [%s, +%s)", l.name, addr, units.Bytes(size)) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -379,20 +379,20 @@ func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
 	}
 	_, r := l.findReservation(addr)
 	if r == nil {
-		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what, addr)
+		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
 	}
 	i := r.mapIndex(addr)
 	if i == len(r.maps) || r.maps[i].Addr > addr {
-		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what, addr)
+		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what(), addr)
 	}
 	m := r.maps[i]
 	if m.Addr != addr || m.Size != size {
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrPartial, "%s: the mapping there is [%s, %s)", what, m.Addr, m.end()),
+			errors.Wrapf(driver.ErrPartial, "%s: the mapping there is [%s, %s)", what(), m.Addr, m.end()),
 			"unmap takes a whole mapping: its start address and its full size")
 	}
 	if err := l.backend.Unmap(m); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	r.maps = append(r.maps[:i], r.maps[i+1:]...)
 	c := m.Chunk
@@ -401,7 +401,7 @@ func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
 		if err := l.backend.Free(c); err != nil {
 			// The mapping is gone; the chunk stays recorded as released
 			// so Close retries returning its memory.
-			return errors.Wrapf(err, "%s: unmapped, but returning the memory of released chunk %d failed", what, c.Handle)
+			return errors.Wrapf(err, "%s: unmapped, but returning the memory of released chunk %d failed", what(), c.Handle)
 		}
 		l.forget(c)
 	}
@@ -436,7 +436,9 @@ type run struct {
 
 // SetAccess implements driver.Driver.
 func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
-	what := fmt.Sprintf("%s: set access of device %d over [%s, +%s) to %s", l.name, dev, addr, units.Bytes(size), a)
+	what := func() string {
+		return fmt.Sprintf("%s: set access of device %d over [%s, +%s) to %s", l.name, dev, addr, units.Bytes(size), a)
+	}
 	if err := driver.CheckDevice(what, dev, len(l.devs)); err != nil {
 		return err
 	}
@@ -444,7 +446,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 		return err
 	}
 	if size == 0 {
-		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what)
+		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -465,7 +467,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 			if i < len(r.maps) {
 				gapEnd = min(end, r.maps[i].Addr)
 			}
-			return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what, at, gapEnd)
+			return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, gapEnd)
 		}
 		ms = append(ms, r.maps[i])
 		at = r.maps[i].end()
@@ -474,7 +476,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	if err := driver.CheckAddr(what, addr, first.gran); err != nil {
 		return err
 	}
-	if err := driver.CheckAddr(what+" (end)", end, last.gran); err != nil {
+	if err := driver.CheckAddr(func() string { return what() + " (end)" }, end, last.gran); err != nil {
 		return err
 	}
 	// Plan: new access words, and runs where the widest access changes.
@@ -512,11 +514,11 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 					continue
 				}
 				if uerr := l.backend.Protect(r, done.addr, done.size, done.to, done.from); uerr != nil {
-					return errors.CombineErrors(errors.Wrapf(err, "%s", what),
-						errors.AssertionFailedf("%s: undoing [%s, +%d) failed: %v", what, done.addr, done.size, uerr))
+					return errors.CombineErrors(errors.Wrapf(err, "%s", what()),
+						errors.AssertionFailedf("%s: undoing [%s, +%d) failed: %v", what(), done.addr, done.size, uerr))
 				}
 			}
-			return errors.Wrapf(err, "%s", what)
+			return errors.Wrapf(err, "%s", what())
 		}
 	}
 	for _, u := range ups {
@@ -527,7 +529,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 
 // Access implements driver.Driver.
 func (l *Ledger) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, error) {
-	what := fmt.Sprintf("%s: access of device %d at %s", l.name, dev, addr)
+	what := func() string { return fmt.Sprintf("%s: access of device %d at %s", l.name, dev, addr) }
 	if err := driver.CheckDevice(what, dev, len(l.devs)); err != nil {
 		return 0, err
 	}
@@ -543,14 +545,14 @@ func (l *Ledger) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, e
 	return accessOf(m.access[uint64(addr-m.Addr)/m.gran], dev), nil
 }
 
-func (l *Ledger) mappingAt(what string, addr driver.Addr) (*Mapping, error) {
+func (l *Ledger) mappingAt(what func() string, addr driver.Addr) (*Mapping, error) {
 	_, r := l.findReservation(addr)
 	if r == nil {
-		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what, addr)
+		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
 	}
 	i := r.mapIndex(addr)
 	if i == len(r.maps) || r.maps[i].Addr > addr {
-		return nil, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what, addr)
+		return nil, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what(), addr)
 	}
 	return r.maps[i], nil
 }
@@ -561,7 +563,7 @@ func (l *Ledger) mappingAt(what string, addr driver.Addr) (*Mapping, error) {
 // allows want. While fn runs no reservation can be freed and no mapping can
 // change, so the range stays the driver's own and in the state checked.
 func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Access, fn func(r *Region) error) error {
-	what := fmt.Sprintf("%s: %s %d bytes at %s", l.name, op, n, addr)
+	what := func() string { return fmt.Sprintf("%s: %s %d bytes at %s", l.name, op, n, addr) }
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
@@ -579,20 +581,20 @@ func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Ac
 		at := addr
 		for i := r.mapIndex(addr); at < end; i++ {
 			if i == len(r.maps) || r.maps[i].Addr > at {
-				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what, at)
+				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 			}
 			m := r.maps[i]
 			for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
 				if a := widest(m.access[g]); !a.Allows(want) {
 					return errors.Wrapf(driver.ErrAccessDenied, "%s: the granule at %s is mapped with access %s for every device, %s is needed",
-						what, m.Addr+driver.Addr(g*m.gran), a, want)
+						what(), m.Addr+driver.Addr(g*m.gran), a, want)
 				}
 			}
 			at = m.end()
 		}
 	}
 	if err := fn(r); err != nil {
-		return errors.Wrapf(err, "%s", what)
+		return errors.Wrapf(err, "%s", what())
 	}
 	return nil
 }

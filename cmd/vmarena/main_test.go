@@ -1,0 +1,52 @@
+package main
+
+import (
+	"bytes"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDemo runs the demo as a user would and checks that each step shows
+// what it claims: the aliased bytes, every refusal, and memory returned.
+func TestDemo(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run([]string{"demo"}, &out, &errOut), errOut.String())
+	s := out.String()
+	flat := strings.Join(strings.Fields(s), " ") // table columns are padded
+	for _, want := range []string{
+		"0x0 64 GiB reserved",
+		"0x0 2 MiB accessible 0 1 +0x0 dev0:read-write dev1:read",
+		`device 1 reads it back: "hello from device 0"`,
+		`Device 1 reads "hello from device 0" through the alias`,
+		"0x800000000 2 MiB accessible 0 1 +0x0 dev1:read",
+		"overlaps an existing mapping",
+		"not a whole mapping",
+		"is not mapped: not mapped",
+		"out of memory",
+		"in use",
+		"device 0 has no access at",
+		"device 0: 0 B used (peak 4 MiB) of 64 MiB; device 1: 0 B used (peak 2 MiB) of 64 MiB",
+	} {
+		require.Contains(t, flat, want)
+	}
+	require.NotContains(t, s, "expected a refusal")
+	require.Len(t, regexp.MustCompile(`(?m)^\d+\. `).FindAllString(s, -1), 10, "ten numbered steps:\n%s", s)
+}
+
+func TestCommands(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run([]string{"version"}, &out, &errOut))
+	require.Contains(t, out.String(), "vmarena "+version)
+	for _, args := range [][]string{nil, {"bogus"}, {"demo", "extra"}} {
+		out.Reset()
+		errOut.Reset()
+		require.Equal(t, 2, run(args, &out, &errOut), "%v", args)
+		require.NotEmpty(t, errOut.String())
+	}
+	out.Reset()
+	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
+	require.Contains(t, out.String(), "demo")
+}
