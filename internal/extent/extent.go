@@ -38,9 +38,6 @@ func New(base, size uint64) *Set {
 // InUse is the number of bytes handed out and not yet returned.
 func (s *Set) InUse() uint64 { return s.inUse }
 
-// Size is the size of the whole range.
-func (s *Set) Size() uint64 { return s.limit - s.base }
-
 // Largest is the size of the largest free extent.
 func (s *Set) Largest() uint64 {
 	var m uint64

@@ -34,17 +34,6 @@ func Bytes(n uint64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// Approx formats n with the largest unit not above it and two decimals
-// ("1.50 GiB"), for tables where a rounded figure reads better.
-func Approx(n uint64) string {
-	for _, s := range suffixes {
-		if n >= s.size {
-			return fmt.Sprintf("%.2f %s", float64(n)/float64(s.size), s.name)
-		}
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
 // Parse reads a size such as "2MiB", "80 GiB", "4096" or "64k" (k, m, g, t
 // are taken as binary units too). It refuses negative, fractional and
 // overflowing values.
