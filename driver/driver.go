@@ -175,3 +175,14 @@ type Driver interface {
 	// driver's own resources. Later calls return ErrClosed.
 	Close() error
 }
+
+// HostMapper is implemented by drivers whose memory this process addresses
+// directly (the host driver). It is what lets an arena hand out byte
+// slices and tensors over device memory.
+type HostMapper interface {
+	// HostBytes returns [addr, addr+size) as a slice aliasing the memory.
+	// The range must be mapped and readable by the host now. The slice is
+	// valid only while it stays mapped: the caller (an arena view) must keep
+	// it so; a touch after that faults.
+	HostBytes(addr Addr, size uint64) ([]byte, error)
+}

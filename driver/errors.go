@@ -43,6 +43,9 @@ var (
 	ErrUnsupported = errors.New("not supported")
 	// ErrClosed: a call on a closed object.
 	ErrClosed = errors.New("closed")
+	// ErrNotAllocated: a pointer that is not the start of a live
+	// allocation — freed twice, never allocated here, or inside one.
+	ErrNotAllocated = errors.New("not a live allocation")
 )
 
 // CheckSize returns nil when size is a positive multiple of gran, and

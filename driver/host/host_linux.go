@@ -20,7 +20,10 @@ type Driver struct {
 	b *backend
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver     = (*Driver)(nil)
+	_ driver.HostMapper = (*Driver)(nil)
+)
 
 // New opens a host driver: one memfd heap per logical device.
 func New(opts Options) (*Driver, error) {
@@ -75,6 +78,22 @@ func (d *Driver) Write(addr driver.Addr, p []byte) error {
 	return d.WithRange("write", addr, uint64(len(p)), driver.AccessReadWrite, func(r *ledger.Region) error {
 		return copyFaulting(bytesAt(r, addr, len(p)), p)
 	})
+}
+
+// HostBytes implements driver.HostMapper.
+func (d *Driver) HostBytes(addr driver.Addr, size uint64) ([]byte, error) {
+	var b []byte
+	err := d.WithRange("host bytes", addr, size, driver.AccessRead, func(r *ledger.Region) error {
+		b = bytesAt(r, addr, int(size))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if b == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "host: host bytes of zero size")
+	}
+	return b, nil
 }
 
 // HeapBytes reports the bytes the kernel holds for device dev's heap file
