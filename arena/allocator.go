@@ -381,7 +381,9 @@ type freeChunk struct {
 // would extend, the arena grows by the remainder first — a fresh whole
 // chunk — and that is stitched too, so the new memory committed is fp minus
 // what is free in whole chunks rather than fp minus the free tail. ok is
-// false when stitching does not pay (nothing changed then).
+// false when stitching does not pay; if that is found only after the
+// arena grew (the stitch range had no room), the growth stays as free tail,
+// which the plain grow that follows uses.
 func (al *Allocator) stitchLocked(fp, req uint64) (driver.Addr, bool, error) {
 	cands, total := al.wholeFree()
 	if total < fp {
@@ -646,13 +648,21 @@ func (al *Allocator) Stats() AllocStats {
 	return s
 }
 
-// Close unmaps the stitches, closes the arena and frees both reservations.
-// Live allocations are discarded with it.
+// Close closes the arena and frees both reservations. It refuses
+// (ErrBusy) while allocations are live: their memory may still be in use
+// through slices and tensors, and unmapping it would turn a later touch
+// into a fault. Free them first.
 func (al *Allocator) Close() error {
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
 		return al.errClosed("close")
+	}
+	if n := len(al.used) + len(al.stitches); n > 0 {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "arena: close of an allocator: %d allocation(s) still live, %s in all",
+				n, units.Bytes(al.stats.Allocated)),
+			"free every allocation before closing its allocator")
 	}
 	var errs error
 	if al.stTab != nil {

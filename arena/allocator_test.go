@@ -239,6 +239,12 @@ func TestAllocatorBadInput(t *testing.T) {
 			require.Equal(t, n0, n1)
 		})
 	}
+	s0, n0 := state()
+	drivertest.RequireIs(t, al.Close(), driver.ErrBusy, "1 allocation(s) still live, 1000 B in all")
+	s1, n1 := state()
+	require.Equal(t, s0, s1)
+	require.Equal(t, n0, n1)
+	require.NoError(t, al.Free(live))
 	require.NoError(t, al.Close())
 	for _, call := range []func() error{
 		func() error { _, err := al.Alloc(1, 0); return err }, func() error { return al.Free(live) },

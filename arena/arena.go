@@ -356,6 +356,44 @@ func (a *Arena) Trim() error {
 	return a.unmapFromLocked(i)
 }
 
+// Append grows the arena by n bytes starting at the next multiple of align
+// (0 or 1: no padding; otherwise a power of two) and returns a live view of
+// them, in one step: a caller growing the arena at the same time cannot end
+// up with the same bytes. On failure nothing changes.
+func (a *Arena) Append(n, align uint64) (*View, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, a.errClosed("append")
+	}
+	if n == 0 {
+		return nil, errors.Wrap(driver.ErrInvalid, "arena: append of zero bytes")
+	}
+	if err := driver.CheckAlign(func() string { return "arena: append" }, align); err != nil {
+		return nil, err
+	}
+	off := a.length
+	if align > 1 {
+		off = alignUp(a.length, align)
+	}
+	if off < a.length || off+n < off {
+		return nil, errors.Wrapf(driver.ErrOutOfMemory, "arena: append of %s: past the arena's maximum", units.Bytes(n))
+	}
+	if err := a.growLocked(off - a.length + n); err != nil {
+		return nil, err
+	}
+	v := &View{a: a, off: off, n: n}
+	a.views[v] = struct{}{}
+	return v, nil
+}
+
+// HostAddressable reports whether views of the arena can give bytes
+// (View.Bytes): the driver's memory is addressable from this process.
+func (a *Arena) HostAddressable() bool {
+	_, ok := a.drv.(driver.HostMapper)
+	return ok
+}
+
 // View is a tracked window [Base+off, Base+off+n) of an arena. While it is
 // live the arena cannot shrink under it, so its bytes stay mapped.
 type View struct {

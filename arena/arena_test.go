@@ -338,3 +338,39 @@ func FuzzArenaModel(f *testing.F) {
 	f.Add(arenaOps(rand.New(rand.NewPCG(1, 1)), 40))
 	f.Fuzz(func(t *testing.T, data []byte) { _ = runArenaModel(t, data) })
 }
+
+func TestAppend(t *testing.T) {
+	e := newEnv(t, 16*g)
+	a := e.arena(t, Options{Max: 4 * g, ChunkSize: g})
+	require.NoError(t, a.Grow(3))
+	v, err := a.Append(100, 64)
+	require.NoError(t, err)
+	require.Equal(t, uint64(64), v.Offset(), "padded to the alignment")
+	require.Equal(t, uint64(164), a.Len())
+	b, err := v.Bytes()
+	require.NoError(t, err)
+	require.Len(t, b, 100)
+	w, err := a.Append(8, 0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(164), w.Offset())
+	drivertest.RequireIs(t, a.Shrink(10), driver.ErrBusy, "live view")
+	before := a.Stats()
+	for _, c := range []struct {
+		call     func() error
+		sentinel error
+	}{
+		{func() error { _, err := a.Append(0, 0); return err }, driver.ErrInvalid},
+		{func() error { _, err := a.Append(8, 3); return err }, driver.ErrInvalid},
+		{func() error { _, err := a.Append(4*g, 0); return err }, driver.ErrOutOfMemory},
+		{func() error { _, err := a.Append(^uint64(0)-100, 0); return err }, driver.ErrOutOfMemory},
+	} {
+		drivertest.RequireIs(t, c.call(), c.sentinel)
+		require.Equal(t, before, a.Stats())
+	}
+	require.True(t, a.HostAddressable())
+	require.NoError(t, v.Release())
+	require.NoError(t, w.Release())
+	require.NoError(t, a.Close())
+	_, err = a.Append(1, 0)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+}

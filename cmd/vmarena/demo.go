@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/procmaps"
@@ -155,7 +156,85 @@ func demo(w io.Writer) (err error) {
 	}
 	say("Close the table, release the last chunk, free the reservation.")
 	printUsage(w, mem)
-	return nil
+
+	if err := demoGrowth(w, say, space, mem); err != nil {
+		return err
+	}
+	return demoStitch(w, say, space, mem)
+}
+
+// demoGrowth grows an arena chunk by chunk: the base stays put and each
+// step maps only the new chunk.
+func demoGrowth(w io.Writer, say func(string, ...any), space *vaspace.Space, mem *physical.Memory) error {
+	a, err := arena.New(space, mem, arena.Options{Device: 1, Max: 16 * units.GiB})
+	if err != nil {
+		return err
+	}
+	say("An arena reserves 16 GiB up front and commits %s chunks at its end as it grows:", units.Bytes(a.ChunkSize()))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "   grow by\tlength\tcommitted\tbase\tmap calls")
+	for _, n := range []uint64{units.MiB, 3 * units.MiB, 20 * units.MiB} {
+		if err := a.Grow(n); err != nil {
+			return err
+		}
+		st := a.Stats()
+		fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%d\n", units.Bytes(n), units.Bytes(st.Len), units.Bytes(st.Committed), a.Base(), st.MapCalls)
+	}
+	_ = tw.Flush()
+	if err := a.Resize(units.MiB); err != nil {
+		return err
+	}
+	if err := a.Trim(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "   shrink to 1 MiB and trim: committed %s, base %s, unmap calls %d\n",
+		units.Bytes(a.Committed()), a.Base(), a.Stats().UnmapCalls)
+	return a.Close()
+}
+
+// demoStitch fragments an allocator's arena and serves a request no free
+// range fits by stitching scattered free chunks: no copy, no new memory.
+func demoStitch(w io.Writer, say func(string, ...any), space *vaspace.Space, mem *physical.Memory) error {
+	gran := space.Driver().Granularity()
+	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{
+		Arena: arena.Options{Device: 0, Max: 64 * units.MiB, MaxChunk: gran}, MinGrow: 1, GrowDivisor: 1 << 62})
+	if err != nil {
+		return err
+	}
+	var ps []driver.Addr
+	for i := 0; i < 8; i++ {
+		p, err := al.Alloc(gran, 0)
+		if err != nil {
+			return err
+		}
+		ps = append(ps, p)
+	}
+	for i := 0; i < 8; i += 2 {
+		if err := al.Free(ps[i]); err != nil {
+			return err
+		}
+	}
+	before := al.Stats()
+	say("Stitching: eight %s allocations, every other one freed. %s is free in all, but the largest free range is %s.",
+		units.Bytes(gran), units.Bytes(4*gran), units.Bytes(before.LargestFree))
+	big, err := al.Alloc(3*gran, 0)
+	if err != nil {
+		return err
+	}
+	after := al.Stats()
+	fmt.Fprintf(w, "   alloc %s: served at %s by mapping %d scattered free chunks side by side\n",
+		units.Bytes(3*gran), big, after.MapCalls-before.MapCalls)
+	fmt.Fprintf(w, "   committed before %s, after %s; stitches %d; arena grows %d -> %d\n",
+		units.Bytes(before.Committed), units.Bytes(after.Committed), after.Stitches, before.Grows, after.Grows)
+	if err := al.Free(big); err != nil {
+		return err
+	}
+	for i := 1; i < 8; i += 2 {
+		if err := al.Free(ps[i]); err != nil {
+			return err
+		}
+	}
+	return al.Close()
 }
 
 // printMap prints the reservation's memory map, and how many kernel
