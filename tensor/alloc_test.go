@@ -1,0 +1,87 @@
+package tensor_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/tensor"
+)
+
+func newAllocator(t *testing.T, max uint64) *arena.Allocator {
+	s := newStack(t)
+	al, err := arena.NewAllocator(s.space, s.mem, arena.AllocatorOptions{
+		Arena: arena.Options{Max: max, ChunkSize: gran}, MinGrow: gran})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, al.Close()) })
+	return al
+}
+
+func TestEmpty(t *testing.T) {
+	al := newAllocator(t, 8*gran)
+	x, err := tensor.Empty(al, tensor.Float16, 3, 5)
+	require.NoError(t, err)
+	require.Zero(t, uint64(x.Addr())%tensor.AllocAlign)
+	require.NoError(t, x.Check())
+	y, err := tensor.Empty(al, tensor.Uint8, 7)
+	require.NoError(t, err)
+	z, err := tensor.Empty(al, tensor.Int64, 2, 2)
+	require.NoError(t, err)
+	require.Zero(t, uint64(z.Addr())%tensor.AllocAlign)
+	require.Equal(t, 3, al.Stats().Live)
+
+	fill(t, x, func(k int) float64 { return float64(k) / 2 })
+	fill(t, y, func(k int) float64 { return 200 + float64(k) })
+	fill(t, z, func(k int) float64 { return -float64(k) })
+	xt, err := x.Transpose(0, 1)
+	require.NoError(t, err)
+	v, err := xt.At(4, 2)
+	require.NoError(t, err)
+	require.Equal(t, 7.0, v)
+	require.Equal(t, []float64{200, 201, 202, 203, 204, 205, 206}, values(t, y))
+
+	// Release frees the allocation; views then refuse.
+	require.NoError(t, x.Release())
+	require.Equal(t, 2, al.Stats().Live)
+	_, err = xt.At(0, 0)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	drivertest.RequireIs(t, x.Release(), driver.ErrClosed)
+	drivertest.RequireIs(t, xt.Release(), driver.ErrInvalid, "it is a view")
+	drivertest.RequireIs(t, al.Free(x.Addr()), driver.ErrNotAllocated)
+	require.Equal(t, []float64{0, -1, -2, -3}, values(t, z), "the others are untouched")
+
+	// Refusals change nothing.
+	before := al.Stats()
+	for _, c := range []struct {
+		name  string
+		dt    tensor.DType
+		shape []int
+		want  error
+		frag  string
+	}{
+		{"past max", tensor.Float32, []int{int(16 * gran)}, driver.ErrOutOfMemory, "tensor: empty float32 tensor of shape [1048576] from an allocator"},
+		{"negative", tensor.Float32, []int{-2}, driver.ErrInvalid, "below zero"},
+		{"dtype", tensor.DType(200), []int{2}, driver.ErrInvalid, "not a defined dtype"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := tensor.Empty(al, c.dt, c.shape...)
+			drivertest.RequireIs(t, err, c.want, c.frag)
+			require.Equal(t, before, al.Stats())
+		})
+	}
+	_, err = tensor.Empty(nil, tensor.Float32, 1)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "the allocator is nil")
+
+	e, err := tensor.Empty(al, tensor.Float32, 4, 0)
+	require.NoError(t, err)
+	require.Equal(t, before, al.Stats(), "an empty tensor allocates nothing")
+	require.NoError(t, e.Release())
+
+	require.NoError(t, y.Release())
+	require.NoError(t, z.Release())
+	require.Zero(t, al.Stats().Live)
+	require.NoError(t, al.Check())
+}

@@ -1,0 +1,331 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Buffer is memory a tensor can live in: *arena.View satisfies it. Bytes is
+// called once, when the tensor is made; the slice must stay valid for as
+// long as the tensor (and every view of it) is used.
+type Buffer interface {
+	Bytes() ([]byte, error)
+}
+
+// addresser is a buffer that knows its device address (*arena.View).
+type addresser interface{ Addr() driver.Addr }
+
+// storage is the memory one tensor and all its views share.
+//
+// Invariant: bytes never changes after creation; once released is set, no
+// tensor over this storage touches bytes again.
+type storage struct {
+	bytes []byte
+	// addr is the device address of bytes[0], 0 when the buffer has none.
+	addr     driver.Addr
+	released atomic.Bool
+	// owner is the one tensor whose Release ends the storage, with release
+	// doing it; nil when something else owns the memory, which holder
+	// then names for the error ("the caller", "a Growable").
+	owner   *Tensor
+	release func() error
+	holder  string
+}
+
+// Tensor is a dtype, shape, strides and offset over a storage. It is
+// immutable: every operation returns a new tensor (a view of the same
+// storage, or a copy in another buffer).
+//
+// Invariant: see the package doc; n is the product of shape.
+type Tensor struct {
+	st      *storage
+	dt      DType
+	shape   []int
+	strides []int
+	offset  int
+	n       int
+}
+
+// rowMajor returns the strides of a contiguous row-major tensor of shape.
+func rowMajor(shape []int) []int {
+	strides := make([]int, len(shape))
+	s := 1
+	for d := len(shape) - 1; d >= 0; d-- {
+		strides[d] = s
+		s *= max(shape[d], 1)
+	}
+	return strides
+}
+
+// numElements returns the product of shape, or an error naming the dim
+// that is negative. It also refuses a shape whose non-zero dims multiply
+// past an int even when a zero dim makes it empty, so that no stride of
+// any view of it can overflow.
+func numElements(shape []int) (int, error) {
+	n, nonzero := 1, 1
+	for d, s := range shape {
+		if s < 0 {
+			return 0, errors.Newf("dim %d is %d, below zero", d, s)
+		}
+		if s != 0 {
+			if nonzero > math.MaxInt/s {
+				return 0, errors.Newf("its dims multiply past the largest int")
+			}
+			nonzero *= s
+		}
+		n *= s
+	}
+	return n, nil
+}
+
+// New lays a row-major tensor of dt and shape over buf, at offset 0. It
+// refuses (ErrInvalid) an undefined dtype, a negative dim, or a buffer too
+// small for the shape, and (ErrMisaligned) a buffer that does not start at
+// a multiple of the element size. A shape of no dims is a scalar (one
+// element); a zero dim makes an empty tensor, which fits any buffer.
+//
+// The tensor does not own buf: the caller keeps it live for as long as the
+// tensor and its views are used, and ends it itself.
+func New(buf Buffer, dt DType, shape ...int) (*Tensor, error) {
+	what := func() string { return fmt.Sprintf("tensor: new %s tensor of shape %v", dt, shape) }
+	if buf == nil {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the buffer is nil", what())
+	}
+	b, err := buf.Bytes()
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s: the buffer's bytes", what())
+	}
+	st := &storage{bytes: b, holder: "the caller, who made it with New"}
+	if a, ok := buf.(addresser); ok {
+		st.addr = a.Addr()
+	}
+	return newOn(st, dt, shape, what)
+}
+
+// newOn makes a row-major tensor at offset 0 of st, checking everything.
+func newOn(st *storage, dt DType, shape []int, what func() string) (*Tensor, error) {
+	if !dt.Valid() {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %s is not a defined dtype", what(), dt)
+	}
+	n, err := numElements(shape)
+	if err != nil {
+		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+	}
+	if n > len(st.bytes)/dt.Size() {
+		return nil, errors.WithHint(
+			errors.Wrapf(driver.ErrInvalid, "%s: needs %d bytes (%d elements of %d), the buffer holds %s (%d bytes)",
+				what(), n*dt.Size(), n, dt.Size(), units.Bytes(uint64(len(st.bytes))), len(st.bytes)),
+			"give it a larger buffer, or a smaller shape")
+	}
+	if len(st.bytes) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(st.bytes)))%uintptr(dt.Size()) != 0 {
+		return nil, errors.Wrapf(driver.ErrMisaligned, "%s: the buffer does not start at a multiple of the %s element size, %d bytes",
+			what(), dt, dt.Size())
+	}
+	shape = slices.Clone(shape)
+	if shape == nil {
+		shape = []int{}
+	}
+	return &Tensor{st: st, dt: dt, shape: shape, strides: rowMajor(shape), n: n}, nil
+}
+
+// OnArena grows a by the tensor's bytes (after padding Len up to a
+// multiple of the element size, so elements are aligned) and lays a
+// row-major tensor over a view of them. The tensor owns the view: its
+// Release ends it, after which the arena may shrink over the memory. The
+// bytes stay in the arena (an arena only shrinks from its end; shrinking
+// is the arena owner's business).
+//
+// An empty shape (a zero dim) grows nothing and holds no view. If the
+// arena cannot grow (past its Max, or the device is out of memory) the
+// arena's error is returned and the arena is as it was.
+//
+// The bytes come from arena.Append, which grows and hands them over in one
+// step, so other users may grow the same arena at the same time. An arena
+// whose memory the process cannot address (the sim driver) is refused
+// before anything grows (ErrUnsupported).
+func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
+	what := func() string { return fmt.Sprintf("tensor: %s tensor of shape %v on an arena", dt, shape) }
+	if a == nil {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the arena is nil", what())
+	}
+	if !dt.Valid() {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %s is not a defined dtype", what(), dt)
+	}
+	n, err := numElements(shape)
+	if err != nil {
+		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+	}
+	if n > math.MaxInt/dt.Size() {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %d elements of %d bytes overflow an int", what(), n, dt.Size())
+	}
+	if n == 0 {
+		st := &storage{addr: a.Base() + driver.Addr(a.Len()), release: func() error { return nil }}
+		t, err := newOn(st, dt, shape, what)
+		if err == nil {
+			st.owner = t
+		}
+		return t, err
+	}
+	if !a.HostAddressable() {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the arena's memory is not addressable from this process", what())
+	}
+	size := uint64(n * dt.Size())
+	v, err := a.Append(size, uint64(dt.Size()))
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s", what())
+	}
+	// Past Append the bytes are ours alone; a failure leaves them as
+	// padding in the arena rather than shrink under other users.
+	undo := func(err error, v *arena.View) error { return errors.CombineErrors(err, v.Release()) }
+	b, err := v.Bytes()
+	if err != nil {
+		return nil, undo(errors.Wrapf(err, "%s", what()), v)
+	}
+	st := &storage{bytes: b, addr: v.Addr(), release: v.Release}
+	t, err := newOn(st, dt, shape, what)
+	if err != nil {
+		return nil, undo(err, v)
+	}
+	st.owner = t
+	return t, nil
+}
+
+// Release ends the memory of a tensor that owns it (one OnArena or Empty
+// returned): the arena view ends, or the allocation is freed. Every view
+// of the tensor refuses to touch memory afterwards (ErrClosed). A view,
+// or a tensor over memory someone else owns, cannot release it
+// (ErrInvalid); releasing twice is ErrClosed.
+func (t *Tensor) Release() error {
+	if t.st.owner != t {
+		if t.st.owner != nil {
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrInvalid, "tensor: release of %s: it is a view; its memory belongs to the tensor it was made from", t),
+				"release the tensor OnArena or Empty returned")
+		}
+		return errors.Wrapf(driver.ErrInvalid, "tensor: release of %s: its memory belongs to %s", t, t.st.holder)
+	}
+	if !t.st.released.CompareAndSwap(false, true) {
+		return driver.Closed(fmt.Sprintf("tensor: release of %s: already released", t))
+	}
+	if err := t.st.release(); err != nil {
+		t.st.released.Store(false)
+		return errors.Wrapf(err, "tensor: release of %s", t)
+	}
+	return nil
+}
+
+// live returns ErrClosed once the storage has been released.
+func (t *Tensor) live(what func() string) error {
+	if t.st.released.Load() {
+		return driver.Closed(what() + ": its memory was released")
+	}
+	return nil
+}
+
+// DType is the element type.
+func (t *Tensor) DType() DType { return t.dt }
+
+// Shape is the size of each dim (a copy).
+func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
+
+// Dims is the number of dims (0 for a scalar).
+func (t *Tensor) Dims() int { return len(t.shape) }
+
+// Strides is the step of each dim, in elements (a copy).
+func (t *Tensor) Strides() []int { return slices.Clone(t.strides) }
+
+// Offset is the storage offset of the first element, in elements.
+func (t *Tensor) Offset() int { return t.offset }
+
+// NumElements is the product of the shape (1 for a scalar).
+func (t *Tensor) NumElements() int { return t.n }
+
+// Addr is the device address of the storage the tensor lives in: the start
+// of the arena view or allocation, not of the tensor's first element (add
+// Offset()*DType().Size() for that). It is what Allocator.Free takes for an
+// Empty tensor. It is 0 for a buffer that has no device address.
+func (t *Tensor) Addr() driver.Addr { return t.st.addr }
+
+// Released reports whether the tensor's memory has been released.
+func (t *Tensor) Released() bool { return t.st.released.Load() }
+
+// SharesStorage reports whether t and u are views of the same storage.
+func (t *Tensor) SharesStorage(u *Tensor) bool { return t.st == u.st }
+
+// IsContiguous reports whether the elements lie back to back in row-major
+// order (dims of size 1 may have any stride; an empty tensor is contiguous).
+func (t *Tensor) IsContiguous() bool {
+	if t.n == 0 {
+		return true
+	}
+	want := 1
+	for d := len(t.shape) - 1; d >= 0; d-- {
+		if t.shape[d] != 1 && t.strides[d] != want {
+			return false
+		}
+		want *= t.shape[d]
+	}
+	return true
+}
+
+// String describes the tensor: "float32[2 3] strides [3 1] offset 0".
+func (t *Tensor) String() string {
+	return fmt.Sprintf("%s%v strides %v offset %d", t.dt, t.shape, t.strides, t.offset)
+}
+
+// span returns the storage byte range [lo, hi) the tensor's elements lie
+// in; lo == hi for an empty tensor.
+func (t *Tensor) span() (lo, hi int) {
+	if t.n == 0 {
+		return 0, 0
+	}
+	last := t.offset
+	for d, s := range t.shape {
+		last += (s - 1) * t.strides[d]
+	}
+	return t.offset * t.dt.Size(), (last + 1) * t.dt.Size()
+}
+
+// Check verifies the tensor's invariants (see the package doc) and reports
+// every one that does not hold.
+func (t *Tensor) Check() error {
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("tensor: %s: "+format, append([]any{t}, args...)...))
+	}
+	if !t.dt.Valid() {
+		fail("undefined dtype")
+		return errs
+	}
+	if len(t.shape) != len(t.strides) {
+		fail("%d dims but %d strides", len(t.shape), len(t.strides))
+		return errs
+	}
+	if n, err := numElements(t.shape); err != nil || n != t.n {
+		fail("%d elements recorded, the shape has %d (%v)", t.n, n, err)
+	}
+	if t.offset < 0 {
+		fail("negative offset")
+	}
+	for d, s := range t.strides {
+		if s < 0 {
+			fail("negative stride in dim %d", d)
+		}
+	}
+	if _, hi := t.span(); hi > len(t.st.bytes) {
+		fail("elements reach byte %d, the storage holds %d", hi, len(t.st.bytes))
+	}
+	if len(t.st.bytes) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(t.st.bytes)))%uintptr(t.dt.Size()) != 0 {
+		fail("storage not aligned to the element size")
+	}
+	return errs
+}
