@@ -3,6 +3,9 @@
 //	vmarena demo      reserve 64 GiB, map chunks of two logical devices, grant
 //	                  and revoke access, alias a chunk, and print the memory
 //	                  map after each step (host driver, no GPU needed)
+//	vmarena replay    replay PyTorch allocator traces through vmarena's
+//	                  allocator on the sim driver and print what it did
+//	                  beside what PyTorch did
 //	vmarena version   print the version
 package main
 
@@ -20,6 +23,7 @@ const usage = `usage: vmarena <command>
 
 commands:
   demo      walk through reserve, map, access, aliasing and release on the host driver
+  replay    replay allocator traces on the sim driver: vmarena replay --trace FILE
   version   print the version
 `
 
@@ -43,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	case "replay":
+		return replayCmd(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintf(stdout, "vmarena %s (%s %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0
