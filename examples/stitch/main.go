@@ -1,0 +1,199 @@
+// Stitch fragments an allocator's arena so that no free range can hold a
+// large request, then shows the request served anyway by stitching: the
+// scattered free chunks are mapped side by side into a second range, with
+// no copy and no new memory, and the bytes written through the stitched
+// allocation are the bytes of the chunks in the arena.
+//
+//	go run ./examples/stitch
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// chunk is the arena's chunk and the size of each small allocation; every
+// chunk is mapped on its own (MaxChunk = chunk), as after a run of small
+// growths.
+const chunk = 64 * units.KiB
+
+// blocks is how many chunk-sized allocations fill the arena; every other
+// one is freed.
+const blocks = 16
+
+// want is the large request: four chunks, where the largest free range is
+// one.
+const want = 4 * chunk
+
+func main() {
+	if err := run(os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "stitch: %+v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(w io.Writer) (err error) {
+	drv, err := host.New(host.Options{Devices: 1, Capacity: 64 * chunk, Granularity: chunk})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	al, err := arena.NewAllocator(vaspace.New(drv), physical.New(drv), arena.AllocatorOptions{
+		Arena:   arena.Options{Max: 64 * chunk, ChunkSize: chunk, MaxChunk: chunk},
+		MinGrow: chunk, // grow exactly by what is needed: no free tail
+	})
+	if err != nil {
+		return err
+	}
+	ps := make([]driver.Addr, blocks)
+	defer func() {
+		// The allocator closes only once nothing is live: free the rest.
+		for i := 1; i < blocks; i += 2 {
+			if ps[i] != 0 {
+				err = errors.CombineErrors(err, al.Free(ps[i]))
+			}
+		}
+		err = errors.CombineErrors(err, al.Close())
+	}()
+	a := al.Arena()
+
+	// Fill the arena with chunk-sized allocations; each records its own
+	// offset in the arena in its first 8 bytes.
+	for i := range ps {
+		if ps[i], err = al.Alloc(chunk, 0); err != nil {
+			return err
+		}
+		b, err := al.Bytes(ps[i])
+		if err != nil {
+			return err
+		}
+		binary.LittleEndian.PutUint64(b, uint64(ps[i]-a.Base()))
+	}
+	for i := 0; i < blocks; i += 2 {
+		if err := al.Free(ps[i]); err != nil {
+			return err
+		}
+	}
+	before := al.Stats()
+	fmt.Fprintf(w, "An arena of %d chunks of %s, each mapped on its own, filled with %d allocations of one chunk;\n",
+		before.Committed/chunk, units.Bytes(chunk), blocks)
+	fmt.Fprintf(w, "every other one freed. The arena now reads (U used, . free):\n  %s\n", layout(al, ps))
+	fmt.Fprintf(w, "%s free in all, but the largest free range is %s.\n",
+		units.Bytes(before.Committed-before.Allocated), units.Bytes(before.LargestFree))
+
+	p, err := al.Alloc(want, 0)
+	if err != nil {
+		return err
+	}
+	after := al.Stats()
+	fmt.Fprintf(w, "\nAlloc(%s) is served at %s, outside the arena [%s, +%s): a stitch.\n",
+		units.Bytes(want), p, a.Base(), units.Bytes(a.Len()))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tbefore\tafter\t")
+	for _, row := range []struct {
+		name string
+		b, a any
+	}{
+		{"Stitches", before.Stitches, after.Stitches},
+		{"Grows", before.Grows, after.Grows},
+		{"Committed", units.Bytes(before.Committed), units.Bytes(after.Committed)},
+		{"Allocated", units.Bytes(before.Allocated), units.Bytes(after.Allocated)},
+		{"MapCalls", before.MapCalls, after.MapCalls},
+		{"Live", before.Live, after.Live},
+	} {
+		fmt.Fprintf(tw, "%s\t%v\t%v\t\n", row.name, row.b, row.a)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if after.Stitches != before.Stitches+1 || after.Committed != before.Committed || after.Grows != before.Grows {
+		return errors.AssertionFailedf("stitch: the request was not stitched from memory already committed: %+v then %+v", before, after)
+	}
+
+	// Each chunk of the stitched allocation begins with the offset its
+	// last owner wrote: which arena chunk is behind it. Write through the
+	// stitched allocation, then read the arena at those offsets.
+	sb, err := al.Bytes(p)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nIts %d chunks are the freed arena chunks at offsets", want/chunk)
+	offs := make([]uint64, want/chunk)
+	for i := range offs {
+		offs[i] = binary.LittleEndian.Uint64(sb[uint64(i)*chunk:])
+		fmt.Fprintf(w, " %#x", offs[i])
+		copy(sb[uint64(i)*chunk:], fmt.Sprintf("stitched part %d, written at %s", i, p+driver.Addr(uint64(i)*chunk)))
+	}
+	fmt.Fprintln(w, " (each says so in its first bytes),")
+	fmt.Fprintf(w, "lent to the stitch while it lives (S):\n  %s\n", layout(al, ps, offs...))
+	fmt.Fprintln(w, "Written through the stitched allocation, read back through the arena at each chunk's own address:")
+	for i, off := range offs {
+		v, err := a.View(off, chunk)
+		if err != nil {
+			return err
+		}
+		ab, err := v.Bytes()
+		if err != nil {
+			return errors.CombineErrors(err, v.Release())
+		}
+		text := string(ab[:bytes.IndexByte(ab, 0)])
+		same := bytes.Equal(ab, sb[uint64(i)*chunk:uint64(i+1)*chunk])
+		fmt.Fprintf(w, "  %s: %q (all %s the same: %v)\n", v.Addr(), text, units.Bytes(chunk), same)
+		if err := v.Release(); err != nil {
+			return err
+		}
+		if !same {
+			return errors.AssertionFailedf("stitch: arena chunk at %#x differs from part %d of the stitch", off, i)
+		}
+	}
+
+	if err := al.Free(p); err != nil {
+		return err
+	}
+	freed := al.Stats()
+	fmt.Fprintf(w, "\nFree unmaps the stitch (%d unmap calls) and returns the chunks to the arena's free space:\n",
+		freed.UnmapCalls-after.UnmapCalls)
+	fmt.Fprintf(w, "  %s\n", layout(al, ps))
+	fmt.Fprintf(w, "Committed %s, Allocated %s, Live %d, largest free range %s.\n",
+		units.Bytes(freed.Committed), units.Bytes(freed.Allocated), freed.Live, units.Bytes(freed.LargestFree))
+	return al.Check()
+}
+
+// layout draws the arena a chunk a character: U for a live allocation of
+// ps, S for a chunk at one of the offsets lent (to a stitch), . for a free
+// one.
+func layout(al *arena.Allocator, ps []driver.Addr, lent ...uint64) string {
+	live := map[driver.Addr]bool{}
+	for _, p := range ps {
+		if _, err := al.Size(p); err == nil {
+			live[p] = true
+		}
+	}
+	var s []byte
+	a := al.Arena()
+	for off := uint64(0); off < a.Len(); off += chunk {
+		switch {
+		case live[a.Base()+driver.Addr(off)]:
+			s = append(s, 'U')
+		case slices.Contains(lent, off):
+			s = append(s, 'S')
+		default:
+			s = append(s, '.')
+		}
+	}
+	return string(s)
+}
