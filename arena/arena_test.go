@@ -10,6 +10,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/leakcheck"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -373,4 +374,54 @@ func TestAppend(t *testing.T) {
 	require.NoError(t, a.Close())
 	_, err = a.Append(1, 0)
 	drivertest.RequireIs(t, err, driver.ErrClosed)
+}
+
+// TestNoLeaks: an arena, an allocator with stitched and plain allocations,
+// tensors' worth of views — all closed — leave file descriptors, kernel
+// mappings and resident shared memory where they were.
+func TestNoLeaks(t *testing.T) {
+	work := func() {
+		drv, err := host.New(host.Options{Devices: 1, Capacity: 32 * g, Granularity: g})
+		require.NoError(t, err)
+		space, mem := vaspace.New(drv), physical.New(drv)
+		a, err := New(space, mem, Options{Max: 16 * g, ChunkSize: g})
+		require.NoError(t, err)
+		v, err := a.Append(3*g, 0)
+		require.NoError(t, err)
+		b, err := v.Bytes()
+		require.NoError(t, err)
+		b[len(b)-1] = 1
+		require.NoError(t, v.Release())
+		al, err := NewAllocator(space, mem, AllocatorOptions{Arena: Options{Max: 16 * g, ChunkSize: g, MaxChunk: g}, MinGrow: 1, GrowDivisor: 1 << 40})
+		require.NoError(t, err)
+		var ps []driver.Addr
+		for i := 0; i < 6; i++ {
+			p, err := al.Alloc(g, 0)
+			require.NoError(t, err)
+			ps = append(ps, p)
+		}
+		for i := 0; i < 6; i += 2 {
+			require.NoError(t, al.Free(ps[i]))
+		}
+		big, err := al.Alloc(3*g, 0)
+		require.NoError(t, err)
+		require.Equal(t, 1, al.Stats().Stitches)
+		for _, p := range []driver.Addr{big, ps[1], ps[3], ps[5]} {
+			require.NoError(t, al.Free(p))
+		}
+		require.NoError(t, al.Close())
+		require.NoError(t, a.Close())
+		hb, err := drv.HeapBytes(0)
+		require.NoError(t, err)
+		require.Zero(t, hb, "every chunk went back to the kernel before the driver closed")
+		require.Empty(t, space.Reservations())
+		require.NoError(t, drv.Close())
+	}
+	work()
+	before, err := leakcheck.Take()
+	require.NoError(t, err)
+	work()
+	after, err := leakcheck.Take()
+	require.NoError(t, err)
+	require.Equal(t, before, after)
 }
