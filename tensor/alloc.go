@@ -2,7 +2,6 @@ package tensor
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/cockroachdb/errors"
 
@@ -20,7 +19,7 @@ const AllocAlign = 256
 // after which every view of it refuses to touch memory. Free it only
 // through Release: freeing Addr() with al.Free directly leaves the tensor
 // and its views pointing at memory the allocator may hand out again.
-// Closing the allocator discards its allocations; release tensors first.
+// The allocator refuses to close while the tensor's memory is live.
 //
 // An empty shape allocates nothing (Release is then a no-op). If the
 // allocator cannot serve the request its error is returned and nothing
@@ -30,15 +29,9 @@ func Empty(al *arena.Allocator, dt DType, shape ...int) (*Tensor, error) {
 	if al == nil {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the allocator is nil", what())
 	}
-	if !dt.Valid() {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %s is not a defined dtype", what(), dt)
-	}
-	n, err := numElements(shape)
+	n, err := checkLayout(dt, shape, what)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
-	}
-	if n > math.MaxInt/dt.Size() {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %d elements of %d bytes overflow an int", what(), n, dt.Size())
+		return nil, err
 	}
 	if n == 0 {
 		st := &storage{release: func() error { return nil }}

@@ -157,15 +157,9 @@ func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
 	if a == nil {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the arena is nil", what())
 	}
-	if !dt.Valid() {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %s is not a defined dtype", what(), dt)
-	}
-	n, err := numElements(shape)
+	n, err := checkLayout(dt, shape, what)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
-	}
-	if n > math.MaxInt/dt.Size() {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %d elements of %d bytes overflow an int", what(), n, dt.Size())
+		return nil, err
 	}
 	if n == 0 {
 		st := &storage{addr: a.Base() + driver.Addr(a.Len()), release: func() error { return nil }}
@@ -197,6 +191,22 @@ func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
 	}
 	st.owner = t
 	return t, nil
+}
+
+// checkLayout checks dt and shape for a new tensor and returns its number of
+// elements, whose bytes fit an int.
+func checkLayout(dt DType, shape []int, what func() string) (int, error) {
+	if !dt.Valid() {
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: %s is not a defined dtype", what(), dt)
+	}
+	n, err := numElements(shape)
+	if err != nil {
+		return 0, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+	}
+	if n > math.MaxInt/dt.Size() {
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: %d elements of %d bytes overflow an int", what(), n, dt.Size())
+	}
+	return n, nil
 }
 
 // Release ends the memory of a tensor that owns it (one OnArena or Empty
