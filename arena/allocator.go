@@ -2,6 +2,7 @@ package arena
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -441,8 +442,8 @@ func (al *Allocator) stitchLocked(fp, req uint64) (driver.Addr, bool, error) {
 		}
 		al.stats.MapCalls++
 		mapped = append(mapped, at)
-		for _, d := range al.a.opts.Access {
-			if err := al.stTab.SetAccess(at, c.ch.c.Size(), d, driver.AccessReadWrite); err != nil {
+		for d, acc := range al.a.accessCopy() {
+			if err := al.stTab.SetAccess(at, c.ch.c.Size(), d, acc); err != nil {
 				return undo(err)
 			}
 		}
@@ -603,7 +604,13 @@ func (al *Allocator) Bytes(p driver.Addr) ([]byte, error) {
 // Trim gives the arena's free tail back to the device: the chunks lying
 // wholly inside it are unmapped. Free chunks inside the arena stay (the
 // arena is contiguous); stitching reuses them.
-func (al *Allocator) Trim() error {
+func (al *Allocator) Trim() error { return al.TrimTo(0) }
+
+// TrimTo releases whole chunks from the arena's free tail while more than
+// keep bytes are committed (as cuMemPoolTrimTo: until fewer than keep are,
+// or nothing more can be released safely). It never releases memory
+// behind live allocations.
+func (al *Allocator) TrimTo(keep uint64) error {
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -613,24 +620,47 @@ func (al *Allocator) Trim() error {
 	if t == nil || t.state != blockFree {
 		return nil
 	}
-	if err := al.a.Shrink(t.size); err != nil {
+	chunks := al.a.chunkList()
+	cut := al.a.Committed()
+	for i := len(chunks) - 1; i >= 0 && cut > keep && chunks[i].off >= t.off; i-- {
+		cut = chunks[i].off
+	}
+	if cut >= al.a.Len() {
+		return nil
+	}
+	if err := al.a.Shrink(al.a.Len() - cut); err != nil {
 		return err
 	}
 	if err := al.a.Trim(); err != nil {
 		return err
 	}
-	// The chunk the tail started in stays committed: keep its rest usable.
-	keep := al.a.Committed() - t.off
-	if err := al.a.Grow(keep); err != nil {
-		return errors.WithAssertionFailure(err)
-	}
 	al.removeFree(t)
-	if keep == 0 {
+	if cut == t.off {
 		al.unlink(t)
 		return nil
 	}
-	t.size = keep
+	t.size = cut - t.off
 	al.addFree(t)
+	return nil
+}
+
+// SetAccess sets what dev may do with all the allocator's memory: the
+// arena's chunks and the stitched ranges, now and later.
+func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if al.closed {
+		return al.errClosed("set access")
+	}
+	old := al.a.Access(dev)
+	if err := al.a.SetAccess(dev, acc); err != nil {
+		return err
+	}
+	for _, st := range al.stitches {
+		if err := al.stTab.SetAccess(st.rng.Base, st.rng.Size, dev, acc); err != nil {
+			return errors.CombineErrors(errors.Wrap(err, "arena: set access of a stitched allocation"), al.a.SetAccess(dev, old))
+		}
+	}
 	return nil
 }
 
@@ -820,6 +850,13 @@ func (al *Allocator) Check() error {
 		errs = errors.CombineErrors(errs, al.stTab.Check())
 	}
 	return errs
+}
+
+// accessCopy returns the access granted on the arena's chunks.
+func (a *Arena) accessCopy() map[driver.DeviceID]driver.Access {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.access)
 }
 
 // chunkList returns the arena's chunks in address order.

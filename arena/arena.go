@@ -47,6 +47,9 @@ type Options struct {
 	// Access lists the devices given read-write access to the arena's
 	// memory (default: Device alone).
 	Access []driver.DeviceID
+
+	// shareable makes every chunk shareable (pools created shareable).
+	shareable bool
 }
 
 // chunkAt is one committed chunk, mapped at Base+off.
@@ -66,6 +69,7 @@ type Arena struct {
 	opts Options
 
 	mu        sync.Mutex
+	access    map[driver.DeviceID]driver.Access // granted on every chunk
 	chunks    []chunkAt
 	committed uint64
 	length    uint64
@@ -140,8 +144,12 @@ func New(space *vaspace.Space, mem *physical.Memory, opts Options) (*Arena, erro
 		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), res.Free())
 	}
 	opts.Max = size
+	access := map[driver.DeviceID]driver.Access{}
+	for _, d := range opts.Access {
+		access[d] = driver.AccessReadWrite
+	}
 	return &Arena{mem: mem, drv: drv, res: res, tab: tab, opts: opts, views: map[*View]struct{}{},
-		stats: Stats{Max: size}}, nil
+		access: access, stats: Stats{Max: size}}, nil
 }
 
 // Base is the arena's first address; it never changes.
@@ -259,7 +267,7 @@ func (a *Arena) commitLocked(need uint64, what func() string) error {
 // mapChunkLocked creates a chunk of size bytes, maps it at the end of what
 // is committed and grants access; on failure nothing is left behind.
 func (a *Arena) mapChunkLocked(size uint64) error {
-	c, err := a.mem.Create(a.opts.Device, size, driver.ChunkOptions{})
+	c, err := a.mem.Create(a.opts.Device, size, driver.ChunkOptions{Shareable: a.opts.shareable})
 	if err != nil {
 		return err
 	}
@@ -268,8 +276,8 @@ func (a *Arena) mapChunkLocked(size uint64) error {
 		return errors.CombineErrors(err, c.Release())
 	}
 	a.stats.MapCalls++
-	for _, d := range a.opts.Access {
-		if err := a.tab.SetAccess(at, size, d, driver.AccessReadWrite); err != nil {
+	for d, acc := range a.access {
+		if err := a.tab.SetAccess(at, size, d, acc); err != nil {
 			uerr := a.tab.Unmap(at)
 			a.stats.UnmapCalls++
 			return errors.CombineErrors(err, errors.CombineErrors(uerr, c.Release()))
@@ -297,6 +305,45 @@ func (a *Arena) unmapFromLocked(i int) error {
 		a.committed = ch.off
 	}
 	return nil
+}
+
+// SetAccess sets what dev may do with the arena's memory, on every chunk
+// committed now and every chunk committed later. If a chunk refuses, the
+// chunks already changed are set back and nothing changes.
+func (a *Arena) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return a.errClosed("set access")
+	}
+	if err := driver.CheckDevice(func() string { return "arena: set access" }, dev, len(a.drv.Devices())); err != nil {
+		return err
+	}
+	if err := driver.CheckAccess(func() string { return "arena: set access" }, acc); err != nil {
+		return err
+	}
+	old := a.access[dev]
+	for i, ch := range a.chunks {
+		if err := a.tab.SetAccess(a.Base()+driver.Addr(ch.off), ch.c.Size(), dev, acc); err != nil {
+			for _, back := range a.chunks[:i] {
+				err = errors.CombineErrors(err, a.tab.SetAccess(a.Base()+driver.Addr(back.off), back.c.Size(), dev, old))
+			}
+			return errors.Wrap(err, "arena: set access")
+		}
+	}
+	if acc == driver.AccessNone {
+		delete(a.access, dev)
+	} else {
+		a.access[dev] = acc
+	}
+	return nil
+}
+
+// Access reports what dev may do with the arena's memory.
+func (a *Arena) Access(dev driver.DeviceID) driver.Access {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.access[dev]
 }
 
 // Shrink shortens the arena by n bytes. The chunks stay committed (a later

@@ -58,6 +58,9 @@ type Device struct {
 	// NUMANode is the host NUMA node the device's memory is bound to, or -1
 	// when there is none or it is not known.
 	NUMANode int
+	// CopyAlign is the alignment asynchronous copies need for both
+	// addresses (64 on AscendCL; 1 where there is no requirement).
+	CopyAlign uint64
 }
 
 // Handle names a physical chunk inside one driver. Zero is never a valid
@@ -120,6 +123,8 @@ func (f Feature) String() string {
 		return "host-access"
 	case FeatureShareable:
 		return "shareable"
+	case FeatureStreams:
+		return "streams"
 	}
 	return fmt.Sprintf("feature(%d)", uint8(f))
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/internal/ledger"
+	"github.com/vmarena/vmarena/driver/internal/queue"
 	"github.com/vmarena/vmarena/internal/extent"
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -17,12 +18,15 @@ import (
 // Driver is the host driver. It implements driver.Driver.
 type Driver struct {
 	*ledger.Ledger
-	b *backend
+	*queue.Engine
+	b  *backend
+	hb hostBuffers
 }
 
 var (
 	_ driver.Driver     = (*Driver)(nil)
 	_ driver.HostMapper = (*Driver)(nil)
+	_ driver.Streams    = (*Driver)(nil)
 )
 
 // New opens a host driver: one memfd heap per logical device.
@@ -46,7 +50,8 @@ func New(opts Options) (*Driver, error) {
 			RecommendedGranularity: max(opts.Granularity, 2*units.MiB),
 			// Logical devices are not bound to a NUMA node: this build
 			// does not set a memory policy on the heap.
-			NUMANode: -1,
+			NUMANode:  -1,
+			CopyAlign: opts.CopyAlign,
 		}
 	}
 	l, err := ledger.New("host", devs, b, true)
@@ -54,7 +59,19 @@ func New(opts Options) (*Driver, error) {
 		_ = b.Close()
 		return nil, err
 	}
-	return &Driver{Ledger: l, b: b}, nil
+	peer := func(dev, peer driver.DeviceID) bool { return !opts.NoPeerAccess }
+	return &Driver{Ledger: l, Engine: queue.New("host", opts.Devices, peer), b: b}, nil
+}
+
+// Close implements driver.Driver: the streams finish their work first,
+// then everything the ledger holds is unmapped, released and unreserved,
+// and pinned host buffers are unmapped.
+func (d *Driver) Close() error {
+	err := d.Engine.Close()
+	if errors.Is(err, driver.ErrClosed) {
+		return errors.Wrap(err, "host: close") // closed before
+	}
+	return errors.CombineErrors(err, errors.CombineErrors(d.Ledger.Close(), d.closeHostBuffers()))
 }
 
 // Name implements driver.Driver.
@@ -63,7 +80,7 @@ func (d *Driver) Name() string { return "host" }
 // Supports implements driver.Driver: host memory can be read and written,
 // and chunks can be made shareable.
 func (d *Driver) Supports(f driver.Feature) bool {
-	return f == driver.FeatureHostAccess || f == driver.FeatureShareable
+	return f == driver.FeatureHostAccess || f == driver.FeatureShareable || f == driver.FeatureStreams
 }
 
 // Read implements driver.Driver.

@@ -26,6 +26,12 @@ type Options struct {
 	// NoPopulate turns off filling page tables when access is granted;
 	// the first touch of each page then takes a fault.
 	NoPopulate bool
+	// CopyAlign is the alignment async copies require (default 1: none).
+	// Set it to 64 to behave as AscendCL does.
+	CopyAlign uint64
+	// NoPeerAccess makes CanAccessPeer false between different devices, as
+	// on machines whose accelerators cannot reach each other.
+	NoPeerAccess bool
 }
 
 // withDefaults fills the zero fields and checks the rest.
@@ -43,12 +49,24 @@ func (o Options) withDefaults() (Options, error) {
 	if g := o.Granularity; g&(g-1) != 0 || g < page {
 		return o, errors.Wrapf(driver.ErrInvalid, "host: granularity %d is not a power of two of at least the page size %d", g, page)
 	}
+	if o.CopyAlign == 0 {
+		o.CopyAlign = 1
+	}
+	if o.CopyAlign&(o.CopyAlign-1) != 0 {
+		return o, errors.Wrapf(driver.ErrInvalid, "host: copy alignment %d is not a power of two", o.CopyAlign)
+	}
 	if o.Capacity == 0 {
 		avail, err := memAvailable()
 		if err != nil {
 			return o, errors.WithHint(err, "set Options.Capacity explicitly")
 		}
 		o.Capacity = avail / 2 / uint64(o.Devices) / o.Granularity * o.Granularity
+		if o.CopyAlign == 0 {
+			o.CopyAlign = 1
+		}
+		if o.CopyAlign&(o.CopyAlign-1) != 0 {
+			return o, errors.Wrapf(driver.ErrInvalid, "host: copy alignment %d is not a power of two", o.CopyAlign)
+		}
 		if o.Capacity == 0 {
 			return o, errors.Wrapf(driver.ErrOutOfMemory, "host: MemAvailable is %s, too little for %d devices", units.Bytes(avail), o.Devices)
 		}

@@ -12,11 +12,14 @@ package sim
 
 import (
 	"fmt"
+	"sync"
+	"unsafe"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/internal/ledger"
+	"github.com/vmarena/vmarena/driver/internal/queue"
 	"github.com/vmarena/vmarena/internal/extent"
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -42,9 +45,16 @@ type Options struct {
 // Driver is the sim driver. It implements driver.Driver.
 type Driver struct {
 	*ledger.Ledger
+	*queue.Engine
+
+	mu   sync.Mutex
+	host map[*byte]int // HostAlloc buffers: first byte -> length
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver  = (*Driver)(nil)
+	_ driver.Streams = (*Driver)(nil)
+)
 
 // New returns a sim driver.
 func New(opts Options) (*Driver, error) {
@@ -70,13 +80,76 @@ func New(opts Options) (*Driver, error) {
 		devs[i] = driver.Device{
 			ID: driver.DeviceID(i), Name: fmt.Sprintf("sim%d", i), Kind: driver.KindSim,
 			Capacity: opts.Capacity, MinGranularity: g, RecommendedGranularity: max(g, 2*units.MiB), NUMANode: -1,
+			CopyAlign: 1,
 		}
 	}
 	l, err := ledger.New("sim", devs, &backend{space: extent.New(spaceBase, spaceSize)}, true)
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{l}, nil
+	return &Driver{Ledger: l, Engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true }),
+		host: map[*byte]int{}}, nil
+}
+
+// Close implements driver.Driver: streams finish, then the books close.
+func (d *Driver) Close() error {
+	err := d.Engine.Close()
+	if errors.Is(err, driver.ErrClosed) {
+		return errors.Wrap(err, "sim: close")
+	}
+	return errors.CombineErrors(err, d.Ledger.Close())
+}
+
+// The sim driver's streams run host functions, record and wait on events
+// like any driver's; copies and fills have no memory to touch.
+
+func (d *Driver) unsupported(op string) error {
+	return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "sim: %s: the sim driver has no memory behind its addresses", op),
+		"use the host driver to move bytes")
+}
+
+// CopyHtoD implements driver.Streams: ErrUnsupported.
+func (d *Driver) CopyHtoD(driver.Addr, []byte, driver.Stream) error {
+	return d.unsupported("copy to device")
+}
+
+// CopyDtoH implements driver.Streams: ErrUnsupported.
+func (d *Driver) CopyDtoH([]byte, driver.Addr, driver.Stream) error {
+	return d.unsupported("copy from device")
+}
+
+// CopyDtoD implements driver.Streams: ErrUnsupported.
+func (d *Driver) CopyDtoD(_, _ driver.Addr, _ uint64, _ driver.Stream) error {
+	return d.unsupported("copy device to device")
+}
+
+// Memset implements driver.Streams: ErrUnsupported.
+func (d *Driver) Memset(driver.Addr, byte, uint64, driver.Stream) error { return d.unsupported("fill") }
+
+// HostAlloc implements driver.Streams with Go memory aligned to 64 bytes
+// (nothing is pinned: there is no device to copy to).
+func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
+	if size == 0 {
+		return nil, errors.Wrap(driver.ErrInvalid, "sim: host alloc of zero bytes")
+	}
+	raw := make([]byte, size+64)
+	off := (64 - uintptr(unsafe.Pointer(&raw[0]))%64) % 64
+	b := raw[off : off+uintptr(size) : off+uintptr(size)]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.host[&b[0]] = len(b)
+	return b, nil
+}
+
+// HostFree implements driver.Streams.
+func (d *Driver) HostFree(b []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(b) == 0 || d.host[&b[0]] != len(b) {
+		return errors.Wrap(driver.ErrInvalid, "sim: host free of a buffer HostAlloc did not give (or not whole, or freed already)")
+	}
+	delete(d.host, &b[0])
+	return nil
 }
 
 // Name implements driver.Driver.
@@ -84,7 +157,9 @@ func (d *Driver) Name() string { return "sim" }
 
 // Supports implements driver.Driver: sim chunks can be marked shareable (the
 // mark is recorded), but there are no bytes to touch.
-func (d *Driver) Supports(f driver.Feature) bool { return f == driver.FeatureShareable }
+func (d *Driver) Supports(f driver.Feature) bool {
+	return f == driver.FeatureShareable || f == driver.FeatureStreams
+}
 
 // Read implements driver.Driver: always ErrUnsupported, since the sim driver
 // has no memory.

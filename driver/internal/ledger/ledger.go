@@ -599,6 +599,61 @@ func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Ac
 	return nil
 }
 
+// Want is one range a device operation touches and the access it needs.
+type Want struct {
+	Addr   driver.Addr
+	N      uint64
+	Access driver.Access
+}
+
+// WithDeviceRanges runs fn with the record locked for reading, after
+// checking that every range lies inside one reservation, is mapped
+// throughout, that dev has the access each needs at every granule, and
+// that memory of another device is reachable (peer(owner) is true). fn
+// gets each range's reservation, in order.
+func (l *Ledger) WithDeviceRanges(op string, dev driver.DeviceID, peer func(owner driver.DeviceID) bool,
+	wants []Want, fn func(rs []*Region) error) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return l.errClosed(op)
+	}
+	rs := make([]*Region, len(wants))
+	for i, w := range wants {
+		what := func() string { return fmt.Sprintf("%s: %s %d bytes at %s on device %d", l.name, op, w.N, w.Addr, dev) }
+		r, err := l.reservationFor(what, w.Addr, w.N)
+		if err != nil {
+			return err
+		}
+		rs[i] = r
+		end := w.Addr + driver.Addr(w.N)
+		at := w.Addr
+		for j := r.mapIndex(w.Addr); at < end; j++ {
+			if j == len(r.maps) || r.maps[j].Addr > at {
+				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
+			}
+			m := r.maps[j]
+			if owner := m.Chunk.Device; owner != dev && !peer(owner) {
+				return errors.WithHintf(
+					errors.Wrapf(driver.ErrAccessDenied, "%s: %s is memory of device %d, and peer access from device %d to it is not enabled",
+						what(), at, owner, dev),
+					"call EnablePeerAccess(%d, %d) first", dev, owner)
+			}
+			for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
+				if a := accessOf(m.access[g], dev); !a.Allows(w.Access) {
+					return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s access at %s, %s is needed",
+						what(), dev, a, m.Addr+driver.Addr(g*m.gran), w.Access)
+				}
+			}
+			at = m.end()
+		}
+	}
+	if err := fn(rs); err != nil {
+		return errors.Wrapf(err, "%s: %s on device %d", l.name, op, dev)
+	}
+	return nil
+}
+
 // Close implements driver.Driver: it unmaps every mapping, frees every chunk
 // and unreserves every reservation, then closes the backend.
 func (l *Ledger) Close() error {

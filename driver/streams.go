@@ -1,0 +1,90 @@
+package driver
+
+import "time"
+
+// Stream names an ordered queue of asynchronous work on one device; Event
+// names a point in a stream. Zero is never a valid stream or event.
+type (
+	Stream uint64
+	Event  uint64
+)
+
+// FeatureStreams: the driver implements Streams.
+const FeatureStreams Feature = 3
+
+// Streams is the asynchronous part of the contract, implemented by drivers
+// with FeatureStreams. Work enqueued on a stream runs in the order it was
+// enqueued; an event recorded on a stream completes when the work before it
+// has; a stream made to wait on an event runs nothing enqueued after the
+// wait until the event completes.
+//
+// Errors: a call that cannot be enqueued (a bad argument, a closed driver)
+// fails at once and enqueues nothing. A failure of enqueued work surfaces
+// at the next SyncStream (or QueryStream) of that stream, naming the
+// operation; work enqueued after a failure is skipped until then, and the
+// error is cleared once reported.
+//
+//	Streams method     CUDA driver API                       AscendCL runtime
+//	-----------------  ------------------------------------  ----------------------------------
+//	CreateStream       cuStreamCreate                        aclrtCreateStream
+//	DestroyStream      cuStreamDestroy_v2                    aclrtDestroyStream
+//	CreateEvent        cuEventCreate                         aclrtCreateEvent
+//	DestroyEvent       cuEventDestroy_v2                     aclrtDestroyEvent
+//	RecordEvent        cuEventRecord                         aclrtRecordEvent
+//	StreamWaitEvent    cuStreamWaitEvent                     aclrtStreamWaitEvent
+//	SyncStream         cuStreamSynchronize                   aclrtSynchronizeStream
+//	QueryStream        cuStreamQuery                         aclrtStreamQuery
+//	SyncEvent          cuEventSynchronize                    aclrtSynchronizeEvent
+//	QueryEvent         cuEventQuery                          aclrtQueryEventStatus
+//	ElapsedTime        cuEventElapsedTime                    aclrtEventElapsedTime
+//	LaunchHostFunc     cuLaunchHostFunc                      aclrtLaunchCallback
+//	CopyHtoD           cuMemcpyHtoDAsync_v2                  aclrtMemcpyAsync(HOST_TO_DEVICE)
+//	CopyDtoH           cuMemcpyDtoHAsync_v2                  aclrtMemcpyAsync(DEVICE_TO_HOST)
+//	CopyDtoD           cuMemcpyDtoDAsync_v2 / cuMemcpyPeer   aclrtMemcpyAsync(DEVICE_TO_DEVICE)
+//	Memset             cuMemsetD8Async                       aclrtMemsetAsync
+//	CanAccessPeer      cuDeviceCanAccessPeer                 aclrtDeviceCanAccessPeer
+//	EnablePeerAccess   cuCtxEnablePeerAccess                 aclrtDeviceEnablePeerAccess
+//	HostAlloc          cuMemHostAlloc                        aclrtMallocHost
+//	HostFree           cuMemFreeHost                         aclrtFreeHost
+//
+// Async copies need addresses aligned to the device's CopyAlign (64 on
+// AscendCL; the error says so). A copy runs as its stream's device: that
+// device needs read access to the source and read-write access to the
+// destination, and memory of another device needs peer access enabled
+// from the stream's device to it, as well as the access granted.
+type Streams interface {
+	CreateStream(dev DeviceID) (Stream, error)
+	// DestroyStream waits for the stream's work, then destroys it; the
+	// error is any failure not yet reported.
+	DestroyStream(s Stream) error
+	CreateEvent(dev DeviceID) (Event, error)
+	DestroyEvent(e Event) error
+	// RecordEvent marks the current end of s in e (re-recording moves it).
+	RecordEvent(e Event, s Stream) error
+	// StreamWaitEvent makes work enqueued on s later wait for e as last
+	// recorded; an event never recorded is already complete.
+	StreamWaitEvent(s Stream, e Event) error
+	SyncStream(s Stream) error
+	QueryStream(s Stream) (done bool, err error)
+	SyncEvent(e Event) error
+	QueryEvent(e Event) (done bool, err error)
+	// ElapsedTime is the time between two completed events.
+	ElapsedTime(start, end Event) (time.Duration, error)
+	// LaunchHostFunc enqueues fn, named name in errors.
+	LaunchHostFunc(s Stream, name string, fn func() error) error
+
+	// The copies are asynchronous: a Go slice passed to one must be left
+	// alone until the stream has passed the copy.
+	CopyHtoD(dst Addr, src []byte, s Stream) error
+	CopyDtoH(dst []byte, src Addr, s Stream) error
+	CopyDtoD(dst, src Addr, n uint64, s Stream) error
+	Memset(dst Addr, value byte, n uint64, s Stream) error
+
+	CanAccessPeer(dev, peer DeviceID) (bool, error)
+	EnablePeerAccess(dev, peer DeviceID) error
+
+	// HostAlloc returns pinned host memory with starts aligned for async
+	// copies (at least 64 bytes); HostFree returns it, whole.
+	HostAlloc(size uint64) ([]byte, error)
+	HostFree(b []byte) error
+}
