@@ -52,6 +52,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) driver.Driver) {
 	t.Run("HostAccess", s.hostAccess)
 	t.Run("Close", s.close)
 	t.Run("Concurrency", s.concurrency)
+	t.Run("Streams", s.streams)
 }
 
 // minChunks is how many chunks of the driver granularity the tests may hold

@@ -67,10 +67,10 @@ func New(opts Options) (*Driver, error) {
 // then everything the ledger holds is unmapped, released and unreserved,
 // and pinned host buffers are unmapped.
 func (d *Driver) Close() error {
-	err := d.Engine.Close()
-	if errors.Is(err, driver.ErrClosed) {
-		return errors.Wrap(err, "host: close") // closed before
+	if d.Engine.Closed() {
+		return driver.Closed("host: close: closed already")
 	}
+	err := d.Engine.Close() // failures of stream work not yet reported
 	return errors.CombineErrors(err, errors.CombineErrors(d.Ledger.Close(), d.closeHostBuffers()))
 }
 

@@ -208,3 +208,21 @@ func TestCloseReturnsEverything(t *testing.T) {
 		require.Equal(t, before, after, "release=%v", release)
 	}
 }
+
+// TestCloseWithUnreportedClosedError: a stream whose failed work is itself
+// marked ErrClosed (say, it used something closed) must not make Close
+// think the driver was closed already and skip returning everything.
+func TestCloseWithUnreportedClosedError(t *testing.T) {
+	d, err := New(small())
+	require.NoError(t, err)
+	s, err := d.CreateStream(0)
+	require.NoError(t, err)
+	require.NoError(t, d.LaunchHostFunc(s, "uses a closed thing", func() error { return driver.Closed("something") }))
+	_, err = d.Reserve(d.Granularity(), 0, 0)
+	require.NoError(t, err)
+	err = d.Close()
+	require.True(t, errors.Is(err, driver.ErrClosed), "the stream's failure is reported: %v", err)
+	_, err = d.Reserve(d.Granularity(), 0, 0)
+	require.True(t, errors.Is(err, driver.ErrClosed), "the ledger closed too: %v", err)
+	require.True(t, errors.Is(d.Close(), driver.ErrClosed))
+}

@@ -61,12 +61,6 @@ func (o Options) withDefaults() (Options, error) {
 			return o, errors.WithHint(err, "set Options.Capacity explicitly")
 		}
 		o.Capacity = avail / 2 / uint64(o.Devices) / o.Granularity * o.Granularity
-		if o.CopyAlign == 0 {
-			o.CopyAlign = 1
-		}
-		if o.CopyAlign&(o.CopyAlign-1) != 0 {
-			return o, errors.Wrapf(driver.ErrInvalid, "host: copy alignment %d is not a power of two", o.CopyAlign)
-		}
 		if o.Capacity == 0 {
 			return o, errors.Wrapf(driver.ErrOutOfMemory, "host: MemAvailable is %s, too little for %d devices", units.Bytes(avail), o.Devices)
 		}

@@ -111,6 +111,9 @@ type hostBuffers struct {
 // memory outside the Go heap, locked in RAM where the limit allows
 // (mlock), for copies that need aligned, pinned buffers.
 func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
+	if d.Closed() {
+		return nil, driver.Closed("host: host alloc")
+	}
 	if size == 0 {
 		return nil, errors.Wrap(driver.ErrInvalid, "host: host alloc of zero bytes")
 	}
@@ -131,6 +134,9 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 
 // HostFree returns a buffer HostAlloc gave, whole.
 func (d *Driver) HostFree(b []byte) error {
+	if d.Closed() {
+		return driver.Closed("host: host free (Close returned every host buffer)")
+	}
 	d.hb.mu.Lock()
 	defer d.hb.mu.Unlock()
 	if len(b) == 0 || d.hb.bufs[&b[0]] != uint64(len(b)) {

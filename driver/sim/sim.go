@@ -93,10 +93,10 @@ func New(opts Options) (*Driver, error) {
 
 // Close implements driver.Driver: streams finish, then the books close.
 func (d *Driver) Close() error {
-	err := d.Engine.Close()
-	if errors.Is(err, driver.ErrClosed) {
-		return errors.Wrap(err, "sim: close")
+	if d.Engine.Closed() {
+		return driver.Closed("sim: close: closed already")
 	}
+	err := d.Engine.Close() // failures of stream work not yet reported
 	return errors.CombineErrors(err, d.Ledger.Close())
 }
 
@@ -129,6 +129,9 @@ func (d *Driver) Memset(driver.Addr, byte, uint64, driver.Stream) error { return
 // HostAlloc implements driver.Streams with Go memory aligned to 64 bytes
 // (nothing is pinned: there is no device to copy to).
 func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
+	if d.Closed() {
+		return nil, driver.Closed("sim: host alloc")
+	}
 	if size == 0 {
 		return nil, errors.Wrap(driver.ErrInvalid, "sim: host alloc of zero bytes")
 	}
@@ -143,6 +146,9 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 
 // HostFree implements driver.Streams.
 func (d *Driver) HostFree(b []byte) error {
+	if d.Closed() {
+		return driver.Closed("sim: host free")
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(b) == 0 || d.host[&b[0]] != len(b) {

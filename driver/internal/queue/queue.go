@@ -70,7 +70,8 @@ type Engine struct {
 	events  map[driver.Event]*event
 	next    uint64
 	peers   map[[2]driver.DeviceID]bool
-	closed  bool
+	closing bool // Close has begun: nothing new is created or enqueued
+	closed  bool // Close has finished
 }
 
 // New returns an engine for ndev devices; canPeer says which pairs of
@@ -84,8 +85,15 @@ func New(name string, ndev int, canPeer func(dev, peer driver.DeviceID) bool) *E
 
 func (e *Engine) errClosed(op string) error { return driver.Closed(e.name + ": " + op) }
 
+// Closed reports whether Close has begun.
+func (e *Engine) Closed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closing
+}
+
 func (e *Engine) stream(what string, s driver.Stream) (*stream, error) {
-	if e.closed {
+	if e.closing {
 		return nil, e.errClosed(what)
 	}
 	st := e.streams[s]
@@ -96,7 +104,7 @@ func (e *Engine) stream(what string, s driver.Stream) (*stream, error) {
 }
 
 func (e *Engine) event(what string, ev driver.Event) (*event, error) {
-	if e.closed {
+	if e.closing {
 		return nil, e.errClosed(what)
 	}
 	x := e.events[ev]
@@ -113,7 +121,7 @@ func (e *Engine) CreateStream(dev driver.DeviceID) (driver.Stream, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closing {
 		return 0, e.errClosed("create stream")
 	}
 	e.next++
@@ -251,7 +259,7 @@ func (e *Engine) CreateEvent(dev driver.DeviceID) (driver.Event, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closing {
 		return 0, e.errClosed("create event")
 	}
 	e.next++
@@ -379,6 +387,9 @@ func (e *Engine) LaunchHostFunc(s driver.Stream, name string, fn func() error) e
 
 // CanAccessPeer implements driver.Streams.
 func (e *Engine) CanAccessPeer(dev, peer driver.DeviceID) (bool, error) {
+	if e.Closed() {
+		return false, e.errClosed("can access peer")
+	}
 	for _, d := range []driver.DeviceID{dev, peer} {
 		if err := driver.CheckDevice(func() string { return e.name + ": can access peer" }, d, e.ndev); err != nil {
 			return false, err
@@ -403,7 +414,7 @@ func (e *Engine) EnablePeerAccess(dev, peer driver.DeviceID) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closing {
 		return e.errClosed("enable peer access")
 	}
 	e.peers[[2]driver.DeviceID{dev, peer}] = true
@@ -424,10 +435,11 @@ func (e *Engine) PeerEnabled(dev, owner driver.DeviceID) bool {
 // every event. Later calls are ErrClosed.
 func (e *Engine) Close() error {
 	e.mu.Lock()
-	if e.closed {
+	if e.closing {
 		e.mu.Unlock()
 		return e.errClosed("close")
 	}
+	e.closing = true // from here CreateStream and every enqueue refuse
 	var errs error
 	var wait []chan struct{}
 	for _, st := range e.streams {
