@@ -143,6 +143,9 @@ func runPoolModel(t *testing.T, data []byte) (reusedAcross int) {
 				return nil
 			}))
 			pos[l.st]++
+			if pe.p.poisonOn {
+				pos[l.st]++ // the poison fill enqueued before the free
+			}
 			require.NoError(t, pe.p.FreeAsync(p, fs))
 			c := map[int]uint64{}
 			for k, v := range clock[l.st] {
