@@ -233,6 +233,42 @@ func (s *Stream) CopyHtoH(dst, src []byte) error {
 	return s.Launch("copy host to host", func() error { copy(dst, src); return nil })
 }
 
+// The synchronous copies enqueue and then synchronize the stream: they
+// return once the bytes have moved, with any failure of the stream's work.
+
+// CopyHtoDSync copies src to dst and waits.
+func (s *Stream) CopyHtoDSync(dst driver.Addr, src []byte) error {
+	return s.andSync(s.CopyHtoD(dst, src))
+}
+
+// CopyDtoHSync copies device memory at src into dst and waits.
+func (s *Stream) CopyDtoHSync(dst []byte, src driver.Addr) error {
+	return s.andSync(s.CopyDtoH(dst, src))
+}
+
+// CopyDtoDSync copies n bytes between device addresses and waits.
+func (s *Stream) CopyDtoDSync(dst, src driver.Addr, n uint64) error {
+	return s.andSync(s.CopyDtoD(dst, src, n))
+}
+
+// MemsetSync fills n bytes at dst with value and waits.
+func (s *Stream) MemsetSync(dst driver.Addr, value byte, n uint64) error {
+	return s.andSync(s.Memset(dst, value, n))
+}
+
+// CopyHtoHSync copies between host buffers after the stream's earlier
+// work, and waits.
+func (s *Stream) CopyHtoHSync(dst, src []byte) error {
+	return s.andSync(s.CopyHtoH(dst, src))
+}
+
+func (s *Stream) andSync(err error) error {
+	if err != nil {
+		return err
+	}
+	return s.Synchronize()
+}
+
 // Event is a point in a stream.
 type Event struct {
 	d   driver.Driver

@@ -130,6 +130,19 @@ func TestCopiesAndHostBuffers(t *testing.T) {
 	require.GreaterOrEqual(t, el, 5*time.Millisecond)
 
 	drivertest.RequireIs(t, s.CopyHtoH(make([]byte, 2), make([]byte, 3)), driver.ErrInvalid)
+
+	// The synchronous forms return with the bytes moved.
+	require.NoError(t, s.CopyHtoDSync(base, []byte("sync")))
+	require.NoError(t, s.MemsetSync(base+4, '!', 1))
+	require.NoError(t, s.CopyDtoDSync(base+driver.Addr(g), base, 5))
+	got := make([]byte, 5)
+	require.NoError(t, s.CopyDtoHSync(got, base+driver.Addr(g)))
+	require.Equal(t, "sync!", string(got))
+	hh2 := make([]byte, 5)
+	require.NoError(t, s.CopyHtoHSync(hh2, got))
+	require.Equal(t, "sync!", string(hh2))
+	require.NoError(t, s.CopyDtoD(base, base+driver.Addr(4*g), 1)) // outside the reservation: fails when it runs
+	drivertest.RequireIs(t, s.CopyDtoHSync(got, base), driver.ErrNotReserved, "operation")
 	require.NoError(t, hb.Free())
 	drivertest.RequireIs(t, hb.Free(), driver.ErrClosed)
 	require.Nil(t, hb.Bytes())
