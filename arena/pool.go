@@ -227,6 +227,9 @@ func (p *Pool) reusableLocked(size uint64, s *stream.Stream) (int, bool) {
 		if pf.cap < size || pf.cap > limit {
 			continue
 		}
+		if best >= 0 && !bestWait && !better(i) {
+			continue // cannot beat a block already usable without a wait: skip the checks
+		}
 		ok := pf.st == s || (p.follow && s.OrderedAfter(pf.st, pf.pos))
 		if !ok && p.opportunistic {
 			done, err := pf.ev.Query()
