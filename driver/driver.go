@@ -191,3 +191,48 @@ type HostMapper interface {
 	// it so; a touch after that faults.
 	HostBytes(addr Addr, size uint64) ([]byte, error)
 }
+
+// HandleType is the kind of shareable handle a chunk is exported as. The
+// values are CUDA's CUmemAllocationHandleType.
+type HandleType uint8
+
+const (
+	// HandlePOSIXFD: a file descriptor, moved between processes over a Unix
+	// socket (CUDA's CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; the host
+	// driver's memfds).
+	HandlePOSIXFD HandleType = 1
+	// HandleToken: a 64-bit token the driver resolves itself (AscendCL's
+	// aclrtMemExportToShareableHandle).
+	HandleToken HandleType = 16
+)
+
+// Shareable is a chunk exported for another process.
+type Shareable struct {
+	Type HandleType
+	// FD is the descriptor (HandlePOSIXFD); the holder closes it.
+	FD int
+	// Token is the token (HandleToken).
+	Token uint64
+	// Size is the chunk's size in bytes.
+	Size uint64
+}
+
+// Sharing is implemented by drivers whose chunks can cross processes.
+//
+//	Sharing method  CUDA driver API                      AscendCL runtime
+//	--------------  -----------------------------------  --------------------------------------
+//	Export          cuMemExportToShareableHandle(POSIX)  aclrtMemExportToShareableHandle,
+//	                                                     aclrtMemSetPidToShareableHandle
+//	Import          cuMemImportFromShareableHandle       aclrtMemImportFromShareableHandle
+//
+// A chunk is exported at most once per process (seed 000: one handle, one
+// shareable handle); its memory goes back only when every process that
+// holds it has released it and unmapped it.
+type Sharing interface {
+	// Export returns a shareable handle for h, which was created with
+	// ChunkOptions.Shareable. A second export of the same chunk is ErrBusy.
+	Export(h Handle) (Shareable, error)
+	// Import makes a chunk of this process from a shareable handle, on
+	// dev; the caller keeps (and closes) its descriptor.
+	Import(s Shareable, dev DeviceID) (Handle, error)
+}

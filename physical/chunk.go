@@ -25,6 +25,9 @@ type Chunk struct {
 	released bool
 	maps     int
 	returned bool
+
+	imported bool      // made from another process's shareable handle
+	export   *exported // the shareable handle, once exported
 }
 
 // Handle is the driver's handle of the chunk.
@@ -87,6 +90,7 @@ func (c *Chunk) releaseLocked() error {
 
 // returnLocked takes a released, unmapped chunk off the books.
 func (c *Chunk) returnLocked() {
+	c.closeExportLocked()
 	c.returned = true
 	delete(c.m.chunks, c.handle)
 	u := &c.m.usage[c.dev]

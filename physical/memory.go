@@ -81,7 +81,6 @@ func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	if opts.Shareable && !m.share {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no shareable chunks", what(), m.d.Name())
 	}
-	u := &m.usage[dev]
 	h, err := m.d.Create(dev, size, opts)
 	if err != nil {
 		// The driver's message says what was asked and what was free.
@@ -91,11 +90,17 @@ func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 		return nil, errors.AssertionFailedf("%s: the driver returned handle %d, which is zero or already live", what(), h)
 	}
 	c := &Chunk{m: m, handle: h, dev: dev, size: size, shareable: opts.Shareable}
-	m.chunks[h] = c
-	u.Used += size
+	m.addLocked(c)
+	return c, nil
+}
+
+// addLocked books a new chunk.
+func (m *Memory) addLocked(c *Chunk) {
+	m.chunks[c.handle] = c
+	u := &m.usage[c.dev]
+	u.Used += c.size
 	u.Peak = max(u.Peak, u.Used)
 	u.Chunks++
-	return c, nil
 }
 
 // Usage reports what() device dev holds. It answers after Close too: chunks

@@ -27,6 +27,7 @@ var (
 	_ driver.Driver     = (*Driver)(nil)
 	_ driver.HostMapper = (*Driver)(nil)
 	_ driver.Streams    = (*Driver)(nil)
+	_ driver.Sharing    = (*Driver)(nil)
 )
 
 // New opens a host driver: one memfd heap per logical device.
@@ -111,6 +112,46 @@ func (d *Driver) HostBytes(addr driver.Addr, size uint64) ([]byte, error) {
 		return nil, errors.Wrap(driver.ErrInvalid, "host: host bytes of zero size")
 	}
 	return b, nil
+}
+
+// Export implements driver.Sharing: a duplicate of the chunk's own memfd
+// (a shareable chunk never lives in the device heap, so an export never
+// exposes other chunks' memory). The caller closes it.
+func (d *Driver) Export(h driver.Handle) (driver.Shareable, error) {
+	return d.Ledger.Export(h, func(c *ledger.Chunk) (driver.Shareable, error) {
+		m := c.Backing.(*chunkMem)
+		fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return driver.Shareable{}, errors.Wrap(err, "dup")
+		}
+		return driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: c.Size}, nil
+	})
+}
+
+// Import implements driver.Sharing: the chunk keeps its own duplicate of
+// the descriptor; the memory goes when every process has closed its
+// duplicates and unmapped it.
+func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle, error) {
+	if sh.Type != driver.HandlePOSIXFD {
+		return 0, errors.Wrapf(driver.ErrInvalid, "host: import: handle type %d, the host driver shares POSIX file descriptors (%d)",
+			sh.Type, driver.HandlePOSIXFD)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(sh.FD, &st); err != nil {
+		return 0, errors.Wrapf(driver.ErrInvalid, "host: import: descriptor %d: %v", sh.FD, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != sh.Size {
+		return 0, errors.Wrapf(driver.ErrInvalid, "host: import: descriptor %d is not a memory file of %s (mode %#o, size %d)",
+			sh.FD, units.Bytes(sh.Size), st.Mode, st.Size)
+	}
+	return d.Ledger.Import(dev, sh.Size, func(c *ledger.Chunk) error {
+		fd, err := unix.FcntlInt(uintptr(sh.FD), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return errors.Wrap(err, "dup")
+		}
+		c.Backing = &chunkMem{fd: fd, own: true}
+		return nil
+	})
 }
 
 // HeapBytes reports the bytes the kernel holds for device dev's heap file

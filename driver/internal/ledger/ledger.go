@@ -62,6 +62,8 @@ type Chunk struct {
 
 	released bool // the handle was released; memory waits for maps == 0
 	maps     int  // live mappings of this chunk
+	exported bool // exported once already (one shareable handle per chunk)
+	imported bool // made from another process's shareable handle
 }
 
 // Mapping is one chunk mapped whole at Addr, inside Region.
@@ -253,6 +255,67 @@ func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	}
 	c := &Chunk{Handle: l.nextHandle, Device: dev, Size: size, Opts: opts}
 	if err := l.backend.Commit(c); err != nil {
+		return 0, errors.Wrapf(err, "%s", what())
+	}
+	l.nextHandle++
+	l.chunks[c.Handle] = c
+	l.used[dev] += size
+	return c.Handle, nil
+}
+
+// Export runs make, which produces the shareable handle of chunk h, once
+// per chunk: a second export is ErrBusy, and a failed one can be retried.
+func (l *Ledger) Export(h driver.Handle, make func(c *Chunk) (driver.Shareable, error)) (driver.Shareable, error) {
+	what := func() string { return fmt.Sprintf("%s: export chunk %d", l.name, h) }
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return driver.Shareable{}, l.errClosed("export")
+	}
+	c, err := l.chunk(what, h)
+	if err != nil {
+		return driver.Shareable{}, err
+	}
+	if !c.Opts.Shareable {
+		return driver.Shareable{}, errors.WithHint(
+			errors.Wrapf(driver.ErrInvalid, "%s: it was created without ChunkOptions.Shareable", what()),
+			"create chunks meant for other processes shareable")
+	}
+	if c.exported {
+		return driver.Shareable{}, errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "%s: exported already (one shareable handle per chunk per process)", what()),
+			"keep the first shareable handle and duplicate it, or send it again")
+	}
+	sh, err := make(c)
+	if err != nil {
+		return driver.Shareable{}, errors.Wrapf(err, "%s", what())
+	}
+	c.exported = true
+	return sh, nil
+}
+
+// Import records a chunk of size bytes on dev whose memory another process
+// created; adopt sets its Backing. It counts against the device's capacity
+// like a created chunk.
+func (l *Ledger) Import(dev driver.DeviceID, size uint64, adopt func(c *Chunk) error) (driver.Handle, error) {
+	what := func() string { return fmt.Sprintf("%s: import %s on device %d", l.name, units.Bytes(size), dev) }
+	if err := driver.CheckDevice(what, dev, len(l.devs)); err != nil {
+		return 0, err
+	}
+	d := l.devs[dev]
+	if err := driver.CheckSize(what, size, d.MinGranularity); err != nil {
+		return 0, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, l.errClosed("import")
+	}
+	if free := d.Capacity - l.used[dev]; size > free {
+		return 0, errors.Wrapf(driver.ErrOutOfMemory, "%s: device has %s free of %s", what(), units.Bytes(free), units.Bytes(d.Capacity))
+	}
+	c := &Chunk{Handle: l.nextHandle, Device: dev, Size: size, Opts: driver.ChunkOptions{Shareable: true}, imported: true}
+	if err := adopt(c); err != nil {
 		return 0, errors.Wrapf(err, "%s", what())
 	}
 	l.nextHandle++

@@ -1,0 +1,122 @@
+package physical
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Sharing chunks between processes (seed 000 and CUDA's shareable
+// allocations, seed 004 §E.3.1). The exporter exports a chunk once — one
+// shareable handle per chunk per process — naming the process IDs allowed
+// to import it (AscendCL's aclrtMemSetPidToShareableHandle); the importer
+// makes a chunk of its own from the handle. Each process releases its own
+// chunk; the memory goes when every process has released it and unmapped
+// it. Moving the handle between processes is package ipc's.
+
+// Export makes the chunk's shareable handle — once: a second Export is
+// ErrBusy — and sets the processes allowed to import it. The chunk keeps
+// the handle (Exported) until its memory is returned here.
+func (c *Chunk) Export(allowPIDs ...int) (driver.Shareable, error) {
+	what := func() string { return fmt.Sprintf("physical: export %s", c) }
+	sh, ok := c.m.d.(driver.Sharing)
+	if !ok {
+		return driver.Shareable{}, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver cannot share chunks between processes", what(), c.m.d.Name())
+	}
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	if c.m.closed {
+		return driver.Shareable{}, driver.Closed(what() + ": the memory is closed")
+	}
+	if c.released {
+		return driver.Shareable{}, errors.Wrapf(driver.ErrBadHandle, "%s: the chunk is released", what())
+	}
+	if c.export != nil {
+		return driver.Shareable{}, errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "%s: exported already (one shareable handle per chunk per process)", what()),
+			"use Exported for the handle, and SetAllowedPIDs to change who may import it")
+	}
+	s, err := sh.Export(c.handle)
+	if err != nil {
+		return driver.Shareable{}, errors.Wrapf(err, "%s", what())
+	}
+	c.export = &exported{sh: s, allow: slices.Clone(allowPIDs)}
+	return s, nil
+}
+
+// exported is a chunk's shareable handle and its allow-list.
+type exported struct {
+	sh    driver.Shareable
+	allow []int
+}
+
+// Exported returns the chunk's shareable handle, if exported.
+func (c *Chunk) Exported() (driver.Shareable, bool) {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	if c.export == nil || c.returned {
+		return driver.Shareable{}, false
+	}
+	return c.export.sh, true
+}
+
+// SetAllowedPIDs replaces the processes allowed to import the chunk.
+func (c *Chunk) SetAllowedPIDs(pids ...int) error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	if c.export == nil {
+		return errors.Wrapf(driver.ErrInvalid, "physical: set allowed PIDs of %s: not exported", c)
+	}
+	c.export.allow = slices.Clone(pids)
+	return nil
+}
+
+// Allowed reports whether process pid may import the chunk.
+func (c *Chunk) Allowed(pid int) bool {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return c.export != nil && slices.Contains(c.export.allow, pid)
+}
+
+// Imported reports whether the chunk came from another process.
+func (c *Chunk) Imported() bool { return c.imported }
+
+// closeExportLocked closes the exported descriptor, when the chunk's
+// memory is returned here: other processes keep theirs.
+func (c *Chunk) closeExportLocked() {
+	if c.export != nil && c.export.sh.Type == driver.HandlePOSIXFD {
+		_ = unix.Close(c.export.sh.FD)
+		c.export = nil
+	}
+}
+
+// Import makes a chunk of this process, on dev, from another process's
+// shareable handle. The caller keeps its descriptor (and closes it); the
+// chunk holds its own. The chunk counts in Usage like a created one.
+func (m *Memory) Import(s driver.Shareable, dev driver.DeviceID) (*Chunk, error) {
+	what := func() string { return fmt.Sprintf("physical: import %s on device %d", units.Bytes(s.Size), dev) }
+	sh, ok := m.d.(driver.Sharing)
+	if !ok {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver cannot share chunks between processes", what(), m.d.Name())
+	}
+	if err := driver.CheckDevice(what, dev, len(m.devs)); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, driver.Closed(what() + ": the memory is closed")
+	}
+	h, err := sh.Import(s, dev)
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s", what())
+	}
+	c := &Chunk{m: m, handle: h, dev: dev, size: s.Size, shareable: true, imported: true}
+	m.addLocked(c)
+	return c, nil
+}
