@@ -395,9 +395,9 @@ func TestMalformedMessages(t *testing.T) {
 	}
 	good := header{kind: KindChunk, htype: driver.HandlePOSIXFD, nfds: 1, payload: 12}.encode()
 	bad := append([]byte("XXXX"), good[4:]...)
-	raw(append(bad, make([]byte, 12)...), fd)            // bad magic, with a descriptor
-	raw(good[:7], fd)                                     // truncated header, with a descriptor
-	raw(append(good, make([]byte, MaxPayload+50)...), fd) // oversized
+	raw(append(bad, make([]byte, 12)...), fd)                              // bad magic, with a descriptor
+	raw(good[:7], fd)                                                      // truncated header, with a descriptor
+	raw(append(good, make([]byte, MaxPayload+50)...), fd)                  // oversized
 	raw(append(slices(good), make([]byte, 12)...), fd, fd, fd, fd, fd, fd) // too many descriptors
 	wrongType := header{kind: KindChunk, htype: driver.HandleToken, nfds: 1, payload: 12}.encode()
 	raw(append(wrongType, make([]byte, 12)...), fd) // wrong handle type
