@@ -372,8 +372,10 @@ func FuzzAllocatorModel(f *testing.F) {
 // TestAllocatorConcurrent: goroutines allocating, writing, checking and
 // freeing at once (run with -race).
 func TestAllocatorConcurrent(t *testing.T) {
-	e := newEnv(t, 64*g)
-	al := e.fine(t, 64*g, PolicyDefault)
+	// Eight random walks of up to 64 KiB allocations can hold ~5 MiB at
+	// once: room for 16.
+	e := newEnv(t, 256*g)
+	al := e.fine(t, 256*g, PolicyDefault)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for w := 0; w < 8; w++ {

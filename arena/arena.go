@@ -346,6 +346,23 @@ func (a *Arena) Access(dev driver.DeviceID) driver.Access {
 	return a.access[dev]
 }
 
+// ChunkAt is one chunk of an arena and where it is mapped.
+type ChunkAt struct {
+	Offset uint64
+	Chunk  *physical.Chunk
+}
+
+// Chunks lists the arena's chunks in address order (for exporting them).
+func (a *Arena) Chunks() []ChunkAt {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]ChunkAt, len(a.chunks))
+	for i, c := range a.chunks {
+		out[i] = ChunkAt{Offset: c.off, Chunk: c.c}
+	}
+	return out
+}
+
 // Shrink shortens the arena by n bytes. The chunks stay committed (a later
 // Grow reuses them) until Trim. It refuses, changing nothing, when a live
 // view reaches past the new end.

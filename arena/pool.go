@@ -63,6 +63,7 @@ type Pool struct {
 	usedCur       uint64
 	usedHigh      uint64
 	reservedHigh  uint64
+	imports       map[driver.Addr]int // live allocations other processes imported, and how many times
 	destroyed     bool
 }
 
@@ -156,8 +157,11 @@ func NewPool(space *vaspace.Space, mem *physical.Memory, props PoolProps) (*Pool
 	if props.Shareable && !d.Supports(driver.FeatureShareable) {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "arena: new pool: the %s driver has no shareable chunks", d.Name())
 	}
+	// A shareable pool does not stitch: an allocation another process
+	// imports is then always one range of the arena's chunks.
 	al, err := NewAllocator(space, mem, AllocatorOptions{
-		Arena: Options{Device: props.Device, Max: max, ChunkSize: props.ChunkSize, shareable: props.Shareable},
+		Arena:    Options{Device: props.Device, Max: max, ChunkSize: props.ChunkSize, shareable: props.Shareable},
+		NoStitch: props.Shareable,
 	})
 	if err != nil {
 		return nil, errors.Wrap(err, "arena: new pool")
@@ -268,6 +272,11 @@ func (p *Pool) FreeAsync(ptr driver.Addr, s *stream.Stream) error {
 		return p.errDestroyed("free async")
 	}
 	b, ok := p.live[ptr]
+	if n := p.imports[ptr]; ok && n > 0 {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "%s: %d other process(es) imported it and have not released it", what(), n),
+			"importers free first (seed 002): wait for their release (ipc.Conn.RecvRelease)")
+	}
 	if !ok {
 		for _, pf := range p.pending {
 			if pf.addr == ptr {
@@ -447,6 +456,47 @@ func (p *Pool) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 
 // Access reports what dev may do with the pool's memory.
 func (p *Pool) Access(dev driver.DeviceID) driver.Access { return p.al.Arena().Access(dev) }
+
+// Offset is where the live allocation ptr starts in the pool's arena, and
+// its size, for exporting it.
+func (p *Pool) Offset(ptr driver.Addr) (off, size uint64, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, ok := p.live[ptr]
+	if !ok {
+		return 0, 0, errors.Wrapf(driver.ErrNotAllocated, "arena: offset of %s: not a live allocation of this pool", ptr)
+	}
+	return uint64(ptr - p.al.Arena().Base()), b.size, nil
+}
+
+// MarkImported records that another process imported the live allocation
+// ptr: FreeAsync refuses it until each import is released (ReleaseImport),
+// as seed 002 requires importers to free first.
+func (p *Pool) MarkImported(ptr driver.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.live[ptr]; !ok {
+		return errors.Wrapf(driver.ErrNotAllocated, "arena: export %s: not a live allocation of this pool", ptr)
+	}
+	if p.imports == nil {
+		p.imports = map[driver.Addr]int{}
+	}
+	p.imports[ptr]++
+	return nil
+}
+
+// ReleaseImport records that one importer of ptr released it.
+func (p *Pool) ReleaseImport(ptr driver.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.imports[ptr] == 0 {
+		return errors.Wrapf(driver.ErrNotAllocated, "arena: release of an import of %s: no process imported it", ptr)
+	}
+	if p.imports[ptr]--; p.imports[ptr] == 0 {
+		delete(p.imports, ptr)
+	}
+	return nil
+}
 
 // Owns reports whether ptr is a live allocation of the pool.
 func (p *Pool) Owns(ptr driver.Addr) bool {

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -70,6 +71,10 @@ func (k Kind) String() string {
 		return "pointer"
 	case KindRelease:
 		return "release"
+	case KindPool:
+		return "pool"
+	case KindPoolChunk:
+		return "pool chunk"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -122,6 +127,9 @@ func Dial(path string) (*Conn, error) {
 type Conn struct {
 	c    *net.UnixConn
 	peer unix.Ucred
+
+	mu   sync.Mutex
+	sent map[uint64]map[uint64]bool // pool id -> chunk offsets sent on this connection
 }
 
 func newConn(c *net.UnixConn) (*Conn, error) {

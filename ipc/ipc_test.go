@@ -190,6 +190,8 @@ func child(role, sock string) error {
 		p.close()
 		fmt.Println("fds", before, fdCount())
 		return nil
+	case "pool":
+		return poolChild(conn)
 	case "garbage": // read malformed messages from the parent; leak nothing
 		before := fdCount()
 		p, err := newProc()
@@ -395,15 +397,15 @@ func TestMalformedMessages(t *testing.T) {
 	}
 	good := header{kind: KindChunk, htype: driver.HandlePOSIXFD, nfds: 1, payload: 12}.encode()
 	bad := append([]byte("XXXX"), good[4:]...)
-	raw(append(bad, make([]byte, 12)...), fd)                              // bad magic, with a descriptor
-	raw(good[:7], fd)                                                      // truncated header, with a descriptor
-	raw(append(good, make([]byte, MaxPayload+50)...), fd)                  // oversized
-	raw(append(slices(good), make([]byte, 12)...), fd, fd, fd, fd, fd, fd) // too many descriptors
+	raw(append(bad, make([]byte, 12)...), fd)                             // bad magic, with a descriptor
+	raw(good[:7], fd)                                                     // truncated header, with a descriptor
+	raw(append(good, make([]byte, MaxPayload+50)...), fd)                 // oversized
+	raw(append(clone(good), make([]byte, 12)...), fd, fd, fd, fd, fd, fd) // too many descriptors
 	wrongType := header{kind: KindChunk, htype: driver.HandleToken, nfds: 1, payload: 12}.encode()
 	raw(append(wrongType, make([]byte, 12)...), fd) // wrong handle type
 	payload := make([]byte, 12)
 	payload[0] = 1 // a 1-byte "chunk": /dev/null is no memory file
-	raw(append(slices(good), payload...), fd)
+	raw(append(clone(good), payload...), fd)
 	require.NoError(t, cmd.Wait(), out.String())
 	kv := lines(out.String())
 	require.Equal(t, []string{"true,true,true,true,true,true"}, kv["errors"], out.String())
@@ -411,7 +413,7 @@ func TestMalformedMessages(t *testing.T) {
 	require.Equal(t, f[0], f[1], "the child closed every descriptor that came with a bad message")
 }
 
-func slices(b []byte) []byte { return append([]byte(nil), b...) }
+func clone(b []byte) []byte { return append([]byte(nil), b...) }
 
 // TestParentLeaksNothing: the same malformed traffic in this process, and
 // the descriptor count afterwards.
