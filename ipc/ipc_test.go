@@ -456,3 +456,24 @@ func TestParentLeaksNothing(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrBusy, "one shareable handle per chunk")
 	drivertest.RequireIs(t, a.SendChunk(plain), driver.ErrInvalid, "not exported")
 }
+
+// TestListenSetsPermissions: who may connect at all is the socket path's
+// permissions. (The tests run as root, whom permissions do not stop, so
+// this checks the mode Listen sets; a non-root peer is refused by the
+// kernel's own check on connect.)
+func TestListenSetsPermissions(t *testing.T) {
+	for _, perm := range []os.FileMode{0o600, 0o660} {
+		path := filepath.Join(t.TempDir(), "p.sock")
+		l, err := Listen(path, perm)
+		require.NoError(t, err)
+		st, err := os.Stat(path)
+		require.NoError(t, err)
+		require.Equal(t, perm, st.Mode().Perm())
+		require.NotZero(t, st.Mode()&os.ModeSocket)
+		_, err = Listen(path, perm)
+		require.Error(t, err, "a path in use is refused")
+		require.NoError(t, l.Close())
+		_, err = os.Stat(path)
+		require.True(t, os.IsNotExist(err), "Close removes the socket file")
+	}
+}
