@@ -98,23 +98,10 @@ func GrowOneChunk(more func() bool, size uint64) (p Pair, err error) {
 		}
 		return a.Trim()
 	}
-	for i := 0; more(); i++ {
-		p.N++
-		first, second, firstT, secondT := big, small, &p.Lib, &p.Bare
-		if i%2 == 1 {
-			first, second, firstT, secondT = small, big, &p.Bare, &p.Lib
-		}
-		if err := grow(first, firstT); err != nil {
-			return p, err
-		}
-		if err := grow(second, secondT); err != nil {
-			return p, err
-		}
-		if err := errors.CombineErrors(giveBack(big), giveBack(small)); err != nil {
-			return p, err
-		}
-	}
-	return p, nil
+	return alternate(more, 1,
+		func(d *time.Duration) error { return grow(big, d) },
+		func(d *time.Duration) error { return grow(small, d) },
+		func() error { return errors.CombineErrors(giveBack(big), giveBack(small)) })
 }
 
 // GrowTo times growing memory to total bytes in 2 MiB steps: an arena on
@@ -158,20 +145,7 @@ func GrowTo(more func() bool, total uint64) (p Pair, err error) {
 		runtime.GC()
 		return nil
 	}
-	for i := 0; more(); i++ {
-		p.N++
-		first, second, firstT, secondT := viaArena, viaAppend, &p.Lib, &p.Bare
-		if i%2 == 1 {
-			first, second, firstT, secondT = viaAppend, viaArena, &p.Bare, &p.Lib
-		}
-		if err := first(firstT); err != nil {
-			return p, err
-		}
-		if err := second(secondT); err != nil {
-			return p, err
-		}
-	}
-	return p, nil
+	return alternate(more, 1, viaArena, viaAppend, nil)
 }
 
 // allocBatch is how many alloc+free pairs one timed stretch holds: long
@@ -248,20 +222,12 @@ func AllocFree(more func() bool, live int) (p Pair, err error) {
 		*into += time.Since(t0)
 		return nil
 	}
-	for i := 0; more(); i++ {
-		k := allocBatch
-		p.N += k
-		first, second, firstT, secondT := viaAllocator, viaMake, &p.Lib, &p.Bare
-		if i%2 == 1 {
-			first, second, firstT, secondT = viaMake, viaAllocator, &p.Bare, &p.Lib
-		}
-		if err := first(k, firstT); err != nil {
-			return p, err
-		}
-		if err := second(k, secondT); err != nil {
-			return p, err
-		}
-		step += k
+	p, err = alternate(more, allocBatch,
+		func(d *time.Duration) error { return viaAllocator(allocBatch, d) },
+		func(d *time.Duration) error { return viaMake(allocBatch, d) },
+		func() error { step += allocBatch; return nil })
+	if err != nil {
+		return p, err
 	}
 	runtime.KeepAlive(bufs)
 	if st := al.Stats(); st.Live != live {

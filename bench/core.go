@@ -59,6 +59,33 @@ func interleave(n int, lib, bare func() error) (Pair, error) {
 	return p, nil
 }
 
+// alternate runs rounds while more() says so: lib and bare once each, timing
+// themselves into the Pair, alternating which goes first so neither always
+// meets a warm cache; then after (untimed, when not nil). Each round counts
+// n operations.
+func alternate(more func() bool, n int, lib, bare func(*time.Duration) error, after func() error) (Pair, error) {
+	var p Pair
+	for i := 0; more(); i++ {
+		p.N += n
+		first, second, firstT, secondT := lib, bare, &p.Lib, &p.Bare
+		if i%2 == 1 {
+			first, second, firstT, secondT = bare, lib, &p.Bare, &p.Lib
+		}
+		if err := first(firstT); err != nil {
+			return p, err
+		}
+		if err := second(secondT); err != nil {
+			return p, err
+		}
+		if after != nil {
+			if err := after(); err != nil {
+				return p, err
+			}
+		}
+	}
+	return p, nil
+}
+
 // bareRegion is the baseline's own memfd and PROT_NONE reservation.
 type bareRegion struct {
 	fd   int

@@ -304,18 +304,9 @@ func PoolRelease(more func() bool, total, threshold uint64) (p Pair, err error) 
 		}
 		return nil
 	}
-	for i := 0; more(); i++ {
-		p.N++
-		first, second, firstT, secondT := viaPool, viaAllocator, &p.Lib, &p.Bare
-		if i%2 == 1 {
-			first, second, firstT, secondT = viaAllocator, viaPool, &p.Bare, &p.Lib
-		}
-		if err := first(firstT); err != nil {
-			return p, err
-		}
-		if err := second(secondT); err != nil {
-			return p, err
-		}
+	p, err = alternate(more, 1, viaPool, viaAllocator, nil)
+	if err != nil {
+		return p, err
 	}
 	return p, errors.CombineErrors(pool.Check(), al.Check())
 }
