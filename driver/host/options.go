@@ -32,6 +32,15 @@ type Options struct {
 	// NoPeerAccess makes CanAccessPeer false between different devices, as
 	// on machines whose accelerators cannot reach each other.
 	NoPeerAccess bool
+	// RequireNUMA makes New fail unless every device's memory is bound to
+	// a NUMA node, and binds them even on a machine with one node (then
+	// all to it). Without it, a device whose memory cannot be bound
+	// reports NUMANode -1, and on a machine with one node nothing is bound.
+	RequireNUMA bool
+
+	// numaRoot is the sysfs tree NUMA nodes are read from when not empty
+	// (by default /sys/devices/system/node); tests point it at their own.
+	numaRoot string
 }
 
 // withDefaults fills the zero fields and checks the rest.
