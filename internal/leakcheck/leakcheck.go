@@ -65,3 +65,26 @@ func Take() (Snapshot, error) {
 	}
 	return s, sc.Err()
 }
+
+// Compare runs work once to warm up, then up to rounds more times, each
+// between two snapshots, and reports whether some round left the process
+// as it found it. The Go runtime maps memory of its own now and then (its
+// heap grows; under -race, the detector's shadow memory), which can make a
+// single round differ; a leak, unlike that, shows in every round, so only
+// a difference in all of them is one. The last two snapshots are returned.
+func Compare(rounds int, work func()) (before, after Snapshot, same bool, err error) {
+	work()
+	for i := 0; i < rounds; i++ {
+		if before, err = Take(); err != nil {
+			return before, after, false, err
+		}
+		work()
+		if after, err = Take(); err != nil {
+			return before, after, false, err
+		}
+		if before == after {
+			return before, after, true, nil
+		}
+	}
+	return before, after, false, nil
+}
