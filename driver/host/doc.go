@@ -43,6 +43,23 @@
 // side by side in a reservation with the same access, the kernel merges
 // them into one mapping.
 //
+// NUMA: New reads the nodes from /sys/devices/system/node (directories
+// node<N> with a cpulist, those listed in has_memory) and, on a machine
+// with several, assigns logical devices round robin — device i to the
+// (i mod nodes)-th node — and binds each heap there: the memfd is mapped
+// PROT_NONE a window at a time, mbind(MPOL_BIND) sets the file's shared
+// policy, and the window is unmapped before anything is committed. shmem
+// keeps that policy on the file by offset, so every later fallocate of the
+// heap (and of a punched range committed again) takes pages from the node,
+// with no system call added to Create; a shareable chunk's own memfd is
+// bound the same way when it is created. mbind was chosen over
+// set_mempolicy around fallocate because it binds once per heap and needs
+// no locked OS thread. Device.NUMANode reports the node; a heap that
+// cannot be bound reports -1, or fails New under Options.RequireNUMA. With
+// one node nothing is bound and NUMANode is -1 (RequireNUMA binds to it
+// anyway). MPOL_BIND does not fall back to other nodes: a device's
+// capacity should fit in its node's share of memory.
+//
 // The host driver never maps, unmaps or protects memory outside the
 // reservations it made, and never hands the heap's file descriptor out.
 package host

@@ -36,6 +36,10 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	nodes, err := numaPlan(opts.numaRoot, opts.Devices, opts.RequireNUMA)
+	if err != nil {
+		return nil, err
+	}
 	b := &backend{opts: opts, page: uint64(os.Getpagesize()), populate: !opts.NoPopulate}
 	devs := make([]driver.Device, opts.Devices)
 	for i := range devs {
@@ -45,14 +49,22 @@ func New(opts Options) (*Driver, error) {
 			return nil, err
 		}
 		b.heaps = append(b.heaps, h)
+		if node := nodes[i]; node >= 0 {
+			if err := bindFile(h.fd, h.span, node); err != nil {
+				if opts.RequireNUMA {
+					_ = b.Close()
+					return nil, errors.Wrapf(err, "host: binding device %d's heap (Options.RequireNUMA)", i)
+				}
+			} else {
+				h.node = node
+			}
+		}
 		devs[i] = driver.Device{
 			ID: driver.DeviceID(i), Name: fmt.Sprintf("host%d", i), Kind: driver.KindHost,
 			Capacity: opts.Capacity, MinGranularity: opts.Granularity,
 			RecommendedGranularity: max(opts.Granularity, 2*units.MiB),
-			// Logical devices are not bound to a NUMA node: this build
-			// does not set a memory policy on the heap.
-			NUMANode:  -1,
-			CopyAlign: opts.CopyAlign,
+			NUMANode:               h.node,
+			CopyAlign:              opts.CopyAlign,
 		}
 	}
 	l, err := ledger.New("host", devs, b, true)
@@ -187,6 +199,10 @@ type heap struct {
 	fd      int
 	offsets *extent.Set
 	gran    uint64
+	span    uint64 // the file's size: the offset space
+	// node is the NUMA node the heap file's pages are bound to (MPOL_BIND
+	// over the whole file), or -1.
+	node int
 }
 
 // heapSpan is how many times the capacity the heap's offset space spans.
@@ -205,7 +221,7 @@ func newHeap(dev int, capacity, gran uint64) (*heap, error) {
 		_ = unix.Close(fd)
 		return nil, errors.Wrapf(err, "host: sizing the heap of device %d", dev)
 	}
-	return &heap{fd: fd, offsets: extent.New(0, span), gran: gran}, nil
+	return &heap{fd: fd, offsets: extent.New(0, span), gran: gran, span: span, node: -1}, nil
 }
 
 // chunkMem is where a chunk's memory lives: a range of a heap, or a memfd
@@ -290,6 +306,12 @@ func (b *backend) Commit(c *ledger.Chunk) error {
 		if err := unix.Ftruncate(fd, int64(c.Size)); err != nil {
 			_ = unix.Close(fd)
 			return errors.Wrap(err, "ftruncate")
+		}
+		if node := b.heaps[c.Device].node; node >= 0 { // on the device's node, as its heap is
+			if err := bindFile(fd, c.Size, node); err != nil {
+				_ = unix.Close(fd)
+				return err
+			}
 		}
 		if err := fallocate(fd, 0, 0, c.Size); err != nil {
 			_ = unix.Close(fd)
