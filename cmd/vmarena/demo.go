@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/internal/procmaps"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/mapping"
+	"github.com/vmarena/vmarena/multidev"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
 )
@@ -21,7 +22,8 @@ import (
 // demo walks through the core on the host driver: a 64 GiB reservation,
 // chunks of two logical devices mapped into it, access granted and revoked
 // per device, a chunk aliased at two addresses, release while mapped, and
-// every refusal as the error a user would see.
+// every refusal as the error a user would see; then a growing arena,
+// stitching, and an arena striped over both devices, half of it migrated.
 func demo(w io.Writer) (err error) {
 	drv, err := host.New(host.Options{Devices: 2, Capacity: 64 * units.MiB})
 	if err != nil {
@@ -160,7 +162,10 @@ func demo(w io.Writer) (err error) {
 	if err := demoGrowth(w, say, space, mem); err != nil {
 		return err
 	}
-	return demoStitch(w, say, space, mem)
+	if err := demoStitch(w, say, space, mem); err != nil {
+		return err
+	}
+	return demoMultidev(w, say, space, mem)
 }
 
 // demoGrowth grows an arena chunk by chunk: the base stays put and each
@@ -235,6 +240,51 @@ func demoStitch(w io.Writer, say func(string, ...any), space *vaspace.Space, mem
 		}
 	}
 	return al.Close()
+}
+
+// demoMultidev stripes an arena over both devices, then moves half of it
+// onto device 0 at the same addresses.
+func demoMultidev(w io.Writer, say func(string, ...any), space *vaspace.Space, mem *physical.Memory) (err error) {
+	gran := space.Driver().Granularity()
+	a, err := multidev.New(space, mem, multidev.Options{Max: 4 * gran, ChunkSize: gran, Placement: multidev.Striped(0, 1)})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.CombineErrors(err, a.Close()) }()
+	if err := a.Grow(4 * gran); err != nil {
+		return err
+	}
+	if err := a.Grant(0, 0, a.Len(), driver.AccessReadWrite); err != nil {
+		return err
+	}
+	msg := []byte("written before the move")
+	if err := a.Write(0, gran, msg); err != nil { // in the chunk on device 1
+		return err
+	}
+	say("Several devices behind one range: %s at %s striped over devices 0 and 1 a chunk at a time, device 0 granted read-write over all of it:",
+		units.Bytes(a.Len()), a.Base())
+	printLayout(w, a)
+	if err := a.Migrate(0, a.Len()/2, 0); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if err := a.Read(0, gran, got); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "   migrate the first half to device 0: the base is still %s and offset %#x still reads %q\n", a.Base(), gran, got)
+	printLayout(w, a)
+	return a.Check()
+}
+
+// printLayout prints a multidev arena's memory map: runs of chunks on one
+// device.
+func printLayout(w io.Writer, a *multidev.Arena) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "   offset\tsize\tdevice")
+	for _, e := range a.Layout() {
+		fmt.Fprintf(tw, "   %#x\t%s\t%d\n", uint64(e.Range.Base-a.Base()), units.Bytes(e.Range.Size), e.Device)
+	}
+	_ = tw.Flush()
 }
 
 // printMap prints the reservation's memory map, and how many kernel

@@ -34,11 +34,18 @@ func TestDemo(t *testing.T) {
 		"the largest free range is 2 MiB",
 		"by mapping 3 scattered free chunks side by side",
 		"committed before 16 MiB, after 16 MiB; stitches 1; arena grows 8 -> 8",
+		"8 MiB at 0x",
+		"striped over devices 0 and 1 a chunk at a time",
+		"offset size device 0x0 2 MiB 0 0x200000 2 MiB 1 0x400000 2 MiB 0 0x600000 2 MiB 1 migrate the first half",
+		`offset 0x200000 still reads "written before the move" offset size device 0x0 6 MiB 0 0x600000 2 MiB 1`,
 	} {
 		require.Contains(t, flat, want)
 	}
+	m := regexp.MustCompile(`8 MiB at (0x[0-9a-f]+) striped(?s:.*)the base is still (0x[0-9a-f]+) `).FindStringSubmatch(s)
+	require.NotNil(t, m, s)
+	require.Equal(t, m[1], m[2], "the multidev arena's base before and after the migration")
 	require.NotContains(t, s, "expected a refusal")
-	require.Len(t, regexp.MustCompile(`(?m)^\d+\. `).FindAllString(s, -1), 12, "twelve numbered steps:\n%s", s)
+	require.Len(t, regexp.MustCompile(`(?m)^\d+\. `).FindAllString(s, -1), 13, "thirteen numbered steps:\n%s", s)
 }
 
 func TestCommands(t *testing.T) {
