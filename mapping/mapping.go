@@ -66,7 +66,17 @@ type entry struct {
 	rng    vaspace.Range
 	chunk  *physical.Chunk
 	gran   uint64
-	access [][]driver.Access
+	access []driver.Access // granule g, device d at g*ndev+d: one allocation per mapping
+	ndev   int
+}
+
+// granules is the number of granules of the mapping.
+func (e *entry) granules() int { return len(e.access) / e.ndev }
+
+// granule is what each device may do at granule g (index = device); it
+// aliases the entry's own record.
+func (e *entry) granule(g int) []driver.Access {
+	return e.access[g*e.ndev : (g+1)*e.ndev : (g+1)*e.ndev]
 }
 
 // Table is the page table of one reservation. Invariant: maps is sorted by
@@ -166,10 +176,7 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 	}
 	gran := t.devs[c.Device()].MinGranularity
 	e := &entry{rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
-		access: make([][]driver.Access, c.Size()/gran)}
-	for g := range e.access {
-		e.access[g] = make([]driver.Access, len(t.devs))
-	}
+		access: make([]driver.Access, int(c.Size()/gran)*len(t.devs)), ndev: len(t.devs)}
 	t.maps = append(t.maps, nil)
 	copy(t.maps[i+1:], t.maps[i:])
 	t.maps[i] = e
@@ -280,7 +287,7 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 	for _, e := range es {
 		lo, hi := max(addr, e.rng.Base), min(end, e.rng.End())
 		for g := uint64(lo-e.rng.Base) / e.gran; g < uint64(hi-e.rng.Base)/e.gran; g++ {
-			e.access[g][dev] = a
+			e.granule(int(g))[dev] = a
 		}
 	}
 	return nil
@@ -334,7 +341,7 @@ func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
 	e := t.maps[i]
 	off := uint64(addr - e.rng.Base)
 	return Entry{Mapping: e.rng, Chunk: e.chunk, Offset: off,
-		Access: append([]driver.Access(nil), e.access[off/e.gran]...)}, nil
+		Access: append([]driver.Access(nil), e.granule(int(off/e.gran))...)}, nil
 }
 
 // Mapping is one live mapping, as Mappings lists them.
@@ -385,8 +392,8 @@ func (t *Table) Spans() iter.Seq[Span] {
 		if e.rng.Base > at {
 			spans = append(spans, Span{Range: vaspace.Range{Base: at, Size: uint64(e.rng.Base - at)}, State: Reserved})
 		}
-		for g := range e.access {
-			acc := e.access[g]
+		for g := range e.granules() {
+			acc := e.granule(g)
 			gaddr := e.rng.Base + driver.Addr(uint64(g)*e.gran)
 			if n := len(spans); g > 0 && equalAccess(spans[n-1].Access, acc) {
 				spans[n-1].Range.Size += e.gran
@@ -472,8 +479,8 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 		}
 		e := t.maps[i]
-		for g := uint64(at-e.rng.Base) / e.gran; g < uint64(len(e.access)) && e.rng.Base+driver.Addr(g*e.gran) < end; g++ {
-			if a := e.access[g][dev]; !a.Allows(want) {
+		for g := uint64(at-e.rng.Base) / e.gran; g < uint64(e.granules()) && e.rng.Base+driver.Addr(g*e.gran) < end; g++ {
+			if a := e.granule(int(g))[dev]; !a.Allows(want) {
 				return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s at %s, %s access is needed",
 					what(), dev, describeAccess(a), e.rng.Base+driver.Addr(g*e.gran), want)
 			}
@@ -530,7 +537,7 @@ func (t *Table) Check() error {
 			fail("mapping: %s maps %s of a different size", e.rng, e.chunk)
 		}
 		perChunk[e.chunk]++
-		for g := range e.access {
+		for g := range e.granules() {
 			gaddr := e.rng.Base + driver.Addr(uint64(g)*e.gran)
 			for d := range t.devs {
 				got, err := t.drv.Access(gaddr, driver.DeviceID(d))
@@ -538,8 +545,8 @@ func (t *Table) Check() error {
 					fail("mapping: the driver does not see the mapping at %s: %v", gaddr, err)
 					break
 				}
-				if got != e.access[g][d] {
-					fail("mapping: at %s device %d has %s in the table, %s in the driver", gaddr, d, e.access[g][d], got)
+				if got != e.granule(g)[d] {
+					fail("mapping: at %s device %d has %s in the table, %s in the driver", gaddr, d, e.granule(g)[d], got)
 				}
 			}
 		}
