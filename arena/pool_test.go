@@ -9,7 +9,10 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/stream"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 type poolEnv struct {
@@ -345,4 +348,29 @@ func TestPoolBadInput(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrClosed, "destroyed pool")
 	drivertest.RequireIs(t, pe.p.Destroy(), driver.ErrClosed)
 	require.Zero(t, pe.used(t, 0))
+}
+
+// TestPoolAccessUnreachable: on a machine whose devices cannot reach each
+// other, granting another device access to a pool is refused, and nothing
+// changes.
+func TestPoolAccessUnreachable(t *testing.T) {
+	drv, err := host.New(host.Options{Devices: 2, Capacity: 16 * g, Granularity: g, NoPeerAccess: true})
+	require.NoError(t, err)
+	defer drv.Close()
+	p, err := NewPool(vaspace.New(drv), physical.New(drv), PoolProps{ChunkSize: g})
+	require.NoError(t, err)
+	s, err := stream.New(drv, 0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	ptr, err := p.MallocAsync(g, s)
+	require.NoError(t, err)
+	drivertest.RequireIs(t, p.SetAccess(1, driver.AccessRead), driver.ErrUnsupported, "device 1 cannot access device 0")
+	require.Equal(t, driver.AccessNone, p.Access(1))
+	require.Equal(t, driver.AccessReadWrite, p.Access(0))
+	drivertest.RequireIs(t, p.SetAccess(5, driver.AccessRead), driver.ErrNoDevice)
+	require.NoError(t, p.SetAccess(1, driver.AccessNone), "revoking needs no reachability")
+	require.NoError(t, p.Check())
+	require.NoError(t, p.FreeAsync(ptr, s))
+	require.NoError(t, s.Synchronize())
+	require.NoError(t, p.Destroy())
 }

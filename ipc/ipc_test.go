@@ -440,7 +440,7 @@ func TestParentLeaksNothing(t *testing.T) {
 	_, err = b.RecvChunk(p.mem, 0)
 	drivertest.RequireIs(t, err, ErrProtocol, "bad magic")
 	p.close()
-	require.Equal(t, before, fdCount()-0, "the descriptor that came with the bad message was closed")
+	require.Equal(t, before, fdCount(), "the descriptor that came with the bad message was closed")
 
 	// Export rules in one process: only shareable chunks, once.
 	q, err := newProc()
