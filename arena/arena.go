@@ -1,168 +1,99 @@
-// Package arena owns growable memory that never moves: an Arena reserves
-// its maximum size of address space up front and commits physical chunks at
-// its end on demand, so it grows and shrinks in place — its base address is
-// fixed for its whole life, and growing costs the new chunk, not the arena.
-// An Allocator serves Alloc/Free inside an arena (see allocator.go).
-//
-// Invariants of an Arena (checked by Check):
-//   - chunks are mapped back to back from the base: chunk i covers
-//     [off_i, off_i+size_i) with off_0 = 0 and off_{i+1} = off_i+size_i;
-//     committed is the end of the last one;
-//   - Len <= committed <= Max, and every byte of [Base, Base+Len) is mapped
-//     and read-write for every device in Options.Access;
-//   - every live View lies inside [0, Len): Shrink refuses to cut one, so
-//     no view can ever reach an unmapped byte.
-//
-// It never touches memory itself and never maps outside its own
-// reservation; memory reaches the caller only as views the arena tracks.
 package arena
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/units"
-	"github.com/vmarena/vmarena/mapping"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
 )
 
 // Options configure an arena.
 type Options struct {
-	// Device is the device whose memory backs the arena.
+	// Device is the device whose memory backs the arena (when Placement is
+	// nil).
 	Device driver.DeviceID
 	// Max is the most the arena can grow to: the address space reserved up
-	// front. It is rounded up to the driver's granularity.
+	// front, rounded up to a whole number of chunks.
 	Max uint64
 	// ChunkSize is the unit memory is committed in (default: the device's
-	// recommended granularity); a multiple of its minimum granularity.
+	// recommended granularity); a multiple of the driver's granularity.
 	ChunkSize uint64
 	// MaxChunk is the largest chunk one Grow creates (default 512 ×
-	// ChunkSize, 1 GiB at 2 MiB). A grow needing more maps several chunks.
+	// ChunkSize, 1 GiB at 2 MiB; ChunkSize when a Placement spreads the
+	// arena over devices). A grow needing more maps several chunks.
 	MaxChunk uint64
 	// Access lists the devices given read-write access to the arena's
-	// memory (default: Device alone).
+	// memory (default: Device alone; none when a Placement is given —
+	// grant ranges with Grant).
 	Access []driver.DeviceID
-
-	// shareable makes every chunk shareable (pools created shareable).
-	shareable bool
+	// Placement chooses the device of each chunk (default: Device alone);
+	// OnFull what a grow does when the placement's first choice is full.
+	// Package multidev has the policies that spread an arena over devices.
+	Placement Placement
+	OnFull    OnFull
+	// Shareable makes every chunk exportable to other processes.
+	Shareable bool
 }
 
-// chunkAt is one committed chunk, mapped at Base+off.
-type chunkAt struct {
-	off uint64
-	c   *physical.Chunk
-}
-
-func (c chunkAt) end() uint64 { return c.off + c.c.Size() }
-
-// Arena is growable memory with a fixed base. Safe for concurrent use.
+// Arena is growable memory with a fixed base: a Sparse whose committed
+// part is always a prefix [0, Committed) of which [0, Len) is in use.
+// Invariants (checked by Check): the chunks cover [0, Committed) without a
+// gap; Len <= Committed <= Max; every live view lies inside [0, Len).
+// Safe for concurrent use.
 type Arena struct {
-	mem  *physical.Memory
-	drv  driver.Driver
-	res  *vaspace.Reservation
-	tab  *mapping.Table
-	opts Options
+	s *Sparse
 
-	mu        sync.Mutex
-	access    map[driver.DeviceID]driver.Access // granted on every chunk
-	chunks    []chunkAt
-	committed uint64
-	length    uint64
-	stats     Stats
-	views     map[*View]struct{}
-	closed    bool
+	// mu guards length; it is taken before the Sparse's locks.
+	mu     sync.Mutex
+	length uint64
 }
 
-// Stats describe an arena.
+// Stats describe an arena: its range's figures, its length and maximum.
 type Stats struct {
-	Len, Committed, Max uint64
-	// PeakCommitted is the most the arena has had committed at once.
-	PeakCommitted uint64
-	// Chunks is the number of chunks committed now.
-	Chunks int
-	// MapCalls and UnmapCalls count the chunk mappings made and removed.
-	MapCalls, UnmapCalls int
-	// Views is the number of live views.
-	Views int
+	SparseStats
+	Len, Max uint64
 }
 
-// New reserves opts.Max of address space for an arena on opts.Device. No
-// memory is committed until it grows.
+// New reserves opts.Max of address space for an arena. No memory is
+// committed until it grows.
 func New(space *vaspace.Space, mem *physical.Memory, opts Options) (*Arena, error) {
-	drv := space.Driver()
-	if mem.Driver() != drv {
-		return nil, errors.Wrap(driver.ErrInvalid, "arena: the address space and the physical memory are on different drivers")
-	}
-	devs := drv.Devices()
-	what := func() string {
-		return fmt.Sprintf("arena: new arena of %s on device %d", units.Bytes(opts.Max), opts.Device)
-	}
-	if err := driver.CheckDevice(what, opts.Device, len(devs)); err != nil {
-		return nil, err
-	}
-	dev := devs[opts.Device]
-	if opts.ChunkSize == 0 {
-		opts.ChunkSize = dev.RecommendedGranularity
-	}
-	if err := driver.CheckSize(what, opts.ChunkSize, dev.MinGranularity); err != nil {
-		return nil, errors.Wrap(err, "arena: chunk size")
-	}
-	if opts.MaxChunk == 0 {
-		opts.MaxChunk = 512 * opts.ChunkSize
-	}
-	if opts.MaxChunk%opts.ChunkSize != 0 {
-		return nil, errors.Wrapf(driver.ErrMisaligned, "%s: MaxChunk %s is not a multiple of the chunk size %s",
-			what(), units.Bytes(opts.MaxChunk), units.Bytes(opts.ChunkSize))
-	}
-	if opts.Max == 0 {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: Max is zero", what())
-	}
-	if len(opts.Access) == 0 {
-		opts.Access = []driver.DeviceID{opts.Device}
-	}
-	for _, d := range opts.Access {
-		if err := driver.CheckDevice(what, d, len(devs)); err != nil {
-			return nil, err
+	so := SparseOptions{Max: opts.Max, ChunkSize: opts.ChunkSize, MaxChunk: opts.MaxChunk, Device: opts.Device,
+		Placement: opts.Placement, OnFull: opts.OnFull, Access: opts.Access, Shareable: opts.Shareable}
+	if so.MaxChunk == 0 && so.Placement == nil && space != nil && space.Driver() != nil {
+		cs := so.ChunkSize
+		if devs := space.Driver().Devices(); cs == 0 && opts.Device >= 0 && int(opts.Device) < len(devs) {
+			cs = devs[opts.Device].RecommendedGranularity
 		}
+		so.MaxChunk = 512 * cs
 	}
-	g := drv.Granularity()
-	size := (opts.Max + g - 1) / g * g
-	if size < opts.Max {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: Max overflows", what())
-	}
-	res, err := space.Reserve(size, 0)
+	s, err := NewSparse(space, mem, so)
 	if err != nil {
-		return nil, errors.Wrapf(err, "%s", what())
+		return nil, errors.Wrap(err, "arena: new arena")
 	}
-	tab, err := mapping.New(res, mem)
-	if err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), res.Free())
-	}
-	opts.Max = size
-	access := map[driver.DeviceID]driver.Access{}
-	for _, d := range opts.Access {
-		access[d] = driver.AccessReadWrite
-	}
-	return &Arena{mem: mem, drv: drv, res: res, tab: tab, opts: opts, views: map[*View]struct{}{},
-		access: access, stats: Stats{Max: size}}, nil
+	return &Arena{s: s}, nil
 }
 
 // Base is the arena's first address; it never changes.
-func (a *Arena) Base() driver.Addr { return a.res.Base() }
+func (a *Arena) Base() driver.Addr { return a.s.Base() }
 
 // Max is the most the arena can grow to.
-func (a *Arena) Max() uint64 { return a.opts.Max }
+func (a *Arena) Max() uint64 { return a.s.Max() }
 
 // ChunkSize is the unit memory is committed in.
-func (a *Arena) ChunkSize() uint64 { return a.opts.ChunkSize }
+func (a *Arena) ChunkSize() uint64 { return a.s.ChunkSize() }
 
-// Device is the device whose memory backs the arena.
-func (a *Arena) Device() driver.DeviceID { return a.opts.Device }
+// Device is the device whose memory backs the arena when it has no
+// placement spreading it over several.
+func (a *Arena) Device() driver.DeviceID { return a.s.opts.Device }
+
+// Placement is the arena's placement policy.
+func (a *Arena) Placement() Placement { return a.s.Placement() }
 
 // Len is the arena's length: [Base, Base+Len) is usable.
 func (a *Arena) Len() uint64 {
@@ -173,194 +104,69 @@ func (a *Arena) Len() uint64 {
 
 // Committed is how many bytes of chunks back the arena (Len rounded up to
 // whole chunks, plus any not yet trimmed).
-func (a *Arena) Committed() uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.committed
-}
+func (a *Arena) Committed() uint64 { return a.s.Committed() }
 
 // Stats returns the arena's figures.
 func (a *Arena) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := a.stats
-	s.Len, s.Committed, s.Chunks, s.Views = a.length, a.committed, len(a.chunks), len(a.views)
-	return s
+	return Stats{SparseStats: a.s.Stats(), Len: a.length, Max: a.s.Max()}
 }
+
+// HostAddressable reports whether views of the arena can give bytes
+// (View.Bytes): the driver's memory is addressable from this process.
+func (a *Arena) HostAddressable() bool { return a.s.HostAddressable() }
 
 func (a *Arena) errClosed(op string) error {
 	return driver.Closed("arena: " + op + " on a closed arena")
 }
 
-// Grow lengthens the arena by n bytes, committing and mapping chunks at its
-// end when Len passes what is committed. It costs the chunks it maps, not
-// the arena's size. If a chunk cannot be committed, the chunks this call
-// mapped are unmapped and released again: the arena is as it was, and the
-// error says how much was asked and how much the device had.
+// Grow lengthens the arena by n bytes, committing chunks at its end when
+// Len passes what is committed. It costs the chunks it maps, not the
+// arena's size. A grow the devices cannot hold is refused before anything
+// is mapped, and one that runs out part-way unmaps what it mapped: the
+// arena is as it was, and the error says how much was asked and how much
+// the device had.
 func (a *Arena) Grow(n uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
-		return a.errClosed("grow")
-	}
 	return a.growLocked(n)
 }
 
 func (a *Arena) growLocked(n uint64) error {
-	what := func() string {
-		return fmt.Sprintf("arena: grow by %s from %s (committed %s, max %s)",
-			units.Bytes(n), units.Bytes(a.length), units.Bytes(a.committed), units.Bytes(a.opts.Max))
+	if a.s.Closed() {
+		return a.errClosed("grow")
 	}
 	if n == 0 {
 		return nil
 	}
+	what := func() string {
+		return fmt.Sprintf("arena: grow by %s from %s (committed %s, max %s)",
+			units.Bytes(n), units.Bytes(a.length), units.Bytes(a.s.Committed()), units.Bytes(a.s.Max()))
+	}
 	newLen := a.length + n
-	if newLen < a.length || newLen > a.opts.Max {
+	if newLen < a.length || newLen > a.s.Max() {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOutOfMemory, "%s: past the arena's maximum", what()),
 			"create the arena with a larger Max: address space is cheap")
 	}
-	if newLen > a.committed {
-		cs := a.opts.ChunkSize
-		need := (newLen - a.committed + cs - 1) / cs * cs
-		if err := a.commitLocked(need, what); err != nil {
-			return err
+	if end := a.s.Committed(); newLen > end {
+		cs := a.s.ChunkSize()
+		need := (newLen - end + cs - 1) / cs * cs
+		if err := a.s.Commit(end, need); err != nil {
+			return errors.Wrapf(err, "%s", what())
 		}
 	}
 	a.length = newLen
+	a.checkAfter("grow")
 	return nil
 }
 
-// commitLocked maps need more bytes of chunks at the end, all or nothing.
-func (a *Arena) commitLocked(need uint64, what func() string) error {
-	// Refuse up front what the device cannot hold, mapping nothing; the
-	// rollback below covers memory taken by others meanwhile.
-	if u, err := a.mem.Usage(a.opts.Device); err == nil && need > u.Capacity-u.Used {
-		return errors.WithHintf(
-			errors.Wrapf(driver.ErrOutOfMemory, "%s: needed %s more committed, device %d had %s free",
-				what(), units.Bytes(need), a.opts.Device, units.Bytes(u.Capacity-u.Used)),
-			"trim or free memory on device %d, or grow less", a.opts.Device)
+// checkAfter runs Check after a change in invariants builds.
+func (a *Arena) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("arena: "+op, a.checkLocked())
 	}
-	start := len(a.chunks)
-	startCommitted := a.committed
-	for need > 0 {
-		size := min(need, a.opts.MaxChunk)
-		if err := a.mapChunkLocked(size); err != nil {
-			asked := need + a.committed - startCommitted
-			rerr := a.unmapFromLocked(start)
-			if rerr != nil {
-				rerr = errors.WithAssertionFailure(errors.Wrap(rerr, "arena: rolling back a failed grow"))
-			}
-			free := "unknown"
-			if u, uerr := a.mem.Usage(a.opts.Device); uerr == nil {
-				free = units.Bytes(u.Capacity - u.Used)
-			}
-			return errors.CombineErrors(errors.Wrapf(err, "%s: needed %s more committed, device %d had %s free",
-				what(), units.Bytes(asked), a.opts.Device, free), rerr)
-		}
-		need -= size
-	}
-	a.stats.PeakCommitted = max(a.stats.PeakCommitted, a.committed)
-	return nil
-}
-
-// mapChunkLocked creates a chunk of size bytes, maps it at the end of what
-// is committed and grants access; on failure nothing is left behind.
-func (a *Arena) mapChunkLocked(size uint64) error {
-	c, err := a.mem.Create(a.opts.Device, size, driver.ChunkOptions{Shareable: a.opts.shareable})
-	if err != nil {
-		return err
-	}
-	at := a.Base() + driver.Addr(a.committed)
-	if err := a.tab.Map(at, c); err != nil {
-		return errors.CombineErrors(err, c.Release())
-	}
-	a.stats.MapCalls++
-	for d, acc := range a.access {
-		if err := a.tab.SetAccess(at, size, d, acc); err != nil {
-			uerr := a.tab.Unmap(at)
-			a.stats.UnmapCalls++
-			return errors.CombineErrors(err, errors.CombineErrors(uerr, c.Release()))
-		}
-	}
-	// The arena keeps the handle (the allocator's stitching maps the chunk
-	// a second time) and releases it when it unmaps the chunk.
-	a.chunks = append(a.chunks, chunkAt{off: a.committed, c: c})
-	a.committed += size
-	return nil
-}
-
-// unmapFromLocked unmaps chunks[i:], last first.
-func (a *Arena) unmapFromLocked(i int) error {
-	for j := len(a.chunks) - 1; j >= i; j-- {
-		ch := a.chunks[j]
-		if err := a.tab.Unmap(a.Base() + driver.Addr(ch.off)); err != nil {
-			return err
-		}
-		a.stats.UnmapCalls++
-		if err := ch.c.Release(); err != nil {
-			return err
-		}
-		a.chunks = a.chunks[:j]
-		a.committed = ch.off
-	}
-	return nil
-}
-
-// SetAccess sets what dev may do with the arena's memory, on every chunk
-// committed now and every chunk committed later. If a chunk refuses, the
-// chunks already changed are set back and nothing changes.
-func (a *Arena) SetAccess(dev driver.DeviceID, acc driver.Access) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return a.errClosed("set access")
-	}
-	if err := driver.CheckDevice(func() string { return "arena: set access" }, dev, len(a.drv.Devices())); err != nil {
-		return err
-	}
-	if err := driver.CheckAccess(func() string { return "arena: set access" }, acc); err != nil {
-		return err
-	}
-	old := a.access[dev]
-	for i, ch := range a.chunks {
-		if err := a.tab.SetAccess(a.Base()+driver.Addr(ch.off), ch.c.Size(), dev, acc); err != nil {
-			for _, back := range a.chunks[:i] {
-				err = errors.CombineErrors(err, a.tab.SetAccess(a.Base()+driver.Addr(back.off), back.c.Size(), dev, old))
-			}
-			return errors.Wrap(err, "arena: set access")
-		}
-	}
-	if acc == driver.AccessNone {
-		delete(a.access, dev)
-	} else {
-		a.access[dev] = acc
-	}
-	return nil
-}
-
-// Access reports what dev may do with the arena's memory.
-func (a *Arena) Access(dev driver.DeviceID) driver.Access {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.access[dev]
-}
-
-// ChunkAt is one chunk of an arena and where it is mapped.
-type ChunkAt struct {
-	Offset uint64
-	Chunk  *physical.Chunk
-}
-
-// Chunks lists the arena's chunks in address order (for exporting them).
-func (a *Arena) Chunks() []ChunkAt {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]ChunkAt, len(a.chunks))
-	for i, c := range a.chunks {
-		out[i] = ChunkAt{Offset: c.off, Chunk: c.c}
-	}
-	return out
 }
 
 // Shrink shortens the arena by n bytes. The chunks stay committed (a later
@@ -369,7 +175,7 @@ func (a *Arena) Chunks() []ChunkAt {
 func (a *Arena) Shrink(n uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.s.Closed() {
 		return a.errClosed("shrink")
 	}
 	return a.shrinkLocked(n)
@@ -380,15 +186,25 @@ func (a *Arena) shrinkLocked(n uint64) error {
 		return errors.Wrapf(driver.ErrInvalid, "arena: shrink by %s: the arena is only %s long", units.Bytes(n), units.Bytes(a.length))
 	}
 	newLen := a.length - n
-	for v := range a.views {
-		if v.off+v.n > newLen {
-			return errors.WithHint(
-				errors.Wrapf(driver.ErrBusy, "arena: shrink to %s: the live view [%#x, +%s) reaches past it",
-					units.Bytes(newLen), v.off, units.Bytes(v.n)),
-				"release the views of the memory being given up first")
-		}
+	if v := a.s.viewPast(newLen); v != nil {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "arena: shrink to %s: the live %s reaches past it", units.Bytes(newLen), v),
+			"release the views of the memory being given up first")
 	}
 	a.length = newLen
+	a.checkAfter("shrink")
+	return nil
+}
+
+// viewPast returns a live view that reaches past end, or nil.
+func (s *Sparse) viewPast(end uint64) *View {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for v := range s.views {
+		if v.off+v.n > end {
+			return v
+		}
+	}
 	return nil
 }
 
@@ -396,7 +212,7 @@ func (a *Arena) shrinkLocked(n uint64) error {
 func (a *Arena) Resize(n uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.s.Closed() {
 		return a.errClosed("resize")
 	}
 	if n >= a.length {
@@ -405,19 +221,34 @@ func (a *Arena) Resize(n uint64) error {
 	return a.shrinkLocked(a.length - n)
 }
 
-// Trim unmaps the chunks lying wholly past Len and returns their memory to
-// the device. A chunk that Len reaches into stays whole.
+// Trim decommits the chunks lying wholly past Len and returns their memory
+// to the device. A chunk that Len reaches into stays whole.
 func (a *Arena) Trim() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.s.Closed() {
 		return a.errClosed("trim")
 	}
-	i := len(a.chunks)
-	for i > 0 && a.chunks[i-1].off >= a.length {
-		i--
+	cut, end := a.s.chunkEndAtOrAfter(a.length), a.s.Committed()
+	if cut >= end {
+		return nil
 	}
-	return a.unmapFromLocked(i)
+	if err := a.s.Decommit(cut, end-cut); err != nil {
+		return errors.Wrap(err, "arena: trim")
+	}
+	a.checkAfter("trim")
+	return nil
+}
+
+// chunkEndAtOrAfter returns the first chunk boundary at or after off: off
+// itself, or the end of the chunk holding it.
+func (s *Sparse) chunkEndAtOrAfter(off uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.slots.Find(off); ok && s.slots.At(i).Start < off {
+		return s.slots.At(i).End
+	}
+	return off
 }
 
 // Append grows the arena by n bytes starting at the next multiple of align
@@ -427,7 +258,7 @@ func (a *Arena) Trim() error {
 func (a *Arena) Append(n, align uint64) (*View, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.s.Closed() {
 		return nil, a.errClosed("append")
 	}
 	if n == 0 {
@@ -443,34 +274,23 @@ func (a *Arena) Append(n, align uint64) (*View, error) {
 	if off < a.length || off+n < off {
 		return nil, errors.Wrapf(driver.ErrOutOfMemory, "arena: append of %s: past the arena's maximum", units.Bytes(n))
 	}
+	old := a.length
 	if err := a.growLocked(off - a.length + n); err != nil {
 		return nil, err
 	}
-	v := &View{a: a, off: off, n: n}
-	a.views[v] = struct{}{}
+	v, err := a.s.View(off, n)
+	if err != nil {
+		a.length = old
+		return nil, errors.WithAssertionFailure(err)
+	}
 	return v, nil
-}
-
-// HostAddressable reports whether views of the arena can give bytes
-// (View.Bytes): the driver's memory is addressable from this process.
-func (a *Arena) HostAddressable() bool {
-	_, ok := a.drv.(driver.HostMapper)
-	return ok
-}
-
-// View is a tracked window [Base+off, Base+off+n) of an arena. While it is
-// live the arena cannot shrink under it, so its bytes stay mapped.
-type View struct {
-	a      *Arena
-	off, n uint64
-	bytes  []byte
 }
 
 // View returns a live view of [off, off+n), which must lie inside Len.
 func (a *Arena) View(off, n uint64) (*View, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.s.Closed() {
 		return nil, a.errClosed("view")
 	}
 	if n == 0 {
@@ -480,117 +300,148 @@ func (a *Arena) View(off, n uint64) (*View, error) {
 		return nil, errors.Wrapf(driver.ErrNotMapped, "arena: view [%#x, +%s): the arena is %s long",
 			off, units.Bytes(n), units.Bytes(a.length))
 	}
-	v := &View{a: a, off: off, n: n}
-	a.views[v] = struct{}{}
-	return v, nil
+	return a.s.View(off, n)
 }
 
-// Addr is the view's first address.
-func (v *View) Addr() driver.Addr { return v.a.Base() + driver.Addr(v.off) }
-
-// Offset is the view's offset in its arena.
-func (v *View) Offset() uint64 { return v.off }
-
-// Len is the view's length in bytes.
-func (v *View) Len() uint64 { return v.n }
-
-// Bytes returns the view's memory as a slice, on drivers whose memory the
-// process addresses (driver.HostMapper); others return ErrUnsupported. The
-// slice is valid until Release.
-func (v *View) Bytes() ([]byte, error) {
-	v.a.mu.Lock()
-	defer v.a.mu.Unlock()
-	if _, live := v.a.views[v]; !live {
-		return nil, driver.Closed("arena: bytes of a released view")
-	}
-	if v.bytes == nil {
-		hm, ok := v.a.drv.(driver.HostMapper)
-		if !ok {
-			return nil, errors.Wrapf(driver.ErrUnsupported, "arena: bytes of a view: the %s driver's memory is not addressable from the host", v.a.drv.Name())
-		}
-		b, err := hm.HostBytes(v.Addr(), v.n)
-		if err != nil {
-			return nil, errors.Wrap(err, "arena: bytes of a view")
-		}
-		v.bytes = b
-	}
-	return v.bytes, nil
+// SetAccess sets what dev may do with the arena's memory, on every chunk
+// committed now and every chunk committed later. If a chunk refuses, the
+// chunks already changed are set back and nothing changes.
+func (a *Arena) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	return a.s.SetAccess(dev, acc)
 }
 
-// Release ends the view. Releasing twice is ErrClosed.
-func (v *View) Release() error {
-	v.a.mu.Lock()
-	defer v.a.mu.Unlock()
-	if _, live := v.a.views[v]; !live {
-		return driver.Closed("arena: release of a released view")
+// Access reports what dev gets on the chunks the arena commits.
+func (a *Arena) Access(dev driver.DeviceID) driver.Access { return a.s.Access(dev) }
+
+// Grant sets what dev may do over [off, off+n), whole chunks, all
+// committed; see Sparse.Grant.
+func (a *Arena) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
+	return a.s.Grant(dev, off, n, acc)
+}
+
+// WholeChunks reports whether [off, off+n) is whole chunks, all committed:
+// nil, or the error Grant and Move give for such a range.
+func (a *Arena) WholeChunks(off, n uint64) error { return a.s.WholeChunks(off, n) }
+
+// AccessAt reports what dev may do at offset off.
+func (a *Arena) AccessAt(dev driver.DeviceID, off uint64) (driver.Access, error) {
+	if a.s.Closed() {
+		return driver.AccessNone, a.errClosed("access")
 	}
-	delete(v.a.views, v)
-	v.bytes = nil
+	return a.s.AccessAt(dev, off)
+}
+
+// Layout lists the committed memory as maximal runs on one device.
+func (a *Arena) Layout() []Extent { return a.s.Layout() }
+
+// DeviceAt reports the device whose memory backs offset off.
+func (a *Arena) DeviceAt(off uint64) (driver.DeviceID, error) {
+	if a.s.Closed() {
+		return 0, a.errClosed("device at")
+	}
+	return a.s.DeviceAt(off)
+}
+
+// Read copies len(p) bytes at offset off into p on behalf of dev, which
+// must have read access; [off, off+len(p)) must lie inside Len.
+func (a *Arena) Read(dev driver.DeviceID, off uint64, p []byte) error {
+	if err := a.inside("read", dev, off, len(p)); err != nil {
+		return err
+	}
+	return a.s.Read(dev, off, p)
+}
+
+// Write copies p to offset off on behalf of dev, which must have read-write
+// access; [off, off+len(p)) must lie inside Len.
+func (a *Arena) Write(dev driver.DeviceID, off uint64, p []byte) error {
+	if err := a.inside("write", dev, off, len(p)); err != nil {
+		return err
+	}
+	return a.s.Write(dev, off, p)
+}
+
+func (a *Arena) inside(op string, dev driver.DeviceID, off uint64, n int) error {
+	if a.s.Closed() {
+		return a.errClosed(op)
+	}
+	what := func() string { return fmt.Sprintf("arena: %s %d bytes at offset %#x", op, n, off) }
+	if err := a.s.checkDevice(what, dev); err != nil {
+		return err
+	}
+	length := a.Len()
+	if end := off + uint64(n); n > 0 && (end < off || end > length) {
+		return errors.Wrapf(driver.ErrAccessDenied, "arena: %s %d bytes at offset %#x: past the arena's length %s",
+			op, n, off, units.Bytes(length))
+	}
 	return nil
 }
+
+// Move moves the backing of [off, off+n) — whole committed chunks — to
+// device to at the same addresses; see Sparse.Move.
+func (a *Arena) Move(off, n uint64, to driver.DeviceID) error { return a.s.Move(off, n, to) }
 
 // Close unmaps every chunk and frees the reservation. It refuses while
 // views are live.
 func (a *Arena) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
-		return a.errClosed("close")
-	}
-	if len(a.views) > 0 {
-		return errors.Wrapf(driver.ErrBusy, "arena: close: %d view(s) still live", len(a.views))
-	}
-	if err := a.unmapFromLocked(0); err != nil {
+	if err := a.s.Close(); err != nil {
+		if a.s.Closed() {
+			return a.errClosed("close")
+		}
 		return err
 	}
 	a.length = 0
-	if err := a.tab.Close(); err != nil {
-		return err
-	}
-	if err := a.res.Free(); err != nil {
-		return err
-	}
-	a.closed = true
 	return nil
 }
 
-// Check verifies the arena's invariants and its page table.
+// Closed reports whether the arena is closed.
+// A zero Arena, not made by New, reports itself closed.
+func (a *Arena) Closed() bool { return a == nil || a.s == nil || a.s.Closed() }
+
+// Check verifies the arena's invariants, its range's and its page table's.
 func (a *Arena) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.s.mu.Lock()
+	errs := a.prefixLocked()
+	a.s.mu.Unlock()
+	return errors.CombineErrors(errs, a.s.Check())
+}
+
+// checkLocked is Check without the driver, for invariants builds; a.mu is
+// held.
+func (a *Arena) checkLocked() error {
+	a.s.mu.Lock()
+	defer a.s.mu.Unlock()
+	return errors.CombineErrors(a.prefixLocked(), a.s.checkLocked())
+}
+
+// prefixLocked checks the arena's own invariants: the committed chunks are
+// a prefix, Len lies inside it, every view inside Len. a.mu and a.s.mu are
+// held.
+func (a *Arena) prefixLocked() error {
+	s := a.s
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
-	var at uint64
-	for i, ch := range a.chunks {
-		if ch.off != at {
-			fail("arena: chunk %d at %#x, expected %#x", i, ch.off, at)
-		}
-		at = ch.end()
+	if s.closed {
+		return nil
 	}
-	if at != a.committed {
-		fail("arena: chunks end at %#x, committed is %#x", at, a.committed)
+	if holes := s.holesLocked(0, s.owned); len(holes) > 0 {
+		fail("arena: the committed chunks are not the prefix [0, %#x): a hole at [%#x, %#x)", s.owned, holes[0].start, holes[0].end)
 	}
-	if a.length > a.committed || a.committed > a.opts.Max {
-		fail("arena: len %d, committed %d, max %d out of order", a.length, a.committed, a.opts.Max)
+	if s.borrowed > 0 {
+		fail("arena: an arena borrows %d bytes", s.borrowed)
 	}
-	for v := range a.views {
+	if a.length > s.owned || s.owned > s.opts.Max {
+		fail("arena: len %d, committed %d, max %d out of order", a.length, s.owned, s.opts.Max)
+	}
+	for v := range s.views {
 		if v.off+v.n > a.length {
-			fail("arena: view [%#x, +%d) past len %d", v.off, v.n, a.length)
+			fail("arena: %s past len %d", v, a.length)
 		}
-	}
-	var maps []mapping.Mapping
-	for m := range a.tab.Mappings() {
-		maps = append(maps, m)
-	}
-	if len(maps) != len(a.chunks) || !slices.EqualFunc(maps, a.chunks, func(m mapping.Mapping, c chunkAt) bool {
-		return m.Chunk == c.c && m.Range.Base == a.Base()+driver.Addr(c.off)
-	}) {
-		fail("arena: %d chunks recorded, the page table has %d mappings that differ", len(a.chunks), len(maps))
-	}
-	if !a.closed {
-		errs = errors.CombineErrors(errs, a.tab.Check())
 	}
 	return errs
 }

@@ -29,7 +29,7 @@ func newEnv(t testing.TB, capacity uint64) *env {
 	t.Helper()
 	drv, err := host.New(host.Options{Devices: 2, Capacity: capacity, Granularity: g})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = drv.Close() })
+	drivertest.CloseAtEnd(t, drv)
 	return &env{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
 }
 
@@ -37,6 +37,7 @@ func (e *env) arena(t testing.TB, opts Options) *Arena {
 	t.Helper()
 	a, err := New(e.space, e.mem, opts)
 	require.NoError(t, err)
+	t.Cleanup(func() { closeArena(t, a) })
 	return a
 }
 
@@ -65,7 +66,8 @@ func TestGrowShrinkTrim(t *testing.T) {
 	require.Equal(t, 11*g, a.Committed())
 	require.Equal(t, "written before growth", string(b[:21]), "a view taken before growth still reads its bytes")
 	st := a.Stats()
-	require.Equal(t, 4, st.MapCalls, "1 chunk, then 10 granules as 4+4+2")
+	require.Equal(t, 4, st.ChunkMaps, "1 chunk, then 10 granules as 4+4+2")
+	require.Equal(t, 2, st.MapEvents, "two grows, each one contiguous range")
 	require.Equal(t, 11*g, e.used(t, 0))
 
 	require.NoError(t, v.Release())
@@ -107,12 +109,27 @@ func TestGrowRollsBackOnOOM(t *testing.T) {
 	require.Equal(t, before.Len, after.Len)
 	require.Equal(t, before.Committed, after.Committed)
 	require.Equal(t, before.Chunks, after.Chunks)
-	require.Equal(t, before.MapCalls+1, after.MapCalls, "one chunk was mapped...")
-	require.Equal(t, before.UnmapCalls+1, after.UnmapCalls, "...and unmapped again")
+	require.Equal(t, before.ChunkMaps+1, after.ChunkMaps, "one chunk was mapped...")
+	require.Equal(t, before.ChunkUnmaps+1, after.ChunkUnmaps, "...and unmapped again")
 	require.Equal(t, 6*g, e.used(t, 0), "the chunks of the failed grow went back")
 	require.NoError(t, a.Check())
 	require.NoError(t, hog.Release())
 	require.NoError(t, a.Grow(10*g), "with the memory back, the same grow succeeds")
+}
+
+// TestChunkLargerThanMax: the old arena rounded Max to the driver's
+// granularity, below a larger chunk size, and then every grow failed with
+// "not reserved". Max is rounded up to whole chunks: the arena grows.
+func TestChunkLargerThanMax(t *testing.T) {
+	e := newEnv(t, 16*g)
+	a := e.arena(t, Options{Max: g, ChunkSize: 4 * g})
+	require.Equal(t, 4*g, a.Max())
+	require.NoError(t, a.Grow(g))
+	require.NoError(t, a.Grow(3*g))
+	drivertest.RequireIs(t, a.Grow(1), driver.ErrOutOfMemory, "past the arena's maximum")
+	require.Equal(t, 4*g, a.Committed())
+	require.NoError(t, a.Check())
+	require.NoError(t, a.Close())
 }
 
 func TestViewsBlockShrink(t *testing.T) {
@@ -143,7 +160,7 @@ func TestBadInput(t *testing.T) {
 		{"unknown device", Options{Device: 5, Max: g}, driver.ErrNoDevice, "device 5"},
 		{"chunk below granularity", Options{Max: g, ChunkSize: g / 2}, driver.ErrMisaligned, "64 KiB"},
 		{"max chunk not a multiple", Options{Max: g, ChunkSize: g, MaxChunk: 3 * g / 2}, driver.ErrMisaligned, "MaxChunk"},
-		{"unknown access device", Options{Max: g, Access: []driver.DeviceID{0, 9}}, driver.ErrNoDevice, "device 9"},
+		{"unknown access device", Options{Max: g, ChunkSize: g, Access: []driver.DeviceID{0, 9}}, driver.ErrNoDevice, "device 9"},
 	} {
 		_, err := New(e.space, e.mem, c.opts)
 		drivertest.RequireIs(t, err, c.sentinel, c.mentions)
@@ -392,7 +409,7 @@ func TestNoLeaks(t *testing.T) {
 		require.NoError(t, err)
 		b[len(b)-1] = 1
 		require.NoError(t, v.Release())
-		al, err := NewAllocator(space, mem, AllocatorOptions{Arena: Options{Max: 16 * g, ChunkSize: g, MaxChunk: g}, MinGrow: 1, GrowDivisor: 1 << 40})
+		al, err := NewAllocator(space, mem, AllocatorOptions{Max: 16 * g, ChunkSize: g})
 		require.NoError(t, err)
 		var ps []driver.Addr
 		for i := 0; i < 6; i++ {

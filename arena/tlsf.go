@@ -62,29 +62,45 @@ func (t *tlsf) remove(b *block, q uint64) {
 	}
 }
 
-// find returns a free block of at least u quanta of q bytes, or nil.
+// find returns a free block of at least u quanta of q bytes, or nil: the
+// smallest of the first few in the request's own list that fit, else the
+// smallest of the first few in the next non-empty list (each of which
+// fits). Looking at a few rather than the head alone costs little and
+// leaves fewer odd fragments behind (a best fit, not merely a good one).
 func (t *tlsf) find(u, q uint64) *block {
 	fl, sl := bucket(u)
-	// Round up to the next list boundary: every block there fits.
-	if fl >= slBits {
-		r := u + (1 << (fl - slBits)) - 1
-		if r >= u {
-			fl, sl = bucket(r)
+	var best *block
+	n := 0
+	for b := t.heads[fl][sl]; b != nil && n < fitScan; b = b.fnext {
+		if b.size/q >= u && (best == nil || b.size < best.size || b.size == best.size && b.off < best.off) {
+			best = b
 		}
+		n++
 	}
-	if b := t.search(fl, sl); b != nil {
-		return b
+	if best != nil {
+		return best
 	}
-	// The request's own list may still hold a block that fits: scan it
-	// rather than grow the arena for want of one.
-	fl, sl = bucket(u)
-	for b := t.heads[fl][sl]; b != nil; b = b.fnext {
-		if b.size/q >= u {
-			return b
+	// Every block of a later list fits: take the smallest of its first few.
+	if sl+1 < slCount {
+		best = t.search(fl, sl+1)
+	} else {
+		best = t.search(fl+1, 0)
+	}
+	if best == nil {
+		return nil
+	}
+	n = 0
+	for b := best.fnext; b != nil && n < fitScan; b = b.fnext {
+		if b.size < best.size || b.size == best.size && b.off < best.off {
+			best = b
 		}
+		n++
 	}
-	return nil
+	return best
 }
+
+// fitScan is how many blocks of a list find compares.
+const fitScan = 16
 
 // search returns the head of the first non-empty list at or after (fl, sl).
 func (t *tlsf) search(fl, sl int) *block {

@@ -167,9 +167,7 @@ func AllocFree(more func() bool, live int) (p Pair, err error) {
 		return Pair{}, err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
-	al, err := arena.NewAllocator(vaspace.New(drv), physical.New(drv), arena.AllocatorOptions{
-		Arena: arena.Options{Max: units.TiB},
-	})
+	al, err := arena.NewAllocator(vaspace.New(drv), physical.New(drv), arena.AllocatorOptions{Max: units.TiB})
 	if err != nil {
 		return Pair{}, err
 	}

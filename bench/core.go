@@ -10,10 +10,6 @@ package bench
 
 import (
 	"time"
-	"unsafe"
-
-	"github.com/cockroachdb/errors"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
@@ -86,34 +82,6 @@ func alternate(more func() bool, n int, lib, bare func(*time.Duration) error, af
 	return p, nil
 }
 
-// bareRegion is the baseline's own memfd and PROT_NONE reservation.
-type bareRegion struct {
-	fd   int
-	base unsafe.Pointer
-	size uint64
-}
-
-func newBareRegion(size uint64) (*bareRegion, error) {
-	fd, err := unix.MemfdCreate("vmarena-bench-bare", unix.MFD_CLOEXEC)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		_ = unix.Close(fd)
-		return nil, err
-	}
-	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
-	if err != nil {
-		_ = unix.Close(fd)
-		return nil, err
-	}
-	return &bareRegion{fd: fd, base: p, size: size}, nil
-}
-
-func (r *bareRegion) close() error {
-	return errors.CombineErrors(unix.MunmapPtr(r.base, uintptr(r.size)), unix.Close(r.fd))
-}
-
 // MapAccessUnmap times mapping a committed 2 MiB chunk, granting one device
 // read-write access, and unmapping it: through mapping.Table on the host
 // driver, and as the same system calls made bare (mmap MAP_FIXED of the
@@ -143,7 +111,7 @@ func MapAccessUnmap(n int, populate bool) (Pair, error) {
 		return Pair{}, err
 	}
 	defer bare.close()
-	if err := fallocate(bare.fd, 0, ChunkSize); err != nil {
+	if err := bare.commit(); err != nil {
 		return Pair{}, err
 	}
 	lib := func() error {
@@ -155,23 +123,7 @@ func MapAccessUnmap(n int, populate bool) (Pair, error) {
 		}
 		return tab.Unmap(res.Base())
 	}
-	bareOp := func() error {
-		if _, err := unix.MmapPtr(bare.fd, 0, bare.base, uintptr(ChunkSize), unix.PROT_NONE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
-			return err
-		}
-		mem := unsafe.Slice((*byte)(bare.base), ChunkSize)
-		if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); err != nil {
-			return err
-		}
-		if populate {
-			if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
-				return err
-			}
-		}
-		_, err := unix.MmapPtr(-1, 0, bare.base, uintptr(ChunkSize), unix.PROT_NONE,
-			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED)
-		return err
-	}
+	bareOp := func() error { return bare.mapAccessUnmap(populate) }
 	return interleave(n, lib, bareOp)
 }
 
@@ -197,12 +149,7 @@ func CreateRelease(n int) (Pair, error) {
 		}
 		return c.Release()
 	}
-	bareOp := func() error {
-		if err := fallocate(bare.fd, 0, ChunkSize); err != nil {
-			return err
-		}
-		return fallocate(bare.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, ChunkSize)
-	}
+	bareOp := func() error { return bare.commitPunch() }
 	return interleave(n, lib, bareOp)
 }
 
@@ -223,20 +170,6 @@ func ReserveFree(n int, size uint64) (Pair, error) {
 		}
 		return r.Free()
 	}
-	bareOp := func() error {
-		p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
-		if err != nil {
-			return err
-		}
-		return unix.MunmapPtr(p, uintptr(size))
-	}
+	bareOp := func() error { return bareReserveFree(size) }
 	return interleave(n, lib, bareOp)
-}
-
-func fallocate(fd int, mode uint32, size uint64) error {
-	for {
-		if err := unix.Fallocate(fd, mode, 0, int64(size)); err != unix.EINTR {
-			return err
-		}
-	}
 }

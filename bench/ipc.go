@@ -2,13 +2,11 @@ package bench
 
 import (
 	"bytes"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
@@ -297,79 +295,4 @@ func (s *ipcSharer) emptied() error {
 		}
 	}
 	return nil
-}
-
-// streamCopier is the copy baseline: a SOCK_STREAM socket pair, a source
-// buffer, and a goroutine that reads whatever is asked of it into dst.
-type streamCopier struct {
-	fds      [2]int
-	src, dst []byte
-	ask      chan []byte
-	done     chan error
-}
-
-func newStreamCopier(size uint64) (*streamCopier, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, errors.Wrap(err, "bench: socketpair")
-	}
-	cp := &streamCopier{fds: fds, src: make([]byte, size), dst: make([]byte, size), ask: make(chan []byte), done: make(chan error)}
-	page := os.Getpagesize()
-	for i := range min(len(cp.src), page) {
-		cp.src[i] = byte(i * 7)
-	}
-	for n := page; n < len(cp.src); n *= 2 {
-		copy(cp.src[n:], cp.src[:n])
-	}
-	for i := 0; i < len(cp.dst); i += page {
-		cp.dst[i] = 1 // touched: the baseline takes no page faults
-	}
-	go cp.read()
-	return cp, nil
-}
-
-// read fills each buffer asked for from the socket.
-func (cp *streamCopier) read() {
-	for into := range cp.ask {
-		var err error
-		for n := 0; n < len(into) && err == nil; {
-			k, rerr := unix.Read(cp.fds[1], into[n:min(n+int(ipcCopyPiece), len(into))])
-			switch {
-			case rerr == unix.EINTR:
-			case rerr != nil:
-				err = errors.Wrap(rerr, "bench: read the copy")
-			case k == 0:
-				err = errors.Wrap(io.ErrUnexpectedEOF, "bench: read the copy")
-			default:
-				n += k
-			}
-		}
-		cp.done <- err
-	}
-}
-
-// copy times writing src and the reader's having read it all into dst.
-func (cp *streamCopier) copy() (time.Duration, error) {
-	t0 := time.Now()
-	cp.ask <- cp.dst
-	var werr error
-	for n := 0; n < len(cp.src); {
-		k, err := unix.Write(cp.fds[0], cp.src[n:min(n+int(ipcCopyPiece), len(cp.src))])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			// Unblock the reader before waiting for it.
-			werr = errors.CombineErrors(errors.Wrap(err, "bench: write the copy"), unix.Shutdown(cp.fds[0], unix.SHUT_WR))
-			break
-		}
-		n += k
-	}
-	rerr := <-cp.done
-	return time.Since(t0), errors.CombineErrors(werr, rerr)
-}
-
-func (cp *streamCopier) close() error {
-	close(cp.ask)
-	return errors.CombineErrors(unix.Close(cp.fds[0]), unix.Close(cp.fds[1]))
 }

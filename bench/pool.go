@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/pool"
 	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/vaspace"
 )
@@ -59,12 +60,12 @@ func PoolAllocFree(more func() bool, streams, live int) (p PoolPairs, err error)
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
 	space, mem := vaspace.New(drv), physical.New(drv)
-	pool, err := arena.NewPool(space, mem, arena.PoolProps{})
+	pl, err := pool.New(space, mem, pool.Props{})
 	if err != nil {
 		return p, err
 	}
-	defer func() { err = errors.CombineErrors(err, pool.Destroy()) }()
-	if err := pool.SetAttribute(arena.ReleaseThreshold, math.MaxUint64); err != nil {
+	defer func() { err = errors.CombineErrors(err, pl.Destroy()) }()
+	if err := pl.SetAttribute(pool.ReleaseThreshold, math.MaxUint64); err != nil {
 		return p, err
 	}
 	ss := make([]*stream.Stream, streams)
@@ -74,7 +75,7 @@ func PoolAllocFree(more func() bool, streams, live int) (p PoolPairs, err error)
 		}
 		defer func(s *stream.Stream) { err = errors.CombineErrors(err, s.Destroy()) }(ss[i])
 	}
-	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{Arena: arena.Options{Max: units.TiB}})
+	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{Max: units.TiB})
 	if err != nil {
 		return p, err
 	}
@@ -96,7 +97,7 @@ func PoolAllocFree(more func() bool, streams, live int) (p PoolPairs, err error)
 	bufs := make([][]byte, live)
 	for i := range live {
 		s := size()
-		if poolPtrs[i], err = pool.MallocAsync(s, ss[i%streams]); err != nil {
+		if poolPtrs[i], err = pl.MallocAsync(s, ss[i%streams]); err != nil {
 			return p, err
 		}
 		if alPtrs[i], err = al.Alloc(s, 0); err != nil {
@@ -109,7 +110,7 @@ func PoolAllocFree(more func() bool, streams, live int) (p PoolPairs, err error)
 	defer func() {
 		for i := range live {
 			if poolPtrs[i] != 0 {
-				err = errors.CombineErrors(err, pool.FreeAsync(poolPtrs[i], ss[i%streams]))
+				err = errors.CombineErrors(err, pl.FreeAsync(poolPtrs[i], ss[i%streams]))
 			}
 			if alPtrs[i] != 0 {
 				err = errors.CombineErrors(err, al.Free(alPtrs[i]))
@@ -118,7 +119,7 @@ func PoolAllocFree(more func() bool, streams, live int) (p PoolPairs, err error)
 		for _, s := range ss {
 			err = errors.CombineErrors(err, s.Synchronize())
 		}
-		err = errors.CombineErrors(err, pool.Check())
+		err = errors.CombineErrors(err, pl.Check())
 	}()
 
 	step := 0
@@ -127,13 +128,13 @@ func PoolAllocFree(more func() bool, streams, live int) (p PoolPairs, err error)
 		for j := range k {
 			c := (step + j) % cycle
 			s := ss[(step+j)%streams]
-			q, err := pool.MallocAsync(sizes[c], s)
+			q, err := pl.MallocAsync(sizes[c], s)
 			if err != nil {
 				return err
 			}
 			old := poolPtrs[slots[c]]
 			poolPtrs[slots[c]] = q
-			if err := pool.FreeAsync(old, s); err != nil {
+			if err := pl.FreeAsync(old, s); err != nil {
 				return err
 			}
 		}
@@ -188,13 +189,13 @@ func PoolAllocFree(more func() bool, streams, live int) (p PoolPairs, err error)
 		}
 	}
 	runtime.KeepAlive(bufs)
-	if used, err := pool.Attribute(arena.UsedMemCurrent); err != nil {
+	if used, err := pl.Attribute(pool.UsedMemCurrent); err != nil {
 		return p, err
 	} else if st := al.Stats(); used != st.Allocated || st.Live != live {
 		return p, errors.AssertionFailedf("bench: after the pairs the pool holds %d bytes live, the allocator %d bytes in %d allocations (%d expected)",
 			used, st.Allocated, st.Live, live)
 	}
-	return p, errors.CombineErrors(pool.Check(), al.Check())
+	return p, errors.CombineErrors(pl.Check(), al.Check())
 }
 
 // PoolRelease times getting memory back from a pool that holds more than
@@ -222,12 +223,12 @@ func PoolRelease(more func() bool, total, threshold uint64) (p Pair, err error) 
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
 	space, mem := vaspace.New(drv), physical.New(drv)
-	pool, err := arena.NewPool(space, mem, arena.PoolProps{MaxSize: total + 8*ChunkSize, ChunkSize: ChunkSize})
+	pl, err := pool.New(space, mem, pool.Props{MaxSize: total + 8*ChunkSize, ChunkSize: ChunkSize})
 	if err != nil {
 		return p, err
 	}
-	defer func() { err = errors.CombineErrors(err, pool.Destroy()) }()
-	if err := pool.SetAttribute(arena.ReleaseThreshold, threshold); err != nil {
+	defer func() { err = errors.CombineErrors(err, pl.Destroy()) }()
+	if err := pl.SetAttribute(pool.ReleaseThreshold, threshold); err != nil {
 		return p, err
 	}
 	s, err := stream.New(drv, 0)
@@ -235,9 +236,7 @@ func PoolRelease(more func() bool, total, threshold uint64) (p Pair, err error) 
 		return p, err
 	}
 	defer func() { err = errors.CombineErrors(err, s.Destroy()) }()
-	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{
-		Arena: arena.Options{Max: total + 8*ChunkSize, ChunkSize: ChunkSize},
-	})
+	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{Max: total + 8*ChunkSize, ChunkSize: ChunkSize})
 	if err != nil {
 		return p, err
 	}
@@ -246,18 +245,18 @@ func PoolRelease(more func() bool, total, threshold uint64) (p Pair, err error) 
 	blocks := make([]driver.Addr, total/ChunkSize)
 	viaPool := func(into *time.Duration) error {
 		for i := range blocks {
-			q, err := pool.MallocAsync(ChunkSize, s)
+			q, err := pl.MallocAsync(ChunkSize, s)
 			if err != nil {
 				return err
 			}
 			blocks[i] = q
 		}
 		for _, q := range blocks {
-			if err := pool.FreeAsync(q, s); err != nil {
+			if err := pl.FreeAsync(q, s); err != nil {
 				return err
 			}
 		}
-		before, err := pool.Attribute(arena.ReservedMemCurrent)
+		before, err := pl.Attribute(pool.ReservedMemCurrent)
 		if err != nil {
 			return err
 		}
@@ -270,7 +269,7 @@ func PoolRelease(more func() bool, total, threshold uint64) (p Pair, err error) 
 		if err != nil {
 			return err
 		}
-		after, err := pool.Attribute(arena.ReservedMemCurrent)
+		after, err := pl.Attribute(pool.ReservedMemCurrent)
 		if err != nil {
 			return err
 		}
@@ -308,5 +307,5 @@ func PoolRelease(more func() bool, total, threshold uint64) (p Pair, err error) 
 	if err != nil {
 		return p, err
 	}
-	return p, errors.CombineErrors(pool.Check(), al.Check())
+	return p, errors.CombineErrors(pl.Check(), al.Check())
 }

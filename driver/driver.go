@@ -176,8 +176,12 @@ type Driver interface {
 	// Write copies p to addr; the range must be writable by the host.
 	Write(addr Addr, p []byte) error
 
-	// Close unmaps, releases and unreserves whatever is left and frees the
-	// driver's own resources. Later calls return ErrClosed.
+	// Close releases every chunk, unreserves every reservation and frees
+	// the driver's own resources; later calls return ErrClosed. While
+	// anything is mapped, or a pinned host buffer (HostAlloc) is live, it
+	// refuses with ErrBusy naming what is live and changes nothing: memory
+	// a slice or tensor still reaches must never be unmapped under it.
+	// Unmapped chunks and empty reservations do not hold it open.
 	Close() error
 }
 
@@ -225,9 +229,21 @@ type Shareable struct {
 //	                                                     aclrtMemSetPidToShareableHandle
 //	Import          cuMemImportFromShareableHandle       aclrtMemImportFromShareableHandle
 //
-// A chunk is exported at most once per process (seed 000: one handle, one
-// shareable handle); its memory goes back only when every process that
+// A chunk is exported at most once per process (aclrtMemExportToShareableHandle:
+// one handle, one shareable handle); its memory goes back only when every process that
 // holds it has released it and unmapped it.
+//
+// A descriptor (HandlePOSIXFD) gives its holder every file operation it
+// allows, so an exported one must not allow resizing: a holder that shrank
+// it would take the memory from under every other process's mappings
+// (their data gone, a direct touch a SIGBUS). The host driver seals its
+// memfds against shrinking and growing, and against further seals
+// (F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL), before the first export. Import
+// refuses with ErrInvalid — the handle is well formed but no call could
+// accept it — a descriptor that could be resized, one of another size than
+// Shareable.Size, and one that is no memory at all, naming what is wrong;
+// it keeps nothing, and the caller's descriptor stays open for the caller
+// to close. drivertest checks these rules ("Sharing").
 type Sharing interface {
 	// Export returns a shareable handle for h, which was created with
 	// ChunkOptions.Shareable. A second export of the same chunk is ErrBusy.

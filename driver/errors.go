@@ -1,6 +1,8 @@
 package driver
 
 import (
+	"reflect"
+
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/internal/units"
@@ -48,9 +50,26 @@ var (
 	ErrNotAllocated = errors.New("not a live allocation")
 )
 
+// The Check functions below are shared by the drivers and the layers
+// above them. what describes the call for the message; a nil what is
+// replaced by "check", and a zero granularity is itself refused
+// (ErrInvalid) rather than divided by.
+
+// label returns what, or a stand-in when it is nil.
+func label(what func() string) func() string {
+	if what == nil {
+		return func() string { return "check" }
+	}
+	return what
+}
+
 // CheckSize returns nil when size is a positive multiple of gran, and
-// otherwise an error naming what() was asked and the granularity.
+// otherwise an error naming the call and the granularity.
 func CheckSize(what func() string, size, gran uint64) error {
+	what = label(what)
+	if gran == 0 {
+		return errors.Wrapf(ErrInvalid, "%s: the granularity is zero", what())
+	}
 	if size == 0 {
 		return errors.Wrapf(ErrInvalid, "%s: size is zero", what())
 	}
@@ -65,6 +84,10 @@ func CheckSize(what func() string, size, gran uint64) error {
 
 // CheckAddr returns nil when addr is a multiple of gran.
 func CheckAddr(what func() string, addr Addr, gran uint64) error {
+	what = label(what)
+	if gran == 0 {
+		return errors.Wrapf(ErrInvalid, "%s: the granularity is zero", what())
+	}
 	if uint64(addr)%gran != 0 {
 		return errors.Wrapf(ErrMisaligned, "%s: address %s is not a multiple of the granularity %s",
 			what(), addr, units.Bytes(gran))
@@ -75,7 +98,7 @@ func CheckAddr(what func() string, addr Addr, gran uint64) error {
 // CheckAlign returns nil when align is 0 (the default) or a power of two.
 func CheckAlign(what func() string, align uint64) error {
 	if align&(align-1) != 0 {
-		return errors.Wrapf(ErrInvalid, "%s: alignment %d is not a power of two", what(), align)
+		return errors.Wrapf(ErrInvalid, "%s: alignment %d is not a power of two", label(what)(), align)
 	}
 	return nil
 }
@@ -84,7 +107,7 @@ func CheckAlign(what func() string, align uint64) error {
 func CheckAccess(what func() string, a Access) error {
 	if !a.Valid() {
 		return errors.Wrapf(ErrInvalid, "%s: access value %d is not none (0), read (1) or read-write (3)",
-			what(), uint8(a))
+			label(what)(), uint8(a))
 	}
 	return nil
 }
@@ -92,8 +115,48 @@ func CheckAccess(what func() string, a Access) error {
 // CheckDevice returns nil when dev is one of n devices.
 func CheckDevice(what func() string, dev DeviceID, n int) error {
 	if dev < 0 || int(dev) >= n {
+		if n <= 0 {
+			return errors.Wrapf(ErrNoDevice, "%s: device %d (there are no devices)", label(what)(), dev)
+		}
 		return errors.Wrapf(ErrNoDevice, "%s: device %d (the driver has %d, numbered 0 to %d)",
-			what(), dev, n, n-1)
+			label(what)(), dev, n, n-1)
+	}
+	return nil
+}
+
+// CheckComparable returns nil when d can be compared with == and used as a
+// map key. A driver whose dynamic type is not comparable (a struct value
+// holding a slice, a map or a func) makes == and map access panic, so
+// every registry keyed by driver (synchronize hooks, default pools)
+// refuses it with ErrInvalid instead, as does a nil driver.
+func CheckComparable(what func() string, d Driver) error {
+	what = label(what)
+	if d == nil {
+		return errors.Wrapf(ErrInvalid, "%s: the driver is nil", what())
+	}
+	if v := reflect.ValueOf(d); v.Kind() == reflect.Pointer && v.IsNil() {
+		return errors.Wrapf(ErrInvalid, "%s: the driver is a nil %T", what(), d)
+	}
+	if !reflect.ValueOf(d).Comparable() {
+		return errors.WithHint(
+			errors.Wrapf(ErrInvalid, "%s: the driver's type %T is not comparable (it holds a slice, a map or a func), so it cannot key a registry",
+				what(), d),
+			"pass a pointer to the driver: pointers are always comparable")
+	}
+	return nil
+}
+
+// CheckPIDs returns nil when every entry of an allow-list is a process ID
+// that can name a peer: positive. The kernel reports 0 for a peer in a PID
+// namespace this process cannot see (SO_PEERCRED), so a 0 on the list
+// would admit every such process; negative IDs name no process.
+func CheckPIDs(what func() string, pids []int) error {
+	for _, pid := range pids {
+		if pid <= 0 {
+			return errors.WithHint(
+				errors.Wrapf(ErrInvalid, "%s: process ID %d on the allow-list (process IDs are positive)", label(what)(), pid),
+				"0 is what the kernel reports for a peer in a PID namespace this process cannot see: it would admit all of them")
+		}
 	}
 	return nil
 }

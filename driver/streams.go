@@ -22,7 +22,29 @@ const FeatureStreams Feature = 3
 // fails at once and enqueues nothing. A failure of enqueued work surfaces
 // at the next SyncStream (or QueryStream) of that stream, naming the
 // operation; work enqueued after a failure is skipped until then, and the
-// error is cleared once reported.
+// error is cleared once reported. A host function that panics fails its
+// operation the same way, with ErrInvalid and the message "panic: <value>"
+// (a host function reports failure by returning an error; one that panics
+// is not a function a stream can run), as does one that calls
+// runtime.Goexit (t.FailNow does), and one that faults touching device
+// memory the host may not touch, with ErrAccessDenied as a copy's fault:
+// the process lives on, and so does the stream — later work runs once the
+// failure is reported, and events recorded after it complete.
+//
+// Calls from host functions: CUDA forbids every API call from a host
+// function. Here a host function may call the driver, but never to wait
+// for itself: a call from a host function (on the goroutine that runs it)
+// that would wait for work ordered after that host function — SyncStream
+// or DestroyStream of its own stream, SyncEvent of an event recorded
+// behind it, or the same calls on any stream or event ordered after it
+// through events or through another host function waiting for it — is
+// refused at once with ErrBusy (the stream is busy running the caller,
+// and no retry from there can succeed) and changes nothing. Of two host
+// functions that would wait for each other, the second to ask is refused.
+// A wait for work independent of the caller waits; queries (QueryStream,
+// QueryEvent) never wait, and answer not done. Close from a host function
+// closes the driver without waiting for the streams ordered after the
+// caller, skips their work not yet run, and returns ErrBusy naming them.
 //
 //	Streams method     CUDA driver API                       AscendCL runtime
 //	-----------------  ------------------------------------  ----------------------------------
@@ -55,7 +77,8 @@ const FeatureStreams Feature = 3
 type Streams interface {
 	CreateStream(dev DeviceID) (Stream, error)
 	// DestroyStream waits for the stream's work, then destroys it; the
-	// error is any failure not yet reported.
+	// error is any failure not yet reported. From a host function it
+	// would wait for, it is refused (ErrBusy, above).
 	DestroyStream(s Stream) error
 	CreateEvent(dev DeviceID) (Event, error)
 	DestroyEvent(e Event) error

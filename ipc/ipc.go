@@ -7,7 +7,10 @@
 // them). Who may import a chunk is its allow-list (physical.Chunk.Export):
 // the sender reads the peer's process ID from the kernel (SO_PEERCRED) and
 // refuses anyone not on it — the peer gets an error message and no
-// descriptor.
+// descriptor. A peer that gets one holds the chunk's memory file itself;
+// the driver sealed it, so no holder can shrink or grow it under the
+// others' mappings, and an import refuses a descriptor that is not so
+// sealed (see driver.Sharing).
 //
 // Messages are SOCK_SEQPACKET packets, so each arrives whole with its
 // descriptors: a 12-byte header (magic "VMA", version, kind, handle type,
@@ -17,19 +20,20 @@
 // is closed: nothing leaks in either process.
 //
 // This package and the drivers are the only ones that talk to the kernel:
-// it moves descriptors; it never maps memory itself.
+// it moves descriptors; it never maps memory itself. It needs Linux
+// (SOCK_SEQPACKET, SO_PEERCRED, pidfds): conn_linux.go holds the system
+// calls, and elsewhere Listen and Dial answer driver.ErrUnsupported.
 package ipc
 
 import (
 	"encoding/binary"
 	"fmt"
 	"net"
-	"os"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
@@ -45,8 +49,9 @@ const (
 	headerSize = 12
 	// MaxPayload is the largest payload a message may carry.
 	MaxPayload = 4096
-	version    = 1
-	maxFDs     = 4 // room to notice a sender passing more than allowed
+	// version 2: KindPoolChunk carries the chunk's identity.
+	version = 2
+	maxFDs  = 4 // room to notice a sender passing more than allowed
 )
 
 var magic = [3]byte{'V', 'M', 'A'}
@@ -79,88 +84,195 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
+// maxPath is the longest path a Unix socket may have: sockaddr_un's 108
+// bytes less the terminating NUL.
+const maxPath = 107
+
+// checkPath returns ErrInvalid for a path no socket of this package can
+// have: empty, too long, holding a NUL byte (the kernel would cut it
+// there), or naming an abstract socket (a leading @, which Go turns into
+// Linux's abstract namespace: no file, so no permissions, decide who may
+// connect there).
+func checkPath(op, path string) error {
+	switch {
+	case path == "":
+		return errors.Wrapf(driver.ErrInvalid, "ipc: %s: the socket path is empty", op)
+	case len(path) > maxPath:
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrInvalid, "ipc: %s %s: the path has %d bytes, more than the %d a Unix socket's may have", op, path, len(path), maxPath),
+			"put the socket in a directory with a shorter path")
+	case strings.ContainsRune(path, 0):
+		return errors.Wrapf(driver.ErrInvalid, "ipc: %s %q: the path holds a NUL byte", op, path)
+	case path[0] == '@':
+		return errors.Wrapf(driver.ErrInvalid, "ipc: %s %s: a name starting with @ is an abstract socket, which no file permission protects", op, path)
+	}
+	return nil
+}
+
+// osError wraps err, a failure of the socket, as this package's error. The
+// operating system's error stays inside, so that errors.Is finds
+// syscall.ECONNREFUSED or os.ErrNotExist; the net package's layer goes,
+// as its text repeats the path the message names. A socket this process
+// has closed already is ErrClosed as well.
+func osError(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		err = op.Err
+	}
+	err = errors.Wrapf(err, format, args...)
+	if errors.Is(err, net.ErrClosed) {
+		err = errors.Mark(err, driver.ErrClosed)
+	}
+	return err
+}
+
 // Listener accepts connections on a Unix socket path.
 type Listener struct {
 	l    *net.UnixListener
 	path string
 }
 
-// Listen creates a socket at path (which must not exist) that only users
-// the permissions perm admit can connect to (0o600: this user alone).
-func Listen(path string, perm os.FileMode) (*Listener, error) {
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		return nil, errors.Wrapf(err, "ipc: listen on %s", path)
+// made returns ErrInvalid for a Listener that Listen did not make (nil,
+// or a zero Listener).
+func (l *Listener) made(op string) error {
+	if l == nil || l.l == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "ipc: %s: the listener is nil or was not made by Listen", op),
+			"make listeners with ipc.Listen")
 	}
-	if err := os.Chmod(path, perm); err != nil {
-		_ = l.Close()
-		return nil, errors.Wrapf(err, "ipc: set permissions of %s", path)
-	}
-	return &Listener{l: l, path: path}, nil
+	return nil
 }
 
-// Path is the socket's path.
-func (l *Listener) Path() string { return l.path }
-
-// Accept waits for a connection.
-func (l *Listener) Accept() (*Conn, error) {
-	c, err := l.l.AcceptUnix()
-	if err != nil {
-		return nil, errors.Wrap(err, "ipc: accept")
+// Path is the socket's path ("" for a Listener that Listen did not make).
+func (l *Listener) Path() string {
+	if l == nil {
+		return ""
 	}
-	return newConn(c)
+	return l.path
 }
 
-// Close stops listening and removes the socket file.
-func (l *Listener) Close() error { return errors.Wrap(l.l.Close(), "ipc: close listener") }
-
-// Dial connects to a listener's path.
-func Dial(path string) (*Conn, error) {
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		return nil, errors.Wrapf(err, "ipc: dial %s", path)
+// Close stops listening and removes the socket file. A second Close is
+// ErrClosed.
+func (l *Listener) Close() error {
+	if err := l.made("close the listener"); err != nil {
+		return err
 	}
-	return newConn(c)
+	return osError(l.l.Close(), "ipc: close the listener on %s", l.path)
 }
 
-// Conn is one connection; its peer's credentials come from the kernel.
+// Conn is one connection; its peer's credentials come from the kernel,
+// and the peer process is watched from the moment the connection is made
+// (peerProc), so that what it holds can be released when it exits.
 type Conn struct {
-	c    *net.UnixConn
-	peer unix.Ucred
+	c        *net.UnixConn
+	path     string // the socket's: what Dial dialed, or the Listener's
+	pid, uid int    // the peer's, as the kernel saw them when the connection was made
+	peer     peerProc
 
+	// mu guards the fields below. It is taken before an exported pool's
+	// own lock (ReleaseImport), never after.
 	mu   sync.Mutex
-	sent map[uint64]map[uint64]bool // pool id -> chunk offsets sent on this connection
+	sent map[uint64]map[uint64]sentChunk // pool id -> offset -> the chunk sent there on this connection
+	// holds counts the imports the peer holds: pool pointers sent with
+	// SendPointer and not yet released (RecvRelease); each is one import
+	// counted by its pool (pool.ExportPointer). Entries are never zero.
+	holds  map[*ExportedPool]map[driver.Addr]int
+	closed bool // Close was called
+
+	testExitWait *time.Duration // tests shorten PeerExitWait here
 }
 
-func newConn(c *net.UnixConn) (*Conn, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		_ = c.Close()
-		return nil, errors.Wrap(err, "ipc: connection")
+// made returns ErrInvalid for a Conn that Dial or Accept did not make
+// (nil, or a zero Conn).
+func (c *Conn) made(op string) error {
+	if c == nil || c.c == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "ipc: %s: the connection is nil or was not made by Dial or Listener.Accept", op),
+			"connect with ipc.Dial, or accept with Listener.Accept")
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil || cerr != nil {
-		_ = c.Close()
-		return nil, errors.Wrap(errors.CombineErrors(err, cerr), "ipc: reading the peer's credentials (SO_PEERCRED)")
+	return nil
+}
+
+// open returns made's error, or ErrClosed once Close was called: what
+// every send, receive and SetDeadline asks first, before it changes
+// anything.
+func (c *Conn) open(op string) error {
+	if err := c.made(op); err != nil {
+		return err
 	}
-	return &Conn{c: c, peer: *cred}, nil
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return driver.Closed(fmt.Sprintf("ipc: %s: the connection on %s is closed", op, c.path))
+	}
+	return nil
 }
 
 // PeerPID is the process ID of the other end, as the kernel saw it when
-// the connection was made.
-func (c *Conn) PeerPID() int { return int(c.peer.Pid) }
+// the connection was made; -1 for a Conn that Dial or Accept did not
+// make.
+func (c *Conn) PeerPID() int {
+	if c == nil || c.c == nil {
+		return -1
+	}
+	return c.pid
+}
 
-// PeerUID is the user ID of the other end.
-func (c *Conn) PeerUID() int { return int(c.peer.Uid) }
+// PeerUID is the user ID of the other end; -1 for a Conn that Dial or
+// Accept did not make (not 0, which is root's).
+func (c *Conn) PeerUID() int {
+	if c == nil || c.c == nil {
+		return -1
+	}
+	return c.uid
+}
 
 // SetDeadline bounds the next reads and writes.
-func (c *Conn) SetDeadline(t time.Time) error { return c.c.SetDeadline(t) }
+func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.open("set the deadline"); err != nil {
+		return err
+	}
+	return osError(c.c.SetDeadline(t), "ipc: set the deadline of the connection on %s", c.path)
+}
 
-// Close closes the connection.
-func (c *Conn) Close() error { return errors.Wrap(c.c.Close(), "ipc: close") }
+// Close closes the connection. Imports the peer still holds stay held
+// unless its process has exited already (then Close releases them, as
+// ReleaseIfGone does); the peer is still watched, so ReleaseIfGone
+// releases them after Close too, once it has exited. A second Close is
+// ErrClosed and does nothing.
+func (c *Conn) Close() error {
+	if err := c.made("close"); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return driver.Closed(fmt.Sprintf("ipc: close: the connection on %s is closed", c.path))
+	}
+	c.closed = true
+	c.mu.Unlock()
+	err := osError(c.c.Close(), "ipc: close the connection on %s", c.path)
+	if c.Holds() > 0 {
+		if _, rerr := c.ReleaseIfGone(); rerr != nil && !errors.Is(rerr, driver.ErrBusy) {
+			err = errors.CombineErrors(err, rerr)
+		}
+	}
+	c.dropPeerIfDone()
+	return err
+}
+
+// dropPeerIfDone stops watching the peer once the connection is closed
+// and the peer holds nothing.
+func (c *Conn) dropPeerIfDone() {
+	c.mu.Lock()
+	done := c.closed && len(c.holds) == 0
+	c.mu.Unlock()
+	if done {
+		c.peer.close()
+	}
+}
 
 // header is a message's fixed part.
 type header struct {
@@ -181,26 +293,6 @@ func (h header) encode() []byte {
 	return b
 }
 
-// send writes one message, passing fds with it.
-func (c *Conn) send(kind Kind, htype driver.HandleType, payload []byte, fds ...int) error {
-	if len(payload) > MaxPayload {
-		return errors.Wrapf(driver.ErrInvalid, "ipc: a %s message of %d bytes is over the %d-byte limit", kind, len(payload), MaxPayload)
-	}
-	msg := append(header{kind: kind, htype: htype, nfds: uint8(len(fds)), payload: uint32(len(payload))}.encode(), payload...)
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	n, oobn, err := c.c.WriteMsgUnix(msg, oob, nil)
-	if err != nil {
-		return errors.Wrapf(err, "ipc: send %s", kind)
-	}
-	if n != len(msg) || oobn != len(oob) {
-		return errors.Newf("ipc: send %s: wrote %d of %d bytes, %d of %d control bytes", kind, n, len(msg), oobn, len(oob))
-	}
-	return nil
-}
-
 // message is one received message; fds are open until the caller closes
 // or adopts them.
 type message struct {
@@ -209,63 +301,16 @@ type message struct {
 	fds  []int
 }
 
-func closeAll(fds []int) {
-	for _, fd := range fds {
-		_ = unix.Close(fd)
-	}
-}
-
-// recv reads one message and checks its framing; on any error every
-// descriptor that came with it is closed.
-func (c *Conn) recv() (*message, error) {
-	buf := make([]byte, headerSize+MaxPayload+1)
-	oob := make([]byte, unix.CmsgSpace(maxFDs*4))
-	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
-	var fds []int
-	if oobn > 0 {
-		if cmsgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
-			for _, cm := range cmsgs {
-				if got, rerr := unix.ParseUnixRights(&cm); rerr == nil {
-					fds = append(fds, got...)
-				}
-			}
-		}
-	}
-	fail := func(format string, args ...any) (*message, error) {
-		closeAll(fds)
-		return nil, errors.Mark(errors.Newf("ipc: receive: "+format, args...), ErrProtocol)
-	}
-	if err != nil {
-		closeAll(fds)
-		return nil, errors.Wrap(err, "ipc: receive")
-	}
-	switch {
-	case n == 0:
-		closeAll(fds)
-		return nil, errors.Wrap(driver.ErrClosed, "ipc: receive: the peer closed the connection")
-	case flags&unix.MSG_CTRUNC != 0:
-		return fail("more descriptors than any message carries (control data truncated)")
-	case flags&unix.MSG_TRUNC != 0 || n > headerSize+MaxPayload:
-		return fail("a message over %d bytes (oversized)", headerSize+MaxPayload)
-	case n < headerSize:
-		return fail("%d bytes, shorter than the %d-byte header (truncated)", n, headerSize)
-	case [3]byte(buf[:3]) != magic || buf[3] != version:
-		return fail("bad magic or version %q", buf[:4])
-	}
-	h := header{kind: Kind(buf[4]), htype: driver.HandleType(buf[5]), nfds: buf[6], payload: binary.LittleEndian.Uint32(buf[8:])}
-	if int(h.payload) != n-headerSize {
-		return fail("the header announces %d payload bytes, %d came (truncated or padded)", h.payload, n-headerSize)
-	}
-	if int(h.nfds) != len(fds) {
-		return fail("the header announces %d descriptors, %d came", h.nfds, len(fds))
-	}
-	return &message{header: h, body: buf[headerSize:n], fds: fds}, nil
-}
-
 // SendChunk sends an exported chunk to the peer, if the peer's process ID
 // is on the chunk's allow-list; otherwise the peer is told it was refused,
 // gets no descriptor, and SendChunk returns ErrAccessDenied.
 func (c *Conn) SendChunk(ch *physical.Chunk) error {
+	if err := c.open("send chunk"); err != nil {
+		return err
+	}
+	if ch == nil {
+		return errors.Wrap(driver.ErrInvalid, "ipc: send chunk: the chunk is nil")
+	}
 	sh, ok := ch.Exported()
 	if !ok {
 		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "ipc: send %s: not exported", ch),
@@ -290,8 +335,15 @@ func (c *Conn) SendChunk(ch *physical.Chunk) error {
 // RecvChunk receives a chunk and imports it into mem on dev. A refusal by
 // the sender is ErrAccessDenied with its reason; a broken message is
 // ErrProtocol (or ErrInvalid for a handle the driver rejects), and no
-// descriptor is left open.
+// descriptor is left open. A nil memory, one without a driver that shares
+// chunks, or a device it lacks is refused before any message is read.
 func (c *Conn) RecvChunk(mem *physical.Memory, dev driver.DeviceID) (*physical.Chunk, error) {
+	if err := c.open("receive chunk"); err != nil {
+		return nil, err
+	}
+	if err := importer("receive chunk", mem, dev); err != nil {
+		return nil, err
+	}
 	m, err := c.recv()
 	if err != nil {
 		return nil, err
@@ -316,4 +368,20 @@ func (c *Conn) RecvChunk(mem *physical.Memory, dev driver.DeviceID) (*physical.C
 		return nil, errors.Wrapf(err, "ipc: receive chunk of %s", units.Bytes(size))
 	}
 	return ch, nil
+}
+
+// importer returns nil when mem can import chunks on dev: the checks a
+// receive makes before it reads a message, so that a call no message could
+// satisfy consumes none.
+func importer(op string, mem *physical.Memory, dev driver.DeviceID) error {
+	what := func() string { return fmt.Sprintf("ipc: %s on device %d", op, dev) }
+	d := mem.Driver()
+	if d == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the physical memory is nil or has no driver", what()),
+			"make the memory with physical.New(d) of an open driver")
+	}
+	if _, ok := d.(driver.Sharing); !ok {
+		return errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver cannot share chunks between processes", what(), d.Name())
+	}
+	return driver.CheckDevice(what, dev, len(d.Devices()))
 }

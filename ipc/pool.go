@@ -7,38 +7,58 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/mapping"
 	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/pool"
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// Sharing pools (seed 002: cudaMemPoolExportToShareableHandle,
+// Sharing pools (CUDA's cudaMemPoolExportToShareableHandle,
 // cudaMemPoolImportFromShareableHandle, cudaMemPoolExportPointer,
 // cudaMemPoolImportPointer). The exporter sends a pool once, then single
-// allocations as pointers: the arena chunks an allocation lies on travel
-// first (each once per connection), then its offset and size. The importer
-// maps the chunks at the same offsets of a reservation of its own; its
-// ImportedPool cannot allocate. As the seed requires, importers free
-// first: the exporting pool refuses FreeAsync of a pointer until every
-// importer has sent its release.
+// allocations as pointers: the chunks an allocation lies on travel first
+// (each once per connection, as long as it stays where it was sent), then
+// its offset and size. The importer maps the chunks at the same offsets of
+// a reservation of its own; its ImportedPool cannot allocate. As the seed
+// requires, importers free first: the exporting pool refuses FreeAsync of
+// a pointer until every importer has sent its release.
+//
+// An importer that exits without freeing (it crashed, it was killed) can
+// send no release. The connection counts, per pool pointer, the imports
+// its peer holds (Holds), and watches the peer process through a pidfd
+// taken when the connection was made: once that process has exited, its
+// mappings are gone with it and its imports are released — by RecvRelease
+// when it sees the connection end, or by ReleaseIfGone at any time, Close
+// included. While the process lives its imports stay held, connected or
+// not: it may still map the memory. A peer releases only what it was sent
+// on its own connection.
+//
+// A pool gives memory back from anywhere and may later commit a new chunk
+// where an old one was, so a chunk is known by its offset and its identity
+// (the exporter's handle): the exporter sends a chunk again when the one
+// at an offset is not the one it sent there, and the importer then
+// replaces the chunks it maps over that range — unless an imported pointer
+// it has not freed lies on them, which is refused (ErrBusy).
 
 // More message kinds.
 const (
 	KindPool      Kind = 5 // payload: pool id, max size
-	KindPoolChunk Kind = 6 // payload: pool id, offset, size; one descriptor
+	KindPoolChunk Kind = 6 // payload: pool id, offset, size, chunk identity; one descriptor
 )
 
 var poolIDs atomic.Uint64
 
 // ExportedPool is a pool offered to other processes.
 type ExportedPool struct {
-	p     *arena.Pool
+	p     *pool.Pool
 	id    uint64
 	mu    sync.Mutex
 	allow []int
@@ -46,20 +66,43 @@ type ExportedPool struct {
 
 // ExportPool offers p, which must have been created Shareable, to the
 // processes allowPIDs names.
-func ExportPool(p *arena.Pool, allowPIDs ...int) (*ExportedPool, error) {
+func ExportPool(p *pool.Pool, allowPIDs ...int) (*ExportedPool, error) {
+	if p == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "ipc: export pool: the pool is nil")
+	}
 	if !p.Props().Shareable {
-		return nil, errors.WithHint(errors.Wrap(driver.ErrInvalid, "ipc: export pool: it was created without PoolProps.Shareable"),
+		return nil, errors.WithHint(errors.Wrap(driver.ErrInvalid, "ipc: export pool: it was created without pool.Props.Shareable"),
 			"create pools meant for other processes shareable")
+	}
+	if err := driver.CheckPIDs(func() string { return "ipc: export pool" }, allowPIDs); err != nil {
+		return nil, err
 	}
 	id := uint64(os.Getpid())<<32 | poolIDs.Add(1)
 	return &ExportedPool{p: p, id: id, allow: slices.Clone(allowPIDs)}, nil
 }
 
+// made returns ErrInvalid for an ExportedPool that ExportPool did not
+// make (nil, or a zero ExportedPool).
+func (ep *ExportedPool) made(op string) error {
+	if ep == nil || ep.p == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "ipc: %s: the exported pool is nil or was not made by ExportPool", op),
+			"export pools with ipc.ExportPool")
+	}
+	return nil
+}
+
 // SetAllowedPIDs replaces the processes allowed to import the pool.
-func (ep *ExportedPool) SetAllowedPIDs(pids ...int) {
+func (ep *ExportedPool) SetAllowedPIDs(pids ...int) error {
+	if err := ep.made("set allowed PIDs"); err != nil {
+		return err
+	}
+	if err := driver.CheckPIDs(func() string { return "ipc: set allowed PIDs of an exported pool" }, pids); err != nil {
+		return err
+	}
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
 	ep.allow = slices.Clone(pids)
+	return nil
 }
 
 func (ep *ExportedPool) allowed(pid int) bool {
@@ -96,60 +139,114 @@ func readU64s(m *message, n int) ([]uint64, error) {
 
 // SendPool sends the pool to the peer, if allowed.
 func (c *Conn) SendPool(ep *ExportedPool) error {
+	if err := c.open("send pool"); err != nil {
+		return err
+	}
+	if err := ep.made("send pool"); err != nil {
+		return err
+	}
 	if !ep.allowed(c.PeerPID()) {
 		return c.refuse(fmt.Sprintf("pool %#x", ep.id))
 	}
-	return c.send(KindPool, 0, u64s(ep.id, ep.p.Allocator().Arena().Max()))
+	return c.send(KindPool, 0, u64s(ep.id, ep.p.Max()))
 }
 
 // SendPointer sends one live allocation of the pool: the chunks it lies on
 // that this connection has not sent yet, then the pointer. The pool then
 // refuses to free it until the peer releases it (RecvRelease).
 func (c *Conn) SendPointer(ep *ExportedPool, ptr driver.Addr) error {
+	if err := c.open("send pointer"); err != nil {
+		return err
+	}
+	if err := ep.made("send pointer"); err != nil {
+		return err
+	}
 	if !ep.allowed(c.PeerPID()) {
 		return c.refuse(fmt.Sprintf("pool %#x", ep.id))
 	}
-	off, size, err := ep.p.Offset(ptr)
+	// ExportPointer counts an import: the pool cannot free ptr, nor unmap
+	// the chunks under it, until the peer releases it (or this fails).
+	xp, err := ep.p.ExportPointer(ptr)
 	if err != nil {
 		return errors.Wrap(err, "ipc: send pointer")
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.sent == nil {
-		c.sent = map[uint64]map[uint64]bool{}
-	}
-	if c.sent[ep.id] == nil {
-		c.sent[ep.id] = map[uint64]bool{}
-	}
-	for _, ch := range ep.p.Allocator().Arena().Chunks() {
-		end := ch.Offset + ch.Chunk.Size()
-		if end <= off || ch.Offset >= off+size || c.sent[ep.id][ch.Offset] {
-			continue
-		}
-		sh, ok := ch.Chunk.Exported()
-		if !ok {
-			if sh, err = ch.Chunk.Export(); err != nil {
-				return errors.Wrap(err, "ipc: send pointer")
-			}
-		}
-		if err := c.send(KindPoolChunk, driver.HandlePOSIXFD, u64s(ep.id, ch.Offset, ch.Chunk.Size()), sh.FD); err != nil {
-			return errors.Wrap(err, "ipc: send pointer")
-		}
-		c.sent[ep.id][ch.Offset] = true
-	}
-	if err := ep.p.MarkImported(ptr); err != nil {
-		return errors.Wrap(err, "ipc: send pointer")
-	}
-	if err := c.send(KindPointer, 0, u64s(ep.id, off, size)); err != nil {
+	if err := c.sendPointer(ep, xp); err != nil {
 		return errors.CombineErrors(errors.Wrap(err, "ipc: send pointer"), ep.p.ReleaseImport(ptr))
 	}
 	return nil
 }
 
+// sentChunk is what a connection sent of a pool at one offset.
+type sentChunk struct {
+	size uint64
+	id   driver.Handle
+}
+
+// sendPointer sends the chunks under xp this connection has not sent as
+// they are now, then the pointer.
+func (c *Conn) sendPointer(ep *ExportedPool, xp pool.ExportedPointer) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sent == nil {
+		c.sent = map[uint64]map[uint64]sentChunk{}
+	}
+	sent := c.sent[ep.id]
+	if sent == nil {
+		sent = map[uint64]sentChunk{}
+		c.sent[ep.id] = sent
+	}
+	for _, ch := range xp.Chunks {
+		if sent[ch.Offset] == (sentChunk{size: ch.Size, id: ch.ID}) {
+			continue
+		}
+		if err := c.send(KindPoolChunk, driver.HandlePOSIXFD, u64s(ep.id, ch.Offset, ch.Size, uint64(ch.ID)), ch.Shareable.FD); err != nil {
+			return err
+		}
+		// The importer replaced whatever it mapped over this range.
+		for off, sc := range sent {
+			if off < ch.Offset+ch.Size && ch.Offset < off+sc.size {
+				delete(sent, off)
+			}
+		}
+		sent[ch.Offset] = sentChunk{size: ch.Size, id: ch.ID}
+	}
+	if err := c.send(KindPointer, 0, u64s(ep.id, xp.Offset, xp.Size)); err != nil {
+		return err
+	}
+	// Counted before c.mu is let go, so that a release racing in on
+	// another goroutine finds it.
+	if c.holds == nil {
+		c.holds = map[*ExportedPool]map[driver.Addr]int{}
+	}
+	if c.holds[ep] == nil {
+		c.holds[ep] = map[driver.Addr]int{}
+	}
+	c.holds[ep][ep.p.Base()+driver.Addr(xp.Offset)]++
+	return nil
+}
+
 // RecvRelease waits for the peer to release one pointer of the pool and
-// records it; it returns the pointer, which the pool may now free.
+// records it; it returns the pointer, which the pool may now free. A peer
+// may release only what it was sent on this connection and holds
+// (ErrNotAllocated otherwise).
+//
+// When the connection ends (ErrClosed) while the peer still holds
+// imports, RecvRelease waits up to PeerExitWait for the peer process to
+// exit — a process that dies closes its sockets a moment before it is
+// gone — and if it has, releases every import it held, as ReleaseIfGone
+// does, and says so; if it lives, nothing is released (it may still map
+// the memory) and the error says to call ReleaseIfGone once it exits.
 func (c *Conn) RecvRelease(ep *ExportedPool) (driver.Addr, error) {
+	if err := c.open("receive release"); err != nil {
+		return 0, err
+	}
+	if err := ep.made("receive release"); err != nil {
+		return 0, err
+	}
 	m, err := c.recv()
+	if errors.Is(err, driver.ErrClosed) {
+		return 0, c.peerClosed(err)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -164,16 +261,157 @@ func (c *Conn) RecvRelease(ep *ExportedPool) (driver.Addr, error) {
 	if vs[0] != ep.id {
 		return 0, errors.Wrapf(driver.ErrInvalid, "ipc: receive release: pool %#x is unknown here (this one is %#x)", vs[0], ep.id)
 	}
-	ptr := ep.p.Allocator().Arena().Base() + driver.Addr(vs[1])
+	ptr := ep.p.Base() + driver.Addr(vs[1])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.holds[ep][ptr] == 0 {
+		return 0, errors.Wrapf(driver.ErrNotAllocated,
+			"ipc: receive release of %s (offset %#x of pool %#x): process %d holds no import of it on this connection (released twice, or never sent it)",
+			ptr, vs[1], ep.id, c.PeerPID())
+	}
 	if err := ep.p.ReleaseImport(ptr); err != nil {
 		return 0, errors.Wrap(err, "ipc: receive release")
 	}
+	c.dropHoldLocked(ep, ptr)
 	return ptr, nil
+}
+
+// PeerExitWait is how long RecvRelease waits, once the connection has
+// ended, for the peer process to exit before deciding it lives.
+const PeerExitWait = time.Second
+
+// exitWait is PeerExitWait, or what a test sets for the connection.
+func (c *Conn) exitWait() time.Duration {
+	if c.testExitWait != nil {
+		return *c.testExitWait
+	}
+	return PeerExitWait
+}
+
+// peerClosed is RecvRelease's answer when the connection ended: cause,
+// after releasing the peer's imports if it has exited.
+func (c *Conn) peerClosed(cause error) error {
+	n := c.Holds()
+	if n == 0 {
+		return cause
+	}
+	gone, err := c.peer.exited(c.exitWait())
+	if err != nil {
+		return errors.Wrapf(errors.CombineErrors(cause, err),
+			"ipc: receive release: whether process %d exited is unknown, so its %d import(s) stay held", c.PeerPID(), n)
+	}
+	if !gone {
+		return errors.WithHint(
+			errors.Wrapf(cause, "ipc: receive release: process %d ended the connection but lives, and may still map what it imported: its %d import(s) stay held",
+				c.PeerPID(), n),
+			"call Conn.ReleaseIfGone once the process has exited")
+	}
+	released, err := c.ReleaseIfGone()
+	if err != nil {
+		return errors.CombineErrors(cause, err)
+	}
+	return errors.Wrapf(cause, "ipc: receive release: process %d exited; released the %d import(s) it held", c.PeerPID(), released)
+}
+
+// Holds is how many imports of pool pointers the peer holds on this
+// connection: pointers sent with SendPointer (each send counts) and not
+// released since. A nil Conn holds none.
+func (c *Conn) Holds() int {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, ptrs := range c.holds {
+		for _, k := range ptrs {
+			n += k
+		}
+	}
+	return n
+}
+
+// PeerExited reports whether the peer process has exited: the process
+// the kernel named when the connection was made (SO_PEERCRED), watched
+// through a pidfd taken then, so a later process given the same PID is
+// not mistaken for it. It does not wait, and it answers after Close too.
+func (c *Conn) PeerExited() (bool, error) {
+	if err := c.made("whether the peer exited"); err != nil {
+		return false, err
+	}
+	return c.peer.exited(0)
+}
+
+// ReleaseIfGone releases every import the peer holds on this connection
+// if its process has exited, and returns how many: its mappings went with
+// it, so the pools may free those pointers (FreeAsync) and be destroyed.
+// While the process lives it releases nothing and returns ErrBusy: it may
+// still map the memory, and the pools go on refusing to free it:
+// importers free first, as cudaMemPoolImportPointer requires. It works
+// after Close too. Holding nothing, it returns 0 and no error.
+//
+// The process watched is the one that made the connection. If it handed
+// the memory on before exiting — to a child it forked, or by exporting
+// the chunks again — the library cannot see those holders; such a peer
+// must free its pointers before it exits.
+func (c *Conn) ReleaseIfGone() (int, error) {
+	if err := c.made("release the imports of an exited peer"); err != nil {
+		return 0, err
+	}
+	if c.Holds() == 0 {
+		return 0, nil
+	}
+	gone, err := c.peer.exited(0)
+	if err != nil {
+		return 0, errors.NewAssertionErrorWithWrappedErrf(err, "ipc: release the imports of process %d: whether it exited is unknown", c.PeerPID())
+	}
+	c.mu.Lock()
+	n := 0
+	for _, ptrs := range c.holds {
+		for _, k := range ptrs {
+			n += k
+		}
+	}
+	if !gone {
+		c.mu.Unlock()
+		return 0, errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "ipc: release the imports of process %d: it lives, and may still map them: its %d import(s) stay held", c.PeerPID(), n),
+			"have it free its pointers (ImportedPool.Free), or call ReleaseIfGone again once it has exited")
+	}
+	var errs error
+	for ep, ptrs := range c.holds {
+		for ptr, k := range ptrs {
+			for range k {
+				errs = errors.CombineErrors(errs, ep.p.ReleaseImport(ptr))
+			}
+		}
+	}
+	c.holds = nil
+	c.mu.Unlock()
+	c.dropPeerIfDone()
+	if errs != nil {
+		return n, errors.NewAssertionErrorWithWrappedErrf(errs, "ipc: release the imports of exited process %d: the pools did not count them", c.PeerPID())
+	}
+	return n, nil
+}
+
+// dropHoldLocked forgets one import of ptr; c.mu is held.
+func (c *Conn) dropHoldLocked(ep *ExportedPool, ptr driver.Addr) {
+	if c.holds[ep][ptr]--; c.holds[ep][ptr] == 0 {
+		delete(c.holds[ep], ptr)
+		if len(c.holds[ep]) == 0 {
+			delete(c.holds, ep)
+		}
+	}
 }
 
 // ImportedPool is another process's pool as this process sees it: the
 // chunks of the pointers it received, mapped at the exporter's offsets.
 // It cannot allocate.
+//
+// Invariants: chunks are sorted by offset and disjoint, each mapped whole
+// at res.Base()+off, read-write for dev; every imported pointer lies on
+// mapped chunks.
 type ImportedPool struct {
 	id   uint64
 	dev  driver.DeviceID
@@ -182,15 +420,50 @@ type ImportedPool struct {
 	tab  *mapping.Table
 	conn *Conn
 
+	// mu guards the fields below and the page table's mappings.
 	mu     sync.Mutex
-	chunks []*physical.Chunk
-	ptrs   map[driver.Addr]uint64 // imported pointer -> size
+	chunks ranges.List[uint64, importedChunk] // by offset
+	ptrs   map[driver.Addr]importedPtr        // imported pointers
 	closed bool
+}
+
+// importedPtr is a pointer this process imported: its size, and how many
+// times it came (the exporter counts each send as an import, and each
+// Free releases one).
+type importedPtr struct {
+	size uint64
+	n    int
+}
+
+// importedChunk is a chunk of the exporter's pool mapped here.
+type importedChunk struct {
+	id uint64 // the exporter's identity of the chunk
+	c  *physical.Chunk
 }
 
 // RecvPool receives a pool from the peer and reserves room for it; its
 // memory is mapped as pointers arrive (RecvPointer), read-write for dev.
+// An address space or memory that is nil, has no driver or is on another
+// driver than the other, or a device they lack, is refused before any
+// message is read.
 func (c *Conn) RecvPool(space *vaspace.Space, mem *physical.Memory, dev driver.DeviceID) (*ImportedPool, error) {
+	if err := c.open("receive pool"); err != nil {
+		return nil, err
+	}
+	d := space.Driver()
+	if d == nil {
+		return nil, errors.WithHint(errors.Wrap(driver.ErrInvalid, "ipc: receive pool: the address space is nil or has no driver"),
+			"make the space with vaspace.New(d) of an open driver")
+	}
+	if err := driver.CheckComparable(func() string { return "ipc: receive pool" }, d); err != nil {
+		return nil, err
+	}
+	if err := importer("receive pool", mem, dev); err != nil {
+		return nil, err
+	}
+	if mem.Driver() != d {
+		return nil, errors.Wrap(driver.ErrInvalid, "ipc: receive pool: the address space and the physical memory are on different drivers")
+	}
 	m, err := c.recv()
 	if err != nil {
 		return nil, err
@@ -215,14 +488,29 @@ func (c *Conn) RecvPool(space *vaspace.Space, mem *physical.Memory, dev driver.D
 	if err != nil {
 		return nil, errors.CombineErrors(err, res.Free())
 	}
-	return &ImportedPool{id: vs[0], dev: dev, mem: mem, res: res, tab: tab, conn: c, ptrs: map[driver.Addr]uint64{}}, nil
+	return &ImportedPool{id: vs[0], dev: dev, mem: mem, res: res, tab: tab, conn: c, ptrs: map[driver.Addr]importedPtr{}}, nil
 }
 
 // RecvPointer receives one pointer of the pool (and the chunks it needs)
 // and returns its address in this process.
+//
+// ip must have come on this connection (RecvPool): its releases go back
+// on it, to the exporter that counts them.
 func (c *Conn) RecvPointer(ip *ImportedPool) (driver.Addr, error) {
+	if err := c.open("receive pointer"); err != nil {
+		return 0, err
+	}
+	if err := ip.made(func() string { return "ipc: receive pointer" }); err != nil {
+		return 0, err
+	}
+	if ip.conn != c {
+		return 0, errors.WithHint(
+			errors.Wrapf(driver.ErrInvalid, "ipc: receive pointer on %s: the imported pool came on another connection", c.path),
+			"receive a pool's pointers on the connection RecvPool received it on")
+	}
 	ip.mu.Lock()
 	defer ip.mu.Unlock()
+	defer ip.checkAfter("recvPointer")
 	if ip.closed {
 		return 0, driver.Closed("ipc: receive pointer into a closed imported pool")
 	}
@@ -245,7 +533,7 @@ func (ip *ImportedPool) take(m *message) (driver.Addr, bool, error) {
 	case KindRefused:
 		return 0, true, errors.Wrapf(driver.ErrAccessDenied, "ipc: the sender refused: %s", m.body)
 	case KindPoolChunk:
-		vs, err := readU64s(m, 3)
+		vs, err := readU64s(m, 4)
 		if err != nil {
 			return 0, true, err
 		}
@@ -255,18 +543,9 @@ func (ip *ImportedPool) take(m *message) (driver.Addr, bool, error) {
 		if vs[0] != ip.id {
 			return 0, true, errors.Wrapf(driver.ErrInvalid, "ipc: a chunk of pool %#x, unknown here (this one is %#x)", vs[0], ip.id)
 		}
-		ch, err := ip.mem.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: m.fds[0], Size: vs[2]}, ip.dev)
-		if err != nil {
-			return 0, true, errors.Wrap(err, "ipc: pool chunk")
+		if err := ip.putChunk(vs[1], vs[2], vs[3], m.fds[0]); err != nil {
+			return 0, true, err
 		}
-		at := ip.res.Base() + driver.Addr(vs[1])
-		if err := ip.tab.Map(at, ch); err != nil {
-			return 0, true, errors.CombineErrors(errors.Wrap(err, "ipc: pool chunk"), ch.Release())
-		}
-		if err := ip.tab.SetAccess(at, vs[2], ip.dev, driver.AccessReadWrite); err != nil {
-			return 0, true, errors.CombineErrors(err, errors.CombineErrors(ip.tab.Unmap(at), ch.Release()))
-		}
-		ip.chunks = append(ip.chunks, ch)
 		return 0, false, nil
 	case KindPointer:
 		vs, err := readU64s(m, 3)
@@ -276,43 +555,311 @@ func (ip *ImportedPool) take(m *message) (driver.Addr, bool, error) {
 		if vs[0] != ip.id {
 			return 0, true, errors.Wrapf(driver.ErrInvalid, "ipc: a pointer of pool %#x, unknown here (this one is %#x)", vs[0], ip.id)
 		}
-		ptr := ip.res.Base() + driver.Addr(vs[1])
-		if _, err := ip.tab.Lookup(ptr); err != nil || vs[1]+vs[2] > ip.res.Size() {
-			return 0, true, errors.Wrapf(driver.ErrNotMapped, "ipc: pointer at offset %#x of %s: its chunks never came", vs[1], units.Bytes(vs[2]))
+		off, size := vs[1], vs[2]
+		if size == 0 || off+size < off || off+size > ip.res.Size() {
+			return 0, true, errors.Wrapf(driver.ErrInvalid, "ipc: a pointer of %d bytes at offset %#x: outside the pool's %s",
+				size, off, units.Bytes(ip.res.Size()))
 		}
-		ip.ptrs[ptr] = vs[2]
+		if at := ip.unmappedIn(off, off+size); at < off+size {
+			return 0, true, errors.Wrapf(driver.ErrNotMapped, "ipc: pointer at offset %#x of %s: nothing is mapped at offset %#x (its chunks never came)",
+				off, units.Bytes(size), at)
+		}
+		ptr := ip.res.Base() + driver.Addr(off)
+		if p, ok := ip.ptrs[ptr]; ok && p.size != size {
+			return 0, true, errors.Wrapf(driver.ErrInvalid, "ipc: pointer at offset %#x of %s: imported already with %s",
+				off, units.Bytes(size), units.Bytes(p.size))
+		}
+		p := ip.ptrs[ptr]
+		ip.ptrs[ptr] = importedPtr{size: size, n: p.n + 1}
 		return ptr, true, nil
 	}
 	return 0, true, errors.Mark(errors.Newf("ipc: receive pointer: a %s message came", m.kind), ErrProtocol)
 }
 
-// MallocAsync always fails: an imported pool cannot allocate (seed 002).
+// unmappedIn returns the first offset of [lo, hi) where no chunk is
+// mapped, or hi when chunks cover it all.
+func (ip *ImportedPool) unmappedIn(lo, hi uint64) uint64 {
+	for at := lo; at < hi; {
+		i, ok := ip.chunks.Find(at)
+		if !ok {
+			return at
+		}
+		at = ip.chunks.At(i).End
+	}
+	return hi
+}
+
+// putChunk maps the exporter's chunk id, size bytes at offset off, from
+// the descriptor fd (which the caller closes), replacing the chunks mapped
+// over that range: the exporter gave them back and committed this one. A
+// chunk already mapped there as it is changes nothing. When an imported
+// pointer not yet freed lies on a chunk to replace, it is refused with
+// ErrBusy; on any error nothing changes.
+func (ip *ImportedPool) putChunk(off, size, id uint64, fd int) error {
+	what := func() string {
+		return fmt.Sprintf("ipc: pool chunk %d of %s at offset %#x", id, units.Bytes(size), off)
+	}
+	if size == 0 || off+size < off || off+size > ip.res.Size() {
+		return errors.Wrapf(driver.ErrInvalid, "%s: outside the pool's %s", what(), units.Bytes(ip.res.Size()))
+	}
+	lo, hi := ip.chunks.Overlapping(off, off+size)
+	if hi == lo+1 {
+		if it := ip.chunks.At(lo); it.Start == off && it.Size() == size && it.Val.id == id {
+			return nil // mapped already: nothing to do
+		}
+	}
+	for ptr, p := range ip.ptrs {
+		poff := uint64(ptr - ip.res.Base())
+		for i := lo; i < hi; i++ {
+			if it := ip.chunks.At(i); it.Start < poff+p.size && poff < it.End {
+				return errors.WithHint(
+					errors.Wrapf(driver.ErrBusy, "%s: it would replace chunk %d at offset %#x, under the imported pointer %s not yet freed",
+						what(), it.Val.id, it.Start, ptr),
+					"the exporter gives a chunk back only after every importer freed the pointers on it: free them first")
+			}
+		}
+	}
+	ch, err := ip.mem.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: size}, ip.dev)
+	if err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	// Unmap the chunks replaced, keeping their handles until the new one is
+	// in, so that a failure can put them back.
+	var unmapped []int
+	undo := func(cause error) error {
+		for _, i := range unmapped {
+			it := ip.chunks.At(i)
+			cause = errors.CombineErrors(cause, ip.mapRW(it.Start, it.Val.c))
+		}
+		return errors.CombineErrors(errors.Wrapf(cause, "%s", what()), ch.Release())
+	}
+	for i := lo; i < hi; i++ {
+		if err := ip.tab.Unmap(ip.res.Base() + driver.Addr(ip.chunks.At(i).Start)); err != nil {
+			return undo(err)
+		}
+		unmapped = append(unmapped, i)
+	}
+	if err := ip.mapRW(off, ch); err != nil {
+		return undo(err)
+	}
+	var errs error
+	for i := lo; i < hi; i++ {
+		errs = errors.CombineErrors(errs, ip.chunks.At(i).Val.c.Release())
+	}
+	ip.chunks.Delete(lo, hi)
+	if _, ok := ip.chunks.Insert(off, off+size, importedChunk{id: id, c: ch}); !ok {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: the chunk overlaps one not replaced", what()))
+	}
+	return errors.Wrapf(errs, "%s: releasing the chunks replaced", what())
+}
+
+// mapRW maps c at offset off of the pool's reservation, read-write for the
+// pool's device; on failure nothing stays mapped.
+func (ip *ImportedPool) mapRW(off uint64, c *physical.Chunk) error {
+	at := ip.res.Base() + driver.Addr(off)
+	if err := ip.tab.Map(at, c); err != nil {
+		return err
+	}
+	if err := ip.tab.SetAccess(at, c.Size(), ip.dev, driver.AccessReadWrite); err != nil {
+		return errors.CombineErrors(err, ip.tab.Unmap(at))
+	}
+	return nil
+}
+
+// Chunks lists, in offset order, the offset, size and exporter's identity
+// of each chunk the pool maps now.
+func (ip *ImportedPool) Chunks() []ImportedChunk {
+	if ip == nil || ip.tab == nil {
+		return nil
+	}
+	ip.mu.Lock()
+	defer ip.mu.Unlock()
+	out := make([]ImportedChunk, 0, ip.chunks.Len())
+	for _, it := range ip.chunks.All() {
+		out = append(out, ImportedChunk{Offset: it.Start, Size: it.Size(), ID: it.Val.id})
+	}
+	return out
+}
+
+// ImportedChunk describes a chunk an imported pool maps.
+type ImportedChunk struct {
+	Offset, Size uint64
+	// ID is the exporter's identity of the chunk (its driver handle there).
+	ID uint64
+}
+
+// Check verifies the imported pool's invariants and its page table's (a
+// closed pool has none left to break).
+func (ip *ImportedPool) Check() error {
+	if err := ip.made(func() string { return "ipc: check" }); err != nil {
+		return err
+	}
+	ip.mu.Lock()
+	defer ip.mu.Unlock()
+	return ip.checkLocked()
+}
+
+// checkAfter runs checkLocked after a change, in builds with the
+// invariants tag; the lock is held.
+func (ip *ImportedPool) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("ipc: imported pool "+op, ip.checkLocked())
+	}
+}
+
+// checkLocked is Check with the lock held: what every change runs in
+// builds with the invariants tag.
+func (ip *ImportedPool) checkLocked() error {
+	if ip.closed {
+		return nil
+	}
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
+	}
+	n := 0
+	for m := range ip.tab.Mappings() {
+		n++
+		off := uint64(m.Range.Base - ip.res.Base())
+		i, ok := ip.chunks.Find(off)
+		if !ok || ip.chunks.At(i).Start != off || ip.chunks.At(i).Val.c != m.Chunk {
+			fail("ipc: imported pool: a mapping at offset %#x that no imported chunk accounts for", off)
+		}
+	}
+	if n != ip.chunks.Len() {
+		fail("ipc: imported pool: %d chunks recorded, %d mapped", ip.chunks.Len(), n)
+	}
+	if err := ip.chunks.Check(); err != nil {
+		errs = errors.CombineErrors(errs, errors.Wrap(err, "ipc: imported pool"))
+	}
+	for ptr, p := range ip.ptrs {
+		off := uint64(ptr - ip.res.Base())
+		switch {
+		case p.n <= 0 || p.size == 0 || off+p.size < off || off+p.size > ip.res.Size():
+			fail("ipc: imported pool: the pointer %s (%d bytes, imported %d times) does not fit the pool's %d bytes", ptr, p.size, p.n, ip.res.Size())
+		case ip.unmappedIn(off, off+p.size) < off+p.size:
+			fail("ipc: imported pool: the pointer %s (%d bytes) reaches offset %#x, where nothing is mapped", ptr, p.size, ip.unmappedIn(off, off+p.size))
+		}
+	}
+	return errors.CombineErrors(errs, ip.tab.Check())
+}
+
+// MallocAsync always fails: an imported pool cannot allocate (as in CUDA),
+// ErrUnsupported.
 func (ip *ImportedPool) MallocAsync(uint64) (driver.Addr, error) {
+	what := func() string { return "ipc: malloc async" }
+	if err := ip.made(what); err != nil {
+		return 0, err
+	}
+	if ip.isClosed() {
+		return 0, driver.Closed(what() + ": the imported pool is closed")
+	}
 	return 0, errors.Wrap(driver.ErrUnsupported, "ipc: an imported pool cannot allocate")
 }
 
-// Table is the page table the pool's memory is mapped in, to read and
-// write it.
-func (ip *ImportedPool) Table() *mapping.Table { return ip.tab }
-
-// Free releases an imported pointer and tells the exporter, which may then
-// free it itself.
-func (ip *ImportedPool) Free(ptr driver.Addr) error {
+// isClosed reports whether Close has closed the pool.
+func (ip *ImportedPool) isClosed() bool {
 	ip.mu.Lock()
 	defer ip.mu.Unlock()
-	if _, ok := ip.ptrs[ptr]; !ok {
+	return ip.closed
+}
+
+// Read copies len(b) bytes at addr into b on behalf of dev, which must
+// have read access (RecvPool granted its device read-write). The bytes
+// must lie inside one pointer imported into the pool and not yet freed:
+// the exporter's other allocations share its chunks, and are not this
+// process's to touch. Outside the pool's range is ErrNotReserved, inside
+// it but not within such a pointer ErrAccessDenied, after Close ErrClosed.
+func (ip *ImportedPool) Read(dev driver.DeviceID, addr driver.Addr, b []byte) error {
+	return ip.touch("read", dev, addr, b, (*mapping.Table).Read)
+}
+
+// Write copies b to addr on behalf of dev, which must have read-write
+// access, under the same rules as Read. A refused write changes no byte.
+func (ip *ImportedPool) Write(dev driver.DeviceID, addr driver.Addr, b []byte) error {
+	return ip.touch("write", dev, addr, b, (*mapping.Table).Write)
+}
+
+// touch checks that [addr, addr+len(b)) lies inside one imported pointer
+// and moves the bytes through the page table, whose rules (the device's
+// access) apply on top.
+func (ip *ImportedPool) touch(op string, dev driver.DeviceID, addr driver.Addr, b []byte,
+	move func(*mapping.Table, driver.DeviceID, driver.Addr, []byte) error) error {
+	what := func() string {
+		return fmt.Sprintf("ipc: %s %s at %s of an imported pool for device %d", op, units.Bytes(uint64(len(b))), addr, dev)
+	}
+	if err := ip.made(what); err != nil {
+		return err
+	}
+	ip.mu.Lock()
+	defer ip.mu.Unlock()
+	if ip.closed {
+		return driver.Closed(what() + ": the pool is closed")
+	}
+	r, n := ip.res.Range(), uint64(len(b))
+	if !r.Contains(addr) || n > uint64(r.End()-addr) {
+		return errors.Wrapf(driver.ErrNotReserved, "%s: outside the pool's range %s", what(), r)
+	}
+	inside := false
+	for ptr, p := range ip.ptrs {
+		if addr >= ptr && uint64(addr-ptr) < p.size && n <= p.size-uint64(addr-ptr) {
+			inside = true
+			break
+		}
+	}
+	if !inside {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrAccessDenied, "%s: not inside one pointer imported into the pool and not yet freed", what()),
+			"touch only what RecvPointer returned, within its size, until Free")
+	}
+	return errors.Wrapf(move(ip.tab, dev, addr, b), "ipc: %s of an imported pool", op)
+}
+
+// made returns ErrInvalid for an ImportedPool that RecvPool did not make
+// (nil, or a zero ImportedPool).
+func (ip *ImportedPool) made(what func() string) error {
+	if ip == nil || ip.tab == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the imported pool is nil or was not made by Conn.RecvPool", what()),
+			"receive pools with Conn.RecvPool")
+	}
+	return nil
+}
+
+// Free releases an imported pointer and tells the exporter, which may then
+// free it itself once every import of it is released. A pointer that came
+// n times is freed n times.
+func (ip *ImportedPool) Free(ptr driver.Addr) error {
+	what := func() string { return fmt.Sprintf("ipc: free %s", ptr) }
+	if err := ip.made(what); err != nil {
+		return err
+	}
+	ip.mu.Lock()
+	defer ip.mu.Unlock()
+	defer ip.checkAfter("free")
+	if ip.closed {
+		return driver.Closed(what() + ": the imported pool is closed")
+	}
+	p, ok := ip.ptrs[ptr]
+	if !ok {
 		return errors.Wrapf(driver.ErrNotAllocated, "ipc: free %s: not a pointer imported into this pool (freed twice?)", ptr)
 	}
 	if err := ip.conn.send(KindRelease, 0, u64s(ip.id, uint64(ptr-ip.res.Base()))); err != nil {
 		return errors.Wrap(err, "ipc: free imported pointer")
 	}
-	delete(ip.ptrs, ptr)
+	if p.n--; p.n == 0 {
+		delete(ip.ptrs, ptr)
+	} else {
+		ip.ptrs[ptr] = p
+	}
 	return nil
 }
 
 // Close unmaps and releases every chunk the pool imported and frees its
 // reservation. It refuses while pointers are not freed.
 func (ip *ImportedPool) Close() error {
+	if err := ip.made(func() string { return "ipc: close imported pool" }); err != nil {
+		return err
+	}
 	ip.mu.Lock()
 	defer ip.mu.Unlock()
 	if ip.closed {
@@ -322,8 +869,8 @@ func (ip *ImportedPool) Close() error {
 		return errors.Wrapf(driver.ErrBusy, "ipc: close of an imported pool with %d pointer(s) not freed", len(ip.ptrs))
 	}
 	errs := ip.tab.Close()
-	for _, ch := range ip.chunks {
-		errs = errors.CombineErrors(errs, ch.Release())
+	for _, it := range ip.chunks.All() {
+		errs = errors.CombineErrors(errs, it.Val.c.Release())
 	}
 	errs = errors.CombineErrors(errs, ip.res.Free())
 	ip.closed = true

@@ -1,5 +1,5 @@
 // Package mapping is the page table of one reservation: which physical
-// chunk backs which range, and what() each device may do there. It is the
+// chunk backs which range, and what each device may do there. It is the
 // library's own view of the memory states named in the driver package doc
 // (reserved, mapped, accessible), kept beside the driver's and checked
 // against it by Check.
@@ -25,12 +25,14 @@ package mapping
 import (
 	"fmt"
 	"iter"
-	"sort"
 	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/mapref"
+	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -89,21 +91,27 @@ type Table struct {
 	devs []driver.Device
 
 	mu     sync.RWMutex
-	maps   []*entry
+	maps   ranges.List[driver.Addr, *entry]
 	closed bool
 }
 
 // New returns an empty table for res, whose chunks come from mem. Both must
 // be on the same driver.
 func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
+	if res == nil || mem == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "mapping: new table: the reservation or the physical memory is nil")
+	}
 	drv := res.Space().Driver()
+	if drv == nil || mem.Driver() == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "mapping: new table: the reservation or the physical memory has no driver (made without vaspace.Reserve or physical.New?)")
+	}
 	if mem.Driver() != drv {
 		return nil, errors.Wrap(driver.ErrInvalid, "mapping: the reservation and the physical memory are on different drivers")
 	}
 	t := &Table{res: res, mem: mem, drv: drv, devs: drv.Devices()}
 	// Attach under Hold: a reservation freed meanwhile refuses, so a table
 	// is never attached to a dead range.
-	if err := res.Hold(func() error { res.Attach(t); return nil }); err != nil {
+	if err := res.Hold(func() error { return res.Attach(t) }); err != nil {
 		return nil, errors.Wrap(err, "mapping: new table")
 	}
 	return t, nil
@@ -116,9 +124,9 @@ func (t *Table) Reservation() *vaspace.Reservation { return t.res }
 func (t *Table) Occupied() []vaspace.Use {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	uses := make([]vaspace.Use, len(t.maps))
-	for i, e := range t.maps {
-		uses[i] = vaspace.Use{Range: e.rng, What: e.chunk.String()}
+	uses := make([]vaspace.Use, t.maps.Len())
+	for i, it := range t.maps.All() {
+		uses[i] = vaspace.Use{Range: it.Val.rng, What: it.Val.chunk.String()}
 	}
 	return uses
 }
@@ -128,8 +136,17 @@ func (t *Table) errClosed(op string) error {
 }
 
 // index returns the index of the first entry that ends after addr.
-func (t *Table) index(addr driver.Addr) int {
-	return sort.Search(len(t.maps), func(i int) bool { return t.maps[i].rng.End() > addr })
+func (t *Table) index(addr driver.Addr) int { return t.maps.Search(addr) }
+
+// n is the number of entries; at(i) the i-th in address order (nil past
+// the last).
+func (t *Table) n() int { return t.maps.Len() }
+
+func (t *Table) at(i int) *entry {
+	if i >= t.maps.Len() {
+		return nil
+	}
+	return t.maps.At(i).Val
 }
 
 // inside checks that [addr, addr+size) lies in the table's reservation.
@@ -144,12 +161,16 @@ func (t *Table) inside(what func() string, addr driver.Addr, size uint64) error 
 
 // Map maps the whole chunk c at addr, inaccessible to every device.
 func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
+	if c == nil {
+		return errors.Wrapf(driver.ErrInvalid, "mapping: map at %s: the chunk is nil", addr)
+	}
 	what := func() string { return fmt.Sprintf("mapping: map %s at %s", c, addr) }
 	if c.Memory() != t.mem {
 		return errors.Wrapf(driver.ErrBadHandle, "%s: the chunk belongs to another physical memory", what())
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	defer t.checkAfter("map")
 	if t.closed {
 		return t.errClosed("map")
 	}
@@ -158,28 +179,19 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 	}
 	i := t.index(addr)
 	end := addr + driver.Addr(c.Size())
-	if i < len(t.maps) && t.maps[i].rng.Base < end {
-		o := t.maps[i]
+	if o := t.at(i); o != nil && o.rng.Base < end {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: %s overlaps the mapping %s of %s",
 				what(), vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
 			"unmap it first: map never replaces a mapping")
 	}
-	if err := c.Acquire(); err != nil {
-		return errors.Wrapf(err, "%s", what())
-	}
-	if err := t.res.Hold(func() error { return t.drv.Map(addr, c.Handle()) }); err != nil {
-		if derr := c.Drop(); derr != nil {
-			return errors.CombineErrors(err, derr)
-		}
+	if err := mapref.Map(c, func() error { return t.res.Hold(func() error { return t.drv.Map(addr, c.Handle()) }) }); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
 	gran := t.devs[c.Device()].MinGranularity
 	e := &entry{rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
 		access: make([]driver.Access, int(c.Size()/gran)*len(t.devs)), ndev: len(t.devs)}
-	t.maps = append(t.maps, nil)
-	copy(t.maps[i+1:], t.maps[i:])
-	t.maps[i] = e
+	t.maps.Insert(addr, end, e)
 	return nil
 }
 
@@ -189,6 +201,7 @@ func (t *Table) Unmap(addr driver.Addr) error {
 	what := func() string { return fmt.Sprintf("mapping: unmap at %s", addr) }
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	defer t.checkAfter("unmap")
 	if t.closed {
 		return t.errClosed("unmap")
 	}
@@ -196,12 +209,12 @@ func (t *Table) Unmap(addr driver.Addr) error {
 		return err
 	}
 	i := t.index(addr)
-	if i == len(t.maps) || t.maps[i].rng.Base > addr {
+	if e := t.at(i); e == nil || e.rng.Base > addr {
 		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what())
 	}
-	if t.maps[i].rng.Base != addr {
+	if e := t.at(i); e.rng.Base != addr {
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrPartial, "%s: it is inside the mapping %s of %s", what(), t.maps[i].rng, t.maps[i].chunk),
+			errors.Wrapf(driver.ErrPartial, "%s: it is inside the mapping %s of %s", what(), e.rng, e.chunk),
 			"unmap takes a whole mapping, by its start address")
 	}
 	return t.unmapAt(what, i)
@@ -211,8 +224,12 @@ func (t *Table) Unmap(addr driver.Addr) error {
 // ErrPartial, and then nothing is unmapped.
 func (t *Table) UnmapRange(r vaspace.Range) error {
 	what := func() string { return fmt.Sprintf("mapping: unmap %s", r) }
+	if !r.Valid() {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the range runs past the end of the address space", what())
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	defer t.checkAfter("unmapRange")
 	if t.closed {
 		return t.errClosed("unmap")
 	}
@@ -221,12 +238,12 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 	}
 	lo, hi := t.index(r.Base), t.index(r.End())
 	for _, i := range []int{lo, hi} {
-		if i < len(t.maps) && t.maps[i].rng.Overlaps(r) && !r.ContainsRange(t.maps[i].rng) {
-			return errors.Wrapf(driver.ErrPartial, "%s: it cuts the mapping %s of %s", what(), t.maps[i].rng, t.maps[i].chunk)
+		if e := t.at(i); e != nil && e.rng.Overlaps(r) && !r.ContainsRange(e.rng) {
+			return errors.Wrapf(driver.ErrPartial, "%s: it cuts the mapping %s of %s", what(), e.rng, e.chunk)
 		}
 	}
 	for i := hi - 1; i >= lo; i-- {
-		if i < len(t.maps) && r.ContainsRange(t.maps[i].rng) {
+		if e := t.at(i); e != nil && r.ContainsRange(e.rng) {
 			if err := t.unmapAt(what, i); err != nil {
 				return err
 			}
@@ -236,18 +253,17 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 }
 
 func (t *Table) unmapAt(what func() string, i int) error {
-	e := t.maps[i]
-	if err := t.res.Hold(func() error { return t.drv.Unmap(e.rng.Base, e.rng.Size) }); err != nil {
+	e := t.at(i)
+	if err := mapref.Unmap(e.chunk, func() error {
+		return t.res.Hold(func() error { return t.drv.Unmap(e.rng.Base, e.rng.Size) })
+	}); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	t.maps = append(t.maps[:i], t.maps[i+1:]...)
-	if err := e.chunk.Drop(); err != nil {
-		return errors.Wrapf(err, "%s", what())
-	}
+	t.maps.Delete(i, i+1)
 	return nil
 }
 
-// SetAccess sets what() dev may do over [addr, addr+size), which must be
+// SetAccess sets what dev may do over [addr, addr+size), which must be
 // mapped throughout; it may span several mappings.
 func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
 	what := func() string {
@@ -264,6 +280,7 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	defer t.checkAfter("setAccess")
 	if t.closed {
 		return t.errClosed("set access")
 	}
@@ -299,31 +316,32 @@ func (t *Table) covering(what func() string, addr, end driver.Addr) ([]*entry, e
 	var es []*entry
 	at := addr
 	for i := t.index(addr); at < end; i++ {
-		if i == len(t.maps) || t.maps[i].rng.Base > at {
+		e := t.at(i)
+		if e == nil || e.rng.Base > at {
 			gapEnd := end
-			if i < len(t.maps) {
-				gapEnd = min(end, t.maps[i].rng.Base)
+			if e != nil {
+				gapEnd = min(end, e.rng.Base)
 			}
 			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, gapEnd)
 		}
-		es = append(es, t.maps[i])
-		at = t.maps[i].rng.End()
+		es = append(es, e)
+		at = e.rng.End()
 	}
 	return es, nil
 }
 
-// Entry is what() backs one address.
+// Entry is what backs one address.
 type Entry struct {
 	// Mapping is the whole mapping the address falls in.
 	Mapping vaspace.Range
 	Chunk   *physical.Chunk
 	// Offset is the address's offset inside the chunk.
 	Offset uint64
-	// Access is what() each device may do at the address (index = device).
+	// Access is what each device may do at the address (index = device).
 	Access []driver.Access
 }
 
-// Lookup reports what() backs addr: ErrNotMapped if nothing does.
+// Lookup reports what backs addr: ErrNotMapped if nothing does.
 func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
 	what := func() string { return fmt.Sprintf("mapping: lookup %s", addr) }
 	t.mu.RLock()
@@ -334,11 +352,10 @@ func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
 	if err := t.inside(what, addr, 1); err != nil {
 		return Entry{}, err
 	}
-	i := t.index(addr)
-	if i == len(t.maps) || t.maps[i].rng.Base > addr {
+	e := t.at(t.index(addr))
+	if e == nil || e.rng.Base > addr {
 		return Entry{}, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what())
 	}
-	e := t.maps[i]
 	off := uint64(addr - e.rng.Base)
 	return Entry{Mapping: e.rng, Chunk: e.chunk, Offset: off,
 		Access: append([]driver.Access(nil), e.granule(int(off/e.gran))...)}, nil
@@ -354,9 +371,9 @@ type Mapping struct {
 // copy taken when called, so the table may change while it runs.
 func (t *Table) Mappings() iter.Seq[Mapping] {
 	t.mu.RLock()
-	ms := make([]Mapping, len(t.maps))
-	for i, e := range t.maps {
-		ms[i] = Mapping{Range: e.rng, Chunk: e.chunk}
+	ms := make([]Mapping, t.n())
+	for i, it := range t.maps.All() {
+		ms[i] = Mapping{Range: it.Val.rng, Chunk: it.Val.chunk}
 	}
 	t.mu.RUnlock()
 	return func(yield func(Mapping) bool) {
@@ -373,7 +390,7 @@ func (t *Table) Mappings() iter.Seq[Mapping] {
 type Span struct {
 	Range vaspace.Range
 	State State
-	// Chunk and ChunkOffset say what() backs the start of the span (nil when
+	// Chunk and ChunkOffset say what backs the start of the span (nil when
 	// reserved).
 	Chunk       *physical.Chunk
 	ChunkOffset uint64
@@ -388,7 +405,8 @@ func (t *Table) Spans() iter.Seq[Span] {
 	t.mu.RLock()
 	var spans []Span
 	at := t.res.Base()
-	for _, e := range t.maps {
+	for _, it := range t.maps.All() {
+		e := it.Val
 		if e.rng.Base > at {
 			spans = append(spans, Span{Range: vaspace.Range{Base: at, Size: uint64(e.rng.Base - at)}, State: Reserved})
 		}
@@ -475,10 +493,10 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 	end := addr + driver.Addr(len(p))
 	at := addr
 	for i := t.index(addr); at < end; i++ {
-		if i == len(t.maps) || t.maps[i].rng.Base > at {
+		e := t.at(i)
+		if e == nil || e.rng.Base > at {
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 		}
-		e := t.maps[i]
 		for g := uint64(at-e.rng.Base) / e.gran; g < uint64(e.granules()) && e.rng.Base+driver.Addr(g*e.gran) < end; g++ {
 			if a := e.granule(int(g))[dev]; !a.Allows(want) {
 				return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s at %s, %s access is needed",
@@ -502,7 +520,7 @@ func (t *Table) Close() error {
 		return t.errClosed("close")
 	}
 	var errs error
-	for i := len(t.maps) - 1; i >= 0; i-- {
+	for i := t.n() - 1; i >= 0; i-- {
 		errs = errors.CombineErrors(errs, t.unmapAt(func() string { return "mapping: close" }, i))
 	}
 	if errs != nil {
@@ -521,17 +539,35 @@ func (t *Table) Close() error {
 func (t *Table) Check() error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
+	return t.checkLocked()
+}
+
+// checkAfter runs checkLocked after a change, in builds with the
+// invariants tag; the lock is held.
+func (t *Table) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("mapping: "+op, t.checkLocked())
+	}
+}
+
+// checkLocked is Check with the lock held: what every change runs in
+// builds with the invariants tag.
+func (t *Table) checkLocked() error {
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
 	perChunk := map[*physical.Chunk]int{}
-	for i, e := range t.maps {
+	if err := t.maps.Check(); err != nil {
+		errs = errors.CombineErrors(errs, errors.Wrap(err, "mapping"))
+	}
+	for _, it := range t.maps.All() {
+		e := it.Val
+		if it.Start != e.rng.Base || it.End != e.rng.End() {
+			fail("mapping: %s is listed as [%s, %s)", e.rng, it.Start, it.End)
+		}
 		if !t.res.Range().ContainsRange(e.rng) {
 			fail("mapping: %s is outside the reservation %s", e.rng, t.res.Range())
-		}
-		if i > 0 && t.maps[i-1].rng.End() > e.rng.Base {
-			fail("mapping: %s and %s overlap", t.maps[i-1].rng, e.rng)
 		}
 		if e.rng.Size != e.chunk.Size() {
 			fail("mapping: %s maps %s of a different size", e.rng, e.chunk)

@@ -3,6 +3,7 @@ package mapping_test
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 
@@ -36,12 +37,17 @@ func newStack(t testing.TB) *stack {
 	t.Helper()
 	drv, err := host.New(host.Options{Devices: 2, Capacity: 16 * gran, Granularity: gran})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = drv.Close() })
+	drivertest.CloseAtEnd(t, drv)
 	s := &stack{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
 	s.res, err = s.space.Reserve(32*gran, 0)
 	require.NoError(t, err)
 	s.tab, err = mapping.New(s.res, s.mem)
 	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := s.tab.Close(); err != nil && !errors.Is(err, driver.ErrClosed) {
+			t.Errorf("closing the table: %v", err)
+		}
+	})
 	return s
 }
 
@@ -150,6 +156,19 @@ func TestBadInput(t *testing.T) {
 		{"read for an unknown device", func() error { return s.tab.Read(9, s.at(4), buf) }, driver.ErrNoDevice, ""},
 		{"lookup an unmapped address", func() error { _, err := s.tab.Lookup(s.at(0)); return err }, driver.ErrNotMapped, ""},
 		{"free a reservation with live mappings", s.res.Free, driver.ErrBusy, "chunk 1"},
+		{"map a nil chunk", func() error { return s.tab.Map(s.at(10), nil) }, driver.ErrInvalid, "the chunk is nil"},
+		{"map a chunk not made by Create", func() error { return s.tab.Map(s.at(10), &physical.Chunk{}) }, driver.ErrBadHandle, "another"},
+		{"unmap a range past the top of the address space", func() error {
+			return s.tab.UnmapRange(vaspace.Range{Base: s.at(4), Size: math.MaxUint64})
+		}, driver.ErrInvalid, "past the end of the address space"},
+		{"new table of a nil reservation", func() error { _, err := mapping.New(nil, s.mem); return err }, driver.ErrInvalid, "nil"},
+		{"new table of a nil memory", func() error { _, err := mapping.New(s.res, nil); return err }, driver.ErrInvalid, "nil"},
+		{"new table of a reservation not made by Reserve", func() error { _, err := mapping.New(&vaspace.Reservation{}, s.mem); return err },
+			driver.ErrInvalid, "no driver"},
+		{"new table of a memory not made by New", func() error { _, err := mapping.New(s.res, &physical.Memory{}); return err },
+			driver.ErrInvalid, "no driver"},
+		{"new table of a memory made with no driver", func() error { _, err := mapping.New(s.res, physical.New(nil)); return err },
+			driver.ErrInvalid, "no driver"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -205,7 +224,7 @@ func TestCallsAfterClose(t *testing.T) {
 	require.Zero(t, u.Used)
 }
 
-// TestAliasing (seed 004 §E.5): one chunk mapped at two addresses of a
+// TestAliasing (CUDA virtual aliasing: cuMemMap of one handle twice): one chunk mapped at two addresses of a
 // reservation; bytes written through one are read through the other, and
 // each mapping has its own access.
 func TestAliasing(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/procmaps"
 	"github.com/vmarena/vmarena/internal/units"
@@ -135,7 +136,7 @@ func newHarness(t testing.TB) *harness {
 	drv, err := host.New(host.Options{Devices: mDevs, Capacity: mCapGran * mGran, Granularity: mGran})
 	require.NoError(t, err)
 	h := &harness{t: t, drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
-	t.Cleanup(func() { _ = drv.Close() })
+	drivertest.CloseAtEnd(t, drv)
 	return h
 }
 

@@ -3,14 +3,14 @@ package multidev
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/units"
-	"github.com/vmarena/vmarena/mapping"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
 )
@@ -32,46 +32,32 @@ type Options struct {
 	OnFull OnFull
 }
 
-// chunkAt is one committed chunk and the grants over it.
-type chunkAt struct {
-	c *physical.Chunk
-	// access[d] is what device d may do over the whole chunk.
-	access []driver.Access
-}
-
-func (c chunkAt) dev() driver.DeviceID { return c.c.Device() }
-
 // Arena is growable memory at a fixed base whose chunks lie on several
-// devices. Safe for concurrent use.
+// devices: an arena.Arena whose placement spreads it, with grants that
+// respect reachability and migration between devices. Safe for concurrent
+// use.
 type Arena struct {
-	space   *vaspace.Space
-	mem     *physical.Memory
+	a       *arena.Arena
 	drv     driver.Driver
 	streams driver.Streams // nil: no device reaches another's memory
-	devs    []driver.Device
-	res     *vaspace.Reservation
-	tab     *mapping.Table
-	opts    Options
+	ndev    int
 
-	// The locks, in the order they are taken (see the package doc).
-	ops     sync.Mutex
-	writing sync.RWMutex
-	moving  sync.RWMutex
-	mu      sync.Mutex
-
-	// chunks[i] is mapped at Base + i×ChunkSize; committed is
-	// len(chunks)×ChunkSize and Len never exceeds it.
-	chunks []chunkAt
-	length uint64
-	closed bool
+	// grants serialises Grant and Migrate — the calls that check
+	// reachability against the layout and then change grants or the
+	// layout — so no chunk moves between a check and its use. It is taken
+	// before the arena's locks.
+	grants sync.Mutex
 }
 
 // New reserves opts.Max of address space for an arena whose chunks are
 // placed by opts.Placement. No memory is committed until it grows.
 func New(space *vaspace.Space, mem *physical.Memory, opts Options) (*Arena, error) {
+	if space == nil || mem == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "multidev: new arena: the address space or the physical memory is nil")
+	}
 	drv := space.Driver()
-	if mem.Driver() != drv {
-		return nil, errors.Wrap(driver.ErrInvalid, "multidev: the address space and the physical memory are on different drivers")
+	if drv == nil || mem.Driver() == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "multidev: new arena: the address space or the physical memory has no driver (made with vaspace.New and physical.New of an open driver?)")
 	}
 	devs := drv.Devices()
 	if opts.Placement == nil {
@@ -108,14 +94,11 @@ func New(space *vaspace.Space, mem *physical.Memory, opts Options) (*Arena, erro
 		}
 	}
 	cs := opts.ChunkSize
-	if err := driver.CheckSize(func() string { return what() + ": chunk size" }, cs, drv.Granularity()); err != nil {
-		return nil, err
-	}
 	if b, ok := opts.Placement.(blocked); ok {
 		if b.per == 0 {
 			return nil, errors.Wrapf(driver.ErrInvalid, "%s: zero bytes per device", what())
 		}
-		if b.per%cs != 0 {
+		if cs != 0 && b.per%cs != 0 {
 			return nil, errors.Wrapf(driver.ErrMisaligned, "%s: %s per device is not a multiple of the chunk size %s",
 				what(), units.Bytes(b.per), units.Bytes(cs))
 		}
@@ -123,67 +106,40 @@ func New(space *vaspace.Space, mem *physical.Memory, opts Options) (*Arena, erro
 	if ex, ok := opts.Placement.(explicit); ok && ex.fn == nil {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the explicit placement has no function", what())
 	}
-	if opts.OnFull > FailWhenFull {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: OnFull %d is neither SkipFull (0) nor FailWhenFull (1)", what(), opts.OnFull)
-	}
-	if opts.Max == 0 {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: Max is zero", what())
-	}
-	size := (opts.Max + cs - 1) / cs * cs
-	if size < opts.Max {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: Max overflows", what())
-	}
-	res, err := space.Reserve(size, 0)
+	a, err := arena.New(space, mem, arena.Options{Max: opts.Max, ChunkSize: cs, MaxChunk: cs,
+		Placement: opts.Placement, OnFull: opts.OnFull, Access: []driver.DeviceID{}})
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
-	tab, err := mapping.New(res, mem)
-	if err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), res.Free())
-	}
-	opts.Max = size
-	a := &Arena{space: space, mem: mem, drv: drv, devs: devs, res: res, tab: tab, opts: opts}
+	m := &Arena{a: a, drv: drv, ndev: len(devs)}
 	if s, ok := drv.(driver.Streams); ok && drv.Supports(driver.FeatureStreams) {
-		a.streams = s
+		m.streams = s
 	}
-	return a, nil
+	return m, nil
 }
 
 // Base is the arena's first address; it never changes.
-func (a *Arena) Base() driver.Addr { return a.res.Base() }
+func (m *Arena) Base() driver.Addr { return m.a.Base() }
 
 // Max is the most the arena can grow to.
-func (a *Arena) Max() uint64 { return a.opts.Max }
+func (m *Arena) Max() uint64 { return m.a.Max() }
 
 // ChunkSize is the size of every chunk.
-func (a *Arena) ChunkSize() uint64 { return a.opts.ChunkSize }
+func (m *Arena) ChunkSize() uint64 { return m.a.ChunkSize() }
 
 // Placement is the arena's placement policy.
-func (a *Arena) Placement() Placement { return a.opts.Placement }
+func (m *Arena) Placement() Placement { return m.a.Placement() }
 
 // Len is the arena's length: [Base, Base+Len) may be read and written by
 // the devices granted access.
-func (a *Arena) Len() uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.length
-}
+func (m *Arena) Len() uint64 { return m.a.Len() }
 
 // Committed is the bytes of chunks mapped: Len rounded up to whole chunks,
 // plus any not yet trimmed.
-func (a *Arena) Committed() uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.committedLocked()
-}
+func (m *Arena) Committed() uint64 { return m.a.Committed() }
 
-func (a *Arena) committedLocked() uint64 { return uint64(len(a.chunks)) * a.opts.ChunkSize }
-
-func (a *Arena) at(i int) driver.Addr { return a.Base() + driver.Addr(uint64(i)*a.opts.ChunkSize) }
-
-func (a *Arena) errClosed(op string) error {
-	return driver.Closed("multidev: " + op + " on a closed arena")
-}
+// Stats returns the arena's figures.
+func (m *Arena) Stats() arena.Stats { return m.a.Stats() }
 
 // Extent is a maximal run of chunks on one device.
 type Extent struct {
@@ -194,58 +150,18 @@ type Extent struct {
 // Layout lists the committed memory as maximal runs of chunks on one
 // device, in address order (empty when nothing is committed or the arena is
 // closed).
-func (a *Arena) Layout() []Extent {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+func (m *Arena) Layout() []Extent {
 	var out []Extent
-	cs := a.opts.ChunkSize
-	for i, ch := range a.chunks {
-		if n := len(out); n > 0 && out[n-1].Device == ch.dev() {
-			out[n-1].Range.Size += cs
-			continue
-		}
-		out = append(out, Extent{Range: vaspace.Range{Base: a.at(i), Size: cs}, Device: ch.dev()})
+	for _, e := range m.a.Layout() {
+		out = append(out, Extent{Range: vaspace.Range{Base: m.Base() + driver.Addr(e.Offset), Size: e.Size}, Device: e.Device})
 	}
 	return out
 }
 
 // DeviceAt reports the device whose memory backs offset off.
-func (a *Arena) DeviceAt(off uint64) (driver.DeviceID, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return 0, a.errClosed("device at")
-	}
-	if off >= a.committedLocked() {
-		return 0, errors.Wrapf(driver.ErrNotMapped, "multidev: device at offset %#x: the arena has %s committed",
-			off, units.Bytes(a.committedLocked()))
-	}
-	return a.chunks[off/a.opts.ChunkSize].dev(), nil
-}
-
-// freeLocked returns the free bytes of every device, as physical memory
-// counts them.
-func (a *Arena) freeLocked() []uint64 {
-	free := make([]uint64, len(a.devs))
-	for d := range free {
-		if u, err := a.mem.Usage(driver.DeviceID(d)); err == nil {
-			free[d] = u.Capacity - u.Used
-		}
-	}
-	return free
-}
-
-// describeFree says how much every device has free: "device 0 has 64 KiB
-// free, device 1 has 0 B free".
-func (a *Arena) describeFree() string {
-	var b strings.Builder
-	for d, f := range a.freeLocked() {
-		if d > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "device %d has %s free", d, units.Bytes(f))
-	}
-	return b.String()
+func (m *Arena) DeviceAt(off uint64) (driver.DeviceID, error) {
+	d, err := m.a.DeviceAt(off)
+	return d, errors.Wrap(err, "multidev")
 }
 
 // Grow lengthens the arena by n bytes, mapping chunks at its end on the
@@ -253,183 +169,57 @@ func (a *Arena) describeFree() string {
 // chunk cannot be placed, the chunks this call mapped are unmapped and
 // released: the arena is as it was, and the error says what was asked and
 // what each device had free.
-func (a *Arena) Grow(n uint64) error {
-	a.ops.Lock()
-	defer a.ops.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return a.errClosed("grow")
-	}
-	what := func() string {
-		return fmt.Sprintf("multidev: grow by %s from %s (committed %s, max %s)",
-			units.Bytes(n), units.Bytes(a.length), units.Bytes(a.committedLocked()), units.Bytes(a.opts.Max))
-	}
-	if n == 0 {
-		return nil
-	}
-	newLen := a.length + n
-	if newLen < a.length || newLen > a.opts.Max {
-		return errors.WithHint(
-			errors.Wrapf(driver.ErrOutOfMemory, "%s: past the arena's maximum", what()),
-			"create the arena with a larger Max: address space is cheap")
-	}
-	if committed := a.committedLocked(); newLen > committed {
-		cs := a.opts.ChunkSize
-		need := int((newLen - committed + cs - 1) / cs)
-		if err := a.commitLocked(need, what); err != nil {
-			return err
-		}
-	}
-	a.length = newLen
-	return nil
-}
-
-// commitLocked maps need more chunks at the end, all or nothing.
-func (a *Arena) commitLocked(need int, what func() string) error {
-	start := len(a.chunks)
-	free := a.freeLocked()
-	for k := range need {
-		i := start + k
-		if err := a.placeLocked(i, free); err != nil {
-			rerr := a.unmapFromLocked(start)
-			if rerr != nil {
-				rerr = errors.WithAssertionFailure(errors.Wrap(rerr, "multidev: rolling back a failed grow"))
-			}
-			return errors.CombineErrors(errors.Wrapf(err, "%s: needed %d more chunk(s) of %s; %s",
-				what(), need, units.Bytes(a.opts.ChunkSize), a.describeFree()), rerr)
-		}
-	}
-	return nil
-}
-
-// placeLocked creates chunk i on the first device of the placement's order
-// with room (the first only, under FailWhenFull) and maps it; free is
-// lowered by what it took. On failure nothing is left behind.
-func (a *Arena) placeLocked(i int, free []uint64) error {
-	cs := a.opts.ChunkSize
-	off := uint64(i) * cs
-	order := a.opts.Placement.Order(off, i, slices.Clone(free))
-	where := func() string {
-		return fmt.Sprintf("chunk %d at offset %#x, placed %s", i, off, a.opts.Placement)
-	}
-	if len(order) == 0 {
-		return errors.Wrapf(driver.ErrInvalid, "%s: the placement named no device", where())
-	}
-	for _, d := range order {
-		if err := driver.CheckDevice(where, d, len(a.devs)); err != nil {
-			return err
-		}
-	}
-	var full []string
-	for _, d := range order {
-		if free[d] < cs {
-			full = append(full, fmt.Sprintf("device %d has %s free", d, units.Bytes(free[d])))
-			if a.opts.OnFull == FailWhenFull {
-				break
-			}
-			continue
-		}
-		c, err := a.mem.Create(d, cs, driver.ChunkOptions{})
-		if errors.Is(err, driver.ErrOutOfMemory) {
-			// Memory taken by another physical memory on the driver: the
-			// books said there was room, the device has none.
-			free[d] = 0
-			full = append(full, err.Error())
-			if a.opts.OnFull == FailWhenFull {
-				break
-			}
-			continue
-		}
-		if err != nil {
-			return errors.Wrapf(err, "%s", where())
-		}
-		if err := a.tab.Map(a.at(i), c); err != nil {
-			return errors.CombineErrors(errors.Wrapf(err, "%s", where()), c.Release())
-		}
-		a.chunks = append(a.chunks, chunkAt{c: c, access: make([]driver.Access, len(a.devs))})
-		free[d] -= cs
-		return nil
-	}
-	return errors.WithHintf(
-		errors.Wrapf(driver.ErrOutOfMemory, "%s (%s): no room: %s", where(), a.opts.OnFull, strings.Join(full, "; ")),
-		"trim or free memory on the devices named, or place chunks on others")
-}
-
-// unmapFromLocked unmaps and releases chunks[i:], last first.
-func (a *Arena) unmapFromLocked(i int) error {
-	for j := len(a.chunks) - 1; j >= i; j-- {
-		if err := a.tab.Unmap(a.at(j)); err != nil {
-			return err
-		}
-		c := a.chunks[j].c
-		a.chunks = a.chunks[:j]
-		if err := c.Release(); err != nil {
-			return err
-		}
-	}
-	return nil
+func (m *Arena) Grow(n uint64) error {
+	err := m.a.Grow(n)
+	m.checkAfter("grow", err)
+	return errors.Wrap(err, "multidev")
 }
 
 // Shrink shortens the arena by n bytes. The chunks stay committed, with
 // their grants, until Trim.
-func (a *Arena) Shrink(n uint64) error {
-	a.ops.Lock()
-	defer a.ops.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return a.errClosed("shrink")
-	}
-	if n > a.length {
-		return errors.Wrapf(driver.ErrInvalid, "multidev: shrink by %s: the arena is only %s long",
-			units.Bytes(n), units.Bytes(a.length))
-	}
-	a.length -= n
-	return nil
-}
+func (m *Arena) Shrink(n uint64) error { return errors.Wrap(m.a.Shrink(n), "multidev") }
 
 // Trim unmaps the chunks lying wholly past Len and returns their memory to
 // their devices; their grants go with them.
-func (a *Arena) Trim() error {
-	a.ops.Lock()
-	defer a.ops.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return a.errClosed("trim")
-	}
-	keep := int((a.length + a.opts.ChunkSize - 1) / a.opts.ChunkSize)
-	if err := a.unmapFromLocked(keep); err != nil {
-		return errors.Wrap(err, "multidev: trim")
-	}
-	return nil
-}
+func (m *Arena) Trim() error { return errors.Wrap(m.a.Trim(), "multidev: trim") }
 
 // Close unmaps and releases every chunk and frees the reservation, after
 // the reads and writes in flight. Later calls are ErrClosed.
-func (a *Arena) Close() error {
-	a.ops.Lock()
-	defer a.ops.Unlock()
-	a.writing.Lock()
-	defer a.writing.Unlock()
-	a.moving.Lock()
-	defer a.moving.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return a.errClosed("close")
+func (m *Arena) Close() error {
+	m.grants.Lock()
+	defer m.grants.Unlock()
+	return errors.Wrap(m.a.Close(), "multidev: close")
+}
+
+// checkAfter runs Check after a change that succeeded, in invariants
+// builds.
+func (m *Arena) checkAfter(op string, err error) {
+	if invariants.Enabled && err == nil {
+		invariants.Fail("multidev: "+op, m.Check())
 	}
-	if err := a.unmapFromLocked(0); err != nil {
-		return errors.Wrap(err, "multidev: close")
+}
+
+// Check verifies the arena's invariants — its arena's, and that every
+// device holding a grant over another device's memory can reach it — and
+// returns every violation.
+func (m *Arena) Check() error {
+	errs := m.a.Check()
+	cs := m.ChunkSize()
+	for _, e := range m.a.Layout() {
+		for off := e.Offset; off < e.Offset+e.Size; off += cs {
+			for d := range m.ndev {
+				dev := driver.DeviceID(d)
+				acc, err := m.a.AccessAt(dev, off)
+				if err != nil || acc == driver.AccessNone || dev == e.Device {
+					continue
+				}
+				if ok, err := m.Reachable(dev, e.Device); err != nil || !ok {
+					errs = errors.CombineErrors(errs, errors.AssertionFailedf(
+						"multidev: device %d holds %s access over the chunk at %#x on device %d, which it cannot reach (%v)",
+						d, acc, off, e.Device, err))
+				}
+			}
+		}
 	}
-	a.length = 0
-	if err := a.tab.Close(); err != nil {
-		return errors.Wrap(err, "multidev: close")
-	}
-	if err := a.res.Free(); err != nil {
-		return errors.Wrap(err, "multidev: close")
-	}
-	a.closed = true
-	return nil
+	return errs
 }

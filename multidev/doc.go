@@ -1,22 +1,25 @@
 // Package multidev owns arenas whose memory comes from several devices
 // behind one contiguous address range, as CUDA's virtual memory management
-// allows (seed 004, §E.4 and §E.7): one reservation, chunks created on
+// allows (cuMemAddressReserve, cuMemCreate on each device, cuMemMap,
+// cuMemSetAccess per device and range): one reservation, chunks created on
 // whichever device a placement policy names, access granted per device and
 // per range instead of all-to-all peer access, and the backing of a range
 // moved to another device at the same addresses.
 //
-// An Arena owns its reservation, the page table over it and every chunk
-// mapped in it. Its chunks are all ChunkSize bytes, mapped back to back from
-// the base, so chunk i covers [i×ChunkSize, (i+1)×ChunkSize).
+// An Arena is the library's growable range (arena.Arena, over the one
+// core arena.Sparse) with a placement that spreads its chunks over
+// devices. The core commits, rolls back, records grants, moves chunks and
+// closes; this package adds the placement policies, reachability — no
+// grant or migration that leaves a device holding access to memory it
+// cannot reach — and the peer access that grants need. Its chunks are all
+// ChunkSize bytes, mapped back to back from the base, so chunk i covers
+// [i×ChunkSize, (i+1)×ChunkSize).
 //
 // # Invariants (checked by Check)
 //
-//   - chunks are contiguous from offset 0; committed is the end of the last;
-//     Len <= committed <= Max;
-//   - the page table holds exactly the arena's chunks, each at its offset,
-//     each chunk on the device the arena records for it (Layout);
-//   - what each device may do at every granule is the grant recorded for
-//     its chunk, in the table and in the driver alike;
+//   - the arena's: chunks contiguous from offset 0, Len <= committed <= Max,
+//     the page table holding exactly the arena's chunks with the grants
+//     recorded for them, in the table and in the driver alike;
 //   - a device holds a grant on memory of another device only when the
 //     driver reports that it can reach it (CanAccessPeer); Grant enabled
 //     peer access for that pair before granting.
@@ -31,14 +34,12 @@
 //
 // # Locking
 //
-// Four locks, always taken in this order: ops serialises the calls that
-// change the arena's shape or grants (Grow, Shrink, Trim, Grant, Migrate,
-// Close); writing and moving are read-write locks that Write (writing and
-// moving) and Read (moving) take for reading, and that Migrate takes for
-// writing — writing while it copies the bytes, so no write is lost, and
-// moving while it swaps the mappings, so no read sees a range half moved;
-// mu guards the arena's books and is held only briefly, so queries and the
-// start of reads are not held up while a migration copies.
+// grants serialises Grant, Migrate and Close, the calls that check
+// reachability against the layout and then change grants or the layout, so
+// no chunk moves between the check and the change; it is taken before the
+// core's locks. The core orders reads and writes with a migration: writes
+// are held off while it copies, reads while it swaps mappings (see
+// arena.Sparse).
 //
 // # What it never does
 //

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -179,7 +180,7 @@ type harness struct {
 func newHarness(t testing.TB, cfg config) *harness {
 	drv, err := host.New(host.Options{Devices: mDevs, Capacity: mCap * mChunk, Granularity: g, NoPeerAccess: cfg.noPeer})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = drv.Close() })
+	drivertest.CloseAtEnd(t, drv)
 	e := &env{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
 	a, err := New(e.space, e.mem, Options{Max: mMax * mChunk, ChunkSize: mChunk, Placement: cfg.placementPolicy(), OnFull: cfg.onFull})
 	require.NoError(t, err)

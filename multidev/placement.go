@@ -2,22 +2,18 @@ package multidev
 
 import (
 	"cmp"
+
 	"fmt"
+	"github.com/vmarena/vmarena/arena"
 	"slices"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// Placement decides which device backs each chunk.
-type Placement interface {
-	// Order returns the devices to try for the chunk at offset off (index i
-	// of the arena's chunks), best first. free is the free bytes per device,
-	// indexed by DeviceID, counting the chunks the grow in progress has
-	// taken already.
-	Order(off uint64, i int, free []uint64) []driver.DeviceID
-	String() string
-}
+// Placement decides which device backs each chunk: the arena core's
+// (arena.Placement); the policies below spread a range over devices.
+type Placement = arena.Placement
 
 // listed is implemented by the policies built on a list of devices, so New
 // can check the list against the driver before anything is reserved.
@@ -108,24 +104,14 @@ func rotate(devs []driver.DeviceID, i int) []driver.DeviceID {
 	return out
 }
 
-// OnFull says what a grow does when the device the placement put first has
-// no room for the chunk.
-type OnFull uint8
+// OnFull says what a grow does when the device the placement put first
+// has no room for the chunk (arena.OnFull).
+type OnFull = arena.OnFull
 
 const (
 	// SkipFull tries the next device in the placement's order; the grow
 	// fails only when every device it names is full.
-	SkipFull OnFull = iota
+	SkipFull = arena.SkipFull
 	// FailWhenFull fails the grow, leaving the arena unchanged.
-	FailWhenFull
+	FailWhenFull = arena.FailWhenFull
 )
-
-func (o OnFull) String() string {
-	switch o {
-	case SkipFull:
-		return "skip full devices"
-	case FailWhenFull:
-		return "fail when full"
-	}
-	return fmt.Sprintf("OnFull(%d)", uint8(o))
-}

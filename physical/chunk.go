@@ -6,6 +6,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/mapref"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -42,8 +43,20 @@ func (c *Chunk) Size() uint64 { return c.size }
 // Shareable reports whether the chunk was created shareable.
 func (c *Chunk) Shareable() bool { return c.shareable }
 
+// made returns ErrBadHandle for a Chunk that Memory.Create or Import did
+// not make (a zero Chunk).
+func (c *Chunk) made(op string) error {
+	if c.m == nil {
+		return errors.Wrapf(driver.ErrBadHandle, "physical: %s %s: the chunk was not made by Memory.Create or Import", op, c)
+	}
+	return nil
+}
+
 // Released reports whether the handle has been released.
 func (c *Chunk) Released() bool {
+	if c.m == nil {
+		return true // never created: nothing to release
+	}
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	return c.released
@@ -51,6 +64,9 @@ func (c *Chunk) Released() bool {
 
 // Mappings is the number of mappings acquired and not yet dropped.
 func (c *Chunk) Mappings() int {
+	if c.m == nil {
+		return 0
+	}
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	return c.maps
@@ -65,8 +81,12 @@ func (c *Chunk) String() string {
 // mapped. Its memory stays counted in Used until its last mapping is dropped
 // too. Releasing twice is driver.ErrBadHandle.
 func (c *Chunk) Release() error {
+	if err := c.made("release"); err != nil {
+		return err
+	}
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
+	defer c.m.checkAfter("release")
 	if c.m.closed {
 		return driver.Closed(fmt.Sprintf("physical: release %s: the memory is closed (Close released every chunk)", c))
 	}
@@ -98,13 +118,57 @@ func (c *Chunk) returnLocked() {
 	u.Chunks--
 }
 
-// Acquire counts one more mapping of c. The mapping layer calls it before
-// the driver maps the chunk, and calls Drop if the map then fails. A
-// released chunk is driver.ErrBadHandle.
-func (c *Chunk) Acquire() error {
-	what := func() string { return fmt.Sprintf("physical: acquire %s for a mapping", c) }
+func init() {
+	mapref.Map = func(c any, do func() error) error { return c.(*Chunk).mapWith(do) }
+	mapref.Unmap = func(c any, do func() error) error { return c.(*Chunk).unmapWith(do) }
+}
+
+// mapWith counts one more mapping of c and runs do — the driver's map —
+// under the memory's lock, so the books and the driver change together;
+// if do fails, the count is as it was. A released chunk is
+// driver.ErrBadHandle, and do does not run.
+func (c *Chunk) mapWith(do func() error) error {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
+	defer c.m.checkAfter("map")
+	if err := c.acquireLocked(); err != nil {
+		return err
+	}
+	if err := do(); err != nil {
+		return errors.CombineErrors(err, c.dropLocked())
+	}
+	return nil
+}
+
+// unmapWith runs do — the driver's unmap — and counts one mapping of c
+// fewer, under the memory's lock: the driver cannot return the memory of a
+// released chunk before these books do, so a device's Used never shows
+// memory the driver has already handed to someone else. If do fails
+// nothing changes.
+func (c *Chunk) unmapWith(do func() error) error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	defer c.m.checkAfter("unmap")
+	if c.maps == 0 {
+		return errors.AssertionFailedf("physical: unmap a mapping of %s: it has no mappings", c)
+	}
+	if err := do(); err != nil {
+		return err
+	}
+	return c.dropLocked()
+}
+
+// acquire counts one more mapping of c (physical's own tests play the
+// mapping layer with it and drop). A released chunk is driver.ErrBadHandle.
+func (c *Chunk) acquire() error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	defer c.m.checkAfter("acquire")
+	return c.acquireLocked()
+}
+
+func (c *Chunk) acquireLocked() error {
+	what := func() string { return fmt.Sprintf("physical: acquire %s for a mapping", c) }
 	if c.m.closed {
 		return driver.Closed(what() + ": the memory is closed")
 	}
@@ -116,15 +180,19 @@ func (c *Chunk) Acquire() error {
 	return nil
 }
 
-// Drop counts one mapping of c fewer; the mapping layer calls it after the
-// driver unmapped the chunk. Dropping the last mapping of a released chunk
-// returns its memory. It works after Close too. More Drops than Acquires
-// is an assertion failure and changes nothing.
-func (c *Chunk) Drop() error {
+// drop counts one mapping of c fewer. Dropping the last mapping of a
+// released chunk returns its memory. It works after Close too. More drops
+// than acquires is an assertion failure and changes nothing.
+func (c *Chunk) drop() error {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
+	defer c.m.checkAfter("drop")
+	return c.dropLocked()
+}
+
+func (c *Chunk) dropLocked() error {
 	if c.maps == 0 {
-		return errors.AssertionFailedf("physical: drop a mapping of %s: it has no mappings (more Drops than Acquires)", c)
+		return errors.AssertionFailedf("physical: drop a mapping of %s: it has no mappings (more drops than acquires)", c)
 	}
 	c.maps--
 	if c.released && c.maps == 0 {

@@ -11,10 +11,13 @@
 //	returned  released and its last mapping dropped: the memory is back on
 //	          the device, and the chunk is no longer counted or listed.
 //
-// The mapping layer brackets every mapping of a chunk with [Chunk.Acquire]
-// (before the driver maps it) and [Chunk.Drop] (after the driver unmapped
-// it), so that Used agrees with the driver, which returns the memory at the
-// same moment: when the handle is released and the last mapping is gone.
+// The mapping layer brackets every mapping of a chunk with an acquire
+// (before the driver maps it) and a drop (after the driver unmapped it), so
+// that Used agrees with the driver, which returns the memory at the same
+// moment: when the handle is released and the last mapping is gone. That
+// count is not part of the public API: mapping reaches it through
+// internal/mapref, so no caller can drop a reference it never took and make
+// a device's usage lie.
 //
 // # Invariants (checked by [Memory.Check])
 //

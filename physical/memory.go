@@ -9,6 +9,8 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/isnil"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -29,7 +31,7 @@ type Memory struct {
 	usage []Usage
 }
 
-// Usage is what() one device holds.
+// Usage is what one device holds.
 type Usage struct {
 	Device driver.DeviceID
 	// Used is the bytes of chunks whose memory is not yet returned to the
@@ -43,8 +45,13 @@ type Usage struct {
 	Chunks int
 }
 
-// New returns the Memory of d's devices, with nothing created yet.
+// New returns the Memory of d's devices, with nothing created yet. A
+// Memory made with a nil driver (or a zero Memory) has no devices and
+// refuses Create, Import, Close and Check with driver.ErrInvalid.
 func New(d driver.Driver) *Memory {
+	if isnil.Is(d) {
+		return &Memory{}
+	}
 	m := &Memory{d: d, devs: d.Devices(), share: d.Supports(driver.FeatureShareable), chunks: map[driver.Handle]*Chunk{}}
 	m.usage = make([]Usage, len(m.devs))
 	for i, dev := range m.devs {
@@ -53,8 +60,23 @@ func New(d driver.Driver) *Memory {
 	return m
 }
 
-// Driver returns the driver whose memory m manages.
-func (m *Memory) Driver() driver.Driver { return m.d }
+// Driver returns the driver whose memory m manages; nil for a Memory
+// without one.
+func (m *Memory) Driver() driver.Driver {
+	if m == nil {
+		return nil
+	}
+	return m.d
+}
+
+// usable returns ErrInvalid for a Memory that has no driver.
+func (m *Memory) usable(what func() string) error {
+	if m.d == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the memory has no driver", what()),
+			"make a memory with physical.New(d) of an open driver")
+	}
+	return nil
+}
 
 // Create commits size bytes on device dev: a positive multiple of the
 // device's minimum granularity. Running out is driver.ErrOutOfMemory, here
@@ -67,8 +89,12 @@ func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 		}
 		return fmt.Sprintf("physical: create %s%s on device %d", kind, units.Bytes(size), dev)
 	}
+	if err := m.usable(what); err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer m.checkAfter("create")
 	if m.closed {
 		return nil, driver.Closed(what() + ": the memory is closed")
 	}
@@ -103,7 +129,7 @@ func (m *Memory) addLocked(c *Chunk) {
 	u.Chunks++
 }
 
-// Usage reports what() device dev holds. It answers after Close too: chunks
+// Usage reports what device dev holds. It answers after Close too: chunks
 // still mapped then keep their memory until unmapped.
 func (m *Memory) Usage(dev driver.DeviceID) (Usage, error) {
 	if err := driver.CheckDevice(func() string { return "physical: usage" }, dev, len(m.devs)); err != nil {
@@ -130,15 +156,19 @@ func (m *Memory) sortedChunks() []*Chunk {
 	return cs
 }
 
-// Close releases every chunk not yet released and closes m: Create,
-// Acquire and Release then return driver.ErrClosed. Chunks still mapped
-// keep their memory (and stay counted in Used) until the mapping layer
-// drops their last mapping, so Drop, Usage, Chunks and Check still work.
+// Close releases every chunk not yet released and closes m: Create, Release
+// and new mappings then return driver.ErrClosed. Chunks still mapped keep
+// their memory (and stay counted in Used) until the mapping layer drops
+// their last mapping, so unmapping, Usage, Chunks and Check still work.
 // Should the driver refuse to release a chunk, Close releases the others,
 // reports the refusals, and m is closed all the same.
 func (m *Memory) Close() error {
+	if err := m.usable(func() string { return "physical: close" }); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer m.checkAfter("close")
 	if m.closed {
 		return driver.Closed("physical: close: the memory is already closed")
 	}
@@ -161,8 +191,25 @@ func (m *Memory) Close() error {
 // Check walks every chunk and counter and returns every broken invariant as
 // an errors.AssertionFailedf, combined.
 func (m *Memory) Check() error {
+	if err := m.usable(func() string { return "physical: check" }); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.checkLocked()
+}
+
+// checkAfter runs checkLocked after a change, in builds with the
+// invariants tag; the lock is held.
+func (m *Memory) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("physical: "+op, m.checkLocked())
+	}
+}
+
+// checkLocked is Check with the lock held: what every change runs in
+// builds with the invariants tag.
+func (m *Memory) checkLocked() error {
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))

@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/extent"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -28,7 +29,7 @@ func newMemory(t testing.TB) (*Memory, *sim.Driver) {
 	t.Helper()
 	d, err := sim.New(sim.Options{Devices: devices, Capacity: capacity, Granularity: gran})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = d.Close() })
+	drivertest.CloseAtEnd(t, d)
 	return New(d), d
 }
 
@@ -163,14 +164,14 @@ func TestDropWithoutAcquire(t *testing.T) {
 	c, err := m.Create(0, gran, driver.ChunkOptions{})
 	require.NoError(t, err)
 	before := stateOf(t, m, d)
-	err = c.Drop()
+	err = c.drop()
 	require.True(t, errors.HasAssertionFailure(err), "%v", err)
-	require.Contains(t, err.Error(), "more Drops than Acquires")
+	require.Contains(t, err.Error(), "more drops than acquires")
 	require.Equal(t, before, stateOf(t, m, d))
 
-	require.NoError(t, c.Acquire())
-	require.NoError(t, c.Drop())
-	require.True(t, errors.HasAssertionFailure(c.Drop()))
+	require.NoError(t, c.acquire())
+	require.NoError(t, c.drop())
+	require.True(t, errors.HasAssertionFailure(c.drop()))
 	require.Equal(t, before, stateOf(t, m, d))
 	require.NoError(t, m.Check())
 }
@@ -179,12 +180,12 @@ func TestAcquireReleased(t *testing.T) {
 	m, d := newMemory(t)
 	c, err := m.Create(0, gran, driver.ChunkOptions{})
 	require.NoError(t, err)
-	require.NoError(t, c.Acquire())
+	require.NoError(t, c.acquire())
 	require.NoError(t, c.Release())
 	before := stateOf(t, m, d)
-	requireIs(t, c.Acquire(), driver.ErrBadHandle, "physical: acquire "+c.String(), "released")
+	requireIs(t, c.acquire(), driver.ErrBadHandle, "physical: acquire "+c.String(), "released")
 	require.Equal(t, before, stateOf(t, m, d))
-	require.NoError(t, c.Drop())
+	require.NoError(t, c.drop())
 	require.NoError(t, m.Check())
 }
 
@@ -199,7 +200,7 @@ func TestReleaseOfMappedChunk(t *testing.T) {
 	require.NoError(t, err)
 	// Two mappings of the same chunk (aliasing).
 	for _, at := range []driver.Addr{base, base + 4*gran} {
-		require.NoError(t, c.Acquire())
+		require.NoError(t, c.acquire())
 		require.NoError(t, d.Map(at, c.Handle()))
 	}
 	require.Equal(t, 2, c.Mappings())
@@ -220,14 +221,14 @@ func TestReleaseOfMappedChunk(t *testing.T) {
 	requireIs(t, d.Map(base+2*gran, c.Handle()), driver.ErrBadHandle) // the driver agrees it is released
 
 	require.NoError(t, d.Unmap(base, 2*gran))
-	require.NoError(t, c.Drop())
+	require.NoError(t, c.drop())
 	agree(2*gran, 1)
 	require.NoError(t, d.Unmap(base+4*gran, 2*gran))
-	require.NoError(t, c.Drop())
+	require.NoError(t, c.drop())
 	agree(0, 0)
 	require.Empty(t, m.Chunks())
 	require.Zero(t, c.Mappings())
-	require.True(t, errors.HasAssertionFailure(c.Drop()))
+	require.True(t, errors.HasAssertionFailure(c.drop()))
 	requireIs(t, c.Release(), driver.ErrBadHandle, "already released")
 	agree(0, 0)
 }
@@ -243,7 +244,7 @@ func TestClose(t *testing.T) {
 	done, err := m.Create(1, gran, driver.ChunkOptions{})
 	require.NoError(t, err)
 	require.NoError(t, done.Release())
-	require.NoError(t, mapped.Acquire())
+	require.NoError(t, mapped.acquire())
 	require.NoError(t, d.Map(base, mapped.Handle()))
 
 	require.NoError(t, m.Close())
@@ -257,13 +258,13 @@ func TestClose(t *testing.T) {
 	// Every call that would change something is refused.
 	requireIs(t, createErr(m.Create(0, gran, driver.ChunkOptions{})), driver.ErrClosed, "physical: create")
 	requireIs(t, free.Release(), driver.ErrClosed, "physical: release")
-	requireIs(t, mapped.Acquire(), driver.ErrClosed, "physical: acquire")
+	requireIs(t, mapped.acquire(), driver.ErrClosed, "physical: acquire")
 	requireIs(t, m.Close(), driver.ErrClosed, "physical: close")
 	require.Equal(t, 1, mapped.Mappings())
 
 	// The mapping layer can still drop the last mapping.
 	require.NoError(t, d.Unmap(base, 2*gran))
-	require.NoError(t, mapped.Drop())
+	require.NoError(t, mapped.drop())
 	require.Empty(t, m.Chunks())
 	require.Zero(t, usage(t, m, 0).Used)
 	require.Zero(t, d.Used(0))
@@ -274,6 +275,9 @@ func TestClose(t *testing.T) {
 // TestCloseWhenDriverRefuses: the driver is closed first; Close reports the
 // refusals, keeps the chunks counted, and is closed all the same.
 func TestCloseWhenDriverRefuses(t *testing.T) {
+	if invariants.Enabled {
+		t.Skip("Close leaves a broken invariant on purpose, which the invariants build stops at")
+	}
 	m, d := newMemory(t)
 	c, err := m.Create(0, gran, driver.ChunkOptions{})
 	require.NoError(t, err)
@@ -387,7 +391,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			}
 			desc = fmt.Sprintf("release and acquire released %s", c)
 			requireIsMsg(t, desc, c.Release(), driver.ErrBadHandle, "already released")
-			requireIsMsg(t, desc, c.Acquire(), driver.ErrBadHandle)
+			requireIsMsg(t, desc, c.acquire(), driver.ErrBadHandle)
 		case op < 80:
 			mc := pick(func(mc *mchunk) bool { return !mc.released })
 			if mc == nil {
@@ -396,7 +400,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			desc = fmt.Sprintf("map %s", mc.c)
 			at, ok := va.Alloc(mc.size, gran)
 			require.True(t, ok)
-			require.NoError(t, mc.c.Acquire(), desc)
+			require.NoError(t, mc.c.acquire(), desc)
 			require.NoError(t, d.Map(driver.Addr(at), mc.c.Handle()), desc)
 			mc.maps = append(mc.maps, driver.Addr(at))
 		case op < 97:
@@ -408,7 +412,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			at := mc.maps[i]
 			desc = fmt.Sprintf("unmap %s at %s", mc.c, at)
 			require.NoError(t, d.Unmap(at, mc.size), desc)
-			require.NoError(t, mc.c.Drop(), desc)
+			require.NoError(t, mc.c.drop(), desc)
 			require.NoError(t, va.Free(uint64(at), mc.size))
 			mc.maps = slices.Delete(mc.maps, i, i+1)
 			md.returnIfDone(mc)
@@ -421,7 +425,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				continue
 			}
 			desc = fmt.Sprintf("drop unacquired %s", mc.c)
-			require.True(t, errors.HasAssertionFailure(mc.c.Drop()), desc)
+			require.True(t, errors.HasAssertionFailure(mc.c.drop()), desc)
 		}
 		for _, mc := range md.chunks {
 			if mc.released && len(mc.maps) == 0 {
@@ -470,7 +474,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		mc.released = true
 		for _, at := range mc.maps {
 			require.NoError(t, d.Unmap(at, mc.size))
-			require.NoError(t, mc.c.Drop())
+			require.NoError(t, mc.c.drop())
 		}
 		mc.maps = nil
 	}
@@ -483,7 +487,11 @@ func runModel(t *testing.T, seed uint64, steps int) {
 }
 
 // TestConcurrent creates, maps, unmaps and releases chunks from many
-// goroutines while others read usage and check; run it with -race.
+// goroutines while others read usage and check; run it with -race. Maps
+// and unmaps go through mapWith and unmapWith, as the mapping layer's do:
+// with the driver's unmap and the books' drop apart, a create between them
+// could see the device's memory back while Used still counts it (the
+// invariants build caught that: Used above Capacity).
 func TestConcurrent(t *testing.T) {
 	m, d := newMemory(t)
 	const workers, rounds = 8, 300
@@ -534,11 +542,7 @@ func TestConcurrent(t *testing.T) {
 					}
 					c := live[rng.IntN(len(live))]
 					at := base + driver.Addr(s*gran)
-					if err := c.Acquire(); err != nil {
-						errs <- err
-						return
-					}
-					if err := d.Map(at, c.Handle()); err != nil {
+					if err := c.mapWith(func() error { return d.Map(at, c.Handle()) }); err != nil {
 						errs <- err
 						return
 					}
@@ -550,11 +554,7 @@ func TestConcurrent(t *testing.T) {
 					}
 					i := rng.IntN(len(maps))
 					mp := maps[i]
-					if err := d.Unmap(mp.at, gran); err != nil {
-						errs <- err
-						return
-					}
-					if err := mp.c.Drop(); err != nil {
+					if err := mp.c.unmapWith(func() error { return d.Unmap(mp.at, gran) }); err != nil {
 						errs <- err
 						return
 					}
@@ -563,7 +563,7 @@ func TestConcurrent(t *testing.T) {
 				}
 			}
 			for _, mp := range maps {
-				if err := errors.CombineErrors(d.Unmap(mp.at, gran), mp.c.Drop()); err != nil {
+				if err := mp.c.unmapWith(func() error { return d.Unmap(mp.at, gran) }); err != nil {
 					errs <- err
 					return
 				}
@@ -663,4 +663,36 @@ func TestCheckFindsCorruption(t *testing.T) {
 			require.True(t, errors.HasAssertionFailure(err), "%v", err)
 		})
 	}
+}
+
+// TestMapAndUnmapUnderTheBooksLock: the mapping layer's driver map and
+// unmap run with the memory's lock held, so the driver cannot return a
+// released chunk's memory before the books do (a create in between saw
+// the device's memory back while Used still counted it, above Capacity).
+func TestMapAndUnmapUnderTheBooksLock(t *testing.T) {
+	m, d := newMemory(t)
+	base, err := d.Reserve(gran, 0, 0)
+	require.NoError(t, err)
+	c, err := m.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, c.mapWith(func() error {
+		require.False(t, m.mu.TryLock(), "held while the driver maps")
+		return d.Map(base, c.Handle())
+	}))
+	require.NoError(t, c.Release())
+	require.Equal(t, uint64(gran), usage(t, m, 0).Used, "released but mapped: still counted")
+	require.NoError(t, c.unmapWith(func() error {
+		require.False(t, m.mu.TryLock(), "held while the driver unmaps")
+		return d.Unmap(base, gran)
+	}))
+	require.Zero(t, usage(t, m, 0).Used)
+	// A failed driver call changes no count.
+	c2, err := m.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.Error(t, c2.mapWith(func() error { return d.Map(base+1, c2.Handle()) }))
+	require.Zero(t, c2.Mappings())
+	require.True(t, errors.HasAssertionFailure(c2.unmapWith(func() error { return nil })), "nothing to unmap")
+	require.NoError(t, c2.Release())
+	require.NoError(t, m.Check())
+	require.NoError(t, d.Unreserve(base, gran))
 }

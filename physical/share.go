@@ -5,14 +5,14 @@ import (
 	"slices"
 
 	"github.com/cockroachdb/errors"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// Sharing chunks between processes (seed 000 and CUDA's shareable
-// allocations, seed 004 §E.3.1). The exporter exports a chunk once — one
+// Sharing chunks between processes (AscendCL's
+// aclrtMemExportToShareableHandle / aclrtMemImportFromShareableHandle and
+// CUDA's cuMemExportToShareableHandle / cuMemImportFromShareableHandle). The exporter exports a chunk once — one
 // shareable handle per chunk per process — naming the process IDs allowed
 // to import it (AscendCL's aclrtMemSetPidToShareableHandle); the importer
 // makes a chunk of its own from the handle. Each process releases its own
@@ -24,12 +24,19 @@ import (
 // the handle (Exported) until its memory is returned here.
 func (c *Chunk) Export(allowPIDs ...int) (driver.Shareable, error) {
 	what := func() string { return fmt.Sprintf("physical: export %s", c) }
+	if err := c.made("export"); err != nil {
+		return driver.Shareable{}, err
+	}
+	if err := driver.CheckPIDs(what, allowPIDs); err != nil {
+		return driver.Shareable{}, err
+	}
 	sh, ok := c.m.d.(driver.Sharing)
 	if !ok {
 		return driver.Shareable{}, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver cannot share chunks between processes", what(), c.m.d.Name())
 	}
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
+	defer c.m.checkAfter("export")
 	if c.m.closed {
 		return driver.Shareable{}, driver.Closed(what() + ": the memory is closed")
 	}
@@ -57,6 +64,9 @@ type exported struct {
 
 // Exported returns the chunk's shareable handle, if exported.
 func (c *Chunk) Exported() (driver.Shareable, bool) {
+	if c.m == nil {
+		return driver.Shareable{}, false
+	}
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	if c.export == nil || c.returned {
@@ -67,8 +77,15 @@ func (c *Chunk) Exported() (driver.Shareable, bool) {
 
 // SetAllowedPIDs replaces the processes allowed to import the chunk.
 func (c *Chunk) SetAllowedPIDs(pids ...int) error {
+	if err := c.made("set allowed PIDs of"); err != nil {
+		return err
+	}
+	if err := driver.CheckPIDs(func() string { return fmt.Sprintf("physical: set allowed PIDs of %s", c) }, pids); err != nil {
+		return err
+	}
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
+	defer c.m.checkAfter("setAllowedPIDs")
 	if c.export == nil {
 		return errors.Wrapf(driver.ErrInvalid, "physical: set allowed PIDs of %s: not exported", c)
 	}
@@ -78,6 +95,9 @@ func (c *Chunk) SetAllowedPIDs(pids ...int) error {
 
 // Allowed reports whether process pid may import the chunk.
 func (c *Chunk) Allowed(pid int) bool {
+	if c.m == nil {
+		return false
+	}
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	return c.export != nil && slices.Contains(c.export.allow, pid)
@@ -90,7 +110,7 @@ func (c *Chunk) Imported() bool { return c.imported }
 // memory is returned here: other processes keep theirs.
 func (c *Chunk) closeExportLocked() {
 	if c.export != nil && c.export.sh.Type == driver.HandlePOSIXFD {
-		_ = unix.Close(c.export.sh.FD)
+		_ = closeFD(c.export.sh.FD)
 		c.export = nil
 	}
 }
@@ -100,6 +120,9 @@ func (c *Chunk) closeExportLocked() {
 // chunk holds its own. The chunk counts in Usage like a created one.
 func (m *Memory) Import(s driver.Shareable, dev driver.DeviceID) (*Chunk, error) {
 	what := func() string { return fmt.Sprintf("physical: import %s on device %d", units.Bytes(s.Size), dev) }
+	if err := m.usable(what); err != nil {
+		return nil, err
+	}
 	sh, ok := m.d.(driver.Sharing)
 	if !ok {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver cannot share chunks between processes", what(), m.d.Name())
@@ -109,6 +132,7 @@ func (m *Memory) Import(s driver.Shareable, dev driver.DeviceID) (*Chunk, error)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer m.checkAfter("import")
 	if m.closed {
 		return nil, driver.Closed(what() + ": the memory is closed")
 	}

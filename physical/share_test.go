@@ -36,8 +36,19 @@ func TestShareErrors(t *testing.T) {
 	_, ok := c.Exported()
 	require.False(t, ok)
 
+	// A 0 on the allow-list would admit every peer in a PID namespace we
+	// cannot see (SO_PEERCRED reports 0 for them): refused, not exported.
+	for _, pids := range [][]int{{0}, {7, 0}, {-1}} {
+		_, err := c.Export(pids...)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "on the allow-list")
+		_, ok := c.Exported()
+		require.False(t, ok, "a refused export exports nothing")
+	}
+
 	sh, err := c.Export(7)
 	require.NoError(t, err)
+	drivertest.RequireIs(t, c.SetAllowedPIDs(8, 0), driver.ErrInvalid, "process ID 0")
+	require.True(t, c.Allowed(7), "a refused SetAllowedPIDs keeps the list")
 	require.True(t, c.Allowed(7))
 	require.NoError(t, c.SetAllowedPIDs(8))
 	require.False(t, c.Allowed(7))

@@ -47,7 +47,14 @@ type Stream struct {
 	closed bool
 }
 
+// streamsOf returns d's streams. d must be comparable: streams and events
+// compare their drivers (Record, Wait) and the synchronize hooks are keyed
+// by driver, and a driver of a type == cannot compare would make those
+// panic; it is refused here, at creation.
 func streamsOf(d driver.Driver, what string) (driver.Streams, error) {
+	if err := driver.CheckComparable(func() string { return "stream: " + what }, d); err != nil {
+		return nil, err
+	}
 	st, ok := d.(driver.Streams)
 	if !ok || !d.Supports(driver.FeatureStreams) {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "stream: %s: the %s driver has no streams", what, d.Name())
@@ -78,6 +85,15 @@ func (s *Stream) Device() driver.DeviceID { return s.dev }
 func (s *Stream) ID() driver.Stream { return s.id }
 
 func (s *Stream) String() string { return fmt.Sprintf("stream %d (device %d)", s.id, s.dev) }
+
+// Destroyed reports whether Destroy has been called on s: from then on
+// every call on s is ErrClosed, and code that takes a stream (a pool's
+// MallocAsync) refuses it the same way.
+func (s *Stream) Destroyed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
 
 // Position is the number of operations enqueued through s so far.
 func (s *Stream) Position() uint64 {
@@ -114,6 +130,9 @@ func (s *Stream) enqueue(what string, do func() error) error {
 
 // Record marks the current end of s in e.
 func (s *Stream) Record(e *Event) error {
+	if e == nil {
+		return errors.Wrapf(driver.ErrInvalid, "stream: record on %s: no event (nil)", s)
+	}
 	if e.d != s.d {
 		return errors.Wrap(driver.ErrInvalid, "stream: record of an event of another driver")
 	}
@@ -140,6 +159,9 @@ func (s *Stream) Record(e *Event) error {
 
 // Wait makes work enqueued on s from now on wait for e as last recorded.
 func (s *Stream) Wait(e *Event) error {
+	if e == nil {
+		return errors.Wrapf(driver.ErrInvalid, "stream: wait on %s: no event (nil)", s)
+	}
 	if e.d != s.d {
 		return errors.Wrap(driver.ErrInvalid, "stream: wait on an event of another driver")
 	}
@@ -180,27 +202,69 @@ func (s *Stream) Synchronize() error {
 		return driver.Closed(fmt.Sprintf("stream: synchronize of destroyed %s", s))
 	}
 	err := s.st.SyncStream(s.id)
-	runHooks(s.d)
+	if waited(err) {
+		err = errors.CombineErrors(err, runHooks(s.d))
+	}
 	if err != nil {
 		return errors.Wrapf(err, "stream: synchronize %s", s)
 	}
 	return nil
 }
 
+// waited reports whether a synchronize that returned err waited: it
+// succeeded, or reported a failure of the work it waited for. A refusal
+// — the stream or event is gone (ErrBadHandle, ErrClosed), or the caller
+// is a host function the wait would be for (ErrBusy) — waited for nothing,
+// so the synchronize hooks do not run: a refused call changes nothing,
+// and hooks (which take pools' locks) must not run inside a host function
+// that is refused for waiting on itself. Work that failed with one of
+// these sentinels skips the hooks too; they run at the next synchronize.
+func waited(err error) bool {
+	return err == nil || !errors.IsAny(err, driver.ErrBusy, driver.ErrBadHandle, driver.ErrClosed)
+}
+
 // Query reports whether everything enqueued on s has run, and the first
 // failure if so.
-func (s *Stream) Query() (bool, error) { return s.st.QueryStream(s.id) }
+func (s *Stream) Query() (bool, error) {
+	if s.Destroyed() {
+		return false, driver.Closed(fmt.Sprintf("stream: query of destroyed %s", s))
+	}
+	return s.st.QueryStream(s.id)
+}
 
 // Destroy waits for the stream's work, reports any failure not yet
-// reported, and destroys it.
+// reported, and destroys it. From the moment it is called nothing more is
+// enqueued through s (ErrClosed); it waits without s's lock, so a host
+// function of s that enqueues on s meanwhile is refused rather than
+// deadlocked. Called from a host function of s (or of work s waits for)
+// it is refused with ErrBusy, and s lives on.
 func (s *Stream) Destroy() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return driver.Closed(fmt.Sprintf("stream: destroy of destroyed %s", s))
 	}
 	s.closed = true
-	return errors.Wrapf(s.st.DestroyStream(s.id), "stream: destroy %s", s)
+	s.mu.Unlock()
+	err := s.st.DestroyStream(s.id)
+	if errors.Is(err, driver.ErrBusy) && s.alive() {
+		// Refused: the caller is a host function the destroy would wait
+		// for. Nothing changed, s included.
+		s.mu.Lock()
+		s.closed = false
+		s.mu.Unlock()
+	}
+	return errors.Wrapf(err, "stream: destroy %s", s)
+}
+
+// alive reports whether the driver still has s, after a DestroyStream that
+// failed with ErrBusy: refused (alive), or a destroy that reported a
+// failure of s's work marked ErrBusy (gone). A refused destroy leaves s
+// unfinished — it runs or waits for its caller — so the query reports no
+// failure that a later synchronize should have.
+func (s *Stream) alive() bool {
+	_, err := s.st.QueryStream(s.id)
+	return !errors.IsAny(err, driver.ErrBadHandle, driver.ErrClosed)
 }
 
 // CopyHtoD enqueues a copy of src to dst; src must be left alone until
@@ -298,21 +362,48 @@ func NewEvent(d driver.Driver, dev driver.DeviceID) (*Event, error) {
 // ID is the driver's handle of the event.
 func (e *Event) ID() driver.Event { return e.id }
 
+// destroyed returns ErrClosed, naming what was asked, once Destroy has
+// been called on e. The driver would answer ErrBadHandle; a destroyed
+// event is closed like a destroyed stream.
+func (e *Event) destroyed(what string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return driver.Closed("stream: " + what + " of a destroyed event")
+	}
+	return nil
+}
+
 // Synchronize waits for the event as last recorded, then runs the
 // driver's synchronize hooks.
 func (e *Event) Synchronize() error {
+	if err := e.destroyed("synchronize"); err != nil {
+		return err
+	}
 	err := e.st.SyncEvent(e.id)
-	runHooks(e.d)
+	if waited(err) {
+		err = errors.CombineErrors(err, runHooks(e.d))
+	}
 	return errors.Wrap(err, "stream: synchronize event")
 }
 
 // WaitDone waits for the event as last recorded without running the
 // synchronize hooks: for code that runs under its own lock and is itself
 // a hook (a pool waiting for its frees).
-func (e *Event) WaitDone() error { return errors.Wrap(e.st.SyncEvent(e.id), "stream: wait for event") }
+func (e *Event) WaitDone() error {
+	if err := e.destroyed("wait"); err != nil {
+		return err
+	}
+	return errors.Wrap(e.st.SyncEvent(e.id), "stream: wait for event")
+}
 
 // Query reports whether the event as last recorded has completed.
-func (e *Event) Query() (bool, error) { return e.st.QueryEvent(e.id) }
+func (e *Event) Query() (bool, error) {
+	if err := e.destroyed("query"); err != nil {
+		return false, err
+	}
+	return e.st.QueryEvent(e.id)
+}
 
 // Destroy destroys the event; work already waiting on it completes.
 func (e *Event) Destroy() error {
@@ -327,12 +418,27 @@ func (e *Event) Destroy() error {
 
 // Elapsed is the time between two completed events.
 func Elapsed(start, end *Event) (time.Duration, error) {
+	if start == nil || end == nil {
+		return 0, errors.Wrap(driver.ErrInvalid, "stream: elapsed time: no event (nil)")
+	}
+	if start.d != end.d {
+		return 0, errors.Wrap(driver.ErrInvalid, "stream: elapsed time between events of two drivers")
+	}
+	for _, e := range []*Event{start, end} {
+		if err := e.destroyed("elapsed time"); err != nil {
+			return 0, err
+		}
+	}
 	d, err := start.st.ElapsedTime(start.id, end.id)
 	return d, errors.Wrap(err, "stream: elapsed time")
 }
 
 // Hooks.
 
+// hooks are the synchronize hooks, by driver. Every key is comparable
+// (OnSynchronize checks), so map access cannot panic. mu is a leaf lock:
+// runHooks copies the functions and calls them after unlocking, so a hook
+// may take its own locks, and a caller holding its own lock may cancel.
 var hooks struct {
 	mu   sync.Mutex
 	next int
@@ -340,8 +446,18 @@ var hooks struct {
 }
 
 // OnSynchronize registers fn to run after every stream or event
-// synchronize on d returns; the returned function unregisters it.
-func OnSynchronize(d driver.Driver, fn func()) (cancel func()) {
+// synchronize on d returns; the returned function unregisters it. A
+// driver that cannot key a map (driver.CheckComparable) is ErrInvalid.
+// A hook that panics makes the synchronize return the panic as an error
+// (ErrInvalid, after the work's own failure if any); the other hooks run
+// all the same.
+func OnSynchronize(d driver.Driver, fn func()) (cancel func(), err error) {
+	if err := driver.CheckComparable(func() string { return "stream: on synchronize" }, d); err != nil {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "stream: on synchronize: the hook is nil")
+	}
 	hooks.mu.Lock()
 	defer hooks.mu.Unlock()
 	if hooks.fns == nil {
@@ -360,19 +476,37 @@ func OnSynchronize(d driver.Driver, fn func()) (cancel func()) {
 		if len(hooks.fns[d]) == 0 {
 			delete(hooks.fns, d)
 		}
-	}
+	}, nil
 }
 
-func runHooks(d driver.Driver) {
+// runHooks runs d's synchronize hooks, every one of them even if some
+// panic: a panic is recovered and returned as an error (ErrInvalid: a hook
+// has no way to fail but to panic, and must not), so a bad hook neither
+// takes down the goroutine that synchronized nor keeps the others from
+// running. No lock is held while hooks run.
+func runHooks(d driver.Driver) error {
 	hooks.mu.Lock()
 	fns := make([]func(), 0, len(hooks.fns[d]))
 	for _, fn := range hooks.fns[d] {
 		fns = append(fns, fn)
 	}
 	hooks.mu.Unlock()
+	var errs error
 	for _, fn := range fns {
-		fn()
+		errs = errors.CombineErrors(errs, runHook(fn))
 	}
+	return errs
+}
+
+func runHook(fn func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errors.WithHint(errors.Wrapf(driver.ErrInvalid, "stream: synchronize hook panicked: %v", r),
+				"a hook registered with OnSynchronize must not panic")
+		}
+	}()
+	fn()
+	return nil
 }
 
 // HostBuffer is pinned host memory from the driver, with starts aligned

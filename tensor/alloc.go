@@ -29,6 +29,9 @@ func Empty(al *arena.Allocator, dt DType, shape ...int) (*Tensor, error) {
 	if al == nil {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the allocator is nil", what())
 	}
+	if al.Closed() {
+		return nil, driver.Closed(what() + ": the allocator is closed (or was not made by arena.NewAllocator)")
+	}
 	n, err := checkLayout(dt, shape, what)
 	if err != nil {
 		return nil, err

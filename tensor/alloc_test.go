@@ -1,6 +1,7 @@
 package tensor_test
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,8 +14,7 @@ import (
 
 func newAllocator(t *testing.T, max uint64) *arena.Allocator {
 	s := newStack(t)
-	al, err := arena.NewAllocator(s.space, s.mem, arena.AllocatorOptions{
-		Arena: arena.Options{Max: max, ChunkSize: gran}, MinGrow: gran})
+	al, err := arena.NewAllocator(s.space, s.mem, arena.AllocatorOptions{Max: max, ChunkSize: gran})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, al.Close()) })
 	return al
@@ -83,5 +83,49 @@ func TestEmpty(t *testing.T) {
 	require.NoError(t, y.Release())
 	require.NoError(t, z.Release())
 	require.Zero(t, al.Stats().Live)
+	require.NoError(t, al.Check())
+}
+
+// TestEmptyKeepsItsBytesThroughChurn: a tensor over an allocation keeps
+// every element while the allocator hands out, fills, frees and gives back
+// memory all around it. (The old Allocator.Arena let a tensor be placed on
+// the allocator's own range, where later Allocs overwrote rows of it; a
+// tensor now reaches an allocator's memory only through an allocation.)
+func TestEmptyKeepsItsBytesThroughChurn(t *testing.T) {
+	al := newAllocator(t, 64*gran)
+	x, err := tensor.Empty(al, tensor.Float32, 100, int(gran)/64) // more than a chunk
+	require.NoError(t, err)
+	defer func() { require.NoError(t, x.Release()) }()
+	fill(t, x, func(k int) float64 { return float64(k % 1000) })
+	rng := rand.New(rand.NewPCG(7, 7))
+	var live []driver.Addr
+	for i := range 400 {
+		if len(live) > 0 && rng.IntN(2) == 0 {
+			k := rng.IntN(len(live))
+			require.NoError(t, al.Free(live[k]))
+			live = append(live[:k], live[k+1:]...)
+			if i%50 == 0 {
+				require.NoError(t, al.Trim())
+			}
+			continue
+		}
+		p, err := al.Alloc(uint64(1+rng.IntN(int(2*gran))), 0)
+		if err != nil {
+			drivertest.RequireIs(t, err, driver.ErrOutOfMemory)
+			continue
+		}
+		b, err := al.Bytes(p)
+		require.NoError(t, err)
+		for j := range b {
+			b[j] = 0xEE
+		}
+		live = append(live, p)
+	}
+	for k, v := range values(t, x) {
+		require.Equal(t, float64(k%1000), v, "element %d", k)
+	}
+	for _, p := range live {
+		require.NoError(t, al.Free(p))
+	}
 	require.NoError(t, al.Check())
 }

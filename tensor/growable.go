@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -49,6 +50,9 @@ func NewGrowable(a *arena.Arena, dt DType, rowShape ...int) (*Growable, error) {
 	what := func() string { return fmt.Sprintf("tensor: growable %s tensor of rows %v", dt, rowShape) }
 	if a == nil {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the arena is nil", what())
+	}
+	if a.Closed() {
+		return nil, driver.Closed(what() + ": the arena is closed (or was not made by arena.New)")
 	}
 	if !dt.Valid() {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %s is not a defined dtype", what(), dt)
@@ -105,6 +109,7 @@ func (g *Growable) shape(rows int) []int { return append([]int{rows}, g.rowShape
 func (g *Growable) AppendRows(n int) (*Tensor, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	defer g.checkAfter("appendRows")
 	what := func() string {
 		return fmt.Sprintf("tensor: append %d rows of %v to a growable %s tensor of %d rows", n, g.rowShape, g.dt, g.rows)
 	}
@@ -191,6 +196,7 @@ func (g *Growable) Tensor() (*Tensor, error) {
 func (g *Growable) Release() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	defer g.checkAfter("release")
 	if g.released {
 		return driver.Closed("tensor: release of a growable tensor: already released")
 	}
@@ -214,6 +220,20 @@ func (g *Growable) Release() error {
 func (g *Growable) Check() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.checkLocked()
+}
+
+// checkAfter runs checkLocked after a change, in builds with the
+// invariants tag; the lock is held.
+func (g *Growable) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("tensor: growable "+op, g.checkLocked())
+	}
+}
+
+// checkLocked is Check with the lock held: what every change runs in
+// builds with the invariants tag.
+func (g *Growable) checkLocked() error {
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf("tensor: growable: "+format, args...))

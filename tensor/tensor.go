@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/isnil"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -39,6 +40,15 @@ type storage struct {
 	owner   *Tensor
 	release func() error
 	holder  string
+	// lease, when not nil, ends the storage too: revoked, it is as
+	// released (NewLeased).
+	lease *Lease
+}
+
+// gone reports whether the storage's memory may no longer be touched:
+// released by its owner, or its lease revoked.
+func (st *storage) gone() bool {
+	return st.released.Load() || (st.lease != nil && st.lease.Revoked())
 }
 
 // Tensor is a dtype, shape, strides and offset over a storage. It is
@@ -97,18 +107,32 @@ func numElements(shape []int) (int, error) {
 // tensor and its views are used, and ends it itself.
 func New(buf Buffer, dt DType, shape ...int) (*Tensor, error) {
 	what := func() string { return fmt.Sprintf("tensor: new %s tensor of shape %v", dt, shape) }
-	if buf == nil {
+	if isnil.Is(buf) {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the buffer is nil", what())
 	}
-	b, err := buf.Bytes()
+	b, addr, err := bufferBytes(buf)
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s: the buffer's bytes", what())
 	}
-	st := &storage{bytes: b, holder: "the caller, who made it with New"}
-	if a, ok := buf.(addresser); ok {
-		st.addr = a.Addr()
-	}
+	st := &storage{bytes: b, addr: addr, holder: "the caller, who made it with New"}
 	return newOn(st, dt, shape, what)
+}
+
+// bufferBytes asks buf for its bytes and, if it has one, its address. buf
+// is the caller's code: a panic in it becomes an error (ErrInvalid).
+func bufferBytes(buf Buffer) (b []byte, addr driver.Addr, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b, addr, err = nil, 0, errors.Wrapf(driver.ErrInvalid, "the %T buffer panicked: %v", buf, r)
+		}
+	}()
+	if b, err = buf.Bytes(); err != nil {
+		return nil, 0, err
+	}
+	if a, ok := buf.(addresser); ok {
+		addr = a.Addr()
+	}
+	return b, addr, nil
 }
 
 // newOn makes a row-major tensor at offset 0 of st, checking everything.
@@ -156,6 +180,9 @@ func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
 	what := func() string { return fmt.Sprintf("tensor: %s tensor of shape %v on an arena", dt, shape) }
 	if a == nil {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the arena is nil", what())
+	}
+	if a.Closed() {
+		return nil, driver.Closed(what() + ": the arena is closed (or was not made by arena.New)")
 	}
 	n, err := checkLayout(dt, shape, what)
 	if err != nil {
@@ -215,6 +242,9 @@ func checkLayout(dt DType, shape []int, what func() string) (int, error) {
 // or a tensor over memory someone else owns, cannot release it
 // (ErrInvalid); releasing twice is ErrClosed.
 func (t *Tensor) Release() error {
+	if err := t.made(func() string { return "tensor: release" }); err != nil {
+		return err
+	}
 	if t.st.owner != t {
 		if t.st.owner != nil {
 			return errors.WithHint(
@@ -233,9 +263,23 @@ func (t *Tensor) Release() error {
 	return nil
 }
 
-// live returns ErrClosed once the storage has been released.
+// made returns ErrInvalid for a nil Tensor or one not made by this
+// package's constructors (a zero Tensor, which has no storage).
+func (t *Tensor) made(what func() string) error {
+	if t == nil || t.st == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: not a tensor made by New, OnArena, Empty or a Growable", what()),
+			"a nil or zero Tensor has no memory")
+	}
+	return nil
+}
+
+// live returns ErrClosed once the storage has been released, and
+// ErrInvalid for a tensor with no storage at all.
 func (t *Tensor) live(what func() string) error {
-	if t.st.released.Load() {
+	if err := t.made(what); err != nil {
+		return err
+	}
+	if t.st.gone() {
 		return driver.Closed(what() + ": its memory was released")
 	}
 	return nil
@@ -263,13 +307,22 @@ func (t *Tensor) NumElements() int { return t.n }
 // of the arena view or allocation, not of the tensor's first element (add
 // Offset()*DType().Size() for that). It is what Allocator.Free takes for an
 // Empty tensor. It is 0 for a buffer that has no device address.
-func (t *Tensor) Addr() driver.Addr { return t.st.addr }
+func (t *Tensor) Addr() driver.Addr {
+	if t == nil || t.st == nil {
+		return 0
+	}
+	return t.st.addr
+}
 
-// Released reports whether the tensor's memory has been released.
-func (t *Tensor) Released() bool { return t.st.released.Load() }
+// Released reports whether the tensor's memory has been released; a
+// tensor with no storage (nil, or zero) has none to use and reports true.
+func (t *Tensor) Released() bool { return t == nil || t.st == nil || t.st.gone() }
 
-// SharesStorage reports whether t and u are views of the same storage.
-func (t *Tensor) SharesStorage(u *Tensor) bool { return t.st == u.st }
+// SharesStorage reports whether t and u are views of the same storage;
+// false when either has none.
+func (t *Tensor) SharesStorage(u *Tensor) bool {
+	return t != nil && u != nil && t.st != nil && t.st == u.st
+}
 
 // IsContiguous reports whether the elements lie back to back in row-major
 // order (dims of size 1 may have any stride; an empty tensor is contiguous).
@@ -308,6 +361,9 @@ func (t *Tensor) span() (lo, hi int) {
 // Check verifies the tensor's invariants (see the package doc) and reports
 // every one that does not hold.
 func (t *Tensor) Check() error {
+	if err := t.made(func() string { return "tensor: check" }); err != nil {
+		return err
+	}
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf("tensor: %s: "+format, append([]any{t}, args...)...))

@@ -344,3 +344,67 @@ func TestOnArenaSim(t *testing.T) {
 	require.Zero(t, a.Committed(), "nothing was committed for it")
 	require.Zero(t, a.Stats().Views)
 }
+
+// TestDriverCloseUnderLiveTensors: closing the driver while tensors hang
+// from its memory is refused (ErrBusy, naming the live mappings) and
+// changes nothing: every tensor still reads its values. Once the tensors
+// are released and their arena and allocator closed, the driver closes.
+// (It used to close, unmap everything, and leave At to fault.)
+func TestDriverCloseUnderLiveTensors(t *testing.T) {
+	s := newStack(t)
+	a, err := arena.New(s.space, s.mem, arena.Options{Max: 16 * gran, ChunkSize: gran})
+	require.NoError(t, err)
+	x, err := tensor.OnArena(a, tensor.Float32, 4, 4)
+	require.NoError(t, err)
+	fill(t, x, func(k int) float64 { return float64(k) })
+	al, err := arena.NewAllocator(s.space, s.mem, arena.AllocatorOptions{Max: 8 * gran, ChunkSize: gran})
+	require.NoError(t, err)
+	y, err := tensor.Empty(al, tensor.Int32, 100)
+	require.NoError(t, err)
+	require.NoError(t, y.Set(7, 99))
+	ga, err := arena.New(s.space, s.mem, arena.Options{Max: 16 * gran, ChunkSize: gran})
+	require.NoError(t, err)
+	g, err := tensor.NewGrowable(ga, tensor.Uint8, 8)
+	require.NoError(t, err)
+	rows, err := g.AppendRows(3)
+	require.NoError(t, err)
+	require.NoError(t, rows.Set(5, 2, 7))
+
+	before, err := s.mem.Usage(0)
+	require.NoError(t, err)
+	heap, err := s.drv.HeapBytes(0)
+	require.NoError(t, err)
+	drivertest.RequireIs(t, s.drv.Close(), driver.ErrBusy, "3 mapping(s) still live", x.Addr().String())
+	after, err := s.mem.Usage(0)
+	require.NoError(t, err)
+	require.Equal(t, before, after)
+	heapAfter, err := s.drv.HeapBytes(0)
+	require.NoError(t, err)
+	require.Equal(t, heap, heapAfter)
+	base, err := s.drv.Reserve(gran, 0, 0) // still open
+	require.NoError(t, err)
+	require.NoError(t, s.drv.Unreserve(base, gran))
+	for k := 0; k < 16; k++ {
+		v, err := x.At(k/4, k%4)
+		require.NoError(t, err)
+		require.Equal(t, float64(k), v)
+	}
+	v, err := y.At(99)
+	require.NoError(t, err)
+	require.Equal(t, 7.0, v)
+	v, err = rows.At(2, 7)
+	require.NoError(t, err)
+	require.Equal(t, 5.0, v)
+
+	// The layers above refuse the same way while their memory is live.
+	drivertest.RequireIs(t, a.Close(), driver.ErrBusy)
+	drivertest.RequireIs(t, al.Close(), driver.ErrBusy)
+
+	require.NoError(t, x.Release())
+	require.NoError(t, y.Release())
+	require.NoError(t, g.Release())
+	require.NoError(t, a.Close())
+	require.NoError(t, al.Close())
+	require.NoError(t, ga.Close())
+	// newStack's cleanup closes the driver and fails the test if it refuses.
+}

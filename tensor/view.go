@@ -77,8 +77,14 @@ func (t *Tensor) Slice(dim, start, end, step int) (*Tensor, error) {
 	}
 	shape := slices.Clone(t.shape)
 	strides := slices.Clone(t.strides)
-	shape[dim] = (end - start + step - 1) / step
-	if shape[dim] > 1 {
+	// ceil((end-start)/step) without end-start+step-1, which wraps for
+	// steps near MaxInt.
+	if n := end - start; n > 0 {
+		shape[dim] = 1 + (n-1)/step
+	} else {
+		shape[dim] = 0
+	}
+	if shape[dim] > 1 { // step < end-start here, so the product stays inside the storage
 		strides[dim] *= step
 	}
 	return t.view(shape, strides, t.offset+start*t.strides[dim]), nil

@@ -1,6 +1,7 @@
 package tensor_test
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -87,6 +88,11 @@ func TestSlice(t *testing.T) {
 		{name: "one element keeps the stride", op: slice(2, 1, 4, 3), shape: []int{2, 3, 1}, strides: []int{12, 4, 1}, offset: 1},
 		{name: "step past the end", op: slice(0, 0, 2, 5), shape: []int{1, 3, 4}, strides: []int{12, 4, 1}, contig: true},
 		{name: "empty", op: slice(2, 2, 2, 3), shape: []int{2, 3, 0}, strides: []int{12, 4, 1}, offset: 2, contig: true},
+		// Steps near MaxInt: end-start+step-1 used to wrap, giving an empty view.
+		{name: "step MaxInt", op: slice(2, 0, 4, math.MaxInt), shape: []int{2, 3, 1}, strides: []int{12, 4, 1}},
+		{name: "step MaxInt from 3", op: slice(2, 3, 4, math.MaxInt), shape: []int{2, 3, 1}, strides: []int{12, 4, 1}, offset: 3},
+		{name: "step MaxInt-1 over the dim", op: slice(0, 0, 2, math.MaxInt-1), shape: []int{1, 3, 4}, strides: []int{12, 4, 1}, contig: true},
+		{name: "step MaxInt over nothing", op: slice(1, 3, 3, math.MaxInt), shape: []int{2, 0, 4}, strides: []int{12, 4, 1}, offset: 12, contig: true},
 		{name: "step 0", op: slice(2, 0, 4, 0), want: driver.ErrInvalid, frags: []string{"tensor: slice dim 2 [0:4:0] of float64[2 3 4]", "step 0 is below 1"}},
 		{name: "negative step", op: slice(2, 4, 0, -1), want: driver.ErrInvalid, frags: []string{"step -1"}},
 		{name: "end past", op: slice(2, 0, 5, 1), want: driver.ErrInvalid, frags: []string{"[0, 5) is not a range inside dim 2 of size 4"}},

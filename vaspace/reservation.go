@@ -2,14 +2,17 @@ package vaspace
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
-	"sort"
 	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/extent"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -53,7 +56,7 @@ type Reservation struct {
 	// carved ranges sorted by base: disjoint, granule-aligned, and exactly
 	// the complement of free.
 	free   *extent.Set
-	carved []Range
+	carved *ranges.List[driver.Addr, struct{}]
 	// occupants are the attached occupants, each once. gen counts
 	// Attach calls, so that Free and Close notice an occupant attached
 	// after they asked the others.
@@ -62,7 +65,8 @@ type Reservation struct {
 }
 
 func newReservation(s *Space, base driver.Addr, size uint64) *Reservation {
-	return &Reservation{space: s, base: base, size: size, gran: s.gran, free: extent.New(uint64(base), size)}
+	return &Reservation{space: s, base: base, size: size, gran: s.gran, free: extent.New(uint64(base), size),
+		carved: &ranges.List[driver.Addr, struct{}]{}}
 }
 
 // Base is the first address of the reservation. It answers after Free too.
@@ -80,6 +84,16 @@ func (r *Reservation) Space() *Space { return r.space }
 // String formats r as "reservation [0x..., 0x...)".
 func (r *Reservation) String() string { return "reservation " + r.Range().String() }
 
+// made returns ErrInvalid for a Reservation that Space.Reserve did not
+// make (a zero Reservation).
+func (r *Reservation) made(what func() string) error {
+	if r.space == nil || r.space.d == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the reservation was not made by Space.Reserve", what()),
+			"reserve ranges with Space.Reserve")
+	}
+	return nil
+}
+
 func (r *Reservation) errFreed(what func() string) error {
 	return errors.WithHint(driver.Closed(what()+": the reservation is freed"), "reserve a new range")
 }
@@ -89,6 +103,9 @@ func (r *Reservation) errFreed(what func() string) error {
 // lowest address that has room. align is 0 or a power of two.
 func (r *Reservation) Carve(size, align uint64) (Range, error) {
 	what := func() string { return fmt.Sprintf("vaspace: carve %s from %s", units.Bytes(size), r) }
+	if err := r.made(what); err != nil {
+		return Range{}, err
+	}
 	if err := driver.CheckSize(what, size, r.gran); err != nil {
 		return Range{}, err
 	}
@@ -98,6 +115,7 @@ func (r *Reservation) Carve(size, align uint64) (Range, error) {
 	align = max(align, r.gran)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.checkAfter("carve")
 	if r.freed {
 		return Range{}, r.errFreed(what)
 	}
@@ -120,6 +138,9 @@ func (r *Reservation) Carve(size, align uint64) (Range, error) {
 func (r *Reservation) CarveAt(base driver.Addr, size uint64) (Range, error) {
 	c := Range{base, size}
 	what := func() string { return fmt.Sprintf("vaspace: carve %s from %s", c, r) }
+	if err := r.made(what); err != nil {
+		return Range{}, err
+	}
 	if err := driver.CheckSize(what, size, r.gran); err != nil {
 		return Range{}, err
 	}
@@ -128,19 +149,20 @@ func (r *Reservation) CarveAt(base driver.Addr, size uint64) (Range, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.checkAfter("carveAt")
 	if r.freed {
 		return Range{}, r.errFreed(what)
 	}
-	if c.End() < c.Base || !r.Range().ContainsRange(c) {
+	if !r.Range().ContainsRange(c) {
 		return Range{}, errors.Wrapf(driver.ErrNotReserved, "%s: the range is not inside the reservation", what())
 	}
 	if !r.free.AllocAt(uint64(base), size) {
-		i := sort.Search(len(r.carved), func(i int) bool { return r.carved[i].End() > base })
-		if i == len(r.carved) || !r.carved[i].Overlaps(c) {
+		lo, hi := r.carved.Overlapping(c.Base, c.End())
+		if lo == hi {
 			return Range{}, errors.AssertionFailedf("%s: the range is not free, but no carved range overlaps it", what())
 		}
 		return Range{}, errors.WithHint(
-			errors.Wrapf(driver.ErrOverlap, "%s: it overlaps the carved range %s", what(), r.carved[i]),
+			errors.Wrapf(driver.ErrOverlap, "%s: it overlaps the carved range %s", what(), carvedRange(r.carved.At(lo))),
 			"uncarve that range first, or let Carve find a free one")
 	}
 	r.insertCarved(c)
@@ -148,47 +170,55 @@ func (r *Reservation) CarveAt(base driver.Addr, size uint64) (Range, error) {
 }
 
 func (r *Reservation) insertCarved(c Range) {
-	i := sort.Search(len(r.carved), func(i int) bool { return r.carved[i].Base > c.Base })
-	r.carved = slices.Insert(r.carved, i, c)
+	if _, ok := r.carved.Insert(c.Base, c.End(), struct{}{}); !ok {
+		panic("vaspace: the free extents handed out a carved range") // extent.Set and the list disagree: a bug here
+	}
+}
+
+func carvedRange(it *ranges.Item[driver.Addr, struct{}]) Range {
+	return Range{it.Start, it.Size()}
 }
 
 // Uncarve gives back a range that Carve or CarveAt returned, exactly as it
 // was returned; anything else is driver.ErrNotReserved.
 func (r *Reservation) Uncarve(c Range) error {
 	what := func() string { return fmt.Sprintf("vaspace: uncarve %s from %s", c, r) }
+	if err := r.made(what); err != nil {
+		return err
+	}
+	if !c.Valid() {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the range runs past the end of the address space", what())
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.checkAfter("uncarve")
 	if r.freed {
 		return r.errFreed(what)
 	}
-	i, found := slices.BinarySearchFunc(r.carved, c.Base, func(x Range, b driver.Addr) int {
-		switch {
-		case x.Base < b:
-			return -1
-		case x.Base > b:
-			return 1
-		}
-		return 0
-	})
+	i, found := r.carved.Find(c.Base)
+	if found && r.carved.At(i).Start != c.Base {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrNotReserved, "%s: no carved range starts there (it overlaps the carved range %s)", what(), carvedRange(r.carved.At(i))),
+			"uncarve takes exactly a range Carve or CarveAt returned")
+	}
 	if !found {
-		// Name a carved range it overlaps, if any, to show what() was meant.
-		j := sort.Search(len(r.carved), func(j int) bool { return r.carved[j].End() > c.Base })
-		if j < len(r.carved) && r.carved[j].Overlaps(c) {
+		// Name a carved range it overlaps, if any, to show what was meant.
+		if lo, hi := r.carved.Overlapping(c.Base, c.End()); c.Size > 0 && c.End() > c.Base && lo < hi {
 			return errors.WithHint(
-				errors.Wrapf(driver.ErrNotReserved, "%s: no carved range starts there (it overlaps the carved range %s)", what(), r.carved[j]),
+				errors.Wrapf(driver.ErrNotReserved, "%s: no carved range starts there (it overlaps the carved range %s)", what(), carvedRange(r.carved.At(lo))),
 				"uncarve takes exactly a range Carve or CarveAt returned")
 		}
 		return errors.Wrapf(driver.ErrNotReserved, "%s: nothing carved starts there", what())
 	}
-	if r.carved[i] != c {
+	if got := carvedRange(r.carved.At(i)); got != c {
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrNotReserved, "%s: the carved range there is %s", what(), r.carved[i]),
+			errors.Wrapf(driver.ErrNotReserved, "%s: the carved range there is %s", what(), got),
 			"uncarve takes exactly a range Carve or CarveAt returned")
 	}
 	if err := r.free.Free(uint64(c.Base), c.Size); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	r.carved = slices.Delete(r.carved, i, i+1)
+	r.carved.Delete(i, i+1)
 	return nil
 }
 
@@ -197,29 +227,62 @@ func (r *Reservation) Uncarve(c Range) error {
 func (r *Reservation) Carved() []Range {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.carved) == 0 {
+	if r.carved == nil || r.carved.Len() == 0 {
 		return nil
 	}
-	return slices.Clone(r.carved)
+	out := make([]Range, 0, r.carved.Len())
+	for _, it := range r.carved.All() {
+		out = append(out, carvedRange(it))
+	}
+	return out
 }
 
 // Attach registers o as an occupant of r: Free refuses while o reports
-// uses. Attaching an occupant twice keeps one; attaching to a freed
-// reservation does nothing (check Freed, or Hold, when that matters).
-func (r *Reservation) Attach(o Occupant) {
+// uses. Attaching an occupant twice keeps one. A nil o, or one whose
+// dynamic type is not comparable (Detach finds occupants with ==), is
+// driver.ErrInvalid; a freed reservation is driver.ErrClosed.
+func (r *Reservation) Attach(o Occupant) error {
+	what := func() string { return fmt.Sprintf("vaspace: attach an occupant to %s", r) }
+	if err := r.made(what); err != nil {
+		return err
+	}
+	if err := checkOccupant(what, o); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.freed || slices.Contains(r.occupants, o) {
-		return
+	defer r.checkAfter("attach")
+	if r.freed {
+		return r.errFreed(what)
 	}
-	r.occupants = append(r.occupants, o)
-	r.gen++
+	if !slices.Contains(r.occupants, o) {
+		r.occupants = append(r.occupants, o)
+		r.gen++
+	}
+	return nil
 }
 
-// Detach unregisters o; an occupant not attached is ignored.
+// checkOccupant refuses a nil occupant and one that == would panic on.
+func checkOccupant(what func() string, o Occupant) error {
+	if isnil.Is(o) {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the occupant is nil", what())
+	}
+	if !reflect.TypeOf(o).Comparable() {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: an occupant of type %T cannot be compared with ==", what(), o),
+			"make the occupant a pointer")
+	}
+	return nil
+}
+
+// Detach unregisters o; an occupant not attached (nil included) is
+// ignored.
 func (r *Reservation) Detach(o Occupant) {
+	if r.space == nil || checkOccupant(func() string { return "" }, o) != nil {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.checkAfter("detach")
 	if i := slices.Index(r.occupants, o); i >= 0 {
 		r.occupants = slices.Delete(r.occupants, i, i+1)
 	}
@@ -248,10 +311,17 @@ func (r *Reservation) uses() (uses []Use, gen uint64, freed bool) {
 // Hold (the mapping layer: its table lock first, then Hold), since a
 // waiting Free makes new Holds wait too.
 func (r *Reservation) Hold(fn func() error) error {
+	what := func() string { return fmt.Sprintf("vaspace: hold %s", r) }
+	if err := r.made(what); err != nil {
+		return err
+	}
+	if fn == nil {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the function is nil", what())
+	}
 	r.hold.RLock()
 	defer r.hold.RUnlock()
 	if r.Freed() {
-		return r.errFreed(func() string { return fmt.Sprintf("vaspace: hold %s", r) })
+		return r.errFreed(what)
 	}
 	return fn()
 }
@@ -264,6 +334,9 @@ func (r *Reservation) Hold(fn func() error) error {
 // carving is bookkeeping, and goes with the range.
 func (r *Reservation) Free() error {
 	what := func() string { return fmt.Sprintf("vaspace: free %s", r) }
+	if err := r.made(what); err != nil {
+		return err
+	}
 	for {
 		uses, gen, freed := r.uses()
 		if freed {
@@ -287,13 +360,14 @@ func (r *Reservation) Free() error {
 			retry = true // an occupant was attached since they were asked
 		default:
 			err = r.unreserveLocked()
-			if err == nil {
-				if i := slices.Index(s.rs, r); i >= 0 {
-					s.rs = slices.Delete(s.rs, i, i+1)
-				}
+			if r.freed {
+				s.removeLocked(r)
 			}
 		}
 		r.mu.Unlock()
+		if !retry {
+			s.checkAfter("free") // s.mu is held, r.mu not: the check takes it
+		}
 		s.mu.Unlock()
 		r.hold.Unlock()
 		if !retry {
@@ -303,13 +377,24 @@ func (r *Reservation) Free() error {
 }
 
 // unreserveLocked asks the driver to unreserve r and marks it freed. The
-// caller holds r.hold, r.space.mu and r.mu, and removes r from the space.
+// caller holds r.hold, r.space.mu and r.mu, and removes r from the space
+// once it is freed.
+//
+// A driver that answers ErrNotReserved or ErrClosed no longer holds the
+// range: someone unreserved it, or closed the driver, behind the space's
+// back. r is then marked freed all the same (the books follow the
+// driver; keeping it would leave the space unable ever to close) and the
+// error says what happened.
 func (r *Reservation) unreserveLocked() error {
-	if err := r.space.d.Unreserve(r.base, r.size); err != nil {
+	err := r.space.d.Unreserve(r.base, r.size)
+	if err != nil && !errors.Is(err, driver.ErrNotReserved) && !errors.Is(err, driver.ErrClosed) {
 		return errors.Wrapf(err, "vaspace: free %s", r)
 	}
 	r.freed = true
 	r.free, r.carved, r.occupants = nil, nil, nil
+	if err != nil {
+		return errors.Wrapf(err, "vaspace: free %s: the driver no longer holds the range (unreserved behind the space's back?); the space has let it go", r)
+	}
 	return nil
 }
 
@@ -321,10 +406,53 @@ func (r *Reservation) Freed() bool {
 }
 
 // Check walks r's carved ranges and free extents and returns every broken
-// invariant as an errors.AssertionFailedf, combined.
+// invariant as an errors.AssertionFailedf, combined. For a live
+// reservation it also asks the driver about r's first and last granules
+// (Driver.Access): if either is not reserved there, the range was
+// unreserved behind the space's back, and Check says so.
 func (r *Reservation) Check() error {
+	if r.space == nil {
+		return errors.Wrap(driver.ErrInvalid, "vaspace: check of a reservation not made by Space.Reserve")
+	}
+	return errors.CombineErrors(r.checkBooks(), r.checkDriver())
+}
+
+// checkBooks is Check without the driver.
+func (r *Reservation) checkBooks() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.checkLocked()
+}
+
+// checkDriver reports r's range as broken if the driver no longer
+// reserves its first or last granule. A freed r has nothing to compare.
+func (r *Reservation) checkDriver() error {
+	if r.Freed() {
+		return nil
+	}
+	if r.space == nil || r.space.d == nil {
+		return errors.AssertionFailedf("vaspace: %s belongs to no space with a driver", r)
+	}
+	for _, at := range []driver.Addr{r.base, r.base + driver.Addr(r.size-r.gran)} {
+		_, err := r.space.d.Access(at, 0)
+		if errors.Is(err, driver.ErrNotReserved) || errors.Is(err, driver.ErrClosed) {
+			return errors.AssertionFailedf("vaspace: %s is live here but the driver does not reserve %s: it was unreserved, or the driver closed, behind the space's back (%v)", r, at, err)
+		}
+	}
+	return nil
+}
+
+// checkAfter runs checkLocked after a change, in builds with the
+// invariants tag; the lock is held.
+func (r *Reservation) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("vaspace: "+op, r.checkLocked())
+	}
+}
+
+// checkLocked is Check with the lock held: what every change runs in
+// builds with the invariants tag.
+func (r *Reservation) checkLocked() error {
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
@@ -343,15 +471,16 @@ func (r *Reservation) Check() error {
 	}
 	var carved uint64
 	gapStart := r.base
-	for i, c := range r.carved {
-		if !r.Range().ContainsRange(c) || c.Size == 0 {
+	if err := r.carved.Check(); err != nil {
+		errs = errors.CombineErrors(errs, errors.Wrapf(err, "vaspace: %s", r))
+	}
+	for _, it := range r.carved.All() {
+		c := carvedRange(it)
+		if !r.Range().ContainsRange(c) {
 			fail("vaspace: carved range %s is not inside %s", c, r)
 		}
 		if uint64(c.Base)%r.gran != 0 || c.Size%r.gran != 0 {
 			fail("vaspace: carved range %s is not aligned to the granularity %s", c, units.Bytes(r.gran))
-		}
-		if i > 0 && r.carved[i-1].End() > c.Base {
-			fail("vaspace: carved ranges %s and %s overlap or are out of order", r.carved[i-1], c)
 		}
 		if c.Base > gapStart && !r.free.IsFree(uint64(gapStart), uint64(c.Base-gapStart)) {
 			fail("vaspace: %s is neither carved nor free in %s", Range{gapStart, uint64(c.Base - gapStart)}, r)

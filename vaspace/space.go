@@ -3,13 +3,15 @@ package vaspace
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -22,17 +24,38 @@ type Space struct {
 
 	mu     sync.Mutex
 	closed bool
-	// rs holds the live reservations, sorted by base; they do not overlap.
-	// A reservation leaves rs in the same critical section that marks it
-	// freed.
-	rs []*Reservation
+	// rs holds the live reservations by their ranges. A reservation leaves
+	// rs in the same critical section that marks it freed.
+	rs ranges.List[driver.Addr, *Reservation]
 }
 
-// New returns a Space over d's address space.
-func New(d driver.Driver) *Space { return &Space{d: d, gran: d.Granularity()} }
+// New returns a Space over d's address space. A Space made with a nil
+// driver (or a zero Space) refuses every call with driver.ErrInvalid.
+func New(d driver.Driver) *Space {
+	if isnil.Is(d) {
+		return &Space{}
+	}
+	return &Space{d: d, gran: d.Granularity()}
+}
 
-// Driver returns the driver whose address space s hands out.
-func (s *Space) Driver() driver.Driver { return s.d }
+// usable returns ErrInvalid for a Space that has no driver.
+func (s *Space) usable(what func() string) error {
+	if s.d == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the space has no driver", what()),
+			"make a space with vaspace.New(d) of an open driver")
+	}
+	return nil
+}
+
+// Driver returns the driver whose address space s hands out; nil for a
+// Space without one (and for a nil Space, so that a reservation not made
+// by Reserve answers nil through Space().Driver()).
+func (s *Space) Driver() driver.Driver {
+	if s == nil {
+		return nil
+	}
+	return s.d
+}
 
 // Reserve holds size bytes of address space, a multiple of the driver's
 // granularity, aligned to align (a power of two; 0 means the granularity,
@@ -44,6 +67,9 @@ func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
 		}
 		return fmt.Sprintf("vaspace: reserve %s", units.Bytes(size))
 	}
+	if err := s.usable(what); err != nil {
+		return nil, err
+	}
 	if err := driver.CheckSize(what, size, s.gran); err != nil {
 		return nil, err
 	}
@@ -52,6 +78,7 @@ func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.checkAfter("reserve")
 	if s.closed {
 		return nil, driver.Closed(what() + ": the space is closed")
 	}
@@ -60,12 +87,10 @@ func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
 	r := newReservation(s, base, size)
-	i := sort.Search(len(s.rs), func(i int) bool { return s.rs[i].base >= base })
-	if (i > 0 && s.rs[i-1].Range().Overlaps(r.Range())) || (i < len(s.rs) && s.rs[i].Range().Overlaps(r.Range())) {
+	if _, ok := s.rs.Insert(base, r.Range().End(), r); !ok {
 		_ = s.d.Unreserve(base, size)
 		return nil, errors.AssertionFailedf("%s: the driver returned %s, which overlaps a live reservation", what(), r.Range())
 	}
-	s.rs = slices.Insert(s.rs, i, r)
 	return r, nil
 }
 
@@ -73,7 +98,15 @@ func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
 func (s *Space) Reservations() []*Reservation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.rs)
+	return s.listLocked()
+}
+
+func (s *Space) listLocked() []*Reservation {
+	rs := make([]*Reservation, 0, s.rs.Len())
+	for _, it := range s.rs.All() {
+		rs = append(rs, it.Val)
+	}
+	return rs
 }
 
 // Close frees every live reservation and closes s; later calls of s and of
@@ -86,13 +119,16 @@ func (s *Space) Reservations() []*Reservation {
 // closed), Close frees the others, reports the refusals, and leaves s open
 // so that it can be called again.
 func (s *Space) Close() error {
+	if err := s.usable(func() string { return "vaspace: close" }); err != nil {
+		return err
+	}
 	for {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			return driver.Closed("vaspace: close: the space is already closed")
 		}
-		rs := slices.Clone(s.rs)
+		rs := s.listLocked()
 		s.mu.Unlock()
 
 		// Ask the occupants with no lock held: they may call back.
@@ -109,14 +145,14 @@ func (s *Space) Close() error {
 			return errors.WithHint(
 				errors.Wrapf(driver.ErrBusy, "vaspace: close: %d reservation(s) still in use: %s",
 					len(busy), strings.Join(busy, "; ")),
-				"unmap what() is mapped in them, or detach their occupants, before closing")
+				"unmap what is mapped in them, or detach their occupants, before closing")
 		}
 
 		for _, r := range rs {
 			r.hold.Lock()
 		}
 		s.mu.Lock()
-		same := slices.Equal(s.rs, rs)
+		same := slices.Equal(s.listLocked(), rs)
 		for i, r := range rs {
 			r.mu.Lock()
 			same = same && r.gen == gens[i]
@@ -132,50 +168,79 @@ func (s *Space) Close() error {
 			continue
 		}
 		var errs error
-		kept := s.rs[:0]
+		kept := 0
 		for _, r := range rs {
 			r.mu.Lock()
 			if err := r.unreserveLocked(); err != nil {
 				errs = errors.CombineErrors(errs, err)
-				kept = append(kept, r)
+			}
+			if r.freed {
+				s.removeLocked(r)
+			} else {
+				kept++
 			}
 			r.mu.Unlock()
 		}
-		clear(s.rs[len(kept):])
-		s.rs = kept
-		if errs == nil {
+		if kept == 0 {
 			s.closed = true
 		}
 		s.mu.Unlock()
 		for _, r := range rs {
 			r.hold.Unlock()
 		}
-		if errs != nil {
-			return errors.Wrapf(errs, "vaspace: close: the driver refused to unreserve %d of %d reservation(s); the others are freed",
-				len(kept), len(rs))
+		switch {
+		case kept > 0:
+			return errors.Wrapf(errs, "vaspace: close: the driver refused to unreserve %d of %d reservation(s); the others are freed, the space stays open",
+				kept, len(rs))
+		case errs != nil:
+			return errors.Wrapf(errs, "vaspace: close: the space is closed, but the driver no longer held some of its reservations")
 		}
 		return nil
 	}
 }
 
 // Check walks every structure of s and its reservations and returns every
-// broken invariant as an errors.AssertionFailedf, combined.
+// broken invariant as an errors.AssertionFailedf, combined. It also asks
+// the driver whether each live reservation is still reserved there (see
+// Reservation.Check): a range unreserved through the driver behind the
+// space's back is reported.
 func (s *Space) Check() error {
+	if err := s.usable(func() string { return "vaspace: check" }); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	errs := s.checkLocked()
+	for _, it := range s.rs.All() {
+		errs = errors.CombineErrors(errs, it.Val.checkDriver())
+	}
+	return errs
+}
+
+// checkAfter runs checkLocked after a change, in builds with the
+// invariants tag; s.mu is held.
+func (s *Space) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("vaspace: "+op, s.checkLocked())
+	}
+}
+
+// checkLocked is Check with s.mu held.
+func (s *Space) checkLocked() error {
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
-	if s.closed && len(s.rs) > 0 {
-		fail("vaspace: the space is closed but holds %d reservation(s)", len(s.rs))
+	if s.closed && s.rs.Len() > 0 {
+		fail("vaspace: the space is closed but holds %d reservation(s)", s.rs.Len())
 	}
-	for i, r := range s.rs {
-		if i > 0 && s.rs[i-1].base >= r.base {
-			fail("vaspace: reservations %s and %s are out of order", s.rs[i-1].Range(), r.Range())
-		}
-		if i > 0 && s.rs[i-1].Range().Overlaps(r.Range()) {
-			fail("vaspace: reservations %s and %s overlap", s.rs[i-1].Range(), r.Range())
+	if err := s.rs.Check(); err != nil {
+		errs = errors.CombineErrors(errs, errors.Wrap(err, "vaspace: reservations"))
+	}
+	for _, it := range s.rs.All() {
+		r := it.Val
+		if it.Start != r.base || it.End != r.Range().End() {
+			fail("vaspace: reservation %s is listed as [%s, %s)", r.Range(), it.Start, it.End)
 		}
 		if r.space != s {
 			fail("vaspace: reservation %s belongs to another space", r.Range())
@@ -183,9 +248,16 @@ func (s *Space) Check() error {
 		if r.Freed() {
 			fail("vaspace: reservation %s is freed but still listed", r.Range())
 		}
-		errs = errors.CombineErrors(errs, r.Check())
+		errs = errors.CombineErrors(errs, r.checkBooks())
 	}
 	return errs
+}
+
+// removeLocked takes r off the list; s.mu is held.
+func (s *Space) removeLocked(r *Reservation) {
+	if i, ok := s.rs.Find(r.base); ok && s.rs.At(i).Val == r {
+		s.rs.Delete(i, i+1)
+	}
 }
 
 // describeUses lists the first few uses and counts the rest.

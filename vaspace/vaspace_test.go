@@ -21,7 +21,7 @@ func newSim(t testing.TB) *sim.Driver {
 	t.Helper()
 	d, err := sim.New(sim.Options{Devices: 2, Capacity: 64 << 20, Granularity: gran})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = d.Close() })
+	drivertest.CloseAtEnd(t, d)
 	return d
 }
 
@@ -230,9 +230,9 @@ func TestFreeRefusesWhileOccupied(t *testing.T) {
 	_, err = r.Carve(4*gran, 0) // carved ranges do not hold the range
 	require.NoError(t, err)
 	o1, o2 := &occupant{}, &occupant{}
-	r.Attach(o1)
-	r.Attach(o1) // once is enough
-	r.Attach(o2)
+	require.NoError(t, r.Attach(o1))
+	require.NoError(t, r.Attach(o1)) // once is enough
+	require.NoError(t, r.Attach(o2))
 	var uses []Use
 	for i := range 6 {
 		uses = append(uses, Use{Range{r.Base() + driver.Addr(i*gran), gran}, fmt.Sprintf("chunk %d of device 1", i+1)})
@@ -300,7 +300,7 @@ func TestCallsAfterFree(t *testing.T) {
 	requireIs(t, carveErr(r.CarveAt(r.Base(), gran)), driver.ErrClosed)
 	requireIs(t, r.Uncarve(c), driver.ErrClosed, "vaspace: uncarve")
 	requireIs(t, r.Hold(func() error { t.Fatal("Hold ran fn on a freed reservation"); return nil }), driver.ErrClosed)
-	r.Attach(&occupant{uses: []Use{{c, "chunk 1 of device 0"}}}) // ignored
+	requireIs(t, r.Attach(&occupant{uses: []Use{{c, "chunk 1 of device 0"}}}), driver.ErrClosed, "vaspace: attach an occupant")
 	r.Detach(&occupant{})
 	require.Empty(t, r.Carved())
 	require.True(t, r.Freed())
@@ -323,7 +323,7 @@ func TestSpaceClose(t *testing.T) {
 	}
 	o := &occupant{}
 	o.set(Use{Range{rs[1].Base(), gran}, "chunk 3 of device 1"})
-	rs[1].Attach(o)
+	require.NoError(t, rs[1].Attach(o))
 	before := snap(s)
 
 	requireIs(t, s.Close(), driver.ErrBusy, "vaspace: close", "1 reservation(s) still in use",
@@ -506,7 +506,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			var o *occupant
 			if rng.IntN(3) == 0 {
 				o = &occupant{uses: []Use{{m.r.Range(), "chunk 1 of device 0"}}}
-				m.r.Attach(o)
+				require.NoError(t, m.r.Attach(o), desc)
 			}
 			err := m.r.Free()
 			if o != nil {
@@ -729,16 +729,16 @@ func TestConcurrent(t *testing.T) {
 // to report it.
 func TestCheckFindsCorruption(t *testing.T) {
 	for name, corrupt := range map[string]func(s *Space, r *Reservation){
-		"order":    func(s *Space, r *Reservation) { s.rs[0], s.rs[1] = s.rs[1], s.rs[0] },
-		"overlap":  func(s *Space, r *Reservation) { s.rs[1].base = s.rs[0].base },
+		"order":    func(s *Space, r *Reservation) { s.rs.At(0).Val, s.rs.At(1).Val = s.rs.At(1).Val, s.rs.At(0).Val },
+		"overlap":  func(s *Space, r *Reservation) { s.rs.At(1).Start = s.rs.At(0).Start },
 		"closed":   func(s *Space, r *Reservation) { s.closed = true },
 		"space":    func(s *Space, r *Reservation) { r.space = &Space{} },
 		"freed":    func(s *Space, r *Reservation) { r.freed = true },
-		"carved":   func(s *Space, r *Reservation) { r.carved = r.carved[:1] },
-		"outside":  func(s *Space, r *Reservation) { r.carved[1].Size = 100 * gran },
-		"unsorted": func(s *Space, r *Reservation) { r.carved[0], r.carved[1] = r.carved[1], r.carved[0] },
-		"misalign": func(s *Space, r *Reservation) { r.carved[0].Base += 4096 },
-		"gap":      func(s *Space, r *Reservation) { r.carved[0].Base += gran },
+		"carved":   func(s *Space, r *Reservation) { r.carved.Delete(1, 2) },
+		"outside":  func(s *Space, r *Reservation) { r.carved.At(1).End += 100 * gran },
+		"unsorted": func(s *Space, r *Reservation) { r.carved.At(0).End = r.carved.At(1).End },
+		"misalign": func(s *Space, r *Reservation) { r.carved.At(0).Start += 4096 },
+		"gap":      func(s *Space, r *Reservation) { r.carved.At(0).Start += gran; r.carved.At(0).End += gran },
 		"twice":    func(s *Space, r *Reservation) { o := &occupant{}; r.occupants = []Occupant{o, o} },
 	} {
 		t.Run(name, func(t *testing.T) {

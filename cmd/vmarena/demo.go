@@ -162,6 +162,9 @@ func demo(w io.Writer) (err error) {
 	if err := demoGrowth(w, say, space, mem); err != nil {
 		return err
 	}
+	if err := demoGiveBack(w, say, space, mem); err != nil {
+		return err
+	}
 	if err := demoStitch(w, say, space, mem); err != nil {
 		return err
 	}
@@ -177,13 +180,13 @@ func demoGrowth(w io.Writer, say func(string, ...any), space *vaspace.Space, mem
 	}
 	say("An arena reserves 16 GiB up front and commits %s chunks at its end as it grows:", units.Bytes(a.ChunkSize()))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "   grow by\tlength\tcommitted\tbase\tmap calls")
+	fmt.Fprintln(tw, "   grow by\tlength\tcommitted\tbase\tchunk maps")
 	for _, n := range []uint64{units.MiB, 3 * units.MiB, 20 * units.MiB} {
 		if err := a.Grow(n); err != nil {
 			return err
 		}
 		st := a.Stats()
-		fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%d\n", units.Bytes(n), units.Bytes(st.Len), units.Bytes(st.Committed), a.Base(), st.MapCalls)
+		fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%d\n", units.Bytes(n), units.Bytes(st.Len), units.Bytes(st.Committed), a.Base(), st.ChunkMaps)
 	}
 	_ = tw.Flush()
 	if err := a.Resize(units.MiB); err != nil {
@@ -192,22 +195,69 @@ func demoGrowth(w io.Writer, say func(string, ...any), space *vaspace.Space, mem
 	if err := a.Trim(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "   shrink to 1 MiB and trim: committed %s, base %s, unmap calls %d\n",
-		units.Bytes(a.Committed()), a.Base(), a.Stats().UnmapCalls)
+	fmt.Fprintf(w, "   shrink to 1 MiB and trim: committed %s, base %s, chunk unmaps %d\n",
+		units.Bytes(a.Committed()), a.Base(), a.Stats().ChunkUnmaps)
 	return a.Close()
 }
 
-// demoStitch fragments an allocator's arena and serves a request no free
-// range fits by stitching scattered free chunks: no copy, no new memory.
-func demoStitch(w io.Writer, say func(string, ...any), space *vaspace.Space, mem *physical.Memory) error {
+// demoGiveBack shows the allocator giving memory back from the middle of
+// its range: free chunks between live allocations go back to the device,
+// and come back when a block over them is handed out again.
+func demoGiveBack(w io.Writer, say func(string, ...any), space *vaspace.Space, mem *physical.Memory) error {
 	gran := space.Driver().Granularity()
-	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{
-		Arena: arena.Options{Device: 0, Max: 64 * units.MiB, MaxChunk: gran}, MinGrow: 1, GrowDivisor: 1 << 62})
+	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{Device: 0, Max: 32 * units.MiB})
 	if err != nil {
 		return err
 	}
 	var ps []driver.Addr
-	for i := 0; i < 8; i++ {
+	for range 6 {
+		p, err := al.Alloc(gran, 0)
+		if err != nil {
+			return err
+		}
+		ps = append(ps, p)
+	}
+	for _, i := range []int{1, 2, 4} {
+		if err := al.Free(ps[i]); err != nil {
+			return err
+		}
+	}
+	before := al.Stats()
+	say("Giving memory back from anywhere: six %s allocations, the 2nd, 3rd and 5th freed; %s stays committed.",
+		units.Bytes(gran), units.Bytes(before.Committed))
+	if err := al.Trim(); err != nil {
+		return err
+	}
+	after := al.Stats()
+	fmt.Fprintf(w, "   trim: committed %s -> %s, %s given back in %d unmap events from between live allocations\n",
+		units.Bytes(before.Committed), units.Bytes(after.Committed), units.Bytes(after.DecommittedBytes), after.UnmapEvents-before.UnmapEvents)
+	p, err := al.Alloc(2*gran, 0)
+	if err != nil {
+		return err
+	}
+	again := al.Stats()
+	fmt.Fprintf(w, "   alloc %s: at %s, where the 2nd and 3rd were (same address: %t), committed %s again\n",
+		units.Bytes(2*gran), p, p == ps[1], units.Bytes(again.Committed))
+	for _, q := range []driver.Addr{ps[0], ps[3], ps[5], p} {
+		if err := al.Free(q); err != nil {
+			return err
+		}
+	}
+	return al.Close()
+}
+
+// demoStitch fragments an allocator and serves a request no free block
+// fits by stitching scattered free chunks: no copy, no new memory.
+func demoStitch(w io.Writer, say func(string, ...any), space *vaspace.Space, mem *physical.Memory) error {
+	gran := space.Driver().Granularity()
+	// A release threshold of one byte: the allocator keeps nothing spare
+	// when it must commit more, so it stitches what is free instead.
+	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{Device: 0, Max: 64 * units.MiB, ReleaseThreshold: 1})
+	if err != nil {
+		return err
+	}
+	var ps []driver.Addr
+	for range 8 {
 		p, err := al.Alloc(gran, 0)
 		if err != nil {
 			return err
@@ -227,9 +277,9 @@ func demoStitch(w io.Writer, say func(string, ...any), space *vaspace.Space, mem
 		return err
 	}
 	after := al.Stats()
-	fmt.Fprintf(w, "   alloc %s: served at %s by mapping %d scattered free chunks side by side\n",
-		units.Bytes(3*gran), big, after.MapCalls-before.MapCalls)
-	fmt.Fprintf(w, "   committed before %s, after %s; stitches %d; arena grows %d -> %d\n",
+	fmt.Fprintf(w, "   alloc %s: served at %s by mapping %d scattered free chunks side by side (%d map event)\n",
+		units.Bytes(3*gran), big, after.ChunkMaps-before.ChunkMaps, after.MapEvents-before.MapEvents)
+	fmt.Fprintf(w, "   committed before %s, after %s; stitches %d; commits %d -> %d\n",
 		units.Bytes(before.Committed), units.Bytes(after.Committed), after.Stitches, before.Grows, after.Grows)
 	if err := al.Free(big); err != nil {
 		return err

@@ -23,7 +23,7 @@ const usage = `usage: vmarena <command>
 
 commands:
   demo      walk through reserve, map, access, aliasing and release on the host driver
-  replay    replay allocator traces on the sim driver: vmarena replay --trace FILE
+  replay    replay allocator traces on the sim driver: vmarena replay --trace FILE|DIR
   version   print the version
 `
 

@@ -11,15 +11,18 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/vmarena/vmarena/internal/trace"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/replay"
 )
 
-const replayUsage = `usage: vmarena replay --trace FILE [--trace FILE ...] [--granularity 2MiB] [--capacity 80GiB] [--no-stitch]
+const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ...] [--granularity 2MiB] [--capacity 80GiB]
+                      [--policy default|ascend|ascend-media] [--no-stitch] [--slack-divisor 256]
 
 Replays PyTorch allocator traces (CSV: seq,device,op,size,addr,alloc_id,stream,
-time_us,device_free) through vmarena's allocator on the sim driver, one device
-of the given capacity, and prints what it did beside what PyTorch did.
+time_us,device_free) through vmarena's allocator on the sim driver, each device
+of a trace on a sim device of its own with the given capacity, and prints what
+vmarena did beside what PyTorch did: one column per device of each trace. A
+directory stands for every .csv file in it, in name order.
 `
 
 // sizeFlag is a byte size given as 2MiB, 80GiB, 4096.
@@ -50,6 +53,16 @@ func (f *filesFlag) Set(v string) error {
 	return nil
 }
 
+// policyFlag is the allocator's policy, by name.
+type policyFlag replay.Policy
+
+func (p *policyFlag) String() string { return replay.Policy(*p).String() }
+func (p *policyFlag) Set(v string) error {
+	pol, err := replay.ParsePolicy(v)
+	*p = policyFlag(pol)
+	return err
+}
+
 // replayCmd runs `vmarena replay`: 0 when every trace replayed, 1 when a
 // trace could not be read or replayed, 2 on bad usage.
 func replayCmd(args []string, stdout, stderr io.Writer) int {
@@ -60,11 +73,14 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var files filesFlag
-	granularity, capacity := sizeFlag(trace.TargetGranularity), sizeFlag(80*units.GiB)
-	fs.Var(&files, "trace", "an allocator trace `FILE` (CSV); give several to compare them side by side")
-	fs.Var(&granularity, "granularity", "the device's granularity and the arena's chunk size, a `SIZE` such as 2MiB or 64KiB")
-	fs.Var(&capacity, "capacity", "the device's capacity and the arena's maximum, a `SIZE` such as 80GiB")
+	var policy policyFlag
+	granularity, capacity := sizeFlag(replay.TargetGranularity), sizeFlag(80*units.GiB)
+	fs.Var(&files, "trace", "an allocator trace `FILE` (CSV), or a directory of them; give several to compare them side by side")
+	fs.Var(&granularity, "granularity", "the devices' granularity and the allocator's chunk size, a `SIZE` such as 2MiB or 64KiB")
+	fs.Var(&capacity, "capacity", "each device's capacity and the allocator's maximum, a `SIZE` such as 80GiB")
+	fs.Var(&policy, "policy", "the allocator's size and alignment `POLICY`: default, ascend or ascend-media")
 	noStitch := fs.Bool("no-stitch", false, "turn the allocator's stitching of free chunks off")
+	slackDiv := fs.Uint64("slack-divisor", 256, "the allocator keeps at most live/`N` (and at least a chunk) committed beyond what is live when it commits more")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -81,84 +97,193 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if err := (replay.Options{Capacity: uint64(capacity), Granularity: uint64(granularity)}).Check(); err != nil {
+		fmt.Fprintf(stderr, "vmarena replay: --%v\n\n", err)
+		fs.Usage()
+		return 2
+	}
+	names, err := traceFiles(files)
+	if err != nil {
+		fmt.Fprintf(stderr, "vmarena replay: %v\n", err)
+		return 1
+	}
 
-	opts := trace.ReplayOptions{Capacity: uint64(capacity), Granularity: uint64(granularity), NoStitch: *noStitch,
-		CheckEvery: 1000, Verify: true}
-	var results []trace.Result
-	for _, name := range files {
+	opts := replay.Options{Capacity: uint64(capacity), Granularity: uint64(granularity),
+		Policy: replay.Policy(policy), NoStitch: *noStitch, SlackDivisor: *slackDiv, CheckEvery: 1000, Verify: true}
+	if *slackDiv == 0 {
+		fmt.Fprintf(stderr, "vmarena replay: --slack-divisor 0: give a divisor of at least 1\n\n")
+		fs.Usage()
+		return 2
+	}
+	var cols []column
+	for _, name := range names {
 		res, err := replayFile(name, opts)
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", name, err)
 			return 1
 		}
-		results = append(results, res)
+		base := strings.TrimSuffix(filepath.Base(name), ".csv")
+		for _, d := range res.Devices {
+			label := base
+			if len(res.Devices) > 1 || d.Device != 0 {
+				label = fmt.Sprintf("%s [dev %d]", base, d.Device)
+			}
+			cols = append(cols, column{label, d})
+		}
 	}
 	stitch := "on"
 	if *noStitch {
 		stitch = "off"
 	}
-	fmt.Fprintf(stdout, "vmarena replay: sim driver, one device of %s, granularity %s, allocator policy %s, stitching %s\n\n",
-		units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch)
-	printReplay(stdout, files, results)
+	fmt.Fprintf(stdout, "vmarena replay: sim driver, one %s device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d\n\n",
+		units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
+	printReplay(stdout, cols)
 	return 0
 }
 
-func replayFile(name string, opts trace.ReplayOptions) (trace.Result, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return trace.Result{}, err
+// traceFiles expands the --trace arguments: a directory stands for the
+// .csv files in it, in name order.
+func traceFiles(args []string) ([]string, error) {
+	var names []string
+	for _, a := range args {
+		fi, err := os.Stat(a)
+		if err != nil || !fi.IsDir() {
+			names = append(names, a) // replayFile says what is wrong with it
+			continue
+		}
+		entries, err := os.ReadDir(a)
+		if err != nil {
+			return nil, err
+		}
+		n := len(names)
+		for _, e := range entries {
+			if !e.IsDir() && strings.HasSuffix(e.Name(), ".csv") {
+				names = append(names, filepath.Join(a, e.Name()))
+			}
+		}
+		if len(names) == n {
+			return nil, errors.Newf("%s: a directory with no .csv file in it", a)
+		}
 	}
-	defer f.Close()
-	events, err := trace.Parse(f)
-	if err != nil {
-		return trace.Result{}, err
-	}
-	return trace.Replay(events, opts)
+	return names, nil
 }
 
-// printReplay prints one column per trace, one row per figure.
-func printReplay(w io.Writer, files []string, results []trace.Result) {
+func replayFile(name string, opts replay.Options) (replay.Result, error) {
+	events, err := replay.ParseFile(name)
+	if err != nil {
+		return replay.Result{}, err
+	}
+	return replay.Replay(events, opts)
+}
+
+// column is one device of one trace in the table.
+type column struct {
+	label string
+	d     replay.DeviceResult
+}
+
+// printReplay prints one column per device of each trace, one row per
+// figure.
+func printReplay(w io.Writer, cols []column) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(label string, cell func(r trace.Result) string) {
+	row := func(label string, cell func(d replay.DeviceResult) string) {
 		cells := []string{label}
-		for _, r := range results {
-			cells = append(cells, cell(r))
+		for _, c := range cols {
+			cells = append(cells, cell(c.d))
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	names := []string{"trace"}
-	for _, f := range files {
-		names = append(names, strings.TrimSuffix(filepath.Base(f), ".csv"))
+	for _, c := range cols {
+		names = append(names, c.label)
 	}
 	fmt.Fprintln(tw, strings.Join(names, "\t"))
 	count := func(n int) string { return fmt.Sprint(n) }
-	row("events", func(r trace.Result) string { return count(r.Summary.Events) })
-	row("allocs / frees replayed", func(r trace.Result) string { return fmt.Sprintf("%d / %d", r.Allocs, r.Frees) })
-	row("frees of unknown alloc_id (skipped)", func(r trace.Result) string { return count(r.SkippedFrees) })
-	row("peak allocated (trace)", func(r trace.Result) string { return approx(r.Summary.PeakAllocated) })
-	row("peak committed (vmarena)", func(r trace.Result) string { return approx(r.Stats.PeakCommitted) })
-	row("committed / allocated (vmarena)", func(r trace.Result) string { return fmt.Sprintf("%.3f", r.Ratio()) })
-	row("reserved / allocated (PyTorch)", func(r trace.Result) string {
-		if x, ok := r.Summary.PyTorchRatio(); ok {
+	row("events", func(d replay.DeviceResult) string { return count(d.Summary.Events) })
+	row("allocs / frees replayed", func(d replay.DeviceResult) string { return fmt.Sprintf("%d / %d", d.Allocs, d.Frees) })
+	row("frees of unknown alloc_id (skipped)", func(d replay.DeviceResult) string { return count(d.SkippedFrees) })
+	row("starts mid-run", midRun)
+	row("frees disagreeing with their alloc (addr or size)", func(d replay.DeviceResult) string { return count(d.Summary.MismatchedFrees) })
+	row("PyTorch out of memory at (vmarena)", ooms)
+	row("peak allocated (trace)", func(d replay.DeviceResult) string { return approx(d.Summary.PeakAllocated) })
+	row("peak committed (vmarena)", func(d replay.DeviceResult) string { return approx(d.Figures.PeakCommitted) })
+	// Four decimals: the target is 1.01, and 1.0104 misses it.
+	row("committed / allocated (vmarena)", func(d replay.DeviceResult) string { return fmt.Sprintf("%.4f", d.Ratio()) })
+	row("peak reserved (PyTorch)", func(d replay.DeviceResult) string {
+		if d.Summary.SegmentEvents == 0 {
+			return "—"
+		}
+		return approx(d.Summary.PeakReserved)
+	})
+	row("reserved / allocated (PyTorch)", func(d replay.DeviceResult) string {
+		switch x, ok := d.Summary.PyTorchRatio(); {
+		case ok:
 			return fmt.Sprintf("%.3f", x)
+		case d.Summary.MidRun():
+			return "n/a"
 		}
 		return "—"
 	})
-	row("peak reserved (PyTorch)", func(r trace.Result) string {
-		if r.Summary.SegmentEvents == 0 {
-			return "—"
-		}
-		return approx(r.Summary.PeakReserved)
-	})
-	row("map calls", func(r trace.Result) string { return count(r.Stats.MapCalls) })
-	row("unmap calls", func(r trace.Result) string { return count(r.Stats.UnmapCalls) })
-	row("trace segment events", func(r trace.Result) string { return count(r.Summary.SegmentEvents) })
-	row("stitches", func(r trace.Result) string { return count(r.Stats.Stitches) })
-	row("grows", func(r trace.Result) string { return count(r.Stats.Grows) })
-	row(fmt.Sprintf("target: ratio ≤ %.2f at %s", trace.TargetRatio, units.Bytes(trace.TargetGranularity)),
-		func(r trace.Result) string { return string(r.RatioTarget()) })
-	row("target: map calls ≤ segment events", func(r trace.Result) string { return string(r.MapCallsTarget()) })
+	row("segment events (PyTorch)", func(d replay.DeviceResult) string { return count(d.Summary.SegmentEvents) })
+	row("map events (vmarena)", func(d replay.DeviceResult) string { return count(d.Figures.MapEvents) })
+	row("unmap events (vmarena)", func(d replay.DeviceResult) string { return count(d.Figures.UnmapEvents) })
+	row("map + unmap events (vmarena)", func(d replay.DeviceResult) string { return count(d.Figures.MapUnmapEvents()) })
+	row("chunk maps (driver calls)", func(d replay.DeviceResult) string { return count(d.Figures.ChunkMaps) })
+	row("chunk unmaps (driver calls)", func(d replay.DeviceResult) string { return count(d.Figures.ChunkUnmaps) })
+	row("decommit calls", func(d replay.DeviceResult) string { return count(d.Figures.Decommits) })
+	row("decommitted", func(d replay.DeviceResult) string { return approx(d.Figures.DecommittedBytes) })
+	row("stitches", func(d replay.DeviceResult) string { return count(d.Figures.Stitches) })
+	row("grows (commits)", func(d replay.DeviceResult) string { return count(d.Figures.Grows) })
+	row("OOM retries", func(d replay.DeviceResult) string { return count(d.Figures.OOMRetries) })
+	row(fmt.Sprintf("target: committed / allocated ≤ %.2f at %s", replay.TargetRatio, units.Bytes(replay.TargetGranularity)),
+		func(d replay.DeviceResult) string { return string(d.RatioTarget()) })
+	row("target: map + unmap events ≤ segment events", func(d replay.DeviceResult) string { return string(d.MapEventsTarget()) })
 	_ = tw.Flush()
+}
+
+// midRun says whether, and why, a device's trace starts mid-run.
+func midRun(d replay.DeviceResult) string {
+	s := d.Summary
+	var why []string
+	switch n := s.FreedBeforeRecording; n {
+	case 0:
+	case 1:
+		why = append(why, "1 free of an allocation made before recording")
+	default:
+		why = append(why, fmt.Sprintf("%d frees of allocations made before recording", n))
+	}
+	if s.ReservedBelowZero {
+		why = append(why, "segments returned that were reserved before recording")
+	}
+	if len(why) == 0 {
+		return "no"
+	}
+	return strings.Join(why, "; ")
+}
+
+// maxOOMs is how many of a device's OOMs the table names; the rest are
+// counted.
+const maxOOMs = 3
+
+// ooms names the events at which PyTorch ran out of memory, and whether
+// vmarena served the same request there.
+func ooms(d replay.DeviceResult) string {
+	if len(d.OOMs) == 0 {
+		return "none"
+	}
+	var each []string
+	for i, o := range d.OOMs {
+		if i == maxOOMs {
+			each = append(each, fmt.Sprintf("%d more", len(d.OOMs)-maxOOMs))
+			break
+		}
+		served := "served"
+		if !o.Served {
+			served = "not served"
+		}
+		each = append(each, fmt.Sprintf("line %d (seq %d): %s", o.Line, o.Seq, served))
+	}
+	return strings.Join(each, "; ")
 }
 
 // approx formats a byte count to two decimals of the largest binary unit it

@@ -30,8 +30,10 @@ import (
 // fill-to-capacity tests stay small (larger capacities skip those tests with
 // a t.Skip naming why).
 //
-// Some subtests close the driver themselves, so the cleanup newDriver
-// registers must accept a Close that returns driver.ErrClosed. When the
+// Subtests may end with memory mapped, which Close refuses (ErrBusy), and
+// some close the driver themselves: the cleanup newDriver registers must
+// tear the driver down whatever is left (drivers on the shared ledger use
+// ledger.TearDown) and accept a driver already closed. When the
 // driver has a method Check() error (drivers built on the shared ledger do),
 // the suite calls it at the end of every subtest to verify the record's
 // invariants.
@@ -53,6 +55,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) driver.Driver) {
 	t.Run("Close", s.close)
 	t.Run("Concurrency", s.concurrency)
 	t.Run("Streams", s.streams)
+	t.Run("Sharing", s.sharing)
 }
 
 // minChunks is how many chunks of the driver granularity the tests may hold

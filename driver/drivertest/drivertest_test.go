@@ -33,7 +33,7 @@ func TestMixedGranularity(t *testing.T) {
 				l, err := ledger.New("mixed", devs, &space{extent.New(1<<40, 1<<46)}, false)
 				require.NoError(t, err)
 				t.Cleanup(func() {
-					if err := l.Close(); err != nil && !errors.Is(err, driver.ErrClosed) {
+					if err := ledger.TearDown(l); err != nil {
 						t.Errorf("close: %v", err)
 					}
 				})

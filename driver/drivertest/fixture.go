@@ -51,6 +51,22 @@ func RequireIs(t testing.TB, err, want error, fragments ...string) {
 	}
 }
 
+// CloseAtEnd registers a cleanup that closes d when the test ends and fails
+// the test unless the close succeeds or d was closed already. A driver
+// refuses to close while memory is mapped (ErrBusy), so a test that uses
+// it fails here if it left a table, arena, allocator or pool open: every
+// layer above the driver uses it to prove its objects let go of what they
+// map. Register it first: cleanups run last-in first-out, so the test's own
+// cleanups run before it.
+func CloseAtEnd(t testing.TB, d interface{ Close() error }) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil && !errors.Is(err, driver.ErrClosed) {
+			t.Errorf("closing the driver at the end of the test: %v (something the test made still maps memory)", err)
+		}
+	})
+}
+
 // requireIs fails the test unless err is marked with want alone and names
 // every fragment.
 func (f *fixture) requireIs(err, want error, fragments ...string) {

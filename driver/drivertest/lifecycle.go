@@ -11,13 +11,14 @@ import (
 	"github.com/vmarena/vmarena/driver"
 )
 
-// close checks Close: it takes down whatever is left, and every later call
-// is ErrClosed.
+// close checks Close: it refuses while anything is mapped — memory a
+// slice or tensor may still reach — changing nothing; otherwise it takes
+// down whatever is left, and every later call is ErrClosed.
 func (s suite) close(t *testing.T) {
 	// live leaves every kind of state behind: a reservation with an
 	// accessible mapping, a mapping of a released chunk, an unmapped chunk
-	// and an empty reservation.
-	live := func(f *fixture) (base driver.Addr) {
+	// and an empty reservation. It returns the two mappings' addresses.
+	live := func(f *fixture) (base driver.Addr, mapped []driver.Addr) {
 		base = f.reserve(4 * f.gran)
 		f.mapNew(base, 0, f.gran)
 		f.setAccess(base, f.gran, 0, driver.AccessReadWrite)
@@ -28,17 +29,41 @@ func (s suite) close(t *testing.T) {
 		require.NoError(f.t, f.d.Release(dead))
 		f.create(1, f.gran)
 		f.reserve(f.gran)
+		return base, []driver.Addr{base, at(base, f.gran)}
+	}
+	// unmapped is live with both mappings removed: chunks and reservations,
+	// nothing anyone can touch.
+	unmapped := func(f *fixture) driver.Addr {
+		base, mapped := live(f)
+		for _, m := range mapped {
+			f.unmap(m, f.gran)
+		}
 		return base
 	}
 	s.run(t, "Fresh", func(f *fixture) {
 		require.NoError(f.t, f.d.Close())
 	})
+	s.run(t, "RefusedWhileMapped", func(f *fixture) {
+		base, mapped := live(f)
+		f.requireIs(f.d.Close(), driver.ErrBusy)
+		// Nothing changed: the mapping is there, accessible, with its bytes.
+		f.requireAccess(base, 0, driver.AccessReadWrite)
+		if f.hostAccess() {
+			f.requireBytes(base, pattern(probe, 1))
+		}
+		h := f.create(0, f.gran)
+		require.NoError(f.t, f.d.Release(h), "the driver still works")
+		for _, m := range mapped {
+			f.unmap(m, f.gran)
+		}
+		require.NoError(f.t, f.d.Close(), "with nothing mapped, Close takes down the rest")
+	})
 	s.run(t, "WithLiveState", func(f *fixture) {
-		live(f)
+		unmapped(f)
 		require.NoError(f.t, f.d.Close())
 	})
 	s.run(t, "EveryCallAfterIsClosed", func(f *fixture) {
-		base := live(f)
+		base := unmapped(f)
 		spare := f.create(0, f.gran)
 		require.NoError(f.t, f.d.Close())
 		calls := []struct {
@@ -62,7 +87,7 @@ func (s suite) close(t *testing.T) {
 		}
 	})
 	s.run(t, "SecondClose", func(f *fixture) {
-		live(f)
+		unmapped(f)
 		require.NoError(f.t, f.d.Close())
 		f.requireIs(f.d.Close(), driver.ErrClosed)
 	})

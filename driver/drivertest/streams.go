@@ -3,6 +3,7 @@ package drivertest
 import (
 	"bytes"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,8 +18,9 @@ import (
 
 // Streams checks the asynchronous part of the contract (driver.Streams) on
 // drivers with FeatureStreams: handles, ordering, events, the reporting of
-// failed work, copies and fills, peer access, pinned host buffers, and all
-// of it from several goroutines at once.
+// failed (and panicking) work, the calls host functions make to their own
+// driver, copies and fills, peer access, pinned host buffers, and all of it
+// from several goroutines at once.
 //
 // Nothing here may hang: every wait for something that must happen is
 // bounded by patience; every gate a host function blocks on opens when the
@@ -63,6 +65,7 @@ func (s suite) streams(t *testing.T) {
 	t.Run("Ordering", s.streamOrdering)
 	t.Run("Events", s.events)
 	t.Run("Failures", s.streamFailures)
+	t.Run("HostFuncCalls", s.hostFuncCalls)
 	t.Run("Peers", s.peers)
 	t.Run("Copies", s.copies)
 	t.Run("HostAlloc", s.hostAlloc)
@@ -451,9 +454,14 @@ func (s suite) streamHandles(t *testing.T) {
 		}
 	})
 	s.runStreams(t, "AfterCloseNoStream", func(f *streamFixture) {
-		// The calls that name no stream or event are closed too.
+		// Close refuses while a host buffer is live (its bytes would fault
+		// at the next touch), changing nothing; the calls that name no
+		// stream or event are closed after it too.
 		b, err := f.s.HostAlloc(probe)
 		require.NoError(f.t, err)
+		f.requireIs(f.within("close", f.d.Close), driver.ErrBusy)
+		b[0], b[len(b)-1] = 1, 2 // still ours
+		require.NoError(f.t, f.s.HostFree(b))
 		require.NoError(f.t, f.within("close", f.d.Close))
 		calls := []struct {
 			name string
@@ -707,6 +715,102 @@ func (s suite) streamFailures(t *testing.T) {
 		require.True(f.t, again.Load())
 		f.destroy(st)
 	})
+	s.runStreams(t, "HostFuncPanics", func(f *streamFixture) {
+		// A panic in a host function is that operation's failure, marked
+		// ErrInvalid (the function handed in was not one a stream can run:
+		// it must return its failure), reported like any other; the stream,
+		// its events and its goroutine go on working. Several kinds of
+		// panic value, one after another on the same stream.
+		st, ev := f.stream(0), f.event(0)
+		var nilMap map[int]int
+		for i, c := range []struct {
+			name string
+			fn   func() error
+			says string
+		}{
+			{"string", func() error { panic("kaboom") }, "panic: kaboom"},
+			{"error", func() error { panic(errBoom) }, "panic: " + errBoom.Error()},
+			{"runtime error", func() error { nilMap[1] = 1; return nil }, "panic: assignment to entry in nil map"},
+			{"nil", func() error { panic(nil) }, "panic: panic called with nil argument"},
+		} {
+			var first, later, afterRecord atomic.Bool
+			f.launch(st, "first", mark(&first))
+			f.launch(st, "panicker", c.fn)
+			f.launch(st, "later", mark(&later))
+			f.record(ev, st)
+			f.launch(st, "after record", mark(&afterRecord))
+			n := 5*i + 2 // the panicking operation's number in the stream
+			f.requireIs(f.syncErr(st), driver.ErrInvalid,
+				fmt.Sprintf("operation %d (panicker) failed: %s", n, c.says), "2 later operation(s) skipped")
+			require.True(f.t, first.Load(), "%s: work before the panic ran", c.name)
+			require.False(f.t, later.Load(), "%s: work after the failure ran", c.name)
+			require.False(f.t, afterRecord.Load(), "%s: work after the failure ran", c.name)
+			require.True(f.t, f.eventDone(ev), "%s: the record after the panic completed", c.name)
+		}
+		// Reported once; the stream runs later work, and events recorded
+		// after the panics complete.
+		f.sync(st)
+		var again atomic.Bool
+		f.launch(st, "again", mark(&again))
+		f.record(ev, st)
+		f.syncEvent(ev)
+		require.True(f.t, again.Load(), "work after the reported panics ran")
+		f.sync(st)
+		// The engine's lock is free: other streams and the driver answer.
+		other := f.stream(1)
+		f.launch(other, "mark", mark(&again))
+		f.sync(other)
+		f.destroy(st)
+		f.destroy(other)
+	})
+	s.runStreams(t, "HostFuncGoexit", func(f *streamFixture) {
+		// runtime.Goexit in a host function (t.FailNow, t.Fatal and
+		// t.SkipNow call it) ends the goroutine that runs it whatever the
+		// driver does: the operation fails, and the stream goes on.
+		st, ev := f.stream(0), f.event(0)
+		var later, afterRecord atomic.Bool
+		f.launch(st, "exits", func() error { runtime.Goexit(); return nil })
+		f.launch(st, "later", mark(&later))
+		f.record(ev, st)
+		f.launch(st, "after record", mark(&afterRecord))
+		f.requireIs(f.syncErr(st), driver.ErrInvalid, "operation 1 (exits) failed", "runtime.Goexit", "2 later operation(s) skipped")
+		require.False(f.t, later.Load(), "work after the failure ran")
+		require.True(f.t, f.eventDone(ev), "the record after the failure completed")
+		var again atomic.Bool
+		f.launch(st, "again", mark(&again))
+		f.record(ev, st)
+		f.syncEvent(ev)
+		f.sync(st)
+		require.True(f.t, again.Load(), "work after the reported failure ran")
+		f.destroy(st)
+	})
+	s.runStreams(t, "HostFuncFaults", func(f *streamFixture) {
+		// A host function that touches device memory the host may no
+		// longer touch (a slice kept past a change of access, or past an
+		// unmap) faults; the fault is its operation's failure, marked
+		// ErrAccessDenied as a faulting copy's is, and the process and the
+		// stream live on.
+		hm, ok := f.d.(driver.HostMapper)
+		if !ok {
+			f.t.Skipf("%s does not map device memory into the process (driver.HostMapper)", f.d.Name())
+		}
+		base := f.region(0, driver.AccessReadWrite)
+		b, err := hm.HostBytes(base, probe)
+		require.NoError(f.t, err)
+		f.setAccess(base, f.gran, 0, driver.AccessNone)
+		st := f.stream(0)
+		var later atomic.Bool
+		f.launch(st, "touches", func() error { b[0] = 1; return nil })
+		f.launch(st, "later", mark(&later))
+		f.requireIs(f.syncErr(st), driver.ErrAccessDenied, "operation 1 (touches) failed", "memory fault at")
+		require.False(f.t, later.Load())
+		var again atomic.Bool
+		f.launch(st, "again", mark(&again))
+		f.sync(st)
+		require.True(f.t, again.Load(), "the stream runs work after the fault")
+		f.setAccess(base, f.gran, 0, driver.AccessReadWrite)
+		f.requireBytes(base, make([]byte, probe))
+	})
 	s.runStreams(t, "OtherStreamsUnaffected", func(f *streamFixture) {
 		a, b := f.stream(0), f.stream(0)
 		f.launch(a, "boom", boom)
@@ -750,6 +854,224 @@ func (s suite) streamFailures(t *testing.T) {
 		require.Contains(f.t, err.Error(), "(boom)")
 		// The stream is gone all the same.
 		f.requireIs(f.s.SyncStream(st), driver.ErrBadHandle)
+	})
+}
+
+// fromHostFunc runs call in a host function on st, once the gate opens
+// (nil: at once), and returns what call returned; the host function itself
+// succeeds. A call that hangs fails the test (and arms the watchdog).
+func (f *streamFixture) fromHostFunc(st driver.Stream, g *gate, call func() error) error {
+	f.t.Helper()
+	var got error
+	f.launch(st, "calls the driver", func() error {
+		if g != nil {
+			if err := g.wait(); err != nil {
+				return err
+			}
+		}
+		got = call()
+		return nil
+	})
+	if g != nil {
+		g.open()
+	}
+	f.sync(st)
+	return got
+}
+
+// requireSelfWait fails the test unless err is the refusal of a call from
+// a host function that would wait for that host function: ErrBusy, naming
+// what was asked, with the hint.
+func (f *streamFixture) requireSelfWait(err error, what string) {
+	f.t.Helper()
+	f.requireIs(err, driver.ErrBusy, what, "host function")
+	require.Contains(f.t, errors.FlattenHints(err), "host functions must not call the stream API on their own stream",
+		"the refusal says what to do: %v", err)
+}
+
+// hostFuncCalls checks calls a host function makes to its own driver:
+// one that would wait for the host function itself (its own stream, or
+// work ordered after it through events, or another host function waiting
+// for it) is refused at once with ErrBusy instead of deadlocking; one
+// that waits for work independent of it waits.
+func (s suite) hostFuncCalls(t *testing.T) {
+	s.runStreams(t, "SyncOwnStream", func(f *streamFixture) {
+		st := f.stream(0)
+		var later atomic.Bool
+		g := f.gate()
+		f.launch(st, "blocked", g.wait)
+		err := f.fromHostFunc(st, g, func() error {
+			f.launch(st, "later", mark(&later)) // enqueued behind the host function: the wait would be for itself
+			return f.s.SyncStream(st)
+		})
+		f.requireSelfWait(err, "synchronize stream")
+		require.True(f.t, later.Load(), "work enqueued by the host function ran after it")
+		// Queries never wait: they answer.
+		var done bool
+		var qerr error
+		require.NoError(f.t, f.fromHostFunc(st, nil, func() error {
+			done, qerr = f.s.QueryStream(st)
+			return nil
+		}))
+		require.NoError(f.t, qerr)
+		require.False(f.t, done, "a stream running a host function has not finished")
+		// Nothing was broken: the stream works.
+		var again atomic.Bool
+		f.launch(st, "again", mark(&again))
+		f.sync(st)
+		require.True(f.t, again.Load())
+		f.destroy(st)
+	})
+	s.runStreams(t, "DestroyOwnStream", func(f *streamFixture) {
+		st := f.stream(0)
+		err := f.fromHostFunc(st, nil, func() error { return f.s.DestroyStream(st) })
+		f.requireSelfWait(err, "destroy stream")
+		// The refused destroy changed nothing.
+		var ran atomic.Bool
+		f.launch(st, "after", mark(&ran))
+		f.sync(st)
+		require.True(f.t, ran.Load(), "the stream lives on")
+		f.destroy(st)
+	})
+	s.runStreams(t, "SyncEventRecordedLater", func(f *streamFixture) {
+		st, ev, g := f.stream(0), f.event(0), f.gate()
+		var queried bool
+		var qerr error
+		// The host function waits for its gate until ev is recorded
+		// behind it.
+		f.launch(st, "calls the driver", func() error {
+			if err := g.wait(); err != nil {
+				return err
+			}
+			queried, qerr = f.s.QueryEvent(ev)
+			return f.s.SyncEvent(ev)
+		})
+		f.record(ev, st)
+		g.open()
+		f.requireSelfWait(f.syncErr(st), "synchronize event")
+		require.NoError(f.t, qerr)
+		require.False(f.t, queried, "an event recorded behind a running host function is not complete")
+		require.True(f.t, f.eventDone(ev), "the record ran: the refusal failed the host function, not the record")
+		// An event recorded before the host function has completed: no
+		// refusal, no wait.
+		f.record(ev, st)
+		require.NoError(f.t, f.fromHostFunc(st, nil, func() error { return f.s.SyncEvent(ev) }))
+	})
+	s.runStreams(t, "SyncIndependentStream", func(f *streamFixture) {
+		// Waiting for a stream that does not wait for the host function is
+		// allowed: it waits.
+		a, b := f.stream(0), f.stream(1)
+		var slow atomic.Bool
+		f.launch(b, "slow", func() error { time.Sleep(settle); slow.Store(true); return nil })
+		require.NoError(f.t, f.fromHostFunc(a, nil, func() error { return f.s.SyncStream(b) }))
+		require.True(f.t, slow.Load(), "the host function's synchronize returned before b's work ran")
+	})
+	s.runStreams(t, "CycleThroughEvents", func(f *streamFixture) {
+		// b waits for an event recorded on a after a's host function, and
+		// c for one recorded on b after that wait: both are ordered after
+		// the host function, so its waits for them are refused.
+		a, b, c := f.stream(0), f.stream(0), f.stream(1)
+		evA, evB := f.event(0), f.event(0)
+		g := f.gate()
+		var errs []error
+		f.launch(a, "calls the driver", func() error {
+			if err := g.wait(); err != nil {
+				return err
+			}
+			errs = append(errs, f.s.SyncStream(b), f.s.SyncEvent(evB), f.s.SyncStream(c), f.s.DestroyStream(b))
+			return nil
+		})
+		f.record(evA, a)
+		var ranB, ranC atomic.Bool
+		f.waitFor(b, evA)
+		f.launch(b, "after wait", mark(&ranB))
+		f.record(evB, b)
+		f.waitFor(c, evB)
+		f.launch(c, "after wait", mark(&ranC))
+		g.open()
+		f.sync(a)
+		require.Len(f.t, errs, 4)
+		for i, what := range []string{"synchronize stream", "synchronize event", "synchronize stream", "destroy stream"} {
+			f.requireSelfWait(errs[i], what)
+		}
+		// Nothing was broken: b and c ran once a passed its event, and b
+		// was not destroyed.
+		f.sync(b)
+		f.sync(c)
+		require.True(f.t, ranB.Load())
+		require.True(f.t, ranC.Load())
+		f.destroy(b)
+	})
+	s.runStreams(t, "HostFuncsWaitForEachOther", func(f *streamFixture) {
+		// Host functions on a and b each synchronize the other's stream:
+		// whichever asks second would close the cycle and is refused; the
+		// first waits, and returns once the second has.
+		a, b := f.stream(0), f.stream(1)
+		var started sync.WaitGroup
+		started.Add(2)
+		both := make(chan struct{})
+		go func() { started.Wait(); close(both) }()
+		errs := make([]error, 2)
+		for i, pair := range [][2]driver.Stream{{a, b}, {b, a}} {
+			f.launch(pair[0], "waits for the other", func() error {
+				started.Done()
+				select {
+				case <-both:
+				case <-time.After(gateLimit):
+					return errors.New("drivertest: the other host function never started")
+				}
+				errs[i] = f.s.SyncStream(pair[1])
+				return nil
+			})
+		}
+		f.sync(a)
+		f.sync(b)
+		refused := 0
+		for _, err := range errs {
+			if err != nil {
+				f.requireSelfWait(err, "synchronize stream")
+				refused++
+			}
+		}
+		require.Equal(f.t, 1, refused, "exactly one of the two waits is refused: %v", errs)
+	})
+	s.runStreams(t, "CloseFromHostFunc", func(f *streamFixture) {
+		// Close from a host function cannot wait for that host function:
+		// it closes the driver without waiting for the work ordered after
+		// the caller (skipped), waits for the rest, and says so with
+		// ErrBusy, at once.
+		a, b := f.stream(0), f.stream(1)
+		var independent, behind atomic.Bool
+		f.launch(b, "slow", func() error { time.Sleep(settle); independent.Store(true); return nil })
+		var closeErr error
+		returned := make(chan struct{})
+		// The host function waits at its gate until "behind" is
+		// enqueued: on a loaded machine it could otherwise close the
+		// driver before that launch, which then fails with ErrClosed.
+		g := f.gate()
+		f.launch(a, "closes the driver", func() error {
+			defer close(returned)
+			if err := g.wait(); err != nil {
+				return err
+			}
+			closeErr = f.d.Close()
+			return nil
+		})
+		f.launch(a, "behind", mark(&behind))
+		g.open()
+		select {
+		case <-returned:
+		case <-time.After(patience):
+			f.wedged("Close from a host function")
+			f.t.Fatalf("Close from a host function did not return within %s", patience)
+		}
+		f.requireSelfWait(closeErr, "close")
+		require.True(f.t, independent.Load(), "Close returned before the work it could wait for ran")
+		_, err := f.d.Reserve(f.gran, 0, 0)
+		f.requireIs(err, driver.ErrClosed)
+		f.requireIs(f.s.SyncStream(a), driver.ErrClosed)
+		time.Sleep(settle)
+		require.False(f.t, behind.Load(), "work behind the host function that closed the driver ran")
 	})
 }
 

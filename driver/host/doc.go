@@ -13,7 +13,10 @@
 //	            the alignment; a hint is tried first with MAP_FIXED_NOREPLACE
 //	Create      a first-fit range of the device's memfd heap, committed with
 //	            fallocate; a shareable chunk gets a memfd of its own, so an
-//	            export never exposes the heap
+//	            export never exposes the heap, sealed with F_ADD_SEALS
+//	            (shrink, grow, seal) so no process that holds it can resize it
+//	Import      fstat and F_GET_SEALS: a memfd of the chunk's size, sealed so,
+//	            or ErrInvalid; the chunk keeps a duplicate (F_DUPFD_CLOEXEC)
 //	Map         mmap(addr, size, PROT_NONE, MAP_SHARED|MAP_FIXED, fd, off) —
 //	            only ever inside a reservation this driver owns
 //	SetAccess   mprotect with the widest access any device has; per-device
@@ -59,6 +62,9 @@
 // one node nothing is bound and NUMANode is -1 (RequireNUMA binds to it
 // anyway). MPOL_BIND does not fall back to other nodes: a device's
 // capacity should fit in its node's share of memory.
+//
+// The driver needs Linux. Elsewhere the package compiles, with the same
+// types and methods, and New answers driver.ErrUnsupported (host_other.go).
 //
 // The host driver never maps, unmaps or protects memory outside the
 // reservations it made, and never hands the heap's file descriptor out.

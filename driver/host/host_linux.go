@@ -3,6 +3,7 @@ package host
 import (
 	"fmt"
 	"os"
+	"strings"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -15,12 +16,17 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// Driver is the host driver. It implements driver.Driver.
+// Driver is the host driver. It implements driver.Driver, and
+// driver.Streams, driver.Sharing and driver.HostMapper. Its methods are
+// safe for concurrent use.
 type Driver struct {
-	*ledger.Ledger
-	*queue.Engine
-	b  *backend
-	hb hostBuffers
+	// books checks every call against the contract and records the
+	// reservations, chunks, mappings and access it made; b makes the
+	// system calls behind it.
+	books  *ledger.Ledger
+	engine *queue.Engine // the streams and events
+	b      *backend
+	hb     hostBuffers
 }
 
 var (
@@ -73,47 +79,226 @@ func New(opts Options) (*Driver, error) {
 		return nil, err
 	}
 	peer := func(dev, peer driver.DeviceID) bool { return !opts.NoPeerAccess }
-	return &Driver{Ledger: l, Engine: queue.New("host", opts.Devices, peer), b: b}, nil
+	return &Driver{books: l, engine: queue.New("host", opts.Devices, peer), b: b}, nil
 }
 
-// Close implements driver.Driver: the streams finish their work first,
-// then everything the ledger holds is unmapped, released and unreserved,
-// and pinned host buffers are unmapped.
+// Close waits for the streams to finish their work, then unmaps, releases
+// and unreserves everything and returns the pinned host buffers; the heaps
+// go back to the system. The error reports stream work that failed and was
+// not yet reported. While anything is mapped or a pinned host buffer is
+// live it refuses with ErrBusy, naming them, and changes nothing: a slice
+// or tensor over that memory would fault at its next touch. A second Close
+// is ErrClosed, as is every later call.
 func (d *Driver) Close() error {
-	if d.Engine.Closed() {
+	if d.unmade() {
+		return errUnmade("Close")
+	}
+	if d.engine.Closed() {
 		return driver.Closed("host: close: closed already")
 	}
-	err := d.Engine.Close() // failures of stream work not yet reported
-	return errors.CombineErrors(err, errors.CombineErrors(d.Ledger.Close(), d.closeHostBuffers()))
+	if err := errors.CombineErrors(d.books.Busy(), d.hostBuffersBusy()); err != nil {
+		return err
+	}
+	err := d.engine.Close() // failures of stream work not yet reported
+	return errors.CombineErrors(err, errors.CombineErrors(d.books.Close(), d.closeHostBuffers()))
 }
 
-// Name implements driver.Driver.
+// tearDown closes d whatever is mapped or pinned: for tests, whose
+// subtests may end with memory mapped (Close refuses then).
+func (d *Driver) tearDown() error {
+	if d.engine.Closed() {
+		return nil
+	}
+	err := d.engine.Close()
+	return errors.CombineErrors(err, errors.CombineErrors(ledger.TearDown(d.books), d.closeHostBuffers()))
+}
+
+// Name is "host".
 func (d *Driver) Name() string { return "host" }
 
-// Supports implements driver.Driver: host memory can be read and written,
-// and chunks can be made shareable.
+// Supports reports true for FeatureHostAccess (Read, Write and HostBytes
+// reach the memory), FeatureShareable (chunks can be exported to other
+// processes) and FeatureStreams.
 func (d *Driver) Supports(f driver.Feature) bool {
+	if d.unmade() {
+		return false
+	}
 	return f == driver.FeatureHostAccess || f == driver.FeatureShareable || f == driver.FeatureStreams
 }
 
-// Read implements driver.Driver.
+// Devices lists the logical devices, Options.Devices of them: each with
+// Options.Capacity bytes, Options.Granularity as its minimum granularity,
+// and the NUMA node its heap is bound to (or -1). The slice is a copy.
+func (d *Driver) Devices() []driver.Device {
+	if d.unmade() {
+		return nil
+	}
+	return d.books.Devices()
+}
+
+// Granularity is the unit of reservation sizes and addresses: the devices'
+// granularity, Options.Granularity.
+func (d *Driver) Granularity() uint64 {
+	if d.unmade() {
+		return *new(uint64)
+	}
+	return d.books.Granularity()
+}
+
+// Reserve holds size bytes of the process's address space, aligned to align
+// (0 means Granularity()), with nothing mapped and no memory committed.
+// hint, when not 0, is tried first; the range lands elsewhere when it is
+// taken. A size or hint that is not a multiple of the granularity is
+// ErrMisaligned, a zero size or an align that is not a power of two
+// ErrInvalid, and no free address range of that size ErrOutOfMemory.
+func (d *Driver) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, error) {
+	if d.unmade() {
+		return *new(driver.Addr), errUnmade("Reserve")
+	}
+	return d.books.Reserve(size, align, hint)
+}
+
+// Unreserve gives back a range Reserve returned, passed exactly as it was
+// returned: any other range is ErrNotReserved. While anything inside is
+// mapped it refuses with ErrBusy, naming the mappings.
+func (d *Driver) Unreserve(base driver.Addr, size uint64) error {
+	if d.unmade() {
+		return errUnmade("Unreserve")
+	}
+	return d.books.Unreserve(base, size)
+}
+
+// Create commits size bytes of memory on device dev: a range of the
+// device's heap, or, with opts.Shareable, a memfd of its own that Export
+// can hand to another process. size must be a multiple of the device's
+// MinGranularity (ErrMisaligned); an unknown device is ErrNoDevice, and a
+// chunk the device's capacity (or the machine) cannot hold ErrOutOfMemory,
+// naming what is free.
+func (d *Driver) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (driver.Handle, error) {
+	if d.unmade() {
+		return *new(driver.Handle), errUnmade("Create")
+	}
+	return d.books.Create(dev, size, opts)
+}
+
+// Release gives up the chunk h; an unknown or released handle is
+// ErrBadHandle. The memory goes back to the device at once, or, while the
+// chunk is mapped, when its last mapping is unmapped.
+func (d *Driver) Release(h driver.Handle) error {
+	if d.unmade() {
+		return errUnmade("Release")
+	}
+	return d.books.Release(h)
+}
+
+// Map places the whole chunk h at addr, inaccessible to every device until
+// SetAccess. addr must be a multiple of the chunk's device granularity
+// (ErrMisaligned), the chunk must fit inside one reservation
+// (ErrNotReserved) and cover no other mapping (ErrOverlap); an unknown or
+// released handle is ErrBadHandle. A chunk may be mapped at several
+// addresses at once, each an alias of the same memory.
+func (d *Driver) Map(addr driver.Addr, h driver.Handle) error {
+	if d.unmade() {
+		return errUnmade("Map")
+	}
+	return d.books.Map(addr, h)
+}
+
+// Unmap removes the mapping that starts at addr and is size bytes long;
+// the range goes back to reserved address space and its bytes are no
+// longer reachable. Nothing mapped at addr is ErrNotMapped, a range that is
+// not exactly one mapping ErrPartial, an address outside every reservation
+// ErrNotReserved. A released chunk's memory goes back with its last
+// mapping.
+func (d *Driver) Unmap(addr driver.Addr, size uint64) error {
+	if d.unmade() {
+		return errUnmade("Unmap")
+	}
+	return d.books.Unmap(addr, size)
+}
+
+// SetAccess sets what device dev may do over [addr, addr+size), which may
+// span several mappings but must be mapped throughout (ErrNotMapped) and
+// start and end on granule boundaries (ErrMisaligned); an unknown device
+// is ErrNoDevice, an access value other than the three defined ErrInvalid.
+// The pages' own protection becomes the widest access any device has (the
+// host reads and writes through it); each device's own right is checked by
+// the copies of its streams. Granting access first fills the page tables,
+// unless Options.NoPopulate.
+func (d *Driver) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
+	if d.unmade() {
+		return errUnmade("SetAccess")
+	}
+	return d.books.SetAccess(addr, size, dev, a)
+}
+
+// Access reports what device dev may do at addr. An address outside every
+// reservation is ErrNotReserved, one with nothing mapped ErrNotMapped, an
+// unknown device ErrNoDevice.
+func (d *Driver) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, error) {
+	if d.unmade() {
+		return *new(driver.Access), errUnmade("Access")
+	}
+	return d.books.Access(addr, dev)
+}
+
+// Used reports the bytes committed on device dev: chunks created or
+// imported there and not yet given back. It is 0 for a device the driver
+// does not have.
+func (d *Driver) Used(dev driver.DeviceID) uint64 {
+	if d.unmade() {
+		return *new(uint64)
+	}
+	return d.books.Used(dev)
+}
+
+// Check verifies the driver's record of reservations, chunks, mappings and
+// access against its invariants and returns every violation found, nil
+// when all hold. The conformance suite (drivertest) calls it after each of
+// its tests.
+func (d *Driver) Check() error {
+	if d.unmade() {
+		return errUnmade("Check")
+	}
+	return d.books.Check()
+}
+
+// Read copies len(p) bytes at addr into p. The range must lie inside one
+// reservation (ErrNotReserved) and be mapped and readable throughout: a
+// granule no device may read, or one reserved but not mapped, is
+// ErrAccessDenied, never a crash.
 func (d *Driver) Read(addr driver.Addr, p []byte) error {
-	return d.WithRange("read", addr, uint64(len(p)), driver.AccessRead, func(r *ledger.Region) error {
+	if d.unmade() {
+		return errUnmade("Read")
+	}
+	return d.books.WithRange("read", addr, uint64(len(p)), driver.AccessRead, func(r *ledger.Region) error {
 		return copyFaulting(p, bytesAt(r, addr, len(p)))
 	})
 }
 
-// Write implements driver.Driver.
+// Write copies p to addr. The range must lie inside one reservation
+// (ErrNotReserved) and be mapped and writable throughout, or it is
+// ErrAccessDenied.
 func (d *Driver) Write(addr driver.Addr, p []byte) error {
-	return d.WithRange("write", addr, uint64(len(p)), driver.AccessReadWrite, func(r *ledger.Region) error {
+	if d.unmade() {
+		return errUnmade("Write")
+	}
+	return d.books.WithRange("write", addr, uint64(len(p)), driver.AccessReadWrite, func(r *ledger.Region) error {
 		return copyFaulting(bytesAt(r, addr, len(p)), p)
 	})
 }
 
-// HostBytes implements driver.HostMapper.
+// HostBytes returns [addr, addr+size) as a slice over the memory itself,
+// with no copy. The range must be mapped and readable now (otherwise
+// ErrAccessDenied; a zero size is ErrInvalid), and the slice is valid only
+// while it stays mapped: a touch after Unmap faults. Writing through it
+// needs read-write access.
 func (d *Driver) HostBytes(addr driver.Addr, size uint64) ([]byte, error) {
+	if d.unmade() {
+		return nil, errUnmade("HostBytes")
+	}
 	var b []byte
-	err := d.WithRange("host bytes", addr, size, driver.AccessRead, func(r *ledger.Region) error {
+	err := d.books.WithRange("host bytes", addr, size, driver.AccessRead, func(r *ledger.Region) error {
 		b = bytesAt(r, addr, int(size))
 		return nil
 	})
@@ -126,11 +311,17 @@ func (d *Driver) HostBytes(addr driver.Addr, size uint64) ([]byte, error) {
 	return b, nil
 }
 
-// Export implements driver.Sharing: a duplicate of the chunk's own memfd
-// (a shareable chunk never lives in the device heap, so an export never
-// exposes other chunks' memory). The caller closes it.
+// Export returns the chunk h, created with ChunkOptions.Shareable, as a
+// duplicate of its own memfd (a shareable chunk never lives in the device
+// heap, so an export never exposes other chunks' memory); the caller
+// closes the descriptor. A chunk not created shareable is ErrInvalid, a
+// second export of the same chunk ErrBusy, an unknown or released handle
+// ErrBadHandle.
 func (d *Driver) Export(h driver.Handle) (driver.Shareable, error) {
-	return d.Ledger.Export(h, func(c *ledger.Chunk) (driver.Shareable, error) {
+	if d.unmade() {
+		return *new(driver.Shareable), errUnmade("Export")
+	}
+	return d.books.Export(h, func(c *ledger.Chunk) (driver.Shareable, error) {
 		m := c.Backing.(*chunkMem)
 		fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
@@ -140,23 +331,50 @@ func (d *Driver) Export(h driver.Handle) (driver.Shareable, error) {
 	})
 }
 
-// Import implements driver.Sharing: the chunk keeps its own duplicate of
-// the descriptor; the memory goes when every process has closed its
-// duplicates and unmapped it.
+// shareSeals are the seals of a shareable chunk's memfd, set when it is
+// created, before any other process can hold it. Another process gets the
+// descriptor itself, and with it every file operation the descriptor
+// allows; the seals take away those that would hurt the other holders:
+//
+//   - F_SEAL_SHRINK: ftruncate to a smaller size would drop the memory of
+//     every process (its data gone, a touch of the mappings past the new
+//     end a SIGBUS, a library read a fault);
+//   - F_SEAL_GROW: a larger size would let a holder make the file, and the
+//     memory charged for it, bigger than the chunk the exporter created;
+//   - F_SEAL_SEAL: no holder can add seals later. Without it a holder could
+//     add F_SEAL_WRITE or F_SEAL_FUTURE_WRITE, after which the exporter, or
+//     any other importer, could no longer map the chunk writable: its next
+//     SetAccess(read-write) would fail. The seals are the exporter's to set,
+//     once.
+//
+// Writes stay allowed: sharing read-write memory is the point.
+const shareSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// Import makes a chunk on device dev of a descriptor another process
+// exported; it counts against the device's capacity like a created chunk
+// (ErrOutOfMemory). The chunk keeps its own duplicate of the descriptor;
+// the memory goes when every process has closed its duplicates and
+// unmapped it.
+//
+// The descriptor must be a memory file of exactly the chunk's size, sealed
+// as a shareable chunk's is (shareSeals; F_SEAL_EXEC, which the kernel may
+// add, is allowed) and not sealed against writing: a file some holder can
+// resize could lose its memory under the mappings, and one sealed against
+// writes could not be mapped read-write. Anything else is ErrInvalid,
+// naming what is wrong; the driver keeps nothing of it (the caller still
+// closes its descriptor).
 func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle, error) {
+	if d.unmade() {
+		return *new(driver.Handle), errUnmade("Import")
+	}
 	if sh.Type != driver.HandlePOSIXFD {
 		return 0, errors.Wrapf(driver.ErrInvalid, "host: import: handle type %d, the host driver shares POSIX file descriptors (%d)",
 			sh.Type, driver.HandlePOSIXFD)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(sh.FD, &st); err != nil {
-		return 0, errors.Wrapf(driver.ErrInvalid, "host: import: descriptor %d: %v", sh.FD, err)
+	if err := checkShared(sh); err != nil {
+		return 0, errors.Wrapf(err, "host: import of descriptor %d as a chunk of %s", sh.FD, units.Bytes(sh.Size))
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != sh.Size {
-		return 0, errors.Wrapf(driver.ErrInvalid, "host: import: descriptor %d is not a memory file of %s (mode %#o, size %d)",
-			sh.FD, units.Bytes(sh.Size), st.Mode, st.Size)
-	}
-	return d.Ledger.Import(dev, sh.Size, func(c *ledger.Chunk) error {
+	return d.books.Import(dev, sh.Size, func(c *ledger.Chunk) error {
 		fd, err := unix.FcntlInt(uintptr(sh.FD), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			return errors.Wrap(err, "dup")
@@ -166,11 +384,67 @@ func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle
 	})
 }
 
+// checkShared returns nil when the descriptor of sh is a memory file of
+// sh.Size bytes that no holder can resize, and otherwise an ErrInvalid
+// that says what it is instead.
+func checkShared(sh driver.Shareable) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(sh.FD, &st); err != nil {
+		return errors.Wrapf(driver.ErrInvalid, "fstat: %v", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return errors.Wrapf(driver.ErrInvalid, "not a memory file (a file of mode %#o)", st.Mode)
+	}
+	seals, err := unix.FcntlInt(uintptr(sh.FD), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return errors.Wrapf(driver.ErrInvalid, "not a memory file (a regular file without seals: F_GET_SEALS says %v)", err)
+	}
+	if missing := shareSeals &^ seals; missing != 0 {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrInvalid, "a memory file any holder could resize (seals %s, missing %s)", sealNames(seals), sealNames(missing)),
+			"export chunks created shareable by the host driver: their memfds are sealed against shrinking and growing")
+	}
+	if w := seals & (unix.F_SEAL_WRITE | unix.F_SEAL_FUTURE_WRITE); w != 0 {
+		return errors.Wrapf(driver.ErrInvalid, "a memory file sealed against writing (seals %s): it cannot be mapped read-write", sealNames(seals))
+	}
+	if uint64(st.Size) != sh.Size {
+		return errors.Wrapf(driver.ErrInvalid, "not a memory file of %s: it holds %s (%d bytes)", units.Bytes(sh.Size), units.Bytes(uint64(st.Size)), st.Size)
+	}
+	return nil
+}
+
+// sealNames spells a set of F_SEAL_* bits for messages.
+func sealNames(seals int) string {
+	var names []string
+	for _, s := range []struct {
+		bit  int
+		name string
+	}{
+		{unix.F_SEAL_SEAL, "seal"}, {unix.F_SEAL_SHRINK, "shrink"}, {unix.F_SEAL_GROW, "grow"},
+		{unix.F_SEAL_WRITE, "write"}, {unix.F_SEAL_FUTURE_WRITE, "future-write"}, {unix.F_SEAL_EXEC, "exec"},
+	} {
+		if seals&s.bit != 0 {
+			names = append(names, s.name)
+			seals &^= s.bit
+		}
+	}
+	if seals != 0 {
+		names = append(names, fmt.Sprintf("%#x", seals))
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "|")
+}
+
 // HeapBytes reports the bytes the kernel holds for device dev's heap file
 // (its allocated blocks): what fallocate committed and punch-hole has not
 // yet returned. Shareable chunks, which have memfds of their own, are not
 // included. It is the kernel's figure, for leak tests.
 func (d *Driver) HeapBytes(dev driver.DeviceID) (uint64, error) {
+	if d.unmade() {
+		return *new(uint64), errUnmade("HeapBytes")
+	}
 	if err := driver.CheckDevice(func() string { return "host: heap bytes" }, dev, len(d.b.heaps)); err != nil {
 		return 0, err
 	}
@@ -299,7 +573,7 @@ func (b *backend) Unreserve(r *ledger.Region) error {
 
 func (b *backend) Commit(c *ledger.Chunk) error {
 	if c.Opts.Shareable {
-		fd, err := unix.MemfdCreate(fmt.Sprintf("vmarena-host%d-chunk%d", c.Device, c.Handle), unix.MFD_CLOEXEC)
+		fd, err := unix.MemfdCreate(fmt.Sprintf("vmarena-host%d-chunk%d", c.Device, c.Handle), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 		if err != nil {
 			return errors.Wrap(err, "memfd_create")
 		}
@@ -316,6 +590,11 @@ func (b *backend) Commit(c *ledger.Chunk) error {
 		if err := fallocate(fd, 0, 0, c.Size); err != nil {
 			_ = unix.Close(fd)
 			return err
+		}
+		// Sealed before anyone else can hold it: see shareSeals.
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals); err != nil {
+			_ = unix.Close(fd)
+			return errors.Wrap(err, "fcntl(F_ADD_SEALS)")
 		}
 		c.Backing = &chunkMem{fd: fd, own: true}
 		return nil
@@ -443,4 +722,14 @@ func (b *backend) Close() error {
 	}
 	b.heaps = nil
 	return errs
+}
+
+// unmade reports whether d is nil or a zero Driver, not one host.New made:
+// every method then answers ErrInvalid (and zero values) instead of
+// dereferencing the books it does not have.
+func (d *Driver) unmade() bool { return d == nil || d.books == nil || d.engine == nil }
+
+// errUnmade is the refusal of method op on a driver New did not make.
+func errUnmade(op string) error {
+	return errors.Wrapf(driver.ErrInvalid, "host: %s: the driver was not made by host.New (nil or zero Driver)", op)
 }

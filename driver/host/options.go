@@ -41,6 +41,10 @@ type Options struct {
 	// numaRoot is the sysfs tree NUMA nodes are read from when not empty
 	// (by default /sys/devices/system/node); tests point it at their own.
 	numaRoot string
+	// meminfo is the file MemAvailable is read from when not empty (by
+	// default /proc/meminfo); tests point it at their own, since the
+	// machine's figure moves with every other process.
+	meminfo string
 }
 
 // withDefaults fills the zero fields and checks the rest.
@@ -65,7 +69,7 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.Wrapf(driver.ErrInvalid, "host: copy alignment %d is not a power of two", o.CopyAlign)
 	}
 	if o.Capacity == 0 {
-		avail, err := memAvailable()
+		avail, err := memAvailable(o.meminfo)
 		if err != nil {
 			return o, errors.WithHint(err, "set Options.Capacity explicitly")
 		}
@@ -80,9 +84,12 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// memAvailable reads MemAvailable from /proc/meminfo.
-func memAvailable() (uint64, error) {
-	f, err := os.Open("/proc/meminfo")
+// memAvailable reads MemAvailable from path, /proc/meminfo when empty.
+func memAvailable(path string) (uint64, error) {
+	if path == "" {
+		path = "/proc/meminfo"
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		return 0, errors.Wrap(err, "host: reading MemAvailable")
 	}
@@ -98,5 +105,5 @@ func memAvailable() (uint64, error) {
 			return kb * units.KiB, nil
 		}
 	}
-	return 0, errors.New("host: /proc/meminfo has no MemAvailable line")
+	return 0, errors.Newf("host: %s has no MemAvailable line", path)
 }

@@ -3,6 +3,7 @@ package host
 import (
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -22,7 +23,7 @@ import (
 // checkCopy validates what can be checked when a copy is enqueued: the
 // stream, and the alignment the device declares for async copies.
 func (d *Driver) checkCopy(what func() string, s driver.Stream, addrs []driver.Addr, host []byte) (driver.DeviceID, error) {
-	dev, err := d.StreamDevice(s)
+	dev, err := d.engine.StreamDevice(s)
 	if err != nil {
 		return 0, err
 	}
@@ -41,46 +42,213 @@ func (d *Driver) checkCopy(what func() string, s driver.Stream, addrs []driver.A
 }
 
 func (d *Driver) peer(dev driver.DeviceID) func(driver.DeviceID) bool {
-	return func(owner driver.DeviceID) bool { return d.PeerEnabled(dev, owner) }
+	return func(owner driver.DeviceID) bool { return d.engine.PeerEnabled(dev, owner) }
 }
 
-// CopyHtoD implements driver.Streams.
+// CreateStream makes a stream of device dev (an unknown device is
+// ErrNoDevice): an ordered queue whose work runs on a goroutine of its own,
+// one operation at a time, in the order it was enqueued.
+func (d *Driver) CreateStream(dev driver.DeviceID) (driver.Stream, error) {
+	if d.unmade() {
+		return *new(driver.Stream), errUnmade("CreateStream")
+	}
+	return d.engine.CreateStream(dev)
+}
+
+// DestroyStream waits for the work enqueued on s, then destroys it; the
+// error is any failure of that work not yet reported. An unknown or
+// destroyed stream is ErrBadHandle. From a host function this would wait
+// for, it is refused with ErrBusy and changes nothing.
+func (d *Driver) DestroyStream(s driver.Stream) error {
+	if d.unmade() {
+		return errUnmade("DestroyStream")
+	}
+	return d.engine.DestroyStream(s)
+}
+
+// CreateEvent makes an event of device dev (an unknown device is
+// ErrNoDevice), to be recorded on that device's streams.
+func (d *Driver) CreateEvent(dev driver.DeviceID) (driver.Event, error) {
+	if d.unmade() {
+		return *new(driver.Event), errUnmade("CreateEvent")
+	}
+	return d.engine.CreateEvent(dev)
+}
+
+// DestroyEvent forgets the event e; an unknown or destroyed event is
+// ErrBadHandle. Work already waiting on it still waits for the point it
+// was recorded at.
+func (d *Driver) DestroyEvent(e driver.Event) error {
+	if d.unmade() {
+		return errUnmade("DestroyEvent")
+	}
+	return d.engine.DestroyEvent(e)
+}
+
+// RecordEvent marks the current end of stream s in e: e completes when the
+// work enqueued on s so far has. Recording it again moves it. The event and
+// the stream must be of the same device (ErrInvalid); an unknown event or
+// stream is ErrBadHandle.
+func (d *Driver) RecordEvent(e driver.Event, s driver.Stream) error {
+	if d.unmade() {
+		return errUnmade("RecordEvent")
+	}
+	return d.engine.RecordEvent(e, s)
+}
+
+// StreamWaitEvent makes the work enqueued on s from now on wait until e,
+// as last recorded, completes; an event never recorded is complete. A
+// stream of any device may wait on an event of any device.
+func (d *Driver) StreamWaitEvent(s driver.Stream, e driver.Event) error {
+	if d.unmade() {
+		return errUnmade("StreamWaitEvent")
+	}
+	return d.engine.StreamWaitEvent(s, e)
+}
+
+// SyncStream waits until the work enqueued on s so far has finished and
+// returns the first failure of it not yet reported, naming the operation
+// (later work was skipped until now). An unknown stream is ErrBadHandle;
+// from a host function this would wait for, it is refused at once with
+// ErrBusy.
+func (d *Driver) SyncStream(s driver.Stream) error {
+	if d.unmade() {
+		return errUnmade("SyncStream")
+	}
+	return d.engine.SyncStream(s)
+}
+
+// QueryStream reports, without waiting, whether the work enqueued on s has
+// finished; once it has, the error is any failure not yet reported.
+func (d *Driver) QueryStream(s driver.Stream) (bool, error) {
+	if d.unmade() {
+		return false, errUnmade("QueryStream")
+	}
+	return d.engine.QueryStream(s)
+}
+
+// SyncEvent waits until e, as last recorded, has completed; an event never
+// recorded is complete. From a host function this would wait for, it is
+// refused at once with ErrBusy.
+func (d *Driver) SyncEvent(e driver.Event) error {
+	if d.unmade() {
+		return errUnmade("SyncEvent")
+	}
+	return d.engine.SyncEvent(e)
+}
+
+// QueryEvent reports, without waiting, whether e has completed.
+func (d *Driver) QueryEvent(e driver.Event) (bool, error) {
+	if d.unmade() {
+		return false, errUnmade("QueryEvent")
+	}
+	return d.engine.QueryEvent(e)
+}
+
+// ElapsedTime is the wall-clock time from the completion of start to that
+// of end. An event never recorded is ErrInvalid, one not yet completed
+// ErrBusy.
+func (d *Driver) ElapsedTime(start, end driver.Event) (time.Duration, error) {
+	if d.unmade() {
+		return *new(time.Duration), errUnmade("ElapsedTime")
+	}
+	return d.engine.ElapsedTime(start, end)
+}
+
+// LaunchHostFunc enqueues fn on s; it runs on the stream's goroutine after
+// the work enqueued before it. An error it returns, a panic (ErrInvalid) or
+// a fault on memory the host may not touch (ErrAccessDenied) is its
+// failure, reported under name by the next SyncStream. A nil fn is
+// ErrInvalid.
+func (d *Driver) LaunchHostFunc(s driver.Stream, name string, fn func() error) error {
+	if d.unmade() {
+		return errUnmade("LaunchHostFunc")
+	}
+	return d.engine.LaunchHostFunc(s, name, fn)
+}
+
+// CanAccessPeer reports whether work on dev may be allowed to reach memory
+// of peer (EnablePeerAccess): true for two different devices, unless
+// Options.NoPeerAccess.
+func (d *Driver) CanAccessPeer(dev, peer driver.DeviceID) (bool, error) {
+	if d.unmade() {
+		return false, errUnmade("CanAccessPeer")
+	}
+	return d.engine.CanAccessPeer(dev, peer)
+}
+
+// EnablePeerAccess lets the copies and fills of dev's streams reach memory
+// of peer, where its mappings grant dev access; enabling it again is
+// harmless. From a device to itself it is ErrInvalid, and between devices
+// CanAccessPeer refuses ErrUnsupported.
+func (d *Driver) EnablePeerAccess(dev, peer driver.DeviceID) error {
+	if d.unmade() {
+		return errUnmade("EnablePeerAccess")
+	}
+	return d.engine.EnablePeerAccess(dev, peer)
+}
+
+// CopyHtoD enqueues on s a copy of src to dst. When it runs, the stream's
+// device needs read-write access over the whole destination, and peer
+// access if it is another device's memory; otherwise the copy fails with
+// ErrAccessDenied, reported by the next SyncStream. dst and src must be
+// aligned to the device's CopyAlign (ErrMisaligned at once), and src left
+// alone until the stream has passed the copy.
 func (d *Driver) CopyHtoD(dst driver.Addr, src []byte, s driver.Stream) error {
+	if d.unmade() {
+		return errUnmade("CopyHtoD")
+	}
 	what := func() string { return fmt.Sprintf("host: copy %d bytes from the host to %s", len(src), dst) }
 	dev, err := d.checkCopy(what, s, []driver.Addr{dst}, src)
 	if err != nil || len(src) == 0 {
 		return err
 	}
 	n := uint64(len(src))
-	return d.Enqueue(s, what(), func() error {
-		return d.WithDeviceRanges("copy to device", dev, d.peer(dev), []ledger.Want{{Addr: dst, N: n, Access: driver.AccessReadWrite}},
+	return d.engine.Enqueue(s, what(), func() error {
+		return d.books.WithDeviceRanges("copy to device", dev, d.peer(dev), []ledger.Want{{Addr: dst, N: n, Access: driver.AccessReadWrite}},
 			func(rs []*ledger.Region) error { return copyFaulting(bytesAt(rs[0], dst, len(src)), src) })
 	})
 }
 
-// CopyDtoH implements driver.Streams.
+// CopyDtoH enqueues on s a copy of len(dst) bytes at src into dst. When it
+// runs, the stream's device needs read access over the whole source, and
+// peer access if it is another device's memory; otherwise the copy fails
+// with ErrAccessDenied, reported by the next SyncStream. dst and src must
+// be aligned to the device's CopyAlign (ErrMisaligned at once), and dst
+// left alone until the stream has passed the copy.
 func (d *Driver) CopyDtoH(dst []byte, src driver.Addr, s driver.Stream) error {
+	if d.unmade() {
+		return errUnmade("CopyDtoH")
+	}
 	what := func() string { return fmt.Sprintf("host: copy %d bytes from %s to the host", len(dst), src) }
 	dev, err := d.checkCopy(what, s, []driver.Addr{src}, dst)
 	if err != nil || len(dst) == 0 {
 		return err
 	}
 	n := uint64(len(dst))
-	return d.Enqueue(s, what(), func() error {
-		return d.WithDeviceRanges("copy from device", dev, d.peer(dev), []ledger.Want{{Addr: src, N: n, Access: driver.AccessRead}},
+	return d.engine.Enqueue(s, what(), func() error {
+		return d.books.WithDeviceRanges("copy from device", dev, d.peer(dev), []ledger.Want{{Addr: src, N: n, Access: driver.AccessRead}},
 			func(rs []*ledger.Region) error { return copyFaulting(dst, bytesAt(rs[0], src, len(dst))) })
 	})
 }
 
-// CopyDtoD implements driver.Streams. Overlapping ranges copy as memmove.
+// CopyDtoD enqueues on s a copy of n bytes from src to dst; overlapping
+// ranges copy as memmove. When it runs, the stream's device needs read
+// access over the source and read-write access over the destination, and
+// peer access to another device's memory; otherwise the copy fails with
+// ErrAccessDenied, reported by the next SyncStream. Both addresses must be
+// aligned to the device's CopyAlign (ErrMisaligned at once).
 func (d *Driver) CopyDtoD(dst, src driver.Addr, n uint64, s driver.Stream) error {
+	if d.unmade() {
+		return errUnmade("CopyDtoD")
+	}
 	what := func() string { return fmt.Sprintf("host: copy %s from %s to %s", units.Bytes(n), src, dst) }
 	dev, err := d.checkCopy(what, s, []driver.Addr{dst, src}, nil)
 	if err != nil || n == 0 {
 		return err
 	}
-	return d.Enqueue(s, what(), func() error {
-		return d.WithDeviceRanges("copy device to device", dev, d.peer(dev),
+	return d.engine.Enqueue(s, what(), func() error {
+		return d.books.WithDeviceRanges("copy device to device", dev, d.peer(dev),
 			[]ledger.Want{{Addr: src, N: n, Access: driver.AccessRead}, {Addr: dst, N: n, Access: driver.AccessReadWrite}},
 			func(rs []*ledger.Region) error {
 				return copyFaulting(bytesAt(rs[1], dst, int(n)), bytesAt(rs[0], src, int(n)))
@@ -88,15 +256,22 @@ func (d *Driver) CopyDtoD(dst, src driver.Addr, n uint64, s driver.Stream) error
 	})
 }
 
-// Memset implements driver.Streams.
+// Memset enqueues on s a fill of n bytes at dst with value. When it runs,
+// the stream's device needs read-write access over the range, and peer
+// access if it is another device's memory; otherwise the fill fails with
+// ErrAccessDenied, reported by the next SyncStream. dst must be aligned to
+// the device's CopyAlign (ErrMisaligned at once).
 func (d *Driver) Memset(dst driver.Addr, value byte, n uint64, s driver.Stream) error {
+	if d.unmade() {
+		return errUnmade("Memset")
+	}
 	what := func() string { return fmt.Sprintf("host: fill %s at %s with %#x", units.Bytes(n), dst, value) }
 	dev, err := d.checkCopy(what, s, []driver.Addr{dst}, nil)
 	if err != nil || n == 0 {
 		return err
 	}
-	return d.Enqueue(s, what(), func() error {
-		return d.WithDeviceRanges("fill", dev, d.peer(dev), []ledger.Want{{Addr: dst, N: n, Access: driver.AccessReadWrite}},
+	return d.engine.Enqueue(s, what(), func() error {
+		return d.books.WithDeviceRanges("fill", dev, d.peer(dev), []ledger.Want{{Addr: dst, N: n, Access: driver.AccessReadWrite}},
 			func(rs []*ledger.Region) error { return fillFaulting(bytesAt(rs[0], dst, int(n)), value) })
 	})
 }
@@ -109,9 +284,13 @@ type hostBuffers struct {
 
 // HostAlloc returns size bytes of page-aligned (so 64-byte aligned) host
 // memory outside the Go heap, locked in RAM where the limit allows
-// (mlock), for copies that need aligned, pinned buffers.
+// (mlock), for copies that need aligned, pinned buffers. A zero size is
+// ErrInvalid; Close refuses (ErrBusy) while any buffer is live.
 func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
-	if d.Closed() {
+	if d.unmade() {
+		return nil, errUnmade("HostAlloc")
+	}
+	if d.engine.Closed() {
 		return nil, driver.Closed("host: host alloc")
 	}
 	if size == 0 {
@@ -132,9 +311,13 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	return b, nil
 }
 
-// HostFree returns a buffer HostAlloc gave, whole.
+// HostFree returns a buffer HostAlloc gave, whole; any other slice, or one
+// freed already, is ErrInvalid.
 func (d *Driver) HostFree(b []byte) error {
-	if d.Closed() {
+	if d.unmade() {
+		return errUnmade("HostFree")
+	}
+	if d.engine.Closed() {
 		return driver.Closed("host: host free (Close returned every host buffer)")
 	}
 	d.hb.mu.Lock()
@@ -144,6 +327,17 @@ func (d *Driver) HostFree(b []byte) error {
 	}
 	delete(d.hb.bufs, &b[0])
 	return errors.Wrap(unix.MunmapPtr(unsafe.Pointer(&b[0]), uintptr(len(b))), "host: host free")
+}
+
+// hostBuffersBusy returns ErrBusy while pinned host buffers are live.
+func (d *Driver) hostBuffersBusy() error {
+	d.hb.mu.Lock()
+	defer d.hb.mu.Unlock()
+	if n := len(d.hb.bufs); n > 0 {
+		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "host: close: %d pinned host buffer(s) still live", n),
+			"free them (HostFree) first: their bytes would fault at the next touch")
+	}
+	return nil
 }
 
 func (d *Driver) closeHostBuffers() error {

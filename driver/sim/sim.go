@@ -13,7 +13,6 @@ package sim
 import (
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"github.com/cockroachdb/errors"
 
@@ -42,10 +41,13 @@ type Options struct {
 	Granularity uint64
 }
 
-// Driver is the sim driver. It implements driver.Driver.
+// Driver is the sim driver. It implements driver.Driver and
+// driver.Streams. Its methods are safe for concurrent use.
 type Driver struct {
-	*ledger.Ledger
-	*queue.Engine
+	// books checks every call against the contract and records the
+	// reservations, chunks, mappings and access it made.
+	books  *ledger.Ledger
+	engine *queue.Engine // the streams and events
 
 	mu   sync.Mutex
 	host map[*byte]int // HostAlloc buffers: first byte -> length
@@ -87,95 +89,207 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{Ledger: l, Engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true }),
+	return &Driver{books: l, engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true }),
 		host: map[*byte]int{}}, nil
 }
 
-// Close implements driver.Driver: streams finish, then the books close.
+// Close waits for the streams to finish their work, then releases and
+// unreserves everything; the error reports stream work that failed and was
+// not yet reported. As the host driver does, it refuses with ErrBusy,
+// naming them, and changes nothing while anything is mapped or a HostAlloc
+// buffer is live. A second Close is ErrClosed, as is every later call.
 func (d *Driver) Close() error {
-	if d.Engine.Closed() {
+	if d.unmade() {
+		return errUnmade("Close")
+	}
+	if d.engine.Closed() {
 		return driver.Closed("sim: close: closed already")
 	}
-	err := d.Engine.Close() // failures of stream work not yet reported
-	return errors.CombineErrors(err, d.Ledger.Close())
-}
-
-// The sim driver's streams run host functions, record and wait on events
-// like any driver's; copies and fills have no memory to touch.
-
-func (d *Driver) unsupported(op string) error {
-	return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "sim: %s: the sim driver has no memory behind its addresses", op),
-		"use the host driver to move bytes")
-}
-
-// CopyHtoD implements driver.Streams: ErrUnsupported.
-func (d *Driver) CopyHtoD(driver.Addr, []byte, driver.Stream) error {
-	return d.unsupported("copy to device")
-}
-
-// CopyDtoH implements driver.Streams: ErrUnsupported.
-func (d *Driver) CopyDtoH([]byte, driver.Addr, driver.Stream) error {
-	return d.unsupported("copy from device")
-}
-
-// CopyDtoD implements driver.Streams: ErrUnsupported.
-func (d *Driver) CopyDtoD(_, _ driver.Addr, _ uint64, _ driver.Stream) error {
-	return d.unsupported("copy device to device")
-}
-
-// Memset implements driver.Streams: ErrUnsupported.
-func (d *Driver) Memset(driver.Addr, byte, uint64, driver.Stream) error { return d.unsupported("fill") }
-
-// HostAlloc implements driver.Streams with Go memory aligned to 64 bytes
-// (nothing is pinned: there is no device to copy to).
-func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
-	if d.Closed() {
-		return nil, driver.Closed("sim: host alloc")
+	if err := errors.CombineErrors(d.books.Busy(), d.hostBuffersBusy()); err != nil {
+		return err
 	}
-	if size == 0 {
-		return nil, errors.Wrap(driver.ErrInvalid, "sim: host alloc of zero bytes")
+	err := d.engine.Close() // failures of stream work not yet reported
+	return errors.CombineErrors(err, d.books.Close())
+}
+
+// tearDown closes d whatever is mapped or allocated: for tests, whose
+// subtests may end with memory mapped (Close refuses then).
+func (d *Driver) tearDown() error {
+	if d.engine.Closed() {
+		return nil
 	}
-	raw := make([]byte, size+64)
-	off := (64 - uintptr(unsafe.Pointer(&raw[0]))%64) % 64
-	b := raw[off : off+uintptr(size) : off+uintptr(size)]
+	err := d.engine.Close()
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.host[&b[0]] = len(b)
-	return b, nil
+	clear(d.host)
+	d.mu.Unlock()
+	return errors.CombineErrors(err, ledger.TearDown(d.books))
 }
 
-// HostFree implements driver.Streams.
-func (d *Driver) HostFree(b []byte) error {
-	if d.Closed() {
-		return driver.Closed("sim: host free")
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(b) == 0 || d.host[&b[0]] != len(b) {
-		return errors.Wrap(driver.ErrInvalid, "sim: host free of a buffer HostAlloc did not give (or not whole, or freed already)")
-	}
-	delete(d.host, &b[0])
-	return nil
-}
-
-// Name implements driver.Driver.
+// Name is "sim".
 func (d *Driver) Name() string { return "sim" }
 
-// Supports implements driver.Driver: sim chunks can be marked shareable (the
-// mark is recorded), but there are no bytes to touch.
+// Supports reports true for FeatureStreams and FeatureShareable (a chunk
+// can be created shareable and the mark is recorded, though there is no
+// Export), and false for FeatureHostAccess: there are no bytes to touch.
 func (d *Driver) Supports(f driver.Feature) bool {
+	if d.unmade() {
+		return false
+	}
 	return f == driver.FeatureShareable || f == driver.FeatureStreams
 }
 
-// Read implements driver.Driver: always ErrUnsupported, since the sim driver
-// has no memory.
-func (d *Driver) Read(addr driver.Addr, p []byte) error { return d.touch("read", addr, p) }
+// Devices lists the simulated devices, Options.Devices of them, each with
+// Options.Capacity bytes and Options.Granularity as its minimum
+// granularity. The slice is a copy.
+func (d *Driver) Devices() []driver.Device {
+	if d.unmade() {
+		return nil
+	}
+	return d.books.Devices()
+}
 
-// Write implements driver.Driver: always ErrUnsupported.
-func (d *Driver) Write(addr driver.Addr, p []byte) error { return d.touch("write", addr, p) }
+// Granularity is the unit of reservation sizes and addresses: the devices'
+// granularity, Options.Granularity.
+func (d *Driver) Granularity() uint64 {
+	if d.unmade() {
+		return *new(uint64)
+	}
+	return d.books.Granularity()
+}
+
+// Reserve holds size bytes of the simulated address space (no process can
+// dereference its addresses), aligned to align (0 means Granularity()). A
+// free hint, aligned so, is honoured; otherwise the range lands elsewhere.
+// A size or hint that is not a multiple of the granularity is
+// ErrMisaligned, a zero size or an align that is not a power of two
+// ErrInvalid, and no free range of that size ErrOutOfMemory.
+func (d *Driver) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, error) {
+	if d.unmade() {
+		return *new(driver.Addr), errUnmade("Reserve")
+	}
+	return d.books.Reserve(size, align, hint)
+}
+
+// Unreserve gives back a range Reserve returned, passed exactly as it was
+// returned: any other range is ErrNotReserved. While anything inside is
+// mapped it refuses with ErrBusy, naming the mappings.
+func (d *Driver) Unreserve(base driver.Addr, size uint64) error {
+	if d.unmade() {
+		return errUnmade("Unreserve")
+	}
+	return d.books.Unreserve(base, size)
+}
+
+// Create records a chunk of size bytes on device dev, counted against the
+// device's capacity; no memory is committed. size must be a multiple of the
+// device's MinGranularity (ErrMisaligned); an unknown device is
+// ErrNoDevice, and a chunk the device's free capacity cannot hold
+// ErrOutOfMemory, naming what is free.
+func (d *Driver) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (driver.Handle, error) {
+	if d.unmade() {
+		return *new(driver.Handle), errUnmade("Create")
+	}
+	return d.books.Create(dev, size, opts)
+}
+
+// Release gives up the chunk h; an unknown or released handle is
+// ErrBadHandle. Its size goes back to the device's capacity at once, or,
+// while the chunk is mapped, when its last mapping is unmapped.
+func (d *Driver) Release(h driver.Handle) error {
+	if d.unmade() {
+		return errUnmade("Release")
+	}
+	return d.books.Release(h)
+}
+
+// Map records the whole chunk h at addr, inaccessible to every device until
+// SetAccess. addr must be a multiple of the chunk's device granularity
+// (ErrMisaligned), the chunk must fit inside one reservation
+// (ErrNotReserved) and cover no other mapping (ErrOverlap); an unknown or
+// released handle is ErrBadHandle. A chunk may be mapped at several
+// addresses at once.
+func (d *Driver) Map(addr driver.Addr, h driver.Handle) error {
+	if d.unmade() {
+		return errUnmade("Map")
+	}
+	return d.books.Map(addr, h)
+}
+
+// Unmap removes the mapping that starts at addr and is size bytes long; the
+// range is reserved again. Nothing mapped at addr is ErrNotMapped, a range
+// that is not exactly one mapping ErrPartial, an address outside every
+// reservation ErrNotReserved. A released chunk's size goes back to its
+// device with its last mapping.
+func (d *Driver) Unmap(addr driver.Addr, size uint64) error {
+	if d.unmade() {
+		return errUnmade("Unmap")
+	}
+	return d.books.Unmap(addr, size)
+}
+
+// SetAccess records what device dev may do over [addr, addr+size), which
+// may span several mappings but must be mapped throughout (ErrNotMapped)
+// and start and end on granule boundaries (ErrMisaligned); an unknown
+// device is ErrNoDevice, an access value other than the three defined
+// ErrInvalid.
+func (d *Driver) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
+	if d.unmade() {
+		return errUnmade("SetAccess")
+	}
+	return d.books.SetAccess(addr, size, dev, a)
+}
+
+// Access reports what device dev may do at addr. An address outside every
+// reservation is ErrNotReserved, one with nothing mapped ErrNotMapped, an
+// unknown device ErrNoDevice.
+func (d *Driver) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, error) {
+	if d.unmade() {
+		return *new(driver.Access), errUnmade("Access")
+	}
+	return d.books.Access(addr, dev)
+}
+
+// Used reports the bytes of device dev's capacity that chunks hold: those
+// created there and not yet given back. It is 0 for a device the driver
+// does not have.
+func (d *Driver) Used(dev driver.DeviceID) uint64 {
+	if d.unmade() {
+		return *new(uint64)
+	}
+	return d.books.Used(dev)
+}
+
+// Check verifies the driver's record of reservations, chunks, mappings and
+// access against its invariants and returns every violation found, nil
+// when all hold. The conformance suite (drivertest) calls it after each of
+// its tests.
+func (d *Driver) Check() error {
+	if d.unmade() {
+		return errUnmade("Check")
+	}
+	return d.books.Check()
+}
+
+// Read is ErrUnsupported: the sim driver has no memory behind its
+// addresses. A range outside every reservation is ErrNotReserved first.
+func (d *Driver) Read(addr driver.Addr, p []byte) error {
+	if d.unmade() {
+		return errUnmade("Read")
+	}
+	return d.touch("read", addr, p)
+}
+
+// Write is ErrUnsupported: the sim driver has no memory behind its
+// addresses. A range outside every reservation is ErrNotReserved first.
+func (d *Driver) Write(addr driver.Addr, p []byte) error {
+	if d.unmade() {
+		return errUnmade("Write")
+	}
+	return d.touch("write", addr, p)
+}
 
 func (d *Driver) touch(op string, addr driver.Addr, p []byte) error {
-	return d.WithRange(op, addr, uint64(len(p)), driver.AccessNone, func(*ledger.Region) error {
+	return d.books.WithRange(op, addr, uint64(len(p)), driver.AccessNone, func(*ledger.Region) error {
 		return errors.WithHint(errors.Wrap(driver.ErrUnsupported, "the sim driver has no memory behind its addresses"),
 			"use the host driver to read and write bytes")
 	})
@@ -212,3 +326,13 @@ func (b *backend) Protect(*ledger.Region, driver.Addr, uint64, driver.Access, dr
 	return nil
 }
 func (b *backend) Close() error { return nil }
+
+// unmade reports whether d is nil or a zero Driver, not one sim.New made:
+// every method then answers ErrInvalid (and zero values) instead of
+// dereferencing the books it does not have.
+func (d *Driver) unmade() bool { return d == nil || d.books == nil || d.engine == nil }
+
+// errUnmade is the refusal of method op on a driver New did not make.
+func errUnmade(op string) error {
+	return errors.Wrapf(driver.ErrInvalid, "sim: %s: the driver was not made by sim.New (nil or zero Driver)", op)
+}

@@ -3,7 +3,6 @@ package sim_test
 import (
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
@@ -29,8 +28,8 @@ func TestConformance(t *testing.T) {
 				d, err := sim.New(c.opts)
 				require.NoError(t, err)
 				t.Cleanup(func() {
-					if err := d.Close(); err != nil && !errors.Is(err, driver.ErrClosed) {
-						t.Errorf("close: %v", err)
+					if err := sim.TearDown(d); err != nil {
+						t.Errorf("tear down: %v", err)
 					}
 				})
 				return d

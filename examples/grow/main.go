@@ -1,18 +1,28 @@
-// Grow appends rows to a tensor one at a time, from one row to a million,
-// inside an arena: the tensor's base address never moves and no row is
-// ever copied, so a growth step costs the row (and, once per chunk, mapping
-// a fresh chunk), never the tensor's size. In the same loop it grows a Go
-// []float32 with append, which copies everything each time it outgrows its
-// capacity, and prints the time per step of both, decade by decade.
+// Grow appends rows to a tensor one at a time, from one row to a hundred
+// thousand (or -rows), inside an arena: the tensor's base address never
+// moves and no row is ever copied, so a growth step costs the row (and,
+// once per chunk, mapping a fresh chunk), never the tensor's size. In the
+// same loop it grows a Go []float32 with append, which copies everything
+// each time it outgrows its capacity, and prints the time per step of
+// both, decade by decade. It prints the memory it will use before it
+// starts: the tensor's bytes in the arena, and up to about four times as
+// much on the Go heap for append (the old slice, the larger new one, and
+// what the collector has not yet reclaimed), and the peak it measured
+// when it ends.
 //
-//	go run ./examples/grow [-rows 1000000]
+//	go run ./examples/grow [-rows 100000]
+//
+// A flag it cannot use is a one-line error and exit status 2.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 	"unsafe"
@@ -28,18 +38,56 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// rowLen float32 elements make one row: 1 KiB, so a million rows are
-// 977 MiB.
+// rowLen float32 elements make one row: 1 KiB, so the default 100,000 rows
+// are 98 MiB.
 const rowLen = 256
 
-var rows = flag.Int("rows", 1_000_000, "rows to grow the tensor to")
+// rowBytes is the size of one row.
+const rowBytes = rowLen * 4
 
-func main() {
-	flag.Parse()
-	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "grow: %+v\n", err)
-		os.Exit(1)
+// defaultRows fits a laptop: about 100 MiB in the arena and up to 400 MiB
+// for append (measured: 470 MiB resident at the peak).
+const defaultRows = 100_000
+
+func main() { os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// realMain parses args, runs, and returns the exit status: 2 for a flag
+// it cannot use, 1 for a failure.
+func realMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("grow", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rows := fs.Int("rows", defaultRows, "rows to grow the tensor to (1 KiB each)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2 // the flag package printed the problem and the usage
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "grow: unexpected argument %q; the only flag is -rows N\n", fs.Arg(0))
+		return 2
+	}
+	if err := checkRows(*rows); err != nil {
+		fmt.Fprintf(stderr, "grow: %v\n", err)
+		return 2
+	}
+	if err := run(stdout, *rows); err != nil {
+		fmt.Fprintf(stderr, "grow: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// checkRows refuses a row count no run could use: below one, or more
+// bytes than the address space holds.
+func checkRows(n int) error {
+	if n < 1 {
+		return errors.Newf("-rows %d: at least 1 row is needed", n)
+	}
+	if uint64(n) > math.MaxUint64/(4*rowBytes) {
+		return errors.Newf("-rows %d: %d rows of %s do not fit in the address space", n, n, units.Bytes(rowBytes))
+	}
+	return nil
 }
 
 // decade is the figures of the steps (prev, upto] of one side.
@@ -52,20 +100,20 @@ func (d *decade) add(t time.Duration) {
 	d.slowest = max(d.slowest, t)
 }
 
-func run(w io.Writer) (err error) {
-	n := *rows
-	if n < 1 {
-		return errors.Newf("grow: -rows is %d, at least 1 is needed", n)
+func run(w io.Writer, n int) (err error) {
+	if err := checkRows(n); err != nil {
+		return err
 	}
-	rowBytes := uint64(rowLen * 4)
 	maxBytes := uint64(n) * rowBytes
+	fmt.Fprintf(w, "This run needs about %s of memory: %s committed in the arena, and up to about %s on the Go heap for append.\n\n",
+		mib(5*maxBytes), mib(maxBytes), mib(4*maxBytes))
 	drv, err := host.New(host.Options{Devices: 1})
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
 	if c := drv.Devices()[0].Capacity; c < maxBytes {
-		return errors.Newf("grow: %d rows need %s, the host driver's device has %s (half of MemAvailable); ask for fewer -rows",
+		return errors.Newf("%d rows need %s, the host driver's device has %s (half of MemAvailable); ask for fewer -rows",
 			n, units.Bytes(maxBytes), units.Bytes(c))
 	}
 	// Address space is cheap: reserve room for the whole tensor up front,
@@ -82,7 +130,7 @@ func run(w io.Writer) (err error) {
 	defer func() { err = errors.CombineErrors(err, g.Release()) }()
 
 	fmt.Fprintf(w, "Growing a float32 tensor of rows of %d elements (%s a row) from 1 row to %d rows (%s),\n",
-		rowLen, units.Bytes(rowBytes), n, units.Bytes(maxBytes))
+		rowLen, units.Bytes(rowBytes), n, mib(maxBytes))
 	fmt.Fprintf(w, "one row a step, in an arena on the host driver (%s chunks) and, in the same loop, with Go's append.\n\n",
 		units.Bytes(a.ChunkSize()))
 
@@ -98,7 +146,7 @@ func run(w io.Writer) (err error) {
 			return err
 		}
 		if g.Base() != base || t.Addr() != base+driver.Addr(uint64(r)*rowBytes) {
-			return errors.AssertionFailedf("grow: row %d is at %s, base %s: the tensor moved (base was %s)", r, t.Addr(), g.Base(), base)
+			return errors.AssertionFailedf("row %d is at %s, base %s: the tensor moved (base was %s)", r, t.Addr(), g.Base(), base)
 		}
 		d, err := tensor.Data[float32](t)
 		if err != nil {
@@ -172,7 +220,7 @@ func run(w io.Writer) (err error) {
 	fmt.Fprintf(w, "\nTotal: arena %s, append %s (append/arena %.2f).\n",
 		arenaAll.Round(time.Millisecond), sliceAll.Round(time.Millisecond), float64(sliceAll)/float64(arenaAll))
 	fmt.Fprintf(w, "The arena mapped %d chunks (%s committed) and moved nothing: its base stayed at %s for all %d steps.\n",
-		st.MapCalls, units.Bytes(st.Committed), base, n)
+		st.ChunkMaps, units.Bytes(st.Committed), base, n)
 	fmt.Fprintf(w, "append moved the slice %d times, copying %s in total.\n", moves, mib(copied))
 
 	// Row 0, as the first AppendRows returned it, still reads what was
@@ -190,15 +238,34 @@ func run(w io.Writer) (err error) {
 		return err
 	}
 	if d0[0] != 0 || d0[rowLen-1] != 0 || first.Addr() != base || all.Addr() != base || last != float64(n-1) {
-		return errors.AssertionFailedf("grow: row 0 reads %v..%v at %s, row %d reads %v", d0[0], d0[rowLen-1], first.Addr(), n-1, last)
+		return errors.AssertionFailedf("row 0 reads %v..%v at %s, row %d reads %v", d0[0], d0[rowLen-1], first.Addr(), n-1, last)
 	}
 	if slice[0] != 0 || slice[len(slice)-1] != float32(n-1) {
-		return errors.AssertionFailedf("grow: the slice's rows do not read back")
+		return errors.AssertionFailedf("the slice's rows do not read back")
 	}
 	fmt.Fprintf(w, "Row 0, through the tensor the first step returned, still reads its values at %s; row %d reads %v.\n",
 		first.Addr(), n-1, last)
+	if peak, ok := peakResident(); ok {
+		fmt.Fprintf(w, "The process's peak resident memory was %s.\n", mib(peak))
+	}
 	return g.Check()
 }
 
 // mib formats n in MiB, rounded, for figures that are not exact.
 func mib(n uint64) string { return fmt.Sprintf("%.1f MiB", float64(n)/float64(units.MiB)) }
+
+// peakResident is the process's peak resident set (VmHWM), when the
+// kernel reports it.
+func peakResident() (uint64, bool) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * units.KiB, err == nil
+		}
+	}
+	return 0, false
+}

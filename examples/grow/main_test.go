@@ -13,11 +13,8 @@ import (
 // claims: a line per decade for both sides, a base that never moved, no
 // row copied by the arena while append moved its slice, and row 0 intact.
 func TestRun(t *testing.T) {
-	old := *rows
-	*rows = 20000
-	t.Cleanup(func() { *rows = old })
 	var out bytes.Buffer
-	require.NoError(t, run(&out))
+	require.NoError(t, run(&out, 20000))
 	s := out.String()
 	t.Log("\n" + s)
 
@@ -44,9 +41,34 @@ func TestRun(t *testing.T) {
 	require.Regexp(t, `Total: arena \S+, append \S+ \(append/arena [\d.]+\)`, s)
 }
 
-func TestRunRefusesNoRows(t *testing.T) {
-	old := *rows
-	*rows = 0
-	t.Cleanup(func() { *rows = old })
-	require.ErrorContains(t, run(&bytes.Buffer{}), "at least 1")
+// TestFlags: a flag the example cannot use is one line on stderr (no
+// stack, no doubled "grow: grow:" prefix) and exit status 2; -h is the
+// usage and status 0. (-rows 0 used to print a stack dump, status 1.)
+func TestFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-rows", "0"}, "grow: -rows 0: at least 1 row is needed\n"},
+		{[]string{"-rows", "-5"}, "grow: -rows -5: at least 1 row is needed\n"},
+		{[]string{"-rows", "99999999999999999"}, "grow: -rows 99999999999999999: 99999999999999999 rows of 1 KiB do not fit in the address space\n"},
+		{[]string{"extra"}, "grow: unexpected argument \"extra\"; the only flag is -rows N\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 2, realMain(c.args, &stdout, &stderr), "%v", c.args)
+		require.Equal(t, c.want, stderr.String())
+		require.Empty(t, stdout.String())
+	}
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 2, realMain([]string{"-rows", "x"}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), `invalid value "x" for flag -rows`)
+	require.Equal(t, 0, realMain([]string{"-h"}, &stdout, &stderr))
+}
+
+// TestRunSmall: a run through realMain prints the memory it needs first.
+func TestRunSmall(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, realMain([]string{"-rows", "100"}, &stdout, &stderr), stderr.String())
+	require.Regexp(t, `^This run needs about [\d.]+ MiB of memory: 0.1 MiB committed in the arena, and up to about 0.4 MiB on the Go heap for append.\n`, stdout.String())
+	require.Empty(t, stderr.String())
 }

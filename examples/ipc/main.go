@@ -15,6 +15,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -38,8 +39,8 @@ import (
 )
 
 // consumerEnv names the producer's socket in the consumer's environment;
-// its presence is what makes a process the consumer (main, and TestMain in
-// the test binary, check it).
+// its presence is what makes a process the consumer (realMain checks it,
+// run by main, and by TestMain in the test binary).
 const consumerEnv = "VMARENA_EXAMPLE_IPC_SOCK"
 
 // The tensor: 1024 x 1024 float32, 4 MiB (two chunks of the host driver's
@@ -55,21 +56,34 @@ const marker = -1
 // timeout bounds every wait for the other process.
 const timeout = 30 * time.Second
 
-func main() {
-	if sock, ok := os.LookupEnv(consumerEnv); ok {
-		os.Exit(consumerMain(sock))
-	}
-	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "ipc: %+v\n", err)
-		os.Exit(1)
-	}
-}
+func main() { os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr)) }
 
-// consumerMain runs the consumer, reporting on stdout for the producer;
-// it returns the exit status.
-func consumerMain(sock string) int {
-	if err := consume(os.Stdout, sock); err != nil {
-		fmt.Fprintf(os.Stderr, "ipc consumer: %+v\n", err)
+// realMain runs the producer, or the consumer when the environment names
+// the producer's socket (the consumer reports on stdout, for the
+// producer), and returns the exit status: 2 for an argument (the example
+// takes none), 1 for a failure, printed as one line on stderr.
+func realMain(args []string, stdout, stderr io.Writer) int {
+	if sock, ok := os.LookupEnv(consumerEnv); ok {
+		if err := consume(stdout, sock); err != nil {
+			fmt.Fprintf(stderr, "ipc consumer: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	fs := flag.NewFlagSet("ipc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2 // the flag package printed the problem and the usage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ipc: unexpected argument %q; the example takes none\n", fs.Arg(0))
+		return 2
+	}
+	if err := run(stdout); err != nil {
+		fmt.Fprintf(stderr, "ipc: %v\n", err)
 		return 1
 	}
 	return 0

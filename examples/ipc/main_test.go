@@ -3,28 +3,40 @@ package main
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 )
 
-// TestMain plays the consumer when run re-executes the test binary (what
-// os.Executable names under go test) with the socket in its environment.
+// TestMain plays the consumer, through realMain, when run re-executes the
+// test binary (what os.Executable names under go test) with the socket in
+// its environment.
 func TestMain(m *testing.M) {
-	if sock, ok := os.LookupEnv(consumerEnv); ok {
-		os.Exit(consumerMain(sock))
+	if _, ok := os.LookupEnv(consumerEnv); ok {
+		os.Exit(realMain(nil, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
 
 // TestRun checks that a second process imported the chunk, that its
 // checksum is the producer's, that its write shows in the producer's
-// mapping, and that the time from export to its first read is printed.
+// mapping, and that the time from export to its first read is printed;
+// off Linux, that it answers ErrUnsupported.
 func TestRun(t *testing.T) {
 	var out bytes.Buffer
+	if runtime.GOOS != "linux" {
+		drivertest.RequireIs(t, run(&out), driver.ErrUnsupported, "needs Linux")
+		return
+	}
 	require.NoError(t, run(&out))
 	s := out.String()
 	t.Log("\n" + s)
@@ -51,4 +63,45 @@ func TestRun(t *testing.T) {
 	d, err := time.ParseDuration(e[1])
 	require.NoError(t, err)
 	require.Positive(t, d)
+}
+
+// TestArgs: the example takes no argument; one is a line on stderr and
+// exit status 2, -h the usage and status 0.
+func TestArgs(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 2, realMain([]string{"extra"}, &stdout, &stderr))
+	require.Equal(t, "ipc: unexpected argument \"extra\"; the example takes none\n", stderr.String())
+	require.Empty(t, stdout.String())
+	stderr.Reset()
+	require.Equal(t, 2, realMain([]string{"-rows", "5"}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), "flag provided but not defined: -rows")
+	require.Equal(t, 0, realMain([]string{"-h"}, &stdout, &stderr))
+	require.Empty(t, stdout.String())
+}
+
+// TestFailureIsOneLine: a failure of the producer or of the consumer is
+// one line on stderr with the cause, no stack, and exit status 1. (Both
+// once printed errors with %+v: a stack dump per wrapping.)
+func TestFailureIsOneLine(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, c := range []struct {
+		name, env, value, prefix string
+	}{
+		{"producer without a temporary directory", "TMPDIR", missing, "ipc: "},
+		{"consumer with no producer", consumerEnv, filepath.Join(missing, "producer.sock"), "ipc consumer: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(c.env, c.value)
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, 1, realMain(nil, &stdout, &stderr))
+			msg := stderr.String()
+			require.True(t, strings.HasPrefix(msg, c.prefix), msg)
+			require.Equal(t, 1, strings.Count(msg, "\n"), "one line: %q", msg)
+			require.True(t, strings.HasSuffix(msg, "\n"), msg)
+			require.NotContains(t, msg, ".go:", "no stack")
+			if runtime.GOOS == "linux" {
+				require.Contains(t, msg, "no such file or directory")
+			}
+		})
+	}
 }

@@ -44,7 +44,7 @@ const (
 
 func main() {
 	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "multidev: %+v\n", err)
+		fmt.Fprintf(os.Stderr, "multidev: %v\n", err)
 		os.Exit(1)
 	}
 }

@@ -35,7 +35,7 @@ const dev driver.DeviceID = 0
 
 func main() {
 	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "ringbuffer: %+v\n", err)
+		fmt.Fprintf(os.Stderr, "ringbuffer: %v\n", err)
 		os.Exit(1)
 	}
 }

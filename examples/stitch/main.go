@@ -1,8 +1,8 @@
-// Stitch fragments an allocator's arena so that no free range can hold a
-// large request, then shows the request served anyway by stitching: the
+// Stitch fragments an allocator so that no free range can hold a large
+// request, then shows the request served anyway by stitching: the
 // scattered free chunks are mapped side by side into a second range, with
 // no copy and no new memory, and the bytes written through the stitched
-// allocation are the bytes of the chunks in the arena.
+// allocation are the bytes of the chunks where they lie.
 //
 //	go run ./examples/stitch
 package main
@@ -26,13 +26,12 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// chunk is the arena's chunk and the size of each small allocation; every
-// chunk is mapped on its own (MaxChunk = chunk), as after a run of small
-// growths.
+// chunk is the allocator's chunk and the size of each small allocation;
+// every chunk is its own driver handle.
 const chunk = 64 * units.KiB
 
-// blocks is how many chunk-sized allocations fill the arena; every other
-// one is freed.
+// blocks is how many chunk-sized allocations are made; every other one is
+// freed.
 const blocks = 16
 
 // want is the large request: four chunks, where the largest free range is
@@ -41,7 +40,7 @@ const want = 4 * chunk
 
 func main() {
 	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "stitch: %+v\n", err)
+		fmt.Fprintf(os.Stderr, "stitch: %v\n", err)
 		os.Exit(1)
 	}
 }
@@ -52,9 +51,11 @@ func run(w io.Writer) (err error) {
 		return err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	// A release threshold of one byte: the allocator commits exactly what
+	// it needs, and keeps nothing spare when it must commit more, so it
+	// stitches what is free instead.
 	al, err := arena.NewAllocator(vaspace.New(drv), physical.New(drv), arena.AllocatorOptions{
-		Arena:   arena.Options{Max: 64 * chunk, ChunkSize: chunk, MaxChunk: chunk},
-		MinGrow: chunk, // grow exactly by what is needed: no free tail
+		Max: 64 * chunk, ChunkSize: chunk, ReleaseThreshold: 1,
 	})
 	if err != nil {
 		return err
@@ -69,10 +70,9 @@ func run(w io.Writer) (err error) {
 		}
 		err = errors.CombineErrors(err, al.Close())
 	}()
-	a := al.Arena()
 
-	// Fill the arena with chunk-sized allocations; each records its own
-	// offset in the arena in its first 8 bytes.
+	// Chunk-sized allocations, side by side; each records its own address
+	// in its first 8 bytes.
 	for i := range ps {
 		if ps[i], err = al.Alloc(chunk, 0); err != nil {
 			return err
@@ -81,17 +81,18 @@ func run(w io.Writer) (err error) {
 		if err != nil {
 			return err
 		}
-		binary.LittleEndian.PutUint64(b, uint64(ps[i]-a.Base()))
+		binary.LittleEndian.PutUint64(b, uint64(ps[i]))
 	}
+	base, end := ps[0], ps[blocks-1]+driver.Addr(chunk)
 	for i := 0; i < blocks; i += 2 {
 		if err := al.Free(ps[i]); err != nil {
 			return err
 		}
 	}
 	before := al.Stats()
-	fmt.Fprintf(w, "An arena of %d chunks of %s, each mapped on its own, filled with %d allocations of one chunk;\n",
+	fmt.Fprintf(w, "An allocator holding %d chunks of %s, each its own handle, filled with %d allocations of one chunk;\n",
 		before.Committed/chunk, units.Bytes(chunk), blocks)
-	fmt.Fprintf(w, "every other one freed. The arena now reads (U used, . free):\n  %s\n", layout(al, ps))
+	fmt.Fprintf(w, "every other one freed. Its memory now reads (U used, . free):\n  %s\n", layout(al, base, end, ps))
 	fmt.Fprintf(w, "%s free in all, but the largest free range is %s.\n",
 		units.Bytes(before.Committed-before.Allocated), units.Bytes(before.LargestFree))
 
@@ -100,8 +101,8 @@ func run(w io.Writer) (err error) {
 		return err
 	}
 	after := al.Stats()
-	fmt.Fprintf(w, "\nAlloc(%s) is served at %s, outside the arena [%s, +%s): a stitch.\n",
-		units.Bytes(want), p, a.Base(), units.Bytes(a.Len()))
+	fmt.Fprintf(w, "\nAlloc(%s) is served at %s, outside [%s, +%s) where the chunks lie: a stitch.\n",
+		units.Bytes(want), p, base, units.Bytes(uint64(end-base)))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tbefore\tafter\t")
 	for _, row := range []struct {
@@ -112,7 +113,8 @@ func run(w io.Writer) (err error) {
 		{"Grows", before.Grows, after.Grows},
 		{"Committed", units.Bytes(before.Committed), units.Bytes(after.Committed)},
 		{"Allocated", units.Bytes(before.Allocated), units.Bytes(after.Allocated)},
-		{"MapCalls", before.MapCalls, after.MapCalls},
+		{"MapEvents", before.MapEvents, after.MapEvents},
+		{"ChunkMaps", before.ChunkMaps, after.ChunkMaps},
 		{"Live", before.Live, after.Live},
 	} {
 		fmt.Fprintf(tw, "%s\t%v\t%v\t\n", row.name, row.b, row.a)
@@ -124,40 +126,33 @@ func run(w io.Writer) (err error) {
 		return errors.AssertionFailedf("stitch: the request was not stitched from memory already committed: %+v then %+v", before, after)
 	}
 
-	// Each chunk of the stitched allocation begins with the offset its
-	// last owner wrote: which arena chunk is behind it. Write through the
-	// stitched allocation, then read the arena at those offsets.
+	// Each chunk of the stitched allocation begins with the address its
+	// last owner wrote: which chunk is behind it. Write through the
+	// stitched allocation, then read the memory at those addresses.
 	sb, err := al.Bytes(p)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nIts %d chunks are the freed arena chunks at offsets", want/chunk)
-	offs := make([]uint64, want/chunk)
-	for i := range offs {
-		offs[i] = binary.LittleEndian.Uint64(sb[uint64(i)*chunk:])
-		fmt.Fprintf(w, " %#x", offs[i])
+	fmt.Fprintf(w, "\nIts %d chunks are the freed chunks at", want/chunk)
+	at := make([]driver.Addr, want/chunk)
+	for i := range at {
+		at[i] = driver.Addr(binary.LittleEndian.Uint64(sb[uint64(i)*chunk:]))
+		fmt.Fprintf(w, " %s", at[i])
 		copy(sb[uint64(i)*chunk:], fmt.Sprintf("stitched part %d, written at %s", i, p+driver.Addr(uint64(i)*chunk)))
 	}
 	fmt.Fprintln(w, " (each says so in its first bytes),")
-	fmt.Fprintf(w, "lent to the stitch while it lives (S):\n  %s\n", layout(al, ps, offs...))
-	fmt.Fprintln(w, "Written through the stitched allocation, read back through the arena at each chunk's own address:")
-	for i, off := range offs {
-		v, err := a.View(off, chunk)
+	fmt.Fprintf(w, "lent to the stitch while it lives (S):\n  %s\n", layout(al, base, end, ps, at...))
+	fmt.Fprintln(w, "Written through the stitched allocation, read back at each chunk's own address:")
+	for i, a := range at {
+		ab, err := drv.HostBytes(a, chunk)
 		if err != nil {
 			return err
-		}
-		ab, err := v.Bytes()
-		if err != nil {
-			return errors.CombineErrors(err, v.Release())
 		}
 		text := string(ab[:bytes.IndexByte(ab, 0)])
 		same := bytes.Equal(ab, sb[uint64(i)*chunk:uint64(i+1)*chunk])
-		fmt.Fprintf(w, "  %s: %q (all %s the same: %v)\n", v.Addr(), text, units.Bytes(chunk), same)
-		if err := v.Release(); err != nil {
-			return err
-		}
+		fmt.Fprintf(w, "  %s: %q (all %s the same: %v)\n", a, text, units.Bytes(chunk), same)
 		if !same {
-			return errors.AssertionFailedf("stitch: arena chunk at %#x differs from part %d of the stitch", off, i)
+			return errors.AssertionFailedf("stitch: the chunk at %s differs from part %d of the stitch", a, i)
 		}
 	}
 
@@ -165,18 +160,17 @@ func run(w io.Writer) (err error) {
 		return err
 	}
 	freed := al.Stats()
-	fmt.Fprintf(w, "\nFree unmaps the stitch (%d unmap calls) and returns the chunks to the arena's free space:\n",
-		freed.UnmapCalls-after.UnmapCalls)
-	fmt.Fprintf(w, "  %s\n", layout(al, ps))
+	fmt.Fprintf(w, "\nFree unmaps the stitch (%d unmap event, %d chunks) and returns the chunks to the free space:\n",
+		freed.UnmapEvents-after.UnmapEvents, freed.ChunkUnmaps-after.ChunkUnmaps)
+	fmt.Fprintf(w, "  %s\n", layout(al, base, end, ps))
 	fmt.Fprintf(w, "Committed %s, Allocated %s, Live %d, largest free range %s.\n",
 		units.Bytes(freed.Committed), units.Bytes(freed.Allocated), freed.Live, units.Bytes(freed.LargestFree))
 	return al.Check()
 }
 
-// layout draws the arena a chunk a character: U for a live allocation of
-// ps, S for a chunk at one of the offsets lent (to a stitch), . for a free
-// one.
-func layout(al *arena.Allocator, ps []driver.Addr, lent ...uint64) string {
+// layout draws [base, end) a chunk a character: U for a live allocation of
+// ps, S for a chunk lent (to a stitch), . for a free one.
+func layout(al *arena.Allocator, base, end driver.Addr, ps []driver.Addr, lent ...driver.Addr) string {
 	live := map[driver.Addr]bool{}
 	for _, p := range ps {
 		if _, err := al.Size(p); err == nil {
@@ -184,12 +178,11 @@ func layout(al *arena.Allocator, ps []driver.Addr, lent ...uint64) string {
 		}
 	}
 	var s []byte
-	a := al.Arena()
-	for off := uint64(0); off < a.Len(); off += chunk {
+	for a := base; a < end; a += driver.Addr(chunk) {
 		switch {
-		case live[a.Base()+driver.Addr(off)]:
+		case live[a]:
 			s = append(s, 'U')
-		case slices.Contains(lent, off):
+		case slices.Contains(lent, a):
 			s = append(s, 'S')
 		default:
 			s = append(s, '.')

@@ -27,11 +27,11 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/pool"
 	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/vaspace"
@@ -52,19 +52,20 @@ const (
 
 func main() {
 	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "streams: %+v\n", err)
+		fmt.Fprintf(os.Stderr, "streams: %v\n", err)
 		os.Exit(1)
 	}
 }
 
 // poolBuffer is a tensor.Buffer over a live allocation of a pool: its
-// bytes, through the pool's allocator, and its device address.
+// bytes, which the pool gives for a live allocation, and its device
+// address.
 type poolBuffer struct {
-	al   *arena.Allocator
+	p    *pool.Pool
 	addr driver.Addr
 }
 
-func (b poolBuffer) Bytes() ([]byte, error) { return b.al.Bytes(b.addr) }
+func (b poolBuffer) Bytes() ([]byte, error) { return b.p.Bytes(b.addr) }
 func (b poolBuffer) Addr() driver.Addr      { return b.addr }
 
 // value is element j of tensor i.
@@ -155,13 +156,13 @@ func run(w io.Writer) (err error) {
 // of tensor i beside the consumer's part of tensor i-(depth-1), so that up
 // to depth tensors are live at once.
 func pipeline(drv driver.Driver, space *vaspace.Space, mem *physical.Memory, wait bool) (f figures, err error) {
-	pool, err := arena.NewPool(space, mem, arena.PoolProps{ChunkSize: chunk})
+	pl, err := pool.New(space, mem, pool.Props{ChunkSize: chunk})
 	if err != nil {
 		return f, err
 	}
-	defer func() { err = errors.CombineErrors(err, pool.Destroy()) }()
-	for _, a := range []arena.PoolAttr{arena.ReuseAllowOpportunistic, arena.ReuseAllowInternalDependencies} {
-		if err := pool.SetAttribute(a, 0); err != nil {
+	defer func() { err = errors.CombineErrors(err, pl.Destroy()) }()
+	for _, a := range []pool.Attr{pool.ReuseAllowOpportunistic, pool.ReuseAllowInternalDependencies} {
+		if err := pl.SetAttribute(a, 0); err != nil {
 			return f, err
 		}
 	}
@@ -194,7 +195,7 @@ func pipeline(drv driver.Driver, space *vaspace.Space, mem *physical.Memory, wai
 				return err
 			}
 		}
-		p, err := pool.MallocAsync(tensorBytes, prod)
+		p, err := pl.MallocAsync(tensorBytes, prod)
 		if err != nil {
 			return err
 		}
@@ -210,7 +211,7 @@ func pipeline(drv driver.Driver, space *vaspace.Space, mem *physical.Memory, wai
 			f.reused++
 		}
 		lastUser[p] = i
-		t, err := tensor.New(poolBuffer{pool.Allocator(), p}, tensor.Float32, rows, cols)
+		t, err := tensor.New(poolBuffer{pl, p}, tensor.Float32, rows, cols)
 		if err != nil {
 			return err
 		}
@@ -249,7 +250,7 @@ func pipeline(drv driver.Driver, space *vaspace.Space, mem *physical.Memory, wai
 		}); err != nil {
 			return err
 		}
-		if err := pool.FreeAsync(addrs[i], cons); err != nil {
+		if err := pl.FreeAsync(addrs[i], cons); err != nil {
 			return err
 		}
 		return cons.Record(done[i%depth])
@@ -277,23 +278,23 @@ func pipeline(drv driver.Driver, space *vaspace.Space, mem *physical.Memory, wai
 	}
 	f.distinct = len(lastUser)
 	for _, x := range []struct {
-		a    arena.PoolAttr
+		a    pool.Attr
 		into *uint64
 	}{
-		{arena.ReservedMemHigh, &f.reservedHigh}, {arena.ReservedMemCurrent, &f.reservedCur},
-		{arena.UsedMemHigh, &f.usedHigh}, {arena.UsedMemCurrent, &f.usedCur},
+		{pool.ReservedMemHigh, &f.reservedHigh}, {pool.ReservedMemCurrent, &f.reservedCur},
+		{pool.UsedMemHigh, &f.usedHigh}, {pool.UsedMemCurrent, &f.usedCur},
 	} {
-		if *x.into, err = pool.Attribute(x.a); err != nil {
+		if *x.into, err = pl.Attribute(x.a); err != nil {
 			return f, err
 		}
 	}
 	// With opportunistic reuse off, a synchronize releases nothing (freed
 	// memory in the allocator could go to any stream): TrimTo does.
-	if err := pool.TrimTo(0); err != nil {
+	if err := pl.TrimTo(0); err != nil {
 		return f, err
 	}
-	if f.trimmed, err = pool.Attribute(arena.ReservedMemCurrent); err != nil {
+	if f.trimmed, err = pl.Attribute(pool.ReservedMemCurrent); err != nil {
 		return f, err
 	}
-	return f, pool.Check()
+	return f, pl.Check()
 }

@@ -9,20 +9,17 @@
 package extent
 
 import (
-	"sort"
-
 	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/internal/ranges"
 )
 
-// An extent is [start, end): start inclusive, end exclusive, never empty.
-type extent struct{ start, end uint64 }
-
-// Set is the free space of [base, limit). Invariant: free is sorted by
-// start, its extents are non-empty, lie inside [base, limit), and neither
-// overlap nor touch (touching extents are merged).
+// Set is the free space of [base, limit). Invariant: the free extents are
+// sorted, non-empty, lie inside [base, limit), and neither overlap nor
+// touch (touching extents are merged).
 type Set struct {
 	base, limit uint64
-	free        []extent
+	free        ranges.List[uint64, struct{}]
 	inUse       uint64
 }
 
@@ -30,7 +27,7 @@ type Set struct {
 func New(base, size uint64) *Set {
 	s := &Set{base: base, limit: base + size}
 	if size > 0 {
-		s.free = []extent{{base, base + size}}
+		s.free.Insert(base, base+size, struct{}{})
 	}
 	return s
 }
@@ -41,8 +38,8 @@ func (s *Set) InUse() uint64 { return s.inUse }
 // Largest is the size of the largest free extent.
 func (s *Set) Largest() uint64 {
 	var m uint64
-	for _, e := range s.free {
-		m = max(m, e.end-e.start)
+	for _, e := range s.free.All() {
+		m = max(m, e.Size())
 	}
 	return m
 }
@@ -57,9 +54,9 @@ func (s *Set) Alloc(size, align uint64) (start uint64, ok bool) {
 	if align == 0 {
 		align = 1
 	}
-	for i, e := range s.free {
-		at := alignUp(e.start, align)
-		if at < e.start || at >= e.end || e.end-at < size {
+	for i, e := range s.free.All() {
+		at := alignUp(e.Start, align)
+		if at < e.Start || at >= e.End || e.End-at < size {
 			continue
 		}
 		s.take(i, at, at+size)
@@ -74,8 +71,8 @@ func (s *Set) AllocAt(start, size uint64) bool {
 	if size == 0 || end < start {
 		return false
 	}
-	i := s.find(start)
-	if i < 0 || s.free[i].end < end {
+	i, ok := s.free.Find(start)
+	if !ok || s.free.At(i).End < end {
 		return false
 	}
 	s.take(i, start, end)
@@ -90,26 +87,19 @@ func (s *Set) Free(start, size uint64) error {
 	if size == 0 || end < start || start < s.base || end > s.limit {
 		return errors.AssertionFailedf("extent: free of [%#x, %#x) outside [%#x, %#x)", start, end, s.base, s.limit)
 	}
-	// i is the first free extent that starts at or after end.
-	i := sort.Search(len(s.free), func(i int) bool { return s.free[i].start >= end })
-	if i > 0 && s.free[i-1].end > start {
-		return errors.AssertionFailedf("extent: free of [%#x, %#x) overlaps free [%#x, %#x)",
-			start, end, s.free[i-1].start, s.free[i-1].end)
+	i, ok := s.free.Insert(start, end, struct{}{})
+	if !ok {
+		e := s.free.At(i)
+		return errors.AssertionFailedf("extent: free of [%#x, %#x) overlaps free [%#x, %#x)", start, end, e.Start, e.End)
 	}
-	joinPrev := i > 0 && s.free[i-1].end == start
-	joinNext := i < len(s.free) && s.free[i].start == end
-	switch {
-	case joinPrev && joinNext:
-		s.free[i-1].end = s.free[i].end
-		s.free = append(s.free[:i], s.free[i+1:]...)
-	case joinPrev:
-		s.free[i-1].end = end
-	case joinNext:
-		s.free[i].start = start
-	default:
-		s.free = append(s.free, extent{})
-		copy(s.free[i+1:], s.free[i:])
-		s.free[i] = extent{start, end}
+	// Merge with the neighbours it touches.
+	if i+1 < s.free.Len() && s.free.At(i+1).Start == end {
+		s.free.At(i).End = s.free.At(i + 1).End
+		s.free.Delete(i+1, i+2)
+	}
+	if i > 0 && s.free.At(i-1).End == start {
+		s.free.At(i - 1).End = s.free.At(i).End
+		s.free.Delete(i, i+1)
 	}
 	s.inUse -= size
 	return nil
@@ -117,22 +107,22 @@ func (s *Set) Free(start, size uint64) error {
 
 // IsFree reports whether all of [start, start+size) is free.
 func (s *Set) IsFree(start, size uint64) bool {
-	i := s.find(start)
-	return i >= 0 && s.free[i].end >= start+size
+	i, ok := s.free.Find(start)
+	return ok && s.free.At(i).End >= start+size
 }
 
 // Check verifies the invariant on Set and returns every violation found.
 func (s *Set) Check() error {
-	var errs error
+	errs := s.free.Check()
 	var free uint64
-	for i, e := range s.free {
-		if e.start >= e.end || e.start < s.base || e.end > s.limit {
-			errs = errors.CombineErrors(errs, errors.AssertionFailedf("extent: bad free extent [%#x, %#x)", e.start, e.end))
+	for i, e := range s.free.All() {
+		if e.Start < s.base || e.End > s.limit {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("extent: free extent [%#x, %#x) outside [%#x, %#x)", e.Start, e.End, s.base, s.limit))
 		}
-		if i > 0 && s.free[i-1].end >= e.start {
-			errs = errors.CombineErrors(errs, errors.AssertionFailedf("extent: free extents %d and %d overlap or touch", i-1, i))
+		if i > 0 && s.free.At(i-1).End == e.Start {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("extent: free extents %d and %d touch", i-1, i))
 		}
-		free += e.end - e.start
+		free += e.Size()
 	}
 	if free+s.inUse != s.limit-s.base {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf("extent: free %d + in use %d != size %d", free, s.inUse, s.limit-s.base))
@@ -140,30 +130,19 @@ func (s *Set) Check() error {
 	return errs
 }
 
-// find returns the index of the free extent containing addr, or -1.
-func (s *Set) find(addr uint64) int {
-	i := sort.Search(len(s.free), func(i int) bool { return s.free[i].end > addr })
-	if i < len(s.free) && s.free[i].start <= addr {
-		return i
-	}
-	return -1
-}
-
 // take removes [start, end) from free extent i, which contains it.
 func (s *Set) take(i int, start, end uint64) {
-	e := s.free[i]
+	e := *s.free.At(i)
 	switch {
-	case e.start == start && e.end == end:
-		s.free = append(s.free[:i], s.free[i+1:]...)
-	case e.start == start:
-		s.free[i].start = end
-	case e.end == end:
-		s.free[i].end = start
+	case e.Start == start && e.End == end:
+		s.free.Delete(i, i+1)
+	case e.Start == start:
+		s.free.At(i).Start = end
+	case e.End == end:
+		s.free.At(i).End = start
 	default:
-		s.free = append(s.free, extent{})
-		copy(s.free[i+2:], s.free[i+1:])
-		s.free[i] = extent{e.start, start}
-		s.free[i+1] = extent{end, e.end}
+		s.free.At(i).End = start
+		s.free.Insert(end, e.End, struct{}{})
 	}
 	s.inUse += end - start
 }

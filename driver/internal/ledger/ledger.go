@@ -6,7 +6,11 @@
 //
 // A Ledger implements all of driver.Driver except Name, Supports, Read and
 // Write; a backend (driver/host, driver/sim) supplies the system calls
-// through the Backend interface and adds those four methods.
+// through the Backend interface and adds those four methods. A driver keeps
+// its Ledger in an unexported field and declares each method of the
+// contract itself: the helpers exported here (WithRange, WithDeviceRanges,
+// Busy, the callback forms of Export and Import) are for the drivers, and a
+// caller that reached them could change the record behind the driver's back.
 //
 // The ledger never touches memory and never makes a system call itself.
 // Backend methods run with the ledger's lock held, so they see and leave a
@@ -15,13 +19,14 @@ package ledger
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -88,7 +93,15 @@ type Region struct {
 	Size uint64
 	// Backing is the backend's own record (the base as a pointer).
 	Backing any
-	maps    []*Mapping
+	maps    ranges.List[driver.Addr, *Mapping] // by address
+}
+
+// mapAt is the i-th mapping of r in address order, nil past the last.
+func (r *Region) mapAt(i int) *Mapping {
+	if i >= r.maps.Len() {
+		return nil
+	}
+	return r.maps.At(i).Val
 }
 
 func (r *Region) end() driver.Addr { return r.Base + driver.Addr(r.Size) }
@@ -107,7 +120,7 @@ type Ledger struct {
 
 	mu           sync.RWMutex
 	closed       bool
-	reservations []*Region
+	reservations ranges.List[driver.Addr, *Region]
 	chunks       map[driver.Handle]*Chunk
 	nextHandle   driver.Handle
 	used         []uint64
@@ -167,6 +180,7 @@ func (l *Ledger) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, err
 	align = max(align, l.gran)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("reserve")
 	if l.closed {
 		return 0, l.errClosed("reserve")
 	}
@@ -175,15 +189,14 @@ func (l *Ledger) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, err
 		return 0, errors.Wrapf(err, "%s", what())
 	}
 	r := &Region{Base: base, Size: size, Backing: backing}
-	i := sort.Search(len(l.reservations), func(i int) bool { return l.reservations[i].Base >= base })
-	if uint64(base)%align != 0 || (i > 0 && l.reservations[i-1].end() > base) ||
-		(i < len(l.reservations) && l.reservations[i].Base < r.end()) {
+	if uint64(base)%align != 0 {
 		_ = l.backend.Unreserve(r)
-		return 0, errors.AssertionFailedf("%s: backend returned [%s, %s), misaligned or overlapping a live reservation", what(), base, r.end())
+		return 0, errors.AssertionFailedf("%s: backend returned [%s, %s), misaligned", what(), base, r.end())
 	}
-	l.reservations = append(l.reservations, nil)
-	copy(l.reservations[i+1:], l.reservations[i:])
-	l.reservations[i] = r
+	if _, ok := l.reservations.Insert(base, r.end(), r); !ok {
+		_ = l.backend.Unreserve(r)
+		return 0, errors.AssertionFailedf("%s: backend returned [%s, %s), overlapping a live reservation", what(), base, r.end())
+	}
 	return base, nil
 }
 
@@ -192,6 +205,7 @@ func (l *Ledger) Unreserve(base driver.Addr, size uint64) error {
 	what := func() string { return fmt.Sprintf("%s: unreserve [%s, +%s)", l.name, base, units.Bytes(size)) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("unreserve")
 	if l.closed {
 		return l.errClosed("unreserve")
 	}
@@ -202,23 +216,24 @@ func (l *Ledger) Unreserve(base driver.Addr, size uint64) error {
 	if r.Size != size {
 		return errors.Wrapf(driver.ErrNotReserved, "%s: the reservation there is %s, and unreserve takes it whole", what(), units.Bytes(r.Size))
 	}
-	if len(r.maps) > 0 {
+	if r.maps.Len() > 0 {
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrBusy, "%s: %d mapping(s) still inside: %s", what(), len(r.maps), describeMaps(r.maps)),
+			errors.Wrapf(driver.ErrBusy, "%s: %d mapping(s) still inside: %s", what(), r.maps.Len(), describeMaps(r)),
 			"unmap everything inside a reservation before unreserving it")
 	}
 	if err := l.backend.Unreserve(r); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	l.reservations = append(l.reservations[:i], l.reservations[i+1:]...)
+	l.reservations.Delete(i, i+1)
 	return nil
 }
 
-func describeMaps(ms []*Mapping) string {
+func describeMaps(r *Region) string {
 	var b strings.Builder
-	for i, m := range ms {
+	for i, it := range r.maps.All() {
+		m := it.Val
 		if i == 4 {
-			fmt.Fprintf(&b, ", and %d more", len(ms)-i)
+			fmt.Fprintf(&b, ", and %d more", r.maps.Len()-i)
 			break
 		}
 		if i > 0 {
@@ -244,6 +259,7 @@ func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("create")
 	if l.closed {
 		return 0, l.errClosed("create")
 	}
@@ -269,6 +285,7 @@ func (l *Ledger) Export(h driver.Handle, make func(c *Chunk) (driver.Shareable, 
 	what := func() string { return fmt.Sprintf("%s: export chunk %d", l.name, h) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("export")
 	if l.closed {
 		return driver.Shareable{}, l.errClosed("export")
 	}
@@ -308,6 +325,7 @@ func (l *Ledger) Import(dev driver.DeviceID, size uint64, adopt func(c *Chunk) e
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("import")
 	if l.closed {
 		return 0, l.errClosed("import")
 	}
@@ -342,6 +360,7 @@ func (l *Ledger) Release(h driver.Handle) error {
 	what := func() string { return fmt.Sprintf("%s: release chunk %d", l.name, h) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("release")
 	if l.closed {
 		return l.errClosed("release")
 	}
@@ -367,9 +386,8 @@ func (l *Ledger) forget(c *Chunk) {
 
 // findReservation returns the reservation containing addr and its index.
 func (l *Ledger) findReservation(addr driver.Addr) (int, *Region) {
-	i := sort.Search(len(l.reservations), func(i int) bool { return l.reservations[i].end() > addr })
-	if i < len(l.reservations) && l.reservations[i].Base <= addr {
-		return i, l.reservations[i]
+	if i, ok := l.reservations.Find(addr); ok {
+		return i, l.reservations.At(i).Val
 	}
 	return -1, nil
 }
@@ -389,15 +407,14 @@ func (l *Ledger) reservationFor(what func() string, addr driver.Addr, size uint6
 }
 
 // mapIndex returns the index of the first mapping of r that ends after addr.
-func (r *Region) mapIndex(addr driver.Addr) int {
-	return sort.Search(len(r.maps), func(i int) bool { return r.maps[i].end() > addr })
-}
+func (r *Region) mapIndex(addr driver.Addr) int { return r.maps.Search(addr) }
 
 // Map implements driver.Driver.
 func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 	what := func() string { return fmt.Sprintf("%s: map chunk %d at %s", l.name, h, addr) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("map")
 	if l.closed {
 		return l.errClosed("map")
 	}
@@ -414,9 +431,7 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 		return err
 	}
 	m := &Mapping{Addr: addr, Size: c.Size, Chunk: c, Region: r, gran: gran, access: make([]uint64, c.Size/gran)}
-	i := r.mapIndex(addr)
-	if i < len(r.maps) && r.maps[i].Addr < m.end() {
-		o := r.maps[i]
+	if o := r.mapAt(r.mapIndex(addr)); o != nil && o.Addr < m.end() {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: [%s, %s) overlaps the mapping [%s, %s) of chunk %d",
 				what(), addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
@@ -425,9 +440,7 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 	if err := l.backend.Map(m); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	r.maps = append(r.maps, nil)
-	copy(r.maps[i+1:], r.maps[i:])
-	r.maps[i] = m
+	r.maps.Insert(addr, m.end(), m)
 	c.maps++
 	return nil
 }
@@ -437,6 +450,7 @@ func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
 	what := func() string { return fmt.Sprintf("%s: unmap [%s, +%s)", l.name, addr, units.Bytes(size)) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("unmap")
 	if l.closed {
 		return l.errClosed("unmap")
 	}
@@ -445,10 +459,10 @@ func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
 		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
 	}
 	i := r.mapIndex(addr)
-	if i == len(r.maps) || r.maps[i].Addr > addr {
+	m := r.mapAt(i)
+	if m == nil || m.Addr > addr {
 		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what(), addr)
 	}
-	m := r.maps[i]
 	if m.Addr != addr || m.Size != size {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrPartial, "%s: the mapping there is [%s, %s)", what(), m.Addr, m.end()),
@@ -457,7 +471,7 @@ func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
 	if err := l.backend.Unmap(m); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	r.maps = append(r.maps[:i], r.maps[i+1:]...)
+	r.maps.Delete(i, i+1)
 	c := m.Chunk
 	c.maps--
 	if c.released && c.maps == 0 {
@@ -513,6 +527,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("setAccess")
 	if l.closed {
 		return l.errClosed("set access")
 	}
@@ -525,15 +540,16 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	var ms []*Mapping
 	at := addr
 	for i := r.mapIndex(addr); at < end; i++ {
-		if i == len(r.maps) || r.maps[i].Addr > at {
+		m := r.mapAt(i)
+		if m == nil || m.Addr > at {
 			gapEnd := end
-			if i < len(r.maps) {
-				gapEnd = min(end, r.maps[i].Addr)
+			if m != nil {
+				gapEnd = min(end, m.Addr)
 			}
 			return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, gapEnd)
 		}
-		ms = append(ms, r.maps[i])
-		at = r.maps[i].end()
+		ms = append(ms, m)
+		at = m.end()
 	}
 	first, last := ms[0], ms[len(ms)-1]
 	if err := driver.CheckAddr(what, addr, first.gran); err != nil {
@@ -613,11 +629,11 @@ func (l *Ledger) mappingAt(what func() string, addr driver.Addr) (*Mapping, erro
 	if r == nil {
 		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
 	}
-	i := r.mapIndex(addr)
-	if i == len(r.maps) || r.maps[i].Addr > addr {
+	m := r.mapAt(r.mapIndex(addr))
+	if m == nil || m.Addr > addr {
 		return nil, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what(), addr)
 	}
-	return r.maps[i], nil
+	return m, nil
 }
 
 // WithRange runs fn with the record locked for reading, after checking that
@@ -643,10 +659,10 @@ func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Ac
 		end := addr + driver.Addr(n)
 		at := addr
 		for i := r.mapIndex(addr); at < end; i++ {
-			if i == len(r.maps) || r.maps[i].Addr > at {
+			m := r.mapAt(i)
+			if m == nil || m.Addr > at {
 				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 			}
-			m := r.maps[i]
 			for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
 				if a := widest(m.access[g]); !a.Allows(want) {
 					return errors.Wrapf(driver.ErrAccessDenied, "%s: the granule at %s is mapped with access %s for every device, %s is needed",
@@ -692,10 +708,10 @@ func (l *Ledger) WithDeviceRanges(op string, dev driver.DeviceID, peer func(owne
 		end := w.Addr + driver.Addr(w.N)
 		at := w.Addr
 		for j := r.mapIndex(w.Addr); at < end; j++ {
-			if j == len(r.maps) || r.maps[j].Addr > at {
+			m := r.mapAt(j)
+			if m == nil || m.Addr > at {
 				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 			}
-			m := r.maps[j]
 			if owner := m.Chunk.Device; owner != dev && !peer(owner) {
 				return errors.WithHintf(
 					errors.Wrapf(driver.ErrAccessDenied, "%s: %s is memory of device %d, and peer access from device %d to it is not enabled",
@@ -717,25 +733,82 @@ func (l *Ledger) WithDeviceRanges(op string, dev driver.DeviceID, peer func(owne
 	return nil
 }
 
-// Close implements driver.Driver: it unmaps every mapping, frees every chunk
-// and unreserves every reservation, then closes the backend.
+// Busy returns ErrBusy naming the live mappings, if any: memory something
+// may still hang from (a slice, a tensor), which closing would unmap under
+// it. nil when nothing is mapped or the ledger is closed.
+func (l *Ledger) Busy() error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.busyLocked()
+}
+
+func (l *Ledger) busyLocked() error {
+	if l.closed {
+		return nil
+	}
+	n := 0
+	var where []string
+	for _, ri := range l.reservations.All() {
+		if m := ri.Val.maps.Len(); m > 0 {
+			n += m
+			if len(where) < 4 {
+				where = append(where, fmt.Sprintf("%d in [%s, %s): %s", m, ri.Val.Base, ri.Val.end(), describeMaps(ri.Val)))
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return errors.WithHint(
+		errors.Wrapf(driver.ErrBusy, "%s: close: %d mapping(s) still live — %s", l.name, n, strings.Join(where, "; ")),
+		"memory may still be in use through slices and tensors: release them and close the tables, arenas, allocators and pools that map it first")
+}
+
+// TearDown unmaps every mapping and closes l: what Close does once nothing
+// is mapped, whatever is. It exists for the tests of the drivers built on
+// the ledger, whose subtests may end with memory mapped; no user-facing
+// call reaches it.
+func TearDown(l *Ledger) error {
+	l.mu.Lock()
+	var errs error
+	if !l.closed {
+		for _, ri := range l.reservations.All() {
+			r := ri.Val
+			for _, mi := range r.maps.All() {
+				errs = errors.CombineErrors(errs, l.backend.Unmap(mi.Val))
+				mi.Val.Chunk.maps--
+			}
+			r.maps.Clear()
+		}
+	}
+	l.mu.Unlock()
+	if err := l.Close(); err != nil && !errors.Is(err, driver.ErrClosed) {
+		errs = errors.CombineErrors(errs, err)
+	}
+	return errs
+}
+
+// Close implements driver.Driver. It refuses with ErrBusy, changing
+// nothing, while anything is mapped (unmapping memory a slice or tensor
+// still reaches would turn its next touch into a fault); otherwise it
+// releases every chunk and unreserves every reservation, then closes the
+// backend.
 func (l *Ledger) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.checkAfter("close")
 	if l.closed {
 		return l.errClosed("close")
 	}
+	if err := l.busyLocked(); err != nil {
+		return err
+	}
 	l.closed = true
 	var errs error
-	for _, r := range l.reservations {
-		for _, m := range r.maps {
-			errs = errors.CombineErrors(errs, l.backend.Unmap(m))
-			m.Chunk.maps--
-		}
-		r.maps = nil
-		errs = errors.CombineErrors(errs, l.backend.Unreserve(r))
+	for _, ri := range l.reservations.All() {
+		errs = errors.CombineErrors(errs, l.backend.Unreserve(ri.Val)) // nothing is mapped: busyLocked said so
 	}
-	l.reservations = nil
+	l.reservations.Clear()
 	for _, c := range l.chunks {
 		errs = errors.CombineErrors(errs, l.backend.Free(c))
 		l.forget(c)
@@ -751,21 +824,43 @@ func (l *Ledger) Close() error {
 func (l *Ledger) Check() error {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
+	return l.checkLocked()
+}
+
+// checkAfter runs checkLocked after a change, in builds with the
+// invariants tag; the lock is held.
+func (l *Ledger) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail(l.name+": "+op, l.checkLocked())
+	}
+}
+
+// checkLocked is Check with the lock held: what every change runs in
+// builds with the invariants tag.
+func (l *Ledger) checkLocked() error {
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
 	maps := map[*Chunk]int{}
-	for i, r := range l.reservations {
-		if i > 0 && l.reservations[i-1].end() > r.Base {
-			fail("%s: reservations %d and %d overlap", l.name, i-1, i)
+	if err := l.reservations.Check(); err != nil {
+		errs = errors.CombineErrors(errs, errors.Wrapf(err, "%s: reservations", l.name))
+	}
+	for _, ri := range l.reservations.All() {
+		r := ri.Val
+		if ri.Start != r.Base || ri.End != r.end() {
+			fail("%s: reservation [%s, %s) listed as [%s, %s)", l.name, r.Base, r.end(), ri.Start, ri.End)
 		}
-		for j, m := range r.maps {
+		if err := r.maps.Check(); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrapf(err, "%s: mappings", l.name))
+		}
+		for _, mi := range r.maps.All() {
+			m := mi.Val
+			if mi.Start != m.Addr || mi.End != m.end() {
+				fail("%s: mapping [%s, %s) listed as [%s, %s)", l.name, m.Addr, m.end(), mi.Start, mi.End)
+			}
 			if m.Addr < r.Base || m.end() > r.end() {
 				fail("%s: mapping [%s, %s) outside its reservation", l.name, m.Addr, m.end())
-			}
-			if j > 0 && r.maps[j-1].end() > m.Addr {
-				fail("%s: mappings at %s and %s overlap", l.name, r.maps[j-1].Addr, m.Addr)
 			}
 			if l.chunks[m.Chunk.Handle] != m.Chunk {
 				fail("%s: mapping at %s refers to chunk %d, which is not recorded", l.name, m.Addr, m.Chunk.Handle)

@@ -2,7 +2,10 @@
 // asynchronous work on the host: each stream is a goroutine draining an
 // ordered queue of operations; an event is a generation counter that an
 // operation in a stream's queue completes. The host and sim drivers share
-// it and add their own operations (copies, fills) through Enqueue.
+// it and add their own operations (copies, fills) through Enqueue. Each
+// keeps its Engine in an unexported field and declares the Streams methods
+// itself: Enqueue, StreamDevice, PeerEnabled and Closed are for the
+// drivers, never for their callers.
 //
 // Invariants: a stream runs its operations one at a time in enqueue order;
 // done <= enq. Each recording of an event is its own point, completed by
@@ -10,12 +13,20 @@
 // so re-recording an event elsewhere never releases earlier waiters early.
 // Record and wait operations always run, even after a failure in their
 // stream, so that no event is left for ever incomplete; other operations
-// after a failure are skipped until the failure is reported.
+// after a failure are skipped until the failure is reported. Operations
+// run caller code: a panic in one is its failure, and a runtime.Goexit in
+// one fails it and hands the stream to a new goroutine; neither leaves the
+// lock held nor the stream without a goroutine. A memory fault in one is
+// a panic too (the streams' goroutines run with SetPanicOnFault), and its
+// failure is ErrAccessDenied. A call that would wait for the host function
+// making it (selfwait.go) is refused instead.
 //
 // The engine never touches device memory itself; operations do.
 package queue
 
 import (
+	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,19 +38,33 @@ import (
 type op struct {
 	name    string
 	run     func() error
-	control bool // record/wait: runs even after a failure
+	control bool   // record/wait: runs even after a failure
+	wait    *point // a wait's point (nil for other operations, and for a wait on an event never recorded)
 }
 
+// stream is one queue and the goroutine that runs it. Operations are
+// numbered from 1 in enqueue order: the first done have finished; while
+// running is set, operation done+1 is cur and runs without the lock, and
+// queue holds done+2 to enq; otherwise queue holds done+1 to enq.
 type stream struct {
 	id       driver.Stream
 	dev      driver.DeviceID
 	queue    []op
 	enq      uint64 // operations enqueued
 	done     uint64 // operations finished (run or skipped)
+	running  bool   // operation done+1 is running, outside the lock
+	cur      op     // while running: that operation
+	blocked  *need  // while cur, a host function, waits in a call to the engine: what it waits for
 	err      error  // first failure not yet reported
 	skipped  int    // operations skipped since err
 	quit     bool
 	finished chan struct{}
+}
+
+// need is what a wait waits for: st has finished its first pos operations.
+type need struct {
+	st  *stream
+	pos uint64
 }
 
 type event struct {
@@ -48,10 +73,13 @@ type event struct {
 	latest *point // the last recording; nil if never recorded
 }
 
-// point is one recording of an event: done when the stream reached it.
+// point is one recording of an event: done when the stream reached it,
+// the record operation numbered pos in st.
 type point struct {
 	done bool
 	at   time.Time
+	st   *stream
+	pos  uint64
 }
 
 // doneLocked reports whether a (possibly nil: never recorded) point is done.
@@ -71,13 +99,19 @@ type Engine struct {
 	peers   map[[2]driver.DeviceID]bool
 	closing bool // Close has begun: nothing new is created or enqueued
 	closed  bool // Close has finished
+	// workers are the streams' goroutines, by goroutine id (goid), each
+	// until it ends: destroyed streams' too, while they drain.
+	workers map[uint64]*stream
+	// hostRunning counts the streams running an operation other than a
+	// record or wait: while it is zero no call can come from one.
+	hostRunning int
 }
 
 // New returns an engine for ndev devices; canPeer says which pairs of
 // devices could have peer access.
 func New(name string, ndev int, canPeer func(dev, peer driver.DeviceID) bool) *Engine {
 	e := &Engine{name: name, ndev: ndev, canPeer: canPeer, streams: map[driver.Stream]*stream{},
-		events: map[driver.Event]*event{}, peers: map[[2]driver.DeviceID]bool{}}
+		events: map[driver.Event]*event{}, peers: map[[2]driver.DeviceID]bool{}, workers: map[uint64]*stream{}}
 	e.cond = sync.NewCond(&e.mu)
 	return e
 }
@@ -131,33 +165,113 @@ func (e *Engine) CreateStream(dev driver.DeviceID) (driver.Stream, error) {
 }
 
 // work runs st's operations in order until st quits with nothing queued.
+// It holds e.mu except while an operation runs.
 func (e *Engine) work(st *stream) {
-	defer close(st.finished)
+	// A host function may touch device memory the host may not (anymore):
+	// on this goroutine the fault is a panic, which run makes the
+	// operation's failure, instead of the end of the process.
+	debug.SetPanicOnFault(true)
+	gid := goid()
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	if gid != 0 {
+		e.workers[gid] = st
+	}
 	for {
 		for len(st.queue) == 0 && !st.quit {
 			e.cond.Wait()
 		}
 		if len(st.queue) == 0 {
+			delete(e.workers, gid)
+			e.mu.Unlock()
+			close(st.finished)
 			return
 		}
 		o := st.queue[0]
+		st.queue[0] = op{} // the queue's array must not keep the function alive
 		st.queue = st.queue[1:]
-		failed := st.err != nil
-		if failed && !o.control {
+		if st.err != nil && !o.control {
 			st.skipped++
-		} else {
-			e.mu.Unlock()
-			err := o.run()
-			e.mu.Lock()
-			if err != nil && st.err == nil {
-				st.err = errors.Wrapf(err, "%s: stream %d: operation %d (%s) failed", e.name, st.id, st.done+1, o.name)
-			}
+			st.done++
+			e.cond.Broadcast()
+			continue
 		}
-		st.done++
-		e.cond.Broadcast()
+		st.running, st.cur = true, o
+		if !o.control {
+			e.hostRunning++
+		}
+		e.mu.Unlock()
+		handedOff, err := e.run(st, o, gid)
+		if handedOff {
+			return // the operation ended this goroutine's turn: another runs st now
+		}
+		e.mu.Lock()
+		e.finishLocked(st, err)
 	}
+}
+
+// finishLocked counts st's running operation as finished with err.
+func (e *Engine) finishLocked(st *stream, err error) {
+	o := st.cur
+	if err != nil && st.err == nil {
+		st.err = errors.Wrapf(err, "%s: stream %d: operation %d (%s) failed", e.name, st.id, st.done+1, o.name)
+	}
+	if !o.control {
+		e.hostRunning--
+	}
+	st.running, st.cur, st.blocked = false, op{}, nil
+	st.done++
+	e.cond.Broadcast()
+}
+
+// run runs o without the lock and returns its error. Operations run
+// caller code (host functions), so run survives whatever that code does:
+// a panic is recovered and becomes the operation's failure; a
+// runtime.Goexit (which t.FailNow, t.Fatal and t.SkipNow call) cannot be
+// stopped and ends this goroutine, so run finishes the operation itself,
+// with a failure, and starts another goroutine for st: handedOff tells
+// the caller, should it return at all, that st is no longer its own.
+func (e *Engine) run(st *stream, o op, gid uint64) (handedOff bool, err error) {
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		if r := recover(); r != nil {
+			err = panicked(r)
+			return
+		}
+		// runtime.Goexit, or a panic(nil) recovered above as nil (only
+		// under GODEBUG=panicnil=1): either way this goroutine lets st go.
+		e.mu.Lock()
+		e.finishLocked(st, errors.WithHint(
+			errors.Wrap(driver.ErrInvalid, "called runtime.Goexit (or panicked with nil)"),
+			"t.FailNow, t.Fatal and t.SkipNow call runtime.Goexit: in a host function, return an error instead"))
+		delete(e.workers, gid)
+		go e.work(st)
+		e.mu.Unlock()
+		handedOff, err = true, nil
+	}()
+	err = o.run()
+	returned = true
+	return false, err
+}
+
+// panicked is the failure of an operation that panicked with r: marked
+// ErrInvalid, since work handed to a stream reports failure by returning
+// an error, and a function that panics is not one a stream can run — or,
+// for a memory fault, ErrAccessDenied, as for a copy that faults. When r
+// is an error it is kept as the secondary error, shown by %+v, so the
+// failure still has exactly one sentinel; the stack of the wrap is the
+// panic's, as recover runs on top of the panicking frames.
+func panicked(r any) error {
+	if f, ok := r.(interface{ Addr() uintptr }); ok {
+		return errors.Wrapf(driver.ErrAccessDenied, "memory fault at %#x", f.Addr())
+	}
+	err := errors.Wrapf(driver.ErrInvalid, "panic: %v", r)
+	if re, ok := r.(error); ok {
+		err = errors.WithSecondaryError(err, re)
+	}
+	return errors.WithHint(err, "a host function reports failure by returning an error, not by panicking")
 }
 
 // Enqueue adds an operation to s; it runs after everything enqueued on s
@@ -191,13 +305,24 @@ func (e *Engine) StreamDevice(s driver.Stream) (driver.DeviceID, error) {
 }
 
 // syncLocked waits until st has finished everything enqueued so far and
-// returns (and clears) its unreported failure.
+// returns (and clears) its unreported failure. Close uses it.
 func (e *Engine) syncLocked(st *stream) error {
 	target := st.enq
 	for st.done < target {
 		e.cond.Wait()
 	}
 	return e.reportLocked(st)
+}
+
+// waitStreamLocked waits until st has finished everything enqueued so far,
+// unless the caller is a host function that this would wait for: then it
+// returns the refusal at once, having waited for nothing.
+func (e *Engine) waitStreamLocked(what string, st *stream) error {
+	target := st.enq
+	if st.done >= target {
+		return nil
+	}
+	return e.waitLocked(what, need{st, target}, func() bool { return st.done >= target })
 }
 
 func (e *Engine) reportLocked(st *stream) error {
@@ -217,7 +342,10 @@ func (e *Engine) SyncStream(s driver.Stream) error {
 	if err != nil {
 		return err
 	}
-	return e.syncLocked(st)
+	if err := e.waitStreamLocked("synchronize stream", st); err != nil {
+		return err
+	}
+	return e.reportLocked(st)
 }
 
 // QueryStream implements driver.Streams.
@@ -242,12 +370,23 @@ func (e *Engine) DestroyStream(s driver.Stream) error {
 		e.mu.Unlock()
 		return err
 	}
-	err = e.syncLocked(st)
+	if err := e.waitStreamLocked("destroy stream", st); err != nil {
+		e.mu.Unlock()
+		return err // refused: nothing changed
+	}
+	err = e.reportLocked(st)
 	delete(e.streams, s)
 	st.quit = true
 	e.cond.Broadcast()
+	// The goroutine ends once it has run what was enqueued while this
+	// call waited; a host function does not wait for that if it is work
+	// that would wait for the host function itself.
+	caller := e.callerLocked()
+	drain := caller == nil || !e.waitsForLocked(caller, need{st, st.enq})
 	e.mu.Unlock()
-	<-st.finished
+	if drain {
+		<-st.finished
+	}
 	return err
 }
 
@@ -294,7 +433,7 @@ func (e *Engine) RecordEvent(ev driver.Event, s driver.Stream) error {
 	if x.dev != st.dev {
 		return errors.Wrapf(driver.ErrInvalid, "%s: record event %d of device %d on stream %d of device %d", e.name, ev, x.dev, s, st.dev)
 	}
-	pt := &point{}
+	pt := &point{st: st, pos: st.enq + 1} // the record is st's next operation
 	// Constant names: records and waits never fail, and formatting one per
 	// call showed in the pool's profile.
 	if err := e.enqueueLocked(s, op{name: "record event", control: true, run: func() error {
@@ -319,7 +458,7 @@ func (e *Engine) StreamWaitEvent(s driver.Stream, ev driver.Event) error {
 		return err
 	}
 	pt := x.latest
-	return e.enqueueLocked(s, op{name: "wait for event", control: true, run: func() error {
+	return e.enqueueLocked(s, op{name: "wait for event", control: true, wait: pt, run: func() error {
 		e.mu.Lock()
 		for !pt.doneLocked() && !e.closed {
 			e.cond.Wait()
@@ -338,10 +477,10 @@ func (e *Engine) SyncEvent(ev driver.Event) error {
 		return err
 	}
 	pt := x.latest
-	for !pt.doneLocked() && !e.closed {
-		e.cond.Wait()
+	if pt.doneLocked() {
+		return nil
 	}
-	return nil
+	return e.waitLocked("synchronize event", need{pt.st, pt.pos}, func() bool { return pt.doneLocked() || e.closed })
 }
 
 // QueryEvent implements driver.Streams.
@@ -434,19 +573,39 @@ func (e *Engine) PeerEnabled(dev, owner driver.DeviceID) bool {
 
 // Close waits for every stream to finish its work, stops them and forgets
 // every event. Later calls are ErrClosed.
+//
+// From a host function, Close cannot wait for the streams ordered after
+// that host function (its own, and those waiting on it through events or
+// host functions): it closes all the same, waits for the others, skips
+// the work of those not yet run, and returns ErrBusy naming them.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	if e.closing {
 		e.mu.Unlock()
 		return e.errClosed("close")
 	}
-	e.closing = true // from here CreateStream and every enqueue refuse
+	caller := e.callerLocked()
+	e.closing = true // from here CreateStream, every enqueue and every new wait refuse
 	var errs error
 	var wait []chan struct{}
+	var behind []driver.Stream
 	for _, st := range e.streams {
-		errs = errors.CombineErrors(errs, e.syncLocked(st))
 		st.quit = true
+		if caller != nil && e.waitsForLocked(caller, need{st, st.enq}) {
+			if st.err == nil {
+				st.err = e.errClosed("close") // skips what has not run
+			}
+			behind = append(behind, st.id)
+			continue
+		}
+		if caller != nil {
+			caller.blocked = &need{st, st.enq}
+		}
+		errs = errors.CombineErrors(errs, e.syncLocked(st))
 		wait = append(wait, st.finished)
+	}
+	if caller != nil {
+		caller.blocked = nil
 	}
 	e.closed = true
 	e.streams, e.events = nil, nil
@@ -454,6 +613,13 @@ func (e *Engine) Close() error {
 	e.mu.Unlock()
 	for _, w := range wait {
 		<-w
+	}
+	if len(behind) > 0 {
+		slices.Sort(behind)
+		return errors.CombineErrors(errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "%s: close from a host function running on stream %d: closed without waiting for stream(s) %v, ordered after that host function; their work not yet run is skipped",
+				e.name, caller.id, behind),
+			selfWaitHint), errs)
 	}
 	return errs
 }

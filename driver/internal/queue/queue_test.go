@@ -76,6 +76,24 @@ func check(e *Engine) error {
 			errs = errors.CombineErrors(errs, errors.AssertionFailedf("event %d recorded under %d", x.id, id))
 		}
 	}
+	// Every worker's stream, destroyed ones draining included: only a
+	// running operation has cur and blocked; hostRunning counts the
+	// running host functions.
+	host := 0
+	for gid, st := range e.workers {
+		if gid == 0 {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("stream %d: a worker without a goroutine id", st.id))
+		}
+		if st.running && !st.cur.control {
+			host++
+		}
+		if !st.running && (st.cur.run != nil || st.blocked != nil) {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("stream %d: not running, but with a current operation or a wait", st.id))
+		}
+	}
+	if host != e.hostRunning {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("%d host functions running, hostRunning says %d", host, e.hostRunning))
+	}
 	return errs
 }
 
@@ -433,4 +451,112 @@ func TestCreateStreamDuringClose(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPanicAndGoexitAreFailures checks that an operation that panics, or
+// calls runtime.Goexit, is reported as that operation's failure (marked
+// ErrInvalid) at the next synchronize, that the stream goes on running
+// later work with its books intact, and that no goroutine is left over:
+// Goexit ends the goroutine that runs it, so the engine starts another
+// for the stream, and Close ends that one.
+func TestPanicAndGoexitAreFailures(t *testing.T) {
+	before := goroutines(runtime.NumGoroutine())
+	e := New("test", 1, func(_, _ driver.DeviceID) bool { return true })
+	s, err := e.CreateStream(0)
+	require.NoError(t, err)
+	ev, err := e.CreateEvent(0)
+	require.NoError(t, err)
+	var ran []string
+	run := func(name string) func() error { return func() error { ran = append(ran, name); return nil } }
+	for round, bad := range []func() error{
+		func() error { panic("kaboom") },
+		func() error { runtime.Goexit(); return nil },
+		func() error { panic("again") },
+		func() error { runtime.Goexit(); return nil },
+	} {
+		ran = nil
+		require.NoError(t, e.Enqueue(s, "before", run("before")))
+		require.NoError(t, e.Enqueue(s, "bad", bad))
+		require.NoError(t, e.Enqueue(s, "after", run("after")))
+		require.NoError(t, e.RecordEvent(ev, s))
+		err := within(t, "sync", func() error { return e.SyncStream(s) })
+		require.Truef(t, errors.Is(err, driver.ErrInvalid), "round %d: %v", round, err)
+		require.Contains(t, err.Error(), fmt.Sprintf("operation %d (bad) failed", 4*round+2))
+		require.Contains(t, err.Error(), "1 later operation(s) skipped")
+		require.Equal(t, []string{"before"}, ran, "round %d", round)
+		done, err := e.QueryEvent(ev)
+		require.NoError(t, err)
+		require.True(t, done, "round %d: the record after the failure ran", round)
+		require.NoError(t, check(e))
+	}
+	ran = nil
+	require.NoError(t, e.Enqueue(s, "last", run("last")))
+	require.NoError(t, within(t, "sync", func() error { return e.SyncStream(s) }))
+	require.Equal(t, []string{"last"}, ran)
+	require.NoError(t, check(e))
+	require.LessOrEqual(t, goroutines(before+1), before+1, "one goroutine for the one stream")
+	require.NoError(t, within(t, "close", e.Close))
+	require.LessOrEqual(t, goroutines(before), before, "Close left goroutines")
+}
+
+// TestGoid: every goroutine has its own id, the same on every call.
+func TestGoid(t *testing.T) {
+	const n = 16
+	ids := make([]uint64, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ids[i] = goid()
+			if goid() != ids[i] {
+				ids[i] = 0
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[uint64]bool{goid(): true}
+	for i, id := range ids {
+		require.NotZero(t, id, "goroutine %d: no id, or one that changed", i)
+		require.False(t, seen[id], "goroutine %d: id %d taken twice", i, id)
+		seen[id] = true
+	}
+}
+
+// TestDestroyFromHostFuncDoesNotDrainIntoItself: a host function on a
+// destroys b, which has nothing it waits for; but while it waits, b is
+// made to wait for an event recorded on a behind that host function.
+// DestroyStream returns once b has finished what it had when called,
+// without waiting for b's goroutine to run the rest (it would wait for
+// its own caller); b still drains afterwards, and every goroutine ends.
+func TestDestroyFromHostFuncDoesNotDrainIntoItself(t *testing.T) {
+	before := goroutines(runtime.NumGoroutine())
+	e := New("test", 1, func(_, _ driver.DeviceID) bool { return true })
+	a, err := e.CreateStream(0)
+	require.NoError(t, err)
+	b, err := e.CreateStream(0)
+	require.NoError(t, err)
+	ev, err := e.CreateEvent(0)
+	require.NoError(t, err)
+	wait, open := gate()
+	defer open()
+	require.NoError(t, e.Enqueue(b, "gate", wait))
+	destroyed := make(chan error, 1)
+	require.NoError(t, e.Enqueue(a, "destroys b", func() error { destroyed <- e.DestroyStream(b); return nil }))
+	require.NoError(t, e.RecordEvent(ev, a)) // behind the host function
+	// Once the host function waits for b, b gets a wait for that record.
+	require.Eventually(t, func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.streams[a].blocked != nil
+	}, patience, time.Millisecond)
+	require.NoError(t, e.StreamWaitEvent(b, ev))
+	var ran atomic.Bool
+	require.NoError(t, e.Enqueue(b, "after wait", func() error { ran.Store(true); return nil }))
+	open()
+	require.NoError(t, within(t, "the host function's destroy", func() error { return <-destroyed }))
+	require.NoError(t, within(t, "sync a", func() error { return e.SyncStream(a) }))
+	require.Eventually(t, ran.Load, patience, time.Millisecond, "b drains after it is destroyed")
+	require.NoError(t, check(e))
+	require.NoError(t, within(t, "close", e.Close))
+	require.LessOrEqual(t, goroutines(before), before, "goroutines left")
+	require.Empty(t, e.workers)
 }

@@ -1,0 +1,228 @@
+package arena
+
+import (
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// SetAccess sets what dev may do with every chunk the range holds now and
+// every chunk it commits later. If the driver refuses part-way, the chunks
+// already changed are set back and nothing changes.
+func (s *Sparse) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	what := func() string { return fmt.Sprintf("arena: set access of device %d to %s", dev, acc) }
+	if s.closed {
+		return s.errClosed("set access")
+	}
+	if err := driver.CheckDevice(what, dev, len(s.devs)); err != nil {
+		return err
+	}
+	if err := driver.CheckAccess(what, acc); err != nil {
+		return err
+	}
+	if err := s.grantLocked(what, dev, 0, s.slots.Len(), acc); err != nil {
+		return err
+	}
+	s.access[dev] = acc
+	if invariants.Enabled {
+		invariants.Fail("arena: set access", s.checkLocked())
+	}
+	return nil
+}
+
+// Access reports what dev gets on the chunks the range commits.
+func (s *Sparse) Access(dev driver.DeviceID) driver.Access {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if dev < 0 || int(dev) >= len(s.access) {
+		return driver.AccessNone
+	}
+	return s.access[dev]
+}
+
+// Grant sets what dev may do over [off, off+n), which must be whole chunks,
+// all committed — only that range, only that device; chunks committed
+// later get the range's access (SetAccess). Granting AccessNone revokes.
+// On failure nothing changes.
+func (s *Sparse) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	what := func() string {
+		return fmt.Sprintf("arena: grant device %d %s access over [%#x, +%s)", dev, acc, off, units.Bytes(n))
+	}
+	if s.closed {
+		return s.errClosed("grant")
+	}
+	lo, hi, err := s.chunksLocked(what, off, n)
+	if err != nil {
+		return err
+	}
+	if err := driver.CheckDevice(what, dev, len(s.devs)); err != nil {
+		return err
+	}
+	if err := driver.CheckAccess(what, acc); err != nil {
+		return err
+	}
+	err = s.grantLocked(what, dev, lo, hi, acc)
+	if invariants.Enabled {
+		invariants.Fail("arena: grant", s.checkLocked())
+	}
+	return err
+}
+
+// WholeChunks reports whether [off, off+n) is whole chunks, all committed:
+// nil, or the error Grant and Move give for such a range.
+func (s *Sparse) WholeChunks(off, n uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return s.errClosed("range check")
+	}
+	what := func() string { return fmt.Sprintf("arena: [%#x, +%s)", off, units.Bytes(n)) }
+	_, _, err := s.chunksLocked(what, off, n)
+	return err
+}
+
+// chunksLocked checks that [off, off+n) is whole chunks of the range, all
+// committed, and returns the indices [lo, hi) of its slots.
+func (s *Sparse) chunksLocked(what func() string, off, n uint64) (lo, hi int, err error) {
+	if err := s.checkSpan(what, off, n); err != nil {
+		if errors.Is(err, driver.ErrNotReserved) {
+			// Past the end is not committed either: that is what these
+			// callers want to hear.
+			return 0, 0, errors.Wrapf(driver.ErrNotMapped, "%s: past the range's end at %s, and nothing is committed there",
+				what(), units.Bytes(s.opts.Max))
+		}
+		return 0, 0, err
+	}
+	if holes := s.holesLocked(off, off+n); len(holes) > 0 {
+		return 0, 0, errors.Wrapf(driver.ErrNotMapped, "%s: [%#x, %#x) is not committed", what(), holes[0].start, holes[0].end)
+	}
+	lo, hi = s.slots.Overlapping(off, off+n)
+	if err := s.wholeLocked(what, lo, hi, off, off+n); err != nil {
+		return 0, 0, err
+	}
+	return lo, hi, nil
+}
+
+// grantLocked sets dev's access to acc on slots [lo, hi), one driver call
+// per run of adjacent slots whose access for dev is already alike, and
+// puts back what it changed if the driver refuses part-way.
+func (s *Sparse) grantLocked(what func() string, dev driver.DeviceID, lo, hi int, acc driver.Access) error {
+	type run struct {
+		lo, hi int
+		old    driver.Access
+	}
+	var done []run
+	for i := lo; i < hi; {
+		j, old := i+1, s.slots.At(i).Val.access[dev]
+		for j < hi && s.slots.At(j).Start == s.slots.At(j-1).End && s.slots.At(j).Val.access[dev] == old {
+			j++
+		}
+		if old != acc {
+			start, end := s.slots.At(i).Start, s.slots.At(j-1).End
+			if err := s.tab.SetAccess(s.Base()+driver.Addr(start), end-start, dev, acc); err != nil {
+				for _, r := range done {
+					a, b := s.slots.At(r.lo).Start, s.slots.At(r.hi-1).End
+					err = errors.CombineErrors(err, s.tab.SetAccess(s.Base()+driver.Addr(a), b-a, dev, r.old))
+				}
+				return errors.Wrapf(err, "%s", what())
+			}
+			done = append(done, run{i, j, old})
+		}
+		i = j
+	}
+	for i := lo; i < hi; i++ {
+		s.slots.At(i).Val.access[dev] = acc
+	}
+	return nil
+}
+
+// AccessAt reports what dev may do at offset off.
+func (s *Sparse) AccessAt(dev driver.DeviceID, off uint64) (driver.Access, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	what := func() string { return fmt.Sprintf("arena: access of device %d at offset %#x", dev, off) }
+	if s.closed {
+		return driver.AccessNone, s.errClosed("access")
+	}
+	if err := driver.CheckDevice(what, dev, len(s.devs)); err != nil {
+		return driver.AccessNone, err
+	}
+	i, ok := s.slots.Find(off)
+	if !ok {
+		return driver.AccessNone, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is committed there", what())
+	}
+	return s.slots.At(i).Val.access[dev], nil
+}
+
+// checkDevice refuses a device the driver does not have.
+func (s *Sparse) checkDevice(what func() string, dev driver.DeviceID) error {
+	return driver.CheckDevice(what, dev, len(s.devs))
+}
+
+// Read copies len(p) bytes at offset off into p on behalf of dev, which
+// must have read access over the whole range, all committed. No Move swaps
+// the chunks while it runs.
+func (s *Sparse) Read(dev driver.DeviceID, off uint64, p []byte) error {
+	s.moving.RLock()
+	defer s.moving.RUnlock()
+	return s.touch("read", dev, off, p, s.tab.Read)
+}
+
+// Write copies p to offset off on behalf of dev, which must have read-write
+// access over the whole range, all committed. No Move copies or swaps while
+// it runs, so no write is lost to one.
+func (s *Sparse) Write(dev driver.DeviceID, off uint64, p []byte) error {
+	s.writing.RLock()
+	defer s.writing.RUnlock()
+	s.moving.RLock()
+	defer s.moving.RUnlock()
+	return s.touch("write", dev, off, p, s.tab.Write)
+}
+
+// touch checks the range's part of a read or write under mu, then lets the
+// page table check dev's access and the driver move the bytes. The caller
+// holds moving for reading, so the chunks stay put and the table open.
+func (s *Sparse) touch(op string, dev driver.DeviceID, off uint64, p []byte,
+	move func(driver.DeviceID, driver.Addr, []byte) error) error {
+	what := func() string {
+		return fmt.Sprintf("arena: %s %d bytes at offset %#x for device %d", op, len(p), off, dev)
+	}
+	if err := driver.CheckDevice(what, dev, len(s.devs)); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	closed := s.closed
+	var holes []span
+	end := off + uint64(len(p))
+	inside := end >= off && end <= s.opts.Max
+	if !closed && inside && len(p) > 0 {
+		holes = s.holesLocked(off, end)
+	}
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return s.errClosed(op)
+	case len(p) == 0:
+		return nil
+	case !inside:
+		return errors.Wrapf(driver.ErrAccessDenied, "%s: past the range's end at %s", what(), units.Bytes(s.opts.Max))
+	case len(holes) > 0:
+		return errors.Wrapf(driver.ErrAccessDenied, "%s: [%#x, %#x) is not committed", what(), holes[0].start, holes[0].end)
+	}
+	if err := move(dev, s.Base()+driver.Addr(off), p); err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	return nil
+}

@@ -1,0 +1,56 @@
+// Package arena owns the library's growable memory: address ranges
+// reserved up front in which physical chunks are committed and given back
+// on demand, at addresses that never move.
+//
+// # One core
+//
+// Sparse is the one core under everything that grows. It reserves Max
+// bytes of address space and lets any chunk-aligned sub-range be committed
+// (chunks created on the devices a Placement chooses, mapped, access
+// granted) or decommitted (unmapped, released), in any order. A commit of
+// several chunks that fails part-way is rolled back whole; views pin what
+// they cover; access is granted per device, for the whole range (SetAccess)
+// or for a range of chunks (Grant); Move replaces the chunks under a range
+// by chunks on another device at the same addresses; and a range may
+// borrow chunks another range owns (Borrow; stitching, migration, the KV
+// cache's shared prefixes), which pins them there. Nothing else in the library reserves, commits or rolls back by
+// itself:
+//
+//   - Arena is Sparse used as a prefix: Grow, Shrink, Resize, Append, Trim,
+//     Len; tensors grow in one (package tensor).
+//   - Allocator carves two Sparse ranges (small and large requests) into
+//     many allocations, commits where blocks are handed out and gives back
+//     wholly free chunks from anywhere, with a third range to stitch free
+//     chunks into when that saves committing.
+//   - Package multidev is an Arena whose Placement spreads it over
+//     devices, with reachability checked for grants and migrations.
+//
+// # The states of a chunk-sized piece of a range
+//
+//	uncommitted  reserved address space only; any access faults
+//	committed    a chunk backs it, mapped, with the access the range
+//	             granted (accessible for those devices, mapped only for none)
+//
+// A committed piece is owned (the range created the chunk and releases it
+// when it decommits) or borrowed (another range owns it and cannot
+// decommit, move or close it until it is given back).
+//
+// # Ownership
+//
+// An owner's range is its own: no type here hands out a Sparse, a page
+// table or a chunk of a range it owns, so no caller can grow, shrink,
+// decommit, close or place anything in it behind the owner's back. A
+// tensor over an allocation goes through the allocation (tensor.Empty).
+//
+// # What it never does
+//
+// It never touches memory itself (views hand out the driver's bytes), never
+// maps outside its own reservations, never rounds a size silently (chunk
+// sizes are checked against the driver's granularity), and a call that
+// fails changes nothing — but for memory a failed allocation gave back to
+// make room (Allocator.Alloc, as PyTorch does before it reports out of
+// memory).
+//
+// Under the invariants build tag every change runs the structure's checks
+// and panics at the first broken invariant (internal/invariants).
+package arena

@@ -1,0 +1,559 @@
+package arena
+
+import (
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+)
+
+// Borrowing: a range may map chunks that another range owns — the
+// allocator's stitch range maps whole free chunks of the allocator's main
+// range side by side, a migration maps the chunks it moves into its scratch
+// range to copy them, and a caller may lend a range's chunks to another
+// (Borrow: the KV cache maps a prefix store's pages into many sequences).
+// The lender's slot is pinned (borrowers) while borrowed, so it cannot be
+// decommitted, moved or closed under the borrower; decommitting the
+// borrowed slot gives it back. A borrower holds its own ops while it pins
+// (under the lender's mu alone) and maps (under its own mu alone); giving
+// back is an atomic unpin, so no two ranges' mu are ever held together.
+
+// Borrow maps the chunks that lender owns in [lenderOff, lenderOff+n) —
+// whole chunks of lender, all committed, none itself borrowed — side by
+// side in s from off, with s's access. The same physical memory is then
+// reachable at both addresses, no byte is copied and no memory committed:
+// the chunks stay lender's (counted in its Committed, in s's Borrowed),
+// pinned there — lender cannot decommit, move or close them — until s
+// gives them back by decommitting the borrowed range (or closing).
+//
+// It refuses, changing nothing in either range: a nil or zero range or
+// lender, or s itself as lender (ErrInvalid); a closed range (ErrClosed);
+// ranges of different physical memory or drivers (ErrInvalid); n zero
+// (ErrInvalid); off, lenderOff or n not whole chunks, or a lender chunk
+// whose size is not a multiple of s's ChunkSize (ErrMisaligned); a span
+// past s's end (ErrNotReserved); lender's span not all committed
+// (ErrNotMapped) or cutting a chunk (ErrPartial); a lender chunk that is
+// itself borrowed (ErrInvalid: borrow it from its owner); and a span of s
+// that is not wholly uncommitted (ErrOverlap). One map event.
+func (s *Sparse) Borrow(off uint64, lender *Sparse, lenderOff, n uint64) error {
+	what := func() string {
+		return fmt.Sprintf("arena: borrow [%#x, +%s) of another range at offset %#x", lenderOff, units.Bytes(n), off)
+	}
+	if s == nil || s.res == nil {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the borrowing range is nil or not made by NewSparse", what())
+	}
+	if lender == nil || lender.res == nil {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the lender is nil or not made by NewSparse", what())
+	}
+	if lender == s {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: a range cannot borrow from itself", what()),
+			"map the memory of another range; within one range, commit")
+	}
+	if lender.mem != s.mem {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the lender's chunks are of another physical memory (or driver) than the range's", what())
+	}
+	if n == 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
+	}
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	// s's layout cannot change while its ops is held: what is checked
+	// here still holds when the chunks are mapped below.
+	if err := s.checkVacant(what, off, n); err != nil {
+		return err
+	}
+	lent, err := lender.pinRange(what, lenderOff, n, s.opts.ChunkSize)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err = s.mapBorrowedLocked(what, off, lender, lent)
+	if invariants.Enabled {
+		invariants.Fail("arena: borrow", s.checkLocked())
+	}
+	return err
+}
+
+// checkVacant refuses, for Borrow, a closed range or a span [off, off+n)
+// that is not whole chunks of the range, all uncommitted.
+func (s *Sparse) checkVacant(what func() string, off, n uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return s.errClosed("borrow")
+	}
+	if err := s.checkSpan(what, off, n); err != nil {
+		return err
+	}
+	if holes := s.holesLocked(off, off+n); len(holes) != 1 || holes[0] != (span{off, off + n}) {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrOverlap, "%s: [%#x, +%s) of the borrowing range is not wholly uncommitted", what(), off, units.Bytes(n)),
+			"decommit the span first, or borrow into a hole")
+	}
+	return nil
+}
+
+// pinRange pins the chunks the range owns in [off, off+n), for a borrower
+// whose chunk size is cs, and returns their slots. On failure nothing is
+// pinned.
+func (s *Sparse) pinRange(what func() string, off, n, cs uint64) ([]*slot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, driver.Closed(what() + ": the lender is closed")
+	}
+	lenderWhat := func() string { return what() + ": the lender's span" }
+	lo, hi, err := s.chunksLocked(lenderWhat, off, n)
+	if err != nil {
+		return nil, err
+	}
+	lent := make([]*slot, 0, hi-lo)
+	for i := lo; i < hi; i++ {
+		it := s.slots.At(i)
+		if it.Val.lender != nil {
+			return nil, errors.WithHint(
+				errors.Wrapf(driver.ErrInvalid, "%s: the lender's chunk at %#x is itself borrowed from another range", what(), it.Start),
+				"borrow it from the range that owns it")
+		}
+		if it.Size()%cs != 0 {
+			return nil, errors.Wrapf(driver.ErrMisaligned, "%s: the lender's chunk at %#x is %s, not a multiple of the borrowing range's chunk size %s",
+				what(), it.Start, units.Bytes(it.Size()), units.Bytes(cs))
+		}
+		lent = append(lent, it.Val)
+	}
+	for _, sl := range lent {
+		sl.borrowers.Add(1)
+	}
+	return lent, nil
+}
+
+// borrow maps the chunks lender holds at the offsets srcOffs (each the
+// start of a chunk the lender owns) side by side in s from off, with s's
+// access. One map event. On failure nothing changes in either range.
+// Only the package's own callers use it (stitching, migration): a bad
+// argument is a broken invariant.
+func (s *Sparse) borrow(off uint64, lender *Sparse, srcOffs []uint64) error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	what := func() string { return fmt.Sprintf("arena: borrow %d chunk(s) at offset %#x", len(srcOffs), off) }
+	if s.Closed() {
+		return s.errClosed("borrow")
+	}
+	if lender == s || len(srcOffs) == 0 {
+		return errors.AssertionFailedf("%s: a range borrows from another range, at least one chunk", what())
+	}
+	lent, err := lender.pin(srcOffs)
+	if err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err = s.mapBorrowedLocked(what, off, lender, lent)
+	if invariants.Enabled {
+		invariants.Fail("arena: borrow", s.checkLocked())
+	}
+	return err
+}
+
+// mapBorrowedLocked maps the pinned slots lent of lender side by side from
+// off. On failure it unmaps what it mapped and unpins them all.
+func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Sparse, lent []*slot) error {
+	made := make([]uint64, 0, len(lent))
+	undo := func(cause error) error {
+		for i := len(made) - 1; i >= 0; i-- {
+			cause = errors.CombineErrors(cause, s.tab.Unmap(s.Base()+driver.Addr(made[i])))
+			s.stats.ChunkUnmaps++
+		}
+		for _, l := range lent {
+			cause = errors.CombineErrors(cause, unpinLent(l))
+		}
+		return errors.Wrapf(cause, "%s", what())
+	}
+	var total uint64
+	for _, l := range lent {
+		total += l.c.Size()
+	}
+	if err := s.checkSpan(what, off, total); err != nil {
+		return undo(err)
+	}
+	if holes := s.holesLocked(off, off+total); len(holes) != 1 || holes[0] != (span{off, off + total}) {
+		return undo(errors.Wrapf(driver.ErrOverlap, "%s: [%#x, +%s) is not wholly uncommitted", what(), off, units.Bytes(total)))
+	}
+	slots := make([]*slot, len(lent))
+	at := off
+	for i, l := range lent {
+		c := l.c
+		a := s.Base() + driver.Addr(at)
+		if err := s.tab.Map(a, c); err != nil {
+			return undo(err)
+		}
+		s.stats.ChunkMaps++
+		made = append(made, at)
+		sl := &slot{c: c, lender: lender, lentFrom: l, access: make([]driver.Access, len(s.devs))}
+		for d, acc := range s.access {
+			if acc == driver.AccessNone {
+				continue
+			}
+			if err := s.tab.SetAccess(a, c.Size(), driver.DeviceID(d), acc); err != nil {
+				return undo(err)
+			}
+			sl.access[d] = acc
+		}
+		slots[i] = sl
+		at += c.Size()
+	}
+	run := make([]ranges.Item[uint64, *slot], len(slots))
+	at = off
+	for i, sl := range slots {
+		run[i] = ranges.Item[uint64, *slot]{Start: at, End: at + sl.c.Size(), Val: sl}
+		at += sl.c.Size()
+	}
+	if _, ok := s.slots.InsertRun(run); !ok {
+		return errors.AssertionFailedf("%s: the borrowed chunks overlap the range's", what())
+	}
+	s.borrowed += total
+	s.stats.MapEvents++
+	return nil
+}
+
+// pin marks the owned chunks starting at offs as lent and returns their
+// slots. On failure nothing is pinned.
+func (s *Sparse) pin(offs []uint64) ([]*slot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, s.errClosed("lend")
+	}
+	lent := make([]*slot, len(offs))
+	for i, o := range offs {
+		j, ok := s.slots.Find(o)
+		if !ok || s.slots.At(j).Start != o || s.slots.At(j).Val.lender != nil {
+			return nil, errors.AssertionFailedf("arena: lend the chunk at %#x: no chunk the range owns starts there", o)
+		}
+		lent[i] = s.slots.At(j).Val
+	}
+	for _, sl := range lent {
+		sl.borrowers.Add(1)
+	}
+	return lent, nil
+}
+
+// unpin ends the borrow of sl, a borrowed slot, in its lender.
+func unpin(sl *slot) error { return unpinLent(sl.lentFrom) }
+
+// unpinLent ends one borrow of a lender's slot. It takes no lock: a pinned
+// slot stays in its lender's list, with its chunk, until unpinned.
+func unpinLent(l *slot) error {
+	if l.borrowers.Add(-1) < 0 {
+		l.borrowers.Add(1)
+		return errors.AssertionFailedf("arena: give back %s: it is not lent", l.c)
+	}
+	return nil
+}
+
+// disown unmaps the chunk the range owns at off and hands it to the caller,
+// unreleased: the migration's scratch range gives its new chunks to the
+// range they move into.
+func (s *Sparse) disown(off uint64) (*physical.Chunk, error) {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, ok := s.slots.Find(off)
+	if !ok || s.slots.At(j).Start != off || s.slots.At(j).Val.lender != nil || s.slots.At(j).Val.views > 0 || s.slots.At(j).Val.borrowers.Load() > 0 {
+		return nil, errors.AssertionFailedf("arena: disown the chunk at %#x: no unpinned chunk the range owns starts there", off)
+	}
+	sl := s.slots.At(j).Val
+	if err := s.tab.Unmap(s.Base() + driver.Addr(off)); err != nil {
+		return nil, err
+	}
+	s.stats.ChunkUnmaps++
+	s.slots.Delete(j, j+1)
+	s.owned -= sl.c.Size()
+	return sl.c, nil
+}
+
+// moved is one chunk a Move replaces.
+type moved struct {
+	off, size uint64 // where it lies in the range
+	at        uint64 // where the old chunk lies in the scratch range; the new one lies at total+at
+	old       *physical.Chunk
+	fresh     *physical.Chunk
+}
+
+// Move moves the backing of [off, off+n) — whole chunks, all committed and
+// owned by the range — to device to, at the same addresses: it creates new
+// chunks on to, copies the bytes into them while writes are held off, then,
+// with reads held off too, unmaps the old chunks, maps the new ones in
+// their place with the same access, and releases the old ones. Chunks
+// already on to stay. Live views stay valid (the addresses do not change),
+// but a write through a view's slice during a Move may be lost: only Read
+// and Write are ordered with it.
+//
+// On any failure — to out of memory, a range not committed or not whole
+// chunks, a chunk lent to another range — nothing changes and the new
+// chunks are released. The bytes go through the host (HostMapper, or the
+// driver's Read and Write); on a driver whose devices are all simulated
+// there are no bytes, and only the backing moves.
+func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	what := func() string {
+		return fmt.Sprintf("arena: move [%#x, +%s) to device %d", off, units.Bytes(n), to)
+	}
+	ms, err := s.planMove(what, off, n, to)
+	if err != nil || len(ms) == 0 {
+		return err
+	}
+	scratch, err := s.prepareMove(what, ms, to)
+	if err != nil {
+		return err
+	}
+	s.writing.Lock()
+	defer s.writing.Unlock()
+	if err := s.copyMove(scratch, ms); err != nil {
+		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+	}
+	var total uint64
+	for _, m := range ms {
+		total += m.size
+	}
+	for i := range ms {
+		if ms[i].fresh, err = scratch.disown(total + ms[i].at); err != nil {
+			for _, m := range ms[:i] {
+				err = errors.CombineErrors(err, m.fresh.Release())
+			}
+			return errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+		}
+	}
+	releaseFresh := func(cause error) error {
+		for _, m := range ms {
+			cause = errors.CombineErrors(cause, m.fresh.Release())
+		}
+		return cause
+	}
+	if err := scratch.Close(); err != nil {
+		return releaseFresh(errors.Wrapf(err, "%s: closing the scratch range", what()))
+	}
+	s.moving.Lock()
+	defer s.moving.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Borrow pins under mu alone: another range may have borrowed a chunk
+	// since planMove looked. Such a chunk stays (its borrower maps it).
+	for _, m := range ms {
+		if j, ok := s.slots.Find(m.off); ok && s.slots.At(j).Val.borrowers.Load() > 0 {
+			return releaseFresh(errors.Wrapf(driver.ErrBusy, "%s: the chunk at %#x was lent to another range meanwhile", what(), m.off))
+		}
+	}
+	if err := s.swapLocked(ms); err != nil {
+		return releaseFresh(errors.Wrapf(err, "%s", what()))
+	}
+	var errs error
+	for _, m := range ms {
+		errs = errors.CombineErrors(errs, m.old.Release())
+		s.stats.Releases++
+	}
+	s.stats.Moves++
+	s.stats.MovedBytes += total
+	if invariants.Enabled {
+		invariants.Fail("arena: move", s.checkLocked())
+	}
+	if errs != nil {
+		return errors.WithAssertionFailure(errors.Wrapf(errs, "%s: releasing the old chunks", what()))
+	}
+	return nil
+}
+
+// planMove checks the request and lists the chunks to move.
+func (s *Sparse) planMove(what func() string, off, n uint64, to driver.DeviceID) ([]moved, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, s.errClosed("move")
+	}
+	if err := driver.CheckDevice(what, to, len(s.devs)); err != nil {
+		return nil, err
+	}
+	lo, hi, err := s.chunksLocked(what, off, n)
+	if err != nil {
+		return nil, err
+	}
+	var ms []moved
+	var total uint64
+	for i := lo; i < hi; i++ {
+		it := s.slots.At(i)
+		sl := it.Val
+		switch {
+		case sl.dev() == to:
+			continue
+		case sl.lender != nil:
+			return nil, errors.Wrapf(driver.ErrInvalid, "%s: the chunk at %#x is borrowed from another range; move it there", what(), it.Start)
+		case sl.borrowers.Load() > 0:
+			return nil, errors.Wrapf(driver.ErrBusy, "%s: the chunk at %#x is lent to another range", what(), it.Start)
+		}
+		ms = append(ms, moved{off: it.Start, size: it.Size(), at: total, old: sl.c})
+		total += it.Size()
+	}
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	if !s.drv.Supports(driver.FeatureHostAccess) && !s.simulated() {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver cannot copy the bytes (no host access)", what(), s.drv.Name())
+	}
+	if free := s.freeLocked()[to]; free < total {
+		return nil, errors.WithHintf(
+			errors.Wrapf(driver.ErrOutOfMemory, "%s: %d chunk(s) need %s on device %d, which has %s free",
+				what(), len(ms), units.Bytes(total), to, units.Bytes(free)),
+			"decommit or free memory on device %d, or move less", to)
+	}
+	return ms, nil
+}
+
+// simulated reports whether every device of the driver is simulated: there
+// are no bytes to copy.
+func (s *Sparse) simulated() bool {
+	for _, d := range s.devs {
+		if d.Kind != driver.KindSim {
+			return false
+		}
+	}
+	return true
+}
+
+// prepareMove makes the scratch range of a move: the new chunks on to at
+// [total+at, +size), and — where there are bytes to copy — the old chunks
+// borrowed at [at, +size), all read-write for to. On failure nothing is
+// left behind.
+func (s *Sparse) prepareMove(what func() string, ms []moved, to driver.DeviceID) (*Sparse, error) {
+	var total, largest uint64
+	for _, m := range ms {
+		total += m.size
+		largest = max(largest, m.size)
+	}
+	scratch, err := NewSparse(s.space, s.mem, SparseOptions{Max: 2 * total, ChunkSize: s.opts.ChunkSize,
+		MaxChunk: largest, Device: to, Access: []driver.DeviceID{to}})
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s: scratch range", what())
+	}
+	for _, m := range ms {
+		// One commit per chunk: each new chunk has its old one's size.
+		if err := scratch.Commit(total+m.at, m.size); err != nil {
+			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+		}
+	}
+	if !s.simulated() {
+		for _, m := range ms {
+			if err := scratch.borrow(m.at, s, []uint64{m.off}); err != nil {
+				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+			}
+		}
+	}
+	return scratch, nil
+}
+
+// copyMove copies each old chunk into its new one through the scratch
+// range, each byte once. Writers are held off.
+func (s *Sparse) copyMove(scratch *Sparse, ms []moved) error {
+	if s.simulated() {
+		return nil
+	}
+	var total uint64
+	for _, m := range ms {
+		total += m.size
+	}
+	base := scratch.Base()
+	if hm, ok := s.drv.(driver.HostMapper); ok {
+		for _, m := range ms {
+			src, err := hm.HostBytes(base+driver.Addr(m.at), m.size)
+			if err != nil {
+				return err
+			}
+			dst, err := hm.HostBytes(base+driver.Addr(total+m.at), m.size)
+			if err != nil {
+				return err
+			}
+			copy(dst, src)
+		}
+		return nil
+	}
+	to := scratch.opts.Device
+	buf := make([]byte, min(largestOf(ms), 64<<20))
+	for _, m := range ms {
+		for o := uint64(0); o < m.size; o += uint64(len(buf)) {
+			b := buf[:min(uint64(len(buf)), m.size-o)]
+			if err := scratch.tab.Read(to, base+driver.Addr(m.at+o), b); err != nil {
+				return err
+			}
+			if err := scratch.tab.Write(to, base+driver.Addr(total+m.at+o), b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func largestOf(ms []moved) uint64 {
+	var m uint64
+	for _, x := range ms {
+		m = max(m, x.size)
+	}
+	return m
+}
+
+// swapLocked replaces each moved chunk's mapping by its new chunk's, with
+// the same access. On failure it puts back what it had swapped.
+func (s *Sparse) swapLocked(ms []moved) error {
+	for j, m := range ms {
+		if err := s.replaceLocked(m.off, m.fresh); err != nil {
+			var rerr error
+			for b := j - 1; b >= 0; b-- {
+				rerr = errors.CombineErrors(rerr, s.replaceLocked(ms[b].off, ms[b].old))
+			}
+			if rerr != nil {
+				rerr = errors.WithAssertionFailure(errors.Wrap(rerr, "arena: putting back a failed move"))
+			}
+			return errors.CombineErrors(err, rerr)
+		}
+	}
+	return nil
+}
+
+// replaceLocked maps c at off in place of the chunk there, with that slot's
+// access. On failure the slot is as it was.
+func (s *Sparse) replaceLocked(off uint64, c *physical.Chunk) error {
+	j, _ := s.slots.Find(off)
+	sl := s.slots.At(j).Val
+	at := s.Base() + driver.Addr(off)
+	put := func(c *physical.Chunk) error {
+		if err := s.tab.Map(at, c); err != nil {
+			return err
+		}
+		s.stats.ChunkMaps++
+		for d, acc := range sl.access {
+			if acc == driver.AccessNone {
+				continue
+			}
+			if err := s.tab.SetAccess(at, c.Size(), driver.DeviceID(d), acc); err != nil {
+				s.stats.ChunkUnmaps++
+				return errors.CombineErrors(err, s.tab.Unmap(at))
+			}
+		}
+		return nil
+	}
+	if err := s.tab.Unmap(at); err != nil {
+		return err
+	}
+	s.stats.ChunkUnmaps++
+	if err := put(c); err != nil {
+		return errors.CombineErrors(err, put(sl.c))
+	}
+	sl.c = c
+	return nil
+}

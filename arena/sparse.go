@@ -1,0 +1,825 @@
+package arena
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/mapping"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// SparseOptions configure a Sparse.
+type SparseOptions struct {
+	// Max is the address space reserved up front, rounded up to a whole
+	// number of chunks (so at least one: an arena whose Max is below its
+	// chunk size still grows, to one chunk).
+	Max uint64
+	// ChunkSize is the unit of commit and decommit: offsets and sizes of
+	// Commit, Decommit, Grant and Move are multiples of it (default: the
+	// recommended granularity of Device, or the largest of every device's
+	// when a Placement is given). It must be a multiple of the driver's
+	// granularity.
+	ChunkSize uint64
+	// MaxChunk is the largest physical chunk one commit creates, a multiple
+	// of ChunkSize (default ChunkSize). Larger chunks mean fewer driver
+	// calls; a chunk is decommitted, moved and granted whole.
+	MaxChunk uint64
+	// Device backs every chunk when Placement is nil.
+	Device driver.DeviceID
+	// Placement chooses the device of each chunk (default: Device alone).
+	Placement Placement
+	// OnFull says what a commit does when the placement's first choice has
+	// no room.
+	OnFull OnFull
+	// Access lists the devices given read-write access to every chunk
+	// committed (default: Device, when Placement is nil; no device
+	// otherwise — grant ranges with Grant).
+	Access []driver.DeviceID
+	// Shareable creates every chunk shareable: exportable to other
+	// processes (physical.Chunk.Export).
+	Shareable bool
+}
+
+// slot is one chunk mapped in a Sparse.
+type slot struct {
+	c *physical.Chunk
+	// lender is nil when this range owns the chunk (created it, releases it
+	// on decommit); otherwise the chunk is borrowed from lender, where it
+	// is lentFrom, pinned while borrowed (so that slot stays in the
+	// lender's list, with this chunk, until given back).
+	lender   *Sparse
+	lentFrom *slot
+	// access[d] is what device d may do over the whole chunk.
+	access []driver.Access
+	// views and borrowers pin the slot: it cannot be decommitted, moved or
+	// closed while either is positive. views is guarded by the range's mu;
+	// borrowers rises under the range's mu (pin) but falls without it
+	// (unpin, from a borrower holding its own mu), so it is atomic: a
+	// range's mu is never held while another's is taken.
+	views     int
+	borrowers atomic.Int32
+}
+
+func (sl *slot) dev() driver.DeviceID { return sl.c.Device() }
+
+// Sparse is a reserved range [Base, Base+Max) of address space in which any
+// chunk-aligned sub-range can be committed or decommitted, in any order.
+// It is the one core under everything in the library that grows (see the
+// package doc). Safe for concurrent use.
+type Sparse struct {
+	space *vaspace.Space
+	mem   *physical.Memory
+	drv   driver.Driver
+	devs  []driver.Device
+	res   *vaspace.Reservation
+	tab   *mapping.Table
+	opts  SparseOptions
+
+	// The locks, in the order they are taken:
+	//   ops      serialises changes of the range's layout (commit, decommit,
+	//            access, move, borrow, close), so a Move can copy without mu;
+	//   writing  held for reading by Write, for writing by Move while it
+	//            copies and swaps: no write is lost to a move;
+	//   moving   held for reading by Read and Write, for writing by Move
+	//            while it swaps mappings, and by Close;
+	//   mu       guards the fields below.
+	// A borrower's ops is taken before its lender's mu (to pin what it
+	// borrows); no range's mu is held while another range's mu is taken
+	// (giving back is an atomic unpin), so two ranges that borrow from
+	// each other cannot deadlock.
+	ops     sync.Mutex
+	writing sync.RWMutex
+	moving  sync.RWMutex
+	mu      sync.Mutex
+
+	// slots are the mapped chunks by offset: sorted, disjoint, each
+	// [off, off+size) with off and size multiples of ChunkSize.
+	slots ranges.List[uint64, *slot]
+	// owned is the bytes of chunks this range owns (committed memory);
+	// borrowed the bytes of chunks it borrows.
+	owned, borrowed uint64
+	// access[d] is what device d gets on every chunk committed from now on.
+	access []driver.Access
+	views  map[*View]struct{}
+	stats  SparseStats
+	closed bool
+}
+
+// SparseStats are a Sparse's figures.
+type SparseStats struct {
+	// Committed is the memory of the chunks the range owns; PeakCommitted
+	// the most it has been. Borrowed is the size of chunks borrowed from
+	// other ranges (mapped here, owned there).
+	Committed, PeakCommitted, Borrowed uint64
+	// Chunks is the number of chunks mapped now, owned or borrowed.
+	Chunks int
+	// MapEvents counts contiguous ranges mapped at once (one Commit of a
+	// run of holes is one event per hole; a borrow is one): how PyTorch
+	// counts its segment_map events. UnmapEvents likewise.
+	MapEvents, UnmapEvents int
+	// ChunkMaps and ChunkUnmaps count driver Map and Unmap calls (one per
+	// chunk); Creates and Releases the chunks created and released.
+	ChunkMaps, ChunkUnmaps, Creates, Releases int
+	// Decommits counts Decommit calls that gave memory back, and
+	// DecommittedBytes the memory they gave.
+	Decommits        int
+	DecommittedBytes uint64
+	// Moves counts migrations and MovedBytes the memory they moved.
+	Moves      int
+	MovedBytes uint64
+	// Views is the number of live views.
+	Views int
+}
+
+// NewSparse reserves opts.Max of address space. No memory is committed.
+func NewSparse(space *vaspace.Space, mem *physical.Memory, opts SparseOptions) (*Sparse, error) {
+	if space == nil || mem == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "arena: new range: the address space or the physical memory is nil")
+	}
+	drv := space.Driver()
+	if drv == nil || mem.Driver() == nil {
+		return nil, errors.Wrap(driver.ErrInvalid, "arena: new range: the address space or the physical memory has no driver (made with vaspace.New and physical.New of an open driver?)")
+	}
+	if mem.Driver() != drv {
+		return nil, errors.Wrap(driver.ErrInvalid, "arena: new range: the address space and the physical memory are on different drivers")
+	}
+	if opts.Placement != nil && isnil.Is(opts.Placement) {
+		return nil, errors.Wrapf(driver.ErrInvalid, "arena: new range: the placement is a nil %T", opts.Placement)
+	}
+	devs := drv.Devices()
+	what := func() string {
+		where := fmt.Sprintf("on device %d", opts.Device)
+		if opts.Placement != nil {
+			where = placementString(opts.Placement)
+		}
+		return fmt.Sprintf("arena: new range of %s %s", units.Bytes(opts.Max), where)
+	}
+	if opts.Placement == nil {
+		if err := driver.CheckDevice(what, opts.Device, len(devs)); err != nil {
+			return nil, err
+		}
+		if opts.ChunkSize == 0 {
+			opts.ChunkSize = devs[opts.Device].RecommendedGranularity
+		}
+		if opts.Access == nil {
+			opts.Access = []driver.DeviceID{opts.Device}
+		}
+		opts.Placement = OneDevice(opts.Device)
+	} else if opts.ChunkSize == 0 {
+		for _, d := range devs {
+			opts.ChunkSize = max(opts.ChunkSize, d.RecommendedGranularity)
+		}
+	}
+	cs := opts.ChunkSize
+	if err := driver.CheckSize(func() string { return what() + ": chunk size" }, cs, drv.Granularity()); err != nil {
+		return nil, err
+	}
+	if opts.MaxChunk == 0 {
+		opts.MaxChunk = cs
+	}
+	if opts.MaxChunk%cs != 0 {
+		return nil, errors.Wrapf(driver.ErrMisaligned, "%s: MaxChunk %s is not a multiple of the chunk size %s",
+			what(), units.Bytes(opts.MaxChunk), units.Bytes(cs))
+	}
+	if opts.OnFull > FailWhenFull {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: OnFull %d is neither SkipFull (0) nor FailWhenFull (1)", what(), opts.OnFull)
+	}
+	if opts.Max == 0 {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: Max is zero", what())
+	}
+	size := (opts.Max + cs - 1) / cs * cs
+	if size < opts.Max {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: Max overflows", what())
+	}
+	access := make([]driver.Access, len(devs))
+	for _, d := range opts.Access {
+		if err := driver.CheckDevice(what, d, len(devs)); err != nil {
+			return nil, err
+		}
+		access[d] = driver.AccessReadWrite
+	}
+	if opts.Shareable && !drv.Supports(driver.FeatureShareable) {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no shareable chunks", what(), drv.Name())
+	}
+	res, err := space.Reserve(size, 0)
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s", what())
+	}
+	tab, err := mapping.New(res, mem)
+	if err != nil {
+		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), res.Free())
+	}
+	opts.Max = size
+	opts.Access = slices.Clone(opts.Access)
+	return &Sparse{space: space, mem: mem, drv: drv, devs: devs, res: res, tab: tab, opts: opts,
+		access: access, views: map[*View]struct{}{}}, nil
+}
+
+// Base is the range's first address; it never changes.
+func (s *Sparse) Base() driver.Addr { return s.res.Base() }
+
+// Max is the size of the range.
+func (s *Sparse) Max() uint64 { return s.opts.Max }
+
+// ChunkSize is the unit of commit and decommit.
+func (s *Sparse) ChunkSize() uint64 { return s.opts.ChunkSize }
+
+// Placement is the range's placement policy.
+func (s *Sparse) Placement() Placement { return s.opts.Placement }
+
+// Driver is the driver whose memory backs the range.
+func (s *Sparse) Driver() driver.Driver { return s.drv }
+
+// Range is [Base, Base+Max).
+func (s *Sparse) Range() vaspace.Range { return s.res.Range() }
+
+// Committed is the memory of the chunks the range owns.
+func (s *Sparse) Committed() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.owned
+}
+
+// Stats returns the range's figures.
+func (s *Sparse) Stats() SparseStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.statsLocked()
+}
+
+func (s *Sparse) statsLocked() SparseStats {
+	st := s.stats
+	st.Committed, st.Borrowed, st.Chunks, st.Views = s.owned, s.borrowed, s.slots.Len(), len(s.views)
+	return st
+}
+
+// HostAddressable reports whether the range's memory is addressable from
+// this process (View.Bytes works).
+func (s *Sparse) HostAddressable() bool {
+	_, ok := s.drv.(driver.HostMapper)
+	return ok
+}
+
+func (s *Sparse) errClosed(op string) error {
+	return driver.Closed("arena: " + op + " on a closed range")
+}
+
+// checkSpan checks that [off, off+n) is non-empty, whole chunks and inside
+// the range.
+func (s *Sparse) checkSpan(what func() string, off, n uint64) error {
+	cs := s.opts.ChunkSize
+	if n == 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
+	}
+	if off%cs != 0 || n%cs != 0 {
+		return errors.WithHintf(
+			errors.Wrapf(driver.ErrMisaligned, "%s: the range is not whole chunks of %s", what(), units.Bytes(cs)),
+			"offsets and sizes are multiples of the chunk size, %s", units.Bytes(cs))
+	}
+	if off+n < off || off+n > s.opts.Max {
+		return errors.Wrapf(driver.ErrNotReserved, "%s: past the range's end at %s", what(), units.Bytes(s.opts.Max))
+	}
+	return nil
+}
+
+// span is [start, end) of a range's offsets.
+type span struct{ start, end uint64 }
+
+func (sp span) size() uint64 { return sp.end - sp.start }
+
+// holesLocked returns the uncommitted parts of [start, end), in order.
+func (s *Sparse) holesLocked(start, end uint64) []span {
+	var holes []span
+	at := start
+	lo, hi := s.slots.Overlapping(start, end)
+	for i := lo; i < hi; i++ {
+		it := s.slots.At(i)
+		if it.Start > at {
+			holes = append(holes, span{at, it.Start})
+		}
+		at = max(at, it.End)
+	}
+	if at < end {
+		holes = append(holes, span{at, end})
+	}
+	return holes
+}
+
+// Commit makes [off, off+n) — whole chunks — committed: every part of it
+// not committed yet gets new chunks on the devices the placement chooses,
+// mapped, with the range's access granted. Parts already committed are left
+// as they are. All or nothing: a commit the devices cannot hold is refused
+// before any chunk is created, and one that fails part-way (memory taken by
+// others meanwhile) unmaps and releases what it made, leaving the range as
+// it was; the error names what was asked and what each device had.
+func (s *Sparse) Commit(off, n uint64) error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	what := func() string {
+		return fmt.Sprintf("arena: commit [%#x, +%s) (committed %s, max %s)", off, units.Bytes(n), units.Bytes(s.owned), units.Bytes(s.opts.Max))
+	}
+	if s.closed {
+		return s.errClosed("commit")
+	}
+	if err := s.checkSpan(what, off, n); err != nil {
+		return err
+	}
+	err := s.commitLocked(what, s.holesLocked(off, off+n))
+	if invariants.Enabled {
+		invariants.Fail("arena: commit", s.checkLocked())
+	}
+	return err
+}
+
+// piece is one chunk a commit will create.
+type piece struct {
+	off, size uint64
+	dev       driver.DeviceID
+}
+
+// commitLocked fills the holes with new chunks, all or nothing.
+func (s *Sparse) commitLocked(what func() string, holes []span) error {
+	if len(holes) == 0 {
+		return nil
+	}
+	pieces, err := s.planLocked(what, holes)
+	if err != nil {
+		return err
+	}
+	made := make([]ranges.Item[uint64, *slot], 0, len(pieces))
+	undo := func(cause error) error {
+		for i := len(made) - 1; i >= 0; i-- {
+			it := made[i]
+			uerr := s.tab.Unmap(s.Base() + driver.Addr(it.Start))
+			s.stats.ChunkUnmaps++
+			cause = errors.CombineErrors(cause, errors.CombineErrors(uerr, it.Val.c.Release()))
+			s.stats.Releases++
+		}
+		return cause
+	}
+	var asked uint64
+	for _, p := range pieces {
+		asked += p.size
+	}
+	// The plan went by this range's books; memory taken by others on the
+	// same driver shows only when a create fails. Such a device is full:
+	// the piece goes where the placement would put it next.
+	free := s.freeLocked()
+	for _, p := range pieces {
+		for {
+			sl, err := s.makeLocked(p)
+			if err == nil {
+				free[p.dev] -= min(free[p.dev], p.size)
+				made = append(made, ranges.Item[uint64, *slot]{Start: p.off, End: p.off + p.size, Val: sl})
+				break
+			}
+			if errors.Is(err, driver.ErrOutOfMemory) {
+				free[p.dev] = 0
+				if d, cerr := s.chooseLocked(p.off, p.size, free); cerr == nil {
+					p.dev = d
+					continue
+				}
+			}
+			return undo(errors.Wrapf(err, "%s: needed %s more committed, and the chunk at %#x on device %d failed (%s as this range counts it)",
+				what(), units.Bytes(asked), p.off, p.dev, s.describeFree()))
+		}
+	}
+	for _, h := range holes {
+		lo := slices.IndexFunc(made, func(it ranges.Item[uint64, *slot]) bool { return it.Start >= h.start })
+		hi := slices.IndexFunc(made, func(it ranges.Item[uint64, *slot]) bool { return it.Start >= h.end })
+		if hi < 0 {
+			hi = len(made)
+		}
+		if _, ok := s.slots.InsertRun(made[lo:hi]); !ok {
+			return errors.AssertionFailedf("%s: the new chunks of [%#x, %#x) overlap the range's", what(), h.start, h.end)
+		}
+	}
+	for _, it := range made {
+		s.owned += it.Size()
+	}
+	s.stats.PeakCommitted = max(s.stats.PeakCommitted, s.owned)
+	s.stats.MapEvents += len(holes)
+	return nil
+}
+
+// planLocked chooses the device of every chunk the holes need, counting
+// free memory as it goes, and refuses — before anything is created — a
+// commit the devices cannot hold.
+func (s *Sparse) planLocked(what func() string, holes []span) ([]piece, error) {
+	free := s.freeLocked()
+	var pieces []piece
+	var asked uint64
+	for _, h := range holes {
+		asked += h.size()
+	}
+	for _, h := range holes {
+		for off := h.start; off < h.end; {
+			size := min(h.end-off, s.opts.MaxChunk)
+			dev, err := s.chooseLocked(off, size, free)
+			if err != nil {
+				return nil, errors.WithHint(
+					errors.Wrapf(err, "%s: needed %s more committed; %s", what(), units.Bytes(asked), s.describeFree()),
+					"decommit or free memory on the devices named, or commit less")
+			}
+			free[dev] -= size
+			pieces = append(pieces, piece{off, size, dev})
+			off += size
+		}
+	}
+	return pieces, nil
+}
+
+// chooseLocked returns the device for a chunk of size bytes at off: the
+// first of the placement's order with room (the first only, under
+// FailWhenFull).
+func (s *Sparse) chooseLocked(off, size uint64, free []uint64) (driver.DeviceID, error) {
+	i := int(off / s.opts.ChunkSize)
+	where := func() string {
+		return fmt.Sprintf("chunk %d at offset %#x, placed %s", i, off, placementString(s.opts.Placement))
+	}
+	order, err := placementOrder(s.opts.Placement, off, i, slices.Clone(free))
+	if err != nil {
+		return 0, errors.Wrapf(err, "%s", where())
+	}
+	if len(order) == 0 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: the placement named no device", where())
+	}
+	for _, d := range order {
+		if err := driver.CheckDevice(where, d, len(s.devs)); err != nil {
+			return 0, err
+		}
+	}
+	var full []string
+	for _, d := range order {
+		if free[d] >= size {
+			return d, nil
+		}
+		full = append(full, fmt.Sprintf("device %d has %s free", d, units.Bytes(free[d])))
+		if s.opts.OnFull == FailWhenFull {
+			break
+		}
+	}
+	return 0, errors.Wrapf(driver.ErrOutOfMemory, "%s (%s): no room for %s: %s", where(), s.opts.OnFull, units.Bytes(size), strings.Join(full, ", "))
+}
+
+// makeLocked creates the chunk of p, maps it and grants the range's access;
+// on failure nothing is left behind.
+func (s *Sparse) makeLocked(p piece) (*slot, error) {
+	c, err := s.mem.Create(p.dev, p.size, driver.ChunkOptions{Shareable: s.opts.Shareable})
+	if err != nil {
+		return nil, err
+	}
+	s.stats.Creates++
+	at := s.Base() + driver.Addr(p.off)
+	if err := s.tab.Map(at, c); err != nil {
+		s.stats.Releases++
+		return nil, errors.CombineErrors(err, c.Release())
+	}
+	s.stats.ChunkMaps++
+	sl := &slot{c: c, access: make([]driver.Access, len(s.devs))}
+	for d, acc := range s.access {
+		if acc == driver.AccessNone {
+			continue
+		}
+		if err := s.tab.SetAccess(at, p.size, driver.DeviceID(d), acc); err != nil {
+			uerr := s.tab.Unmap(at)
+			s.stats.ChunkUnmaps++
+			s.stats.Releases++
+			return nil, errors.CombineErrors(err, errors.CombineErrors(uerr, c.Release()))
+		}
+		sl.access[d] = acc
+	}
+	return sl, nil
+}
+
+// freeLocked returns the free bytes of every device, as physical memory
+// counts them.
+func (s *Sparse) freeLocked() []uint64 {
+	free := make([]uint64, len(s.devs))
+	for d := range free {
+		if u, err := s.mem.Usage(driver.DeviceID(d)); err == nil {
+			free[d] = u.Capacity - u.Used
+		}
+	}
+	return free
+}
+
+// describeFree says what the devices the placement can use have free:
+// "device 0 had 64 KiB free, device 1 had 0 B free".
+func (s *Sparse) describeFree() string {
+	var b strings.Builder
+	for d, f := range s.freeLocked() {
+		if o, ok := s.opts.Placement.(oneDevice); ok && o.dev != driver.DeviceID(d) {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "device %d had %s free", d, units.Bytes(f))
+	}
+	return b.String()
+}
+
+// Decommit gives back the memory of every chunk in [off, off+n) — whole
+// chunks: the chunks are unmapped and released (or, when borrowed, given
+// back to their lender), and the range there is reserved address space
+// again. Parts not committed are skipped. It refuses, changing nothing,
+// when a chunk reaches out of the range (ErrPartial: chunks go whole) or
+// when a live view or a borrower pins one (ErrBusy, naming it).
+func (s *Sparse) Decommit(off, n uint64) error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	what := func() string {
+		return fmt.Sprintf("arena: decommit [%#x, +%s)", off, units.Bytes(n))
+	}
+	if s.closed {
+		return s.errClosed("decommit")
+	}
+	if err := s.checkSpan(what, off, n); err != nil {
+		return err
+	}
+	err := s.decommitLocked(what, off, off+n)
+	if invariants.Enabled {
+		invariants.Fail("arena: decommit", s.checkLocked())
+	}
+	return err
+}
+
+func (s *Sparse) decommitLocked(what func() string, start, end uint64) error {
+	lo, hi := s.slots.Overlapping(start, end)
+	if lo == hi {
+		return nil
+	}
+	if err := s.wholeLocked(what, lo, hi, start, end); err != nil {
+		return err
+	}
+	if err := s.unpinnedLocked(what, lo, hi); err != nil {
+		return err
+	}
+	var gave uint64
+	runs := 0
+	prevEnd := uint64(0)
+	// Unmap last first; the books drop what was unmapped, in one move of
+	// the list, even when a later unmap fails.
+	done := hi
+	defer func() { s.slots.Delete(done, hi) }()
+	for i := hi - 1; i >= lo; i-- {
+		it := *s.slots.At(i)
+		if err := s.unmapSlotLocked(it.Start, it.Val); err != nil {
+			s.countDecommit(gave, runs)
+			return errors.Wrapf(err, "%s", what())
+		}
+		done = i
+		if it.Val.lender == nil {
+			gave += it.Size()
+		}
+		if i == hi-1 || it.End != prevEnd {
+			runs++
+		}
+		prevEnd = it.Start
+	}
+	s.countDecommit(gave, runs)
+	return nil
+}
+
+// countDecommit counts a decommit of gave bytes in runs contiguous ranges.
+func (s *Sparse) countDecommit(gave uint64, runs int) {
+	s.stats.UnmapEvents += runs
+	if gave > 0 {
+		s.stats.Decommits++
+		s.stats.DecommittedBytes += gave
+	}
+}
+
+// wholeLocked checks that slots [lo, hi) lie inside [start, end).
+func (s *Sparse) wholeLocked(what func() string, lo, hi int, start, end uint64) error {
+	for _, i := range []int{lo, hi - 1} {
+		if it := s.slots.At(i); it.Start < start || it.End > end {
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrPartial, "%s: it cuts the chunk at [%#x, +%s)", what(), it.Start, units.Bytes(it.Size())),
+				"chunks go whole: widen the range to the chunk's bounds")
+		}
+	}
+	return nil
+}
+
+// unpinnedLocked refuses, naming the first, slots of [lo, hi) that a view
+// or a borrower pins.
+func (s *Sparse) unpinnedLocked(what func() string, lo, hi int) error {
+	for i := lo; i < hi; i++ {
+		it := s.slots.At(i)
+		switch {
+		case it.Val.views > 0:
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at [%#x, +%s)", what(), it.Val.views, it.Start, units.Bytes(it.Size())),
+				"release the views of the memory being given up first")
+		case it.Val.borrowers.Load() > 0:
+			return errors.Wrapf(driver.ErrBusy, "%s: the chunk at [%#x, +%s) is lent to another range (stitched or being moved)",
+				what(), it.Start, units.Bytes(it.Size()))
+		}
+	}
+	return nil
+}
+
+// unmapSlotLocked unmaps sl at off, then releases its chunk or gives it
+// back to its lender, and counts it off.
+func (s *Sparse) unmapSlotLocked(off uint64, sl *slot) error {
+	if err := s.tab.Unmap(s.Base() + driver.Addr(off)); err != nil {
+		return err
+	}
+	s.stats.ChunkUnmaps++
+	size := sl.c.Size()
+	if sl.lender != nil {
+		s.borrowed -= size
+		return unpin(sl)
+	}
+	s.owned -= size
+	s.stats.Releases++
+	return sl.c.Release()
+}
+
+// Extent is a maximal run of committed chunks on one device, all owned or
+// all borrowed.
+type Extent struct {
+	// Offset and Size are in bytes from the range's base.
+	Offset, Size uint64
+	Device       driver.DeviceID
+	Borrowed     bool
+}
+
+// Layout lists the committed memory as maximal runs on one device, in
+// address order.
+func (s *Sparse) Layout() []Extent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Extent
+	for _, it := range s.slots.All() {
+		d, b := it.Val.dev(), it.Val.lender != nil
+		if n := len(out); n > 0 && out[n-1].Device == d && out[n-1].Borrowed == b && out[n-1].Offset+out[n-1].Size == it.Start {
+			out[n-1].Size += it.Size()
+			continue
+		}
+		out = append(out, Extent{Offset: it.Start, Size: it.Size(), Device: d, Borrowed: b})
+	}
+	return out
+}
+
+// DeviceAt reports the device whose memory backs offset off.
+func (s *Sparse) DeviceAt(off uint64) (driver.DeviceID, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, s.errClosed("device at")
+	}
+	i, ok := s.slots.Find(off)
+	if !ok {
+		return 0, errors.Wrapf(driver.ErrNotMapped, "arena: device at offset %#x: nothing is committed there", off)
+	}
+	return s.slots.At(i).Val.dev(), nil
+}
+
+// Close decommits everything and frees the reservation. It refuses
+// (ErrBusy) while views are live or another range borrows a chunk.
+func (s *Sparse) Close() error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.writing.Lock()
+	defer s.writing.Unlock()
+	s.moving.Lock()
+	defer s.moving.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return s.errClosed("close")
+	}
+	what := func() string { return "arena: close of a range" }
+	if len(s.views) > 0 {
+		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: %d view(s) still live", what(), len(s.views)),
+			"release every view first")
+	}
+	if err := s.unpinnedLocked(what, 0, s.slots.Len()); err != nil {
+		return err
+	}
+	if err := s.decommitLocked(what, 0, s.opts.Max); err != nil {
+		return err
+	}
+	if err := s.tab.Close(); err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	if err := s.res.Free(); err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	s.closed = true
+	return nil
+}
+
+// Closed reports whether the range is closed.
+func (s *Sparse) Closed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Check verifies the range's invariants, its page table against them and
+// the page table against the driver, and returns every violation.
+func (s *Sparse) Check() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	errs := s.checkLocked()
+	if !s.closed {
+		errs = errors.CombineErrors(errs, s.tab.Check())
+	}
+	return errs
+}
+
+// checkLocked checks everything but the driver: the slots, the counts, the
+// views and the page table's mappings and access.
+func (s *Sparse) checkLocked() error {
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
+	}
+	if s.closed {
+		if s.slots.Len() > 0 || s.owned > 0 || s.borrowed > 0 {
+			fail("arena: a closed range keeps %d chunks", s.slots.Len())
+		}
+		return errs
+	}
+	if err := s.slots.Check(); err != nil {
+		errs = errors.CombineErrors(errs, err)
+	}
+	cs := s.opts.ChunkSize
+	var owned, borrowed uint64
+	views := map[uint64]int{}
+	for v := range s.views {
+		lo, hi := s.slots.Overlapping(v.off, v.off+v.n)
+		for i := lo; i < hi; i++ {
+			views[s.slots.At(i).Start]++
+		}
+		if len(s.holesLocked(v.off, v.off+v.n)) > 0 {
+			fail("arena: view [%#x, +%d) covers memory that is not committed", v.off, v.n)
+		}
+	}
+	maps := map[driver.Addr]*physical.Chunk{}
+	for m := range s.tab.Mappings() {
+		maps[m.Range.Base] = m.Chunk
+	}
+	for _, it := range s.slots.All() {
+		sl := it.Val
+		if it.Start%cs != 0 || it.Size()%cs != 0 || it.End > s.opts.Max {
+			fail("arena: chunk [%#x, %#x) is not whole chunks of %d inside the range", it.Start, it.End, cs)
+		}
+		if sl.c.Size() != it.Size() {
+			fail("arena: chunk [%#x, %#x) holds %s of another size", it.Start, it.End, sl.c)
+		}
+		if sl.lender == nil {
+			owned += it.Size()
+			if sl.c.Memory() != s.mem || sl.c.Released() {
+				fail("arena: owned %s at %#x is released or of another memory", sl.c, it.Start)
+			}
+		} else {
+			borrowed += it.Size()
+			if sl.borrowers.Load() > 0 {
+				fail("arena: borrowed %s at %#x is lent on", sl.c, it.Start)
+			}
+		}
+		if sl.views != views[it.Start] {
+			fail("arena: chunk at %#x counts %d views, %d cover it", it.Start, sl.views, views[it.Start])
+		}
+		at := s.Base() + driver.Addr(it.Start)
+		if maps[at] != sl.c {
+			fail("arena: chunk at %#x is %s, the page table maps %v there", it.Start, sl.c, maps[at])
+			continue
+		}
+		delete(maps, at)
+		e, err := s.tab.Lookup(at)
+		if err != nil || !slices.Equal(e.Access, sl.access) {
+			fail("arena: chunk at %#x grants %v, the page table %v (%v)", it.Start, sl.access, e.Access, err)
+		}
+	}
+	if len(maps) > 0 {
+		fail("arena: the page table maps %d chunk(s) the range does not list", len(maps))
+	}
+	if owned != s.owned || borrowed != s.borrowed {
+		fail("arena: chunks hold %d owned and %d borrowed bytes, the counts say %d and %d", owned, borrowed, s.owned, s.borrowed)
+	}
+	if s.owned > s.stats.PeakCommitted {
+		fail("arena: committed %d above its peak %d", s.owned, s.stats.PeakCommitted)
+	}
+	return errs
+}

@@ -1,0 +1,116 @@
+package arena
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+)
+
+// Stitching, as GMLake does: when a request fits no free block and
+// committing more would take the allocator past its budget, but its free
+// blocks hold enough whole chunks, those physical chunks are mapped side by
+// side in a second range (the stitch range, a Sparse that borrows them) and
+// the request is served there — no copy and no new memory, one map event.
+// While the stitched allocation lives, the chunks' own ranges are lent to
+// it (neither free nor allocatable, and pinned in the allocator's range so
+// they cannot be given back); Free unmaps the stitch and returns them.
+
+// stitched is an allocation served by stitching: [off, off+size) of the
+// stitch range maps, back to back, the chunks of the lent blocks parts.
+type stitched struct {
+	off, size uint64
+	parts     []*block
+	req       uint64
+}
+
+// stitchAt returns the stitched allocation starting at p, or nil.
+func (al *Allocator) stitchAt(p driver.Addr) *stitched {
+	if al.st == nil || !al.st.Range().Contains(p) {
+		return nil
+	}
+	return al.stitches[uint64(p-al.st.Base())]
+}
+
+// stitchLocked serves fp bytes by stitching whole free chunks. ok is false
+// when they are too few (or the stitch range has no room): nothing
+// changed. The chunks come from the smallest runs first — chunks stranded
+// between live blocks, the least use to a contiguous request.
+func (al *Allocator) stitchLocked(fp, req uint64) (driver.Addr, bool, error) {
+	if al.st == nil || fp < al.cs {
+		return 0, false, nil
+	}
+	size := alignUp(fp, al.cs)
+	h := al.heaps[large]
+	runs := h.freeRuns(span{})
+	var total uint64
+	for _, r := range runs {
+		total += r.hi - r.lo
+	}
+	if total < size {
+		return 0, false, nil
+	}
+	slices.SortFunc(runs, func(a, b freeRun) int {
+		return cmp.Or(cmp.Compare(a.hi-a.lo, b.hi-b.lo), cmp.Compare(a.lo, b.lo))
+	})
+	var picks []freeRun
+	var offs []uint64
+	for got := uint64(0); got < size; {
+		r := runs[len(picks)]
+		r.hi = min(r.hi, r.lo+size-got)
+		picks = append(picks, r)
+		for o := r.lo; o < r.hi; o += al.cs {
+			offs = append(offs, o)
+		}
+		got += r.hi - r.lo
+	}
+	if len(picks) < 2 && picks[0].b.size >= fp {
+		return 0, false, nil // one free block holds it: the free lists are the way
+	}
+	off, ok := al.stFree.Alloc(size, al.cs)
+	if !ok {
+		return 0, false, nil
+	}
+	if err := al.st.borrow(off, h.s, offs); err != nil {
+		return 0, false, errors.CombineErrors(errors.Wrap(err, "arena: stitching"), al.stFree.Free(off, size))
+	}
+	st := &stitched{off: off, size: size, req: req}
+	for _, r := range picks {
+		st.parts = append(st.parts, h.lend(r, st))
+	}
+	al.stitches[off] = st
+	al.held += size
+	al.stats.Stitches++
+	return al.st.Base() + driver.Addr(off), true, nil
+}
+
+// lend cuts r's chunks out of its free block and marks them lent to st.
+func (h *heap) lend(r freeRun, st *stitched) *block {
+	b := r.b
+	h.removeFree(b)
+	h.carve(b, r.lo, r.hi, h.addFree)
+	b.state, b.lentTo = blockLent, st
+	return b
+}
+
+// unstitchLocked unmaps a stitched allocation and returns its chunks'
+// ranges to the free space.
+func (al *Allocator) unstitchLocked(st *stitched) error {
+	if err := al.st.Decommit(st.off, st.size); err != nil {
+		return errors.WithAssertionFailure(errors.Wrapf(err, "arena: free of the stitched allocation at %s", al.st.Base()+driver.Addr(st.off)))
+	}
+	if err := al.stFree.Free(st.off, st.size); err != nil {
+		return errors.WithAssertionFailure(err)
+	}
+	h := al.heaps[large]
+	for _, part := range st.parts {
+		part.lentTo = nil
+		h.addFree(h.coalesce(part, blockFree))
+	}
+	delete(al.stitches, st.off)
+	al.held -= st.size
+	al.stats.Allocated -= st.req
+	return nil
+}

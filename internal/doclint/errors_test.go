@@ -1,0 +1,55 @@
+package doclint
+
+import (
+	"go/ast"
+	"go/token"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestReadmeNamesEverySentinel: every exported Err variable of the module
+// appears in the README's Errors section, qualified by its package unless
+// it is one of the driver package's (the README once claimed every error
+// carried a driver sentinel while ipc.ErrProtocol was nowhere in it).
+func TestReadmeNamesEverySentinel(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(readme), "\n## Errors\n")
+	require.True(t, ok, "the README has an Errors section")
+	section, _, _ = strings.Cut(section, "\n## ")
+
+	var missing []string
+	n := 0
+	for p, f := range goFiles(t) {
+		if strings.HasSuffix(p, "_test.go") || f.Name.Name == "main" || strings.Contains(p, "internal") {
+			continue
+		}
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.VAR {
+				continue
+			}
+			for _, sp := range gd.Specs {
+				for _, name := range sp.(*ast.ValueSpec).Names {
+					if !name.IsExported() || !strings.HasPrefix(name.Name, "Err") {
+						continue
+					}
+					n++
+					want := f.Name.Name + "." + name.Name
+					if f.Name.Name == "driver" {
+						want = name.Name
+					}
+					if !strings.Contains(section, "`"+want+"`") {
+						missing = append(missing, want+" ("+p+")")
+					}
+				}
+			}
+		}
+	}
+	require.Greater(t, n, 10, "the driver's sentinels alone are more")
+	require.Empty(t, missing, "sentinels the README's Errors section does not name")
+}

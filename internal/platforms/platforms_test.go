@@ -1,0 +1,73 @@
+package platforms
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// targets are the platforms the module must build on besides Linux: the
+// code there compiles and answers ErrUnsupported.
+var targets = []struct{ goos, goarch string }{
+	{"darwin", "arm64"},
+	{"darwin", "amd64"},
+	{"windows", "amd64"},
+	{"freebsd", "amd64"},
+}
+
+// limit bounds each go command; a cold cache builds the module and its
+// dependencies once per target.
+const limit = 5 * time.Minute
+
+// TestOtherPlatformsBuild runs `go build ./...` and `go vet ./...` (which
+// also type-checks every test file) for each target, with cgo off as a
+// cross-compiler has it. It skips when the go command is missing or cannot
+// cross-compile even the standard library's errors package, and in -short.
+func TestOtherPlatformsBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cross-compiling the module takes a while; run without -short")
+	}
+	gocmd, err := exec.LookPath("go")
+	if err != nil {
+		if gocmd, err = exec.LookPath(filepath.Join(os.Getenv("GOROOT"), "bin", "go")); err != nil {
+			t.Skip("no go command to cross-compile with")
+		}
+	}
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(root, "go.mod"))
+	require.NoError(t, err, "the module's root is two levels up")
+	run := func(t *testing.T, goos, goarch string, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, gocmd, args...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		if ctx.Err() != nil {
+			t.Fatalf("go %s for %s/%s ran past %s:\n%s", strings.Join(args, " "), goos, goarch, limit, out)
+		}
+		return string(out), err
+	}
+	for _, tg := range targets {
+		t.Run(tg.goos+"-"+tg.goarch, func(t *testing.T) {
+			if out, err := run(t, tg.goos, tg.goarch, "build", "-o", os.DevNull, "errors"); err != nil {
+				t.Skipf("this toolchain cannot cross-compile for %s/%s: %v\n%s", tg.goos, tg.goarch, err, out)
+			}
+			for _, args := range [][]string{
+				{"build", "./..."},
+				{"vet", "./..."},
+				{"vet", "-tags", "invariants", "./..."},
+			} {
+				out, err := run(t, tg.goos, tg.goarch, args...)
+				require.NoError(t, err, "GOOS=%s GOARCH=%s go %s:\n%s", tg.goos, tg.goarch, strings.Join(args, " "), out)
+			}
+		})
+	}
+}

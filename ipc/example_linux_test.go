@@ -1,0 +1,86 @@
+package ipc_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/ipc"
+	"github.com/vmarena/vmarena/mapping"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// Sharing a chunk, from the README: a producer and a consumer — two
+// processes in life, one here, each with a host driver of its own —
+// connect over a Unix socket; the producer exports a chunk to the
+// consumer's process ID and sends it, the consumer maps it, and each reads
+// what the other wrote. Each side releases its own chunk and closes its
+// own stack; the memory goes with the last holder.
+func Example() {
+	must := func(err error) {
+		if err != nil {
+			panic(err)
+		}
+	}
+	// One process's stack: a driver, its memory, 2 MiB of address space
+	// and the page table over it.
+	open := func() (*host.Driver, *physical.Memory, *vaspace.Reservation, *mapping.Table) {
+		drv, err := host.New(host.Options{Capacity: 64 << 20})
+		must(err)
+		mem := physical.New(drv)
+		res, err := vaspace.New(drv).Reserve(2<<20, 0)
+		must(err)
+		tab, err := mapping.New(res, mem)
+		must(err)
+		return drv, mem, res, tab
+	}
+	dir, err := os.MkdirTemp("", "vmarena-ipc-")
+	must(err)
+	l, err := ipc.Listen(filepath.Join(dir, "mem.sock"), 0o600) // the path's permissions decide who connects
+	must(err)
+	consumer, err := ipc.Dial(l.Path()) // the consumer's end
+	must(err)
+	producer, err := l.Accept() // the producer's end: the kernel names the peer (SO_PEERCRED)
+	must(err)
+
+	pdrv, pmem, pres, ptab := open() // the producer
+	c, err := pmem.Create(0, 2<<20, driver.ChunkOptions{Shareable: true})
+	must(err)
+	must(ptab.Map(pres.Base(), c))
+	must(ptab.SetAccess(pres.Base(), 2<<20, 0, driver.AccessReadWrite))
+	must(ptab.Write(0, pres.Base(), []byte("hello")))
+	_, err = c.Export(os.Getpid()) // the allow-list: the consumer's process ID (this one, here)
+	must(err)
+	must(producer.SendChunk(c)) // SCM_RIGHTS; a process not on the list gets a refusal, no descriptor
+
+	cdrv, cmem, cres, ctab := open()        // the consumer
+	got, err := consumer.RecvChunk(cmem, 0) // its own chunk, over the same memory
+	must(err)
+	must(ctab.Map(cres.Base(), got)) // mapped like any chunk
+	must(ctab.SetAccess(cres.Base(), 2<<20, 0, driver.AccessReadWrite))
+	buf := make([]byte, 5)
+	must(ctab.Read(0, cres.Base(), buf))
+	fmt.Println("the consumer reads", string(buf))
+	must(ctab.Write(0, cres.Base(), []byte("world")))
+	must(ptab.Read(0, pres.Base(), buf))
+	fmt.Println("the producer reads", string(buf))
+
+	must(got.Release()) // the consumer's chunk; the producer's mapping stays
+	must(ctab.Close())
+	must(cres.Free())
+	must(cdrv.Close())
+	must(c.Release())
+	must(ptab.Close())
+	must(pres.Free())
+	must(pdrv.Close())
+	must(consumer.Close())
+	must(producer.Close())
+	must(l.Close()) // removes the socket file
+	must(os.RemoveAll(dir))
+	// Output:
+	// the consumer reads hello
+	// the producer reads world
+}

@@ -1,0 +1,339 @@
+package replay
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Options configure a replay. Zero fields take the defaults.
+type Options struct {
+	// Capacity is each sim device's capacity, and each allocator's maximum
+	// (default 80 GiB).
+	Capacity uint64
+	// Granularity is the sim devices' granularity, and the allocators'
+	// chunk size (default 2 MiB).
+	Granularity uint64
+	// Policy is the allocators' size and alignment rule.
+	Policy Policy
+	// NoStitch turns the allocators' stitching off.
+	NoStitch bool
+	// SlackDivisor sets the allocators' automatic release threshold,
+	// live/SlackDivisor (0: the allocator's default).
+	SlackDivisor uint64
+	// CheckEvery runs every allocator's check every CheckEvery events and
+	// after the last; 0 never does.
+	CheckEvery int
+	// Verify checks every address an allocator returns: aligned to the
+	// policy's quantum and overlapping no live allocation of its device.
+	Verify bool
+	// Drain frees every allocation still live after the last event and
+	// trims the allocators, and records their figures then in
+	// DeviceResult.AfterDrain.
+	Drain bool
+}
+
+// The bounds Check holds a replay to. A granularity is a chunk: below a
+// page nothing maps, above 1 GiB no allocator commits that coarsely. Each
+// device's allocator reserves about three times its capacity of the sim
+// driver's 127 TiB of address space, so a capacity of 4 TiB leaves room
+// for ten devices.
+const (
+	MinGranularity = 4 * units.KiB
+	MaxGranularity = units.GiB
+	MaxCapacity    = 4 * units.TiB
+)
+
+// Check returns driver.ErrInvalid, saying what would be valid, for
+// options no replay can run with: a granularity that is not a power of two
+// from MinGranularity to MaxGranularity, or a capacity that is not a
+// multiple of the granularity from one granule to MaxCapacity. Zero fields
+// stand for their defaults. Its messages start with the option's name
+// (the sentinel is a mark, not part of the text).
+func (o Options) Check() error {
+	o.defaults()
+	g, c := o.Granularity, o.Capacity
+	if g&(g-1) != 0 || g < MinGranularity || g > MaxGranularity {
+		return errors.Mark(errors.Newf("granularity %s: want a power of two from %s to %s, such as 64KiB or 2MiB",
+			units.Bytes(g), units.Bytes(MinGranularity), units.Bytes(MaxGranularity)), driver.ErrInvalid)
+	}
+	if c%g != 0 || c > MaxCapacity {
+		return errors.Mark(errors.Newf("capacity %s: want a multiple of the granularity %s from %s to %s, such as 80GiB",
+			units.Bytes(c), units.Bytes(g), units.Bytes(g), units.Bytes(MaxCapacity)), driver.ErrInvalid)
+	}
+	return nil
+}
+
+func (o *Options) defaults() {
+	if o.Capacity == 0 {
+		o.Capacity = 80 * units.GiB
+	}
+	if o.Granularity == 0 {
+		o.Granularity = 2 * units.MiB
+	}
+}
+
+// Result is what a replay did, beside what the trace says PyTorch did.
+type Result struct {
+	// Options are the options the replay ran with, defaults filled in.
+	Options Options
+	// Devices has one entry per device the trace names, in device order.
+	Devices []DeviceResult
+}
+
+// DeviceResult is the replay of one device's events.
+type DeviceResult struct {
+	// Device is the device in the trace (replayed on a device of its own).
+	Device int
+	// Granularity is the granularity the device was replayed at.
+	Granularity uint64
+	// Summary is the trace's own account of the device (Summarize).
+	Summary Summary
+	// Allocs and Frees count the allocator calls the events made (OOM
+	// probes not included).
+	Allocs, Frees int
+	// SkippedFrees counts free_completed events whose alloc_id was not
+	// live: nothing to free.
+	SkippedFrees int
+	// OOMs are the requests PyTorch failed, in trace order, and what
+	// vmarena's allocator did with each.
+	OOMs []OOM
+	// Figures are the allocator's figures after the last event. OOM
+	// probes count in them: a served one adds to PeakAllocated, and to
+	// Committed what was committed to serve it.
+	Figures Figures
+	// AfterDrain are the allocator's figures after freeing what was still
+	// live and trimming (Options.Drain only).
+	AfterDrain Figures
+}
+
+// OOM is a request PyTorch's allocator failed (an oom event) and whether
+// vmarena's allocator served it at the same point of the replay. A served
+// request is freed at once, the program having never had it, but what the
+// allocator committed to serve it stays in its figures.
+type OOM struct {
+	// Line and Seq name the oom event.
+	Line int
+	Seq  uint64
+	// Size is what was asked; DeviceFree what PyTorch's device had left,
+	// when HasDeviceFree.
+	Size          uint64
+	DeviceFree    uint64
+	HasDeviceFree bool
+	// Served says vmarena's allocator served the request; when not,
+	// Refusal is its out-of-memory error.
+	Served  bool
+	Refusal string
+}
+
+// Replay runs a trace's allocations through vmarena's allocator on a sim
+// driver with one device for each device the trace names, one allocator
+// per device: alloc is Alloc(size), free_completed is Free of the address
+// its alloc got; an oom event allocates its size and frees it at once
+// (recording whether that was served); free_requested and the segment
+// events (PyTorch's own) change nothing. The first other allocator error
+// stops it, named with the event's line, seq and device.
+func Replay(events []Event, opts Options) (res Result, err error) {
+	if err := opts.Check(); err != nil {
+		return res, errors.Wrap(err, "replay")
+	}
+	opts.defaults()
+	res.Options = opts
+	sums := Summarize(events)
+	index := map[int]int{} // trace device -> sim device, dense
+	for i, s := range sums {
+		index[s.Device] = i
+		res.Devices = append(res.Devices, DeviceResult{Device: s.Device, Granularity: opts.Granularity, Summary: s})
+	}
+	drv, err := sim.New(sim.Options{Devices: max(1, len(sums)), Capacity: opts.Capacity, Granularity: opts.Granularity})
+	if err != nil {
+		return res, errors.Wrap(err, "replay")
+	}
+	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	als, err := newAllocators(drv, len(sums), opts)
+	if err != nil {
+		return res, err
+	}
+	devs := make([]*device, len(sums))
+	for i, al := range als {
+		devs[i] = &device{al: al, verify: opts.Verify, quantum: opts.Policy.quantum(), addrs: map[int64]driver.Addr{}, res: &res.Devices[i]}
+	}
+	defer func() {
+		// An allocator refuses to close over live allocations: free what
+		// the trace left live (Drain has already, when asked).
+		for _, d := range devs {
+			err = errors.CombineErrors(err, d.close())
+		}
+	}()
+	checkAll := func(when string) error {
+		for _, d := range devs {
+			if err := d.al.check(); err != nil {
+				return errors.Wrapf(err, "replay: allocator check of device %d after %s", d.res.Device, when)
+			}
+		}
+		return nil
+	}
+
+	for i, ev := range events {
+		if err := devs[index[ev.Device]].step(ev); err != nil {
+			return res, err
+		}
+		if opts.CheckEvery > 0 && (i+1)%opts.CheckEvery == 0 {
+			if err := checkAll(fmt.Sprintf("line %d (seq %d)", ev.Line, ev.Seq)); err != nil {
+				return res, err
+			}
+		}
+	}
+	for _, d := range devs {
+		d.res.Figures = d.al.figures()
+	}
+	if opts.CheckEvery > 0 {
+		if err := checkAll("the last event"); err != nil {
+			return res, err
+		}
+	}
+	if opts.Drain {
+		for _, d := range devs {
+			if err := d.drain(); err != nil {
+				return res, errors.Wrapf(err, "replay: drain of device %d", d.res.Device)
+			}
+		}
+		if err := checkAll("the drain"); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// device is the replay of one device's events: its allocator, the address
+// each live alloc_id got, and (when verifying) its live allocations in
+// address order.
+type device struct {
+	al      *allocator
+	verify  bool
+	quantum uint64
+	addrs   map[int64]driver.Addr
+	live    ranges.List[driver.Addr, struct{}] // the live allocations (verify only)
+	res     *DeviceResult
+}
+
+func (d *device) step(ev Event) error {
+	what := func() string {
+		return fmt.Sprintf("replay: line %d (seq %d), device %d: %s of %s (alloc_id %d)",
+			ev.Line, ev.Seq, ev.Device, ev.Op, units.Bytes(ev.Size), ev.AllocID)
+	}
+	switch ev.Op {
+	case OpAlloc:
+		if _, ok := d.addrs[ev.AllocID]; ok {
+			return errors.Newf("%s: the alloc_id is live already", what())
+		}
+		p, err := d.alloc(ev.Size)
+		if err != nil {
+			return errors.Wrapf(err, "%s", what())
+		}
+		d.res.Allocs++
+		d.addrs[ev.AllocID] = p
+	case OpFreeCompleted:
+		p, ok := d.addrs[ev.AllocID]
+		if !ok {
+			d.res.SkippedFrees++
+			return nil
+		}
+		if err := d.free(p); err != nil {
+			return errors.Wrapf(err, "%s", what())
+		}
+		delete(d.addrs, ev.AllocID)
+		d.res.Frees++
+	case OpOOM:
+		oom := OOM{Line: ev.Line, Seq: ev.Seq, Size: ev.Size, DeviceFree: ev.DeviceFree, HasDeviceFree: ev.HasDeviceFree}
+		p, err := d.alloc(ev.Size)
+		switch {
+		case err == nil:
+			oom.Served = true
+			if err := d.free(p); err != nil {
+				return errors.Wrapf(err, "%s: freeing the probe", what())
+			}
+		case errors.Is(err, driver.ErrOutOfMemory):
+			oom.Refusal = err.Error()
+		default:
+			return errors.Wrapf(err, "%s", what())
+		}
+		d.res.OOMs = append(d.res.OOMs, oom)
+	}
+	return nil
+}
+
+// alloc allocates size bytes and, when verifying, records the allocation,
+// checking that it is aligned and overlaps no live allocation. An
+// allocation that fails the check is freed again (the allocator would
+// refuse to close over it) and the check's error returned.
+func (d *device) alloc(size uint64) (driver.Addr, error) {
+	p, err := d.al.alloc(size)
+	if err != nil || !d.verify {
+		return p, err
+	}
+	end := p + driver.Addr(size)
+	if uint64(p)%d.quantum != 0 {
+		err = errors.AssertionFailedf("the allocator returned %s, not aligned to the policy's %d bytes", p, d.quantum)
+	} else if i, ok := d.live.Insert(p, end, struct{}{}); !ok {
+		o := d.live.At(i)
+		err = errors.AssertionFailedf("the allocator returned [%s, %s), which overlaps the live allocation [%s, %s)",
+			p, end, o.Start, o.End)
+	}
+	if err != nil {
+		return 0, errors.CombineErrors(err, d.al.free(p))
+	}
+	return p, nil
+}
+
+// free frees the allocation at p and forgets it.
+func (d *device) free(p driver.Addr) error {
+	if err := d.al.free(p); err != nil {
+		return err
+	}
+	if d.verify {
+		i, found := d.live.Find(p)
+		if !found || d.live.At(i).Start != p {
+			return errors.AssertionFailedf("replay: freed %s, which the replay has no record of", p)
+		}
+		d.live.Delete(i, i+1)
+	}
+	return nil
+}
+
+// drain frees what is still live, in alloc_id order, trims the allocator
+// and records its figures.
+func (d *device) drain() error {
+	ids := make([]int64, 0, len(d.addrs))
+	for id := range d.addrs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if err := d.free(d.addrs[id]); err != nil {
+			return errors.Wrapf(err, "free of alloc_id %d", id)
+		}
+		delete(d.addrs, id)
+	}
+	if err := d.al.trim(); err != nil {
+		return errors.Wrap(err, "trim")
+	}
+	d.res.AfterDrain = d.al.figures()
+	return nil
+}
+
+// close frees what is still live and closes the allocator.
+func (d *device) close() error {
+	var err error
+	for id, p := range d.addrs {
+		err = errors.CombineErrors(err, d.al.free(p))
+		delete(d.addrs, id)
+	}
+	return errors.CombineErrors(err, d.al.close())
+}

@@ -1,0 +1,350 @@
+// Package replay reads GPU allocator event traces (PyTorch memory snapshots
+// exported as CSV), sums up what the trace's own allocator did, and replays
+// the trace through vmarena's allocator on the sim driver.
+//
+// It owns the trace format and the replay, nothing else: it never touches
+// memory (the sim driver has none), and a malformed trace is an error naming
+// its line, never a panic. Each device a trace names is replayed on a sim
+// device of its own, by an allocator of its own, and summed up on its own.
+// allocator.go is the one file that knows vmarena's allocator (package
+// arena); the rest sees its figures as Figures.
+//
+// The format, one event a line after a header:
+//
+//	seq,device,op,size,addr,alloc_id,stream,time_us,device_free
+//
+// op is one of
+//
+//   - alloc, free_requested, free_completed: the allocator's own events;
+//     alloc_id pairs an alloc with its frees, on its device (two devices may
+//     use the same ids);
+//   - segment_alloc / segment_free: the caching allocator reserving or
+//     returning a cudaMalloc segment;
+//   - segment_map / segment_unmap: the same with expandable segments, which
+//     map and unmap physical memory inside one reserved range; a trace may
+//     mix both kinds;
+//   - oom: the caching allocator failed to serve a request of size bytes;
+//     its addr is empty and device_free says what the device had left.
+//
+// Segment events carry alloc_id -1. time_us and device_free may be empty;
+// addr may be empty on oom rows only.
+//
+// It also reads LLM serving request traces (requests.go), Azure's CSV and
+// Mooncake's JSON lines, into Requests for a KV cache to replay, by the
+// same rules: a malformed trace is an ErrMalformed error naming its line.
+// Simulate serves such a trace with continuous batching (simulate.go),
+// holding the KV memory through a KVScheme (kvscheme.go): the paged and
+// static baselines are bookkeeping alone, with no memory behind them.
+package replay
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/isnil"
+)
+
+// ErrMalformed marks every error about the content of a trace.
+var ErrMalformed = errors.New("malformed trace")
+
+// Op is what an event did.
+type Op uint8
+
+const (
+	// OpAlloc is an allocation handed to the program.
+	OpAlloc Op = iota + 1
+	// OpFreeRequested is the program freeing an allocation; it stays live
+	// until OpFreeCompleted (the stream may still be using it).
+	OpFreeRequested
+	// OpFreeCompleted is the allocation's memory returning to the allocator.
+	OpFreeCompleted
+	// OpSegmentAlloc is the caching allocator reserving a segment from the
+	// device (cudaMalloc).
+	OpSegmentAlloc
+	// OpSegmentFree is the caching allocator returning a segment.
+	OpSegmentFree
+	// OpSegmentMap is the caching allocator mapping memory into an
+	// expandable segment: PyTorch's segment event when segments are
+	// expandable, counted and summed as OpSegmentAlloc.
+	OpSegmentMap
+	// OpSegmentUnmap is the caching allocator unmapping memory from an
+	// expandable segment, counted and summed as OpSegmentFree.
+	OpSegmentUnmap
+	// OpOOM is the caching allocator failing a request of Size bytes, with
+	// DeviceFree left on the device; the program never got the memory.
+	OpOOM
+
+	numOps = int(OpOOM) + 1
+)
+
+var opNames = [numOps]string{"", "alloc", "free_requested", "free_completed",
+	"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"}
+
+// Ops lists every op in the order they are defined.
+var Ops = []Op{OpAlloc, OpFreeRequested, OpFreeCompleted, OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap, OpOOM}
+
+func (o Op) String() string {
+	if int(o) < numOps && o != 0 {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// IsSegment says whether the op is one of the caching allocator's own
+// segment events: a segment reserved or returned, or memory mapped into or
+// unmapped from an expandable segment.
+func (o Op) IsSegment() bool {
+	return o == OpSegmentAlloc || o == OpSegmentFree || o == OpSegmentMap || o == OpSegmentUnmap
+}
+
+// IsFree says whether the op is one of the program's frees.
+func (o Op) IsFree() bool { return o == OpFreeRequested || o == OpFreeCompleted }
+
+// reserves is what the op adds to the caching allocator's reserved memory,
+// in units of the event's size: +1, -1 or 0.
+func (o Op) reserves() int {
+	switch o {
+	case OpSegmentAlloc, OpSegmentMap:
+		return 1
+	case OpSegmentFree, OpSegmentUnmap:
+		return -1
+	}
+	return 0
+}
+
+func parseOp(s string) (Op, bool) {
+	for i := 1; i < numOps; i++ {
+		if opNames[i] == s {
+			return Op(i), true
+		}
+	}
+	return 0, false
+}
+
+// Event is one line of a trace.
+type Event struct {
+	// Line is the event's line in the file (the header is line 1).
+	Line int
+	Seq  uint64
+	// Device is the device index the event happened on.
+	Device int
+	Op     Op
+	// Size is in bytes, as the trace's allocator recorded it.
+	Size uint64
+	// Addr is the address the trace's allocator used (of no meaning to a
+	// replay, which places allocations itself), when HasAddr: always but on
+	// oom rows, where it may be empty.
+	Addr    uint64
+	HasAddr bool
+	// AllocID pairs an alloc with its frees on the event's device; -1 on
+	// segment events.
+	AllocID int64
+	Stream  int64
+	// TimeUS is the event's time in microseconds, when HasTime.
+	TimeUS  int64
+	HasTime bool
+	// DeviceFree is the device's free memory after the event, when
+	// HasDeviceFree.
+	DeviceFree    uint64
+	HasDeviceFree bool
+}
+
+// Columns are the trace's columns, in the order the header names them.
+var Columns = []string{"seq", "device", "op", "size", "addr", "alloc_id", "stream", "time_us", "device_free"}
+
+const numColumns = 9 // len(Columns)
+
+// Parse reads a whole trace. The header must name exactly the nine columns
+// (in any order). Every line must have as many fields as the header, numbers
+// where numbers belong (addr may be empty on an oom row), and a known op; an
+// alloc must carry an alloc_id of at least 0 that is not already live on its
+// device (allocated and not yet free_completed). The first problem found is
+// returned, marked with ErrMalformed and naming its line.
+func Parse(r io.Reader) ([]Event, error) {
+	if isnil.Is(r) {
+		return nil, errors.Wrap(driver.ErrInvalid, "replay: parse: the reader is nil")
+	}
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = -1 // counted here, for a message that says what is wrong
+	cr.ReuseRecord = true
+	header, err := cr.Read()
+	if err == io.EOF {
+		return nil, errors.Mark(errors.New("replay: empty input: want a header line naming the columns "+strings.Join(Columns, ",")), ErrMalformed)
+	}
+	if err != nil {
+		return nil, csvError(err)
+	}
+	col, err := parseHeader(header, lineOf(cr))
+	if err != nil {
+		return nil, err
+	}
+
+	var events []Event
+	live := map[allocKey]int{} // line of the alloc, while live
+	for {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			return events, nil
+		}
+		if err != nil {
+			return nil, csvError(err)
+		}
+		line := lineOf(cr)
+		if len(rec) != numColumns {
+			return nil, malformed(line, "%d fields, want %d (%s)", len(rec), len(Columns), strings.Join(Columns, ","))
+		}
+		ev, err := parseEvent(rec, col, line)
+		if err != nil {
+			return nil, err
+		}
+		switch ev.Op {
+		case OpAlloc:
+			if ev.AllocID < 0 {
+				return nil, malformed(line, "alloc with alloc_id %d: an alloc needs an id of at least 0 for its frees to name", ev.AllocID)
+			}
+			k := allocKey{ev.Device, ev.AllocID}
+			if at, ok := live[k]; ok {
+				return nil, malformed(line, "alloc_id %d is allocated again on device %d while live since line %d", ev.AllocID, ev.Device, at)
+			}
+			live[k] = line
+		case OpFreeCompleted:
+			delete(live, allocKey{ev.Device, ev.AllocID})
+		}
+		events = append(events, ev)
+	}
+}
+
+// allocKey names an allocation: ids are per device.
+type allocKey struct {
+	device int
+	id     int64
+}
+
+// ParseFile reads the trace in the named file (Parse).
+func ParseFile(name string) ([]Event, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, errors.Wrap(err, "replay")
+	}
+	defer f.Close()
+	return Parse(f)
+}
+
+// parseHeader returns the index of each of Columns in the header.
+func parseHeader(header []string, line int) ([numColumns]int, error) {
+	var col [numColumns]int
+	for i := range col {
+		col[i] = -1
+	}
+	for i, name := range header {
+		name = strings.TrimSpace(name)
+		if i == 0 {
+			name = strings.TrimPrefix(name, "\ufeff") // a byte-order mark some tools write
+		}
+		k := -1
+		for j, c := range Columns {
+			if c == name {
+				k = j
+			}
+		}
+		switch {
+		case k < 0:
+			return col, malformed(line, "header names column %q, want the columns %s", name, strings.Join(Columns, ","))
+		case col[k] >= 0:
+			return col, malformed(line, "header names column %q twice", name)
+		}
+		col[k] = i
+	}
+	for j, i := range col {
+		if i < 0 {
+			return col, malformed(line, "header lacks column %q (a trace starts with the header %s)", Columns[j], strings.Join(Columns, ","))
+		}
+	}
+	return col, nil
+}
+
+func parseEvent(rec []string, col [numColumns]int, line int) (Event, error) {
+	ev := Event{Line: line}
+	field := func(k int) string { return strings.TrimSpace(rec[col[k]]) }
+	var err error
+	num := func(k int, bits int) uint64 {
+		if err != nil {
+			return 0
+		}
+		s := field(k)
+		v, perr := strconv.ParseUint(s, 10, bits)
+		if perr != nil {
+			err = malformed(line, "column %s: %q is not an integer of at least 0%s", Columns[k], s, rangeNote(perr))
+		}
+		return v
+	}
+	signed := func(k int) int64 {
+		if err != nil {
+			return 0
+		}
+		s := field(k)
+		v, perr := strconv.ParseInt(s, 10, 64)
+		if perr != nil {
+			err = malformed(line, "column %s: %q is not an integer%s", Columns[k], s, rangeNote(perr))
+		}
+		return v
+	}
+	ev.Seq = num(0, 64)
+	ev.Device = int(num(1, 31))
+	op := field(2)
+	ev.Size = num(3, 64)
+	// PyTorch records no address for a request it failed.
+	if field(4) != "" || op != opNames[OpOOM] {
+		ev.Addr, ev.HasAddr = num(4, 64), true
+	}
+	ev.AllocID = signed(5)
+	ev.Stream = signed(6)
+	if field(7) != "" {
+		ev.TimeUS, ev.HasTime = signed(7), true
+	}
+	if field(8) != "" {
+		ev.DeviceFree, ev.HasDeviceFree = num(8, 64), true
+	}
+	if err != nil {
+		return ev, err
+	}
+	var ok bool
+	if ev.Op, ok = parseOp(op); !ok {
+		return ev, malformed(line, "unknown op %q, want one of %s", op, strings.Join(opNames[1:], ", "))
+	}
+	return ev, nil
+}
+
+func rangeNote(err error) string {
+	if errors.Is(err, strconv.ErrRange) {
+		return " (out of range)"
+	}
+	return ""
+}
+
+func malformed(line int, format string, args ...any) error {
+	return errors.Mark(errors.Newf("replay: line %d: "+format, append([]any{line}, args...)...), ErrMalformed)
+}
+
+// csvError turns the csv reader's error (a bare quote, say) into ours; the
+// csv package's message already names the line.
+func csvError(err error) error {
+	var pe *csv.ParseError
+	if errors.As(err, &pe) {
+		return malformed(pe.StartLine, "%v", pe.Err)
+	}
+	return errors.Wrap(err, "replay: read")
+}
+
+// lineOf is the line the reader's last record started on.
+func lineOf(cr *csv.Reader) int {
+	line, _ := cr.FieldPos(0)
+	return line
+}
