@@ -6,6 +6,9 @@
 //	vmarena replay    replay PyTorch allocator traces through vmarena's
 //	                  allocator on the sim driver and print what it did
 //	                  beside what PyTorch did
+//	vmarena kv        simulate LLM serving over a request trace with each
+//	                  way of holding KV memory, and print their figures side
+//	                  by side
 //	vmarena version   print the version
 package main
 
@@ -24,6 +27,7 @@ const usage = `usage: vmarena <command>
 commands:
   demo      walk through reserve, map, access, aliasing and release on the host driver
   replay    replay allocator traces on the sim driver: vmarena replay --trace FILE|DIR
+  kv        simulate LLM serving over a request trace: vmarena kv simulate --trace FILE --model PRESET
   version   print the version
 `
 
@@ -49,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "replay":
 		return replayCmd(args[1:], stdout, stderr)
+	case "kv":
+		return kvCmd(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintf(stdout, "vmarena %s (%s %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/replay"
+)
+
+const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET [--memory 80GiB] [--layout token-major|per-layer]
+                           [--preempt drop|swap] [--limit N] [--max-context TOKENS] [--max-seqs 256]
+                           [--max-batched-tokens 8192]
+
+Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
+.jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
+once for each way of holding the KV memory, with the same budget and the same
+step prices, and prints their figures side by side: this library's cache
+(package kvcache on the sim driver, its memory the budget, laid out as
+--layout, preempting as --preempt), a paged block table (vLLM: 16-token blocks,
+prefix caching, recompute preemption) and a static reservation of the maximum
+context for every sequence. --memory is the KV memory's budget. The max
+context defaults to the trace's longest request, as much as the budget holds
+for one sequence; longer requests are refused.
+`
+
+// kvLayouts are the layouts of this cache --layout accepts, the default
+// first: token-major wastes at most one page a sequence where per-layer
+// wastes up to one in each of 2*Layers regions (64 for the presets), and
+// shares prefixes a page of tokens at a time rather than a page of each
+// region's rows; per-layer's gain, a plain contiguous tensor a layer for
+// attention kernels, is not something the simulation prices.
+var kvLayouts = []string{"token-major", "per-layer"}
+
+// kvPreempts are the preemption modes --preempt accepts, the default
+// (vLLM's) first.
+var kvPreempts = []string{"drop", "swap"}
+
+// kvCmd runs `vmarena kv`: its one subcommand is simulate.
+func kvCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "simulate" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			fmt.Fprint(stdout, kvUsage)
+			return 0
+		}
+		if len(args) == 0 {
+			fmt.Fprintf(stderr, "vmarena kv: no subcommand, want simulate\n\n%s", kvUsage)
+		} else {
+			fmt.Fprintf(stderr, "vmarena kv: unknown subcommand %q, want simulate\n\n%s", args[0], kvUsage)
+		}
+		return 2
+	}
+	return kvSimulate(args[1:], stdout, stderr)
+}
+
+// kvSimulate runs `vmarena kv simulate`: 0 when every scheme served the
+// trace, 1 when the trace could not be read or a simulation failed, 2 on
+// bad usage.
+func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
+	fs := flag.NewFlagSet("kv simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, kvUsage+"\nflags:\n")
+		fs.PrintDefaults()
+	}
+	memory := sizeFlag(80 * units.GiB)
+	trace := fs.String("trace", "", "the request trace `FILE`: an Azure trace .csv or a Mooncake trace .jsonl")
+	model := fs.String("model", "", "the model `PRESET`: "+strings.Join(replay.ModelPresets(), " or "))
+	fs.Var(&memory, "memory", "the KV memory's budget, a `SIZE` such as 80GiB")
+	layout := fs.String("layout", kvLayouts[0], "this cache's `LAYOUT`: "+strings.Join(kvLayouts, " or ")+" (the baselines have none)")
+	preempt := fs.String("preempt", kvPreempts[0], "what this cache's preemption does with a sequence's KV, a `MODE`: drop (recompute it on resume, as vLLM) or swap (to host memory)")
+	limit := fs.Int("limit", 0, "serve only the trace's first `N` requests (0: all)")
+	maxContext := fs.Int("max-context", 0, "the most `TOKENS` a sequence holds, prompt and output (0: the trace's longest request, as much as the budget holds)")
+	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
+	maxBatched := fs.Int("max-batched-tokens", replay.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2 // the flag package has said what was wrong
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "vmarena kv simulate: "+format+"\n\n", a...)
+		fs.Usage()
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usageErr("unexpected argument %q (the trace is given with --trace)", fs.Arg(0))
+	case *trace == "":
+		return usageErr("no trace given: want --trace FILE, an Azure trace .csv or a Mooncake trace .jsonl")
+	case *model == "":
+		return usageErr("no model given: want --model %s", strings.Join(replay.ModelPresets(), " or "))
+	}
+	m, err := replay.ModelPreset(*model)
+	if err != nil {
+		return usageErr("--model %s: want %s", *model, strings.Join(replay.ModelPresets(), " or "))
+	}
+	switch {
+	case !slices.Contains(kvLayouts, *layout):
+		return usageErr("--layout %s: want %s", *layout, strings.Join(kvLayouts, " or "))
+	case !slices.Contains(kvPreempts, *preempt):
+		return usageErr("--preempt %s: want %s", *preempt, strings.Join(kvPreempts, " or "))
+	case *limit < 0:
+		return usageErr("--limit %d: want a number of requests, or 0 for all", *limit)
+	case *maxContext < 0:
+		return usageErr("--max-context %d: want a number of tokens, or 0 to fit the trace", *maxContext)
+	case *maxSeqs < 1 || *maxSeqs > 1<<20:
+		return usageErr("--max-seqs %d: want 1 to %d", *maxSeqs, 1<<20)
+	case *maxBatched < 1 || *maxBatched > 1<<24:
+		return usageErr("--max-batched-tokens %d: want 1 to %d", *maxBatched, 1<<24)
+	}
+	cfg := replay.KVConfig{Model: m, Budget: uint64(memory), MaxSeqs: *maxSeqs, BlockTokens: replay.DefaultBlockTokens}
+	contextCap := cfg.ContextCap()
+	if contextCap == 0 {
+		block := uint64(cfg.BlockTokens) * m.TokenBytes()
+		return usageErr("--memory %s: holds not one block of %d tokens of %s (%s): want at least %s",
+			units.Bytes(uint64(memory)), cfg.BlockTokens, m.Name, units.Bytes(block), units.Bytes(block))
+	}
+	if *maxContext > contextCap {
+		return usageErr("--max-context %d: --memory %s holds at most %d tokens of %s for one sequence", *maxContext, units.Bytes(uint64(memory)), contextCap, m.Name)
+	}
+
+	reqs, err := replay.ParseRequestsFile(*trace)
+	if err != nil {
+		fmt.Fprintf(stderr, "vmarena kv simulate: %s: %v\n", *trace, err)
+		return 1
+	}
+	if *limit > 0 && *limit < len(reqs) {
+		reqs = reqs[:*limit]
+	}
+	cfg.MaxContext = *maxContext
+	if cfg.MaxContext == 0 {
+		cfg.MaxContext = replay.FitMaxContext(reqs, cfg)
+	}
+	if err := cfg.Check(); err != nil {
+		return usageErr("%v", err)
+	}
+	opts := replay.SimOptions{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: replay.A100}
+
+	// The schemes, each built from the same cfg: this cache's first.
+	lay, err := kvcache.ParseLayout(*layout)
+	if err != nil {
+		return usageErr("--layout %s: %v", *layout, err)
+	}
+	mode := kvcache.Drop
+	if *preempt == "swap" {
+		mode = kvcache.Swap
+	}
+	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, Preempt: mode})
+	if err != nil {
+		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+		return 1
+	}
+	defer func() {
+		if err := cache.Close(); err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			code = max(code, 1)
+		}
+	}()
+	paged, err := replay.NewBlockTable(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+		return 1
+	}
+	static, err := replay.NewStaticReservation(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+		return 1
+	}
+	schemes := []replay.KVScheme{cache, paged, static}
+
+	var results []replay.SimResult
+	for _, sc := range schemes {
+		last := time.Now()
+		opts.Progress = func(p replay.SimProgress) {
+			end := p.Done == p.Total
+			if !end && time.Since(last) < time.Second {
+				return
+			}
+			last = time.Now()
+			fmt.Fprintf(stderr, "vmarena kv simulate: %s: %d of %d requests done, %d running, %d waiting, %s simulated in %d steps\n",
+				p.Scheme, p.Done, p.Total, p.Running, p.Waiting, seconds(p.Now), p.Steps)
+		}
+		res, err := replay.Simulate(reqs, sc, opts)
+		if err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %s: %v\n", *trace, err)
+			return 1
+		}
+		results = append(results, res)
+	}
+
+	sum := replay.SummarizeRequests(reqs)
+	fmt.Fprintf(stdout, "vmarena kv simulate: %s, %d requests over %s (prompts %.0f tokens on average, outputs %.0f; the longest %d tokens)\n",
+		filepath.Base(*trace), sum.Requests, seconds(sum.Span), mean(sum.PromptTokens, sum.Requests), mean(sum.OutputTokens, sum.Requests), sum.LongestContext)
+	fmt.Fprintf(stdout, "model %s (%s of KV a token), KV budget %s, max context %d tokens, at most %d sequences and %d tokens a step; steps priced by the %s\n",
+		m.Name, units.Bytes(m.TokenBytes()), units.Bytes(cfg.Budget), cfg.MaxContext, cfg.MaxSeqs, *maxBatched, opts.Steps.Name)
+	if sum.Blocks > 0 {
+		fmt.Fprintf(stdout, "prompt blocks (hash_ids of %d tokens): %d, %d named before by an earlier request, holding %.1f%% of prompt tokens\n",
+			replay.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction())
+	} else {
+		fmt.Fprintf(stdout, "prompt blocks: the trace names none, so no two requests share content\n")
+	}
+	fmt.Fprintf(stdout, "this cache: %s, reserving %s of address space; preempts by %s; admits with room for an expected output, the mean of the requests finished so far\n\n",
+		cache, approx(cache.Reserved()), mode)
+	printKV(stdout, results)
+	return 0
+}
+
+// printKV prints one column per scheme, one row per figure.
+func printKV(w io.Writer, results []replay.SimResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(label string, cell func(r replay.SimResult) string) {
+		cells := []string{label}
+		for _, r := range results {
+			cells = append(cells, cell(r))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	row("scheme", func(r replay.SimResult) string { return r.Scheme })
+	row("requests finished", func(r replay.SimResult) string { return fmt.Sprintf("%d of %d", r.Finished, r.Requests) })
+	row("refused (longer than max context)", func(r replay.SimResult) string { return fmt.Sprint(r.Refused) })
+	row("peak concurrent sequences", func(r replay.SimResult) string { return fmt.Sprint(r.PeakSeqs) })
+	row("mean concurrent sequences", func(r replay.SimResult) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })
+	row("KV committed, peak", func(r replay.SimResult) string { return approx(r.PeakCommitted) })
+	row("KV committed, mean", func(r replay.SimResult) string { return approx(uint64(r.MeanCommitted)) })
+	row("KV waste, mean (of committed)", func(r replay.SimResult) string {
+		return fmt.Sprintf("%s (%.2f%%)", approx(uint64(r.MeanWaste)), 100*r.WasteFraction())
+	})
+	row("KV waste, peak", func(r replay.SimResult) string { return approx(r.PeakWaste) })
+	row("KV cached for reuse, mean / peak", func(r replay.SimResult) string {
+		return approx(uint64(r.MeanCached)) + " / " + approx(r.PeakCached)
+	})
+	row("saved by prefix sharing, mean / peak", func(r replay.SimResult) string {
+		return approx(uint64(r.MeanSaved)) + " / " + approx(r.PeakSaved)
+	})
+	row("prefix cache: tokens found / looked up", func(r replay.SimResult) string {
+		if r.Stats.PrefixQueried == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%d / %d (%.1f%%)", r.Stats.PrefixHit, r.Stats.PrefixQueried, 100*r.PrefixHitFraction())
+	})
+	row("cached blocks evicted", func(r replay.SimResult) string { return fmt.Sprint(r.Stats.Evictions) })
+	row("preemptions", func(r replay.SimResult) string { return fmt.Sprint(r.Preemptions) })
+	row("commit calls (per second)", func(r replay.SimResult) string {
+		return fmt.Sprintf("%d (%.1f/s)", r.Stats.Commits, r.CommitsPerSecond())
+	})
+	row("time to first token, mean", func(r replay.SimResult) string { return seconds(r.MeanTTFT) })
+	row("time to first token, median / p99", func(r replay.SimResult) string {
+		return seconds(r.MedianTTFT) + " / " + seconds(r.P99TTFT)
+	})
+	row("output tokens per second", func(r replay.SimResult) string { return fmt.Sprintf("%.0f", r.OutputPerSecond()) })
+	row("tokens computed (prompts, recomputes, decodes)", func(r replay.SimResult) string { return fmt.Sprint(r.ComputedTokens) })
+	row("steps", func(r replay.SimResult) string { return fmt.Sprint(r.Steps) })
+	row("simulated time", func(r replay.SimResult) string { return seconds(r.SimTime) })
+	row("simulation wall time", func(r replay.SimResult) string { return seconds(r.WallTime) })
+	_ = tw.Flush()
+}
+
+// seconds formats d in seconds to three decimals.
+func seconds(d time.Duration) string { return fmt.Sprintf("%.3f s", d.Seconds()) }
+
+func mean(sum int64, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return float64(sum) / float64(n)
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// requestsDir holds the first 200 requests of each real request trace.
+const requestsDir = "../../replay/testdata/requests"
+
+func runKV(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(append([]string{"kv"}, args...), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// writeTrace writes a request trace into a fresh directory.
+func writeTrace(t *testing.T, name, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	return p
+}
+
+// TestKVSimulate serves the first 50 requests of each real trace and
+// checks the header (the longest of those requests, rounded up to a block,
+// is the max context; this cache's shape, token-major by default), the
+// table's rows and the progress lines; the figures are replay's to test.
+func TestKVSimulate(t *testing.T) {
+	for _, tc := range []struct {
+		file, model, header, blocks, cache string
+	}{
+		{"AzureLLMInferenceTrace_conv.csv", "llama3-8b",
+			"model llama3-8b (128 KiB of KV a token), KV budget 20 GiB, max context 4160 tokens, at most 256 sequences and 8192 tokens a step; steps priced by the A100 80GB roofline",
+			"prompt blocks: the trace names none, so no two requests share content",
+			"this cache: kvcache: 256 slots of 520 MiB, token-major, 260 groups of 16 tokens in 2 MiB a slot, reserving 130.00 GiB of address space;"},
+		{"AzureLLMInferenceTrace_code.csv", "llama-7b",
+			"model llama-7b (512 KiB of KV a token), KV budget 20 GiB, max context 7456 tokens,",
+			"prompt blocks: the trace names none",
+			"this cache: kvcache: 256 slots of 3728 MiB, token-major, 1864 groups of 4 tokens in 2 MiB a slot, reserving 932.00 GiB of address space;"},
+		{"mooncake_synthetic_trace.jsonl", "llama3-8b",
+			"max context 56416 tokens,",
+			"prompt blocks (hash_ids of 512 tokens): 1399, 57 named before by an earlier request, holding 4.2% of prompt tokens",
+			"this cache: kvcache: 256 slots of 7052 MiB, token-major, 3526 groups of 16 tokens in 2 MiB a slot, reserving 1.72 TiB of address space;"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			code, out, errOut := runKV(t, "simulate", "--trace", filepath.Join(requestsDir, tc.file), "--model", tc.model, "--memory", "20GiB", "--limit", "50")
+			require.Equal(t, 0, code, errOut)
+			flat := flatten(out)
+			require.Contains(t, flat, "vmarena kv simulate: "+tc.file+", 50 requests over ")
+			require.Contains(t, flat, tc.header)
+			require.Contains(t, flat, tc.blocks)
+			require.Contains(t, flat, tc.cache)
+			require.Contains(t, flat, " preempts by drop; admits with room for an expected output, the mean of the requests finished so far\n")
+			require.Contains(t, flat, "\nscheme this cache (token-major) paged (vLLM) static\n")
+			require.Contains(t, flat, "\nrequests finished 50 of 50 50 of 50 50 of 50\n")
+			for _, row := range []string{"refused (longer than max context) 0 0 0", "peak concurrent sequences", "mean concurrent sequences",
+				"KV committed, peak", "KV committed, mean", "KV waste, mean (of committed)", "KV waste, peak", "KV cached for reuse, mean / peak",
+				"saved by prefix sharing, mean / peak", "prefix cache: tokens found / looked up", "cached blocks evicted",
+				"preemptions", "commit calls (per second)", "time to first token, mean", "time to first token, median / p99",
+				"output tokens per second", "tokens computed (prompts, recomputes, decodes)", "steps", "simulated time", "simulation wall time"} {
+				require.Contains(t, flat, "\n"+row, row)
+			}
+			require.Contains(t, errOut, "vmarena kv simulate: this cache (token-major): 50 of 50 requests done, 0 running, 0 waiting, ")
+			require.Contains(t, errOut, "vmarena kv simulate: paged (vLLM): 50 of 50 requests done, 0 running, 0 waiting, ")
+			require.Contains(t, errOut, "vmarena kv simulate: static: 50 of 50 requests done, 0 running, 0 waiting, ")
+		})
+	}
+}
+
+// TestKVSimulateHandmade: the two requests of replay's
+// TestSimulatePreemptionByHand (16-token prompts, 20 output tokens each,
+// arriving together) in 8 MiB of llama3-8b KV, four 16-token blocks or
+// pages, or one 64-token reservation: this cache and the paged scheme run
+// both and preempt one (replay's TestKVCachePreemptionByHand: the cache
+// reclaims the idle pages of the finished one rather than evict, and its
+// resume looks its prompt up again), the static one runs one at a time;
+// and two Mooncake requests with the same hash id, the second finding the
+// first's two full blocks (this cache, with llama-7b's 4 tokens a page,
+// holds 36 of the 40 tokens, 2 whole blocks counted found).
+func TestKVSimulateHandmade(t *testing.T) {
+	azure := writeTrace(t, "two.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"+
+		"2023-11-16 18:15:46.0000000,16,20\n2023-11-16 18:15:46.0000000,16,20\n")
+	code, out, errOut := runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64")
+	require.Equal(t, 0, code, errOut)
+	flat := flatten(out)
+	require.Contains(t, flat, "KV budget 8 MiB, max context 64 tokens,")
+	for _, want := range []string{
+		`requests finished 2 of 2 2 of 2 2 of 2`,
+		`peak concurrent sequences 2 2 1`,
+		`preemptions 1 1 0`,
+		`cached blocks evicted 0 2 0`,
+		`prefix cache: tokens found / looked up 16 / 48 \(33\.3%\) 16 / 32 \(50\.0%\) —`,
+		`commit calls \(per second\) 7 \(\S+/s\) 7 \(\S+/s\) 2 \(\S+/s\)`,
+		`KV committed, peak 8\.00 MiB 8\.00 MiB 8\.00 MiB`,
+		`tokens computed \(prompts, recomputes, decodes\) 86 86 70`,
+		`steps 23 23 40`,
+	} {
+		require.Regexp(t, `(?m)^`+want+`$`, flat)
+	}
+
+	mooncake := writeTrace(t, "two.jsonl",
+		`{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [7]}`+"\n"+
+			`{"timestamp": 1000, "input_length": 40, "output_length": 2, "hash_ids": [7]}`+"\n")
+	code, out, errOut = runKV(t, "simulate", "--trace", mooncake, "--model", "llama-7b", "--memory", "1GiB")
+	require.Equal(t, 0, code, errOut)
+	flat = flatten(out)
+	require.Contains(t, flat, "max context 48 tokens,", "42 tokens, in whole blocks")
+	require.Contains(t, flat, "prompt blocks (hash_ids of 512 tokens): 2, 1 named before by an earlier request, holding 50.0% of prompt tokens")
+	require.Regexp(t, `(?m)^prefix cache: tokens found / looked up 32 / 64 \(50\.0%\) 32 / 64 \(50\.0%\) —$`, flat)
+	require.Regexp(t, `(?m)^tokens computed \(prompts, recomputes, decodes\) 46 50 82$`, flat)
+
+	// Per-layer, a sequence's first token takes a page in each of 64
+	// regions: 128 MiB, more than 8 MiB holds.
+	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--layout", "per-layer")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "replay: this cache (per-layer) will not admit request 0 (16 tokens of context) with nothing running: it can never run")
+	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "256MiB", "--max-context", "64",
+		"--layout", "per-layer", "--preempt", "swap")
+	require.Equal(t, 0, code, errOut)
+	flat = flatten(out)
+	require.Contains(t, flat, "this cache: kvcache: 256 slots of 128 MiB, per-layer, 64 regions of 2 MiB (1 pages of 2 MiB) a slot, reserving 32.00 GiB of address space; preempts by swap;")
+	require.Contains(t, flat, "\nscheme this cache (per-layer) paged (vLLM) static\n")
+	require.Regexp(t, `(?m)^peak concurrent sequences 2 2 2$`, flat)
+}
+
+func TestKVFlags(t *testing.T) {
+	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
+	code, out, _ := runKV(t, "simulate", "-h")
+	require.Equal(t, 0, code)
+	require.Empty(t, out)
+	code, out, _ = runKV(t, "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "usage: vmarena kv simulate")
+
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{nil, "vmarena kv: no subcommand, want simulate"},
+		{[]string{"simulat"}, `vmarena kv: unknown subcommand "simulat", want simulate`},
+		{[]string{"simulate"}, "no trace given: want --trace FILE, an Azure trace .csv or a Mooncake trace .jsonl"},
+		{[]string{"simulate", "--trace", small}, "no model given: want --model llama-7b or llama3-8b"},
+		{[]string{"simulate", "--trace", small, "--model", "gpt2"}, "vmarena kv simulate: --model gpt2: want llama-7b or llama3-8b\n"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "extra"}, `unexpected argument "extra"`},
+		{[]string{"simulate", "--trace"}, "flag needs an argument: -trace"},
+		{[]string{"simulate", "--trace", small, "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--layout", "columnar"}, "--layout columnar: want token-major or per-layer"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--preempt", "pause"}, "--preempt pause: want drop or swap"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "-1"}, "--limit -1: want a number of requests, or 0 for all"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "many"}, `invalid value "many" for flag -limit`},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "0"}, `invalid value "0" for flag -memory: "0" is zero`},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "lots"}, `invalid value "lots" for flag -memory`},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "1MiB"},
+			"--memory 1 MiB: holds not one block of 16 tokens of llama3-8b (2 MiB): want at least 2 MiB"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "8GiB", "--max-context", "100000"},
+			"--max-context 100000: --memory 8 GiB holds at most 65536 tokens of llama3-8b for one sequence"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--max-context", "-5"}, "--max-context -5: want a number of tokens, or 0 to fit the trace"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--max-seqs", "0"}, "--max-seqs 0: want 1 to 1048576"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--max-batched-tokens", "0"}, "--max-batched-tokens 0: want 1 to 16777216"},
+	} {
+		code, out, errOut := runKV(t, tc.args...)
+		require.Equal(t, 2, code, "%v", tc.args)
+		require.Empty(t, out, "%v", tc.args)
+		require.Contains(t, errOut, tc.says, "%v", tc.args)
+		require.Contains(t, errOut, "usage: vmarena kv simulate", "%v", tc.args)
+	}
+}
+
+// TestKVFailures: a trace that cannot be read exits 1 with the file in
+// the message and prints no table.
+func TestKVFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, says string
+	}{
+		{"missing file", filepath.Join(t.TempDir(), "absent.csv"), "absent.csv: replay: open"},
+		{"malformed", writeTrace(t, "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,1\n"),
+			`bad.csv: replay: line 2: ContextTokens "x" is not an integer`},
+		{"no format", writeTrace(t, "trace.txt", "hello\n"), `no request trace format for extension ".txt"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runKV(t, "simulate", "--trace", tc.file, "--model", "llama3-8b")
+			require.Equal(t, 1, code)
+			require.Empty(t, out)
+			require.Contains(t, errOut, "vmarena kv simulate: ")
+			require.Contains(t, errOut, tc.says)
+		})
+	}
+}

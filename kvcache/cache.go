@@ -1,0 +1,697 @@
+package kvcache
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/stream"
+	"github.com/vmarena/vmarena/tensor"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// unitState is where a unit of a slot stands (see the package doc).
+type unitState uint8
+
+const (
+	unitEmpty      unitState = iota // reserved address space only
+	unitOwned                       // the slot's own pages, committed in the slot range
+	unitBorrowed                    // a prefix store unit's pages, mapped here
+	unitCommitting                  // being committed by the mapper, pages counted in flight
+)
+
+// unitInfo is one unit of a slot: all its regions' pages together.
+type unitInfo struct {
+	state unitState
+	su    *storeUnit // the store unit mapped here, when borrowed
+}
+
+// slot is one of MaxSeqs stretches of the slot range, each g.slotBytes
+// long, at idx*g.slotBytes.
+//
+// Invariants: owned counts the units in state unitOwned; a slot holds at
+// most one sequence (seq), and a running sequence's units below
+// unitsFor(Len) are all owned or borrowed; an idle slot (seq nil) or a
+// preempted sequence's slot borrows nothing; covers are live views of
+// units [0, coverUnits) of every region, and coverUnits never exceeds the
+// units its sequence's tokens fill.
+type slot struct {
+	idx        int
+	units      []unitInfo
+	owned      int
+	seq        *Seq
+	freedAt    uint64 // tick of the last Free, for reclaiming idle slots oldest first
+	covers     []*arena.View
+	coverUnits int
+	// lease ends every tensor handed out over the slot's memory (Append's
+	// rows, K, V) when that memory is about to go: revoked before the
+	// covers are released for a decommit, at the end of the sequence and
+	// at a preemption, so a caller's stale tensor answers ErrClosed rather
+	// than faulting. nil until the next tensor is made.
+	lease *tensor.Lease
+}
+
+// leaseLocked is the lease the slot's next tensor is made under.
+func (sl *slot) leaseLocked() *tensor.Lease {
+	if sl.lease == nil {
+		sl.lease = tensor.NewLease()
+	}
+	return sl.lease
+}
+
+// revokeLocked ends every tensor handed out over sl's memory so far.
+func (sl *slot) revokeLocked() {
+	sl.lease.Revoke()
+	sl.lease = nil
+}
+
+// Cache is a KV cache: MaxSeqs sequence slots in one reserved range, pages
+// committed as tokens arrive. Safe for concurrent use.
+type Cache struct {
+	cfg   Config
+	g     *geometry
+	space *vaspace.Space
+	mem   *physical.Memory
+	// slots is the slot range: slot i is [i*slotBytes, (i+1)*slotBytes).
+	// Only the cache commits, borrows or decommits in it.
+	slots *arena.Sparse
+	// addressable says tensors can be handed out (the process addresses
+	// the memory); bytes says there are bytes at all (not the sim driver).
+	addressable, bytes bool
+
+	// mu guards every field below and every slot and sequence. Arena
+	// calls are made under it, but for the mapper's commits (in flight,
+	// counted in inflight, their units marked unitCommitting). cond
+	// (on mu) is broadcast when a commit in flight ends.
+	mu       sync.Mutex
+	cond     *sync.Cond
+	budget   uint64
+	pages    int // pages committed: units owned by slots, plus store pages
+	inflight int // pages the mapper is committing
+	slotList []*slot
+	seqs     map[*Seq]struct{} // live sequences: running or preempted
+	tick     uint64
+	counts   counters
+	closed   bool
+	// lostErr records what went wrong where no caller could be told (the
+	// mapper, a store unit's release on give-back): a bug, for Check.
+	lostErr error
+
+	mapper   mapper
+	stopOnce sync.Once
+	// str copies bytes (swap, partly shared pages); nil on a driver
+	// without streams or without bytes.
+	str *stream.Stream
+	// ps is the prefix store (see store.go).
+	ps prefixStore
+}
+
+// counters are the cumulative figures of Stats.
+type counters struct {
+	admits, frees, steps, waits        int
+	commits, borrows, decommits        int
+	queries, hits, copies              int
+	evictions, evictedPages            int
+	reclaims, reclaimedPages           int
+	preemptions, swaps, drops, resumes int
+	mapperCommits                      int
+	copiedBytes, swappedBytes          uint64
+}
+
+// New makes a cache of cfg's shape on space and mem: it reserves the
+// address space of every slot (nothing is committed) and checks cfg,
+// refusing anything it cannot hold (ErrInvalid, naming the field).
+func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error) {
+	if isnil.Is(space) || isnil.Is(mem) {
+		return nil, errors.Wrap(driver.ErrInvalid, "kvcache: new cache: the address space or the physical memory is nil")
+	}
+	drv := space.Driver()
+	if isnil.Is(drv) || isnil.Is(mem.Driver()) {
+		return nil, errors.Wrap(driver.ErrInvalid, "kvcache: new cache: the address space or the physical memory has no driver (made with vaspace.New and physical.New of an open driver?)")
+	}
+	if mem.Driver() != drv {
+		return nil, errors.Wrap(driver.ErrInvalid, "kvcache: new cache: the address space and the physical memory are on different drivers")
+	}
+	g, err := cfg.check(drv.Devices(), drv.Granularity())
+	if err != nil {
+		return nil, err
+	}
+	u, err := mem.Usage(cfg.Device)
+	if err != nil {
+		return nil, errors.Wrapf(err, "kvcache: new cache")
+	}
+	if cfg.Budget == 0 {
+		cfg.Budget = u.Capacity
+	}
+	slots, err := arena.NewSparse(space, mem, arena.SparseOptions{
+		Max: g.slotBytes * uint64(cfg.MaxSeqs), ChunkSize: g.page, Device: cfg.Device,
+	})
+	if err != nil {
+		return nil, errors.Wrapf(err, "kvcache: new cache of %d slots of %s (%s)", cfg.MaxSeqs, units.Bytes(g.slotBytes), g)
+	}
+	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots,
+		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
+		budget: cfg.Budget, seqs: map[*Seq]struct{}{}}
+	c.cond = sync.NewCond(&c.mu)
+	if err := c.openStore(u.Capacity); err != nil {
+		return nil, errors.CombineErrors(err, slots.Close())
+	}
+	c.slotList = make([]*slot, cfg.MaxSeqs)
+	for i := range c.slotList {
+		c.slotList[i] = &slot{idx: i, units: make([]unitInfo, g.units)}
+	}
+	if c.bytes && drv.Supports(driver.FeatureStreams) {
+		if c.str, err = stream.New(drv, cfg.Device); err != nil {
+			err = errors.CombineErrors(errors.Wrap(err, "kvcache: new cache: a stream for copies"), slots.Close())
+			if c.ps.s != nil {
+				err = errors.CombineErrors(err, c.ps.s.Close())
+			}
+			return nil, err
+		}
+	}
+	c.startMapper()
+	return c, nil
+}
+
+// usable refuses a nil or zero cache (ErrInvalid) and a closed one
+// (ErrClosed). mu must be held unless the cache is nil or zero.
+func (c *Cache) usableLocked(what func() string) error {
+	if c.closed {
+		return driver.Closed(what() + ": the cache is closed")
+	}
+	return nil
+}
+
+// made refuses a nil cache or one not made by New.
+func (c *Cache) made(what func() string) error {
+	if c == nil || c.slots == nil {
+		return errors.Wrapf(driver.ErrInvalid, "%s: not a cache made by kvcache.New", what())
+	}
+	return nil
+}
+
+// Config is the cache's configuration, defaults filled in.
+func (c *Cache) Config() Config {
+	if c == nil {
+		return Config{}
+	}
+	return c.cfg
+}
+
+// Base is the address of slot 0; slot i starts SlotBytes()*i further. It
+// never changes.
+func (c *Cache) Base() driver.Addr {
+	if c == nil || c.slots == nil {
+		return 0
+	}
+	return c.slots.Base()
+}
+
+// SlotBytes is the address space of one slot.
+func (c *Cache) SlotBytes() uint64 {
+	if c == nil || c.g == nil {
+		return 0
+	}
+	return c.g.slotBytes
+}
+
+// TokensPerGroup is, in the TokenMajor layout, the tokens one page group
+// holds (the second dim of K and V); 0 in the PerLayer layout.
+func (c *Cache) TokensPerGroup() int {
+	if c == nil || c.g == nil || c.g.layout != TokenMajor {
+		return 0
+	}
+	return c.g.tpg
+}
+
+// slotOff is the offset of slot sl's unit u in region r.
+func (c *Cache) slotOff(sl *slot, r, u int) uint64 {
+	return uint64(sl.idx)*c.g.slotBytes + c.g.unitOff(r, u)
+}
+
+// budgetPages is the budget in whole pages.
+func (c *Cache) budgetPages() int { return int(min(c.budget/c.g.page, uint64(1)<<40)) }
+
+// freePagesLocked is what the budget still allows without reclaiming:
+// below zero when a lowered budget is not met yet.
+func (c *Cache) freePagesLocked() int { return c.budgetPages() - c.pages - c.inflight }
+
+// commitUnitsLocked commits units [u0, u1) of sl — all empty — as the
+// slot's own pages: one arena commit per region. On failure nothing is
+// left committed.
+func (c *Cache) commitUnitsLocked(sl *slot, u0, u1 int) error {
+	g := c.g
+	if err := c.commitRegions(sl, u0, u1); err != nil {
+		return err
+	}
+	c.counts.commits += g.regions
+	for u := u0; u < u1; u++ {
+		sl.units[u].state = unitOwned
+	}
+	sl.owned += u1 - u0
+	c.pages += (u1 - u0) * g.unitPages()
+	return nil
+}
+
+// decommitUnitsLocked gives back every unit of [u0, u1) of sl that is
+// owned (decommitted) or borrowed (given back to the store, last first),
+// one arena call per region. The slot's covers go first: they pin the memory.
+func (c *Cache) decommitUnitsLocked(sl *slot, u0, u1 int) error {
+	any := false
+	for u := u0; u < u1; u++ {
+		switch sl.units[u].state {
+		case unitOwned, unitBorrowed:
+			any = true
+		case unitCommitting:
+			return errors.AssertionFailedf("kvcache: decommit of slot %d's unit %d while it is being committed", sl.idx, u)
+		}
+	}
+	if !any {
+		return nil
+	}
+	if u0 < sl.coverUnits {
+		sl.revokeLocked()
+		if err := c.releaseCoversLocked(sl); err != nil {
+			return err
+		}
+	}
+	g := c.g
+	n := uint64(u1-u0) * g.unitBytes
+	for r := 0; r < g.regions; r++ {
+		if err := c.slots.Decommit(c.slotOff(sl, r, u0), n); err != nil {
+			return errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: decommit units [%d, %d) of slot %d", u0, u1, sl.idx))
+		}
+		c.counts.decommits++
+	}
+	// Last to first: borrowed units go back to the store's LRU list tail
+	// first, so that eviction takes a prefix chain from its end — a unit
+	// is found only through every unit before it.
+	for u := u1 - 1; u >= u0; u-- {
+		switch sl.units[u].state {
+		case unitOwned:
+			sl.owned--
+			c.pages -= g.unitPages()
+		case unitBorrowed:
+			c.giveBackLocked(sl.units[u].su)
+		}
+		sl.units[u] = unitInfo{}
+	}
+	return nil
+}
+
+// releaseCoversLocked ends sl's views.
+func (c *Cache) releaseCoversLocked(sl *slot) error {
+	var errs error
+	for _, v := range sl.covers {
+		errs = errors.CombineErrors(errs, v.Release())
+	}
+	sl.covers, sl.coverUnits = sl.covers[:0], 0
+	if errs != nil {
+		return errors.WithAssertionFailure(errors.Wrapf(errs, "kvcache: release the views of slot %d", sl.idx))
+	}
+	return nil
+}
+
+// coverLocked makes sl's covers reach at least k units of every region.
+func (c *Cache) coverLocked(sl *slot, k int) error {
+	if !c.addressable || k <= sl.coverUnits {
+		return nil
+	}
+	if err := c.releaseCoversLocked(sl); err != nil {
+		return err
+	}
+	for r := 0; r < c.g.regions; r++ {
+		v, err := c.slots.View(c.slotOff(sl, r, 0), uint64(k)*c.g.unitBytes)
+		if err != nil {
+			return errors.CombineErrors(errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: view of slot %d's region %d", sl.idx, r)),
+				c.releaseCoversLocked(sl))
+		}
+		sl.covers = append(sl.covers, v)
+	}
+	sl.coverUnits = k
+	return nil
+}
+
+// settleLocked waits until no unit of s's slot below k() is being
+// committed by the mapper. The lock is let go while it waits, so anything
+// may change meanwhile: check() runs before the first wait and after
+// every one, and its error ends the wait. It reports whether it waited.
+func (c *Cache) settleLocked(s *Seq, k func() int, check func() error) (bool, error) {
+	waited := false
+	for {
+		if err := check(); err != nil {
+			return waited, err
+		}
+		if !slices.ContainsFunc(s.sl.units[:k()], func(u unitInfo) bool { return u.state == unitCommitting }) {
+			return waited, nil
+		}
+		waited = true
+		c.cond.Wait()
+	}
+}
+
+// makeRoomLocked makes the budget hold need more pages: it gives back, in
+// order, the pages of idle slots (the longest idle first), cached prefix
+// store units no sequence maps (least recently used first), and the pages
+// running sequences hold beyond their tokens — never units of keep below
+// keepUnits. If all of that is not enough it changes nothing and returns
+// ErrOutOfMemory.
+func (c *Cache) makeRoomLocked(what func() string, need int, keep *slot, keepUnits int) error {
+	free := c.freePagesLocked()
+	if need <= free {
+		return nil
+	}
+	idle, surplus := c.reclaimableLocked(keep, keepUnits)
+	evictable := c.evictablePagesLocked()
+	if free+idle+evictable+surplus < need {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrOutOfMemory, "%s: needs %d pages of %s; the budget of %s has %d free, and %d idle, %d cached and %d surplus pages can be given back",
+				what(), need, units.Bytes(c.g.page), units.Bytes(c.budget), free, idle, evictable, surplus),
+			"free or preempt sequences, or raise the budget (SetBudget)")
+	}
+	if err := c.reclaimIdleLocked(need, keep); err != nil {
+		return err
+	}
+	if err := c.evictLocked(need); err != nil {
+		return err
+	}
+	return c.reclaimSurplusLocked(need, keep, keepUnits)
+}
+
+// reclaimableLocked counts the pages of idle slots and the pages running
+// or preempted sequences' slots hold beyond their tokens, keep's units
+// below keepUnits aside.
+func (c *Cache) reclaimableLocked(keep *slot, keepUnits int) (idle, surplus int) {
+	up := c.g.unitPages()
+	for _, sl := range c.slotList {
+		if sl.seq == nil {
+			if sl != keep {
+				idle += sl.owned * up
+			}
+			continue
+		}
+		from := c.g.unitsFor(sl.seq.n)
+		if sl == keep {
+			from = max(from, keepUnits)
+		}
+		for u := from; u < len(sl.units); u++ {
+			if sl.units[u].state == unitOwned {
+				surplus += up
+			}
+		}
+	}
+	return idle, surplus
+}
+
+// reclaimIdleLocked decommits the units of idle slots, longest idle first
+// and from their last unit down, until need pages are free.
+func (c *Cache) reclaimIdleLocked(need int, keep *slot) error {
+	var idle []*slot
+	for _, sl := range c.slotList {
+		if sl.seq == nil && sl.owned > 0 && sl != keep {
+			idle = append(idle, sl)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *slot) int { return int(a.freedAt) - int(b.freedAt) })
+	for _, sl := range idle {
+		if err := c.reclaimFromLocked(sl, 0, need); err != nil {
+			return err
+		}
+		if c.freePagesLocked() >= need {
+			return nil
+		}
+	}
+	return nil
+}
+
+// reclaimFromLocked decommits sl's owned units at or above from, last
+// first, until need pages are free: whole units, so whole pages. A slot
+// given back whole takes one arena call per region.
+func (c *Cache) reclaimFromLocked(sl *slot, from, need int) error {
+	up := c.g.unitPages()
+	owned := 0
+	for u := from; u < len(sl.units); u++ {
+		if sl.units[u].state == unitOwned {
+			owned++
+		}
+	}
+	if owned == 0 {
+		return nil
+	}
+	before := c.pages
+	committing := slices.ContainsFunc(sl.units[from:], func(u unitInfo) bool { return u.state == unitCommitting })
+	if c.freePagesLocked()+owned*up <= need && !committing {
+		if err := c.decommitUnitsLocked(sl, from, len(sl.units)); err != nil {
+			return err
+		}
+	} else {
+		for u := len(sl.units) - 1; u >= from && c.freePagesLocked() < need; u-- {
+			if sl.units[u].state != unitOwned {
+				continue
+			}
+			if err := c.decommitUnitsLocked(sl, u, u+1); err != nil {
+				return err
+			}
+		}
+	}
+	c.counts.reclaims++
+	c.counts.reclaimedPages += before - c.pages
+	return nil
+}
+
+// reclaimSurplusLocked decommits the units running sequences hold beyond
+// their tokens (keep's below keepUnits aside) until need pages are free.
+func (c *Cache) reclaimSurplusLocked(need int, keep *slot, keepUnits int) error {
+	for _, sl := range c.slotList {
+		if c.freePagesLocked() >= need {
+			return nil
+		}
+		if sl.seq == nil {
+			continue
+		}
+		from := c.g.unitsFor(sl.seq.n)
+		if sl == keep {
+			from = max(from, keepUnits)
+		}
+		if err := c.reclaimFromLocked(sl, from, need); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close ends every sequence (their tensors must not be used again), gives
+// back all memory and the address space. Closing twice is ErrClosed.
+func (c *Cache) Close() error {
+	what := func() string { return "kvcache: close" }
+	if err := c.made(what); err != nil {
+		return err
+	}
+	c.stopMapper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usableLocked(what); err != nil {
+		return err
+	}
+	var errs error
+	for s := range c.seqs {
+		errs = errors.CombineErrors(errs, c.endLocked(s))
+	}
+	for _, sl := range c.slotList {
+		errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, 0, len(sl.units)))
+	}
+	errs = errors.CombineErrors(errs, c.closeStoreLocked())
+	errs = errors.CombineErrors(errs, c.slots.Close())
+	if c.str != nil {
+		errs = errors.CombineErrors(errs, c.str.Destroy())
+	}
+	c.closed = true
+	if errs != nil {
+		return errors.Wrapf(errs, "%s", what())
+	}
+	return nil
+}
+
+// Closed reports whether the cache is closed (a nil or zero cache is).
+func (c *Cache) Closed() bool {
+	if c == nil || c.slots == nil {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// checkAfter runs Check's walk after a change under the invariants tag.
+func (c *Cache) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("kvcache: "+op, c.checkLocked())
+	}
+}
+
+// Check verifies the cache's books against each other and against its
+// ranges, and reports every violation.
+func (c *Cache) Check() error {
+	if err := c.made(func() string { return "kvcache: check" }); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	errs := errors.CombineErrors(c.checkLocked(), c.lostErr)
+	if !c.closed {
+		errs = errors.CombineErrors(errs, c.slots.Check())
+		errs = errors.CombineErrors(errs, c.checkStoreRangeLocked())
+	}
+	return errs
+}
+
+func (c *Cache) checkLocked() error {
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: "+format, args...))
+	}
+	if c.closed {
+		if len(c.seqs) > 0 || c.pages != 0 {
+			fail("a closed cache keeps %d sequences, %d pages", len(c.seqs), c.pages)
+		}
+		return errs
+	}
+	g := c.g
+	up := g.unitPages()
+	ownedPages, committing := 0, 0
+	type ext struct {
+		off, size uint64
+		borrowed  bool
+	}
+	var want []ext
+	add := func(off uint64, borrowed bool) {
+		if n := len(want); n > 0 && want[n-1].borrowed == borrowed && want[n-1].off+want[n-1].size == off {
+			want[n-1].size += g.unitBytes
+			return
+		}
+		want = append(want, ext{off, g.unitBytes, borrowed})
+	}
+	for i, sl := range c.slotList {
+		if sl.idx != i {
+			fail("slot %d says it is %d", i, sl.idx)
+		}
+		owned := 0
+		for u, ui := range sl.units {
+			switch ui.state {
+			case unitOwned:
+				owned++
+			case unitBorrowed:
+				if ui.su == nil {
+					fail("slot %d's unit %d is borrowed from no store unit", i, u)
+				} else if ui.su.u != u {
+					fail("slot %d's unit %d maps store unit %d, which belongs at unit %d", i, u, ui.su.idx, ui.su.u)
+				}
+				if sl.seq == nil || sl.seq.state != seqRunning {
+					fail("slot %d borrows unit %d without a running sequence", i, u)
+				}
+			case unitCommitting:
+				committing++
+			}
+		}
+		if owned != sl.owned {
+			fail("slot %d counts %d owned units, holds %d", i, sl.owned, owned)
+		}
+		ownedPages += owned * up
+		for r := 0; r < g.regions; r++ {
+			for u, ui := range sl.units {
+				if ui.state == unitOwned || ui.state == unitBorrowed {
+					add(c.slotOff(sl, r, u), ui.state == unitBorrowed)
+				}
+			}
+		}
+		if s := sl.seq; s != nil {
+			if s.sl != sl {
+				fail("slot %d holds a sequence of slot %d", i, s.sl.idx)
+			}
+			if _, live := c.seqs[s]; !live {
+				fail("slot %d holds a sequence that is not live", i)
+			}
+			switch s.state {
+			case seqRunning:
+				for u := 0; u < g.unitsFor(s.n); u++ {
+					if st := sl.units[u].state; st != unitOwned && st != unitBorrowed {
+						fail("running sequence in slot %d has %d tokens, but unit %d is not committed", i, s.n, u)
+					}
+				}
+				if sl.coverUnits > g.unitsFor(s.n) {
+					fail("slot %d's views cover %d units, its %d tokens fill %d", i, sl.coverUnits, s.n, g.unitsFor(s.n))
+				}
+			case seqSwapped, seqDropped:
+				if slices.ContainsFunc(sl.units, func(u unitInfo) bool { return u.state != unitEmpty }) || len(sl.covers) > 0 {
+					fail("preempted sequence's slot %d keeps pages", i)
+				}
+			default:
+				fail("slot %d holds a sequence in state %d", i, s.state)
+			}
+			if len(s.tokens) != s.n {
+				fail("sequence in slot %d keeps %d tokens, counts %d", i, len(s.tokens), s.n)
+			}
+		} else if len(sl.covers) > 0 {
+			fail("idle slot %d keeps views", i)
+		}
+		if len(sl.covers) != 0 && len(sl.covers) != g.regions {
+			fail("slot %d has %d views, not one per region", i, len(sl.covers))
+		}
+	}
+	for s := range c.seqs {
+		if s.sl == nil || s.sl.seq != s {
+			fail("a live sequence is not its slot's")
+		}
+	}
+	if committing*up != c.inflight {
+		fail("%d units are being committed, %d pages counted in flight", committing, c.inflight)
+	}
+	storePages := c.checkStoreLocked(fail)
+	if ownedPages+storePages != c.pages {
+		fail("%d slot pages and %d store pages are committed, %d counted", ownedPages, storePages, c.pages)
+	}
+	if c.inflight == 0 {
+		if got := c.slots.Committed(); got != uint64(ownedPages)*g.page {
+			fail("the slot range holds %s, the slots own %d pages", units.Bytes(got), ownedPages)
+		}
+		var got []ext
+		for _, e := range c.slots.Layout() {
+			got = append(got, ext{e.Offset, e.Size, e.Borrowed})
+		}
+		slices.SortFunc(want, func(a, b ext) int {
+			if a.off < b.off {
+				return -1
+			}
+			return 1
+		})
+		// Merge what sorting brought together.
+		var merged []ext
+		for _, e := range want {
+			if n := len(merged); n > 0 && merged[n-1].borrowed == e.borrowed && merged[n-1].off+merged[n-1].size == e.off {
+				merged[n-1].size += e.size
+				continue
+			}
+			merged = append(merged, e)
+		}
+		if !slices.Equal(merged, got) {
+			fail("the slot range maps %v, the slots say %v", got, merged)
+		}
+	}
+	return errs
+}
+
+// String describes the cache: "kvcache: 8 slots, per-layer, ...".
+func (c *Cache) String() string {
+	if c == nil || c.g == nil {
+		return "kvcache: not a cache"
+	}
+	return fmt.Sprintf("kvcache: %d slots of %s, %s", c.cfg.MaxSeqs, units.Bytes(c.g.slotBytes), c.g)
+}

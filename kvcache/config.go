@@ -1,0 +1,312 @@
+package kvcache
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/tensor"
+)
+
+// Layout says how a slot lays out the keys and values of its sequence.
+type Layout uint8
+
+const (
+	// PerLayer gives every layer's K and every layer's V a region of its
+	// own, MaxContext tokens long (vAttention's layout): layer l's K is one
+	// row-major tensor [tokens, KVHeads, HeadDim]. A sequence's tail wastes
+	// up to one page in each of its 2*Layers regions.
+	PerLayer Layout = iota
+	// TokenMajor fills each page with a group of tokens for all layers,
+	// laid out [layer][K, V][token][head][dim]: layer l's K is a strided
+	// tensor [groups, tokens per group, KVHeads, HeadDim]. A sequence's
+	// tail wastes at most one group.
+	TokenMajor
+	numLayouts
+)
+
+func (l Layout) String() string {
+	switch l {
+	case PerLayer:
+		return "per-layer"
+	case TokenMajor:
+		return "token-major"
+	}
+	return fmt.Sprintf("Layout(%d)", uint8(l))
+}
+
+// ParseLayout reads "per-layer" or "token-major" (as String writes them).
+func ParseLayout(s string) (Layout, error) {
+	for l := Layout(0); l < numLayouts; l++ {
+		if l.String() == s {
+			return l, nil
+		}
+	}
+	return 0, errors.Wrapf(driver.ErrInvalid, "kvcache: layout %q is neither %q nor %q", s, PerLayer, TokenMajor)
+}
+
+// Config is the shape of a cache: the model's keys and values, the
+// sequences it holds and the memory it may use.
+type Config struct {
+	// Layers, KVHeads and HeadDim are the model's: each token keeps, per
+	// layer, a key and a value of KVHeads*HeadDim elements of DType.
+	Layers, KVHeads, HeadDim int
+	DType                    tensor.DType
+	// BlockTokens is the unit of prefix hashing, in tokens (default 16).
+	BlockTokens int
+	// MaxContext is the most tokens one sequence holds, prompt and output.
+	MaxContext int
+	// MaxSeqs is the number of sequence slots.
+	MaxSeqs int
+	// Budget is the most KV memory the cache keeps committed (default, 0:
+	// the device's capacity). SetBudget changes it at run time.
+	Budget uint64
+	// PageSize is the unit of commit (default, 0: the device's recommended
+	// granularity); a multiple of the driver's granularity.
+	PageSize uint64
+	// Layout is PerLayer (the zero value) or TokenMajor.
+	Layout Layout
+	// Device holds every page.
+	Device driver.DeviceID
+	// MapAhead is the mapping-ahead watermark in tokens: when fewer remain
+	// free on a running sequence's last page, a background goroutine
+	// commits its next page (default, 0: BlockTokens; negative: no mapping
+	// ahead, every page is committed by the Append that needs it).
+	MapAhead int
+	// NoPrefixSharing turns prefix sharing off: no prompt page goes to the
+	// prefix store, none is matched.
+	NoPrefixSharing bool
+}
+
+// presets are the shapes of common models; they set the shape and dtype
+// only.
+var presets = map[string]Config{
+	// LLaMA 7B: multi-head attention, fp16.
+	"llama-7b": {Layers: 32, KVHeads: 32, HeadDim: 128, DType: tensor.Float16},
+	// LLaMA 3 8B: grouped-query attention (8 KV heads), fp16.
+	"llama3-8b": {Layers: 32, KVHeads: 8, HeadDim: 128, DType: tensor.Float16},
+	// A small float32 model for tests and examples.
+	"tiny": {Layers: 4, KVHeads: 8, HeadDim: 64, DType: tensor.Float32},
+}
+
+// Presets lists the names Preset knows, sorted.
+func Presets() []string {
+	names := make([]string, 0, len(presets))
+	for n := range presets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Preset returns the shape (Layers, KVHeads, HeadDim, DType) of a common
+// model; the caller fills in the rest. An unknown name is ErrInvalid.
+func Preset(name string) (Config, error) {
+	cfg, ok := presets[name]
+	if !ok {
+		return Config{}, errors.Wrapf(driver.ErrInvalid, "kvcache: no preset %q (known: %s)", name, strings.Join(Presets(), ", "))
+	}
+	return cfg, nil
+}
+
+// geometry is where every byte of a slot goes, worked out once from the
+// Config.
+//
+// A slot is regions side by side, each regionBytes long and made of units
+// of unitBytes: PerLayer has 2*Layers regions (region 2l is layer l's K,
+// 2l+1 its V) whose unit is one page; TokenMajor has one region whose unit
+// is a group of pages holding tpg tokens for all layers. Unit u of every
+// region together is the unit of commit for a sequence and the unit of
+// sharing in the prefix store: a store unit holds the same regions' unit u
+// side by side.
+type geometry struct {
+	layout      Layout
+	layers      int
+	heads, dim  int
+	dt          tensor.DType
+	elt         int
+	row         uint64 // bytes of one token's K (or V) in one layer
+	page        uint64
+	regions     int
+	unitBytes   uint64 // bytes of one unit in one region: a whole number of pages
+	units       int    // units per region
+	tpg         int    // TokenMajor: tokens per group (unit)
+	regionBytes uint64
+	slotBytes   uint64
+	maxCtx      int
+	block       int
+}
+
+// tokenBytes is the memory of one token: keys and values of all layers.
+func (g *geometry) tokenBytes() uint64 { return 2 * uint64(g.layers) * g.row }
+
+// unitPages is the number of pages of one unit over all regions.
+func (g *geometry) unitPages() int { return g.regions * int(g.unitBytes/g.page) }
+
+// unitsFor is the number of units (from unit 0) n tokens need.
+func (g *geometry) unitsFor(n int) int {
+	if g.layout == PerLayer {
+		return int((uint64(n)*g.row + g.page - 1) / g.page)
+	}
+	return (n + g.tpg - 1) / g.tpg
+}
+
+// unitTokens is [start, end): the tokens with bytes in unit u.
+func (g *geometry) unitTokens(u int) (start, end int) {
+	if g.layout == PerLayer {
+		lo, hi := uint64(u)*g.page, uint64(u+1)*g.page
+		return int(lo / g.row), int((hi + g.row - 1) / g.row)
+	}
+	return u * g.tpg, (u + 1) * g.tpg
+}
+
+// usedBytes is the bytes of unit u (all regions) that hold tokens below n.
+func (g *geometry) usedBytes(u, n int) uint64 {
+	if g.layout == PerLayer {
+		b := uint64(n) * g.row
+		lo := uint64(u) * g.page
+		if b <= lo {
+			return 0
+		}
+		return uint64(g.regions) * min(b-lo, g.page)
+	}
+	t := n - u*g.tpg
+	if t <= 0 {
+		return 0
+	}
+	return uint64(min(t, g.tpg)) * g.tokenBytes()
+}
+
+// unitOff is the offset of unit u of region r in a slot.
+func (g *geometry) unitOff(r, u int) uint64 {
+	return uint64(r)*g.regionBytes + uint64(u)*g.unitBytes
+}
+
+// tokenOff is the offset in a slot of token t's K (kv 0) or V (kv 1) in
+// layer l.
+func (g *geometry) tokenOff(l, kv, t int) uint64 {
+	if g.layout == PerLayer {
+		return g.unitOff(2*l+kv, 0) + uint64(t)*g.row
+	}
+	u, j := t/g.tpg, t%g.tpg
+	return g.unitOff(0, u) + uint64((2*l+kv)*g.tpg+j)*g.row
+}
+
+// check validates cfg against the driver's devices and fills in its
+// defaults, returning the geometry. Every refusal is ErrInvalid (or
+// ErrNoDevice, ErrMisaligned from the driver's checks) and names the field.
+func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
+	what := func() string { return "kvcache: new cache" }
+	bad := func(format string, args ...any) error {
+		return errors.Wrapf(driver.ErrInvalid, "%s: "+format, append([]any{what()}, args...)...)
+	}
+	switch {
+	case cfg.Layers < 1 || cfg.KVHeads < 1 || cfg.HeadDim < 1:
+		return nil, errors.WithHint(bad("Layers %d, KVHeads %d and HeadDim %d must all be at least 1", cfg.Layers, cfg.KVHeads, cfg.HeadDim),
+			"start from a preset: kvcache.Preset(\"llama3-8b\")")
+	case !cfg.DType.Valid():
+		return nil, bad("DType %s is not a defined dtype", cfg.DType)
+	case cfg.MaxContext < 1:
+		return nil, bad("MaxContext %d must be at least 1 token", cfg.MaxContext)
+	case cfg.MaxSeqs < 1:
+		return nil, bad("MaxSeqs %d must be at least 1", cfg.MaxSeqs)
+	case cfg.BlockTokens < 0:
+		return nil, bad("BlockTokens %d is negative", cfg.BlockTokens)
+	case cfg.Layout >= numLayouts:
+		return nil, bad("Layout %d is neither PerLayer (0) nor TokenMajor (1)", cfg.Layout)
+	}
+	if err := driver.CheckDevice(what, cfg.Device, len(devs)); err != nil {
+		return nil, err
+	}
+	if cfg.BlockTokens == 0 {
+		cfg.BlockTokens = 16
+	}
+	if cfg.MapAhead == 0 {
+		cfg.MapAhead = cfg.BlockTokens
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = devs[cfg.Device].RecommendedGranularity
+	}
+	if err := driver.CheckSize(func() string { return what() + ": PageSize" }, cfg.PageSize, gran); err != nil {
+		return nil, err
+	}
+	g := &geometry{layout: cfg.Layout, layers: cfg.Layers, heads: cfg.KVHeads, dim: cfg.HeadDim, dt: cfg.DType,
+		elt: cfg.DType.Size(), page: cfg.PageSize, maxCtx: cfg.MaxContext, block: cfg.BlockTokens}
+	// Every product below is checked: a config is the caller's input.
+	mul := func(a, b uint64) (uint64, bool) {
+		hi, lo := bits.Mul64(a, b)
+		return lo, hi == 0
+	}
+	tooBig := func(which string) error {
+		return bad("%s overflows: %d layers x %d KV heads x %d x %d-byte %s, %d tokens x %d sequences",
+			which, cfg.Layers, cfg.KVHeads, cfg.HeadDim, g.elt, cfg.DType, cfg.MaxContext, cfg.MaxSeqs)
+	}
+	row, ok := mul(uint64(cfg.KVHeads), uint64(cfg.HeadDim))
+	row, ok2 := mul(row, uint64(g.elt))
+	if !ok || !ok2 || row > math.MaxInt32 {
+		return nil, tooBig("a token's row")
+	}
+	g.row = row
+	perTok, ok := mul(2*uint64(cfg.Layers), row)
+	if !ok || perTok > math.MaxInt {
+		return nil, tooBig("a token's bytes")
+	}
+	roundUp := func(x uint64) (uint64, bool) {
+		r := (x + g.page - 1) / g.page * g.page
+		return r, r >= x
+	}
+	switch cfg.Layout {
+	case PerLayer:
+		g.regions = 2 * cfg.Layers
+		g.unitBytes = g.page
+		b, ok := mul(uint64(cfg.MaxContext), row)
+		if b, ok2 := roundUp(b); ok && ok2 {
+			g.regionBytes = b
+		} else {
+			return nil, tooBig("a region")
+		}
+		g.units = int(g.regionBytes / g.page)
+	case TokenMajor:
+		g.regions = 1
+		if perTok <= g.page {
+			g.tpg, g.unitBytes = int(g.page/perTok), g.page
+		} else {
+			// A token larger than a page: each group is one token over
+			// as many whole pages as it needs.
+			g.tpg = 1
+			if g.unitBytes, ok = roundUp(perTok); !ok {
+				return nil, tooBig("a token's pages")
+			}
+		}
+		g.units = (cfg.MaxContext + g.tpg - 1) / g.tpg
+		if g.regionBytes, ok = mul(uint64(g.units), g.unitBytes); !ok {
+			return nil, tooBig("a slot")
+		}
+	}
+	if g.slotBytes, ok = mul(uint64(g.regions), g.regionBytes); !ok {
+		return nil, tooBig("a slot")
+	}
+	if total, ok := mul(g.slotBytes, uint64(cfg.MaxSeqs)); !ok || total > math.MaxInt64 {
+		return nil, errors.WithHint(tooBig("the slots' address space"), "fewer MaxSeqs or a shorter MaxContext")
+	}
+	if g.units > math.MaxInt32 {
+		return nil, tooBig("the pages of a slot")
+	}
+	return g, nil
+}
+
+// String describes the geometry for messages: "per-layer, 64 regions of
+// 4 MiB (2 pages of 2 MiB) a slot".
+func (g *geometry) String() string {
+	if g.layout == PerLayer {
+		return fmt.Sprintf("%s, %d regions of %s (%d pages of %s) a slot", g.layout, g.regions,
+			units.Bytes(g.regionBytes), g.units, units.Bytes(g.page))
+	}
+	return fmt.Sprintf("%s, %d groups of %d tokens in %s a slot", g.layout, g.units, g.tpg, units.Bytes(g.unitBytes))
+}

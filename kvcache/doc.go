@@ -1,0 +1,155 @@
+// Package kvcache owns the key-value cache of LLM serving: for every
+// running sequence (a request), the attention keys and values of every
+// token so far, in memory committed as tokens arrive, at addresses that
+// never move while the sequence lives (safe to capture in a CUDA graph).
+//
+// # What it owns
+//
+// One arena.Sparse, the slot range, reserves MaxSeqs slots, each sized
+// for MaxContext tokens in the chosen layout and rounded up to whole
+// pages (PageSize). A sequence gets a slot at Admit and keeps it — and its
+// addresses — until Free, also while preempted. Pages are committed only
+// as tokens arrive (Append). A second arena.Sparse, the prefix store,
+// holds the pages of prompts that sequences share. The cache also owns a
+// goroutine that maps ahead and a stream for its copies. Nothing else
+// reserves or commits: the arena does, the cache decides where.
+//
+// # Layouts
+//
+// A token keeps, in each layer, a key and a value of row = KVHeads *
+// HeadDim * dtype-size bytes.
+//
+//   - PerLayer (vAttention's): a slot is 2*Layers regions — layer l's K,
+//     then its V — each MaxContext*row bytes rounded up to a page; token t
+//     of layer l's K lies at regionK(l) + t*row. K(l) is a plain row-major
+//     tensor [tokens, KVHeads, HeadDim]. The unit of commit is one page in
+//     every region (2*Layers pages), so the tail of a sequence wastes up to
+//     2*Layers pages.
+//   - TokenMajor: a page holds tpg = PageSize / (2*Layers*row) tokens of
+//     every layer, laid out [layer][K, V][tpg tokens][heads][dim]. K(l) is
+//     a strided tensor [groups, tpg, KVHeads, HeadDim] with strides
+//     [PageSize/elt, KVHeads*HeadDim, HeadDim, 1] at element offset
+//     l*2*tpg*row/elt (V: tpg*row/elt further). The tail wastes at most one
+//     page. A token larger than a page takes a group of ceil(2*Layers*row /
+//     PageSize) pages of its own (tpg = 1; the first stride is the group).
+//
+// The trade-off, in figures, with 2 MiB pages (go test ./kvcache -run
+// TestLayoutFigures -v prints them):
+//
+//	model       layout       tokens/page  commit unit  tail waste, worst  (avg)
+//	llama-7b    PerLayer     256          64 pages     128 MiB = 256 tok  (64 MiB)
+//	llama-7b    TokenMajor   4            1 page       2 MiB = 4 tok      (1 MiB)
+//	llama3-8b   PerLayer     1024         64 pages     128 MiB = 1024 tok (64 MiB)
+//	llama3-8b   TokenMajor   16           1 page       2 MiB = 16 tok     (1 MiB)
+//
+// PerLayer hands attention kernels the same contiguous tensor a static
+// buffer would and commits rarely (64 map calls every 1024 tokens for
+// llama3-8b); TokenMajor wastes 64 times less per sequence and commits one
+// page every 16 tokens, and its kernels index [t/tpg, t%tpg] — address
+// arithmetic, no block table.
+//
+// # The states of a slot's unit
+//
+// A unit is one page of every region (PerLayer) or one group (TokenMajor):
+//
+//	empty       reserved address space only
+//	owned       the slot's own pages, committed in the slot range
+//	borrowed    a prefix store unit's pages mapped here (arena.Sparse.Borrow)
+//	committing  being committed by the mapping-ahead goroutine
+//
+// Occupancy hands out a copy of every slot's unit states, its sequence's
+// state and length, and its pages: the cache's memory map.
+//
+// Invariants (Check walks them all): a running sequence's units below
+// unitsFor(Len) are owned or borrowed; a preempted sequence's slot and an
+// idle slot borrow nothing; a store unit's borrower count is the number of
+// slots mapping it, and a store unit no one maps is cached (listed, in the
+// LRU list); the pages counted committed are the slots' owned units plus
+// the store's pages, and never exceed the budget but by pages a lowered
+// budget has not yet reclaimed.
+//
+// # Prefix sharing
+//
+// A prompt's whole units — all of whose tokens are the prompt's — are
+// committed in a second arena.Sparse, the prefix store, and borrowed into
+// the slot (arena.Sparse.Borrow). A store unit is keyed by a chained
+// 64-bit hash of the tokens up to its end: block i (BlockTokens tokens)
+// hashes as hash(hash of block i-1, extra key, tokens of block i), the
+// extra key covering adapters and salts; it keeps its tokens too, so a
+// match is exact. It becomes matchable once its owner has written it
+// (published at the owner's next Append, Preempt or Free). A later
+// sequence whose prompt starts with the same units under the same extra
+// key maps the same physical pages at its own addresses, no copy; the
+// unit after them, partly covered by a cached unit's blocks, is copied
+// once into the sequence's own unit. A store unit no sequence maps stays
+// cached and is evicted least recently used first — a whole unit, hence
+// whole pages — when memory is needed, before any running sequence is
+// touched; a sequence gives its units back last first, so a chain is
+// evicted from its end (a unit is found only through those before it). In the PerLayer layout sharing needs a page to hold whole rows
+// (PageSize a multiple of KVHeads*HeadDim*dtype size); otherwise, or with
+// NoPrefixSharing, every page is the slot's own.
+//
+// # Deferred reclaim
+//
+// Free gives back what the sequence borrowed but keeps its slot's own
+// pages committed; a new sequence prefers a slot that has some. They are
+// decommitted only when memory is needed (budget): whole units — so whole
+// pages — of idle slots, the longest idle first and from their end.
+//
+// # Mapping ahead
+//
+// A goroutine of the cache's own commits, for every running sequence, its
+// next unit whenever fewer than MapAhead tokens of room remain, within the
+// budget (it never reclaims, evicts or preempts), so that a decode step
+// finds its page mapped. An Append that must still commit a page itself,
+// or wait for one in flight, counts in Stats.Waits. Close stops it.
+//
+// # Budget, admission and preemption
+//
+// Committed memory never exceeds the budget: an Append that needs pages
+// first gives back, in order, the pages of idle slots, cached prefix store
+// units no sequence maps (least recently used first) and the pages running
+// sequences hold beyond their tokens; if that is not enough it fails with
+// ErrOutOfMemory and changes nothing. CanAdmit says whether a request
+// would fit now. SetBudget lowers (or raises) the budget at run time —
+// several models sharing a device — giving back the same way and then
+// preempting running sequences, the latest admitted first. A preempted
+// sequence keeps its slot, addresses and tokens: Swap copies its bytes to
+// pinned host memory (stream.HostBuffer) first and Resume puts them back
+// identical; Drop loses them and Resume hands back views of the positions
+// to recompute.
+//
+// # Lifetimes
+//
+// The tensors Append, K and V return are views of the cache's memory (no
+// copy), valid while their sequence runs. When the sequence is preempted
+// or freed, the cache closed, or pages under them taken back, the cache
+// revokes them (tensor.Lease) before the memory goes: each of them, and
+// every view made from it, then answers ErrClosed instead of touching
+// unmapped memory. A slice their Data or Bytes handed out is not covered:
+// it must not outlive the sequence's run, as with any device memory.
+//
+// # The sim driver
+//
+// Its memory cannot be addressed by the process: the cache keeps every
+// book (slots, pages, borrowing, budget, stats) but hands out no tensors
+// (Append's views are nil; K and V are ErrUnsupported) and copies nothing.
+// The serving simulation runs this way with model-sized memory.
+//
+// # What it never does
+//
+// It never copies a sequence to grow it, never moves a live sequence's
+// addresses, never touches memory itself (the arena maps, tensors are
+// views), never commits past the budget, and never changes anything in a
+// call that fails.
+//
+// # Errors
+//
+// Every refusal is marked with one sentinel of the driver package, its
+// message starting "kvcache: ": ErrInvalid for a value no call could
+// accept (a bad config names its field; a preempted sequence where a
+// running one is needed), ErrClosed for a closed cache or a freed
+// sequence, ErrBusy when every slot holds a sequence, ErrOutOfMemory when
+// the budget cannot hold what is asked even after giving back idle and
+// cached pages, ErrUnsupported for tensors on the sim driver.
+package kvcache

@@ -1,0 +1,784 @@
+package kvcache
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// The model-based test: random sequences of operations run against the
+// cache and against a plain model of its slots, compared after every
+// step. The operations are decoded from bytes, so `go test -fuzz
+// FuzzCacheModel` explores them; the seed corpus is in
+// testdata/fuzz/FuzzCacheModel (VMARENA_WRITE_CORPUS=1 go test -run
+// TestSeedCorpus ./kvcache writes it afresh).
+
+// opKind is what one step does.
+type opKind uint8
+
+const (
+	opAdmit opKind = iota
+	opAppend
+	opAppendMore
+	opFree
+	opVerify
+	opPreempt
+	opResume
+	opSetBudget
+	numOpKinds
+)
+
+// op is one decoded step. seq picks a live sequence (modulo their
+// number); n is a size whose meaning depends on the kind; family and
+// extra shape an admitted prompt.
+type op struct {
+	kind   opKind
+	seq    int
+	n      int
+	family int
+	extra  uint64
+}
+
+// opBytes is the encoded size of one op; the first byte of the input
+// configures the run.
+const opBytes = 4
+
+// decode reads the config byte and the ops of data; trailing bytes that
+// make no whole op are ignored.
+func decode(data []byte) (cfg byte, ops []op) {
+	if len(data) == 0 {
+		return 0, nil
+	}
+	cfg, data = data[0], data[1:]
+	for i := 0; i+opBytes <= len(data); i += opBytes {
+		b := data[i : i+opBytes]
+		ops = append(ops, op{kind: opKind(b[0] % byte(numOpKinds)), seq: int(b[1]), n: int(b[2]), family: int(b[3] % 4), extra: uint64(b[3] / 4 % 2)})
+	}
+	return cfg, ops
+}
+
+// encode is decode's inverse (for ops decode could have made).
+func encode(cfg byte, ops []op) []byte {
+	out := []byte{cfg}
+	for _, o := range ops {
+		out = append(out, byte(o.kind), byte(o.seq), byte(o.n), byte(o.family)+4*byte(o.extra))
+	}
+	return out
+}
+
+func randomInput(rng *rand.Rand, n int) []byte {
+	b := make([]byte, 1+opBytes*n)
+	for i := range b {
+		b[i] = byte(rng.UintN(256))
+	}
+	// Admit more often than the bytes alone would.
+	for i := 1; i < len(b); i += opBytes {
+		if rng.UintN(4) == 0 {
+			b[i] = byte(opAdmit)
+		}
+	}
+	return b
+}
+
+// mslot, mseq and munit are the model's slot, sequence and prefix store
+// unit.
+type mslot struct {
+	owned    []bool
+	borrowed []*munit
+	seq      *mseq
+	freedAt  int
+}
+
+type mseq struct {
+	real      *Seq
+	slot      int
+	prompt    []int
+	tokens    []int
+	extra     uint64
+	admitted  int
+	preempted PreemptMode // 0 while running
+	matched   int
+}
+
+type munit struct {
+	u                 int
+	key, parent       string
+	tokens            []int
+	refs              int
+	owner             *mseq
+	published, listed bool
+}
+
+type model struct {
+	g      *geometry
+	slots  []*mslot
+	seqs   []*mseq
+	pages  int
+	budget int // pages
+	tick   int
+	// The prefix store: listed units by key and in listing order, cached
+	// units in LRU order (least recently used first).
+	sharing bool
+	byKey   map[string]*munit
+	listed  []*munit
+	lru     []*munit
+	copies  int
+}
+
+// keyOf is the model's exact key of a prefix.
+func keyOf(extra uint64, tokens []int) string { return fmt.Sprint(extra, tokens) }
+
+func (m *model) up() int { return m.g.unitPages() }
+
+func (m *model) free() int { return m.budget - m.pages }
+
+// ownedFrom counts the units of sl from u on that it owns.
+func (m *model) ownedFrom(sl *mslot, u int) (n int) {
+	for _, o := range sl.owned[u:] {
+		if o {
+			n++
+		}
+	}
+	return n
+}
+
+// drop gives back unit u of sl: decommitted if owned, given back to the
+// store if borrowed.
+func (m *model) drop(sl *mslot, u int) {
+	switch {
+	case sl.owned[u]:
+		sl.owned[u] = false
+		m.pages -= m.up()
+	case sl.borrowed[u] != nil:
+		mu := sl.borrowed[u]
+		sl.borrowed[u] = nil
+		mu.refs--
+		mu.owner = nil
+		if mu.refs == 0 {
+			if mu.listed {
+				m.lru = append(m.lru, mu)
+			} else {
+				m.pages -= m.up()
+			}
+		}
+	}
+}
+
+// reclaimFrom is the cache's page-aware reclaim of one slot, from unit
+// from on: whole, or unit by unit from its end.
+func (m *model) reclaimFrom(sl *mslot, from, need int) {
+	owned := m.ownedFrom(sl, from)
+	if owned == 0 {
+		return
+	}
+	if m.free()+owned*m.up() <= need {
+		for u := from; u < len(sl.owned); u++ {
+			m.drop(sl, u)
+		}
+		return
+	}
+	for u := len(sl.owned) - 1; u >= from && m.free() < need; u-- {
+		if sl.owned[u] {
+			m.drop(sl, u)
+		}
+	}
+}
+
+// surplusFrom is the first unit of sl past its sequence's tokens.
+func (m *model) surplusFrom(sl *mslot, keep *mslot, keepUnits int) int {
+	from := m.g.unitsFor(len(sl.seq.tokens))
+	if sl == keep {
+		from = max(from, keepUnits)
+	}
+	return min(from, len(sl.owned))
+}
+
+// makeRoom is the cache's: false (and nothing changed) when idle, cached
+// and surplus pages together are not enough.
+func (m *model) makeRoom(need int, keep *mslot, keepUnits int) bool {
+	if need <= m.free() {
+		return true
+	}
+	idle, surplus := 0, 0
+	for _, sl := range m.slots {
+		if sl.seq == nil {
+			if sl != keep {
+				idle += m.ownedFrom(sl, 0) * m.up()
+			}
+			continue
+		}
+		surplus += m.ownedFrom(sl, m.surplusFrom(sl, keep, keepUnits)) * m.up()
+	}
+	if m.free()+idle+len(m.lru)*m.up()+surplus < need {
+		return false
+	}
+	m.reclaim(need, keep, keepUnits)
+	return true
+}
+
+// reclaim gives back idle slots' pages (longest idle first), cached units
+// (least recently used first), then surplus pages, until need more fit.
+func (m *model) reclaim(need int, keep *mslot, keepUnits int) {
+	var idles []*mslot
+	for _, sl := range m.slots {
+		if sl.seq == nil && sl != keep && m.ownedFrom(sl, 0) > 0 {
+			idles = append(idles, sl)
+		}
+	}
+	slices.SortFunc(idles, func(a, b *mslot) int { return a.freedAt - b.freedAt })
+	for _, sl := range idles {
+		if m.free() >= need {
+			break
+		}
+		m.reclaimFrom(sl, 0, need)
+	}
+	m.evict(need)
+	for _, sl := range m.slots {
+		if m.free() >= need {
+			break
+		}
+		if sl.seq != nil {
+			m.reclaimFrom(sl, m.surplusFrom(sl, keep, keepUnits), need)
+		}
+	}
+}
+
+// evict evicts cached units, least recently used first, until need fit.
+func (m *model) evict(need int) {
+	for m.free() < need && len(m.lru) > 0 {
+		mu := m.lru[0]
+		m.lru = m.lru[1:]
+		m.unlist(mu)
+		m.pages -= m.up()
+	}
+}
+
+func (m *model) unlist(mu *munit) {
+	if mu.listed {
+		mu.listed = false
+		delete(m.byKey, mu.key)
+		m.listed = slices.DeleteFunc(m.listed, func(x *munit) bool { return x == mu })
+	}
+}
+
+// storeBound reports whether unit u of s goes to the store.
+func (m *model) storeBound(s *mseq, u int) bool {
+	_, end := m.g.unitTokens(u)
+	return m.sharing && end <= len(s.prompt)
+}
+
+// back is the cache's backLocked: every empty unit below need becomes a
+// store unit (a whole prompt unit) or the slot's own. It returns the
+// units it backed, or false when the budget cannot hold them.
+func (m *model) back(s *mseq, need int) ([]int, bool) {
+	sl := m.slots[s.slot]
+	var empty []int
+	for u := 0; u < need; u++ {
+		if !sl.owned[u] && sl.borrowed[u] == nil {
+			empty = append(empty, u)
+		}
+	}
+	if len(empty) == 0 {
+		return nil, true
+	}
+	if !m.makeRoom(len(empty)*m.up(), sl, need) {
+		return nil, false
+	}
+	for _, u := range empty {
+		if m.storeBound(s, u) {
+			start, end := m.g.unitTokens(u)
+			sl.borrowed[u] = &munit{u: u, key: keyOf(s.extra, s.prompt[:end]), parent: keyOf(s.extra, s.prompt[:start]),
+				tokens: slices.Clone(s.prompt[start:end]), refs: 1, owner: s}
+		} else {
+			sl.owned[u] = true
+		}
+		m.pages += m.up()
+	}
+	return empty, true
+}
+
+// publish makes s's written store units matchable.
+func (m *model) publish(s *mseq, upTo int) {
+	sl := m.slots[s.slot]
+	for u, mu := range sl.borrowed {
+		if mu == nil || mu.owner != s {
+			continue
+		}
+		if _, end := m.g.unitTokens(u); end > upTo {
+			continue
+		}
+		mu.owner, mu.published = nil, true
+		if m.byKey[mu.key] == nil {
+			mu.listed = true
+			m.byKey[mu.key] = mu
+			m.listed = append(m.listed, mu)
+		}
+	}
+}
+
+// mmatch is what find finds.
+type mmatch struct {
+	units   []*munit
+	tokens  int
+	partial *munit
+}
+
+// find is the cache's findLocked, on exact keys.
+func (m *model) find(tokens, prompt []int, extra uint64, limit int) mmatch {
+	var r mmatch
+	if !m.sharing || limit <= 0 {
+		return r
+	}
+	g := m.g
+	u := 0
+	for ; u < g.units; u++ {
+		_, end := g.unitTokens(u)
+		if end > limit || end > len(prompt) {
+			break
+		}
+		mu := m.byKey[keyOf(extra, prompt[:end])]
+		if mu == nil || mu.u != u {
+			break
+		}
+		r.units = append(r.units, mu)
+	}
+	start, _ := g.unitTokens(u)
+	r.tokens = start
+	if u == g.units || start >= len(prompt) {
+		return r
+	}
+	parent, best := keyOf(extra, prompt[:start]), 0
+	for _, mu := range m.listed {
+		if mu.parent != parent || mu.u != u {
+			continue
+		}
+		n := 0
+		for n < len(mu.tokens) && start+n < limit && start+n < len(prompt) && mu.tokens[n] == tokens[start+n] {
+			n++
+		}
+		if (start+n)/g.block*g.block > start+best {
+			best, r.partial = (start+n)/g.block*g.block-start, mu
+		}
+	}
+	if r.partial != nil {
+		r.tokens = start + best
+	}
+	return r
+}
+
+// apply is the cache's applyMatchLocked.
+func (m *model) apply(s *mseq, r mmatch, copy bool) []int {
+	sl := m.slots[s.slot]
+	k := len(r.units)
+	s.matched = 0
+	if !copy {
+		r.partial = nil
+	}
+	if k == 0 && r.partial == nil {
+		return nil
+	}
+	for u := 0; u < k; u++ {
+		if sl.owned[u] {
+			m.drop(sl, u)
+		}
+	}
+	var backed []int
+	for u, mu := range r.units {
+		if mu.refs == 0 {
+			m.lru = slices.DeleteFunc(m.lru, func(x *munit) bool { return x == mu })
+		}
+		mu.refs++
+		sl.borrowed[u] = mu
+		backed = append(backed, u)
+	}
+	if p := r.partial; p != nil {
+		if p.refs == 0 {
+			m.lru = slices.DeleteFunc(m.lru, func(x *munit) bool { return x == p })
+		}
+		p.refs++
+		bound := m.storeBound(s, k)
+		owned, empty := sl.owned[k], !sl.owned[k] && sl.borrowed[k] == nil
+		ok := true
+		if empty || (owned && bound) {
+			ok = m.makeRoom(m.up(), sl, k+1)
+		}
+		if ok {
+			if owned && bound {
+				m.drop(sl, k)
+			}
+			if !sl.owned[k] && sl.borrowed[k] == nil {
+				b, _ := m.back(s, k+1)
+				backed = append(backed, b...)
+			}
+			m.copies++
+		} else {
+			r.partial = nil
+		}
+		p.refs--
+		if p.refs == 0 {
+			m.lru = append(m.lru, p)
+		}
+	}
+	if r.partial == nil {
+		r.tokens, _ = m.g.unitTokens(k)
+	}
+	s.matched = r.tokens
+	return backed
+}
+
+// preempt publishes s's written units and takes its pages.
+func (m *model) preempt(s *mseq, mode PreemptMode) {
+	m.publish(s, len(s.tokens))
+	sl := m.slots[s.slot]
+	for u := len(sl.owned) - 1; u >= 0; u-- {
+		m.drop(sl, u)
+	}
+	s.preempted = mode
+}
+
+// family returns the first n tokens of prompt family f: prompts of one
+// family share prefixes.
+func family(f, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = 1000*(f+1) + i
+	}
+	return out
+}
+
+type modelRun struct{ admits, appends, frees, verified, ooms, preempts, resumes, hits, copies int }
+
+// runModel runs data's ops against a cache on the host driver (or, when
+// the config byte says so, the sim driver) and the model.
+func runModel(t *testing.T, data []byte) (r modelRun) {
+	cfgByte, ops := decode(data)
+	if len(ops) == 0 {
+		return r
+	}
+	if len(ops) > 200 {
+		ops = ops[:200]
+	}
+	layout := Layout(cfgByte % 2)
+	onSim := cfgByte/2%4 == 0
+	budget := 24 + int(cfgByte/8%4)*16
+	cfg := tinyConfig(layout, 96, 3)
+	cfg.Budget = uint64(budget) * page
+	cfg.NoPrefixSharing = cfgByte/32%4 == 0
+	var e *env
+	if onSim {
+		e = simEnv(t, 64*units.MiB, page)
+	} else {
+		e = hostEnv(t, 64*units.MiB)
+	}
+	c := e.cache(t, cfg)
+	m := &model{g: c.g, budget: budget, sharing: !cfg.NoPrefixSharing, byKey: map[string]*munit{}}
+	for range cfg.MaxSeqs {
+		m.slots = append(m.slots, &mslot{owned: make([]bool, c.g.units), borrowed: make([]*munit, c.g.units)})
+	}
+	fresh := 50_000
+	for i, o := range ops {
+		step := fmt.Sprintf("step %d: %+v", i, o)
+		var s *mseq
+		if len(m.seqs) > 0 {
+			s = m.seqs[o.seq%len(m.seqs)]
+		}
+		switch o.kind {
+		case opAdmit:
+			n := 1 + o.n%48
+			tail := o.n / 48 % 4
+			prompt := family(o.family, n)
+			for j := n - min(tail, n-1); j < n; j++ {
+				prompt[j] = fresh
+				fresh++
+			}
+			real, err := c.Admit(prompt, o.extra)
+			pick := -1
+			for k, sl := range m.slots {
+				if sl.seq == nil && (pick < 0 || m.ownedFrom(sl, 0) > m.ownedFrom(m.slots[pick], 0)) {
+					pick = k
+				}
+			}
+			if pick < 0 {
+				requireIs(t, err, driver.ErrBusy, step)
+				break
+			}
+			require.NoError(t, err, step)
+			m.tick++
+			ms := &mseq{real: real, slot: pick, prompt: prompt, extra: o.extra, admitted: m.tick}
+			m.apply(ms, m.find(prompt, prompt, o.extra, len(prompt)-1), true)
+			ms.tokens = slices.Clone(prompt[:ms.matched])
+			require.Equal(t, ms.matched, real.Matched(), step)
+			m.slots[pick].seq = ms
+			m.seqs = append(m.seqs, ms)
+			r.admits++
+			r.hits += ms.matched
+		case opAppend, opAppendMore:
+			if s == nil {
+				break
+			}
+			have := len(s.tokens)
+			cnt := 1 + o.n%4
+			switch {
+			case o.kind == opAppendMore && o.n%2 == 0 && have < len(s.prompt):
+				cnt = len(s.prompt) - have // the rest of the prompt: a prefill
+			case o.kind == opAppendMore:
+				cnt = 1 + o.n%40
+			}
+			more := make([]int, cnt)
+			for j := range more {
+				if p := have + j; p < len(s.prompt) {
+					more[j] = s.prompt[p]
+				} else {
+					more[j] = fresh
+					fresh++
+				}
+			}
+			step += fmt.Sprintf(" (%d tokens onto %d)", cnt, have)
+			got, err := s.real.Append(more)
+			if s.preempted != 0 {
+				requireIs(t, err, driver.ErrInvalid, step)
+				break
+			}
+			if have+cnt > cfg.MaxContext {
+				requireIs(t, err, driver.ErrInvalid, step)
+				break
+			}
+			m.publish(s, have)
+			if _, ok := m.back(s, m.g.unitsFor(have+cnt)); !ok {
+				requireIs(t, err, driver.ErrOutOfMemory, step)
+				r.ooms++
+				break
+			}
+			require.NoError(t, err, step)
+			s.tokens = append(s.tokens, more...)
+			if !onSim {
+				writeStep(t, got, s.tokens, s.extra)
+			}
+			r.appends++
+		case opFree:
+			if s == nil {
+				break
+			}
+			require.NoError(t, s.real.Free(), step)
+			m.publish(s, len(s.tokens))
+			m.tick++
+			sl := m.slots[s.slot]
+			for u := len(sl.borrowed) - 1; u >= 0; u-- {
+				if sl.borrowed[u] != nil {
+					m.drop(sl, u)
+				}
+			}
+			sl.seq = nil
+			sl.freedAt = m.tick
+			m.seqs = slices.DeleteFunc(m.seqs, func(x *mseq) bool { return x == s })
+			r.frees++
+		case opVerify:
+			if s == nil || onSim {
+				break
+			}
+			if s.preempted != 0 {
+				_, err := s.real.K(0)
+				requireIs(t, err, driver.ErrInvalid, step)
+				break
+			}
+			checkSeq(t, s.real, s.tokens, s.extra, 0, len(s.tokens))
+			r.verified++
+		case opPreempt:
+			if s == nil {
+				break
+			}
+			mode := PreemptMode(1 + o.family%2)
+			err := s.real.Preempt(mode)
+			if s.preempted != 0 {
+				requireIs(t, err, driver.ErrInvalid, step)
+				break
+			}
+			require.NoError(t, err, step)
+			m.preempt(s, mode)
+			r.preempts++
+		case opResume:
+			if s == nil {
+				break
+			}
+			got, err := s.real.Resume()
+			if s.preempted == 0 {
+				requireIs(t, err, driver.ErrInvalid, step)
+				break
+			}
+			limit := len(s.tokens)
+			if s.preempted == Drop {
+				limit--
+			}
+			matched := m.apply(s, m.find(s.tokens, s.prompt, s.extra, limit), s.preempted == Drop)
+			if _, ok := m.back(s, m.g.unitsFor(len(s.tokens))); !ok {
+				requireIs(t, err, driver.ErrOutOfMemory, step)
+				sl := m.slots[s.slot]
+				for k := len(matched) - 1; k >= 0; k-- {
+					m.drop(sl, matched[k])
+				}
+				s.matched = 0
+				r.ooms++
+				break
+			}
+			require.NoError(t, err, step)
+			require.Equal(t, s.matched, s.real.Matched(), step)
+			if s.preempted == Swap {
+				require.Zero(t, got.N, step)
+			} else {
+				require.Equal(t, Step{Pos: s.matched, N: len(s.tokens) - s.matched, Layers: got.Layers}, got, step)
+				if !onSim {
+					writeStep(t, got, s.tokens, s.extra)
+				}
+			}
+			s.preempted = 0
+			r.resumes++
+		case opSetBudget:
+			mode := PreemptMode(1 + o.family%2)
+			pages := 8 + o.n%64
+			got, err := c.SetBudget(uint64(pages)*page, mode)
+			require.NoError(t, err, step)
+			m.budget = pages
+			var want []*Seq
+			if m.free() < 0 {
+				m.reclaim(0, nil, 0)
+				running := slices.DeleteFunc(slices.Clone(m.seqs), func(x *mseq) bool { return x.preempted != 0 })
+				slices.SortFunc(running, func(a, b *mseq) int { return b.admitted - a.admitted })
+				for _, x := range running {
+					if m.free() >= 0 {
+						break
+					}
+					m.preempt(x, mode)
+					m.evict(0)
+					want = append(want, x.real)
+				}
+			}
+			require.Equal(t, want, got, step)
+			r.preempts += len(want)
+		}
+		// Compare.
+		require.NoError(t, c.Check(), step)
+		st := c.Stats()
+		require.Equal(t, m.pages, st.PagesCommitted, step)
+		require.Equal(t, uint64(m.pages)*page, e.used(t), step)
+		require.Equal(t, len(m.lru)*m.up(), st.CachedPages, step)
+		require.Equal(t, m.copies, st.Copies, step)
+		idle, surplus, tokens := 0, 0, 0
+		for _, sl := range m.slots {
+			switch {
+			case sl.seq == nil:
+				idle += m.ownedFrom(sl, 0) * m.up()
+			case sl.seq.preempted == 0:
+				surplus += m.ownedFrom(sl, m.g.unitsFor(len(sl.seq.tokens))) * m.up()
+			}
+		}
+		running := 0
+		for _, ms := range m.seqs {
+			if ms.preempted == 0 {
+				tokens += len(ms.tokens)
+				running++
+			}
+			require.Equal(t, len(ms.tokens), ms.real.Len(), step)
+			require.Equal(t, ms.slot, ms.real.Slot(), step)
+		}
+		require.Equal(t, idle, st.IdlePages, step)
+		require.Equal(t, surplus, st.SurplusPages, step)
+		require.Equal(t, tokens, st.TokensStored, step)
+		require.Equal(t, running, st.Running, step)
+		require.Equal(t, len(m.seqs)-running, st.Preempted, step)
+	}
+	r.copies = m.copies
+	for _, ms := range m.seqs {
+		require.NoError(t, ms.real.Free())
+	}
+	require.NoError(t, c.Close())
+	require.Zero(t, e.used(t))
+	return r
+}
+
+// requireIs fails t unless err is marked want, naming the step.
+func requireIs(t testing.TB, err, want error, step string) {
+	t.Helper()
+	require.Truef(t, errors.Is(err, want), "%s: want an error marked %q, got %v", step, want, err)
+}
+
+// TestCacheModel runs random operation sequences against the model.
+func TestCacheModel(t *testing.T) {
+	var total modelRun
+	for seed := uint64(0); seed < 24; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := runModel(t, randomInput(rand.New(rand.NewPCG(seed, 11)), 150))
+			total.admits += r.admits
+			total.appends += r.appends
+			total.frees += r.frees
+			total.verified += r.verified
+			total.ooms += r.ooms
+			total.preempts += r.preempts
+			total.resumes += r.resumes
+			total.hits += r.hits
+			total.copies += r.copies
+		})
+	}
+	t.Logf("%+v", total)
+	require.Greater(t, total.appends, 300)
+	require.Greater(t, total.frees, 100)
+	require.Greater(t, total.verified, 50)
+	require.Greater(t, total.ooms, 5, "the budgets are small enough to refuse")
+	require.Greater(t, total.preempts, 50)
+	require.Greater(t, total.resumes, 30)
+	require.Greater(t, total.hits, 200, "prompts of one family share prefixes")
+	require.Positive(t, total.copies, "some partly shared units are copied")
+}
+
+// FuzzCacheModel fuzzes the decoder and the sequences it yields.
+func FuzzCacheModel(f *testing.F) {
+	for seed := uint64(0); seed < 4; seed++ {
+		f.Add(randomInput(rand.New(rand.NewPCG(seed, 5)), 40))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, ops := decode(data)
+		if len(ops) > 0 {
+			c2, ops2 := decode(encode(cfg, ops))
+			require.Equal(t, cfg, c2)
+			require.Equal(t, ops, ops2, "encode is decode's inverse")
+		}
+		_ = runModel(t, data)
+	})
+}
+
+// TestSeedCorpus checks the fuzz seed corpus decodes to operations; with
+// VMARENA_WRITE_CORPUS=1 it writes it afresh.
+func TestSeedCorpus(t *testing.T) {
+	dir := filepath.Join("testdata", "fuzz", "FuzzCacheModel")
+	if os.Getenv("VMARENA_WRITE_CORPUS") == "1" {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		for i, n := range []int{10, 40, 100, 200} {
+			data := randomInput(rand.New(rand.NewPCG(uint64(200+i), 7)), n)
+			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", data)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%03d-ops", n)), []byte(body), 0o644))
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "seed-*"))
+	require.NoError(t, err)
+	require.Len(t, files, 4)
+	for _, f := range files {
+		body, err := os.ReadFile(f)
+		require.NoError(t, err)
+		lines := strings.SplitN(string(body), "\n", 3)
+		require.Equal(t, "go test fuzz v1", lines[0])
+		data, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(lines[1], "[]byte("), ")"))
+		require.NoError(t, err, f)
+		_, ops := decode([]byte(data))
+		require.NotEmpty(t, ops, f)
+	}
+}

@@ -1,0 +1,386 @@
+package kvcache
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/stream"
+)
+
+// PreemptMode says what a preempted sequence keeps.
+type PreemptMode uint8
+
+const (
+	// Swap copies the sequence's keys and values to pinned host memory
+	// (stream.HostBuffer) before its pages go: Resume puts them back,
+	// byte for byte.
+	Swap PreemptMode = iota + 1
+	// Drop lets its pages go and keeps only its tokens: Resume hands back
+	// views of the positions the caller must recompute.
+	Drop
+)
+
+func (m PreemptMode) String() string {
+	switch m {
+	case Swap:
+		return "swap"
+	case Drop:
+		return "drop"
+	}
+	return fmt.Sprintf("PreemptMode(%d)", uint8(m))
+}
+
+func checkMode(what func() string, m PreemptMode) error {
+	if m != Swap && m != Drop {
+		return errors.Wrapf(driver.ErrInvalid, "%s: preempt mode %d is neither Swap (1) nor Drop (2)", what(), uint8(m))
+	}
+	return nil
+}
+
+// Preempt takes a running sequence's memory away, keeping its slot, its
+// addresses and its tokens: with Swap its bytes go to pinned host memory
+// first, with Drop they are lost (Resume then asks for recomputation).
+// What it borrowed from the prefix store is given back (the store keeps
+// it cached); its whole prompt pages become matchable. The tensors
+// handed out for it must not be used until Resume hands out new ones.
+//
+// It refuses a sequence already preempted or a bad mode (ErrInvalid), and
+// Swap on a driver with bytes but no streams (ErrUnsupported); a failure
+// to get host memory or to copy changes nothing.
+func (s *Seq) Preempt(mode PreemptMode) error {
+	what := func() string { return fmt.Sprintf("kvcache: preempt (%s) a sequence", mode) }
+	c, err := s.lock(what)
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := checkMode(what, mode); err != nil {
+		return err
+	}
+	check := func() error {
+		if err := s.liveLocked(what); err != nil {
+			return err
+		}
+		return s.runningLocked(what)
+	}
+	if _, err := c.settleLocked(s, func() int { return len(s.sl.units) }, check); err != nil {
+		return err
+	}
+	err = c.preemptLocked(what, s, mode)
+	c.checkAfter("preempt")
+	return err
+}
+
+// preemptLocked preempts s, a running sequence none of whose units is
+// being committed (the caller waited for the mapper).
+func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) error {
+	sl := s.sl
+	if slices.ContainsFunc(sl.units, func(u unitInfo) bool { return u.state == unitCommitting }) {
+		return errors.AssertionFailedf("%s: a unit of slot %d is being committed", what(), sl.idx)
+	}
+	if mode == Swap {
+		if err := c.swapOutLocked(what, s); err != nil {
+			return err
+		}
+	}
+	c.publishLocked(s, s.n)
+	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
+		return errors.CombineErrors(err, c.dropSwapLocked(s))
+	}
+	s.state = seqDropped
+	if mode == Swap {
+		s.state = seqSwapped
+		c.counts.swaps++
+	} else {
+		c.counts.drops++
+	}
+	c.counts.preemptions++
+	return nil
+}
+
+// swapRegionBytes is the bytes of each region a swap keeps for n tokens.
+func (g *geometry) swapRegionBytes(n int) uint64 {
+	if g.layout == PerLayer {
+		return uint64(n) * g.row
+	}
+	return uint64(g.unitsFor(n)) * g.unitBytes
+}
+
+// swapOutLocked copies s's regions to a new host buffer (none on a driver
+// without bytes: the bytes are counted only). On failure nothing changed.
+func (c *Cache) swapOutLocked(what func() string, s *Seq) error {
+	ru := c.g.swapRegionBytes(s.n)
+	size := ru * uint64(c.g.regions)
+	s.swapRegion = ru
+	if !c.bytes || size == 0 {
+		c.counts.swappedBytes += size
+		return nil
+	}
+	if c.str == nil {
+		return errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no streams to copy with", what(), c.slots.Driver().Name())
+	}
+	hb, err := stream.NewHostBuffer(c.slots.Driver(), size)
+	if err != nil {
+		return errors.Wrapf(err, "%s: %s of host memory", what(), units.Bytes(size))
+	}
+	b := hb.Bytes()
+	for r := 0; r < c.g.regions; r++ {
+		src := c.slots.Base() + driver.Addr(c.slotOff(s.sl, r, 0))
+		if err := c.str.CopyDtoHSync(b[uint64(r)*ru:uint64(r+1)*ru], src); err != nil {
+			return errors.CombineErrors(errors.Wrapf(err, "%s: copy to host", what()), hb.Free())
+		}
+	}
+	s.swap = hb
+	c.counts.swappedBytes += size
+	return nil
+}
+
+// dropSwapLocked frees s's host buffer, if any.
+func (c *Cache) dropSwapLocked(s *Seq) error {
+	if s.swap == nil {
+		return nil
+	}
+	err := s.swap.Free()
+	s.swap = nil
+	return err
+}
+
+// Resume brings a preempted sequence back into its slot, at the same
+// addresses: pages are committed (or borrowed again from the prefix store
+// where its prompt's pages are still cached) for all its tokens. After
+// Swap the content is what it was and the Step is empty; after Drop the
+// Step covers the positions whose keys and values the caller must
+// recompute and write (from Matched() on: the prefix store may hold the
+// start of the prompt still).
+//
+// It refuses a running sequence (ErrInvalid), and pages the budget cannot
+// hold (ErrOutOfMemory): the sequence then stays preempted, unchanged.
+func (s *Seq) Resume() (Step, error) {
+	what := func() string { return "kvcache: resume a sequence" }
+	c, err := s.lock(what)
+	if err != nil {
+		return Step{}, err
+	}
+	defer c.mu.Unlock()
+	if s.state == seqRunning {
+		return Step{}, errors.Wrapf(driver.ErrInvalid, "%s: it is running, not preempted", what())
+	}
+	what = func() string {
+		return fmt.Sprintf("kvcache: resume a sequence of %d tokens in slot %d", s.n, s.sl.idx)
+	}
+	step, err := c.resumeLocked(what, s)
+	c.checkAfter("resume")
+	return step, err
+}
+
+func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
+	sl := s.sl
+	need := c.g.unitsFor(s.n)
+	swapped := s.state == seqSwapped
+	// Back in the running state for the books (matching, backing); put
+	// back on failure.
+	prev, prevMatched := s.state, s.matched
+	s.state = seqRunning
+	fail := func(err error, backed []int) (Step, error) {
+		err = errors.CombineErrors(err, c.unbackLocked(sl, backed))
+		s.state, s.matched = prev, prevMatched
+		return Step{}, err
+	}
+	limit := s.n
+	if !swapped {
+		limit = s.n - 1 // the caller recomputes at least the last token
+	}
+	matchedUnits, err := c.rematchLocked(what, s, limit, !swapped)
+	if err != nil {
+		return fail(err, nil)
+	}
+	backed, err := c.backLocked(what, s, need)
+	if err != nil {
+		return fail(err, matchedUnits)
+	}
+	backed = append(matchedUnits, backed...)
+	from := s.matched
+	if swapped {
+		if err := c.swapInLocked(what, s, len(matchedUnits)); err != nil {
+			return fail(err, backed)
+		}
+		from = s.n
+	}
+	step, err := c.stepLocked(s, from, s.n-from)
+	if err != nil {
+		return fail(err, backed)
+	}
+	if err := c.dropSwapLocked(s); err != nil {
+		return Step{}, errors.WithAssertionFailure(err)
+	}
+	s.written = from
+	c.countMatchLocked(s)
+	c.counts.resumes++
+	c.wakeMapper()
+	return step, nil
+}
+
+// swapInLocked copies s's host buffer back into its units from unit skip
+// on (the units below were borrowed again from the store: they hold the
+// same bytes already).
+func (c *Cache) swapInLocked(what func() string, s *Seq, skip int) error {
+	if s.swap == nil {
+		return nil
+	}
+	g, sl := c.g, s.sl
+	b, ru := s.swap.Bytes(), s.swapRegion
+	for r := 0; r < g.regions; r++ {
+		for u := skip; u < g.unitsFor(s.n); {
+			v := u + 1
+			for v < g.unitsFor(s.n) && sl.units[v].state == sl.units[u].state {
+				v++
+			}
+			lo, hi := uint64(u)*g.unitBytes, min(uint64(v)*g.unitBytes, ru)
+			dst := c.slots.Base() + driver.Addr(c.slotOff(sl, r, 0)+lo)
+			if err := c.str.CopyHtoDSync(dst, b[uint64(r)*ru+lo:uint64(r)*ru+hi]); err != nil {
+				return errors.Wrapf(err, "%s: copy from host", what())
+			}
+			u = v
+		}
+	}
+	return nil
+}
+
+// SetBudget changes the most memory the cache keeps committed. Raising it
+// is immediate. Lowering it below what is committed gives memory back
+// until the cache fits: the pages of idle slots (longest idle first),
+// cached prefix store units (least recently used first), the pages
+// running sequences hold beyond their tokens, and then — if it must —
+// whole running sequences, preempted with mode, the latest admitted first.
+// It returns the sequences it preempted, which the caller resumes when
+// memory allows.
+//
+// A zero budget or a bad mode is refused (ErrInvalid) with nothing
+// changed. If a preemption fails (host memory for a swap), the budget is
+// set, what was given back stays given back, and the error says so.
+func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
+	what := func() string { return fmt.Sprintf("kvcache: set the budget to %s", units.Bytes(budget)) }
+	if err := c.made(what); err != nil {
+		return nil, err
+	}
+	if budget == 0 {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: a budget of zero holds nothing", what()),
+			"preempt or free the sequences instead")
+	}
+	if err := checkMode(what, mode); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usableLocked(what); err != nil {
+		return nil, err
+	}
+	c.budget = budget
+	defer c.checkAfter("set budget")
+	// The mapper plans within the budget: once the commits in flight
+	// land, nothing more comes until there is room.
+	for c.inflight > 0 {
+		c.cond.Wait()
+		if err := c.usableLocked(what); err != nil {
+			return nil, err
+		}
+	}
+	if c.freePagesLocked() >= 0 {
+		c.wakeMapper()
+		return nil, nil
+	}
+	// Give back what holds no running sequence's tokens, in order, until
+	// the cache fits (no page wanted beyond that: need 0).
+	for _, step := range []func() error{
+		func() error { return c.reclaimIdleLocked(0, nil) },
+		func() error { return c.evictLocked(0) },
+		func() error { return c.reclaimSurplusLocked(0, nil, 0) },
+	} {
+		if c.freePagesLocked() >= 0 {
+			return nil, nil
+		}
+		if err := step(); err != nil {
+			return nil, errors.Wrapf(err, "%s", what())
+		}
+	}
+	var running []*Seq
+	for s := range c.seqs {
+		if s.state == seqRunning {
+			running = append(running, s)
+		}
+	}
+	slices.SortFunc(running, func(a, b *Seq) int { return int(b.admitted) - int(a.admitted) })
+	var preempted []*Seq
+	for _, s := range running {
+		if c.freePagesLocked() >= 0 {
+			break
+		}
+		if err := c.preemptLocked(what, s, mode); err != nil {
+			return preempted, errors.Wrapf(err, "%s: preempting the sequence in slot %d (after %d others)", what(), s.sl.idx, len(preempted))
+		}
+		preempted = append(preempted, s)
+		// What it borrowed may now be evictable.
+		if err := c.evictLocked(0); err != nil {
+			return preempted, errors.Wrapf(err, "%s", what())
+		}
+	}
+	if c.freePagesLocked() < 0 {
+		return preempted, errors.AssertionFailedf("%s: %d pages stay committed with every sequence preempted", what(), c.pages)
+	}
+	return preempted, nil
+}
+
+// CanAdmit says whether a sequence with prompt (under extra) that will
+// generate expectedOutput more tokens would fit now: a slot is free, and
+// the pages its tokens need — less those its prompt would borrow from the
+// prefix store and those a free slot keeps — fit in the budget once idle,
+// cached and surplus pages are given back. It reserves nothing: other
+// sequences' growth takes from the same budget.
+func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, error) {
+	what := func() string {
+		return fmt.Sprintf("kvcache: can a prompt of %d tokens and %d more be admitted", len(prompt), expectedOutput)
+	}
+	if err := c.made(what); err != nil {
+		return false, err
+	}
+	if len(prompt) == 0 || expectedOutput < 0 {
+		return false, errors.Wrapf(driver.ErrInvalid, "%s: a prompt has at least one token, and the output is not negative", what())
+	}
+	if err := checkTokens(what, prompt, 0); err != nil {
+		return false, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usableLocked(what); err != nil {
+		return false, err
+	}
+	if len(prompt) > c.cfg.MaxContext {
+		return false, nil
+	}
+	sl := c.pickSlotLocked()
+	if sl == nil {
+		return false, nil
+	}
+	total := min(len(prompt)+expectedOutput, c.cfg.MaxContext)
+	up := c.g.unitPages()
+	shared := c.findLocked(prompt, prompt, extra, len(prompt)-1).units
+	need := 0
+	for u := len(shared); u < c.g.unitsFor(total); u++ {
+		if sl.units[u].state != unitOwned {
+			need += up
+		}
+	}
+	// Cached units it would borrow are no room for anything else.
+	evictable := c.evictablePagesLocked()
+	for _, su := range shared {
+		if su.refs == 0 {
+			evictable -= up
+		}
+	}
+	idle, surplus := c.reclaimableLocked(sl, len(sl.units))
+	return need <= c.freePagesLocked()+idle+evictable+surplus, nil
+}

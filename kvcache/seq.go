@@ -1,0 +1,524 @@
+package kvcache
+
+import (
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/stream"
+	"github.com/vmarena/vmarena/tensor"
+)
+
+// seqState is where a sequence stands.
+type seqState uint8
+
+const (
+	seqRunning seqState = iota // its tokens' pages are committed in its slot
+	seqSwapped                 // preempted, its bytes in pinned host memory
+	seqDropped                 // preempted, its bytes gone: Resume says what to recompute
+	seqFreed                   // ended: its slot is another's
+)
+
+// Seq is one sequence (a request) of a cache: its tokens and, while it
+// runs, the pages that hold their keys and values, at addresses that
+// never move from Admit to Free. Its methods are safe for concurrent use
+// (they take the cache's lock).
+//
+// Invariant: len(tokens) == n; tokens below len(prompt) are the prompt's.
+type Seq struct {
+	c        *Cache
+	sl       *slot
+	prompt   []int
+	extra    uint64
+	tokens   []int
+	n        int
+	state    seqState
+	admitted uint64 // tick of Admit: preemption takes the latest first
+	// written is how many tokens the caller has written: all but those
+	// of the last Append, whose views it may still be filling. A prefix
+	// store unit the sequence made is matchable once written covers it.
+	written int
+	// swap holds the bytes of a swapped sequence (regions one after the
+	// other, each swapRegion bytes); nil on a driver with no bytes.
+	swap       *stream.HostBuffer
+	swapRegion uint64
+	// matched is how many of its first tokens Admit (or the last Resume)
+	// found in the prefix store.
+	matched int
+	// chain is the prompt's block hashes, worked out once when a store
+	// unit is first made for it.
+	chain []uint64
+}
+
+// Rows are the keys and values of one layer at the consecutive positions
+// [Pos, Pos+n): K and V are row-major tensors [n, KVHeads, HeadDim].
+type Rows struct {
+	Pos  int
+	K, V *tensor.Tensor
+}
+
+// Step is what an Append (or a Resume that asks for recomputation) made
+// room for: positions [Pos, Pos+N) of the sequence, for the caller to
+// write.
+type Step struct {
+	Pos, N int
+	// Layers[l] are layer l's rows at those positions, in position order:
+	// one run in the PerLayer layout; in TokenMajor one per page group
+	// the positions reach. Nil on a driver whose memory this process
+	// cannot address (the sim driver), and when N is 0.
+	Layers [][]Rows
+}
+
+// memory is a Buffer over bytes the cache keeps mapped, at device address
+// addr: the tensors over it report it (Tensor.Addr), for kernels.
+type memory struct {
+	b    []byte
+	addr driver.Addr
+}
+
+func (m *memory) Bytes() ([]byte, error) { return m.b, nil }
+func (m *memory) Addr() driver.Addr      { return m.addr }
+
+// checkTokens refuses negative tokens.
+func checkTokens(what func() string, tokens []int, from int) error {
+	for i, t := range tokens {
+		if t < 0 {
+			return errors.Wrapf(driver.ErrInvalid, "%s: token %d at position %d is negative", what(), t, from+i)
+		}
+	}
+	return nil
+}
+
+// Admit starts a sequence whose prompt is prompt (at least one token, at
+// most MaxContext) with the extra key extra (adapters, salts: sequences
+// share prefixes only under the same extra key). It takes a free slot,
+// preferring one whose pages a freed sequence left committed, and finds
+// the longest prefix of the prompt the prefix store holds: the sequence
+// starts with those tokens (Len), their keys and values already there.
+// The caller then appends the rest of the prompt (Append(prompt[Len():]))
+// and writes it.
+//
+// Whole prompt units the store holds are borrowed (mapped at the
+// sequence's own addresses, no copy); the next unit, when a cached unit
+// continuing the same prefix shares some of its first whole blocks, is
+// copied once into the sequence's own unit — if the budget has room for
+// it, else the match stops at the whole units. At least the prompt's last
+// token is left to compute.
+//
+// It refuses a prompt it cannot hold (ErrInvalid), and, with nothing
+// changed, a cache whose slots all hold sequences (ErrBusy).
+func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
+	what := func() string { return fmt.Sprintf("kvcache: admit a prompt of %d tokens", len(prompt)) }
+	if err := c.made(what); err != nil {
+		return nil, err
+	}
+	if len(prompt) == 0 {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: a prompt has at least one token", what())
+	}
+	if len(prompt) > c.cfg.MaxContext {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: MaxContext is %d tokens", what(), c.cfg.MaxContext)
+	}
+	if err := checkTokens(what, prompt, 0); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usableLocked(what); err != nil {
+		return nil, err
+	}
+	sl := c.pickSlotLocked()
+	if sl == nil {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: all %d slots hold sequences", what(), c.cfg.MaxSeqs),
+			"free or finish a sequence first (MaxSeqs sets the slots)")
+	}
+	c.tick++
+	s := &Seq{c: c, sl: sl, prompt: append([]int(nil), prompt...), extra: extra, admitted: c.tick}
+	if err := c.matchLocked(what, s); err != nil {
+		return nil, err
+	}
+	sl.seq = s
+	c.seqs[s] = struct{}{}
+	c.counts.admits++
+	c.checkAfter("admit")
+	return s, nil
+}
+
+// pickSlotLocked is the free slot a new sequence takes: the one with the
+// most pages kept (the lowest of those), or nil.
+func (c *Cache) pickSlotLocked() *slot {
+	var sl *slot
+	for _, x := range c.slotList {
+		if x.seq == nil && (sl == nil || x.owned > sl.owned) {
+			sl = x
+		}
+	}
+	return sl
+}
+
+// lock returns s's cache, locked, or why s cannot be used: a nil or zero
+// sequence (ErrInvalid), a closed cache or a freed sequence (ErrClosed).
+func (s *Seq) lock(what func() string) (*Cache, error) {
+	if s == nil || s.c == nil {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: not a sequence made by Admit", what())
+	}
+	c := s.c
+	c.mu.Lock()
+	switch {
+	case c.closed:
+		c.mu.Unlock()
+		return nil, driver.Closed(what() + ": the cache is closed")
+	case s.state == seqFreed:
+		c.mu.Unlock()
+		return nil, driver.Closed(what() + ": the sequence was freed")
+	}
+	return c, nil
+}
+
+// liveLocked is lock's check again, for after a wait.
+func (s *Seq) liveLocked(what func() string) error {
+	switch {
+	case s.c.closed:
+		return driver.Closed(what() + ": the cache is closed")
+	case s.state == seqFreed:
+		return driver.Closed(what() + ": the sequence was freed")
+	}
+	return nil
+}
+
+// runningLocked refuses a preempted sequence.
+func (s *Seq) runningLocked(what func() string) error {
+	if s.state != seqRunning {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the sequence is preempted; Resume it first", what())
+	}
+	return nil
+}
+
+// Append makes room for len(tokens) more tokens (at least one; up to
+// MaxContext in all) and returns views of just their rows, for the
+// caller to write the new keys and values into. Tokens inside the prompt
+// must be the prompt's. Pages are committed as needed, in the slot or (for
+// whole pages of the prompt) in the prefix store; an Append that had to
+// commit or wait for a page itself counts in Stats.Waits.
+//
+// It refuses bad tokens (ErrInvalid), a preempted sequence (ErrInvalid),
+// and pages the budget cannot hold once idle and cached pages are given
+// back (ErrOutOfMemory); a refusal changes nothing.
+func (s *Seq) Append(tokens []int) (Step, error) {
+	what := func() string { return fmt.Sprintf("kvcache: append %d tokens", len(tokens)) }
+	c, err := s.lock(what)
+	if err != nil {
+		return Step{}, err
+	}
+	defer c.mu.Unlock()
+	what = func() string {
+		return fmt.Sprintf("kvcache: append %d tokens to a sequence of %d in slot %d", len(tokens), s.n, s.sl.idx)
+	}
+	check := func() error {
+		if err := s.liveLocked(what); err != nil {
+			return err
+		}
+		if err := s.runningLocked(what); err != nil {
+			return err
+		}
+		if len(tokens) == 0 {
+			return errors.Wrapf(driver.ErrInvalid, "%s: nothing to append", what())
+		}
+		if len(tokens) > c.cfg.MaxContext-s.n {
+			return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: MaxContext is %d tokens", what(), c.cfg.MaxContext),
+				"a longer context needs a cache with a larger MaxContext")
+		}
+		if err := checkTokens(what, tokens, s.n); err != nil {
+			return err
+		}
+		for i, t := range tokens {
+			if p := s.n + i; p < len(s.prompt) && s.prompt[p] != t {
+				return errors.Wrapf(driver.ErrInvalid, "%s: token %d at position %d is not the prompt's %d", what(), t, p, s.prompt[p])
+			}
+		}
+		return nil
+	}
+	// A unit the mapper is committing is waited for; the lock goes
+	// meanwhile, so everything is checked again after.
+	waited, err := c.settleLocked(s, func() int { return c.g.unitsFor(s.n + len(tokens)) }, check)
+	if err != nil {
+		return Step{}, err
+	}
+	c.publishLocked(s, s.n)
+	pos, cnt := s.n, len(tokens)
+	need := c.g.unitsFor(pos + cnt)
+	backed, err := c.backLocked(what, s, need)
+	if err != nil {
+		return Step{}, err
+	}
+	s.tokens = append(s.tokens, tokens...)
+	s.n += cnt
+	step, err := c.stepLocked(s, pos, cnt)
+	if err != nil {
+		s.tokens, s.n = s.tokens[:pos], pos
+		return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
+	}
+	s.written = pos
+	c.counts.steps++
+	if waited || len(backed) > 0 {
+		c.counts.waits++
+	}
+	c.wakeMapper()
+	c.checkAfter("append")
+	return step, nil
+}
+
+// backLocked makes units [0, need) of s's slot committed: owned units and
+// borrowed ones stay; each empty one becomes a prefix store unit (a whole
+// unit of the prompt, when sharing) or the slot's own. It returns the
+// units it backed; on failure nothing changed.
+func (c *Cache) backLocked(what func() string, s *Seq, need int) ([]int, error) {
+	sl := s.sl
+	var empty []int
+	pages := 0
+	for u := 0; u < need; u++ {
+		if sl.units[u].state == unitEmpty {
+			empty = append(empty, u)
+			pages += c.g.unitPages()
+		}
+	}
+	if len(empty) == 0 {
+		return nil, nil
+	}
+	if err := c.makeRoomLocked(what, pages, sl, need); err != nil {
+		return nil, err
+	}
+	var backed []int
+	for i := 0; i < len(empty); {
+		u := empty[i]
+		if c.storeBoundLocked(s, u) {
+			if err := c.backFromStoreLocked(s, u); err == nil {
+				backed = append(backed, u)
+				i++
+				continue
+			} else if !errors.Is(err, errNoStoreRoom) {
+				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
+			}
+		}
+		// A run of own units: one commit per region.
+		j := i + 1
+		for j < len(empty) && empty[j] == empty[j-1]+1 && !c.storeBoundLocked(s, empty[j]) {
+			j++
+		}
+		if err := c.commitUnitsLocked(sl, u, empty[j-1]+1); err != nil {
+			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
+		}
+		backed = append(backed, empty[i:j]...)
+		i = j
+	}
+	return backed, nil
+}
+
+// unbackLocked gives back the units backLocked backed.
+func (c *Cache) unbackLocked(sl *slot, backed []int) error {
+	var errs error
+	for i := len(backed) - 1; i >= 0; i-- {
+		errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, backed[i], backed[i]+1))
+	}
+	return errs
+}
+
+// stepLocked makes the views of positions [pos, pos+cnt) of s.
+func (c *Cache) stepLocked(s *Seq, pos, cnt int) (Step, error) {
+	step := Step{Pos: pos, N: cnt}
+	if !c.addressable || cnt == 0 {
+		return step, nil
+	}
+	if err := c.coverLocked(s.sl, c.g.unitsFor(pos+cnt)); err != nil {
+		return Step{}, err
+	}
+	g := c.g
+	step.Layers = make([][]Rows, g.layers)
+	for l := range step.Layers {
+		for p := pos; p < pos+cnt; {
+			end := pos + cnt
+			if g.layout == TokenMajor {
+				end = min(end, (p/g.tpg+1)*g.tpg) // the rest of p's group
+			}
+			var kv [2]*tensor.Tensor
+			for k := range kv {
+				t, err := c.rowsLocked(s.sl, l, k, p, end-p)
+				if err != nil {
+					return Step{}, err
+				}
+				kv[k] = t
+			}
+			step.Layers[l] = append(step.Layers[l], Rows{Pos: p, K: kv[0], V: kv[1]})
+			p = end
+		}
+	}
+	return step, nil
+}
+
+// rowsLocked is a tensor [n, KVHeads, HeadDim] over positions [p, p+n)
+// of layer l's K (kv 0) or V (kv 1), which lie back to back (one group in
+// TokenMajor).
+func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
+	g := c.g
+	r, off := 0, g.tokenOff(l, kv, p)
+	if g.layout == PerLayer {
+		r = 2*l + kv
+		off -= g.unitOff(r, 0)
+	}
+	v := sl.covers[r]
+	b, err := v.Bytes()
+	if err != nil {
+		return nil, errors.WithAssertionFailure(err)
+	}
+	return tensor.NewLeased(sl.leaseLocked(), &memory{b[off : off+uint64(n)*g.row], v.Addr() + driver.Addr(off)}, g.dt, n, g.heads, g.dim)
+}
+
+// Len is the number of tokens the sequence holds (0 for a nil or zero
+// sequence).
+func (s *Seq) Len() int {
+	if s == nil || s.c == nil {
+		return 0
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.n
+}
+
+// Tokens returns a copy of the sequence's tokens.
+func (s *Seq) Tokens() []int {
+	if s == nil || s.c == nil {
+		return nil
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return append([]int(nil), s.tokens...)
+}
+
+// Slot is the index of the sequence's slot: its memory lies at
+// Cache.Base() + Slot()*Cache.SlotBytes() for its whole life.
+func (s *Seq) Slot() int {
+	if s == nil || s.c == nil {
+		return -1
+	}
+	return s.sl.idx
+}
+
+// Matched is how many of the sequence's first tokens Admit (or the last
+// Resume) found in the prefix store rather than leave to the caller.
+func (s *Seq) Matched() int {
+	if s == nil || s.c == nil {
+		return 0
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.matched
+}
+
+// K returns the keys of layer stored so far, over the cache's memory (no
+// copy). PerLayer: a row-major tensor [Len, KVHeads, HeadDim].
+// TokenMajor: a strided tensor [groups, TokensPerGroup, KVHeads, HeadDim]
+// whose strides step over whole page groups; position p is [p/tpg, p%tpg],
+// and the rows of the last group at and past Len hold no token (their
+// bytes are unspecified).
+//
+// The tensor, like Append's views, is valid while the sequence runs: not
+// after it is preempted or freed, or the cache closed (its memory may be
+// given back; a touch then faults). It refuses a bad layer (ErrInvalid), a
+// preempted sequence (ErrInvalid) and a driver whose memory this process
+// cannot address (ErrUnsupported).
+func (s *Seq) K(layer int) (*tensor.Tensor, error) { return s.stored(layer, 0) }
+
+// V returns the values of layer, as K returns the keys.
+func (s *Seq) V(layer int) (*tensor.Tensor, error) { return s.stored(layer, 1) }
+
+func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
+	what := func() string { return fmt.Sprintf("kvcache: %s of layer %d", [2]string{"K", "V"}[kv], layer) }
+	c, err := s.lock(what)
+	if err != nil {
+		return nil, err
+	}
+	defer c.mu.Unlock()
+	if err := s.runningLocked(what); err != nil {
+		return nil, err
+	}
+	g := c.g
+	if layer < 0 || layer >= g.layers {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the model has layers 0 to %d", what(), g.layers-1)
+	}
+	if !c.addressable {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver's memory is not addressable from this process (the cache keeps the books only)",
+			what(), c.slots.Driver().Name())
+	}
+	k := g.unitsFor(s.n)
+	if err := c.coverLocked(s.sl, k); err != nil {
+		return nil, err
+	}
+	var b []byte
+	r := 0
+	if g.layout == PerLayer {
+		r = 2*layer + kv
+	}
+	addr := c.slots.Base() + driver.Addr(c.slotOff(s.sl, r, 0))
+	if k > 0 {
+		if b, err = s.sl.covers[r].Bytes(); err != nil {
+			return nil, errors.WithAssertionFailure(err)
+		}
+	}
+	if g.layout == PerLayer {
+		return tensor.NewLeased(s.sl.leaseLocked(), &memory{b[:uint64(s.n)*g.row], addr}, g.dt, s.n, g.heads, g.dim)
+	}
+	elt := uint64(g.elt)
+	t, err := tensor.NewLeased(s.sl.leaseLocked(), &memory{b[:uint64(k)*g.unitBytes], addr}, g.dt, k, int(g.unitBytes/elt))
+	if err != nil {
+		return nil, err
+	}
+	rowElts := int(g.row / elt)
+	if t, err = t.Narrow(1, (2*layer+kv)*g.tpg*rowElts, g.tpg*rowElts); err != nil {
+		return nil, err
+	}
+	return t.Reshape(k, g.tpg, g.heads, g.dim)
+}
+
+// Free ends the sequence: what it borrowed from the prefix store is given
+// back (the store keeps it cached), its slot's own pages stay committed
+// for the next sequence put in the slot until memory is needed elsewhere
+// (deferred reclaim), and its tokens' whole prompt pages become matchable.
+// A preempted sequence may be freed. Freeing twice is ErrClosed.
+func (s *Seq) Free() error {
+	what := func() string { return "kvcache: free a sequence" }
+	c, err := s.lock(what)
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if _, err := c.settleLocked(s, func() int { return len(s.sl.units) }, func() error { return s.liveLocked(what) }); err != nil {
+		return err
+	}
+	c.publishLocked(s, s.n)
+	err = c.endLocked(s)
+	c.tick++
+	s.sl.freedAt = c.tick
+	c.counts.frees++
+	c.checkAfter("free")
+	return err
+}
+
+// endLocked ends s: its views and borrowed units go, its swap buffer too,
+// its slot is free (keeping its own pages).
+func (c *Cache) endLocked(s *Seq) error {
+	sl := s.sl
+	sl.revokeLocked()
+	errs := c.releaseCoversLocked(sl)
+	// Last to first, as decommitUnitsLocked: the chain's end is evicted
+	// first.
+	for u := len(sl.units) - 1; u >= 0; u-- {
+		if sl.units[u].state == unitBorrowed {
+			errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, u, u+1))
+		}
+	}
+	errs = errors.CombineErrors(errs, c.dropSwapLocked(s))
+	s.state = seqFreed
+	sl.seq = nil
+	delete(c.seqs, s)
+	return errs
+}

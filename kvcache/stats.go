@@ -1,0 +1,113 @@
+package kvcache
+
+// Stats are a cache's figures. Pages are PageSize bytes.
+type Stats struct {
+	// Budget is the most the cache keeps committed; Committed what it
+	// does: PagesCommitted pages, SlotPages of them the slots' own and
+	// StorePages in the prefix store (mapped into slots, or cached).
+	Budget, Committed                     uint64
+	PagesCommitted, SlotPages, StorePages int
+	// IdlePages are kept by free slots for their next sequence (deferred
+	// reclaim), SurplusPages by running sequences' slots beyond their
+	// tokens (a slot a longer sequence left them); CachedPages are store
+	// pages no sequence maps (evictable); SharedPages are store pages two
+	// or more running sequences map, and SavedBytes the memory that
+	// sharing spares (each extra mapping of a store page counts a page).
+	IdlePages, SurplusPages, CachedPages, SharedPages int
+	SavedBytes                                        uint64
+	// Sequences are live (Running or Preempted); Slots is MaxSeqs.
+	Sequences, Running, Preempted, Slots int
+	// TokensStored is the tokens of running sequences (a shared token
+	// counts in each); UsedBytes the committed bytes holding a token of a
+	// running sequence, each byte once however many sequences map it; and
+	// Waste the committed bytes that hold none, cached prefix pages aside:
+	// Committed = UsedBytes + Waste + CachedPages*PageSize. Idle and
+	// surplus pages are in Waste, whole.
+	TokensStored     int
+	UsedBytes, Waste uint64
+
+	// Cumulative counts. Admits, Frees; Steps are Appends, and Waits the
+	// Appends that committed a page themselves or waited for one the
+	// mapper was committing (mapping ahead would have spared them).
+	Admits, Frees, Steps, Waits int
+	// Commits, Borrows and Decommits are calls to the arena (one per
+	// region of a unit in the PerLayer layout); MapperCommits those the
+	// mapping-ahead goroutine made.
+	Commits, Borrows, Decommits, MapperCommits int
+	// PrefixQueries and PrefixHits are in blocks (BlockTokens): the
+	// prompts' whole blocks looked up, and those found, by every Admit and
+	// Resume that succeeds (a Resume looks its prompt up again). Copies count pages
+	// partly covered by a matched prefix, copied once (CopiedBytes).
+	PrefixQueries, PrefixHits, Copies int
+	CopiedBytes                       uint64
+	// Evictions are store units given back (EvictedPages pages);
+	// Reclaims are idle slots and surplus pages given back (ReclaimedPages).
+	Evictions, EvictedPages, Reclaims, ReclaimedPages int
+	// Preemptions = Swaps + Drops; SwappedBytes went to host memory;
+	// Resumes brought sequences back.
+	Preemptions, Swaps, Drops, Resumes int
+	SwappedBytes                       uint64
+}
+
+// Stats returns the cache's figures (zero for a nil or zero cache).
+func (c *Cache) Stats() Stats {
+	if c == nil || c.slots == nil {
+		return Stats{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.statsLocked()
+}
+
+func (c *Cache) statsLocked() Stats {
+	g := c.g
+	up := g.unitPages()
+	k := c.counts
+	st := Stats{Budget: c.budget, Committed: uint64(c.pages) * g.page, PagesCommitted: c.pages, Slots: c.cfg.MaxSeqs,
+		Admits: k.admits, Frees: k.frees, Steps: k.steps, Waits: k.waits,
+		Commits: k.commits, Borrows: k.borrows, Decommits: k.decommits, MapperCommits: k.mapperCommits,
+		PrefixQueries: k.queries, PrefixHits: k.hits, Copies: k.copies, CopiedBytes: k.copiedBytes,
+		Evictions: k.evictions, EvictedPages: k.evictedPages, Reclaims: k.reclaims, ReclaimedPages: k.reclaimedPages,
+		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes}
+	// used[su] is the most tokens any running sequence mapping su holds.
+	shared := map[*storeUnit]int{}
+	for _, sl := range c.slotList {
+		st.SlotPages += sl.owned * up
+		s := sl.seq
+		if s == nil {
+			st.IdlePages += sl.owned * up
+			continue
+		}
+		st.Sequences++
+		if s.state != seqRunning {
+			st.Preempted++
+			continue
+		}
+		st.Running++
+		st.TokensStored += s.n
+		filled := g.unitsFor(s.n)
+		for u, ui := range sl.units {
+			switch ui.state {
+			case unitOwned:
+				if u >= filled {
+					st.SurplusPages += up
+					continue
+				}
+				st.UsedBytes += g.usedBytes(u, s.n)
+			case unitBorrowed:
+				shared[ui.su] = max(shared[ui.su], s.n)
+			}
+		}
+	}
+	st.StorePages = c.pages - st.SlotPages
+	for su, n := range shared {
+		st.UsedBytes += g.usedBytes(su.u, n)
+		if su.refs > 1 {
+			st.SharedPages += up
+			st.SavedBytes += uint64((su.refs-1)*up) * g.page
+		}
+	}
+	st.CachedPages = c.evictablePagesLocked()
+	st.Waste = st.Committed - min(st.Committed, st.UsedBytes+uint64(st.CachedPages)*g.page)
+	return st
+}

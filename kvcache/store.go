@@ -1,0 +1,663 @@
+package kvcache
+
+import (
+	"container/list"
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Prefix sharing. The whole units of a prompt — units all of whose
+// tokens lie in the prompt — are not committed in the slot but in a
+// second arena.Sparse, the prefix store, and borrowed into the slot
+// (arena.Sparse.Borrow: the same physical pages at the slot's addresses).
+// A store unit is keyed by the chained hash of the tokens up to its end
+// (blocks of BlockTokens, each hash(hash of the blocks before, extra key,
+// the block's tokens); a unit ending inside a block hashes the block's
+// tokens so far onto it) and keeps its tokens, so a match is exact. It
+// becomes matchable once its owner has written it: published at the
+// owner's next Append, Preempt or Free. A later sequence whose prompt
+// starts with the same units under the same extra key borrows them — no
+// copy, no new memory; the unit after them, if a published unit that
+// continues the same prefix shares some of its first whole blocks, is
+// copied once into the sequence's own unit. At least the prompt's last
+// token is always left to compute (its logits are needed).
+//
+// A store unit no sequence maps stays cached, listed in LRU order, and is
+// evicted (decommitted whole: its pages hold nothing else) when memory is
+// needed, before any running sequence is touched. A unit published while
+// another with its key is listed stays unlisted and goes when its last
+// borrower gives it back.
+//
+// Sharing needs units that hold whole tokens: in the PerLayer layout a
+// page must be a whole number of rows, otherwise sharing is off.
+
+// errNoStoreRoom says the prefix store has no unit to give: the unit is
+// then the slot's own. It never leaves the package.
+var errNoStoreRoom = errors.New("kvcache: the prefix store has no room")
+
+// storeUnit is one unit of the prefix store: regions side by side at
+// idx*storeUnitBytes, region r's part at +r*unitBytes.
+//
+// Invariants: refs is the number of slot units mapping it; owner is the
+// sequence writing it until it is published, nil after; listed units are
+// published and are byKey[key]; a unit with no borrower is listed and in
+// the LRU list (elem), never otherwise.
+type storeUnit struct {
+	idx       int
+	u         int    // the unit index it holds in every slot that maps it
+	key       uint64 // prefix hash at its end token
+	parent    uint64 // prefix hash at its start token
+	tokens    []int  // the tokens it holds
+	refs      int
+	owner     *Seq
+	published bool
+	listed    bool
+	lastUse   uint64
+	elem      *list.Element
+}
+
+// prefixStore is the cache's store books (mu guards them).
+type prefixStore struct {
+	s        *arena.Sparse // nil when sharing is off
+	units    []*storeUnit  // by idx; nil where free
+	free     []int         // free idx, a stack
+	byKey    map[uint64]*storeUnit
+	children map[uint64][]*storeUnit // listed units by parent key
+	lru      *list.List              // cached units (no borrower), least recently used first
+	pages    int
+}
+
+// openStore reserves the prefix store: as many units as the device could
+// hold. Sharing stays off when turned off, or when units straddle tokens.
+func (c *Cache) openStore(capacity uint64) error {
+	g := c.g
+	c.ps = prefixStore{byKey: map[uint64]*storeUnit{}, children: map[uint64][]*storeUnit{}, lru: list.New()}
+	if c.cfg.NoPrefixSharing || (g.layout == PerLayer && g.page%g.row != 0) {
+		return nil
+	}
+	sub := g.storeUnitBytes()
+	n := int(min(capacity/sub, uint64(1)<<30))
+	if n == 0 {
+		return nil
+	}
+	s, err := arena.NewSparse(c.space, c.mem, arena.SparseOptions{
+		Max: uint64(n) * sub, ChunkSize: g.page, MaxChunk: g.unitBytes, Device: c.cfg.Device,
+	})
+	if err != nil {
+		return errors.Wrapf(err, "kvcache: new cache: the prefix store of %d units of %s", n, units.Bytes(sub))
+	}
+	c.ps.s = s
+	c.ps.units = make([]*storeUnit, n)
+	c.ps.free = make([]int, n)
+	for i := range c.ps.free {
+		c.ps.free[i] = n - 1 - i
+	}
+	return nil
+}
+
+// storeUnitBytes is the size of one store unit: one unit of every region.
+func (g *geometry) storeUnitBytes() uint64 { return uint64(g.regions) * g.unitBytes }
+
+// The hashes. mix is a 64-bit multiply-xorshift step.
+func mix(h, x uint64) uint64 {
+	h ^= x
+	h *= 0x9e3779b97f4a7c15
+	return h ^ h>>32
+}
+
+// blockHash is hash(prev, extra, tokens): a block's (or a part's) hash
+// chained onto the hash of what comes before it.
+func blockHash(prev, extra uint64, tokens []int) uint64 {
+	h := mix(prev, extra)
+	for _, t := range tokens {
+		h = mix(h, uint64(t))
+	}
+	return mix(h, uint64(len(tokens))<<1|1)
+}
+
+// chain returns the hashes at every block boundary of tokens under extra:
+// chain[0] is the seed, chain[i] the hash of blocks [0, i).
+func chain(tokens []int, extra uint64, block int) []uint64 {
+	out := make([]uint64, 1, 1+len(tokens)/block)
+	out[0] = mix(0x6b76636163686521, extra) // "kvcache!"
+	for i := 0; i+block <= len(tokens); i += block {
+		out = append(out, blockHash(out[len(out)-1], extra, tokens[i:i+block]))
+	}
+	return out
+}
+
+// prefixKey is the hash of tokens[:e] under extra, from its chain.
+func prefixKey(ch []uint64, tokens []int, extra uint64, block, e int) uint64 {
+	b := e / block
+	if e%block == 0 {
+		return ch[b]
+	}
+	return blockHash(ch[b], extra, tokens[b*block:e])
+}
+
+// sharing reports whether the store is open.
+func (c *Cache) sharing() bool { return c.ps.s != nil }
+
+// storeBoundLocked reports whether unit u of s belongs in the store: all
+// its tokens are the prompt's.
+func (c *Cache) storeBoundLocked(s *Seq, u int) bool {
+	if !c.sharing() {
+		return false
+	}
+	_, end := c.g.unitTokens(u)
+	return end <= len(s.prompt)
+}
+
+// storeOff is where region r of store unit idx lies in the store.
+func (c *Cache) storeOff(idx, r int) uint64 {
+	return uint64(idx)*c.g.storeUnitBytes() + uint64(r)*c.g.unitBytes
+}
+
+// takeStoreIdxLocked returns a free store unit, evicting the least
+// recently used cached one if there is none; errNoStoreRoom when every
+// unit is mapped.
+func (c *Cache) takeStoreIdxLocked() (int, error) {
+	if len(c.ps.free) == 0 {
+		if c.ps.lru.Len() == 0 {
+			return 0, errNoStoreRoom
+		}
+		if err := c.evictOneLocked(); err != nil {
+			return 0, err
+		}
+	}
+	idx := c.ps.free[len(c.ps.free)-1]
+	c.ps.free = c.ps.free[:len(c.ps.free)-1]
+	return idx, nil
+}
+
+// backFromStoreLocked makes unit u of s a new store unit s owns, borrowed
+// into its slot. The budget has room (the caller made it). On failure
+// nothing changed; errNoStoreRoom when the store is full of mapped units.
+func (c *Cache) backFromStoreLocked(s *Seq, u int) error {
+	g, sl := c.g, s.sl
+	idx, err := c.takeStoreIdxLocked()
+	if err != nil {
+		return err
+	}
+	sub := g.storeUnitBytes()
+	if err := c.ps.s.Commit(uint64(idx)*sub, sub); err != nil {
+		c.ps.free = append(c.ps.free, idx)
+		return errors.Wrapf(err, "kvcache: a prefix store unit for unit %d", u)
+	}
+	c.counts.commits++
+	start, end := g.unitTokens(u)
+	if s.chain == nil {
+		s.chain = chain(s.prompt, s.extra, g.block)
+	}
+	ch := s.chain
+	su := &storeUnit{idx: idx, u: u, owner: s, lastUse: c.tick,
+		key:    prefixKey(ch, s.prompt, s.extra, g.block, end),
+		parent: prefixKey(ch, s.prompt, s.extra, g.block, start),
+		tokens: slices.Clone(s.prompt[start:end])}
+	if err := c.borrowLocked(sl, u, su); err != nil {
+		return errors.CombineErrors(err, c.freeStoreUnitLocked(su))
+	}
+	c.ps.units[idx] = su
+	c.ps.pages += g.unitPages()
+	c.pages += g.unitPages()
+	return nil
+}
+
+// borrowLocked maps store unit su at unit u of sl, one borrow per region.
+// On failure nothing changed.
+func (c *Cache) borrowLocked(sl *slot, u int, su *storeUnit) error {
+	g := c.g
+	for r := 0; r < g.regions; r++ {
+		if err := c.slots.Borrow(c.slotOff(sl, r, u), c.ps.s, c.storeOff(su.idx, r), g.unitBytes); err != nil {
+			var undo error
+			for q := 0; q < r; q++ {
+				undo = errors.CombineErrors(undo, c.slots.Decommit(c.slotOff(sl, q, u), g.unitBytes))
+			}
+			if undo != nil {
+				err = errors.CombineErrors(err, errors.WithAssertionFailure(undo))
+			}
+			return errors.Wrapf(err, "kvcache: map prefix store unit %d at unit %d of slot %d", su.idx, u, sl.idx)
+		}
+	}
+	c.counts.borrows += g.regions
+	if su.elem != nil {
+		c.ps.lru.Remove(su.elem)
+		su.elem = nil
+	}
+	su.refs++
+	su.lastUse = c.tick
+	sl.units[u] = unitInfo{state: unitBorrowed, su: su}
+	return nil
+}
+
+// freeStoreUnitLocked decommits su (mapped nowhere) and frees its place.
+func (c *Cache) freeStoreUnitLocked(su *storeUnit) error {
+	sub := c.g.storeUnitBytes()
+	if err := c.ps.s.Decommit(uint64(su.idx)*sub, sub); err != nil {
+		return errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: decommit prefix store unit %d", su.idx))
+	}
+	c.counts.decommits++
+	if c.ps.units[su.idx] == su {
+		c.ps.units[su.idx] = nil
+		c.ps.pages -= c.g.unitPages()
+		c.pages -= c.g.unitPages()
+	}
+	c.ps.free = append(c.ps.free, su.idx)
+	return nil
+}
+
+// giveBackLocked ends one mapping of su (its slot units are already
+// decommitted): a unit no one maps is cached if listed, freed otherwise
+// (never published: its bytes mean nothing).
+func (c *Cache) giveBackLocked(su *storeUnit) {
+	su.refs--
+	if su.owner != nil {
+		su.owner = nil // given back unwritten
+	}
+	if su.refs > 0 {
+		return
+	}
+	su.lastUse = c.tick
+	if su.listed {
+		su.elem = c.ps.lru.PushBack(su)
+		return
+	}
+	if err := c.freeStoreUnitLocked(su); err != nil {
+		c.lostErr = errors.CombineErrors(c.lostErr, err) // reported by Check
+	}
+}
+
+// publishLocked makes the store units s owns whose tokens are all below
+// upTo — written — matchable.
+func (c *Cache) publishLocked(s *Seq, upTo int) {
+	if !c.sharing() {
+		return
+	}
+	for u, ui := range s.sl.units {
+		su := ui.su
+		if ui.state != unitBorrowed || su.owner != s {
+			continue
+		}
+		if _, end := c.g.unitTokens(u); end > upTo {
+			continue
+		}
+		su.owner, su.published = nil, true
+		if _, taken := c.ps.byKey[su.key]; !taken {
+			su.listed = true
+			c.ps.byKey[su.key] = su
+			c.ps.children[su.parent] = append(c.ps.children[su.parent], su)
+		}
+	}
+}
+
+// unlistLocked takes su out of the index.
+func (c *Cache) unlistLocked(su *storeUnit) {
+	if !su.listed {
+		return
+	}
+	su.listed = false
+	delete(c.ps.byKey, su.key)
+	kids := slices.DeleteFunc(c.ps.children[su.parent], func(x *storeUnit) bool { return x == su })
+	if len(kids) == 0 {
+		delete(c.ps.children, su.parent)
+	} else {
+		c.ps.children[su.parent] = kids
+	}
+}
+
+// evictablePagesLocked is the pages of cached units.
+func (c *Cache) evictablePagesLocked() int { return c.ps.lru.Len() * c.g.unitPages() }
+
+// evictLocked evicts cached units, least recently used first, until need
+// more pages fit in the budget.
+func (c *Cache) evictLocked(need int) error {
+	for c.freePagesLocked() < need && c.ps.lru.Len() > 0 {
+		if err := c.evictOneLocked(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evictOneLocked evicts the least recently used cached unit.
+func (c *Cache) evictOneLocked() error {
+	su := c.ps.lru.Remove(c.ps.lru.Front()).(*storeUnit)
+	su.elem = nil
+	c.unlistLocked(su)
+	if err := c.freeStoreUnitLocked(su); err != nil {
+		return err
+	}
+	c.counts.evictions++
+	c.counts.evictedPages += c.g.unitPages()
+	return nil
+}
+
+// match is what the store holds of a prefix: units [0, len(units)) to
+// borrow, and the tokens matched in all (M), past the units when the next
+// unit is to be copied from partial.
+type match struct {
+	units   []*storeUnit
+	tokens  int
+	partial *storeUnit
+}
+
+// findLocked finds the longest prefix of tokens[:limit] the store holds,
+// unit by unit (each unit's tokens compared), then the whole blocks of the
+// next unit a listed unit continuing the same prefix shares.
+func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) match {
+	var m match
+	if !c.sharing() || limit <= 0 {
+		return m
+	}
+	g := c.g
+	ch := chain(prompt, extra, g.block)
+	u := 0
+	for ; u < g.units; u++ {
+		start, end := g.unitTokens(u)
+		if end > limit || end > len(prompt) {
+			break
+		}
+		su := c.ps.byKey[prefixKey(ch, prompt, extra, g.block, end)]
+		if su == nil || su.u != u || !slices.Equal(su.tokens, tokens[start:end]) {
+			break
+		}
+		m.units = append(m.units, su)
+	}
+	start, _ := g.unitTokens(u)
+	m.tokens = start
+	if u == g.units || start >= len(prompt) {
+		return m
+	}
+	best := 0
+	for _, su := range c.ps.children[prefixKey(ch, prompt, extra, g.block, start)] {
+		if su.u != u {
+			continue
+		}
+		n := 0
+		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == tokens[start+n] {
+			n++
+		}
+		if (start+n)/g.block*g.block > start+best {
+			best, m.partial = (start+n)/g.block*g.block-start, su
+		}
+	}
+	if m.partial != nil {
+		m.tokens = start + best
+	}
+	return m
+}
+
+// matchLocked gives a new sequence (in its slot, nothing borrowed yet)
+// the prefix the store holds of its prompt.
+func (c *Cache) matchLocked(what func() string, s *Seq) error {
+	if !c.sharing() {
+		return nil
+	}
+	_, err := c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.prompt, s.extra, len(s.prompt)-1), true)
+	if err != nil {
+		return err
+	}
+	s.tokens = slices.Clone(s.prompt[:s.matched])
+	s.n, s.written = s.matched, s.matched
+	c.countMatchLocked(s)
+	return nil
+}
+
+// countMatchLocked counts, once an Admit or a Resume has succeeded, the
+// lookup of s's prompt blocks and those it found (Matched): a call that
+// fails counts nothing.
+func (c *Cache) countMatchLocked(s *Seq) {
+	if !c.sharing() {
+		return
+	}
+	c.counts.queries += len(s.prompt) / c.g.block
+	c.counts.hits += s.matched / c.g.block
+}
+
+// rematchLocked borrows again, for a preempted sequence being resumed,
+// what the store holds of its first limit tokens; a partly shared unit is
+// copied only when copy (the bytes are not coming from host memory). It
+// returns the units it backed (for undoing).
+func (c *Cache) rematchLocked(what func() string, s *Seq, limit int, copy bool) ([]int, error) {
+	if !c.sharing() {
+		s.matched = 0
+		return nil, nil
+	}
+	return c.applyMatchLocked(what, s, c.findLocked(s.tokens, s.prompt, s.extra, limit), copy)
+}
+
+// applyMatchLocked borrows m's units into s's slot (after giving back the
+// pages the slot kept there) and, when copy, backs the next unit and
+// copies the partly matched blocks into it — if the budget allows; if not,
+// the match stops at the whole units. It sets s.matched and returns the
+// units it backed. On failure nothing is borrowed or backed.
+func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool) ([]int, error) {
+	g, sl := c.g, s.sl
+	k := len(m.units)
+	s.matched = 0
+	if !copy {
+		m.partial = nil
+	}
+	if k == 0 && m.partial == nil {
+		return nil, nil
+	}
+	// The slot's own pages where the shared units go are given back.
+	for u := 0; u < k; u++ {
+		if sl.units[u].state == unitOwned {
+			if err := c.decommitUnitsLocked(sl, u, u+1); err != nil {
+				return nil, err
+			}
+			c.counts.reclaimedPages += g.unitPages()
+		}
+	}
+	var backed []int
+	undo := func(err error) ([]int, error) {
+		return nil, errors.CombineErrors(err, c.unbackLocked(sl, backed))
+	}
+	// Borrowed, the units are no longer cached: making room for the
+	// copy below cannot evict them.
+	for u, su := range m.units {
+		if err := c.borrowLocked(sl, u, su); err != nil {
+			return undo(errors.Wrapf(err, "%s", what()))
+		}
+		backed = append(backed, u)
+	}
+	if p := m.partial; p != nil {
+		// Held (as a borrow would) while room is made, so it is not
+		// evicted for its own copy; used last when let go.
+		c.holdLocked(p)
+		copied, err := c.copyPartialLocked(what, s, p, k)
+		c.letGoLocked(p)
+		if err != nil {
+			return undo(err)
+		}
+		if copied == nil {
+			m.partial = nil
+		}
+		backed = append(backed, copied...)
+	}
+	if m.partial == nil {
+		m.tokens, _ = g.unitTokens(k)
+	}
+	s.matched = m.tokens
+	return backed, nil
+}
+
+// copyPartialLocked backs unit k of s — the slot's own page it kept
+// serves unless the unit belongs in the store — and copies p into it. It
+// returns the units it backed (unit k, or none if kept), and nil with no
+// error when the budget has no room (nothing changed).
+func (c *Cache) copyPartialLocked(what func() string, s *Seq, p *storeUnit, k int) ([]int, error) {
+	sl := s.sl
+	bound := c.storeBoundLocked(s, k)
+	st := sl.units[k].state
+	if st == unitEmpty || (st == unitOwned && bound) {
+		if err := c.makeRoomLocked(what, c.g.unitPages(), sl, k+1); err != nil {
+			return nil, nil
+		}
+	}
+	if st == unitOwned && bound {
+		if err := c.decommitUnitsLocked(sl, k, k+1); err != nil {
+			return nil, err
+		}
+		c.counts.reclaimedPages += c.g.unitPages()
+	}
+	backed := []int{}
+	if sl.units[k].state == unitEmpty {
+		b, err := c.backLocked(what, s, k+1)
+		if err != nil {
+			return nil, err
+		}
+		backed = b
+	}
+	if err := c.copyUnitLocked(what, p, sl, k); err != nil {
+		return nil, errors.CombineErrors(err, c.unbackLocked(sl, backed))
+	}
+	return backed, nil
+}
+
+// holdLocked keeps a listed unit out of the cache (not evictable) as a
+// borrow does, without mapping it; letGoLocked ends that, the unit then
+// used last.
+func (c *Cache) holdLocked(su *storeUnit) {
+	if su.elem != nil {
+		c.ps.lru.Remove(su.elem)
+		su.elem = nil
+	}
+	su.refs++
+}
+
+func (c *Cache) letGoLocked(su *storeUnit) {
+	su.refs--
+	su.lastUse = c.tick
+	if su.refs == 0 {
+		su.elem = c.ps.lru.PushBack(su)
+	}
+}
+
+// copyUnitLocked copies store unit from, region by region, into unit u
+// of sl: the partly shared page, copied once.
+func (c *Cache) copyUnitLocked(what func() string, from *storeUnit, sl *slot, u int) error {
+	g := c.g
+	c.counts.copies++
+	c.counts.copiedBytes += g.storeUnitBytes()
+	if !c.bytes {
+		return nil
+	}
+	if c.str == nil {
+		return errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no streams to copy a shared page with", what(), c.slots.Driver().Name())
+	}
+	for r := 0; r < g.regions; r++ {
+		dst := c.slots.Base() + driver.Addr(c.slotOff(sl, r, u))
+		src := c.ps.s.Base() + driver.Addr(c.storeOff(from.idx, r))
+		if err := c.str.CopyDtoDSync(dst, src, g.unitBytes); err != nil {
+			return errors.Wrapf(err, "%s: copy the partly shared unit %d", what(), u)
+		}
+	}
+	return nil
+}
+
+// closeStoreLocked frees every store unit (none is mapped: the slots gave
+// theirs back) and the store range.
+func (c *Cache) closeStoreLocked() error {
+	if !c.sharing() {
+		return nil
+	}
+	var errs error
+	for c.ps.lru.Len() > 0 {
+		errs = errors.CombineErrors(errs, c.evictOneLocked())
+	}
+	for _, su := range c.ps.units {
+		if su != nil {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: close: prefix store unit %d is still mapped %d times", su.idx, su.refs))
+		}
+	}
+	return errors.CombineErrors(errs, c.ps.s.Close())
+}
+
+// checkStoreRangeLocked checks the store range against its books.
+func (c *Cache) checkStoreRangeLocked() error {
+	if !c.sharing() {
+		return nil
+	}
+	errs := c.ps.s.Check()
+	if got := c.ps.s.Committed(); got != uint64(c.ps.pages)*c.g.page {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: the prefix store holds %s, its units %d pages", units.Bytes(got), c.ps.pages))
+	}
+	return errs
+}
+
+// checkStoreLocked checks the store's books against the slots' and
+// returns the pages its units hold.
+func (c *Cache) checkStoreLocked(fail func(string, ...any)) int {
+	if !c.sharing() {
+		if c.ps.pages != 0 || c.ps.lru.Len() != 0 {
+			fail("no prefix store, but %d pages and %d cached units", c.ps.pages, c.ps.lru.Len())
+		}
+		return 0
+	}
+	refs := map[*storeUnit]int{}
+	for _, sl := range c.slotList {
+		for _, ui := range sl.units {
+			if ui.state == unitBorrowed {
+				refs[ui.su]++
+			}
+		}
+	}
+	live := 0
+	for idx, su := range c.ps.units {
+		if su == nil {
+			continue
+		}
+		live++
+		if su.idx != idx {
+			fail("prefix store unit at %d says %d", idx, su.idx)
+		}
+		if su.refs != refs[su] {
+			fail("prefix store unit %d counts %d borrowers, %d slots map it", idx, su.refs, refs[su])
+		}
+		if su.owner != nil && su.published {
+			fail("prefix store unit %d is published but has an owner", idx)
+		}
+		if su.listed && (!su.published || c.ps.byKey[su.key] != su) {
+			fail("prefix store unit %d is listed but not published or not its key's", idx)
+		}
+		if (su.refs == 0) != (su.elem != nil) || (su.refs == 0 && !su.listed) {
+			fail("prefix store unit %d: %d borrowers, cached %t, listed %t", idx, su.refs, su.elem != nil, su.listed)
+		}
+		delete(refs, su)
+	}
+	if len(refs) > 0 {
+		fail("slots map %d store units the store does not hold", len(refs))
+	}
+	for key, su := range c.ps.byKey {
+		if su.key != key || !su.listed || c.ps.units[su.idx] != su {
+			fail("the prefix index lists a unit under %#x that is not there", key)
+		}
+	}
+	kids := 0
+	for _, l := range c.ps.children {
+		kids += len(l)
+	}
+	if kids != len(c.ps.byKey) {
+		fail("%d units listed by key, %d by parent", len(c.ps.byKey), kids)
+	}
+	if live+len(c.ps.free) != len(c.ps.units) {
+		fail("%d store units live and %d free of %d", live, len(c.ps.free), len(c.ps.units))
+	}
+	if live*c.g.unitPages() != c.ps.pages {
+		fail("%d store units live, %d pages counted", live, c.ps.pages)
+	}
+	return c.ps.pages
+}
+
+// String describes a store unit for messages.
+func (su *storeUnit) String() string {
+	return fmt.Sprintf("prefix store unit %d (unit %d, %d borrowers)", su.idx, su.u, su.refs)
+}

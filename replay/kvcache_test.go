@@ -1,0 +1,297 @@
+package replay
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/race"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/kvcache"
+)
+
+// newKVCache makes the scheme and closes it when the test ends.
+func newKVCache(t *testing.T, cfg KVConfig, opts KVCacheOptions) *KVCache {
+	t.Helper()
+	k, err := NewKVCache(cfg, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, k.Close()) })
+	return k
+}
+
+// TestKVCacheTraceSlices serves the first 200 requests of each real trace
+// (Mooncake's first 100; 30, and Mooncake's 8, in 32 slots under the
+// invariants tag or the race detector) with llama3-8b in 16 GiB, as
+// TestSimulateTraceSlices serves them with the baselines, in both
+// layouts, checking the cache's books every few steps. Whatever the
+// figures: every request finishes; token-major pages hold 16 tokens, a
+// paged block's worth, so its waste is below a block per sequence, and
+// per-layer's below a page per region per sequence; the cache never
+// holds more than the budget; with no preemption each token is computed
+// once, less the prefixes found; the Mooncake slice shares prefixes; at
+// least as many sequences run at once as with static reservation; and a
+// second run gives the same figures.
+func TestKVCacheTraceSlices(t *testing.T) {
+	l3, err := ModelPreset("llama3-8b")
+	require.NoError(t, err)
+	tb := l3.TokenBytes()
+	// Every change checks every slot under the invariants tag, and the
+	// race detector slows the arena's books twentyfold: a few requests
+	// and slots then.
+	short := invariants.Enabled || race.Enabled
+	for _, name := range []string{"AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv", "mooncake_synthetic_trace.jsonl"} {
+		reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", name))
+		require.NoError(t, err)
+		cfg := KVConfig{Model: l3, Budget: 16 * units.GiB, MaxSeqs: 256}
+		mooncake := len(reqs[0].Blocks) > 0
+		switch {
+		case short && mooncake:
+			reqs, cfg.MaxSeqs = reqs[:8], 32
+		case short:
+			reqs, cfg.MaxSeqs = reqs[:30], 32
+		case mooncake:
+			// Mooncake's long prompts make 200 requests take seconds; its
+			// first 62 hold its two runs of shared blocks.
+			reqs = reqs[:100]
+		}
+		cfg.MaxContext = FitMaxContext(reqs, cfg)
+		sum := SummarizeRequests(reqs)
+		opts := SimOptions{Config: cfg, CheckEvery: 97}
+		st, err := NewStaticReservation(cfg)
+		require.NoError(t, err)
+		static, err := Simulate(reqs, st, opts)
+		require.NoError(t, err)
+		for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer} {
+			t.Run(name+"/"+layout.String(), func(t *testing.T) {
+				k := newKVCache(t, cfg, KVCacheOptions{Layout: layout})
+				res, err := Simulate(reqs, k, opts)
+				require.NoError(t, err)
+				require.Equal(t, "this cache ("+layout.String()+")", res.Scheme)
+				require.Equal(t, len(reqs), res.Finished)
+				require.Zero(t, res.Refused)
+				require.Equal(t, sum.OutputTokens, res.OutputTokens)
+				require.Positive(t, res.MeanTTFT)
+				if res.Preemptions == 0 {
+					require.Equal(t, sum.PromptTokens+sum.OutputTokens-int64(len(reqs))-res.Stats.PrefixHit, res.ComputedTokens)
+				}
+				tail := 15 * tb // a page of 16 tokens but one
+				if layout == kvcache.PerLayer {
+					tail = 2 * uint64(l3.Layers) * 2 * units.MiB
+				}
+				require.LessOrEqual(t, res.PeakWaste, uint64(res.PeakSeqs)*tail)
+				require.LessOrEqual(t, res.PeakCommitted+res.PeakCached, 2*cfg.Budget)
+				require.LessOrEqual(t, res.Stats.Committed+res.Stats.Cached, cfg.Budget)
+				require.Zero(t, res.Stats.Committed, "nothing runs at the end")
+				require.GreaterOrEqual(t, res.PeakSeqs, static.PeakSeqs)
+				switch {
+				case sum.Blocks > 0 && !short:
+					require.Positive(t, res.Stats.PrefixHit)
+				case res.Preemptions == 0:
+					require.Zero(t, res.Stats.PrefixHit, "no two requests share content")
+				}
+				t.Logf("%d preemptions, %d of %d tokens found, %s saved at the peak", res.Preemptions, res.Stats.PrefixHit, res.Stats.PrefixQueried, units.Bytes(res.PeakSaved))
+				if sum.Blocks == 0 {
+					require.Zero(t, res.PeakSaved, "no two requests share content")
+				}
+				require.LessOrEqual(t, res.Stats.PrefixHit, res.Stats.PrefixQueried)
+				if layout != kvcache.TokenMajor {
+					return
+				}
+				again, err := Simulate(reqs, newKVCache(t, cfg, KVCacheOptions{Layout: layout}), opts)
+				require.NoError(t, err)
+				again.WallTime = res.WallTime
+				require.Equal(t, res, again)
+			})
+		}
+	}
+}
+
+// tinyPages is 16 pages of 16 KiB of tinyModel (1 KiB of KV a token): a
+// page holds 16 tokens, one block, in the token-major layout; in the
+// per-layer one, a page of each of its 2 regions holds 32 tokens' rows.
+var tinyPages = KVConfig{Model: tinyModel, Budget: 256 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+
+// TestKVCacheSharesPrefixByHand drives the scheme by hand: two requests
+// whose prompts are the same 40 tokens (Mooncake's hash_id 7). A's whole
+// prompt pages go to the prefix store; B, admitted before A has written
+// them (A's next Append publishes them), finds nothing; admitted after,
+// it maps the same physical pages — 32 tokens, two pages in the
+// token-major layout, one unit of 32 tokens in the per-layer one — and
+// computes only the rest. Shared tokens are stored once.
+func TestKVCacheSharesPrefixByHand(t *testing.T) {
+	for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer} {
+		t.Run(layout.String(), func(t *testing.T) {
+			k := newKVCache(t, tinyPages, KVCacheOptions{Layout: layout, PageSize: 16 * units.KiB})
+			a, b, early := simReq(0, 40, 10, 7), simReq(1, 40, 10, 7), simReq(2, 40, 10, 7)
+			require.True(t, k.CanAdmit(a))
+			held, err := k.Admit(a)
+			require.NoError(t, err)
+			require.Zero(t, held)
+			require.NoError(t, k.Append(a, 40))
+			a.computed, a.context = 40, 41
+
+			held, err = k.Admit(early)
+			require.NoError(t, err)
+			require.Zero(t, held, "a's pages are not written until its next Append")
+			_, err = k.Preempt(early)
+			require.NoError(t, err)
+
+			require.NoError(t, k.Append(a, 1)) // a's first output token: its prompt is written
+			require.True(t, k.CanAdmit(b))
+			held, err = k.Admit(b)
+			require.NoError(t, err)
+			require.Equal(t, 32, held, "two whole blocks; the last token is always computed")
+			require.NoError(t, k.Append(b, 8))
+			require.NoError(t, k.Check())
+
+			st := k.cache.Stats()
+			require.Equal(t, 2, st.SharedPages, "a's first two pages (token-major) or its first unit's page in each region (per-layer)")
+			require.Equal(t, 2*16*units.KiB, st.SavedBytes)
+			ks := k.Stats()
+			require.Equal(t, uint64(41+8)*units.KiB, ks.Stored, "a's 41 tokens, and b's 8 it computed")
+			require.Equal(t, uint64(41+40)*units.KiB, ks.Logical)
+			require.Equal(t, 32*units.KiB, ks.Saved())
+			pages := uint64(4) // a: two shared, one own; b: one own
+			if layout == kvcache.PerLayer {
+				pages = 6 // a: its shared unit's two pages, its own unit's two; b: its own unit's two
+			}
+			require.Equal(t, pages*16*units.KiB, ks.Committed)
+			require.Equal(t, int64(3*32), ks.PrefixQueried, "a's, early's and b's two whole blocks")
+			require.Equal(t, int64(32), ks.PrefixHit)
+			// Token-major: a commits its two prompt pages in the store, one
+			// page each, and a page of its own; b a page of its own.
+			// Per-layer: a commits its prompt's unit in the store (one
+			// call), and a unit of its own (a call per region); b too.
+			commits := map[kvcache.Layout]int64{kvcache.TokenMajor: 2 + 1 + 1, kvcache.PerLayer: 1 + 2 + 2}[layout]
+			require.Equal(t, commits, ks.Commits)
+		})
+	}
+}
+
+// TestKVCachePreemptionByHand serves TestSimulatePreemptionByHand's two
+// requests (16-token prompts, 20 output tokens each, arriving together)
+// from 4 token-major pages of 16 tokens, every step 10 ms:
+//
+//	step 1      A and B are admitted (no request has finished: the expected
+//	            output is 0), each prefills its prompt, one whole page, in
+//	            the prefix store, and produces its first token
+//	step 2      each takes a page of its own for its 17th token (A's and B's
+//	            prompt pages are published)
+//	steps 3-17  decodes; after step 17 each holds 32 tokens
+//	step 18     A's 33rd token needs a page: no page is idle, cached or
+//	            surplus, so B, admitted last, is preempted: its own page is
+//	            decommitted, its prompt page stays cached; A commits the page
+//	            freed
+//	steps 19-20 A decodes; B's Resume is tried each step and refused (its
+//	            prompt page is found, but no page is free for the rest), and
+//	            counts nothing; A finishes, its slot keeping its two pages
+//	step 21     B resumes in its slot: its prompt page borrowed again (16
+//	            tokens held, 16 found of 16 looked up), a page of A's idle slot
+//	            reclaimed for the rest; it recomputes positions 16 to 31 into
+//	            it and computes its 33rd token into a page reclaimed the same
+//	            way (with Drop; with Swap it holds its 32 tokens back and
+//	            computes only the 33rd)
+//	steps 22-23 B's 19th and 20th tokens: done at 230 ms
+//
+// Pages committed: 4 in steps 1-2, 1 in step 18, 2 in step 21, as the
+// paged scheme takes blocks; nothing is evicted (idle pages go first). At
+// the end the two prompt pages are cached and B's slot keeps its two.
+func TestKVCachePreemptionByHand(t *testing.T) {
+	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	reqs := []Request{{Input: 16, Output: 20}, {Input: 16, Output: 20}}
+	opts := SimOptions{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, CheckEvery: 1}
+	for _, mode := range []kvcache.PreemptMode{kvcache.Drop, kvcache.Swap} {
+		t.Run(mode.String(), func(t *testing.T) {
+			k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor, Preempt: mode, PageSize: 16 * units.KiB})
+			res, err := Simulate(reqs, k, opts)
+			require.NoError(t, err)
+			require.Equal(t, 2, res.Finished)
+			require.Equal(t, 1, res.Preemptions)
+			require.Equal(t, 23, res.Steps)
+			require.Equal(t, 230*time.Millisecond, res.SimTime)
+			require.Equal(t, 2, res.PeakSeqs)
+			require.Equal(t, 10*time.Millisecond, res.MeanTTFT)
+			require.Equal(t, int64(40), res.OutputTokens)
+			computed := int64(35 + 16 + 16 + 17 + 2) // A's; B's 16, 16 decoded, 17 recomputed, 2 decoded
+			if mode == kvcache.Swap {
+				computed = 35 + 16 + 16 + 1 + 2
+			}
+			require.Equal(t, computed, res.ComputedTokens)
+			require.Equal(t, 64*units.KiB, res.PeakCommitted)
+			require.Equal(t, 2*15*units.KiB, res.PeakWaste, "after step 2, A's and B's last pages hold a token of 16")
+			require.Equal(t, KVStats{Cached: 4 * 16 * units.KiB, Commits: 7, PrefixQueried: 48, PrefixHit: 16}, res.Stats)
+			st := k.cache.Stats()
+			require.Equal(t, [4]int{1, 1, 0, 2}, [4]int{st.Preemptions, st.Resumes, st.Evictions, st.IdlePages})
+			require.Equal(t, map[kvcache.PreemptMode]int{kvcache.Drop: 1}[mode], st.Drops)
+		})
+	}
+}
+
+// TestKVCacheBadInput: options kvcache refuses, and calls for a request in
+// the wrong state, are driver.ErrInvalid and change nothing; a closed
+// scheme refuses a second Close with driver.ErrClosed.
+func TestKVCacheBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  KVConfig
+		opts KVCacheOptions
+		says string
+	}{
+		{tinyPages, KVCacheOptions{Preempt: 9}, "preempt mode PreemptMode(9), want drop or swap"},
+		{tinyPages, KVCacheOptions{PageSize: 3000}, "a page of 3000 bytes, want a power of two of at least 4 KiB"},
+		{tinyPages, KVCacheOptions{Layout: 7}, "Layout 7 is neither PerLayer (0) nor TokenMajor (1)"},
+		{KVConfig{}, KVCacheOptions{}, `model "": Layers 0`},
+		{KVConfig{Model: Model{Name: "odd", Layers: 1, KVHeads: 1, HeadDim: 1, ElemBytes: 3, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
+			KVCacheOptions{}, `model "odd" has 3-byte elements, want 1, 2, 4 or 8`},
+	} {
+		_, err := NewKVCache(tc.cfg, tc.opts)
+		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
+		require.ErrorContains(t, err, tc.says)
+	}
+
+	k, err := NewKVCache(tinyPages, KVCacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+	require.NoError(t, err)
+	a, b := simReq(0, 20, 5), simReq(1, 20, 5)
+	_, err = k.Admit(a)
+	require.NoError(t, err)
+	require.NoError(t, k.Append(a, 20))
+	before := k.Stats()
+	for _, tc := range []struct {
+		call func() error
+		says string
+	}{
+		{func() error { _, err := k.Admit(a); return err }, "admit request 0: it is admitted already"},
+		{func() error { _, err := k.Resume(a); return err }, "resume request 0: it is running"},
+		{func() error { return k.Append(a, -1) }, "append -1 tokens to request 0 at 20: want 0 to 0"},
+		{func() error { return k.Append(a, 1) }, "append 1 tokens to request 0 at 20: want 0 to 0"},
+		{func() error { return k.Append(b, 1) }, "append request 1: it is not admitted"},
+		{func() error { _, err := k.Preempt(b); return err }, "preempt request 1: it is not admitted"},
+		{func() error { _, err := k.Resume(b); return err }, "resume request 1: it is not admitted"},
+		{func() error { return k.Finish(b) }, "finish request 1: it is not admitted"},
+	} {
+		err := tc.call()
+		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
+		require.ErrorContains(t, err, tc.says)
+	}
+	require.False(t, k.CanAdmit(a), "running")
+	_, err = k.Preempt(a)
+	require.NoError(t, err)
+	_, err = k.Preempt(a)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "preempt request 0: it is preempted")
+	require.True(t, k.CanAdmit(a), "preempted: Resume is the test")
+	require.NoError(t, k.Check())
+	require.Equal(t, before.Commits, k.Stats().Commits)
+
+	require.NoError(t, k.Close())
+	require.ErrorIs(t, k.Close(), driver.ErrClosed)
+	require.False(t, k.CanAdmit(b))
+	_, err = k.Admit(b)
+	require.ErrorIs(t, err, driver.ErrClosed)
+	require.NoError(t, k.Check())
+	st := k.Stats()
+	require.Zero(t, st.Committed+st.Cached+st.Stored+st.Logical, "closed: nothing held")
+}
