@@ -34,6 +34,11 @@ type KVCacheOptions struct {
 	// sim driver's recommended granularity, as on a GPU); a power of two
 	// of at least 4 KiB.
 	PageSize uint64
+	// ExpectOutput makes CanAdmit ask for room for an expected output as
+	// well as the prompt (see KVCache). The zero value asks for the
+	// prompt's room alone, as vLLM and the paged scheme do: more
+	// sequences start, and more are preempted when their outputs grow.
+	ExpectOutput bool
 }
 
 // KVCache is this library's KV cache (package kvcache) as a KV scheme: a
@@ -52,10 +57,12 @@ type KVCacheOptions struct {
 //   - Tokens: a request's prompt is SimRequest.Tokens, so Mooncake's equal
 //     hash_ids give equal tokens and the cache's own chained hash finds
 //     the shared prefixes; no extra key.
-//   - Expected output, for kvcache's CanAdmit: what a server knows, not
-//     the trace's output — the mean output length of the requests
-//     finished so far, rounded up (0 before the first finishes), less
-//     what the request has generated. A preempted request is not asked
+//   - Expected output, for kvcache's CanAdmit: 0 (room for the prompt
+//     alone, as the paged scheme admits) unless ExpectOutput is set; then
+//     what a server knows, not the trace's output — the mean output
+//     length of the requests finished so far, rounded up (0 before the
+//     first finishes), less what the request has generated. A preempted
+//     request is not asked
 //     about: its Resume is the test (it commits its context's pages or
 //     fails with ErrOutOfMemory, changing nothing), since it keeps a slot
 //     of its own that kvcache's CanAdmit, which looks for a free one,
@@ -251,9 +258,9 @@ func (k *KVCache) live(op string, r *SimRequest, preempted bool) (*cacheSeq, err
 
 // expectedOutput is the guess for a request that has generated generated
 // tokens: the mean output of the finished requests, rounded up, less
-// those.
+// those; 0 unless the options ask for it.
 func (k *KVCache) expectedOutput(generated int) int {
-	if k.finished == 0 {
+	if !k.opts.ExpectOutput || k.finished == 0 {
 		return 0
 	}
 	mean := int((k.outputs + int64(k.finished) - 1) / int64(k.finished))

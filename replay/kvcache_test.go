@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -294,4 +295,32 @@ func TestKVCacheBadInput(t *testing.T) {
 	require.NoError(t, k.Check())
 	st := k.Stats()
 	require.Zero(t, st.Committed+st.Cached+st.Stored+st.Logical, "closed: nothing held")
+}
+
+// TestKVCacheExpectOutput: a request a finished with 32 output tokens, and
+// c holds two of the budget's four 16-token pages. A 16-token prompt b
+// fits the two pages left (a's idle slot gives its back), so the default
+// admission, the prompt's room, says yes; with ExpectOutput it asks for
+// b's prompt and 32 expected tokens, three pages, and says no. Asking
+// changes nothing.
+func TestKVCacheExpectOutput(t *testing.T) {
+	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	for _, expect := range []bool{false, true} {
+		t.Run(fmt.Sprint("ExpectOutput=", expect), func(t *testing.T) {
+			k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, ExpectOutput: expect})
+			a, b, c := simReq(0, 16, 32), simReq(1, 16, 32), simReq(2, 32, 8)
+			_, err := k.Admit(a)
+			require.NoError(t, err)
+			a.context = 48
+			require.NoError(t, k.Append(a, 48))
+			require.NoError(t, k.Finish(a))
+			_, err = k.Admit(c)
+			require.NoError(t, err)
+			require.NoError(t, k.Append(c, 32))
+			before := k.cache.Stats()
+			require.Equal(t, !expect, k.CanAdmit(b))
+			require.Equal(t, before, k.cache.Stats())
+			require.NoError(t, k.Check())
+		})
+	}
 }

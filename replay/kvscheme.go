@@ -27,10 +27,10 @@ import (
 // The two baselines are BlockTable (vLLM's paged KV) and
 // StaticReservation; this library's cache is KVCache (package kvcache on
 // the sim driver with model-sized memory). All three are built from the
-// same KVConfig. KVCache's CanAdmit asks for room for an expected output
-// too, as kvcache's does: Simulate's requests carry the trace's output,
-// which a server does not know, so it guesses from what it has seen (see
-// KVCache).
+// same KVConfig. KVCache's CanAdmit can ask for room for an expected
+// output too (KVCacheOptions.ExpectOutput): Simulate's requests carry the
+// trace's output, which a server does not know, so it guesses from what
+// it has seen (see KVCache).
 type KVScheme interface {
 	// Name labels the scheme's column ("paged (vLLM)").
 	Name() string

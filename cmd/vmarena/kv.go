@@ -18,15 +18,15 @@ import (
 )
 
 const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET [--memory 80GiB] [--layout token-major|per-layer]
-                           [--preempt drop|swap] [--limit N] [--max-context TOKENS] [--max-seqs 256]
-                           [--max-batched-tokens 8192]
+                           [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
+                           [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
 once for each way of holding the KV memory, with the same budget and the same
 step prices, and prints their figures side by side: this library's cache
 (package kvcache on the sim driver, its memory the budget, laid out as
---layout, preempting as --preempt), a paged block table (vLLM: 16-token blocks,
+--layout, preempting as --preempt, admitting as --admit), a paged block table (vLLM: 16-token blocks,
 prefix caching, recompute preemption) and a static reservation of the maximum
 context for every sequence. --memory is the KV memory's budget. The max
 context defaults to the trace's longest request, as much as the budget holds
@@ -44,6 +44,10 @@ var kvLayouts = []string{"token-major", "per-layer"}
 // kvPreempts are the preemption modes --preempt accepts, the default
 // (vLLM's) first.
 var kvPreempts = []string{"drop", "swap"}
+
+// kvAdmits are what --admit accepts, the default (vLLM's) first: room
+// for the prompt alone, or for the prompt and an expected output.
+var kvAdmits = []string{"prompt", "expected-output"}
 
 // kvCmd runs `vmarena kv`: its one subcommand is simulate.
 func kvCmd(args []string, stdout, stderr io.Writer) int {
@@ -78,6 +82,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	fs.Var(&memory, "memory", "the KV memory's budget, a `SIZE` such as 80GiB")
 	layout := fs.String("layout", kvLayouts[0], "this cache's `LAYOUT`: "+strings.Join(kvLayouts, " or ")+" (the baselines have none)")
 	preempt := fs.String("preempt", kvPreempts[0], "what this cache's preemption does with a sequence's KV, a `MODE`: drop (recompute it on resume, as vLLM) or swap (to host memory)")
+	admit := fs.String("admit", kvAdmits[0], "what room this cache's admission asks for, a `POLICY`: prompt (the prompt's, as vLLM) or expected-output (the prompt's and the mean output of the requests finished so far)")
 	limit := fs.Int("limit", 0, "serve only the trace's first `N` requests (0: all)")
 	maxContext := fs.Int("max-context", 0, "the most `TOKENS` a sequence holds, prompt and output (0: the trace's longest request, as much as the budget holds)")
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
@@ -110,6 +115,8 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--layout %s: want %s", *layout, strings.Join(kvLayouts, " or "))
 	case !slices.Contains(kvPreempts, *preempt):
 		return usageErr("--preempt %s: want %s", *preempt, strings.Join(kvPreempts, " or "))
+	case !slices.Contains(kvAdmits, *admit):
+		return usageErr("--admit %s: want %s", *admit, strings.Join(kvAdmits, " or "))
 	case *limit < 0:
 		return usageErr("--limit %d: want a number of requests, or 0 for all", *limit)
 	case *maxContext < 0:
@@ -156,7 +163,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *preempt == "swap" {
 		mode = kvcache.Swap
 	}
-	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, Preempt: mode})
+	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, Preempt: mode, ExpectOutput: *admit == "expected-output"})
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
@@ -210,8 +217,12 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	} else {
 		fmt.Fprintf(stdout, "prompt blocks: the trace names none, so no two requests share content\n")
 	}
-	fmt.Fprintf(stdout, "this cache: %s, reserving %s of address space; preempts by %s; admits with room for an expected output, the mean of the requests finished so far\n\n",
-		cache, approx(cache.Reserved()), mode)
+	admits := "admits with room for the prompt"
+	if *admit == "expected-output" {
+		admits = "admits with room for the prompt and an expected output, the mean of the requests finished so far"
+	}
+	fmt.Fprintf(stdout, "this cache: %s, reserving %s of address space; preempts by %s; %s\n\n",
+		cache, approx(cache.Reserved()), mode, admits)
 	printKV(stdout, results)
 	return 0
 }

@@ -56,7 +56,7 @@ func TestKVSimulate(t *testing.T) {
 			require.Contains(t, flat, tc.header)
 			require.Contains(t, flat, tc.blocks)
 			require.Contains(t, flat, tc.cache)
-			require.Contains(t, flat, " preempts by drop; admits with room for an expected output, the mean of the requests finished so far\n")
+			require.Contains(t, flat, " preempts by drop; admits with room for the prompt\n")
 			require.Contains(t, flat, "\nscheme this cache (token-major) paged (vLLM) static\n")
 			require.Contains(t, flat, "\nrequests finished 50 of 50 50 of 50 50 of 50\n")
 			for _, row := range []string{"refused (longer than max context) 0 0 0", "peak concurrent sequences", "mean concurrent sequences",
@@ -128,6 +128,11 @@ func TestKVSimulateHandmade(t *testing.T) {
 	require.Contains(t, flat, "this cache: kvcache: 256 slots of 128 MiB, per-layer, 64 regions of 2 MiB (1 pages of 2 MiB) a slot, reserving 32.00 GiB of address space; preempts by swap;")
 	require.Contains(t, flat, "\nscheme this cache (per-layer) paged (vLLM) static\n")
 	require.Regexp(t, `(?m)^peak concurrent sequences 2 2 2$`, flat)
+
+	// --admit expected-output says so in the header.
+	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--admit", "expected-output")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, flatten(out), "; preempts by drop; admits with room for the prompt and an expected output, the mean of the requests finished so far\n")
 }
 
 func TestKVFlags(t *testing.T) {
@@ -153,6 +158,7 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--layout", "columnar"}, "--layout columnar: want token-major or per-layer"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--preempt", "pause"}, "--preempt pause: want drop or swap"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--admit", "output"}, "--admit output: want prompt or expected-output"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "-1"}, "--limit -1: want a number of requests, or 0 for all"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "many"}, `invalid value "many" for flag -limit`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "0"}, `invalid value "0" for flag -memory: "0" is zero`},
