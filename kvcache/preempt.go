@@ -338,8 +338,9 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 // generate expectedOutput more tokens would fit now: a slot is free, and
 // the pages its tokens need — less those its prompt would borrow from the
 // prefix store and those a free slot keeps — fit in the budget once idle,
-// cached and surplus pages are given back. It reserves nothing: other
-// sequences' growth takes from the same budget.
+// cached and surplus pages are given back, as are the slot's own pages
+// where the prompt's borrowed ones will be mapped. It reserves nothing:
+// other sequences' growth takes from the same budget.
 func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, error) {
 	what := func() string {
 		return fmt.Sprintf("kvcache: can a prompt of %d tokens and %d more be admitted", len(prompt), expectedOutput)
@@ -368,7 +369,14 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 	total := min(len(prompt)+expectedOutput, c.cfg.MaxContext)
 	up := c.g.unitPages()
 	shared := c.findLocked(prompt, prompt, extra, len(prompt)-1).units
-	need := 0
+	need, freed := 0, 0
+	// The slot's own units where the shared ones go are given back at
+	// Admit (applyMatchLocked): room for the rest.
+	for u := range shared {
+		if sl.units[u].state == unitOwned {
+			freed += up
+		}
+	}
 	for u := len(shared); u < c.g.unitsFor(total); u++ {
 		if sl.units[u].state != unitOwned {
 			need += up
@@ -382,5 +390,5 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 		}
 	}
 	idle, surplus := c.reclaimableLocked(sl, len(sl.units))
-	return need <= c.freePagesLocked()+idle+evictable+surplus, nil
+	return need <= c.freePagesLocked()+freed+idle+evictable+surplus, nil
 }

@@ -414,6 +414,58 @@ func TestConcurrentSharing(t *testing.T) {
 	}
 }
 
+// TestCanAdmitCountsOwnedUnitsUnderShared: the free slot's own pages
+// where a prompt's shared units will be mapped are given back at Admit,
+// so CanAdmit counts them as room. (It did not: with every slot idle and
+// the request fitting the budget exactly, it said no for ever, and a
+// server waiting on it stalled.)
+func TestCanAdmitCountsOwnedUnitsUnderShared(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	c := e.cache(t, microConfig(TokenMajor, 4096, 1))
+	// a's prompt puts its unit 0 (256 tokens) in the store, cached once a
+	// is freed; its unit 1 is the slot's own.
+	p := seqTokens(300, 0, 100_000)
+	a := prefill(t, c, p, 0)
+	_, err := a.Append([]int{1})
+	require.NoError(t, err)
+	require.NoError(t, a.Free())
+	// x, unshared, leaves the slot owning units 0 and 1.
+	q := seqTokens(10, 0, 200_000)
+	x := prefill(t, c, q, 0)
+	more := seqTokens(290, 0, 300_000)
+	step, err := x.Append(more)
+	require.NoError(t, err)
+	writeStep(t, step, append(slices.Clone(q), more...), 0)
+	require.NoError(t, x.Free())
+	st := c.Stats()
+	require.Equal(t, 2, st.IdlePages)
+	require.Equal(t, 1, st.CachedPages)
+
+	// A prompt sharing unit 0 with a's, 1024 tokens in all (4 pages): the
+	// slot's unit 0 goes (the store's is mapped there), unit 1 is kept,
+	// and units 2 and 3 take the two pages the budget has then.
+	_, err = c.SetBudget(4*page, Swap)
+	require.NoError(t, err)
+	r := append(slices.Clone(p[:256]), seqTokens(44, 0, 400_000)...)
+	ok, err := c.CanAdmit(r, 0, 1024-len(r))
+	require.NoError(t, err)
+	require.True(t, ok, "the slot's unit 0 is given back for the shared one")
+	s, err := c.Admit(r, 0)
+	require.NoError(t, err)
+	require.Equal(t, 256, s.Matched())
+	step, err = s.Append(r[s.Len():])
+	require.NoError(t, err)
+	writeStep(t, step, r, 0)
+	tail := seqTokens(1024-len(r), 0, 500_000)
+	step, err = s.Append(tail)
+	require.NoError(t, err, "what CanAdmit promised fits")
+	all := append(slices.Clone(r), tail...)
+	writeStep(t, step, all, 0)
+	checkSeq(t, s, all, 0, 0, len(all))
+	require.Equal(t, 4, c.Stats().PagesCommitted)
+	require.NoError(t, c.Check())
+}
+
 // TestCanAdmitCountsSharedUnits: CanAdmit counts a prompt's cached units
 // as shared, not as room — and a copy's source is never evicted to make
 // room for the copy: without room the match stops at the whole units.
