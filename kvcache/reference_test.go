@@ -124,7 +124,7 @@ func (r *refRun) generate(s *Seq, n int) {
 	for range n {
 		last := r.logits[s][s.Len()-1]
 		require.NotNil(r.t, last, "the last position was computed")
-		r.extend(s, []int{argmax(last)})
+		r.extend(s, []int{transformer.Greedy(last)})
 	}
 }
 
@@ -159,16 +159,6 @@ func (r *refRun) tokens(n int) []int {
 		t[i] = r.rng.IntN(256)
 	}
 	return t
-}
-
-func argmax(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return best
 }
 
 // TestReferenceModel: a small decoder-only transformer (4 layers, 8 heads

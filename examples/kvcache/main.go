@@ -334,16 +334,6 @@ func plural(n int, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
-func argmax(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return best
-}
-
 // server is the state of a run: the cache, the model, and the requests
 // waiting, running and swapped out.
 type server struct {
@@ -614,7 +604,7 @@ func (s *server) finish(jobs []*job) error {
 				r.logits[j.pos+i] = lg
 			}
 		}
-		r.next = argmax(j.logits[len(j.logits)-1])
+		r.next = transformer.Greedy(j.logits[len(j.logits)-1])
 		r.generated++
 		if r.generated < r.output {
 			continue

@@ -149,3 +149,15 @@ func isNil(v any) bool {
 	}
 	return false
 }
+
+// Greedy is the token greedy decoding picks from logits: the index of the
+// largest, the first of equals; 0 for no logits.
+func Greedy(logits []float32) int {
+	best := 0
+	for i, x := range logits {
+		if x > logits[best] {
+			best = i
+		}
+	}
+	return best
+}

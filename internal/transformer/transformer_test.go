@@ -571,3 +571,9 @@ func TestMemKV(t *testing.T) {
 	}
 	require.Equal(t, 3, s.Len())
 }
+
+func TestGreedy(t *testing.T) {
+	require.Equal(t, 0, Greedy(nil))
+	require.Equal(t, 2, Greedy([]float32{-1, 0.5, 3, 3, -7}), "the first of equals")
+	require.Equal(t, 0, Greedy([]float32{-2, -3}))
+}
