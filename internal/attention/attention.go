@@ -180,7 +180,7 @@ func scoreRun(s Shape, scale float32, q, k []float32, t0, n int, scores []float3
 		row := k[i*rl : (i+1)*rl]
 		for h := range s.Heads {
 			g := h / group
-			scores[h*total+t0+i] = dot(q[h*d:(h+1)*d], row[g*d:(g+1)*d]) * scale
+			scores[h*total+t0+i] = Dot(q[h*d:(h+1)*d], row[g*d:(g+1)*d]) * scale
 		}
 	}
 }
@@ -195,7 +195,7 @@ func valueRun(s Shape, out, v []float32, t0, n int, scores []float32) {
 		row := v[i*rl : (i+1)*rl]
 		for h := range s.Heads {
 			g := h / group
-			axpy(out[h*d:(h+1)*d], scores[h*total+t0+i], row[g*d:(g+1)*d])
+			Axpy(out[h*d:(h+1)*d], scores[h*total+t0+i], row[g*d:(g+1)*d])
 		}
 	}
 }
@@ -228,8 +228,10 @@ func softmax(scores []float32) {
 	}
 }
 
-// dot is a·b over len(a) values, in four interleaved partial sums.
-func dot(a, b []float32) float32 {
+// Dot is a·b over len(a) values, in four interleaved partial sums: the
+// summation order every kernel of this package and internal/transformer
+// shares, so that their results agree bit for bit. len(b) >= len(a).
+func Dot(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s0, s1, s2, s3 float32
 	i := 0
@@ -245,8 +247,8 @@ func dot(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// axpy adds a*x to y.
-func axpy(y []float32, a float32, x []float32) {
+// Axpy adds a*x to y. len(x) >= len(y).
+func Axpy(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
 	for i := range y {
 		y[i] += a * x[i]

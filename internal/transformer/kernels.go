@@ -1,6 +1,10 @@
 package transformer
 
-import "math"
+import (
+	"math"
+
+	"github.com/vmarena/vmarena/internal/attention"
+)
 
 // The arithmetic every path shares. Forward and Step call these same
 // functions on the same values in the same order, so where the KV store
@@ -26,32 +30,7 @@ type matrix struct {
 // apply sets dst[r] = row r · x. len(dst) == rows, len(x) == cols.
 func (m *matrix) apply(dst, x []float32) {
 	for r := range dst[:m.rows] {
-		dst[r] = dot(m.w[r*m.cols:(r+1)*m.cols], x)
-	}
-}
-
-// dot is a·b over len(a) values, in four interleaved partial sums.
-func dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
-	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
-
-// axpy adds a*x to y.
-func axpy(y []float32, a float32, x []float32) {
-	x = x[:len(y)]
-	for i := range y {
-		y[i] += a * x[i]
+		dst[r] = attention.Dot(m.w[r*m.cols:(r+1)*m.cols], x)
 	}
 }
 

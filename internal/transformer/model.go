@@ -4,6 +4,8 @@ import (
 	"math"
 
 	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/internal/attention"
 )
 
 // Model is a transformer with fixed weights. It is immutable after New:
@@ -232,13 +234,13 @@ func (m *Model) Forward(tokens []int) ([][]float32, error) {
 						scores[j] = float32(math.Inf(-1)) // causal mask
 						continue
 					}
-					scores[j] = dot(q[i][qo:qo+d], k[j][ko:ko+d]) * m.scale
+					scores[j] = attention.Dot(q[i][qo:qo+d], k[j][ko:ko+d]) * m.scale
 				}
 				softmax(scores)
 				out := att[i][qo : qo+d]
 				clear(out)
 				for j := 0; j <= i; j++ {
-					axpy(out, scores[j], v[j][ko:ko+d])
+					attention.Axpy(out, scores[j], v[j][ko:ko+d])
 				}
 			}
 		}

@@ -4,6 +4,8 @@ import (
 	"reflect"
 
 	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/internal/attention"
 )
 
 // KV stores the keys and values of a sequence's tokens, per layer: what a
@@ -65,13 +67,13 @@ func (m *Model) Step(kv KV, pos int, token int) ([]float32, error) {
 		for hd := range cfg.Heads {
 			qo, ko := hd*d, (hd/group)*d
 			for j := range scores {
-				scores[j] = dot(q[qo:qo+d], keys[j*kw+ko:j*kw+ko+d]) * m.scale
+				scores[j] = attention.Dot(q[qo:qo+d], keys[j*kw+ko:j*kw+ko+d]) * m.scale
 			}
 			softmax(scores)
 			out := att[qo : qo+d]
 			clear(out)
 			for j, p := range scores {
-				axpy(out, p, values[j*kw+ko:j*kw+ko+d])
+				attention.Axpy(out, p, values[j*kw+ko:j*kw+ko+d])
 			}
 		}
 		m.finish(l, x, att, s)
