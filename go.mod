@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/cockroachdb/errors v1.14.0
+	github.com/ebitengine/purego v0.11.3
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sys v0.39.0
 )

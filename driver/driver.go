@@ -252,3 +252,17 @@ type Sharing interface {
 	// dev; the caller keeps (and closes) its descriptor.
 	Import(s Shareable, dev DeviceID) (Handle, error)
 }
+
+// AllowList is implemented by drivers whose shareable handles carry an
+// importer allow-list that the vendor runtime enforces itself (AscendCL's
+// aclrtMemSetPidToShareableHandle: a process not on the list cannot
+// import the token, whoever sends it). physical.Chunk.Export and
+// SetAllowedPIDs hand their list to it; drivers whose handles are
+// descriptors (host, CUDA) leave the list to the process that sends them.
+type AllowList interface {
+	// AllowPIDs adds processes to those allowed to import chunk h, which
+	// was exported. The runtime's list only grows: a process taken off the
+	// caller's list is refused by the sender (physical's list), not by the
+	// runtime.
+	AllowPIDs(h Handle, pids []int) error
+}

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"reflect"
+	"unsafe"
 
 	"github.com/cockroachdb/errors"
 
@@ -48,6 +49,11 @@ var (
 	// ErrNotAllocated: a pointer that is not the start of a live
 	// allocation — freed twice, never allocated here, or inside one.
 	ErrNotAllocated = errors.New("not a live allocation")
+	// ErrDeviceFault: the device or its vendor runtime failed (an
+	// uncorrectable ECC error, a failed launch, an error code the driver
+	// does not know): the device's context may be unusable, and the
+	// message names the vendor's code.
+	ErrDeviceFault = errors.New("device fault")
 )
 
 // The Check functions below are shared by the drivers and the layers
@@ -120,6 +126,26 @@ func CheckDevice(what func() string, dev DeviceID, n int) error {
 		}
 		return errors.Wrapf(ErrNoDevice, "%s: device %d (the driver has %d, numbered 0 to %d)",
 			label(what)(), dev, n, n-1)
+	}
+	return nil
+}
+
+// CheckCopyAlign returns nil when every device address in addrs, and the
+// start of host (when not empty), is aligned to dev.CopyAlign, as async
+// copies on dev need (AscendCL's 64-byte rule); otherwise ErrMisaligned
+// naming the address and the rule.
+func CheckCopyAlign(what func() string, dev Device, addrs []Addr, host []byte) error {
+	what = label(what)
+	align := max(dev.CopyAlign, 1)
+	for _, a := range addrs {
+		if uint64(a)%align != 0 {
+			return errors.WithHintf(
+				errors.Wrapf(ErrMisaligned, "%s: address %s is not %d-byte aligned, as device %d requires for async copies", what(), a, align, dev.ID),
+				"allocate copy buffers with %d-byte aligned starts (pinned host buffers from HostAlloc are)", align)
+		}
+	}
+	if len(host) > 0 && uint64(uintptr(unsafe.Pointer(&host[0])))%align != 0 {
+		return errors.Wrapf(ErrMisaligned, "%s: the host buffer is not %d-byte aligned, as device %d requires for async copies (use HostAlloc)", what(), align, dev.ID)
 	}
 	return nil
 }

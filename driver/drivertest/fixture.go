@@ -31,7 +31,7 @@ var sentinels = []error{
 	driver.ErrInvalid, driver.ErrMisaligned, driver.ErrOutOfMemory, driver.ErrNoDevice,
 	driver.ErrNotReserved, driver.ErrOverlap, driver.ErrNotMapped, driver.ErrPartial,
 	driver.ErrBadHandle, driver.ErrBusy, driver.ErrAccessDenied, driver.ErrUnsupported,
-	driver.ErrClosed, driver.ErrNotAllocated,
+	driver.ErrClosed, driver.ErrNotAllocated, driver.ErrDeviceFault,
 }
 
 // RequireIs fails t unless err is marked with want and with no other

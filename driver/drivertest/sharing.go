@@ -58,6 +58,47 @@ func (s suite) sharing(t *testing.T) {
 			require.Equal(f.t, room, f.room(1), "a refused import changed nothing")
 		}
 	})
+	s.run(t, "ImportUnknownHandle", func(f *fixture) {
+		sh := f.sharer()
+		x := f.exported(sh, f.createShareable(0, f.gran))
+		if x.Type != driver.HandleToken {
+			f.t.Skipf("%s shares descriptors: ImportRefusals covers them", f.d.Name())
+		}
+		room := f.room(1)
+		bad := x
+		bad.Token ^= 0x5a5a5a5a5a5a5a5a
+		_, err := sh.Import(bad, 1)
+		f.requireIs(err, driver.ErrInvalid)
+		require.Equal(f.t, room, f.room(1), "a refused import changed nothing")
+	})
+	s.run(t, "ImportOwnExport", func(f *fixture) {
+		sh := f.sharer()
+		size := f.g(0)
+		h := f.createShareable(0, size)
+		x := f.exported(sh, h)
+		if f.devs[1].MinGranularity > size {
+			f.t.Skip("device 1's granularity is larger than device 0's")
+		}
+		imp, err := sh.Import(x, 1)
+		require.NoError(f.t, err)
+		base := f.reserve(2 * f.gran)
+		f.mapAt(base, h)
+		f.mapAt(at(base, f.gran), imp)
+		f.setAccess(base, size, 0, driver.AccessReadWrite)
+		f.setAccess(at(base, f.gran), size, 1, driver.AccessReadWrite)
+		if f.hostAccess() {
+			// A token this process exported (AscendCL) cannot be imported
+			// by it: the driver makes the import a chunk over the same
+			// memory, and it is one memory all the same.
+			data := pattern(probe, 9)
+			f.write(base, data)
+			f.requireBytes(at(base, f.gran), data) // one memory, two chunks
+		}
+		f.unmap(base, size)
+		f.unmap(at(base, f.gran), size)
+		require.NoError(f.t, f.d.Release(h))
+		require.NoError(f.t, f.d.Release(imp))
+	})
 	s.sharingDescriptors(t)
 }
 

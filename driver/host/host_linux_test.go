@@ -271,3 +271,24 @@ func TestCloseWithUnreportedClosedError(t *testing.T) {
 	require.True(t, errors.Is(err, driver.ErrClosed), "the ledger closed too: %v", err)
 	require.True(t, errors.Is(d.Close(), driver.ErrClosed))
 }
+
+// TestImportSealedMemfd: a memory file sealed as the host driver seals its
+// exports, of the right size, is memory like any export — the host
+// driver's descriptors are plain memfds, so one made by hand imports. (The
+// conformance suite checks only the refusals: what an accepted descriptor
+// looks like is each driver's own.)
+func TestImportSealedMemfd(t *testing.T) {
+	d := newTest(t, small())
+	g := d.Devices()[1].MinGranularity
+	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, int64(g)))
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
+	require.NoError(t, err)
+	h, err := d.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: g}, 1)
+	require.NoError(t, err)
+	require.Equal(t, g, d.Used(1))
+	require.NoError(t, d.Release(h))
+	require.Zero(t, d.Used(1))
+}

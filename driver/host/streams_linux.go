@@ -27,18 +27,7 @@ func (d *Driver) checkCopy(what func() string, s driver.Stream, addrs []driver.A
 	if err != nil {
 		return 0, err
 	}
-	align := d.Devices()[dev].CopyAlign
-	for _, a := range addrs {
-		if uint64(a)%align != 0 {
-			return 0, errors.WithHintf(
-				errors.Wrapf(driver.ErrMisaligned, "%s: address %s is not %d-byte aligned, as device %d requires for async copies", what(), a, align, dev),
-				"allocate copy buffers with %d-byte aligned starts (pinned host buffers from HostAlloc are)", align)
-		}
-	}
-	if len(host) > 0 && uint64(uintptr(unsafe.Pointer(&host[0])))%align != 0 {
-		return 0, errors.Wrapf(driver.ErrMisaligned, "%s: the host buffer is not %d-byte aligned, as device %d requires for async copies (use HostAlloc)", what(), align, dev)
-	}
-	return dev, nil
+	return dev, driver.CheckCopyAlign(what, d.Devices()[dev], addrs, host)
 }
 
 func (d *Driver) peer(dev driver.DeviceID) func(driver.DeviceID) bool {

@@ -37,7 +37,8 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 	// interfaces, what callers outside the driver use: Used (the bytes
 	// committed on a device, which physical's and mapping's tests compare
 	// with their own), Check (drivertest calls it after each test) and
-	// the host's HeapBytes (the kernel's figure, for leak tests).
+	// the host's HeapBytes (the kernel's figure, for leak tests); the
+	// accelerator drivers' Wait (how they wait for their streams).
 	for _, c := range []struct {
 		dir, goos string
 		extra     []string
@@ -46,6 +47,8 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 		{"driver/host", "darwin", []string{"Used", "Check", "HeapBytes"}},
 		{"driver/host", "windows", []string{"Used", "Check", "HeapBytes"}},
 		{"driver/sim", "linux", []string{"Used", "Check"}},
+		{"driver/cuda", "linux", []string{"Used", "Check", "Wait"}},
+		{"driver/acl", "linux", []string{"Used", "Check", "Wait"}},
 	} {
 		t.Run(c.dir+"/"+c.goos, func(t *testing.T) {
 			pkg := packageFiles(t, files, c.dir, c.goos)

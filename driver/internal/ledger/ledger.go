@@ -47,13 +47,30 @@ type Backend interface {
 	Map(m *Mapping) error
 	// Unmap returns [m.Addr, m.Addr+m.Size) to the reserved state.
 	Unmap(m *Mapping) error
+	// Close frees the backend's own resources; the ledger has already
+	// unmapped, freed and unreserved everything.
+	Close() error
+}
+
+// A backend also implements exactly one of Protector and DeviceProtector:
+// how access reaches the hardware.
+
+// Protector is a backend whose memory has one protection for every device
+// (the host's page tables): the ledger keeps each device's access itself
+// and asks the backend for the widest one any device has.
+type Protector interface {
 	// Protect changes the widest access any device has over
 	// [addr, addr+size), inside r, from `from` to `to`; the range is
 	// mapped throughout and from != to.
 	Protect(r *Region, addr driver.Addr, size uint64, from, to driver.Access) error
-	// Close frees the backend's own resources; the ledger has already
-	// unmapped, freed and unreserved everything.
-	Close() error
+}
+
+// DeviceProtector is a backend whose hardware keeps each device's access
+// itself (CUDA's cuMemSetAccess, AscendCL's aclrtMemSetAccess).
+type DeviceProtector interface {
+	// SetDeviceAccess changes what dev may do over [addr, addr+size),
+	// which lies inside one mapping of r, from `from` to `to` (from != to).
+	SetDeviceAccess(r *Region, addr driver.Addr, size uint64, dev driver.DeviceID, from, to driver.Access) error
 }
 
 // Chunk is a physical chunk as the ledger records it.
@@ -114,9 +131,13 @@ func (r *Region) end() driver.Addr { return r.Base + driver.Addr(r.Size) }
 type Ledger struct {
 	name    string
 	backend Backend
-	devs    []driver.Device
-	gran    uint64
-	share   bool
+	// Exactly one of protect and perDevice is set: the backend's way of
+	// putting access into the hardware.
+	protect   Protector
+	perDevice DeviceProtector
+	devs      []driver.Device
+	gran      uint64
+	share     bool
 
 	mu           sync.RWMutex
 	closed       bool
@@ -136,6 +157,11 @@ func New(name string, devs []driver.Device, b Backend, shareable bool) (*Ledger,
 	l := &Ledger{
 		name: name, backend: b, devs: append([]driver.Device(nil), devs...), share: shareable,
 		chunks: map[driver.Handle]*Chunk{}, nextHandle: 1, used: make([]uint64, len(devs)),
+	}
+	l.protect, _ = b.(Protector)
+	l.perDevice, _ = b.(DeviceProtector)
+	if (l.protect == nil) == (l.perDevice == nil) {
+		return nil, errors.AssertionFailedf("%s: the backend %T must implement exactly one of ledger.Protector and ledger.DeviceProtector", name, b)
 	}
 	for i, d := range devs {
 		g := d.MinGranularity
@@ -341,6 +367,29 @@ func (l *Ledger) Import(dev driver.DeviceID, size uint64, adopt func(c *Chunk) e
 	l.used[dev] += size
 	return c.Handle, nil
 }
+
+// WithChunk runs fn with the live chunk h, the record locked for reading:
+// for driver calls about one chunk that change nothing the record keeps
+// (AscendCL's allow-list of an exported chunk).
+func (l *Ledger) WithChunk(op string, h driver.Handle, fn func(c *Chunk) error) error {
+	what := func() string { return fmt.Sprintf("%s: %s chunk %d", l.name, op, h) }
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return l.errClosed(op)
+	}
+	c, err := l.chunk(what, h)
+	if err != nil {
+		return err
+	}
+	if err := fn(c); err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	return nil
+}
+
+// Exported reports whether c was exported.
+func (c *Chunk) Exported() bool { return c.exported }
 
 // chunk returns the live (unreleased) chunk h.
 func (l *Ledger) chunk(what func() string, h driver.Handle) (*Chunk, error) {
@@ -558,7 +607,9 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	if err := driver.CheckAddr(func() string { return what() + " (end)" }, end, last.gran); err != nil {
 		return err
 	}
-	// Plan: new access words, and runs where the widest access changes.
+	// Plan the new access words, and the runs of granules the hardware
+	// must change: where the widest access changes (Protector), or where
+	// dev's own does, one mapping at a time (DeviceProtector).
 	type update struct {
 		m    *Mapping
 		g    int
@@ -568,13 +619,17 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	var runs []run
 	for _, m := range ms {
 		lo, hi := max(addr, m.Addr), min(end, m.end())
+		first := len(runs) // runs never merge across mappings for DeviceProtector
 		for g := int(uint64(lo-m.Addr) / m.gran); g < int(uint64(hi-m.Addr)/m.gran); g++ {
 			old := m.access[g]
 			nw := withAccess(old, dev, a)
 			ups = append(ups, update{m, g, nw})
 			from, to := widest(old), widest(nw)
+			if l.perDevice != nil {
+				from, to = accessOf(old, dev), a
+			}
 			gaddr := m.Addr + driver.Addr(uint64(g)*m.gran)
-			if n := len(runs); n > 0 && runs[n-1].from == from && runs[n-1].to == to &&
+			if n := len(runs); n > 0 && (l.perDevice == nil || n > first) && runs[n-1].from == from && runs[n-1].to == to &&
 				runs[n-1].addr+driver.Addr(runs[n-1].size) == gaddr {
 				runs[n-1].size += m.gran
 			} else {
@@ -582,17 +637,23 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 			}
 		}
 	}
+	apply := func(rn run, from, to driver.Access) error {
+		if l.perDevice != nil {
+			return l.perDevice.SetDeviceAccess(r, rn.addr, rn.size, dev, from, to)
+		}
+		return l.protect.Protect(r, rn.addr, rn.size, from, to)
+	}
 	for i, rn := range runs {
 		if rn.from == rn.to {
 			continue
 		}
-		if err := l.backend.Protect(r, rn.addr, rn.size, rn.from, rn.to); err != nil {
+		if err := apply(rn, rn.from, rn.to); err != nil {
 			// Undo the runs already changed, so the call changes nothing.
 			for _, done := range runs[:i] {
 				if done.from == done.to {
 					continue
 				}
-				if uerr := l.backend.Protect(r, done.addr, done.size, done.to, done.from); uerr != nil {
+				if uerr := apply(done, done.to, done.from); uerr != nil {
 					return errors.CombineErrors(errors.Wrapf(err, "%s", what()),
 						errors.AssertionFailedf("%s: undoing [%s, +%d) failed: %v", what(), done.addr, done.size, uerr))
 				}
@@ -673,6 +734,71 @@ func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Ac
 		}
 	}
 	if err := fn(r); err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	return nil
+}
+
+// Segment is a stretch of a host access (Read, Write) that one device can
+// make: Dev has at least the access asked for over all of it.
+type Segment struct {
+	Addr driver.Addr
+	N    uint64
+	Dev  driver.DeviceID
+}
+
+// WithHostSegments is WithRange for backends whose memory the host reaches
+// only through a device's copy engine (CUDA, AscendCL): it checks the same
+// things, then runs fn with the range cut into segments, each with a
+// device that has want (not AccessNone) over all of it — the lowest-numbered
+// such device, so a segment ends only where that choice changes. The
+// record stays locked for reading while fn runs.
+func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want driver.Access, fn func(segs []Segment) error) error {
+	what := func() string { return fmt.Sprintf("%s: %s %d bytes at %s", l.name, op, n, addr) }
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return l.errClosed(op)
+	}
+	if n == 0 {
+		return nil
+	}
+	r, err := l.reservationFor(what, addr, n)
+	if err != nil {
+		return err
+	}
+	end := addr + driver.Addr(n)
+	var segs []Segment
+	at := addr
+	for i := r.mapIndex(addr); at < end; i++ {
+		m := r.mapAt(i)
+		if m == nil || m.Addr > at {
+			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
+		}
+		for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
+			w := m.access[g]
+			dev := driver.DeviceID(-1)
+			for d := range l.devs {
+				if accessOf(w, driver.DeviceID(d)).Allows(want) {
+					dev = driver.DeviceID(d)
+					break
+				}
+			}
+			if dev < 0 {
+				return errors.Wrapf(driver.ErrAccessDenied, "%s: the granule at %s is mapped with access %s for every device, %s is needed",
+					what(), m.Addr+driver.Addr(g*m.gran), widest(w), want)
+			}
+			lo := max(at, m.Addr+driver.Addr(g*m.gran))
+			hi := min(end, m.Addr+driver.Addr((g+1)*m.gran))
+			if k := len(segs); k > 0 && segs[k-1].Dev == dev && segs[k-1].Addr+driver.Addr(segs[k-1].N) == lo {
+				segs[k-1].N += uint64(hi - lo)
+			} else {
+				segs = append(segs, Segment{Addr: lo, N: uint64(hi - lo), Dev: dev})
+			}
+		}
+		at = m.end()
+	}
+	if err := fn(segs); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
 	return nil

@@ -1,0 +1,69 @@
+package cuda
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/internal/standin"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// small is the stand-in the conformance suite runs on: two GPUs of 64
+// granules of 64 KiB, so fill-to-capacity tests run for real.
+var small = standin.Config{Devices: 2, Capacity: 4 * units.MiB, MinGranularity: 64 * units.KiB, RecommendedGranularity: 2 * units.MiB}
+
+// openStandin opens the driver over a fresh stand-in; when the test ends
+// it is torn down whatever is left, and the stand-in must then hold
+// nothing: every reservation, allocation, mapping, stream and pinned
+// buffer the driver made was given back to "CUDA".
+func openStandin(t *testing.T, cfg standin.Config, opts Options) (*Driver, *standin.Lib) {
+	t.Helper()
+	lib := standin.Open(t, standin.CUDA, cfg)
+	opts.Library = lib.Path()
+	d, err := Open(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := d.tearDown(); err != nil {
+			t.Errorf("tear down the CUDA driver: %v", err)
+		}
+		for _, what := range []string{"reservations", "allocations", "mappings", "streams", "events", "hostallocs"} {
+			if n := lib.Live(what); n != 0 {
+				t.Errorf("after tear down the CUDA stand-in still holds %d %s", n, what)
+			}
+		}
+	})
+	return d, lib
+}
+
+// TestConformance runs the whole driver conformance suite on the CUDA
+// driver over the stand-in, waiting for streams with host functions.
+func TestConformance(t *testing.T) {
+	drivertest.Run(t, func(t *testing.T) driver.Driver {
+		d, _ := openStandin(t, small, Options{Wait: WaitHostFunc})
+		return d
+	})
+}
+
+// TestConformanceWaitModes runs the suite again waiting with events and
+// with cuStreamSynchronize, and at the GPU-like 2 MiB granularity.
+func TestConformanceWaitModes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the host-function run covers the same rules")
+	}
+	t.Run("event", func(t *testing.T) {
+		drivertest.Run(t, func(t *testing.T) driver.Driver {
+			d, _ := openStandin(t, small, Options{Wait: WaitEvent})
+			return d
+		})
+	})
+	t.Run("sync-2MiB", func(t *testing.T) {
+		cfg := standin.Config{Devices: 3, Capacity: 64 * units.MiB, MinGranularity: 2 * units.MiB, RecommendedGranularity: 2 * units.MiB}
+		drivertest.Run(t, func(t *testing.T) driver.Driver {
+			d, _ := openStandin(t, cfg, Options{Wait: WaitSync})
+			return d
+		})
+	})
+}

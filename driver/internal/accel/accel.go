@@ -1,0 +1,370 @@
+// Package accel is the half of the accelerator drivers (driver/cuda,
+// driver/acl) that does not depend on the vendor: the driver contract kept
+// over a vendor runtime's calls. A vendor package binds its library (the
+// CUDA driver API, AscendCL), implements Runtime with it, and declares
+// each method of the contract on its own Driver type, calling the Core
+// this package builds.
+//
+// The Core owns the driver's record (the shared ledger, which checks every
+// call against the contract before the runtime sees it and records the
+// result only after the runtime succeeded) and its streams (the shared
+// queue engine, which orders work, reports failures, runs host functions
+// and refuses self-waits exactly as the host driver does). Each stream of
+// the engine has a stream of the runtime under it: a copy or fill is
+// checked against the record when its turn comes, enqueued on that
+// runtime stream, and waited for before the next operation of the stream
+// runs. So the contract's ordering and error rules hold on devices whose
+// own streams cannot skip work after a failure, and whose host functions
+// may not call the runtime (CUDA's cuLaunchHostFunc forbids it; the
+// contract lets host functions call the driver).
+//
+// Invariants: the runtime never sees a call the contract refuses (an
+// access the record does not grant, an unmap of part of a mapping, a map
+// over a mapping): a vendor runtime answers some of those with errors that
+// make the whole device context unusable. Every runtime object the Core
+// made (streams, pinned host buffers, and through the record reservations,
+// chunks and mappings) is given back by Close.
+//
+// The package never touches device memory itself and never hands the
+// record or the engine to a caller: the vendor packages keep the Core in
+// an unexported field.
+package accel
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/internal/ledger"
+	"github.com/vmarena/vmarena/driver/internal/queue"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Runtime is one vendor runtime's calls, as the Core needs them. Every
+// method either succeeds completely or fails having changed nothing, and
+// marks its error with one driver sentinel, naming the vendor call and its
+// error code. The memory methods are called with the record locked; they
+// must not call back into the Core.
+type Runtime interface {
+	// Reserve holds size bytes of device address space aligned to align
+	// (a power of two, at least the driver's granularity), at hint if it
+	// can; backing is the runtime's own record of the range.
+	Reserve(size, align uint64, hint driver.Addr) (base driver.Addr, backing any, err error)
+	// Unreserve gives back a range Reserve returned; nothing is mapped
+	// in it.
+	Unreserve(base driver.Addr, size uint64, backing any) error
+	// Create commits size bytes on dev, exportable when shareable; mem is
+	// the runtime's handle of the memory.
+	Create(dev driver.DeviceID, size uint64, shareable bool) (mem any, err error)
+	// Release gives up the handle mem: the chunk is unmapped everywhere
+	// in this process.
+	Release(mem any) error
+	// Map maps all size bytes of mem at addr, inaccessible.
+	Map(addr driver.Addr, size uint64, mem any) error
+	// Unmap removes the mapping of mem at addr, size bytes long.
+	Unmap(addr driver.Addr, size uint64, mem any) error
+	// SetAccess sets what dev may do over [addr, addr+size), which lies
+	// inside one mapping.
+	SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error
+	// Export returns the shareable handle of mem, size bytes, created
+	// shareable; it is called once per chunk.
+	Export(mem any, size uint64) (driver.Shareable, error)
+	// Import makes memory of this process from another process's
+	// shareable handle, on dev, refusing (ErrInvalid) one that is not
+	// memory of sh.Size bytes; the caller keeps sh's descriptor.
+	Import(sh driver.Shareable, dev driver.DeviceID) (mem any, err error)
+	// ReadSync copies len(p) bytes at src into p, as device dev, which has
+	// read access there; WriteSync copies p to dst as dev, which has
+	// read-write access there.
+	ReadSync(dev driver.DeviceID, p []byte, src driver.Addr) error
+	WriteSync(dev driver.DeviceID, dst driver.Addr, p []byte) error
+
+	// CreateStream makes a runtime stream of dev; DestroyStream destroys
+	// one whose work has finished.
+	CreateStream(dev driver.DeviceID) (any, error)
+	DestroyStream(s any) error
+	// The copies and the fill enqueue work on s and return without
+	// waiting; Wait returns once everything enqueued on s so far has run,
+	// with the first failure of that work.
+	CopyHtoD(s any, dst driver.Addr, src []byte) error
+	CopyDtoH(s any, dst []byte, src driver.Addr) error
+	CopyDtoD(s any, dst, src driver.Addr, n uint64) error
+	Memset(s any, dst driver.Addr, v byte, n uint64) error
+	Wait(s any) error
+	// EnablePeerAccess lets dev's work reach memory of peer; enabling it
+	// again is not an error.
+	EnablePeerAccess(dev, peer driver.DeviceID) error
+	// HostAlloc returns size bytes of pinned host memory, aligned to at
+	// least 64 bytes; HostFree returns it.
+	HostAlloc(size uint64) (unsafe.Pointer, error)
+	HostFree(p unsafe.Pointer) error
+	// Close lets go of the runtime's per-driver state (contexts): the
+	// Core has given back everything else.
+	Close() error
+}
+
+// Info is what a vendor package learned when it opened its runtime.
+type Info struct {
+	// Name prefixes every message ("cuda", "acl").
+	Name string
+	// Devices are the devices, Devices[i].ID == i.
+	Devices []driver.Device
+	// Peer[dev][peer] is the runtime's answer to whether dev can reach
+	// peer's memory.
+	Peer [][]bool
+	// HostAccess, Shareable and Streams say which optional features the
+	// runtime's symbols allow (driver.FeatureHostAccess, ...).
+	HostAccess, Shareable, Streams bool
+}
+
+// Core is one open accelerator driver.
+type Core struct {
+	info   Info
+	rt     Runtime
+	books  *ledger.Ledger
+	engine *queue.Engine
+
+	// mu guards streams and host; it is a leaf: nothing is called under it.
+	mu sync.Mutex
+	// streams holds, for each live engine stream, its runtime stream.
+	streams map[driver.Stream]any
+	// host holds the pinned buffers HostAlloc handed out: first byte ->
+	// length.
+	host map[*byte]uint64
+}
+
+// New opens a Core over rt.
+func New(info Info, rt Runtime) (*Core, error) {
+	c := &Core{info: info, rt: rt, streams: map[driver.Stream]any{}, host: map[*byte]uint64{}}
+	books, err := ledger.New(info.Name, info.Devices, backend{c}, info.Shareable)
+	if err != nil {
+		return nil, err
+	}
+	c.books = books
+	peer := func(dev, peer driver.DeviceID) bool {
+		return int(dev) < len(info.Peer) && int(peer) < len(info.Peer[dev]) && info.Peer[dev][peer]
+	}
+	c.engine = queue.New(info.Name, len(info.Devices), peer)
+	return c, nil
+}
+
+func (c *Core) errf(sentinel error, format string, args ...any) error {
+	return errors.Wrapf(sentinel, "%s: "+format, append([]any{c.info.Name}, args...)...)
+}
+
+// Name is the vendor's short name.
+func (c *Core) Name() string { return c.info.Name }
+
+// Devices lists the devices (a copy).
+func (c *Core) Devices() []driver.Device { return c.books.Devices() }
+
+// Granularity is the unit of reservations.
+func (c *Core) Granularity() uint64 { return c.books.Granularity() }
+
+// Supports reports the optional features the runtime's symbols allow.
+func (c *Core) Supports(f driver.Feature) bool {
+	switch f {
+	case driver.FeatureHostAccess:
+		return c.info.HostAccess
+	case driver.FeatureShareable:
+		return c.info.Shareable
+	case driver.FeatureStreams:
+		return c.info.Streams
+	}
+	return false
+}
+
+// Reserve, Unreserve, Create, Release, Map, Unmap, SetAccess and Access
+// are the contract's, checked and recorded by the ledger.
+func (c *Core) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, error) {
+	return c.books.Reserve(size, align, hint)
+}
+
+func (c *Core) Unreserve(base driver.Addr, size uint64) error { return c.books.Unreserve(base, size) }
+
+func (c *Core) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (driver.Handle, error) {
+	return c.books.Create(dev, size, opts)
+}
+
+func (c *Core) Release(h driver.Handle) error { return c.books.Release(h) }
+
+func (c *Core) Map(addr driver.Addr, h driver.Handle) error { return c.books.Map(addr, h) }
+
+func (c *Core) Unmap(addr driver.Addr, size uint64) error { return c.books.Unmap(addr, size) }
+
+func (c *Core) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
+	return c.books.SetAccess(addr, size, dev, a)
+}
+
+func (c *Core) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, error) {
+	return c.books.Access(addr, dev)
+}
+
+// Used is the bytes committed on dev.
+func (c *Core) Used(dev driver.DeviceID) uint64 { return c.books.Used(dev) }
+
+// Check verifies the record's invariants.
+func (c *Core) Check() error { return c.books.Check() }
+
+// Read copies len(p) bytes at addr into p through the copy engines of
+// devices that may read each part.
+func (c *Core) Read(addr driver.Addr, p []byte) error {
+	if !c.info.HostAccess {
+		return c.errf(driver.ErrUnsupported, "read: the runtime has no synchronous copies")
+	}
+	return c.books.WithHostSegments("read", addr, uint64(len(p)), driver.AccessRead, func(segs []ledger.Segment) error {
+		for _, s := range segs {
+			off := uint64(s.Addr - addr)
+			if err := c.rt.ReadSync(s.Dev, p[off:off+s.N], s.Addr); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Write copies p to addr through the copy engines of devices that may
+// write each part.
+func (c *Core) Write(addr driver.Addr, p []byte) error {
+	if !c.info.HostAccess {
+		return c.errf(driver.ErrUnsupported, "write: the runtime has no synchronous copies")
+	}
+	return c.books.WithHostSegments("write", addr, uint64(len(p)), driver.AccessReadWrite, func(segs []ledger.Segment) error {
+		for _, s := range segs {
+			off := uint64(s.Addr - addr)
+			if err := c.rt.WriteSync(s.Dev, s.Addr, p[off:off+s.N]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Export returns the shareable handle of chunk h, once.
+func (c *Core) Export(h driver.Handle) (driver.Shareable, error) {
+	if !c.info.Shareable {
+		return driver.Shareable{}, c.errf(driver.ErrUnsupported, "export chunk %d: the runtime cannot share memory between processes", h)
+	}
+	return c.books.Export(h, func(ch *ledger.Chunk) (driver.Shareable, error) {
+		return c.rt.Export(ch.Backing, ch.Size)
+	})
+}
+
+// Import makes a chunk on dev of another process's shareable handle.
+func (c *Core) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle, error) {
+	if !c.info.Shareable {
+		return 0, c.errf(driver.ErrUnsupported, "import: the runtime cannot share memory between processes")
+	}
+	return c.books.Import(dev, sh.Size, func(ch *ledger.Chunk) error {
+		mem, err := c.rt.Import(sh, dev)
+		if err != nil {
+			return err
+		}
+		ch.Backing = mem
+		return nil
+	})
+}
+
+// PIDAllower is a Runtime whose shareable handles carry an allow-list of
+// importing processes that the runtime enforces (AscendCL).
+type PIDAllower interface {
+	// AllowPIDs adds pids to the list of mem, which was exported.
+	AllowPIDs(mem any, pids []int) error
+}
+
+// AllowPIDs adds processes to those the runtime lets import chunk h.
+func (c *Core) AllowPIDs(h driver.Handle, pids []int) error {
+	a, ok := c.rt.(PIDAllower)
+	if !ok {
+		return c.errf(driver.ErrUnsupported, "allow processes to import chunk %d: the runtime keeps no allow-list", h)
+	}
+	if err := driver.CheckPIDs(func() string { return fmt.Sprintf("%s: allow processes to import chunk %d", c.info.Name, h) }, pids); err != nil {
+		return err
+	}
+	return c.books.WithChunk("allow processes to import", h, func(ch *ledger.Chunk) error {
+		if !ch.Exported() {
+			return errors.WithHint(errors.Wrap(driver.ErrInvalid, "it is not exported"), "export it first")
+		}
+		return a.AllowPIDs(ch.Backing, pids)
+	})
+}
+
+// Close refuses while memory is mapped or pinned host buffers are live;
+// otherwise it waits for the streams, destroys them, gives back every
+// chunk and reservation, and lets go of the runtime.
+func (c *Core) Close() error {
+	if c.engine.Closed() {
+		return driver.Closed(c.info.Name + ": close: closed already")
+	}
+	if err := errors.CombineErrors(c.books.Busy(), c.hostBusy()); err != nil {
+		return err
+	}
+	return c.close(c.books.Close)
+}
+
+// TearDown closes c whatever is mapped or pinned: for the vendor
+// packages' tests, whose conformance subtests may end with memory mapped.
+func (c *Core) TearDown() error {
+	if c.engine.Closed() {
+		return nil
+	}
+	return c.close(func() error { return ledger.TearDown(c.books) })
+}
+
+func (c *Core) close(closeBooks func() error) error {
+	err := c.engine.Close() // failures of stream work not yet reported
+	c.mu.Lock()
+	streams, host := c.streams, c.host
+	c.streams, c.host = nil, nil
+	c.mu.Unlock()
+	for _, s := range streams {
+		err = errors.CombineErrors(err, c.rt.DestroyStream(s))
+	}
+	err = errors.CombineErrors(err, closeBooks())
+	for p := range host {
+		err = errors.CombineErrors(err, c.rt.HostFree(unsafe.Pointer(p)))
+	}
+	return errors.CombineErrors(err, c.rt.Close())
+}
+
+// backend is the ledger's view of the runtime.
+type backend struct{ c *Core }
+
+var _ ledger.DeviceProtector = backend{}
+
+func (b backend) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, any, error) {
+	return b.c.rt.Reserve(size, align, hint)
+}
+
+func (b backend) Unreserve(r *ledger.Region) error {
+	return b.c.rt.Unreserve(r.Base, r.Size, r.Backing)
+}
+
+func (b backend) Commit(ch *ledger.Chunk) error {
+	mem, err := b.c.rt.Create(ch.Device, ch.Size, ch.Opts.Shareable)
+	if err != nil {
+		return err
+	}
+	ch.Backing = mem
+	return nil
+}
+
+func (b backend) Free(ch *ledger.Chunk) error { return b.c.rt.Release(ch.Backing) }
+
+func (b backend) Map(m *ledger.Mapping) error { return b.c.rt.Map(m.Addr, m.Size, m.Chunk.Backing) }
+
+func (b backend) Unmap(m *ledger.Mapping) error {
+	return b.c.rt.Unmap(m.Addr, m.Size, m.Chunk.Backing)
+}
+
+func (b backend) SetDeviceAccess(_ *ledger.Region, addr driver.Addr, size uint64, dev driver.DeviceID, _, to driver.Access) error {
+	return b.c.rt.SetAccess(addr, size, dev, to)
+}
+
+func (b backend) Close() error { return nil } // the Core closes the runtime after the record
+
+// describe names n bytes for messages.
+func describe(n uint64) string { return units.Bytes(n) }
