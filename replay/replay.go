@@ -15,7 +15,7 @@ import (
 // Options configure a replay. Zero fields take the defaults.
 type Options struct {
 	// Capacity is each sim device's capacity, and each allocator's maximum
-	// (default 80 GiB).
+	// (default 80 GiB; on ReplayOn's driver, at most its devices').
 	Capacity uint64
 	// Granularity is the sim devices' granularity, and the allocators'
 	// chunk size (default 2 MiB).
@@ -139,23 +139,45 @@ type OOM struct {
 // (recording whether that was served); free_requested and the segment
 // events (PyTorch's own) change nothing. The first other allocator error
 // stops it, named with the event's line, seq and device.
-func Replay(events []Event, opts Options) (res Result, err error) {
+func Replay(events []Event, opts Options) (Result, error) {
+	return replayOn(nil, events, opts)
+}
+
+// ReplayOn is Replay on drv instead of a sim driver: the trace's devices,
+// in order, on drv's first devices, each allocator committing at most
+// opts.Capacity (which should not exceed the device's capacity). A device
+// running out of memory stops the replay with driver.ErrOutOfMemory. The
+// caller keeps drv and closes it.
+func ReplayOn(drv driver.Driver, events []Event, opts Options) (Result, error) {
+	if drv == nil {
+		return Result{}, errors.Wrap(driver.ErrInvalid, "replay: no driver")
+	}
+	return replayOn(drv, events, opts)
+}
+
+// replayOn is Replay on drv, or on a sim driver of its own when drv is nil.
+func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err error) {
 	if err := opts.Check(); err != nil {
 		return res, errors.Wrap(err, "replay")
 	}
 	opts.defaults()
 	res.Options = opts
 	sums := Summarize(events)
-	index := map[int]int{} // trace device -> sim device, dense
+	index := map[int]int{} // trace device -> driver device, dense
 	for i, s := range sums {
 		index[s.Device] = i
 		res.Devices = append(res.Devices, DeviceResult{Device: s.Device, Granularity: opts.Granularity, Summary: s})
 	}
-	drv, err := sim.New(sim.Options{Devices: max(1, len(sums)), Capacity: opts.Capacity, Granularity: opts.Granularity})
-	if err != nil {
-		return res, errors.Wrap(err, "replay")
+	if drv == nil {
+		var sd *sim.Driver // err is the result, for the deferred close
+		if sd, err = sim.New(sim.Options{Devices: max(1, len(sums)), Capacity: opts.Capacity, Granularity: opts.Granularity}); err != nil {
+			return res, errors.Wrap(err, "replay")
+		}
+		defer func() { err = errors.CombineErrors(err, sd.Close()) }()
+		drv = sd
+	} else if n := len(drv.Devices()); n < len(sums) {
+		return res, errors.Wrapf(driver.ErrNoDevice, "replay: the trace names %d devices and the %s driver has %d", len(sums), drv.Name(), n)
 	}
-	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
 	als, err := newAllocators(drv, len(sums), opts)
 	if err != nil {
 		return res, err

@@ -1,11 +1,17 @@
 // Command vmarena shows and exercises vmarena's virtual memory management.
 //
-//	vmarena demo      reserve 64 GiB, map chunks of two logical devices, grant
-//	                  and revoke access, alias a chunk, and print the memory
-//	                  map after each step (host driver, no GPU needed)
+//	vmarena devices   list what each driver sees: the host driver's logical
+//	                  devices, the sim driver's defaults, and the GPUs and
+//	                  NPUs of the cuda and acl drivers, or why they cannot
+//	                  run here
+//	vmarena demo      reserve 64 GiB, map chunks of two devices, grant and
+//	                  revoke access, alias a chunk, and print the memory map
+//	                  after each step (host driver by default, no GPU
+//	                  needed; --driver sim, cuda or acl)
 //	vmarena replay    replay PyTorch allocator traces through vmarena's
-//	                  allocator on the sim driver and print what it did
-//	                  beside what PyTorch did
+//	                  allocator (sim driver by default; --driver host, cuda
+//	                  or acl on real devices) and print what it did beside
+//	                  what PyTorch did
 //	vmarena kv        simulate LLM serving over a request trace with each
 //	                  way of holding KV memory, and print their figures side
 //	                  by side
@@ -25,8 +31,9 @@ const version = "0.1.0-dev"
 const usage = `usage: vmarena <command>
 
 commands:
-  demo      walk through reserve, map, access, aliasing and release on the host driver
-  replay    replay allocator traces on the sim driver: vmarena replay --trace FILE|DIR
+  devices   list what each driver sees: vmarena devices [--cuda-library PATH] [--acl-library PATH]
+  demo      walk through reserve, map, access, aliasing and release: vmarena demo [--driver host|sim|cuda|acl]
+  replay    replay allocator traces: vmarena replay --trace FILE|DIR [--driver sim|host|cuda|acl]
   kv        simulate LLM serving over a request trace: vmarena kv simulate --trace FILE --model PRESET
   version   print the version
 `
@@ -41,16 +48,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "devices":
+		return devicesCmd(args[1:], stdout, stderr)
 	case "demo":
-		if len(args) > 1 {
-			fmt.Fprintf(stderr, "vmarena demo takes no arguments\n")
-			return 2
-		}
-		if err := demo(stdout); err != nil {
-			fmt.Fprintf(stderr, "vmarena demo: %v\n", err)
-			return 1
-		}
-		return 0
+		return demoCmd(args[1:], stdout, stderr)
 	case "replay":
 		return replayCmd(args[1:], stdout, stderr)
 	case "kv":

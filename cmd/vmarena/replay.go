@@ -11,18 +11,25 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/replay"
 )
 
 const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ...] [--granularity 2MiB] [--capacity 80GiB]
                       [--policy default|ascend|ascend-media] [--no-stitch] [--slack-divisor 256]
+                      [--driver sim|host|cuda|acl] [--library PATH]
 
 Replays PyTorch allocator traces (CSV: seq,device,op,size,addr,alloc_id,stream,
 time_us,device_free) through vmarena's allocator on the sim driver, each device
 of a trace on a sim device of its own with the given capacity, and prints what
 vmarena did beside what PyTorch did: one column per device of each trace. A
 directory stands for every .csv file in it, in name order.
+
+With --driver host, cuda or acl the trace's devices are real ones (the host
+driver's logical devices, GPUs, NPUs) and their memory is committed: each
+device holds what the device has (--capacity caps it), and a trace that needs
+more fails. The sim driver (the default) replays devices of any capacity.
 `
 
 // sizeFlag is a byte size given as 2MiB, 80GiB, 4096.
@@ -75,12 +82,15 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	var files filesFlag
 	var policy policyFlag
 	granularity, capacity := sizeFlag(replay.TargetGranularity), sizeFlag(80*units.GiB)
+	drvName := driverFlag("sim")
 	fs.Var(&files, "trace", "an allocator trace `FILE` (CSV), or a directory of them; give several to compare them side by side")
 	fs.Var(&granularity, "granularity", "the devices' granularity and the allocator's chunk size, a `SIZE` such as 2MiB or 64KiB")
-	fs.Var(&capacity, "capacity", "each device's capacity and the allocator's maximum, a `SIZE` such as 80GiB")
+	fs.Var(&capacity, "capacity", "each device's capacity and the allocator's maximum, a `SIZE` such as 80GiB (on host, cuda and acl: a cap on the device's own)")
 	fs.Var(&policy, "policy", "the allocator's size and alignment `POLICY`: default, ascend or ascend-media")
 	noStitch := fs.Bool("no-stitch", false, "turn the allocator's stitching of free chunks off")
 	slackDiv := fs.Uint64("slack-divisor", 256, "the allocator keeps at most live/`N` (and at least a chunk) committed beyond what is live when it commits more")
+	fs.Var(&drvName, "driver", "the `DRIVER` to replay on: "+orList(driverNames))
+	library := fs.String("library", "", "the vendor library to load for --driver cuda or acl, a `PATH` or soname")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -102,6 +112,11 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if *library != "" && !vendor(string(drvName)) {
+		fmt.Fprintf(stderr, "vmarena replay: --library is for --driver cuda or acl; the %s driver loads no library\n\n", drvName)
+		fs.Usage()
+		return 2
+	}
 	names, err := traceFiles(files)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena replay: %v\n", err)
@@ -115,9 +130,11 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	on := replayOn{backend: backend{name: string(drvName), library: *library}}
+	fs.Visit(func(f *flag.Flag) { on.capped = on.capped || f.Name == "capacity" })
 	var cols []column
 	for _, name := range names {
-		res, err := replayFile(name, opts)
+		res, err := on.replayFile(name, opts)
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", name, err)
 			return 1
@@ -128,17 +145,106 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 			if len(res.Devices) > 1 || d.Device != 0 {
 				label = fmt.Sprintf("%s [dev %d]", base, d.Device)
 			}
-			cols = append(cols, column{label, d})
+			cols = append(cols, column{label, d, res.Options.Capacity})
 		}
 	}
 	stitch := "on"
 	if *noStitch {
 		stitch = "off"
 	}
-	fmt.Fprintf(stdout, "vmarena replay: sim driver, one %s device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d\n\n",
-		units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
-	printReplay(stdout, cols)
+	if on.name == "sim" {
+		fmt.Fprintf(stdout, "vmarena replay: sim driver, one %s device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d\n\n",
+			units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
+		printReplay(stdout, cols, "")
+		return 0
+	}
+	fmt.Fprintf(stdout, "vmarena replay: %s driver (%s), one device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d\n\n",
+		on.name, on.devices, units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
+	printReplay(stdout, cols, on.name)
 	return 0
+}
+
+// replayOn replays traces on a driver: the sim driver replay makes itself,
+// or a host, cuda or acl driver opened for each trace with as many devices
+// as it names.
+type replayOn struct {
+	backend
+	// capped says --capacity was given: on host, cuda and acl it caps the
+	// devices' capacity, which is otherwise the devices' own.
+	capped bool
+	// devices names the devices of the largest driver opened so far.
+	devices string
+	most    int
+}
+
+// replayFile replays the trace in file name. On host, cuda and acl each
+// allocator's maximum (opts.Capacity) becomes the least capacity of the
+// devices the trace is replayed on, rounded down to the granularity.
+func (on *replayOn) replayFile(name string, opts replay.Options) (replay.Result, error) {
+	events, err := replay.ParseFile(name)
+	if err != nil {
+		return replay.Result{}, err
+	}
+	if on.name == "sim" {
+		return replay.Replay(events, opts)
+	}
+	want := traceDevices(events)
+	drv, err := on.open(want, opts.Granularity, func(uint64) uint64 {
+		if on.capped {
+			return opts.Capacity
+		}
+		return 0
+	})
+	if err != nil {
+		return replay.Result{}, err
+	}
+	res, err := on.replayOpen(drv, events, want, opts)
+	return res, errors.CombineErrors(err, drv.Close())
+}
+
+// replayOpen replays events on drv, whose first want devices stand for
+// the trace's.
+func (on *replayOn) replayOpen(drv driver.Driver, events []replay.Event, want int, opts replay.Options) (replay.Result, error) {
+	devs := drv.Devices()
+	if len(devs) < want {
+		return replay.Result{}, errors.Wrapf(driver.ErrNoDevice, "the trace names %d devices and the %s driver has %s",
+			want, drv.Name(), plural(len(devs), "device"))
+	}
+	devs = devs[:want]
+	if len(devs) > on.most {
+		on.most, on.devices = len(devs), deviceNames(devs)
+	}
+	if g := drv.Granularity(); opts.Granularity%g != 0 {
+		return replay.Result{}, errors.WithHint(
+			errors.Wrapf(driver.ErrMisaligned, "--granularity %s is not a multiple of the %s driver's granularity %s",
+				units.Bytes(opts.Granularity), drv.Name(), units.Bytes(g)),
+			"give --granularity a multiple of it")
+	}
+	held := devs[0].Capacity
+	for _, d := range devs {
+		held = min(held, d.Capacity)
+	}
+	opts.Capacity = held - held%opts.Granularity
+	if opts.Capacity == 0 {
+		return replay.Result{}, errors.Wrapf(driver.ErrOutOfMemory, "the %s driver's devices hold %s, less than the granularity %s",
+			drv.Name(), units.Bytes(held), units.Bytes(opts.Granularity))
+	}
+	res, err := replay.ReplayOn(drv, events, opts)
+	if errors.Is(err, driver.ErrOutOfMemory) {
+		return res, errors.WithHint(
+			errors.Wrapf(err, "the trace does not fit in the %s driver's devices of %s", drv.Name(), units.Bytes(opts.Capacity)),
+			"replay it on the sim driver (the default), whose devices hold what --capacity says")
+	}
+	return res, err
+}
+
+// traceDevices is how many devices the events name.
+func traceDevices(events []replay.Event) int {
+	seen := map[int]bool{}
+	for _, ev := range events {
+		seen[ev.Device] = true
+	}
+	return max(1, len(seen))
 }
 
 // traceFiles expands the --trace arguments: a directory stands for the
@@ -168,23 +274,18 @@ func traceFiles(args []string) ([]string, error) {
 	return names, nil
 }
 
-func replayFile(name string, opts replay.Options) (replay.Result, error) {
-	events, err := replay.ParseFile(name)
-	if err != nil {
-		return replay.Result{}, err
-	}
-	return replay.Replay(events, opts)
-}
-
-// column is one device of one trace in the table.
+// column is one device of one trace in the table, and the capacity its
+// allocator could commit.
 type column struct {
-	label string
-	d     replay.DeviceResult
+	label    string
+	d        replay.DeviceResult
+	capacity uint64
 }
 
 // printReplay prints one column per device of each trace, one row per
-// figure.
-func printReplay(w io.Writer, cols []column) {
+// figure; on a driver other than sim (onDriver) also each device's
+// capacity, which the sim driver's header states once.
+func printReplay(w io.Writer, cols []column, onDriver string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(label string, cell func(d replay.DeviceResult) string) {
 		cells := []string{label}
@@ -198,6 +299,13 @@ func printReplay(w io.Writer, cols []column) {
 		names = append(names, c.label)
 	}
 	fmt.Fprintln(tw, strings.Join(names, "\t"))
+	if onDriver != "" {
+		cells := []string{fmt.Sprintf("device capacity (%s)", onDriver)}
+		for _, c := range cols {
+			cells = append(cells, units.Bytes(c.capacity))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
 	count := func(n int) string { return fmt.Sprint(n) }
 	row("events", func(d replay.DeviceResult) string { return count(d.Summary.Events) })
 	row("allocs / frees replayed", func(d replay.DeviceResult) string { return fmt.Sprintf("%d / %d", d.Allocs, d.Frees) })
