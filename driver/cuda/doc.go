@@ -1,0 +1,59 @@
+// Package cuda is the driver for NVIDIA GPUs: the driver contract over the
+// CUDA driver API's virtual memory management, with libcuda.so.1 loaded at
+// run time (github.com/ebitengine/purego). Nothing of CUDA is needed to
+// build it — no cgo, no toolkit, no header — and on a machine without the
+// NVIDIA driver Open says so ("no NVIDIA driver found") and nothing else
+// changes.
+//
+// It owns the binding: the symbols it looks up once when the library is
+// opened (a group of them — sharing, streams, host functions, events,
+// peers — missing makes that feature unsupported, not the driver
+// unusable), the Go mirrors of the structs it passes (abi.go, their
+// layout asserted against shared/CUDA_ABI.md), the table that marks every
+// CUresult with the contract's sentinel and names it as cuda.h does
+// ("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (2)"), and the primary context of
+// each GPU, retained at Open, made current on the calling OS thread for
+// every call and released at Close.
+//
+//	contract           CUDA driver API
+//	-----------------  ------------------------------------------------------
+//	Open, Devices      cuInit, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName,
+//	                   cuDeviceTotalMem_v2, cuDeviceGetAttribute (VMM, POSIX fd,
+//	                   pools), cuMemGetAllocationGranularity (MINIMUM,
+//	                   RECOMMENDED), cuDevicePrimaryCtxRetain, cuCtxSetCurrent
+//	Reserve/Unreserve  cuMemAddressReserve(size, align, hint) / cuMemAddressFree
+//	Create/Release     cuMemCreate(PINNED, DEVICE id, POSIX fd when shareable) /
+//	                   cuMemRelease
+//	Map/Unmap          cuMemMap(addr, size, 0, handle) / cuMemUnmap(addr, size)
+//	SetAccess          cuMemSetAccess({DEVICE id, flags}, 1), once per mapping
+//	Read/Write         cuMemcpyDtoH_v2 / cuMemcpyHtoD_v2, as a GPU with access
+//	Export/Import      cuMemExportToShareableHandle / cuMemImportFromShareableHandle
+//	                   (POSIX descriptors), the size proved by a scratch map
+//	streams            cuStreamCreate (non-blocking), cuStreamDestroy_v2,
+//	                   cuMemcpy{HtoD,DtoH,DtoD}Async_v2, cuMemsetD8Async, waited
+//	                   for with cuLaunchHostFunc, cuEventRecord and
+//	                   cuEventSynchronize, or cuStreamSynchronize; cuStreamQuery
+//	peers              cuDeviceCanAccessPeer, cuCtxEnablePeerAccess
+//	HostAlloc/HostFree cuMemHostAlloc (portable) / cuMemFreeHost
+//	Close              cuStreamDestroy_v2, cuMemUnmap, cuMemRelease,
+//	                   cuMemAddressFree, cuDevicePrimaryCtxRelease_v2
+//
+// The contract's checks run before CUDA sees a call: an access the record
+// does not grant, an unmap of part of a mapping or a map over a mapping
+// never reaches the device, since CUDA answers some such mistakes with
+// errors that make the whole context unusable (CUDA_ERROR_ILLEGAL_ADDRESS
+// is sticky). Streams are the shared engine's, each over a CUDA stream of
+// its own: the contract's ordering, failure reporting and host functions
+// that may call the driver hold exactly as on the host driver, and a host
+// function runs on a goroutine, never on a CUDA thread.
+//
+// What is proven where: every test here runs against a C stand-in of
+// libcuda.so.1 that the tests build (driver/internal/standin), through the
+// same loading, calling convention, structs and codes. No GPU has run this
+// code yet; TestHardwareConformance and TestHardwareSmoke run wherever a
+// GPU is, and the README says how.
+//
+// The driver never touches device memory from Go, never hands out a host
+// slice over it (it is not a driver.HostMapper), and never unloads
+// libcuda.
+package cuda
