@@ -17,8 +17,9 @@ var small = standin.Config{Devices: 2, Capacity: 4 * units.MiB, MinGranularity: 
 
 // openStandin opens the driver over a fresh stand-in; when the test ends
 // it is torn down whatever is left, and the stand-in must then hold
-// nothing: every reservation, allocation, mapping, stream and pinned
-// buffer the driver made was given back to "CUDA".
+// nothing: every reservation, allocation, mapping, stream, event, pinned
+// buffer and primary context reference the driver made was given back to
+// "CUDA".
 func openStandin(t *testing.T, cfg standin.Config, opts Options) (*Driver, *standin.Lib) {
 	t.Helper()
 	lib := standin.Open(t, standin.CUDA, cfg)
@@ -29,7 +30,7 @@ func openStandin(t *testing.T, cfg standin.Config, opts Options) (*Driver, *stan
 		if err := d.tearDown(); err != nil {
 			t.Errorf("tear down the CUDA driver: %v", err)
 		}
-		for _, what := range []string{"reservations", "allocations", "mappings", "streams", "events", "hostallocs"} {
+		for _, what := range standin.LiveKinds {
 			if n := lib.Live(what); n != 0 {
 				t.Errorf("after tear down the CUDA stand-in still holds %d %s", n, what)
 			}
@@ -66,4 +67,27 @@ func TestConformanceWaitModes(t *testing.T) {
 			return d
 		})
 	})
+}
+
+// TestConformanceWithoutGroups runs the suite over stand-ins that each lack
+// one group of symbols (all but virtual memory management, without which
+// there is no driver): a missing group makes its feature unsupported, and
+// every rule of the contract still holds for the rest.
+func TestConformanceWithoutGroups(t *testing.T) {
+	if testing.Short() {
+		t.Skip("TestMissingSymbols covers each group's own feature")
+	}
+	for _, group := range standin.OmitGroups {
+		if group == "vmm" {
+			continue
+		}
+		t.Run(group, func(t *testing.T) {
+			cfg := small
+			cfg.Omit = []string{group}
+			drivertest.Run(t, func(t *testing.T) driver.Driver {
+				d, _ := openStandin(t, cfg, Options{})
+				return d
+			})
+		})
+	}
 }

@@ -116,7 +116,10 @@ type Info struct {
 	// peer's memory.
 	Peer [][]bool
 	// HostAccess, Shareable and Streams say which optional features the
-	// runtime's symbols allow (driver.FeatureHostAccess, ...).
+	// runtime's symbols allow (driver.FeatureHostAccess, ...). As on every
+	// driver, the copies of streams move bytes only with HostAccess: a
+	// runtime without its synchronous copies has streams that order work
+	// and events, and refuses copies and fills (ErrUnsupported).
 	HostAccess, Shareable, Streams bool
 }
 
@@ -212,6 +215,9 @@ func (c *Core) Check() error { return c.books.Check() }
 // Read copies len(p) bytes at addr into p through the copy engines of
 // devices that may read each part.
 func (c *Core) Read(addr driver.Addr, p []byte) error {
+	if c.engine.Closed() {
+		return driver.Closed(c.info.Name + ": read")
+	}
 	if !c.info.HostAccess {
 		return c.errf(driver.ErrUnsupported, "read: the runtime has no synchronous copies")
 	}
@@ -229,6 +235,9 @@ func (c *Core) Read(addr driver.Addr, p []byte) error {
 // Write copies p to addr through the copy engines of devices that may
 // write each part.
 func (c *Core) Write(addr driver.Addr, p []byte) error {
+	if c.engine.Closed() {
+		return driver.Closed(c.info.Name + ": write")
+	}
 	if !c.info.HostAccess {
 		return c.errf(driver.ErrUnsupported, "write: the runtime has no synchronous copies")
 	}

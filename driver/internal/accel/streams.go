@@ -176,6 +176,10 @@ func (c *Core) checkCopy(what func() string, s driver.Stream, addrs []driver.Add
 	if err != nil {
 		return 0, err
 	}
+	if !c.info.HostAccess {
+		return 0, errors.WithHint(c.errf(driver.ErrUnsupported, "%s: the runtime lacks its synchronous copies, and this driver moves bytes only where it has them", what()),
+			"Supports(driver.FeatureHostAccess) says whether a driver moves bytes")
+	}
 	return dev, driver.CheckCopyAlign(what, c.info.Devices[dev], addrs, host)
 }
 

@@ -1,5 +1,5 @@
 // Package standin builds and opens a C stand-in of an accelerator driver
-// library — NVIDIA's libcuda.so.1 today, Huawei's libascendcl.so later — so
+// library — NVIDIA's libcuda.so.1 and Huawei's libascendcl.so — so
 // that the Go drivers that load those libraries at run time (driver/cuda,
 // driver/acl) can be tested on a machine without the accelerator, through
 // exactly the path they take on one: dlopen, symbol lookup, C calls with the
@@ -14,8 +14,15 @@
 //	                    shareable memfds, streams run by worker threads,
 //	                    events, pinned host memory, fault injection, call
 //	                    and object counters
+//	c/vshare.c          memory shared with other processes by a 64-bit
+//	                    token with an allow-list of importers (AscendCL's
+//	                    model), over abstract Unix sockets: see its comment
 //	c/cuda.c            the CUDA front-end: the cu* symbols, CUDA's structs,
 //	                    enums and result codes over the emulated device
+//	c/acl.c             the AscendCL front-end: the acl* symbols, AscendCL's
+//	                    structs, enums and error codes, explicit contexts,
+//	                    tokens, and the strict readings where AscendCL's
+//	                    documents are silent (listed at its top)
 //
 // # What it proves
 //
@@ -29,7 +36,8 @@
 // mapping is gone; a new mapping is inaccessible until access is set, per
 // device and per granule; every copy a device makes is checked against that
 // access before a byte moves, and an asynchronous violation is a sticky
-// CUDA_ERROR_ILLEGAL_ADDRESS, never a segfault. A Go driver that passes its
+// CUDA_ERROR_ILLEGAL_ADDRESS (AscendCL: ACL_ERROR_RT_SYS_DMA on the stream
+// alone), never a segfault. A Go driver that passes its
 // tests over the stand-in calls the right symbols with the right arguments in
 // the right order, handles every error the real library reports for those
 // rules, cleans up what it creates (Lib.Live counts what is left), and copes
@@ -50,5 +58,6 @@
 // tests of other packages can import it. It never dlcloses a library it
 // opened (stream worker threads may outlive a test, and the real libcuda is
 // never unloaded either), and it never writes outside os.TempDir and the
-// test's own temporary directory.
+// test's own temporary directory; the tokens it shares memory by are
+// abstract sockets, which are no files at all.
 package standin

@@ -149,7 +149,7 @@ func sourceFiles(v Vendor) ([]string, error) {
 	if _, err := fs.Stat(sources, v.frontEnd()); err != nil {
 		return nil, errors.Newf("standin: vendor %q has no front-end (%s)", v, v.frontEnd())
 	}
-	return []string{"c/vdev.h", "c/vdev.c", v.frontEnd()}, nil
+	return []string{"c/vdev.h", "c/vdev.c", "c/vshare.c", v.frontEnd()}, nil
 }
 
 // compile builds v's library without omit into out and returns what the
@@ -333,6 +333,7 @@ type Lib struct {
 	calls     func(fn string) uint64
 	used      func(dev int32) uint64
 	live      func(what string) int64
+	access    func(addr uint64, dev int32) int32
 }
 
 // OpenPath opens the library at path (a child process loading the file its
@@ -348,6 +349,7 @@ func OpenPath(path string, cfg Config) (*Lib, error) {
 		{Name: "vmstandin_calls", Fn: &l.calls},
 		{Name: "vmstandin_used", Fn: &l.used},
 		{Name: "vmstandin_live", Fn: &l.live},
+		{Name: "vmstandin_access", Fn: &l.access},
 	}, 1)
 	if err != nil {
 		return nil, errors.Wrapf(err, "standin: dlopen %s", path)
@@ -385,14 +387,24 @@ func (l *Lib) Calls(fn string) uint64 { return l.calls(fn) }
 // freed.
 func (l *Lib) Used(dev int) uint64 { return l.used(int32(dev)) }
 
-// LiveKinds are the objects Live counts.
-var LiveKinds = []string{"reservations", "allocations", "mappings", "streams", "events", "hostallocs"}
+// LiveKinds are the objects Live counts. "contexts" counts the references
+// of primary contexts (CUDA's retains, AscendCL's aclrtSetDevice calls) and
+// live explicit contexts (aclrtCreateContext); "tokens" the tokens this
+// instance exports to other processes (AscendCL), each a socket and a
+// thread until its handle is freed.
+var LiveKinds = []string{"reservations", "allocations", "mappings", "streams", "events", "hostallocs", "contexts", "tokens"}
 
 // Live counts live objects of a kind in LiveKinds (-1 for another word).
 func (l *Lib) Live(what string) int64 { return l.live(what) }
 
+// Access is device dev's access at addr as the emulated hardware keeps it
+// (0 none, 1 read, 3 read-write), or -1 where nothing is mapped: what a
+// test checks against the driver's record after a rollback.
+func (l *Lib) Access(addr uint64, dev int) int { return int(l.access(addr, int32(dev))) }
+
 // Leaks lists the kinds with live objects, as "mappings: 2", for a test to
-// require empty after its cleanup.
+// require empty after its cleanup (contexts included: after the driver's
+// Close).
 func (l *Lib) Leaks() []string {
 	var out []string
 	for _, k := range LiveKinds {

@@ -160,6 +160,7 @@ static inline CUresult result(vdev_status st, bool vmm, int raw)
 	case VDEV_NOT_MAPPED:
 	case VDEV_OVERLAP:
 	case VDEV_NOT_PERMITTED:
+	case VDEV_BUSY:
 		return CUDA_ERROR_INVALID_VALUE;
 	case VDEV_BAD_HANDLE:
 		return vmm ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
@@ -206,7 +207,7 @@ API CUresult cuInit(unsigned int flags)
 	ENTER(NULL);
 	if (flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	vdev_status st = vdev_init("cuda");
+	vdev_status st = vdev_init("cuda", true);
 	return st == VDEV_NO_DEVICE ? CUDA_ERROR_NO_DEVICE : rt_result(st);
 }
 
@@ -669,7 +670,10 @@ API CUresult cuEventSynchronize(CUevent event)
 	vdev_ctx *ctx;
 	ENTER(NULL);
 	NEED_CTX(ctx);
-	return rt_result(vdev_event_sync(event));
+	int raw = 0;
+	/* CUDA reports a failure of the stream's work at the stream (or as
+	 * a sticky fault), not at its events. */
+	return result(vdev_event_sync(event, false, &raw), false, raw);
 }
 
 API CUresult cuEventQuery(CUevent event)

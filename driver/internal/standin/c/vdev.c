@@ -27,7 +27,8 @@
  *
  * A context's refs, poisoned and gen are also read without the books (the
  * hot path of every call); they are written under the books with atomic
- * stores.
+ * stores. vshare.c's own lock (shares) is taken before the books, never
+ * under them.
  */
 #define _GNU_SOURCE
 #include "vdev.h"
@@ -69,49 +70,6 @@ enum { HEAP_SPAN = 64 };
 static inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static inline void *ptr_of(uint64_t a) { return (void *)(uintptr_t)a; }
 static inline uint64_t addr_of(const void *p) { return (uint64_t)(uintptr_t)p; }
-
-/* ===== a vector of pointers =============================================== */
-
-/* vec holds n pointers in at[0..n); cap >= n. */
-struct vec {
-	void **at;
-	size_t n, cap;
-};
-
-static bool vec_insert(struct vec *v, size_t i, void *p)
-{
-	if (v->n == v->cap) {
-		size_t cap = v->cap ? 2 * v->cap : 16;
-		void **at = realloc(v->at, cap * sizeof *at);
-		if (!at)
-			return false;
-		v->at = at;
-		v->cap = cap;
-	}
-	memmove(&v->at[i + 1], &v->at[i], (v->n - i) * sizeof *v->at);
-	v->at[i] = p;
-	v->n++;
-	return true;
-}
-
-static bool vec_push(struct vec *v, void *p) { return vec_insert(v, v->n, p); }
-
-/* vec_cut removes at[i..j). */
-static void vec_cut(struct vec *v, size_t i, size_t j)
-{
-	memmove(&v->at[i], &v->at[j], (v->n - j) * sizeof *v->at);
-	v->n -= j - i;
-}
-
-/* vec_find returns p's index, or n when p is not there. It compares
- * pointers only, so it is safe on garbage handed in by a caller. */
-static size_t vec_find(const struct vec *v, const void *p)
-{
-	for (size_t i = 0; i < v->n; i++)
-		if (v->at[i] == p)
-			return i;
-	return v->n;
-}
 
 /* ===== configuration ====================================================== */
 
@@ -408,9 +366,9 @@ struct host_alloc {
 	uint64_t size;
 };
 
-/* A primary context. refs > 0: usable. poisoned: a sticky fault happened in
- * it. gen counts its destructions, so that streams of an earlier life run
- * nothing more. */
+/* A context. refs > 0: usable (a primary context's references; 1 for a
+ * live explicit one). poisoned: a sticky fault happened in it. gen counts
+ * its destructions, so that streams of an earlier life run nothing more. */
 struct vdev_ctx {
 	int dev;
 	int refs;
@@ -434,8 +392,14 @@ struct device {
 };
 
 static char vendor_name[32];
+/* sticky_faults: an access violation of asynchronous work poisons its
+ * context (fixed by vdev_init). */
+static bool sticky_faults;
 static struct device devices[VDEV_MAX_DEVICES];
 static struct vec reservations, allocations, mappings, streams, events, host_allocs;
+/* contexts holds every explicit context ever made, live or destroyed: it
+ * never shrinks, and its contexts are never freed. */
+static struct vec contexts;
 static uint64_t next_handle = HANDLE_BASE;
 static pthread_rwlock_t touch = PTHREAD_RWLOCK_INITIALIZER;
 static __thread vdev_ctx *current;
@@ -447,7 +411,9 @@ bool vdev_initialized(void)
 	return __atomic_load_n(&init_done, __ATOMIC_ACQUIRE) && init_result == VDEV_OK;
 }
 
-vdev_status vdev_init(const char *vendor)
+const char *vdev_vendor(void) { return vendor_name; }
+
+vdev_status vdev_init(const char *vendor, bool sticky)
 {
 	pthread_mutex_lock(&books);
 	if (init_done) {
@@ -481,6 +447,7 @@ vdev_status vdev_init(const char *vendor)
 			return VDEV_OS; /* not lasting: a later call may try again */
 		}
 		snprintf(vendor_name, sizeof vendor_name, "%s", vendor);
+		sticky_faults = sticky;
 	}
 	init_result = st;
 	__atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
@@ -498,9 +465,9 @@ static bool poisoned(const vdev_ctx *c) { return __atomic_load_n(&c->poisoned, _
  * later call in the context, until the context is destroyed. */
 static void poison(vdev_ctx *c) { __atomic_store_n(&c->poisoned, 1, __ATOMIC_RELEASE); }
 
-/* ctx_known says whether c is one of the primary contexts. It compares
+/* ctx_primary says whether c is one of the primary contexts. It compares
  * addresses only, so a garbage pointer is never read. */
-static bool ctx_known(const vdev_ctx *c)
+static bool ctx_primary(const vdev_ctx *c)
 {
 	for (int d = 0; d < cfg.devices; d++)
 		if (c == &devices[d].ctx)
@@ -508,9 +475,23 @@ static bool ctx_known(const vdev_ctx *c)
 	return false;
 }
 
+/* ctx_known says whether c is a primary or an explicit context, live or
+ * not; it compares addresses only. books held. */
+static bool ctx_known(const vdev_ctx *c) { return ctx_primary(c) || vec_find(&contexts, c) < contexts.n; }
+
+/* ctx_usable says whether c is a context and alive. It takes the books to
+ * look among the explicit contexts: call it with no lock held. */
 static bool ctx_usable(const vdev_ctx *c)
 {
-	return c && ctx_known(c) && __atomic_load_n(&c->refs, __ATOMIC_ACQUIRE) > 0;
+	if (!c)
+		return false;
+	bool known = ctx_primary(c);
+	if (!known) {
+		pthread_mutex_lock(&books);
+		known = vec_find(&contexts, c) < contexts.n;
+		pthread_mutex_unlock(&books);
+	}
+	return known && __atomic_load_n(&c->refs, __ATOMIC_ACQUIRE) > 0;
 }
 
 /* ctx_alive checks again, under the books, a context the caller found
@@ -557,6 +538,43 @@ vdev_status vdev_ctx_release(int dev)
 			ctx_destroy(c);
 	}
 	pthread_mutex_unlock(&books);
+	return st;
+}
+
+vdev_status vdev_ctx_create(int dev, vdev_ctx **out)
+{
+	if (!vdev_initialized())
+		return VDEV_NOT_INITIALIZED;
+	if (!device_ok(dev))
+		return VDEV_NO_DEVICE;
+	vdev_ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		return VDEV_OOM;
+	c->dev = dev;
+	c->refs = 1;
+	pthread_mutex_lock(&books);
+	bool ok = vec_push(&contexts, c);
+	pthread_mutex_unlock(&books);
+	if (!ok) {
+		free(c);
+		return VDEV_OOM;
+	}
+	*out = c;
+	return VDEV_OK;
+}
+
+vdev_status vdev_ctx_destroy(vdev_ctx *c)
+{
+	vdev_status st = VDEV_BAD_HANDLE;
+	pthread_mutex_lock(&books);
+	if (c && !ctx_primary(c) && ctx_known(c) && c->refs > 0) {
+		__atomic_store_n(&c->refs, 0, __ATOMIC_RELEASE);
+		ctx_destroy(c);
+		st = VDEV_OK;
+	}
+	pthread_mutex_unlock(&books);
+	if (st == VDEV_OK && current == c)
+		current = NULL;
 	return st;
 }
 
@@ -705,24 +723,19 @@ static struct allocation *allocation_find(uint64_t handle)
 
 /* ===== reservations ======================================================== */
 
-/* vdev_reserve mirrors cuMemAddressReserve: fresh address space, aligned,
- * at the hint when it is free and aligned, elsewhere otherwise. */
-vdev_status vdev_reserve(uint64_t size, uint64_t align, uint64_t hint, uint64_t *out)
+/* reserve takes size bytes of fresh address space at skew bytes past a
+ * multiple of align (a power of two, skew < align): at hint when that is
+ * free and placed so, elsewhere otherwise. */
+static vdev_status reserve(uint64_t size, uint64_t align, uint64_t skew, uint64_t hint, uint64_t *out)
 {
-	if (cfg.novmm)
-		return VDEV_NOT_SUPPORTED;
-	if (size == 0 || size % cfg.mingran || (align & (align - 1)))
-		return VDEV_INVALID;
-	if (align < cfg.mingran)
-		align = cfg.mingran;
-	if (size > UINT64_MAX / 2 || align > UINT64_MAX / 2)
+	if (size > UINT64_MAX / 4 || align > UINT64_MAX / 4)
 		return VDEV_OOM;
 
 	struct reservation *r = malloc(sizeof *r);
 	if (!r)
 		return VDEV_OOM;
 	void *p = MAP_FAILED;
-	if (hint && hint % align == 0) {
+	if (hint && hint % align == skew) {
 		p = mmap(ptr_of(hint), size, PROT_NONE, RESERVED_FLAGS | MAP_FIXED_NOREPLACE, -1, 0);
 		if (p != MAP_FAILED && addr_of(p) != hint) {
 			/* A kernel before 4.17 takes NOREPLACE for a plain hint. */
@@ -731,13 +744,13 @@ vdev_status vdev_reserve(uint64_t size, uint64_t align, uint64_t hint, uint64_t 
 		}
 	}
 	if (p == MAP_FAILED) {
-		uint64_t span = size + align;
+		uint64_t span = size + align + skew;
 		char *q = mmap(NULL, span, PROT_NONE, RESERVED_FLAGS, -1, 0);
 		if (q == MAP_FAILED) {
 			free(r);
 			return VDEV_OOM;
 		}
-		uint64_t start = (addr_of(q) + align - 1) & ~(align - 1);
+		uint64_t start = ((addr_of(q) + align - 1) & ~(align - 1)) + skew;
 		uint64_t head = start - addr_of(q), tail = span - head - size;
 		if (head)
 			munmap(q, head);
@@ -760,6 +773,46 @@ vdev_status vdev_reserve(uint64_t size, uint64_t align, uint64_t hint, uint64_t 
 	return VDEV_OK;
 }
 
+/* vdev_reserve mirrors cuMemAddressReserve: fresh address space, aligned,
+ * at the hint when it is free and aligned, elsewhere otherwise. */
+vdev_status vdev_reserve(uint64_t size, uint64_t align, uint64_t hint, uint64_t *out)
+{
+	if (cfg.novmm)
+		return VDEV_NOT_SUPPORTED;
+	if (size == 0 || size % cfg.mingran || (align & (align - 1)))
+		return VDEV_INVALID;
+	if (align < cfg.mingran)
+		align = cfg.mingran;
+	return reserve(size, align, 0, hint, out);
+}
+
+/* vdev_reserve_odd is AscendCL's aclrtReserveMemAddress as the stand-in
+ * plays it: the documents promise no alignment beyond the granularity, so
+ * the stand-in gives no more, ever, and a driver that assumes more fails
+ * its tests rather than a customer's NPU. */
+vdev_status vdev_reserve_odd(uint64_t size, uint64_t *out)
+{
+	if (cfg.novmm)
+		return VDEV_NOT_SUPPORTED;
+	if (size == 0 || size % cfg.mingran)
+		return VDEV_INVALID;
+	return reserve(size, 2 * cfg.mingran, cfg.mingran, 0, out);
+}
+
+/* unreserve returns reservation i if nothing is mapped inside it. books
+ * held. */
+static vdev_status unreserve(size_t i)
+{
+	struct reservation *r = reservations.at[i];
+	size_t j = mapping_search(r->base);
+	if (j < mappings.n && ((const struct mapping *)mappings.at[j])->addr < r->base + r->size)
+		return VDEV_INVALID;
+	munmap(ptr_of(r->base), r->size);
+	vec_cut(&reservations, i, i + 1);
+	free(r);
+	return VDEV_OK;
+}
+
 /* vdev_unreserve mirrors cuMemAddressFree: exactly a reservation, and
  * nothing may be mapped inside it. */
 vdev_status vdev_unreserve(uint64_t addr, uint64_t size)
@@ -770,16 +823,23 @@ vdev_status vdev_unreserve(uint64_t addr, uint64_t size)
 	vdev_status st = VDEV_INVALID;
 	size_t i = reservation_search(addr);
 	struct reservation *r = i < reservations.n ? reservations.at[i] : NULL;
-	if (r && r->base == addr && r->size == size) {
-		size_t j = mapping_search(addr);
-		bool busy = j < mappings.n && ((const struct mapping *)mappings.at[j])->addr < addr + size;
-		if (!busy) {
-			munmap(ptr_of(addr), size);
-			vec_cut(&reservations, i, i + 1);
-			free(r);
-			st = VDEV_OK;
-		}
-	}
+	if (r && r->base == addr && r->size == size)
+		st = unreserve(i);
+	pthread_mutex_unlock(&books);
+	return st;
+}
+
+/* vdev_unreserve_at mirrors aclrtReleaseMemAddress, which takes no size:
+ * the reservation that starts exactly at addr, nothing mapped inside. */
+vdev_status vdev_unreserve_at(uint64_t addr)
+{
+	if (cfg.novmm)
+		return VDEV_NOT_SUPPORTED;
+	pthread_mutex_lock(&books);
+	vdev_status st = VDEV_INVALID;
+	size_t i = reservation_search(addr);
+	if (i < reservations.n && ((const struct reservation *)reservations.at[i])->base == addr)
+		st = unreserve(i);
 	pthread_mutex_unlock(&books);
 	return st;
 }
@@ -946,6 +1006,37 @@ vdev_status vdev_release(uint64_t handle)
 	return a ? VDEV_OK : VDEV_BAD_HANDLE;
 }
 
+vdev_status vdev_allocation_size(uint64_t handle, uint64_t *size)
+{
+	pthread_mutex_lock(&books);
+	struct allocation *a = allocation_find(handle);
+	if (a)
+		*size = a->mem->size;
+	pthread_mutex_unlock(&books);
+	return a ? VDEV_OK : VDEV_BAD_HANDLE;
+}
+
+/* vdev_release_unmapped mirrors aclrtFreePhysical as the stand-in reads it
+ * (strictly: the documents free the memory at once and say nothing of a
+ * handle still mapped): a handle still mapped is refused. */
+vdev_status vdev_release_unmapped(uint64_t handle)
+{
+	if (cfg.novmm)
+		return VDEV_NOT_SUPPORTED;
+	pthread_mutex_lock(&books);
+	vdev_status st = VDEV_BAD_HANDLE;
+	struct allocation *a = allocation_find(handle);
+	if (a && a->maps > 0) {
+		st = VDEV_BUSY;
+	} else if (a) {
+		a->released = true;
+		allocation_end(a);
+		st = VDEV_OK;
+	}
+	pthread_mutex_unlock(&books);
+	return st;
+}
+
 /* ===== mappings ============================================================ */
 
 /* vdev_map mirrors cuMemMap: offset 0, a granule-aligned address inside one
@@ -999,37 +1090,28 @@ out:
 	return st;
 }
 
-/* vdev_unmap mirrors cuMemUnmap: whole mappings only (one, or several side
- * by side), back to reserved in one system call. */
-vdev_status vdev_unmap(uint64_t addr, uint64_t size)
+/* unmap returns whole mappings only (one, or several side by side) to
+ * reserved, in one system call. touch held for writing, books held. */
+static vdev_status unmap(uint64_t addr, uint64_t size)
 {
-	if (cfg.novmm)
-		return VDEV_NOT_SUPPORTED;
-	pthread_rwlock_wrlock(&touch);
-	pthread_mutex_lock(&books);
-	vdev_status st = VDEV_INVALID;
 	uint64_t end = addr + size;
 	size_t i = mapping_search(addr), j = i;
 	if (size == 0 || end < addr)
-		goto out;
-	if (i == mappings.n || ((const struct mapping *)mappings.at[i])->addr > addr) {
-		st = VDEV_NOT_MAPPED;
-		goto out;
-	}
+		return VDEV_INVALID;
+	if (i == mappings.n || ((const struct mapping *)mappings.at[i])->addr > addr)
+		return VDEV_NOT_MAPPED;
 	/* From the start of a mapping, through whole mappings without a gap,
 	 * to the end of one: anything else takes part of a mapping. */
 	for (uint64_t a = addr; a < end; j++) {
 		if (j == mappings.n || ((const struct mapping *)mappings.at[j])->addr != a)
-			goto out;
+			return VDEV_INVALID;
 		const struct mapping *m = mappings.at[j];
 		a = mapping_end(m);
 		if (a > end)
-			goto out;
+			return VDEV_INVALID;
 	}
-	if (mmap(ptr_of(addr), size, PROT_NONE, RESERVED_FLAGS | MAP_FIXED, -1, 0) == MAP_FAILED) {
-		st = VDEV_OS;
-		goto out;
-	}
+	if (mmap(ptr_of(addr), size, PROT_NONE, RESERVED_FLAGS | MAP_FIXED, -1, 0) == MAP_FAILED)
+		return VDEV_OS;
 	for (size_t k = i; k < j; k++) {
 		struct mapping *m = mappings.at[k];
 		struct allocation *al = m->alloc;
@@ -1039,11 +1121,48 @@ vdev_status vdev_unmap(uint64_t addr, uint64_t size)
 			allocation_end(al);
 	}
 	vec_cut(&mappings, i, j);
-	st = VDEV_OK;
-out:
+	return VDEV_OK;
+}
+
+/* vdev_unmap mirrors cuMemUnmap: whole mappings only. */
+vdev_status vdev_unmap(uint64_t addr, uint64_t size)
+{
+	if (cfg.novmm)
+		return VDEV_NOT_SUPPORTED;
+	pthread_rwlock_wrlock(&touch);
+	pthread_mutex_lock(&books);
+	vdev_status st = unmap(addr, size);
 	pthread_mutex_unlock(&books);
 	pthread_rwlock_unlock(&touch);
 	return st;
+}
+
+/* vdev_unmap_at mirrors aclrtUnmapMem, which takes no size: the mapping
+ * that starts exactly at addr, whole. */
+vdev_status vdev_unmap_at(uint64_t addr)
+{
+	if (cfg.novmm)
+		return VDEV_NOT_SUPPORTED;
+	pthread_rwlock_wrlock(&touch);
+	pthread_mutex_lock(&books);
+	vdev_status st = VDEV_NOT_MAPPED;
+	size_t i = mapping_search(addr);
+	if (i < mappings.n && ((const struct mapping *)mappings.at[i])->addr == addr)
+		st = unmap(addr, ((const struct mapping *)mappings.at[i])->size);
+	pthread_mutex_unlock(&books);
+	pthread_rwlock_unlock(&touch);
+	return st;
+}
+
+bool vdev_in_reserved(uint64_t addr, uint64_t n)
+{
+	uint64_t end = addr + (n ? n : 1);
+	if (end < addr)
+		end = UINT64_MAX;
+	pthread_mutex_lock(&books);
+	bool in = touches_reservation(addr, end);
+	pthread_mutex_unlock(&books);
+	return in;
 }
 
 /* ===== access ============================================================== */
@@ -1089,11 +1208,11 @@ static uint64_t protect_rows(uint64_t addr, const uint8_t *rows, uint64_t n)
 	return n;
 }
 
-/* vdev_set_access mirrors cuMemSetAccess: a granule-aligned range, mapped
- * throughout (over several mappings, or part of one); each listed device
- * gets exactly the access given, the others keep theirs. A failure changes
- * nothing. */
-vdev_status vdev_set_access(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n)
+/* set_access mirrors cuMemSetAccess: a granule-aligned range, mapped
+ * throughout (over several mappings, or part of one; of one only when
+ * `one`); each listed device gets exactly the access given, the others keep
+ * theirs. A failure changes nothing. */
+static vdev_status set_access(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n, bool one)
 {
 	if (cfg.novmm)
 		return VDEV_NOT_SUPPORTED;
@@ -1116,6 +1235,8 @@ vdev_status vdev_set_access(uint64_t addr, uint64_t size, const struct vdev_acce
 	uint8_t *old = NULL, *now = NULL;
 	size_t first, i;
 	if (!mapped_run(addr, addr + size, &first))
+		goto out;
+	if (one && mapping_end(mappings.at[first]) < addr + size)
 		goto out;
 	st = VDEV_OOM;
 	old = calloc(ng, d);
@@ -1152,6 +1273,19 @@ out:
 	pthread_mutex_unlock(&books);
 	pthread_rwlock_unlock(&touch);
 	return st;
+}
+
+vdev_status vdev_set_access(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n)
+{
+	return set_access(addr, size, acc, n, false);
+}
+
+/* vdev_set_access_one is aclrtMemSetAccess as the stand-in reads it: the
+ * documents say nothing of a range over several mappings, so it is refused
+ * (the driver sets access one mapping at a time anyway). */
+vdev_status vdev_set_access_one(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n)
+{
+	return set_access(addr, size, acc, n, true);
 }
 
 /* vdev_get_access mirrors cuMemGetAccess: one device's access at a mapped
@@ -1405,8 +1539,9 @@ struct vdev_stream {
 	pthread_cond_t done;  /* waiters wait here for completed to move */
 	struct op *head, *tail;
 	uint64_t enqueued, completed;
-	vdev_status err; /* the first failure since the last sync; VDEV_OK: none */
-	int raw;         /* the vendor's code when err is VDEV_RAW */
+	vdev_status err;  /* the first failure since the last sync; VDEV_OK: none */
+	int raw;          /* the vendor's code when err is VDEV_RAW */
+	uint64_t err_seq; /* the number of the operation that failed */
 	bool closing;    /* destroyed: the worker exits once the queue is empty */
 	int refs;
 };
@@ -1453,8 +1588,9 @@ static vdev_status op_run(vdev_stream *s, const struct op *op, int *raw)
 	case OP_FILL:
 		st = move_bytes(s->ctx->dev, op->dst, op->kind == OP_FILL || op->dst_dev, op->src, op->src_dev,
 				op->n, op->kind == OP_FILL, op->byte);
-		/* An illegal address in CUDA is sticky: the context is lost. */
-		if (st == VDEV_ILLEGAL_ADDRESS)
+		/* An illegal address in CUDA is sticky: the context is lost.
+		 * AscendCL reports it on the stream alone. */
+		if (st == VDEV_ILLEGAL_ADDRESS && sticky_faults)
 			poison(s->ctx);
 		break;
 	case OP_HOST_FN:
@@ -1492,6 +1628,7 @@ static void *stream_worker(void *arg)
 		if (st != VDEV_OK && s->err == VDEV_OK) {
 			s->err = st;
 			s->raw = raw;
+			s->err_seq = op->seq;
 		}
 		s->completed = op->seq;
 		pthread_cond_broadcast(&s->done);
@@ -1631,6 +1768,7 @@ static vdev_status stream_take(vdev_stream *s, int *raw)
 	*raw = s->raw;
 	s->err = VDEV_OK;
 	s->raw = 0;
+	s->err_seq = 0;
 	if (st == VDEV_OK && poisoned(s->ctx))
 		st = VDEV_ILLEGAL_ADDRESS;
 	return st;
@@ -1659,6 +1797,18 @@ vdev_status vdev_stream_sync(vdev_ctx *cur, vdev_stream *s, int *raw)
 	st = stream_take(s, raw);
 	pthread_mutex_unlock(&s->mu);
 	stream_unref(s);
+	return st;
+}
+
+vdev_status vdev_stream_context(vdev_stream *s, vdev_ctx **out)
+{
+	pthread_mutex_lock(&books);
+	vdev_status st = VDEV_BAD_HANDLE;
+	if (s && vec_find(&streams, s) < streams.n) {
+		*out = s->ctx;
+		st = VDEV_OK;
+	}
+	pthread_mutex_unlock(&books);
 	return st;
 }
 
@@ -1804,7 +1954,7 @@ static vdev_status event_hold(vdev_event *e, vdev_stream **s, uint64_t *seq, vde
 	return st;
 }
 
-vdev_status vdev_event_sync(vdev_event *e)
+vdev_status vdev_event_sync(vdev_event *e, bool take, int *raw)
 {
 	vdev_stream *s;
 	vdev_ctx *c;
@@ -1816,10 +1966,14 @@ vdev_status vdev_event_sync(vdev_event *e)
 		pthread_mutex_lock(&s->mu);
 		while (s->completed < seq)
 			pthread_cond_wait(&s->done, &s->mu);
+		if (take && s->err != VDEV_OK && s->err_seq <= seq)
+			st = stream_take(s, raw);
 		pthread_mutex_unlock(&s->mu);
 		stream_unref(s);
 	}
-	return poisoned(c) ? VDEV_ILLEGAL_ADDRESS : VDEV_OK;
+	if (st == VDEV_OK && poisoned(c))
+		st = VDEV_ILLEGAL_ADDRESS;
+	return st;
 }
 
 vdev_status vdev_event_query(vdev_event *e)
@@ -1952,10 +2106,34 @@ VDEV_EXPORT int64_t vmstandin_live(const char *what)
 	int64_t n = -1;
 	if (!what)
 		return -1;
+	if (!strcmp(what, "tokens"))
+		return (int64_t)vdev_tokens();
 	pthread_mutex_lock(&books);
 	for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
 		if (!strcmp(what, kinds[i].name))
 			n = (int64_t)kinds[i].v->n;
+	if (!strcmp(what, "contexts")) {
+		/* Primary contexts count their references (CUDA's retains,
+		 * AscendCL's aclrtSetDevice calls), explicit ones once each. */
+		n = 0;
+		for (int d = 0; d < cfg.devices; d++)
+			n += devices[d].ctx.refs;
+		for (size_t i = 0; i < contexts.n; i++)
+			n += ((const vdev_ctx *)contexts.at[i])->refs > 0;
+	}
 	pthread_mutex_unlock(&books);
 	return n;
+}
+
+/* vmstandin_access is the hardware's own view: dev's access at addr as the
+ * books hold it, -1 where nothing is mapped (or for no such device). */
+VDEV_EXPORT int vmstandin_access(uint64_t addr, int dev)
+{
+	int acc = -1;
+	pthread_mutex_lock(&books);
+	size_t i = mapping_search(addr);
+	if (device_ok(dev) && i < mappings.n && ((const struct mapping *)mappings.at[i])->addr <= addr)
+		acc = acc_row(mappings.at[i], addr)[dev];
+	pthread_mutex_unlock(&books);
+	return acc;
 }

@@ -3,12 +3,17 @@
  * vmarena stand-in: the vendor-neutral half of a fake accelerator driver
  * library that runs on host memory with the real virtual-memory rules.
  *
- * A front-end (cuda.c today, acl.c later) exports its vendor's symbols with
- * its vendor's signatures and error codes; it checks arguments that only
- * exist in its own API (struct fields, enum values, flags), then calls the
- * vdev_* functions here and translates the vdev_status they return. Nothing
- * in this file knows a vendor's numbers, except the raw codes a test injects
- * (vmstandin_fail), which travel through as they are.
+ * A front-end (cuda.c, acl.c) exports its vendor's symbols with its
+ * vendor's signatures and error codes; it checks arguments that only exist
+ * in its own API (struct fields, enum values, flags), then calls the vdev_*
+ * functions here and translates the vdev_status they return. Nothing in
+ * this file knows a vendor's numbers, except the raw codes a test injects
+ * (vmstandin_fail), which travel through as they are. Where the vendors'
+ * rules differ (a sticky fault, explicit contexts, whole-mapping unmaps,
+ * tokens) the core offers each reading and the front-end picks its own.
+ *
+ * vdev.c keeps the books; vshare.c shares memory with other processes by
+ * token over them.
  *
  * The vmstandin_* functions (configuration, fault injection, counters) are
  * exported by the library itself; every vdev_* name is hidden.
@@ -31,6 +36,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* VDEV_EXPORT marks a symbol of the library's interface; everything else
  * declared between the pragmas is private to the library. */
@@ -60,7 +67,51 @@ typedef enum vdev_status {
 	VDEV_NOT_INITIALIZED, /* vdev_init has not succeeded */
 	VDEV_RAW,             /* an injected vendor code, in the out parameter */
 	VDEV_OS,              /* a system call failed unexpectedly */
+	VDEV_BUSY,            /* the object is in use (a handle still mapped) */
 } vdev_status;
+
+/* --- a vector of pointers, for the books of every file ------------------- */
+
+/* vec holds n pointers in at[0..n); cap >= n. */
+struct vec {
+	void **at;
+	size_t n, cap;
+};
+
+static inline bool vec_insert(struct vec *v, size_t i, void *p)
+{
+	if (v->n == v->cap) {
+		size_t cap = v->cap ? 2 * v->cap : 16;
+		void **at = realloc(v->at, cap * sizeof *at);
+		if (!at)
+			return false;
+		v->at = at;
+		v->cap = cap;
+	}
+	memmove(&v->at[i + 1], &v->at[i], (v->n - i) * sizeof *v->at);
+	v->at[i] = p;
+	v->n++;
+	return true;
+}
+
+static inline bool vec_push(struct vec *v, void *p) { return vec_insert(v, v->n, p); }
+
+/* vec_cut removes at[i..j). */
+static inline void vec_cut(struct vec *v, size_t i, size_t j)
+{
+	memmove(&v->at[i], &v->at[j], (v->n - j) * sizeof *v->at);
+	v->n -= j - i;
+}
+
+/* vec_find returns p's index, or n when p is not there. It compares
+ * pointers only, so it is safe on garbage handed in by a caller. */
+static inline size_t vec_find(const struct vec *v, const void *p)
+{
+	for (size_t i = 0; i < v->n; i++)
+		if (v->at[i] == p)
+			return i;
+	return v->n;
+}
 
 /* Access of one device to one granule. Values are the ones CUDA and
  * AscendCL share, so front-ends pass their flags through. */
@@ -90,10 +141,15 @@ const struct vdev_config *vdev_config(void);
 /* --- initialisation ------------------------------------------------------ */
 
 /* vdev_init sets up the devices once, for a vendor whose name appears in
- * shareable memory names ("vmstandin:<vendor>:<dev>:<size>"); later calls
- * return what the first returned. VDEV_NO_DEVICE with nodevice. */
-vdev_status vdev_init(const char *vendor);
+ * shareable memory names ("vmstandin:<vendor>:<dev>:<size>") and token
+ * sockets; later calls return what the first returned. VDEV_NO_DEVICE with
+ * nodevice. sticky_faults: an access violation of asynchronous work
+ * poisons its context (CUDA's illegal address); without it the failure is
+ * the stream's alone (AscendCL has no poisoned contexts). */
+vdev_status vdev_init(const char *vendor, bool sticky_faults);
 bool vdev_initialized(void);
+/* vdev_vendor is the name vdev_init was given ("" before). */
+const char *vdev_vendor(void);
 
 /* --- call accounting and fault injection --------------------------------- */
 
@@ -115,16 +171,29 @@ typedef struct vdev_fault {
 
 /* --- contexts ------------------------------------------------------------ */
 
-/* A vdev_ctx is a device's primary context. It is usable while retained;
- * the release of its last reference destroys what lives in it (streams,
- * events) and clears a sticky fault, as destroying a real context does.
- * Allocations, reservations and pinned host memory outlive it. */
+/* A vdev_ctx is a context of one device: the device's primary context (one
+ * per device, CUDA's primary context and AscendCL's default context), or
+ * an explicit one (AscendCL's aclrtCreateContext). A primary context is
+ * usable while retained; an explicit one from its creation to its
+ * destruction. The end of a context's life destroys what lives in it
+ * (streams, events) and clears a sticky fault, as destroying a real
+ * context does. Allocations, reservations and pinned host memory outlive
+ * it. An explicit context's memory is never freed: a stale pointer to it
+ * (a thread's current context, a closed stream's worker) reads a dead
+ * context, never freed memory. */
 typedef struct vdev_ctx vdev_ctx;
 
 vdev_status vdev_ctx_retain(int dev, vdev_ctx **out);
+/* vdev_ctx_release drops a reference of dev's primary context:
+ * VDEV_NO_CONTEXT when it holds none. */
 vdev_status vdev_ctx_release(int dev);
+/* vdev_ctx_create makes an explicit context of dev; vdev_ctx_destroy ends
+ * one (VDEV_BAD_HANDLE for anything else: a primary context, a destroyed
+ * or unknown one) and unsets it on the calling thread. */
+vdev_status vdev_ctx_create(int dev, vdev_ctx **out);
+vdev_status vdev_ctx_destroy(vdev_ctx *c);
 /* vdev_ctx_set_current makes c current on the calling thread; NULL unsets.
- * An unknown or unretained c is VDEV_NO_CONTEXT. */
+ * An unknown or unusable c is VDEV_NO_CONTEXT. */
 vdev_status vdev_ctx_set_current(vdev_ctx *c);
 vdev_ctx *vdev_ctx_get_current(void);
 /* vdev_ctx_use returns the calling thread's current context for a call that
@@ -148,26 +217,44 @@ vdev_status vdev_peer_enable(vdev_ctx *cur, vdev_ctx *peer);
  * aligned to align (0 or a power of two; at least mingran), at hint when
  * that is free. */
 vdev_status vdev_reserve(uint64_t size, uint64_t align, uint64_t hint, uint64_t *out);
-/* vdev_unreserve returns exactly a reservation, with nothing mapped in it. */
+/* vdev_reserve_odd takes size bytes at an odd multiple of mingran: aligned
+ * to the granularity and deliberately never to twice it, so a caller that
+ * needs more alignment must make it itself (AscendCL takes no alignment). */
+vdev_status vdev_reserve_odd(uint64_t size, uint64_t *out);
+/* vdev_unreserve returns exactly a reservation, with nothing mapped in it;
+ * vdev_unreserve_at the reservation that starts at addr, whatever its size. */
 vdev_status vdev_unreserve(uint64_t addr, uint64_t size);
+vdev_status vdev_unreserve_at(uint64_t addr);
 /* vdev_create makes an allocation of size bytes (a positive multiple of
  * mingran) on dev; shareable ones have a memfd of their own that
  * vdev_export can hand out (VDEV_NOT_SUPPORTED with noposix). */
 vdev_status vdev_create(int dev, uint64_t size, bool shareable, uint64_t *handle);
-/* vdev_release gives up a handle; the memory goes with its last mapping. */
+/* vdev_release gives up a handle; the memory goes with its last mapping.
+ * vdev_release_unmapped refuses (VDEV_BUSY, nothing changed) a handle
+ * that is still mapped. */
 vdev_status vdev_release(uint64_t handle);
+vdev_status vdev_release_unmapped(uint64_t handle);
+/* vdev_allocation_size is the size of a live allocation's memory. */
+vdev_status vdev_allocation_size(uint64_t handle, uint64_t *size);
 /* vdev_map maps the first size bytes of handle's allocation at addr. */
 vdev_status vdev_map(uint64_t addr, uint64_t size, uint64_t offset, uint64_t handle);
-/* vdev_unmap returns one or more whole, contiguous mappings to reserved. */
+/* vdev_unmap returns one or more whole, contiguous mappings to reserved;
+ * vdev_unmap_at the one mapping that starts at addr. */
 vdev_status vdev_unmap(uint64_t addr, uint64_t size);
+vdev_status vdev_unmap_at(uint64_t addr);
+/* vdev_in_reserved says whether [addr, addr+n) meets a reservation: device
+ * address space rather than host memory. */
+bool vdev_in_reserved(uint64_t addr, uint64_t n);
 
 struct vdev_access {
 	int dev;
 	int flags; /* VDEV_ACCESS_* */
 };
 /* vdev_set_access gives each listed device its access over a granule
- * aligned range that is mapped throughout. */
+ * aligned range that is mapped throughout; vdev_set_access_one over a range
+ * inside one mapping only. */
 vdev_status vdev_set_access(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n);
+vdev_status vdev_set_access_one(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n);
 vdev_status vdev_get_access(int dev, uint64_t addr, int *flags);
 /* vdev_export hands out a new descriptor of a shareable allocation's memfd;
  * the caller owns it. */
@@ -175,6 +262,30 @@ vdev_status vdev_export(uint64_t handle, int *fd);
 /* vdev_import makes a new handle over a duplicate of fd, a memfd another
  * stand-in of the same vendor exported; the caller keeps fd. */
 vdev_status vdev_import(int fd, uint64_t *handle);
+
+/* --- tokens (vshare.c) ----------------------------------------------------
+ * Memory shared with other processes by a nonzero 64-bit number instead of
+ * a descriptor, with an allow-list of importing processes (AscendCL's
+ * model). How the number finds the memory is described in vshare.c. */
+
+/* vdev_token_export makes the token of a shareable allocation: once per
+ * handle (VDEV_ALREADY the second time). validate_pids: only processes
+ * vdev_token_allow names may import it; otherwise any process may. */
+vdev_status vdev_token_export(uint64_t handle, bool validate_pids, uint64_t *token);
+/* vdev_token_allow adds process IDs to the allow-list of a token this
+ * library exported (VDEV_INVALID for any other). */
+vdev_status vdev_token_allow(uint64_t token, const int32_t *pids, size_t n);
+/* vdev_token_revoke ends a token this library exported: later imports
+ * find nothing; memory already imported stays with its importers. */
+vdev_status vdev_token_revoke(uint64_t token);
+/* vdev_token_import makes a new handle over the memory of a token another
+ * process (or another stand-in instance) exported: VDEV_INVALID for a
+ * token nobody exports, VDEV_NOT_PERMITTED when the exporter's allow-list
+ * leaves the caller out, VDEV_NOT_SUPPORTED for a token this library
+ * exported itself. */
+vdev_status vdev_token_import(uint64_t token, uint64_t *handle);
+/* vdev_tokens counts the tokens this library exports now. */
+size_t vdev_tokens(void);
 
 /* --- streams, events, copies ---------------------------------------------
  * A NULL stream is the context's default stream (made on first use). The
@@ -186,8 +297,11 @@ typedef struct vdev_event vdev_event;
 vdev_status vdev_stream_create(vdev_ctx *cur, vdev_stream **out);
 vdev_status vdev_stream_destroy(vdev_stream *s);
 /* vdev_stream_sync waits for the work enqueued so far and returns, then
- * clears, the stream's failure; VDEV_RAW puts an injected code in *raw. */
+ * clears, the stream's failure; VDEV_RAW puts an injected code in *raw.
+ * After a failure a stream skips its work until the failure is taken. */
 vdev_status vdev_stream_sync(vdev_ctx *cur, vdev_stream *s, int *raw);
+/* vdev_stream_context finds the context of a live stream (not NULL). */
+vdev_status vdev_stream_context(vdev_stream *s, vdev_ctx **out);
 vdev_status vdev_stream_query(vdev_ctx *cur, vdev_stream *s, int *raw);
 
 /* vdev_enqueue_copy copies n bytes; dst_dev/src_dev say which side is
@@ -207,7 +321,10 @@ vdev_status vdev_event_create(vdev_ctx *cur, vdev_event **out);
 /* vdev_event_record marks the point after the work enqueued so far on s;
  * the event and the stream must belong to one context. */
 vdev_status vdev_event_record(vdev_ctx *cur, vdev_event *e, vdev_stream *s, vdev_fault f);
-vdev_status vdev_event_sync(vdev_event *e);
+/* vdev_event_sync waits for the point e marks. take: a failure of e's
+ * stream at or before that point is returned, and cleared, as
+ * vdev_stream_sync would (AscendCL); otherwise only a sticky fault is. */
+vdev_status vdev_event_sync(vdev_event *e, bool take, int *raw);
 vdev_status vdev_event_query(vdev_event *e);
 vdev_status vdev_event_destroy(vdev_event *e);
 
@@ -227,5 +344,6 @@ VDEV_EXPORT void vmstandin_clear(void);
 VDEV_EXPORT uint64_t vmstandin_calls(const char *fn);
 VDEV_EXPORT uint64_t vmstandin_used(int dev);
 VDEV_EXPORT int64_t vmstandin_live(const char *what);
+VDEV_EXPORT int vmstandin_access(uint64_t addr, int dev);
 
 #endif /* VMSTANDIN_VDEV_H */

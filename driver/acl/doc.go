@@ -1,0 +1,60 @@
+// Package acl is the driver for Huawei Ascend NPUs: the driver contract
+// over AscendCL's physical-memory API, with libascendcl.so loaded at run
+// time (github.com/ebitengine/purego): no cgo and no CANN toolkit to
+// build, and on a machine without the runtime Open says so ("no Ascend
+// runtime found").
+//
+// It owns the binding — symbols looked up once per library (a missing
+// group makes its feature unsupported), struct mirrors asserted against
+// shared/ACL_ABI.md, the table marking every aclError with a sentinel and
+// its name ("aclrtMallocPhysical: ACL_ERROR_RT_MEMORY_ALLOCATION (207001)",
+// with the runtime's own message from aclrtGetRecentErrMsg in the details),
+// and a context per NPU (aclrtSetDevice, aclrtCreateContext), made current
+// on the calling OS thread for every call — and absorbs the ways AscendCL
+// differs from the contract, so the layers above never see them:
+//
+//   - aclrtReserveMemAddress takes no alignment and no hint: a range that
+//     must be aligned is reserved larger and its aligned part used; the
+//     hint is ignored (the contract allows it).
+//   - aclrtUnmapMem and aclrtReleaseMemAddress take no size: the record
+//     checks the size, the driver passes the start.
+//   - Export gives a 64-bit token with an allow-list of importing
+//     processes enforced by the runtime (aclrtMemSetPidToShareableHandle):
+//     the driver implements driver.AllowList, and physical.Chunk.Export
+//     hands it the chunk's list.
+//   - A process cannot import a token it exported (one handle, one
+//     shareable handle per process): such an Import gives a second chunk
+//     over the same memory handle, freed when both are released.
+//   - aclrtMapMem maps a handle whole, so an import is proved to hold the
+//     size it claims by one scratch map.
+//   - Async copies need 64-byte aligned addresses: Devices report
+//     CopyAlign 64 and the contract's check refuses the rest at once.
+//
+// The calls behind each part of the contract:
+//
+//	contract           AscendCL
+//	-----------------  --------------------------------------------------------
+//	Open, Devices      aclInit, aclrtGetDeviceCount, aclrtSetDevice,
+//	                   aclrtCreateContext, aclrtGetMemInfo(ACL_HBM_MEM),
+//	                   aclrtMemGetAllocationGranularity, aclrtGetSocName
+//	Reserve/Unreserve  aclrtReserveMemAddress(size+align, 0, NULL) /
+//	                   aclrtReleaseMemAddress(start)
+//	Create/Release     aclrtMallocPhysical(PINNED, HBM huge pages, DEVICE id) /
+//	                   aclrtFreePhysical
+//	Map/Unmap          aclrtMapMem(addr, size, 0, handle) / aclrtUnmapMem(addr)
+//	SetAccess          aclrtMemSetAccess({flags, DEVICE id}, 1), once per mapping
+//	Read/Write         aclrtMemcpy(DEVICE_TO_HOST / HOST_TO_DEVICE)
+//	Export/Import      aclrtMemExportToShareableHandle, aclrtMemSetPidToShareableHandle,
+//	                   aclrtMemImportFromShareableHandle
+//	streams            aclrtCreateStream, aclrtDestroyStream, aclrtMemcpyAsync,
+//	                   aclrtMemsetAsync, waited for with aclrtRecordEvent and
+//	                   aclrtSynchronizeEvent, or aclrtSynchronizeStream
+//	peers              aclrtDeviceCanAccessPeer, aclrtDeviceEnablePeerAccess
+//	HostAlloc/HostFree aclrtMallocHost / aclrtFreeHost
+//	Close              aclrtDestroyContext, aclrtResetDevice (aclFinalize is
+//	                   never called: no aclInit would work after it)
+//
+// What is proven where: the tests run against a C stand-in of
+// libascendcl.so built by the tests (driver/internal/standin). No NPU has
+// run this code yet; TestHardware* run wherever one is.
+package acl
