@@ -210,6 +210,8 @@ func fuzzRecvSeeds() [][]byte {
 		append([]byte{1 | 4<<3}, packet(KindPoolChunk, driver.HandlePOSIXFD, 1, u64s(7, 0, fuzzGran, 9))...),
 		append([]byte{0}, append(packet(KindPointer, 0, 0, u64s(7, 0, 64)), make([]byte, MaxPayload)...)...), // oversized
 		{0}, // an empty packet
+		append([]byte{0}, packet(KindChunk, driver.HandleToken, 0, append(append(u64s(uint64(fuzzGran)), 0, 0, 0, 0), u64s(0xfeed)...))...), // a token
+		append([]byte{0}, packet(KindPoolChunk, driver.HandleToken, 0, u64s(7, 0, fuzzGran, 9, 0xfeed))...),                                 // a pool chunk's token
 	}
 }
 
@@ -293,7 +295,15 @@ func fuzzChunkSeeds() [][]byte {
 		append([]byte{1}, packet(KindChunk, driver.HandleToken, 1, append(u64s(fuzzGran), 0, 0, 0, 0))...),   // a token type
 		append([]byte{0}, packet(KindRefused, 0, 0, []byte("no"))...),
 		append([]byte{1}, packet(KindPoolChunk, driver.HandlePOSIXFD, 1, u64s(7, 0, fuzzGran, 9))...),
+		append([]byte{0}, token(fuzzGran)...),                                                                                       // a token: the host driver shares descriptors only
+		append([]byte{1}, packet(KindChunk, driver.HandleToken, 1, append(append(u64s(fuzzGran), 0, 0, 0, 0), u64s(0xfeed)...))...), // a token with a descriptor
+		append([]byte{0}, packet(KindChunk, driver.HandleToken, 0, append(u64s(fuzzGran), 0, 0, 0, 0))...),                          // a token without its token
 	}
+}
+
+// token is a KindChunk message carrying a token for size bytes.
+func token(size uint64) []byte {
+	return packet(KindChunk, driver.HandleToken, 0, append(append(u64s(size), 0, 0, 0, 0), u64s(0xfeed)...))
 }
 
 // records splits a FuzzRecvPool input into packets, each with its
@@ -393,21 +403,23 @@ func fuzzPoolSeeds() [][]byte {
 	}
 	return [][]byte{
 		cat(pool),
-		cat(pool, chunk(1, 0, g, 1), ptr(0, 100)),                                       // a pointer on a chunk
-		cat(pool, chunk(1, 0, g, 1), ptr(0, 2*g)),                                       // one that reaches past it
-		cat(pool, chunk(1, 0, g, 1), ptr(16, ^uint64(0)-8)),                             // one whose end overflows
-		cat(pool, chunk(1, 0, g, 1), ptr(0, 0)),                                         // an empty one
-		cat(pool, chunk(1, 0, g, 1), chunk(1, g, g, 2), ptr(g/2, g)),                    // across two chunks
-		cat(pool, chunk(1|2<<3, 0, 2*g, 3), ptr(g, 64), chunk(1, 0, g, 4), ptr(0, 8)),   // a replacement refused under a pointer
-		cat(pool, chunk(1, 0, g, 1), chunk(1, 0, g, 1), ptr(0, 8)),                      // the same chunk twice
-		cat(pool, chunk(1|1<<3, 0, g, 1), ptr(0, 8)),                                    // an unsealed memfd
-		cat(pool, chunk(1, 16*g, g, 1)),                                                 // outside the pool
-		cat(pool, chunk(1, ^uint64(0)-g+1, g, 1)),                                       // an offset that overflows
-		cat(pool, chunk(2, 0, g, 1)),                                                    // two descriptors
-		cat(record(0, packet(KindPool, 0, 0, u64s(id, 1<<62)))),                         // a pool too large to reserve
-		cat(record(0, packet(KindRefused, 0, 0, []byte("no")))),                         // refused
-		cat(pool, record(0, packet(KindPointer, 0, 0, u64s(id+1, 0, 8)))),               // another pool's pointer
-		cat(pool, chunk(1, 0, g, 1), record(0, packet(KindRelease, 0, 0, u64s(id, 0)))), // a kind that has no place here
+		cat(pool, chunk(1, 0, g, 1), ptr(0, 100)),                                                                // a pointer on a chunk
+		cat(pool, chunk(1, 0, g, 1), ptr(0, 2*g)),                                                                // one that reaches past it
+		cat(pool, chunk(1, 0, g, 1), ptr(16, ^uint64(0)-8)),                                                      // one whose end overflows
+		cat(pool, chunk(1, 0, g, 1), ptr(0, 0)),                                                                  // an empty one
+		cat(pool, chunk(1, 0, g, 1), chunk(1, g, g, 2), ptr(g/2, g)),                                             // across two chunks
+		cat(pool, chunk(1|2<<3, 0, 2*g, 3), ptr(g, 64), chunk(1, 0, g, 4), ptr(0, 8)),                            // a replacement refused under a pointer
+		cat(pool, chunk(1, 0, g, 1), chunk(1, 0, g, 1), ptr(0, 8)),                                               // the same chunk twice
+		cat(pool, chunk(1|1<<3, 0, g, 1), ptr(0, 8)),                                                             // an unsealed memfd
+		cat(pool, chunk(1, 16*g, g, 1)),                                                                          // outside the pool
+		cat(pool, chunk(1, ^uint64(0)-g+1, g, 1)),                                                                // an offset that overflows
+		cat(pool, chunk(2, 0, g, 1)),                                                                             // two descriptors
+		cat(record(0, packet(KindPool, 0, 0, u64s(id, 1<<62)))),                                                  // a pool too large to reserve
+		cat(record(0, packet(KindRefused, 0, 0, []byte("no")))),                                                  // refused
+		cat(pool, record(0, packet(KindPointer, 0, 0, u64s(id+1, 0, 8)))),                                        // another pool's pointer
+		cat(pool, chunk(1, 0, g, 1), record(0, packet(KindRelease, 0, 0, u64s(id, 0)))),                          // a kind that has no place here
+		cat(pool, record(0, packet(KindPoolChunk, driver.HandleToken, 0, u64s(id, 0, g, 1, 0xfeed))), ptr(0, 8)), // a token: refused by the host driver
+		cat(pool, record(0, packet(KindPoolChunk, driver.HandleToken, 0, u64s(id, 0, g, 1)))),                    // a token message without its token
 	}
 }
 

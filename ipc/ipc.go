@@ -49,8 +49,10 @@ const (
 	headerSize = 12
 	// MaxPayload is the largest payload a message may carry.
 	MaxPayload = 4096
-	// version 2: KindPoolChunk carries the chunk's identity.
-	version = 2
+	// version 2: KindPoolChunk carries the chunk's identity; version 3:
+	// chunks may travel as tokens (driver.HandleToken) instead of
+	// descriptors.
+	version = 3
 	maxFDs  = 4 // room to notice a sender passing more than allowed
 )
 
@@ -316,7 +318,7 @@ func (c *Conn) SendChunk(ch *physical.Chunk) error {
 		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "ipc: send %s: not exported", ch),
 			"export it first, naming the processes that may import it: Chunk.Export(pids...)")
 	}
-	if sh.Type != driver.HandlePOSIXFD {
+	if sh.Type != driver.HandlePOSIXFD && sh.Type != driver.HandleToken {
 		return errors.Wrapf(driver.ErrUnsupported, "ipc: send %s: handle type %d does not travel over a socket", ch, sh.Type)
 	}
 	if pid := c.PeerPID(); !ch.Allowed(pid) {
@@ -326,11 +328,25 @@ func (c *Conn) SendChunk(ch *physical.Chunk) error {
 		}
 		return errors.WithHint(errors.Wrapf(driver.ErrAccessDenied, "ipc: %s", reason), "add it with Chunk.SetAllowedPIDs")
 	}
-	payload := make([]byte, 12)
+	payload := make([]byte, 12, chunkTokenPayload)
 	binary.LittleEndian.PutUint64(payload, sh.Size)
 	binary.LittleEndian.PutUint32(payload[8:], uint32(ch.Device()))
+	if sh.Type == driver.HandleToken {
+		// The token travels as bytes; the driver's own allow-list (set
+		// from the chunk's, see physical.Chunk.Export) lets the peer
+		// import it.
+		return c.send(KindChunk, driver.HandleToken, binary.LittleEndian.AppendUint64(payload, sh.Token))
+	}
 	return c.send(KindChunk, driver.HandlePOSIXFD, payload, sh.FD)
 }
+
+// The payload of a KindChunk message: the chunk's size (8 bytes) and
+// device (4), then, for a token, the token (8). A descriptor travels
+// beside the payload.
+const (
+	chunkFDPayload    = 12
+	chunkTokenPayload = 20
+)
 
 // RecvChunk receives a chunk and imports it into mem on dev. A refusal by
 // the sender is ErrAccessDenied with its reason; a broken message is
@@ -356,14 +372,25 @@ func (c *Conn) RecvChunk(mem *physical.Memory, dev driver.DeviceID) (*physical.C
 	default:
 		return nil, errors.Mark(errors.Newf("ipc: receive chunk: a %s message came", m.kind), ErrProtocol)
 	}
-	if len(m.body) != 12 || len(m.fds) != 1 {
-		return nil, errors.Mark(errors.Newf("ipc: receive chunk: %d payload bytes and %d descriptors, want 12 and 1", len(m.body), len(m.fds)), ErrProtocol)
-	}
-	if m.htype != driver.HandlePOSIXFD {
-		return nil, errors.Wrapf(driver.ErrInvalid, "ipc: receive chunk: handle type %d, only POSIX descriptors (%d) travel here", m.htype, driver.HandlePOSIXFD)
+	var sh driver.Shareable
+	switch m.htype {
+	case driver.HandlePOSIXFD:
+		if len(m.body) != chunkFDPayload || len(m.fds) != 1 {
+			return nil, errors.Mark(errors.Newf("ipc: receive chunk: %d payload bytes and %d descriptors, want %d and 1", len(m.body), len(m.fds), chunkFDPayload), ErrProtocol)
+		}
+		sh = driver.Shareable{Type: driver.HandlePOSIXFD, FD: m.fds[0]}
+	case driver.HandleToken:
+		if len(m.body) != chunkTokenPayload || len(m.fds) != 0 {
+			return nil, errors.Mark(errors.Newf("ipc: receive chunk: a token with %d payload bytes and %d descriptors, want %d and 0", len(m.body), len(m.fds), chunkTokenPayload), ErrProtocol)
+		}
+		sh = driver.Shareable{Type: driver.HandleToken, Token: binary.LittleEndian.Uint64(m.body[chunkFDPayload:])}
+	default:
+		return nil, errors.Wrapf(driver.ErrInvalid, "ipc: receive chunk: handle type %d, only POSIX descriptors (%d) and tokens (%d) travel here",
+			m.htype, driver.HandlePOSIXFD, driver.HandleToken)
 	}
 	size := binary.LittleEndian.Uint64(m.body)
-	ch, err := mem.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: m.fds[0], Size: size}, dev)
+	sh.Size = size
+	ch, err := mem.Import(sh, dev)
 	if err != nil {
 		return nil, errors.Wrapf(err, "ipc: receive chunk of %s", units.Bytes(size))
 	}

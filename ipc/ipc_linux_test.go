@@ -284,6 +284,8 @@ func child(role, sock string) error {
 		return conn.send(KindRelease, 0, []byte("tried"))
 	case "pool":
 		return poolChild(conn)
+	case "acl-import", "acl-pool":
+		return aclChild(role, conn)
 	case "pool-hold", "pool-disconnect":
 		return poolHoldChild(conn, role == "pool-disconnect")
 	case "garbage": // read malformed messages from the parent; leak nothing

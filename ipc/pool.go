@@ -51,7 +51,7 @@ import (
 // More message kinds.
 const (
 	KindPool      Kind = 5 // payload: pool id, max size
-	KindPoolChunk Kind = 6 // payload: pool id, offset, size, chunk identity; one descriptor
+	KindPoolChunk Kind = 6 // payload: pool id, offset, size, chunk identity, and a token or one descriptor
 )
 
 var poolIDs atomic.Uint64
@@ -166,7 +166,7 @@ func (c *Conn) SendPointer(ep *ExportedPool, ptr driver.Addr) error {
 	}
 	// ExportPointer counts an import: the pool cannot free ptr, nor unmap
 	// the chunks under it, until the peer releases it (or this fails).
-	xp, err := ep.p.ExportPointer(ptr)
+	xp, err := ep.p.ExportPointer(ptr, c.PeerPID())
 	if err != nil {
 		return errors.Wrap(err, "ipc: send pointer")
 	}
@@ -199,7 +199,16 @@ func (c *Conn) sendPointer(ep *ExportedPool, xp pool.ExportedPointer) error {
 		if sent[ch.Offset] == (sentChunk{size: ch.Size, id: ch.ID}) {
 			continue
 		}
-		if err := c.send(KindPoolChunk, driver.HandlePOSIXFD, u64s(ep.id, ch.Offset, ch.Size, uint64(ch.ID)), ch.Shareable.FD); err != nil {
+		var err error
+		switch ch.Shareable.Type {
+		case driver.HandlePOSIXFD:
+			err = c.send(KindPoolChunk, driver.HandlePOSIXFD, u64s(ep.id, ch.Offset, ch.Size, uint64(ch.ID)), ch.Shareable.FD)
+		case driver.HandleToken:
+			err = c.send(KindPoolChunk, driver.HandleToken, u64s(ep.id, ch.Offset, ch.Size, uint64(ch.ID), ch.Shareable.Token))
+		default:
+			err = errors.Wrapf(driver.ErrUnsupported, "ipc: handle type %d does not travel over a socket", ch.Shareable.Type)
+		}
+		if err != nil {
 			return err
 		}
 		// The importer replaced whatever it mapped over this range.
@@ -533,17 +542,28 @@ func (ip *ImportedPool) take(m *message) (driver.Addr, bool, error) {
 	case KindRefused:
 		return 0, true, errors.Wrapf(driver.ErrAccessDenied, "ipc: the sender refused: %s", m.body)
 	case KindPoolChunk:
-		vs, err := readU64s(m, 4)
+		var vs []uint64
+		var err error
+		var sh driver.Shareable
+		switch {
+		case m.htype == driver.HandlePOSIXFD && len(m.fds) == 1:
+			vs, err = readU64s(m, 4)
+			sh = driver.Shareable{Type: driver.HandlePOSIXFD, FD: m.fds[0]}
+		case m.htype == driver.HandleToken && len(m.fds) == 0:
+			vs, err = readU64s(m, 5)
+			if err == nil {
+				sh = driver.Shareable{Type: driver.HandleToken, Token: vs[4]}
+			}
+		default:
+			return 0, true, errors.Wrapf(driver.ErrInvalid, "ipc: pool chunk with %d descriptors of handle type %d", len(m.fds), m.htype)
+		}
 		if err != nil {
 			return 0, true, err
-		}
-		if len(m.fds) != 1 || m.htype != driver.HandlePOSIXFD {
-			return 0, true, errors.Wrapf(driver.ErrInvalid, "ipc: pool chunk with %d descriptors of handle type %d", len(m.fds), m.htype)
 		}
 		if vs[0] != ip.id {
 			return 0, true, errors.Wrapf(driver.ErrInvalid, "ipc: a chunk of pool %#x, unknown here (this one is %#x)", vs[0], ip.id)
 		}
-		if err := ip.putChunk(vs[1], vs[2], vs[3], m.fds[0]); err != nil {
+		if err := ip.putChunk(vs[1], vs[2], vs[3], sh); err != nil {
 			return 0, true, err
 		}
 		return 0, false, nil
@@ -590,12 +610,13 @@ func (ip *ImportedPool) unmappedIn(lo, hi uint64) uint64 {
 }
 
 // putChunk maps the exporter's chunk id, size bytes at offset off, from
-// the descriptor fd (which the caller closes), replacing the chunks mapped
+// the shareable handle sh (a descriptor the caller closes, or a token),
+// replacing the chunks mapped
 // over that range: the exporter gave them back and committed this one. A
 // chunk already mapped there as it is changes nothing. When an imported
 // pointer not yet freed lies on a chunk to replace, it is refused with
 // ErrBusy; on any error nothing changes.
-func (ip *ImportedPool) putChunk(off, size, id uint64, fd int) error {
+func (ip *ImportedPool) putChunk(off, size, id uint64, sh driver.Shareable) error {
 	what := func() string {
 		return fmt.Sprintf("ipc: pool chunk %d of %s at offset %#x", id, units.Bytes(size), off)
 	}
@@ -619,7 +640,8 @@ func (ip *ImportedPool) putChunk(off, size, id uint64, fd int) error {
 			}
 		}
 	}
-	ch, err := ip.mem.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: size}, ip.dev)
+	sh.Size = size
+	ch, err := ip.mem.Import(sh, ip.dev)
 	if err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}

@@ -21,7 +21,11 @@ import (
 
 // Export makes the chunk's shareable handle — once: a second Export is
 // ErrBusy — and sets the processes allowed to import it. The chunk keeps
-// the handle (Exported) until its memory is returned here.
+// the handle (Exported) until its memory is returned here. A driver that
+// keeps an allow-list of its own (driver.AllowList: AscendCL's tokens) is
+// given allowPIDs too; if it refuses them, the chunk stays exported with
+// nobody allowed to import it, and the error says so (SetAllowedPIDs
+// retries).
 func (c *Chunk) Export(allowPIDs ...int) (driver.Shareable, error) {
 	what := func() string { return fmt.Sprintf("physical: export %s", c) }
 	if err := c.made("export"); err != nil {
@@ -52,14 +56,47 @@ func (c *Chunk) Export(allowPIDs ...int) (driver.Shareable, error) {
 	if err != nil {
 		return driver.Shareable{}, errors.Wrapf(err, "%s", what())
 	}
-	c.export = &exported{sh: s, allow: slices.Clone(allowPIDs)}
+	c.export = &exported{sh: s}
+	if err := c.grantLocked(allowPIDs); err != nil {
+		// The driver has exported the chunk and cannot take that back:
+		// it stays exported with nobody allowed to import it.
+		return driver.Shareable{}, errors.WithHint(errors.Wrapf(err, "%s: exported, but no process is allowed to import it", what()),
+			"retry with SetAllowedPIDs")
+	}
+	c.export.allow = slices.Clone(allowPIDs)
 	return s, nil
 }
 
-// exported is a chunk's shareable handle and its allow-list.
+// exported is a chunk's shareable handle and its allow-list. granted are
+// the processes the driver's own allow-list names (driver.AllowList):
+// every process ever allowed, since that list only grows.
 type exported struct {
-	sh    driver.Shareable
-	allow []int
+	sh      driver.Shareable
+	allow   []int
+	granted []int
+}
+
+// grantLocked hands the processes of pids not granted yet to the driver's
+// own allow-list, when the driver keeps one.
+func (c *Chunk) grantLocked(pids []int) error {
+	al, ok := c.m.d.(driver.AllowList)
+	if !ok {
+		return nil
+	}
+	var add []int
+	for _, p := range pids {
+		if !slices.Contains(c.export.granted, p) && !slices.Contains(add, p) {
+			add = append(add, p)
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if err := al.AllowPIDs(c.handle, add); err != nil {
+		return err
+	}
+	c.export.granted = append(c.export.granted, add...)
+	return nil
 }
 
 // Exported returns the chunk's shareable handle, if exported.
@@ -75,7 +112,10 @@ func (c *Chunk) Exported() (driver.Shareable, bool) {
 	return c.export.sh, true
 }
 
-// SetAllowedPIDs replaces the processes allowed to import the chunk.
+// SetAllowedPIDs replaces the processes allowed to import the chunk. A
+// driver that keeps an allow-list of its own (AscendCL) is given the new
+// processes; its list cannot shrink, so a process taken off this one is
+// refused by the sender (ipc checks this list), not by the driver.
 func (c *Chunk) SetAllowedPIDs(pids ...int) error {
 	if err := c.made("set allowed PIDs of"); err != nil {
 		return err
@@ -88,6 +128,9 @@ func (c *Chunk) SetAllowedPIDs(pids ...int) error {
 	defer c.m.checkAfter("setAllowedPIDs")
 	if c.export == nil {
 		return errors.Wrapf(driver.ErrInvalid, "physical: set allowed PIDs of %s: not exported", c)
+	}
+	if err := c.grantLocked(pids); err != nil {
+		return errors.Wrapf(err, "physical: set allowed PIDs of %s", c)
 	}
 	c.export.allow = slices.Clone(pids)
 	return nil

@@ -67,7 +67,16 @@ type ExportedChunk struct {
 // description travels. A caller whose export never reaches an importer
 // calls ReleaseImport itself. On error the import is not counted (chunks
 // exported before the failure stay exported: a chunk is exported once).
-func (p *Pool) ExportPointer(ptr driver.Addr) (ExportedPointer, error) {
+//
+// importers are the processes that will import the pointer. A driver
+// whose shareable handles carry an allow-list of their own (AscendCL's
+// tokens, driver.AllowList) is told to let them import each chunk under
+// ptr; descriptors (host, CUDA) need nothing: whoever holds one may map
+// it, and the sender decides who gets it.
+func (p *Pool) ExportPointer(ptr driver.Addr, importers ...int) (ExportedPointer, error) {
+	if err := driver.CheckPIDs(func() string { return fmt.Sprintf("pool: export pointer %s", ptr) }, importers); err != nil {
+		return ExportedPointer{}, err
+	}
 	if !p.props.Shareable {
 		return ExportedPointer{}, errors.WithHint(
 			errors.Wrapf(driver.ErrInvalid, "pool: export pointer %s: the pool was created without Props.Shareable", ptr),
@@ -90,7 +99,13 @@ func (p *Pool) ExportPointer(ptr driver.Addr) (ExportedPointer, error) {
 		return ExportedPointer{}, errors.AssertionFailedf("pool: export pointer %s: it lies in a range at %s, the pool's is at %s", ptr, ex.RangeBase, p.base)
 	}
 	xp := ExportedPointer{Offset: ex.Offset, Size: b.size}
+	al, lists := p.d.(driver.AllowList)
 	for _, ch := range ex.Chunks {
+		if lists && len(importers) > 0 {
+			if err := al.AllowPIDs(ch.Handle, importers); err != nil {
+				return ExportedPointer{}, errors.Wrapf(err, "pool: export pointer %s: allowing processes %v to import chunk %d", ptr, importers, ch.Handle)
+			}
+		}
 		xp.Chunks = append(xp.Chunks, ExportedChunk{Offset: ch.Offset, Size: ch.Size, ID: ch.Handle, Shareable: ch.Shareable})
 	}
 	if p.imports == nil {

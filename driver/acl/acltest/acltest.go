@@ -64,3 +64,21 @@ func RequireEmpty(t testing.TB, lib *Lib) {
 		require.Zerof(t, lib.Live(what), "the AscendCL stand-in still holds %s", what)
 	}
 }
+
+// OpenFile loads the stand-in file a test built (Lib.Path), configured as
+// cfg, and opens the AscendCL driver over it: for a child process that a
+// test starts, which has no testing.TB and must share the parent's file
+// (a token is resolved by the stand-in of the same vendor in the other
+// process). The caller closes the driver.
+func OpenFile(path string, cfg Config, opts acl.Options) (*acl.Driver, *Lib, error) {
+	lib, err := standin.OpenPath(path, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.Library = path
+	d, err := acl.Open(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, lib, nil
+}
