@@ -1,7 +1,14 @@
 // Package ipc moves shareable chunks between processes: a serving engine
 // listens on a Unix socket path, another process dials it, and chunks cross
-// as file descriptors (SCM_RIGHTS) with a small typed header, so both
-// processes map the same memory — no copy.
+// as file descriptors (SCM_RIGHTS: the host and CUDA drivers) or as 64-bit
+// tokens (AscendCL), with a small typed header, so both processes map the
+// same memory — no copy.
+//
+// A token is only a number: AscendCL lets a process import it only if the
+// exporter put that process on the token's allow-list
+// (aclrtMemSetPidToShareableHandle). The chunk's allow-list reaches the
+// driver through physical.Chunk.Export; a pool's, for each pointer sent,
+// through pool.ExportPointer, which this package calls with the peer.
 //
 // Who may connect at all is the socket path's permissions (Listen sets
 // them). Who may import a chunk is its allow-list (physical.Chunk.Export):
