@@ -588,10 +588,20 @@ func (al *Allocator) Close() error {
 				n, units.Bytes(al.stats.Allocated)),
 			"free every allocation before closing its allocator")
 	}
+	// The free memory goes back through the heaps first, so that their
+	// books follow what the driver gives back even when it refuses
+	// part-way; then the ranges are freed, those a Close that failed
+	// later did not free yet. Close may be called again after a refusal.
+	if _, err := al.releaseLocked(math.MaxUint64, nil, span{}); err != nil {
+		al.checkAfter("close")
+		return errors.Wrap(err, "arena: close of an allocator")
+	}
 	var errs error
 	rs := al.ranges()
 	for i := len(rs) - 1; i >= 0; i-- { // the stitch range first: it borrows from the heaps
-		errs = errors.CombineErrors(errs, rs[i].Close())
+		if !rs[i].Closed() {
+			errs = errors.CombineErrors(errs, rs[i].Close())
+		}
 	}
 	if errs != nil {
 		return errs

@@ -38,13 +38,15 @@ func (e *env) fine(t testing.TB, max uint64, policy Policy, opts ...func(*Alloca
 // stitches what is free.
 func strict(o *AllocatorOptions) { o.ReleaseThreshold = 1 }
 
-func TestPolicies(t *testing.T) {
+func TestPolicies(t *testing.T) { onEveryDriver(t, policies) }
+
+func policies(t *testing.T, d backend) {
 	require.Equal(t, uint64(160), PolicyAscend.Footprint(100), "ALIGN_UP(100,32)+32")
 	require.Equal(t, uint64(64), PolicyAscend.Footprint(32))
 	require.Equal(t, uint64(256), PolicyDefault.Footprint(1))
 	require.Equal(t, uint64(512), PolicyDefault.Footprint(257))
 	require.Equal(t, ^uint64(0), PolicyAscend.Footprint(^uint64(0)-10), "saturates instead of wrapping")
-	e := newEnv(t, 16*g)
+	e := d.env(t, 16*g)
 	for _, c := range []struct {
 		policy        Policy
 		size, stride  uint64
@@ -72,8 +74,10 @@ func TestPolicies(t *testing.T) {
 	}
 }
 
-func TestAlignmentAndCoalescing(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestAlignmentAndCoalescing(t *testing.T) { onEveryDriver(t, alignmentAndCoalescing) }
+
+func alignmentAndCoalescing(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	al := e.fine(t, 16*g, PolicyDefault)
 	a, err := al.Alloc(100, 0)
 	require.NoError(t, err)
@@ -95,8 +99,10 @@ func TestAlignmentAndCoalescing(t *testing.T) {
 
 // TestSmallAndLargeApart: requests of at most half a chunk share chunks of
 // their own; larger ones never land in those chunks.
-func TestSmallAndLargeApart(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestSmallAndLargeApart(t *testing.T) { onEveryDriver(t, smallAndLargeApart) }
+
+func smallAndLargeApart(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	al := e.fine(t, 16*g, PolicyDefault)
 	s1, err := al.Alloc(g/2, 0)
 	require.NoError(t, err)
@@ -117,8 +123,10 @@ func TestSmallAndLargeApart(t *testing.T) {
 // TestOneSmallAllocationOneChunk: growing ahead scales with the live set,
 // from one chunk: a lone 4 KiB allocation commits one chunk, not a step of
 // several.
-func TestOneSmallAllocationOneChunk(t *testing.T) {
-	e := newEnv(t, 64*g)
+func TestOneSmallAllocationOneChunk(t *testing.T) { onEveryDriver(t, oneSmallAllocationOneChunk) }
+
+func oneSmallAllocationOneChunk(t *testing.T, d backend) {
+	e := d.env(t, 64*g)
 	al := e.fine(t, 64*g, PolicyDefault)
 	p, err := al.Alloc(4*units.KiB, 0)
 	require.NoError(t, err)
@@ -130,16 +138,16 @@ func TestOneSmallAllocationOneChunk(t *testing.T) {
 // TestDecommitAnywhere: wholly free chunks in the middle of the allocator go
 // back (Trim), the live ones around them keep their bytes, and a block that
 // spans given-back chunks is committed again when handed out.
-func TestDecommitAnywhere(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestDecommitAnywhere(t *testing.T) { onEveryDriver(t, decommitAnywhere) }
+
+func decommitAnywhere(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	al := e.fine(t, 16*g, PolicyDefault)
 	var ps []driver.Addr
 	for i := range 6 {
 		p, err := al.Alloc(g, 0)
 		require.NoError(t, err)
-		b, err := al.Bytes(p)
-		require.NoError(t, err)
-		b[0] = byte(i + 1)
+		e.setByte(t, al, p, 0, byte(i+1))
 		ps = append(ps, p)
 	}
 	require.Equal(t, 6*g, al.Stats().Committed)
@@ -154,17 +162,13 @@ func TestDecommitAnywhere(t *testing.T) {
 	require.Equal(t, 3*g, st.DecommittedBytes)
 	require.Equal(t, 2, st.UnmapEvents, "two runs: chunks 1-2 and chunk 4")
 	for _, i := range []int{0, 3, 5} {
-		b, err := al.Bytes(ps[i])
-		require.NoError(t, err)
-		require.Equal(t, byte(i+1), b[0], "live allocation %d kept its byte", i)
+		require.Equal(t, byte(i+1), e.byteAt(t, al, ps[i], 0), "live allocation %d kept its byte", i)
 	}
 	p, err := al.Alloc(2*g, 0)
 	require.NoError(t, err)
 	require.Equal(t, ps[1], p, "the lowest place that needs no more memory than any other: where chunks 1-2 were")
 	require.Equal(t, 5*g, al.Stats().Committed)
-	b, err := al.Bytes(p)
-	require.NoError(t, err)
-	b[2*g-1] = 9 // every byte of it is mapped and writable
+	e.setByte(t, al, p, 2*g-1, 9) // every byte of it is mapped and writable
 	require.NoError(t, al.Check())
 	for _, q := range []driver.Addr{ps[0], ps[3], ps[5], p} {
 		require.NoError(t, al.Free(q))
@@ -177,8 +181,10 @@ func TestDecommitAnywhere(t *testing.T) {
 // TestReleaseThreshold: when the allocator must commit more, it first gives
 // back free chunks so that no more than the threshold stays committed
 // beyond the live set; without one it keeps at most a chunk or 1/256.
-func TestReleaseThreshold(t *testing.T) {
-	e := newEnv(t, 32*g)
+func TestReleaseThreshold(t *testing.T) { onEveryDriver(t, releaseThreshold) }
+
+func releaseThreshold(t *testing.T, d backend) {
+	e := d.env(t, 32*g)
 	al := e.fine(t, 32*g, PolicyDefault, func(o *AllocatorOptions) { o.ReleaseThreshold = 2 * g; o.NoStitch = true })
 	var ps []driver.Addr
 	for range 8 {
@@ -212,8 +218,10 @@ func TestReleaseThreshold(t *testing.T) {
 // sits committed elsewhere in the allocator; the allocator gives it back and
 // retries before reporting out of memory — as PyTorch does — and reports it
 // only when that is not enough either, with nothing live changed.
-func TestOutOfMemoryRetry(t *testing.T) {
-	e := newEnv(t, 10*g)
+func TestOutOfMemoryRetry(t *testing.T) { onEveryDriver(t, outOfMemoryRetry) }
+
+func outOfMemoryRetry(t *testing.T, d backend) {
+	e := d.env(t, 10*g)
 	al := e.fine(t, 10*g, PolicyDefault, func(o *AllocatorOptions) { o.ReleaseThreshold = NoRelease; o.NoStitch = true })
 	var ps []driver.Addr
 	for range 10 {
@@ -249,8 +257,10 @@ func TestOutOfMemoryRetry(t *testing.T) {
 // budget, but whole free chunks hold the request: they are mapped side by
 // side in the stitch range — no copy, no new memory, one map event — and
 // the bytes written there are the chunks' own bytes.
-func TestStitch(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestStitch(t *testing.T) { onEveryDriver(t, stitch) }
+
+func stitch(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	al := e.fine(t, 16*g, PolicyDefault, strict)
 	var ps []driver.Addr
 	for range 8 {
@@ -277,18 +287,15 @@ func TestStitch(t *testing.T) {
 	require.NoError(t, al.Check())
 
 	// Write through the stitched range; the lent chunks hold the bytes.
-	b, err := al.Bytes(big)
+	n, err := al.Size(big)
 	require.NoError(t, err)
-	require.Len(t, b, int(3*g))
+	require.Equal(t, 3*g, n)
 	for k := uint64(0); k < 3; k++ {
-		b[k*g] = byte(0xA0 + k)
+		e.setByte(t, al, big, k*g, byte(0xA0+k))
 	}
-	hm := e.drv
 	var seen []byte
 	for i := 0; i < 8; i += 2 {
-		vb, err := hm.HostBytes(ps[i], 1)
-		require.NoError(t, err)
-		seen = append(seen, vb[0])
+		seen = append(seen, e.peek(t, ps[i], 1)[0])
 	}
 	sort.Slice(seen, func(i, j int) bool { return seen[i] < seen[j] })
 	require.Equal(t, []byte{0, 0xA0, 0xA1, 0xA2}, seen, "three lent chunks hold the stitched bytes; one was not needed")
@@ -309,8 +316,10 @@ func TestStitch(t *testing.T) {
 // computed "need := n - have" with n below have (an Alloc of 4352 KiB with
 // a 4608 KiB free tail asked to grow by 2^64 - 256 KiB and left the arena
 // grown). The same layout now serves the request and keeps its books.
-func TestFreeTailAndChunksRegression(t *testing.T) {
-	e := newEnv(t, 256*g)
+func TestFreeTailAndChunksRegression(t *testing.T) { onEveryDriver(t, freeTailAndChunksRegression) }
+
+func freeTailAndChunksRegression(t *testing.T, d backend) {
+	e := d.env(t, 256*g)
 	al := e.fine(t, 256*g, PolicyDefault, strict)
 	var ps []driver.Addr
 	for range 6 {
@@ -335,8 +344,10 @@ func TestFreeTailAndChunksRegression(t *testing.T) {
 // TestAllocatorBadInput: each refusal checks its sentinel and that the
 // allocator — its figures, its live allocations, its invariants — is as it
 // was.
-func TestAllocatorBadInput(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestAllocatorBadInput(t *testing.T) { onEveryDriver(t, allocatorBadInput) }
+
+func allocatorBadInput(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	for _, c := range []struct {
 		name     string
 		opts     AllocatorOptions
@@ -426,8 +437,10 @@ func TestAllocatorBadInput(t *testing.T) {
 // TestSetAccessRollsBack: when one of the allocator's ranges refuses a
 // grant, the ranges already changed are set back (the old allocator left
 // its stitches changed).
-func TestSetAccessRollsBack(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestSetAccessRollsBack(t *testing.T) { onEveryDriver(t, setAccessRollsBack) }
+
+func setAccessRollsBack(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	al := e.fine(t, 8*g, PolicyDefault)
 	p, err := al.Alloc(2*g, 0)
 	require.NoError(t, err)
@@ -484,23 +497,25 @@ func TestAllocatorOwnsItsRanges(t *testing.T) {
 // accessible), the figures match the model, committed memory stays within
 // Max and matches the device's usage, and the invariants hold.
 func TestAllocatorModel(t *testing.T) {
-	var stitches, decommits int
-	for seed := uint64(0); seed < 10; seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			r := runAllocatorModel(t, arenaOps(rand.New(rand.NewPCG(seed, 11)), 300))
-			require.Greater(t, r.allocs, 30, "successful allocations")
-			stitches += r.stitches
-			decommits += r.decommits
-		})
-	}
-	require.Positive(t, stitches, "the sequences reach stitched allocations")
-	require.Greater(t, decommits, 10, "the sequences give memory back")
+	onEveryDriver(t, func(t *testing.T, d backend) {
+		var stitches, decommits int
+		for seed := range uint64(d.seeds(10)) {
+			t.Run(fmt.Sprint(seed), func(t *testing.T) {
+				r := runAllocatorModel(t, d, arenaOps(rand.New(rand.NewPCG(seed, 11)), 300))
+				require.Greater(t, r.allocs, 30, "successful allocations")
+				stitches += r.stitches
+				decommits += r.decommits
+			})
+		}
+		require.Positive(t, stitches, "the sequences reach stitched allocations")
+		require.Greater(t, decommits, 10, "the sequences give memory back")
+	})
 }
 
 type allocRun struct{ allocs, stitches, decommits int }
 
-func runAllocatorModel(t *testing.T, data []byte) allocRun {
-	e := newEnv(t, 24*g)
+func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
+	e := d.env(t, 24*g)
 	policy, threshold := Policy(0), uint64(0)
 	if len(data) > 0 {
 		policy = Policy(data[0] % 3)
@@ -534,10 +549,9 @@ func runAllocatorModel(t *testing.T, data []byte) allocRun {
 			}
 			q := max(align, policy.Quantum())
 			require.Zero(t, uint64(p)%q, "%s: alignment %d", step, q)
-			b, err := al.Bytes(p)
-			require.NoError(t, err)
 			tag := byte(i)
-			b[0], b[len(b)-1] = tag, tag
+			e.setByte(t, al, p, 0, tag)
+			e.setByte(t, al, p, size-1, tag)
 			model[p] = live{size, tag}
 			allocated += size
 			peak = max(peak, allocated)
@@ -577,11 +591,11 @@ func runAllocatorModel(t *testing.T, data []byte) allocRun {
 		type iv struct{ lo, hi driver.Addr }
 		var ivs []iv
 		for p, l := range model {
-			b, err := al.Bytes(p)
+			n, err := al.Size(p)
 			require.NoError(t, err)
-			require.Equal(t, l.size, uint64(len(b)))
-			require.Equal(t, l.tag, b[0], "%s: first byte of %s", step, p)
-			require.Equal(t, l.tag, b[len(b)-1], "%s: last byte of %s", step, p)
+			require.Equal(t, l.size, n)
+			require.Equal(t, l.tag, e.byteAt(t, al, p, 0), "%s: first byte of %s", step, p)
+			require.Equal(t, l.tag, e.byteAt(t, al, p, n-1), "%s: last byte of %s", step, p)
 			ivs = append(ivs, iv{p, p + driver.Addr(l.size)})
 		}
 		sort.Slice(ivs, func(a, b int) bool { return ivs[a].lo < ivs[b].lo })
@@ -607,14 +621,40 @@ func FuzzAllocatorModel(f *testing.F) {
 	for seed := uint64(0); seed < 4; seed++ {
 		f.Add(arenaOps(rand.New(rand.NewPCG(seed, 2)), 60))
 	}
-	f.Fuzz(func(t *testing.T, data []byte) { _ = runAllocatorModel(t, data) })
+	ds := fuzzDrivers(f, 2, 24*g) // runAllocatorModel's machine
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, d := range ds {
+			_ = runAllocatorModel(t, d, data)
+		}
+	})
 }
 
 // TestAllocatorConcurrent: goroutines allocating, writing, checking and
 // freeing at once, with trims between (run with -race).
-func TestAllocatorConcurrent(t *testing.T) {
-	e := newEnv(t, 256*g)
+func TestAllocatorConcurrent(t *testing.T) { onEveryDriver(t, allocatorConcurrent) }
+
+func allocatorConcurrent(t *testing.T, d backend) {
+	e := d.env(t, 256*g)
 	al := e.fine(t, 256*g, PolicyDefault)
+	// writeAndRead writes v at p's first byte and reads it back (setByte
+	// and byteAt, without failing the test from another goroutine).
+	writeAndRead := func(p driver.Addr, v byte) (byte, error) {
+		if e.hostMapped() {
+			b, err := al.Bytes(p)
+			if err != nil {
+				return 0, err
+			}
+			b[0] = v
+			return b[0], nil
+		}
+		buf := []byte{v}
+		if err := e.drv.Write(p, buf); err != nil {
+			return 0, err
+		}
+		buf[0] = ^v
+		err := e.drv.Read(p, buf)
+		return buf[0], err
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 9)
 	for w := range 8 {
@@ -638,13 +678,12 @@ func TestAllocatorConcurrent(t *testing.T) {
 					errs <- err
 					return
 				}
-				b, err := al.Bytes(p)
+				got, err := writeAndRead(p, byte(w))
 				if err != nil {
 					errs <- err
 					return
 				}
-				b[0] = byte(w)
-				if b[0] != byte(w) {
+				if got != byte(w) {
 					errs <- fmt.Errorf("worker %d lost its byte", w)
 					return
 				}

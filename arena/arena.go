@@ -381,7 +381,9 @@ func (a *Arena) inside(op string, dev driver.DeviceID, off uint64, n int) error 
 func (a *Arena) Move(off, n uint64, to driver.DeviceID) error { return a.s.Move(off, n, to) }
 
 // Close unmaps every chunk and frees the reservation. It refuses while
-// views are live.
+// views are live. When the driver refuses an unmap part-way, the chunks
+// already given back are gone from the end of the arena, and Len shrinks
+// to what is left; Close may be called again.
 func (a *Arena) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -389,6 +391,7 @@ func (a *Arena) Close() error {
 		if a.s.Closed() {
 			return a.errClosed("close")
 		}
+		a.length = min(a.length, a.s.Committed())
 		return err
 	}
 	a.length = 0

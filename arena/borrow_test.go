@@ -19,8 +19,10 @@ import (
 // borrower's addresses — a byte written through one is read through the
 // other — without committing anything; decommitting the borrowed range
 // gives them back, after which the lender may decommit them.
-func TestBorrowSharesMemory(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestBorrowSharesMemory(t *testing.T) { onEveryDriver(t, borrowSharesMemory) }
+
+func borrowSharesMemory(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	lender := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, MaxChunk: 2 * g})
 	borrower := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
 	require.NoError(t, lender.Commit(0, 4*g)) // two chunks of 2 granules
@@ -54,8 +56,10 @@ func TestBorrowSharesMemory(t *testing.T) {
 
 // TestBorrowBadInput: every refusal of Borrow, each leaving both ranges,
 // and the devices, as they were.
-func TestBorrowBadInput(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestBorrowBadInput(t *testing.T) { onEveryDriver(t, borrowBadInput) }
+
+func borrowBadInput(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	lender := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, MaxChunk: 2 * g})
 	big := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: 2 * g})
 	s := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
@@ -138,8 +142,10 @@ func TestBorrowBadInput(t *testing.T) {
 // and giving back at the same time from several goroutines, do not
 // deadlock (no range's lock is held while the other's is taken) and end
 // with nothing pinned.
-func TestBorrowEachOther(t *testing.T) {
-	e := newEnv(t, 32*g)
+func TestBorrowEachOther(t *testing.T) { onEveryDriver(t, borrowEachOther) }
+
+func borrowEachOther(t *testing.T, d backend) {
+	e := d.env(t, 32*g)
 	a := e.sparse(t, SparseOptions{Max: 16 * g, ChunkSize: g})
 	b := e.sparse(t, SparseOptions{Max: 16 * g, ChunkSize: g})
 	require.NoError(t, a.Commit(0, 4*g))
@@ -187,8 +193,10 @@ func TestBorrowEachOther(t *testing.T) {
 // the move's plan and its swap): each either happens or is refused with
 // ErrBusy, the borrower always reads the chunk's bytes, and no chunk is
 // released while a borrower maps it.
-func TestMoveAndBorrowRace(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestMoveAndBorrowRace(t *testing.T) { onEveryDriver(t, moveAndBorrowRace) }
+
+func moveAndBorrowRace(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	s := e.sparse(t, SparseOptions{Max: 4 * g, ChunkSize: g, Access: []driver.DeviceID{0, 1}})
 	b := e.sparse(t, SparseOptions{Max: 4 * g, ChunkSize: g})
 	require.NoError(t, s.Commit(0, g))

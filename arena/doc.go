@@ -49,7 +49,14 @@
 // sizes are checked against the driver's granularity), and a call that
 // fails changes nothing — but for memory a failed allocation gave back to
 // make room (Allocator.Alloc, as PyTorch does before it reports out of
-// memory).
+// memory), and for memory given back before the driver refused to give
+// back more (an unmap, a release or a reservation's free refused part-way
+// through Decommit, Trim or Close: what is unmapped cannot be mapped back
+// with its bytes). Then the books say what was given back, and the same
+// call finishes the job once the driver accepts it; a chunk whose release
+// was refused is released by the range's next Decommit or Close, and the
+// scratch range of a Move the driver would not unmap is closed by the
+// range's next Move, Decommit or Close.
 //
 // Under the invariants build tag every change runs the structure's checks
 // and panics at the first broken invariant (internal/invariants).

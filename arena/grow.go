@@ -294,15 +294,21 @@ func (al *Allocator) releaseLocked(want uint64, kh *heap, keep span) (uint64, er
 }
 
 // decommit gives back [lo, hi), whole chunks inside the free block b, which
-// becomes a hole between what is left of b on either side.
+// becomes a hole between what is left of b on either side. When the
+// driver refuses part-way, the range has given back the end of [lo, hi)
+// (it unmaps last first): that part becomes the hole, and the error is
+// returned.
 func (h *heap) decommit(b *block, lo, hi uint64) error {
-	if err := h.s.Decommit(lo, hi-lo); err != nil {
-		return errors.Wrap(err, "arena: allocator giving back free memory")
+	err := h.s.Decommit(lo, hi-lo)
+	if err != nil {
+		if lo = h.s.committedEnd(lo, hi); lo == hi {
+			return errors.Wrap(err, "arena: allocator giving back free memory")
+		}
 	}
 	h.removeFree(b)
 	h.carve(b, lo, hi, h.addFree)
 	h.addHole(h.coalesce(b, blockHole))
-	return nil
+	return errors.Wrap(err, "arena: allocator giving back free memory")
 }
 
 // Trim gives every wholly free chunk back to the device, wherever it lies.

@@ -304,6 +304,7 @@ type moved struct {
 func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	_ = s.closeStale() // what stays pinned is refused below, as lent
 	what := func() string {
 		return fmt.Sprintf("arena: move [%#x, +%s) to device %d", off, units.Bytes(n), to)
 	}
@@ -318,7 +319,7 @@ func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 	s.writing.Lock()
 	defer s.writing.Unlock()
 	if err := s.copyMove(scratch, ms); err != nil {
-		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), s.dropScratch(scratch))
 	}
 	var total uint64
 	for _, m := range ms {
@@ -329,7 +330,7 @@ func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 			for _, m := range ms[:i] {
 				err = errors.CombineErrors(err, m.fresh.Release())
 			}
-			return errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+			return errors.CombineErrors(errors.Wrapf(err, "%s", what()), s.dropScratch(scratch))
 		}
 	}
 	releaseFresh := func(cause error) error {
@@ -338,7 +339,7 @@ func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 		}
 		return cause
 	}
-	if err := scratch.Close(); err != nil {
+	if err := s.dropScratch(scratch); err != nil {
 		return releaseFresh(errors.Wrapf(err, "%s: closing the scratch range", what()))
 	}
 	s.moving.Lock()
@@ -445,17 +446,46 @@ func (s *Sparse) prepareMove(what func() string, ms []moved, to driver.DeviceID)
 	for _, m := range ms {
 		// One commit per chunk: each new chunk has its old one's size.
 		if err := scratch.Commit(total+m.at, m.size); err != nil {
-			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), s.dropScratch(scratch))
 		}
 	}
 	if !s.simulated() {
 		for _, m := range ms {
 			if err := scratch.borrow(m.at, s, []uint64{m.off}); err != nil {
-				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), scratch.Close())
+				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), s.dropScratch(scratch))
 			}
 		}
 	}
 	return scratch, nil
+}
+
+// dropScratch closes a move's scratch range. When that fails — the driver
+// refused an unmap, so the scratch range still maps, and pins, chunks of
+// s — s keeps it, and its next Move, Decommit or Close closes it first:
+// the move fails, and once the driver unmaps nothing of it is left. The
+// caller holds s.ops.
+func (s *Sparse) dropScratch(scratch *Sparse) error {
+	if err := scratch.Close(); err != nil {
+		s.stale = append(s.stale, scratch)
+		return err
+	}
+	return nil
+}
+
+// closeStale closes the scratch ranges failed moves left, keeping those
+// that still cannot close. The caller holds s.ops.
+func (s *Sparse) closeStale() error {
+	var errs error
+	kept := s.stale[:0]
+	for _, sc := range s.stale {
+		if err := sc.Close(); err != nil {
+			errs = errors.CombineErrors(errs, err)
+			kept = append(kept, sc)
+		}
+	}
+	clear(s.stale[len(kept):])
+	s.stale = kept
+	return errs
 }
 
 // copyMove copies each old chunk into its new one through the scratch

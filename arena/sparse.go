@@ -114,6 +114,20 @@ type Sparse struct {
 	views  map[*View]struct{}
 	stats  SparseStats
 	closed bool
+	// unmapped is set when Close closed the page table but the driver
+	// refused to free the reservation: a retry of Close only frees it.
+	unmapped bool
+
+	// stale are the scratch ranges of failed moves that could not be
+	// closed (the driver refused an unmap there): they still map, and so
+	// pin, chunks of this range. The next Move, Decommit or Close closes
+	// them first. Guarded by ops, not mu.
+	stale []*Sparse
+	// unreleased are chunks unmapped from the range whose release the
+	// driver refused: no longer the range's (nor counted as committed),
+	// their memory goes back when the next Decommit or Close releases
+	// them. Guarded by ops.
+	unreleased []*physical.Chunk
 }
 
 // SparseStats are a Sparse's figures.
@@ -542,6 +556,8 @@ func (s *Sparse) describeFree() string {
 func (s *Sparse) Decommit(off, n uint64) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	_ = s.closeStale()     // what stays pinned is refused below, as lent
+	_ = s.releaseRefused() // what the driver refuses again waits for the next
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	what := func() string {
@@ -575,26 +591,43 @@ func (s *Sparse) decommitLocked(what func() string, start, end uint64) error {
 	runs := 0
 	prevEnd := uint64(0)
 	// Unmap last first; the books drop what was unmapped, in one move of
-	// the list, even when a later unmap fails.
+	// the list, even when a later unmap fails: what is left is always a
+	// prefix of the slots asked for.
 	done := hi
 	defer func() { s.slots.Delete(done, hi) }()
 	for i := hi - 1; i >= lo; i-- {
 		it := *s.slots.At(i)
-		if err := s.unmapSlotLocked(it.Start, it.Val); err != nil {
+		unmapped, err := s.unmapSlotLocked(it.Start, it.Val)
+		if unmapped {
+			done = i
+			if it.Val.lender == nil {
+				gave += it.Size()
+			}
+			if i == hi-1 || it.End != prevEnd {
+				runs++
+			}
+			prevEnd = it.Start
+		}
+		if err != nil {
 			s.countDecommit(gave, runs)
 			return errors.Wrapf(err, "%s", what())
 		}
-		done = i
-		if it.Val.lender == nil {
-			gave += it.Size()
-		}
-		if i == hi-1 || it.End != prevEnd {
-			runs++
-		}
-		prevEnd = it.Start
 	}
 	s.countDecommit(gave, runs)
 	return nil
+}
+
+// committedEnd returns where the committed chunks in [lo, hi) end (lo
+// when there are none): after a decommit of [lo, hi) the driver refused
+// part-way, what is left of it is [lo, committedEnd).
+func (s *Sparse) committedEnd(lo, hi uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, b := s.slots.Overlapping(lo, hi)
+	if a == b {
+		return lo
+	}
+	return min(s.slots.At(b-1).End, hi)
 }
 
 // countDecommit counts a decommit of gave bytes in runs contiguous ranges.
@@ -637,20 +670,43 @@ func (s *Sparse) unpinnedLocked(what func() string, lo, hi int) error {
 }
 
 // unmapSlotLocked unmaps sl at off, then releases its chunk or gives it
-// back to its lender, and counts it off.
-func (s *Sparse) unmapSlotLocked(off uint64, sl *slot) error {
+// back to its lender, and counts it off; unmapped says whether the slot is
+// gone from the range (the caller drops it from the list), even when the
+// error is the release's: a chunk whose release the driver refuses waits
+// in unreleased. The caller holds ops.
+func (s *Sparse) unmapSlotLocked(off uint64, sl *slot) (unmapped bool, err error) {
 	if err := s.tab.Unmap(s.Base() + driver.Addr(off)); err != nil {
-		return err
+		return false, err
 	}
 	s.stats.ChunkUnmaps++
 	size := sl.c.Size()
 	if sl.lender != nil {
 		s.borrowed -= size
-		return unpin(sl)
+		return true, unpin(sl)
 	}
 	s.owned -= size
 	s.stats.Releases++
-	return sl.c.Release()
+	if err := sl.c.Release(); err != nil {
+		s.unreleased = append(s.unreleased, sl.c)
+		return true, errors.Wrapf(err, "arena: the chunk at %#x is unmapped; its memory goes back at the range's next decommit or close", off)
+	}
+	return true, nil
+}
+
+// releaseRefused releases the chunks whose release the driver refused
+// before, keeping those it refuses again. The caller holds ops.
+func (s *Sparse) releaseRefused() error {
+	var errs error
+	kept := s.unreleased[:0]
+	for _, c := range s.unreleased {
+		if err := c.Release(); err != nil {
+			errs = errors.CombineErrors(errs, err)
+			kept = append(kept, c)
+		}
+	}
+	clear(s.unreleased[len(kept):])
+	s.unreleased = kept
+	return errs
 }
 
 // Extent is a maximal run of committed chunks on one device, all owned or
@@ -694,10 +750,18 @@ func (s *Sparse) DeviceAt(off uint64) (driver.DeviceID, error) {
 }
 
 // Close decommits everything and frees the reservation. It refuses
-// (ErrBusy) while views are live or another range borrows a chunk.
+// (ErrBusy) while views are live or another range borrows a chunk. When
+// the driver refuses an unmap or the reservation's free, the range stays
+// open with what it could not give back, and Close may be called again.
 func (s *Sparse) Close() error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	if err := s.closeStale(); err != nil {
+		return errors.Wrap(err, "arena: close of a range: the scratch range of a failed move still maps its chunks")
+	}
+	if err := s.releaseRefused(); err != nil {
+		return errors.Wrap(err, "arena: close of a range: releasing the chunks whose release was refused before")
+	}
 	s.writing.Lock()
 	defer s.writing.Unlock()
 	s.moving.Lock()
@@ -718,8 +782,11 @@ func (s *Sparse) Close() error {
 	if err := s.decommitLocked(what, 0, s.opts.Max); err != nil {
 		return err
 	}
-	if err := s.tab.Close(); err != nil {
-		return errors.Wrapf(err, "%s", what())
+	if !s.unmapped {
+		if err := s.tab.Close(); err != nil {
+			return errors.Wrapf(err, "%s", what())
+		}
+		s.unmapped = true
 	}
 	if err := s.res.Free(); err != nil {
 		return errors.Wrapf(err, "%s", what())
@@ -741,7 +808,7 @@ func (s *Sparse) Check() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	errs := s.checkLocked()
-	if !s.closed {
+	if !s.closed && !s.unmapped {
 		errs = errors.CombineErrors(errs, s.tab.Check())
 	}
 	return errs

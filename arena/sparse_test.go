@@ -37,8 +37,10 @@ func (e *env) sparse(t testing.TB, opts SparseOptions) *Sparse {
 // TestCommitDecommitAnywhere: chunks come and go in any order, holes and
 // all; the range's books, the page table and the device's usage agree at
 // each step, and bytes written survive commits and decommits elsewhere.
-func TestCommitDecommitAnywhere(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestCommitDecommitAnywhere(t *testing.T) { onEveryDriver(t, commitDecommitAnywhere) }
+
+func commitDecommitAnywhere(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	s := e.sparse(t, SparseOptions{Max: 16 * g, ChunkSize: g})
 	require.NoError(t, s.Commit(4*g, 2*g))
 	require.NoError(t, s.Commit(10*g, g))
@@ -66,8 +68,10 @@ func TestCommitDecommitAnywhere(t *testing.T) {
 }
 
 // TestSparseBadInput: every refusal, each leaving the range as it was.
-func TestSparseBadInput(t *testing.T) {
-	e := newEnv(t, 6*g)
+func TestSparseBadInput(t *testing.T) { onEveryDriver(t, sparseBadInput) }
+
+func sparseBadInput(t *testing.T, d backend) {
+	e := d.env(t, 6*g)
 	for _, c := range []struct {
 		name     string
 		opts     SparseOptions
@@ -163,8 +167,10 @@ func TestSparseBadInput(t *testing.T) {
 // TestGrantAndSetAccess: SetAccess reaches every chunk, now and later;
 // Grant only the range and device named; a refusal part-way puts back
 // what changed.
-func TestGrantAndSetAccess(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestGrantAndSetAccess(t *testing.T) { onEveryDriver(t, grantAndSetAccess) }
+
+func grantAndSetAccess(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	s := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
 	require.NoError(t, s.Commit(0, 2*g))
 	require.NoError(t, s.SetAccess(1, driver.AccessRead))
@@ -187,21 +193,24 @@ func TestGrantAndSetAccess(t *testing.T) {
 
 // TestMoveKeepsBytesAndAccess: a move changes the device behind the same
 // addresses and nothing else, views included.
-func TestMoveKeepsBytesAndAccess(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestMoveKeepsBytesAndAccess(t *testing.T) { onEveryDriver(t, moveKeepsBytesAndAccess) }
+
+func moveKeepsBytesAndAccess(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	s := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Placement: parity{}, Access: []driver.DeviceID{0, 1}})
 	require.NoError(t, s.Commit(0, 4*g))
 	require.Equal(t, []Extent{{0, g, 0, false}, {g, g, 1, false}, {2 * g, g, 0, false}, {3 * g, g, 1, false}}, s.Layout())
 	v, err := s.View(0, 4*g)
 	require.NoError(t, err)
-	b, err := v.Bytes()
-	require.NoError(t, err)
+	b := make([]byte, 4*g)
 	for i := range b {
 		b[i] = byte(i * 7)
 	}
+	e.writeView(t, v, 0, b)
 	require.NoError(t, s.Grant(0, g, g, driver.AccessRead))
 	require.NoError(t, s.Move(0, 4*g, 1))
 	require.Equal(t, []Extent{{0, 4 * g, 1, false}}, s.Layout())
+	b = e.readView(t, v, 0, len(b))
 	for i := range b {
 		require.Equal(t, byte(i*7), b[i], "byte %d through the view after the move", i)
 	}
@@ -217,8 +226,10 @@ func TestMoveKeepsBytesAndAccess(t *testing.T) {
 
 // TestBorrowPinsTheLender: a chunk borrowed by another range cannot be
 // decommitted, moved or closed in its owner until given back.
-func TestBorrowPinsTheLender(t *testing.T) {
-	e := newEnv(t, 16*g)
+func TestBorrowPinsTheLender(t *testing.T) { onEveryDriver(t, borrowPinsTheLender) }
+
+func borrowPinsTheLender(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
 	lender := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
 	borrower := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
 	require.NoError(t, lender.Commit(0, 4*g))
@@ -244,15 +255,17 @@ func TestBorrowPinsTheLender(t *testing.T) {
 // borrow sequences against a model of the chunks, comparing after every
 // step.
 func TestSparseModel(t *testing.T) {
-	for seed := uint64(0); seed < 12; seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			r := runSparseModel(t, sparseOps(rand.New(rand.NewPCG(seed, 9)), 250))
-			require.Greater(t, r.commits, 5)
-			require.Greater(t, r.decommits, 3)
-			require.Greater(t, r.moves, 0)
-			require.Greater(t, r.borrows, 0)
-		})
-	}
+	onEveryDriver(t, func(t *testing.T, d backend) {
+		for seed := uint64(0); seed < 12; seed++ {
+			t.Run(fmt.Sprint(seed), func(t *testing.T) {
+				r := runSparseModel(t, d, sparseOps(rand.New(rand.NewPCG(seed, 9)), 250))
+				require.Greater(t, r.commits, 5)
+				require.Greater(t, r.decommits, 3)
+				require.Greater(t, r.moves, 0)
+				require.Greater(t, r.borrows, 0)
+			})
+		}
+	})
 }
 
 func sparseOps(rng *rand.Rand, n int) []byte {
@@ -274,7 +287,7 @@ type mchunk struct {
 	lent       int
 }
 
-func runSparseModel(t *testing.T, data []byte) (r sparseRun) {
+func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 	const (
 		n        = 16 // chunks of the range
 		capacity = 7  // chunks per device
@@ -284,7 +297,7 @@ func runSparseModel(t *testing.T, data []byte) (r sparseRun) {
 	}
 	cfg := data[0]
 	data = data[1:]
-	e := newEnv(t, capacity*g)
+	e := d.env(t, capacity*g)
 	opts := SparseOptions{Max: n * g, ChunkSize: g, MaxChunk: g * (1 + uint64(cfg%2))}
 	if cfg&2 != 0 {
 		opts.Placement, opts.Access = parity{}, []driver.DeviceID{0}
@@ -608,7 +621,12 @@ func FuzzSparseModel(f *testing.F) {
 	for seed := uint64(0); seed < 4; seed++ {
 		f.Add(sparseOps(rand.New(rand.NewPCG(seed, 3)), 60))
 	}
-	f.Fuzz(func(t *testing.T, data []byte) { _ = runSparseModel(t, data) })
+	ds := fuzzDrivers(f, 2, 7*g) // runSparseModel's machine
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, d := range ds {
+			_ = runSparseModel(t, d, data)
+		}
+	})
 }
 
 // TestSparseNoLeaks: a range that committed, moved, lent and decommitted,

@@ -17,9 +17,11 @@ import (
 // moves ranges back and forth between the devices. Every read sees the
 // pattern, whole — never a range half moved — and no write is lost to a
 // migration's copy. Run with -race.
-func TestMigrateUnderReaders(t *testing.T) {
+func TestMigrateUnderReaders(t *testing.T) { onEveryDriver(t, migrateUnderReaders) }
+
+func migrateUnderReaders(t *testing.T, d backend) {
 	const chunks = 8
-	e := newEnv(t, 32*g, false)
+	e := d.env(t, 32*g, false)
 	a := e.arena(t, Options{Max: 16 * g, ChunkSize: g, Placement: Striped(0, 1, 2, 3)})
 	require.NoError(t, a.Grow(chunks*g))
 	for d := driver.DeviceID(0); d < 4; d++ {

@@ -14,8 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/driver/drivertest"
-	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
 )
@@ -177,10 +175,13 @@ type harness struct {
 	cur    opKind
 }
 
-func newHarness(t testing.TB, cfg config) *harness {
-	drv, err := host.New(host.Options{Devices: mDevs, Capacity: mCap * mChunk, Granularity: g, NoPeerAccess: cfg.noPeer})
-	require.NoError(t, err)
-	drivertest.CloseAtEnd(t, drv)
+// modelMachine is the machine the model runs on.
+func modelMachine(noPeer bool) machine {
+	return machine{devices: mDevs, capacity: mCap * mChunk, noPeer: noPeer}
+}
+
+func newHarness(t testing.TB, d backend, cfg config) *harness {
+	drv := d.open(t, modelMachine(cfg.noPeer))
 	e := &env{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
 	a, err := New(e.space, e.mem, Options{Max: mMax * mChunk, ChunkSize: mChunk, Placement: cfg.placementPolicy(), OnFull: cfg.onFull})
 	require.NoError(t, err)
@@ -538,8 +539,8 @@ func (h *harness) teardown() {
 	require.NoError(t, h.e.drv.Check())
 }
 
-func runModel(t testing.TB, cfg config, ops []op) *harness {
-	h := newHarness(t, cfg)
+func runModel(t testing.TB, d backend, cfg config, ops []op) *harness {
+	h := newHarness(t, d, cfg)
 	for _, o := range ops {
 		h.step(o)
 		h.compare()
@@ -571,30 +572,33 @@ func randomOps(rng *rand.Rand, n int) []op {
 }
 
 func TestMultidevModel(t *testing.T) {
-	seeds := 32
-	if testing.Short() {
-		seeds = 16
-	}
-	var done [numOps]int
-	failed := 0
-	for seed := range seeds {
-		cfg := decodeConfig(byte(seed))
-		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
-			h := runModel(t, cfg, randomOps(rand.New(rand.NewPCG(uint64(seed), 11)), maxOps))
-			for k, n := range h.done {
-				done[k] += n
-			}
-			failed += h.failed
-		})
-	}
-	// The sequences must reach real states, not only refusals.
-	t.Logf("done: %v; refused as predicted: %d", done, failed)
-	for k, n := range done {
-		if opKind(k) != opClose {
-			require.Greater(t, n, seeds, "successful %s operations", opNames[k])
+	onEveryDriver(t, func(t *testing.T, d backend) {
+		seeds := 32 // every configuration twice
+		if testing.Short() {
+			seeds = 16
 		}
-	}
-	require.Positive(t, done[opClose], "some sequence closes its arena")
+		seeds = d.seeds(seeds)
+		var done [numOps]int
+		failed := 0
+		for seed := range seeds {
+			cfg := decodeConfig(byte(seed))
+			t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+				h := runModel(t, d, cfg, randomOps(rand.New(rand.NewPCG(uint64(seed), 11)), maxOps))
+				for k, n := range h.done {
+					done[k] += n
+				}
+				failed += h.failed
+			})
+		}
+		// The sequences must reach real states, not only refusals.
+		t.Logf("done: %v; refused as predicted: %d", done, failed)
+		for k, n := range done {
+			if opKind(k) != opClose {
+				require.Greater(t, n, seeds, "successful %s operations", opNames[k])
+			}
+		}
+		require.Positive(t, done[opClose], "some sequence closes its arena")
+	})
 }
 
 func TestDecode(t *testing.T) {
@@ -613,6 +617,7 @@ func TestDecode(t *testing.T) {
 // testdata/fuzz/FuzzMultidevModel.
 func FuzzMultidevModel(f *testing.F) {
 	f.Add(encode(5, randomOps(rand.New(rand.NewPCG(9, 9)), 40)))
+	ds := fuzzDrivers(f, modelMachine(false), modelMachine(true))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, ops := decode(data)
 		for _, o := range ops {
@@ -621,7 +626,9 @@ func FuzzMultidevModel(f *testing.F) {
 		if len(data) > 0 {
 			require.Equal(t, min((len(data)-1)/opBytes, maxOps), len(ops), "decode consumes whole operations")
 		}
-		runModel(t, cfg, ops)
+		for _, d := range ds {
+			runModel(t, d, cfg, ops)
+		}
 	})
 }
 

@@ -17,19 +17,18 @@ import (
 
 const g = 64 * units.KiB // test granularity
 
-// env is a small host-driver machine: four devices of the given capacity.
+// env is a small machine of one driver: four devices of the given
+// capacity (drivers_test.go lists the drivers).
 type env struct {
-	drv   *host.Driver
+	drv   testDriver
 	space *vaspace.Space
 	mem   *physical.Memory
 }
 
+// newEnv is an env on the host driver, for the tests that stay host-only.
 func newEnv(t testing.TB, capacity uint64, noPeer bool) *env {
 	t.Helper()
-	drv, err := host.New(host.Options{Devices: 4, Capacity: capacity, Granularity: g, NoPeerAccess: noPeer})
-	require.NoError(t, err)
-	drivertest.CloseAtEnd(t, drv)
-	return &env{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
+	return backend{"host", openHost}.env(t, capacity, noPeer)
 }
 
 func (e *env) arena(t testing.TB, opts Options) *Arena {
@@ -109,10 +108,12 @@ func perGranule(devs ...driver.DeviceID) []driver.DeviceID {
 }
 
 // TestPlacement: every granule is on the device the policy says.
-func TestPlacement(t *testing.T) {
+func TestPlacement(t *testing.T) { onEveryDriver(t, placement) }
+
+func placement(t *testing.T, d backend) {
 	const cs = 2 * g
 	t.Run("striped", func(t *testing.T) {
-		e := newEnv(t, 16*g, false)
+		e := d.env(t, 16*g, false)
 		a := e.arena(t, Options{Max: 64 * g, ChunkSize: cs, Placement: Striped(0, 1, 2, 3)})
 		require.NoError(t, a.Grow(7*cs+1))
 		require.Equal(t, perGranule(0, 1, 2, 3, 0, 1, 2, 3), devicesOf(t, a))
@@ -121,7 +122,7 @@ func TestPlacement(t *testing.T) {
 		require.NoError(t, a.Check())
 	})
 	t.Run("blocked", func(t *testing.T) {
-		e := newEnv(t, 16*g, false)
+		e := d.env(t, 16*g, false)
 		a := e.arena(t, Options{Max: 64 * g, ChunkSize: cs, Placement: Blocked(2*cs, 2, 0)})
 		require.NoError(t, a.Grow(cs))
 		require.NoError(t, a.Grow(5*cs)) // two grows: the block continues across them
@@ -134,7 +135,7 @@ func TestPlacement(t *testing.T) {
 		}, a.Layout())
 	})
 	t.Run("weighted", func(t *testing.T) {
-		e := newEnv(t, 16*g, false)
+		e := d.env(t, 16*g, false)
 		// Device 0 is fuller than device 1, which is fuller than 2 and 3.
 		hog0, err := e.mem.Create(0, 6*g, driver.ChunkOptions{})
 		require.NoError(t, err)
@@ -153,7 +154,7 @@ func TestPlacement(t *testing.T) {
 		require.Equal(t, driver.DeviceID(0), devicesOf(t, a)[12], "with its memory back, device 0 is the emptiest")
 	})
 	t.Run("explicit", func(t *testing.T) {
-		e := newEnv(t, 16*g, false)
+		e := d.env(t, 16*g, false)
 		a := e.arena(t, Options{Max: 64 * g, ChunkSize: cs, Placement: Explicit(func(off uint64) driver.DeviceID {
 			if off < 2*cs {
 				return 3
@@ -164,7 +165,7 @@ func TestPlacement(t *testing.T) {
 		require.Equal(t, perGranule(3, 3, 0, 1, 0, 1), devicesOf(t, a))
 	})
 	t.Run("default", func(t *testing.T) {
-		e := newEnv(t, 16*g, false)
+		e := d.env(t, 16*g, false)
 		a := e.arena(t, Options{Max: 64 * units.MiB})
 		require.Equal(t, 2*units.MiB, a.ChunkSize(), "the devices' recommended granularity")
 		require.Equal(t, "striped over [0 1 2 3]", a.Placement().String())
@@ -173,9 +174,11 @@ func TestPlacement(t *testing.T) {
 
 // TestOnFull: a full device is skipped or fails the grow, as asked, and a
 // grow that runs out part-way leaves the arena as it was.
-func TestOnFull(t *testing.T) {
+func TestOnFull(t *testing.T) { onEveryDriver(t, onFull) }
+
+func onFull(t *testing.T, d backend) {
 	t.Run("skip", func(t *testing.T) {
-		e := newEnv(t, 4*g, false)
+		e := d.env(t, 4*g, false)
 		hog, err := e.mem.Create(0, 4*g, driver.ChunkOptions{})
 		require.NoError(t, err)
 		a := e.arena(t, Options{Max: 16 * g, ChunkSize: g, Placement: Striped(0, 1)})
@@ -188,7 +191,7 @@ func TestOnFull(t *testing.T) {
 		require.Equal(t, driver.DeviceID(0), devicesOf(t, a)[4])
 	})
 	t.Run("fail", func(t *testing.T) {
-		e := newEnv(t, 4*g, false)
+		e := d.env(t, 4*g, false)
 		hog, err := e.mem.Create(0, 4*g, driver.ChunkOptions{})
 		require.NoError(t, err)
 		a := e.arena(t, Options{Max: 16 * g, ChunkSize: g, Placement: Striped(0, 1), OnFull: FailWhenFull})
@@ -202,7 +205,7 @@ func TestOnFull(t *testing.T) {
 	t.Run("part-way", func(t *testing.T) {
 		for _, onFull := range []OnFull{SkipFull, FailWhenFull} {
 			t.Run(onFull.String(), func(t *testing.T) {
-				e := newEnv(t, 4*g, false)
+				e := d.env(t, 4*g, false)
 				a := e.arena(t, Options{Max: 16 * g, ChunkSize: g, Placement: Striped(0, 1), OnFull: onFull})
 				require.NoError(t, a.Grow(g/2))
 				hog, err := e.mem.Create(1, 3*g, driver.ChunkOptions{})
@@ -223,7 +226,7 @@ func TestOnFull(t *testing.T) {
 	t.Run("hidden", func(t *testing.T) {
 		// Another physical memory on the same driver takes device 0: this
 		// arena's books say it has room, Create says it has not.
-		e := newEnv(t, 4*g, false)
+		e := d.env(t, 4*g, false)
 		other := physical.New(e.drv)
 		hog, err := other.Create(0, 4*g, driver.ChunkOptions{})
 		require.NoError(t, err)
@@ -250,8 +253,10 @@ func fill(off uint64, n int) []byte {
 }
 
 // TestAccessMatrix: a grant covers one device and one range, nothing more.
-func TestAccessMatrix(t *testing.T) {
-	e := newEnv(t, 16*g, false)
+func TestAccessMatrix(t *testing.T) { onEveryDriver(t, accessMatrix) }
+
+func accessMatrix(t *testing.T, d backend) {
+	e := d.env(t, 16*g, false)
 	a := e.arena(t, Options{Max: 16 * g, ChunkSize: g, Placement: Striped(0, 1, 2, 3)})
 	require.NoError(t, a.Grow(8*g))
 	// X is chunks 2 and 3, on devices 2 and 3: device 1 reaches them by
@@ -297,8 +302,10 @@ func TestAccessMatrix(t *testing.T) {
 // TestUnreachable: on a machine whose devices cannot reach each other,
 // grants and migrations across devices are refused, naming both devices,
 // and change nothing.
-func TestUnreachable(t *testing.T) {
-	e := newEnv(t, 16*g, true)
+func TestUnreachable(t *testing.T) { onEveryDriver(t, unreachableGrants) }
+
+func unreachableGrants(t *testing.T, d backend) {
+	e := d.env(t, 16*g, true)
 	a := e.arena(t, Options{Max: 16 * g, ChunkSize: g, Placement: Striped(0, 1)})
 	require.NoError(t, a.Grow(4*g))
 	for _, p := range [][2]driver.DeviceID{{0, 1}, {1, 0}, {2, 3}} {
@@ -339,8 +346,10 @@ func TestUnreachable(t *testing.T) {
 
 // TestMigrateKeepsGrants: the new chunks are mapped with the old grants,
 // and a migration's bytes are the old bytes.
-func TestMigrateKeepsGrants(t *testing.T) {
-	e := newEnv(t, 16*g, false)
+func TestMigrateKeepsGrants(t *testing.T) { onEveryDriver(t, migrateKeepsGrants) }
+
+func migrateKeepsGrants(t *testing.T, d backend) {
+	e := d.env(t, 16*g, false)
 	a := e.arena(t, Options{Max: 16 * g, ChunkSize: g, Placement: Striped(0, 1)})
 	require.NoError(t, a.Grow(4*g))
 	require.NoError(t, a.Grant(0, 0, 4*g, driver.AccessReadWrite))
@@ -370,8 +379,10 @@ func TestMigrateKeepsGrants(t *testing.T) {
 }
 
 // TestBadInput: every refusal, each leaving the arena as it was.
-func TestBadInput(t *testing.T) {
-	e := newEnv(t, 16*g, false)
+func TestBadInput(t *testing.T) { onEveryDriver(t, badInput) }
+
+func badInput(t *testing.T, d backend) {
+	e := d.env(t, 16*g, false)
 	for _, c := range []struct {
 		name     string
 		opts     Options

@@ -8,8 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/driver/drivertest"
-	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/stream"
@@ -18,18 +16,18 @@ import (
 
 const g = 64 * units.KiB // test granularity
 
-// env is a small host-driver stack: two devices of capacity bytes each.
+// env is a small stack over one driver: two devices of capacity bytes
+// each (drivers_test.go lists the drivers).
 type env struct {
-	drv   *host.Driver
+	drv   testDriver
 	space *vaspace.Space
 	mem   *physical.Memory
 }
 
+// newEnv is an env on the host driver, for the tests that stay host-only.
 func newEnv(t testing.TB, capacity uint64) *env {
 	t.Helper()
-	drv, err := host.New(host.Options{Devices: 2, Capacity: capacity, Granularity: g})
-	require.NoError(t, err)
-	drivertest.CloseAtEnd(t, drv)
+	drv := openHost(t, 2, capacity)
 	return &env{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
 }
 

@@ -26,12 +26,12 @@ import (
 
 const poolModelStreams = 3
 
-func runPoolModel(t *testing.T, data []byte) (reusedAcross int) {
+func runPoolModel(t *testing.T, d backend, data []byte) (reusedAcross int) {
 	if len(data) < 1 {
 		return 0
 	}
 	follow, opportunistic, internal := data[0]&1 != 0, data[0]&2 != 0, data[0]&4 != 0
-	pe := newPoolEnv(t, Props{}, follow, opportunistic, internal)
+	pe := d.poolEnv(t, Props{}, follow, opportunistic, internal)
 	streams := []*stream.Stream{pe.a, pe.b}
 	s3, err := stream.New(pe.drv, 0)
 	require.NoError(t, err)
@@ -65,11 +65,47 @@ func runPoolModel(t *testing.T, data []byte) (reusedAcross int) {
 	}
 	ordered := func(s, t int, p uint64) bool { return s == t || clock[s][t] >= p }
 
-	tagAt := func(p driver.Addr, size uint64) (first, last []byte) {
-		b, err := pe.p.Bytes(p)
-		require.NoError(t, err)
-		b = b[:size]
-		return b[:8], b[size-8:]
+	// tagAt returns how a host function puts a tag in the first and last 8
+	// bytes of the live allocation p and gets them back: through its slice
+	// where the driver maps memory into this process, else with the
+	// driver's Write and Read (a host function may call the driver).
+	tagAt := func(p driver.Addr, size uint64) (put func(tag uint64) error, get func() (first, last uint64, err error)) {
+		if _, ok := pe.drv.(driver.HostMapper); ok {
+			b, err := pe.p.Bytes(p)
+			require.NoError(t, err)
+			b = b[:size]
+			first, last := b[:8], b[size-8:]
+			put = func(tag uint64) error {
+				binary.LittleEndian.PutUint64(first, tag)
+				binary.LittleEndian.PutUint64(last, tag)
+				return nil
+			}
+			get = func() (uint64, uint64, error) {
+				return binary.LittleEndian.Uint64(first), binary.LittleEndian.Uint64(last), nil
+			}
+			return put, get
+		}
+		require.True(t, pe.p.Owns(p), "%s is live", p)
+		ends := []driver.Addr{p, p + driver.Addr(size-8)}
+		put = func(tag uint64) error {
+			b := binary.LittleEndian.AppendUint64(nil, tag)
+			for _, at := range ends {
+				if err := pe.drv.Write(at, b); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		get = func() (first, last uint64, err error) {
+			var b [2][8]byte
+			for i, at := range ends {
+				if err := pe.drv.Read(at, b[i][:]); err != nil {
+					return 0, 0, err
+				}
+			}
+			return binary.LittleEndian.Uint64(b[0][:]), binary.LittleEndian.Uint64(b[1][:]), nil
+		}
+		return put, get
 	}
 	var used uint64
 	for i := 1; i+3 <= len(data) && i < 3*200; i += 3 {
@@ -108,12 +144,8 @@ func runPoolModel(t *testing.T, data []byte) (reusedAcross int) {
 			tag := uint64(i)<<8 | uint64(si)
 			lives[p] = live{size, si, tag}
 			used += size
-			first, last := tagAt(p, size)
-			require.NoError(t, s.Launch("tag", func() error {
-				binary.LittleEndian.PutUint64(first, tag)
-				binary.LittleEndian.PutUint64(last, tag)
-				return nil
-			}))
+			put, _ := tagAt(p, size)
+			require.NoError(t, s.Launch("tag", func() error { return put(tag) }))
 			pos[si]++
 		case op < 6: // free, on the stream the allocation lives on
 			if len(lives) == 0 {
@@ -134,10 +166,14 @@ func runPoolModel(t *testing.T, data []byte) (reusedAcross int) {
 			p := keys[y%len(keys)]
 			l := lives[p]
 			fs := streams[l.st]
-			first, last := tagAt(p, l.size)
+			_, get := tagAt(p, l.size)
 			want := l.tag
 			require.NoError(t, fs.Launch("check tag", func() error {
-				if a, b := binary.LittleEndian.Uint64(first), binary.LittleEndian.Uint64(last); a != want || b != want {
+				a, b, err := get()
+				if err != nil {
+					return err
+				}
+				if a != want || b != want {
 					return errors.Newf("allocation %s: tags %x %x, want %x: written by someone else while live", p, a, b, want)
 				}
 				return nil
@@ -209,22 +245,24 @@ func poolOps(rng *rand.Rand, n int, policies byte) []byte {
 }
 
 func TestPoolModel(t *testing.T) {
-	across := map[byte]int{}
-	for policies := byte(0); policies < 8; policies++ {
-		for seed := uint64(0); seed < 3; seed++ {
-			t.Run(fmt.Sprintf("policies%03b/%d", policies, seed), func(t *testing.T) {
-				across[policies] += runPoolModel(t, poolOps(rand.New(rand.NewPCG(seed, uint64(policies))), 150, policies))
-			})
+	onEveryDriver(t, func(t *testing.T, d backend) {
+		across := map[byte]int{}
+		for policies := byte(0); policies < 8; policies++ {
+			for seed := uint64(0); seed < 3; seed++ {
+				t.Run(fmt.Sprintf("policies%03b/%d", policies, seed), func(t *testing.T) {
+					across[policies] += runPoolModel(t, d, poolOps(rand.New(rand.NewPCG(seed, uint64(policies))), 150, policies))
+				})
+			}
 		}
-	}
-	require.Zero(t, across[0], "with every policy off, nothing is reused across streams")
-	reused := 0
-	for p, n := range across {
-		if p != 0 {
-			reused += n
+		require.Zero(t, across[0], "with every policy off, nothing is reused across streams")
+		reused := 0
+		for p, n := range across {
+			if p != 0 {
+				reused += n
+			}
 		}
-	}
-	require.Positive(t, reused, "with policies on, the sequences do reuse across streams")
+		require.Positive(t, reused, "with policies on, the sequences do reuse across streams")
+	})
 }
 
 // FuzzPoolModel fuzzes the pool model's operation decoder (first byte: the
@@ -232,5 +270,10 @@ func TestPoolModel(t *testing.T) {
 func FuzzPoolModel(f *testing.F) {
 	f.Add(poolOps(rand.New(rand.NewPCG(4, 4)), 40, 7))
 	f.Add(poolOps(rand.New(rand.NewPCG(5, 5)), 40, 0))
-	f.Fuzz(func(t *testing.T, data []byte) { _ = runPoolModel(t, data) })
+	ds := fuzzDrivers(f, 2, 64*g) // poolEnv's machine
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, d := range ds {
+			_ = runPoolModel(t, d, data)
+		}
+	})
 }

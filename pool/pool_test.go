@@ -30,7 +30,13 @@ type poolEnv struct {
 // of device 0. policies sets follow, opportunistic, internal.
 func newPoolEnv(t *testing.T, props Props, follow, opportunistic, internal bool) *poolEnv {
 	t.Helper()
-	e := newEnv(t, 64*g)
+	return backend{"host", openHost}.poolEnv(t, props, follow, opportunistic, internal)
+}
+
+// poolEnv is newPoolEnv on d.
+func (d backend) poolEnv(t *testing.T, props Props, follow, opportunistic, internal bool) *poolEnv {
+	t.Helper()
+	e := d.env(t, 64*g)
 	if props.ChunkSize == 0 {
 		props.ChunkSize = g
 	}
@@ -74,8 +80,10 @@ func blockStream(t *testing.T, s *stream.Stream) (release func()) {
 	return func() { close(ch) }
 }
 
-func TestPoolSameStreamReuse(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, false, false, false)
+func TestPoolSameStreamReuse(t *testing.T) { onEveryDriver(t, poolSameStreamReuse) }
+
+func poolSameStreamReuse(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, false, false, false)
 	release := blockStream(t, pe.a) // the free is not even completed
 	p1, err := pe.p.MallocAsync(1000, pe.a)
 	require.NoError(t, err)
@@ -89,7 +97,11 @@ func TestPoolSameStreamReuse(t *testing.T) {
 }
 
 func TestPoolReuseFollowsEventDependencies(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, true, false, false)
+	onEveryDriver(t, poolReuseFollowsEventDependencies)
+}
+
+func poolReuseFollowsEventDependencies(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, true, false, false)
 	release := blockStream(t, pe.a)
 	p1, err := pe.p.MallocAsync(1000, pe.a)
 	require.NoError(t, err)
@@ -111,8 +123,10 @@ func TestPoolReuseFollowsEventDependencies(t *testing.T) {
 	require.NoError(t, ev.Destroy())
 }
 
-func TestPoolOpportunisticReuse(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, false, true, false)
+func TestPoolOpportunisticReuse(t *testing.T) { onEveryDriver(t, poolOpportunisticReuse) }
+
+func poolOpportunisticReuse(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, false, true, false)
 	// Keep freed memory pooled at the synchronize, so what B gets is the
 	// pool's reuse and not the allocator's.
 	require.NoError(t, pe.p.SetAttribute(ReleaseThreshold, 1<<40))
@@ -132,8 +146,10 @@ func TestPoolOpportunisticReuse(t *testing.T) {
 	require.NoError(t, pe.p.FreeAsync(p3, pe.b))
 }
 
-func TestPoolInternalDependencies(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, false, false, true)
+func TestPoolInternalDependencies(t *testing.T) { onEveryDriver(t, poolInternalDependencies) }
+
+func poolInternalDependencies(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, false, false, true)
 	release := blockStream(t, pe.a)
 	p1, err := pe.p.MallocAsync(1000, pe.a)
 	require.NoError(t, err)
@@ -155,7 +171,11 @@ func TestPoolInternalDependencies(t *testing.T) {
 }
 
 func TestPoolPoliciesOffNeverAcrossStreams(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, false, false, false)
+	onEveryDriver(t, poolPoliciesOffNeverAcrossStreams)
+}
+
+func poolPoliciesOffNeverAcrossStreams(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, false, false, false)
 	require.NoError(t, pe.p.SetAttribute(ReleaseThreshold, 1<<40)) // keep the memory pooled
 	p1, err := pe.p.MallocAsync(1000, pe.a)
 	require.NoError(t, err)
@@ -172,8 +192,10 @@ func TestPoolPoliciesOffNeverAcrossStreams(t *testing.T) {
 	require.NoError(t, ev.Destroy())
 }
 
-func TestPoolReleaseThreshold(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, true, true, true)
+func TestPoolReleaseThreshold(t *testing.T) { onEveryDriver(t, poolReleaseThreshold) }
+
+func poolReleaseThreshold(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, true, true, true)
 	reserved := func() uint64 { v, err := pe.p.Attribute(ReservedMemCurrent); require.NoError(t, err); return v }
 	require.NoError(t, pe.p.SetAttribute(ReleaseThreshold, 4*g))
 	p1, err := pe.p.MallocAsync(10*g, pe.a)
@@ -200,8 +222,10 @@ func TestPoolReleaseThreshold(t *testing.T) {
 // TestPoolReleasesFromTheMiddle: memory freed between live allocations goes
 // back at the synchronize too — the old allocator could give back only its
 // free tail, so a pool kept it.
-func TestPoolReleasesFromTheMiddle(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, true, true, true)
+func TestPoolReleasesFromTheMiddle(t *testing.T) { onEveryDriver(t, poolReleasesFromTheMiddle) }
+
+func poolReleasesFromTheMiddle(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, true, true, true)
 	reserved := func() uint64 { v, err := pe.p.Attribute(ReservedMemCurrent); require.NoError(t, err); return v }
 	var ps []driver.Addr
 	for range 3 {
@@ -222,8 +246,10 @@ func TestPoolReleasesFromTheMiddle(t *testing.T) {
 	require.NoError(t, pe.p.Check())
 }
 
-func TestPoolAttributes(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, true, true, true)
+func TestPoolAttributes(t *testing.T) { onEveryDriver(t, poolAttributes) }
+
+func poolAttributes(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, true, true, true)
 	for _, a := range []Attr{ReuseFollowEventDependencies, ReuseAllowOpportunistic, ReuseAllowInternalDependencies} {
 		v, err := pe.p.Attribute(a)
 		require.NoError(t, err)
@@ -254,8 +280,10 @@ func TestPoolAttributes(t *testing.T) {
 	require.NoError(t, pe.a.Synchronize())
 }
 
-func TestPoolTrimToKeepsOutstanding(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, true, true, true)
+func TestPoolTrimToKeepsOutstanding(t *testing.T) { onEveryDriver(t, poolTrimToKeepsOutstanding) }
+
+func poolTrimToKeepsOutstanding(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, true, true, true)
 	require.NoError(t, pe.p.SetAttribute(ReleaseThreshold, 1<<40))
 	live, err := pe.p.MallocAsync(2*g, pe.a)
 	require.NoError(t, err)
@@ -279,8 +307,10 @@ func TestPoolTrimToKeepsOutstanding(t *testing.T) {
 // TestPoolPoisonCatchesUseAfterFree: with poisoning (what the invariants
 // build turns on everywhere), work that reads freed memory later in stream
 // order sees PoisonByte, not the old data.
-func TestPoolPoisonCatchesUseAfterFree(t *testing.T) {
-	pe := newPoolEnv(t, Props{Poison: true}, true, true, true)
+func TestPoolPoisonCatchesUseAfterFree(t *testing.T) { onEveryDriver(t, poolPoisonCatchesUseAfterFree) }
+
+func poolPoisonCatchesUseAfterFree(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{Poison: true}, true, true, true)
 	p1, err := pe.p.MallocAsync(256, pe.a)
 	require.NoError(t, err)
 	require.NoError(t, pe.a.CopyHtoD(p1, bytes.Repeat([]byte{7}, 256)))
@@ -291,15 +321,17 @@ func TestPoolPoisonCatchesUseAfterFree(t *testing.T) {
 	require.Equal(t, bytes.Repeat([]byte{PoisonByte}, 256), stale)
 }
 
-func TestPoolAccess(t *testing.T) {
-	pe := newPoolEnv(t, Props{}, true, true, true)
+func TestPoolAccess(t *testing.T) { onEveryDriver(t, poolAccess) }
+
+func poolAccess(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{}, true, true, true)
 	p1, err := pe.p.MallocAsync(g, pe.a)
 	require.NoError(t, err)
 	s1, err := stream.New(pe.drv, 1)
 	require.NoError(t, err)
 	defer s1.Destroy()
 	require.NoError(t, pe.drv.EnablePeerAccess(1, 0))
-	buf := make([]byte, 8)
+	buf := hostBuffer(t, pe.drv, 8)
 	require.NoError(t, s1.CopyDtoH(buf, p1))
 	drivertest.RequireIs(t, s1.Synchronize(), driver.ErrAccessDenied, "device 1 has none access")
 	require.Equal(t, driver.AccessNone, pe.p.Access(1))
@@ -316,8 +348,10 @@ func TestPoolAccess(t *testing.T) {
 	require.NoError(t, pe.a.Synchronize())
 }
 
-func TestDefaultPool(t *testing.T) {
-	e := newEnv(t, 64*g)
+func TestDefaultPool(t *testing.T) { onEveryDriver(t, defaultPool) }
+
+func defaultPool(t *testing.T, d backend) {
+	e := d.env(t, 64*g)
 	s, err := stream.New(e.drv, 1)
 	require.NoError(t, err)
 	p1, err := MallocAsync(5000, s)
@@ -337,8 +371,10 @@ func TestDefaultPool(t *testing.T) {
 	require.Zero(t, e.used(t, 1))
 }
 
-func TestPoolBadInput(t *testing.T) {
-	pe := newPoolEnv(t, Props{MaxSize: 8 * g}, true, true, true)
+func TestPoolBadInput(t *testing.T) { onEveryDriver(t, poolBadInput) }
+
+func poolBadInput(t *testing.T, d backend) {
+	pe := d.poolEnv(t, Props{MaxSize: 8 * g}, true, true, true)
 	p1, err := pe.p.MallocAsync(100, pe.a)
 	require.NoError(t, err)
 	dev1, err := stream.New(pe.drv, 1)

@@ -273,7 +273,7 @@ type sliceDriver struct {
 // nothing is reserved or registered.
 func TestNonComparableDriver(t *testing.T) {
 	e := newEnv(t, 64*g)
-	d := sliceDriver{Driver: e.drv, tags: []string{"x"}}
+	d := sliceDriver{Driver: e.drv.(*host.Driver), tags: []string{"x"}}
 	space := vaspace.New(d)
 	ranges0, defaults0 := registered(e.drv)
 	require.NotPanics(t, func() {
