@@ -165,3 +165,14 @@ func TestResultsThroughTheDriver(t *testing.T) {
 		require.Zero(t, lib.Used(0))
 	}
 }
+
+// TestUnknownResultThroughTheDriver: a code the table lacks, as a newer
+// driver might return, is a device fault named as the driver's own
+// cuGetErrorName names it — or by its number, when it has no name either.
+func TestUnknownResultThroughTheDriver(t *testing.T) {
+	d, lib := openStandin(t, small, Options{})
+	lib.Fail("cuMemCreate", 1, 1, 1234)
+	_, err := d.Create(0, 64*units.KiB, driver.ChunkOptions{})
+	drivertest.RequireIs(t, err, driver.ErrDeviceFault, "cuMemCreate: CUresult 1234")
+	require.NotZero(t, lib.Calls("cuGetErrorName"), "the driver was asked for the code's name")
+}
