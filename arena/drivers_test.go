@@ -6,87 +6,66 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/driver/acl/acltest"
 	"github.com/vmarena/vmarena/driver/cuda/cudatest"
-	"github.com/vmarena/vmarena/driver/drivertest"
-	"github.com/vmarena/vmarena/driver/host"
-	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/driver/testdrivers"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
 )
 
 // The tests of the arena's own logic — the models, growth, trimming,
 // moves, the allocator's placement, giving back and stitching — run on
-// every driver of this table: the host driver, and the CUDA and AscendCL
-// drivers over their C stand-ins of libcuda and libascendcl
-// (driver/cuda/cudatest, driver/acl/acltest), which have no HostMapper:
+// every driver of driver/testdrivers: the host driver, and the CUDA and
+// AscendCL drivers over their C stand-ins of libcuda and libascendcl,
+// which have no HostMapper:
 // bytes move with the driver's Read and Write there. Tests that compare
 // with the host driver's own figures (heap bytes, the kernel's mappings)
 // stay host-only.
 
-// testDriver is what the tests need of a driver: the contract, and the
-// figures and self-check that every driver here has.
-type testDriver interface {
-	driver.Driver
-	Used(driver.DeviceID) uint64
-	Check() error
-}
+// testDriver is what the tests need of a driver.
+type testDriver = testdrivers.Driver
 
-// backend opens a driver of one kind for a test; the driver is closed
-// when the test ends, and a stand-in must then hold nothing.
-type backend struct {
-	name string
-	open func(t testing.TB, devices int, capacity uint64) testDriver
-}
+// backend opens drivers of one kind (driver/testdrivers), on this
+// package's machines: devices of capacity bytes, granularity g.
+type backend struct{ testdrivers.Backend }
 
-// drivers are the drivers the shared tests run on, one line each (a
-// driver over a stand-in: its test package's Open, cudatest's, acltest's).
-var drivers = []backend{
-	{"host", openHost},
-	{"cuda", overStandin(cudatest.Open)},
-	{"acl", overStandin(acltest.Open)},
-}
+// drivers are the drivers the shared tests run on.
+var drivers = wrap(testdrivers.All())
 
-// overStandin opens a driver over a fresh stand-in with a vendor's test
-// opener (cudatest.Open, acltest.Open: the same Config and Lib), with the
-// stand-in machine of these tests and the driver's default options.
-func overStandin[D testDriver, O any](open func(testing.TB, cudatest.Config, O) (D, *cudatest.Lib)) func(testing.TB, int, uint64) testDriver {
-	return func(t testing.TB, devices int, capacity uint64) testDriver {
-		var opts O
-		d, _ := open(t, standin(devices, capacity), opts)
-		return d
+func wrap(bs []testdrivers.Backend) []backend {
+	out := make([]backend, len(bs))
+	for i, b := range bs {
+		out[i] = backend{b}
 	}
+	return out
 }
 
+// machine is this package's machine: devices of capacity bytes each.
+func machine(devices int, capacity uint64) testdrivers.Machine {
+	return testdrivers.Machine{Devices: devices, Capacity: capacity, Granularity: g}
+}
+
+// open opens a driver of d's kind with devices of capacity bytes each.
+func (d backend) open(t testing.TB, devices int, capacity uint64) testDriver {
+	return d.Open(t, machine(devices, capacity))
+}
+
+// openHost opens a host driver with devices of capacity bytes each.
 func openHost(t testing.TB, devices int, capacity uint64) testDriver {
-	drv, err := host.New(host.Options{Devices: devices, Capacity: capacity, Granularity: g})
-	require.NoError(t, err)
-	drivertest.CloseAtEnd(t, drv)
-	return drv
+	return backend{testdrivers.Host()}.open(t, devices, capacity)
 }
 
-// standin is the stand-in machine with the host driver's shape in these
-// tests: devices of capacity bytes, minimum granularity g, recommended
-// 2 MiB.
+// standin is the stand-in machine of these tests, for the fault sweeps.
 func standin(devices int, capacity uint64) cudatest.Config {
-	return cudatest.Config{Devices: devices, Capacity: capacity, MinGranularity: g, RecommendedGranularity: 2 * units.MiB}
+	return machine(devices, capacity).Standin()
 }
 
-// seeds is how many of a model test's n seeds run on d: all on the host
-// driver, half over a stand-in, where every byte the model reads or
-// writes is a copy by the vendor library and the layer's logic is the same — it keeps
-// the suite's time on two cores in bounds.
-func (d backend) seeds(n int) int {
-	if d.name == "host" {
-		return n
-	}
-	return (n + 1) / 2
-}
+// seeds is how many of a model test's n seeds run on d.
+func (d backend) seeds(n int) int { return d.Seeds(n) }
 
 // onEveryDriver runs test once per driver, as a subtest named after it.
 func onEveryDriver(t *testing.T, test func(t *testing.T, d backend)) {
 	for _, d := range drivers {
-		t.Run(d.name, func(t *testing.T) { test(t, d) })
+		t.Run(d.Name, func(t *testing.T) { test(t, d) })
 	}
 }
 
@@ -97,33 +76,10 @@ func (d backend) env(t testing.TB, capacity uint64) *env {
 	return &env{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
 }
 
-// fuzzDrivers are the drivers for the inputs of a fuzz target: each opened
-// once, before f.Fuzz — a stand-in is a library loaded for good, so one
-// per input would pile up thousands in a fuzzing run. An input finds its
-// driver as the last one left it; one that a failed input left holding
-// memory is replaced, for that input, by a fresh one.
+// fuzzDrivers are the drivers for a fuzz target's inputs, opened once
+// (testdrivers.ForFuzz) on a machine of devices of capacity bytes.
 func fuzzDrivers(f *testing.F, devices int, capacity uint64) []backend {
-	var out []backend
-	for _, d := range drivers {
-		shared := d.open(f, devices, capacity)
-		out = append(out, backend{d.name, func(t testing.TB, n int, c uint64) testDriver {
-			if n == devices && c == capacity && holdsNothing(shared, devices) {
-				return shared
-			}
-			return d.open(t, n, c)
-		}})
-	}
-	return out
-}
-
-// holdsNothing reports whether no memory is committed on d's devices.
-func holdsNothing(d testDriver, devices int) bool {
-	for dev := range devices {
-		if d.Used(driver.DeviceID(dev)) != 0 {
-			return false
-		}
-	}
-	return true
+	return wrap(testdrivers.ForFuzz(f, machine(devices, capacity)))
 }
 
 // hostMapped reports whether the env's driver maps device memory into

@@ -9,6 +9,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/driver/testdrivers"
 	"github.com/vmarena/vmarena/internal/leakcheck"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
@@ -28,7 +29,7 @@ type env struct {
 // newEnv is an env on the host driver, for the tests that stay host-only.
 func newEnv(t testing.TB, capacity uint64, noPeer bool) *env {
 	t.Helper()
-	return backend{"host", openHost}.env(t, capacity, noPeer)
+	return backend{testdrivers.Host()}.env(t, capacity, noPeer)
 }
 
 func (e *env) arena(t testing.TB, opts Options) *Arena {

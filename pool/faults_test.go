@@ -10,6 +10,7 @@ import (
 	"github.com/vmarena/vmarena/driver/cuda"
 	"github.com/vmarena/vmarena/driver/cuda/cudatest"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/testdrivers"
 )
 
 // Fault injection over the CUDA stand-in (driver/cuda/cudatest): libcuda
@@ -32,11 +33,11 @@ type faultPool struct {
 func newFaultPool(t *testing.T) *faultPool {
 	t.Helper()
 	var lib *cudatest.Lib
-	d := backend{"cuda", func(t testing.TB, n int, c uint64) testDriver {
-		drv, l := cudatest.Open(t, standin(n, c), cuda.Options{})
+	d := backend{testdrivers.Backend{Name: "cuda", Open: func(t testing.TB, m testdrivers.Machine) testdrivers.Driver {
+		drv, l := cudatest.Open(t, m.Standin(), cuda.Options{})
 		lib = l
 		return drv
-	}}
+	}}}
 	fp := &faultPool{poolEnv: d.poolEnv(t, Props{}, true, true, true), lib: lib}
 	require.NoError(t, fp.p.SetAttribute(ReleaseThreshold, 1<<40))
 	// Four chunks, then half of the one the allocator committed ahead.

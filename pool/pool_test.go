@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/driver/testdrivers"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/stream"
@@ -30,7 +31,7 @@ type poolEnv struct {
 // of device 0. policies sets follow, opportunistic, internal.
 func newPoolEnv(t *testing.T, props Props, follow, opportunistic, internal bool) *poolEnv {
 	t.Helper()
-	return backend{"host", openHost}.poolEnv(t, props, follow, opportunistic, internal)
+	return backend{testdrivers.Host()}.poolEnv(t, props, follow, opportunistic, internal)
 }
 
 // poolEnv is newPoolEnv on d.

@@ -3,84 +3,90 @@ package acl
 import (
 	"testing"
 
-	"github.com/stretchr/testify/require"
+	"github.com/cockroachdb/errors"
 
-	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/internal/acceltest"
 	"github.com/vmarena/vmarena/driver/internal/standin"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// small is the stand-in the conformance suite runs on: two NPUs of 64
+// vendor is this driver as the tests shared with the other accelerator
+// driver see it (driver/internal/acceltest).
+var vendor = acceltest.Vendor[*Driver]{
+	Standin: standin.ACL,
+	Open: func(path string, capacity uint64) (*Driver, error) {
+		return Open(Options{Library: path, Capacity: capacity})
+	},
+	TearDown: (*Driver).tearDown,
+	Probe:    probeGranularity,
+	Device:   "NPU",
+}
+
+// small is the stand-in the conformance suite runs on: two devices of 64
 // granules of 64 KiB, so fill-to-capacity tests run for real.
 var small = standin.Config{Devices: 2, Capacity: 4 * units.MiB, MinGranularity: 64 * units.KiB, RecommendedGranularity: 2 * units.MiB}
 
-// openStandin opens the driver over a fresh stand-in; when the test ends
-// it is torn down whatever is left, and the stand-in must then hold
-// nothing: every reservation, allocation, mapping, stream, event, pinned
-// buffer, context, device set and token the driver made was given back to
-// "AscendCL".
+// openStandin opens the driver with opts over a fresh stand-in, torn down
+// and checked for leaks when the test ends (acceltest.Vendor.OpenStandin).
 func openStandin(t *testing.T, cfg standin.Config, opts Options) (*Driver, *standin.Lib) {
 	t.Helper()
-	lib := standin.Open(t, standin.ACL, cfg)
-	opts.Library = lib.Path()
-	d, err := Open(opts)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if err := d.tearDown(); err != nil {
-			t.Errorf("tear down the AscendCL driver: %v", err)
-		}
-		for _, what := range standin.LiveKinds {
-			if n := lib.Live(what); n != 0 {
-				t.Errorf("after tear down the AscendCL stand-in still holds %d %s", n, what)
-			}
-		}
+	return vendor.OpenStandin(t, cfg, func(path string) (*Driver, error) {
+		opts.Library = path
+		return Open(opts)
 	})
-	return d, lib
 }
 
-// TestConformance runs the whole driver conformance suite on the AscendCL
-// driver over the stand-in, waiting for streams with events.
+// probeGranularity is the largest minimum granularity of the machine's
+// own devices, or why there is none.
+func probeGranularity() (uint64, error) {
+	rep, err := Probe("")
+	if err != nil {
+		return 0, err
+	}
+	var gran uint64
+	for _, d := range rep.Devices {
+		gran = max(gran, d.MinGranularity)
+	}
+	if gran == 0 {
+		return 0, errNoVMM(rep.Library)
+	}
+	return gran, nil
+}
+
+// TestConformanceWithoutGroups: the suite over stand-ins each lacking one
+// group of symbols.
+func TestConformanceWithoutGroups(t *testing.T) { vendor.ConformanceWithoutGroups(t, small) }
+
+// TestCloseLeavesNothing: a full open-use-close leaves the process's
+// descriptors and mappings as it found them, and the library holding
+// nothing.
+func TestCloseLeavesNothing(t *testing.T) { vendor.CloseLeavesNothing(t, small) }
+
+// TestHardwareConformance runs the conformance suite on the machine's own
+// NPUs: `go test ./driver/acl -run Hardware -v`; it skips where there are
+// fewer than two.
+func TestHardwareConformance(t *testing.T) { vendor.HardwareConformance(t) }
+
+// TestHardwareSmoke is the round trip on each of the machine's NPUs.
+func TestHardwareSmoke(t *testing.T) { vendor.HardwareSmoke(t) }
+
+// TestConformance runs the whole suite on the AscendCL driver over the
+// stand-in, waiting for streams with events.
 func TestConformance(t *testing.T) {
-	drivertest.Run(t, func(t *testing.T) driver.Driver {
-		d, _ := openStandin(t, small, Options{Wait: WaitEvent})
-		return d
-	})
+	vendor.Conformance(t, small, func(path string) (*Driver, error) { return Open(Options{Library: path, Wait: WaitEvent}) })
 }
 
-// TestConformanceWaitSync runs the suite again waiting with
-// aclrtSynchronizeStream, at ACL_HBM_MEM_HUGE's 2 MiB granularity, on
-// three NPUs.
+// TestConformanceWaitSync runs it again waiting with
+// aclrtSynchronizeStream, at ACL_HBM_MEM_HUGE's 2 MiB granularity, on three
+// NPUs.
 func TestConformanceWaitSync(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the event run covers the same rules")
 	}
 	cfg := standin.Config{Devices: 3, Capacity: 64 * units.MiB, MinGranularity: 2 * units.MiB, RecommendedGranularity: 2 * units.MiB}
-	drivertest.Run(t, func(t *testing.T) driver.Driver {
-		d, _ := openStandin(t, cfg, Options{Wait: WaitSync})
-		return d
-	})
+	vendor.Conformance(t, cfg, func(path string) (*Driver, error) { return Open(Options{Library: path, Wait: WaitSync}) })
 }
 
-// TestConformanceWithoutGroups runs the suite over stand-ins that each lack
-// one group of symbols (all but virtual memory management, without which
-// there is no driver; "hostfunc" is CUDA's and changes nothing here): a missing group makes its feature unsupported, and
-// every rule of the contract still holds for the rest.
-func TestConformanceWithoutGroups(t *testing.T) {
-	if testing.Short() {
-		t.Skip("TestMissingSymbols covers each group's own feature")
-	}
-	for _, group := range standin.OmitGroups {
-		if group == "vmm" {
-			continue
-		}
-		t.Run(group, func(t *testing.T) {
-			cfg := small
-			cfg.Omit = []string{group}
-			drivertest.Run(t, func(t *testing.T) driver.Driver {
-				d, _ := openStandin(t, cfg, Options{})
-				return d
-			})
-		})
-	}
+func errNoVMM(lib string) error {
+	return errors.Newf("AscendCL runtime %s has no NPU with virtual memory management", lib)
 }

@@ -1,7 +1,6 @@
 package acl
 
 import (
-	"os"
 	"sync"
 	"unsafe"
 
@@ -196,17 +195,9 @@ func load(path string) *loaded {
 	return x
 }
 
-// libraryPath is Options.Library, else $VMARENA_ACL_LIBRARY, else
-// DefaultLibrary.
-func libraryPath(opt string) string {
-	if opt != "" {
-		return opt
-	}
-	if env := os.Getenv(LibraryEnv); env != "" {
-		return env
-	}
-	return DefaultLibrary
-}
+// libraryPath is the library Open loads: Options.Library, else
+// $VMARENA_ACL_LIBRARY, else DefaultLibrary.
+func libraryPath(opt string) string { return dl.Pick(opt, LibraryEnv, DefaultLibrary) }
 
 // recent is the runtime's message about the last error on this thread.
 func (l *lib) recent() string {

@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"os"
 	"sync"
 	"unsafe"
 
@@ -197,15 +196,7 @@ func load(path string) *loaded {
 
 // libraryPath is the library Open loads: Options.Library, else
 // $VMARENA_CUDA_LIBRARY, else DefaultLibrary.
-func libraryPath(opt string) string {
-	if opt != "" {
-		return opt
-	}
-	if env := os.Getenv(LibraryEnv); env != "" {
-		return env
-	}
-	return DefaultLibrary
-}
+func libraryPath(opt string) string { return dl.Pick(opt, LibraryEnv, DefaultLibrary) }
 
 // errorName is the driver's own name for r (cuGetErrorName), or "".
 func (l *lib) errorName(r cuResult) string {

@@ -8,7 +8,10 @@
 // keep threads and state that do not survive an unload.
 package dl
 
-import "unsafe"
+import (
+	"os"
+	"unsafe"
+)
 
 // Symbol is one C function: its exported name, a pointer to the Go
 // function variable that calls it, and the group it belongs to.
@@ -40,4 +43,17 @@ func CString(p *byte, max int) string {
 		b = append(b, c)
 	}
 	return string(b)
+}
+
+// Pick is the library to load: the caller's choice (opt), else the
+// environment variable env, else the vendor's default (a soname the
+// dynamic loader finds on its usual path).
+func Pick(opt, env, def string) string {
+	if opt != "" {
+		return opt
+	}
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	return def
 }

@@ -415,5 +415,14 @@ func (l *Lib) Leaks() []string {
 	return out
 }
 
+// RequireEmpty fails tb unless the stand-in holds nothing (Leaks is
+// empty): what a test checks after the driver over it was closed.
+func (l *Lib) RequireEmpty(tb testing.TB) {
+	tb.Helper()
+	if leaks := l.Leaks(); len(leaks) > 0 {
+		tb.Errorf("%s still holds %s", l, strings.Join(leaks, ", "))
+	}
+}
+
 // String names the instance in test output.
 func (l *Lib) String() string { return "stand-in " + l.path }
