@@ -9,10 +9,10 @@ package acceltest
 
 import (
 	"bytes"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
@@ -148,7 +148,7 @@ func (v Vendor[D]) CloseLeavesNothing(t *testing.T, cfg standin.Config) {
 func closeHandle(t *testing.T, x driver.Shareable) {
 	t.Helper()
 	if x.Type == driver.HandlePOSIXFD {
-		require.NoError(t, unix.Close(x.FD))
+		require.NoError(t, os.NewFile(uintptr(x.FD), "exported chunk").Close())
 	}
 }
 
