@@ -9,14 +9,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/driver/acl"
+	"github.com/vmarena/vmarena/driver/acl/acltest"
 	"github.com/vmarena/vmarena/driver/cuda"
 	"github.com/vmarena/vmarena/driver/cuda/cudatest"
 	"github.com/vmarena/vmarena/internal/units"
 )
-
-// TODO(acl): the same tests on the acl driver (devices --acl-library,
-// demo and replay --driver acl --library) once driver/acl/acltest opens a
-// stand-in of libascendcl.so, as cudatest does for libcuda.so.1.
 
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -38,6 +36,16 @@ func standinCUDAConfig(t *testing.T, cfg cudatest.Config) string {
 	t.Helper()
 	cfg.Capacity, cfg.MinGranularity, cfg.RecommendedGranularity = 64*units.MiB, 2*units.MiB, 2*units.MiB
 	_, lib := cudatest.Open(t, cfg, cuda.Options{})
+	return lib.Path()
+}
+
+// standinACL opens an AscendCL stand-in of devices NPUs of 64 MiB,
+// granularity 2 MiB, and returns the path of its library; the test fails
+// at its end if the command left anything on it.
+func standinACL(t *testing.T, devices int) string {
+	t.Helper()
+	cfg := acltest.Config{Devices: devices, Capacity: 64 * units.MiB, MinGranularity: 2 * units.MiB, RecommendedGranularity: 2 * units.MiB}
+	_, lib := acltest.Open(t, cfg, acl.Options{})
 	return lib.Path()
 }
 
@@ -98,6 +106,17 @@ func TestDevicesCUDA(t *testing.T) {
 	require.Contains(t, flat, ", 2 devices\nordinal name memory VMM POSIX fd export pools min granularity recommended granularity\n")
 	require.Regexp(t, `(?m)^0 .+ 64\.00 MiB yes yes yes 2 MiB 2 MiB\n1 .+ 64\.00 MiB yes yes yes 2 MiB 2 MiB$`, flat)
 	require.NotContains(t, flat, "cuda: unavailable")
+}
+
+// TestDevicesACL lists the stand-in's NPUs as acl.Probe reports them.
+func TestDevicesACL(t *testing.T) {
+	lib := standinACL(t, 2)
+	code, out, errOut := runCmd(t, "devices", "--acl-library", lib)
+	require.Equal(t, 0, code, errOut)
+	flat := flatten(out)
+	require.Contains(t, flat, "\nacl: "+lib+", 2 devices\n")
+	require.Regexp(t, `(?m)^0 .+ #0 64\.00 MiB 64\.00 MiB 2 MiB 2 MiB\n1 .+ #1 64\.00 MiB 64\.00 MiB 2 MiB 2 MiB$`, flat)
+	require.NotContains(t, flat, "acl: unavailable")
 }
 
 // TestDemoSim: on the sim driver every step runs but those that move
@@ -234,6 +253,27 @@ var handmadeOnDevices = []string{
 // on the CUDA driver over the stand-in: the same figures as on sim, each
 // device's capacity in the table; and a trace larger than the devices
 // fails, saying so.
+// TestDemoACL runs the demo on the AscendCL driver over the stand-in: two
+// NPUs, every step, and everything it made freed (acltest checks).
+func TestDemoACL(t *testing.T) {
+	lib := standinACL(t, 2)
+	code, out, errOut := runCmd(t, "demo", "--driver", "acl", "--library", lib)
+	require.Equal(t, 0, code, errOut)
+	flat := strings.Join(strings.Fields(out), " ")
+	require.Regexp(t, `^vmarena demo: acl driver, 2 devices \(.+\), 64 MiB of each for the demo, granularity 2 MiB `, flat)
+	for _, want := range []string{
+		`device 1 reads it back: "hello from device 0"`,
+		`Device 1 reads "hello from device 0" through the alias`,
+		"out of memory",
+		`offset 0x200000 still reads "written before the move"`,
+	} {
+		require.Contains(t, flat, want)
+	}
+	require.NotContains(t, out, "skipped")
+	require.NotContains(t, out, "expected a refusal")
+	require.Equal(t, 14, steps(out), out)
+}
+
 func TestReplayOnDevices(t *testing.T) {
 	handmade := filepath.Join(traceDir, "handmade_two_devices.csv")
 	large := filepath.Join(traceDir, "select_n_snapshot_v1f2f548.csv") // peaks at 1018.85 MiB allocated
@@ -275,6 +315,13 @@ func TestReplayOnDevices(t *testing.T) {
 		require.Equal(t, 1, code)
 		require.Empty(t, out)
 		require.Contains(t, errOut, "select_n_snapshot_v1f2f548.csv: the trace does not fit in the cuda driver's devices of 64 MiB: replay: line ")
+	})
+
+	t.Run("acl", func(t *testing.T) {
+		lib := standinACL(t, 2)
+		code, out, errOut := runReplay(t, "--driver", "acl", "--library", lib, "--trace", handmade)
+		require.Equal(t, 0, code, errOut)
+		check(t, out, "vmarena replay: acl driver (", "device capacity (acl) 64 MiB 64 MiB")
 	})
 
 	t.Run("cuda, one device", func(t *testing.T) {
