@@ -717,20 +717,14 @@ func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Ac
 		return err
 	}
 	if want != driver.AccessNone {
-		end := addr + driver.Addr(n)
-		at := addr
-		for i := r.mapIndex(addr); at < end; i++ {
-			m := r.mapAt(i)
-			if m == nil || m.Addr > at {
-				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
+		err := r.walkMapped(what, addr, addr+driver.Addr(n), nil, func(m *Mapping, g uint64, at driver.Addr) error {
+			if a := widest(m.access[g]); !a.Allows(want) {
+				return errDeniedEveryDevice(what, at, a, want)
 			}
-			for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
-				if a := widest(m.access[g]); !a.Allows(want) {
-					return errors.Wrapf(driver.ErrAccessDenied, "%s: the granule at %s is mapped with access %s for every device, %s is needed",
-						what(), m.Addr+driver.Addr(g*m.gran), a, want)
-				}
-			}
-			at = m.end()
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	if err := fn(r); err != nil {
@@ -769,39 +763,72 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 	}
 	end := addr + driver.Addr(n)
 	var segs []Segment
+	err = r.walkMapped(what, addr, end, nil, func(m *Mapping, g uint64, at driver.Addr) error {
+		w := m.access[g]
+		dev := driver.DeviceID(-1)
+		for d := range l.devs {
+			if accessOf(w, driver.DeviceID(d)).Allows(want) {
+				dev = driver.DeviceID(d)
+				break
+			}
+		}
+		if dev < 0 {
+			return errDeniedEveryDevice(what, at, widest(w), want)
+		}
+		lo, hi := max(addr, at), min(end, at+driver.Addr(m.gran))
+		if k := len(segs); k > 0 && segs[k-1].Dev == dev && segs[k-1].Addr+driver.Addr(segs[k-1].N) == lo {
+			segs[k-1].N += uint64(hi - lo)
+		} else {
+			segs = append(segs, Segment{Addr: lo, N: uint64(hi - lo), Dev: dev})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := fn(segs); err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	return nil
+}
+
+// walkMapped visits [addr, end), inside r, mapping by mapping — onMapping
+// (when not nil) with the first address of the range in it — and granule
+// by granule — onGranule with the granule's index in its mapping and its
+// start — stopping at the first error. A part reserved but not mapped is
+// ErrAccessDenied: no device may touch it.
+func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
+	onMapping func(m *Mapping, at driver.Addr) error, onGranule func(m *Mapping, g uint64, at driver.Addr) error) error {
 	at := addr
 	for i := r.mapIndex(addr); at < end; i++ {
 		m := r.mapAt(i)
 		if m == nil || m.Addr > at {
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 		}
-		for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
-			w := m.access[g]
-			dev := driver.DeviceID(-1)
-			for d := range l.devs {
-				if accessOf(w, driver.DeviceID(d)).Allows(want) {
-					dev = driver.DeviceID(d)
-					break
-				}
+		if onMapping != nil {
+			if err := onMapping(m, at); err != nil {
+				return err
 			}
-			if dev < 0 {
-				return errors.Wrapf(driver.ErrAccessDenied, "%s: the granule at %s is mapped with access %s for every device, %s is needed",
-					what(), m.Addr+driver.Addr(g*m.gran), widest(w), want)
+		}
+		for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)); g++ {
+			gaddr := m.Addr + driver.Addr(g*m.gran)
+			if gaddr >= end {
+				break
 			}
-			lo := max(at, m.Addr+driver.Addr(g*m.gran))
-			hi := min(end, m.Addr+driver.Addr((g+1)*m.gran))
-			if k := len(segs); k > 0 && segs[k-1].Dev == dev && segs[k-1].Addr+driver.Addr(segs[k-1].N) == lo {
-				segs[k-1].N += uint64(hi - lo)
-			} else {
-				segs = append(segs, Segment{Addr: lo, N: uint64(hi - lo), Dev: dev})
+			if err := onGranule(m, g, gaddr); err != nil {
+				return err
 			}
 		}
 		at = m.end()
 	}
-	if err := fn(segs); err != nil {
-		return errors.Wrapf(err, "%s", what())
-	}
 	return nil
+}
+
+// errDeniedEveryDevice is the refusal of a host access at the granule at
+// addr, where the widest access any device has is a and want is needed.
+func errDeniedEveryDevice(what func() string, addr driver.Addr, a, want driver.Access) error {
+	return errors.Wrapf(driver.ErrAccessDenied, "%s: the granule at %s is mapped with access %s for every device, %s is needed",
+		what(), addr, a, want)
 }
 
 // Want is one range a device operation touches and the access it needs.
@@ -831,26 +858,25 @@ func (l *Ledger) WithDeviceRanges(op string, dev driver.DeviceID, peer func(owne
 			return err
 		}
 		rs[i] = r
-		end := w.Addr + driver.Addr(w.N)
-		at := w.Addr
-		for j := r.mapIndex(w.Addr); at < end; j++ {
-			m := r.mapAt(j)
-			if m == nil || m.Addr > at {
-				return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
-			}
-			if owner := m.Chunk.Device; owner != dev && !peer(owner) {
-				return errors.WithHintf(
-					errors.Wrapf(driver.ErrAccessDenied, "%s: %s is memory of device %d, and peer access from device %d to it is not enabled",
-						what(), at, owner, dev),
-					"call EnablePeerAccess(%d, %d) first", dev, owner)
-			}
-			for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)) && m.Addr+driver.Addr(g*m.gran) < end; g++ {
+		err = r.walkMapped(what, w.Addr, w.Addr+driver.Addr(w.N),
+			func(m *Mapping, at driver.Addr) error {
+				if owner := m.Chunk.Device; owner != dev && !peer(owner) {
+					return errors.WithHintf(
+						errors.Wrapf(driver.ErrAccessDenied, "%s: %s is memory of device %d, and peer access from device %d to it is not enabled",
+							what(), at, owner, dev),
+						"call EnablePeerAccess(%d, %d) first", dev, owner)
+				}
+				return nil
+			},
+			func(m *Mapping, g uint64, at driver.Addr) error {
 				if a := accessOf(m.access[g], dev); !a.Allows(w.Access) {
 					return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s access at %s, %s is needed",
-						what(), dev, a, m.Addr+driver.Addr(g*m.gran), w.Access)
+						what(), dev, a, at, w.Access)
 				}
-			}
-			at = m.end()
+				return nil
+			})
+		if err != nil {
+			return err
 		}
 	}
 	if err := fn(rs); err != nil {
