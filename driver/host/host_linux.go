@@ -26,7 +26,7 @@ type Driver struct {
 	books  *ledger.Ledger
 	engine *queue.Engine // the streams and events
 	b      *backend
-	hb     hostBuffers
+	hb     queue.HostBuffers // what HostAlloc handed out
 }
 
 var (
@@ -96,7 +96,7 @@ func (d *Driver) Close() error {
 	if d.engine.Closed() {
 		return driver.Closed("host: close: closed already")
 	}
-	if err := errors.CombineErrors(d.books.Busy(), d.hostBuffersBusy()); err != nil {
+	if err := errors.CombineErrors(d.books.Busy(), d.hb.Busy("host")); err != nil {
 		return err
 	}
 	err := d.engine.Close() // failures of stream work not yet reported

@@ -2,7 +2,6 @@ package host
 
 import (
 	"fmt"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -265,12 +264,6 @@ func (d *Driver) Memset(dst driver.Addr, value byte, n uint64, s driver.Stream) 
 	})
 }
 
-// hostBuffers are the pinned buffers HostAlloc handed out, by first byte.
-type hostBuffers struct {
-	mu   sync.Mutex
-	bufs map[*byte]uint64
-}
-
 // HostAlloc returns size bytes of page-aligned (so 64-byte aligned) host
 // memory outside the Go heap, locked in RAM where the limit allows
 // (mlock), for copies that need aligned, pinned buffers. A zero size is
@@ -291,12 +284,10 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	}
 	b := unsafe.Slice((*byte)(p), size)
 	_ = unix.Mlock(b) // best effort: RLIMIT_MEMLOCK may forbid it
-	d.hb.mu.Lock()
-	defer d.hb.mu.Unlock()
-	if d.hb.bufs == nil {
-		d.hb.bufs = map[*byte]uint64{}
+	if !d.hb.Add(b) { // closed meanwhile
+		_ = unix.MunmapPtr(p, uintptr(size))
+		return nil, driver.Closed("host: host alloc")
 	}
-	d.hb.bufs[&b[0]] = size
 	return b, nil
 }
 
@@ -309,33 +300,18 @@ func (d *Driver) HostFree(b []byte) error {
 	if d.engine.Closed() {
 		return driver.Closed("host: host free (Close returned every host buffer)")
 	}
-	d.hb.mu.Lock()
-	defer d.hb.mu.Unlock()
-	if len(b) == 0 || d.hb.bufs[&b[0]] != uint64(len(b)) {
-		return errors.Wrap(driver.ErrInvalid, "host: host free of a buffer HostAlloc did not give (or not whole, or freed already)")
+	if err := d.hb.Remove("host", b); err != nil {
+		return err
 	}
-	delete(d.hb.bufs, &b[0])
 	return errors.Wrap(unix.MunmapPtr(unsafe.Pointer(&b[0]), uintptr(len(b))), "host: host free")
 }
 
-// hostBuffersBusy returns ErrBusy while pinned host buffers are live.
-func (d *Driver) hostBuffersBusy() error {
-	d.hb.mu.Lock()
-	defer d.hb.mu.Unlock()
-	if n := len(d.hb.bufs); n > 0 {
-		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "host: close: %d pinned host buffer(s) still live", n),
-			"free them (HostFree) first: their bytes would fault at the next touch")
-	}
-	return nil
-}
-
+// closeHostBuffers unmaps the buffers still live: Close refused while any
+// was, so only a tear-down finds some.
 func (d *Driver) closeHostBuffers() error {
-	d.hb.mu.Lock()
-	defer d.hb.mu.Unlock()
 	var errs error
-	for p, n := range d.hb.bufs {
-		errs = errors.CombineErrors(errs, unix.MunmapPtr(unsafe.Pointer(p), uintptr(n)))
+	for _, b := range d.hb.Close() {
+		errs = errors.CombineErrors(errs, unix.MunmapPtr(unsafe.Pointer(&b[0]), uintptr(len(b))))
 	}
-	d.hb.bufs = nil
 	return errs
 }

@@ -12,7 +12,6 @@ package sim
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
@@ -49,8 +48,7 @@ type Driver struct {
 	books  *ledger.Ledger
 	engine *queue.Engine // the streams and events
 
-	mu   sync.Mutex
-	host map[*byte]int // HostAlloc buffers: first byte -> length
+	hb queue.HostBuffers // what HostAlloc handed out
 }
 
 var (
@@ -89,8 +87,7 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{books: l, engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true }),
-		host: map[*byte]int{}}, nil
+	return &Driver{books: l, engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true })}, nil
 }
 
 // Close waits for the streams to finish their work, then releases and
@@ -105,7 +102,7 @@ func (d *Driver) Close() error {
 	if d.engine.Closed() {
 		return driver.Closed("sim: close: closed already")
 	}
-	if err := errors.CombineErrors(d.books.Busy(), d.hostBuffersBusy()); err != nil {
+	if err := errors.CombineErrors(d.books.Busy(), d.hb.Busy("sim")); err != nil {
 		return err
 	}
 	err := d.engine.Close() // failures of stream work not yet reported
@@ -119,9 +116,7 @@ func (d *Driver) tearDown() error {
 		return nil
 	}
 	err := d.engine.Close()
-	d.mu.Lock()
-	clear(d.host)
-	d.mu.Unlock()
+	d.hb.Close() // Go memory: nothing to give back
 	return errors.CombineErrors(err, ledger.TearDown(d.books))
 }
 

@@ -206,20 +206,10 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	raw := make([]byte, size+64)
 	off := (64 - uintptr(unsafe.Pointer(&raw[0]))%64) % 64
 	b := raw[off : off+uintptr(size) : off+uintptr(size)]
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.host[&b[0]] = len(b)
-	return b, nil
-}
-
-// hostBuffersBusy returns ErrBusy while HostAlloc buffers are live.
-func (d *Driver) hostBuffersBusy() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if n := len(d.host); n > 0 {
-		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "sim: close: %d host buffer(s) still live", n), "free them (HostFree) first")
+	if !d.hb.Add(b) {
+		return nil, driver.Closed("sim: host alloc")
 	}
-	return nil
+	return b, nil
 }
 
 // HostFree takes back a buffer HostAlloc gave, whole; any other slice, or
@@ -231,11 +221,5 @@ func (d *Driver) HostFree(b []byte) error {
 	if d.engine.Closed() {
 		return driver.Closed("sim: host free")
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(b) == 0 || d.host[&b[0]] != len(b) {
-		return errors.Wrap(driver.ErrInvalid, "sim: host free of a buffer HostAlloc did not give (or not whole, or freed already)")
-	}
-	delete(d.host, &b[0])
-	return nil
+	return d.hb.Remove("sim", b)
 }

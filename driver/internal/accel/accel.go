@@ -130,18 +130,17 @@ type Core struct {
 	books  *ledger.Ledger
 	engine *queue.Engine
 
-	// mu guards streams and host; it is a leaf: nothing is called under it.
+	// mu guards streams; it is a leaf: nothing is called under it.
 	mu sync.Mutex
 	// streams holds, for each live engine stream, its runtime stream.
 	streams map[driver.Stream]any
-	// host holds the pinned buffers HostAlloc handed out: first byte ->
-	// length.
-	host map[*byte]uint64
+	// host are the pinned buffers HostAlloc handed out.
+	host queue.HostBuffers
 }
 
 // New opens a Core over rt.
 func New(info Info, rt Runtime) (*Core, error) {
-	c := &Core{info: info, rt: rt, streams: map[driver.Stream]any{}, host: map[*byte]uint64{}}
+	c := &Core{info: info, rt: rt, streams: map[driver.Stream]any{}}
 	books, err := ledger.New(info.Name, info.Devices, backend{c}, info.Shareable)
 	if err != nil {
 		return nil, err
@@ -308,7 +307,7 @@ func (c *Core) Close() error {
 	if c.engine.Closed() {
 		return driver.Closed(c.info.Name + ": close: closed already")
 	}
-	if err := errors.CombineErrors(c.books.Busy(), c.hostBusy()); err != nil {
+	if err := errors.CombineErrors(c.books.Busy(), c.host.Busy(c.info.Name)); err != nil {
 		return err
 	}
 	return c.close(c.books.Close)
@@ -326,15 +325,15 @@ func (c *Core) TearDown() error {
 func (c *Core) close(closeBooks func() error) error {
 	err := c.engine.Close() // failures of stream work not yet reported
 	c.mu.Lock()
-	streams, host := c.streams, c.host
-	c.streams, c.host = nil, nil
+	streams := c.streams
+	c.streams = nil
 	c.mu.Unlock()
 	for _, s := range streams {
 		err = errors.CombineErrors(err, c.rt.DestroyStream(s))
 	}
 	err = errors.CombineErrors(err, closeBooks())
-	for p := range host {
-		err = errors.CombineErrors(err, c.rt.HostFree(unsafe.Pointer(p)))
+	for _, b := range c.host.Close() {
+		err = errors.CombineErrors(err, c.rt.HostFree(unsafe.Pointer(&b[0])))
 	}
 	return errors.CombineErrors(err, c.rt.Close())
 }

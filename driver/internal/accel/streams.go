@@ -266,13 +266,10 @@ func (c *Core) HostAlloc(size uint64) ([]byte, error) {
 		return nil, errors.Wrapf(err, "%s: host alloc of %s", c.info.Name, describe(size))
 	}
 	b := unsafe.Slice((*byte)(p), size)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.host == nil { // closed meanwhile
+	if !c.host.Add(b) { // closed meanwhile
 		_ = c.rt.HostFree(p)
 		return nil, driver.Closed(c.info.Name + ": host alloc")
 	}
-	c.host[&b[0]] = size
 	return b, nil
 }
 
@@ -281,27 +278,11 @@ func (c *Core) HostFree(b []byte) error {
 	if !c.info.Streams {
 		return c.unsupportedStreams("host free")
 	}
-	c.mu.Lock()
-	if c.host == nil {
-		c.mu.Unlock()
+	if c.engine.Closed() {
 		return driver.Closed(c.info.Name + ": host free (Close returned every host buffer)")
 	}
-	if len(b) == 0 || c.host[&b[0]] != uint64(len(b)) {
-		c.mu.Unlock()
-		return c.errf(driver.ErrInvalid, "host free of a buffer HostAlloc did not give (or not whole, or freed already)")
+	if err := c.host.Remove(c.info.Name, b); err != nil {
+		return err
 	}
-	delete(c.host, &b[0])
-	c.mu.Unlock()
 	return errors.Wrapf(c.rt.HostFree(unsafe.Pointer(&b[0])), "%s: host free", c.info.Name)
-}
-
-// hostBusy returns ErrBusy while pinned host buffers are live.
-func (c *Core) hostBusy() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n := len(c.host); n > 0 {
-		return errors.WithHint(c.errf(driver.ErrBusy, "close: %d pinned host buffer(s) still live", n),
-			"free them (HostFree) first: their bytes would fault at the next touch")
-	}
-	return nil
 }

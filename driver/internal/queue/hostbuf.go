@@ -1,0 +1,79 @@
+package queue
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+)
+
+// HostBuffers are the host buffers a driver's HostAlloc handed out and
+// HostFree has not taken back, by first byte: the half of HostAlloc and
+// HostFree every driver shares (how the memory is got and given back is
+// each driver's). A driver's Close refuses while any is live (Busy), and
+// its tear-down takes them all back (Close). The zero value is ready; a
+// closed one takes no more buffers.
+type HostBuffers struct {
+	mu     sync.Mutex
+	bufs   map[*byte]uint64
+	closed bool
+}
+
+// Add records b. It is false once Close has run: the caller gives b back
+// itself and answers ErrClosed.
+func (h *HostBuffers) Add(b []byte) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	if h.bufs == nil {
+		h.bufs = map[*byte]uint64{}
+	}
+	h.bufs[&b[0]] = uint64(len(b))
+	return true
+}
+
+// Remove forgets b, which the caller then gives back. Anything but a
+// whole live buffer is ErrInvalid, and after Close ErrClosed (Close gave
+// every buffer back); name prefixes the message.
+func (h *HostBuffers) Remove(name string, b []byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return driver.Closed(name + ": host free (Close returned every host buffer)")
+	}
+	if len(b) == 0 || h.bufs[&b[0]] != uint64(len(b)) {
+		return errors.Wrapf(driver.ErrInvalid, "%s: host free of a buffer HostAlloc did not give (or not whole, or freed already)", name)
+	}
+	delete(h.bufs, &b[0])
+	return nil
+}
+
+// Busy returns ErrBusy while buffers are live: the driver's Close must
+// not give back memory a slice still reaches.
+func (h *HostBuffers) Busy(name string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n := len(h.bufs); n > 0 {
+		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: close: %d host buffer(s) still live", name, n),
+			"free them (HostFree) first: their bytes would fault at the next touch")
+	}
+	return nil
+}
+
+// Close takes no more buffers and returns the live ones, for the caller
+// to give back.
+func (h *HostBuffers) Close() [][]byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	var out [][]byte
+	for p, n := range h.bufs {
+		out = append(out, unsafe.Slice(p, n))
+	}
+	h.bufs = nil
+	return out
+}
