@@ -191,7 +191,7 @@ func TestResultsThroughTheDriver(t *testing.T) {
 		}
 		lib.Fail("aclrtMallocPhysical", 1, 1, int(code))
 		_, err := d.Create(0, 64*units.KiB, driver.ChunkOptions{})
-		drivertest.RequireIs(t, err, res.sentinel, fmt.Sprintf("aclrtMallocPhysical: %s (%d)", res.name, code))
+		drivertest.RequireIs(t, err, res.Sentinel, fmt.Sprintf("aclrtMallocPhysical: %s (%d)", res.Name, code))
 		require.Contains(t, errors.FlattenDetails(err), "injected failure", "the runtime's own message is kept")
 		require.Zero(t, d.Used(0))
 		require.Zero(t, lib.Used(0))

@@ -22,7 +22,7 @@ func TestResultTable(t *testing.T) {
 		207001: "ACL_ERROR_RT_MEMORY_ALLOCATION", 207006: "ACL_ERROR_RT_NO_PERMISSION",
 	}
 	for code, name := range abi {
-		require.Equal(t, name, results[code].name, "code %d", code)
+		require.Equal(t, name, results[code].Name, "code %d", code)
 	}
 	span := func(from, to aclError, except ...aclError) []aclError {
 		var out []aclError
@@ -71,10 +71,10 @@ func TestResultTable(t *testing.T) {
 			seen[code] = true
 			res, ok := results[code]
 			require.True(t, ok, "code %d is not in the table", code)
-			require.Equal(t, sentinel, res.sentinel, "code %d (%s)", code, res.name)
-			require.True(t, strings.HasPrefix(res.name, "ACL_ERROR_"), "code %d is named %q", code, res.name)
+			require.Equal(t, sentinel, res.Sentinel, "code %d (%s)", code, res.Name)
+			require.True(t, strings.HasPrefix(res.Name, "ACL_ERROR_"), "code %d is named %q", code, res.Name)
 			drivertest.RequireIs(t, resultError("aclrtMallocPhysical", code, ""), sentinel,
-				fmt.Sprintf("aclrtMallocPhysical: %s (%d)", res.name, code))
+				fmt.Sprintf("aclrtMallocPhysical: %s (%d)", res.Name, code))
 		}
 	}
 	require.Len(t, results, len(seen), "every code of the table is in exactly one sentinel's list")

@@ -160,7 +160,7 @@ func TestResultsThroughTheDriver(t *testing.T) {
 		}
 		lib.Fail("cuMemCreate", 1, 1, int(code))
 		_, err := d.Create(0, 64*units.KiB, driver.ChunkOptions{})
-		drivertest.RequireIs(t, err, res.sentinel, fmt.Sprintf("cuMemCreate: %s (%d)", res.name, code))
+		drivertest.RequireIs(t, err, res.Sentinel, fmt.Sprintf("cuMemCreate: %s (%d)", res.Name, code))
 		require.Zero(t, d.Used(0))
 		require.Zero(t, lib.Used(0))
 	}

@@ -26,7 +26,7 @@ func TestResultTable(t *testing.T) {
 		999: "CUDA_ERROR_UNKNOWN", 34: "CUDA_ERROR_STUB_LIBRARY",
 	}
 	for code, name := range abi {
-		require.Equal(t, name, results[code].name, "code %d", code)
+		require.Equal(t, name, results[code].Name, "code %d", code)
 	}
 	bySentinel := map[error][]cuResult{
 		driver.ErrInvalid:      {1, 3, 5, 6, 7, 8, 200, 201, 202, 206, 218, 219, 300, 301, 401, 500, 713, 720, 900, 901, 902, 903, 904, 905, 906, 907, 908, 910, 912},
@@ -49,11 +49,11 @@ func TestResultTable(t *testing.T) {
 			seen[code] = true
 			res, ok := results[code]
 			require.True(t, ok, "code %d is not in the table", code)
-			require.Equal(t, sentinel, res.sentinel, "code %d (%s)", code, res.name)
-			require.True(t, strings.HasPrefix(res.name, "CUDA_ERROR_"), "code %d is named %q", code, res.name)
+			require.Equal(t, sentinel, res.Sentinel, "code %d (%s)", code, res.Name)
+			require.True(t, strings.HasPrefix(res.Name, "CUDA_ERROR_"), "code %d is named %q", code, res.Name)
 
 			err := resultError("cuMemCreate", code, nil)
-			drivertest.RequireIs(t, err, sentinel, fmt.Sprintf("cuMemCreate: %s (%d)", res.name, code))
+			drivertest.RequireIs(t, err, sentinel, fmt.Sprintf("cuMemCreate: %s (%d)", res.Name, code))
 		}
 	}
 	require.Len(t, results, len(seen), "every code of the table is in exactly one sentinel's list")
