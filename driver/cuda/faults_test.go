@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/internal/acceltest"
 	"github.com/vmarena/vmarena/driver/internal/standin"
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -21,7 +22,7 @@ func TestAsyncFailureReported(t *testing.T) {
 	for _, w := range []WaitMode{WaitHostFunc, WaitEvent, WaitSync} {
 		t.Run(w.String(), func(t *testing.T) {
 			d, lib := openStandin(t, small, Options{Wait: w})
-			base, h, s := mappedWithStream(t, d)
+			base, h, s := acceltest.MappedWithStream(t, d, g)
 			lib.Fail("cuMemcpyHtoDAsync_v2:exec", 1, 1, 1)
 			require.NoError(t, d.CopyHtoD(base, make([]byte, 128), s), "CUDA accepts the copy")
 			err := d.SyncStream(s)
@@ -48,7 +49,7 @@ func TestStickyFailure(t *testing.T) {
 			d, err := Open(Options{Library: lib.Path(), Wait: w})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = d.tearDown() }) // the stand-in keeps what the poisoned context held
-			base, _, s := mappedWithStream(t, d)
+			base, _, s := acceltest.MappedWithStream(t, d, g)
 			lib.Fail("cuMemcpyHtoDAsync_v2:exec", 1, 1, 700)
 			require.NoError(t, d.CopyHtoD(base, make([]byte, 128), s))
 			err = d.SyncStream(s)
@@ -63,72 +64,17 @@ func TestStickyFailure(t *testing.T) {
 	}
 }
 
-// mappedWithStream maps one granule at a fresh reservation, read-write
-// for device 0, and makes a stream of device 0.
-func mappedWithStream(t *testing.T, d *Driver) (driver.Addr, driver.Handle, driver.Stream) {
-	t.Helper()
-	base, err := d.Reserve(g, 0, 0)
-	require.NoError(t, err)
-	h, err := d.Create(0, g, driver.ChunkOptions{})
-	require.NoError(t, err)
-	require.NoError(t, d.Map(base, h))
-	require.NoError(t, d.SetAccess(base, g, 0, driver.AccessReadWrite))
-	s, err := d.CreateStream(0)
-	require.NoError(t, err)
-	return base, h, s
-}
-
-// TestSetAccessRollsBackOnCUDAFailure: access over three mappings, the
-// second cuMemSetAccess refused: the first mapping is set back, in CUDA
-// too (a later copy through the stream still finds no access), and the
-// record is unchanged.
+// TestSetAccessRollsBackOnCUDAFailure: the second of three cuMemSetAccess
+// refused; the first set back, in CUDA too.
 func TestSetAccessRollsBackOnCUDAFailure(t *testing.T) {
-	d, lib := openStandin(t, small, Options{})
-	base, err := d.Reserve(4*g, 0, 0)
-	require.NoError(t, err)
-	for i := range 3 {
-		h, err := d.Create(0, g, driver.ChunkOptions{})
-		require.NoError(t, err)
-		require.NoError(t, d.Map(base+driver.Addr(uint64(i)*g), h))
-	}
-	before := lib.Calls("cuMemSetAccess")
-	lib.Fail("cuMemSetAccess", 2, 1, 2) // CUDA_ERROR_OUT_OF_MEMORY at the second mapping
-	err = d.SetAccess(base, 3*g, 0, driver.AccessReadWrite)
-	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "cuMemSetAccess: CUDA_ERROR_OUT_OF_MEMORY (2)")
-	require.Equal(t, before+3, lib.Calls("cuMemSetAccess"), "one set, one refused, one set back")
-	for i := range 3 {
-		a, err := d.Access(base+driver.Addr(uint64(i)*g), 0)
-		require.NoError(t, err)
-		require.Equal(t, driver.AccessNone, a)
-	}
-	// CUDA agrees: the stand-in refuses the device's own copy there.
-	lib.Clear()
-	require.NoError(t, d.SetAccess(base+driver.Addr(g), 2*g, 0, driver.AccessReadWrite))
-	drivertest.RequireIs(t, d.Write(base, []byte("x")), driver.ErrAccessDenied)
-	require.NoError(t, d.Write(base+driver.Addr(g), []byte("x")))
-	for i := range 3 {
-		require.NoError(t, d.Unmap(base+driver.Addr(uint64(i)*g), g))
-	}
+	vendor.SetAccessRollsBack(t, small, acceltest.Fault{Fn: "cuMemSetAccess", Code: 2, Sentinel: driver.ErrOutOfMemory,
+		Message: "cuMemSetAccess: CUDA_ERROR_OUT_OF_MEMORY (2)"})
 }
 
-// TestCreateFailureChangesNothing: cuMemCreate and cuMemMap refused
-// (out of memory, a refused map): nothing recorded, nothing held.
+// TestCreateFailureChangesNothing: cuMemCreate and cuMemMap refused (out
+// of memory, a refused map): nothing recorded, nothing held.
 func TestCreateFailureChangesNothing(t *testing.T) {
-	d, lib := openStandin(t, small, Options{})
-	lib.Fail("cuMemCreate", 1, 1, 2)
-	_, err := d.Create(1, g, driver.ChunkOptions{})
-	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "CUDA_ERROR_OUT_OF_MEMORY (2)")
-	require.Zero(t, d.Used(1))
-	require.Zero(t, lib.Live("allocations"))
-
-	base, err := d.Reserve(g, 0, 0)
-	require.NoError(t, err)
-	h, err := d.Create(1, g, driver.ChunkOptions{})
-	require.NoError(t, err)
-	lib.Fail("cuMemMap", 1, 1, 1)
-	drivertest.RequireIs(t, d.Map(base, h), driver.ErrInvalid, "cuMemMap: CUDA_ERROR_INVALID_VALUE (1)")
-	require.Zero(t, lib.Live("mappings"))
-	require.NoError(t, d.Map(base, h), "the same map succeeds once CUDA does")
-	require.NoError(t, d.Unmap(base, g))
-	require.NoError(t, d.Release(h))
+	vendor.CreateAndMapFailuresChangeNothing(t, small,
+		acceltest.Fault{Fn: "cuMemCreate", Code: 2, Sentinel: driver.ErrOutOfMemory, Message: "CUDA_ERROR_OUT_OF_MEMORY (2)"},
+		acceltest.Fault{Fn: "cuMemMap", Code: 1, Sentinel: driver.ErrInvalid, Message: "cuMemMap: CUDA_ERROR_INVALID_VALUE (1)"})
 }

@@ -1,0 +1,98 @@
+package acceltest
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/internal/standin"
+)
+
+// Fault is one vendor call made to fail with a code of the vendor's, and
+// what the driver must then report: the sentinel, and a fragment of the
+// message naming the call and the code.
+type Fault struct {
+	Fn       string
+	Code     int
+	Sentinel error
+	Message  string
+}
+
+// MappedWithStream maps one granule of g bytes at a fresh reservation,
+// read-write for device 0, and makes a stream of device 0.
+func MappedWithStream[D Driver](t *testing.T, d D, g uint64) (driver.Addr, driver.Handle, driver.Stream) {
+	t.Helper()
+	base, err := d.Reserve(d.Granularity(), 0, 0)
+	require.NoError(t, err)
+	h, err := d.Create(0, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, d.Map(base, h))
+	require.NoError(t, d.SetAccess(base, g, 0, driver.AccessReadWrite))
+	s, err := d.CreateStream(0)
+	require.NoError(t, err)
+	return base, h, s
+}
+
+// SetAccessRollsBack: access over three mappings (one vendor call each),
+// the second call refused with f: the first mapping is set back on the
+// hardware too, as the stand-in's own view shows, and the record is
+// unchanged; a later grant over the other two reaches the hardware.
+func (v Vendor[D]) SetAccessRollsBack(t *testing.T, cfg standin.Config, f Fault) {
+	d, lib := v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
+	g := cfg.MinGranularity
+	base, err := d.Reserve(4*g, 0, 0)
+	require.NoError(t, err)
+	at := func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
+	for i := range 3 {
+		h, err := d.Create(0, g, driver.ChunkOptions{})
+		require.NoError(t, err)
+		require.NoError(t, d.Map(at(i), h))
+	}
+	before := lib.Calls(f.Fn)
+	lib.Fail(f.Fn, 2, 1, f.Code)
+	err = d.SetAccess(base, 3*g, 0, driver.AccessReadWrite)
+	drivertest.RequireIs(t, err, f.Sentinel, f.Message)
+	require.Equal(t, before+3, lib.Calls(f.Fn), "one set, one refused, one set back")
+	for i := range 3 {
+		a, err := d.Access(at(i), 0)
+		require.NoError(t, err)
+		require.Equal(t, driver.AccessNone, a, "the record, mapping %d", i)
+		require.Equal(t, 0, lib.Access(uint64(at(i)), 0), "the hardware, mapping %d", i)
+	}
+	lib.Clear()
+	require.NoError(t, d.SetAccess(at(1), 2*g, 0, driver.AccessReadWrite))
+	require.Equal(t, 3, lib.Access(uint64(at(2)), 0))
+	require.Equal(t, 0, lib.Access(uint64(at(0)), 0))
+	require.Equal(t, -1, lib.Access(uint64(at(3)), 0), "never mapped")
+	drivertest.RequireIs(t, d.Write(at(0), []byte("x")), driver.ErrAccessDenied)
+	require.NoError(t, d.Write(at(1), []byte("x")))
+	for i := range 3 {
+		require.NoError(t, d.Unmap(at(i), g))
+	}
+}
+
+// CreateAndMapFailuresChangeNothing: a chunk's creation refused with
+// create, then its map refused with mapping: nothing recorded, nothing
+// held by the vendor, and the same map succeeds once the vendor does.
+func (v Vendor[D]) CreateAndMapFailuresChangeNothing(t *testing.T, cfg standin.Config, create, mapping Fault) {
+	d, lib := v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
+	g := cfg.MinGranularity
+	lib.Fail(create.Fn, 1, 1, create.Code)
+	_, err := d.Create(1, g, driver.ChunkOptions{})
+	drivertest.RequireIs(t, err, create.Sentinel, create.Message)
+	require.Zero(t, lib.Used(1))
+	require.Zero(t, lib.Live("allocations"))
+
+	base, err := d.Reserve(d.Granularity(), 0, 0)
+	require.NoError(t, err)
+	h, err := d.Create(1, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	lib.Fail(mapping.Fn, 1, 1, mapping.Code)
+	drivertest.RequireIs(t, d.Map(base, h), mapping.Sentinel, mapping.Message)
+	require.Zero(t, lib.Live("mappings"))
+	require.NoError(t, d.Map(base, h), "the same map succeeds once the vendor does")
+	require.NoError(t, d.Unmap(base, g))
+	require.NoError(t, d.Release(h))
+}
