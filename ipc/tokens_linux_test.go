@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -215,5 +214,4 @@ func TestTokenPoolPointerToChild(t *testing.T) {
 	require.Equal(t, "child!", string(buf[:6]), "the child wrote the pool's memory")
 	require.NoError(t, pl.FreeAsync(ptr, s))
 	require.NoError(t, s.Synchronize())
-	require.True(t, strings.Contains(out.String(), "read"), out.String())
 }

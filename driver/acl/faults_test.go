@@ -85,3 +85,37 @@ func TestReserveAlignment(t *testing.T) {
 	require.NoError(t, d.Unreserve(plain, 2*g))
 	require.Zero(t, lib.Live("reservations"), "the whole over-reserved range went back")
 }
+
+// TestStreamCallsFailCleanly: aclrtCreateStream, aclrtMallocHost and
+// aclrtDeviceEnablePeerAccess refused leave nothing made.
+func TestStreamCallsFailCleanly(t *testing.T) {
+	vendor.StreamCallsFailCleanly(t, small,
+		acceltest.Fault{Fn: "aclrtCreateStream", Code: 207008, Sentinel: driver.ErrOutOfMemory, Message: "aclrtCreateStream: ACL_ERROR_RT_NO_STREAM_RESOURCE (207008)"},
+		acceltest.Fault{Fn: "aclrtMallocHost", Code: 207001, Sentinel: driver.ErrOutOfMemory, Message: "aclrtMallocHost: ACL_ERROR_RT_MEMORY_ALLOCATION (207001)"},
+		acceltest.Fault{Fn: "aclrtDeviceEnablePeerAccess", Code: 207000, Sentinel: driver.ErrUnsupported, Message: "aclrtDeviceEnablePeerAccess: ACL_ERROR_RT_FEATURE_NOT_SUPPORT (207000)"})
+}
+
+// TestSharedHandleFreeRefused: the last chunk over a handle this process
+// shares with its own import is released, and AscendCL refuses to free
+// the handle: the release fails having changed nothing (the handle is
+// still held, its token still exported), and a retry frees it.
+func TestSharedHandleFreeRefused(t *testing.T) {
+	d, lib := openStandin(t, small, Options{})
+	h, err := d.Create(0, g, driver.ChunkOptions{Shareable: true})
+	require.NoError(t, err)
+	sh, err := d.Export(h)
+	require.NoError(t, err)
+	imp, err := d.Import(sh, 1)
+	require.NoError(t, err)
+	require.NoError(t, d.Release(h), "the import still holds the handle: nothing freed")
+	lib.Fail("aclrtFreePhysical", 1, 1, 207002)
+	drivertest.RequireIs(t, d.Release(imp), driver.ErrDeviceFault, "aclrtFreePhysical: ACL_ERROR_RT_MEMORY_FREE (207002)")
+	require.Equal(t, g, lib.Used(0), "the memory is still held")
+	require.Equal(t, int64(1), lib.Live("tokens"))
+	imp2, err := d.Import(sh, 1)
+	require.NoError(t, err, "the token is still this process's export")
+	require.NoError(t, d.Release(imp2))
+	require.NoError(t, d.Release(imp), "the retry frees it")
+	require.Zero(t, lib.Used(0))
+	require.Zero(t, lib.Live("tokens"))
+}

@@ -13,7 +13,9 @@ import "structs"
 type cuResult int32
 
 // Scalars: CUdevice is an int, CUdeviceptr and CUmemGenericAllocationHandle
-// are 64-bit unsigned, CUcontext, CUstream and CUevent are pointers.
+// are 64-bit unsigned, CUcontext, CUstream and CUevent are pointers. The
+// bindings in lib.go are written with these names, so each argument's
+// width is the one CUDA_ABI.md gives (abi_test.go).
 type (
 	cuDevice    = int32
 	cuDeviceptr = uint64

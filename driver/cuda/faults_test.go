@@ -78,3 +78,12 @@ func TestCreateFailureChangesNothing(t *testing.T) {
 		acceltest.Fault{Fn: "cuMemCreate", Code: 2, Sentinel: driver.ErrOutOfMemory, Message: "CUDA_ERROR_OUT_OF_MEMORY (2)"},
 		acceltest.Fault{Fn: "cuMemMap", Code: 1, Sentinel: driver.ErrInvalid, Message: "cuMemMap: CUDA_ERROR_INVALID_VALUE (1)"})
 }
+
+// TestStreamCallsFailCleanly: cuStreamCreate, cuMemHostAlloc and
+// cuCtxEnablePeerAccess refused leave nothing made.
+func TestStreamCallsFailCleanly(t *testing.T) {
+	vendor.StreamCallsFailCleanly(t, small,
+		acceltest.Fault{Fn: "cuStreamCreate", Code: 2, Sentinel: driver.ErrOutOfMemory, Message: "cuStreamCreate: CUDA_ERROR_OUT_OF_MEMORY (2)"},
+		acceltest.Fault{Fn: "cuMemHostAlloc", Code: 2, Sentinel: driver.ErrOutOfMemory, Message: "cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (2)"},
+		acceltest.Fault{Fn: "cuCtxEnablePeerAccess", Code: 711, Sentinel: driver.ErrUnsupported, Message: "cuCtxEnablePeerAccess: CUDA_ERROR_TOO_MANY_PEERS (711)"})
+}

@@ -29,54 +29,54 @@ type lib struct {
 	cuInit                    func(flags uint32) cuResult
 	cuDriverGetVersion        func(v *int32) cuResult
 	cuDeviceGetCount          func(n *int32) cuResult
-	cuDeviceGet               func(dev *int32, ordinal int32) cuResult
-	cuDeviceGetName           func(name *byte, n int32, dev int32) cuResult
-	cuDeviceTotalMem          func(bytes *uint64, dev int32) cuResult
-	cuDeviceGetAttribute      func(v *int32, attr int32, dev int32) cuResult
-	cuDevicePrimaryCtxRetain  func(ctx *uintptr, dev int32) cuResult
-	cuDevicePrimaryCtxRelease func(dev int32) cuResult
-	cuCtxSetCurrent           func(ctx uintptr) cuResult
+	cuDeviceGet               func(dev *cuDevice, ordinal int32) cuResult
+	cuDeviceGetName           func(name *byte, n int32, dev cuDevice) cuResult
+	cuDeviceTotalMem          func(bytes *uint64, dev cuDevice) cuResult
+	cuDeviceGetAttribute      func(v *int32, attr int32, dev cuDevice) cuResult
+	cuDevicePrimaryCtxRetain  func(ctx *cuContext, dev cuDevice) cuResult
+	cuDevicePrimaryCtxRelease func(dev cuDevice) cuResult
+	cuCtxSetCurrent           func(ctx cuContext) cuResult
 
 	// Virtual memory management (CUDA 10.2 and later).
 	cuMemGetAllocationGranularity func(g *uint64, prop *memAllocationProp, option int32) cuResult
-	cuMemAddressReserve           func(ptr *uint64, size, align, addr, flags uint64) cuResult
-	cuMemAddressFree              func(ptr, size uint64) cuResult
-	cuMemCreate                   func(h *uint64, size uint64, prop *memAllocationProp, flags uint64) cuResult
-	cuMemRelease                  func(h uint64) cuResult
-	cuMemMap                      func(ptr, size, offset, h, flags uint64) cuResult
-	cuMemUnmap                    func(ptr, size uint64) cuResult
-	cuMemSetAccess                func(ptr, size uint64, desc *memAccessDesc, count uint64) cuResult
+	cuMemAddressReserve           func(ptr *cuDeviceptr, size, align uint64, addr cuDeviceptr, flags uint64) cuResult
+	cuMemAddressFree              func(ptr cuDeviceptr, size uint64) cuResult
+	cuMemCreate                   func(h *cuHandle, size uint64, prop *memAllocationProp, flags uint64) cuResult
+	cuMemRelease                  func(h cuHandle) cuResult
+	cuMemMap                      func(ptr cuDeviceptr, size, offset uint64, h cuHandle, flags uint64) cuResult
+	cuMemUnmap                    func(ptr cuDeviceptr, size uint64) cuResult
+	cuMemSetAccess                func(ptr cuDeviceptr, size uint64, desc *memAccessDesc, count uint64) cuResult
 
 	// Sharing between processes.
-	cuMemExportToShareableHandle   func(out unsafe.Pointer, h uint64, typ int32, flags uint64) cuResult
-	cuMemImportFromShareableHandle func(h *uint64, osHandle uintptr, typ int32) cuResult
+	cuMemExportToShareableHandle   func(out unsafe.Pointer, h cuHandle, typ int32, flags uint64) cuResult
+	cuMemImportFromShareableHandle func(h *cuHandle, osHandle uintptr, typ int32) cuResult
 
 	// Synchronous copies (Read, Write).
-	cuMemcpyHtoD func(dst uint64, src unsafe.Pointer, n uint64) cuResult
-	cuMemcpyDtoH func(dst unsafe.Pointer, src uint64, n uint64) cuResult
+	cuMemcpyHtoD func(dst cuDeviceptr, src unsafe.Pointer, n uint64) cuResult
+	cuMemcpyDtoH func(dst unsafe.Pointer, src cuDeviceptr, n uint64) cuResult
 
 	// Streams, async copies and fills, pinned host memory.
-	cuStreamCreate      func(s *uintptr, flags uint32) cuResult
-	cuStreamDestroy     func(s uintptr) cuResult
-	cuStreamSynchronize func(s uintptr) cuResult
-	cuStreamQuery       func(s uintptr) cuResult
-	cuMemcpyHtoDAsync   func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) cuResult
-	cuMemcpyDtoHAsync   func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) cuResult
-	cuMemcpyDtoDAsync   func(dst, src, n uint64, s uintptr) cuResult
-	cuMemsetD8Async     func(dst uint64, v uint8, n uint64, s uintptr) cuResult
+	cuStreamCreate      func(s *cuStream, flags uint32) cuResult
+	cuStreamDestroy     func(s cuStream) cuResult
+	cuStreamSynchronize func(s cuStream) cuResult
+	cuStreamQuery       func(s cuStream) cuResult
+	cuMemcpyHtoDAsync   func(dst cuDeviceptr, src unsafe.Pointer, n uint64, s cuStream) cuResult
+	cuMemcpyDtoHAsync   func(dst unsafe.Pointer, src cuDeviceptr, n uint64, s cuStream) cuResult
+	cuMemcpyDtoDAsync   func(dst, src cuDeviceptr, n uint64, s cuStream) cuResult
+	cuMemsetD8Async     func(dst cuDeviceptr, v uint8, n uint64, s cuStream) cuResult
 	cuMemHostAlloc      func(p *unsafe.Pointer, size uint64, flags uint32) cuResult
 	cuMemFreeHost       func(p unsafe.Pointer) cuResult
 
 	// Waiting for a stream: a host function, or an event.
-	cuLaunchHostFunc   func(s uintptr, fn uintptr, userData uintptr) cuResult
-	cuEventCreate      func(e *uintptr, flags uint32) cuResult
-	cuEventRecord      func(e, s uintptr) cuResult
-	cuEventSynchronize func(e uintptr) cuResult
-	cuEventDestroy     func(e uintptr) cuResult
+	cuLaunchHostFunc   func(s cuStream, fn uintptr, userData uintptr) cuResult
+	cuEventCreate      func(e *cuEvent, flags uint32) cuResult
+	cuEventRecord      func(e cuEvent, s cuStream) cuResult
+	cuEventSynchronize func(e cuEvent) cuResult
+	cuEventDestroy     func(e cuEvent) cuResult
 
 	// Peers.
-	cuDeviceCanAccessPeer func(can *int32, dev, peer int32) cuResult
-	cuCtxEnablePeerAccess func(peer uintptr, flags uint32) cuResult
+	cuDeviceCanAccessPeer func(can *int32, dev, peer cuDevice) cuResult
+	cuCtxEnablePeerAccess func(peer cuContext, flags uint32) cuResult
 
 	// Names of codes this package's table lacks.
 	cuGetErrorName func(r cuResult, name **byte) cuResult

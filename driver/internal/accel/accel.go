@@ -40,7 +40,6 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/internal/ledger"
 	"github.com/vmarena/vmarena/driver/internal/queue"
-	"github.com/vmarena/vmarena/internal/units"
 )
 
 // Runtime is one vendor runtime's calls, as the Core needs them. Every
@@ -374,5 +373,3 @@ func (b backend) SetDeviceAccess(_ *ledger.Region, addr driver.Addr, size uint64
 
 func (b backend) Close() error { return nil } // the Core closes the runtime after the record
 
-// describe names n bytes for messages.
-func describe(n uint64) string { return units.Bytes(n) }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/internal/ledger"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // Streams: the engine orders the work; each engine stream has a runtime
@@ -229,7 +230,7 @@ func (c *Core) CopyDtoH(dst []byte, src driver.Addr, s driver.Stream) error {
 
 // CopyDtoD enqueues a copy of n bytes from src to dst on s.
 func (c *Core) CopyDtoD(dst, src driver.Addr, n uint64, s driver.Stream) error {
-	what := func() string { return fmt.Sprintf("%s: copy %s from %s to %s", c.info.Name, describe(n), src, dst) }
+	what := func() string { return fmt.Sprintf("%s: copy %s from %s to %s", c.info.Name, units.Bytes(n), src, dst) }
 	dev, err := c.checkCopy(what, s, []driver.Addr{dst, src}, nil)
 	if err != nil || n == 0 {
 		return err
@@ -241,7 +242,7 @@ func (c *Core) CopyDtoD(dst, src driver.Addr, n uint64, s driver.Stream) error {
 
 // Memset enqueues a fill of n bytes at dst with value on s.
 func (c *Core) Memset(dst driver.Addr, value byte, n uint64, s driver.Stream) error {
-	what := func() string { return fmt.Sprintf("%s: fill %s at %s with %#x", c.info.Name, describe(n), dst, value) }
+	what := func() string { return fmt.Sprintf("%s: fill %s at %s with %#x", c.info.Name, units.Bytes(n), dst, value) }
 	dev, err := c.checkCopy(what, s, []driver.Addr{dst}, nil)
 	if err != nil || n == 0 {
 		return err
@@ -263,7 +264,7 @@ func (c *Core) HostAlloc(size uint64) ([]byte, error) {
 	}
 	p, err := c.rt.HostAlloc(size)
 	if err != nil {
-		return nil, errors.Wrapf(err, "%s: host alloc of %s", c.info.Name, describe(size))
+		return nil, errors.Wrapf(err, "%s: host alloc of %s", c.info.Name, units.Bytes(size))
 	}
 	b := unsafe.Slice((*byte)(p), size)
 	if !c.host.Add(b) { // closed meanwhile

@@ -96,3 +96,52 @@ func (v Vendor[D]) CreateAndMapFailuresChangeNothing(t *testing.T, cfg standin.C
 	require.NoError(t, d.Unmap(base, g))
 	require.NoError(t, d.Release(h))
 }
+
+// StreamCallsFailCleanly: the vendor refusing to make a stream, pinned
+// memory or peer access leaves nothing made — no stream of the driver's
+// (the one under it is destroyed with it), no buffer, no peer access the
+// copies would trust — and the same call succeeds once the vendor does.
+func (v Vendor[D]) StreamCallsFailCleanly(t *testing.T, cfg standin.Config, stream, hostAlloc, peer Fault) {
+	d, lib := v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
+	lib.Fail(stream.Fn, 1, 1, stream.Code)
+	_, err := d.CreateStream(0)
+	drivertest.RequireIs(t, err, stream.Sentinel, stream.Message)
+	require.Zero(t, lib.Live("streams"))
+	s, err := d.CreateStream(0)
+	require.NoError(t, err)
+	require.NoError(t, d.SyncStream(s))
+
+	lib.Fail(hostAlloc.Fn, 1, 1, hostAlloc.Code)
+	_, err = d.HostAlloc(4096)
+	drivertest.RequireIs(t, err, hostAlloc.Sentinel, hostAlloc.Message)
+	require.Zero(t, lib.Live("hostallocs"))
+
+	// A copy from device 0 to device 1's memory needs peer access; the
+	// refused enable must not count.
+	g := cfg.MinGranularity
+	base, err := d.Reserve(2*d.Granularity(), 0, 0)
+	require.NoError(t, err)
+	h0, err := d.Create(0, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	h1, err := d.Create(1, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	peerAt := base + driver.Addr(d.Granularity())
+	require.NoError(t, d.Map(base, h0))
+	require.NoError(t, d.Map(peerAt, h1))
+	require.NoError(t, d.SetAccess(base, g, 0, driver.AccessReadWrite))
+	require.NoError(t, d.SetAccess(peerAt, g, 0, driver.AccessReadWrite))
+	lib.Fail(peer.Fn, 1, 1, peer.Code)
+	drivertest.RequireIs(t, d.EnablePeerAccess(0, 1), peer.Sentinel, peer.Message)
+	require.NoError(t, d.CopyDtoD(peerAt, base, 64, s))
+	drivertest.RequireIs(t, d.SyncStream(s), driver.ErrAccessDenied, "peer access from device 0")
+	require.NoError(t, d.EnablePeerAccess(0, 1), "the retry")
+	require.NoError(t, d.CopyDtoD(peerAt, base, 64, s))
+	require.NoError(t, d.SyncStream(s))
+
+	require.NoError(t, d.DestroyStream(s))
+	require.NoError(t, d.Unmap(base, g))
+	require.NoError(t, d.Unmap(peerAt, g))
+	require.NoError(t, d.Release(h0))
+	require.NoError(t, d.Release(h1))
+	require.NoError(t, d.Close(), "no buffer or stream left holds it open")
+}
