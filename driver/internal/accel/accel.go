@@ -372,4 +372,3 @@ func (b backend) SetDeviceAccess(_ *ledger.Region, addr driver.Addr, size uint64
 }
 
 func (b backend) Close() error { return nil } // the Core closes the runtime after the record
-

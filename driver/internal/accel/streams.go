@@ -242,7 +242,9 @@ func (c *Core) CopyDtoD(dst, src driver.Addr, n uint64, s driver.Stream) error {
 
 // Memset enqueues a fill of n bytes at dst with value on s.
 func (c *Core) Memset(dst driver.Addr, value byte, n uint64, s driver.Stream) error {
-	what := func() string { return fmt.Sprintf("%s: fill %s at %s with %#x", c.info.Name, units.Bytes(n), dst, value) }
+	what := func() string {
+		return fmt.Sprintf("%s: fill %s at %s with %#x", c.info.Name, units.Bytes(n), dst, value)
+	}
 	dev, err := c.checkCopy(what, s, []driver.Addr{dst}, nil)
 	if err != nil || n == 0 {
 		return err
