@@ -244,7 +244,7 @@ func Open(opts Options) (*Driver, error) {
 	case wait != WaitEvent && wait != WaitSync:
 		return nil, errors.Wrapf(driver.ErrInvalid, "acl: open: wait mode %d", uint8(wait))
 	}
-	a := &ascend{x: x, l: l, wait: wait}
+	a := &ascend{x: x, wait: wait}
 	var devs []driver.Device
 	for i, id := range ids {
 		if id < 0 || id >= n || slices.Index(ids, id) != i {
@@ -316,11 +316,11 @@ func (a *ascend) openContexts() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	for i, id := range a.ordinal {
-		if err := a.l.err("aclrtSetDevice", a.l.aclrtSetDevice(id)); err != nil {
+		if err := a.x.l.err("aclrtSetDevice", a.x.l.aclrtSetDevice(id)); err != nil {
 			return errors.Wrapf(err, "acl: open: device %d", id)
 		}
-		if err := a.l.err("aclrtCreateContext", a.l.aclrtCreateContext(&a.ctx[i], id)); err != nil {
-			a.l.aclrtResetDevice(id)
+		if err := a.x.l.err("aclrtCreateContext", a.x.l.aclrtCreateContext(&a.ctx[i], id)); err != nil {
+			a.x.l.aclrtResetDevice(id)
 			return errors.Wrapf(err, "acl: open: device %d", id)
 		}
 	}

@@ -21,8 +21,7 @@ import (
 // take no size, export gives a 64-bit token with an allow-list, and a
 // process cannot import its own token.
 type ascend struct {
-	x    *loaded
-	l    *lib
+	x    *loaded // the library; its symbols are x.l
 	wait WaitMode
 	// ordinal[i] is the AscendCL device of driver device i; ctx[i] the
 	// context made for it.
@@ -40,10 +39,10 @@ var (
 func (a *ascend) on(dev driver.DeviceID, fn string, call func() aclError) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if e := a.l.aclrtSetCurrentContext(a.ctx[dev]); e != 0 {
-		return a.l.err("aclrtSetCurrentContext", e)
+	if e := a.x.l.aclrtSetCurrentContext(a.ctx[dev]); e != 0 {
+		return a.x.l.err("aclrtSetCurrentContext", e)
 	}
-	return a.l.err(fn, call())
+	return a.x.l.err(fn, call())
 }
 
 // reservation is what AscendCL reserved: aclrtReserveMemAddress takes no
@@ -54,7 +53,7 @@ type reservation struct{ start uint64 }
 
 func (a *ascend) reserve(size uint64) (uint64, error) {
 	var p uint64
-	err := a.on(0, "aclrtReserveMemAddress", func() aclError { return a.l.aclrtReserveMemAddress(&p, size, 0, 0, 0) })
+	err := a.on(0, "aclrtReserveMemAddress", func() aclError { return a.x.l.aclrtReserveMemAddress(&p, size, 0, 0, 0) })
 	return p, err
 }
 
@@ -82,7 +81,7 @@ func (a *ascend) Reserve(size, align uint64, _ driver.Addr) (driver.Addr, any, e
 }
 
 func (a *ascend) release(p uint64) error {
-	return a.on(0, "aclrtReleaseMemAddress", func() aclError { return a.l.aclrtReleaseMemAddress(p) })
+	return a.on(0, "aclrtReleaseMemAddress", func() aclError { return a.x.l.aclrtReleaseMemAddress(p) })
 }
 
 func (a *ascend) Unreserve(_ driver.Addr, _ uint64, backing any) error {
@@ -123,7 +122,7 @@ func (a *ascend) prop(dev driver.DeviceID) physicalMemProp {
 func (a *ascend) Create(dev driver.DeviceID, size uint64, _ bool) (any, error) {
 	prop := a.prop(dev)
 	var h uintptr
-	if err := a.on(dev, "aclrtMallocPhysical", func() aclError { return a.l.aclrtMallocPhysical(&h, size, &prop, 0) }); err != nil {
+	if err := a.on(dev, "aclrtMallocPhysical", func() aclError { return a.x.l.aclrtMallocPhysical(&h, size, &prop, 0) }); err != nil {
 		return nil, err
 	}
 	return &memory{handle: &handle{h: h, size: size, refs: 1}, dev: dev}, nil
@@ -142,7 +141,7 @@ func (a *ascend) Release(mem any) error {
 	if !last {
 		return nil
 	}
-	if err := a.on(m.dev, "aclrtFreePhysical", func() aclError { return a.l.aclrtFreePhysical(m.h) }); err != nil {
+	if err := a.on(m.dev, "aclrtFreePhysical", func() aclError { return a.x.l.aclrtFreePhysical(m.h) }); err != nil {
 		exportsMu.Lock()
 		m.refs++
 		if m.token != 0 {
@@ -156,19 +155,19 @@ func (a *ascend) Release(mem any) error {
 
 func (a *ascend) Map(addr driver.Addr, size uint64, mem any) error {
 	m := mem.(*memory)
-	return a.on(m.dev, "aclrtMapMem", func() aclError { return a.l.aclrtMapMem(uint64(addr), size, 0, m.h, 0) })
+	return a.on(m.dev, "aclrtMapMem", func() aclError { return a.x.l.aclrtMapMem(uint64(addr), size, 0, m.h, 0) })
 }
 
 // Unmap takes the mapping's start: AscendCL unmaps the whole mapping there,
 // which is what the contract asks.
 func (a *ascend) Unmap(addr driver.Addr, _ uint64, mem any) error {
 	m := mem.(*memory)
-	return a.on(m.dev, "aclrtUnmapMem", func() aclError { return a.l.aclrtUnmapMem(uint64(addr)) })
+	return a.on(m.dev, "aclrtUnmapMem", func() aclError { return a.x.l.aclrtUnmapMem(uint64(addr)) })
 }
 
 func (a *ascend) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, acc driver.Access) error {
 	desc := memAccessDesc{flags: int32(acc), location: memLocation{id: uint32(a.ordinal[dev]), typ: locationTypeDevice}}
-	return a.on(dev, "aclrtMemSetAccess", func() aclError { return a.l.aclrtMemSetAccess(uint64(addr), size, &desc, 1) })
+	return a.on(dev, "aclrtMemSetAccess", func() aclError { return a.x.l.aclrtMemSetAccess(uint64(addr), size, &desc, 1) })
 }
 
 // Export makes the handle's token, importable by the processes its
@@ -177,7 +176,7 @@ func (a *ascend) Export(mem any, size uint64) (driver.Shareable, error) {
 	m := mem.(*memory)
 	var token uint64
 	err := a.on(m.dev, "aclrtMemExportToShareableHandle", func() aclError {
-		return a.l.aclrtMemExportToShareableHandle(m.h, handleTypeNone, exportPIDValidation, &token)
+		return a.x.l.aclrtMemExportToShareableHandle(m.h, handleTypeNone, exportPIDValidation, &token)
 	})
 	if err != nil {
 		return driver.Shareable{}, err
@@ -203,7 +202,7 @@ func (a *ascend) AllowPIDs(mem any, pids []int) error {
 	}
 	defer runtime.KeepAlive(list)
 	return a.on(m.dev, "aclrtMemSetPidToShareableHandle", func() aclError {
-		return a.l.aclrtMemSetPidToShareableHandle(m.token, &list[0], uint64(len(list)))
+		return a.x.l.aclrtMemSetPidToShareableHandle(m.token, &list[0], uint64(len(list)))
 	})
 }
 
@@ -228,7 +227,7 @@ func (a *ascend) Import(sh driver.Shareable, dev driver.DeviceID) (any, error) {
 	exportsMu.Unlock()
 	var h uintptr
 	err := a.on(dev, "aclrtMemImportFromShareableHandle", func() aclError {
-		return a.l.aclrtMemImportFromShareableHandle(sh.Token, a.ordinal[dev], &h)
+		return a.x.l.aclrtMemImportFromShareableHandle(sh.Token, a.ordinal[dev], &h)
 	})
 	if err != nil {
 		return nil, err
@@ -257,7 +256,7 @@ func (a *ascend) ReadSync(dev driver.DeviceID, p []byte, src driver.Addr) error 
 	defer runtime.KeepAlive(p)
 	n := uint64(len(p))
 	return a.on(dev, "aclrtMemcpy", func() aclError {
-		return a.l.aclrtMemcpy(hostPtr(p), n, uintptr(src), n, memcpyDeviceToHost)
+		return a.x.l.aclrtMemcpy(hostPtr(p), n, uintptr(src), n, memcpyDeviceToHost)
 	})
 }
 
@@ -265,7 +264,7 @@ func (a *ascend) WriteSync(dev driver.DeviceID, dst driver.Addr, p []byte) error
 	defer runtime.KeepAlive(p)
 	n := uint64(len(p))
 	return a.on(dev, "aclrtMemcpy", func() aclError {
-		return a.l.aclrtMemcpy(uintptr(dst), n, hostPtr(p), n, memcpyHostToDevice)
+		return a.x.l.aclrtMemcpy(uintptr(dst), n, hostPtr(p), n, memcpyHostToDevice)
 	})
 }
 
@@ -283,12 +282,12 @@ type aclStream struct {
 
 func (a *ascend) CreateStream(dev driver.DeviceID) (any, error) {
 	s := &aclStream{dev: dev}
-	if err := a.on(dev, "aclrtCreateStream", func() aclError { return a.l.aclrtCreateStream(&s.h) }); err != nil {
+	if err := a.on(dev, "aclrtCreateStream", func() aclError { return a.x.l.aclrtCreateStream(&s.h) }); err != nil {
 		return nil, err
 	}
 	if a.wait == WaitEvent {
-		if err := a.on(dev, "aclrtCreateEvent", func() aclError { return a.l.aclrtCreateEvent(&s.fence) }); err != nil {
-			return nil, errors.CombineErrors(err, a.on(dev, "aclrtDestroyStream", func() aclError { return a.l.aclrtDestroyStream(s.h) }))
+		if err := a.on(dev, "aclrtCreateEvent", func() aclError { return a.x.l.aclrtCreateEvent(&s.fence) }); err != nil {
+			return nil, errors.CombineErrors(err, a.on(dev, "aclrtDestroyStream", func() aclError { return a.x.l.aclrtDestroyStream(s.h) }))
 		}
 	}
 	return s, nil
@@ -298,9 +297,9 @@ func (a *ascend) DestroyStream(rs any) error {
 	s := rs.(*aclStream)
 	var err error
 	if s.fence != 0 {
-		err = a.on(s.dev, "aclrtDestroyEvent", func() aclError { return a.l.aclrtDestroyEvent(s.fence) })
+		err = a.on(s.dev, "aclrtDestroyEvent", func() aclError { return a.x.l.aclrtDestroyEvent(s.fence) })
 	}
-	return errors.CombineErrors(err, a.on(s.dev, "aclrtDestroyStream", func() aclError { return a.l.aclrtDestroyStream(s.h) }))
+	return errors.CombineErrors(err, a.on(s.dev, "aclrtDestroyStream", func() aclError { return a.x.l.aclrtDestroyStream(s.h) }))
 }
 
 // The async copies take Go memory; they are waited for (Wait) before the
@@ -312,7 +311,7 @@ func (a *ascend) CopyHtoD(rs any, dst driver.Addr, src []byte) error {
 	n := uint64(len(src))
 	defer runtime.KeepAlive(src)
 	return a.on(s.dev, "aclrtMemcpyAsync", func() aclError {
-		return a.l.aclrtMemcpyAsync(uintptr(dst), n, hostPtr(src), n, memcpyHostToDevice, s.h)
+		return a.x.l.aclrtMemcpyAsync(uintptr(dst), n, hostPtr(src), n, memcpyHostToDevice, s.h)
 	})
 }
 
@@ -321,20 +320,20 @@ func (a *ascend) CopyDtoH(rs any, dst []byte, src driver.Addr) error {
 	n := uint64(len(dst))
 	defer runtime.KeepAlive(dst)
 	return a.on(s.dev, "aclrtMemcpyAsync", func() aclError {
-		return a.l.aclrtMemcpyAsync(hostPtr(dst), n, uintptr(src), n, memcpyDeviceToHost, s.h)
+		return a.x.l.aclrtMemcpyAsync(hostPtr(dst), n, uintptr(src), n, memcpyDeviceToHost, s.h)
 	})
 }
 
 func (a *ascend) CopyDtoD(rs any, dst, src driver.Addr, n uint64) error {
 	s := rs.(*aclStream)
 	return a.on(s.dev, "aclrtMemcpyAsync", func() aclError {
-		return a.l.aclrtMemcpyAsync(uintptr(dst), n, uintptr(src), n, memcpyDeviceToDevice, s.h)
+		return a.x.l.aclrtMemcpyAsync(uintptr(dst), n, uintptr(src), n, memcpyDeviceToDevice, s.h)
 	})
 }
 
 func (a *ascend) Memset(rs any, dst driver.Addr, v byte, n uint64) error {
 	s := rs.(*aclStream)
-	return a.on(s.dev, "aclrtMemsetAsync", func() aclError { return a.l.aclrtMemsetAsync(uintptr(dst), n, int32(v), n, s.h) })
+	return a.on(s.dev, "aclrtMemsetAsync", func() aclError { return a.x.l.aclrtMemsetAsync(uintptr(dst), n, int32(v), n, s.h) })
 }
 
 // Wait returns once the work enqueued on the stream so far has run:
@@ -344,23 +343,23 @@ func (a *ascend) Memset(rs any, dst driver.Addr, v byte, n uint64) error {
 func (a *ascend) Wait(rs any) error {
 	s := rs.(*aclStream)
 	if a.wait == WaitEvent {
-		if err := a.on(s.dev, "aclrtRecordEvent", func() aclError { return a.l.aclrtRecordEvent(s.fence, s.h) }); err != nil {
+		if err := a.on(s.dev, "aclrtRecordEvent", func() aclError { return a.x.l.aclrtRecordEvent(s.fence, s.h) }); err != nil {
 			return err
 		}
-		return a.on(s.dev, "aclrtSynchronizeEvent", func() aclError { return a.l.aclrtSynchronizeEvent(s.fence) })
+		return a.on(s.dev, "aclrtSynchronizeEvent", func() aclError { return a.x.l.aclrtSynchronizeEvent(s.fence) })
 	}
-	return a.on(s.dev, "aclrtSynchronizeStream", func() aclError { return a.l.aclrtSynchronizeStream(s.h) })
+	return a.on(s.dev, "aclrtSynchronizeStream", func() aclError { return a.x.l.aclrtSynchronizeStream(s.h) })
 }
 
 // EnablePeerAccess lets dev reach peer's memory: AscendCL enables it from
 // the current device (dev's context) to the device named.
 func (a *ascend) EnablePeerAccess(dev, peer driver.DeviceID) error {
-	return a.on(dev, "aclrtDeviceEnablePeerAccess", func() aclError { return a.l.aclrtDeviceEnablePeerAccess(a.ordinal[peer], 0) })
+	return a.on(dev, "aclrtDeviceEnablePeerAccess", func() aclError { return a.x.l.aclrtDeviceEnablePeerAccess(a.ordinal[peer], 0) })
 }
 
 func (a *ascend) HostAlloc(size uint64) (unsafe.Pointer, error) {
 	var p unsafe.Pointer
-	if err := a.on(0, "aclrtMallocHost", func() aclError { return a.l.aclrtMallocHost(&p, size) }); err != nil {
+	if err := a.on(0, "aclrtMallocHost", func() aclError { return a.x.l.aclrtMallocHost(&p, size) }); err != nil {
 		return nil, err
 	}
 	if uintptr(p)%copyAlign != 0 {
@@ -371,7 +370,7 @@ func (a *ascend) HostAlloc(size uint64) (unsafe.Pointer, error) {
 }
 
 func (a *ascend) HostFree(p unsafe.Pointer) error {
-	return a.on(0, "aclrtFreeHost", func() aclError { return a.l.aclrtFreeHost(p) })
+	return a.on(0, "aclrtFreeHost", func() aclError { return a.x.l.aclrtFreeHost(p) })
 }
 
 // Close destroys the contexts and lets the devices go, on one OS thread:
@@ -382,8 +381,8 @@ func (a *ascend) Close() error {
 	var errs error
 	for i, ord := range a.ordinal {
 		if a.ctx[i] != 0 {
-			errs = errors.CombineErrors(errs, a.l.err("aclrtDestroyContext", a.l.aclrtDestroyContext(a.ctx[i])))
-			errs = errors.CombineErrors(errs, a.l.err(fmt.Sprintf("aclrtResetDevice(%d)", ord), a.l.aclrtResetDevice(ord)))
+			errs = errors.CombineErrors(errs, a.x.l.err("aclrtDestroyContext", a.x.l.aclrtDestroyContext(a.ctx[i])))
+			errs = errors.CombineErrors(errs, a.x.l.err(fmt.Sprintf("aclrtResetDevice(%d)", ord), a.x.l.aclrtResetDevice(ord)))
 			a.ctx[i] = 0
 		}
 	}

@@ -136,14 +136,7 @@ var aclGroupSymbols = map[string][]string{
 
 func loadACL(l *Lib) *aclAPI {
 	var api aclAPI
-	v := reflect.ValueOf(&api).Elem()
-	for i := range v.NumField() {
-		sym, err := purego.Dlsym(l.handle, v.Type().Field(i).Tag.Get("sym"))
-		if err != nil {
-			continue
-		}
-		purego.RegisterFunc(v.Field(i).Addr().Interface(), sym)
-	}
+	bindTagged(l, &api)
 	return &api
 }
 

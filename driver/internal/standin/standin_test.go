@@ -145,7 +145,14 @@ var groupSymbols = map[string][]string{
 
 func loadCU(l *Lib) *cuAPI {
 	var api cuAPI
-	v := reflect.ValueOf(&api).Elem()
+	bindTagged(l, &api)
+	return &api
+}
+
+// bindTagged binds each function field of *api to the symbol its sym tag
+// names, leaving nil those the library lacks (an omitted group).
+func bindTagged(l *Lib, api any) {
+	v := reflect.ValueOf(api).Elem()
 	for i := range v.NumField() {
 		sym, err := purego.Dlsym(l.handle, v.Type().Field(i).Tag.Get("sym"))
 		if err != nil {
@@ -153,7 +160,6 @@ func loadCU(l *Lib) *cuAPI {
 		}
 		purego.RegisterFunc(v.Field(i).Addr().Interface(), sym)
 	}
-	return &api
 }
 
 // env is one fresh stand-in instance and the CUDA API over it. Its test
