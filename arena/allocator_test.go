@@ -499,7 +499,7 @@ func TestAllocatorOwnsItsRanges(t *testing.T) {
 func TestAllocatorModel(t *testing.T) {
 	onEveryDriver(t, func(t *testing.T, d backend) {
 		var stitches, decommits int
-		for seed := range uint64(d.seeds(10)) {
+		for seed := range uint64(d.Seeds(10)) {
 			t.Run(fmt.Sprint(seed), func(t *testing.T) {
 				r := runAllocatorModel(t, d, arenaOps(rand.New(rand.NewPCG(seed, 11)), 300))
 				require.Greater(t, r.allocs, 30, "successful allocations")

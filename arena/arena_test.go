@@ -229,7 +229,7 @@ func badInput(t *testing.T, d backend) {
 // written, and the invariants hold.
 func TestArenaModel(t *testing.T) {
 	onEveryDriver(t, func(t *testing.T, d backend) {
-		for seed := range uint64(d.seeds(12)) {
+		for seed := range uint64(d.Seeds(12)) {
 			t.Run(fmt.Sprint(seed), func(t *testing.T) {
 				r := runArenaModel(t, d, arenaOps(rand.New(rand.NewPCG(seed, 5)), 200))
 				// The sequences must reach real states, not only refusals.

@@ -28,9 +28,6 @@ type testDriver = testdrivers.Driver
 // package's machines: devices of capacity bytes, granularity g.
 type backend struct{ testdrivers.Backend }
 
-// drivers are the drivers the shared tests run on.
-var drivers = wrap(testdrivers.All())
-
 func wrap(bs []testdrivers.Backend) []backend {
 	out := make([]backend, len(bs))
 	for i, b := range bs {
@@ -59,14 +56,9 @@ func standin(devices int, capacity uint64) cudatest.Config {
 	return machine(devices, capacity).Standin()
 }
 
-// seeds is how many of a model test's n seeds run on d.
-func (d backend) seeds(n int) int { return d.Seeds(n) }
-
 // onEveryDriver runs test once per driver, as a subtest named after it.
 func onEveryDriver(t *testing.T, test func(t *testing.T, d backend)) {
-	for _, d := range drivers {
-		t.Run(d.Name, func(t *testing.T) { test(t, d) })
-	}
+	testdrivers.Each(t, func(t *testing.T, b testdrivers.Backend) { test(t, backend{b}) })
 }
 
 // env is newEnv on d: two devices of capacity bytes each.

@@ -23,9 +23,6 @@ type testDriver = testdrivers.Driver
 // backend opens drivers of one kind (driver/testdrivers).
 type backend struct{ testdrivers.Backend }
 
-// drivers are the drivers the shared tests run on.
-var drivers = wrap(testdrivers.All())
-
 func wrap(bs []testdrivers.Backend) []backend {
 	out := make([]backend, len(bs))
 	for i, b := range bs {
@@ -34,14 +31,9 @@ func wrap(bs []testdrivers.Backend) []backend {
 	return out
 }
 
-// seeds is how many of a model test's n seeds run on d.
-func (d backend) seeds(n int) int { return d.Seeds(n) }
-
 // onEveryDriver runs test once per driver, as a subtest named after it.
 func onEveryDriver(t *testing.T, test func(t *testing.T, d backend)) {
-	for _, d := range drivers {
-		t.Run(d.Name, func(t *testing.T) { test(t, d) })
-	}
+	testdrivers.Each(t, func(t *testing.T, b testdrivers.Backend) { test(t, backend{b}) })
 }
 
 // machine is a machine of this package's tests: devices of capacity

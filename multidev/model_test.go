@@ -577,7 +577,7 @@ func TestMultidevModel(t *testing.T) {
 		if testing.Short() {
 			seeds = 16
 		}
-		seeds = d.seeds(seeds)
+		seeds = d.Seeds(seeds)
 		var done [numOps]int
 		failed := 0
 		for seed := range seeds {
