@@ -703,6 +703,30 @@ func (l *Ledger) mappingAt(what func() string, addr driver.Addr) (*Mapping, erro
 // allows want. While fn runs no reservation can be freed and no mapping can
 // change, so the range stays the driver's own and in the state checked.
 func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Access, fn func(r *Region) error) error {
+	return l.withHostRange(op, addr, n, func(r *Region, what func() string) error {
+		if want != driver.AccessNone {
+			err := r.walkMapped(what, addr, addr+driver.Addr(n), nil, func(m *Mapping, g uint64, at driver.Addr) error {
+				if a := widest(m.access[g]); !a.Allows(want) {
+					return errDeniedEveryDevice(what, at, a, want)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if err := fn(r); err != nil {
+			return errors.Wrapf(err, "%s", what())
+		}
+		return nil
+	})
+}
+
+// withHostRange is what WithRange and WithHostSegments share: with the
+// record locked for reading and open, and n not 0, it runs fn with the
+// reservation [addr, addr+n) lies inside and the description of the
+// access for errors.
+func (l *Ledger) withHostRange(op string, addr driver.Addr, n uint64, fn func(r *Region, what func() string) error) error {
 	what := func() string { return fmt.Sprintf("%s: %s %d bytes at %s", l.name, op, n, addr) }
 	l.mu.RLock()
 	defer l.mu.RUnlock()
@@ -716,21 +740,7 @@ func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Ac
 	if err != nil {
 		return err
 	}
-	if want != driver.AccessNone {
-		err := r.walkMapped(what, addr, addr+driver.Addr(n), nil, func(m *Mapping, g uint64, at driver.Addr) error {
-			if a := widest(m.access[g]); !a.Allows(want) {
-				return errDeniedEveryDevice(what, at, a, want)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	if err := fn(r); err != nil {
-		return errors.Wrapf(err, "%s", what())
-	}
-	return nil
+	return fn(r, what)
 }
 
 // Segment is a stretch of a host access (Read, Write) that one device can
@@ -748,48 +758,37 @@ type Segment struct {
 // such device, so a segment ends only where that choice changes. The
 // record stays locked for reading while fn runs.
 func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want driver.Access, fn func(segs []Segment) error) error {
-	what := func() string { return fmt.Sprintf("%s: %s %d bytes at %s", l.name, op, n, addr) }
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if l.closed {
-		return l.errClosed(op)
-	}
-	if n == 0 {
-		return nil
-	}
-	r, err := l.reservationFor(what, addr, n)
-	if err != nil {
-		return err
-	}
-	end := addr + driver.Addr(n)
-	var segs []Segment
-	err = r.walkMapped(what, addr, end, nil, func(m *Mapping, g uint64, at driver.Addr) error {
-		w := m.access[g]
-		dev := driver.DeviceID(-1)
-		for d := range l.devs {
-			if accessOf(w, driver.DeviceID(d)).Allows(want) {
-				dev = driver.DeviceID(d)
-				break
+	return l.withHostRange(op, addr, n, func(r *Region, what func() string) error {
+		end := addr + driver.Addr(n)
+		var segs []Segment
+		err := r.walkMapped(what, addr, end, nil, func(m *Mapping, g uint64, at driver.Addr) error {
+			w := m.access[g]
+			dev := driver.DeviceID(-1)
+			for d := range l.devs {
+				if accessOf(w, driver.DeviceID(d)).Allows(want) {
+					dev = driver.DeviceID(d)
+					break
+				}
 			}
+			if dev < 0 {
+				return errDeniedEveryDevice(what, at, widest(w), want)
+			}
+			lo, hi := max(addr, at), min(end, at+driver.Addr(m.gran))
+			if k := len(segs); k > 0 && segs[k-1].Dev == dev && segs[k-1].Addr+driver.Addr(segs[k-1].N) == lo {
+				segs[k-1].N += uint64(hi - lo)
+			} else {
+				segs = append(segs, Segment{Addr: lo, N: uint64(hi - lo), Dev: dev})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		if dev < 0 {
-			return errDeniedEveryDevice(what, at, widest(w), want)
-		}
-		lo, hi := max(addr, at), min(end, at+driver.Addr(m.gran))
-		if k := len(segs); k > 0 && segs[k-1].Dev == dev && segs[k-1].Addr+driver.Addr(segs[k-1].N) == lo {
-			segs[k-1].N += uint64(hi - lo)
-		} else {
-			segs = append(segs, Segment{Addr: lo, N: uint64(hi - lo), Dev: dev})
+		if err := fn(segs); err != nil {
+			return errors.Wrapf(err, "%s", what())
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if err := fn(segs); err != nil {
-		return errors.Wrapf(err, "%s", what())
-	}
-	return nil
 }
 
 // walkMapped visits [addr, end), inside r, mapping by mapping — onMapping
