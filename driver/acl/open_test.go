@@ -154,6 +154,7 @@ func TestMissingSymbols(t *testing.T) {
 		d, _ := open(t, "synccopy")
 		require.False(t, d.Supports(driver.FeatureHostAccess))
 		drivertest.RequireIs(t, d.Read(0, make([]byte, 1)), driver.ErrUnsupported)
+		drivertest.RequireIs(t, d.Write(0, make([]byte, 1)), driver.ErrUnsupported)
 		require.True(t, d.Supports(driver.FeatureStreams))
 	})
 	t.Run("events", func(t *testing.T) {

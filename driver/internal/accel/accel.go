@@ -213,36 +213,31 @@ func (c *Core) Check() error { return c.books.Check() }
 // Read copies len(p) bytes at addr into p through the copy engines of
 // devices that may read each part.
 func (c *Core) Read(addr driver.Addr, p []byte) error {
-	if c.engine.Closed() {
-		return driver.Closed(c.info.Name + ": read")
-	}
-	if !c.info.HostAccess {
-		return c.errf(driver.ErrUnsupported, "read: the runtime has no synchronous copies")
-	}
-	return c.books.WithHostSegments("read", addr, uint64(len(p)), driver.AccessRead, func(segs []ledger.Segment) error {
-		for _, s := range segs {
-			off := uint64(s.Addr - addr)
-			if err := c.rt.ReadSync(s.Dev, p[off:off+s.N], s.Addr); err != nil {
-				return err
-			}
-		}
-		return nil
+	return c.hostCopy("read", addr, uint64(len(p)), driver.AccessRead, func(s ledger.Segment, off uint64) error {
+		return c.rt.ReadSync(s.Dev, p[off:off+s.N], s.Addr)
 	})
 }
 
 // Write copies p to addr through the copy engines of devices that may
 // write each part.
 func (c *Core) Write(addr driver.Addr, p []byte) error {
+	return c.hostCopy("write", addr, uint64(len(p)), driver.AccessReadWrite, func(s ledger.Segment, off uint64) error {
+		return c.rt.WriteSync(s.Dev, s.Addr, p[off:off+s.N])
+	})
+}
+
+// hostCopy is Read and Write: move copies each segment of [addr, addr+n),
+// at offset off of the host's bytes, with a device that has want over it.
+func (c *Core) hostCopy(op string, addr driver.Addr, n uint64, want driver.Access, move func(s ledger.Segment, off uint64) error) error {
 	if c.engine.Closed() {
-		return driver.Closed(c.info.Name + ": write")
+		return driver.Closed(c.info.Name + ": " + op)
 	}
 	if !c.info.HostAccess {
-		return c.errf(driver.ErrUnsupported, "write: the runtime has no synchronous copies")
+		return c.errf(driver.ErrUnsupported, "%s: the runtime has no synchronous copies", op)
 	}
-	return c.books.WithHostSegments("write", addr, uint64(len(p)), driver.AccessReadWrite, func(segs []ledger.Segment) error {
+	return c.books.WithHostSegments(op, addr, n, want, func(segs []ledger.Segment) error {
 		for _, s := range segs {
-			off := uint64(s.Addr - addr)
-			if err := c.rt.WriteSync(s.Dev, s.Addr, p[off:off+s.N]); err != nil {
+			if err := move(s, uint64(s.Addr-addr)); err != nil {
 				return err
 			}
 		}
