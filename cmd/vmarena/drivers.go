@@ -69,14 +69,9 @@ func (b backend) open(want int, hostGran uint64, capacity func(gran uint64) uint
 		if err != nil {
 			return nil, err
 		}
-		var ords []int
-		var gran uint64
-		for _, d := range rep.Devices[:min(want, len(rep.Devices))] {
-			ords = append(ords, d.Ordinal)
-			gran = max(gran, d.MinGranularity)
-		}
-		if len(ords) == 0 {
-			return nil, errors.Wrapf(driver.ErrNoDevice, "cuda: %s sees no GPU", rep.Library)
+		ords, gran, err := firstDevices(rep.Devices, want, func(d cuda.DeviceReport) (int, uint64) { return d.Ordinal, d.MinGranularity })
+		if err != nil {
+			return nil, errors.Wrapf(err, "cuda: %s sees no GPU", rep.Library)
 		}
 		return cuda.Open(cuda.Options{Library: b.library, Devices: ords, Capacity: capacity(gran)})
 	case "acl":
@@ -84,14 +79,9 @@ func (b backend) open(want int, hostGran uint64, capacity func(gran uint64) uint
 		if err != nil {
 			return nil, err
 		}
-		var ids []int
-		var gran uint64
-		for _, d := range rep.Devices[:min(want, len(rep.Devices))] {
-			ids = append(ids, d.ID)
-			gran = max(gran, d.MinGranularity)
-		}
-		if len(ids) == 0 {
-			return nil, errors.Wrapf(driver.ErrNoDevice, "acl: %s sees no NPU", rep.Library)
+		ids, gran, err := firstDevices(rep.Devices, want, func(d acl.DeviceReport) (int, uint64) { return d.ID, d.MinGranularity })
+		if err != nil {
+			return nil, errors.Wrapf(err, "acl: %s sees no NPU", rep.Library)
 		}
 		return acl.Open(acl.Options{Library: b.library, Devices: ids, Capacity: capacity(gran)})
 	}
@@ -115,4 +105,19 @@ func deviceNames(devs []driver.Device) string {
 		}
 	}
 	return strings.Join(names, ", ")
+}
+
+// firstDevices are the vendor's IDs of the first want devices of a probe's
+// report (or all, when it has fewer) and the largest of their minimum
+// granularities; driver.ErrNoDevice when the report has none.
+func firstDevices[D any](devs []D, want int, idGran func(D) (int, uint64)) (ids []int, gran uint64, err error) {
+	for _, d := range devs[:min(want, len(devs))] {
+		id, g := idGran(d)
+		ids = append(ids, id)
+		gran = max(gran, g)
+	}
+	if len(ids) == 0 {
+		return nil, 0, driver.ErrNoDevice
+	}
+	return ids, gran, nil
 }

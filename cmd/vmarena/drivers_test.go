@@ -9,10 +9,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/acl"
 	"github.com/vmarena/vmarena/driver/acl/acltest"
 	"github.com/vmarena/vmarena/driver/cuda"
 	"github.com/vmarena/vmarena/driver/cuda/cudatest"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -352,4 +354,20 @@ func TestReplayDriverFlags(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Empty(t, out)
 	require.Contains(t, errOut, "vmarena replay: "+small+": cuda: no NVIDIA driver found: cannot load")
+}
+
+// TestFirstDevices: the first want devices of a probe, the largest
+// granularity among them, and ErrNoDevice for a probe that found none.
+func TestFirstDevices(t *testing.T) {
+	devs := []cuda.DeviceReport{{Ordinal: 3, MinGranularity: 2 * units.MiB}, {Ordinal: 5, MinGranularity: 4 * units.MiB}, {Ordinal: 7, MinGranularity: 8 * units.MiB}}
+	pick := func(d cuda.DeviceReport) (int, uint64) { return d.Ordinal, d.MinGranularity }
+	ids, gran, err := firstDevices(devs, 2, pick)
+	require.NoError(t, err)
+	require.Equal(t, []int{3, 5}, ids)
+	require.Equal(t, 4*units.MiB, gran, "the largest of the two picked, not of all")
+	ids, _, err = firstDevices(devs, 9, pick)
+	require.NoError(t, err)
+	require.Equal(t, []int{3, 5, 7}, ids, "all of them when there are fewer than wanted")
+	_, _, err = firstDevices(nil, 2, pick)
+	drivertest.RequireIs(t, err, driver.ErrNoDevice)
 }
