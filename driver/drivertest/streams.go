@@ -905,6 +905,11 @@ func (s suite) hostFuncCalls(t *testing.T) {
 			return f.s.SyncStream(st)
 		})
 		f.requireSelfWait(err, "synchronize stream")
+		// fromHostFunc's sync began before the host function enqueued
+		// "later" (or after: it is a race), and a sync waits only for what
+		// was enqueued before it; once the host function has returned,
+		// "later" is enqueued, so this sync covers it.
+		f.sync(st)
 		require.True(f.t, later.Load(), "work enqueued by the host function ran after it")
 		// Queries never wait: they answer.
 		var done bool

@@ -285,7 +285,8 @@ func needCompiler(tb testing.TB) {
 // Open builds the library v with cfg.Omit, copies it into tb.TempDir()
 // under v's file name — dlopen of a new path is a fresh instance with state
 // of its own — opens it and configures it with cfg. It skips the test when
-// there is no C compiler, unless VMARENA_REQUIRE_STANDIN=1.
+// there is no C compiler, unless VMARENA_REQUIRE_STANDIN=1. When the test
+// ends, an instance with nothing live is retired: its devices are gone.
 func Open(tb testing.TB, v Vendor, cfg Config) *Lib {
 	tb.Helper()
 	needCompiler(tb)
@@ -301,6 +302,11 @@ func Open(tb testing.TB, v Vendor, cfg Config) *Lib {
 	if err != nil {
 		tb.Fatalf("%+v", err)
 	}
+	// Once the test and its cleanups are done, an instance holding nothing
+	// gives back its devices' descriptors (the library itself stays
+	// loaded: it is never closed). One still holding objects keeps them;
+	// the test's RequireEmpty reports those.
+	tb.Cleanup(func() { l.retire() })
 	return l
 }
 
@@ -334,6 +340,7 @@ type Lib struct {
 	used      func(dev int32) uint64
 	live      func(what string) int64
 	access    func(addr uint64, dev int32) int32
+	retire    func() int64
 }
 
 // OpenPath opens the library at path (a child process loading the file its
@@ -350,6 +357,7 @@ func OpenPath(path string, cfg Config) (*Lib, error) {
 		{Name: "vmstandin_used", Fn: &l.used},
 		{Name: "vmstandin_live", Fn: &l.live},
 		{Name: "vmstandin_access", Fn: &l.access},
+		{Name: "vmstandin_retire", Fn: &l.retire},
 	}, 1)
 	if err != nil {
 		return nil, errors.Wrapf(err, "standin: dlopen %s", path)

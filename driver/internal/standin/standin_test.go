@@ -1341,3 +1341,43 @@ func TestConcurrentUse(t *testing.T) {
 	e.ok(e.cu.MemAddressFree(r, g))
 	e.noLeaks()
 }
+
+// heaps counts this process's descriptors of stand-in device heaps.
+func heaps(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, e := range ents {
+		if link, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.Contains(link, "vmstandin-heap:") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRetireGivesBackTheHeaps: an instance holds one descriptor per device
+// for its heap; retiring it gives them back, but only once nothing of it is
+// live, and Open retires what a test leaves empty.
+func TestRetireGivesBackTheHeaps(t *testing.T) {
+	before := heaps(t)
+	t.Run("left empty", func(t *testing.T) {
+		e := start(t, Config{})
+		require.Equal(t, before+2, heaps(t), "two devices, two heaps")
+		for d := range e.ctx {
+			e.ok(e.cu.PrimaryCtxRelease(int32(d)))
+		}
+	})
+	require.Equal(t, before, heaps(t), "Open's cleanup retired the empty instance")
+
+	t.Run("still holding", func(t *testing.T) {
+		e := start(t, Config{})
+		require.Equal(t, int64(2), e.lib.retire(), "two retained contexts keep it")
+		require.Equal(t, before+2, heaps(t), "a refused retirement closes nothing")
+		e.ok(e.cu.PrimaryCtxRelease(0))
+		e.ok(e.cu.PrimaryCtxRelease(1))
+		require.Equal(t, int64(0), e.lib.retire())
+		require.Equal(t, before, heaps(t))
+		require.Equal(t, int64(0), e.lib.retire(), "retiring twice is harmless")
+	})
+}

@@ -2125,6 +2125,32 @@ VDEV_EXPORT int64_t vmstandin_live(const char *what)
 	return n;
 }
 
+/* vmstandin_retire ends an instance a test is done with: when nothing of
+ * it is live, it closes the devices' heaps (the one descriptor each device
+ * holds for the life of an instance) and leaves the instance without
+ * devices, so a process that loads thousands of instances (go test
+ * -count=N) does not run out of descriptors. It returns the number of live
+ * objects that kept it from retiring, 0 once retired. */
+VDEV_EXPORT int64_t vmstandin_retire(void)
+{
+	int64_t live = (int64_t)vdev_tokens();
+	pthread_mutex_lock(&books);
+	live += (int64_t)(reservations.n + allocations.n + mappings.n + streams.n + events.n + host_allocs.n);
+	for (int d = 0; d < cfg.devices; d++)
+		live += devices[d].ctx.refs;
+	for (size_t i = 0; i < contexts.n; i++)
+		live += ((const vdev_ctx *)contexts.at[i])->refs > 0;
+	if (live == 0 && init_done && init_result == VDEV_OK) {
+		for (int d = 0; d < cfg.devices; d++) {
+			close(devices[d].heap_fd);
+			devices[d].heap_fd = -1;
+		}
+		init_result = VDEV_NO_DEVICE;
+	}
+	pthread_mutex_unlock(&books);
+	return live;
+}
+
 /* vmstandin_access is the hardware's own view: dev's access at addr as the
  * books hold it, -1 where nothing is mapped (or for no such device). */
 VDEV_EXPORT int vmstandin_access(uint64_t addr, int dev)

@@ -345,5 +345,6 @@ VDEV_EXPORT uint64_t vmstandin_calls(const char *fn);
 VDEV_EXPORT uint64_t vmstandin_used(int dev);
 VDEV_EXPORT int64_t vmstandin_live(const char *what);
 VDEV_EXPORT int vmstandin_access(uint64_t addr, int dev);
+VDEV_EXPORT int64_t vmstandin_retire(void);
 
 #endif /* VMSTANDIN_VDEV_H */
