@@ -32,9 +32,12 @@ import (
 //
 // Free space is kept in TLSF lists (tlsf.go): O(1) alloc and free whatever
 // the number of live allocations, with fragmentation close to best fit.
-// Block records live on the Go heap, never in the memory they describe —
-// device memory is not the allocator's to write, and the sim driver has
-// none.
+// Block records live in process memory, never in the memory they describe
+// — device memory is not the allocator's to write, and the sim driver has
+// none — and off the garbage collector's pointer graph: a slab of blocks
+// that name each other by slot, and a flat index from offset to used block
+// (heap.go, offindex.go). An Alloc that a free block serves, and a Free,
+// make no Go allocation.
 //
 // When no free block fits, the allocator commits the chunks of a hole next
 // to the free bytes that waste least, keeping committed memory within a
@@ -358,8 +361,8 @@ func (al *Allocator) Alloc(size, align uint64) (driver.Addr, error) {
 	}
 	h := al.heapFor(fp)
 	var p driver.Addr
-	if b := h.free.find((fp+align-al.q)/al.q, al.q); b != nil {
-		p = h.place(b, h.startIn(b, fp, align), fp, size)
+	if r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q); r != 0 {
+		p = h.place(r, h.startIn(h.at(r), fp, align), fp, size)
 		al.held += fp
 	} else {
 		var err error
@@ -384,10 +387,11 @@ func (al *Allocator) Free(p driver.Addr) error {
 		return al.errClosed("free")
 	}
 	if h := al.heapOf(p); h != nil {
-		if b := h.usedAt(p); b != nil {
+		if r := h.usedAt(p); r != 0 {
+			b := h.at(r)
 			al.stats.Allocated -= b.req
 			al.held -= b.size
-			h.release(b)
+			h.release(r)
 			al.checkAfter("free")
 			return nil
 		}
@@ -429,8 +433,8 @@ func (al *Allocator) Size(p driver.Addr) (uint64, error) {
 		return 0, al.errClosed("size")
 	}
 	if h := al.heapOf(p); h != nil {
-		if b := h.usedAt(p); b != nil {
-			return b.req, nil
+		if r := h.usedAt(p); r != 0 {
+			return h.at(r).req, nil
 		}
 	}
 	if st := al.stitchAt(p); st != nil {
@@ -487,7 +491,9 @@ func (al *Allocator) Export(p driver.Addr) (Exported, error) {
 	h := al.heapOf(p)
 	var b *block
 	if h != nil {
-		b = h.usedAt(p)
+		if r := h.usedAt(p); r != 0 {
+			b = h.at(r)
+		}
 	}
 	if b == nil {
 		if al.stitchAt(p) != nil {
@@ -567,7 +573,7 @@ func (al *Allocator) Stats() AllocStats {
 	}
 	st.Live = al.live()
 	for _, h := range al.distinct() {
-		st.LargestFree = max(st.LargestFree, h.free.largest())
+		st.LargestFree = max(st.LargestFree, h.free.largest(&h.slab))
 	}
 	return st
 }
@@ -614,7 +620,7 @@ func (al *Allocator) Close() error {
 func (al *Allocator) live() int {
 	n := len(al.stitches)
 	for _, h := range al.distinct() {
-		n += len(h.used)
+		n += h.used.len()
 	}
 	return n
 }
@@ -645,7 +651,7 @@ func (al *Allocator) checkLocked(deep bool) error {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
 	var held, allocated uint64
-	lent := map[*stitched]int{}
+	lent := map[uint64]int{} // blocks lent, by stitch offset
 	for _, h := range al.distinct() {
 		hh, ha, hl := h.check(fail)
 		held += hh
@@ -657,10 +663,10 @@ func (al *Allocator) checkLocked(deep bool) error {
 	for off, st := range al.stitches {
 		allocated += st.req
 		held += st.size
-		if st.off != off || lent[st] != len(st.parts) {
-			fail("arena: stitch at %#x lends %d blocks, %d are marked", off, len(st.parts), lent[st])
+		if st.off != off || lent[off] != len(st.parts) {
+			fail("arena: stitch at %#x lends %d blocks, %d are marked", off, len(st.parts), lent[off])
 		}
-		delete(lent, st)
+		delete(lent, off)
 	}
 	if len(lent) > 0 {
 		fail("arena: %d stitch(es) that are not live hold lent blocks", len(lent))

@@ -14,9 +14,12 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/race"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 // fine is an allocator whose chunks are one granule (64 KiB) each, with at
@@ -748,4 +751,43 @@ func TestSyntheticWorkloads(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAllocFreePairMakesNoGoAllocations: once its records have grown to
+// the live set, an Alloc and a Free that a free block serves make no Go
+// heap allocation — the records live in a slab and a flat index, off the
+// collector's pointer graph (issue 13). (The invariants build checks after
+// every change, which allocates: skipped there.)
+func TestAllocFreePairMakesNoGoAllocations(t *testing.T) {
+	if invariants.Enabled {
+		t.Skip("the invariants build checks after every change, and checking allocates")
+	}
+	drv, err := sim.New(sim.Options{Devices: 1, Capacity: units.TiB})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, drv.Close()) })
+	al, err := NewAllocator(vaspace.New(drv), physical.New(drv), AllocatorOptions{Max: units.TiB})
+	require.NoError(t, err)
+	t.Cleanup(func() { closeAllocator(t, al) })
+	rng := rand.New(rand.NewPCG(5, 6))
+	size := func() uint64 { e := 5 + rng.IntN(7); return 1<<e + rng.Uint64N(1<<e) }
+	live := make([]driver.Addr, 2000)
+	for i := range live {
+		live[i], err = al.Alloc(size(), 0)
+		require.NoError(t, err)
+	}
+	pair := func() {
+		i := rng.IntN(len(live))
+		q, err := al.Alloc(size(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := al.Free(live[i]); err != nil {
+			t.Fatal(err)
+		}
+		live[i] = q
+	}
+	for range 20000 { // the slab, the index and the committed memory reach their size
+		pair()
+	}
+	require.Zero(t, testing.AllocsPerRun(2000, pair))
 }

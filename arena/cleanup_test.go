@@ -21,9 +21,9 @@ func closeAllocator(t testing.TB, al *Allocator) {
 	var live []driver.Addr
 	if !closed {
 		for _, h := range al.distinct() {
-			for off := range h.used {
+			h.used.all(func(off uint64, _ bref) {
 				live = append(live, h.s.Base()+driver.Addr(off))
-			}
+			})
 		}
 		for off := range al.stitches {
 			live = append(live, al.st.Base()+driver.Addr(off))

@@ -53,7 +53,7 @@ func (al *Allocator) budget(held uint64) uint64 {
 // the hole, whose chunks [lo, hi) are committed for it (none when the
 // request fits the free blocks beside the hole after all).
 type growPlan struct {
-	hole   *block
+	hole   bref
 	start  uint64
 	lo, hi uint64
 	left   bool // the request starts in or before the hole: grow ahead to the right
@@ -61,14 +61,16 @@ type growPlan struct {
 
 func (g growPlan) need() uint64 { return g.hi - g.lo }
 
-// region is the span the plan uses: the hole and the free blocks beside it.
-func (g growPlan) region() span {
-	r := span{g.hole.off, g.hole.end()}
-	if p := g.hole.prev; p != nil && p.state == blockFree {
-		r.start = p.off
+// region is the span the plan uses in h: the hole and the free blocks
+// beside it.
+func (g growPlan) region(h *heap) span {
+	hole := h.at(g.hole)
+	r := span{hole.off, hole.end()}
+	if p := hole.prev; p != 0 && h.at(p).state == blockFree {
+		r.start = h.at(p).off
 	}
-	if n := g.hole.next; n != nil && n.state == blockFree {
-		r.end = n.end()
+	if n := hole.next; n != 0 && h.at(n).state == blockFree {
+		r.end = h.at(n).end()
 	}
 	return r
 }
@@ -79,19 +81,20 @@ func (g growPlan) region() span {
 // common case). Ties go to the lower address. ok is false when no hole has
 // room (the address space is used up).
 func (h *heap) planGrow(fp, align uint64) (best growPlan, ok bool) {
-	base := uint64(h.s.Base())
-	consider := func(hole *block, start uint64, left bool) {
+	base := h.base
+	consider := func(r bref, start uint64, left bool) {
+		hole := h.at(r)
 		lo, hi := max(hole.off, alignDown(start, h.cs)), min(hole.end(), alignUp(start+fp, h.cs))
 		if lo > hi {
 			lo = hi
 		}
-		g := growPlan{hole: hole, start: start, lo: lo, hi: hi, left: left}
+		g := growPlan{hole: r, start: start, lo: lo, hi: hi, left: left}
 		if !ok || g.need() < best.need() || g.need() == best.need() && start < best.start {
 			best, ok = g, true
 		}
 	}
-	for hole := h.holes; hole != nil; hole = hole.fnext {
-		r := growPlan{hole: hole}.region()
+	for hole := h.holes; hole != 0; hole = h.at(hole).fnext {
+		r := growPlan{hole: hole}.region(h)
 		if s := h.alignedStart(r.start, align); s >= r.start && s+fp >= s && s+fp <= r.end {
 			consider(hole, s, true)
 		}
@@ -105,30 +108,32 @@ func (h *heap) planGrow(fp, align uint64) (best growPlan, ok bool) {
 }
 
 // extend grows the plan's commit ahead of need by up to more bytes, in
-// whole chunks, within its hole.
-func (g *growPlan) extend(more, cs uint64) {
-	more = alignDown(more, cs)
+// whole chunks, within its hole of h.
+func (g *growPlan) extend(h *heap, more uint64) {
+	more = alignDown(more, h.cs)
+	hole := h.at(g.hole)
 	if g.left {
-		g.hi += min(more, g.hole.end()-g.hi)
+		g.hi += min(more, hole.end()-g.hi)
 	} else {
-		g.lo -= min(more, g.lo-g.hole.off)
+		g.lo -= min(more, g.lo-hole.off)
 	}
 }
 
 // commitPlan commits the plan's chunks and turns them from hole into free
 // memory, merged with the free blocks beside them; it returns the free
 // block that now holds the request's place.
-func (h *heap) commitPlan(g growPlan) (*block, error) {
+func (h *heap) commitPlan(g growPlan) (bref, error) {
 	if g.need() == 0 {
-		for _, b := range []*block{g.hole.prev, g.hole.next} {
-			if b != nil && b.state == blockFree && b.off <= g.start && g.start < b.end() {
-				return b, nil
+		hole := h.at(g.hole)
+		for _, r := range [2]bref{hole.prev, hole.next} {
+			if b := h.at(r); r != 0 && b.state == blockFree && b.off <= g.start && g.start < b.end() {
+				return r, nil
 			}
 		}
-		return nil, errors.AssertionFailedf("arena: a plan at %#x needs no memory, but no free block beside its hole holds it", g.start)
+		return 0, errors.AssertionFailedf("arena: a plan at %#x needs no memory, but no free block beside its hole holds it", g.start)
 	}
 	if err := h.s.Commit(g.lo, g.need()); err != nil {
-		return nil, err
+		return 0, err
 	}
 	h.removeHole(g.hole)
 	h.carve(g.hole, g.lo, g.hi, h.addHole)
@@ -184,7 +189,7 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 			if p, ok, err := stitch(); err != nil || ok {
 				return p, err
 			}
-			gave, err := al.releaseLocked(over-budget, h, g.region())
+			gave, err := al.releaseLocked(over-budget, h, g.region(h))
 			if err != nil {
 				return 0, err
 			}
@@ -194,7 +199,7 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 			}
 		}
 		if try == ahead && g.need() > 0 && committed+g.need() < min(budget, al.max) {
-			g.extend(min(budget, al.max)-committed-g.need(), al.cs)
+			g.extend(h, min(budget, al.max)-committed-g.need())
 		}
 		var err error
 		if committed+g.need() > al.max {
@@ -232,7 +237,7 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 // freeRun is the whole free chunks [lo, hi) of the free block b of h.
 type freeRun struct {
 	h      *heap
-	b      *block
+	b      bref
 	lo, hi uint64
 }
 
@@ -243,7 +248,8 @@ func (h *heap) freeRuns(keep span) []freeRun {
 	fl, _ := bucket(max(h.cs/h.q, 1))
 	for f := fl; f < flCount; f++ {
 		for sl := range slCount {
-			for b := h.free.heads[f][sl]; b != nil; b = b.fnext {
+			for r := h.free.heads[f][sl]; r != 0; r = h.at(r).fnext {
+				b := h.at(r)
 				lo, hi := alignUp(b.off, h.cs), alignDown(b.end(), h.cs)
 				if keep.start < keep.end && lo < keep.end && keep.start < hi {
 					// A free block overlaps the kept region only at one of
@@ -255,7 +261,7 @@ func (h *heap) freeRuns(keep span) []freeRun {
 					}
 				}
 				if lo < hi {
-					runs = append(runs, freeRun{h, b, lo, hi})
+					runs = append(runs, freeRun{h, r, lo, hi})
 				}
 			}
 		}
@@ -298,7 +304,7 @@ func (al *Allocator) releaseLocked(want uint64, kh *heap, keep span) (uint64, er
 // driver refuses part-way, the range has given back the end of [lo, hi)
 // (it unmaps last first): that part becomes the hole, and the error is
 // returned.
-func (h *heap) decommit(b *block, lo, hi uint64) error {
+func (h *heap) decommit(b bref, lo, hi uint64) error {
 	err := h.s.Decommit(lo, hi-lo)
 	if err != nil {
 		if lo = h.s.committedEnd(lo, hi); lo == hi {

@@ -25,15 +25,24 @@ import (
 // exactly when it is free and in the hole list exactly when it is a hole;
 // every used block is indexed under its offset. The heap's owner holds the
 // lock.
+//
+// The records stay off the garbage collector's pointer graph: blocks live
+// in a slab and name each other by slot (bref), the free and
+// hole lists are slots, and used blocks are found by offset in an index of
+// flat arrays (offindex.go). An alloc or a free makes no Go allocation once
+// the slab and the index have grown to the live set, and the collector
+// never scans them, however many allocations are live.
 type heap struct {
 	s     *Sparse
 	q, cs uint64
+	base  uint64 // s.Base(): the range never moves
 
-	head, tail *block
+	slab
+	head, tail bref
 	free       tlsf
 	freeBytes  uint64
-	holes      *block // linked through fprev/fnext
-	used       map[uint64]*block
+	holes      bref // linked through fprev/fnext
+	used       offIndex
 }
 
 type blockState uint8
@@ -49,21 +58,58 @@ func (s blockState) String() string {
 	return [...]string{"free", "used", "hole", "lent"}[s]
 }
 
-// block is [off, off+size) of a heap's range.
+// block is [off, off+size) of a heap's range. Its links are slots of the
+// heap's slab (0: none).
 type block struct {
 	off, size    uint64
-	state        blockState
 	req          uint64 // bytes asked for (used blocks)
-	prev, next   *block // address order
-	fprev, fnext *block // free list, or hole list
-	lentTo       *stitched
+	lent         uint64 // lent blocks: the stitch's offset + 1
+	prev, next   bref   // address order
+	fprev, fnext bref   // free list, or hole list
+	state        blockState
 }
 
 func (b *block) end() uint64 { return b.off + b.size }
 
+// bref names a block by its slot in a heap's slab; 0 names none.
+type bref uint32
+
+// A slab holds a heap's blocks in one slice; slots of dropped blocks are
+// reused first. It holds no pointers, so the collector never scans it.
+// make may move the slice: a *block from at is valid only until the next
+// make (carve re-fetches after making).
+type slab struct {
+	blocks []block // slot 0 is never used
+	spare  bref    // dropped slots, linked through next
+}
+
+// at is the block in slot r (not 0).
+func (sl *slab) at(r bref) *block { return &sl.blocks[r] }
+
+// make returns the slot of a new block [off, off+size), on no list.
+func (sl *slab) make(off, size uint64) bref {
+	r := sl.spare
+	if r != 0 {
+		sl.spare = sl.blocks[r].next
+		sl.blocks[r] = block{off: off, size: size}
+		return r
+	}
+	if len(sl.blocks) == 0 {
+		sl.blocks = append(sl.blocks, block{}) // slot 0: no block
+	}
+	sl.blocks = append(sl.blocks, block{off: off, size: size})
+	return bref(len(sl.blocks) - 1)
+}
+
+// drop gives slot r back for reuse.
+func (sl *slab) drop(r bref) {
+	sl.blocks[r] = block{next: sl.spare}
+	sl.spare = r
+}
+
 func newHeap(s *Sparse, q uint64) *heap {
-	h := &heap{s: s, q: q, cs: s.ChunkSize(), used: map[uint64]*block{}}
-	hole := &block{off: 0, size: s.Max()}
+	h := &heap{s: s, q: q, cs: s.ChunkSize(), base: uint64(s.Base())}
+	hole := h.make(0, s.Max())
 	h.head, h.tail = hole, hole
 	h.addHole(hole)
 	return h
@@ -72,8 +118,7 @@ func newHeap(s *Sparse, q uint64) *heap {
 // alignedStart is the first offset at or after off whose address is a
 // multiple of align.
 func (h *heap) alignedStart(off, align uint64) uint64 {
-	base := uint64(h.s.Base())
-	return alignUp(base+off, align) - base
+	return alignUp(h.base+off, align) - h.base
 }
 
 // startIn chooses where in the free block b (which holds fp bytes at an
@@ -84,8 +129,7 @@ func (h *heap) alignedStart(off, align uint64) uint64 {
 // Ties go to the low end.
 func (h *heap) startIn(b *block, fp, align uint64) uint64 {
 	lo := h.alignedStart(b.off, align)
-	base := uint64(h.s.Base())
-	hi := alignDown(base+b.end()-fp, align) - base
+	hi := alignDown(h.base+b.end()-fp, align) - h.base
 	if hi <= lo || hi+fp > b.end() {
 		return lo
 	}
@@ -104,69 +148,73 @@ func (h *heap) pins(b *block, s, fp uint64) uint64 {
 	return (hi - lo) / h.cs
 }
 
-// place carves [start, start+fp) — inside the free block b — out of b as
+// place carves [start, start+fp) — inside the free block r — out of it as
 // a used block, and returns its address.
-func (h *heap) place(b *block, start, fp, req uint64) driver.Addr {
-	h.removeFree(b)
-	h.carve(b, start, start+fp, h.addFree)
+func (h *heap) place(r bref, start, fp, req uint64) driver.Addr {
+	h.removeFree(r)
+	h.carve(r, start, start+fp, h.addFree)
+	b := h.at(r)
 	b.state, b.req = blockUsed, req
-	h.used[b.off] = b
-	return h.s.Base() + driver.Addr(b.off)
+	h.used.put(b.off, r)
+	return driver.Addr(h.base + b.off)
 }
 
-// usedAt returns the used block starting at p, or nil.
-func (h *heap) usedAt(p driver.Addr) *block {
-	base := h.s.Base()
-	if p < base {
-		return nil
+// usedAt returns the used block starting at p, or 0.
+func (h *heap) usedAt(p driver.Addr) bref {
+	if uint64(p) < h.base {
+		return 0
 	}
-	return h.used[uint64(p-base)]
+	return h.used.get(uint64(p) - h.base)
 }
 
-// release frees the used block b, merging it with free neighbours.
-func (h *heap) release(b *block) {
+// release frees the used block r, merging it with free neighbours.
+func (h *heap) release(r bref) {
+	b := h.at(r)
 	b.req = 0
-	delete(h.used, b.off)
-	h.addFree(h.coalesce(b, blockFree))
+	h.used.del(b.off)
+	h.addFree(h.coalesce(r, blockFree))
 }
 
-// carve shrinks b, which is on no list, to [lo, hi) inside it; what lay
+// carve shrinks r, which is on no list, to [lo, hi) inside it; what lay
 // before and after goes to new blocks, listed by add.
-func (h *heap) carve(b *block, lo, hi uint64, add func(*block)) {
-	if lo > b.off {
-		front := &block{off: b.off, size: lo - b.off}
-		h.linkBefore(front, b)
+func (h *heap) carve(r bref, lo, hi uint64, add func(bref)) {
+	off, end := h.at(r).off, h.at(r).end()
+	if lo > off {
+		front := h.make(off, lo-off) // may move the slab: no *block held across
+		h.linkAfter(front, h.at(r).prev)
 		add(front)
 	}
-	if hi < b.end() {
-		back := &block{off: hi, size: b.end() - hi}
-		h.linkAfter(back, b)
+	if hi < end {
+		back := h.make(hi, end-hi)
+		h.linkAfter(back, r)
 		add(back)
 	}
+	b := h.at(r)
 	b.off, b.size = lo, hi-lo
 }
 
-// blockAt returns the block holding off (a walk of the list: for error
-// messages only).
-func (h *heap) blockAt(off uint64) *block {
-	for b := h.head; b != nil; b = b.next {
-		if off < b.end() {
-			return b
+// blockAt returns the block holding off, or 0 (a walk of the list: for
+// error messages only).
+func (h *heap) blockAt(off uint64) bref {
+	for r := h.head; r != 0; r = h.at(r).next {
+		if off < h.at(r).end() {
+			return r
 		}
 	}
-	return nil
+	return 0
 }
 
 // check verifies the heap's invariants; it takes the range's lock.
 // It returns what the used blocks hold and were asked for, and how many
-// blocks each stitch has lent.
-func (h *heap) check(fail func(format string, args ...any)) (held, allocated uint64, lent map[*stitched]int) {
-	lent = map[*stitched]int{}
+// blocks each stitch (by offset) has lent.
+func (h *heap) check(fail func(format string, args ...any)) (held, allocated uint64, lent map[uint64]int) {
+	lent = map[uint64]int{}
 	holes, nused := 0, 0
 	var at, free uint64
-	var prev *block
+	var prev bref
 	h.s.mu.Lock()
-	for b := h.head; b != nil; b = b.next {
+	for r := h.head; r != 0; r = h.at(r).next {
+		b := h.at(r)
 		if b.prev != prev {
 			fail("arena: block at %#x has a wrong back link", b.off)
 		}
@@ -181,8 +229,8 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 		} else if len(gaps) > 0 {
 			fail("arena: %s block [%#x, %#x) is not committed at [%#x, %#x)", b.state, b.off, b.end(), gaps[0].start, gaps[0].end)
 		}
-		if prev != nil && prev.state == b.state && (b.state == blockFree || b.state == blockHole) {
-			fail("arena: %s blocks at %#x and %#x touch", b.state, prev.off, b.off)
+		if prev != 0 && h.at(prev).state == b.state && (b.state == blockFree || b.state == blockHole) {
+			fail("arena: %s blocks at %#x and %#x touch", b.state, h.at(prev).off, b.off)
 		}
 		switch b.state {
 		case blockFree:
@@ -193,16 +241,19 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 			nused++
 			allocated += b.req
 			held += b.size
-			if h.used[b.off] != b {
+			if h.used.get(b.off) != r {
 				fail("arena: used block at %#x is not indexed", b.off)
 			}
 		case blockLent:
-			if b.lentTo == nil || b.off%h.cs != 0 || b.size%h.cs != 0 {
+			if b.lent == 0 || b.off%h.cs != 0 || b.size%h.cs != 0 {
 				fail("arena: lent block at %#x belongs to no stitch, or is not whole chunks", b.off)
 			}
-			lent[b.lentTo]++
+			lent[b.lent-1]++
 		}
-		at, prev = b.end(), b
+		if b.state != blockLent && b.lent != 0 {
+			fail("arena: %s block at %#x is marked lent", b.state, b.off)
+		}
+		at, prev = b.end(), r
 	}
 	h.s.mu.Unlock()
 	if h.tail != prev {
@@ -211,13 +262,15 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 	if at != h.s.Max() {
 		fail("arena: blocks end at %#x, the range is %#x long", at, h.s.Max())
 	}
-	if nused != len(h.used) {
-		fail("arena: %d used blocks, %d indexed", nused, len(h.used))
+	h.used.check(fail)
+	if nused != h.used.len() {
+		fail("arena: %d used blocks, %d indexed", nused, h.used.len())
 	}
 	listed := uint64(0)
 	for fl := range h.free.heads {
 		for sl := range h.free.heads[fl] {
-			for b := h.free.heads[fl][sl]; b != nil; b = b.fnext {
+			for r := h.free.heads[fl][sl]; r != 0; r = h.at(r).fnext {
+				b := h.at(r)
 				if b.state != blockFree {
 					fail("arena: block at %#x is listed free but is %s", b.off, b.state)
 				}
@@ -232,8 +285,8 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 		fail("arena: free blocks hold %d bytes, the lists %d, the count %d", free, listed, h.freeBytes)
 	}
 	inList := 0
-	for b := h.holes; b != nil; b = b.fnext {
-		if b.state != blockHole {
+	for r := h.holes; r != 0; r = h.at(r).fnext {
+		if b := h.at(r); b.state != blockHole {
 			fail("arena: block at %#x is in the hole list but is %s", b.off, b.state)
 		}
 		inList++
@@ -246,94 +299,105 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 
 // Block list, free-list and hole-list helpers.
 
-func (h *heap) addFree(b *block) {
+func (h *heap) addFree(r bref) {
+	b := h.at(r)
 	b.state = blockFree
-	h.free.insert(b, h.q)
+	h.free.insert(&h.slab, r, h.q)
 	h.freeBytes += b.size
 }
 
-func (h *heap) removeFree(b *block) {
-	h.free.remove(b, h.q)
-	h.freeBytes -= b.size
+func (h *heap) removeFree(r bref) {
+	h.free.remove(&h.slab, r, h.q)
+	h.freeBytes -= h.at(r).size
 }
 
-func (h *heap) addHole(b *block) {
+func (h *heap) addHole(r bref) {
+	b := h.at(r)
 	b.state = blockHole
-	b.fprev, b.fnext = nil, h.holes
-	if h.holes != nil {
-		h.holes.fprev = b
+	b.fprev, b.fnext = 0, h.holes
+	if h.holes != 0 {
+		h.at(h.holes).fprev = r
 	}
-	h.holes = b
+	h.holes = r
 }
 
-func (h *heap) removeHole(b *block) {
-	if b.fprev != nil {
-		b.fprev.fnext = b.fnext
+func (h *heap) removeHole(r bref) {
+	b := h.at(r)
+	if b.fprev != 0 {
+		h.at(b.fprev).fnext = b.fnext
 	} else {
 		h.holes = b.fnext
 	}
-	if b.fnext != nil {
-		b.fnext.fprev = b.fprev
+	if b.fnext != 0 {
+		h.at(b.fnext).fprev = b.fprev
 	}
-	b.fprev, b.fnext = nil, nil
+	b.fprev, b.fnext = 0, 0
 }
 
-// coalesce merges b — newly free, or a new hole: state says which — with
-// its neighbours in that state (taking them off their list) and returns
-// the merged block, not yet listed.
-func (h *heap) coalesce(b *block, state blockState) *block {
+// coalesce merges r — newly free, or a new hole: state says which — with
+// its neighbours in that state (taking them off their list, and dropping
+// the slots merged away) and returns the merged block, not yet listed.
+func (h *heap) coalesce(r bref, state blockState) bref {
 	remove := h.removeFree
 	if state == blockHole {
 		remove = h.removeHole
 	}
-	if p := b.prev; p != nil && p.state == state {
+	if p := h.at(r).prev; p != 0 && h.at(p).state == state {
 		remove(p)
-		p.size += b.size
-		h.unlink(b)
-		b = p
+		h.at(p).size += h.at(r).size
+		h.unlink(r)
+		h.drop(r)
+		r = p
 	}
-	if n := b.next; n != nil && n.state == state {
+	if n := h.at(r).next; n != 0 && h.at(n).state == state {
 		remove(n)
-		b.size += n.size
+		h.at(r).size += h.at(n).size
 		h.unlink(n)
+		h.drop(n)
 	}
-	return b
+	return r
 }
 
-func (h *heap) linkAfter(b, prev *block) {
+// linkAfter puts r after prev in address order (first when prev is 0).
+func (h *heap) linkAfter(r, prev bref) {
+	b := h.at(r)
 	b.prev = prev
-	if prev == nil {
-		b.next, h.head = h.head, b
+	if prev == 0 {
+		b.next, h.head = h.head, r
 	} else {
-		b.next, prev.next = prev.next, b
+		p := h.at(prev)
+		b.next, p.next = p.next, r
 	}
-	if b.next != nil {
-		b.next.prev = b
+	if b.next != 0 {
+		h.at(b.next).prev = r
 	} else {
-		h.tail = b
+		h.tail = r
 	}
 }
 
-func (h *heap) linkBefore(b, next *block) { h.linkAfter(b, next.prev) }
-
-func (h *heap) unlink(b *block) {
-	if b.prev != nil {
-		b.prev.next = b.next
+func (h *heap) unlink(r bref) {
+	b := h.at(r)
+	if b.prev != 0 {
+		h.at(b.prev).next = b.next
 	} else {
 		h.head = b.next
 	}
-	if b.next != nil {
-		b.next.prev = b.prev
+	if b.next != 0 {
+		h.at(b.next).prev = b.prev
 	} else {
 		h.tail = b.prev
 	}
-	b.prev, b.next = nil, nil
+	b.prev, b.next = 0, 0
 }
 
 // notAllocated explains why off, in the heap's range, is no live
 // allocation's start.
 func (h *heap) notAllocated(what string, off uint64) error {
-	b := h.blockAt(off)
+	r := h.blockAt(off)
+	var b *block
+	if r != 0 {
+		b = h.at(r)
+	}
 	switch {
 	case b == nil || b.state == blockFree || b.state == blockHole:
 		return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s: that memory is free (freed twice?)", what),
@@ -342,5 +406,5 @@ func (h *heap) notAllocated(what string, off uint64) error {
 		return errors.Wrapf(driver.ErrNotAllocated, "%s: that memory is lent to a stitched allocation; free that one", what)
 	}
 	return errors.Wrapf(driver.ErrNotAllocated, "%s: it points inside the allocation at %s; free takes its start",
-		what, h.s.Base()+driver.Addr(b.off))
+		what, driver.Addr(h.base+b.off))
 }

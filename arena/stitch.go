@@ -22,7 +22,7 @@ import (
 // stitch range maps, back to back, the chunks of the lent blocks parts.
 type stitched struct {
 	off, size uint64
-	parts     []*block
+	parts     []bref // slots of the large heap
 	req       uint64
 }
 
@@ -66,7 +66,7 @@ func (al *Allocator) stitchLocked(fp, req uint64) (driver.Addr, bool, error) {
 		}
 		got += r.hi - r.lo
 	}
-	if len(picks) < 2 && picks[0].b.size >= fp {
+	if len(picks) < 2 && h.at(picks[0].b).size >= fp {
 		return 0, false, nil // one free block holds it: the free lists are the way
 	}
 	off, ok := al.stFree.Alloc(size, al.cs)
@@ -87,12 +87,12 @@ func (al *Allocator) stitchLocked(fp, req uint64) (driver.Addr, bool, error) {
 }
 
 // lend cuts r's chunks out of its free block and marks them lent to st.
-func (h *heap) lend(r freeRun, st *stitched) *block {
-	b := r.b
-	h.removeFree(b)
-	h.carve(b, r.lo, r.hi, h.addFree)
-	b.state, b.lentTo = blockLent, st
-	return b
+func (h *heap) lend(r freeRun, st *stitched) bref {
+	h.removeFree(r.b)
+	h.carve(r.b, r.lo, r.hi, h.addFree)
+	b := h.at(r.b)
+	b.state, b.lent = blockLent, st.off+1
+	return r.b
 }
 
 // unstitchLocked unmaps a stitched allocation and returns its chunks'
@@ -106,7 +106,7 @@ func (al *Allocator) unstitchLocked(st *stitched) error {
 	}
 	h := al.heaps[large]
 	for _, part := range st.parts {
-		part.lentTo = nil
+		h.at(part).lent = 0
 		h.addFree(h.coalesce(part, blockFree))
 	}
 	delete(al.stitches, st.off)
