@@ -104,6 +104,52 @@ func GrowOneChunk(more func() bool, size uint64) (p Pair, err error) {
 		func() error { return errors.CombineErrors(giveBack(big), giveBack(small)) })
 }
 
+// GrowStep times one growth step of an arena that holds size bytes — a
+// Grow by one 2 MiB chunk: the chunk created, mapped and granted
+// read-write — beside the same system calls made bare on a memfd and a
+// reservation of the baseline's own (bareRegion.growStep), in the same
+// loop. Lib/Bare is what the library's books cost on top of the calls; a
+// step whose cost does not grow with the arena gives the same ratio at
+// every size. Host driver, default capacity: ErrTooLarge when it cannot
+// hold size plus the chunk.
+func GrowStep(more func() bool, size uint64) (p Pair, err error) {
+	drv, space, mem, err := hostArenas(size+2*ChunkSize, fmt.Sprintf("a growth step of an arena of %s", units.Bytes(size)))
+	if err != nil {
+		return Pair{}, err
+	}
+	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	a, err := arena.New(space, mem, arena.Options{Max: size + ChunkSize, ChunkSize: ChunkSize, MaxChunk: ChunkSize})
+	if err != nil {
+		return Pair{}, err
+	}
+	defer func() { err = errors.CombineErrors(err, a.Close()) }()
+	if err := a.Grow(size); err != nil {
+		return Pair{}, err
+	}
+	bare, err := newBareRegion(ChunkSize)
+	if err != nil {
+		return Pair{}, err
+	}
+	defer func() { err = errors.CombineErrors(err, bare.close()) }()
+	timed := func(step func() error) func(*time.Duration) error {
+		return func(into *time.Duration) error {
+			t0 := time.Now()
+			err := step()
+			*into += time.Since(t0)
+			return err
+		}
+	}
+	return alternate(more, 1,
+		timed(func() error { return a.Grow(ChunkSize) }),
+		timed(bare.growStep),
+		func() error {
+			if err := a.Shrink(ChunkSize); err != nil {
+				return err
+			}
+			return errors.CombineErrors(a.Trim(), bare.undoStep())
+		})
+}
+
 // GrowTo times growing memory to total bytes in 2 MiB steps: an arena on
 // the host driver grown ChunkSize at a time (Lib: arena.New and the Grows;
 // Close is not timed), beside a []byte extended by 2 MiB of zeros at a
@@ -160,7 +206,8 @@ const allocBatch = 256
 // same pattern with make([]byte) held in a slice, the replaced one dropped
 // for Go's GC: only a reference point — Go's allocator hands out host heap
 // that it zeroes and collects, not device memory, and keeps no device
-// bookkeeping.
+// bookkeeping. LibAllocs counts the Go allocations of a further allocBatch
+// pairs, run untimed.
 func AllocFree(more func() bool, live int) (p Pair, err error) {
 	drv, err := sim.New(sim.Options{Devices: 1, Capacity: units.TiB})
 	if err != nil {
@@ -228,6 +275,19 @@ func AllocFree(more func() bool, live int) (p Pair, err error) {
 		return p, err
 	}
 	runtime.KeepAlive(bufs)
+	c := step
+	if p.LibAllocs, err = allocsPer(allocBatch, func() error {
+		c = (c + 1) % cycle
+		q, err := al.Alloc(sizes[c], 0)
+		if err != nil {
+			return err
+		}
+		err = al.Free(ptrs[slots[c]])
+		ptrs[slots[c]] = q
+		return err
+	}); err != nil {
+		return p, err
+	}
 	if st := al.Stats(); st.Live != live {
 		return p, errors.AssertionFailedf("bench: %d live allocations after the pairs, %d expected", st.Live, live)
 	}

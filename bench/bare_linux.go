@@ -62,6 +62,34 @@ func (r *bareRegion) mapAccessUnmap(populate bool) error {
 	return err
 }
 
+// growStep is GrowStep's bare operation, the calls one chunk of arena
+// growth makes on the host driver: fallocate of the chunk (create), mmap
+// MAP_FIXED of it over the reservation (map), mprotect read-write and
+// madvise(MADV_POPULATE_WRITE) (grant, with the host driver's populate).
+func (r *bareRegion) growStep() error {
+	if err := fallocate(r.fd, 0, ChunkSize); err != nil {
+		return err
+	}
+	if _, err := unix.MmapPtr(r.fd, 0, r.base, uintptr(ChunkSize), unix.PROT_NONE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+		return err
+	}
+	mem := unsafe.Slice((*byte)(r.base), ChunkSize)
+	if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+		return err
+	}
+	return unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
+}
+
+// undoStep gives growStep's chunk back: the reservation is restored over
+// it and its memory punched out of the memfd.
+func (r *bareRegion) undoStep() error {
+	if _, err := unix.MmapPtr(-1, 0, r.base, uintptr(ChunkSize), unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED); err != nil {
+		return err
+	}
+	return fallocate(r.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, ChunkSize)
+}
+
 // commit commits the region's first ChunkSize bytes.
 func (r *bareRegion) commit() error { return fallocate(r.fd, 0, ChunkSize) }
 

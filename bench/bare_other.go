@@ -26,6 +26,8 @@ func (r *bareRegion) close() error              { return bareUnsupported("close"
 func (r *bareRegion) mapAccessUnmap(bool) error { return bareUnsupported("map, access, unmap") }
 func (r *bareRegion) commit() error             { return bareUnsupported("commit") }
 func (r *bareRegion) commitPunch() error        { return bareUnsupported("commit and punch") }
+func (r *bareRegion) growStep() error           { return bareUnsupported("grow step") }
+func (r *bareRegion) undoStep() error           { return bareUnsupported("undo grow step") }
 func bareReserveFree(uint64) error              { return bareUnsupported("reserve and free") }
 
 type streamCopier struct{ src, dst []byte }

@@ -9,6 +9,7 @@
 package bench
 
 import (
+	"runtime"
 	"time"
 
 	"github.com/vmarena/vmarena/driver"
@@ -23,9 +24,27 @@ import (
 const ChunkSize = 2 * units.MiB
 
 // Pair is the time the library and the bare baseline took over n rounds.
+// LibAllocs, where a benchmark measures it, is the Go heap allocations one
+// operation of the library side makes, counted over a stretch of them run
+// apart from the timing.
 type Pair struct {
 	N         int
 	Lib, Bare time.Duration
+	LibAllocs float64
+}
+
+// allocsPer is the Go heap allocations per call of n calls of fn (of the
+// whole process: run it where nothing else allocates).
+func allocsPer(n int, fn func() error) (float64, error) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range n {
+		if err := fn(); err != nil {
+			return 0, err
+		}
+	}
+	runtime.ReadMemStats(&after)
+	return float64(after.Mallocs-before.Mallocs) / float64(n), nil
 }
 
 // Ratio is library time over baseline time.

@@ -22,6 +22,7 @@ func report(b *testing.B, p Pair, err error) {
 // BenchmarkMapAccessUnmap: Map + SetAccess + Unmap of a 2 MiB chunk against
 // the bare system calls. Target: lib/bare at most 1.10.
 func BenchmarkMapAccessUnmap(b *testing.B) {
+	b.ReportAllocs()
 	b.Run("populate", func(b *testing.B) { p, err := MapAccessUnmap(b.N, true); report(b, p, err) })
 	b.Run("no-populate", func(b *testing.B) { p, err := MapAccessUnmap(b.N, false); report(b, p, err) })
 }
@@ -29,6 +30,7 @@ func BenchmarkMapAccessUnmap(b *testing.B) {
 // BenchmarkCreateRelease: Create + Release of a 2 MiB chunk against bare
 // fallocate + punch-hole.
 func BenchmarkCreateRelease(b *testing.B) {
+	b.ReportAllocs()
 	p, err := CreateRelease(b.N)
 	report(b, p, err)
 }
@@ -36,6 +38,7 @@ func BenchmarkCreateRelease(b *testing.B) {
 // BenchmarkReserveFree1TiB: Reserve + Free of 1 TiB against bare mmap +
 // munmap.
 func BenchmarkReserveFree1TiB(b *testing.B) {
+	b.ReportAllocs()
 	p, err := ReserveFree(b.N, units.TiB)
 	report(b, p, err)
 }

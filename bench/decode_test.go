@@ -37,9 +37,11 @@ var decodeShapes = []struct {
 // above 1, contiguous is faster). Target (issue 11): at least 1.1;
 // reported, never asserted. llama-7b at 16k commits 1 GiB.
 func BenchmarkDecodeAttention(b *testing.B) {
+	b.ReportAllocs()
 	for _, ds := range decodeShapes {
 		for _, tokens := range []int{4 << 10, 16 << 10} {
 			b.Run(fmt.Sprintf("%s/T=%dk", ds.name, tokens>>10), func(b *testing.B) {
+				b.ReportAllocs()
 				p, err := DecodeAttention(b.Loop, ds.shape, tokens)
 				skipTooLarge(b, err)
 				if err != nil {

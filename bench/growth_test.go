@@ -34,8 +34,10 @@ var growthShape = SequenceShape{Layers: 4, KVHeads: 8, HeadDim: 128, Tokens: 32 
 // (issue 11): at least 10; reported, never asserted. Commits up to about
 // 2.5 GiB (warm).
 func BenchmarkSequenceGrowth(b *testing.B) {
+	b.ReportAllocs()
 	for _, start := range []GrowthStart{GrowCold, GrowWarm} {
 		b.Run(start.String(), func(b *testing.B) {
+			b.ReportAllocs()
 			g, err := SequenceGrowth(b.Loop, growthShape, start)
 			skipTooLarge(b, err)
 			if err != nil {

@@ -23,8 +23,10 @@ import (
 // The 1 GiB case commits 1 GiB at a time, beside two 1 GiB buffers for the
 // copy.
 func BenchmarkIPCShare(b *testing.B) {
+	b.ReportAllocs()
 	for _, size := range []uint64{IPCSmall, units.GiB} {
 		b.Run(units.Bytes(size), func(b *testing.B) {
+			b.ReportAllocs()
 			t, err := IPCShare(b.Loop, size)
 			skipTooLarge(b, err)
 			if err != nil {

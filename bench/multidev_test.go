@@ -17,6 +17,7 @@ import (
 // Reports migrate-ms, copy-ms and migrate/copy: ≈ 1 when the remap adds
 // little beyond the copy. Commits up to 3 GiB at once.
 func BenchmarkMigrate1GiB(b *testing.B) {
+	b.ReportAllocs()
 	p, err := Migrate(b.Loop, units.GiB)
 	skipTooLarge(b, err)
 	if err != nil {

@@ -16,12 +16,14 @@ import (
 // Reports pairs/s of each and the time ratios pool/alloc and pool/make
 // (above 1: the pool is slower).
 func BenchmarkPoolAllocFree(b *testing.B) {
+	b.ReportAllocs()
 	for _, streams := range []int{1, 4} {
 		name := "1-stream"
 		if streams > 1 {
 			name = "4-streams"
 		}
 		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
 			p, err := PoolAllocFree(b.Loop, streams, 1000)
 			if err != nil {
 				b.Fatal(err)
@@ -43,6 +45,7 @@ func BenchmarkPoolAllocFree(b *testing.B) {
 // an Allocator's Free and TrimTo in the same loop. Reports release-us for
 // both and their ratio.
 func BenchmarkPoolReleaseAfterThreshold(b *testing.B) {
+	b.ReportAllocs()
 	p, err := PoolRelease(b.Loop, 32*units.MiB, 8*units.MiB)
 	if err != nil {
 		b.Fatal(err)

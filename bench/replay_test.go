@@ -41,8 +41,10 @@ func loadTrace(tb testing.TB, file string) []replay.Event {
 // one whole replay. A trace of several devices reports each device's
 // figures with a -devN suffix.
 func BenchmarkReplay(b *testing.B) {
+	b.ReportAllocs()
 	for _, file := range replayTraces {
 		b.Run(strings.TrimSuffix(file, ".csv"), func(b *testing.B) {
+			b.ReportAllocs()
 			events := loadTrace(b, file)
 			var res replay.Result
 			var err error
