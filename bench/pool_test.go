@@ -14,7 +14,9 @@ import (
 // loop, an Alloc and a Free of the same sizes on a synchronous Allocator
 // and make([]byte) of them (Go's allocator: a reference point only).
 // Reports pairs/s of each and the time ratios pool/alloc and pool/make
-// (above 1: the pool is slower).
+// (above 1: the pool is slower); the four-stream case also runs as many
+// rounds on one stream after it and reports the ratio of their pool time
+// per pair, streams/one.
 func BenchmarkPoolAllocFree(b *testing.B) {
 	b.ReportAllocs()
 	for _, streams := range []int{1, 4} {
@@ -34,6 +36,16 @@ func BenchmarkPoolAllocFree(b *testing.B) {
 			b.ReportMetric(perSec(float64(p.Make)), "make-pairs/s")
 			b.ReportMetric(float64(p.Pool)/float64(p.Alloc), "pool/alloc")
 			b.ReportMetric(float64(p.Pool)/float64(p.Make), "pool/make")
+			if streams > 1 {
+				// The same rounds on one stream, in this process: what
+				// spreading the pairs over streams costs (issue 13's
+				// target: at most 1.2).
+				one, err := PoolAllocFree(Rounds(p.N/allocBatch), 1, 1000)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(p.Pool)/float64(p.N)/(float64(one.Pool)/float64(one.N)), "streams/one")
+			}
 			b.ReportMetric(0, "ns/op") // includes the fill and the untimed synchronizes
 		})
 	}

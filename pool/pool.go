@@ -84,7 +84,7 @@ type Pool struct {
 	opportunistic bool
 	internal      bool
 	live          map[driver.Addr]block
-	pending       []*pendingFree
+	pending       pendingSet
 	idle          []*stream.Event // events of released frees, for reuse
 	usedCur       uint64
 	usedHigh      uint64
@@ -124,16 +124,6 @@ type block struct {
 	size uint64 // bytes asked for
 	cap  uint64 // bytes the allocator holds for it
 	st   *stream.Stream
-}
-
-// pendingFree is a block freed in stream order and not yet reused or
-// given back to the allocator.
-type pendingFree struct {
-	addr driver.Addr
-	cap  uint64
-	st   *stream.Stream
-	pos  uint64        // the free's position in st
-	ev   *stream.Event // recorded on st right after the free
 }
 
 // New creates a pool on space and mem's driver, which must have streams.
@@ -268,14 +258,13 @@ func (p *Pool) MallocAsync(size uint64, s *stream.Stream) (driver.Addr, error) {
 		return 0, p.errDestroyed("malloc async")
 	}
 	defer p.checkAfterLocked("malloc async")
-	if i, wait := p.reusableLocked(size, s); i >= 0 {
-		pf := p.pending[i]
+	if at, wait, ok := p.reusableLocked(size, s); ok {
 		if wait {
-			if err := s.Wait(pf.ev); err != nil {
+			if err := s.Wait(p.pending.at(at).ev); err != nil {
 				return 0, errors.Wrapf(err, "%s: inserting the dependency on the free", what())
 			}
 		}
-		p.pending = slices.Delete(p.pending, i, i+1)
+		pf := p.pending.take(at)
 		p.idle = append(p.idle, pf.ev)
 		return p.handOutLocked(pf.addr, size, pf.cap, s), nil
 	}
@@ -292,31 +281,50 @@ func (p *Pool) MallocAsync(size uint64, s *stream.Stream) (driver.Addr, error) {
 
 // reusableLocked picks the pending block to reuse for size bytes on s: the
 // smallest that fits (and is not more than twice the request plus a
-// chunk, so a small request does not pin a large block) among those the
-// policies allow; wait is true when the pool must insert a dependency.
-func (p *Pool) reusableLocked(size uint64, s *stream.Stream) (int, bool) {
+// chunk, so a small request does not pin a large block) among those usable
+// without a wait, else the smallest the pool may make s wait for; wait is
+// true when it must insert that dependency. s's own frees come first (a
+// binary search: stream order alone makes them usable); another stream's
+// are looked at, smallest first, only while they could beat the best so
+// far.
+func (p *Pool) reusableLocked(size uint64, s *stream.Stream) (best pendingAt, wait, ok bool) {
 	limit := 2*size + alChunkSize(p.al)
-	best, bestWait := -1, false
-	better := func(i int) bool { return best < 0 || p.pending[i].cap < p.pending[best].cap }
-	for i, pf := range p.pending {
-		if pf.cap < size || pf.cap > limit {
-			continue
-		}
-		if best >= 0 && !bestWait && !better(i) {
-			continue // cannot beat a block already usable without a wait: skip the checks
-		}
-		ok := pf.st == s || (p.follow && s.OrderedAfter(pf.st, pf.pos))
-		if !ok && p.opportunistic {
-			done, err := pf.ev.Query()
-			ok = err == nil && done
-		}
-		if ok && (bestWait || better(i)) {
-			best, bestWait = i, false
-		} else if !ok && p.internal && (best < 0 || bestWait && better(i)) {
-			best, bestWait = i, true
+	var bestCap uint64
+	own := p.pending.listOf(s)
+	if own >= 0 {
+		list := p.pending.lists[own]
+		if i := p.pending.fitting(own, size); i < len(list) && list[i].cap <= limit {
+			best, bestCap, ok = pendingAt{own, i}, list[i].cap, true
 		}
 	}
-	return best, bestWait
+	if !p.follow && !p.opportunistic && !p.internal {
+		return best, false, ok
+	}
+	for l := range p.pending.lists {
+		if l == own {
+			continue
+		}
+		list := p.pending.lists[l]
+		for i := p.pending.fitting(l, size); i < len(list) && list[i].cap <= limit; i++ {
+			pf := &list[i]
+			if ok && !wait && pf.cap >= bestCap {
+				break // a block usable without a wait is no larger
+			}
+			usable := p.follow && s.OrderedAfter(pf.st, pf.pos)
+			if !usable && p.opportunistic {
+				done, err := pf.ev.Query()
+				usable = err == nil && done
+			}
+			if usable {
+				best, bestCap, wait, ok = pendingAt{l, i}, pf.cap, false, true
+				break // the rest of this list is no smaller
+			}
+			if p.internal && (!ok || wait && pf.cap < bestCap) {
+				best, bestCap, wait, ok = pendingAt{l, i}, pf.cap, true, true
+			}
+		}
+	}
+	return best, wait, ok
 }
 
 func (p *Pool) handOutLocked(addr driver.Addr, size, capacity uint64, s *stream.Stream) driver.Addr {
@@ -381,16 +389,16 @@ func (p *Pool) FreeAsync(ptr driver.Addr, s *stream.Stream) error {
 	}
 	delete(p.live, ptr)
 	p.usedCur -= b.size
-	p.pending = append(p.pending, &pendingFree{addr: ptr, cap: b.cap, st: s, pos: pos, ev: ev})
+	p.pending.add(pendingFree{addr: ptr, cap: b.cap, st: s, pos: pos, ev: ev})
 	return nil
 }
 
 // notLiveLocked explains why ptr is not a live allocation of the pool.
 func (p *Pool) notLiveLocked(what string, ptr driver.Addr) error {
-	for _, pf := range p.pending {
-		if pf.addr == ptr {
-			return errors.Wrapf(driver.ErrNotAllocated, "%s: freed already (freed twice?)", what)
-		}
+	pending := false
+	p.pending.all(func(pf *pendingFree) { pending = pending || pf.addr == ptr })
+	if pending {
+		return errors.Wrapf(driver.ErrNotAllocated, "%s: freed already (freed twice?)", what)
 	}
 	return errors.Wrapf(driver.ErrNotAllocated, "%s: not the start of a live allocation of this pool", what)
 }
@@ -408,17 +416,14 @@ func (p *Pool) eventLocked() (*stream.Event, error) {
 // completed back to the allocator; it reports whether it gave any.
 func (p *Pool) releaseCompletedLocked() bool {
 	gave := false
-	kept := p.pending[:0]
-	for _, pf := range p.pending {
+	p.pending.filter(func(pf *pendingFree) bool {
 		if done, err := pf.ev.Query(); err == nil && done && alFree(p.al, pf.addr) == nil {
 			p.idle = append(p.idle, pf.ev)
 			gave = true
-			continue
+			return false
 		}
-		kept = append(kept, pf)
-	}
-	clear(p.pending[len(kept):])
-	p.pending = kept
+		return true
+	})
 	return gave
 }
 
@@ -537,11 +542,11 @@ func (p *Pool) destroy() error {
 		// hooks take p.mu; one that allocates) may need it. Then look
 		// again: the pool may have changed meanwhile.
 		var inFlight []*stream.Event
-		for _, pf := range p.pending {
+		p.pending.all(func(pf *pendingFree) {
 			if done, err := pf.ev.Query(); err != nil || !done {
 				inFlight = append(inFlight, pf.ev)
 			}
-		}
+		})
 		if len(inFlight) == 0 {
 			break
 		}
@@ -556,12 +561,12 @@ func (p *Pool) destroy() error {
 		}
 	}
 	var errs error
-	for _, pf := range p.pending {
+	p.pending.all(func(pf *pendingFree) {
 		errs = errors.CombineErrors(errs, pf.ev.WaitDone()) // done already (above): returns at once
 		errs = errors.CombineErrors(errs, alFree(p.al, pf.addr))
 		p.idle = append(p.idle, pf.ev)
-	}
-	p.pending = nil
+	})
+	p.pending.clear()
 	for _, ev := range p.idle {
 		errs = errors.CombineErrors(errs, ev.Destroy())
 	}
@@ -603,16 +608,17 @@ func (p *Pool) checkLocked() error {
 			fail("pool: block at %s is not a live allocation of %d bytes or more (%v)", a, b.size, err)
 		}
 	}
-	for _, pf := range p.pending {
+	p.pending.check(fail)
+	p.pending.all(func(pf *pendingFree) {
 		if _, isLive := p.live[pf.addr]; isLive {
 			fail("pool: block at %s is both live and pending", pf.addr)
 		}
 		if _, err := alSize(p.al, pf.addr); err != nil {
 			fail("pool: pending block at %s is not held by the allocator: %v", pf.addr, err)
 		}
-	}
-	if n := len(p.live) + len(p.pending); n != alLive(p.al) {
-		fail("pool: %d live and %d pending blocks, the allocator has %d live allocations", len(p.live), len(p.pending), alLive(p.al))
+	})
+	if n := len(p.live) + p.pending.len(); n != alLive(p.al) {
+		fail("pool: %d live and %d pending blocks, the allocator has %d live allocations", len(p.live), p.pending.len(), alLive(p.al))
 	}
 	for a, n := range p.imports {
 		if _, isLive := p.live[a]; !isLive || n <= 0 {

@@ -571,7 +571,7 @@ func (pe *poolEnv) books(t *testing.T, dead *stream.Stream, ptr driver.Addr) boo
 		b.attrs[i] = v
 	}
 	pe.p.mu.Lock()
-	b.live, b.pending, b.idle = len(pe.p.live), len(pe.p.pending), len(pe.p.idle)
+	b.live, b.pending, b.idle = len(pe.p.live), pe.p.pending.len(), len(pe.p.idle)
 	pe.p.mu.Unlock()
 	b.allocations = allocations(pe.p)
 	b.used0, b.used1 = pe.used(t, 0), pe.used(t, 1)
