@@ -33,6 +33,7 @@ import (
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/mapref"
 	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/runs"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -63,22 +64,28 @@ func (s State) String() string {
 }
 
 // entry is one mapping: a chunk mapped whole at rng.Base. access holds per
-// granule (of gran bytes) one driver.Access per device.
+// granule (of gran bytes) what each device may do, run-length: a mapping
+// whose devices got their access over all of it is one run, whatever its
+// size, so nothing on the map, grant or unmap path costs per granule.
 type entry struct {
 	rng    vaspace.Range
 	chunk  *physical.Chunk
 	gran   uint64
-	access []driver.Access // granule g, device d at g*ndev+d: one allocation per mapping
+	access runs.List[accessRow]
 	ndev   int
 }
 
-// granules is the number of granules of the mapping.
-func (e *entry) granules() int { return len(e.access) / e.ndev }
+// accessRow is what each device may do at a granule (index = device).
+type accessRow = [driver.MaxDevices]driver.Access
 
-// granule is what each device may do at granule g (index = device); it
-// aliases the entry's own record.
-func (e *entry) granule(g int) []driver.Access {
-	return e.access[g*e.ndev : (g+1)*e.ndev : (g+1)*e.ndev]
+// granules is the number of granules of the mapping.
+func (e *entry) granules() uint64 { return e.access.Len() }
+
+// granule is what each device may do at granule g (index = device), a
+// copy.
+func (e *entry) granule(g uint64) []driver.Access {
+	row := e.access.At(g)
+	return append([]driver.Access(nil), row[:e.ndev]...)
 }
 
 // Table is the page table of one reservation. Invariant: maps is sorted by
@@ -109,6 +116,10 @@ func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
 		return nil, errors.Wrap(driver.ErrInvalid, "mapping: the reservation and the physical memory are on different drivers")
 	}
 	t := &Table{res: res, mem: mem, drv: drv, devs: drv.Devices()}
+	if len(t.devs) == 0 || len(t.devs) > driver.MaxDevices {
+		return nil, errors.Wrapf(driver.ErrInvalid, "mapping: new table: the %s driver reports %d devices (1 to %d are supported)",
+			drv.Name(), len(t.devs), driver.MaxDevices)
+	}
 	// Attach under Hold: a reservation freed meanwhile refuses, so a table
 	// is never attached to a dead range.
 	if err := res.Hold(func() error { return res.Attach(t) }); err != nil {
@@ -190,7 +201,7 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 	}
 	gran := t.devs[c.Device()].MinGranularity
 	e := &entry{rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
-		access: make([]driver.Access, int(c.Size()/gran)*len(t.devs)), ndev: len(t.devs)}
+		access: runs.New[accessRow](c.Size() / gran), ndev: len(t.devs)}
 	t.maps.Insert(addr, end, e)
 	return nil
 }
@@ -303,9 +314,10 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 	}
 	for _, e := range es {
 		lo, hi := max(addr, e.rng.Base), min(end, e.rng.End())
-		for g := uint64(lo-e.rng.Base) / e.gran; g < uint64(hi-e.rng.Base)/e.gran; g++ {
-			e.granule(int(g))[dev] = a
-		}
+		e.access.Set(uint64(lo-e.rng.Base)/e.gran, uint64(hi-e.rng.Base)/e.gran, func(row accessRow) accessRow {
+			row[dev] = a
+			return row
+		})
 	}
 	return nil
 }
@@ -358,7 +370,7 @@ func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
 	}
 	off := uint64(addr - e.rng.Base)
 	return Entry{Mapping: e.rng, Chunk: e.chunk, Offset: off,
-		Access: append([]driver.Access(nil), e.granule(int(off/e.gran))...)}, nil
+		Access: e.granule(off / e.gran)}, nil
 }
 
 // Mapping is one live mapping, as Mappings lists them.
@@ -410,22 +422,18 @@ func (t *Table) Spans() iter.Seq[Span] {
 		if e.rng.Base > at {
 			spans = append(spans, Span{Range: vaspace.Range{Base: at, Size: uint64(e.rng.Base - at)}, State: Reserved})
 		}
-		for g := range e.granules() {
-			acc := e.granule(g)
-			gaddr := e.rng.Base + driver.Addr(uint64(g)*e.gran)
-			if n := len(spans); g > 0 && equalAccess(spans[n-1].Access, acc) {
-				spans[n-1].Range.Size += e.gran
-				continue
-			}
+		_ = e.access.Each(0, e.granules(), func(g0, g1 uint64, row accessRow) error {
+			acc := row[:e.ndev]
 			state := Mapped
 			for _, a := range acc {
 				if a != driver.AccessNone {
 					state = Accessible
 				}
 			}
-			spans = append(spans, Span{Range: vaspace.Range{Base: gaddr, Size: e.gran}, State: state,
-				Chunk: e.chunk, ChunkOffset: uint64(g) * e.gran, Access: append([]driver.Access(nil), acc...)})
-		}
+			spans = append(spans, Span{Range: vaspace.Range{Base: e.rng.Base + driver.Addr(g0*e.gran), Size: (g1 - g0) * e.gran},
+				State: state, Chunk: e.chunk, ChunkOffset: g0 * e.gran, Access: append([]driver.Access(nil), acc...)})
+			return nil
+		})
 		at = e.rng.End()
 	}
 	if end := t.res.Range().End(); at < end {
@@ -447,18 +455,6 @@ func describeAccess(a driver.Access) string {
 		return "no access"
 	}
 	return a.String() + " access"
-}
-
-func equalAccess(a, b []driver.Access) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Read copies len(p) bytes at addr into p on behalf of dev, which must have
@@ -497,11 +493,16 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 		if e == nil || e.rng.Base > at {
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 		}
-		for g := uint64(at-e.rng.Base) / e.gran; g < uint64(e.granules()) && e.rng.Base+driver.Addr(g*e.gran) < end; g++ {
-			if a := e.granule(int(g))[dev]; !a.Allows(want) {
+		glo, ghi := uint64(at-e.rng.Base)/e.gran, min(e.granules(), (uint64(end-e.rng.Base)+e.gran-1)/e.gran)
+		err := e.access.Each(glo, ghi, func(g0, _ uint64, row accessRow) error {
+			if a := row[dev]; !a.Allows(want) {
 				return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s at %s, %s access is needed",
-					what(), dev, describeAccess(a), e.rng.Base+driver.Addr(g*e.gran), want)
+					what(), dev, describeAccess(a), e.rng.Base+driver.Addr(g0*e.gran), want)
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		at = e.rng.End()
 	}
@@ -573,8 +574,11 @@ func (t *Table) checkLocked() error {
 			fail("mapping: %s maps %s of a different size", e.rng, e.chunk)
 		}
 		perChunk[e.chunk]++
+		if err := e.access.Check(); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrapf(err, "mapping: access of %s", e.rng))
+		}
 		for g := range e.granules() {
-			gaddr := e.rng.Base + driver.Addr(uint64(g)*e.gran)
+			gaddr := e.rng.Base + driver.Addr(g*e.gran)
 			for d := range t.devs {
 				got, err := t.drv.Access(gaddr, driver.DeviceID(d))
 				if err != nil {

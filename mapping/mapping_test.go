@@ -381,3 +381,30 @@ func TestNoLeaks(t *testing.T) {
 	require.True(t, same, "%v before, %v after", before, after)
 	require.Zero(t, after.VmarenaMaps)
 }
+
+// manyDevices is a host driver that claims more devices than the
+// contract allows (a driver of someone else's, broken).
+type manyDevices struct{ *host.Driver }
+
+func (m manyDevices) Devices() []driver.Device {
+	devs := make([]driver.Device, driver.MaxDevices+1)
+	for i := range devs {
+		devs[i] = m.Driver.Devices()[0]
+		devs[i].ID = driver.DeviceID(i)
+	}
+	return devs
+}
+
+// TestTooManyDevicesRefused: a table records each device's access in a
+// fixed row of driver.MaxDevices; a driver reporting more is refused with
+// ErrInvalid, and the reservation stays free of any table.
+func TestTooManyDevicesRefused(t *testing.T) {
+	s := newStack(t)
+	d := manyDevices{s.drv}
+	space := vaspace.New(d)
+	res, err := space.Reserve(4*gran, 0)
+	require.NoError(t, err)
+	_, err = mapping.New(res, physical.New(d))
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "33 devices", "1 to 32")
+	require.NoError(t, res.Free(), "no table was attached")
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/runs"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -97,8 +98,8 @@ type Mapping struct {
 	// gran is the granule of access: the chunk's device MinGranularity.
 	gran uint64
 	// access holds, per granule, 2 bits per device (device d at bits 2d
-	// and 2d+1) with the driver.Access value that device has.
-	access []uint64
+	// and 2d+1) with the driver.Access value that device has, run-length.
+	access runs.List[uint64]
 }
 
 func (m *Mapping) end() driver.Addr { return m.Addr + driver.Addr(m.Size) }
@@ -479,7 +480,7 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 	if err != nil {
 		return err
 	}
-	m := &Mapping{Addr: addr, Size: c.Size, Chunk: c, Region: r, gran: gran, access: make([]uint64, c.Size/gran)}
+	m := &Mapping{Addr: addr, Size: c.Size, Chunk: c, Region: r, gran: gran, access: runs.New[uint64](c.Size / gran)}
 	if o := r.mapAt(r.mapIndex(addr)); o != nil && o.Addr < m.end() {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: [%s, %s) overlaps the mapping [%s, %s) of chunk %d",
@@ -610,32 +611,33 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	// Plan the new access words, and the runs of granules the hardware
 	// must change: where the widest access changes (Protector), or where
 	// dev's own does, one mapping at a time (DeviceProtector).
+	// The work is per run of granules with one access word, never per
+	// granule.
 	type update struct {
-		m    *Mapping
-		g    int
-		word uint64
+		m      *Mapping
+		lo, hi uint64 // granules
 	}
 	var ups []update
 	var runs []run
 	for _, m := range ms {
 		lo, hi := max(addr, m.Addr), min(end, m.end())
+		glo, ghi := uint64(lo-m.Addr)/m.gran, uint64(hi-m.Addr)/m.gran
+		ups = append(ups, update{m, glo, ghi})
 		first := len(runs) // runs never merge across mappings for DeviceProtector
-		for g := int(uint64(lo-m.Addr) / m.gran); g < int(uint64(hi-m.Addr)/m.gran); g++ {
-			old := m.access[g]
-			nw := withAccess(old, dev, a)
-			ups = append(ups, update{m, g, nw})
-			from, to := widest(old), widest(nw)
+		_ = m.access.Each(glo, ghi, func(g0, g1, old uint64) error {
+			from, to := widest(old), widest(withAccess(old, dev, a))
 			if l.perDevice != nil {
 				from, to = accessOf(old, dev), a
 			}
-			gaddr := m.Addr + driver.Addr(uint64(g)*m.gran)
+			gaddr, size := m.Addr+driver.Addr(g0*m.gran), (g1-g0)*m.gran
 			if n := len(runs); n > 0 && (l.perDevice == nil || n > first) && runs[n-1].from == from && runs[n-1].to == to &&
 				runs[n-1].addr+driver.Addr(runs[n-1].size) == gaddr {
-				runs[n-1].size += m.gran
+				runs[n-1].size += size
 			} else {
-				runs = append(runs, run{gaddr, m.gran, from, to})
+				runs = append(runs, run{gaddr, size, from, to})
 			}
-		}
+			return nil
+		})
 	}
 	apply := func(rn run, from, to driver.Access) error {
 		if l.perDevice != nil {
@@ -662,7 +664,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 		}
 	}
 	for _, u := range ups {
-		u.m.access[u.g] = u.word
+		u.m.access.Set(u.lo, u.hi, func(w uint64) uint64 { return withAccess(w, dev, a) })
 	}
 	return nil
 }
@@ -682,7 +684,7 @@ func (l *Ledger) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, e
 	if err != nil {
 		return 0, err
 	}
-	return accessOf(m.access[uint64(addr-m.Addr)/m.gran], dev), nil
+	return accessOf(m.access.At(uint64(addr-m.Addr)/m.gran), dev), nil
 }
 
 func (l *Ledger) mappingAt(what func() string, addr driver.Addr) (*Mapping, error) {
@@ -705,8 +707,8 @@ func (l *Ledger) mappingAt(what func() string, addr driver.Addr) (*Mapping, erro
 func (l *Ledger) WithRange(op string, addr driver.Addr, n uint64, want driver.Access, fn func(r *Region) error) error {
 	return l.withHostRange(op, addr, n, func(r *Region, what func() string) error {
 		if want != driver.AccessNone {
-			err := r.walkMapped(what, addr, addr+driver.Addr(n), nil, func(m *Mapping, g uint64, at driver.Addr) error {
-				if a := widest(m.access[g]); !a.Allows(want) {
+			err := r.walkMapped(what, addr, addr+driver.Addr(n), nil, func(m *Mapping, w uint64, at, _ driver.Addr) error {
+				if a := widest(w); !a.Allows(want) {
 					return errDeniedEveryDevice(what, at, a, want)
 				}
 				return nil
@@ -761,8 +763,7 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 	return l.withHostRange(op, addr, n, func(r *Region, what func() string) error {
 		end := addr + driver.Addr(n)
 		var segs []Segment
-		err := r.walkMapped(what, addr, end, nil, func(m *Mapping, g uint64, at driver.Addr) error {
-			w := m.access[g]
+		err := r.walkMapped(what, addr, end, nil, func(m *Mapping, w uint64, at, runEnd driver.Addr) error {
 			dev := driver.DeviceID(-1)
 			for d := range l.devs {
 				if accessOf(w, driver.DeviceID(d)).Allows(want) {
@@ -773,7 +774,7 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 			if dev < 0 {
 				return errDeniedEveryDevice(what, at, widest(w), want)
 			}
-			lo, hi := max(addr, at), min(end, at+driver.Addr(m.gran))
+			lo, hi := max(addr, at), min(end, runEnd)
 			if k := len(segs); k > 0 && segs[k-1].Dev == dev && segs[k-1].Addr+driver.Addr(segs[k-1].N) == lo {
 				segs[k-1].N += uint64(hi - lo)
 			} else {
@@ -792,12 +793,13 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 }
 
 // walkMapped visits [addr, end), inside r, mapping by mapping — onMapping
-// (when not nil) with the first address of the range in it — and granule
-// by granule — onGranule with the granule's index in its mapping and its
-// start — stopping at the first error. A part reserved but not mapped is
-// ErrAccessDenied: no device may touch it.
+// (when not nil) with the first address of the range in it — and run by
+// run of granules with one access word — onRun with the word and the run's
+// first and end addresses, whole granules, clipped to the granules the
+// range touches — stopping at the first error. A part reserved but not
+// mapped is ErrAccessDenied: no device may touch it.
 func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
-	onMapping func(m *Mapping, at driver.Addr) error, onGranule func(m *Mapping, g uint64, at driver.Addr) error) error {
+	onMapping func(m *Mapping, at driver.Addr) error, onRun func(m *Mapping, word uint64, at, runEnd driver.Addr) error) error {
 	at := addr
 	for i := r.mapIndex(addr); at < end; i++ {
 		m := r.mapAt(i)
@@ -809,14 +811,13 @@ func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
 				return err
 			}
 		}
-		for g := uint64(at-m.Addr) / m.gran; g < uint64(len(m.access)); g++ {
-			gaddr := m.Addr + driver.Addr(g*m.gran)
-			if gaddr >= end {
-				break
-			}
-			if err := onGranule(m, g, gaddr); err != nil {
-				return err
-			}
+		glo := uint64(at-m.Addr) / m.gran
+		ghi := min(m.access.Len(), (uint64(end-m.Addr)+m.gran-1)/m.gran) // the granules starting before end
+		err := m.access.Each(glo, ghi, func(g0, g1, w uint64) error {
+			return onRun(m, w, m.Addr+driver.Addr(g0*m.gran), m.Addr+driver.Addr(g1*m.gran))
+		})
+		if err != nil {
+			return err
 		}
 		at = m.end()
 	}
@@ -867,8 +868,8 @@ func (l *Ledger) WithDeviceRanges(op string, dev driver.DeviceID, peer func(owne
 				}
 				return nil
 			},
-			func(m *Mapping, g uint64, at driver.Addr) error {
-				if a := accessOf(m.access[g], dev); !a.Allows(w.Access) {
+			func(m *Mapping, word uint64, at, _ driver.Addr) error {
+				if a := accessOf(word, dev); !a.Allows(w.Access) {
 					return errors.Wrapf(driver.ErrAccessDenied, "%s: device %d has %s access at %s, %s is needed",
 						what(), dev, a, at, w.Access)
 				}
@@ -1016,8 +1017,11 @@ func (l *Ledger) checkLocked() error {
 			if l.chunks[m.Chunk.Handle] != m.Chunk {
 				fail("%s: mapping at %s refers to chunk %d, which is not recorded", l.name, m.Addr, m.Chunk.Handle)
 			}
-			if uint64(len(m.access))*m.gran != m.Size {
-				fail("%s: mapping at %s has %d access words for %d bytes", l.name, m.Addr, len(m.access), m.Size)
+			if m.access.Len()*m.gran != m.Size {
+				fail("%s: mapping at %s has access for %d granules of %d bytes, it is %d bytes", l.name, m.Addr, m.access.Len(), m.gran, m.Size)
+			}
+			if err := m.access.Check(); err != nil {
+				errs = errors.CombineErrors(errs, errors.Wrapf(err, "%s: access of the mapping at %s", l.name, m.Addr))
 			}
 			maps[m.Chunk]++
 		}
