@@ -282,9 +282,10 @@ func (s *Sparse) disown(off uint64) (*physical.Chunk, error) {
 // moved is one chunk a Move replaces.
 type moved struct {
 	off, size uint64 // where it lies in the range
-	at        uint64 // where the old chunk lies in the scratch range; the new one lies at total+at
+	at        uint64 // where the old chunk lies in the scratch range (when borrowed); the new one lies at total+at
 	old       *physical.Chunk
 	fresh     *physical.Chunk
+	readable  bool // the host may read the old chunk where the range maps it: the copy reads it there
 }
 
 // Move moves the backing of [off, off+n) — whole chunks, all committed and
@@ -399,7 +400,11 @@ func (s *Sparse) planMove(what func() string, off, n uint64, to driver.DeviceID)
 		case sl.borrowers.Load() > 0:
 			return nil, errors.Wrapf(driver.ErrBusy, "%s: the chunk at %#x is lent to another range", what(), it.Start)
 		}
-		ms = append(ms, moved{off: it.Start, size: it.Size(), at: total, old: sl.c})
+		readable := false
+		for _, a := range sl.access {
+			readable = readable || a.Allows(driver.AccessRead)
+		}
+		ms = append(ms, moved{off: it.Start, size: it.Size(), at: total, old: sl.c, readable: readable})
 		total += it.Size()
 	}
 	if len(ms) == 0 {
@@ -429,9 +434,12 @@ func (s *Sparse) simulated() bool {
 }
 
 // prepareMove makes the scratch range of a move: the new chunks on to at
-// [total+at, +size), and — where there are bytes to copy — the old chunks
-// borrowed at [at, +size), all read-write for to. On failure nothing is
-// left behind.
+// [total+at, +size), and — where there are bytes to copy and the host
+// cannot read an old chunk where the range maps it — that old chunk
+// borrowed at [at, +size), all read-write for to. An old chunk the host
+// can read is read in place: mapping it a second time would fill page
+// tables for memory the copy touches once. On failure nothing is left
+// behind.
 func (s *Sparse) prepareMove(what func() string, ms []moved, to driver.DeviceID) (*Sparse, error) {
 	var total, largest uint64
 	for _, m := range ms {
@@ -450,7 +458,11 @@ func (s *Sparse) prepareMove(what func() string, ms []moved, to driver.DeviceID)
 		}
 	}
 	if !s.simulated() {
+		_, direct := s.drv.(driver.HostMapper)
 		for _, m := range ms {
+			if direct && m.readable {
+				continue
+			}
 			if err := scratch.borrow(m.at, s, []uint64{m.off}); err != nil {
 				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), s.dropScratch(scratch))
 			}
@@ -488,8 +500,9 @@ func (s *Sparse) closeStale() error {
 	return errs
 }
 
-// copyMove copies each old chunk into its new one through the scratch
-// range, each byte once. Writers are held off.
+// copyMove copies each old chunk into its new one, each byte once: from
+// where the range maps it when the host may read it there, else from its
+// borrowed mapping in the scratch range. Writers are held off.
 func (s *Sparse) copyMove(scratch *Sparse, ms []moved) error {
 	if s.simulated() {
 		return nil
@@ -501,7 +514,11 @@ func (s *Sparse) copyMove(scratch *Sparse, ms []moved) error {
 	base := scratch.Base()
 	if hm, ok := s.drv.(driver.HostMapper); ok {
 		for _, m := range ms {
-			src, err := hm.HostBytes(base+driver.Addr(m.at), m.size)
+			from := base + driver.Addr(m.at)
+			if m.readable {
+				from = s.Base() + driver.Addr(m.off)
+			}
+			src, err := hm.HostBytes(from, m.size)
 			if err != nil {
 				return err
 			}

@@ -208,13 +208,25 @@ func moveKeepsBytesAndAccess(t *testing.T, d backend) {
 	}
 	e.writeView(t, v, 0, b)
 	require.NoError(t, s.Grant(0, g, g, driver.AccessRead))
+	// The chunk at 2g is mapped with no access for any device: the host
+	// cannot read it in place, so the move copies it through a mapping of
+	// its own (the others are read where the range maps them).
+	for dev := range driver.DeviceID(2) {
+		require.NoError(t, s.Grant(dev, 2*g, g, driver.AccessNone))
+	}
 	require.NoError(t, s.Move(0, 4*g, 1))
 	require.Equal(t, []Extent{{0, 4 * g, 1, false}}, s.Layout())
+	acc, err := s.AccessAt(0, 2*g)
+	require.NoError(t, err)
+	require.Equal(t, driver.AccessNone, acc, "no access moved with the chunk")
+	for dev := range driver.DeviceID(2) {
+		require.NoError(t, s.Grant(dev, 2*g, g, driver.AccessReadWrite))
+	}
 	b = e.readView(t, v, 0, len(b))
 	for i := range b {
 		require.Equal(t, byte(i*7), b[i], "byte %d through the view after the move", i)
 	}
-	acc, err := s.AccessAt(0, g)
+	acc, err = s.AccessAt(0, g)
 	require.NoError(t, err)
 	require.Equal(t, driver.AccessRead, acc, "grants move with the chunk")
 	require.Equal(t, 4*g, e.used(t, 1))
