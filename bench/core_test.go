@@ -23,8 +23,17 @@ func report(b *testing.B, p Pair, err error) {
 // the bare system calls. Target: lib/bare at most 1.10.
 func BenchmarkMapAccessUnmap(b *testing.B) {
 	b.ReportAllocs()
-	b.Run("populate", func(b *testing.B) { p, err := MapAccessUnmap(b.N, true); report(b, p, err) })
-	b.Run("no-populate", func(b *testing.B) { p, err := MapAccessUnmap(b.N, false); report(b, p, err) })
+	for _, populate := range []bool{true, false} {
+		name := "populate"
+		if !populate {
+			name = "no-populate"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			p, err := MapAccessUnmap(b.N, populate)
+			report(b, p, err)
+		})
+	}
 }
 
 // BenchmarkCreateRelease: Create + Release of a 2 MiB chunk against bare
