@@ -10,6 +10,7 @@
 package runs
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/cockroachdb/errors"
@@ -68,30 +69,36 @@ func (l *List[W]) Each(lo, hi uint64, fn func(u0, u1 uint64, w W) error) error {
 }
 
 // Set replaces the value w of every unit in [lo, hi) (lo < hi <= Len) by
-// f(w), merging neighbours that end up equal. f is called once a run.
+// f(w), merging neighbours that end up equal. f is called once a run. It
+// works in place: it allocates only when a split needs more room than the
+// list has had, so setting a whole run — access granted over a whole
+// mapping — allocates nothing.
 func (l *List[W]) Set(lo, hi uint64, f func(w W) W) {
-	i, j := l.find(lo), l.find(hi-1)
-	out := make([]run[W], 0, len(l.runs)+2)
-	out = append(out, l.runs[:i]...)
-	push := func(start uint64, w W) {
-		if k := len(out); k > 0 && out[k-1].w == w {
-			return // the run before already holds it
-		}
-		out = append(out, run[W]{start, w})
+	i := l.find(lo)
+	if l.runs[i].start < lo { // split at lo
+		l.runs = slices.Insert(l.runs, i+1, run[W]{lo, l.runs[i].w})
+		i++
 	}
-	if l.runs[i].start < lo {
-		push(l.runs[i].start, l.runs[i].w)
+	j := l.find(hi - 1)
+	if hi < l.end(j) { // split at hi
+		l.runs = slices.Insert(l.runs, j+1, run[W]{hi, l.runs[j].w})
 	}
 	for k := i; k <= j; k++ {
-		push(max(lo, l.runs[k].start), f(l.runs[k].w))
+		l.runs[k].w = f(l.runs[k].w)
 	}
-	if hi < l.end(j) {
-		push(hi, l.runs[j].w)
+	// Merge equal neighbours, from the run before i to the run after j.
+	from, to := max(i, 1), min(j+2, len(l.runs))
+	out := from
+	for k := from; k < to; k++ {
+		if l.runs[k].w == l.runs[out-1].w {
+			continue
+		}
+		l.runs[out] = l.runs[k]
+		out++
 	}
-	for _, r := range l.runs[j+1:] {
-		push(r.start, r.w)
+	if out < to {
+		l.runs = append(l.runs[:out], l.runs[to:]...)
 	}
-	l.runs = out
 }
 
 // Check verifies the invariants in the type's doc.
