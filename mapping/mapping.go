@@ -299,7 +299,8 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 		return err
 	}
 	end := addr + driver.Addr(size)
-	es, err := t.covering(what, addr, end)
+	var buf [4]*entry // the common case, on the stack
+	es, err := t.covering(what, addr, end, buf[:0])
 	if err != nil {
 		return err
 	}
@@ -322,10 +323,9 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 	return nil
 }
 
-// covering returns the entries covering [addr, end), or ErrNotMapped naming
-// the first gap.
-func (t *Table) covering(what func() string, addr, end driver.Addr) ([]*entry, error) {
-	var es []*entry
+// covering appends to es the entries covering [addr, end), or returns
+// ErrNotMapped naming the first gap.
+func (t *Table) covering(what func() string, addr, end driver.Addr, es []*entry) ([]*entry, error) {
 	at := addr
 	for i := t.index(addr); at < end; i++ {
 		e := t.at(i)

@@ -587,7 +587,8 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	}
 	end := addr + driver.Addr(size)
 	// Collect the mappings covering [addr, end), refusing gaps.
-	var ms []*Mapping
+	var msBuf [4]*Mapping
+	ms := msBuf[:0]
 	at := addr
 	for i := r.mapIndex(addr); at < end; i++ {
 		m := r.mapAt(i)
@@ -617,8 +618,9 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 		m      *Mapping
 		lo, hi uint64 // granules
 	}
-	var ups []update
-	var runs []run
+	var upsBuf [4]update // the common case, on the stack
+	var runsBuf [4]run
+	ups, runs := upsBuf[:0], runsBuf[:0]
 	for _, m := range ms {
 		lo, hi := max(addr, m.Addr), min(end, m.end())
 		glo, ghi := uint64(lo-m.Addr)/m.gran, uint64(hi-m.Addr)/m.gran
