@@ -97,6 +97,8 @@ func (sl *slab) make(off, size uint64) bref {
 	if len(sl.blocks) == 0 {
 		sl.blocks = append(sl.blocks, block{}) // slot 0: no block
 	}
+	// A slot fits 32 bits: 2^32 blocks would take 224 GiB of records
+	// before the first one overflowed.
 	sl.blocks = append(sl.blocks, block{off: off, size: size})
 	return bref(len(sl.blocks) - 1)
 }
