@@ -12,6 +12,11 @@
 // Busy, the callback forms of Export and Import) are for the drivers, and a
 // caller that reached them could change the record behind the driver's back.
 //
+// Each mapping's access is kept run-length (internal/runs): granting,
+// checking and walking a range cost the runs of equal access it crosses,
+// never its granules, so a 1 GiB mapping granted whole is as cheap to
+// record as a 2 MiB one.
+//
 // The ledger never touches memory and never makes a system call itself.
 // Backend methods run with the ledger's lock held, so they see and leave a
 // consistent record; they must not call back into the ledger.
