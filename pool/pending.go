@@ -13,9 +13,10 @@ import (
 // frees). A malloc on stream s finds the smallest block of its own stream
 // that fits by binary search, and looks at another stream's blocks only
 // while they could beat it (smaller, or usable without a wait where the
-// best so far needs one) — so its cost does not grow with the frees
-// pending on other streams, nor does it take their events' locks for
-// blocks that cannot win.
+// best so far needs one) — so its cost grows with the number of streams
+// holding pending frees (a binary search in each, a few for the usual
+// handful of streams), not with the number of frees, and it takes no
+// event's lock for a block that cannot win.
 //
 // Invariants (checked by check): every list is non-empty, sorted, and holds
 // only frees of its stream; streams and lists correspond one to one; n
