@@ -791,3 +791,26 @@ func TestAllocFreePairMakesNoGoAllocations(t *testing.T) {
 	}
 	require.Zero(t, testing.AllocsPerRun(2000, pair))
 }
+
+// TestAlignUpDown: the mask path for powers of two and the division path
+// for other sizes (chunk sizes may be any multiple of the granularity)
+// agree with the arithmetic, and alignUp saturates at the largest multiple
+// instead of wrapping.
+func TestAlignUpDown(t *testing.T) {
+	const max = ^uint64(0)
+	for _, c := range []struct{ x, a, up, down uint64 }{
+		{0, 512, 0, 0},
+		{1, 512, 512, 0},
+		{512, 512, 512, 512},
+		{513, 512, 1024, 512},
+		{1, 3 << 21, 3 << 21, 0},
+		{(3 << 21) + 1, 3 << 21, 6 << 21, 3 << 21},
+		{max, 512, max &^ 511, max &^ 511},
+		{max - 5, 3, max - 3, max - 6},
+		{max - 1, 3 << 21, max / (3 << 21) * (3 << 21), max / (3 << 21) * (3 << 21)},
+		{max, 1, max, max},
+	} {
+		require.Equal(t, c.up, alignUp(c.x, c.a), "alignUp(%d, %d)", c.x, c.a)
+		require.Equal(t, c.down, alignDown(c.x, c.a), "alignDown(%d, %d)", c.x, c.a)
+	}
+}

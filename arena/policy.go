@@ -55,7 +55,16 @@ func (p Policy) Footprint(n uint64) uint64 {
 
 // alignUp rounds x up to a multiple of a (a power of two, or any positive
 // a), saturating at the largest multiple below 2^64 instead of wrapping.
+// A power of two takes masks rather than a division: these run several
+// times an allocation.
 func alignUp(x, a uint64) uint64 {
+	if a != 0 && a&(a-1) == 0 {
+		r := (x + a - 1) &^ (a - 1)
+		if r < x {
+			return ^uint64(0) &^ (a - 1)
+		}
+		return r
+	}
 	r := (x + a - 1) / a * a
 	if r < x {
 		return ^uint64(0) / a * a
@@ -63,7 +72,12 @@ func alignUp(x, a uint64) uint64 {
 	return r
 }
 
-func alignDown(x, a uint64) uint64 { return x / a * a }
+func alignDown(x, a uint64) uint64 {
+	if a != 0 && a&(a-1) == 0 {
+		return x &^ (a - 1)
+	}
+	return x / a * a
+}
 
 // satAdd is a+b, or the largest uint64 when that overflows.
 func satAdd(a, b uint64) uint64 {
