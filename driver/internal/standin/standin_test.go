@@ -1364,6 +1364,7 @@ func TestRetireGivesBackTheHeaps(t *testing.T) {
 	t.Run("left empty", func(t *testing.T) {
 		e := start(t, Config{})
 		require.Equal(t, before+2, heaps(t), "two devices, two heaps")
+		require.Equal(t, int64(-1), e.lib.Live("nonsense"), "an unknown kind")
 		for d := range e.ctx {
 			e.ok(e.cu.PrimaryCtxRelease(int32(d)))
 		}

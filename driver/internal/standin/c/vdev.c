@@ -2094,33 +2094,55 @@ VDEV_EXPORT uint64_t vmstandin_used(int dev)
 	return n;
 }
 
+/* The kinds of live object, as vmstandin_live names them; "tokens" and
+ * "contexts" are counted apart (tokens have a lock of their own). */
+static const struct {
+	const char *name;
+	const struct vec *v;
+} live_kinds[] = {
+	{"reservations", &reservations}, {"allocations", &allocations}, {"mappings", &mappings},
+	{"streams", &streams},           {"events", &events},           {"hostallocs", &host_allocs},
+};
+
+/* live_contexts counts primary contexts' references (CUDA's retains,
+ * AscendCL's aclrtSetDevice calls) and live explicit contexts once each
+ * (books held). */
+static int64_t live_contexts(void)
+{
+	int64_t n = 0;
+	for (int d = 0; d < cfg.devices; d++)
+		n += devices[d].ctx.refs;
+	for (size_t i = 0; i < contexts.n; i++)
+		n += ((const vdev_ctx *)contexts.at[i])->refs > 0;
+	return n;
+}
+
+/* live_locked counts the live objects of kind what, or of every kind but
+ * tokens when what is NULL; -1 for an unknown kind (books held). */
+static int64_t live_locked(const char *what)
+{
+	int64_t n = what ? -1 : 0;
+	for (size_t i = 0; i < sizeof live_kinds / sizeof live_kinds[0]; i++) {
+		if (!what)
+			n += (int64_t)live_kinds[i].v->n;
+		else if (!strcmp(what, live_kinds[i].name))
+			n = (int64_t)live_kinds[i].v->n;
+	}
+	if (!what)
+		n += live_contexts();
+	else if (!strcmp(what, "contexts"))
+		n = live_contexts();
+	return n;
+}
+
 VDEV_EXPORT int64_t vmstandin_live(const char *what)
 {
-	static const struct {
-		const char *name;
-		const struct vec *v;
-	} kinds[] = {
-		{"reservations", &reservations}, {"allocations", &allocations}, {"mappings", &mappings},
-		{"streams", &streams},           {"events", &events},           {"hostallocs", &host_allocs},
-	};
-	int64_t n = -1;
 	if (!what)
 		return -1;
 	if (!strcmp(what, "tokens"))
 		return (int64_t)vdev_tokens();
 	pthread_mutex_lock(&books);
-	for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
-		if (!strcmp(what, kinds[i].name))
-			n = (int64_t)kinds[i].v->n;
-	if (!strcmp(what, "contexts")) {
-		/* Primary contexts count their references (CUDA's retains,
-		 * AscendCL's aclrtSetDevice calls), explicit ones once each. */
-		n = 0;
-		for (int d = 0; d < cfg.devices; d++)
-			n += devices[d].ctx.refs;
-		for (size_t i = 0; i < contexts.n; i++)
-			n += ((const vdev_ctx *)contexts.at[i])->refs > 0;
-	}
+	int64_t n = live_locked(what);
 	pthread_mutex_unlock(&books);
 	return n;
 }
@@ -2135,11 +2157,7 @@ VDEV_EXPORT int64_t vmstandin_retire(void)
 {
 	int64_t live = (int64_t)vdev_tokens();
 	pthread_mutex_lock(&books);
-	live += (int64_t)(reservations.n + allocations.n + mappings.n + streams.n + events.n + host_allocs.n);
-	for (int d = 0; d < cfg.devices; d++)
-		live += devices[d].ctx.refs;
-	for (size_t i = 0; i < contexts.n; i++)
-		live += ((const vdev_ctx *)contexts.at[i])->refs > 0;
+	live += live_locked(NULL);
 	if (live == 0 && init_done && init_result == VDEV_OK) {
 		for (int d = 0; d < cfg.devices; d++) {
 			close(devices[d].heap_fd);
