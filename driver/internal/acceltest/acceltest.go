@@ -138,12 +138,7 @@ func (v Vendor[D]) CloseLeavesNothing(t *testing.T, cfg standin.Config) {
 		require.NoError(t, d.Close(), "the reservation goes with Close")
 		require.Empty(t, lib.Leaks())
 	}
-	// Six rounds, not three: each round here starts and joins the
-	// stand-in's stream worker thread, and under -race on a loaded machine
-	// the Go runtime adds threads (a thread stack and its guard: two
-	// mappings) in three rounds running often enough to fail CI once. A
-	// leak shows in every round however many there are.
-	before, after, same, err := leakcheck.Compare(6, work)
+	before, after, same, err := leakcheck.Compare(3, work)
 	require.NoError(t, err)
 	require.True(t, same, "%v before, %v after", before, after)
 }
