@@ -65,43 +65,53 @@ func GrowOneChunk(more func() bool, size uint64) (p Pair, err error) {
 		return Pair{}, err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
-	filled := func(size uint64) (*arena.Arena, error) {
-		a, err := arena.New(space, mem, arena.Options{Max: size + ChunkSize, ChunkSize: ChunkSize, MaxChunk: ChunkSize})
-		if err != nil {
-			return nil, err
-		}
-		if err := a.Grow(size); err != nil {
-			return nil, errors.CombineErrors(err, a.Close())
-		}
-		return a, nil
-	}
-	big, err := filled(size)
+	big, err := filledArena(space, mem, size)
 	if err != nil {
 		return Pair{}, err
 	}
 	defer func() { err = errors.CombineErrors(err, big.Close()) }()
-	small, err := filled(ChunkSize)
+	small, err := filledArena(space, mem, ChunkSize)
 	if err != nil {
 		return Pair{}, err
 	}
 	defer func() { err = errors.CombineErrors(err, small.Close()) }()
+	return alternate(more, 1,
+		timed(func() error { return big.Grow(ChunkSize) }),
+		timed(func() error { return small.Grow(ChunkSize) }),
+		func() error { return errors.CombineErrors(giveBackChunk(big), giveBackChunk(small)) })
+}
 
-	grow := func(a *arena.Arena, into *time.Duration) error {
+// filledArena is an arena of 2 MiB chunks holding size bytes, with room
+// for one chunk more.
+func filledArena(space *vaspace.Space, mem *physical.Memory, size uint64) (*arena.Arena, error) {
+	a, err := arena.New(space, mem, arena.Options{Max: size + ChunkSize, ChunkSize: ChunkSize, MaxChunk: ChunkSize})
+	if err != nil {
+		return nil, err
+	}
+	if err := a.Grow(size); err != nil {
+		return nil, errors.CombineErrors(err, a.Close())
+	}
+	return a, nil
+}
+
+// giveBackChunk undoes a one-chunk Grow: the arena shrinks by the chunk
+// and gives it back to the device.
+func giveBackChunk(a *arena.Arena) error {
+	if err := a.Shrink(ChunkSize); err != nil {
+		return err
+	}
+	return a.Trim()
+}
+
+// timed turns step into one side of alternate: its time is added to the
+// side's total.
+func timed(step func() error) func(*time.Duration) error {
+	return func(into *time.Duration) error {
 		t0 := time.Now()
-		err := a.Grow(ChunkSize)
+		err := step()
 		*into += time.Since(t0)
 		return err
 	}
-	giveBack := func(a *arena.Arena) error {
-		if err := a.Shrink(ChunkSize); err != nil {
-			return err
-		}
-		return a.Trim()
-	}
-	return alternate(more, 1,
-		func(d *time.Duration) error { return grow(big, d) },
-		func(d *time.Duration) error { return grow(small, d) },
-		func() error { return errors.CombineErrors(giveBack(big), giveBack(small)) })
 }
 
 // GrowStep times one growth step of an arena that holds size bytes — a
@@ -118,36 +128,20 @@ func GrowStep(more func() bool, size uint64) (p Pair, err error) {
 		return Pair{}, err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
-	a, err := arena.New(space, mem, arena.Options{Max: size + ChunkSize, ChunkSize: ChunkSize, MaxChunk: ChunkSize})
+	a, err := filledArena(space, mem, size)
 	if err != nil {
 		return Pair{}, err
 	}
 	defer func() { err = errors.CombineErrors(err, a.Close()) }()
-	if err := a.Grow(size); err != nil {
-		return Pair{}, err
-	}
 	bare, err := newBareRegion(ChunkSize)
 	if err != nil {
 		return Pair{}, err
 	}
 	defer func() { err = errors.CombineErrors(err, bare.close()) }()
-	timed := func(step func() error) func(*time.Duration) error {
-		return func(into *time.Duration) error {
-			t0 := time.Now()
-			err := step()
-			*into += time.Since(t0)
-			return err
-		}
-	}
 	return alternate(more, 1,
 		timed(func() error { return a.Grow(ChunkSize) }),
 		timed(bare.growStep),
-		func() error {
-			if err := a.Shrink(ChunkSize); err != nil {
-				return err
-			}
-			return errors.CombineErrors(a.Trim(), bare.undoStep())
-		})
+		func() error { return errors.CombineErrors(giveBackChunk(a), bare.undoStep()) })
 }
 
 // GrowTo times growing memory to total bytes in 2 MiB steps: an arena on
