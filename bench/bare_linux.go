@@ -194,3 +194,119 @@ func (cp *streamCopier) close() error {
 	close(cp.ask)
 	return errors.CombineErrors(unix.Close(cp.fds[0]), unix.Close(cp.fds[1]))
 }
+
+// bareSharer is the IPC share's bare baseline: a SOCK_SEQPACKET socket
+// pair and a PROT_NONE reservation of the receiver's, as large as the
+// largest chunk shared.
+type bareSharer struct {
+	fds  [2]int
+	res  unsafe.Pointer
+	size uint64
+}
+
+func newBareSharer(size uint64) (*bareSharer, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, errors.Wrap(err, "bench: socketpair")
+	}
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, errors.CombineErrors(errors.Wrap(err, "bench: reserve"), errors.CombineErrors(unix.Close(fds[0]), unix.Close(fds[1])))
+	}
+	return &bareSharer{fds: fds, res: p, size: size}, nil
+}
+
+func (s *bareSharer) close() error {
+	return errors.CombineErrors(unix.MunmapPtr(s.res, uintptr(s.size)),
+		errors.CombineErrors(unix.Close(s.fds[0]), unix.Close(s.fds[1])))
+}
+
+// share does, untimed, what the library's share does before its clock
+// starts — a sealed memfd of sz bytes, mapped and written a byte a page,
+// then before() — and then times the system calls the host driver and
+// the ipc package make to share it: dup (export), sendmsg of the
+// descriptor, recvmsg, fstat and F_GET_SEALS (the import's checks), dup
+// (the imported chunk's own descriptor), mmap MAP_FIXED over the
+// reservation, mprotect read-write. Everything is closed and the
+// reservation restored afterwards.
+func (s *bareSharer) share(sz uint64, before func()) (d time.Duration, err error) {
+	if sz > s.size {
+		return 0, errors.AssertionFailedf("bench: a bare share of %d bytes in a reservation of %d", sz, s.size)
+	}
+	fd, err := unix.MemfdCreate("vmarena-bench-share", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return 0, errors.Wrap(err, "bench: memfd")
+	}
+	var closes []int
+	defer func() {
+		for _, c := range append(closes, fd) {
+			err = errors.CombineErrors(err, unix.Close(c))
+		}
+	}()
+	if err := fallocate(fd, 0, sz); err != nil {
+		return 0, errors.Wrap(err, "bench: fallocate")
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return 0, errors.Wrap(err, "bench: seal")
+	}
+	src, err := unix.Mmap(fd, 0, int(sz), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, errors.Wrap(err, "bench: map the sender's memfd")
+	}
+	defer func() { err = errors.CombineErrors(err, unix.Munmap(src)) }()
+	touchPages(src)
+	before()
+
+	t0 := time.Now()
+	exp, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return 0, errors.Wrap(err, "bench: export")
+	}
+	closes = append(closes, exp)
+	if err := unix.Sendmsg(s.fds[0], []byte{1}, unix.UnixRights(exp), nil, 0); err != nil {
+		return 0, errors.Wrap(err, "bench: sendmsg")
+	}
+	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(s.fds[1], buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return 0, errors.Wrap(err, "bench: recvmsg")
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return 0, errors.Newf("bench: recvmsg: %d control messages (%v)", len(msgs), err)
+	}
+	got, err := unix.ParseUnixRights(&msgs[0])
+	closes = append(closes, got...)
+	if err != nil || len(got) != 1 {
+		return 0, errors.Newf("bench: recvmsg: %d descriptors (%v)", len(got), err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(got[0], &st); err != nil || uint64(st.Size) != sz {
+		return 0, errors.Newf("bench: fstat: %d bytes (%v)", st.Size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(got[0]), unix.F_GET_SEALS, 0); err != nil {
+		return 0, errors.Wrap(err, "bench: F_GET_SEALS")
+	}
+	own, err := unix.FcntlInt(uintptr(got[0]), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return 0, errors.Wrap(err, "bench: import's dup")
+	}
+	closes = append(closes, own)
+	if _, err := unix.MmapPtr(own, 0, s.res, uintptr(sz), unix.PROT_NONE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+		return 0, errors.Wrap(err, "bench: map")
+	}
+	mem := unsafe.Slice((*byte)(s.res), sz)
+	err = unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE)
+	d = time.Since(t0)
+	if err == nil && (mem[0] != src[0] || mem[sz-1] != src[sz-1]) {
+		err = errors.AssertionFailedf("bench: the bare receiver does not see the sender's bytes")
+	}
+	if _, uerr := unix.MmapPtr(-1, 0, s.res, uintptr(sz), unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED); uerr != nil {
+		err = errors.CombineErrors(err, errors.Wrap(uerr, "bench: unmap"))
+	}
+	if err != nil {
+		return 0, errors.Wrap(err, "bench: mprotect")
+	}
+	return d, nil
+}

@@ -36,3 +36,10 @@ func newStreamCopier(uint64) (*streamCopier, error) { return nil, bareUnsupporte
 
 func (cp *streamCopier) copy() (time.Duration, error) { return 0, bareUnsupported("copy") }
 func (cp *streamCopier) close() error                 { return bareUnsupported("close") }
+
+type bareSharer struct{}
+
+func newBareSharer(uint64) (*bareSharer, error) { return nil, bareUnsupported("bare sharer") }
+
+func (s *bareSharer) close() error                                { return bareUnsupported("close") }
+func (s *bareSharer) share(uint64, func()) (time.Duration, error) { return 0, bareUnsupported("share") }

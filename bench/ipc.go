@@ -35,10 +35,14 @@ const ipcCopyPiece = units.MiB
 // tables at SetAccess (MADV_POPULATE_WRITE). Copy is the bytes written
 // through a SOCK_STREAM socket pair in 1 MiB writes and read by another
 // goroutine into a buffer of the receiver's. ShareSmall is Share for an
-// IPCSmall chunk in the same loop (zero when size is IPCSmall).
+// IPCSmall chunk in the same loop (zero when size is IPCSmall). Bare and
+// BareSmall are the system calls Share makes on the host driver, made
+// directly on a memfd and socket pair of the benchmark's own (see
+// bareSharer.share), at size and at IPCSmall, from the same cold start.
 type IPCTimes struct {
 	N                                             int
 	Share, Touch, SharePopulate, Copy, ShareSmall time.Duration
+	Bare, BareSmall                               time.Duration
 }
 
 // IPCShare times sharing a chunk of size bytes with a receiver in the same
@@ -66,6 +70,12 @@ func IPCShare(more func() bool, size uint64) (t IPCTimes, err error) {
 		return t, err
 	}
 	defer func() { err = errors.CombineErrors(err, cp.close()) }()
+	bs, err := newBareSharer(size)
+	if err != nil {
+		return t, err
+	}
+	defer func() { err = errors.CombineErrors(err, bs.close()) }()
+	churn := func() { touchPages(s.churn) }
 
 	ops := []func() error{
 		func() error {
@@ -84,11 +94,20 @@ func IPCShare(more func() bool, size uint64) (t IPCTimes, err error) {
 			t.Copy += d
 			return err
 		},
+		func() error {
+			d, err := bs.share(size, churn)
+			t.Bare += d
+			return err
+		},
 	}
 	if size > IPCSmall {
 		ops = append(ops, func() error {
 			share, _, err := s.share(IPCSmall, s.lazy)
 			t.ShareSmall += share
+			return err
+		}, func() error {
+			d, err := bs.share(IPCSmall, churn)
+			t.BareSmall += d
 			return err
 		})
 	}
@@ -153,6 +172,7 @@ func (p *ipcSide) mapRW(c *physical.Chunk) ([]byte, error) {
 // has a host driver of its own, as separate processes would.
 type ipcSharer struct {
 	dir                      string
+	churn                    []byte // see share: written a byte a page before each timed share
 	l                        *ipc.Listener
 	sconn, rconn             *ipc.Conn
 	sender, lazy, populating *ipcSide
@@ -183,6 +203,8 @@ func newIPCSharer(size uint64) (s *ipcSharer, err error) {
 			return s, err
 		}
 	}
+	s.churn = make([]byte, size)
+	touchPages(s.churn)
 	if s.dir, err = os.MkdirTemp("", "vmarena-bench-ipc-"); err != nil {
 		return s, err
 	}
@@ -218,7 +240,13 @@ func (s *ipcSharer) close() (err error) {
 
 // share creates a shareable chunk of sz on the sender, maps it and writes
 // a byte to each page (not timed: the producer's own work, which also
-// materializes the pages), then times its export, send, import into r,
+// materializes the pages), writes a byte to each page of s.churn (not
+// timed: it leaves the caches and the TLB as cold before a 2 MiB share as
+// the producer's 1 GiB of writes leave them before a 1 GiB one, so that
+// the ratio of the two measures the share and not what ran before it —
+// without it every step of the share, even sendmsg of one descriptor, ran
+// 1.5 to 4 times slower after the larger write; see the note on issue 13),
+// then times its export, send, import into r,
 // map, grant and HostBytes. Afterwards r reads the byte of each page back,
 // checking the sum — touch is that read, for the lazy receiver. Both
 // mappings are unmapped and both chunks released before it returns.
@@ -242,6 +270,7 @@ func (s *ipcSharer) share(sz uint64, r *ipcSide) (share, touch time.Duration, er
 		sb[i] = byte(i/page) + 1
 		want += sb[i]
 	}
+	touchPages(s.churn)
 
 	base := r.res.Base()
 	t0 := time.Now()
@@ -295,4 +324,12 @@ func (s *ipcSharer) emptied() error {
 		}
 	}
 	return nil
+}
+
+// touchPages writes a byte to each page of b.
+func touchPages(b []byte) {
+	page := os.Getpagesize()
+	for i := 0; i < len(b); i += page {
+		b[i]++
+	}
 }
