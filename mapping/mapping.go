@@ -68,11 +68,29 @@ func (s State) String() string {
 // whose devices got their access over all of it is one run, whatever its
 // size, so nothing on the map, grant or unmap path costs per granule.
 type entry struct {
+	tab    *Table
 	rng    vaspace.Range
 	chunk  *physical.Chunk
 	gran   uint64
 	access runs.List[accessRow]
 	ndev   int
+}
+
+// mapOp and unmapOp are an entry's driver map and unmap, as the mapref.Op
+// that physical runs under its lock: a conversion of the entry's pointer,
+// where a closure would be allocated on every map and unmap. Both run
+// under the table's lock and the reservation's Hold.
+type (
+	mapOp   entry
+	unmapOp entry
+)
+
+func (o *mapOp) Do() error {
+	return o.tab.res.Hold(func() error { return o.tab.drv.Map(o.rng.Base, o.chunk.Handle()) })
+}
+
+func (o *unmapOp) Do() error {
+	return o.tab.res.Hold(func() error { return o.tab.drv.Unmap(o.rng.Base, o.rng.Size) })
 }
 
 // accessRow is what each device may do at a granule (index = device).
@@ -196,12 +214,12 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 				what(), vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
 			"unmap it first: map never replaces a mapping")
 	}
-	if err := mapref.Map(c, func() error { return t.res.Hold(func() error { return t.drv.Map(addr, c.Handle()) }) }); err != nil {
+	gran := t.devs[c.Device()].MinGranularity
+	e := &entry{tab: t, rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
+		access: runs.New[accessRow](c.Size() / gran), ndev: len(t.devs)}
+	if err := mapref.Map(c, (*mapOp)(e)); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	gran := t.devs[c.Device()].MinGranularity
-	e := &entry{rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
-		access: runs.New[accessRow](c.Size() / gran), ndev: len(t.devs)}
 	t.maps.Insert(addr, end, e)
 	return nil
 }
@@ -265,9 +283,7 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 
 func (t *Table) unmapAt(what func() string, i int) error {
 	e := t.at(i)
-	if err := mapref.Unmap(e.chunk, func() error {
-		return t.res.Hold(func() error { return t.drv.Unmap(e.rng.Base, e.rng.Size) })
-	}); err != nil {
+	if err := mapref.Unmap(e.chunk, (*unmapOp)(e)); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
 	t.maps.Delete(i, i+1)

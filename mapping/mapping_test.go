@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/leakcheck"
 	"github.com/vmarena/vmarena/internal/procmaps"
 	"github.com/vmarena/vmarena/internal/units"
@@ -407,4 +408,26 @@ func TestTooManyDevicesRefused(t *testing.T) {
 	_, err = mapping.New(res, physical.New(d))
 	drivertest.RequireIs(t, err, driver.ErrInvalid, "33 devices", "1 to 32")
 	require.NoError(t, res.Free(), "no table was attached")
+}
+
+// TestMapGrantUnmapAllocations: a map, a grant over the whole mapping and
+// an unmap allocate the two records they keep (the table's entry and the
+// driver ledger's) and nothing else: the access runs of a fresh mapping
+// live inline, and the driver call reaches physical as a pointer, not a
+// closure. Skipped where the invariants tag runs the checks, which
+// allocate.
+func TestMapGrantUnmapAllocations(t *testing.T) {
+	if invariants.Enabled {
+		t.Skip("the invariant checks allocate")
+	}
+	s := newStack(t)
+	c, err := s.mem.Create(0, 4*gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Release()) }()
+	n := testing.AllocsPerRun(50, func() {
+		require.NoError(t, s.tab.Map(s.at(0), c))
+		require.NoError(t, s.tab.SetAccess(s.at(0), 4*gran, 1, driver.AccessReadWrite))
+		require.NoError(t, s.tab.Unmap(s.at(0)))
+	})
+	require.LessOrEqual(t, n, 2.0, "allocations a map, grant and unmap")
 }

@@ -119,40 +119,40 @@ func (c *Chunk) returnLocked() {
 }
 
 func init() {
-	mapref.Map = func(c any, do func() error) error { return c.(*Chunk).mapWith(do) }
-	mapref.Unmap = func(c any, do func() error) error { return c.(*Chunk).unmapWith(do) }
+	mapref.Map = func(c any, op mapref.Op) error { return c.(*Chunk).mapWith(op) }
+	mapref.Unmap = func(c any, op mapref.Op) error { return c.(*Chunk).unmapWith(op) }
 }
 
-// mapWith counts one more mapping of c and runs do — the driver's map —
+// mapWith counts one more mapping of c and runs op — the driver's map —
 // under the memory's lock, so the books and the driver change together;
 // if do fails, the count is as it was. A released chunk is
-// driver.ErrBadHandle, and do does not run.
-func (c *Chunk) mapWith(do func() error) error {
+// driver.ErrBadHandle, and op does not run.
+func (c *Chunk) mapWith(op mapref.Op) error {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	defer c.m.checkAfter("map")
 	if err := c.acquireLocked(); err != nil {
 		return err
 	}
-	if err := do(); err != nil {
+	if err := op.Do(); err != nil {
 		return errors.CombineErrors(err, c.dropLocked())
 	}
 	return nil
 }
 
-// unmapWith runs do — the driver's unmap — and counts one mapping of c
+// unmapWith runs op — the driver's unmap — and counts one mapping of c
 // fewer, under the memory's lock: the driver cannot return the memory of a
 // released chunk before these books do, so a device's Used never shows
-// memory the driver has already handed to someone else. If do fails
+// memory the driver has already handed to someone else. If op fails
 // nothing changes.
-func (c *Chunk) unmapWith(do func() error) error {
+func (c *Chunk) unmapWith(op mapref.Op) error {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	defer c.m.checkAfter("unmap")
 	if c.maps == 0 {
 		return errors.AssertionFailedf("physical: unmap a mapping of %s: it has no mappings", c)
 	}
-	if err := do(); err != nil {
+	if err := op.Do(); err != nil {
 		return err
 	}
 	return c.dropLocked()

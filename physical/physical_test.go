@@ -16,6 +16,7 @@ import (
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/extent"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/mapref"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -542,7 +543,7 @@ func TestConcurrent(t *testing.T) {
 					}
 					c := live[rng.IntN(len(live))]
 					at := base + driver.Addr(s*gran)
-					if err := c.mapWith(func() error { return d.Map(at, c.Handle()) }); err != nil {
+					if err := c.mapWith(mapref.OpFunc(func() error { return d.Map(at, c.Handle()) })); err != nil {
 						errs <- err
 						return
 					}
@@ -554,7 +555,7 @@ func TestConcurrent(t *testing.T) {
 					}
 					i := rng.IntN(len(maps))
 					mp := maps[i]
-					if err := mp.c.unmapWith(func() error { return d.Unmap(mp.at, gran) }); err != nil {
+					if err := mp.c.unmapWith(mapref.OpFunc(func() error { return d.Unmap(mp.at, gran) })); err != nil {
 						errs <- err
 						return
 					}
@@ -563,7 +564,7 @@ func TestConcurrent(t *testing.T) {
 				}
 			}
 			for _, mp := range maps {
-				if err := mp.c.unmapWith(func() error { return d.Unmap(mp.at, gran) }); err != nil {
+				if err := mp.c.unmapWith(mapref.OpFunc(func() error { return d.Unmap(mp.at, gran) })); err != nil {
 					errs <- err
 					return
 				}
@@ -675,23 +676,23 @@ func TestMapAndUnmapUnderTheBooksLock(t *testing.T) {
 	require.NoError(t, err)
 	c, err := m.Create(0, gran, driver.ChunkOptions{})
 	require.NoError(t, err)
-	require.NoError(t, c.mapWith(func() error {
+	require.NoError(t, c.mapWith(mapref.OpFunc(func() error {
 		require.False(t, m.mu.TryLock(), "held while the driver maps")
 		return d.Map(base, c.Handle())
-	}))
+	})))
 	require.NoError(t, c.Release())
 	require.Equal(t, uint64(gran), usage(t, m, 0).Used, "released but mapped: still counted")
-	require.NoError(t, c.unmapWith(func() error {
+	require.NoError(t, c.unmapWith(mapref.OpFunc(func() error {
 		require.False(t, m.mu.TryLock(), "held while the driver unmaps")
 		return d.Unmap(base, gran)
-	}))
+	})))
 	require.Zero(t, usage(t, m, 0).Used)
 	// A failed driver call changes no count.
 	c2, err := m.Create(0, gran, driver.ChunkOptions{})
 	require.NoError(t, err)
-	require.Error(t, c2.mapWith(func() error { return d.Map(base+1, c2.Handle()) }))
+	require.Error(t, c2.mapWith(mapref.OpFunc(func() error { return d.Map(base+1, c2.Handle()) })))
 	require.Zero(t, c2.Mappings())
-	require.True(t, errors.HasAssertionFailure(c2.unmapWith(func() error { return nil })), "nothing to unmap")
+	require.True(t, errors.HasAssertionFailure(c2.unmapWith(mapref.OpFunc(func() error { return nil }))), "nothing to unmap")
 	require.NoError(t, c2.Release())
 	require.NoError(t, m.Check())
 	require.NoError(t, d.Unreserve(base, gran))

@@ -9,12 +9,24 @@
 // them.
 package mapref
 
+// An Op is the driver call that Map or Unmap runs under physical's lock.
+// mapping passes its own records as Ops (a pointer in an interface), not
+// closures: a closure handed to a function variable escapes to the heap,
+// and a map or unmap would allocate for it every time.
+type Op interface{ Do() error }
+
+// OpFunc makes a function an Op.
+type OpFunc func() error
+
+// Do calls f.
+func (f OpFunc) Do() error { return f() }
+
 var (
-	// Map counts one more mapping of chunk (a *physical.Chunk) and runs do,
-	// the driver's map, under physical's lock; if do fails the count is as
-	// it was. A released chunk is driver.ErrBadHandle and do does not run.
-	Map func(chunk any, do func() error) error
-	// Unmap runs do, the driver's unmap, and counts one mapping of chunk
-	// fewer, under physical's lock; if do fails nothing changes.
-	Unmap func(chunk any, do func() error) error
+	// Map counts one more mapping of chunk (a *physical.Chunk) and runs op,
+	// the driver's map, under physical's lock; if op fails the count is as
+	// it was. A released chunk is driver.ErrBadHandle and op does not run.
+	Map func(chunk any, op Op) error
+	// Unmap runs op, the driver's unmap, and counts one mapping of chunk
+	// fewer, under physical's lock; if op fails nothing changes.
+	Unmap func(chunk any, op Op) error
 )

@@ -16,11 +16,15 @@ import (
 	"github.com/cockroachdb/errors"
 )
 
-// List is n units, each holding a W. Invariants (checked by Check): runs
-// is non-empty, starts at unit 0, its starts increase and lie below n, and
-// no two neighbours hold the same value.
+// List is n units, each holding a W. A list that has only ever been one
+// run keeps its value in one, with runs nil, so that making a list — one
+// a mapping — allocates nothing. Once a Set splits it, runs holds every
+// run and one is unused. Invariants (checked by Check): n >= 1; runs is
+// nil, or it is non-empty, starts at unit 0, its starts increase and lie
+// below n, and no two neighbours hold the same value.
 type List[W comparable] struct {
 	runs []run[W]
+	one  W
 	n    uint64
 }
 
@@ -30,16 +34,21 @@ type run[W comparable] struct {
 	w     W
 }
 
-// New is n units (n >= 1) holding W's zero value.
+// New is n units (n >= 1) holding W's zero value. It allocates nothing.
 func New[W comparable](n uint64) List[W] {
-	return List[W]{runs: []run[W]{{start: 0}}, n: n}
+	return List[W]{n: n}
 }
 
 // Len is the number of units.
 func (l *List[W]) Len() uint64 { return l.n }
 
 // Runs is the number of runs.
-func (l *List[W]) Runs() int { return len(l.runs) }
+func (l *List[W]) Runs() int {
+	if l.runs == nil {
+		return 1
+	}
+	return len(l.runs)
+}
 
 // end is where run i ends.
 func (l *List[W]) end(i int) uint64 {
@@ -49,17 +58,25 @@ func (l *List[W]) end(i int) uint64 {
 	return l.n
 }
 
-// find is the index of the run holding unit u (< n).
+// find is the index of the run holding unit u (< n); runs is not nil.
 func (l *List[W]) find(u uint64) int {
 	return sort.Search(len(l.runs), func(i int) bool { return l.runs[i].start > u }) - 1
 }
 
 // At is the value of unit u (< Len).
-func (l *List[W]) At(u uint64) W { return l.runs[l.find(u)].w }
+func (l *List[W]) At(u uint64) W {
+	if l.runs == nil {
+		return l.one
+	}
+	return l.runs[l.find(u)].w
+}
 
 // Each calls fn with the runs over units [lo, hi) (lo < hi <= Len),
 // clipped to it, in order, stopping at the first error.
 func (l *List[W]) Each(lo, hi uint64, fn func(u0, u1 uint64, w W) error) error {
+	if l.runs == nil {
+		return fn(lo, hi, l.one)
+	}
 	for i := l.find(lo); i < len(l.runs) && l.runs[i].start < hi; i++ {
 		if err := fn(max(lo, l.runs[i].start), min(hi, l.end(i)), l.runs[i].w); err != nil {
 			return err
@@ -74,6 +91,13 @@ func (l *List[W]) Each(lo, hi uint64, fn func(u0, u1 uint64, w W) error) error {
 // list has had, so setting a whole run — access granted over a whole
 // mapping — allocates nothing.
 func (l *List[W]) Set(lo, hi uint64, f func(w W) W) {
+	if l.runs == nil {
+		if lo == 0 && hi == l.n {
+			l.one = f(l.one)
+			return
+		}
+		l.runs = append(make([]run[W], 0, 3), run[W]{0, l.one}) // a split in the middle makes three
+	}
 	i := l.find(lo)
 	if l.runs[i].start < lo { // split at lo
 		l.runs = slices.Insert(l.runs, i+1, run[W]{lo, l.runs[i].w})
@@ -103,7 +127,13 @@ func (l *List[W]) Set(lo, hi uint64, f func(w W) W) {
 
 // Check verifies the invariants in the type's doc.
 func (l *List[W]) Check() error {
-	if len(l.runs) == 0 || l.runs[0].start != 0 || l.n == 0 {
+	if l.n == 0 {
+		return errors.AssertionFailedf("runs: a list of 0 units")
+	}
+	if l.runs == nil {
+		return nil
+	}
+	if len(l.runs) == 0 || l.runs[0].start != 0 {
 		return errors.AssertionFailedf("runs: %d runs over %d units do not start at unit 0", len(l.runs), l.n)
 	}
 	for i := 1; i < len(l.runs); i++ {

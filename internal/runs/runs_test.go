@@ -86,10 +86,35 @@ func TestWholeSetsStayOneRun(t *testing.T) {
 	require.NoError(t, a.Check())
 }
 
+// TestOneRunAllocatesNothing: a new list, and sets over all of it, keep
+// their one run inline; the first split allocates, and once split the
+// list splits and merges again in the room it has.
+func TestOneRunAllocatesNothing(t *testing.T) {
+	var l List[[4]uint8]
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		l = New[[4]uint8](512)
+		l.Set(0, l.Len(), func(w [4]uint8) [4]uint8 { w[1]++; return w })
+	}))
+	require.Nil(t, l.runs, "one run stays inline")
+	require.Equal(t, uint8(1), l.At(7)[1])
+	l.Set(5, 9, func([4]uint8) [4]uint8 { return [4]uint8{} })
+	require.Equal(t, 3, l.Runs())
+	require.NoError(t, l.Check())
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		l.Set(0, l.Len(), func([4]uint8) [4]uint8 { return [4]uint8{9} })
+		l.Set(5, 9, func([4]uint8) [4]uint8 { return [4]uint8{} })
+	}))
+	require.Equal(t, 3, l.Runs())
+	require.Equal(t, [4]uint8{9}, l.At(4))
+	require.Equal(t, [4]uint8{}, l.At(5))
+	require.NoError(t, l.Check())
+}
+
 // TestCheckFindsBrokenRuns: Check reports each broken invariant.
 func TestCheckFindsBrokenRuns(t *testing.T) {
 	for name, l := range map[string]List[uint64]{
-		"no runs":      {n: 4},
+		"no units":     {n: 0},
+		"no runs":      {runs: []run[uint64]{}, n: 4},
 		"late start":   {runs: []run[uint64]{{1, 0}}, n: 4},
 		"out of order": {runs: []run[uint64]{{0, 0}, {3, 1}, {2, 0}}, n: 4},
 		"past the end": {runs: []run[uint64]{{0, 0}, {4, 1}}, n: 4},
