@@ -50,13 +50,17 @@ type Reservation struct {
 
 	mu sync.Mutex
 	// freed is set, with hold, space.mu and mu all held, once the driver
-	// has unreserved the range; free and carved are then nil.
+	// has unreserved the range; free and carved are then empty.
 	freed bool
 	// free holds the free extents of [base, base+size). carved holds the
 	// carved ranges sorted by base: disjoint, granule-aligned, and exactly
 	// the complement of free.
-	free   *extent.Set
-	carved *ranges.List[driver.Addr, struct{}]
+	// free is made by extents on first use (a reservation nothing is
+	// carved from, an arena's, never needs it): until then freeMade is
+	// false and the whole range is free.
+	free     extent.Set
+	freeMade bool
+	carved   ranges.List[driver.Addr, struct{}]
 	// occupants are the attached occupants, each once. gen counts
 	// Attach calls, so that Free and Close notice an occupant attached
 	// after they asked the others.
@@ -65,8 +69,16 @@ type Reservation struct {
 }
 
 func newReservation(s *Space, base driver.Addr, size uint64) *Reservation {
-	return &Reservation{space: s, base: base, size: size, gran: s.gran, free: extent.New(uint64(base), size),
-		carved: &ranges.List[driver.Addr, struct{}]{}}
+	return &Reservation{space: s, base: base, size: size, gran: s.gran}
+}
+
+// extents is r.free, made whole-free on first use; r.mu is held and r is
+// not freed.
+func (r *Reservation) extents() *extent.Set {
+	if !r.freeMade {
+		r.free, r.freeMade = extent.Make(uint64(r.base), r.size), true
+	}
+	return &r.free
 }
 
 // Base is the first address of the reservation. It answers after Free too.
@@ -119,7 +131,7 @@ func (r *Reservation) Carve(size, align uint64) (Range, error) {
 	if r.freed {
 		return Range{}, r.errFreed(what)
 	}
-	at, ok := r.free.Alloc(size, align)
+	at, ok := r.extents().Alloc(size, align)
 	if !ok {
 		return Range{}, errors.WithHint(
 			errors.Wrapf(driver.ErrOutOfMemory,
@@ -156,7 +168,7 @@ func (r *Reservation) CarveAt(base driver.Addr, size uint64) (Range, error) {
 	if !r.Range().ContainsRange(c) {
 		return Range{}, errors.Wrapf(driver.ErrNotReserved, "%s: the range is not inside the reservation", what())
 	}
-	if !r.free.AllocAt(uint64(base), size) {
+	if !r.extents().AllocAt(uint64(base), size) {
 		lo, hi := r.carved.Overlapping(c.Base, c.End())
 		if lo == hi {
 			return Range{}, errors.AssertionFailedf("%s: the range is not free, but no carved range overlaps it", what())
@@ -215,7 +227,7 @@ func (r *Reservation) Uncarve(c Range) error {
 			errors.Wrapf(driver.ErrNotReserved, "%s: the carved range there is %s", what(), got),
 			"uncarve takes exactly a range Carve or CarveAt returned")
 	}
-	if err := r.free.Free(uint64(c.Base), c.Size); err != nil {
+	if err := r.extents().Free(uint64(c.Base), c.Size); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
 	r.carved.Delete(i, i+1)
@@ -227,7 +239,7 @@ func (r *Reservation) Uncarve(c Range) error {
 func (r *Reservation) Carved() []Range {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.carved == nil || r.carved.Len() == 0 {
+	if r.carved.Len() == 0 {
 		return nil
 	}
 	out := make([]Range, 0, r.carved.Len())
@@ -391,7 +403,7 @@ func (r *Reservation) unreserveLocked() error {
 		return errors.Wrapf(err, "vaspace: free %s", r)
 	}
 	r.freed = true
-	r.free, r.carved, r.occupants = nil, nil, nil
+	r.free, r.freeMade, r.carved, r.occupants = extent.Set{}, false, ranges.List[driver.Addr, struct{}]{}, nil
 	if err != nil {
 		return errors.Wrapf(err, "vaspace: free %s: the driver no longer holds the range (unreserved behind the space's back?); the space has let it go", r)
 	}
@@ -458,7 +470,7 @@ func (r *Reservation) checkLocked() error {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
 	if r.freed {
-		if r.free != nil || r.carved != nil || r.occupants != nil {
+		if r.freeMade || r.carved.Len() != 0 || r.occupants != nil {
 			fail("vaspace: %s is freed but keeps carving or occupant state", r)
 		}
 		return errs
@@ -466,7 +478,8 @@ func (r *Reservation) checkLocked() error {
 	if r.size == 0 || uint64(r.base)%r.gran != 0 || r.size%r.gran != 0 {
 		fail("vaspace: %s is not aligned to the granularity %s", r, units.Bytes(r.gran))
 	}
-	if err := r.free.Check(); err != nil {
+	free := r.extents()
+	if err := free.Check(); err != nil {
 		errs = errors.CombineErrors(errs, errors.Wrapf(err, "vaspace: %s", r))
 	}
 	var carved uint64
@@ -482,17 +495,17 @@ func (r *Reservation) checkLocked() error {
 		if uint64(c.Base)%r.gran != 0 || c.Size%r.gran != 0 {
 			fail("vaspace: carved range %s is not aligned to the granularity %s", c, units.Bytes(r.gran))
 		}
-		if c.Base > gapStart && !r.free.IsFree(uint64(gapStart), uint64(c.Base-gapStart)) {
+		if c.Base > gapStart && !free.IsFree(uint64(gapStart), uint64(c.Base-gapStart)) {
 			fail("vaspace: %s is neither carved nor free in %s", Range{gapStart, uint64(c.Base - gapStart)}, r)
 		}
 		gapStart = max(gapStart, c.End())
 		carved += c.Size
 	}
-	if end := r.Range().End(); end > gapStart && !r.free.IsFree(uint64(gapStart), uint64(end-gapStart)) {
+	if end := r.Range().End(); end > gapStart && !free.IsFree(uint64(gapStart), uint64(end-gapStart)) {
 		fail("vaspace: %s is neither carved nor free in %s", Range{gapStart, uint64(end - gapStart)}, r)
 	}
-	if carved != r.free.InUse() {
-		fail("vaspace: %s has %d bytes carved but its free extents count %d in use", r, carved, r.free.InUse())
+	if carved != free.InUse() {
+		fail("vaspace: %s has %d bytes carved but its free extents count %d in use", r, carved, free.InUse())
 	}
 	if len(r.occupants) > 0 {
 		for i, o := range r.occupants {

@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 const gran = 2 << 20
@@ -757,4 +758,21 @@ func TestCheckFindsCorruption(t *testing.T) {
 			require.True(t, errors.HasAssertionFailure(err), "%v", err)
 		})
 	}
+}
+
+// TestReserveFreeAllocations: a reservation nothing is carved from costs
+// two allocations, its record and the driver ledger's; the free extents
+// are made only when something is carved. Skipped where the invariants
+// tag runs the checks, which allocate.
+func TestReserveFreeAllocations(t *testing.T) {
+	if invariants.Enabled {
+		t.Skip("the invariant checks allocate")
+	}
+	s, _ := newSpace(t)
+	n := testing.AllocsPerRun(50, func() {
+		r, err := s.Reserve(4*gran, 0)
+		require.NoError(t, err)
+		require.NoError(t, r.Free())
+	})
+	require.LessOrEqual(t, n, 2.0, "allocations a reserve and free")
 }

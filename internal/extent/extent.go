@@ -25,7 +25,14 @@ type Set struct {
 
 // New returns a Set whose whole range [base, base+size) is free.
 func New(base, size uint64) *Set {
-	s := &Set{base: base, limit: base + size}
+	s := Make(base, size)
+	return &s
+}
+
+// Make is New as a value, for an owner that keeps its Set in a field of
+// its own (one allocation fewer).
+func Make(base, size uint64) Set {
+	s := Set{base: base, limit: base + size}
 	if size > 0 {
 		s.free.Insert(base, base+size, struct{}{})
 	}
