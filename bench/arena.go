@@ -295,3 +295,37 @@ func AllocFree(more func() bool, live int) (p Pair, err error) {
 	}
 	return p, nil
 }
+
+// missSpan is the memory MissLatency walks: far more than any cache, and
+// more pages than the TLB covers.
+const missSpan = 128 * units.MiB
+
+// MissLatency is the mean time of a load that misses every cache (and
+// mostly the TLB) on this machine: loads that each depend on the one
+// before, along one random cycle through missSpan bytes of uint32 links
+// (Sattolo's shuffle, so the walk visits every link before it repeats).
+// It is AllocFree's floor at 1 M live allocations: a free of a random one
+// of them reads that allocation's record, which no cache holds, before it
+// can do anything else.
+func MissLatency(loads int) time.Duration {
+	next := make([]uint32, missSpan/4)
+	for i := range next {
+		next[i] = uint32(i)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := len(next) - 1; i > 0; i-- {
+		j := rng.IntN(i)
+		next[i], next[j] = next[j], next[i]
+	}
+	var p uint32
+	for range 1 << 16 { // off the start, into the cycle's steady state
+		p = next[p]
+	}
+	t0 := time.Now()
+	for range loads {
+		p = next[p]
+	}
+	d := time.Since(t0)
+	runtime.KeepAlive(p)
+	return d / time.Duration(max(loads, 1))
+}

@@ -84,7 +84,11 @@ func BenchmarkGrowTo1GiB(b *testing.B) {
 // BenchmarkAllocFree: an Alloc and a Free per pair with 1K and 1M live
 // allocations of mixed sizes on the sim driver, beside make([]byte) of the
 // same sizes held and dropped (Go's allocator: a reference point only, not
-// device memory). Reports ns/pair, go-make-ns/pair and their ratio.
+// device memory). Reports ns/pair, go-make-ns/pair and their ratio; at 1M
+// also miss-ns, one load that misses every cache on this machine
+// (MissLatency), and miss/go, its ratio to Go's pair: the lowest
+// vmarena/go an allocator could reach that reads one record of its own
+// per free of a random one of a million allocations.
 func BenchmarkAllocFree(b *testing.B) {
 	b.ReportAllocs()
 	for _, live := range []int{1000, 1_000_000} {
@@ -102,6 +106,11 @@ func BenchmarkAllocFree(b *testing.B) {
 			b.ReportMetric(float64(p.Bare.Nanoseconds())/float64(p.N), "go-make-ns/pair")
 			b.ReportMetric(p.Ratio(), "vmarena/go")
 			b.ReportMetric(p.LibAllocs, "allocs/pair")
+			if live == 1_000_000 {
+				miss := MissLatency(1 << 22)
+				b.ReportMetric(float64(miss.Nanoseconds()), "miss-ns")
+				b.ReportMetric(float64(miss.Nanoseconds())/(float64(p.Bare.Nanoseconds())/float64(p.N)), "miss/go")
+			}
 			b.ReportMetric(0, "ns/op") // includes filling to live allocations
 		})
 	}
@@ -133,6 +142,7 @@ func TestArenaBenchmarkBodies(t *testing.T) {
 	require.Equal(t, 3*allocBatch, p.N)
 	require.Positive(t, p.Lib)
 	require.Positive(t, p.Bare)
+	require.Positive(t, MissLatency(1000))
 
 	_, err = GrowOneChunk(Rounds(1), 1<<50)
 	require.ErrorIs(t, err, ErrTooLarge)
