@@ -5,11 +5,15 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cockroachdb/errors"
+
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/ipc"
 	"github.com/vmarena/vmarena/mapping"
 	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/pool"
+	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/vaspace"
 )
 
@@ -83,4 +87,75 @@ func Example() {
 	// Output:
 	// the consumer reads hello
 	// the producer reads world
+}
+
+// Sharing an allocation of a stream-ordered pool, as
+// cudaMemPoolExportPointer does: the exporter sends the pool and a
+// pointer, the importer maps the chunks under it and reads it, and the
+// exporter may free the pointer only once the importer has released it.
+// Both ends are in this process here; in life they are two.
+func ExampleExportPool() {
+	must := func(err error) {
+		if err != nil {
+			panic(err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "vmarena-ipc-")
+	must(err)
+	l, err := ipc.Listen(filepath.Join(dir, "pool.sock"), 0o600)
+	must(err)
+	importer, err := ipc.Dial(l.Path())
+	must(err)
+	exporter, err := l.Accept()
+	must(err)
+
+	// The exporter: a shareable pool and one allocation written on a stream.
+	edrv, err := host.New(host.Options{Capacity: 64 << 20})
+	must(err)
+	p, err := pool.New(vaspace.New(edrv), physical.New(edrv), pool.Props{Shareable: true, MaxSize: 16 << 20})
+	must(err)
+	s, err := stream.New(edrv, 0)
+	must(err)
+	ptr, err := p.MallocAsync(4096, s)
+	must(err)
+	must(s.CopyHtoD(ptr, []byte("tensor")))
+	must(s.Synchronize())
+	ep, err := ipc.ExportPool(p, os.Getpid()) // the importer's process ID (this one, here)
+	must(err)
+	must(exporter.SendPool(ep))
+	must(exporter.SendPointer(ep, ptr)) // the chunks under ptr, then ptr
+
+	// The importer: a driver of its own, the pool's chunks mapped at the
+	// exporter's offsets.
+	idrv, err := host.New(host.Options{Capacity: 64 << 20})
+	must(err)
+	ip, err := importer.RecvPool(vaspace.New(idrv), physical.New(idrv), 0)
+	must(err)
+	got, err := importer.RecvPointer(ip)
+	must(err)
+	buf := make([]byte, 6)
+	must(ip.Read(0, got, buf))
+	fmt.Println("the importer reads", string(buf))
+
+	err = p.FreeAsync(ptr, s) // the importer still holds it
+	fmt.Println(errors.Is(err, driver.ErrBusy), exporter.Holds(), "held")
+	must(ip.Free(got)) // tells the exporter
+	released, err := exporter.RecvRelease(ep)
+	must(err)
+	fmt.Println(released == ptr, exporter.Holds(), "held")
+	must(p.FreeAsync(ptr, s))
+
+	must(ip.Close())
+	must(idrv.Close())
+	must(s.Destroy())
+	must(p.Destroy())
+	must(edrv.Close())
+	must(importer.Close())
+	must(exporter.Close())
+	must(l.Close())
+	must(os.RemoveAll(dir))
+	// Output:
+	// the importer reads tensor
+	// true 1 held
+	// true 0 held
 }

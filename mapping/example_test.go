@@ -2,6 +2,7 @@ package mapping_test
 
 import (
 	"fmt"
+	"log"
 
 	"github.com/cockroachdb/errors"
 
@@ -55,4 +56,85 @@ func Example() {
 	// accessible 2 MiB
 	// reserved 65534 MiB
 	// true
+}
+
+// One chunk mapped at two addresses of a reservation (virtual aliasing):
+// what is written through one is read through the other. Map never
+// replaces a mapping, and a chunk is unmapped whole, one mapping at a time.
+func ExampleTable_Map() {
+	drv, err := host.New(host.Options{Capacity: 8 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mem := physical.New(drv)
+	res, err := vaspace.New(drv).Reserve(64<<20, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	tab, err := mapping.New(res, mem)
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := mem.Create(0, 2<<20, driver.ChunkOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	front, back := res.Base(), res.Base()+32<<20
+	for _, addr := range []driver.Addr{front, back} {
+		if err := tab.Map(addr, c); err != nil {
+			log.Fatal(err)
+		}
+		if err := tab.SetAccess(addr, c.Size(), 0, driver.AccessReadWrite); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if err := tab.Write(0, front, []byte("alias")); err != nil {
+		log.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if err := tab.Read(0, back, buf); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(buf), c.Mappings(), "mappings")
+
+	err = tab.Map(back, c) // over a mapping
+	fmt.Println(errors.Is(err, driver.ErrOverlap))
+	err = tab.Unmap(back + 1<<20) // inside a mapping, not at its start
+	fmt.Println(errors.Is(err, driver.ErrPartial))
+
+	if err := c.Release(); err != nil { // the handle goes; the mappings keep the memory
+		log.Fatal(err)
+	}
+	if err := tab.Unmap(front); err != nil {
+		log.Fatal(err)
+	}
+	u, err := mem.Usage(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(u.Used>>20, "MiB used")
+	if err := tab.Unmap(back); err != nil { // the last mapping: the memory goes back
+		log.Fatal(err)
+	}
+	u, err = mem.Usage(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(u.Used>>20, "MiB used")
+
+	if err := tab.Close(); err != nil {
+		log.Fatal(err)
+	}
+	if err := res.Free(); err != nil {
+		log.Fatal(err)
+	}
+	if err := drv.Close(); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// alias 2 mappings
+	// true
+	// true
+	// 2 MiB used
+	// 0 MiB used
 }
