@@ -156,3 +156,26 @@ func (a *allocator) figures() Figures {
 		Live: st.Live,
 	}
 }
+
+// usage is what live allocations asked for and what the allocator holds
+// committed.
+func (a *allocator) usage() (allocated, committed uint64) {
+	st := a.al.Stats()
+	return st.Allocated, st.Committed
+}
+
+// mapKinds are arena's block kinds as a replay names them.
+var mapKinds = map[arena.BlockKind]MapKind{arena.BlockUsed: MapUsed, arena.BlockFree: MapFree,
+	arena.BlockUncommitted: MapUncommitted, arena.BlockLent: MapLent, arena.BlockStitched: MapStitched}
+
+// memoryMap copies the allocator's memory map: its ranges are the two
+// heaps' (small requests, then large) and, with stitching on, the stitch
+// range.
+func (a *allocator) memoryMap() *PeakMap {
+	names := []string{"small requests", "large requests", "stitch range"}
+	m := &PeakMap{Ranges: names[:len(a.al.Ranges())]}
+	for _, b := range a.al.MemoryMap() {
+		m.Blocks = append(m.Blocks, MapBlock{Range: b.Range, Offset: b.Offset, Size: b.Size, Kind: mapKinds[b.Kind]})
+	}
+	return m
+}

@@ -33,11 +33,23 @@ type Options struct {
 	// Verify checks every address an allocator returns: aligned to the
 	// policy's quantum and overlapping no live allocation of its device.
 	Verify bool
+	// Record keeps, for reports, each device's Timeline and its
+	// allocator's memory map at the trace's peak (DeviceResult.PeakMap).
+	Record bool
 	// Drain frees every allocation still live after the last event and
 	// trims the allocators, and records their figures then in
 	// DeviceResult.AfterDrain.
 	Drain bool
+	// Progress, if set, is called with the events replayed so far and the
+	// trace's events every ProgressEvents events and after the last, on
+	// the replay's goroutine (the CLI draws a bar with it).
+	Progress func(done, total int)
 }
+
+// ProgressEvents is how many events pass between calls of
+// Options.Progress: often enough for a bar to move, rarely enough to
+// cost nothing beside the events.
+const ProgressEvents = 1 << 14
 
 // The bounds Check holds a replay to. A granularity is a chunk: below a
 // page nothing maps, above 1 GiB no allocator commits that coarsely. Each
@@ -111,6 +123,11 @@ type DeviceResult struct {
 	// AfterDrain are the allocator's figures after freeing what was still
 	// live and trimming (Options.Drain only).
 	AfterDrain Figures
+	// Timeline is the device's memory after each event, and PeakMap its
+	// allocator's memory map when the trace's allocated memory peaked
+	// (Options.Record only; nil otherwise).
+	Timeline *Timeline
+	PeakMap  *PeakMap
 }
 
 // OOM is a request PyTorch's allocator failed (an oom event) and whether
@@ -162,6 +179,7 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 	}
 	opts.defaults()
 	res.Options = opts
+	res.Options.Progress = nil // the result is figures, not the caller's hook
 	sums := Summarize(events)
 	index := map[int]int{} // trace device -> driver device, dense
 	for i, s := range sums {
@@ -185,6 +203,9 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 	devs := make([]*device, len(sums))
 	for i, al := range als {
 		devs[i] = &device{al: al, verify: opts.Verify, quantum: opts.Policy.quantum(), addrs: map[int64]driver.Addr{}, res: &res.Devices[i]}
+		if opts.Record {
+			devs[i].rec = newRecorder()
+		}
 	}
 	defer func() {
 		// An allocator refuses to close over live allocations: free what
@@ -211,9 +232,15 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 				return res, err
 			}
 		}
+		if opts.Progress != nil && ((i+1)%ProgressEvents == 0 || i+1 == len(events)) {
+			opts.Progress(i+1, len(events))
+		}
 	}
 	for _, d := range devs {
 		d.res.Figures = d.al.figures()
+		if d.rec != nil {
+			d.rec.finish(d)
+		}
 	}
 	if opts.CheckEvery > 0 {
 		if err := checkAll("the last event"); err != nil {
@@ -234,8 +261,8 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 }
 
 // device is the replay of one device's events: its allocator, the address
-// each live alloc_id got, and (when verifying) its live allocations in
-// address order.
+// each live alloc_id got, (when verifying) its live allocations in
+// address order, and (when recording) what it held after each event.
 type device struct {
 	al      *allocator
 	verify  bool
@@ -243,9 +270,13 @@ type device struct {
 	addrs   map[int64]driver.Addr
 	live    ranges.List[driver.Addr, struct{}] // the live allocations (verify only)
 	res     *DeviceResult
+	rec     *recorder // Options.Record only
 }
 
 func (d *device) step(ev Event) error {
+	if d.rec != nil {
+		defer d.rec.record(d, ev)
+	}
 	what := func() string {
 		return fmt.Sprintf("replay: line %d (seq %d), device %d: %s of %s (alloc_id %d)",
 			ev.Line, ev.Seq, ev.Device, ev.Op, units.Bytes(ev.Size), ev.AllocID)

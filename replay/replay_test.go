@@ -276,3 +276,16 @@ func TestOptionsCheck(t *testing.T) {
 		require.True(t, errors.Is(err, driver.ErrInvalid), "%v", err)
 	}
 }
+
+// TestReplayProgress: Options.Progress is called every ProgressEvents
+// events and once after the last, counting up to the trace's events, and
+// the result does not keep the hook.
+func TestReplayProgress(t *testing.T) {
+	events := readTrace(t, "wedsonlin_medium_512_training.csv")
+	require.Greater(t, len(events), ProgressEvents)
+	var calls [][2]int
+	res, err := Replay(events, Options{Progress: func(done, total int) { calls = append(calls, [2]int{done, total}) }})
+	require.NoError(t, err)
+	require.Equal(t, [][2]int{{ProgressEvents, len(events)}, {len(events), len(events)}}, calls)
+	require.Nil(t, res.Options.Progress)
+}

@@ -35,6 +35,9 @@ type SimOptions struct {
 	// CheckEvery runs the scheme's Check every CheckEvery steps and at the
 	// end; 0 never does.
 	CheckEvery int
+	// Record keeps, for reports, what the scheme held at each step
+	// (SimResult.Timeline).
+	Record bool
 }
 
 // ProgressSteps is how many steps pass between calls of
@@ -90,6 +93,9 @@ type SimResult struct {
 	OutputTokens int64
 	// Stats is the scheme's at the end.
 	Stats KVStats
+	// Timeline is what the scheme held over the simulation
+	// (SimOptions.Record only; nil otherwise).
+	Timeline *SimTimeline
 }
 
 // WasteFraction is the time-averaged waste over the time-averaged
@@ -213,6 +219,9 @@ func Simulate(reqs []Request, scheme KVScheme, opts SimOptions) (SimResult, erro
 	for i, r := range reqs {
 		s.all[i] = SimRequest{id: i, req: r, context: r.Input}
 	}
+	if opts.Record {
+		s.rec = newSimRecorder()
+	}
 	start := time.Now()
 	err := s.run()
 	s.res.WallTime = time.Since(start)
@@ -246,6 +255,7 @@ type simulation struct {
 	// running and of the scheme's committed, wasted, saved and cached bytes.
 	seqSecs, committedSecs, wasteSecs, savedSecs, cachedSecs float64
 	ttft                                                     []time.Duration
+	rec                                                      *simRecorder // SimOptions.Record only
 }
 
 type scheduled struct {
@@ -446,6 +456,9 @@ func (s *simulation) sample(dt time.Duration) {
 	s.res.PeakWaste = max(s.res.PeakWaste, st.Waste())
 	s.res.PeakSaved = max(s.res.PeakSaved, st.Saved())
 	s.res.PeakCached = max(s.res.PeakCached, st.Cached)
+	if s.rec != nil {
+		s.rec.add(s.now.Seconds(), n, st)
+	}
 }
 
 func (s *simulation) progress() SimProgress {
@@ -476,6 +489,10 @@ func (s *simulation) finish() {
 		r.P99TTFT = s.ttft[min(len(s.ttft)*99/100, len(s.ttft)-1)]
 	}
 	r.Stats = s.scheme.Stats()
+	if s.rec != nil {
+		s.rec.add(s.now.Seconds(), len(s.running), r.Stats)
+		r.Timeline = s.rec.timeline()
+	}
 	if s.opts.Progress != nil {
 		s.opts.Progress(s.progress())
 	}

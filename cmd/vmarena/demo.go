@@ -19,14 +19,16 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-const demoUsage = `usage: vmarena demo [--driver host|sim|cuda|acl] [--library PATH]
+const demoUsage = `usage: vmarena demo [--driver host|sim|cuda|acl] [--library PATH] [--svg DIR]
 
 Walks through reserve, map, access, aliasing and release, printing the
 memory map after each step, then a growing arena, memory given back from
 anywhere, stitching, and an arena striped over two devices. The host driver
 (the default) needs no GPU; on sim the steps that move bytes are skipped;
 on cuda and acl it uses the first two devices, at most 32 granules of each,
-and frees everything it made.
+and frees everything it made. With --svg it also draws the memory map of
+each step as DIR/step-NN-<what>.svg: granules coloured by state and device,
+chunks labelled, aliases outlined.
 `
 
 // demoCmd runs `vmarena demo`: 0 when the demo ran to the end, 1 when a
@@ -37,6 +39,7 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 	drv := driverFlag("host")
 	fs.Var(&drv, "driver", "the `DRIVER` to run on: "+orList(driverNames))
 	library := fs.String("library", "", "the vendor library to load for --driver cuda or acl, a `PATH` or soname")
+	svg := fs.String("svg", "", "draw the memory map of each step as an SVG picture into `DIR` (made if need be)")
 	bad := func(format string, args ...any) int {
 		fmt.Fprintf(stderr, "vmarena demo: %s (vmarena demo -h lists the flags)\n", fmt.Sprintf(format, args...))
 		return 2
@@ -56,7 +59,18 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 	if *library != "" && !vendor(string(drv)) {
 		return bad("--library is for --driver cuda or acl; the %s driver loads no library", drv)
 	}
-	if err := demo(stdout, backend{name: string(drv), library: *library}); err != nil {
+	svgSet := false
+	fs.Visit(func(f *flag.Flag) { svgSet = svgSet || f.Name == "svg" })
+	if svgSet && *svg == "" {
+		return bad("--svg needs a directory")
+	}
+	if *svg != "" {
+		if err := svgDir(*svg); err != nil {
+			fmt.Fprintf(stderr, "vmarena demo: %v\n", err)
+			return 1
+		}
+	}
+	if err := demo(stdout, backend{name: string(drv), library: *library}, *svg); err != nil {
 		fmt.Fprintf(stderr, "vmarena demo: %v\n", err)
 		return 1
 	}
@@ -79,6 +93,15 @@ type demoRun struct {
 	space *vaspace.Space
 	mem   *physical.Memory
 	step  int
+	// pics draws each step's memory map (nil without --svg): slug and
+	// title are the current step's, pictured whether it is drawn, names
+	// what the part calls its reservations (by base), and picErr the first
+	// failure to write one.
+	pics        *demoPictures
+	slug, title string
+	pictured    bool
+	names       map[driver.Addr]string
+	picErr      error
 	// noBytes and noSecond say why parts of the demo cannot run on this
 	// driver, and are empty where they can: moving bytes needs
 	// driver.FeatureHostAccess (the sim driver keeps the books only), and
@@ -87,10 +110,47 @@ type demoRun struct {
 	noBytes, noSecond string
 }
 
-// say starts the next numbered step.
-func (d *demoRun) say(format string, args ...any) {
+// say starts the next numbered step; slug names its picture.
+func (d *demoRun) say(slug, format string, args ...any) {
 	d.step++
-	fmt.Fprintf(d.w, "\n%d. %s\n", d.step, fmt.Sprintf(format, args...))
+	d.slug, d.title, d.pictured = slug, fmt.Sprintf(format, args...), false
+	fmt.Fprintf(d.w, "\n%d. %s\n", d.step, d.title)
+}
+
+// name names the reservation at base in the pictures.
+func (d *demoRun) name(base driver.Addr, name string) {
+	if d.names == nil {
+		d.names = map[driver.Addr]string{}
+	}
+	d.names[base] = name
+}
+
+// nameAllocator names an allocator's ranges in the pictures, in the order
+// Ranges lists them: its heaps, then its stitch range.
+func (d *demoRun) nameAllocator(al *arena.Allocator) {
+	rs := al.Ranges()
+	for i, r := range rs {
+		switch {
+		case i == len(rs)-1 && len(rs) == 3:
+			d.name(r.Base, "the allocator's stitch range")
+		case i == 0:
+			d.name(r.Base, "the allocator's heap of small requests")
+		default:
+			d.name(r.Base, "the allocator's heap of large requests")
+		}
+	}
+}
+
+// picture draws the memory map now as the current step's picture, once a
+// step, with notes under it (with --svg; otherwise it does nothing).
+func (d *demoRun) picture(notes ...string) {
+	if d.pics == nil || d.pictured || d.picErr != nil {
+		return
+	}
+	d.pictured = true
+	if err := d.pics.write(d.step, d.slug, d.title, d.names, notes); err != nil {
+		d.picErr = errors.Wrapf(err, "the picture of step %d", d.step)
+	}
 }
 
 // refused prints the error a refused call returned.
@@ -142,14 +202,23 @@ func secondDevice(drv driver.Driver) string {
 // of demoGranules granules each. Parts that move bytes are skipped on a
 // driver without host access (sim), parts of a second device on a driver
 // with one or with two that are not peers; every step is still numbered.
-func demo(w io.Writer, b backend) (err error) {
+// With svg not "", each step's memory map is drawn into that directory.
+func demo(w io.Writer, b backend, svg string) (err error) {
 	drv, err := b.open(demoDevices, 0, func(gran uint64) uint64 { return demoGranules * gran })
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	var pics *demoPictures
+	if svg != "" {
+		rec, p, err := recordDriver(drv, svg)
+		if err != nil {
+			return err
+		}
+		drv, pics = rec, p
+	}
 	d := &demoRun{w: w, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
-		noSecond: secondDevice(drv)}
+		noSecond: secondDevice(drv), pics: pics}
 	if !drv.Supports(driver.FeatureHostAccess) {
 		d.noBytes = fmt.Sprintf("the %s driver has no memory behind its ranges (no %s)", drv.Name(), driver.FeatureHostAccess)
 	}
@@ -166,19 +235,16 @@ func demo(w io.Writer, b backend) (err error) {
 		fmt.Fprintf(w, "vmarena demo: %s driver, %s (%s), %s of each for the demo, granularity %s\n",
 			drv.Name(), plural(len(devs), "device"), deviceNames(devs), units.Bytes(devs[0].Capacity), units.Bytes(gran))
 	}
-	if err := d.core(); err != nil {
-		return err
+	for _, part := range []func() error{d.core, d.growth, d.giveBack, d.stitch, d.multidev} {
+		d.names = nil // each part names its own reservations; addresses are reused
+		if err := part(); err != nil {
+			return err
+		}
+		if d.picErr != nil {
+			return d.picErr
+		}
 	}
-	if err := d.growth(); err != nil {
-		return err
-	}
-	if err := d.giveBack(); err != nil {
-		return err
-	}
-	if err := d.stitch(); err != nil {
-		return err
-	}
-	return d.multidev()
+	return nil
 }
 
 // core is the walk through reservations, chunks, mappings and access.
@@ -206,7 +272,8 @@ func (d *demoRun) core() (err error) {
 		}
 	}()
 	at := func(off uint64) driver.Addr { return res.Base() + driver.Addr(off) }
-	d.say("Reserve 64 GiB of address space: no memory behind it yet.")
+	d.name(res.Base(), "the demo's reservation")
+	d.say("reserve", "Reserve 64 GiB of address space: no memory behind it yet.")
 	d.printMap(tab)
 
 	a, err := mem.Create(0, 2*gran, driver.ChunkOptions{})
@@ -224,10 +291,10 @@ func (d *demoRun) core() (err error) {
 		return err
 	}
 	if d.noSecond == "" {
-		d.say("Create %s on device 0 and %s on device 1 and map them side by side: one contiguous range backed by two devices, inaccessible until granted.",
+		d.say("map-two-chunks", "Create %s on device 0 and %s on device 1 and map them side by side: one contiguous range backed by two devices, inaccessible until granted.",
 			units.Bytes(a.Size()), units.Bytes(b.Size()))
 	} else {
-		d.say("Create %s and %s on device 0 and map them side by side: one contiguous range backed by two chunks, inaccessible until granted.",
+		d.say("map-two-chunks", "Create %s and %s on device 0 and map them side by side: one contiguous range backed by two chunks, inaccessible until granted.",
 			units.Bytes(a.Size()), units.Bytes(b.Size()))
 	}
 	d.printMap(tab)
@@ -239,9 +306,9 @@ func (d *demoRun) core() (err error) {
 		if err := tab.SetAccess(at(0), gran, 1, driver.AccessRead); err != nil {
 			return err
 		}
-		d.say("Grant device 0 read-write over all three granules, and device 1 read over the first only.")
+		d.say("grant-access", "Grant device 0 read-write over all three granules, and device 1 read over the first only.")
 	} else {
-		d.say("Grant device 0 read-write over all three granules.")
+		d.say("grant-access", "Grant device 0 read-write over all three granules.")
 		d.skipped("device 1's read access over the first", d.noSecond)
 	}
 	d.printMap(tab)
@@ -256,12 +323,12 @@ func (d *demoRun) core() (err error) {
 			return err
 		}
 		if d.noSecond == "" {
-			d.say("Device 0 writes %q at the base; device 1 reads it back: %q.", msg, got)
+			d.say("write-read", "Device 0 writes %q at the base; device 1 reads it back: %q.", msg, got)
 		} else {
-			d.say("Device 0 writes %q at the base and reads it back: %q.", msg, got)
+			d.say("write-read", "Device 0 writes %q at the base and reads it back: %q.", msg, got)
 		}
 	} else {
-		d.say("Device 0 writes %q at the base; device %d reads it back.", msg, other)
+		d.say("write-read", "Device 0 writes %q at the base; device %d reads it back.", msg, other)
 		d.skipped("the write and the read", d.noBytes)
 	}
 	if d.noSecond == "" {
@@ -272,6 +339,7 @@ func (d *demoRun) core() (err error) {
 	} else {
 		d.skipped("device 1 writing there, and reading what it was not granted", d.noSecond)
 	}
+	d.picture("Reads and writes change no state: the map is the last step's.")
 
 	if err := tab.Map(at(32*units.GiB), a); err != nil {
 		return err
@@ -284,16 +352,16 @@ func (d *demoRun) core() (err error) {
 		if err := tab.Read(other, at(32*units.GiB), alias); err != nil {
 			return err
 		}
-		d.say("Alias: map the same %s chunk again 32 GiB further on. Device %d reads %q through the alias: one chunk, two addresses.",
+		d.say("alias", "Alias: map the same %s chunk again 32 GiB further on. Device %d reads %q through the alias: one chunk, two addresses.",
 			units.Bytes(a.Size()), other, alias)
 	} else {
-		d.say("Alias: map the same %s chunk again 32 GiB further on, device %d granted read through it: one chunk, two addresses.",
+		d.say("alias", "Alias: map the same %s chunk again 32 GiB further on, device %d granted read through it: one chunk, two addresses.",
 			units.Bytes(a.Size()), other)
 		d.skipped("the read through the alias", d.noBytes)
 	}
 	d.printMap(tab)
 
-	d.say("Refusals, each leaving everything as it was:")
+	d.say("refusals", "Refusals, each leaving everything as it was:")
 	d.refused(tab.Map(at(gran), b))
 	d.refused(tab.Unmap(at(gran)))
 	d.refused(tab.SetAccess(at(4*gran), gran, 0, driver.AccessRead))
@@ -301,18 +369,20 @@ func (d *demoRun) core() (err error) {
 	_, oom := mem.Create(0, d.drv.Devices()[0].Capacity, driver.ChunkOptions{})
 	d.refused(oom)
 	d.refused(res.Free())
+	d.picture("Each refusal left the map as it was.")
 
 	if err := tab.SetAccess(at(0), 3*gran, 0, driver.AccessNone); err != nil {
 		return err
 	}
-	d.say("Revoke device 0's access; reading now fails instead of crashing:")
+	d.say("revoke", "Revoke device 0's access; reading now fails instead of crashing:")
 	d.refused(tab.Read(0, at(0), got))
 	d.printMap(tab)
 
 	if err := a.Release(); err != nil {
 		return err
 	}
-	d.say("Release the aliased chunk's handle while both mappings live: its memory stays until the last mapping goes.")
+	d.say("release-handle", "Release the aliased chunk's handle while both mappings live: its memory stays until the last mapping goes.")
+	d.picture(fmt.Sprintf("Chunk %d's handle is released (dashed): both mappings still hold its memory.", a.Handle()))
 	d.printUsage()
 	if err := tab.Unmap(at(0)); err != nil {
 		return err
@@ -320,7 +390,7 @@ func (d *demoRun) core() (err error) {
 	if err := tab.Unmap(at(32 * units.GiB)); err != nil {
 		return err
 	}
-	d.say("Unmap both mappings of the released chunk: now its memory is returned.")
+	d.say("unmap", "Unmap both mappings of the released chunk: now its memory is returned.")
 	d.printMap(tab)
 
 	done = true
@@ -333,7 +403,8 @@ func (d *demoRun) core() (err error) {
 	if err := res.Free(); err != nil {
 		return err
 	}
-	d.say("Close the table, release the last chunk, free the reservation.")
+	d.say("free", "Close the table, release the last chunk, free the reservation.")
+	d.picture()
 	d.printUsage()
 	return nil
 }
@@ -346,12 +417,13 @@ func (d *demoRun) growth() (err error) {
 	if err != nil {
 		return err
 	}
+	d.name(a.Base(), "the arena's range")
 	defer func() {
 		if err != nil {
 			err = errors.CombineErrors(err, a.Close())
 		}
 	}()
-	d.say("An arena reserves 16 GiB up front and commits %s chunks at its end as it grows:", units.Bytes(a.ChunkSize()))
+	d.say("arena-grows", "An arena reserves 16 GiB up front and commits %s chunks at its end as it grows:", units.Bytes(a.ChunkSize()))
 	tw := tabwriter.NewWriter(d.w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "   grow by\tlength\tcommitted\tbase\tchunk maps")
 	for _, n := range []uint64{units.MiB, 3 * units.MiB, 20 * units.MiB} {
@@ -362,6 +434,8 @@ func (d *demoRun) growth() (err error) {
 		fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%d\n", units.Bytes(n), units.Bytes(st.Len), units.Bytes(st.Committed), a.Base(), st.ChunkMaps)
 	}
 	_ = tw.Flush()
+	d.picture(fmt.Sprintf("After the last grow: %s committed at the start of the 16 GiB, a chunk a mapping; then it shrinks to 1 MiB.",
+		units.Bytes(a.Committed())))
 	if err := a.Resize(units.MiB); err != nil {
 		return err
 	}
@@ -423,6 +497,7 @@ func (d *demoRun) giveBack() (err error) {
 	if err != nil {
 		return err
 	}
+	d.nameAllocator(l.al)
 	defer func() { err = errors.CombineErrors(err, l.close()) }()
 	var ps []driver.Addr
 	for range 6 {
@@ -438,7 +513,7 @@ func (d *demoRun) giveBack() (err error) {
 		}
 	}
 	before := l.al.Stats()
-	d.say("Giving memory back from anywhere: six %s allocations, the 2nd, 3rd and 5th freed; %s stays committed.",
+	d.say("give-back", "Giving memory back from anywhere: six %s allocations, the 2nd, 3rd and 5th freed; %s stays committed.",
 		units.Bytes(gran), units.Bytes(before.Committed))
 	if err := l.al.Trim(); err != nil {
 		return err
@@ -446,6 +521,8 @@ func (d *demoRun) giveBack() (err error) {
 	after := l.al.Stats()
 	fmt.Fprintf(d.w, "   trim: committed %s -> %s, %s given back in %d unmap events from between live allocations\n",
 		units.Bytes(before.Committed), units.Bytes(after.Committed), units.Bytes(after.DecommittedBytes), after.UnmapEvents-before.UnmapEvents)
+	d.picture(fmt.Sprintf("After the trim: %s committed; the freed chunks between live allocations went back to the device (the gaps), then an alloc of %s maps two again.",
+		units.Bytes(after.Committed), units.Bytes(2*gran)))
 	p, err := l.alloc(2 * gran)
 	if err != nil {
 		return err
@@ -466,6 +543,7 @@ func (d *demoRun) stitch() (err error) {
 	if err != nil {
 		return err
 	}
+	d.nameAllocator(l.al)
 	defer func() { err = errors.CombineErrors(err, l.close()) }()
 	var ps []driver.Addr
 	for range 8 {
@@ -481,7 +559,7 @@ func (d *demoRun) stitch() (err error) {
 		}
 	}
 	before := l.al.Stats()
-	d.say("Stitching: eight %s allocations, every other one freed. %s is free in all, but the largest free range is %s.",
+	d.say("stitch", "Stitching: eight %s allocations, every other one freed. %s is free in all, but the largest free range is %s.",
 		units.Bytes(gran), units.Bytes(4*gran), units.Bytes(before.LargestFree))
 	big, err := l.alloc(3 * gran)
 	if err != nil {
@@ -490,6 +568,8 @@ func (d *demoRun) stitch() (err error) {
 	after := l.al.Stats()
 	fmt.Fprintf(d.w, "   alloc %s: served at %s by mapping %d scattered free chunks side by side (%d map event)\n",
 		units.Bytes(3*gran), big, after.ChunkMaps-before.ChunkMaps, after.MapEvents-before.MapEvents)
+	d.picture(fmt.Sprintf("After the alloc of %s: each free chunk it took is mapped twice (outlined), where it lies and in the stitch range.",
+		units.Bytes(3*gran)))
 	fmt.Fprintf(d.w, "   committed before %s, after %s; stitches %d; commits %d -> %d\n",
 		units.Bytes(before.Committed), units.Bytes(after.Committed), after.Stitches, before.Grows, after.Grows)
 	return nil
@@ -500,14 +580,16 @@ func (d *demoRun) stitch() (err error) {
 func (d *demoRun) multidev() (err error) {
 	w, gran := d.w, d.drv.Granularity()
 	if d.noSecond != "" {
-		d.say("Several devices behind one range: an arena striped over devices 0 and 1, half of it migrated to device 0.")
+		d.say("multidev", "Several devices behind one range: an arena striped over devices 0 and 1, half of it migrated to device 0.")
 		d.skipped("the striped arena", d.noSecond)
+		d.picture()
 		return nil
 	}
 	a, err := multidev.New(d.space, d.mem, multidev.Options{Max: 4 * gran, ChunkSize: gran, Placement: multidev.Striped(0, 1)})
 	if err != nil {
 		return err
 	}
+	d.name(a.Base(), "the striped arena's range")
 	defer func() { err = errors.CombineErrors(err, a.Close()) }()
 	if err := a.Grow(4 * gran); err != nil {
 		return err
@@ -521,7 +603,7 @@ func (d *demoRun) multidev() (err error) {
 			return err
 		}
 	}
-	d.say("Several devices behind one range: %s at %s striped over devices 0 and 1 a chunk at a time, device 0 granted read-write over all of it:",
+	d.say("multidev", "Several devices behind one range: %s at %s striped over devices 0 and 1 a chunk at a time, device 0 granted read-write over all of it:",
 		units.Bytes(a.Len()), a.Base())
 	printLayout(w, a)
 	if err := a.Migrate(0, a.Len()/2, 0); err != nil {
@@ -538,6 +620,7 @@ func (d *demoRun) multidev() (err error) {
 		d.skipped(fmt.Sprintf("writing at offset %#x before the move and reading it after", gran), d.noBytes)
 	}
 	printLayout(w, a)
+	d.picture("After the migration: the first half on device 0, at the same addresses; it was striped over devices 0 and 1.")
 	return a.Check()
 }
 
@@ -556,6 +639,7 @@ func printLayout(w io.Writer, a *multidev.Arena) {
 // on the host driver also how many kernel mappings (/proc/self/maps) the
 // reservation costs.
 func (d *demoRun) printMap(tab *mapping.Table) {
+	d.picture()
 	tw := tabwriter.NewWriter(d.w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "   offset\tsize\tstate\tdevice\tchunk\taccess")
 	base := tab.Reservation().Base()

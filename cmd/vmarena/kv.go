@@ -7,11 +7,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/kvcache"
 	"github.com/vmarena/vmarena/replay"
@@ -20,6 +20,7 @@ import (
 const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET [--memory 80GiB] [--layout token-major|per-layer]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
+                           [--report FILE]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -87,6 +88,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	maxContext := fs.Int("max-context", 0, "the most `TOKENS` a sequence holds, prompt and output (0: the trace's longest request, as much as the budget holds)")
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
 	maxBatched := fs.Int("max-batched-tokens", replay.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
+	report := fs.String("report", "", "also write an HTML report to `FILE`: each scheme's sequences, KV memory and waste over time, and the table")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -126,6 +128,9 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	case *maxBatched < 1 || *maxBatched > 1<<24:
 		return usageErr("--max-batched-tokens %d: want 1 to %d", *maxBatched, 1<<24)
 	}
+	if err := checkReport(*report); err != nil {
+		return usageErr("--report %v", err)
+	}
 	cfg := replay.KVConfig{Model: m, Budget: uint64(memory), MaxSeqs: *maxSeqs, BlockTokens: replay.DefaultBlockTokens}
 	contextCap := cfg.ContextCap()
 	if contextCap == 0 {
@@ -152,7 +157,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if err := cfg.Check(); err != nil {
 		return usageErr("%v", err)
 	}
-	opts := replay.SimOptions{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: replay.A100}
+	opts := replay.SimOptions{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: replay.A100, Record: *report != ""}
 
 	// The schemes, each built from the same cfg: this cache's first.
 	lay, err := kvcache.ParseLayout(*layout)
@@ -188,54 +193,65 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 
 	var results []replay.SimResult
 	for _, sc := range schemes {
-		last := time.Now()
-		opts.Progress = func(p replay.SimProgress) {
-			end := p.Done == p.Total
-			if !end && time.Since(last) < time.Second {
-				return
-			}
-			last = time.Now()
-			fmt.Fprintf(stderr, "vmarena kv simulate: %s: %d of %d requests done, %d running, %d waiting, %s simulated in %d steps\n",
-				p.Scheme, p.Done, p.Total, p.Running, p.Waiting, seconds(p.Now), p.Steps)
+		// On a terminal a bar counts each scheme's requests done; elsewhere
+		// (a log, a test) nothing is written.
+		bar := progress.New(stderr, int64(len(reqs)), "kv simulate: "+sc.Name())
+		opts.Progress = nil
+		if bar != nil {
+			opts.Progress = func(p replay.SimProgress) { bar.Set(int64(p.Done)) }
 		}
 		res, err := replay.Simulate(reqs, sc, opts)
 		if err != nil {
+			bar.Close()
 			fmt.Fprintf(stderr, "vmarena kv simulate: %s: %v\n", *trace, err)
 			return 1
 		}
+		bar.Done()
 		results = append(results, res)
 	}
 
 	sum := replay.SummarizeRequests(reqs)
-	fmt.Fprintf(stdout, "vmarena kv simulate: %s, %d requests over %s (prompts %.0f tokens on average, outputs %.0f; the longest %d tokens)\n",
-		filepath.Base(*trace), sum.Requests, seconds(sum.Span), mean(sum.PromptTokens, sum.Requests), mean(sum.OutputTokens, sum.Requests), sum.LongestContext)
-	fmt.Fprintf(stdout, "model %s (%s of KV a token), KV budget %s, max context %d tokens, at most %d sequences and %d tokens a step; steps priced by the %s\n",
-		m.Name, units.Bytes(m.TokenBytes()), units.Bytes(cfg.Budget), cfg.MaxContext, cfg.MaxSeqs, *maxBatched, opts.Steps.Name)
+	header := []string{
+		fmt.Sprintf("vmarena kv simulate: %s, %d requests over %s (prompts %.0f tokens on average, outputs %.0f; the longest %d tokens)",
+			filepath.Base(*trace), sum.Requests, seconds(sum.Span), mean(sum.PromptTokens, sum.Requests), mean(sum.OutputTokens, sum.Requests), sum.LongestContext),
+		fmt.Sprintf("model %s (%s of KV a token), KV budget %s, max context %d tokens, at most %d sequences and %d tokens a step; steps priced by the %s",
+			m.Name, units.Bytes(m.TokenBytes()), units.Bytes(cfg.Budget), cfg.MaxContext, cfg.MaxSeqs, *maxBatched, opts.Steps.Name),
+	}
 	if sum.Blocks > 0 {
-		fmt.Fprintf(stdout, "prompt blocks (hash_ids of %d tokens): %d, %d named before by an earlier request, holding %.1f%% of prompt tokens\n",
-			replay.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction())
+		header = append(header, fmt.Sprintf("prompt blocks (hash_ids of %d tokens): %d, %d named before by an earlier request, holding %.1f%% of prompt tokens",
+			replay.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction()))
 	} else {
-		fmt.Fprintf(stdout, "prompt blocks: the trace names none, so no two requests share content\n")
+		header = append(header, "prompt blocks: the trace names none, so no two requests share content")
 	}
 	admits := "admits with room for the prompt"
 	if *admit == "expected-output" {
 		admits = "admits with room for the prompt and an expected output, the mean of the requests finished so far"
 	}
-	fmt.Fprintf(stdout, "this cache: %s, reserving %s of address space; preempts by %s; %s\n\n",
-		cache, approx(cache.Reserved()), mode, admits)
-	printKV(stdout, results)
+	header = append(header, fmt.Sprintf("this cache: %s, reserving %s of address space; preempts by %s; %s",
+		cache, approx(cache.Reserved()), mode, admits))
+	fmt.Fprintf(stdout, "%s\n\n", strings.Join(header, "\n"))
+	table := kvTable(results)
+	printTable(stdout, table)
+	if *report != "" {
+		if err := writeReport(*report, kvReport(header, results, table)); err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			return 1
+		}
+	}
 	return 0
 }
 
-// printKV prints one column per scheme, one row per figure.
-func printKV(w io.Writer, results []replay.SimResult) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+// kvTable is the table vmarena kv simulate prints (and its report
+// shows): one column per scheme, one row per figure, the first row naming
+// the schemes.
+func kvTable(results []replay.SimResult) [][]string {
+	var table [][]string
 	row := func(label string, cell func(r replay.SimResult) string) {
 		cells := []string{label}
 		for _, r := range results {
 			cells = append(cells, cell(r))
 		}
-		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+		table = append(table, cells)
 	}
 	row("scheme", func(r replay.SimResult) string { return r.Scheme })
 	row("requests finished", func(r replay.SimResult) string { return fmt.Sprintf("%d of %d", r.Finished, r.Requests) })
@@ -274,7 +290,7 @@ func printKV(w io.Writer, results []replay.SimResult) {
 	row("steps", func(r replay.SimResult) string { return fmt.Sprint(r.Steps) })
 	row("simulated time", func(r replay.SimResult) string { return seconds(r.SimTime) })
 	row("simulation wall time", func(r replay.SimResult) string { return seconds(r.WallTime) })
-	_ = tw.Flush()
+	return table
 }
 
 // seconds formats d in seconds to three decimals.

@@ -7,18 +7,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/replay"
 )
 
 const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ...] [--granularity 2MiB] [--capacity 80GiB]
                       [--policy default|ascend|ascend-media] [--no-stitch] [--slack-divisor 256]
-                      [--driver sim|host|cuda|acl] [--library PATH]
+                      [--driver sim|host|cuda|acl] [--library PATH] [--report FILE]
 
 Replays PyTorch allocator traces (CSV: seq,device,op,size,addr,alloc_id,stream,
 time_us,device_free) through vmarena's allocator on the sim driver, each device
@@ -91,6 +91,7 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	slackDiv := fs.Uint64("slack-divisor", 256, "the allocator keeps at most live/`N` (and at least a chunk) committed beyond what is live when it commits more")
 	fs.Var(&drvName, "driver", "the `DRIVER` to replay on: "+orList(driverNames))
 	library := fs.String("library", "", "the vendor library to load for --driver cuda or acl, a `PATH` or soname")
+	report := fs.String("report", "", "also write an HTML report to `FILE`: each device's memory over its events and its allocator's memory map at the peak, and the table")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -117,6 +118,11 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if err := checkReport(*report); err != nil {
+		fmt.Fprintf(stderr, "vmarena replay: --report %v\n\n", err)
+		fs.Usage()
+		return 2
+	}
 	names, err := traceFiles(files)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena replay: %v\n", err)
@@ -130,7 +136,8 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	on := replayOn{backend: backend{name: string(drvName), library: *library}}
+	opts.Record = *report != ""
+	on := replayOn{backend: backend{name: string(drvName), library: *library}, progress: stderr}
 	fs.Visit(func(f *flag.Flag) { on.capped = on.capped || f.Name == "capacity" })
 	var cols []column
 	for _, name := range names {
@@ -152,15 +159,23 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	if *noStitch {
 		stitch = "off"
 	}
-	if on.name == "sim" {
-		fmt.Fprintf(stdout, "vmarena replay: sim driver, one %s device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d\n\n",
-			units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
-		printReplay(stdout, cols, "")
-		return 0
+	header := fmt.Sprintf("vmarena replay: sim driver, one %s device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d",
+		units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
+	onDriver := "" // the sim driver's header states the capacity
+	if on.name != "sim" {
+		header = fmt.Sprintf("vmarena replay: %s driver (%s), one device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d",
+			on.name, on.devices, units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
+		onDriver = on.name
 	}
-	fmt.Fprintf(stdout, "vmarena replay: %s driver (%s), one device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d\n\n",
-		on.name, on.devices, units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
-	printReplay(stdout, cols, on.name)
+	fmt.Fprintf(stdout, "%s\n\n", header)
+	table := replayTable(cols, onDriver)
+	printTable(stdout, table)
+	if *report != "" {
+		if err := writeReport(*report, replayReport(header, cols, table)); err != nil {
+			fmt.Fprintf(stderr, "vmarena replay: %v\n", err)
+			return 1
+		}
+	}
 	return 0
 }
 
@@ -175,6 +190,9 @@ type replayOn struct {
 	// devices names the devices of the largest driver opened so far.
 	devices string
 	most    int
+	// progress is where each trace's replay shows a bar, when it is a
+	// terminal.
+	progress io.Writer
 }
 
 // replayFile replays the trace in file name. On host, cuda and acl each
@@ -185,6 +203,9 @@ func (on *replayOn) replayFile(name string, opts replay.Options) (replay.Result,
 	if err != nil {
 		return replay.Result{}, err
 	}
+	bar := progress.New(on.progress, int64(len(events)), "replay "+filepath.Base(name))
+	defer bar.Close() // ends the line before an error is printed
+	opts.Progress = func(done, _ int) { bar.Set(int64(done)) }
 	if on.name == "sim" {
 		return replay.Replay(events, opts)
 	}
@@ -282,29 +303,30 @@ type column struct {
 	capacity uint64
 }
 
-// printReplay prints one column per device of each trace, one row per
-// figure; on a driver other than sim (onDriver) also each device's
-// capacity, which the sim driver's header states once.
-func printReplay(w io.Writer, cols []column, onDriver string) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+// replayTable is the table vmarena replay prints (and its report shows):
+// one column per device of each trace, one row per figure, the first row
+// naming the columns; on a driver other than sim (onDriver) also each
+// device's capacity, which the sim driver's header states once.
+func replayTable(cols []column, onDriver string) [][]string {
+	var table [][]string
 	row := func(label string, cell func(d replay.DeviceResult) string) {
 		cells := []string{label}
 		for _, c := range cols {
 			cells = append(cells, cell(c.d))
 		}
-		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+		table = append(table, cells)
 	}
 	names := []string{"trace"}
 	for _, c := range cols {
 		names = append(names, c.label)
 	}
-	fmt.Fprintln(tw, strings.Join(names, "\t"))
+	table = append(table, names)
 	if onDriver != "" {
 		cells := []string{fmt.Sprintf("device capacity (%s)", onDriver)}
 		for _, c := range cols {
 			cells = append(cells, units.Bytes(c.capacity))
 		}
-		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+		table = append(table, cells)
 	}
 	count := func(n int) string { return fmt.Sprint(n) }
 	row("events", func(d replay.DeviceResult) string { return count(d.Summary.Events) })
@@ -317,12 +339,7 @@ func printReplay(w io.Writer, cols []column, onDriver string) {
 	row("peak committed (vmarena)", func(d replay.DeviceResult) string { return approx(d.Figures.PeakCommitted) })
 	// Four decimals: the target is 1.01, and 1.0104 misses it.
 	row("committed / allocated (vmarena)", func(d replay.DeviceResult) string { return fmt.Sprintf("%.4f", d.Ratio()) })
-	row("peak reserved (PyTorch)", func(d replay.DeviceResult) string {
-		if d.Summary.SegmentEvents == 0 {
-			return "—"
-		}
-		return approx(d.Summary.PeakReserved)
-	})
+	row("peak reserved (PyTorch)", reservedCell)
 	row("reserved / allocated (PyTorch)", func(d replay.DeviceResult) string {
 		switch x, ok := d.Summary.PyTorchRatio(); {
 		case ok:
@@ -346,7 +363,16 @@ func printReplay(w io.Writer, cols []column, onDriver string) {
 	row(fmt.Sprintf("target: committed / allocated ≤ %.2f at %s", replay.TargetRatio, units.Bytes(replay.TargetGranularity)),
 		func(d replay.DeviceResult) string { return string(d.RatioTarget()) })
 	row("target: map + unmap events ≤ segment events", func(d replay.DeviceResult) string { return string(d.MapEventsTarget()) })
-	_ = tw.Flush()
+	return table
+}
+
+// reservedCell is PyTorch's peak reserved memory, or — for a trace
+// without segment events.
+func reservedCell(d replay.DeviceResult) string {
+	if d.Summary.SegmentEvents == 0 {
+		return "—"
+	}
+	return approx(d.Summary.PeakReserved)
 }
 
 // midRun says whether, and why, a device's trace starts mid-run.

@@ -8,7 +8,7 @@
 // starts: the tensor's bytes in the arena, and up to about four times as
 // much on the Go heap for append (the old slice, the larger new one, and
 // what the collector has not yet reclaimed), and the peak it measured
-// when it ends.
+// when it ends. On a terminal, a bar on standard error counts the rows.
 //
 //	go run ./examples/grow [-rows 100000]
 //
@@ -32,6 +32,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/tensor"
@@ -44,6 +45,10 @@ const rowLen = 256
 
 // rowBytes is the size of one row.
 const rowBytes = rowLen * 4
+
+// progressRows rows pass between two updates of the progress bar, made
+// outside the timed steps.
+const progressRows = 1 << 10
 
 // defaultRows fits a laptop: about 100 MiB in the arena and up to 400 MiB
 // for append (measured: 470 MiB resident at the peak).
@@ -71,7 +76,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "grow: %v\n", err)
 		return 2
 	}
-	if err := run(stdout, *rows); err != nil {
+	if err := run(stdout, stderr, *rows); err != nil {
 		fmt.Fprintf(stderr, "grow: %v\n", err)
 		return 1
 	}
@@ -100,7 +105,9 @@ func (d *decade) add(t time.Duration) {
 	d.slowest = max(d.slowest, t)
 }
 
-func run(w io.Writer, n int) (err error) {
+// run grows to n rows, printing to w; a bar on progressTo, when it is a
+// terminal, counts the rows.
+func run(w, progressTo io.Writer, n int) (err error) {
 	if err := checkRows(n); err != nil {
 		return err
 	}
@@ -168,6 +175,8 @@ func run(w io.Writer, n int) (err error) {
 		}
 	}
 
+	bar := progress.New(progressTo, int64(n), "grow")
+	defer bar.Close() // ends the line before an error is printed
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rows\tarena ns/step\tappend ns/step\tappend/arena\tarena slowest step\tappend slowest step\t")
 	var arenaAll, sliceAll time.Duration
@@ -209,7 +218,11 @@ func run(w io.Writer, n int) (err error) {
 			ad, sd = decade{}, decade{}
 			prev, next = r+1, next*10
 		}
+		if (r+1)%progressRows == 0 {
+			bar.Set(int64(r + 1))
+		}
 	}
+	bar.Done()
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"regexp"
 	"strconv"
 	"testing"
@@ -14,7 +15,7 @@ import (
 // row copied by the arena while append moved its slice, and row 0 intact.
 func TestRun(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, run(&out, 20000))
+	require.NoError(t, run(&out, io.Discard, 20000))
 	s := out.String()
 	t.Log("\n" + s)
 

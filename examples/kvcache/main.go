@@ -3,7 +3,7 @@
 // on the host driver (real memory, no GPU), prints the cache's memory map
 // as it grows and shrinks, and the cache's statistics at the end.
 //
-//	go run ./examples/kvcache [-requests 300] [-scale 64]
+//	go run ./examples/kvcache [-requests 300] [-scale 64] [-metrics ADDR]
 //
 // The model is internal/transformer's: 4 layers, 8 heads of 64, a
 // vocabulary of 256, weights drawn from a seed. It computes real logits
@@ -33,6 +33,15 @@
 // pages. One request that shared a prefix is checked against the model's
 // recomputation without a cache: its logits must be equal.
 //
+// With -svg DIR it also draws the memory map into DIR as pictures: the
+// first step, the first at which sequences share prefix pages (one chunk
+// mapped in several slots), and each change of the budget.
+//
+// With -metrics ADDR it serves the cache's figures (package metrics:
+// vmarena_kvcache_usage_ratio, the prefix hits, the preemptions, ...) at
+// http://ADDR/metrics, in Prometheus's text format, while it runs; the
+// first line it prints says where (127.0.0.1:0 takes any free port).
+//
 // A flag it cannot use is a one-line error and exit status 2.
 package main
 
@@ -58,6 +67,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/examples/mapsvg"
 	"github.com/vmarena/vmarena/internal/transformer"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/kvcache"
@@ -108,8 +118,14 @@ const (
 
 // config is what the flags set.
 type config struct {
-	requests int // the first requests of the trace to serve
-	scale    int // lengths are the trace's divided by scale
+	requests int    // the first requests of the trace to serve
+	scale    int    // lengths are the trace's divided by scale
+	metrics  string // where to serve the cache's metrics, host:port ("": nowhere)
+	svg      string // where to draw the memory map at key steps ("": nowhere)
+	// served, when set, is called with the URL of the metrics once every
+	// request is served and the report printed, the cache still open:
+	// the test scrapes the end of the run there.
+	served func(metricsURL string) error
 }
 
 func main() { os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -130,6 +146,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	cfg := config{}
 	fs.IntVar(&cfg.requests, "requests", defaultRequests, fmt.Sprintf("serve the first `N` requests of the trace (1 to %d)", len(trace)))
 	fs.IntVar(&cfg.scale, "scale", defaultScale, "divide the trace's prompt and output lengths by `S` (at least 1)")
+	fs.StringVar(&cfg.svg, "svg", "", "draw the memory map at key steps as SVG pictures into `DIR` (made if need be)")
+	fs.StringVar(&cfg.metrics, "metrics", "", "serve the cache's Prometheus metrics at http://`ADDR`/metrics while the example runs (127.0.0.1:0: any free port)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			_, _ = stderr.Write(usage.Bytes())
@@ -139,7 +157,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvcache: unexpected argument %q; the flags are -requests N and -scale S\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "kvcache: unexpected argument %q; the flags are -requests N, -scale S, -svg DIR and -metrics ADDR\n", fs.Arg(0))
 		return 2
 	}
 	if err := cfg.check(len(trace)); err != nil {
@@ -359,6 +377,10 @@ type server struct {
 	checked   *request
 	checkLine string
 	tpu       int // tokens a unit holds
+	// pics draws the memory map (nil without -svg); drewSharing is set
+	// once it drew the first step with shared pages.
+	pics        *mapsvg.Recorder
+	drewSharing bool
 	// printed is the step of the last snapshot printed; peak the Stats of
 	// the step with the most memory that sharing spared.
 	printed, peakStep int
@@ -383,20 +405,32 @@ func run(w io.Writer, cfg config) (err error) {
 		return err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	rec, pics, err := mapsvg.Record(drv, cfg.svg)
+	if err != nil {
+		return err
+	}
 	kc, err := kvcache.Preset("tiny")
 	if err != nil {
 		return err
 	}
 	kc.MaxContext, kc.MaxSeqs, kc.PageSize, kc.Budget, kc.Layout = maxContext, maxSeqs, page, budget, kvcache.PerLayer
-	c, err := kvcache.New(vaspace.New(drv), physical.New(drv), kc)
+	c, err := kvcache.New(vaspace.New(rec), physical.New(rec), kc)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.CombineErrors(err, c.Close()) }()
+	metricsURL := ""
+	if cfg.metrics != "" {
+		var stop func() error
+		if metricsURL, stop, err = serveMetrics(w, cfg.metrics, c); err != nil {
+			return err
+		}
+		defer func() { err = errors.CombineErrors(err, stop()) }() // before the cache closes
+	}
 	row := kc.KVHeads * kc.HeadDim * kc.DType.Size()
 
 	s := &server{w: w, c: c, m: m, reqs: makeRequests(trace, cfg.requests, cfg.scale),
-		bySeq: map[*kvcache.Seq]*request{}, tpu: int(page) / row}
+		bySeq: map[*kvcache.Seq]*request{}, tpu: int(page) / row, pics: pics}
 	s.header(cfg)
 	if err := s.serve(); err != nil {
 		return err
@@ -404,7 +438,10 @@ func run(w io.Writer, cfg config) (err error) {
 	if err := c.Check(); err != nil {
 		return err
 	}
-	return s.report(time.Since(start))
+	if err := s.report(time.Since(start)); err != nil || cfg.served == nil {
+		return err
+	}
+	return cfg.served(metricsURL)
 }
 
 // header says what the run is, what is made up, and how to read the map.
@@ -467,6 +504,9 @@ func (s *server) serve() error {
 		}
 		if st := s.c.Stats(); st.SavedBytes > s.peak.SavedBytes {
 			s.peak, s.peakStep = st, s.step
+		}
+		if err := s.stepPictures(); err != nil {
+			return err
 		}
 		switch {
 		case !cut && s.queued >= len(s.reqs)/2:
@@ -667,7 +707,7 @@ func (s *server) setBudget(b uint64, why string) error {
 		units.Bytes(b), why, after.ReclaimedPages-before.ReclaimedPages, after.EvictedPages-before.EvictedPages,
 		plural(len(pre), "sequence", "sequences"))
 	s.snapshot()
-	return nil
+	return s.budgetPicture(b, why, len(pre))
 }
 
 // snapshot prints the memory map: a character a unit, slot by slot.

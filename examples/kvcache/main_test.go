@@ -24,7 +24,8 @@ var snapshotLine = regexp.MustCompile(`(?m)^ *(\d+) +(\d+) +(\d+) +(\d+) +(\d+) 
 // that the output says what the example claims: the header with the
 // scaling, a memory map that grows and shrinks (the budget halved,
 // restored, and cut to one unit at the end), the logits check, and every
-// field of kvcache.Stats with prefix hits. run returning nil means the
+// field of kvcache.Stats with prefix hits, which the metrics -metrics
+// serves agree with, scraped at the end. run returning nil means the
 // cache and the driver closed, which the driver refuses while anything is
 // still mapped: nothing leaked.
 func TestRunSmall(t *testing.T) {
@@ -37,10 +38,18 @@ func TestRunSmall(t *testing.T) {
 	// Scaled 32 times, not 64: more requests generate two tokens or more,
 	// one of which is the request whose logits are checked.
 	cfg := config{requests: 12, scale: 32}
+	// With -metrics, scraped at the end of the run (checkScraped).
+	var scraped map[string]float64
+	cfg.metrics, cfg.served = "127.0.0.1:0", func(url string) (err error) {
+		scraped, err = scrapeMetrics(url)
+		return err
+	}
 	var out bytes.Buffer
 	require.NoError(t, run(&out, cfg))
 	s := out.String()
 	t.Log("\n" + s)
+	served, s, _ := strings.Cut(s, "\n") // -metrics's line comes first
+	require.Regexp(t, servedLine, served)
 
 	require.Regexp(t, `^A transformer of 4 layers, 8 heads of 64 and a vocabulary of 256 \(weights from seed 11\) serves the first\n`+
 		strconv.Itoa(cfg.requests)+` requests of the Azure LLM conversation trace through a KV cache on the host driver.\n`, s)
@@ -94,6 +103,7 @@ func TestRunSmall(t *testing.T) {
 	require.Equal(t, cfg.requests, field("Admits"))
 	require.Equal(t, cfg.requests, field("Frees"))
 	require.Zero(t, field("Sequences"))
+	checkScraped(t, scraped, cfg.requests, field)
 }
 
 // TestTrace: the embedded trace is the header and 300 requests, and its
@@ -120,7 +130,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"-scale", "-3"}, "kvcache: -scale -3: lengths are divided by at least 1\n"},
 		{[]string{"-requests", "x"}, "kvcache: invalid value \"x\" for flag -requests: parse error\n"},
 		{[]string{"-budget", "1"}, "kvcache: flag provided but not defined: -budget\n"},
-		{[]string{"extra"}, "kvcache: unexpected argument \"extra\"; the flags are -requests N and -scale S\n"},
+		{[]string{"extra"}, "kvcache: unexpected argument \"extra\"; the flags are -requests N, -scale S, -svg DIR and -metrics ADDR\n"},
 	} {
 		var stdout, stderr bytes.Buffer
 		require.Equal(t, 2, realMain(c.args, &stdout, &stderr), "%v", c.args)

@@ -4,7 +4,10 @@
 // the first half of the tensor onto device 0 at the same addresses, prints
 // the map again, and checks that every byte still reads the same.
 //
-//	go run ./examples/multidev
+//	go run ./examples/multidev [-svg DIR]
+//
+// With -svg it draws the memory map into DIR before and after the
+// migration, a colour a device.
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/examples/mapsvg"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/multidev"
 	"github.com/vmarena/vmarena/physical"
@@ -42,19 +46,20 @@ const (
 	rows     = 2 * devices * chunk / rowBytes
 )
 
-func main() {
-	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "multidev: %v\n", err)
-		os.Exit(1)
-	}
-}
+func main() { os.Exit(mapsvg.Main("multidev", os.Args[1:], os.Stdout, os.Stderr, run)) }
 
-func run(w io.Writer) (err error) {
-	drv, err := host.New(host.Options{Devices: devices, Capacity: 16 * chunk, Granularity: chunk})
+// run runs the example, writing its output to w and, when svgDir is not
+// "", its memory maps there.
+func run(w io.Writer, svgDir string) (err error) {
+	hd, err := host.New(host.Options{Devices: devices, Capacity: 16 * chunk, Granularity: chunk})
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	defer func() { err = errors.CombineErrors(err, hd.Close()) }()
+	drv, pics, err := mapsvg.Record(hd, svgDir)
+	if err != nil {
+		return err
+	}
 	mem := physical.New(drv)
 	size := uint64(rows * rowBytes)
 	a, err := multidev.New(vaspace.New(drv), mem, multidev.Options{
@@ -93,6 +98,10 @@ func run(w io.Writer) (err error) {
 	if err := printLayout(w, a, mem); err != nil {
 		return err
 	}
+	if err := pics.Save("striped", fmt.Sprintf("A %s tensor striped over %d devices, a %s chunk each in turn", units.Bytes(size), devices, units.Bytes(chunk)),
+		"Device 0 is granted read-write over all of it, so every chunk is accessible, whichever device holds it."); err != nil {
+		return err
+	}
 
 	half := size / 2
 	elsewhere := 0
@@ -112,6 +121,10 @@ func run(w io.Writer) (err error) {
 	fmt.Fprintf(w, "%d of its %d chunks were on other devices and are copied, the one on device 0 stays:\n",
 		elsewhere, half/chunk)
 	if err := printLayout(w, a, mem); err != nil {
+		return err
+	}
+	if err := pics.Save("migrated", fmt.Sprintf("Migrate(0, %s, device 0): the first half on device 0, at the same addresses", units.Bytes(half)),
+		fmt.Sprintf("%d of its %d chunks were on other devices: each was copied into a new chunk on device 0, mapped where the old one was.", elsewhere, half/chunk)); err != nil {
 		return err
 	}
 

@@ -5,7 +5,10 @@
 // two, and only the writer wraps (in a real system, the producer that owns
 // the ring; here, two Writes).
 //
-//	go run ./examples/ringbuffer
+//	go run ./examples/ringbuffer [-svg DIR]
+//
+// With -svg it draws the reservation's memory map into DIR as it goes:
+// the chunk mapped twice, then both mappings accessible.
 package main
 
 import (
@@ -20,6 +23,8 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/examples/mapsvg"
+	"github.com/vmarena/vmarena/internal/memsvg"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/mapping"
 	"github.com/vmarena/vmarena/physical"
@@ -33,12 +38,7 @@ const ringSize = 64 * units.KiB
 // dev is the one device that writes and reads the ring.
 const dev driver.DeviceID = 0
 
-func main() {
-	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "ringbuffer: %v\n", err)
-		os.Exit(1)
-	}
-}
+func main() { os.Exit(mapsvg.Main("ringbuffer", os.Args[1:], os.Stdout, os.Stderr, run)) }
 
 // ring is a byte ring over [base, base+size), with the same chunk mapped
 // again at [base+size, base+2*size). Invariant: tail <= head <= tail+size
@@ -88,12 +88,18 @@ func (r *ring) get(n int) ([]byte, driver.Addr, error) {
 	return p, at, nil
 }
 
-func run(w io.Writer) (err error) {
-	drv, err := host.New(host.Options{Devices: 1, Capacity: ringSize, Granularity: ringSize})
+// run runs the example, writing its output to w and, when svgDir is not
+// "", its memory maps there.
+func run(w io.Writer, svgDir string) (err error) {
+	hd, err := host.New(host.Options{Devices: 1, Capacity: ringSize, Granularity: ringSize})
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	defer func() { err = errors.CombineErrors(err, hd.Close()) }()
+	drv, pics, err := mapsvg.Record(hd, svgDir)
+	if err != nil {
+		return err
+	}
 	mem := physical.New(drv)
 	res, err := vaspace.New(drv).Reserve(2*ringSize, 0)
 	if err != nil {
@@ -121,6 +127,10 @@ func run(w io.Writer) (err error) {
 	if err := c.Release(); err != nil {
 		return err
 	}
+	if err := pics.Write("mapped-twice", ringPicture(pics, "One chunk mapped twice, back to back, its handle released",
+		"The two mappings hold the chunk: its memory goes when they do. No device may touch it yet.")); err != nil {
+		return err
+	}
 	if err := tab.SetAccess(base, 2*ringSize, dev, driver.AccessReadWrite); err != nil {
 		return err
 	}
@@ -145,6 +155,15 @@ func run(w io.Writer) (err error) {
 	fmt.Fprintf(w, "\nThe writer puts a %d-byte message at offset %d of the ring: %d bytes fit before the end,\n",
 		len(msg), ringSize-20, 20)
 	fmt.Fprintf(w, "the other %d wrap to offset 0 (%d Writes).\n", len(msg)-20, writes)
+	p := ringPicture(pics, "Device 0 may read and write both mappings: the ring and, right after it, the ring again",
+		fmt.Sprintf("The %d-byte message written 20 bytes before the ring's end (%d Writes) is read with one Read straight across +%s.",
+			len(msg), writes, units.Bytes(ringSize)))
+	if len(p.Ranges) == 1 {
+		p.Ranges[0].Marks = append(p.Ranges[0].Marks, memsvg.Mark{Offset: ringSize - 20, Text: "the message starts, 20 bytes before the ring's end"})
+	}
+	if err := pics.Write("accessible", p); err != nil {
+		return err
+	}
 	startOfRing := make([]byte, len(msg)-20)
 	if err := tab.Read(dev, base, startOfRing); err != nil {
 		return err
@@ -201,4 +220,16 @@ func run(w io.Writer) (err error) {
 		messages, r.tail/ringSize-laps0, wrapped)
 	fmt.Fprintf(w, "crossed its end, and every one was read back intact with a single Read.\n")
 	return tab.Check()
+}
+
+// ringPicture is the reservation's memory map now, its two mappings
+// marked.
+func ringPicture(pics *mapsvg.Recorder, title, note string) memsvg.Picture {
+	p := pics.Picture(title)
+	p.Notes = []string{note}
+	if len(p.Ranges) == 1 {
+		p.Ranges[0].Name = "the ring's reservation"
+		p.Ranges[0].Marks = []memsvg.Mark{{Offset: 0, Text: "the ring"}, {Offset: ringSize, Text: "the same chunk again"}}
+	}
+	return p
 }

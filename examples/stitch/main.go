@@ -4,7 +4,11 @@
 // no copy and no new memory, and the bytes written through the stitched
 // allocation are the bytes of the chunks where they lie.
 //
-//	go run ./examples/stitch
+//	go run ./examples/stitch [-svg DIR]
+//
+// With -svg it draws the allocator's memory map into DIR at each step:
+// fragmented, stitched (each lent chunk mapped twice, in its heap and in
+// the stitch range), and freed.
 package main
 
 import (
@@ -21,6 +25,8 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/examples/mapsvg"
+	"github.com/vmarena/vmarena/internal/memsvg"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -38,23 +44,26 @@ const blocks = 16
 // one.
 const want = 4 * chunk
 
-func main() {
-	if err := run(os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "stitch: %v\n", err)
-		os.Exit(1)
-	}
-}
+func main() { os.Exit(mapsvg.Main("stitch", os.Args[1:], os.Stdout, os.Stderr, run)) }
 
-func run(w io.Writer) (err error) {
+// run runs the example, writing its output to w and, when svgDir is not
+// "", its memory maps there.
+func run(w io.Writer, svgDir string) (err error) {
 	drv, err := host.New(host.Options{Devices: 1, Capacity: 64 * chunk, Granularity: chunk})
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
+	// The allocator runs on the recorded driver; the example reads the
+	// chunks' bytes through drv itself (the same addresses).
+	rec, pics, err := mapsvg.Record(drv, svgDir)
+	if err != nil {
+		return err
+	}
 	// A release threshold of one byte: the allocator commits exactly what
 	// it needs, and keeps nothing spare when it must commit more, so it
 	// stitches what is free instead.
-	al, err := arena.NewAllocator(vaspace.New(drv), physical.New(drv), arena.AllocatorOptions{
+	al, err := arena.NewAllocator(vaspace.New(rec), physical.New(rec), arena.AllocatorOptions{
 		Max: 64 * chunk, ChunkSize: chunk, ReleaseThreshold: 1,
 	})
 	if err != nil {
@@ -95,6 +104,11 @@ func run(w io.Writer) (err error) {
 	fmt.Fprintf(w, "every other one freed. Its memory now reads (U used, . free):\n  %s\n", layout(al, base, end, ps))
 	fmt.Fprintf(w, "%s free in all, but the largest free range is %s.\n",
 		units.Bytes(before.Committed-before.Allocated), units.Bytes(before.LargestFree))
+	if err := pics.Write("fragmented", picture(pics, al, "Sixteen chunks, every other allocation freed: the free memory is scattered",
+		"Allocations (U used, . free): "+layout(al, base, end, ps),
+		fmt.Sprintf("%s free in all, but the largest free range is %s.", units.Bytes(before.Committed-before.Allocated), units.Bytes(before.LargestFree)))); err != nil {
+		return err
+	}
 
 	p, err := al.Alloc(want, 0)
 	if err != nil {
@@ -142,6 +156,17 @@ func run(w io.Writer) (err error) {
 	}
 	fmt.Fprintln(w, " (each says so in its first bytes),")
 	fmt.Fprintf(w, "lent to the stitch while it lives (S):\n  %s\n", layout(al, base, end, ps, at...))
+	stitchedPic := picture(pics, al, fmt.Sprintf("Alloc(%s) served by stitching: the free chunks mapped again, side by side, in the stitch range", units.Bytes(want)),
+		"Allocations (U used, S lent to the stitch, . free): "+layout(al, base, end, ps, at...),
+		fmt.Sprintf("No copy and no new memory: committed %s before and after.", units.Bytes(after.Committed)))
+	for i, r := range stitchedPic.Ranges {
+		if at := driver.Addr(r.Base); p >= at && uint64(p-at) < r.Size {
+			stitchedPic.Ranges[i].Marks = []memsvg.Mark{{Offset: uint64(p - at), Text: fmt.Sprintf("the stitched Alloc(%s)", units.Bytes(want))}}
+		}
+	}
+	if err := pics.Write("stitched", stitchedPic); err != nil {
+		return err
+	}
 	fmt.Fprintln(w, "Written through the stitched allocation, read back at each chunk's own address:")
 	for i, a := range at {
 		ab, err := drv.HostBytes(a, chunk)
@@ -165,6 +190,10 @@ func run(w io.Writer) (err error) {
 	fmt.Fprintf(w, "  %s\n", layout(al, base, end, ps))
 	fmt.Fprintf(w, "Committed %s, Allocated %s, Live %d, largest free range %s.\n",
 		units.Bytes(freed.Committed), units.Bytes(freed.Allocated), freed.Live, units.Bytes(freed.LargestFree))
+	if err := pics.Write("freed", picture(pics, al, "Free unmaps the stitch: each chunk is mapped once again, in its heap",
+		"Allocations (U used, . free): "+layout(al, base, end, ps))); err != nil {
+		return err
+	}
 	return al.Check()
 }
 
@@ -189,4 +218,27 @@ func layout(al *arena.Allocator, base, end driver.Addr, ps []driver.Addr, lent .
 		}
 	}
 	return string(s)
+}
+
+// rangeNames name the allocator's ranges in the order Ranges lists them:
+// its two heaps, then the stitch range.
+var rangeNames = []string{"the heap of small requests", "the heap of large requests", "the stitch range"}
+
+// picture is the memory map now, titled title, with notes, the
+// allocator's ranges named.
+func picture(pics *mapsvg.Recorder, al *arena.Allocator, title string, notes ...string) memsvg.Picture {
+	p := pics.Picture(title)
+	p.Notes = notes
+	names := map[driver.Addr]string{}
+	if rs := al.Ranges(); len(rs) == len(rangeNames) {
+		for i, r := range rs {
+			names[r.Base] = rangeNames[i]
+		}
+	}
+	for i := range p.Ranges {
+		if n, ok := names[driver.Addr(p.Ranges[i].Base)]; ok {
+			p.Ranges[i].Name = n
+		}
+	}
+	return p
 }

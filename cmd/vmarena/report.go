@@ -1,0 +1,227 @@
+package main
+
+// The tables vmarena replay and vmarena kv simulate print, and the HTML
+// reports (--report FILE) that show the same tables beside charts of what
+// the run recorded.
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/internal/report"
+	"github.com/vmarena/vmarena/replay"
+)
+
+// printTable prints rows of cells in padded columns.
+func printTable(w io.Writer, table [][]string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, row := range table {
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	}
+	_ = tw.Flush()
+}
+
+// reportTable is a printed table in a report: its first row the header,
+// every cell the printed text.
+func reportTable(caption string, table [][]string) report.Table {
+	t := report.Table{Caption: caption}
+	if len(table) > 0 {
+		t.Header, t.Rows = table[0], table[1:]
+	}
+	return t
+}
+
+// checkReport says what keeps a report from being written to name, before
+// the run rather than after it: a directory, a directory that is not
+// there, a file that cannot be opened for writing. An empty name is no
+// report.
+func checkReport(name string) error {
+	if name == "" {
+		return nil
+	}
+	fi, statErr := os.Stat(name)
+	if statErr == nil && fi.IsDir() {
+		return errors.Newf("%s: a directory, want a file", name)
+	}
+	dir := filepath.Dir(name)
+	if di, err := os.Stat(dir); err != nil || !di.IsDir() {
+		return errors.Newf("%s: there is no directory %s to write it in", name, dir)
+	}
+	// Open it as the write will, but without truncating it, and remove it
+	// again if it was not there.
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return errors.Newf("%s: cannot be written: %v", name, err)
+	}
+	err = f.Close()
+	if statErr != nil {
+		err = errors.CombineErrors(err, os.Remove(name))
+	}
+	return err
+}
+
+// writeReport writes the page to the file name.
+func writeReport(name string, p report.Page) error {
+	return errors.Wrapf(report.WriteFile(name, p), "writing the report %s", name)
+}
+
+// The kinds of a memory map at the peak, in the legend's order (the
+// report's palette colours them blue, green, orange and light grey).
+const (
+	kindAllocated   = "allocated"
+	kindFree        = "free (committed)"
+	kindStitched    = "stitched"
+	kindUncommitted = "not committed"
+)
+
+var mapKinds = []report.Kind{{Name: kindAllocated}, {Name: kindFree}, {Name: kindStitched}, {Name: kindUncommitted}}
+
+// kindOf names a block's kind in the report: the chunks a stitch borrows
+// and the stitched allocation itself are both "stitched".
+func kindOf(k replay.MapKind) string {
+	switch k {
+	case replay.MapUsed:
+		return kindAllocated
+	case replay.MapFree:
+		return kindFree
+	case replay.MapLent, replay.MapStitched:
+		return kindStitched
+	}
+	return kindUncommitted
+}
+
+// replayReport is vmarena replay's report: the header and table it
+// printed, then a section per column — the device's memory over its
+// events and its allocator's memory map at the trace's peak.
+func replayReport(header string, cols []column, table [][]string) report.Page {
+	p := report.Page{
+		Title: "vmarena replay",
+		Intro: []string{header,
+			"Below the table, one section per device of each trace: what was allocated (the trace's live allocations, the same in vmarena's allocator), " +
+				"what vmarena's allocator held committed and what PyTorch's caching allocator held reserved after each event; " +
+				"then the allocator's memory map when the allocated memory first reached its peak."},
+		Sections: []report.Section{{Title: "Figures", Tables: []report.Table{reportTable("vmarena replay's table", table)}}},
+	}
+	for _, c := range cols {
+		p.Sections = append(p.Sections, replaySection(c))
+	}
+	return p
+}
+
+func replaySection(c column) report.Section {
+	d := c.d
+	s := report.Section{Title: c.label}
+	s.Notes = append(s.Notes, fmt.Sprintf("%d events; peak allocated (trace) %s, peak committed (vmarena) %s, peak reserved (PyTorch) %s.",
+		d.Summary.Events, approx(d.Summary.PeakAllocated), approx(d.Figures.PeakCommitted), reservedCell(d)))
+	if tl := d.Timeline; tl != nil {
+		chart := report.LineChart{
+			Title: "memory over the events: " + c.label,
+			X:     report.Axis{Label: "event", Unit: report.Count},
+			Y:     report.Axis{Label: "memory", Unit: report.Bytes},
+			Series: []report.Series{
+				{Name: "allocated (trace)", X: tl.Allocated.X, Y: tl.Allocated.Y},
+				{Name: "committed (vmarena)", X: tl.Committed.X, Y: tl.Committed.Y},
+			},
+		}
+		switch {
+		case d.Summary.SegmentEvents == 0:
+			chart.Caption = "The trace has no segment events: PyTorch's reserved memory is not drawn."
+		case d.Summary.ReservedBelowZero:
+			chart.Caption = "The trace starts mid-run, returning segments reserved before recording: PyTorch's reserved memory is not drawn."
+		default:
+			chart.Series = append(chart.Series, report.Series{Name: "reserved (PyTorch)", X: tl.Reserved.X, Y: tl.Reserved.Y})
+		}
+		s.Charts = append(s.Charts, chart)
+	}
+	if m := d.PeakMap; m != nil {
+		s.Charts = append(s.Charts, peakMap(c.label, m))
+	}
+	return s
+}
+
+// peakMap draws each of the allocator's ranges up to its last committed
+// byte; a range with nothing committed is left out.
+func peakMap(label string, m *replay.PeakMap) report.MemoryMap {
+	rows := make([]report.MapRow, len(m.Ranges))
+	for i, name := range m.Ranges {
+		rows[i].Name = name
+	}
+	for _, b := range m.Blocks {
+		rows[b.Range].Segments = append(rows[b.Range].Segments, report.Segment{Offset: b.Offset, Size: b.Size, Kind: kindOf(b.Kind)})
+	}
+	var kept []report.MapRow
+	var empty []string
+	for _, r := range rows {
+		for len(r.Segments) > 0 && r.Segments[len(r.Segments)-1].Kind == kindUncommitted {
+			r.Segments = r.Segments[:len(r.Segments)-1]
+		}
+		if len(r.Segments) == 0 {
+			empty = append(empty, r.Name)
+			continue
+		}
+		// The ranges share the axis: say what each holds, which a range
+		// of a few chunks beside one of gigabytes is too thin to show.
+		var committed uint64
+		for _, sg := range r.Segments {
+			if sg.Kind != kindUncommitted {
+				committed += sg.Size
+			}
+		}
+		r.Name += ", " + approx(committed)
+		kept = append(kept, r)
+	}
+	when := fmt.Sprintf("after event %d (line %d)", m.Event, m.Line)
+	if m.Line == 0 {
+		when = fmt.Sprintf("after the last event (%d)", m.Event)
+	}
+	caption := fmt.Sprintf("%s: allocated %s, committed %s. Each range is drawn to its last committed byte.", when, approx(m.Allocated), approx(m.Committed))
+	if len(empty) > 0 {
+		caption += fmt.Sprintf(" Nothing was committed in: %s.", strings.Join(empty, ", "))
+	}
+	return report.MemoryMap{Title: "memory map at the peak: " + label, Kinds: mapKinds, Rows: kept, Caption: caption}
+}
+
+// kvReport is vmarena kv simulate's report: the header and table it
+// printed, and each scheme's sequences, KV memory and waste over
+// simulated time.
+func kvReport(header []string, results []replay.SimResult, table [][]string) report.Page {
+	simTime := report.Axis{Label: "simulated time", Unit: report.Seconds}
+	charts := []report.LineChart{
+		{Title: "sequences running", X: simTime, Y: report.Axis{Label: "sequences", Unit: report.Count}},
+		{Title: "KV memory committed", X: simTime, Y: report.Axis{Label: "KV memory", Unit: report.Bytes}},
+		{Title: "KV waste: committed memory holding no token", X: simTime, Y: report.Axis{Label: "KV waste", Unit: report.Bytes}},
+	}
+	for _, r := range results {
+		tl := r.Timeline
+		if tl == nil {
+			continue
+		}
+		for i, s := range []replay.Series{tl.Seqs, tl.Committed, tl.Waste} {
+			charts[i].Series = append(charts[i].Series, report.Series{Name: r.Scheme, X: s.X, Y: s.Y, Steps: true})
+		}
+	}
+	over := report.Section{Title: "Over time", Notes: []string{
+		"Each scheme's state from one step to the next, over the simulated time (idle gaps between requests included); " +
+			"long runs are drawn thinned, keeping every peak."}}
+	for _, c := range charts {
+		over.Charts = append(over.Charts, c)
+	}
+	return report.Page{
+		Title: "vmarena kv simulate",
+		Intro: header,
+		Sections: []report.Section{
+			{Title: "Figures", Tables: []report.Table{reportTable("vmarena kv simulate's table", table)}},
+			over,
+		},
+	}
+}
