@@ -61,6 +61,9 @@ type MapBlock struct {
 // has none. It walks every block and allocates the copy: a report's call,
 // not a hot path's.
 func (al *Allocator) MemoryMap() []MapBlock {
+	if al.Closed() { // nil, zero or closed: nothing to draw
+		return nil
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {

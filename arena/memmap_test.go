@@ -17,6 +17,14 @@ import (
 // nothing, and a closed allocator has none.
 func TestMemoryMap(t *testing.T) { onEveryDriver(t, memoryMap) }
 
+// TestMemoryMapOfNoAllocator: a nil or zero Allocator has no map, and
+// asking does not panic.
+func TestMemoryMapOfNoAllocator(t *testing.T) {
+	var al *Allocator
+	require.Nil(t, al.MemoryMap())
+	require.Nil(t, new(Allocator).MemoryMap())
+}
+
 func memoryMap(t *testing.T, d backend) {
 	e := d.env(t, 16*g)
 	al, err := NewAllocator(e.space, e.mem, AllocatorOptions{Max: 16 * g, ChunkSize: g, ReleaseThreshold: 1})

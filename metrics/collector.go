@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/isnil"
 )
 
 // namespace begins every metric's name.
@@ -29,6 +30,9 @@ type Collector struct {
 
 // Describe sends the description of every metric the collector sends.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	if c == nil { // a nil Collector describes and sends nothing
+		return
+	}
 	for _, d := range c.descs {
 		ch <- d
 	}
@@ -36,15 +40,25 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect sends the object's figures as they are now.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	if c.collect != nil { // a zero Collector watches nothing
+	if c != nil && c.collect != nil { // a nil or zero Collector watches nothing
 		c.collect(ch)
 	}
 }
 
 // Name is the value of the collector's name label.
-func (c *Collector) Name() string { return c.name }
+func (c *Collector) Name() string {
+	if c == nil {
+		return ""
+	}
+	return c.name
+}
 
-func (c *Collector) String() string { return fmt.Sprintf("the %s collector %q", c.kind, c.name) }
+func (c *Collector) String() string {
+	if c == nil {
+		return "a nil collector"
+	}
+	return fmt.Sprintf("the %s collector %q", c.kind, c.name)
+}
 
 // Register registers every collector with r, or none: when r refuses one,
 // those registered before it are unregistered, and the error says which
@@ -52,7 +66,7 @@ func (c *Collector) String() string { return fmt.Sprintf("the %s collector %q", 
 // one r holds is refused (ErrInvalid): the name label would no longer tell
 // the two objects apart.
 func Register(r prometheus.Registerer, cs ...*Collector) error {
-	if r == nil {
+	if isnil.Is(r) { // nil, or a nil *prometheus.Registry, whose Register would panic
 		return errors.Wrap(driver.ErrInvalid, "metrics: register: the registerer is nil")
 	}
 	for i, c := range cs {

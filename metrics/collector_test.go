@@ -228,3 +228,28 @@ func TestLint(t *testing.T) {
 		lint(t, c)
 	}
 }
+
+// TestNilCollectorsAndRegistries: a nil *Collector answers every method
+// without panicking and is refused by Register, as is a nil registerer of
+// either kind (a nil interface, a nil *prometheus.Registry); nothing is
+// registered after a refusal.
+func TestNilCollectorsAndRegistries(t *testing.T) {
+	var c *metrics.Collector
+	require.Empty(t, c.Name())
+	require.Equal(t, "a nil collector", c.String())
+	descs := make(chan *prometheus.Desc, 1)
+	c.Describe(descs)
+	ms := make(chan prometheus.Metric, 1)
+	c.Collect(ms)
+	require.Empty(t, descs)
+	require.Empty(t, ms)
+
+	reg := prometheus.NewPedanticRegistry()
+	drivertest.RequireIs(t, metrics.Register(reg, c), driver.ErrInvalid, "collector 1 of 1 is nil")
+	var nilReg *prometheus.Registry
+	drivertest.RequireIs(t, metrics.Register(nilReg), driver.ErrInvalid, "the registerer is nil")
+	drivertest.RequireIs(t, metrics.Register(nil), driver.ErrInvalid, "the registerer is nil")
+	got, err := reg.Gather()
+	require.NoError(t, err)
+	require.Empty(t, got)
+}

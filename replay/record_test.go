@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -123,4 +124,23 @@ func TestSimulateRecord(t *testing.T) {
 		require.InDelta(t, (230 * time.Millisecond).Seconds(), s.X[len(s.X)-1], 1e-12)
 	}
 	require.Zero(t, tl.Seqs.Y[len(tl.Seqs.Y)-1], "nothing runs at the end")
+}
+
+// TestPanickingProgressHooks: a Progress hook that panics stops the replay
+// or the simulation with an error (ErrInvalid) that says so, instead of
+// unwinding through them.
+func TestPanickingProgressHooks(t *testing.T) {
+	events := readTrace(t, "wedsonlin_medium_512_training.csv")
+	_, err := Replay(events, Options{Progress: func(int, int) { panic("boom") }})
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "the Progress hook panicked: boom")
+
+	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	reqs := []Request{{Input: 16, Output: 20}, {Input: 16, Output: 20}}
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	_, err = Simulate(reqs, tbl, SimOptions{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs,
+		Progress: func(SimProgress) { panic("bang") }})
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "the Progress hook panicked: bang")
 }

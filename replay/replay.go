@@ -42,7 +42,8 @@ type Options struct {
 	Drain bool
 	// Progress, if set, is called with the events replayed so far and the
 	// trace's events every ProgressEvents events and after the last, on
-	// the replay's goroutine (the CLI draws a bar with it).
+	// the replay's goroutine (the CLI draws a bar with it). A panic in it
+	// ends the replay with an error (driver.ErrInvalid).
 	Progress func(done, total int)
 }
 
@@ -233,7 +234,9 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 			}
 		}
 		if opts.Progress != nil && ((i+1)%ProgressEvents == 0 || i+1 == len(events)) {
-			opts.Progress(i+1, len(events))
+			if err := hook("Progress", func() { opts.Progress(i+1, len(events)) }); err != nil {
+				return res, err
+			}
 		}
 	}
 	for _, d := range devs {
@@ -389,4 +392,17 @@ func (d *device) close() error {
 		delete(d.addrs, id)
 	}
 	return errors.CombineErrors(err, d.al.close())
+}
+
+// hook calls fn, the caller's hook named name, and turns a panic in it
+// into an error (driver.ErrInvalid): the hook is the caller's code, and a
+// replay must stop cleanly, closing what it made, not unwind half-done.
+func hook(name string, fn func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errors.Wrapf(driver.ErrInvalid, "replay: the %s hook panicked: %v", name, r)
+		}
+	}()
+	fn()
+	return nil
 }

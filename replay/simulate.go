@@ -30,7 +30,8 @@ type SimOptions struct {
 	// Steps prices the steps (the zero value: A100).
 	Steps StepModel
 	// Progress, if set, is called every ProgressSteps steps and once at the
-	// end, on Simulate's goroutine.
+	// end, on Simulate's goroutine. A panic in it ends the simulation with
+	// an error (driver.ErrInvalid).
 	Progress func(SimProgress)
 	// CheckEvery runs the scheme's Check every CheckEvery steps and at the
 	// end; 0 never does.
@@ -228,7 +229,9 @@ func Simulate(reqs []Request, scheme KVScheme, opts SimOptions) (SimResult, erro
 	if err != nil {
 		return s.res, errors.Wrapf(err, "replay: simulate %s at %v (step %d)", s.res.Scheme, s.now, s.res.Steps)
 	}
-	s.finish()
+	if err := s.finish(); err != nil {
+		return s.res, errors.Wrapf(err, "replay: simulate %s", s.res.Scheme)
+	}
 	return s.res, nil
 }
 
@@ -366,7 +369,9 @@ func (s *simulation) run() error {
 			return err
 		}
 		if s.res.Steps%ProgressSteps == 0 && s.opts.Progress != nil {
-			s.opts.Progress(s.progress())
+			if err := hook("Progress", func() { s.opts.Progress(s.progress()) }); err != nil {
+				return err
+			}
 		}
 		if s.opts.CheckEvery > 0 && s.res.Steps%s.opts.CheckEvery == 0 {
 			if err := s.scheme.Check(); err != nil {
@@ -467,8 +472,8 @@ func (s *simulation) progress() SimProgress {
 }
 
 // finish turns the integrals into means and the times to first token into
-// their figures.
-func (s *simulation) finish() {
+// their figures, and tells the Progress hook the run is done.
+func (s *simulation) finish() error {
 	r := &s.res
 	r.SimTime = s.now
 	if secs := s.now.Seconds(); secs > 0 {
@@ -494,6 +499,7 @@ func (s *simulation) finish() {
 		r.Timeline = s.rec.timeline()
 	}
 	if s.opts.Progress != nil {
-		s.opts.Progress(s.progress())
+		return hook("Progress", func() { s.opts.Progress(s.progress()) })
 	}
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/isnil"
 	"github.com/vmarena/vmarena/internal/memsvg"
 )
 
@@ -39,6 +40,9 @@ type Recorder struct {
 // flag. The wrapper keeps d's streams and host mapping (the optional
 // interfaces the layers look for); it does not export or import chunks.
 func Record(d driver.Driver, dir string) (driver.Driver, *Recorder, error) {
+	if isnil.Is(d) {
+		return nil, nil, errors.Wrap(driver.ErrInvalid, "mapsvg: record: the driver is nil")
+	}
 	if dir == "" {
 		return d, nil, nil
 	}

@@ -31,6 +31,11 @@ func TestRecord(t *testing.T) {
 	require.Same(t, driver.Driver(hd), same, "without a directory, the driver itself")
 	require.Nil(t, pics)
 	require.NoError(t, pics.Save("nothing", "a nil recorder saves nothing"))
+	var nilHost *host.Driver
+	for _, d := range []driver.Driver{nil, nilHost} {
+		_, _, err := Record(d, t.TempDir())
+		require.ErrorIs(t, err, driver.ErrInvalid, "a nil driver is refused, not called")
+	}
 
 	dir := t.TempDir()
 	drv, pics, err := Record(hd, dir)
@@ -86,8 +91,10 @@ func TestMainFlags(t *testing.T) {
 	ran := ""
 	run := func(w io.Writer, dir string) error {
 		ran = dir
-		_, _, err := Record(nil, dir)
-		return err
+		if dir == "" {
+			return nil
+		}
+		return Writable(dir)
 	}
 	file := filepath.Join(t.TempDir(), "a-file")
 	require.NoError(t, os.WriteFile(file, nil, 0o644))
