@@ -296,19 +296,20 @@ func AllocFree(more func() bool, live int) (p Pair, err error) {
 	return p, nil
 }
 
-// missSpan is the memory MissLatency walks: far more than any cache, and
-// more pages than the TLB covers.
-const missSpan = 128 * units.MiB
+// MissSpan is the memory MissLatency walks in the benchmark: far more than
+// any cache, and more pages than the TLB covers.
+const MissSpan = 128 * units.MiB
 
 // MissLatency is the mean time of a load that misses every cache (and
 // mostly the TLB) on this machine: loads that each depend on the one
-// before, along one random cycle through missSpan bytes of uint32 links
-// (Sattolo's shuffle, so the walk visits every link before it repeats).
-// It is AllocFree's floor at 1 M live allocations: a free of a random one
-// of them reads that allocation's record, which no cache holds, before it
+// before, along one random cycle through span bytes of uint32 links
+// (Sattolo's shuffle, so the walk visits every link before it repeats);
+// the benchmark walks MissSpan, a test a small span whose loads hit. It
+// is AllocFree's floor at 1 M live allocations: a free of a random one of
+// them reads that allocation's record, which no cache holds, before it
 // can do anything else.
-func MissLatency(loads int) time.Duration {
-	next := make([]uint32, missSpan/4)
+func MissLatency(span uint64, loads int) time.Duration {
+	next := make([]uint32, max(span/4, 2))
 	for i := range next {
 		next[i] = uint32(i)
 	}

@@ -107,7 +107,7 @@ func BenchmarkAllocFree(b *testing.B) {
 			b.ReportMetric(p.Ratio(), "vmarena/go")
 			b.ReportMetric(p.LibAllocs, "allocs/pair")
 			if live == 1_000_000 {
-				miss := MissLatency(1 << 22)
+				miss := MissLatency(MissSpan, 1<<22)
 				b.ReportMetric(float64(miss.Nanoseconds()), "miss-ns")
 				b.ReportMetric(float64(miss.Nanoseconds())/(float64(p.Bare.Nanoseconds())/float64(p.N)), "miss/go")
 			}
@@ -142,7 +142,7 @@ func TestArenaBenchmarkBodies(t *testing.T) {
 	require.Equal(t, 3*allocBatch, p.N)
 	require.Positive(t, p.Lib)
 	require.Positive(t, p.Bare)
-	require.Positive(t, MissLatency(1000))
+	require.Positive(t, MissLatency(64*units.KiB, 1000))
 
 	_, err = GrowOneChunk(Rounds(1), 1<<50)
 	require.ErrorIs(t, err, ErrTooLarge)

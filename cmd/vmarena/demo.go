@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/examples/mapsvg"
 	"github.com/vmarena/vmarena/internal/procmaps"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/mapping"
@@ -65,7 +66,9 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 		return bad("--svg needs a directory")
 	}
 	if *svg != "" {
-		if err := svgDir(*svg); err != nil {
+		// Made, and checked to take a file, before the demo runs, so that a
+		// bad --svg fails at once.
+		if err := mapsvg.Writable(*svg); err != nil {
 			fmt.Fprintf(stderr, "vmarena demo: %v\n", err)
 			return 1
 		}

@@ -13,10 +13,6 @@ import (
 // the driver's view, so the steps of arenas and allocators are drawn as
 // well as those of the demo's own table.
 
-// svgDir is the directory the pictures go to: made, and checked to take a
-// file, before the demo runs, so that a bad --svg fails at once.
-func svgDir(dir string) error { return mapsvg.Writable(dir) }
-
 // demoPictures writes the demo's pictures.
 type demoPictures struct{ rec *mapsvg.Recorder }
 
