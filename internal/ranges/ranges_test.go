@@ -2,6 +2,7 @@ package ranges
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -126,4 +127,190 @@ func TestModel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// sliceModel is the reference the tree is compared with: the sorted slice
+// the list used to be.
+type sliceModel []Item[uint64, int]
+
+func (m sliceModel) search(x uint64) int {
+	i := 0
+	for i < len(m) && m[i].End <= x {
+		i++
+	}
+	return i
+}
+
+// runTreeModel decodes ops, three bytes an operation, into inserts, runs,
+// deletes, bound changes and queries over [0, space), and compares the
+// list with the model after each, the whole list and a few queries.
+func runTreeModel(t *testing.T, space uint64, ops []byte) {
+	var l List[uint64, int]
+	m := sliceModel{}
+	for step := 0; step+2 < len(ops); step += 3 {
+		op, a, b := ops[step]%7, uint64(ops[step+1]), uint64(ops[step+2])
+		x := (a*space/256 + b) % space
+		switch op {
+		case 0, 1: // insert
+			end := x + 1 + b%5
+			i, ok := l.Insert(x, end, step)
+			j := m.search(x)
+			want := j >= len(m) || m[j].Start >= end
+			require.Equal(t, want, ok, "insert [%d, %d)", x, end)
+			require.Equal(t, j, i)
+			if ok {
+				m = slices.Insert(m, j, Item[uint64, int]{x, end, step})
+			}
+		case 2: // a run of up to 8 unit ranges
+			run := make([]Item[uint64, int], 0, 8)
+			for k := range uint64(1 + b%8) {
+				run = append(run, Item[uint64, int]{x + 2*k, x + 2*k + 1, step})
+			}
+			i, ok := l.InsertRun(run)
+			j := m.search(x)
+			want := j >= len(m) || m[j].Start >= run[len(run)-1].End
+			require.Equal(t, want, ok)
+			if ok {
+				require.Equal(t, j, i)
+				m = slices.Insert(m, j, run...)
+			}
+		case 3: // delete up to 70 by index
+			if len(m) == 0 {
+				continue
+			}
+			lo := int(x) % len(m)
+			hi := min(len(m), lo+int(b%70))
+			l.Delete(lo, hi)
+			m = slices.Delete(m, lo, hi)
+		case 4: // change bounds
+			if len(m) == 0 {
+				continue
+			}
+			i := int(x) % len(m)
+			start, end := m[i].Start+b%3, m[i].End+a%3
+			ok := l.SetBounds(i, start, end)
+			want := start < end && (i == 0 || m[i-1].End <= start) && (i+1 == len(m) || m[i+1].Start >= end)
+			require.Equal(t, want, ok)
+			if ok {
+				m[i].Start, m[i].End = start, end
+			}
+		case 5: // overlapping
+			lo, hi := l.Overlapping(x, x+b)
+			wl := m.search(x)
+			wh := wl
+			for wh < len(m) && m[wh].Start < x+b {
+				wh++
+			}
+			require.Equal(t, [2]int{wl, wh}, [2]int{lo, hi}, "overlapping [%d, %d)", x, x+b)
+		case 6: // first fit
+			from := int(a) % (len(m) + 1)
+			want := from
+			for want < len(m) && m[want].Size() < b%9 {
+				want++
+			}
+			require.Equal(t, want, l.FirstFit(from, b%9))
+		}
+		require.Equal(t, len(m), l.Len())
+		require.NoError(t, l.Check())
+		got := make(sliceModel, 0, len(m))
+		for i, it := range l.All() {
+			require.Equal(t, len(got), i)
+			got = append(got, *it)
+		}
+		require.Equal(t, []Item[uint64, int](m), []Item[uint64, int](got[:len(got):len(got)]), "the whole list")
+		var largest uint64
+		for _, it := range m {
+			largest = max(largest, it.Size())
+		}
+		require.Equal(t, largest, l.Largest())
+		q := x % (space + 2)
+		i, ok := l.Find(q)
+		j := m.search(q)
+		require.Equal(t, j, i)
+		require.Equal(t, j < len(m) && m[j].Start <= q, ok)
+		require.Equal(t, j, l.Search(q))
+		if len(m) > 0 {
+			k := int(q) % len(m)
+			require.Equal(t, m[k], *l.At(k))
+			var back []int
+			for i := range l.Backward(k + 1) {
+				back = append(back, i)
+				if len(back) == 3 {
+					break
+				}
+			}
+			for n, i := range back {
+				require.Equal(t, k-n, i)
+			}
+			for i, it := range l.From(k) {
+				require.Equal(t, k, i)
+				require.Equal(t, m[k], *it)
+				break
+			}
+		}
+	}
+}
+
+// TestTreeModel runs long random sequences deep enough to split, borrow
+// and merge at every level.
+func TestTreeModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, space := range []uint64{300, 5000, 40000} {
+		ops := make([]byte, 3*4000)
+		for i := range ops {
+			ops[i] = byte(rng.IntN(256))
+		}
+		// Mostly inserts first, then mostly deletes: the tree grows
+		// several levels and shrinks back.
+		for i := 0; i < len(ops)/2; i += 3 {
+			ops[i] %= 3
+		}
+		for i := len(ops) / 2; i+2 < len(ops); i += 3 {
+			if ops[i]%2 == 0 {
+				ops[i] = 3
+			}
+		}
+		runTreeModel(t, space, ops)
+	}
+}
+
+// TestBigTree builds a tree of a hundred thousand ranges and takes it down
+// again, checking the shape at every thousandth step.
+func TestBigTree(t *testing.T) {
+	var l List[uint64, int]
+	const n = 100_000
+	for i := range n {
+		x := uint64(i) * 7919 % n // every slot once, out of order
+		_, ok := l.Insert(2*x, 2*x+1, int(x))
+		require.True(t, ok)
+		if i%1000 == 0 {
+			require.NoError(t, l.Check())
+		}
+	}
+	require.NoError(t, l.Check())
+	for i, it := range l.All() {
+		require.Equal(t, uint64(2*i), uint64(it.Start))
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for l.Len() > 0 {
+		i := rng.IntN(l.Len())
+		l.Delete(i, min(l.Len(), i+1+rng.IntN(3)))
+		if l.Len()%997 == 0 {
+			require.NoError(t, l.Check())
+		}
+	}
+	require.NoError(t, l.Check())
+}
+
+// FuzzTreeModel decodes arbitrary bytes into operations, checked against
+// the sorted-slice model.
+func FuzzTreeModel(f *testing.F) {
+	f.Add(uint16(300), []byte{0, 3, 5, 1, 2, 1, 3, 1, 0, 6, 1, 2})
+	f.Add(uint16(50000), []byte{2, 0, 7, 2, 9, 7, 3, 0, 60, 4, 1, 1})
+	f.Fuzz(func(t *testing.T, space uint16, ops []byte) {
+		if len(ops) > 3*2000 {
+			ops = ops[:3*2000]
+		}
+		runTreeModel(t, 1+uint64(space), ops)
+	})
 }
