@@ -4,6 +4,10 @@
 // one after another lie side by side (which lets the kernel merge their
 // mappings).
 //
+// Every operation costs O(log n) in the number of free extents: the free
+// extents are a ranges.List, whose summaries of the largest extent under
+// each subtree let first-fit descend one path instead of walking the list.
+//
 // It owns only numbers: it never touches memory. It is not safe for
 // concurrent use; its owner holds the lock.
 package extent
@@ -43,17 +47,21 @@ func Make(base, size uint64) Set {
 func (s *Set) InUse() uint64 { return s.inUse }
 
 // Largest is the size of the largest free extent.
-func (s *Set) Largest() uint64 {
-	var m uint64
-	for _, e := range s.free.All() {
-		m = max(m, e.Size())
-	}
-	return m
-}
+func (s *Set) Largest() uint64 { return s.free.Largest() }
+
+// alignMisses is how many extents long enough but misaligned for a request
+// Alloc tries before it asks for room for any alignment.
+const alignMisses = 4
 
 // Alloc takes size bytes starting at a multiple of align (a power of two,
 // 0 or 1 for none) from the lowest free extent that fits. ok is false when
 // none fits; the set is then unchanged.
+//
+// An extent at least size long can still be too short once its start is
+// aligned: after alignMisses such extents, Alloc takes the lowest extent,
+// further on, of at least size+align-1 bytes, which holds an aligned piece
+// whatever its start. So a request costs O(log n) however the free space
+// is cut up, and is first-fit but for that bounded detour.
 func (s *Set) Alloc(size, align uint64) (start uint64, ok bool) {
 	if size == 0 {
 		return 0, false
@@ -61,13 +69,19 @@ func (s *Set) Alloc(size, align uint64) (start uint64, ok bool) {
 	if align == 0 {
 		align = 1
 	}
-	for i, e := range s.free.All() {
+	want := size
+	for i, misses := s.free.FirstFit(0, want), 0; i < s.free.Len(); i = s.free.FirstFit(i+1, want) {
+		e := s.free.At(i)
 		at := alignUp(e.Start, align)
-		if at < e.Start || at >= e.End || e.End-at < size {
-			continue
+		if at >= e.Start && at < e.End && e.End-at >= size {
+			s.take(i, at, at+size)
+			return at, true
 		}
-		s.take(i, at, at+size)
-		return at, true
+		if misses++; misses == alignMisses {
+			if want = size + align - 1; want < size {
+				return 0, false // no extent is that long
+			}
+		}
 	}
 	return 0, false
 }
@@ -101,12 +115,15 @@ func (s *Set) Free(start, size uint64) error {
 	}
 	// Merge with the neighbours it touches.
 	if i+1 < s.free.Len() && s.free.At(i+1).Start == end {
-		s.free.At(i).End = s.free.At(i + 1).End
+		next := s.free.At(i + 1).End
 		s.free.Delete(i+1, i+2)
+		s.free.SetBounds(i, start, next)
+		end = next
 	}
 	if i > 0 && s.free.At(i-1).End == start {
-		s.free.At(i - 1).End = s.free.At(i).End
+		prev := s.free.At(i - 1).Start
 		s.free.Delete(i, i+1)
+		s.free.SetBounds(i-1, prev, end)
 	}
 	s.inUse -= size
 	return nil
@@ -144,11 +161,11 @@ func (s *Set) take(i int, start, end uint64) {
 	case e.Start == start && e.End == end:
 		s.free.Delete(i, i+1)
 	case e.Start == start:
-		s.free.At(i).Start = end
+		s.free.SetBounds(i, end, e.End)
 	case e.End == end:
-		s.free.At(i).End = start
+		s.free.SetBounds(i, e.Start, start)
 	default:
-		s.free.At(i).End = start
+		s.free.SetBounds(i, e.Start, start)
 		s.free.Insert(end, e.End, struct{}{})
 	}
 	s.inUse += end - start

@@ -50,29 +50,27 @@ func TestExhaustion(t *testing.T) {
 	require.NoError(t, s.Check())
 }
 
-// TestAgainstBitmap runs random alloc/free against a byte-per-unit model.
+// TestAgainstBitmap runs random alloc/free against a byte-per-unit model,
+// in a space small enough to fill and in one cut into hundreds of extents
+// (a tree of several levels), with alignments up to twice the largest
+// request, so that long but misaligned extents are common.
 func TestAgainstBitmap(t *testing.T) {
-	const n = 256
-	rng := rand.New(rand.NewPCG(1, 2))
-	s := New(0, n)
-	var model [n]bool
+	for _, n := range []int{256, 4096} {
+		againstBitmap(t, n)
+	}
+}
+
+func againstBitmap(t *testing.T, n int) {
+	rng := rand.New(rand.NewPCG(1, uint64(n)))
+	s := New(0, uint64(n))
+	model := make([]bool, n)
 	live := map[uint64]uint64{}
 	for step := 0; step < 5000; step++ {
 		if rng.IntN(2) == 0 || len(live) == 0 {
 			size := uint64(rng.IntN(16) + 1)
-			align := uint64(1) << rng.IntN(4)
+			align := uint64(1) << rng.IntN(6)
 			at, ok := s.Alloc(size, align)
-			// First fit: the model finds the same lowest fitting start.
-			want, wantOK := uint64(0), false
-			for st := uint64(0); st+size <= n && !wantOK; st += align {
-				free := true
-				for k := st; k < st+size; k++ {
-					free = free && !model[k]
-				}
-				if free {
-					want, wantOK = st, true
-				}
-			}
+			want, wantOK := modelAlloc(model, size, align)
 			require.Equal(t, wantOK, ok, "step %d", step)
 			if ok {
 				require.Equal(t, want, at, "step %d", step)
@@ -93,4 +91,33 @@ func TestAgainstBitmap(t *testing.T) {
 		}
 		require.NoError(t, s.Check(), "step %d", step)
 	}
+}
+
+// modelAlloc is Alloc's rule on a bitmap of used units: the lowest free
+// extent at least size long whose aligned start leaves room, but after
+// alignMisses such extents that do not, the lowest further extent of at
+// least size+align-1 units.
+func modelAlloc(used []bool, size, align uint64) (uint64, bool) {
+	want, misses := size, 0
+	for st := uint64(0); st < uint64(len(used)); {
+		if used[st] {
+			st++
+			continue
+		}
+		end := st
+		for end < uint64(len(used)) && !used[end] {
+			end++
+		}
+		if end-st >= want {
+			at := (st + align - 1) / align * align
+			if end-at >= size && at < end {
+				return at, true
+			}
+			if misses++; misses == alignMisses {
+				want = size + align - 1
+			}
+		}
+		st = end
+	}
+	return 0, false
 }
