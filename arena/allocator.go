@@ -144,6 +144,20 @@ type AllocStats struct {
 	// stitching, OOMRetries allocations retried after giving memory back
 	// because the device (or Max) was full.
 	Grows, Stitches, OOMRetries int
+	// Relocations counts the times whole free chunks were moved to where a
+	// request went instead of creating memory there (one map event each),
+	// and RelocatedBytes their memory.
+	Relocations    int
+	RelocatedBytes uint64
+	// Splits counts requests that would have pinned a whole free chunk
+	// much larger than themselves, which was given back and the request's
+	// own chunks committed instead.
+	Splits int
+	// Creates and Releases count the chunks created and released, and
+	// Grants the access grants of new mappings (one a device and map
+	// event): with ChunkMaps and ChunkUnmaps, the driver calls behind the
+	// allocator's memory.
+	Creates, Releases, Grants int
 	// Live is the number of live allocations.
 	Live int
 }
@@ -214,6 +228,9 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 	}
 	al.cs = al.heaps[0].cs
 	al.max = alignDown(opts.Max, al.cs)
+	for _, h := range al.distinct() {
+		h.held, h.max = &al.held, al.max
+	}
 	if !opts.NoStitch && !opts.Shareable {
 		if al.st, err = NewSparse(space, mem, SparseOptions{Max: al.max, ChunkSize: al.cs, Device: opts.Device, Access: opts.Access}); err != nil {
 			return fail(errors.Wrap(err, "the stitch range"))
@@ -362,8 +379,10 @@ func (al *Allocator) Alloc(size, align uint64) (driver.Addr, error) {
 	h := al.heapFor(fp)
 	var p driver.Addr
 	if r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q); r != 0 {
-		p = h.place(r, h.startIn(h.at(r), fp, align), fp, size)
-		al.held += fp
+		var err error
+		if p, err = al.serveLocked(h, r, h.startIn(h.at(r), fp, align), fp, align, size); err != nil {
+			return 0, errors.Wrapf(err, "%s", what())
+		}
 	} else {
 		var err error
 		if p, err = al.growLocked(h, fp, align, size); err != nil {
@@ -570,6 +589,9 @@ func (al *Allocator) Stats() AllocStats {
 		st.ChunkUnmaps += ss.ChunkUnmaps
 		st.Decommits += ss.Decommits
 		st.DecommittedBytes += ss.DecommittedBytes
+		st.Creates += ss.Creates
+		st.Releases += ss.Releases
+		st.Grants += ss.Grants
 	}
 	st.Live = al.live()
 	for _, h := range al.distinct() {

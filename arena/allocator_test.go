@@ -36,6 +36,13 @@ func (e *env) fine(t testing.TB, max uint64, policy Policy, opts ...func(*Alloca
 	return al
 }
 
+// full gives the allocator a Max of n chunks and no more address space
+// than that: once its chunks are committed, no hole has room for a request
+// that needs more, and whole free chunks can only be stitched, not moved.
+func full(n uint64) func(*AllocatorOptions) {
+	return func(o *AllocatorOptions) { o.Max, o.AddressSpace = n*g, n*g }
+}
+
 // strict keeps nothing committed beyond the live set when committing more
 // (a release threshold of one byte): every grow first gives back or
 // stitches what is free.
@@ -199,31 +206,37 @@ func releaseThreshold(t *testing.T, d backend) {
 		require.NoError(t, al.Free(ps[i]))
 	}
 	require.Equal(t, 9*g, al.Stats().Committed, "8 chunks and one ahead of need: 4 live, 5 free, kept until more is needed")
+	before := al.Stats()
 	p, err := al.Alloc(3*g, 0) // fits no free block: 3 chunks more
 	require.NoError(t, err)
 	st := al.Stats()
 	held := 7 * g
 	require.LessOrEqual(t, st.Committed, held+2*g, "within the threshold of the live set")
-	require.Equal(t, 9*g, st.Committed, "two of the four free chunks went back first")
-	require.Equal(t, 2*g, st.DecommittedBytes)
+	require.Equal(t, 9*g, st.Committed, "two of the four free chunks moved beside the free tail: nothing created, nothing given back")
+	require.Equal(t, before.Creates, st.Creates)
+	require.Zero(t, st.DecommittedBytes)
+	require.Equal(t, 1, st.Relocations)
+	require.Equal(t, 2*g, st.RelocatedBytes)
 	require.NoError(t, al.Check())
 
 	al.SetReleaseThreshold(NoRelease)
 	q, err := al.Alloc(3*g, 0)
 	require.NoError(t, err)
-	require.Equal(t, 2*g, al.Stats().DecommittedBytes, "NoRelease gives nothing back to grow")
+	require.Zero(t, al.Stats().DecommittedBytes, "NoRelease gives nothing back to grow")
+	require.Equal(t, 2, al.Stats().Relocations, "the last two free chunks moved too")
 	require.NoError(t, al.Free(p))
 	require.NoError(t, al.Free(q))
 	require.NoError(t, al.Check())
 }
 
-// TestOutOfMemoryRetry: the device cannot hold a grow while free memory
-// sits committed elsewhere in the allocator; the allocator gives it back and
-// retries before reporting out of memory — as PyTorch does — and reports it
-// only when that is not enough either, with nothing live changed.
-func TestOutOfMemoryRetry(t *testing.T) { onEveryDriver(t, outOfMemoryRetry) }
+// TestFullDeviceRelocates: the device is full and the request fits no free
+// block, but free chunks sit committed elsewhere in the allocator: they
+// move to where the request goes — no memory needed — and a request that
+// neither moving nor the device can serve is refused, nothing live
+// changed.
+func TestFullDeviceRelocates(t *testing.T) { onEveryDriver(t, fullDeviceRelocates) }
 
-func outOfMemoryRetry(t *testing.T, d backend) {
+func fullDeviceRelocates(t *testing.T, d backend) {
 	e := d.env(t, 10*g)
 	al := e.fine(t, 10*g, PolicyDefault, func(o *AllocatorOptions) { o.ReleaseThreshold = NoRelease; o.NoStitch = true })
 	var ps []driver.Addr
@@ -236,19 +249,24 @@ func outOfMemoryRetry(t *testing.T, d backend) {
 		require.NoError(t, al.Free(ps[i]))
 	}
 	// Five free chunks, none adjacent; the device is full. A request of 4
-	// needs four contiguous chunks: only after giving the free ones back.
+	// needs four contiguous chunks: four of the free ones move.
+	before := al.Stats()
 	p, err := al.Alloc(4*g, 0)
 	require.NoError(t, err)
 	st := al.Stats()
-	require.Equal(t, 1, st.OOMRetries)
-	require.Equal(t, 9*g, st.Committed)
+	require.Zero(t, st.OOMRetries)
+	require.Equal(t, before.Relocations+1, st.Relocations)
+	require.Equal(t, 4*g, st.RelocatedBytes)
+	require.Equal(t, before.Creates, st.Creates)
+	require.Equal(t, 10*g, st.Committed)
 	require.NoError(t, al.Check())
-	before := al.Stats()
+	before = al.Stats()
 	_, err = al.Alloc(2*g, 0)
 	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "alloc 128 KiB")
 	after := al.Stats()
 	require.Equal(t, before.Live, after.Live)
 	require.Equal(t, before.Allocated, after.Allocated)
+	require.Equal(t, before.Committed, after.Committed)
 	require.NoError(t, al.Check())
 	require.NoError(t, al.Free(p))
 	for i := 1; i < 10; i += 2 {
@@ -256,15 +274,104 @@ func outOfMemoryRetry(t *testing.T, d backend) {
 	}
 }
 
-// TestStitch: no free block fits and committing more would pass the
-// budget, but whole free chunks hold the request: they are mapped side by
-// side in the stitch range — no copy, no new memory, one map event — and
-// the bytes written there are the chunks' own bytes.
+// TestOutOfMemoryRetry: the device cannot hold a grow while a free chunk
+// too large to move sits committed elsewhere in the allocator (a large
+// allocation's, freed whole); the allocator gives it back and retries
+// before reporting out of memory — as PyTorch does — and reports it only
+// when that is not enough either, with nothing live changed.
+func TestOutOfMemoryRetry(t *testing.T) { onEveryDriver(t, outOfMemoryRetry) }
+
+func outOfMemoryRetry(t *testing.T, d backend) {
+	e := d.env(t, 4*g)
+	al := e.fine(t, 4*g, PolicyDefault, func(o *AllocatorOptions) { o.ReleaseThreshold = NoRelease })
+	a, err := al.Alloc(3*g, 0) // one chunk of three, and one ahead
+	require.NoError(t, err)
+	b, err := al.Alloc(g, 0) // in the chunk ahead
+	require.NoError(t, err)
+	require.Equal(t, 4*g, al.Stats().Committed)
+	require.NoError(t, al.Free(a))
+	// The device is full; a small request needs a chunk of its own heap,
+	// and the free one is too large to move there.
+	p, err := al.Alloc(100, 0)
+	require.NoError(t, err)
+	st := al.Stats()
+	require.Equal(t, 1, st.OOMRetries)
+	require.Equal(t, 2*g, st.Committed)
+	require.Equal(t, 3*g, st.DecommittedBytes)
+	require.NoError(t, al.Check())
+	before := al.Stats()
+	_, err = al.Alloc(3*g, 0)
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "alloc 192 KiB")
+	after := al.Stats()
+	require.Equal(t, before.Live, after.Live)
+	require.Equal(t, before.Allocated, after.Allocated)
+	require.NoError(t, al.Check())
+	require.NoError(t, al.Free(p))
+	require.NoError(t, al.Free(b))
+}
+
+// TestRelocate: no free block fits and committing more would pass the
+// budget, but whole free chunks elsewhere hold the request: they are
+// unmapped where they lie and mapped side by side where the request goes
+// — no new memory, no copy, one map event — and the bytes they held come
+// with them.
+func TestRelocate(t *testing.T) { onEveryDriver(t, relocateChunks) }
+
+func relocateChunks(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
+	al := e.fine(t, 16*g, PolicyDefault, strict)
+	var ps []driver.Addr
+	for i := range 7 {
+		p, err := al.Alloc(g, 0)
+		require.NoError(t, err)
+		e.setByte(t, al, p, 0, byte(0xB0+i))
+		ps = append(ps, p)
+	}
+	for i := 0; i < 6; i += 2 {
+		require.NoError(t, al.Free(ps[i]))
+	}
+	before := al.Stats()
+	require.Equal(t, g, before.LargestFree, "fragmented: three single free chunks")
+
+	big, err := al.Alloc(3*g, 0)
+	require.NoError(t, err)
+	after := al.Stats()
+	require.Equal(t, before.Relocations+1, after.Relocations)
+	require.Zero(t, after.Stitches)
+	require.Equal(t, before.Committed, after.Committed, "no new memory")
+	require.Equal(t, before.Creates, after.Creates, "nothing created")
+	require.Equal(t, before.Releases, after.Releases, "nothing released")
+	require.Equal(t, before.MapEvents+1, after.MapEvents, "one contiguous range mapped")
+	require.Equal(t, before.ChunkMaps+3, after.ChunkMaps, "of three chunks")
+	require.Equal(t, before.ChunkUnmaps+3, after.ChunkUnmaps, "unmapped where they were")
+	require.Equal(t, before.Grants+1, after.Grants, "granted in one call")
+	require.True(t, al.Ranges()[1].Contains(big), "served from the large heap, not the stitch range")
+	require.NoError(t, al.Check())
+	if e.hostMapped() {
+		var seen []byte
+		for k := uint64(0); k < 3; k++ {
+			seen = append(seen, e.byteAt(t, al, big, k*g))
+		}
+		sort.Slice(seen, func(i, j int) bool { return seen[i] < seen[j] })
+		require.Equal(t, []byte{0xB0, 0xB2, 0xB4}, seen, "the chunks moved, with what they held")
+	}
+	for _, p := range []driver.Addr{big, ps[1], ps[3], ps[5], ps[6]} {
+		require.NoError(t, al.Free(p))
+	}
+	require.NoError(t, al.Trim())
+	require.Zero(t, al.Stats().Committed)
+}
+
+// TestStitch: no free block fits, committing more would pass the budget,
+// and the allocator's address space is all committed — no hole to move
+// free chunks to — but whole free chunks hold the request: they are
+// mapped side by side in the stitch range — no copy, no new memory, one
+// map event — and the bytes written there are the chunks' own bytes.
 func TestStitch(t *testing.T) { onEveryDriver(t, stitch) }
 
 func stitch(t *testing.T, d backend) {
 	e := d.env(t, 16*g)
-	al := e.fine(t, 16*g, PolicyDefault, strict)
+	al := e.fine(t, 8*g, PolicyDefault, strict, full(8))
 	var ps []driver.Addr
 	for range 8 {
 		p, err := al.Alloc(g, 0)
@@ -304,7 +411,15 @@ func stitch(t *testing.T, d backend) {
 	require.Equal(t, []byte{0, 0xA0, 0xA1, 0xA2}, seen, "three lent chunks hold the stitched bytes; one was not needed")
 
 	drivertest.RequireIs(t, al.Free(big+driver.Addr(g)), driver.ErrNotAllocated, "inside the stitched allocation")
-	drivertest.RequireIs(t, al.Free(ps[0]), driver.ErrNotAllocated, "lent to a stitched allocation")
+	lent := 0
+	for i := 0; i < 8; i += 2 {
+		err := al.Free(ps[i])
+		drivertest.RequireIs(t, err, driver.ErrNotAllocated, "free")
+		if strings.Contains(err.Error(), "lent to a stitched allocation") {
+			lent++
+		}
+	}
+	require.Equal(t, 3, lent, "three of the four freed chunks are lent to the stitch")
 	require.NoError(t, al.Free(big))
 	st := al.Stats()
 	require.Equal(t, before.UnmapEvents+1, st.UnmapEvents)
@@ -313,6 +428,41 @@ func stitch(t *testing.T, d backend) {
 	drivertest.RequireIs(t, al.Free(big), driver.ErrNotAllocated, "freed twice")
 	require.NoError(t, al.Trim(), "no stitch pins a chunk any more")
 	require.Equal(t, 4*g, al.Stats().Committed)
+}
+
+// TestSplit: a request that would cover a large free chunk in part — one
+// allocation's chunk, freed whole — gets chunks of its own instead: the
+// large chunk goes back, so no smaller neighbour can strand it, and room
+// for one more request like it stays committed after it.
+func TestSplit(t *testing.T) { onEveryDriver(t, split) }
+
+func split(t *testing.T, d backend) {
+	e := d.env(t, 32*g)
+	al := e.fine(t, 32*g, PolicyDefault, strict)
+	a, err := al.Alloc(12*g, 0)
+	require.NoError(t, err)
+	b, err := al.Alloc(g, 0)
+	require.NoError(t, err)
+	st := al.Stats()
+	require.Equal(t, 13*g, st.Committed)
+	require.Equal(t, 2, st.Creates, "one chunk each")
+	require.NoError(t, al.Free(a))
+	p, err := al.Alloc(3*g, 0)
+	require.NoError(t, err)
+	require.Equal(t, a, p, "where the free chunk was")
+	after := al.Stats()
+	require.Equal(t, 1, after.Splits)
+	require.Equal(t, st.Releases+1, after.Releases, "the large chunk went back")
+	require.Equal(t, 7*g, after.Committed, "its own three chunks and room for three more, beside the one live")
+	e.setByte(t, al, p, 3*g-1, 7) // every byte of it is mapped and writable
+	q, err := al.Alloc(3*g, 0)
+	require.NoError(t, err)
+	require.Equal(t, p+driver.Addr(3*g), q, "the next like it packs after it")
+	require.Equal(t, 7*g, al.Stats().Committed)
+	require.NoError(t, al.Check())
+	for _, x := range []driver.Addr{p, q, b} {
+		require.NoError(t, al.Free(x))
+	}
 }
 
 // TestFreeTailAndChunksRegression: the old allocator's hybrid stitch
@@ -501,21 +651,28 @@ func TestAllocatorOwnsItsRanges(t *testing.T) {
 // Max and matches the device's usage, and the invariants hold.
 func TestAllocatorModel(t *testing.T) {
 	onEveryDriver(t, func(t *testing.T, d backend) {
-		var stitches, decommits int
+		var stitches, decommits, relocations, splits int
 		for seed := range uint64(d.Seeds(10)) {
 			t.Run(fmt.Sprint(seed), func(t *testing.T) {
 				r := runAllocatorModel(t, d, arenaOps(rand.New(rand.NewPCG(seed, 11)), 300))
 				require.Greater(t, r.allocs, 30, "successful allocations")
 				stitches += r.stitches
 				decommits += r.decommits
+				relocations += r.relocations
+				splits += r.splits
 			})
 		}
-		require.Positive(t, stitches, "the sequences reach stitched allocations")
+		// Stitching is the fallback when no hole has room (TestStitch,
+		// TestMemoryMap and the fault sweeps reach it); the sequences
+		// count it where they reach it.
+		t.Logf("stitched %d, moved free chunks %d times, split %d chunks", stitches, relocations, splits)
+		require.Positive(t, relocations, "the sequences move free chunks")
+		require.Positive(t, splits, "the sequences split large free chunks")
 		require.Greater(t, decommits, 10, "the sequences give memory back")
 	})
 }
 
-type allocRun struct{ allocs, stitches, decommits int }
+type allocRun struct{ allocs, stitches, decommits, relocations, splits int }
 
 func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 	e := d.env(t, 24*g)
@@ -524,7 +681,16 @@ func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 		policy = Policy(data[0] % 3)
 		threshold = []uint64{0, 1, 3 * g, NoRelease}[data[0]/3%4]
 	}
-	al := e.fine(t, 20*g, policy, func(o *AllocatorOptions) { o.ReleaseThreshold = threshold })
+	full := len(data) > 0 && data[0]&0x80 != 0
+	al := e.fine(t, 20*g, policy, func(o *AllocatorOptions) {
+		o.ReleaseThreshold = threshold
+		if full {
+			// A small allocator with no more address space than memory,
+			// all of it committed at once and kept: no hole ever has room,
+			// and a request no free block fits is stitched.
+			o.Max, o.AddressSpace, o.ReleaseThreshold = 8*g, 8*g, NoRelease
+		}
+	})
 	type live struct {
 		size uint64
 		tag  byte
@@ -572,6 +738,8 @@ func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 			require.NoError(t, al.Free(p), step)
 			allocated -= model[p].size
 			delete(model, p)
+		case op >= 7 && full:
+			// Nothing given back: the range stays all committed.
 		case op == 7:
 			if x%2 == 0 {
 				require.NoError(t, al.Trim(), step)
@@ -606,7 +774,7 @@ func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 			require.LessOrEqual(t, ivs[k-1].hi, ivs[k].lo, "%s: live allocations overlap", step)
 		}
 		require.NoError(t, al.Check(), step)
-		r.stitches, r.decommits = st.Stitches, st.Decommits
+		r.stitches, r.decommits, r.relocations, r.splits = st.Stitches, st.Decommits, st.Relocations, st.Splits
 	}
 	for p := range model {
 		require.NoError(t, al.Free(p))

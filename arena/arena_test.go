@@ -427,24 +427,29 @@ func TestNoLeaks(t *testing.T) {
 		require.NoError(t, err)
 		b[len(b)-1] = 1
 		require.NoError(t, v.Release())
-		al, err := NewAllocator(space, mem, AllocatorOptions{Max: 16 * g, ChunkSize: g})
-		require.NoError(t, err)
-		var ps []driver.Addr
-		for i := 0; i < 6; i++ {
-			p, err := al.Alloc(g, 0)
+		// One allocator moves free chunks to where a request goes, one
+		// with no room in its address space stitches them.
+		for _, o := range []AllocatorOptions{{Max: 16 * g, ChunkSize: g}, {Max: 7 * g, AddressSpace: 7 * g, ChunkSize: g, ReleaseThreshold: 1}} {
+			al, err := NewAllocator(space, mem, o)
 			require.NoError(t, err)
-			ps = append(ps, p)
+			var ps []driver.Addr
+			for i := 0; i < 6; i++ {
+				p, err := al.Alloc(g, 0)
+				require.NoError(t, err)
+				ps = append(ps, p)
+			}
+			for i := 0; i < 6; i += 2 {
+				require.NoError(t, al.Free(ps[i]))
+			}
+			big, err := al.Alloc(3*g, 0)
+			require.NoError(t, err)
+			st := al.Stats()
+			require.Equal(t, 1, st.Stitches+st.Relocations)
+			for _, p := range []driver.Addr{big, ps[1], ps[3], ps[5]} {
+				require.NoError(t, al.Free(p))
+			}
+			require.NoError(t, al.Close())
 		}
-		for i := 0; i < 6; i += 2 {
-			require.NoError(t, al.Free(ps[i]))
-		}
-		big, err := al.Alloc(3*g, 0)
-		require.NoError(t, err)
-		require.Equal(t, 1, al.Stats().Stitches)
-		for _, p := range []driver.Addr{big, ps[1], ps[3], ps[5]} {
-			require.NoError(t, al.Free(p))
-		}
-		require.NoError(t, al.Close())
 		require.NoError(t, a.Close())
 		hb, err := drv.HeapBytes(0)
 		require.NoError(t, err)

@@ -154,7 +154,7 @@ func TestCommitFaults(t *testing.T) {
 	n := sweep(t, 16*g, setup, outOfMemory("cuMemCreate"), invalid("cuMemCreate"), invalid("cuMemMap"), invalid("cuMemSetAccess"))
 	require.Equal(t, 5, n["cuMemCreate"])
 	require.Equal(t, 5, n["cuMemMap"])
-	require.Equal(t, 10, n["cuMemSetAccess"], "each new chunk granted to two devices")
+	require.Equal(t, 4, n["cuMemSetAccess"], "each hole granted to two devices, one call each")
 }
 
 // TestGrowFaults: an arena that grows by four chunks from two, with each
@@ -198,10 +198,11 @@ func TestCommitOutOfMemoryGoesToTheNextDevice(t *testing.T) {
 
 // TestGrantFaults: a grant over four chunks whose access for device 1
 // differs (chunk 0 readable, the rest not: two runs, each one call of the
-// driver, which makes one cuMemSetAccess per mapping), and SetAccess of
-// the whole range, with each cuMemSetAccess in turn refused — out of
-// memory, as CUDA may answer it: the access CUDA grants each device on
-// each chunk is what it was, and so are the range's books.
+// driver, which makes one cuMemSetAccess a run — cuMemSetAccess spans
+// adjacent mappings), and SetAccess of the whole range, with each
+// cuMemSetAccess in turn refused — out of memory, as CUDA may answer it:
+// the access CUDA grants each device on each chunk is what it was, and so
+// are the range's books.
 func TestGrantFaults(t *testing.T) {
 	for _, op := range []string{"grant", "set access"} {
 		t.Run(op, func(t *testing.T) {
@@ -217,7 +218,7 @@ func TestGrantFaults(t *testing.T) {
 				return call, func() any { return []any{f.rangeState(t, s), s.Access(1)} }
 			}
 			n := sweep(t, 16*g, setup, outOfMemory("cuMemSetAccess"))
-			require.Equal(t, 4, n["cuMemSetAccess"], "one per chunk")
+			require.Equal(t, 2, n["cuMemSetAccess"], "one a run of equal access")
 		})
 	}
 }
@@ -290,12 +291,18 @@ func (f *faultEnv) allocState(t *testing.T, al *Allocator, lives []driver.Addr, 
 // without, there is room in the budget (a release threshold of eight
 // chunks, a maximum well above: nothing is given back first), so it
 // commits, ahead of need up to the budget.
-func allocSetup(t *testing.T, f *faultEnv, stitch, withCommitted bool) (func() error, func() any) {
+func allocSetup(t *testing.T, f *faultEnv, mode string, withCommitted bool) (func() error, func() any) {
+	stitch := mode != "grow"
 	opt := func(o *AllocatorOptions) { o.ReleaseThreshold = 8 * g }
 	if stitch {
 		opt = strict
 	}
-	al := f.fine(t, 64*g, PolicyDefault, opt)
+	max, full := 64*g, func(*AllocatorOptions) {}
+	if stitch && mode == "stitch" {
+		// No hole beside the eight chunks: stitching, not moving.
+		max, full = 9*g, func(o *AllocatorOptions) { o.AddressSpace = o.Max }
+	}
+	al := f.fine(t, max, PolicyDefault, opt, full)
 	var lives []driver.Addr
 	for i := range 8 {
 		p, err := al.Alloc(g, 0)
@@ -311,13 +318,22 @@ func allocSetup(t *testing.T, f *faultEnv, stitch, withCommitted bool) (func() e
 	require.NoError(t, err)
 	require.NoError(t, f.drv.Write(small, []byte("small")))
 	lives = append(lives, small)
-	if stitch {
+	switch mode {
+	case "stitch":
 		// Four single free chunks, none adjacent, and the budget spent:
 		// a request of three chunks is stitched from them.
 		for i := 0; i < 8; i += 2 {
 			require.NoError(t, al.Free(lives[i]))
 		}
 		lives = []driver.Addr{lives[1], lives[3], lives[5], lives[7], small}
+	case "relocate":
+		// Three single free chunks, none adjacent: a request of three
+		// chunks takes them where it goes, and nothing is left to give
+		// back.
+		for _, i := range []int{0, 2, 4} {
+			require.NoError(t, al.Free(lives[i]))
+		}
+		lives = []driver.Addr{lives[1], lives[3], lives[5], lives[6], lives[7], small}
 	}
 	op := func() error {
 		_, err := al.Alloc(3*g, 0)
@@ -333,15 +349,24 @@ func allocSetup(t *testing.T, f *faultEnv, stitch, withCommitted bool) (func() e
 func TestAllocFaults(t *testing.T) {
 	t.Run("grow", func(t *testing.T) {
 		n := sweep(t, 80*g, func(t *testing.T, f *faultEnv) (func() error, func() any) {
-			return allocSetup(t, f, false, true)
+			return allocSetup(t, f, "grow", true)
 		}, invalid("cuMemCreate"), invalid("cuMemMap"), invalid("cuMemSetAccess"))
 		t.Logf("the Alloc calls %v", n)
 	})
 	t.Run("stitch", func(t *testing.T) {
 		n := sweep(t, 80*g, func(t *testing.T, f *faultEnv) (func() error, func() any) {
-			return allocSetup(t, f, true, true)
+			return allocSetup(t, f, "stitch", true)
 		}, invalid("cuMemMap"), invalid("cuMemSetAccess"))
 		require.Equal(t, 3, n["cuMemMap"], "the three lent chunks mapped side by side")
+		require.Equal(t, 1, n["cuMemSetAccess"], "granted in one call")
+	})
+	t.Run("relocate", func(t *testing.T) {
+		n := sweep(t, 80*g, func(t *testing.T, f *faultEnv) (func() error, func() any) {
+			return allocSetup(t, f, "relocate", true)
+		}, invalid("cuMemUnmap"), invalid("cuMemMap"), invalid("cuMemSetAccess"))
+		require.Equal(t, 3, n["cuMemUnmap"], "the three chunks unmapped where they were")
+		require.Equal(t, 3, n["cuMemMap"], "and mapped side by side")
+		require.Zero(t, n["cuMemCreate"], "nothing created")
 	})
 }
 
@@ -364,7 +389,7 @@ func TestAllocOutOfMemoryRetries(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFaultEnv(t, 80*g)
-			op, state := allocSetup(t, f, false, false)
+			op, state := allocSetup(t, f, "grow", false)
 			before := state().(allocState)
 			f.lib.Fail("cuMemCreate", 1, c.refusals, 2)
 			err := op()
@@ -428,7 +453,7 @@ func TestGiveBackFaults(t *testing.T) {
 			return a.Trim, a.Check
 		}},
 		{"allocator", func(t *testing.T, f *faultEnv) (func() error, func() error) {
-			al := f.fine(t, 16*g, PolicyDefault, strict)
+			al := f.fine(t, 7*g, PolicyDefault, strict, full(7))
 			var ps []driver.Addr
 			for range 6 {
 				p, err := al.Alloc(g, 0)

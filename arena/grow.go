@@ -1,8 +1,8 @@
 package arena
 
 import (
-	"cmp"
 	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/cockroachdb/errors"
@@ -23,11 +23,29 @@ import (
 // than the slack: at the peak of any workload, peak committed is at most
 // the peak live set plus its slack, plus the free bytes of partly used
 // chunks, which cannot go back. Below the bound it commits ahead of need,
-// up to the bound (fewer, larger commits); at the bound it first stitches,
-// or gives back whole free chunks elsewhere — only as many as the new
-// commit needs — and only then commits. Free gives nothing back: memory
-// freed and reused soon costs no driver call, and memory freed and never
-// reused goes back the next time committing needs the room (or on Trim).
+// up to the bound (fewer, larger commits). Free gives nothing back: memory
+// freed and reused soon costs no driver call.
+//
+// Driver calls are priced too (a create is about 190 µs on an A100, a map
+// 1.5 µs, an unmap 26 µs, an access grant 36 µs: DESIGN.md), so:
+//
+//   - Where a request goes, whole free chunks lying elsewhere move first
+//     (relocate.go: an unmap and a map a chunk, no new memory) before any
+//     chunk is created: memory freed in one place and needed in another
+//     costs no create, and committed memory does not grow.
+//   - What must be created is cut so that the request's interior — the
+//     whole chunks of ChunkSize it covers — is one chunk of its own, and
+//     what lies beside it (the request's ends, which neighbours share, and
+//     the commit ahead) is at most edgeChunk a chunk: a large allocation
+//     costs one create and one map, and when it is freed its chunk is
+//     wholly free, to move or give back whole.
+//   - The new chunks of a commit get their access in one call a device.
+//
+// When a commit needs more than the budget allows and no free chunk can
+// move, the allocator stitches (stitch.go) when there is no hole with room
+// for the request at all, and otherwise commits beyond the budget (the
+// free bytes it would have given back are in partly used chunks, which
+// cannot go).
 
 // budget is the most the allocator may hold committed when its live set is
 // held bytes: held plus the release threshold, or by default plus its
@@ -75,11 +93,26 @@ func (g growPlan) region(h *heap) span {
 	return r
 }
 
-// planGrow finds, over every hole, the place for fp bytes aligned to align
-// that needs the least new memory: in the hole, using as much as it can of
-// the free blocks on either side (the free tail before the last hole is the
-// common case). Ties go to the lower address. ok is false when no hole has
-// room (the address space is used up).
+// uses is the span the plan's request and commit take: what moving and
+// giving back free chunks must leave alone (the region's other free
+// neighbour may go).
+func (g growPlan) uses(fp uint64) span {
+	return span{min(g.start, g.lo), max(g.start+fp, g.hi)}
+}
+
+// planScan is how many of the largest free blocks beside holes planGrow
+// looks at.
+const planScan = 16
+
+// planGrow finds a place for fp bytes aligned to align that needs little
+// new memory: in a hole, using as much as it can of the free blocks on
+// either side (the free tail before the last hole is the common case). It
+// looks at the holes beside the planScan largest free blocks that border
+// one, and at the lowest hole long enough by itself, and takes the one
+// that needs the least; ties go to the lower address. So its cost does not
+// grow with the number of holes: it is the exact best but for a hole whose
+// free neighbours are all smaller than those of planScan others. ok is
+// false when no hole has room (the address space is used up).
 func (h *heap) planGrow(fp, align uint64) (best growPlan, ok bool) {
 	base := h.base
 	consider := func(r bref, start uint64, left bool) {
@@ -93,7 +126,7 @@ func (h *heap) planGrow(fp, align uint64) (best growPlan, ok bool) {
 			best, ok = g, true
 		}
 	}
-	for hole := h.holes; hole != 0; hole = h.at(hole).fnext {
+	try := func(hole bref) {
 		r := growPlan{hole: hole}.region(h)
 		if s := h.alignedStart(r.start, align); s >= r.start && s+fp >= s && s+fp <= r.end {
 			consider(hole, s, true)
@@ -103,6 +136,27 @@ func (h *heap) planGrow(fp, align uint64) (best growPlan, ok bool) {
 				consider(hole, s, false)
 			}
 		}
+	}
+	n := 0
+	h.edges.descending(&h.slab, func(e bref) bool {
+		b := h.at(e)
+		if b.prev != 0 && h.at(b.prev).state == blockHole {
+			try(b.prev)
+		}
+		if b.next != 0 && h.at(b.next).state == blockHole {
+			try(b.next)
+		}
+		n++
+		return n < planScan
+	})
+	// Holes start on chunk boundaries: the lowest one of the request's
+	// chunks holds it at most alignments, the lowest one longer by the
+	// alignment at any.
+	if i := h.holes.FirstFit(0, alignUp(fp, h.cs)); i < h.holes.Len() {
+		try(h.holes.At(i).Val)
+	}
+	if i := h.holes.FirstFit(0, satAdd(alignUp(fp, h.cs), align)); i < h.holes.Len() {
+		try(h.holes.At(i).Val)
 	}
 	return best, ok
 }
@@ -119,10 +173,92 @@ func (g *growPlan) extend(h *heap, more uint64) {
 	}
 }
 
-// commitPlan commits the plan's chunks and turns them from hole into free
-// memory, merged with the free blocks beside them; it returns the free
-// block that now holds the request's place.
-func (h *heap) commitPlan(g growPlan) (bref, error) {
+// edgeChunk is the largest chunk that several allocations may share: the
+// chunks a commit creates beside a request's interior (its ends, which
+// neighbours share, and the memory committed ahead of need). A partly
+// used chunk cannot go back, so what it strands is bounded by its size:
+// 1/edgeDivisor of the live set keeps that a small part of the slack the
+// budget allows (held/256) at every scale, while a commit for a large live
+// set costs few creates. Below that it is 2 MiB — a GPU's large page,
+// PyTorch's small-pool segment: at a 64 KiB granularity smaller chunks
+// would cost a driver create each 64 KiB — unless the allocator's Max
+// is so small that 2 MiB is more than 1/edgeDivisor of it; and never
+// below ChunkSize.
+func (h *heap) edgeChunk() uint64 {
+	share := min(2*units.MiB, h.max/edgeDivisor)
+	if h.held != nil {
+		share = max(share, *h.held/edgeDivisor)
+	}
+	if share <= h.cs {
+		return h.cs
+	}
+	return uint64(1) << (bits.Len64(share) - 1) / h.cs * h.cs
+}
+
+// edgeDivisor: see edgeChunk. (The closing note of issue 19 has the sweep:
+// at 1/1024 peak committed passes 1% above peak allocated on random
+// lifetimes; at 1/4096 it stays within 0.5%.)
+const edgeDivisor = 4096
+
+// cut cuts a hole to commit for the request [start, start+fp) into chunks:
+// the request's interior (the whole chunks of ChunkSize it covers) one
+// chunk, the rest at most edgeChunk each.
+func (h *heap) cut(start, fp uint64) func(span) []span {
+	return func(hole span) []span {
+		edge := h.edgeChunk()
+		var parts []span
+		add := func(lo, hi uint64) {
+			for lo < hi {
+				n := min(hi-lo, edge)
+				parts = append(parts, span{lo, lo + n})
+				lo += n
+			}
+		}
+		in := span{max(hole.start, alignUp(start, h.cs)), min(hole.end, alignDown(start+fp, h.cs))}
+		if in.start >= in.end {
+			add(hole.start, hole.end)
+			return parts
+		}
+		// The parts beside the interior are cut from the interior outward,
+		// so that the chunk a neighbour shares with the request is one
+		// ChunkSize: it pins the least.
+		var before []span
+		for hi := in.start; hi > hole.start; {
+			n := min(hi-hole.start, edge)
+			before = append(before, span{hi - n, hi})
+			hi -= n
+		}
+		slices.Reverse(before)
+		parts = append(before, in)
+		at := in.end
+		if fp >= 2*h.cs {
+			// What lies after is cut for requests like this one packed
+			// after it — tensors of one shape come in runs: the granule two
+			// of them share, then the next one's interior, while they fit.
+			for p := start + fp; p+fp <= hole.end; p += fp {
+				g0, g1, i1 := alignDown(p, h.cs), alignUp(p, h.cs), alignDown(p+fp, h.cs)
+				if g0 < at || i1 <= g1 {
+					break
+				}
+				if g0 > at {
+					add(at, g0)
+				}
+				if g1 > g0 {
+					parts = append(parts, span{g0, g1})
+				}
+				parts = append(parts, span{g1, i1})
+				at = i1
+			}
+		}
+		add(at, hole.end)
+		return parts
+	}
+}
+
+// commitPlan commits the plan's chunks, cut for the request, and turns them
+// from hole into free memory, merged with the free blocks beside them; it
+// returns the free block that now holds the request's place.
+func (h *heap) commitPlan(g growPlan, fp uint64) (bref, error) {
 	if g.need() == 0 {
 		hole := h.at(g.hole)
 		for _, r := range [2]bref{hole.prev, hole.next} {
@@ -132,19 +268,25 @@ func (h *heap) commitPlan(g growPlan) (bref, error) {
 		}
 		return 0, errors.AssertionFailedf("arena: a plan at %#x needs no memory, but no free block beside its hole holds it", g.start)
 	}
-	if err := h.s.Commit(g.lo, g.need()); err != nil {
+	if err := h.s.commitCut(g.lo, g.need(), h.cut(g.start, fp)); err != nil {
 		return 0, err
 	}
-	h.removeHole(g.hole)
-	h.carve(g.hole, g.lo, g.hi, h.addHole)
-	m := h.coalesce(g.hole, blockFree)
-	h.addFree(m)
-	return m, nil
+	return h.filled(g.hole, g.lo, g.hi), nil
 }
 
-// growLocked serves fp bytes that no free block of h holds: with new
-// memory in one of its holes, after stitching or giving back what the
-// budget asks; when the device (or Max) is full, it tries again without
+// filled turns [lo, hi) of the hole r, now committed, into free memory
+// merged with the free blocks beside it, and returns that free block.
+func (h *heap) filled(r bref, lo, hi uint64) bref {
+	h.removeHole(r)
+	h.carve(r, lo, hi, h.addHole)
+	m := h.coalesce(r, blockFree)
+	h.addFree(m)
+	return m
+}
+
+// growLocked serves fp bytes that no free block of h holds: in one of its
+// holes, with whole free chunks moved from elsewhere and new memory as the
+// budget allows; when the device (or Max) is full, it tries again without
 // committing ahead, then after giving back all free memory.
 func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, error) {
 	const (
@@ -158,7 +300,7 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 				units.Bytes(al.held), units.Bytes(fp), units.Bytes(al.max)),
 			"free allocations, or create the allocator with a larger Max")
 	}
-	stitched := false
+	stitched, relocated := false, false
 	stitch := func() (driver.Addr, bool, error) {
 		if stitched || h != al.heaps[large] {
 			return 0, false, nil
@@ -169,9 +311,12 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 	for try := ahead; ; try++ {
 		g, ok := h.planGrow(fp, align)
 		if !ok {
+			// No hole has room: stitching needs none; giving back free
+			// memory merges holes.
+			if p, ok, err := stitch(); err != nil || ok {
+				return p, err
+			}
 			if try < drained {
-				// The address space is used up: giving back free memory
-				// merges holes.
 				if _, err := al.releaseLocked(math.MaxUint64, nil, span{}); err != nil {
 					return 0, err
 				}
@@ -183,13 +328,27 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 					units.Bytes(fp), units.Bytes(h.s.Max())),
 				"create the allocator with a larger AddressSpace")
 		}
+		if g.need() > 0 && try < drained && !relocated {
+			// Whole free chunks elsewhere go where the request goes first
+			// (once: what moved is beside the plan's free block, and moving
+			// again could only move it away).
+			relocated = true
+			moved, err := al.relocateLocked(h, g, fp)
+			if err != nil {
+				return 0, err
+			}
+			if moved > 0 {
+				if g, ok = h.planGrow(fp, align); !ok {
+					return 0, errors.AssertionFailedf("arena: no plan for %d bytes after moving %d bytes where one was", fp, moved)
+				}
+			}
+		}
 		budget := al.budget(al.held + fp)
 		committed := al.committed()
 		if over := committed + g.need(); over > budget && try < drained {
-			if p, ok, err := stitch(); err != nil || ok {
-				return p, err
-			}
-			gave, err := al.releaseLocked(over-budget, h, g.region(h))
+			// What could not move goes back, down to the budget: whole free
+			// chunks too large to move here, or lying in the way.
+			gave, err := al.releaseLocked(over-budget, h, g.uses(fp))
 			if err != nil {
 				return 0, err
 			}
@@ -208,14 +367,13 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 					units.Bytes(g.need()), units.Bytes(committed), units.Bytes(al.max), units.Bytes(al.held)),
 				"free allocations, or create the allocator with a larger Max")
 		} else {
-			b, cerr := h.commitPlan(g)
+			b, cerr := h.commitPlan(g, fp)
 			if cerr == nil {
 				if g.need() > 0 {
 					al.stats.Grows++
 					al.stats.PeakCommitted = max(al.stats.PeakCommitted, committed+g.need())
 				}
-				al.held += fp
-				return h.place(b, g.start, fp, req), nil
+				return al.serveLocked(h, b, h.placeAt(h.at(b), g.start, fp), fp, align, req)
 			}
 			err = errors.Wrapf(cerr, "the allocator holds %s committed, %s live", units.Bytes(committed), units.Bytes(al.held))
 		}
@@ -234,39 +392,175 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 	}
 }
 
-// freeRun is the whole free chunks [lo, hi) of the free block b of h.
-type freeRun struct {
+// splitLocked serves fp bytes at start in the free block r, where they
+// would cover in part the whole free chunks pin, one of them larger than
+// edgeChunk: it gives those chunks back and commits the request's own
+// chunks in their place (a chunk cannot be given back in part). Should
+// giving back fail, it grows as if no free block fitted.
+// serveLocked hands out fp bytes at pl in the free block r — splitting
+// first when pl says so.
+func (al *Allocator) serveLocked(h *heap, r bref, pl placement, fp, align, req uint64) (driver.Addr, error) {
+	if pl.split {
+		return al.splitLocked(h, r, pl.pin, pl.start, fp, align, req)
+	}
+	al.held += fp
+	return h.place(r, pl.start, fp, req), nil
+}
+
+func (al *Allocator) splitLocked(h *heap, r bref, pin span, start, fp, align, req uint64) (driver.Addr, error) {
+	if err := h.decommit(r, pin.start, pin.end); err != nil {
+		return al.growLocked(h, fp, align, req)
+	}
+	al.stats.Splits++
+	hole := h.holeAt(pin.start)
+	if hole == 0 {
+		return 0, errors.AssertionFailedf("arena: gave back [%#x, %#x) to split it, and no hole is there", pin.start, pin.end)
+	}
+	g := growPlan{hole: hole, start: start, left: true,
+		lo: max(pin.start, alignDown(start, h.cs)), hi: min(pin.end, alignUp(start+fp, h.cs))}
+	if g.lo > g.hi {
+		g.lo = g.hi
+	}
+	// Room for one more request like this one stays committed after it,
+	// cut for it: where the next of a run of equal requests packs, as it
+	// would have in the chunk given back (the rest of it goes).
+	g.hi = min(pin.end, g.hi+alignUp(fp, h.cs))
+	b, err := h.commitPlan(g, fp)
+	if err != nil {
+		return al.growLocked(h, fp, align, req)
+	}
+	al.held += fp
+	return h.place(b, start, fp, req), nil
+}
+
+// take is whole free chunks [lo, hi) at the high end of the free block b
+// of h, chosen to move or give back.
+type take struct {
 	h      *heap
 	b      bref
 	lo, hi uint64
 }
 
-// freeRuns lists the whole free chunks of every free block of h, one run
-// per block, leaving out what lies in keep.
-func (h *heap) freeRuns(keep span) []freeRun {
-	var runs []freeRun
-	fl, _ := bucket(max(h.cs/h.q, 1))
-	for f := fl; f < flCount; f++ {
-		for sl := range slCount {
-			for r := h.free.heads[f][sl]; r != 0; r = h.at(r).fnext {
-				b := h.at(r)
-				lo, hi := alignUp(b.off, h.cs), alignDown(b.end(), h.cs)
-				if keep.start < keep.end && lo < keep.end && keep.start < hi {
-					// A free block overlaps the kept region only at one of
-					// its ends: keep out of it.
-					if lo < keep.start {
-						hi = alignDown(keep.start, h.cs)
-					} else {
-						lo = alignUp(keep.end, h.cs)
+// takeLargest chooses whole free chunks of the heaps hs, leaving out what
+// lies in keep in the heap kh, until want bytes or more are
+// chosen or none are left: the free blocks with the most whole chunks
+// first (to a sixteenth), from their high end, so that few calls move or
+// give back much. fits, when set, says whether a chunk run of n bytes may
+// still be taken. It chooses, changing nothing.
+func takeLargest(hs []*heap, want uint64, kh *heap, keep span, fits func(n uint64) bool) ([]take, uint64) {
+	var takes []take
+	var got uint64
+	for _, h := range hs {
+		h.chunky.descending(&h.slab, func(r bref) bool {
+			b := h.at(r)
+			lo, hi := b.wlo, b.whi
+			if h == kh && lo < keep.end && keep.start < hi {
+				// A free block overlaps the kept region only at one of its
+				// ends: keep out of it.
+				var w span
+				if lo < keep.start {
+					w = h.s.wholeSpan(lo, min(hi, keep.start))
+				} else if keep.end < hi {
+					w = h.s.wholeSpan(keep.end, hi)
+				}
+				if w.start >= w.end {
+					return true
+				}
+				lo, hi = w.start, w.end
+			}
+			cut := h.s.chunkCut(lo, hi, want-got)
+			if fits != nil {
+				for cut < hi && !fits(got+hi-cut) {
+					c, ok := h.s.chunkAt(cut)
+					if !ok || c.end <= cut {
+						cut = hi // the books are broken: take nothing here (check says so)
+						break
 					}
+					cut = c.end
 				}
-				if lo < hi {
-					runs = append(runs, freeRun{h, r, lo, hi})
-				}
+			}
+			if cut < hi {
+				takes = append(takes, take{h, r, cut, hi})
+				got += hi - cut
+			}
+			return got < want
+		})
+		if got >= want {
+			break
+		}
+	}
+	return takes, got
+}
+
+// relocateLocked moves whole free chunks of one of the allocator's heaps
+// (h's own first), outside what the plan uses, next to the plan's free
+// block in its hole — up to what the plan needs, and as much as the hole
+// holds — and returns the bytes moved (0 when there are none to move). A
+// chunk much larger than the need stays where it is: covering it in part
+// would split it again. All or nothing: when the driver refuses, the
+// chunks are where they were and the error says why.
+func (al *Allocator) relocateLocked(h *heap, g growPlan, fp uint64) (uint64, error) {
+	hole := h.at(g.hole)
+	room := hole.end() - g.lo // growing to the right from g.lo
+	if !g.left {
+		room = g.hi - hole.off // growing to the left from g.hi
+	}
+	limit := min(room, g.need()+h.edgeChunk())
+	fits := func(n uint64) bool { return n <= limit }
+	takes, got := takeLargest([]*heap{h}, g.need(), h, g.uses(fp), fits)
+	if got == 0 {
+		for _, o := range al.distinct() {
+			if o != h {
+				takes, got = takeLargest([]*heap{o}, g.need(), nil, span{}, fits)
 			}
 		}
 	}
-	return runs
+	if got == 0 {
+		return 0, nil
+	}
+	at := g.lo
+	if !g.left {
+		at = g.hi - got
+	}
+	src := takes[0].h
+	var offs []uint64
+	for _, t := range takes {
+		offs = src.s.chunkStarts(offs, t.lo, t.hi)
+	}
+	if _, err := relocate(h.s, at, src.s, offs); err != nil {
+		return 0, errors.Wrap(err, "moving free chunks to where the request goes")
+	}
+	for _, t := range takes {
+		src.vacate(t.b, t.lo, t.hi)
+	}
+	// The books of the destination: the hole gets the moved memory, merged
+	// with the plan's free block. (A vacate beside the hole may have merged
+	// it with another: find it again.)
+	hr := h.holeAt(at)
+	if hr == 0 {
+		return 0, errors.AssertionFailedf("arena: relocated %d bytes to %#x, where no hole is", got, at)
+	}
+	h.filled(hr, at, at+got)
+	al.stats.Relocations++
+	al.stats.RelocatedBytes += got
+	return got, nil
+}
+
+// holeAt returns the hole holding off, or 0.
+func (h *heap) holeAt(off uint64) bref {
+	if i, ok := h.holes.Find(off); ok {
+		return h.holes.At(i).Val
+	}
+	return 0
+}
+
+// vacate turns [lo, hi), whole chunks inside the free block b that the
+// range no longer maps (moved elsewhere or given back), into a hole
+// between what is left of b on either side.
+func (h *heap) vacate(b bref, lo, hi uint64) {
+	h.removeFree(b)
+	h.carve(b, lo, hi, h.addFree)
+	h.addHole(h.coalesce(b, blockHole))
 }
 
 // releaseLocked gives back whole free chunks of both heaps — leaving out
@@ -274,27 +568,13 @@ func (h *heap) freeRuns(keep span) []freeRun {
 // few calls give back much, until want bytes have gone or none are left.
 // It returns what it gave back.
 func (al *Allocator) releaseLocked(want uint64, kh *heap, keep span) (uint64, error) {
-	var runs []freeRun
-	for _, h := range al.distinct() {
-		k := span{}
-		if h == kh {
-			k = keep
-		}
-		runs = append(runs, h.freeRuns(k)...)
-	}
-	slices.SortFunc(runs, func(a, b freeRun) int {
-		return cmp.Or(cmp.Compare(b.hi-b.lo, a.hi-a.lo), cmp.Compare(a.lo, b.lo))
-	})
+	takes, _ := takeLargest(al.distinct(), want, kh, keep, nil)
 	var gave uint64
-	for _, r := range runs {
-		if gave >= want {
-			break
-		}
-		take := min(r.hi-r.lo, alignUp(want-gave, al.cs))
-		if err := r.h.decommit(r.b, r.hi-take, r.hi); err != nil {
+	for _, t := range takes {
+		if err := t.h.decommit(t.b, t.lo, t.hi); err != nil {
 			return gave, err
 		}
-		gave += take
+		gave += t.hi - t.lo
 	}
 	return gave, nil
 }
@@ -311,9 +591,7 @@ func (h *heap) decommit(b bref, lo, hi uint64) error {
 			return errors.Wrap(err, "arena: allocator giving back free memory")
 		}
 	}
-	h.removeFree(b)
-	h.carve(b, lo, hi, h.addFree)
-	h.addHole(h.coalesce(b, blockHole))
+	h.vacate(b, lo, hi)
 	return errors.Wrap(err, "arena: allocator giving back free memory")
 }
 

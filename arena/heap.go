@@ -4,6 +4,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/ranges"
 )
 
 // A heap is one Sparse range of an allocator and the blocks that tile it.
@@ -19,19 +20,35 @@ import (
 //	hole  not committed; starts and ends on chunk boundaries
 //	lent  whole free chunks mapped into a stitched allocation
 //
+// Committed memory is physical chunks of any whole number of ChunkSize
+// bytes (the range's slots): a commit gives an allocation's interior one
+// chunk of its own (grow.go), so that a large allocation costs one driver
+// create and map, not one per ChunkSize. Chunks go back, move and are lent
+// whole: the whole chunks inside a free block, [wlo, whi), are what it can
+// give.
+//
 // Invariants (checked by check): the blocks cover the range without gaps;
 // no two free blocks touch, nor two holes; a hole is exactly uncommitted
 // memory and every other block is committed; a block is in the free lists
-// exactly when it is free and in the hole list exactly when it is a hole;
-// every used block is indexed under its offset. The heap's owner holds the
-// lock.
+// exactly when it is free, and in the hole list exactly when it is a hole;
+// a free block's [wlo, whi) is the span of the chunks lying wholly inside
+// it, and it is in the chunky index exactly when that span is not empty,
+// and in the edge index exactly when a hole is beside it; every used block
+// is indexed under its offset. The heap's owner holds the lock.
+//
+// No operation walks the heap: alloc and free are O(1) in the free lists
+// and the offset index, and the indexes that growth, giving back and
+// stitching search — the holes by address (a ranges.List, first-fit by
+// size), the free blocks holding whole chunks by the bytes of those, the
+// free blocks beside a hole by size (sizeList: TLSF's buckets) — are
+// edited in O(1) or O(log n) as blocks change.
 //
 // The records stay off the garbage collector's pointer graph: blocks live
-// in a slab and name each other by slot (bref), the free and
-// hole lists are slots, and used blocks are found by offset in an index of
-// flat arrays (offindex.go). An alloc or a free makes no Go allocation once
-// the slab and the index have grown to the live set, and the collector
-// never scans them, however many allocations are live.
+// in a slab and name each other by slot (bref), the lists are slots, and
+// used blocks are found by offset in an index of flat arrays
+// (offindex.go). An alloc or a free makes no Go allocation once the slab
+// and the index have grown to the live set, and the collector never scans
+// them, however many allocations are live.
 type heap struct {
 	s     *Sparse
 	q, cs uint64
@@ -41,8 +58,15 @@ type heap struct {
 	head, tail bref
 	free       tlsf
 	freeBytes  uint64
-	holes      bref // linked through fprev/fnext
+	holes      ranges.List[uint64, bref] // the holes, by address
+	chunky     sizeList                  // free blocks with whole chunks, by their bytes
+	edges      sizeList                  // free blocks beside a hole, by size
 	used       offIndex
+	// held is the allocator's live set and max its Max, which size the
+	// chunks a commit lets allocations share (edgeChunk); the allocator's
+	// lock guards held.
+	held *uint64
+	max  uint64
 }
 
 type blockState uint8
@@ -61,12 +85,17 @@ func (s blockState) String() string {
 // block is [off, off+size) of a heap's range. Its links are slots of the
 // heap's slab (0: none).
 type block struct {
-	off, size    uint64
-	req          uint64 // bytes asked for (used blocks)
-	lent         uint64 // lent blocks: the stitch's offset + 1
-	prev, next   bref   // address order
-	fprev, fnext bref   // free list, or hole list
+	off, size uint64
+	req       uint64 // bytes asked for (used blocks)
+	lent      uint64 // lent blocks: the stitch's offset + 1
+	// wlo and whi bound the chunks lying wholly inside a free block (equal
+	// when there are none).
+	wlo, whi     uint64
+	prev, next   bref       // address order
+	fprev, fnext bref       // the free list
+	links        [2][2]bref // the chunky and edge indexes: prev, next
 	state        blockState
+	listed       [2]bool // in the chunky, the edge index
 }
 
 func (b *block) end() uint64 { return b.off + b.size }
@@ -111,6 +140,8 @@ func (sl *slab) drop(r bref) {
 
 func newHeap(s *Sparse, q uint64) *heap {
 	h := &heap{s: s, q: q, cs: s.ChunkSize(), base: uint64(s.Base())}
+	h.chunky = sizeList{index: chunkyIndex, unit: h.cs}
+	h.edges = sizeList{index: edgeIndex, unit: q}
 	hole := h.make(0, s.Max())
 	h.head, h.tail = hole, hole
 	h.addHole(hole)
@@ -123,31 +154,85 @@ func (h *heap) alignedStart(off, align uint64) uint64 {
 	return alignUp(h.base+off, align) - h.base
 }
 
-// startIn chooses where in the free block b (which holds fp bytes at an
-// align-aligned start) a request goes: at b's low end or its high end,
-// whichever touches fewer of the chunks lying wholly inside b — chunks no
-// live block pins yet, which could go back to the device. A request that
-// fits in the part of a chunk b shares with a live neighbour goes there.
-// Ties go to the low end.
-func (h *heap) startIn(b *block, fp, align uint64) uint64 {
-	lo := h.alignedStart(b.off, align)
-	hi := alignDown(h.base+b.end()-fp, align) - h.base
-	if hi <= lo || hi+fp > b.end() {
-		return lo
-	}
-	if h.pins(b, hi, fp) < h.pins(b, lo, fp) {
-		return hi
-	}
-	return lo
+// A placement is where in a free block a request goes, and what it does
+// to the whole free chunks there.
+type placement struct {
+	start  uint64
+	pinned uint64 // bytes of whole free chunks the request touches
+	split  bool   // it would cover a large chunk (over edgeChunk) in part
+	pin    span   // the whole free chunks it touches
 }
 
-// pins counts the chunks lying wholly inside b that [s, s+fp) touches.
-func (h *heap) pins(b *block, s, fp uint64) uint64 {
-	lo, hi := max(alignUp(b.off, h.cs), alignDown(s, h.cs)), min(alignDown(b.end(), h.cs), alignUp(s+fp, h.cs))
-	if lo >= hi {
-		return 0
+// better reports whether p is a better placement than q: one that splits
+// no chunk, then one that pins fewer bytes of whole free chunks (chunks no
+// live block holds yet, which could go back or move), then the lower.
+func (p placement) better(q placement) bool {
+	if p.split != q.split {
+		return !p.split
 	}
-	return (hi - lo) / h.cs
+	if p.pinned != q.pinned {
+		return p.pinned < q.pinned
+	}
+	return p.start < q.start
+}
+
+// placeAt describes the request [s, s+fp) in the free block b.
+func (h *heap) placeAt(b *block, s, fp uint64) placement {
+	p := placement{start: s}
+	lo, hi := max(b.wlo, s), min(b.whi, s+fp)
+	if lo >= hi {
+		return p
+	}
+	first, _ := h.s.chunkAt(lo)
+	last, _ := h.s.chunkAt(hi - 1)
+	p.pin, p.pinned = span{first.start, last.end}, last.end-first.start
+	// A chunk larger than edgeChunk must lie in the request's interior:
+	// one allocation covers it whole, or none (grow.go says why).
+	in := span{alignUp(s, h.cs), alignDown(s+fp, h.cs)}
+	edge := h.edgeChunk()
+	p.split = first.size() > edge && first.start < in.start || last.size() > edge && last.end > in.end
+	return p
+}
+
+// startIn chooses where in the free block b (which holds fp bytes at an
+// align-aligned start) a request goes, among b's low end, its high end, and
+// the placements that line the request's interior up with the first or
+// the last whole free chunk of b: the best by placement.better. A request
+// that fits in the part of a chunk b shares with a live neighbour goes
+// there; one that covers a freed allocation's chunk exactly goes back onto
+// it.
+func (h *heap) startIn(b *block, fp, align uint64) placement {
+	lo := h.alignedStart(b.off, align)
+	if b.wlo >= b.whi || lo+fp <= b.wlo {
+		return placement{start: lo} // nothing to pin at the low end
+	}
+	best := h.placeAt(b, lo, fp)
+	if best.pinned == 0 {
+		return best
+	}
+	try := func(s uint64) {
+		if s >= b.off && s+fp <= b.end() && s+fp > s && (h.base+s)%align == 0 {
+			if p := h.placeAt(b, s, fp); p.better(best) {
+				best = p
+			}
+		}
+	}
+	try(alignDown(h.base+b.end()-fp, align) - h.base)
+	if !best.split && best.pinned == 0 {
+		return best
+	}
+	first, _ := h.s.chunkAt(b.wlo)
+	last, _ := h.s.chunkAt(b.whi - 1)
+	// The interior starts where the first chunk does, or ends where the
+	// last one does: the request's head or tail lies before or after it.
+	if fp >= first.size() {
+		try(alignDown(h.base+first.start-(fp-first.size())%h.cs, align) - h.base)
+		try(first.start)
+	}
+	if fp >= last.size() && last.end >= fp {
+		try(alignDown(h.base+last.end-fp, align) - h.base)
+	}
+	return best
 }
 
 // place carves [start, start+fp) — inside the free block r — out of it as
@@ -206,6 +291,15 @@ func (h *heap) blockAt(off uint64) bref {
 	return 0
 }
 
+// wholeChunks returns the span of the chunks lying wholly inside
+// [off, end), all committed (empty when there are none).
+func (h *heap) wholeChunks(off, end uint64) span {
+	if alignUp(off, h.cs) >= alignDown(end, h.cs) {
+		return span{} // no chunk boundary pair inside: no whole chunk
+	}
+	return h.s.wholeSpan(off, end)
+}
+
 // check verifies the heap's invariants; it takes the range's lock.
 // It returns what the used blocks hold and were asked for, and how many
 // blocks each stitch (by offset) has lent.
@@ -237,6 +331,15 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 		switch b.state {
 		case blockFree:
 			free += b.size
+			if w := h.s.wholeSpanLocked(b.off, b.end()); w != (span{b.wlo, b.whi}) && (w.size() > 0 || b.wlo < b.whi) {
+				fail("arena: free block [%#x, %#x) records whole chunks [%#x, %#x), they are [%#x, %#x)", b.off, b.end(), b.wlo, b.whi, w.start, w.end)
+			}
+			if b.listed[chunkyIndex] != (b.wlo < b.whi) {
+				fail("arena: free block at %#x with whole chunks [%#x, %#x) is listed %v in the chunky index", b.off, b.wlo, b.whi, b.listed[chunkyIndex])
+			}
+			if edge := b.prev != 0 && h.at(b.prev).state == blockHole || b.next != 0 && h.at(b.next).state == blockHole; b.listed[edgeIndex] != edge {
+				fail("arena: free block at %#x beside a hole %v is listed %v in the edge index", b.off, edge, b.listed[edgeIndex])
+			}
 		case blockHole:
 			holes++
 		case blockUsed:
@@ -254,6 +357,9 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 		}
 		if b.state != blockLent && b.lent != 0 {
 			fail("arena: %s block at %#x is marked lent", b.state, b.off)
+		}
+		if b.state != blockFree && (b.listed != [2]bool{} || b.wlo != b.whi) {
+			fail("arena: %s block at %#x is in an index of free blocks", b.state, b.off)
 		}
 		at, prev = b.end(), r
 	}
@@ -286,54 +392,86 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 	if listed != free || free != h.freeBytes {
 		fail("arena: free blocks hold %d bytes, the lists %d, the count %d", free, listed, h.freeBytes)
 	}
-	inList := 0
-	for r := h.holes; r != 0; r = h.at(r).fnext {
-		if b := h.at(r); b.state != blockHole {
-			fail("arena: block at %#x is in the hole list but is %s", b.off, b.state)
+	if err := h.holes.Check(); err != nil {
+		fail("arena: the hole list: %v", err)
+	}
+	for _, it := range h.holes.All() {
+		if b := h.at(it.Val); b.state != blockHole || b.off != it.Start || b.end() != it.End {
+			fail("arena: the hole list has [%#x, %#x) for the %s block [%#x, %#x)", it.Start, it.End, b.state, b.off, b.end())
 		}
-		inList++
 	}
-	if inList != holes {
-		fail("arena: %d holes, %d in the hole list", holes, inList)
+	if h.holes.Len() != holes {
+		fail("arena: %d holes, %d in the hole list", holes, h.holes.Len())
 	}
+	h.chunky.check(&h.slab, fail)
+	h.edges.check(&h.slab, fail)
 	return held, allocated, lent
 }
 
 // Block list, free-list and hole-list helpers.
 
+// addFree lists r as free: in the free lists, and in the chunky and edge
+// indexes when it holds whole chunks or lies beside a hole.
 func (h *heap) addFree(r bref) {
 	b := h.at(r)
 	b.state = blockFree
 	h.free.insert(&h.slab, r, h.q)
 	h.freeBytes += b.size
+	w := h.wholeChunks(b.off, b.end())
+	b = h.at(r)
+	b.wlo, b.whi = w.start, w.end
+	if w.start < w.end {
+		h.chunky.insert(&h.slab, r)
+	}
+	h.refreshEdge(r)
 }
 
+// removeFree takes r off every list of free blocks.
 func (h *heap) removeFree(r bref) {
 	h.free.remove(&h.slab, r, h.q)
 	h.freeBytes -= h.at(r).size
+	if h.at(r).listed[chunkyIndex] {
+		h.chunky.remove(&h.slab, r)
+	}
+	if h.at(r).listed[edgeIndex] {
+		h.edges.remove(&h.slab, r)
+	}
+	b := h.at(r)
+	b.wlo, b.whi = 0, 0
 }
 
+// refreshEdge puts the free block r in the edge index, or takes it out,
+// as a hole lies beside it or not.
+func (h *heap) refreshEdge(r bref) {
+	b := h.at(r)
+	edge := b.prev != 0 && h.at(b.prev).state == blockHole || b.next != 0 && h.at(b.next).state == blockHole
+	switch {
+	case edge && !b.listed[edgeIndex]:
+		h.edges.insert(&h.slab, r)
+	case !edge && b.listed[edgeIndex]:
+		h.edges.remove(&h.slab, r)
+	}
+}
+
+// addHole lists r as a hole, and the free blocks beside it as edges.
 func (h *heap) addHole(r bref) {
 	b := h.at(r)
 	b.state = blockHole
-	b.fprev, b.fnext = 0, h.holes
-	if h.holes != 0 {
-		h.at(h.holes).fprev = r
+	b.fprev, b.fnext = 0, 0
+	h.holes.Insert(b.off, b.end(), r) // the blocks tile the range: it fits (check says so)
+	for _, n := range [2]bref{b.prev, b.next} {
+		if n != 0 && h.at(n).state == blockFree {
+			h.refreshEdge(n)
+		}
 	}
-	h.holes = r
 }
 
+// removeHole takes r off the hole list. The free blocks beside it are
+// merged with it or listed again by the caller (commit, coalesce).
 func (h *heap) removeHole(r bref) {
-	b := h.at(r)
-	if b.fprev != 0 {
-		h.at(b.fprev).fnext = b.fnext
-	} else {
-		h.holes = b.fnext
-	}
-	if b.fnext != 0 {
-		h.at(b.fnext).fprev = b.fprev
-	}
-	b.fprev, b.fnext = 0, 0
+	if i, ok := h.holes.Find(h.at(r).off); ok && h.holes.At(i).Val == r {
+		h.holes.Delete(i, i+1)
+	} // else the books are broken already: check reports the hole list
 }
 
 // coalesce merges r — newly free, or a new hole: state says which — with

@@ -27,7 +27,7 @@ func TestMemoryMapOfNoAllocator(t *testing.T) {
 
 func memoryMap(t *testing.T, d backend) {
 	e := d.env(t, 16*g)
-	al, err := NewAllocator(e.space, e.mem, AllocatorOptions{Max: 16 * g, ChunkSize: g, ReleaseThreshold: 1})
+	al, err := NewAllocator(e.space, e.mem, AllocatorOptions{Max: 8 * g, AddressSpace: 8 * g, ChunkSize: g, ReleaseThreshold: 1})
 	require.NoError(t, err)
 	var ps []driver.Addr
 	for range 8 {

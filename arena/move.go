@@ -2,6 +2,7 @@ package arena
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/errors"
 
@@ -189,24 +190,17 @@ func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Spars
 	at := off
 	for i, l := range lent {
 		c := l.c
-		a := s.Base() + driver.Addr(at)
-		if err := s.tab.Map(a, c); err != nil {
+		if err := s.tab.Map(s.Base()+driver.Addr(at), c); err != nil {
 			return undo(err)
 		}
 		s.stats.ChunkMaps++
 		made = append(made, at)
-		sl := &slot{c: c, lender: lender, lentFrom: l, access: make([]driver.Access, len(s.devs))}
-		for d, acc := range s.access {
-			if acc == driver.AccessNone {
-				continue
-			}
-			if err := s.tab.SetAccess(a, c.Size(), driver.DeviceID(d), acc); err != nil {
-				return undo(err)
-			}
-			sl.access[d] = acc
-		}
-		slots[i] = sl
+		slots[i] = &slot{c: c, lender: lender, lentFrom: l, access: slices.Clone(s.access)}
 		at += c.Size()
+	}
+	// The range's access over the whole run, one call a device.
+	if err := s.grantNewLocked(span{off, off + total}); err != nil {
+		return undo(err)
 	}
 	run := make([]ranges.Item[uint64, *slot], len(slots))
 	at = off

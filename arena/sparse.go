@@ -143,8 +143,10 @@ type SparseStats struct {
 	// counts its segment_map events. UnmapEvents likewise.
 	MapEvents, UnmapEvents int
 	// ChunkMaps and ChunkUnmaps count driver Map and Unmap calls (one per
-	// chunk); Creates and Releases the chunks created and released.
-	ChunkMaps, ChunkUnmaps, Creates, Releases int
+	// chunk); Creates and Releases the chunks created and released; Grants
+	// the driver SetAccess calls that gave new mappings the range's access
+	// (one a device and map event).
+	ChunkMaps, ChunkUnmaps, Creates, Releases, Grants int
 	// Decommits counts Decommit calls that gave memory back, and
 	// DecommittedBytes the memory they gave.
 	Decommits        int
@@ -152,6 +154,10 @@ type SparseStats struct {
 	// Moves counts migrations and MovedBytes the memory they moved.
 	Moves      int
 	MovedBytes uint64
+	// Relocations counts map events of chunks relocated into the range
+	// from elsewhere (see relocate.go), and RelocatedBytes their memory.
+	Relocations    int
+	RelocatedBytes uint64
 	// Views is the number of live views.
 	Views int
 }
@@ -316,9 +322,11 @@ func (sp span) size() uint64 { return sp.end - sp.start }
 func (s *Sparse) holesLocked(start, end uint64) []span {
 	var holes []span
 	at := start
-	lo, hi := s.slots.Overlapping(start, end)
-	for i := lo; i < hi; i++ {
-		it := s.slots.At(i)
+	lo, _ := s.slots.Overlapping(start, end)
+	for _, it := range s.slots.From(lo) {
+		if it.Start >= end {
+			break
+		}
 		if it.Start > at {
 			holes = append(holes, span{at, it.Start})
 		}
@@ -337,7 +345,19 @@ func (s *Sparse) holesLocked(start, end uint64) []span {
 // before any chunk is created, and one that fails part-way (memory taken by
 // others meanwhile) unmaps and releases what it made, leaving the range as
 // it was; the error names what was asked and what each device had.
+//
+// Each uncommitted stretch is one map event: its chunks, at most MaxChunk
+// each, are created and mapped one by one (a driver creates and maps one
+// handle a call), then each device named in the range's access is granted
+// the whole stretch in one call.
 func (s *Sparse) Commit(off, n uint64) error {
+	return s.commitCut(off, n, nil)
+}
+
+// commitCut is Commit with the chunks of each uncommitted stretch chosen by
+// cut (nil: at most MaxChunk each, from the stretch's start): the
+// allocator gives each allocation's interior a chunk of its own.
+func (s *Sparse) commitCut(off, n uint64, cut func(hole span) []span) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	s.mu.Lock()
@@ -351,7 +371,7 @@ func (s *Sparse) Commit(off, n uint64) error {
 	if err := s.checkSpan(what, off, n); err != nil {
 		return err
 	}
-	err := s.commitLocked(what, s.holesLocked(off, off+n))
+	err := s.commitLocked(what, s.holesLocked(off, off+n), cut)
 	if invariants.Enabled {
 		invariants.Fail("arena: commit", s.checkLocked())
 	}
@@ -364,12 +384,12 @@ type piece struct {
 	dev       driver.DeviceID
 }
 
-// commitLocked fills the holes with new chunks, all or nothing.
-func (s *Sparse) commitLocked(what func() string, holes []span) error {
+// commitLocked fills the holes with new chunks, cut by cut, all or nothing.
+func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) []span) error {
 	if len(holes) == 0 {
 		return nil
 	}
-	pieces, err := s.planLocked(what, holes)
+	pieces, err := s.planLocked(what, holes, cut)
 	if err != nil {
 		return err
 	}
@@ -411,6 +431,16 @@ func (s *Sparse) commitLocked(what func() string, holes []span) error {
 				what(), units.Bytes(asked), p.off, p.dev, s.describeFree()))
 		}
 	}
+	// The range's access, one call a device and hole: the holes are mapped
+	// throughout now.
+	for _, h := range holes {
+		if err := s.grantNewLocked(h); err != nil {
+			return undo(errors.Wrapf(err, "%s", what()))
+		}
+	}
+	for _, it := range made {
+		copy(it.Val.access, s.access)
+	}
 	for _, h := range holes {
 		lo := slices.IndexFunc(made, func(it ranges.Item[uint64, *slot]) bool { return it.Start >= h.start })
 		hi := slices.IndexFunc(made, func(it ranges.Item[uint64, *slot]) bool { return it.Start >= h.end })
@@ -429,10 +459,27 @@ func (s *Sparse) commitLocked(what func() string, holes []span) error {
 	return nil
 }
 
-// planLocked chooses the device of every chunk the holes need, counting
-// free memory as it goes, and refuses — before anything is created — a
-// commit the devices cannot hold.
-func (s *Sparse) planLocked(what func() string, holes []span) ([]piece, error) {
+// grantNewLocked grants the range's access over h, newly mapped
+// throughout, one driver call a device with access. The caller unmaps h
+// if it fails (which takes whatever was granted with it).
+func (s *Sparse) grantNewLocked(h span) error {
+	for d, acc := range s.access {
+		if acc == driver.AccessNone {
+			continue
+		}
+		if err := s.tab.SetAccess(s.Base()+driver.Addr(h.start), h.size(), driver.DeviceID(d), acc); err != nil {
+			return err
+		}
+		s.stats.Grants++
+	}
+	return nil
+}
+
+// planLocked cuts the holes into chunks (by cut, or at most MaxChunk each)
+// and chooses the device of every chunk, counting free memory as it goes;
+// it refuses — before anything is created — a commit the devices cannot
+// hold.
+func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []span) ([]piece, error) {
 	free := s.freeLocked()
 	var pieces []piece
 	var asked uint64
@@ -440,20 +487,46 @@ func (s *Sparse) planLocked(what func() string, holes []span) ([]piece, error) {
 		asked += h.size()
 	}
 	for _, h := range holes {
-		for off := h.start; off < h.end; {
-			size := min(h.end-off, s.opts.MaxChunk)
-			dev, err := s.chooseLocked(off, size, free)
+		var parts []span
+		if cut != nil {
+			parts = cut(h)
+			if err := s.checkCut(h, parts); err != nil {
+				return nil, errors.Wrapf(err, "%s", what())
+			}
+		} else {
+			for off := h.start; off < h.end; {
+				size := min(h.end-off, s.opts.MaxChunk)
+				parts = append(parts, span{off, off + size})
+				off += size
+			}
+		}
+		for _, p := range parts {
+			dev, err := s.chooseLocked(p.start, p.size(), free)
 			if err != nil {
 				return nil, errors.WithHint(
 					errors.Wrapf(err, "%s: needed %s more committed; %s", what(), units.Bytes(asked), s.describeFree()),
 					"decommit or free memory on the devices named, or commit less")
 			}
-			free[dev] -= size
-			pieces = append(pieces, piece{off, size, dev})
-			off += size
+			free[dev] -= p.size()
+			pieces = append(pieces, piece{p.start, p.size(), dev})
 		}
 	}
 	return pieces, nil
+}
+
+// checkCut checks that parts tile h with whole chunks, in order.
+func (s *Sparse) checkCut(h span, parts []span) error {
+	at := h.start
+	for _, p := range parts {
+		if p.start != at || p.end <= p.start || p.end > h.end || p.start%s.opts.ChunkSize != 0 || p.end%s.opts.ChunkSize != 0 {
+			return errors.AssertionFailedf("arena: the chunks %v do not tile the hole [%#x, %#x) with whole chunks", parts, h.start, h.end)
+		}
+		at = p.end
+	}
+	if at != h.end {
+		return errors.AssertionFailedf("arena: the chunks %v do not tile the hole [%#x, %#x)", parts, h.start, h.end)
+	}
+	return nil
 }
 
 // chooseLocked returns the device for a chunk of size bytes at off: the
@@ -489,8 +562,9 @@ func (s *Sparse) chooseLocked(off, size uint64, free []uint64) (driver.DeviceID,
 	return 0, errors.Wrapf(driver.ErrOutOfMemory, "%s (%s): no room for %s: %s", where(), s.opts.OnFull, units.Bytes(size), strings.Join(full, ", "))
 }
 
-// makeLocked creates the chunk of p, maps it and grants the range's access;
-// on failure nothing is left behind.
+// makeLocked creates the chunk of p and maps it, inaccessible (the caller
+// grants the range's access over the whole hole at once); on failure
+// nothing is left behind.
 func (s *Sparse) makeLocked(p piece) (*slot, error) {
 	c, err := s.mem.Create(p.dev, p.size, driver.ChunkOptions{Shareable: s.opts.Shareable})
 	if err != nil {
@@ -503,20 +577,7 @@ func (s *Sparse) makeLocked(p piece) (*slot, error) {
 		return nil, errors.CombineErrors(err, c.Release())
 	}
 	s.stats.ChunkMaps++
-	sl := &slot{c: c, access: make([]driver.Access, len(s.devs))}
-	for d, acc := range s.access {
-		if acc == driver.AccessNone {
-			continue
-		}
-		if err := s.tab.SetAccess(at, p.size, driver.DeviceID(d), acc); err != nil {
-			uerr := s.tab.Unmap(at)
-			s.stats.ChunkUnmaps++
-			s.stats.Releases++
-			return nil, errors.CombineErrors(err, errors.CombineErrors(uerr, c.Release()))
-		}
-		sl.access[d] = acc
-	}
-	return sl, nil
+	return &slot{c: c, access: make([]driver.Access, len(s.devs))}, nil
 }
 
 // freeLocked returns the free bytes of every device, as physical memory

@@ -1,9 +1,6 @@
 package arena
 
 import (
-	"cmp"
-	"slices"
-
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
@@ -36,63 +33,64 @@ func (al *Allocator) stitchAt(p driver.Addr) *stitched {
 
 // stitchLocked serves fp bytes by stitching whole free chunks. ok is false
 // when they are too few (or the stitch range has no room): nothing
-// changed. The chunks come from the smallest runs first — chunks stranded
-// between live blocks, the least use to a contiguous request.
+// changed. The chunks come from the free blocks with the fewest whole
+// chunks first — chunks stranded between live blocks, the least use to a
+// contiguous request — and the last block gives whole chunks up to the
+// size needed, so the stitched allocation may be a little larger than
+// asked.
 func (al *Allocator) stitchLocked(fp, req uint64) (driver.Addr, bool, error) {
 	if al.st == nil || fp < al.cs {
 		return 0, false, nil
 	}
-	size := alignUp(fp, al.cs)
+	want := alignUp(fp, al.cs)
 	h := al.heaps[large]
-	runs := h.freeRuns(span{})
-	var total uint64
-	for _, r := range runs {
-		total += r.hi - r.lo
-	}
-	if total < size {
+	if h.chunky.bytes < want {
 		return 0, false, nil
 	}
-	slices.SortFunc(runs, func(a, b freeRun) int {
-		return cmp.Or(cmp.Compare(a.hi-a.lo, b.hi-b.lo), cmp.Compare(a.lo, b.lo))
-	})
-	var picks []freeRun
-	var offs []uint64
-	for got := uint64(0); got < size; {
-		r := runs[len(picks)]
-		r.hi = min(r.hi, r.lo+size-got)
-		picks = append(picks, r)
-		for o := r.lo; o < r.hi; o += al.cs {
-			offs = append(offs, o)
+	var picks []take
+	var got uint64
+	h.chunky.ascending(&h.slab, func(r bref) bool {
+		b := h.at(r)
+		hi := b.whi
+		if got+hi-b.wlo > want {
+			c, _ := h.s.chunkAt(b.wlo + want - got - 1)
+			hi = c.end
 		}
-		got += r.hi - r.lo
-	}
-	if len(picks) < 2 && h.at(picks[0].b).size >= fp {
+		picks = append(picks, take{h, r, b.wlo, hi})
+		got += hi - b.wlo
+		return got < want
+	})
+	if got < want || len(picks) < 2 && h.at(picks[0].b).size >= fp {
 		return 0, false, nil // one free block holds it: the free lists are the way
 	}
-	off, ok := al.stFree.Alloc(size, al.cs)
+	off, ok := al.stFree.Alloc(got, al.cs)
 	if !ok {
 		return 0, false, nil
 	}
-	if err := al.st.borrow(off, h.s, offs); err != nil {
-		return 0, false, errors.CombineErrors(errors.Wrap(err, "arena: stitching"), al.stFree.Free(off, size))
+	var offs []uint64
+	for _, p := range picks {
+		offs = h.s.chunkStarts(offs, p.lo, p.hi)
 	}
-	st := &stitched{off: off, size: size, req: req}
-	for _, r := range picks {
-		st.parts = append(st.parts, h.lend(r, st))
+	if err := al.st.borrow(off, h.s, offs); err != nil {
+		return 0, false, errors.CombineErrors(errors.Wrap(err, "arena: stitching"), al.stFree.Free(off, got))
+	}
+	st := &stitched{off: off, size: got, req: req}
+	for _, p := range picks {
+		st.parts = append(st.parts, h.lend(p, st))
 	}
 	al.stitches[off] = st
-	al.held += size
+	al.held += got
 	al.stats.Stitches++
 	return al.st.Base() + driver.Addr(off), true, nil
 }
 
-// lend cuts r's chunks out of its free block and marks them lent to st.
-func (h *heap) lend(r freeRun, st *stitched) bref {
-	h.removeFree(r.b)
-	h.carve(r.b, r.lo, r.hi, h.addFree)
-	b := h.at(r.b)
+// lend cuts t's chunks out of its free block and marks them lent to st.
+func (h *heap) lend(t take, st *stitched) bref {
+	h.removeFree(t.b)
+	h.carve(t.b, t.lo, t.hi, h.addFree)
+	b := h.at(t.b)
 	b.state, b.lent = blockLent, st.off+1
-	return r.b
+	return t.b
 }
 
 // unstitchLocked unmaps a stitched allocation and returns its chunks'

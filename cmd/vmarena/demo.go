@@ -541,8 +541,11 @@ func (d *demoRun) giveBack() (err error) {
 func (d *demoRun) stitch() (err error) {
 	gran := d.drv.Granularity()
 	// A release threshold of one byte: the allocator keeps nothing spare
-	// when it must commit more, so it stitches what is free instead.
-	l, err := d.newAllocator(arena.AllocatorOptions{Device: 0, Max: 32 * gran, ReleaseThreshold: 1})
+	// when it must commit more. Its address space is its Max, eight
+	// chunks: once they are committed no hole has room to move free chunks
+	// to (which an allocator with room does, arena.Allocator says), so it
+	// stitches what is free instead.
+	l, err := d.newAllocator(arena.AllocatorOptions{Device: 0, Max: 8 * gran, AddressSpace: 8 * gran, ReleaseThreshold: 1})
 	if err != nil {
 		return err
 	}
@@ -562,7 +565,7 @@ func (d *demoRun) stitch() (err error) {
 		}
 	}
 	before := l.al.Stats()
-	d.say("stitch", "Stitching: eight %s allocations, every other one freed. %s is free in all, but the largest free range is %s.",
+	d.say("stitch", "Stitching: eight %s allocations fill an allocator with no address space to spare, every other one freed. %s is free in all, but the largest free range is %s.",
 		units.Bytes(gran), units.Bytes(4*gran), units.Bytes(before.LargestFree))
 	big, err := l.alloc(3 * gran)
 	if err != nil {

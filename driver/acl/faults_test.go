@@ -119,3 +119,9 @@ func TestSharedHandleFreeRefused(t *testing.T) {
 	require.Zero(t, lib.Used(0))
 	require.Zero(t, lib.Live("tokens"))
 }
+
+// TestSetAccessStaysInOneMapping: aclrtMemSetAccess stays inside one
+// mapping, so a grant over three adjacent mappings is three calls.
+func TestSetAccessStaysInOneMapping(t *testing.T) {
+	vendor.SetAccessCalls(t, small, "aclrtMemSetAccess", 3)
+}

@@ -146,7 +146,9 @@ func (d *Driver) Unmap(addr driver.Addr, size uint64) error {
 }
 
 // SetAccess sets what GPU dev may do over [addr, addr+size)
-// (cuMemSetAccess, one call per mapping the range covers), which must be
+// (cuMemSetAccess, one call per stretch whose access for dev changes
+// alike, across adjacent mappings, as PyTorch's expandable segments grant a
+// run of chunks at once), which must be
 // mapped throughout (ErrNotMapped) and granule-aligned (ErrMisaligned). If
 // CUDA refuses part-way, the mappings already changed are set back.
 func (d *Driver) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {

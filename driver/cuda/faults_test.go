@@ -87,3 +87,9 @@ func TestStreamCallsFailCleanly(t *testing.T) {
 		acceltest.Fault{Fn: "cuMemHostAlloc", Code: 2, Sentinel: driver.ErrOutOfMemory, Message: "cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (2)"},
 		acceltest.Fault{Fn: "cuCtxEnablePeerAccess", Code: 711, Sentinel: driver.ErrUnsupported, Message: "cuCtxEnablePeerAccess: CUDA_ERROR_TOO_MANY_PEERS (711)"})
 }
+
+// TestSetAccessSpansMappings: one cuMemSetAccess grants three adjacent
+// mappings, as PyTorch's expandable segments grant a run of chunks.
+func TestSetAccessSpansMappings(t *testing.T) {
+	vendor.SetAccessCalls(t, small, "cuMemSetAccess", 1)
+}

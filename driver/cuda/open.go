@@ -267,6 +267,7 @@ func Open(opts Options) (*Driver, error) {
 		HostAccess: x.has[groupSyncCopy],
 		Shareable:  x.has[groupShare],
 		Streams:    x.has[groupStreams],
+		SpanAccess: true, // cuMemSetAccess takes a range over adjacent mappings
 	}
 	for i := range devs {
 		info.Shareable = info.Shareable && devPOSIX(x, c.ordinal[i])

@@ -66,7 +66,7 @@ type Runtime interface {
 	// Unmap removes the mapping of mem at addr, size bytes long.
 	Unmap(addr driver.Addr, size uint64, mem any) error
 	// SetAccess sets what dev may do over [addr, addr+size), which lies
-	// inside one mapping.
+	// inside one mapping, or over adjacent mappings when Info.SpanAccess.
 	SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error
 	// Export returns the shareable handle of mem, size bytes, created
 	// shareable; it is called once per chunk.
@@ -120,6 +120,9 @@ type Info struct {
 	// runtime without its synchronous copies has streams that order work
 	// and events, and refuses copies and fills (ErrUnsupported).
 	HostAccess, Shareable, Streams bool
+	// SpanAccess says the runtime's SetAccess takes a range over several
+	// adjacent mappings in one call (cuMemSetAccess does).
+	SpanAccess bool
 }
 
 // Core is one open accelerator driver.
@@ -365,5 +368,8 @@ func (b backend) Unmap(m *ledger.Mapping) error {
 func (b backend) SetDeviceAccess(_ *ledger.Region, addr driver.Addr, size uint64, dev driver.DeviceID, _, to driver.Access) error {
 	return b.c.rt.SetAccess(addr, size, dev, to)
 }
+
+// SpansMappings is Info.SpanAccess (ledger.SpanningProtector).
+func (b backend) SpansMappings() bool { return b.c.info.SpanAccess }
 
 func (b backend) Close() error { return nil } // the Core closes the runtime after the record

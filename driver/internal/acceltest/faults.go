@@ -35,8 +35,10 @@ func MappedWithStream[D Driver](t *testing.T, d D, g uint64) (driver.Addr, drive
 	return base, h, s
 }
 
-// SetAccessRollsBack: access over three mappings (one vendor call each),
-// the second call refused with f: the first mapping is set back on the
+// SetAccessRollsBack: access over three mappings whose access differs —
+// the middle one readable already — so one vendor call each (a vendor call
+// spans adjacent mappings only where their access changes alike), the
+// second call refused with f: the first mapping is set back on the
 // hardware too, as the stand-in's own view shows, and the record is
 // unchanged; a later grant over the other two reaches the hardware.
 func (v Vendor[D]) SetAccessRollsBack(t *testing.T, cfg standin.Config, f Fault) {
@@ -50,16 +52,17 @@ func (v Vendor[D]) SetAccessRollsBack(t *testing.T, cfg standin.Config, f Fault)
 		require.NoError(t, err)
 		require.NoError(t, d.Map(at(i), h))
 	}
+	require.NoError(t, d.SetAccess(at(1), g, 0, driver.AccessRead))
 	before := lib.Calls(f.Fn)
 	lib.Fail(f.Fn, 2, 1, f.Code)
 	err = d.SetAccess(base, 3*g, 0, driver.AccessReadWrite)
 	drivertest.RequireIs(t, err, f.Sentinel, f.Message)
 	require.Equal(t, before+3, lib.Calls(f.Fn), "one set, one refused, one set back")
-	for i := range 3 {
+	for i, want := range []driver.Access{driver.AccessNone, driver.AccessRead, driver.AccessNone} {
 		a, err := d.Access(at(i), 0)
 		require.NoError(t, err)
-		require.Equal(t, driver.AccessNone, a, "the record, mapping %d", i)
-		require.Equal(t, 0, lib.Access(uint64(at(i)), 0), "the hardware, mapping %d", i)
+		require.Equal(t, want, a, "the record, mapping %d", i)
+		require.Equal(t, int(want), lib.Access(uint64(at(i)), 0), "the hardware, mapping %d", i)
 	}
 	lib.Clear()
 	require.NoError(t, d.SetAccess(at(1), 2*g, 0, driver.AccessReadWrite))
@@ -144,4 +147,29 @@ func (v Vendor[D]) StreamCallsFailCleanly(t *testing.T, cfg standin.Config, stre
 	require.NoError(t, d.Release(h0))
 	require.NoError(t, d.Release(h1))
 	require.NoError(t, d.Close(), "no buffer or stream left holds it open")
+}
+
+// SetAccessCalls: access granted over three adjacent mappings takes calls
+// vendor calls — one when the vendor's call spans mappings (CUDA), one a
+// mapping when it does not (AscendCL) — and reaches every mapping.
+func (v Vendor[D]) SetAccessCalls(t *testing.T, cfg standin.Config, fn string, calls uint64) {
+	d, lib := v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
+	g := cfg.MinGranularity
+	base, err := d.Reserve(4*g, 0, 0)
+	require.NoError(t, err)
+	at := func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
+	for i := range 3 {
+		h, err := d.Create(0, g, driver.ChunkOptions{})
+		require.NoError(t, err)
+		require.NoError(t, d.Map(at(i), h))
+	}
+	before := lib.Calls(fn)
+	require.NoError(t, d.SetAccess(base, 3*g, 0, driver.AccessReadWrite))
+	require.Equal(t, before+calls, lib.Calls(fn))
+	for i := range 3 {
+		require.Equal(t, int(driver.AccessReadWrite), lib.Access(uint64(at(i)), 0), "the hardware, mapping %d", i)
+	}
+	for i := range 3 {
+		require.NoError(t, d.Unmap(at(i), g))
+	}
 }

@@ -75,8 +75,20 @@ type Protector interface {
 // itself (CUDA's cuMemSetAccess, AscendCL's aclrtMemSetAccess).
 type DeviceProtector interface {
 	// SetDeviceAccess changes what dev may do over [addr, addr+size),
-	// which lies inside one mapping of r, from `from` to `to` (from != to).
+	// which lies inside one mapping of r — or, when the backend is a
+	// SpanningProtector that says so, over adjacent mappings — from `from`
+	// to `to` (from != to).
 	SetDeviceAccess(r *Region, addr driver.Addr, size uint64, dev driver.DeviceID, from, to driver.Access) error
+}
+
+// SpanningProtector is a DeviceProtector that may say its hardware call
+// takes a range over several adjacent mappings (cuMemSetAccess does, as
+// PyTorch's expandable segments use it; aclrtMemSetAccess stays inside one
+// mapping): the ledger then makes one call a run of equal access across
+// mappings, not one a mapping — a commit of many chunks is granted in one
+// call.
+type SpanningProtector interface {
+	SpansMappings() bool
 }
 
 // Chunk is a physical chunk as the ledger records it.
@@ -141,6 +153,7 @@ type Ledger struct {
 	// putting access into the hardware.
 	protect   Protector
 	perDevice DeviceProtector
+	spans     bool // perDevice calls may span adjacent mappings
 	devs      []driver.Device
 	gran      uint64
 	share     bool
@@ -166,6 +179,9 @@ func New(name string, devs []driver.Device, b Backend, shareable bool) (*Ledger,
 	}
 	l.protect, _ = b.(Protector)
 	l.perDevice, _ = b.(DeviceProtector)
+	if sp, ok := b.(SpanningProtector); ok && l.perDevice != nil {
+		l.spans = sp.SpansMappings()
+	}
 	if (l.protect == nil) == (l.perDevice == nil) {
 		return nil, errors.AssertionFailedf("%s: the backend %T must implement exactly one of ledger.Protector and ledger.DeviceProtector", name, b)
 	}
@@ -630,14 +646,14 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 		lo, hi := max(addr, m.Addr), min(end, m.end())
 		glo, ghi := uint64(lo-m.Addr)/m.gran, uint64(hi-m.Addr)/m.gran
 		ups = append(ups, update{m, glo, ghi})
-		first := len(runs) // runs never merge across mappings for DeviceProtector
+		first := len(runs) // a DeviceProtector's runs merge across mappings only if it spans them
 		_ = m.access.Each(glo, ghi, func(g0, g1, old uint64) error {
 			from, to := widest(old), widest(withAccess(old, dev, a))
 			if l.perDevice != nil {
 				from, to = accessOf(old, dev), a
 			}
 			gaddr, size := m.Addr+driver.Addr(g0*m.gran), (g1-g0)*m.gran
-			if n := len(runs); n > 0 && (l.perDevice == nil || n > first) && runs[n-1].from == from && runs[n-1].to == to &&
+			if n := len(runs); n > 0 && (l.perDevice == nil || l.spans || n > first) && runs[n-1].from == from && runs[n-1].to == to &&
 				runs[n-1].addr+driver.Addr(runs[n-1].size) == gaddr {
 				runs[n-1].size += size
 			} else {

@@ -1,0 +1,305 @@
+package arena
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+)
+
+// Relocation: chunks a range owns are unmapped where they lie and mapped
+// side by side elsewhere — in the same range or another one on the same
+// physical memory — keeping their memory. A driver creates memory slowly
+// (cuMemCreate is about 190 µs for 2 MiB on an A100) and maps it quickly
+// (cuMemMap about 1.5 µs, cuMemUnmap about 26 µs): an allocator that must
+// commit where a request goes while whole free chunks sit elsewhere moves
+// them there, an unmap and a map a chunk, rather than releasing them and
+// creating new ones. Committed memory does not change; no byte is copied
+// (what the chunks held is free memory to their owner).
+
+// relocated is one chunk on its way: where it was and its slot there.
+type relocated struct {
+	off uint64
+	sl  *slot
+}
+
+// relocate moves the chunks src owns at the offsets srcOffs (each the
+// start of a chunk src owns, with no view and no borrower) to lie side by
+// side in dst from off, in that order, where dst must be uncommitted
+// throughout: src unmaps them (one unmap event a run of adjacent ones),
+// dst maps them (one map event) and grants its access over them in one
+// call a device. It returns the bytes moved. On failure nothing changes in
+// either range: the chunks are mapped back where they were, with the
+// access they had. Only the package's own allocator uses it: a bad
+// argument is a broken invariant. The caller holds neither range's locks.
+func relocate(dst *Sparse, off uint64, src *Sparse, srcOffs []uint64) (uint64, error) {
+	what := func() string {
+		return fmt.Sprintf("arena: relocate %d chunk(s) to offset %#x", len(srcOffs), off)
+	}
+	if len(srcOffs) == 0 || dst.mem != src.mem {
+		return 0, errors.AssertionFailedf("%s: at least one chunk, between ranges of one physical memory", what())
+	}
+	src.ops.Lock()
+	if dst != src {
+		// Two ranges' ops: the allocator that owns both is the only
+		// caller, under its own lock, so no other order is ever taken.
+		dst.ops.Lock()
+		defer dst.ops.Unlock()
+	}
+	defer src.ops.Unlock()
+	moved, err := src.unmapForRelocation(what, srcOffs)
+	if err != nil {
+		return 0, err
+	}
+	total, err := dst.mapRelocated(what, off, moved)
+	if err != nil {
+		return 0, errors.CombineErrors(err, src.mapBack(what, moved))
+	}
+	return total, nil
+}
+
+// unmapForRelocation unmaps the owned, unpinned chunks at offs and drops
+// them from the range's books. The caller holds ops.
+func (s *Sparse) unmapForRelocation(what func() string, offs []uint64) ([]relocated, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, s.errClosed("relocate")
+	}
+	moved := make([]relocated, 0, len(offs))
+	for _, o := range offs {
+		j, ok := s.slots.Find(o)
+		if !ok || s.slots.At(j).Start != o {
+			return nil, errors.AssertionFailedf("%s: no chunk starts at %#x", what(), o)
+		}
+		sl := s.slots.At(j).Val
+		if sl.lender != nil || sl.views > 0 || sl.borrowers.Load() > 0 {
+			return nil, errors.AssertionFailedf("%s: the chunk at %#x is borrowed, viewed or lent", what(), o)
+		}
+		moved = append(moved, relocated{o, sl})
+	}
+	for i, m := range moved {
+		if err := s.tab.Unmap(s.Base() + driver.Addr(m.off)); err != nil {
+			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), s.remapLocked(what, moved[:i]))
+		}
+		s.stats.ChunkUnmaps++
+	}
+	prev := uint64(0)
+	for i, m := range moved {
+		if i == 0 || m.off != prev {
+			s.stats.UnmapEvents++
+		}
+		prev = m.off + m.sl.c.Size()
+		j, _ := s.slots.Find(m.off)
+		s.slots.Delete(j, j+1)
+		s.owned -= m.sl.c.Size()
+	}
+	if invariants.Enabled {
+		invariants.Fail("arena: relocate out", s.checkLocked())
+	}
+	return moved, nil
+}
+
+// remapLocked maps moved chunks back at their offsets with their own
+// access, undoing an unmap part-way; their slots are still listed.
+func (s *Sparse) remapLocked(what func() string, moved []relocated) error {
+	var errs error
+	for _, m := range moved {
+		at := s.Base() + driver.Addr(m.off)
+		if err := s.tab.Map(at, m.sl.c); err != nil {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: mapping the chunk at %#x back failed: %v", what(), m.off, err))
+			continue
+		}
+		s.stats.ChunkMaps++
+		for d, acc := range m.sl.access {
+			if acc == driver.AccessNone {
+				continue
+			}
+			if err := s.tab.SetAccess(at, m.sl.c.Size(), driver.DeviceID(d), acc); err != nil {
+				errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: granting the chunk at %#x back failed: %v", what(), m.off, err))
+			}
+		}
+	}
+	return errs
+}
+
+// mapRelocated maps the chunks of moved side by side from off, which must
+// be uncommitted throughout, grants the range's access over them, and
+// lists them as owned. On failure it unmaps what it mapped. The caller
+// holds ops.
+func (s *Sparse) mapRelocated(what func() string, off uint64, moved []relocated) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, s.errClosed("relocate")
+	}
+	var total uint64
+	for _, m := range moved {
+		total += m.sl.c.Size()
+	}
+	if err := s.checkSpan(what, off, total); err != nil {
+		return 0, errors.WithAssertionFailure(err)
+	}
+	if holes := s.holesLocked(off, off+total); len(holes) != 1 || holes[0] != (span{off, off + total}) {
+		return 0, errors.AssertionFailedf("%s: [%#x, +%s) is not wholly uncommitted", what(), off, units.Bytes(total))
+	}
+	undo := func(cause error, mapped int) error {
+		at := off
+		for _, m := range moved[:mapped] {
+			cause = errors.CombineErrors(cause, s.tab.Unmap(s.Base()+driver.Addr(at)))
+			s.stats.ChunkUnmaps++
+			at += m.sl.c.Size()
+		}
+		return errors.Wrapf(cause, "%s", what())
+	}
+	at := off
+	for i, m := range moved {
+		if err := s.tab.Map(s.Base()+driver.Addr(at), m.sl.c); err != nil {
+			return 0, undo(err, i)
+		}
+		s.stats.ChunkMaps++
+		at += m.sl.c.Size()
+	}
+	if err := s.grantNewLocked(span{off, off + total}); err != nil {
+		return 0, undo(err, len(moved))
+	}
+	run := make([]ranges.Item[uint64, *slot], len(moved))
+	at = off
+	for i, m := range moved {
+		sl := &slot{c: m.sl.c, access: slices.Clone(s.access)}
+		run[i] = ranges.Item[uint64, *slot]{Start: at, End: at + sl.c.Size(), Val: sl}
+		at += sl.c.Size()
+	}
+	if _, ok := s.slots.InsertRun(run); !ok {
+		return 0, errors.AssertionFailedf("%s: the relocated chunks overlap the range's", what())
+	}
+	s.owned += total
+	s.stats.PeakCommitted = max(s.stats.PeakCommitted, s.owned)
+	s.stats.MapEvents++
+	s.stats.Relocations++
+	s.stats.RelocatedBytes += total
+	if invariants.Enabled {
+		invariants.Fail("arena: relocate in", s.checkLocked())
+	}
+	return total, nil
+}
+
+// mapBack returns chunks that unmapForRelocation took but another range
+// could not map to where they were, with the access they had. A chunk the
+// driver will not map back is released (its memory goes back; the error
+// says so). The caller holds ops.
+func (s *Sparse) mapBack(what func() string, moved []relocated) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs error
+	for _, m := range moved {
+		at := s.Base() + driver.Addr(m.off)
+		if err := s.tab.Map(at, m.sl.c); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrapf(err, "%s: the chunk at %#x could not be mapped back, and is released", what(), m.off))
+			s.releaseLost(m.sl.c)
+			continue
+		}
+		s.stats.ChunkMaps++
+		for d, acc := range m.sl.access {
+			if acc == driver.AccessNone {
+				continue
+			}
+			if err := s.tab.SetAccess(at, m.sl.c.Size(), driver.DeviceID(d), acc); err != nil {
+				errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: granting the chunk at %#x back failed: %v", what(), m.off, err))
+			}
+		}
+		if _, ok := s.slots.Insert(m.off, m.off+m.sl.c.Size(), m.sl); !ok {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: the chunk at %#x is in the way mapping back", what(), m.off))
+		}
+		s.owned += m.sl.c.Size()
+	}
+	return errs
+}
+
+// releaseLost releases a chunk no range maps any more, or keeps it for the
+// next Decommit or Close when the driver refuses. The caller holds ops.
+func (s *Sparse) releaseLost(c *physical.Chunk) {
+	s.stats.Releases++
+	if err := c.Release(); err != nil {
+		s.unreleased = append(s.unreleased, c)
+	}
+}
+
+// chunkAt returns the chunk of the range holding off.
+func (s *Sparse) chunkAt(off uint64) (span, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.slots.Find(off)
+	if !ok {
+		return span{}, false
+	}
+	it := s.slots.At(i)
+	return span{it.Start, it.End}, true
+}
+
+// chunkStarts appends to offs the starts of the chunks of the range in
+// [start, end), which must be whole chunks.
+func (s *Sparse) chunkStarts(offs []uint64, start, end uint64) []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lo, _ := s.slots.Overlapping(start, end)
+	for _, it := range s.slots.From(lo) {
+		if it.Start >= end {
+			break
+		}
+		offs = append(offs, it.Start)
+	}
+	return offs
+}
+
+// wholeSpan returns the span of the chunks lying wholly inside
+// [off, end), which is committed throughout (empty when there are none).
+func (s *Sparse) wholeSpan(off, end uint64) span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wholeSpanLocked(off, end)
+}
+
+func (s *Sparse) wholeSpanLocked(off, end uint64) span {
+	if off >= end {
+		return span{}
+	}
+	lo, hi := off, end
+	if i, ok := s.slots.Find(off); ok && s.slots.At(i).Start != off {
+		lo = s.slots.At(i).End
+	}
+	if i, ok := s.slots.Find(end - 1); ok && s.slots.At(i).End != end {
+		hi = s.slots.At(i).Start
+	}
+	if lo >= hi {
+		return span{}
+	}
+	return span{lo, hi}
+}
+
+// chunkCut returns the lowest chunk boundary c in [lo, hi) — whole chunks
+// — such that the chunks of [c, hi) hold at least want bytes (lo when all
+// of them hold less): what giving back want bytes from hi down takes.
+func (s *Sparse) chunkCut(lo, hi, want uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.slots.Find(hi - 1)
+	if !ok {
+		return hi
+	}
+	for _, it := range s.slots.Backward(i + 1) {
+		if it.Start < lo {
+			return lo
+		}
+		if hi-it.Start >= want {
+			return it.Start
+		}
+	}
+	return lo
+}
