@@ -33,7 +33,7 @@ const usage = `usage: vmarena <command>
 commands:
   devices   list what each driver sees: vmarena devices [--cuda-library PATH] [--acl-library PATH]
   demo      walk through reserve, map, access, aliasing and release: vmarena demo [--driver host|sim|cuda|acl]
-  replay    replay allocator traces: vmarena replay --trace FILE|DIR [--driver sim|host|cuda|acl]
+  replay    replay allocator traces: vmarena replay --trace FILE|DIR|--synthetic random-lifetimes [--driver sim|host|cuda|acl]
   kv        simulate LLM serving over a request trace: vmarena kv simulate --trace FILE --model PRESET
   version   print the version
 `
