@@ -219,19 +219,19 @@ func TestReplayBenchmarkBody(t *testing.T) {
 }
 
 // TestTimedReplay: the timed bodies of BenchmarkReplay64KiB and
-// BenchmarkReplaySynthetic, on a small trace and a small synthetic
-// workload at 64 KiB, run whole; a budget already spent stops a replay
-// before its first event, without an error.
+// BenchmarkReplaySynthetic, on the hand-written trace and a small
+// synthetic workload at 64 KiB, run whole; a budget already spent stops a
+// replay before its first event, without an error.
 func TestTimedReplay(t *testing.T) {
 	opts := replay.Options{Granularity: 64 * units.KiB}
-	events := loadTrace(t, "select_n_snapshot_v1f2f548.csv")
+	events := loadTrace(t, "handmade_two_devices.csv")
 	tm, err := TimedReplay(events, opts, time.Hour)
 	require.NoError(t, err)
 	require.True(t, tm.Finished)
 	require.Equal(t, len(events), tm.Result.Events)
 	require.Positive(t, tm.Wall)
 	require.Equal(t, tm.Wall, tm.Bound)
-	require.Positive(t, tm.Result.Devices[0].DriverCalls.Map)
+	require.Positive(t, tm.Result.Devices[1].DriverCalls.Map)
 
 	synthetic, err := replay.RandomLifetimes{Seed: 1, Events: 300, MaxSize: 64 * units.MiB, Live: 256 * units.MiB}.Generate()
 	require.NoError(t, err)

@@ -13,20 +13,21 @@ import (
 )
 
 // TestRandomLifetimesDeterministic: a seed gives the same events every
-// time, another seed others; Synthetic is the workload with its defaults.
+// time, another seed others; Synthetic is the workload with its defaults
+// but the number of events.
 func TestRandomLifetimesDeterministic(t *testing.T) {
-	a, err := Synthetic("random-lifetimes", 7, 0)
+	a, err := Synthetic("random-lifetimes", 7, 20_000)
 	require.NoError(t, err)
-	b, err := RandomLifetimes{Seed: 7}.Generate()
+	b, err := RandomLifetimes{Seed: 7, Events: 20_000}.Generate()
 	require.NoError(t, err)
 	require.Equal(t, a, b)
-	again, err := Synthetic("random-lifetimes", 7, 0)
+	again, err := Synthetic("random-lifetimes", 7, 20_000)
 	require.NoError(t, err)
 	require.Equal(t, a, again)
-	other, err := Synthetic("random-lifetimes", 8, 0)
+	other, err := Synthetic("random-lifetimes", 8, 20_000)
 	require.NoError(t, err)
 	require.NotEqual(t, a[:100], other[:100])
-	require.Len(t, a, DefaultSyntheticEvents)
+	require.Len(t, a, 20_000)
 }
 
 // TestRandomLifetimesShape: the default workload's sizes are log-uniform

@@ -206,20 +206,20 @@ func TestReplayFailures(t *testing.T) {
 // figures for the same seed, others for another; its flags' bad values
 // are usage errors.
 func TestReplaySynthetic(t *testing.T) {
-	code, out, errOut := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "600")
+	code, out, errOut := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "150")
 	require.Equal(t, 0, code, errOut)
 	flat := flatten(out)
 	require.Contains(t, flat, "\ntrace random-lifetimes (seed 3)\n")
-	require.Contains(t, flat, "\nevents 600\n")
+	require.Contains(t, flat, "\nevents 150\n")
 	require.Contains(t, flat, "\nstarts mid-run no\n")
 	require.Contains(t, flat, "\nsegment events (PyTorch) 0\n")
 	require.Contains(t, flat, "\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release —\n")
 	require.Contains(t, flat, "\ntarget: modelled driver time ≤ PyTorch's n/a\n")
 	require.Regexp(t, `(?m)^driver calls \(vmarena\): create / map / set access / unmap / release [1-9]\d* / [1-9]\d* / [1-9]\d* / \d+ / \d+$`, flat)
 
-	_, again, _ := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "600")
+	_, again, _ := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "150")
 	require.Equal(t, out, again, "the same seed, the same table")
-	_, other, _ := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "4", "--events", "600")
+	_, other, _ := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "4", "--events", "150")
 	require.NotEqual(t, flatten(other)[strings.Index(flatten(other), "\npeak allocated"):], flat[strings.Index(flat, "\npeak allocated"):])
 
 	small := filepath.Join(traceDir, "silmont2000_mem_snapshot.csv")
