@@ -13,9 +13,8 @@ import (
 // Today's books move memory on every change (issue 19), and a replay at
 // 64 KiB of the synthetic workload would run for hours. A replay is
 // stopped between events (replay.Options.Deadline), so the event in
-// flight at the budget finishes first — at 64 KiB today a free of a few
-// GiB in the middle of the books can take minutes — and then what it
-// made is freed and closed. The budget is a lower bound of the time the
+// flight at the budget finishes first — at 64 KiB today one alloc of a
+// few GiB can take minutes — and then what it made is freed and closed. The budget is a lower bound of the time the
 // whole replay takes, which replays the same events first: a replay
 // stopped at a budget above its target misses the target.
 const (
