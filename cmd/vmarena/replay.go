@@ -479,8 +479,8 @@ func calls(c sim.Calls) string {
 	return fmt.Sprintf("%d / %d / %d / %d / %d", c.Create, c.Map, c.SetAccess, c.Unmap, c.Release)
 }
 
-// duration formats a modelled time to three significant figures or so, in
-// the largest unit it reaches: the table compares magnitudes.
+// duration formats a modelled time with two decimals in the largest unit
+// it reaches (s, ms, µs): the table compares magnitudes.
 func duration(d time.Duration) string {
 	switch {
 	case d >= time.Second:
