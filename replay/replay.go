@@ -1,8 +1,10 @@
 package replay
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/cockroachdb/errors"
 
@@ -45,6 +47,11 @@ type Options struct {
 	// the replay's goroutine (the CLI draws a bar with it). A panic in it
 	// ends the replay with an error (driver.ErrInvalid).
 	Progress func(done, total int)
+	// Deadline, when not zero, stops a replay still running then, before
+	// its next event, with an error marked context.DeadlineExceeded:
+	// Result.Events says how many events it replayed (the benchmarks time
+	// replays that would otherwise run for hours).
+	Deadline time.Time
 }
 
 // ProgressEvents is how many events pass between calls of
@@ -98,6 +105,16 @@ type Result struct {
 	Options Options
 	// Devices has one entry per device the trace names, in device order.
 	Devices []DeviceResult
+	// Events is how many of the events were replayed: all of them, unless
+	// an error stopped the replay.
+	Events int
+	// SpaceCalls are the Reserve and Unreserve calls of the replay, all
+	// devices' together (their allocators share the address space), from
+	// its start to the last event, as the sim driver counted them; zero
+	// off the sim driver (DeviceResult.Priced). Left out of each device's
+	// DriverTime, as PyTorch's address reservations are of its modelled
+	// calls: the trace does not show them.
+	SpaceCalls sim.Calls
 }
 
 // DeviceResult is the replay of one device's events.
@@ -124,6 +141,20 @@ type DeviceResult struct {
 	// AfterDrain are the allocator's figures after freeing what was still
 	// live and trimming (Options.Drain only).
 	AfterDrain Figures
+	// Priced says the replay ran on a sim driver, which counts and prices
+	// its calls: Replay's own, or a *sim.Driver given to ReplayOn (where
+	// the calls anything else makes on it meanwhile count too). On any
+	// other driver DriverCalls and CallCosts are zero.
+	Priced bool
+	// DriverCalls are the calls vmarena's allocator made on the device —
+	// Create, Release, Map, Unmap and SetAccess — from the start of the
+	// replay to the last event (Drain's not included), as the sim driver
+	// counted them (sim.Driver.Tally), beside Summary.SegmentCalls,
+	// PyTorch's.
+	DriverCalls sim.Calls
+	// CallCosts is the sim driver's table of per-call costs, which prices
+	// both sides (DriverTime, PyTorchDriverTime).
+	CallCosts sim.CallCosts
 	// Timeline is the device's memory after each event, and PeakMap its
 	// allocator's memory map when the trace's allocated memory peaked
 	// (Options.Record only; nil otherwise).
@@ -156,7 +187,9 @@ type OOM struct {
 // its alloc got; an oom event allocates its size and frees it at once
 // (recording whether that was served); free_requested and the segment
 // events (PyTorch's own) change nothing. The first other allocator error
-// stops it, named with the event's line, seq and device.
+// stops it, named with the event's line, seq and device. The sim driver
+// counts and prices the calls each device's allocator makes
+// (DeviceResult.DriverCalls).
 func Replay(events []Event, opts Options) (Result, error) {
 	return replayOn(nil, events, opts)
 }
@@ -197,6 +230,11 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 	} else if n := len(drv.Devices()); n < len(sums) {
 		return res, errors.Wrapf(driver.ErrNoDevice, "replay: the trace names %d devices and the %s driver has %d", len(sums), drv.Name(), n)
 	}
+	priced, _ := drv.(*sim.Driver)
+	var before sim.Tally // the calls counted before the replay, to count its own
+	if priced != nil {
+		before = priced.Tally()
+	}
 	als, err := newAllocators(drv, len(sums), opts)
 	if err != nil {
 		return res, err
@@ -225,9 +263,13 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 	}
 
 	for i, ev := range events {
+		if !opts.Deadline.IsZero() && time.Now().After(opts.Deadline) {
+			return res, errors.Mark(errors.Newf("replay: the deadline passed after %d of %d events", i, len(events)), context.DeadlineExceeded)
+		}
 		if err := devs[index[ev.Device]].step(ev); err != nil {
 			return res, err
 		}
+		res.Events = i + 1
 		if opts.CheckEvery > 0 && (i+1)%opts.CheckEvery == 0 {
 			if err := checkAll(fmt.Sprintf("line %d (seq %d)", ev.Line, ev.Seq)); err != nil {
 				return res, err
@@ -243,6 +285,14 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 		d.res.Figures = d.al.figures()
 		if d.rec != nil {
 			d.rec.finish(d)
+		}
+	}
+	if priced != nil {
+		after := priced.Tally()
+		res.SpaceCalls = after.Space.Sub(before.Space)
+		for i, d := range devs {
+			d.res.Priced, d.res.CallCosts = true, after.Costs
+			d.res.DriverCalls = after.Devices[i].Sub(before.Devices[i])
 		}
 	}
 	if opts.CheckEvery > 0 {

@@ -1,14 +1,18 @@
 package replay
 
 import (
+	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -288,4 +292,37 @@ func TestReplayProgress(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, [][2]int{{ProgressEvents, len(events)}, {len(events), len(events)}}, calls)
 	require.Nil(t, res.Options.Progress)
+}
+
+// TestReplayDeadline: a replay still running at its deadline stops before
+// its next event with an error marked context.DeadlineExceeded, saying how
+// many events it replayed, and leaves nothing behind on the driver; one
+// that ends in time replays every event.
+func TestReplayDeadline(t *testing.T) {
+	events := readTrace(t, "select_n_snapshot_v1f2f548.csv")
+	res, err := Replay(events, Options{Deadline: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, len(events), res.Events)
+
+	drv, err := sim.New(sim.Options{})
+	require.NoError(t, err)
+	res, err = ReplayOn(drv, events, Options{Deadline: time.Now().Add(-time.Second)})
+	require.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+	require.ErrorContains(t, err, "replay: the deadline passed after 0 of 4496 events")
+	require.Zero(t, res.Events)
+	total := drv.Tally().Total()
+	require.Equal(t, total.Reserve, total.Unreserve, "the allocators gave their ranges back")
+	require.NoError(t, drv.Close())
+
+	// Stopped part-way: the Progress hook, called after ProgressEvents
+	// events, waits until the deadline has passed (which it may have
+	// already on a slow machine: the replay then stops earlier).
+	long := readTrace(t, "wedsonlin_medium_512_training.csv")
+	require.Greater(t, len(long), ProgressEvents)
+	deadline := time.Now().Add(time.Second)
+	res, err = Replay(long, Options{CheckEvery: 1000, Deadline: deadline,
+		Progress: func(int, int) { time.Sleep(time.Until(deadline) + time.Millisecond) }})
+	require.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+	require.LessOrEqual(t, res.Events, ProgressEvents)
+	require.ErrorContains(t, err, fmt.Sprintf("after %d of %d events", res.Events, len(long)))
 }

@@ -1,6 +1,10 @@
 package replay
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/vmarena/vmarena/driver/sim"
+)
 
 // Summary is what a trace says its own allocator (PyTorch's caching
 // allocator) did on one device.
@@ -46,6 +50,13 @@ type Summary struct {
 	// ReservedBelowZero says the running sum of segments went below zero:
 	// the trace returned segments reserved before recording.
 	ReservedBelowZero bool
+	// SegmentCalls are the driver calls PyTorch's expandable segments
+	// make for the segment events (SegmentCalls, the function: pages of
+	// 2 MiB or 20 MiB, each created and mapped, one access grant an
+	// event, each unmapped and released). A trace that starts mid-run
+	// does not show the segments made before recording, nor so their
+	// calls.
+	SegmentCalls sim.Calls
 	// OOMs counts the requests PyTorch failed (oom events).
 	OOMs int
 }
@@ -143,6 +154,7 @@ func (t *tally) add(ev Event) {
 		t.bytes -= a.Size
 	case ev.Op.IsSegment():
 		s.SegmentEvents++
+		s.SegmentCalls = s.SegmentCalls.Add(SegmentCalls(ev.Op, ev.Size))
 		t.reserved += int64(ev.Op.reserves()) * int64(ev.Size)
 		if t.reserved < 0 {
 			s.ReservedBelowZero = true

@@ -29,6 +29,14 @@
 // Segment events carry alloc_id -1. time_us and device_free may be empty;
 // addr may be empty on oom rows only.
 //
+// Driver calls are a budget (drivercalls.go): on the sim driver a replay
+// reads each device's driver calls from the driver (sim.Driver.Tally) and
+// prices them with its table of per-call costs (sim.A100 by default), and
+// prices PyTorch's the same way, from the trace's segment events as an
+// expandable segment makes them (SegmentCalls). A trace that starts
+// mid-run does not show the segments made before recording, so PyTorch's
+// calls are undercounted there and the comparison is not made.
+//
 // It also reads LLM serving request traces (requests.go), Azure's CSV and
 // Mooncake's JSON lines, into Requests for a KV cache to replay, by the
 // same rules: a malformed trace is an ErrMalformed error naming its line.

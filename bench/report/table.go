@@ -56,13 +56,17 @@ func entries(cmds []command, out output) []entry {
 }
 
 // eachSub is an anySub row's entries: one per sub-benchmark of its
-// benchmark in out, or one unmeasured entry when out has none.
+// benchmark in out (for a where row, one per sub-benchmark that reports
+// the metric), or one unmeasured entry when out has none.
 func eachSub(r row, out output) []entry {
 	var es []entry
 	index := map[string]int{}
 	for _, res := range out.results {
 		sub, ok := r.matches(res.name)
 		if !ok {
+			continue
+		}
+		if _, has := res.metric(r.metric); r.where && !has {
 			continue
 		}
 		e := entry{row: r, name: strings.TrimPrefix(res.name, "Benchmark"), label: r.path + ", " + readableSub(sub)}

@@ -287,6 +287,19 @@ func TestReplayOnDevices(t *testing.T) {
 		for _, want := range handmadeOnDevices {
 			require.Contains(t, flat, want)
 		}
+		// Only the sim driver counts and prices its calls; PyTorch's
+		// calls are the trace's, and are counted all the same.
+		for _, want := range []string{
+			"\ndriver calls (vmarena): create / map / set access / unmap / release n/a n/a\n",
+			"\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release 3 / 3 / 3 / 1 / 1 4 / 4 / 4 / 1 / 1\n",
+			"\naddress reserves / frees (vmarena, all the trace's devices) n/a n/a\n",
+			"\nmodelled driver time (vmarena) n/a n/a\n",
+			"\nmodelled driver time (PyTorch) n/a n/a\n",
+			"\ntarget: modelled driver time ≤ PyTorch's n/a n/a\n",
+		} {
+			require.Contains(t, flat, want)
+		}
+		require.NotContains(t, flat, "priced by")
 	}
 
 	t.Run("host", func(t *testing.T) {

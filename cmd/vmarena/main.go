@@ -8,10 +8,11 @@
 //	                  revoke access, alias a chunk, and print the memory map
 //	                  after each step (host driver by default, no GPU
 //	                  needed; --driver sim, cuda or acl)
-//	vmarena replay    replay PyTorch allocator traces through vmarena's
-//	                  allocator (sim driver by default; --driver host, cuda
-//	                  or acl on real devices) and print what it did beside
-//	                  what PyTorch did
+//	vmarena replay    replay PyTorch allocator traces, or a synthetic
+//	                  workload, through vmarena's allocator (sim driver by
+//	                  default; --driver host, cuda or acl on real devices)
+//	                  and print what it did beside what PyTorch did, driver
+//	                  calls priced
 //	vmarena kv        simulate LLM serving over a request trace with each
 //	                  way of holding KV memory, and print their figures side
 //	                  by side
@@ -33,7 +34,7 @@ const usage = `usage: vmarena <command>
 commands:
   devices   list what each driver sees: vmarena devices [--cuda-library PATH] [--acl-library PATH]
   demo      walk through reserve, map, access, aliasing and release: vmarena demo [--driver host|sim|cuda|acl]
-  replay    replay allocator traces: vmarena replay --trace FILE|DIR [--driver sim|host|cuda|acl]
+  replay    replay allocator traces: vmarena replay --trace FILE|DIR|--synthetic random-lifetimes [--driver sim|host|cuda|acl]
   kv        simulate LLM serving over a request trace: vmarena kv simulate --trace FILE --model PRESET
   version   print the version
 `

@@ -6,17 +6,21 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/replay"
 )
 
-const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ...] [--granularity 2MiB] [--capacity 80GiB]
+const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ...] [--synthetic random-lifetimes [--seed 1] [--events 100000]]
+                      [--granularity 2MiB] [--capacity 80GiB]
                       [--policy default|ascend|ascend-media] [--no-stitch] [--slack-divisor 256]
                       [--driver sim|host|cuda|acl] [--library PATH] [--report FILE]
 
@@ -25,6 +29,19 @@ time_us,device_free) through vmarena's allocator on the sim driver, each device
 of a trace on a sim device of its own with the given capacity, and prints what
 vmarena did beside what PyTorch did: one column per device of each trace. A
 directory stands for every .csv file in it, in name order.
+
+--synthetic random-lifetimes replays a workload generated from --seed, beside
+the traces or alone: --events allocs and frees (100,000) of sizes log-uniform
+from 512 B to 4 GiB with random lifetimes, about 56 GiB live and never more
+than 80 GiB.
+
+On the sim driver the table prices the driver calls of both sides per call
+with published A100 figures (cuMemCreate 193.32 µs, cuMemMap 1.45 µs,
+cuMemSetAccess 35.99 µs, cuMemUnmap 25.63 µs; cuMemRelease unpriced):
+vmarena's as the sim driver counted them, PyTorch's from the trace's segment
+events as expandable segments make them (2 MiB pages for a segment of at most
+2 MiB, else 20 MiB pages, one access grant an event). A trace that starts
+mid-run does not show the segments made before recording.
 
 With --driver host, cuda or acl the trace's devices are real ones (the host
 driver's logical devices, GPUs, NPUs) and their memory is committed: each
@@ -92,6 +109,9 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&drvName, "driver", "the `DRIVER` to replay on: "+orList(driverNames))
 	library := fs.String("library", "", "the vendor library to load for --driver cuda or acl, a `PATH` or soname")
 	report := fs.String("report", "", "also write an HTML report to `FILE`: each device's memory over its events and its allocator's memory map at the peak, and the table")
+	synthetic := fs.String("synthetic", "", "also replay a synthetic `WORKLOAD` generated from --seed: "+orList(replay.Workloads))
+	seed := fs.Uint64("seed", 1, "the `SEED` the --synthetic workload is drawn from")
+	nEvents := fs.Int("events", replay.DefaultSyntheticEvents, "how many events (`N`) the --synthetic workload has")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -103,8 +123,33 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if len(files) == 0 {
-		fmt.Fprintf(stderr, "vmarena replay: no trace given\n\n")
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var synthFlags []string // those given of the flags only --synthetic uses
+	for _, name := range []string{"seed", "events"} {
+		if given[name] {
+			synthFlags = append(synthFlags, "--"+name)
+		}
+	}
+	synthVerb := "is"
+	if len(synthFlags) > 1 {
+		synthVerb = "are"
+	}
+	switch {
+	case len(files) == 0 && *synthetic == "":
+		fmt.Fprintf(stderr, "vmarena replay: no trace given (--trace FILE|DIR, or --synthetic WORKLOAD)\n\n")
+		fs.Usage()
+		return 2
+	case len(synthFlags) > 0 && *synthetic == "":
+		fmt.Fprintf(stderr, "vmarena replay: %s %s for --synthetic, and no synthetic workload is given\n\n", strings.Join(synthFlags, " and "), synthVerb)
+		fs.Usage()
+		return 2
+	case *synthetic != "" && !slices.Contains(replay.Workloads, *synthetic):
+		fmt.Fprintf(stderr, "vmarena replay: --synthetic %q: unknown workload, want %s\n\n", *synthetic, orList(replay.Workloads))
+		fs.Usage()
+		return 2
+	case *synthetic != "" && (*nEvents < 1 || *nEvents > replay.MaxSyntheticEvents):
+		fmt.Fprintf(stderr, "vmarena replay: --events %d: want 1 to %d\n\n", *nEvents, replay.MaxSyntheticEvents)
 		fs.Usage()
 		return 2
 	}
@@ -138,29 +183,44 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	opts.Record = *report != ""
 	on := replayOn{backend: backend{name: string(drvName), library: *library}, progress: stderr}
-	fs.Visit(func(f *flag.Flag) { on.capped = on.capped || f.Name == "capacity" })
+	on.capped = given["capacity"]
 	var cols []column
+	add := func(base string, res replay.Result) {
+		for _, d := range res.Devices {
+			label := base
+			if len(res.Devices) > 1 || d.Device != 0 {
+				label = fmt.Sprintf("%s [dev %d]", base, d.Device)
+			}
+			cols = append(cols, column{label, d, res.Options.Capacity, res.SpaceCalls})
+		}
+	}
 	for _, name := range names {
 		res, err := on.replayFile(name, opts)
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", name, err)
 			return 1
 		}
-		base := strings.TrimSuffix(filepath.Base(name), ".csv")
-		for _, d := range res.Devices {
-			label := base
-			if len(res.Devices) > 1 || d.Device != 0 {
-				label = fmt.Sprintf("%s [dev %d]", base, d.Device)
-			}
-			cols = append(cols, column{label, d, res.Options.Capacity})
+		add(strings.TrimSuffix(filepath.Base(name), ".csv"), res)
+	}
+	if *synthetic != "" {
+		label := fmt.Sprintf("%s (seed %d)", *synthetic, *seed)
+		workload, err := replay.Synthetic(*synthetic, *seed, *nEvents)
+		var res replay.Result
+		if err == nil {
+			res, err = on.replayEvents(label, workload, opts)
 		}
+		if err != nil {
+			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", label, err)
+			return 1
+		}
+		add(label, res)
 	}
 	stitch := "on"
 	if *noStitch {
 		stitch = "off"
 	}
-	header := fmt.Sprintf("vmarena replay: sim driver, one %s device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d",
-		units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
+	header := fmt.Sprintf("vmarena replay: sim driver, one %s device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d, driver calls priced by %s",
+		units.Bytes(opts.Capacity), units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor, sim.A100.Name)
 	onDriver := "" // the sim driver's header states the capacity
 	if on.name != "sim" {
 		header = fmt.Sprintf("vmarena replay: %s driver (%s), one device per trace device, granularity %s, allocator policy %s, stitching %s, slack live/%d",
@@ -203,7 +263,13 @@ func (on *replayOn) replayFile(name string, opts replay.Options) (replay.Result,
 	if err != nil {
 		return replay.Result{}, err
 	}
-	bar := progress.New(on.progress, int64(len(events)), "replay "+filepath.Base(name))
+	return on.replayEvents(filepath.Base(name), events, opts)
+}
+
+// replayEvents replays events, a trace or a synthetic workload called
+// name, as replayFile does.
+func (on *replayOn) replayEvents(name string, events []replay.Event, opts replay.Options) (replay.Result, error) {
+	bar := progress.New(on.progress, int64(len(events)), "replay "+name)
 	defer bar.Close() // ends the line before an error is printed
 	opts.Progress = func(done, _ int) { bar.Set(int64(done)) }
 	if on.name == "sim" {
@@ -295,12 +361,14 @@ func traceFiles(args []string) ([]string, error) {
 	return names, nil
 }
 
-// column is one device of one trace in the table, and the capacity its
-// allocator could commit.
+// column is one device of one trace in the table, the capacity its
+// allocator could commit, and the address space calls of the trace's
+// replay (all its devices').
 type column struct {
 	label    string
 	d        replay.DeviceResult
 	capacity uint64
+	space    sim.Calls
 }
 
 // replayTable is the table vmarena replay prints (and its report shows):
@@ -360,10 +428,67 @@ func replayTable(cols []column, onDriver string) [][]string {
 	row("stitches", func(d replay.DeviceResult) string { return count(d.Figures.Stitches) })
 	row("grows (commits)", func(d replay.DeviceResult) string { return count(d.Figures.Grows) })
 	row("OOM retries", func(d replay.DeviceResult) string { return count(d.Figures.OOMRetries) })
+	row("driver calls (vmarena): "+callKinds, func(d replay.DeviceResult) string {
+		if !d.Priced {
+			return "n/a"
+		}
+		return calls(d.DriverCalls)
+	})
+	row("driver calls (PyTorch, modelled): "+callKinds, func(d replay.DeviceResult) string {
+		if d.Summary.SegmentEvents == 0 {
+			return "—"
+		}
+		return calls(d.Summary.SegmentCalls)
+	})
+	spaceCells := []string{"address reserves / frees (vmarena, all the trace's devices)"}
+	for _, c := range cols {
+		cell := "n/a"
+		if c.d.Priced {
+			cell = fmt.Sprintf("%d / %d", c.space.Reserve, c.space.Unreserve)
+		}
+		spaceCells = append(spaceCells, cell)
+	}
+	table = append(table, spaceCells)
+	row("modelled driver time (vmarena)", func(d replay.DeviceResult) string {
+		if !d.Priced {
+			return "n/a"
+		}
+		return duration(d.DriverTime())
+	})
+	row("modelled driver time (PyTorch)", func(d replay.DeviceResult) string {
+		switch {
+		case !d.Priced:
+			return "n/a"
+		case d.Summary.SegmentEvents == 0:
+			return "—"
+		}
+		return duration(d.PyTorchDriverTime())
+	})
 	row(fmt.Sprintf("target: committed / allocated ≤ %.2f at %s", replay.TargetRatio, units.Bytes(replay.TargetGranularity)),
 		func(d replay.DeviceResult) string { return string(d.RatioTarget()) })
 	row("target: map + unmap events ≤ segment events", func(d replay.DeviceResult) string { return string(d.MapEventsTarget()) })
+	row("target: modelled driver time ≤ PyTorch's", func(d replay.DeviceResult) string { return string(d.DriverTimeTarget()) })
 	return table
+}
+
+// callKinds names the counts calls writes, in its order.
+const callKinds = "create / map / set access / unmap / release"
+
+// calls is a device's driver calls of each kind (callKinds).
+func calls(c sim.Calls) string {
+	return fmt.Sprintf("%d / %d / %d / %d / %d", c.Create, c.Map, c.SetAccess, c.Unmap, c.Release)
+}
+
+// duration formats a modelled time with two decimals in the largest unit
+// it reaches (s, ms, µs): the table compares magnitudes.
+func duration(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2f µs", float64(d)/float64(time.Microsecond))
 }
 
 // reservedCell is PyTorch's peak reserved memory, or — for a trace

@@ -43,7 +43,7 @@ func TestReplay(t *testing.T) {
 	require.Empty(t, errOut)
 	flat := flatten(out)
 	for _, want := range []string{
-		"sim driver, one 80 GiB device per trace device, granularity 2 MiB, allocator policy default, stitching on",
+		"sim driver, one 80 GiB device per trace device, granularity 2 MiB, allocator policy default, stitching on, slack live/256, driver calls priced by A100 (kvcached benchmarks/bench_vmm)",
 		"\ntrace select_n_snapshot_v1f2f548 handmade_two_devices [dev 0] handmade_two_devices [dev 1] cs336_MAGMA27_memory_snapshot\n",
 		"\nevents 4496 17 14 5163\n",
 		"\nallocs / frees replayed 1497 / 1493 4 / 3 4 / 2 1721 / 1719\n",
@@ -55,6 +55,10 @@ func TestReplay(t *testing.T) {
 		"\nreserved / allocated (PyTorch) 1.333 n/a 1.200 n/a\n",
 		"\npeak reserved (PyTorch) 1.33 GiB 32.00 MiB 36.00 MiB —\n",
 		"\nsegment events (PyTorch) 13 4 5 0\n",
+		// PyTorch's calls, from the segment events alone (replay's
+		// TestSummarySegmentCalls), priced by the A100 table.
+		"\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release 72 / 72 / 13 / 0 / 0 3 / 3 / 3 / 1 / 1 4 / 4 / 4 / 1 / 1 —\n",
+		"\nmodelled driver time (PyTorch) 14.49 ms 717.91 µs 948.67 µs —\n",
 	} {
 		require.Contains(t, flat, want)
 	}
@@ -74,6 +78,10 @@ func TestReplay(t *testing.T) {
 		"OOM retries \\d+ 0 0 \\d+",
 		"target: committed / allocated ≤ 1\\.01 at 2 MiB (met|not met) not met not met (met|not met)",
 		"target: map \\+ unmap events ≤ segment events (met|not met) n/a met n/a",
+		"driver calls \\(vmarena\\): create / map / set access / unmap / release" + strings.Repeat(` \d+ / \d+ / \d+ / \d+ / \d+`, 4),
+		"address reserves / frees \\(vmarena, all the trace's devices\\) 3 / 0 6 / 0 6 / 0 3 / 0",
+		"modelled driver time \\(vmarena\\)" + strings.Repeat(` [0-9.]+ (s|ms|µs)`, 4),
+		"target: modelled driver time ≤ PyTorch's (met|not met) n/a (met|not met) n/a",
 	} {
 		require.Regexp(t, `(?m)^`+want+`$`, flat)
 	}
@@ -191,4 +199,62 @@ func TestReplayFailures(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReplaySynthetic replays the random-lifetimes workload, alone and
+// beside a trace: a column of its own named with its seed, the same
+// figures for the same seed, others for another; its flags' bad values
+// are usage errors.
+func TestReplaySynthetic(t *testing.T) {
+	code, out, errOut := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "150")
+	require.Equal(t, 0, code, errOut)
+	flat := flatten(out)
+	require.Contains(t, flat, "\ntrace random-lifetimes (seed 3)\n")
+	require.Contains(t, flat, "\nevents 150\n")
+	require.Contains(t, flat, "\nstarts mid-run no\n")
+	require.Contains(t, flat, "\nsegment events (PyTorch) 0\n")
+	require.Contains(t, flat, "\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release —\n")
+	require.Contains(t, flat, "\ntarget: modelled driver time ≤ PyTorch's n/a\n")
+	require.Regexp(t, `(?m)^driver calls \(vmarena\): create / map / set access / unmap / release [1-9]\d* / [1-9]\d* / [1-9]\d* / \d+ / \d+$`, flat)
+
+	_, again, _ := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "150")
+	require.Equal(t, out, again, "the same seed, the same table")
+	_, other, _ := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "4", "--events", "150")
+	require.NotEqual(t, flatten(other)[strings.Index(flatten(other), "\npeak allocated"):], flat[strings.Index(flat, "\npeak allocated"):])
+
+	small := filepath.Join(traceDir, "silmont2000_mem_snapshot.csv")
+	code, out, errOut = runReplay(t, "--trace", small, "--synthetic", "random-lifetimes", "--events", "50")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, flatten(out), "\ntrace silmont2000_mem_snapshot random-lifetimes (seed 1)\n")
+	require.Contains(t, flatten(out), "\nevents 97 50\n")
+
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--synthetic", "random"}, `--synthetic "random": unknown workload, want random-lifetimes`},
+		{[]string{"--synthetic", ""}, "no trace given (--trace FILE|DIR, or --synthetic WORKLOAD)"},
+		{[]string{"--trace", small, "--seed", "2"}, "--seed is for --synthetic, and no synthetic workload is given"},
+		{[]string{"--trace", small, "--events", "20"}, "--events is for --synthetic"},
+		{[]string{"--trace", small, "--seed", "2", "--events", "20"}, "--seed and --events are for --synthetic"},
+		{[]string{"--synthetic", "random-lifetimes", "--seed", "-1"}, `invalid value "-1" for flag -seed`},
+		{[]string{"--synthetic", "random-lifetimes", "--seed", "x"}, `invalid value "x" for flag -seed`},
+		{[]string{"--synthetic", "random-lifetimes", "--events", "0"}, "--events 0: want 1 to 100000000"},
+		{[]string{"--synthetic", "random-lifetimes", "--events", "-4"}, "--events -4: want 1 to 100000000"},
+		{[]string{"--synthetic", "random-lifetimes", "--events", "100000001"}, "--events 100000001: want 1 to 100000000"},
+		{[]string{"--synthetic", "random-lifetimes", "--events", "many"}, `invalid value "many" for flag -events`},
+	} {
+		code, out, errOut := runReplay(t, tc.args...)
+		require.Equal(t, 2, code, "%v", tc.args)
+		require.Empty(t, out, "%v", tc.args)
+		require.Contains(t, errOut, tc.says, "%v", tc.args)
+		require.Contains(t, errOut, "usage: vmarena replay", "%v", tc.args)
+	}
+
+	// A workload larger than the devices is a failure that names it.
+	code, out, errOut = runReplay(t, "--synthetic", "random-lifetimes", "--events", "50", "--capacity", "1GiB")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "vmarena replay: random-lifetimes (seed 1): replay: line ")
+	require.Contains(t, errOut, "out of memory")
 }

@@ -8,10 +8,18 @@
 // real accelerators, and to plan for devices larger than this machine. It
 // never makes a memory system call: its addresses are numbers from a
 // simulated 47-bit address space that no process can dereference.
+//
+// It counts the calls that change its record — Reserve, Unreserve,
+// Create, Release, Map, Unmap and SetAccess, one for each call that
+// succeeded, per device where the call has one — and prices them with a
+// table of per-call costs measured on a GPU (Options.Costs, A100 by
+// default): Tally says how much driver time a framework would have spent
+// on what it did (calls.go).
 package sim
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/cockroachdb/errors"
 
@@ -19,6 +27,7 @@ import (
 	"github.com/vmarena/vmarena/driver/internal/ledger"
 	"github.com/vmarena/vmarena/driver/internal/queue"
 	"github.com/vmarena/vmarena/internal/extent"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -38,6 +47,9 @@ type Options struct {
 	// Granularity is each device's minimum granularity (default 2 MiB);
 	// the recommended granularity is max(Granularity, 2 MiB).
 	Granularity uint64
+	// Costs prices the driver's calls (Tally); the zero value is A100. A
+	// negative cost is ErrInvalid.
+	Costs CallCosts
 }
 
 // Driver is the sim driver. It implements driver.Driver and
@@ -45,10 +57,24 @@ type Options struct {
 type Driver struct {
 	// books checks every call against the contract and records the
 	// reservations, chunks, mappings and access it made.
-	books  *ledger.Ledger
-	engine *queue.Engine // the streams and events
+	books   *ledger.Ledger
+	backend *backend
+	engine  *queue.Engine // the streams and events
 
 	hb queue.HostBuffers // what HostAlloc handed out
+
+	costs CallCosts // prices the calls counted (Tally)
+	// calls serializes the calls that change the record (the ledger
+	// serializes them too, under its write lock), so that the device the
+	// backend noted during one is that call's, and guards the counts.
+	// Lock order: calls, then the ledger's lock, which the books' methods
+	// take; the backend, which runs under the ledger's lock, never takes
+	// calls.
+	calls struct {
+		sync.Mutex
+		space   Calls   // Reserve and Unreserve
+		devices []Calls // the rest, indexed by DeviceID
+	}
 }
 
 var (
@@ -67,6 +93,12 @@ func New(opts Options) (*Driver, error) {
 	if opts.Granularity == 0 {
 		opts.Granularity = 2 * units.MiB
 	}
+	if opts.Costs == (CallCosts{}) {
+		opts.Costs = A100
+	}
+	if err := opts.Costs.check(); err != nil {
+		return nil, err
+	}
 	g := opts.Granularity
 	if g&(g-1) != 0 || g < 4*units.KiB {
 		return nil, errors.Wrapf(driver.ErrInvalid, "sim: granularity %d is not a power of two of at least 4 KiB", g)
@@ -83,11 +115,15 @@ func New(opts Options) (*Driver, error) {
 			CopyAlign: 1,
 		}
 	}
-	l, err := ledger.New("sim", devs, &backend{space: extent.New(spaceBase, spaceSize)}, true)
+	b := &backend{space: extent.New(spaceBase, spaceSize), noted: -1}
+	l, err := ledger.New("sim", devs, b, true)
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{books: l, engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true })}, nil
+	d := &Driver{books: l, backend: b, costs: opts.Costs,
+		engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true })}
+	d.calls.devices = make([]Calls, opts.Devices)
+	return d, nil
 }
 
 // Close waits for the streams to finish their work, then releases and
@@ -116,7 +152,9 @@ func (d *Driver) tearDown() error {
 		return nil
 	}
 	err := d.engine.Close()
-	d.hb.Close() // Go memory: nothing to give back
+	d.hb.Close()   // Go memory: nothing to give back
+	d.calls.Lock() // the ledger's unmaps reach the backend, which notes their device
+	defer d.calls.Unlock()
 	return errors.CombineErrors(err, ledger.TearDown(d.books))
 }
 
@@ -162,7 +200,13 @@ func (d *Driver) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, err
 	if d.unmade() {
 		return *new(driver.Addr), errUnmade("Reserve")
 	}
-	return d.books.Reserve(size, align, hint)
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	base, err := d.books.Reserve(size, align, hint)
+	if err == nil {
+		d.calls.space.Reserve++
+	}
+	return base, err
 }
 
 // Unreserve gives back a range Reserve returned, passed exactly as it was
@@ -172,7 +216,13 @@ func (d *Driver) Unreserve(base driver.Addr, size uint64) error {
 	if d.unmade() {
 		return errUnmade("Unreserve")
 	}
-	return d.books.Unreserve(base, size)
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	err := d.books.Unreserve(base, size)
+	if err == nil {
+		d.calls.space.Unreserve++
+	}
+	return err
 }
 
 // Create records a chunk of size bytes on device dev, counted against the
@@ -184,7 +234,13 @@ func (d *Driver) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	if d.unmade() {
 		return *new(driver.Handle), errUnmade("Create")
 	}
-	return d.books.Create(dev, size, opts)
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	h, err := d.books.Create(dev, size, opts)
+	if err == nil {
+		d.calls.devices[dev].Create++
+	}
+	return h, err
 }
 
 // Release gives up the chunk h; an unknown or released handle is
@@ -194,7 +250,22 @@ func (d *Driver) Release(h driver.Handle) error {
 	if d.unmade() {
 		return errUnmade("Release")
 	}
-	return d.books.Release(h)
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	// The chunk's device, while it is recorded: the ledger reaches the
+	// backend on Release only when nothing maps the chunk.
+	var dev driver.DeviceID
+	if len(d.calls.devices) > 1 {
+		_ = d.books.WithChunk("release", h, func(c *ledger.Chunk) error {
+			dev = c.Device
+			return nil
+		}) // an unknown or released handle: Release says so below
+	}
+	err := d.books.Release(h)
+	if err == nil {
+		d.calls.devices[dev].Release++
+	}
+	return err
 }
 
 // Map records the whole chunk h at addr, inaccessible to every device until
@@ -207,7 +278,14 @@ func (d *Driver) Map(addr driver.Addr, h driver.Handle) error {
 	if d.unmade() {
 		return errUnmade("Map")
 	}
-	return d.books.Map(addr, h)
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	d.backend.noted = -1
+	err := d.books.Map(addr, h)
+	if err == nil {
+		d.calls.devices[d.notedDevice("map")].Map++
+	}
+	return err
 }
 
 // Unmap removes the mapping that starts at addr and is size bytes long; the
@@ -219,7 +297,14 @@ func (d *Driver) Unmap(addr driver.Addr, size uint64) error {
 	if d.unmade() {
 		return errUnmade("Unmap")
 	}
-	return d.books.Unmap(addr, size)
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	d.backend.noted = -1
+	err := d.books.Unmap(addr, size)
+	if err == nil {
+		d.calls.devices[d.notedDevice("unmap")].Unmap++
+	}
+	return err
 }
 
 // SetAccess records what device dev may do over [addr, addr+size), which
@@ -231,7 +316,27 @@ func (d *Driver) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	if d.unmade() {
 		return errUnmade("SetAccess")
 	}
-	return d.books.SetAccess(addr, size, dev, a)
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	err := d.books.SetAccess(addr, size, dev, a)
+	if err == nil {
+		d.calls.devices[dev].SetAccess++
+	}
+	return err
+}
+
+// notedDevice is the device a Map or Unmap (op) that succeeded counts
+// on: that of the chunk the backend noted it placed or removed. A
+// successful call reached the backend (the ledger records a mapping only
+// after the backend made it); were none noted, builds with the invariants
+// tag fail there, and others count the call on device 0 rather than lose
+// it.
+func (d *Driver) notedDevice(op string) driver.DeviceID {
+	if d.backend.noted < 0 {
+		invariants.Fail("sim: "+op, errors.AssertionFailedf("sim: %s succeeded without reaching the backend", op))
+		return 0
+	}
+	return d.backend.noted
 }
 
 // Access reports what device dev may do at addr. An address outside every
@@ -290,9 +395,15 @@ func (d *Driver) touch(op string, addr driver.Addr, p []byte) error {
 	})
 }
 
-// backend hands out simulated addresses and otherwise does nothing.
+// backend hands out simulated addresses and otherwise does nothing but
+// note, for the count of a Map or Unmap, the device of the chunk it
+// placed or removed.
 type backend struct {
 	space *extent.Set
+	// noted is the device of the chunk the last Map or Unmap reached,
+	// -1 before one does. Written under the ledger's lock within a call
+	// the driver's calls mutex serializes, and read under that mutex.
+	noted driver.DeviceID
 }
 
 func (b *backend) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, any, error) {
@@ -313,8 +424,12 @@ func (b *backend) Unreserve(r *ledger.Region) error {
 
 func (b *backend) Commit(*ledger.Chunk) error { return nil }
 func (b *backend) Free(*ledger.Chunk) error   { return nil }
-func (b *backend) Map(*ledger.Mapping) error  { return nil }
-func (b *backend) Unmap(*ledger.Mapping) error {
+func (b *backend) Map(m *ledger.Mapping) error {
+	b.noted = m.Chunk.Device
+	return nil
+}
+func (b *backend) Unmap(m *ledger.Mapping) error {
+	b.noted = m.Chunk.Device
 	return nil
 }
 func (b *backend) Protect(*ledger.Region, driver.Addr, uint64, driver.Access, driver.Access) error {

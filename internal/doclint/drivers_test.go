@@ -38,7 +38,9 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 	// committed on a device, which physical's and mapping's tests compare
 	// with their own), Check (drivertest calls it after each test) and
 	// the host's HeapBytes (the kernel's figure, for leak tests); the
-	// accelerator drivers' Wait (how they wait for their streams).
+	// accelerator drivers' Wait (how they wait for their streams); the
+	// sim driver's Tally (its calls counted and priced, which replay
+	// reports).
 	for _, c := range []struct {
 		dir, goos string
 		extra     []string
@@ -46,7 +48,7 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 		{"driver/host", "linux", []string{"Used", "Check", "HeapBytes"}},
 		{"driver/host", "darwin", []string{"Used", "Check", "HeapBytes"}},
 		{"driver/host", "windows", []string{"Used", "Check", "HeapBytes"}},
-		{"driver/sim", "linux", []string{"Used", "Check"}},
+		{"driver/sim", "linux", []string{"Used", "Check", "Tally"}},
 		{"driver/cuda", "linux", []string{"Used", "Check", "Wait"}},
 		{"driver/acl", "linux", []string{"Used", "Check", "Wait"}},
 	} {

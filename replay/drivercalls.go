@@ -1,0 +1,72 @@
+package replay
+
+// Driver calls as a budget: the calls vmarena's allocator made, as the
+// sim driver counted them, beside the calls PyTorch's caching allocator
+// would have made for the trace's segment events, both priced with the
+// sim driver's table of per-call costs.
+
+import (
+	"time"
+
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// The pages of PyTorch's expandable segments (CUDACachingAllocator.cpp):
+// the small pool's segments map pages of smallPage, the large pool's
+// pages of largePage.
+const (
+	smallPage = 2 * units.MiB
+	largePage = 20 * units.MiB
+)
+
+// SegmentCalls are the driver calls an expandable segment makes for one
+// segment event of op and size bytes, as CUDACachingAllocator.cpp makes
+// them: memory is mapped in pages of 2 MiB (the small pool's) when size
+// is at most 2 MiB and of 20 MiB (the large pool's) otherwise, each page its own cuMemCreate and
+// cuMemMap, with one cuMemSetAccess over the range mapped; unmapping takes
+// a cuMemUnmap and a cuMemRelease per page. segment_alloc and segment_map
+// are mapping, segment_free and segment_unmap unmapping (a cudaMalloc
+// segment priced as an expandable segment would map it). Any other op,
+// or a size of 0, makes no call.
+func SegmentCalls(op Op, size uint64) sim.Calls {
+	page := uint64(largePage)
+	if size <= smallPage {
+		page = smallPage
+	}
+	pages := size/page + min(1, size%page) // ceil, without overflow
+	switch {
+	case pages == 0:
+		return sim.Calls{}
+	case op == OpSegmentAlloc || op == OpSegmentMap:
+		return sim.Calls{Create: pages, Map: pages, SetAccess: 1}
+	case op == OpSegmentFree || op == OpSegmentUnmap:
+		return sim.Calls{Unmap: pages, Release: pages}
+	}
+	return sim.Calls{}
+}
+
+// DriverTime is vmarena's driver calls on the device priced by the sim
+// driver's table; 0 when not Priced.
+func (d DeviceResult) DriverTime() time.Duration { return d.DriverCalls.Time(d.CallCosts) }
+
+// PyTorchDriverTime is the calls of PyTorch's segment events
+// (Summary.SegmentCalls) priced by the same table; 0 when not Priced.
+func (d DeviceResult) PyTorchDriverTime() time.Duration {
+	return d.Summary.SegmentCalls.Time(d.CallCosts)
+}
+
+// DriverTimeTarget: vmarena's modelled driver time at most PyTorch's,
+// both priced by the sim driver's table, at any granularity. Not
+// applicable off the sim driver (nothing priced), to a trace without
+// segment events, or to one that starts mid-run, whose segment events
+// leave out the segments made before recording.
+func (d DeviceResult) DriverTimeTarget() Verdict {
+	switch {
+	case !d.Priced || d.Summary.SegmentEvents == 0 || d.Summary.MidRun():
+		return NA
+	case d.DriverTime() <= d.PyTorchDriverTime():
+		return Met
+	}
+	return NotMet
+}
