@@ -26,7 +26,7 @@ import (
 // (A shareable allocator keeps one, so another process can mirror it with
 // one reservation at the same offsets.)
 // Each range is much larger than the memory the allocator may commit
-// (AddressSpace, default twice Max): address space is cheap, and room to
+// (AddressSpace, default four times Max): address space is cheap, and room to
 // place a block where memory is already committed matters more as
 // allocations come and go.
 //
@@ -85,7 +85,11 @@ type AllocatorOptions struct {
 	// (default: the device's capacity).
 	Max uint64
 	// AddressSpace is the address space reserved for each of its two
-	// heaps (default 2 × Max), rounded up to whole chunks.
+	// heaps (default 4 × Max), rounded up to whole chunks. A request
+	// goes where committing it needs the least new memory, and free
+	// chunks move to it: over a long run of random lifetimes the live set
+	// spreads over about three times its size of address space, and a
+	// large request needs a hole of its own size.
 	AddressSpace uint64
 	// ChunkSize is the unit memory is committed and given back in (default:
 	// the device's recommended granularity). Every chunk is its own driver
@@ -195,7 +199,7 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 			"give a Max of at least one chunk")
 	}
 	if opts.AddressSpace == 0 {
-		opts.AddressSpace = satAdd(opts.Max, opts.Max)
+		opts.AddressSpace = satMul(opts.Max, 4)
 	}
 	if opts.AddressSpace < opts.Max {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the address space %s is smaller than Max", what(), units.Bytes(opts.AddressSpace))

@@ -86,3 +86,11 @@ func satAdd(a, b uint64) uint64 {
 	}
 	return a + b
 }
+
+// satMul is a*b, or the largest uint64 when that overflows.
+func satMul(a, b uint64) uint64 {
+	if b != 0 && a > ^uint64(0)/b {
+		return ^uint64(0)
+	}
+	return a * b
+}

@@ -61,13 +61,14 @@ const ProgressEvents = 1 << 14
 
 // The bounds Check holds a replay to. A granularity is a chunk: below a
 // page nothing maps, above 1 GiB no allocator commits that coarsely. Each
-// device's allocator reserves about three times its capacity of the sim
-// driver's 127 TiB of address space, so a capacity of 4 TiB leaves room
-// for ten devices.
+// device's allocator reserves nine times its capacity of the sim driver's
+// 127 TiB of address space (two heaps of four, and its stitch range), so
+// a capacity of 1 TiB — five times the largest accelerator's — leaves
+// room for fourteen devices.
 const (
 	MinGranularity = 4 * units.KiB
 	MaxGranularity = units.GiB
-	MaxCapacity    = 4 * units.TiB
+	MaxCapacity    = units.TiB
 )
 
 // Check returns driver.ErrInvalid, saying what would be valid, for

@@ -269,8 +269,8 @@ func TestOptionsCheck(t *testing.T) {
 		{Options{Granularity: 3 * units.MiB}, "granularity 3 MiB: want a power of two from 4 KiB to 1 GiB"},
 		{Options{Granularity: 2 * units.KiB}, "granularity 2 KiB: want"},
 		{Options{Granularity: 2 * units.GiB}, "granularity 2 GiB: want"},
-		{Options{Capacity: 3 * units.MiB}, "capacity 3 MiB: want a multiple of the granularity 2 MiB from 2 MiB to 4 TiB"},
-		{Options{Capacity: MaxCapacity + 2*units.MiB}, "capacity 4194306 MiB: want"},
+		{Options{Capacity: 3 * units.MiB}, "capacity 3 MiB: want a multiple of the granularity 2 MiB from 2 MiB to 1 TiB"},
+		{Options{Capacity: MaxCapacity + 2*units.MiB}, "capacity 1048578 MiB: want"},
 		{Options{Capacity: 1 << 63}, "capacity 8388608 TiB: want"},
 	} {
 		err := c.o.Check()

@@ -1,5 +1,6 @@
 // Stitch fragments an allocator so that no free range can hold a large
-// request, then shows the request served anyway by stitching: the
+// request, and no hole in its address space either, then shows the
+// request served anyway by stitching: the
 // scattered free chunks are mapped side by side into a second range, with
 // no copy and no new memory, and the bytes written through the stitched
 // allocation are the bytes of the chunks where they lie.
@@ -61,10 +62,13 @@ func run(w io.Writer, svgDir string) (err error) {
 		return err
 	}
 	// A release threshold of one byte: the allocator commits exactly what
-	// it needs, and keeps nothing spare when it must commit more, so it
-	// stitches what is free instead.
+	// it needs, and keeps nothing spare when it must commit more. Its
+	// address space is its Max, the blocks' chunks: once they are
+	// committed no hole has room to move the free chunks to (which an
+	// allocator with room does instead, arena.Allocator says), so it
+	// stitches what is free.
 	al, err := arena.NewAllocator(vaspace.New(rec), physical.New(rec), arena.AllocatorOptions{
-		Max: 64 * chunk, ChunkSize: chunk, ReleaseThreshold: 1,
+		Max: blocks * chunk, AddressSpace: blocks * chunk, ChunkSize: chunk, ReleaseThreshold: 1,
 	})
 	if err != nil {
 		return err

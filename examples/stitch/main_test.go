@@ -35,7 +35,10 @@ func TestRun(t *testing.T) {
 	} {
 		require.Contains(t, flat, row)
 	}
-	require.Contains(t, s, "lent to the stitch while it lives (S):\n  SUSUSUSU.U.U.U.U\n")
+	require.Regexp(t, "lent to the stitch while it lives \\(S\\):\n  [.SU]{16}\n", s)
+	lentAt := regexp.MustCompile(`lent to the stitch while it lives \(S\):\n  ([.SU]{16})\n`).FindStringSubmatch(s)[1]
+	require.Equal(t, 4, strings.Count(lentAt, "S"), "four of the eight free chunks lent")
+	require.Equal(t, ".U.U.U.U.U.U.U.U", strings.ReplaceAll(lentAt, "S", "."), "only free chunks lent")
 	parts := regexp.MustCompile(`(?m)^  0x[0-9a-f]+: "stitched part (\d), written at 0x[0-9a-f]+" \(all 64 KiB the same: true\)$`).FindAllStringSubmatch(s, -1)
 	require.Len(t, parts, 4, s)
 	require.NotContains(t, s, "same: false")
@@ -70,14 +73,21 @@ func TestPictures(t *testing.T) {
 		}
 		require.ElementsMatch(t, []string{"the heap of small requests", "the heap of large requests", "the stitch range"}, names)
 	}
-	// The heaps reserve twice Max (64 chunks) each, the stitch range Max.
-	require.Equal(t, memsvg.Counts{Reserved: 320 - 16, Accessible: 16}, docs[0].Counts(t))
-	require.Equal(t, memsvg.Counts{Reserved: 320 - 20, Accessible: 20}, docs[1].Counts(t))
-	require.Equal(t, memsvg.Counts{Reserved: 320 - 16, Accessible: 16}, docs[2].Counts(t))
+	// The heaps reserve Max (16 chunks) each, as does the stitch range.
+	require.Equal(t, memsvg.Counts{Reserved: 48 - 16, Accessible: 16}, docs[0].Counts(t))
+	require.Equal(t, memsvg.Counts{Reserved: 48 - 20, Accessible: 20}, docs[1].Counts(t))
+	require.Equal(t, memsvg.Counts{Reserved: 48 - 16, Accessible: 16}, docs[2].Counts(t))
 	require.Empty(t, docs[0].Aliases())
 	require.Empty(t, docs[2].Aliases())
 	require.True(t, docs[0].Has("note", "Allocations (U used, . free): .U.U.U.U.U.U.U.U"))
-	require.True(t, docs[1].Has("note", "Allocations (U used, S lent to the stitch, . free): SUSUSUSU.U.U.U.U"))
+	require.Len(t, docs[1].Texts["note"], len(docs[0].Texts["note"]))
+	var lentNote string
+	for _, n := range docs[1].Texts["note"] {
+		if rest, ok := strings.CutPrefix(n, "Allocations (U used, S lent to the stitch, . free): "); ok {
+			lentNote = rest
+		}
+	}
+	require.Equal(t, 4, strings.Count(lentNote, "S"), "the picture marks the four lent chunks")
 
 	// The aliases are the chunks the output found at those addresses, in
 	// the stitch range in the order it lists them.
