@@ -206,9 +206,9 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 	if err := t.inside(what, addr, c.Size()); err != nil {
 		return err
 	}
-	i := t.index(addr)
 	end := addr + driver.Addr(c.Size())
-	if o := t.at(i); o != nil && o.rng.Base < end {
+	if it := t.maps.Overlap(addr, end); it != nil {
+		o := it.Val
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: %s overlaps the mapping %s of %s",
 				what(), vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
@@ -220,7 +220,7 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 	if err := mapref.Map(c, (*mapOp)(e)); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	t.maps.Insert(addr, end, e)
+	t.maps.Add(addr, end, e) // nothing in the way: checked above, under the lock
 	return nil
 }
 
@@ -237,16 +237,16 @@ func (t *Table) Unmap(addr driver.Addr) error {
 	if err := t.inside(what, addr, 1); err != nil {
 		return err
 	}
-	i := t.index(addr)
-	if e := t.at(i); e == nil || e.rng.Base > addr {
+	it := t.maps.Get(addr)
+	if it == nil {
 		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what())
 	}
-	if e := t.at(i); e.rng.Base != addr {
+	if e := it.Val; e.rng.Base != addr {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrPartial, "%s: it is inside the mapping %s of %s", what(), e.rng, e.chunk),
 			"unmap takes a whole mapping, by its start address")
 	}
-	return t.unmapAt(what, i)
+	return t.unmap(what, it.Val)
 }
 
 // UnmapRange removes every mapping inside r. A mapping that r cuts is
@@ -273,7 +273,7 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 	}
 	for i := hi - 1; i >= lo; i-- {
 		if e := t.at(i); e != nil && r.ContainsRange(e.rng) {
-			if err := t.unmapAt(what, i); err != nil {
+			if err := t.unmap(what, e); err != nil {
 				return err
 			}
 		}
@@ -281,12 +281,12 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 	return nil
 }
 
-func (t *Table) unmapAt(what func() string, i int) error {
-	e := t.at(i)
+// unmap unmaps the entry e and drops it from the books.
+func (t *Table) unmap(what func() string, e *entry) error {
 	if err := mapref.Unmap(e.chunk, (*unmapOp)(e)); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	t.maps.Delete(i, i+1)
+	t.maps.DeleteStart(e.rng.Base)
 	return nil
 }
 
@@ -343,17 +343,19 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 // ErrNotMapped naming the first gap.
 func (t *Table) covering(what func() string, addr, end driver.Addr, es []*entry) ([]*entry, error) {
 	at := addr
-	for i := t.index(addr); at < end; i++ {
-		e := t.at(i)
-		if e == nil || e.rng.Base > at {
-			gapEnd := end
-			if e != nil {
-				gapEnd = min(end, e.rng.Base)
-			}
-			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, gapEnd)
+	for _, it := range t.maps.From(t.index(addr)) {
+		if at >= end {
+			break
+		}
+		e := it.Val
+		if e.rng.Base > at {
+			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, min(end, e.rng.Base))
 		}
 		es = append(es, e)
 		at = e.rng.End()
+	}
+	if at < end {
+		return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, end)
 	}
 	return es, nil
 }
@@ -380,10 +382,11 @@ func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
 	if err := t.inside(what, addr, 1); err != nil {
 		return Entry{}, err
 	}
-	e := t.at(t.index(addr))
-	if e == nil || e.rng.Base > addr {
+	it := t.maps.Get(addr)
+	if it == nil {
 		return Entry{}, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped there", what())
 	}
+	e := it.Val
 	off := uint64(addr - e.rng.Base)
 	return Entry{Mapping: e.rng, Chunk: e.chunk, Offset: off,
 		Access: e.granule(off / e.gran)}, nil
@@ -504,9 +507,12 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 	}
 	end := addr + driver.Addr(len(p))
 	at := addr
-	for i := t.index(addr); at < end; i++ {
-		e := t.at(i)
-		if e == nil || e.rng.Base > at {
+	for _, it := range t.maps.From(t.index(addr)) {
+		if at >= end {
+			break
+		}
+		e := it.Val
+		if e.rng.Base > at {
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 		}
 		glo, ghi := uint64(at-e.rng.Base)/e.gran, min(e.granules(), (uint64(end-e.rng.Base)+e.gran-1)/e.gran)
@@ -521,6 +527,9 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 			return err
 		}
 		at = e.rng.End()
+	}
+	if at < end {
+		return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 	}
 	if err := t.res.Hold(func() error { return move(addr, p) }); err != nil {
 		return errors.Wrapf(err, "%s", what())
@@ -538,7 +547,7 @@ func (t *Table) Close() error {
 	}
 	var errs error
 	for i := t.n() - 1; i >= 0; i-- {
-		errs = errors.CombineErrors(errs, t.unmapAt(func() string { return "mapping: close" }, i))
+		errs = errors.CombineErrors(errs, t.unmap(func() string { return "mapping: close" }, t.at(i)))
 	}
 	if errs != nil {
 		return errs

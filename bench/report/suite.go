@@ -23,6 +23,14 @@ var suite = []command{
 		{path: "one growth step ÷ its bare calls", bench: "BenchmarkArenaGrowStep", sub: anySub, metric: "lib/bare", target: 1.10, source: "issue 13"},
 		{path: "growth to 1 GiB: Go append ÷ arena", bench: "BenchmarkGrowTo1GiB", metric: "speedup", target: 20, atLeast: true, source: "issue 3"},
 	}},
+	{bench: "Scale", benchtime: "200x", rows: []row{
+		{path: "alloc + free, 10³ to 10⁶ live: largest ÷ smallest", bench: "BenchmarkScale", sub: "alloc-free", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+		{path: "the same, freeing at random", bench: "BenchmarkScale", sub: "alloc-free-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+		{path: "map + unmap, 10³ to 10⁶ mapped: largest ÷ smallest", bench: "BenchmarkScale", sub: "map-unmap", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+		{path: "the same, at random places", bench: "BenchmarkScale", sub: "map-unmap-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+		{path: "commit + decommit, 10³ to 10⁶ committed: largest ÷ smallest", bench: "BenchmarkScale", sub: "commit-decommit", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+		{path: "the same, at random places", bench: "BenchmarkScale", sub: "commit-decommit-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+	}},
 	{bench: "Replay", benchtime: "1x", rows: []row{
 		{path: "replay: committed ÷ allocated", bench: "BenchmarkReplay", sub: anySub, metric: "committed/allocated", target: 1.01, source: "issue 9"},
 		{path: "replay: modelled driver time ÷ PyTorch's", bench: "BenchmarkReplay", sub: anySub, metric: "driver/pytorch", target: 1, source: "issue 19", where: true},

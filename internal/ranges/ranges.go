@@ -22,7 +22,6 @@ package ranges
 import (
 	"iter"
 	"slices"
-	"sort"
 
 	"github.com/cockroachdb/errors"
 )
@@ -158,6 +157,48 @@ func (l *List[K, V]) At(i int) *Item[K, V] {
 	return &lf.items[j]
 }
 
+// lastKid returns the last child of the inner node n whose first range
+// starts at or before x, or -1 when none does. A plain binary search: the
+// hot paths of a page table run it on every level.
+func (n *node[K, V]) lastKid(x K) int {
+	lo, hi := 0, len(n.kids)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if n.kids[m].first > x {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	return lo - 1
+}
+
+// upTo returns how many ranges of the leaf n start at or before x.
+func (n *node[K, V]) upTo(x K) int {
+	lo, hi := 0, len(n.items)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if n.items[m].Start > x {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	return lo
+}
+
+// leafFor returns the leaf where a range starting at x is or belongs and
+// how many of its ranges start at or before x: the last leaf whose first
+// range starts at or before x (the first leaf when none does). The
+// ranges before the leaf's all start before x; those after it, after.
+func (l *List[K, V]) leafFor(x K) (*node[K, V], int) {
+	n := l.root
+	for !n.leaf() {
+		n = n.kids[max(0, n.lastKid(x))].n
+	}
+	return n, n.upTo(x)
+}
+
 // startsAtOrBefore returns how many ranges start at or before x, and a
 // pointer to the last of them (nil when none).
 func (l *List[K, V]) startsAtOrBefore(x K) (int, *Item[K, V]) {
@@ -168,7 +209,7 @@ func (l *List[K, V]) startsAtOrBefore(x K) (int, *Item[K, V]) {
 	for !n.leaf() {
 		// The last child whose first range starts at or before x (the
 		// first child when none does: nothing starts at or before x).
-		k := sort.Search(len(n.kids), func(k int) bool { return n.kids[k].first > x }) - 1
+		k := n.lastKid(x)
 		if k < 0 {
 			return rank, nil
 		}
@@ -177,11 +218,117 @@ func (l *List[K, V]) startsAtOrBefore(x K) (int, *Item[K, V]) {
 		}
 		n = n.kids[k].n
 	}
-	p := sort.Search(len(n.items), func(j int) bool { return n.items[j].Start > x })
+	p := n.upTo(x)
 	if p == 0 {
 		return rank, nil
 	}
 	return rank + p, &n.items[p-1]
+}
+
+// Get returns the range holding x, or nil. Like the other key-based
+// operations (Overlap, Add, DeleteStart) it descends one path of the tree
+// and counts nothing; the pointer is valid until the list next changes.
+func (l *List[K, V]) Get(x K) *Item[K, V] {
+	if l.root == nil {
+		return nil
+	}
+	n, p := l.leafFor(x)
+	if p == 0 || n.items[p-1].End <= x {
+		return nil
+	}
+	return &n.items[p-1]
+}
+
+// Overlap returns the first range that overlaps [start, end), or nil
+// (always nil for an empty range).
+func (l *List[K, V]) Overlap(start, end K) *Item[K, V] {
+	if l.root == nil || start >= end {
+		return nil
+	}
+	n, p := l.leafFor(start)
+	if p > 0 && n.items[p-1].End > start {
+		return &n.items[p-1]
+	}
+	var next *Item[K, V]
+	switch {
+	case p < len(n.items):
+		next = &n.items[p]
+	case n.next != nil:
+		next = &n.next.items[0]
+	}
+	if next != nil && next.Start < end {
+		return next
+	}
+	return nil
+}
+
+// Add adds [start, end) with value v, like Insert, but returns no index:
+// ok is false, nothing changes and in the way is the range that overlaps
+// it (nil for an empty range).
+func (l *List[K, V]) Add(start, end K, v V) (inTheWay *Item[K, V], ok bool) {
+	if start >= end {
+		return nil, false
+	}
+	if o := l.Overlap(start, end); o != nil {
+		return o, false
+	}
+	l.insert(Item[K, V]{start, end, v})
+	return nil, true
+}
+
+// DeleteStart removes the range that starts at start and returns it; ok
+// is false, and nothing changes, when no range starts there.
+func (l *List[K, V]) DeleteStart(start K) (it Item[K, V], ok bool) {
+	if l.root == nil {
+		return it, false
+	}
+	if n, p := l.leafFor(start); p == 0 || n.items[p-1].Start != start {
+		return it, false
+	}
+	if l.n == 1 {
+		it = l.root.items[0]
+		l.Clear()
+		return it, true
+	}
+	it = l.deleteKey(l.root, start)
+	l.n--
+	if !l.root.leaf() && len(l.root.kids) == 1 {
+		l.root = l.root.kids[0].n
+	}
+	return it, true
+}
+
+// deleteKey removes the range starting at start under n, which holds it.
+func (l *List[K, V]) deleteKey(n *node[K, V], start K) Item[K, V] {
+	if n.leaf() {
+		p := n.upTo(start) - 1
+		it := n.items[p]
+		n.items = slices.Delete(n.items, p, p+1)
+		return it
+	}
+	k := n.lastKid(start)
+	it := l.deleteKey(n.kids[k].n, start)
+	n.deleted(k, it)
+	return it
+}
+
+// deleted updates the summary of child k of n after it lost the range it,
+// and refills the child if it fell below its minimum.
+func (n *node[K, V]) deleted(k int, it Item[K, V]) {
+	c := n.kids[k].n
+	e := &n.kids[k]
+	e.count--
+	if e.count > 0 {
+		if it.Start == e.first {
+			e.first = c.firstStart()
+		}
+		if it.Size() == e.big {
+			e.big = c.summary().big
+		}
+	}
+	if c.size() < minOf(c) {
+		n.rebalance(k)
+	}
 }
 
 // Search returns the index of the first range that ends after x: the range
@@ -246,8 +393,7 @@ func (l *List[K, V]) insert(it Item[K, V]) {
 // n had to split.
 func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) *node[K, V] {
 	if n.leaf() {
-		p := sort.Search(len(n.items), func(j int) bool { return n.items[j].Start > it.Start })
-		n.items = slices.Insert(n.items, p, it)
+		n.items = slices.Insert(n.items, n.upTo(it.Start), it)
 		if len(n.items) <= maxItems {
 			return nil
 		}
@@ -262,7 +408,7 @@ func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) *node[K, V] {
 		n.next = right
 		return right
 	}
-	k := max(0, sort.Search(len(n.kids), func(k int) bool { return n.kids[k].first > it.Start })-1)
+	k := max(0, n.lastKid(it.Start))
 	right := l.insertInto(n.kids[k].n, it)
 	if right == nil {
 		c := &n.kids[k]
@@ -335,21 +481,8 @@ func (l *List[K, V]) deleteFrom(n *node[K, V], i int) Item[K, V] {
 	for ; i >= n.kids[k].count; k++ {
 		i -= n.kids[k].count
 	}
-	c := n.kids[k].n
-	it := l.deleteFrom(c, i)
-	e := &n.kids[k]
-	e.count--
-	if e.count > 0 {
-		if it.Start == e.first {
-			e.first = c.firstStart()
-		}
-		if it.Size() == e.big {
-			e.big = c.summary().big
-		}
-	}
-	if c.size() < minOf(c) {
-		n.rebalance(k)
-	}
+	it := l.deleteFrom(n.kids[k].n, i)
+	n.deleted(k, it)
 	return it
 }
 

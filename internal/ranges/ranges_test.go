@@ -148,7 +148,7 @@ func runTreeModel(t *testing.T, space uint64, ops []byte) {
 	var l List[uint64, int]
 	m := sliceModel{}
 	for step := 0; step+2 < len(ops); step += 3 {
-		op, a, b := ops[step]%7, uint64(ops[step+1]), uint64(ops[step+2])
+		op, a, b := ops[step]%9, uint64(ops[step+1]), uint64(ops[step+2])
 		x := (a*space/256 + b) % space
 		switch op {
 		case 0, 1: // insert
@@ -209,6 +209,31 @@ func runTreeModel(t *testing.T, space uint64, ops []byte) {
 				want++
 			}
 			require.Equal(t, want, l.FirstFit(from, b%9))
+		case 7: // add (no index)
+			end := x + 1 + b%5
+			o, ok := l.Add(x, end, step)
+			j := m.search(x)
+			want := j >= len(m) || m[j].Start >= end
+			require.Equal(t, want, ok, "add [%d, %d)", x, end)
+			if ok {
+				require.Nil(t, o)
+				m = slices.Insert(m, j, Item[uint64, int]{x, end, step})
+			} else {
+				require.Equal(t, m[j], *o, "in the way of [%d, %d)", x, end)
+			}
+		case 8: // delete by start: a listed start, or x
+			at := x
+			if len(m) > 0 && a%2 == 0 {
+				at = m[int(x)%len(m)].Start
+			}
+			it, ok := l.DeleteStart(at)
+			j := m.search(at)
+			want := j < len(m) && m[j].Start == at
+			require.Equal(t, want, ok, "delete at %d", at)
+			if ok {
+				require.Equal(t, m[j], it)
+				m = slices.Delete(m, j, j+1)
+			}
 		}
 		require.Equal(t, len(m), l.Len())
 		require.NoError(t, l.Check())
@@ -229,6 +254,16 @@ func runTreeModel(t *testing.T, space uint64, ops []byte) {
 		require.Equal(t, j, i)
 		require.Equal(t, j < len(m) && m[j].Start <= q, ok)
 		require.Equal(t, j, l.Search(q))
+		if g := l.Get(q); j < len(m) && m[j].Start <= q {
+			require.Equal(t, m[j], *g, "get %d", q)
+		} else {
+			require.Nil(t, g, "get %d", q)
+		}
+		if o := l.Overlap(q, q+b%7); b%7 > 0 && j < len(m) && m[j].Start < q+b%7 {
+			require.Equal(t, m[j], *o, "overlap [%d, +%d)", q, b%7)
+		} else {
+			require.Nil(t, o, "overlap [%d, +%d)", q, b%7)
+		}
 		if len(m) > 0 {
 			k := int(q) % len(m)
 			require.Equal(t, m[k], *l.At(k))
@@ -263,11 +298,16 @@ func TestTreeModel(t *testing.T) {
 		// Mostly inserts first, then mostly deletes: the tree grows
 		// several levels and shrinks back.
 		for i := 0; i < len(ops)/2; i += 3 {
-			ops[i] %= 3
+			if ops[i] %= 4; ops[i] == 3 {
+				ops[i] = 7
+			}
 		}
 		for i := len(ops) / 2; i+2 < len(ops); i += 3 {
-			if ops[i]%2 == 0 {
+			switch ops[i] % 4 {
+			case 0:
 				ops[i] = 3
+			case 1:
+				ops[i] = 8
 			}
 		}
 		runTreeModel(t, space, ops)
@@ -293,6 +333,15 @@ func TestBigTree(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
 	for l.Len() > 0 {
+		if rng.IntN(2) == 0 {
+			it := *l.At(rng.IntN(l.Len()))
+			require.Equal(t, it, *l.Get(it.Start))
+			got, ok := l.DeleteStart(it.Start)
+			require.True(t, ok)
+			require.Equal(t, it, got)
+			require.Nil(t, l.Get(it.Start))
+			continue
+		}
 		i := rng.IntN(l.Len())
 		l.Delete(i, min(l.Len(), i+1+rng.IntN(3)))
 		if l.Len()%997 == 0 {

@@ -131,14 +131,6 @@ type Region struct {
 	maps    ranges.List[driver.Addr, *Mapping] // by address
 }
 
-// mapAt is the i-th mapping of r in address order, nil past the last.
-func (r *Region) mapAt(i int) *Mapping {
-	if i >= r.maps.Len() {
-		return nil
-	}
-	return r.maps.At(i).Val
-}
-
 func (r *Region) end() driver.Addr { return r.Base + driver.Addr(r.Size) }
 
 // Ledger is the record. Invariants (checked by Check): reservations is
@@ -463,9 +455,17 @@ func (l *Ledger) findReservation(addr driver.Addr) (int, *Region) {
 	return -1, nil
 }
 
+// regionOf returns the reservation containing addr, or nil.
+func (l *Ledger) regionOf(addr driver.Addr) *Region {
+	if it := l.reservations.Get(addr); it != nil {
+		return it.Val
+	}
+	return nil
+}
+
 // reservationFor returns the reservation holding all of [addr, addr+size).
 func (l *Ledger) reservationFor(what func() string, addr driver.Addr, size uint64) (*Region, error) {
-	_, r := l.findReservation(addr)
+	r := l.regionOf(addr)
 	end := addr + driver.Addr(size)
 	if r == nil || end < addr {
 		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
@@ -502,7 +502,8 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 		return err
 	}
 	m := &Mapping{Addr: addr, Size: c.Size, Chunk: c, Region: r, gran: gran, access: runs.New[uint64](c.Size / gran)}
-	if o := r.mapAt(r.mapIndex(addr)); o != nil && o.Addr < m.end() {
+	if it := r.maps.Overlap(addr, m.end()); it != nil {
+		o := it.Val
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: [%s, %s) overlaps the mapping [%s, %s) of chunk %d",
 				what(), addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
@@ -511,7 +512,7 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 	if err := l.backend.Map(m); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	r.maps.Insert(addr, m.end(), m)
+	r.maps.Add(addr, m.end(), m) // nothing in the way: checked above, under the lock
 	c.maps++
 	return nil
 }
@@ -525,15 +526,15 @@ func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
 	if l.closed {
 		return l.errClosed("unmap")
 	}
-	_, r := l.findReservation(addr)
+	r := l.regionOf(addr)
 	if r == nil {
 		return errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
 	}
-	i := r.mapIndex(addr)
-	m := r.mapAt(i)
-	if m == nil || m.Addr > addr {
+	it := r.maps.Get(addr)
+	if it == nil {
 		return errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what(), addr)
 	}
+	m := it.Val
 	if m.Addr != addr || m.Size != size {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrPartial, "%s: the mapping there is [%s, %s)", what(), m.Addr, m.end()),
@@ -542,7 +543,7 @@ func (l *Ledger) Unmap(addr driver.Addr, size uint64) error {
 	if err := l.backend.Unmap(m); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	r.maps.Delete(i, i+1)
+	r.maps.DeleteStart(addr)
 	c := m.Chunk
 	c.maps--
 	if c.released && c.maps == 0 {
@@ -611,17 +612,19 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	var msBuf [4]*Mapping
 	ms := msBuf[:0]
 	at := addr
-	for i := r.mapIndex(addr); at < end; i++ {
-		m := r.mapAt(i)
-		if m == nil || m.Addr > at {
-			gapEnd := end
-			if m != nil {
-				gapEnd = min(end, m.Addr)
-			}
-			return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, gapEnd)
+	for _, it := range r.maps.From(r.mapIndex(addr)) {
+		if at >= end {
+			break
+		}
+		m := it.Val
+		if m.Addr > at {
+			return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, min(end, m.Addr))
 		}
 		ms = append(ms, m)
 		at = m.end()
+	}
+	if at < end {
+		return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, end)
 	}
 	first, last := ms[0], ms[len(ms)-1]
 	if err := driver.CheckAddr(what, addr, first.gran); err != nil {
@@ -711,15 +714,15 @@ func (l *Ledger) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, e
 }
 
 func (l *Ledger) mappingAt(what func() string, addr driver.Addr) (*Mapping, error) {
-	_, r := l.findReservation(addr)
+	r := l.regionOf(addr)
 	if r == nil {
 		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
 	}
-	m := r.mapAt(r.mapIndex(addr))
-	if m == nil || m.Addr > addr {
+	it := r.maps.Get(addr)
+	if it == nil {
 		return nil, errors.Wrapf(driver.ErrNotMapped, "%s: nothing is mapped at %s", what(), addr)
 	}
-	return m, nil
+	return it.Val, nil
 }
 
 // WithRange runs fn with the record locked for reading, after checking that
@@ -824,9 +827,12 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
 	onMapping func(m *Mapping, at driver.Addr) error, onRun func(m *Mapping, word uint64, at, runEnd driver.Addr) error) error {
 	at := addr
-	for i := r.mapIndex(addr); at < end; i++ {
-		m := r.mapAt(i)
-		if m == nil || m.Addr > at {
+	for _, it := range r.maps.From(r.mapIndex(addr)) {
+		if at >= end {
+			break
+		}
+		m := it.Val
+		if m.Addr > at {
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 		}
 		if onMapping != nil {
@@ -843,6 +849,9 @@ func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
 			return err
 		}
 		at = m.end()
+	}
+	if at < end {
+		return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
 	}
 	return nil
 }
