@@ -41,11 +41,14 @@ import (
 //
 // When no free block fits, the allocator commits the chunks of a hole next
 // to the free bytes that waste least, keeping committed memory within a
-// budget of the live set (grow.go): to go past it, it first stitches whole
-// free chunks (stitch.go) or gives back free chunks elsewhere. When a
-// commit fails for lack of memory it gives back every wholly free chunk
-// and tries once more before it reports out of memory. Free never gives
-// memory back; the budget, Trim and TrimTo do.
+// budget of the live set (grow.go). Whole free chunks elsewhere move into
+// the hole first (relocate.go: an unmap and a map, no create); what must
+// be created is cut so that a large request's interior is one chunk of its
+// own; free chunks beyond the budget go back. Only when no hole has room
+// for the request does it stitch whole free chunks into a third range
+// (stitch.go). When a commit fails for lack of memory it gives back every
+// wholly free chunk and tries once more before it reports out of memory.
+// Free never gives memory back; the budget, Trim and TrimTo do.
 //
 // The allocator owns its ranges exclusively: nothing it exposes lets a
 // caller grow, shrink, decommit, close or place anything in them.

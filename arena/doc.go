@@ -7,7 +7,11 @@
 // Sparse is the one core under everything that grows. It reserves Max
 // bytes of address space and lets any chunk-aligned sub-range be committed
 // (chunks created on the devices a Placement chooses, mapped, access
-// granted) or decommitted (unmapped, released), in any order. A commit of
+// granted in one call a device) or decommitted (unmapped, released), in
+// any order. Inside the package a commit may cut its piece into chunks of
+// any multiple of ChunkSize, and whole chunks may move from one range to
+// another (an unmap and a map, no new memory: the allocator's relocation).
+// Its books edit in O(log n) whatever is committed. A commit of
 // several chunks that fails part-way is rolled back whole; views pin what
 // they cover; access is granted per device, for the whole range (SetAccess)
 // or for a range of chunks (Grant); Move replaces the chunks under a range
@@ -19,9 +23,10 @@
 //   - Arena is Sparse used as a prefix: Grow, Shrink, Resize, Append, Trim,
 //     Len; tensors grow in one (package tensor).
 //   - Allocator carves two Sparse ranges (small and large requests) into
-//     many allocations, commits where blocks are handed out and gives back
-//     wholly free chunks from anywhere, with a third range to stitch free
-//     chunks into when that saves committing.
+//     many allocations, commits where blocks are handed out in chunks cut
+//     to what they will hold, moves wholly free chunks to where they are
+//     needed and gives back the rest from anywhere, with a third range to
+//     stitch free chunks into when no hole has room for a request.
 //   - Package multidev is an Arena whose Placement spreads it over
 //     devices, with reachability checked for grants and migrations.
 //
