@@ -125,6 +125,12 @@ func TestAllocatorCollector(t *testing.T) {
 		"vmarena_allocator_decommitted_bytes_total":  b(st.DecommittedBytes),
 		"vmarena_allocator_grows_total":              f(st.Grows),
 		"vmarena_allocator_stitches_total":           f(st.Stitches),
+		"vmarena_allocator_relocations_total":        f(st.Relocations),
+		"vmarena_allocator_relocated_bytes_total":    b(st.RelocatedBytes),
+		"vmarena_allocator_splits_total":             f(st.Splits),
+		"vmarena_allocator_chunk_creates_total":      f(st.Creates),
+		"vmarena_allocator_chunk_releases_total":     f(st.Releases),
+		"vmarena_allocator_access_grants_total":      f(st.Grants),
 		"vmarena_allocator_oom_retries_total":        f(st.OOMRetries),
 	}
 	require.Equal(t, want, scrape(t, col, "weights"))

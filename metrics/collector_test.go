@@ -158,7 +158,7 @@ func TestClosedObjectsSendNothing(t *testing.T) {
 	require.NoError(t, metrics.Register(reg, cs...))
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	require.Equal(t, 38+16+17+6+16, n, "every series while the objects are open")
+	require.Equal(t, 38+22+17+6+16, n, "every series while the objects are open")
 
 	require.NoError(t, o.cache.Close())
 	require.NoError(t, o.al.Close())
