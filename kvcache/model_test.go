@@ -696,6 +696,40 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 		require.Equal(t, tokens, st.TokensStored, step)
 		require.Equal(t, running, st.Running, step)
 		require.Equal(t, len(m.seqs)-running, st.Preempted, step)
+		// The figures the cache keeps as counters, worked out from the
+		// model's slots: its own pages, and the bytes holding a running
+		// sequence's token, a store unit's once however many map it.
+		slotPages, shared := 0, 0
+		var used, saved uint64
+		most := map[*munit]int{}
+		for _, sl := range m.slots {
+			slotPages += m.ownedFrom(sl, 0) * m.up()
+			if sl.seq == nil || sl.seq.preempted != 0 {
+				continue
+			}
+			n := len(sl.seq.tokens)
+			for u := range sl.owned {
+				if sl.owned[u] && u < m.g.unitsFor(n) {
+					used += m.g.usedBytes(u, n)
+				}
+				if mu := sl.borrowed[u]; mu != nil {
+					most[mu] = max(most[mu], n)
+				}
+			}
+		}
+		for mu, n := range most {
+			used += m.g.usedBytes(mu.u, n)
+			if mu.refs > 1 {
+				shared += m.up()
+				saved += uint64((mu.refs-1)*m.up()) * page
+			}
+		}
+		require.Equal(t, slotPages, st.SlotPages, step)
+		require.Equal(t, m.pages-slotPages, st.StorePages, step)
+		require.Equal(t, used, st.UsedBytes, step)
+		require.Equal(t, shared, st.SharedPages, step)
+		require.Equal(t, saved, st.SavedBytes, step)
+		require.Equal(t, len(m.seqs), st.Sequences, step)
 	}
 	r.copies = m.copies
 	for _, ms := range m.seqs {

@@ -63,6 +63,10 @@ type storeUnit struct {
 }
 
 // prefixStore is the cache's store books (mu guards them).
+//
+// Invariants: sharedUnits counts the units mapped by two or more slots,
+// extraRefs the mappings past each unit's first (the sum of refs-1 over
+// them): what Stats' SharedPages, SavedBytes and UsedBytes read.
 type prefixStore struct {
 	s        *arena.Sparse // nil when sharing is off
 	units    []*storeUnit  // by idx; nil where free
@@ -71,6 +75,16 @@ type prefixStore struct {
 	children map[uint64][]*storeUnit // listed units by parent key
 	lru      *list.List              // cached units (no borrower), least recently used first
 	pages    int
+
+	sharedUnits, extraRefs int
+}
+
+// refLocked adds d to su's borrowers, keeping the sharing counters.
+func (c *Cache) refLocked(su *storeUnit, d int) {
+	before := su.refs
+	su.refs += d
+	c.ps.extraRefs += max(su.refs-1, 0) - max(before-1, 0)
+	c.ps.sharedUnits += b2i(su.refs > 1) - b2i(before > 1)
 }
 
 // openStore reserves the prefix store: as many units as the device could
@@ -203,6 +217,7 @@ func (c *Cache) backFromStoreLocked(s *Seq, u int) error {
 	if err := c.borrowLocked(sl, u, su); err != nil {
 		return errors.CombineErrors(err, c.freeStoreUnitLocked(su))
 	}
+	s.unpublished = append(s.unpublished, su)
 	c.ps.units[idx] = su
 	c.ps.pages += g.unitPages()
 	c.pages += g.unitPages()
@@ -230,9 +245,9 @@ func (c *Cache) borrowLocked(sl *slot, u int, su *storeUnit) error {
 		c.ps.lru.Remove(su.elem)
 		su.elem = nil
 	}
-	su.refs++
+	c.refLocked(su, 1)
 	su.lastUse = c.tick
-	sl.units[u] = unitInfo{state: unitBorrowed, su: su}
+	c.setUnitLocked(sl, u, unitBorrowed, su)
 	return nil
 }
 
@@ -256,9 +271,15 @@ func (c *Cache) freeStoreUnitLocked(su *storeUnit) error {
 // decommitted): a unit no one maps is cached if listed, freed otherwise
 // (never published: its bytes mean nothing).
 func (c *Cache) giveBackLocked(su *storeUnit) {
-	su.refs--
-	if su.owner != nil {
-		su.owner = nil // given back unwritten
+	c.refLocked(su, -1)
+	if o := su.owner; o != nil {
+		// Given back unwritten: units go back last first, so it is the
+		// owner's last unpublished one (Preempt and Free drop the rest).
+		if n := len(o.unpublished); n > 0 && o.unpublished[n-1] == su {
+			o.unpublished[n-1] = nil
+			o.unpublished = o.unpublished[:n-1]
+		}
+		su.owner = nil
 	}
 	if su.refs > 0 {
 		return
@@ -274,18 +295,16 @@ func (c *Cache) giveBackLocked(su *storeUnit) {
 }
 
 // publishLocked makes the store units s owns whose tokens are all below
-// upTo — written — matchable.
+// upTo — written — matchable: the front of s.unpublished, in unit order.
 func (c *Cache) publishLocked(s *Seq, upTo int) {
-	if !c.sharing() {
-		return
-	}
-	for u, ui := range s.sl.units {
-		su := ui.su
-		if ui.state != unitBorrowed || su.owner != s {
-			continue
+	i := 0
+	for ; i < len(s.unpublished); i++ {
+		su := s.unpublished[i]
+		if su.owner != s {
+			continue // given back unwritten
 		}
-		if _, end := c.g.unitTokens(u); end > upTo {
-			continue
+		if _, end := c.g.unitTokens(su.u); end > upTo {
+			break
 		}
 		su.owner, su.published = nil, true
 		if _, taken := c.ps.byKey[su.key]; !taken {
@@ -293,6 +312,11 @@ func (c *Cache) publishLocked(s *Seq, upTo int) {
 			c.ps.byKey[su.key] = su
 			c.ps.children[su.parent] = append(c.ps.children[su.parent], su)
 		}
+	}
+	if i > 0 {
+		n := copy(s.unpublished, s.unpublished[i:])
+		clear(s.unpublished[n:])
+		s.unpublished = s.unpublished[:n]
 	}
 }
 
@@ -510,7 +534,7 @@ func (c *Cache) copyPartialLocked(what func() string, s *Seq, p *storeUnit, k in
 	}
 	backed := []int{}
 	if sl.units[k].state == unitEmpty {
-		b, err := c.backLocked(what, s, k+1)
+		b, err := c.backLocked(what, s, k, k+1)
 		if err != nil {
 			return nil, err
 		}
@@ -530,11 +554,11 @@ func (c *Cache) holdLocked(su *storeUnit) {
 		c.ps.lru.Remove(su.elem)
 		su.elem = nil
 	}
-	su.refs++
+	c.refLocked(su, 1)
 }
 
 func (c *Cache) letGoLocked(su *storeUnit) {
-	su.refs--
+	c.refLocked(su, -1)
 	su.lastUse = c.tick
 	if su.refs == 0 {
 		su.elem = c.ps.lru.PushBack(su)
@@ -653,6 +677,35 @@ func (c *Cache) checkStoreLocked(fail func(string, ...any)) int {
 	}
 	if live*c.g.unitPages() != c.ps.pages {
 		fail("%d store units live, %d pages counted", live, c.ps.pages)
+	}
+	shared, extra, owned := 0, 0, map[*Seq]int{}
+	for _, su := range c.ps.units {
+		if su != nil {
+			shared += b2i(su.refs > 1)
+			extra += max(su.refs-1, 0)
+			if su.owner != nil {
+				owned[su.owner]++
+			}
+		}
+	}
+	if shared != c.ps.sharedUnits || extra != c.ps.extraRefs {
+		fail("%d store units are shared by %d extra mappings, counted %d by %d", shared, extra, c.ps.sharedUnits, c.ps.extraRefs)
+	}
+	for s := range c.seqs {
+		last, n := -1, 0
+		for _, su := range s.unpublished {
+			if su.owner != s {
+				continue
+			}
+			if su.u <= last {
+				fail("slot %d's unpublished store units are out of unit order", s.sl.idx)
+			}
+			last = su.u
+			n++
+		}
+		if n != owned[s] {
+			fail("slot %d's sequence lists %d unpublished store units, owns %d", s.sl.idx, n, owned[s])
+		}
 	}
 	return c.ps.pages
 }
