@@ -138,15 +138,24 @@ func blockHash(prev, extra uint64, tokens []int) uint64 {
 // chain returns the hashes at every block boundary of tokens under extra:
 // chain[0] is the seed, chain[i] the hash of blocks [0, i).
 func chain(tokens []int, extra uint64, block int) []uint64 {
-	out := make([]uint64, 1, 1+len(tokens)/block)
-	out[0] = mix(0x6b76636163686521, extra) // "kvcache!"
-	for i := 0; i+block <= len(tokens); i += block {
-		out = append(out, blockHash(out[len(out)-1], extra, tokens[i:i+block]))
-	}
-	return out
+	return chainTo(make([]uint64, 0, 1+len(tokens)/block), tokens, extra, block, len(tokens)/block)
 }
 
-// prefixKey is the hash of tokens[:e] under extra, from its chain.
+// chainTo extends ch, a chain of tokens under extra, to hold the hashes
+// of blocks [0, b) (b at most len(tokens)/block): a lookup hashes only as
+// far as it matches.
+func chainTo(ch []uint64, tokens []int, extra uint64, block, b int) []uint64 {
+	if len(ch) == 0 {
+		ch = append(ch, mix(0x6b76636163686521, extra)) // "kvcache!"
+	}
+	for i := len(ch) - 1; i < b; i++ {
+		ch = append(ch, blockHash(ch[i], extra, tokens[i*block:(i+1)*block]))
+	}
+	return ch
+}
+
+// prefixKey is the hash of tokens[:e] under extra, from its chain (which
+// reaches block e/block).
 func prefixKey(ch []uint64, tokens []int, extra uint64, block, e int) uint64 {
 	b := e / block
 	if e%block == 0 {
@@ -380,13 +389,16 @@ func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) 
 		return m
 	}
 	g := c.g
-	ch := chain(prompt, extra, g.block)
+	// The chain is worked out as the walk goes: a prompt the store does
+	// not hold costs one unit's hashing, not the whole prompt's.
+	ch := make([]uint64, 0, 16)
 	u := 0
 	for ; u < g.units; u++ {
 		start, end := g.unitTokens(u)
 		if end > limit || end > len(prompt) {
 			break
 		}
+		ch = chainTo(ch, prompt, extra, g.block, end/g.block)
 		su := c.ps.byKey[prefixKey(ch, prompt, extra, g.block, end)]
 		if su == nil || su.u != u || !slices.Equal(su.tokens, tokens[start:end]) {
 			break
@@ -399,6 +411,7 @@ func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) 
 		return m
 	}
 	best := 0
+	ch = chainTo(ch, prompt, extra, g.block, start/g.block)
 	for _, su := range c.ps.children[prefixKey(ch, prompt, extra, g.block, start)] {
 		if su.u != u {
 			continue
