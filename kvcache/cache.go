@@ -674,8 +674,8 @@ func (c *Cache) checkLocked() error {
 			default:
 				fail("slot %d holds a sequence in state %d", i, s.state)
 			}
-			if len(s.tokens) != s.n {
-				fail("sequence in slot %d keeps %d tokens, counts %d", i, len(s.tokens), s.n)
+			if s.generated.n != max(s.n-len(s.prompt), 0) || !s.generated.check() {
+				fail("sequence in slot %d keeps %d generated tokens, counts %d of a prompt of %d", i, s.generated.n, s.n, len(s.prompt))
 			}
 		} else if len(sl.covers) > 0 {
 			fail("idle slot %d keeps views", i)

@@ -147,8 +147,9 @@
 // slots wait for reclaim in a list kept in the order they were freed; a
 // sequence's unwritten store units in a list that publishing takes from
 // the front; the mapping-ahead goroutine is handed the slots that want a
-// unit rather than looking through them. A prefix lookup hashes only as
-// far as it matches. What a page costs beyond that — its commit, borrow
+// unit rather than looking through them. A sequence's generated tokens
+// are kept in blocks of fixed size, so no Append copies the context; a
+// prefix lookup hashes only as far as it matches. What a page costs beyond that — its commit, borrow
 // or decommit — is the arena's and the layers' below it.
 //
 // # What it never does

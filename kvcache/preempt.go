@@ -372,7 +372,7 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 	}
 	total := min(len(prompt)+expectedOutput, c.cfg.MaxContext)
 	up := c.g.unitPages()
-	shared := c.findLocked(prompt, prompt, extra, len(prompt)-1).units
+	shared := c.findLocked(prompt, extra, len(prompt)-1).units
 	need, freed := 0, 0
 	// The slot's own units where the shared ones go are given back at
 	// Admit (applyMatchLocked): room for the rest.

@@ -25,16 +25,17 @@ const (
 // never move from Admit to Free. Its methods are safe for concurrent use
 // (they take the cache's lock).
 //
-// Invariant: len(tokens) == n; tokens below len(prompt) are the prompt's.
+// Invariant: its tokens are prompt[:min(n, len(prompt))] followed by the
+// generated ones: generated.n == max(n-len(prompt), 0).
 type Seq struct {
-	c        *Cache
-	sl       *slot
-	prompt   []int
-	extra    uint64
-	tokens   []int
-	n        int
-	state    seqState
-	admitted uint64 // tick of Admit: preemption takes the latest first
+	c         *Cache
+	sl        *slot
+	prompt    []int
+	extra     uint64
+	generated tokenLog
+	n         int
+	state     seqState
+	admitted  uint64 // tick of Admit: preemption takes the latest first
 	// written is how many tokens the caller has written: all but those
 	// of the last Append, whose views it may still be filling. A prefix
 	// store unit the sequence made is matchable once written covers it.
@@ -265,11 +266,11 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	if err != nil {
 		return Step{}, err
 	}
-	s.tokens = append(s.tokens, tokens...)
+	s.generated.append(tokens[min(max(len(s.prompt)-pos, 0), cnt):])
 	c.setLenLocked(s, pos+cnt)
 	step, err := c.stepLocked(s, pos, cnt)
 	if err != nil {
-		s.tokens = s.tokens[:pos]
+		s.generated.truncate(max(pos-len(s.prompt), 0))
 		c.setLenLocked(s, pos)
 		return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
 	}
@@ -407,7 +408,8 @@ func (s *Seq) Tokens() []int {
 	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	return append([]int(nil), s.tokens...)
+	out := append([]int(nil), s.prompt[:min(s.n, len(s.prompt))]...)
+	return s.generated.appendTo(out)
 }
 
 // Slot is the index of the sequence's slot: its memory lies at

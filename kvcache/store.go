@@ -380,10 +380,10 @@ type match struct {
 	partial *storeUnit
 }
 
-// findLocked finds the longest prefix of tokens[:limit] the store holds,
+// findLocked finds the longest prefix of prompt[:limit] the store holds,
 // unit by unit (each unit's tokens compared), then the whole blocks of the
 // next unit a listed unit continuing the same prefix shares.
-func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) match {
+func (c *Cache) findLocked(prompt []int, extra uint64, limit int) match {
 	var m match
 	if !c.sharing() || limit <= 0 {
 		return m
@@ -400,7 +400,7 @@ func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) 
 		}
 		ch = chainTo(ch, prompt, extra, g.block, end/g.block)
 		su := c.ps.byKey[prefixKey(ch, prompt, extra, g.block, end)]
-		if su == nil || su.u != u || !slices.Equal(su.tokens, tokens[start:end]) {
+		if su == nil || su.u != u || !slices.Equal(su.tokens, prompt[start:end]) {
 			break
 		}
 		m.units = append(m.units, su)
@@ -417,7 +417,7 @@ func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) 
 			continue
 		}
 		n := 0
-		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == tokens[start+n] {
+		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
 			n++
 		}
 		if (start+n)/g.block*g.block > start+best {
@@ -436,11 +436,10 @@ func (c *Cache) matchLocked(what func() string, s *Seq) error {
 	if !c.sharing() {
 		return nil
 	}
-	_, err := c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.prompt, s.extra, len(s.prompt)-1), true)
+	_, err := c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, len(s.prompt)-1), true)
 	if err != nil {
 		return err
 	}
-	s.tokens = slices.Clone(s.prompt[:s.matched])
 	s.n, s.written = s.matched, s.matched
 	c.countMatchLocked(s)
 	return nil
@@ -466,7 +465,8 @@ func (c *Cache) rematchLocked(what func() string, s *Seq, limit int, copy bool) 
 		s.matched = 0
 		return nil, nil
 	}
-	return c.applyMatchLocked(what, s, c.findLocked(s.tokens, s.prompt, s.extra, limit), copy)
+	// The tokens a match compares are its prompt's.
+	return c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, limit), copy)
 }
 
 // applyMatchLocked borrows m's units into s's slot (after giving back the
