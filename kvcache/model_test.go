@@ -437,6 +437,55 @@ func (m *model) apply(s *mseq, r mmatch, copy bool) []int {
 	return backed
 }
 
+// canAdmit is the cache's CanAdmit: the slot Admit would take, and
+// whether the pages the prompt and out more tokens need there — less
+// those it would borrow and those the slot keeps — fit once idle, cached
+// and surplus pages are given back, the slot's own pages under the
+// borrowed ones with them.
+func (m *model) canAdmit(prompt []int, extra uint64, out, maxCtx int) bool {
+	if len(prompt) > maxCtx {
+		return false
+	}
+	var sl *mslot
+	for _, x := range m.slots {
+		if x.seq == nil && (sl == nil || m.ownedFrom(x, 0) > m.ownedFrom(sl, 0)) {
+			sl = x
+		}
+	}
+	if sl == nil {
+		return false
+	}
+	total := min(len(prompt)+out, maxCtx)
+	shared := m.find(prompt, prompt, extra, len(prompt)-1).units
+	need, room := 0, m.free()
+	for u := range shared {
+		if sl.owned[u] {
+			room += m.up()
+		}
+	}
+	for u := len(shared); u < m.g.unitsFor(total); u++ {
+		if !sl.owned[u] {
+			need += m.up()
+		}
+	}
+	room += len(m.lru) * m.up()
+	for _, mu := range shared {
+		if mu.refs == 0 {
+			room -= m.up()
+		}
+	}
+	for _, x := range m.slots {
+		switch {
+		case x == sl:
+		case x.seq == nil:
+			room += m.ownedFrom(x, 0) * m.up()
+		default:
+			room += m.ownedFrom(x, m.surplusFrom(x, sl, len(sl.owned))) * m.up()
+		}
+	}
+	return need <= room
+}
+
 // preempt publishes s's written units and takes its pages.
 func (m *model) preempt(s *mseq, mode PreemptMode) {
 	m.publish(s, len(s.tokens))
@@ -502,6 +551,10 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 				prompt[j] = fresh
 				fresh++
 			}
+			out := o.n % 64
+			fits, err := c.CanAdmit(prompt, o.extra, out)
+			require.NoError(t, err, step)
+			require.Equal(t, m.canAdmit(prompt, o.extra, out, cfg.MaxContext), fits, step)
 			real, err := c.Admit(prompt, o.extra)
 			pick := -1
 			for k, sl := range m.slots {

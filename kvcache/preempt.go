@@ -381,11 +381,11 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 			freed += up
 		}
 	}
-	for u := len(shared); u < c.g.unitsFor(total); u++ {
-		if sl.units[u].state != unitOwned {
-			need += up
-		}
-	}
+	// Every unit past the shared ones needs a page but those the slot
+	// kept: only its units in use (below hi) are looked at, so a waiting
+	// request asked about every step costs no walk of its context.
+	last := max(c.g.unitsFor(total), len(shared))
+	need = (last - len(shared) - sl.ownedIn(len(shared), last)) * up
 	// Cached units it would borrow are no room for anything else.
 	evictable := c.evictablePagesLocked()
 	for _, su := range shared {
