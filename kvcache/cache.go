@@ -37,20 +37,28 @@ type unitInfo struct {
 // slot is one of MaxSeqs stretches of the slot range, each g.slotBytes
 // long, at idx*g.slotBytes.
 //
-// Invariants: owned counts the units in state unitOwned; a slot holds at
-// most one sequence (seq), and a running sequence's units below
-// unitsFor(Len) are all owned or borrowed; an idle slot (seq nil) or a
-// preempted sequence's slot borrows nothing; covers are live views of
-// units [0, coverUnits) of every region, and coverUnits never exceeds the
-// units its sequence's tokens fill.
+// Invariants: owned, borrowed, surplus and hi are as books.go says; a
+// slot holds at most one sequence (seq), and a running sequence's units
+// below unitsFor(Len) are all owned or borrowed; an idle slot (seq nil)
+// or a preempted sequence's slot borrows nothing; covers are live views
+// of units [0, coverUnits) of every region, and coverUnits never exceeds
+// the units its sequence's tokens fill.
 type slot struct {
-	idx        int
-	units      []unitInfo
-	owned      int
-	seq        *Seq
-	freedAt    uint64 // tick of the last Free, for reclaiming idle slots oldest first
-	covers     []*arena.View
-	coverUnits int
+	idx                      int
+	units                    []unitInfo
+	owned, borrowed, surplus int
+	hi                       int
+	seq                      *Seq
+	freedAt                  uint64 // tick of the last Free, for reclaiming idle slots oldest first
+	// idleListed says the slot is in the cache's idle list, between
+	// idlePrev and idleNext; admitting keeps it out while Admit matches a
+	// prompt into it.
+	idleListed, admitting bool
+	idlePrev, idleNext    *slot
+	// aheadListed says the slot is in the mapper's list (mapper.go).
+	aheadListed bool
+	covers      []*arena.View
+	coverUnits  int
 	// lease ends every tensor handed out over the slot's memory (Append's
 	// rows, K, V) when that memory is about to go: revoked before the
 	// covers are released for a decommit, at the end of the sequence and
@@ -100,7 +108,18 @@ type Cache struct {
 	seqs     map[*Seq]struct{} // live sequences: running or preempted
 	tick     uint64
 	counts   counters
-	closed   bool
+	// The counters of books.go, kept as units, lengths and states change.
+	ownedUnits, idleUnits, surplusUnits int
+	running, runningTokens              int
+	// idleHead and idleTail are the idle list (books.go): the slots
+	// holding no sequence that own units, longest idle first.
+	idleHead, idleTail *slot
+	// ahead lists the slots whose sequence may want a unit mapped ahead,
+	// in the order they asked; mapping is the unit the mapper is
+	// committing (its sl nil when none) — see mapper.go.
+	ahead   []*slot
+	mapping mapJob
+	closed  bool
 	// lostErr records what went wrong where no caller could be told (the
 	// mapper, a store unit's release on give-back): a bug, for Check.
 	lostErr error
@@ -254,17 +273,18 @@ func (c *Cache) commitUnitsLocked(sl *slot, u0, u1 int) error {
 	}
 	c.counts.commits += g.regions
 	for u := u0; u < u1; u++ {
-		sl.units[u].state = unitOwned
+		c.setUnitLocked(sl, u, unitOwned, nil)
 	}
-	sl.owned += u1 - u0
 	c.pages += (u1 - u0) * g.unitPages()
 	return nil
 }
 
 // decommitUnitsLocked gives back every unit of [u0, u1) of sl that is
 // owned (decommitted) or borrowed (given back to the store, last first),
-// one arena call per region. The slot's covers go first: they pin the memory.
+// one arena call per region. The slot's covers go first: they pin the
+// memory. Only the units below sl.hi are looked at.
 func (c *Cache) decommitUnitsLocked(sl *slot, u0, u1 int) error {
+	u1 = min(u1, sl.hi)
 	any := false
 	for u := u0; u < u1; u++ {
 		switch sl.units[u].state {
@@ -295,15 +315,16 @@ func (c *Cache) decommitUnitsLocked(sl *slot, u0, u1 int) error {
 	// first, so that eviction takes a prefix chain from its end — a unit
 	// is found only through every unit before it.
 	for u := u1 - 1; u >= u0; u-- {
-		switch sl.units[u].state {
+		ui := sl.units[u]
+		c.setUnitLocked(sl, u, unitEmpty, nil)
+		switch ui.state {
 		case unitOwned:
-			sl.owned--
 			c.pages -= g.unitPages()
 		case unitBorrowed:
-			c.giveBackLocked(sl.units[u].su)
+			c.giveBackLocked(ui.su)
 		}
-		sl.units[u] = unitInfo{}
 	}
+	sl.trimLocked()
 	return nil
 }
 
@@ -350,7 +371,7 @@ func (c *Cache) settleLocked(s *Seq, k func() int, check func() error) (bool, er
 		if err := check(); err != nil {
 			return waited, err
 		}
-		if !slices.ContainsFunc(s.sl.units[:k()], func(u unitInfo) bool { return u.state == unitCommitting }) {
+		if c.mapping.sl != s.sl || c.mapping.u >= k() {
 			return waited, nil
 		}
 		waited = true
@@ -388,72 +409,78 @@ func (c *Cache) makeRoomLocked(what func() string, need int, keep *slot, keepUni
 
 // reclaimableLocked counts the pages of idle slots and the pages running
 // or preempted sequences' slots hold beyond their tokens, keep's units
-// below keepUnits aside.
+// below keepUnits aside: the counters, less what keep holds between its
+// tokens and keepUnits.
 func (c *Cache) reclaimableLocked(keep *slot, keepUnits int) (idle, surplus int) {
 	up := c.g.unitPages()
-	for _, sl := range c.slotList {
-		if sl.seq == nil {
-			if sl != keep {
-				idle += sl.owned * up
-			}
-			continue
-		}
-		from := c.g.unitsFor(sl.seq.n)
-		if sl == keep {
-			from = max(from, keepUnits)
-		}
-		for u := from; u < len(sl.units); u++ {
-			if sl.units[u].state == unitOwned {
-				surplus += up
-			}
+	idle, surplus = c.idleUnits, c.surplusUnits
+	if keep != nil {
+		if keep.seq == nil {
+			idle -= keep.owned
+		} else {
+			surplus -= keep.ownedIn(c.g.unitsFor(keep.seq.n), keepUnits)
 		}
 	}
-	return idle, surplus
+	return idle * up, surplus * up
+}
+
+// ownedIn counts sl's owned units in [u0, u1): a walk of that stretch
+// alone (below hi).
+func (sl *slot) ownedIn(u0, u1 int) int {
+	n := 0
+	for u := u0; u < min(u1, sl.hi); u++ {
+		n += b2i(sl.units[u].state == unitOwned)
+	}
+	return n
+}
+
+// ownedFromLocked counts sl's owned units at or past from: its owned
+// units when idle and from is 0, its surplus less those below from when
+// from is past its sequence's tokens (Append's keep: a walk of the units
+// it appends), a walk otherwise.
+func (c *Cache) ownedFromLocked(sl *slot, from int) int {
+	switch {
+	case sl.seq == nil && from == 0:
+		return sl.owned
+	case sl.seq != nil && from >= c.g.unitsFor(sl.seq.n):
+		return sl.surplus - sl.ownedIn(c.g.unitsFor(sl.seq.n), from)
+	}
+	return sl.ownedIn(from, sl.hi)
 }
 
 // reclaimIdleLocked decommits the units of idle slots, longest idle first
 // and from their last unit down, until need pages are free.
 func (c *Cache) reclaimIdleLocked(need int, keep *slot) error {
-	var idle []*slot
-	for _, sl := range c.slotList {
-		if sl.seq == nil && sl.owned > 0 && sl != keep {
-			idle = append(idle, sl)
+	for sl := c.idleHead; sl != nil && c.freePagesLocked() < need; {
+		next := sl.idleNext // sl leaves the list once it owns nothing
+		if sl != keep {
+			if err := c.reclaimFromLocked(sl, 0, need); err != nil {
+				return err
+			}
 		}
-	}
-	slices.SortFunc(idle, func(a, b *slot) int { return int(a.freedAt) - int(b.freedAt) })
-	for _, sl := range idle {
-		if err := c.reclaimFromLocked(sl, 0, need); err != nil {
-			return err
-		}
-		if c.freePagesLocked() >= need {
-			return nil
-		}
+		sl = next
 	}
 	return nil
 }
 
 // reclaimFromLocked decommits sl's owned units at or above from, last
 // first, until need pages are free: whole units, so whole pages. A slot
-// given back whole takes one arena call per region.
+// given back whole takes one arena call per region. A running
+// sequence's slot is listed for mapping ahead again.
 func (c *Cache) reclaimFromLocked(sl *slot, from, need int) error {
 	up := c.g.unitPages()
-	owned := 0
-	for u := from; u < len(sl.units); u++ {
-		if sl.units[u].state == unitOwned {
-			owned++
-		}
-	}
+	owned := c.ownedFromLocked(sl, from)
 	if owned == 0 {
 		return nil
 	}
 	before := c.pages
-	committing := slices.ContainsFunc(sl.units[from:], func(u unitInfo) bool { return u.state == unitCommitting })
+	committing := c.mapping.sl == sl && c.mapping.u >= from
 	if c.freePagesLocked()+owned*up <= need && !committing {
 		if err := c.decommitUnitsLocked(sl, from, len(sl.units)); err != nil {
 			return err
 		}
 	} else {
-		for u := len(sl.units) - 1; u >= from && c.freePagesLocked() < need; u-- {
+		for u := sl.hi - 1; u >= from && c.freePagesLocked() < need; u-- {
 			if sl.units[u].state != unitOwned {
 				continue
 			}
@@ -464,17 +491,24 @@ func (c *Cache) reclaimFromLocked(sl *slot, from, need int) error {
 	}
 	c.counts.reclaims++
 	c.counts.reclaimedPages += before - c.pages
+	if sl.seq != nil {
+		c.wantAheadLocked(sl)
+	}
 	return nil
 }
 
 // reclaimSurplusLocked decommits the units running sequences hold beyond
-// their tokens (keep's below keepUnits aside) until need pages are free.
+// their tokens (keep's below keepUnits aside) until need pages are free,
+// slot by slot in order, passing over the slots that hold none.
 func (c *Cache) reclaimSurplusLocked(need int, keep *slot, keepUnits int) error {
+	if c.surplusUnits == 0 {
+		return nil
+	}
 	for _, sl := range c.slotList {
 		if c.freePagesLocked() >= need {
 			return nil
 		}
-		if sl.seq == nil {
+		if sl.seq == nil || sl.surplus == 0 {
 			continue
 		}
 		from := c.g.unitsFor(sl.seq.n)
@@ -508,6 +542,10 @@ func (c *Cache) Close() error {
 	for _, sl := range c.slotList {
 		errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, 0, len(sl.units)))
 	}
+	for _, sl := range c.ahead {
+		sl.aheadListed = false
+	}
+	c.ahead = nil
 	errs = errors.CombineErrors(errs, c.closeStoreLocked())
 	errs = errors.CombineErrors(errs, c.slots.Close())
 	if c.str != nil {
@@ -636,8 +674,8 @@ func (c *Cache) checkLocked() error {
 			default:
 				fail("slot %d holds a sequence in state %d", i, s.state)
 			}
-			if len(s.tokens) != s.n {
-				fail("sequence in slot %d keeps %d tokens, counts %d", i, len(s.tokens), s.n)
+			if s.generated.n != max(s.n-len(s.prompt), 0) || !s.generated.check() {
+				fail("sequence in slot %d keeps %d generated tokens, counts %d of a prompt of %d", i, s.generated.n, s.n, len(s.prompt))
 			}
 		} else if len(sl.covers) > 0 {
 			fail("idle slot %d keeps views", i)
@@ -654,6 +692,12 @@ func (c *Cache) checkLocked() error {
 	if committing*up != c.inflight {
 		fail("%d units are being committed, %d pages counted in flight", committing, c.inflight)
 	}
+	if m := c.mapping; (committing == 1) != (m.sl != nil) || committing > 1 ||
+		(m.sl != nil && m.sl.units[m.u].state != unitCommitting) {
+		fail("%d units are being committed; the mapper's unit in flight is %v", committing, m)
+	}
+	c.checkBooksLocked(fail)
+	c.checkAheadLocked(fail)
 	storePages := c.checkStoreLocked(fail)
 	if ownedPages+storePages != c.pages {
 		fail("%d slot pages and %d store pages are committed, %d counted", ownedPages, storePages, c.pages)
@@ -684,6 +728,9 @@ func (c *Cache) checkLocked() error {
 		if !slices.Equal(merged, got) {
 			fail("the slot range maps %v, the slots say %v", got, merged)
 		}
+	}
+	if got, want := c.statsLocked(), c.walkStatsLocked(); got != want {
+		fail("the counters say %+v, a walk %+v", got, want)
 	}
 	return errs
 }

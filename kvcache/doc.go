@@ -136,6 +136,22 @@
 // (Append's views are nil; K and V are ErrUnsupported) and copies nothing.
 // The serving simulation runs this way with model-sized memory.
 //
+// # Cost
+//
+// A call touches only what it changes, whatever the context or the
+// sequences seen: an Append looks at the units its new tokens reach (and
+// at the few past them MapAhead covers), Preempt and Free at the units
+// they give back, and Stats reads counters kept as units, lengths and
+// states change — pages owned, idle and surplus, running tokens, shared
+// store units — which Check recomputes by walking and compares. Idle
+// slots wait for reclaim in a list kept in the order they were freed; a
+// sequence's unwritten store units in a list that publishing takes from
+// the front; the mapping-ahead goroutine is handed the slots that want a
+// unit rather than looking through them. A sequence's generated tokens
+// are kept in blocks of fixed size, so no Append copies the context; a
+// prefix lookup hashes only as far as it matches. What a page costs beyond that — its commit, borrow
+// or decommit — is the arena's and the layers' below it.
+//
 // # What it never does
 //
 // It never copies a sequence to grow it, never moves a live sequence's

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"fmt"
 	"runtime/debug"
 
 	"github.com/cockroachdb/errors"
@@ -16,6 +17,19 @@ import (
 // Append that finds its unit empty commits it itself, and one that finds it
 // in flight waits: both count in Stats.Waits. Units that belong in the
 // prefix store are left to Append.
+//
+// The goroutine never walks the slots: a slot whose sequence wants a unit
+// ahead is listed (Cache.ahead) by the call that made it want one — an
+// Admit, Append or Resume, a reclaim of its surplus, a raised budget —
+// and the goroutine takes the list in order, a slot leaving it once it
+// wants nothing. Whether a slot wants a unit is a look at the few units
+// past its tokens that MapAhead reaches, not at the whole slot. Only
+// those calls wake the goroutine, so a decode step whose pages are there
+// costs it nothing.
+//
+// Invariants: c.ahead holds each slot whose aheadListed is set, once; a
+// running sequence's slot that wants a unit ahead is listed (when mapping
+// ahead is on); at most one unit is in flight, c.mapping's.
 
 // mapper is the goroutine's handles; nil fields when MapAhead is off.
 type mapper struct {
@@ -79,41 +93,108 @@ type mapJob struct {
 	u  int
 }
 
+func (j mapJob) String() string {
+	if j.sl == nil {
+		return "none"
+	}
+	return fmt.Sprintf("unit %d of slot %d", j.u, j.sl.idx)
+}
+
 // nextJobLocked finds a running sequence short of room and marks its next
 // unit committing; ok is false when there is none (or no budget for it).
 func (c *Cache) nextJobLocked() (mapJob, bool) {
 	job, ok := c.findJobLocked()
 	if ok {
-		job.sl.units[job.u].state = unitCommitting
+		c.setUnitLocked(job.sl, job.u, unitCommitting, nil)
 		c.inflight += c.g.unitPages()
+		c.mapping = job
 	}
 	return job, ok
 }
 
-// findJobLocked finds the next unit to commit ahead, if any.
+// findJobLocked finds the next unit to commit ahead, if any: the first
+// listed slot's, once the slots before it that want none have left the
+// list. With a unit in flight, or no budget for one, there is none now
+// (the list waits for the next wake).
 func (c *Cache) findJobLocked() (mapJob, bool) {
-	if c.closed || c.cfg.MapAhead <= 0 {
+	if c.closed || c.cfg.MapAhead <= 0 || c.mapping.sl != nil {
 		return mapJob{}, false
 	}
-	g := c.g
-	for _, sl := range c.slotList {
-		s := sl.seq
-		if s == nil || s.state != seqRunning {
-			continue
+	for len(c.ahead) > 0 {
+		sl := c.ahead[0]
+		if u, ok := c.aheadUnitLocked(sl); ok {
+			if c.freePagesLocked() < c.g.unitPages() {
+				return mapJob{}, false
+			}
+			return mapJob{sl, u}, true
 		}
-		k := 0
-		for k < len(sl.units) && (sl.units[k].state == unitOwned || sl.units[k].state == unitBorrowed) {
-			k++
-		}
-		if k == len(sl.units) || sl.units[k].state != unitEmpty || c.storeBoundLocked(s, k) {
-			continue
-		}
-		if g.roomIn(k)-s.n >= c.cfg.MapAhead || c.freePagesLocked() < g.unitPages() {
-			continue
-		}
-		return mapJob{sl, k}, true
+		c.ahead[0] = nil
+		c.ahead = c.ahead[1:]
+		sl.aheadListed = false
 	}
 	return mapJob{}, false
+}
+
+// aheadUnitLocked is the unit sl's sequence wants mapped ahead, if any:
+// the first unit past its tokens that is not committed, when it is empty,
+// not the prefix store's, and fewer than MapAhead tokens of room lie
+// before it. Only the units that room reaches are looked at.
+func (c *Cache) aheadUnitLocked(sl *slot) (int, bool) {
+	s := sl.seq
+	if s == nil || s.state != seqRunning {
+		return 0, false
+	}
+	g := c.g
+	for k := g.unitsFor(s.n); k < len(sl.units) && g.roomIn(k)-s.n < c.cfg.MapAhead; k++ {
+		switch sl.units[k].state {
+		case unitOwned, unitBorrowed:
+			continue
+		case unitEmpty:
+			return k, !c.storeBoundLocked(s, k)
+		}
+		return 0, false // being committed
+	}
+	return 0, false
+}
+
+// wantAheadLocked lists sl for the mapper, and wakes it, when its
+// sequence wants a unit mapped ahead.
+func (c *Cache) wantAheadLocked(sl *slot) {
+	if c.cfg.MapAhead <= 0 {
+		return
+	}
+	if _, ok := c.aheadUnitLocked(sl); !ok {
+		return
+	}
+	if !sl.aheadListed {
+		sl.aheadListed = true
+		c.ahead = append(c.ahead, sl)
+	}
+	c.wakeMapper()
+}
+
+// checkAheadLocked checks the mapper's list against the slots.
+func (c *Cache) checkAheadLocked(fail func(string, ...any)) {
+	in := map[*slot]int{}
+	for _, sl := range c.ahead {
+		in[sl]++
+	}
+	listed := 0
+	for i, sl := range c.slotList {
+		listed += in[sl]
+		switch {
+		case in[sl] > 1 || (in[sl] == 1) != sl.aheadListed:
+			fail("slot %d is in the mapping-ahead list %d times, listed %t", i, in[sl], sl.aheadListed)
+		case c.cfg.MapAhead <= 0 && sl.aheadListed:
+			fail("slot %d is listed for mapping ahead, which is off", i)
+		}
+		if u, want := c.aheadUnitLocked(sl); want && !sl.aheadListed {
+			fail("slot %d wants unit %d mapped ahead but is not listed", i, u)
+		}
+	}
+	if listed != len(c.ahead) {
+		fail("the mapping-ahead list holds %d entries, %d of them slots of the cache", len(c.ahead), listed)
+	}
 }
 
 // mapOne commits one unit ahead; it reports whether it committed one (a
@@ -140,15 +221,16 @@ func (c *Cache) mapOne() (found bool) {
 	defer c.mu.Unlock()
 	defer c.cond.Broadcast()
 	c.inflight -= c.g.unitPages()
+	c.mapping = mapJob{}
 	if err != nil {
-		job.sl.units[job.u].state = unitEmpty
+		c.setUnitLocked(job.sl, job.u, unitEmpty, nil)
+		job.sl.trimLocked()
 		if errors.HasAssertionFailure(err) {
 			c.lostErr = errors.CombineErrors(c.lostErr, err)
 		}
 		return false
 	}
-	job.sl.units[job.u].state = unitOwned
-	job.sl.owned++
+	c.setUnitLocked(job.sl, job.u, unitOwned, nil)
 	c.pages += c.g.unitPages()
 	c.counts.commits += c.g.regions
 	c.counts.mapperCommits += c.g.regions

@@ -437,6 +437,55 @@ func (m *model) apply(s *mseq, r mmatch, copy bool) []int {
 	return backed
 }
 
+// canAdmit is the cache's CanAdmit: the slot Admit would take, and
+// whether the pages the prompt and out more tokens need there — less
+// those it would borrow and those the slot keeps — fit once idle, cached
+// and surplus pages are given back, the slot's own pages under the
+// borrowed ones with them.
+func (m *model) canAdmit(prompt []int, extra uint64, out, maxCtx int) bool {
+	if len(prompt) > maxCtx {
+		return false
+	}
+	var sl *mslot
+	for _, x := range m.slots {
+		if x.seq == nil && (sl == nil || m.ownedFrom(x, 0) > m.ownedFrom(sl, 0)) {
+			sl = x
+		}
+	}
+	if sl == nil {
+		return false
+	}
+	total := min(len(prompt)+out, maxCtx)
+	shared := m.find(prompt, prompt, extra, len(prompt)-1).units
+	need, room := 0, m.free()
+	for u := range shared {
+		if sl.owned[u] {
+			room += m.up()
+		}
+	}
+	for u := len(shared); u < m.g.unitsFor(total); u++ {
+		if !sl.owned[u] {
+			need += m.up()
+		}
+	}
+	room += len(m.lru) * m.up()
+	for _, mu := range shared {
+		if mu.refs == 0 {
+			room -= m.up()
+		}
+	}
+	for _, x := range m.slots {
+		switch {
+		case x == sl:
+		case x.seq == nil:
+			room += m.ownedFrom(x, 0) * m.up()
+		default:
+			room += m.ownedFrom(x, m.surplusFrom(x, sl, len(sl.owned))) * m.up()
+		}
+	}
+	return need <= room
+}
+
 // preempt publishes s's written units and takes its pages.
 func (m *model) preempt(s *mseq, mode PreemptMode) {
 	m.publish(s, len(s.tokens))
@@ -502,6 +551,10 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 				prompt[j] = fresh
 				fresh++
 			}
+			out := o.n % 64
+			fits, err := c.CanAdmit(prompt, o.extra, out)
+			require.NoError(t, err, step)
+			require.Equal(t, m.canAdmit(prompt, o.extra, out, cfg.MaxContext), fits, step)
 			real, err := c.Admit(prompt, o.extra)
 			pick := -1
 			for k, sl := range m.slots {
@@ -696,6 +749,40 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 		require.Equal(t, tokens, st.TokensStored, step)
 		require.Equal(t, running, st.Running, step)
 		require.Equal(t, len(m.seqs)-running, st.Preempted, step)
+		// The figures the cache keeps as counters, worked out from the
+		// model's slots: its own pages, and the bytes holding a running
+		// sequence's token, a store unit's once however many map it.
+		slotPages, shared := 0, 0
+		var used, saved uint64
+		most := map[*munit]int{}
+		for _, sl := range m.slots {
+			slotPages += m.ownedFrom(sl, 0) * m.up()
+			if sl.seq == nil || sl.seq.preempted != 0 {
+				continue
+			}
+			n := len(sl.seq.tokens)
+			for u := range sl.owned {
+				if sl.owned[u] && u < m.g.unitsFor(n) {
+					used += m.g.usedBytes(u, n)
+				}
+				if mu := sl.borrowed[u]; mu != nil {
+					most[mu] = max(most[mu], n)
+				}
+			}
+		}
+		for mu, n := range most {
+			used += m.g.usedBytes(mu.u, n)
+			if mu.refs > 1 {
+				shared += m.up()
+				saved += uint64((mu.refs-1)*m.up()) * page
+			}
+		}
+		require.Equal(t, slotPages, st.SlotPages, step)
+		require.Equal(t, m.pages-slotPages, st.StorePages, step)
+		require.Equal(t, used, st.UsedBytes, step)
+		require.Equal(t, shared, st.SharedPages, step)
+		require.Equal(t, saved, st.SavedBytes, step)
+		require.Equal(t, len(m.seqs), st.Sequences, step)
 	}
 	r.copies = m.copies
 	for _, ms := range m.seqs {

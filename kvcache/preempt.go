@@ -79,8 +79,8 @@ func (s *Seq) Preempt(mode PreemptMode) error {
 // being committed (the caller waited for the mapper).
 func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) error {
 	sl := s.sl
-	if slices.ContainsFunc(sl.units, func(u unitInfo) bool { return u.state == unitCommitting }) {
-		return errors.AssertionFailedf("%s: a unit of slot %d is being committed", what(), sl.idx)
+	if c.mapping.sl == sl {
+		return errors.AssertionFailedf("%s: %s is being committed", what(), c.mapping)
 	}
 	if mode == Swap {
 		if err := c.swapOutLocked(what, s); err != nil {
@@ -91,11 +91,12 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
 		return errors.CombineErrors(err, c.dropSwapLocked(s))
 	}
-	s.state = seqDropped
+	s.unpublished = s.unpublished[:0] // each given back, unwritten
 	if mode == Swap {
-		s.state = seqSwapped
+		c.setStateLocked(s, seqSwapped)
 		c.counts.swaps++
 	} else {
+		c.setStateLocked(s, seqDropped)
 		c.counts.drops++
 	}
 	c.counts.preemptions++
@@ -184,10 +185,11 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	// Back in the running state for the books (matching, backing); put
 	// back on failure.
 	prev, prevMatched := s.state, s.matched
-	s.state = seqRunning
+	c.setStateLocked(s, seqRunning)
 	fail := func(err error, backed []int) (Step, error) {
 		err = errors.CombineErrors(err, c.unbackLocked(sl, backed))
-		s.state, s.matched = prev, prevMatched
+		c.setStateLocked(s, prev)
+		s.matched = prevMatched
 		return Step{}, err
 	}
 	limit := s.n
@@ -198,7 +200,7 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	if err != nil {
 		return fail(err, nil)
 	}
-	backed, err := c.backLocked(what, s, need)
+	backed, err := c.backLocked(what, s, 0, need)
 	if err != nil {
 		return fail(err, matchedUnits)
 	}
@@ -220,7 +222,7 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	s.written = from
 	c.countMatchLocked(s)
 	c.counts.resumes++
-	c.wakeMapper()
+	c.wantAheadLocked(sl)
 	return step, nil
 }
 
@@ -290,6 +292,8 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 		}
 	}
 	if c.freePagesLocked() >= 0 {
+		// Room for the mapper, maybe: every running sequence that wants a
+		// unit ahead is listed already.
 		c.wakeMapper()
 		return nil, nil
 	}
@@ -368,7 +372,7 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 	}
 	total := min(len(prompt)+expectedOutput, c.cfg.MaxContext)
 	up := c.g.unitPages()
-	shared := c.findLocked(prompt, prompt, extra, len(prompt)-1).units
+	shared := c.findLocked(prompt, extra, len(prompt)-1).units
 	need, freed := 0, 0
 	// The slot's own units where the shared ones go are given back at
 	// Admit (applyMatchLocked): room for the rest.
@@ -377,11 +381,11 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 			freed += up
 		}
 	}
-	for u := len(shared); u < c.g.unitsFor(total); u++ {
-		if sl.units[u].state != unitOwned {
-			need += up
-		}
-	}
+	// Every unit past the shared ones needs a page but those the slot
+	// kept: only its units in use (below hi) are looked at, so a waiting
+	// request asked about every step costs no walk of its context.
+	last := max(c.g.unitsFor(total), len(shared))
+	need = (last - len(shared) - sl.ownedIn(len(shared), last)) * up
 	// Cached units it would borrow are no room for anything else.
 	evictable := c.evictablePagesLocked()
 	for _, su := range shared {

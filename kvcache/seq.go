@@ -25,16 +25,17 @@ const (
 // never move from Admit to Free. Its methods are safe for concurrent use
 // (they take the cache's lock).
 //
-// Invariant: len(tokens) == n; tokens below len(prompt) are the prompt's.
+// Invariant: its tokens are prompt[:min(n, len(prompt))] followed by the
+// generated ones: generated.n == max(n-len(prompt), 0).
 type Seq struct {
-	c        *Cache
-	sl       *slot
-	prompt   []int
-	extra    uint64
-	tokens   []int
-	n        int
-	state    seqState
-	admitted uint64 // tick of Admit: preemption takes the latest first
+	c         *Cache
+	sl        *slot
+	prompt    []int
+	extra     uint64
+	generated tokenLog
+	n         int
+	state     seqState
+	admitted  uint64 // tick of Admit: preemption takes the latest first
 	// written is how many tokens the caller has written: all but those
 	// of the last Append, whose views it may still be filling. A prefix
 	// store unit the sequence made is matchable once written covers it.
@@ -49,6 +50,10 @@ type Seq struct {
 	// chain is the prompt's block hashes, worked out once when a store
 	// unit is first made for it.
 	chain []uint64
+	// unpublished are the store units the sequence made and has not
+	// published yet, in unit order: publishing takes them from the front,
+	// so an Append looks at no other unit of its slot.
+	unpublished []*storeUnit
 }
 
 // Rows are the keys and values of one layer at the consecutive positions
@@ -134,12 +139,20 @@ func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 	}
 	c.tick++
 	s := &Seq{c: c, sl: sl, prompt: append([]int(nil), prompt...), extra: extra, admitted: c.tick}
+	// Out of the idle list while the match gives back the slot's pages
+	// where the shared ones go (it is the one slot they are not taken
+	// from), idle for the counters until the sequence is in.
+	sl.admitting = true
+	c.refileIdleLocked(sl)
 	if err := c.matchLocked(what, s); err != nil {
+		sl.admitting = false
+		c.refileIdleLocked(sl)
 		return nil, err
 	}
-	sl.seq = s
+	c.attachLocked(sl, s)
 	c.seqs[s] = struct{}{}
 	c.counts.admits++
+	c.wantAheadLocked(sl)
 	c.checkAfter("admit")
 	return s, nil
 }
@@ -247,15 +260,18 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	c.publishLocked(s, s.n)
 	pos, cnt := s.n, len(tokens)
 	need := c.g.unitsFor(pos + cnt)
-	backed, err := c.backLocked(what, s, need)
+	// The units below the sequence's tokens are committed (a running
+	// sequence's invariant): only those the new tokens reach are looked at.
+	backed, err := c.backLocked(what, s, c.g.unitsFor(pos), need)
 	if err != nil {
 		return Step{}, err
 	}
-	s.tokens = append(s.tokens, tokens...)
-	s.n += cnt
+	s.generated.append(tokens[min(max(len(s.prompt)-pos, 0), cnt):])
+	c.setLenLocked(s, pos+cnt)
 	step, err := c.stepLocked(s, pos, cnt)
 	if err != nil {
-		s.tokens, s.n = s.tokens[:pos], pos
+		s.generated.truncate(max(pos-len(s.prompt), 0))
+		c.setLenLocked(s, pos)
 		return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
 	}
 	s.written = pos
@@ -263,20 +279,21 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	if waited || len(backed) > 0 {
 		c.counts.waits++
 	}
-	c.wakeMapper()
+	c.wantAheadLocked(s.sl)
 	c.checkAfter("append")
 	return step, nil
 }
 
-// backLocked makes units [0, need) of s's slot committed: owned units and
-// borrowed ones stay; each empty one becomes a prefix store unit (a whole
-// unit of the prompt, when sharing) or the slot's own. It returns the
-// units it backed; on failure nothing changed.
-func (c *Cache) backLocked(what func() string, s *Seq, need int) ([]int, error) {
+// backLocked makes units [from, need) of s's slot committed (the caller
+// knows those below from are): owned units and borrowed ones stay; each
+// empty one becomes a prefix store unit (a whole unit of the prompt, when
+// sharing) or the slot's own. It returns the units it backed; on failure
+// nothing changed.
+func (c *Cache) backLocked(what func() string, s *Seq, from, need int) ([]int, error) {
 	sl := s.sl
 	var empty []int
 	pages := 0
-	for u := 0; u < need; u++ {
+	for u := from; u < need; u++ {
 		if sl.units[u].state == unitEmpty {
 			empty = append(empty, u)
 			pages += c.g.unitPages()
@@ -391,7 +408,8 @@ func (s *Seq) Tokens() []int {
 	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	return append([]int(nil), s.tokens...)
+	out := append([]int(nil), s.prompt[:min(s.n, len(s.prompt))]...)
+	return s.generated.appendTo(out)
 }
 
 // Slot is the index of the sequence's slot: its memory lies at
@@ -495,9 +513,9 @@ func (s *Seq) Free() error {
 		return err
 	}
 	c.publishLocked(s, s.n)
-	err = c.endLocked(s)
 	c.tick++
-	s.sl.freedAt = c.tick
+	s.sl.freedAt = c.tick // before the slot goes idle: the idle list is in this order
+	err = c.endLocked(s)
 	c.counts.frees++
 	c.checkAfter("free")
 	return err
@@ -510,15 +528,20 @@ func (c *Cache) endLocked(s *Seq) error {
 	sl.revokeLocked()
 	errs := c.releaseCoversLocked(sl)
 	// Last to first, as decommitUnitsLocked: the chain's end is evicted
-	// first.
-	for u := len(sl.units) - 1; u >= 0; u-- {
+	// first. Borrowed units are whole units of the prompt: the walk starts
+	// at the prompt's end and stops at the last one.
+	for u := min(sl.hi, c.g.unitsFor(len(s.prompt))) - 1; u >= 0 && sl.borrowed > 0; u-- {
 		if sl.units[u].state == unitBorrowed {
 			errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, u, u+1))
 		}
 	}
+	if sl.borrowed > 0 {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: slot %d borrows %d units past its prompt", sl.idx, sl.borrowed))
+	}
 	errs = errors.CombineErrors(errs, c.dropSwapLocked(s))
-	s.state = seqFreed
-	sl.seq = nil
+	c.setStateLocked(s, seqFreed)
+	s.unpublished = nil
+	c.detachLocked(sl)
 	delete(c.seqs, s)
 	return errs
 }

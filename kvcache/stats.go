@@ -59,17 +59,60 @@ func (c *Cache) Stats() Stats {
 	return c.statsLocked()
 }
 
+// statsLocked reads the counters (books.go, and the prefix store's): no
+// walk, whatever the number of slots, units or sequences.
 func (c *Cache) statsLocked() Stats {
 	g := c.g
 	up := g.unitPages()
+	st := c.cumulativeLocked()
+	st.SlotPages = c.ownedUnits * up
+	st.StorePages = c.pages - st.SlotPages
+	st.IdlePages = c.idleUnits * up
+	st.SurplusPages = c.surplusUnits * up
+	st.Sequences = len(c.seqs)
+	st.Running = c.running
+	st.Preempted = st.Sequences - st.Running
+	st.TokensStored = c.runningTokens
+	// Each running sequence's tokens lie in its units below
+	// unitsFor(Len), its own or borrowed; a store unit mapped by k
+	// sequences counts once, not k times, and every one of them holds it
+	// whole (a unit is shared only once its owner has written it all).
+	st.UsedBytes = uint64(c.runningTokens)*g.tokenBytes() - uint64(c.ps.extraRefs)*g.fullUnitBytes()
+	st.SharedPages = c.ps.sharedUnits * up
+	st.SavedBytes = uint64(c.ps.extraRefs*up) * g.page
+	st.CachedPages = c.evictablePagesLocked()
+	st.Waste = st.Committed - min(st.Committed, st.UsedBytes+uint64(st.CachedPages)*g.page)
+	return st
+}
+
+// cumulativeLocked is Stats with the budget, the pages committed and the
+// cumulative counts filled in.
+func (c *Cache) cumulativeLocked() Stats {
 	k := c.counts
-	st := Stats{Budget: c.budget, Committed: uint64(c.pages) * g.page, PagesCommitted: c.pages, Slots: c.cfg.MaxSeqs,
+	return Stats{Budget: c.budget, Committed: uint64(c.pages) * c.g.page, PagesCommitted: c.pages, Slots: c.cfg.MaxSeqs,
 		Admits: k.admits, Frees: k.frees, Steps: k.steps, Waits: k.waits,
 		Commits: k.commits, Borrows: k.borrows, Decommits: k.decommits, MapperCommits: k.mapperCommits,
 		PrefixQueries: k.queries, PrefixHits: k.hits, Copies: k.copies, CopiedBytes: k.copiedBytes,
 		Evictions: k.evictions, EvictedPages: k.evictedPages, Reclaims: k.reclaims, ReclaimedPages: k.reclaimedPages,
 		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes}
-	// used[su] is the most tokens any running sequence mapping su holds.
+}
+
+// fullUnitBytes is the bytes of one unit (all regions) that hold tokens
+// when every token of it is there.
+func (g *geometry) fullUnitBytes() uint64 {
+	if g.layout == PerLayer {
+		return uint64(g.regions) * g.page
+	}
+	return uint64(g.tpg) * g.tokenBytes()
+}
+
+// walkStatsLocked works Stats out by walking every slot and unit: what
+// the counters must say, for Check.
+func (c *Cache) walkStatsLocked() Stats {
+	g := c.g
+	up := g.unitPages()
+	st := c.cumulativeLocked()
+	// shared[su] is the most tokens any running sequence mapping su holds.
 	shared := map[*storeUnit]int{}
 	for _, sl := range c.slotList {
 		st.SlotPages += sl.owned * up

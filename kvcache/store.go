@@ -63,6 +63,10 @@ type storeUnit struct {
 }
 
 // prefixStore is the cache's store books (mu guards them).
+//
+// Invariants: sharedUnits counts the units mapped by two or more slots,
+// extraRefs the mappings past each unit's first (the sum of refs-1 over
+// them): what Stats' SharedPages, SavedBytes and UsedBytes read.
 type prefixStore struct {
 	s        *arena.Sparse // nil when sharing is off
 	units    []*storeUnit  // by idx; nil where free
@@ -71,6 +75,16 @@ type prefixStore struct {
 	children map[uint64][]*storeUnit // listed units by parent key
 	lru      *list.List              // cached units (no borrower), least recently used first
 	pages    int
+
+	sharedUnits, extraRefs int
+}
+
+// refLocked adds d to su's borrowers, keeping the sharing counters.
+func (c *Cache) refLocked(su *storeUnit, d int) {
+	before := su.refs
+	su.refs += d
+	c.ps.extraRefs += max(su.refs-1, 0) - max(before-1, 0)
+	c.ps.sharedUnits += b2i(su.refs > 1) - b2i(before > 1)
 }
 
 // openStore reserves the prefix store: as many units as the device could
@@ -124,15 +138,24 @@ func blockHash(prev, extra uint64, tokens []int) uint64 {
 // chain returns the hashes at every block boundary of tokens under extra:
 // chain[0] is the seed, chain[i] the hash of blocks [0, i).
 func chain(tokens []int, extra uint64, block int) []uint64 {
-	out := make([]uint64, 1, 1+len(tokens)/block)
-	out[0] = mix(0x6b76636163686521, extra) // "kvcache!"
-	for i := 0; i+block <= len(tokens); i += block {
-		out = append(out, blockHash(out[len(out)-1], extra, tokens[i:i+block]))
-	}
-	return out
+	return chainTo(make([]uint64, 0, 1+len(tokens)/block), tokens, extra, block, len(tokens)/block)
 }
 
-// prefixKey is the hash of tokens[:e] under extra, from its chain.
+// chainTo extends ch, a chain of tokens under extra, to hold the hashes
+// of blocks [0, b) (b at most len(tokens)/block): a lookup hashes only as
+// far as it matches.
+func chainTo(ch []uint64, tokens []int, extra uint64, block, b int) []uint64 {
+	if len(ch) == 0 {
+		ch = append(ch, mix(0x6b76636163686521, extra)) // "kvcache!"
+	}
+	for i := len(ch) - 1; i < b; i++ {
+		ch = append(ch, blockHash(ch[i], extra, tokens[i*block:(i+1)*block]))
+	}
+	return ch
+}
+
+// prefixKey is the hash of tokens[:e] under extra, from its chain (which
+// reaches block e/block).
 func prefixKey(ch []uint64, tokens []int, extra uint64, block, e int) uint64 {
 	b := e / block
 	if e%block == 0 {
@@ -203,6 +226,7 @@ func (c *Cache) backFromStoreLocked(s *Seq, u int) error {
 	if err := c.borrowLocked(sl, u, su); err != nil {
 		return errors.CombineErrors(err, c.freeStoreUnitLocked(su))
 	}
+	s.unpublished = append(s.unpublished, su)
 	c.ps.units[idx] = su
 	c.ps.pages += g.unitPages()
 	c.pages += g.unitPages()
@@ -230,9 +254,9 @@ func (c *Cache) borrowLocked(sl *slot, u int, su *storeUnit) error {
 		c.ps.lru.Remove(su.elem)
 		su.elem = nil
 	}
-	su.refs++
+	c.refLocked(su, 1)
 	su.lastUse = c.tick
-	sl.units[u] = unitInfo{state: unitBorrowed, su: su}
+	c.setUnitLocked(sl, u, unitBorrowed, su)
 	return nil
 }
 
@@ -256,9 +280,15 @@ func (c *Cache) freeStoreUnitLocked(su *storeUnit) error {
 // decommitted): a unit no one maps is cached if listed, freed otherwise
 // (never published: its bytes mean nothing).
 func (c *Cache) giveBackLocked(su *storeUnit) {
-	su.refs--
-	if su.owner != nil {
-		su.owner = nil // given back unwritten
+	c.refLocked(su, -1)
+	if o := su.owner; o != nil {
+		// Given back unwritten: units go back last first, so it is the
+		// owner's last unpublished one (Preempt and Free drop the rest).
+		if n := len(o.unpublished); n > 0 && o.unpublished[n-1] == su {
+			o.unpublished[n-1] = nil
+			o.unpublished = o.unpublished[:n-1]
+		}
+		su.owner = nil
 	}
 	if su.refs > 0 {
 		return
@@ -274,18 +304,16 @@ func (c *Cache) giveBackLocked(su *storeUnit) {
 }
 
 // publishLocked makes the store units s owns whose tokens are all below
-// upTo — written — matchable.
+// upTo — written — matchable: the front of s.unpublished, in unit order.
 func (c *Cache) publishLocked(s *Seq, upTo int) {
-	if !c.sharing() {
-		return
-	}
-	for u, ui := range s.sl.units {
-		su := ui.su
-		if ui.state != unitBorrowed || su.owner != s {
-			continue
+	i := 0
+	for ; i < len(s.unpublished); i++ {
+		su := s.unpublished[i]
+		if su.owner != s {
+			continue // given back unwritten
 		}
-		if _, end := c.g.unitTokens(u); end > upTo {
-			continue
+		if _, end := c.g.unitTokens(su.u); end > upTo {
+			break
 		}
 		su.owner, su.published = nil, true
 		if _, taken := c.ps.byKey[su.key]; !taken {
@@ -293,6 +321,11 @@ func (c *Cache) publishLocked(s *Seq, upTo int) {
 			c.ps.byKey[su.key] = su
 			c.ps.children[su.parent] = append(c.ps.children[su.parent], su)
 		}
+	}
+	if i > 0 {
+		n := copy(s.unpublished, s.unpublished[i:])
+		clear(s.unpublished[n:])
+		s.unpublished = s.unpublished[:n]
 	}
 }
 
@@ -347,24 +380,27 @@ type match struct {
 	partial *storeUnit
 }
 
-// findLocked finds the longest prefix of tokens[:limit] the store holds,
+// findLocked finds the longest prefix of prompt[:limit] the store holds,
 // unit by unit (each unit's tokens compared), then the whole blocks of the
 // next unit a listed unit continuing the same prefix shares.
-func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) match {
+func (c *Cache) findLocked(prompt []int, extra uint64, limit int) match {
 	var m match
 	if !c.sharing() || limit <= 0 {
 		return m
 	}
 	g := c.g
-	ch := chain(prompt, extra, g.block)
+	// The chain is worked out as the walk goes: a prompt the store does
+	// not hold costs one unit's hashing, not the whole prompt's.
+	ch := make([]uint64, 0, 16)
 	u := 0
 	for ; u < g.units; u++ {
 		start, end := g.unitTokens(u)
 		if end > limit || end > len(prompt) {
 			break
 		}
+		ch = chainTo(ch, prompt, extra, g.block, end/g.block)
 		su := c.ps.byKey[prefixKey(ch, prompt, extra, g.block, end)]
-		if su == nil || su.u != u || !slices.Equal(su.tokens, tokens[start:end]) {
+		if su == nil || su.u != u || !slices.Equal(su.tokens, prompt[start:end]) {
 			break
 		}
 		m.units = append(m.units, su)
@@ -375,12 +411,13 @@ func (c *Cache) findLocked(tokens []int, prompt []int, extra uint64, limit int) 
 		return m
 	}
 	best := 0
+	ch = chainTo(ch, prompt, extra, g.block, start/g.block)
 	for _, su := range c.ps.children[prefixKey(ch, prompt, extra, g.block, start)] {
 		if su.u != u {
 			continue
 		}
 		n := 0
-		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == tokens[start+n] {
+		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
 			n++
 		}
 		if (start+n)/g.block*g.block > start+best {
@@ -399,11 +436,10 @@ func (c *Cache) matchLocked(what func() string, s *Seq) error {
 	if !c.sharing() {
 		return nil
 	}
-	_, err := c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.prompt, s.extra, len(s.prompt)-1), true)
+	_, err := c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, len(s.prompt)-1), true)
 	if err != nil {
 		return err
 	}
-	s.tokens = slices.Clone(s.prompt[:s.matched])
 	s.n, s.written = s.matched, s.matched
 	c.countMatchLocked(s)
 	return nil
@@ -429,7 +465,8 @@ func (c *Cache) rematchLocked(what func() string, s *Seq, limit int, copy bool) 
 		s.matched = 0
 		return nil, nil
 	}
-	return c.applyMatchLocked(what, s, c.findLocked(s.tokens, s.prompt, s.extra, limit), copy)
+	// The tokens a match compares are its prompt's.
+	return c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, limit), copy)
 }
 
 // applyMatchLocked borrows m's units into s's slot (after giving back the
@@ -510,7 +547,7 @@ func (c *Cache) copyPartialLocked(what func() string, s *Seq, p *storeUnit, k in
 	}
 	backed := []int{}
 	if sl.units[k].state == unitEmpty {
-		b, err := c.backLocked(what, s, k+1)
+		b, err := c.backLocked(what, s, k, k+1)
 		if err != nil {
 			return nil, err
 		}
@@ -530,11 +567,11 @@ func (c *Cache) holdLocked(su *storeUnit) {
 		c.ps.lru.Remove(su.elem)
 		su.elem = nil
 	}
-	su.refs++
+	c.refLocked(su, 1)
 }
 
 func (c *Cache) letGoLocked(su *storeUnit) {
-	su.refs--
+	c.refLocked(su, -1)
 	su.lastUse = c.tick
 	if su.refs == 0 {
 		su.elem = c.ps.lru.PushBack(su)
@@ -653,6 +690,35 @@ func (c *Cache) checkStoreLocked(fail func(string, ...any)) int {
 	}
 	if live*c.g.unitPages() != c.ps.pages {
 		fail("%d store units live, %d pages counted", live, c.ps.pages)
+	}
+	shared, extra, owned := 0, 0, map[*Seq]int{}
+	for _, su := range c.ps.units {
+		if su != nil {
+			shared += b2i(su.refs > 1)
+			extra += max(su.refs-1, 0)
+			if su.owner != nil {
+				owned[su.owner]++
+			}
+		}
+	}
+	if shared != c.ps.sharedUnits || extra != c.ps.extraRefs {
+		fail("%d store units are shared by %d extra mappings, counted %d by %d", shared, extra, c.ps.sharedUnits, c.ps.extraRefs)
+	}
+	for s := range c.seqs {
+		last, n := -1, 0
+		for _, su := range s.unpublished {
+			if su.owner != s {
+				continue
+			}
+			if su.u <= last {
+				fail("slot %d's unpublished store units are out of unit order", s.sl.idx)
+			}
+			last = su.u
+			n++
+		}
+		if n != owned[s] {
+			fail("slot %d's sequence lists %d unpublished store units, owns %d", s.sl.idx, n, owned[s])
+		}
 	}
 	return c.ps.pages
 }

@@ -107,6 +107,9 @@ type KVCache struct {
 	// request waits at the front of the queue, asked every step).
 	prompt   []int
 	promptOf int
+	// step holds the tokens of one Append, reused: a decode step appends
+	// one token to every running sequence, and allocates nothing for it.
+	step []int
 }
 
 // cacheSeq is a live sequence: its kvcache.Seq, whether it is preempted,
@@ -323,7 +326,8 @@ func (k *KVCache) Append(r *SimRequest, n int) error {
 	}
 	from, to := max(cs.next, cs.seq.Len()), cs.next+n
 	if from < to {
-		if _, err := cs.seq.Append(r.Tokens(nil, from, to)); err != nil {
+		k.step = r.Tokens(k.step[:0], from, to)
+		if _, err := cs.seq.Append(k.step); err != nil {
 			return errors.Wrapf(err, "replay: kvcache: append to request %d", r.id)
 		}
 	}

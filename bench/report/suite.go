@@ -53,6 +53,11 @@ var suite = []command{
 		{path: "decode attention: paged ÷ contiguous", bench: "BenchmarkDecodeAttention", sub: anySub, metric: "x-contiguous-vs-paged", target: 1.1, atLeast: true, source: "issue 11"},
 		{path: "sequence growth to 32k: copying ÷ cache", bench: "BenchmarkSequenceGrowth", sub: anySub, metric: "x-cache-vs-copying", target: 10, atLeast: true, source: "issue 11"},
 	}},
+	{bench: "KVAppend|KVDecodeStep", benchtime: "1024x", rows: []row{
+		{path: "KV Append of one token: 128k ÷ 1k context", bench: "BenchmarkKVAppend", sub: anySub, metric: "append-128k/1k", target: 1.5, source: "issue 19"},
+		{path: "KV decode step of 256 sequences: 32k ÷ 1k context", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/1k", target: 1.5, source: "issue 19"},
+		{path: "KV decode step of 256 sequences at 32k ÷ 50 µs", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/50us", target: 1, source: "issue 19"},
+	}},
 }
 
 // anySub as a row's sub stands for each sub-benchmark of its benchmark:
