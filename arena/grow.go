@@ -442,12 +442,11 @@ type take struct {
 }
 
 // takeLargest chooses whole free chunks of the heaps hs, leaving out what
-// lies in keep in the heap kh, until want bytes or more are
-// chosen or none are left: the free blocks with the most whole chunks
-// first (to a sixteenth), from their high end, so that few calls move or
-// give back much. fits, when set, says whether a chunk run of n bytes may
-// still be taken. It chooses, changing nothing.
-func takeLargest(hs []*heap, want uint64, kh *heap, keep span, fits func(n uint64) bool) ([]take, uint64) {
+// lies in keep in the heap kh, until want bytes or more are chosen, or
+// none are left, or more would pass limit bytes in all: the free blocks
+// with the most whole chunks first (to a sixteenth), from their high end,
+// so that few calls move or give back much. It chooses, changing nothing.
+func takeLargest(hs []*heap, want uint64, kh *heap, keep span, limit uint64) ([]take, uint64) {
 	var takes []take
 	var got uint64
 	for _, h := range hs {
@@ -468,22 +467,11 @@ func takeLargest(hs []*heap, want uint64, kh *heap, keep span, fits func(n uint6
 				}
 				lo, hi = w.start, w.end
 			}
-			cut := h.s.chunkCut(lo, hi, want-got)
-			if fits != nil {
-				for cut < hi && !fits(got+hi-cut) {
-					c, ok := h.s.chunkAt(cut)
-					if !ok || c.end <= cut {
-						cut = hi // the books are broken: take nothing here (check says so)
-						break
-					}
-					cut = c.end
-				}
-			}
-			if cut < hi {
+			if cut := h.s.chunkCut(lo, hi, want-got, limit-got); cut < hi {
 				takes = append(takes, take{h, r, cut, hi})
 				got += hi - cut
 			}
-			return got < want
+			return got < want && got < limit
 		})
 		if got >= want {
 			break
@@ -506,13 +494,13 @@ func (al *Allocator) relocateLocked(h *heap, g growPlan, fp uint64) (uint64, err
 		room = g.hi - hole.off // growing to the left from g.hi
 	}
 	limit := min(room, g.need()+h.edgeChunk())
-	fits := func(n uint64) bool { return n <= limit }
-	takes, got := takeLargest([]*heap{h}, g.need(), h, g.uses(fp), fits)
-	if got == 0 {
-		for _, o := range al.distinct() {
-			if o != h {
-				takes, got = takeLargest([]*heap{o}, g.need(), nil, span{}, fits)
-			}
+	takes, got := takeLargest([]*heap{h}, g.need(), h, g.uses(fp), limit)
+	for _, o := range al.distinct() {
+		if got > 0 {
+			break
+		}
+		if o != h {
+			takes, got = takeLargest([]*heap{o}, g.need(), nil, span{}, limit)
 		}
 	}
 	if got == 0 {
@@ -548,8 +536,8 @@ func (al *Allocator) relocateLocked(h *heap, g growPlan, fp uint64) (uint64, err
 
 // holeAt returns the hole holding off, or 0.
 func (h *heap) holeAt(off uint64) bref {
-	if i, ok := h.holes.Find(off); ok {
-		return h.holes.At(i).Val
+	if it := h.holes.Get(off); it != nil {
+		return it.Val
 	}
 	return 0
 }
@@ -568,7 +556,7 @@ func (h *heap) vacate(b bref, lo, hi uint64) {
 // few calls give back much, until want bytes have gone or none are left.
 // It returns what it gave back.
 func (al *Allocator) releaseLocked(want uint64, kh *heap, keep span) (uint64, error) {
-	takes, _ := takeLargest(al.distinct(), want, kh, keep, nil)
+	takes, _ := takeLargest(al.distinct(), want, kh, keep, math.MaxUint64)
 	var gave uint64
 	for _, t := range takes {
 		if err := t.h.decommit(t.b, t.lo, t.hi); err != nil {

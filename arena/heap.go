@@ -183,8 +183,7 @@ func (h *heap) placeAt(b *block, s, fp uint64) placement {
 	if lo >= hi {
 		return p
 	}
-	first, _ := h.s.chunkAt(lo)
-	last, _ := h.s.chunkAt(hi - 1)
+	first, last := h.s.chunksAt(lo, hi-1)
 	p.pin, p.pinned = span{first.start, last.end}, last.end-first.start
 	// A chunk larger than edgeChunk must lie in the request's interior:
 	// one allocation covers it whole, or none (grow.go says why).
@@ -221,8 +220,7 @@ func (h *heap) startIn(b *block, fp, align uint64) placement {
 	if !best.split && best.pinned == 0 {
 		return best
 	}
-	first, _ := h.s.chunkAt(b.wlo)
-	last, _ := h.s.chunkAt(b.whi - 1)
+	first, last := h.s.chunksAt(b.wlo, b.whi-1)
 	// The interior starts where the first chunk does, or ends where the
 	// last one does: the request's head or tail lies before or after it.
 	if fp >= first.size() {
@@ -337,7 +335,7 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 			if b.listed[chunkyIndex] != (b.wlo < b.whi) {
 				fail("arena: free block at %#x with whole chunks [%#x, %#x) is listed %v in the chunky index", b.off, b.wlo, b.whi, b.listed[chunkyIndex])
 			}
-			if edge := b.prev != 0 && h.at(b.prev).state == blockHole || b.next != 0 && h.at(b.next).state == blockHole; b.listed[edgeIndex] != edge {
+			if edge := h.besideHole(b); b.listed[edgeIndex] != edge {
 				fail("arena: free block at %#x beside a hole %v is listed %v in the edge index", b.off, edge, b.listed[edgeIndex])
 			}
 		case blockHole:
@@ -444,13 +442,18 @@ func (h *heap) removeFree(r bref) {
 // as a hole lies beside it or not.
 func (h *heap) refreshEdge(r bref) {
 	b := h.at(r)
-	edge := b.prev != 0 && h.at(b.prev).state == blockHole || b.next != 0 && h.at(b.next).state == blockHole
+	edge := h.besideHole(b)
 	switch {
 	case edge && !b.listed[edgeIndex]:
 		h.edges.insert(&h.slab, r)
 	case !edge && b.listed[edgeIndex]:
 		h.edges.remove(&h.slab, r)
 	}
+}
+
+// besideHole reports whether a hole lies beside b.
+func (h *heap) besideHole(b *block) bool {
+	return b.prev != 0 && h.at(b.prev).state == blockHole || b.next != 0 && h.at(b.next).state == blockHole
 }
 
 // addHole lists r as a hole, and the free blocks beside it as edges.
@@ -469,8 +472,9 @@ func (h *heap) addHole(r bref) {
 // removeHole takes r off the hole list. The free blocks beside it are
 // merged with it or listed again by the caller (commit, coalesce).
 func (h *heap) removeHole(r bref) {
-	if i, ok := h.holes.Find(h.at(r).off); ok && h.holes.At(i).Val == r {
-		h.holes.Delete(i, i+1)
+	off := h.at(r).off
+	if it := h.holes.Get(off); it != nil && it.Val == r {
+		h.holes.DeleteStart(off)
 	} // else the books are broken already: check reports the hole list
 }
 

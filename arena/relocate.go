@@ -74,11 +74,11 @@ func (s *Sparse) unmapForRelocation(what func() string, offs []uint64) ([]reloca
 	}
 	moved := make([]relocated, 0, len(offs))
 	for _, o := range offs {
-		j, ok := s.slots.Find(o)
-		if !ok || s.slots.At(j).Start != o {
+		it := s.slots.Get(o)
+		if it == nil || it.Start != o {
 			return nil, errors.AssertionFailedf("%s: no chunk starts at %#x", what(), o)
 		}
-		sl := s.slots.At(j).Val
+		sl := it.Val
 		if sl.lender != nil || sl.views > 0 || sl.borrowers.Load() > 0 {
 			return nil, errors.AssertionFailedf("%s: the chunk at %#x is borrowed, viewed or lent", what(), o)
 		}
@@ -96,8 +96,7 @@ func (s *Sparse) unmapForRelocation(what func() string, offs []uint64) ([]reloca
 			s.stats.UnmapEvents++
 		}
 		prev = m.off + m.sl.c.Size()
-		j, _ := s.slots.Find(m.off)
-		s.slots.Delete(j, j+1)
+		s.slots.DeleteStart(m.off)
 		s.owned -= m.sl.c.Size()
 	}
 	if invariants.Enabled {
@@ -111,22 +110,34 @@ func (s *Sparse) unmapForRelocation(what func() string, offs []uint64) ([]reloca
 func (s *Sparse) remapLocked(what func() string, moved []relocated) error {
 	var errs error
 	for _, m := range moved {
-		at := s.Base() + driver.Addr(m.off)
-		if err := s.tab.Map(at, m.sl.c); err != nil {
+		if mapped, err := s.mapBackAt(what, m); !mapped {
 			errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: mapping the chunk at %#x back failed: %v", what(), m.off, err))
-			continue
-		}
-		s.stats.ChunkMaps++
-		for d, acc := range m.sl.access {
-			if acc == driver.AccessNone {
-				continue
-			}
-			if err := s.tab.SetAccess(at, m.sl.c.Size(), driver.DeviceID(d), acc); err != nil {
-				errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: granting the chunk at %#x back failed: %v", what(), m.off, err))
-			}
+		} else {
+			errs = errors.CombineErrors(errs, err)
 		}
 	}
 	return errs
+}
+
+// mapBackAt maps the chunk of m back at its offset and grants it the
+// access its slot had. mapped is false when the driver would not map it;
+// a grant that fails (an assertion failure: it had that access there a
+// moment ago) leaves it mapped.
+func (s *Sparse) mapBackAt(what func() string, m relocated) (mapped bool, errs error) {
+	at := s.Base() + driver.Addr(m.off)
+	if err := s.tab.Map(at, m.sl.c); err != nil {
+		return false, err
+	}
+	s.stats.ChunkMaps++
+	for d, acc := range m.sl.access {
+		if acc == driver.AccessNone {
+			continue
+		}
+		if err := s.tab.SetAccess(at, m.sl.c.Size(), driver.DeviceID(d), acc); err != nil {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: granting the chunk at %#x back failed: %v", what(), m.off, err))
+		}
+	}
+	return true, errs
 }
 
 // mapRelocated maps the chunks of moved side by side from off, which must
@@ -199,22 +210,14 @@ func (s *Sparse) mapBack(what func() string, moved []relocated) error {
 	defer s.mu.Unlock()
 	var errs error
 	for _, m := range moved {
-		at := s.Base() + driver.Addr(m.off)
-		if err := s.tab.Map(at, m.sl.c); err != nil {
+		mapped, err := s.mapBackAt(what, m)
+		if !mapped {
 			errs = errors.CombineErrors(errs, errors.Wrapf(err, "%s: the chunk at %#x could not be mapped back, and is released", what(), m.off))
 			s.releaseLost(m.sl.c)
 			continue
 		}
-		s.stats.ChunkMaps++
-		for d, acc := range m.sl.access {
-			if acc == driver.AccessNone {
-				continue
-			}
-			if err := s.tab.SetAccess(at, m.sl.c.Size(), driver.DeviceID(d), acc); err != nil {
-				errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: granting the chunk at %#x back failed: %v", what(), m.off, err))
-			}
-		}
-		if _, ok := s.slots.Insert(m.off, m.off+m.sl.c.Size(), m.sl); !ok {
+		errs = errors.CombineErrors(errs, err)
+		if _, ok := s.slots.Add(m.off, m.off+m.sl.c.Size(), m.sl); !ok {
 			errs = errors.CombineErrors(errs, errors.AssertionFailedf("%s: the chunk at %#x is in the way mapping back", what(), m.off))
 		}
 		s.owned += m.sl.c.Size()
@@ -235,12 +238,25 @@ func (s *Sparse) releaseLost(c *physical.Chunk) {
 func (s *Sparse) chunkAt(off uint64) (span, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	i, ok := s.slots.Find(off)
-	if !ok {
+	return s.chunkAtLocked(off)
+}
+
+func (s *Sparse) chunkAtLocked(off uint64) (span, bool) {
+	it := s.slots.Get(off)
+	if it == nil {
 		return span{}, false
 	}
-	it := s.slots.At(i)
 	return span{it.Start, it.End}, true
+}
+
+// chunksAt returns the chunks holding a and b (empty spans for none), under
+// one lock.
+func (s *Sparse) chunksAt(a, b uint64) (span, span) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ca, _ := s.chunkAtLocked(a)
+	cb, _ := s.chunkAtLocked(b)
+	return ca, cb
 }
 
 // chunkStarts appends to offs the starts of the chunks of the range in
@@ -248,8 +264,7 @@ func (s *Sparse) chunkAt(off uint64) (span, bool) {
 func (s *Sparse) chunkStarts(offs []uint64, start, end uint64) []uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	lo, _ := s.slots.Overlapping(start, end)
-	for _, it := range s.slots.From(lo) {
+	for _, it := range s.slots.From(s.slots.Search(start)) {
 		if it.Start >= end {
 			break
 		}
@@ -271,11 +286,11 @@ func (s *Sparse) wholeSpanLocked(off, end uint64) span {
 		return span{}
 	}
 	lo, hi := off, end
-	if i, ok := s.slots.Find(off); ok && s.slots.At(i).Start != off {
-		lo = s.slots.At(i).End
+	if it := s.slots.Get(off); it != nil && it.Start != off {
+		lo = it.End
 	}
-	if i, ok := s.slots.Find(end - 1); ok && s.slots.At(i).End != end {
-		hi = s.slots.At(i).Start
+	if it := s.slots.Get(end - 1); it != nil && it.End != end {
+		hi = it.Start
 	}
 	if lo >= hi {
 		return span{}
@@ -284,22 +299,25 @@ func (s *Sparse) wholeSpanLocked(off, end uint64) span {
 }
 
 // chunkCut returns the lowest chunk boundary c in [lo, hi) — whole chunks
-// — such that the chunks of [c, hi) hold at least want bytes (lo when all
-// of them hold less): what giving back want bytes from hi down takes.
-func (s *Sparse) chunkCut(lo, hi, want uint64) uint64 {
+// — such that the chunks of [c, hi) hold at least want bytes, but not
+// more than most (hi when the last chunk alone holds more): what taking
+// want bytes from hi down takes. When all of [lo, hi) holds less than
+// want, it is the lowest boundary within most.
+func (s *Sparse) chunkCut(lo, hi, want, most uint64) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i, ok := s.slots.Find(hi - 1)
 	if !ok {
 		return hi
 	}
+	cut := hi
 	for _, it := range s.slots.Backward(i + 1) {
-		if it.Start < lo {
-			return lo
+		if it.Start < lo || hi-it.Start > most {
+			return cut
 		}
-		if hi-it.Start >= want {
-			return it.Start
+		if cut = it.Start; hi-cut >= want {
+			return cut
 		}
 	}
-	return lo
+	return cut
 }

@@ -322,8 +322,7 @@ func (sp span) size() uint64 { return sp.end - sp.start }
 func (s *Sparse) holesLocked(start, end uint64) []span {
 	var holes []span
 	at := start
-	lo, _ := s.slots.Overlapping(start, end)
-	for _, it := range s.slots.From(lo) {
+	for _, it := range s.slots.From(s.slots.Search(start)) {
 		if it.Start >= end {
 			break
 		}

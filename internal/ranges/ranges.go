@@ -131,15 +131,22 @@ func newInner[K ~uint64, V any]() *node[K, V] {
 // Len is the number of ranges.
 func (l *List[K, V]) Len() int { return l.n }
 
+// kidAt returns the child of the inner node n holding its i-th range
+// and that range's index under the child.
+func (n *node[K, V]) kidAt(i int) (k, j int) {
+	for ; i >= n.kids[k].count; k++ {
+		i -= n.kids[k].count
+	}
+	return k, i
+}
+
 // leafAt returns the leaf holding the i-th range (0 <= i < Len) and the
 // range's index in it.
 func (l *List[K, V]) leafAt(i int) (*node[K, V], int) {
 	n := l.root
 	for !n.leaf() {
-		k := 0
-		for ; i >= n.kids[k].count; k++ {
-			i -= n.kids[k].count
-		}
+		var k int
+		k, i = n.kidAt(i)
 		n = n.kids[k].n
 	}
 	return n, i
@@ -285,30 +292,34 @@ func (l *List[K, V]) DeleteStart(start K) (it Item[K, V], ok bool) {
 	if n, p := l.leafFor(start); p == 0 || n.items[p-1].Start != start {
 		return it, false
 	}
-	if l.n == 1 {
-		it = l.root.items[0]
-		l.Clear()
-		return it, true
-	}
-	it = l.deleteKey(l.root, start)
+	return l.remove(func(n *node[K, V]) int {
+		if n.leaf() {
+			return n.upTo(start) - 1
+		}
+		return n.lastKid(start)
+	}), true
+}
+
+// remove removes one range, which the list holds: at each inner node pick
+// names the child it lies under, at its leaf its index there.
+func (l *List[K, V]) remove(pick func(n *node[K, V]) int) Item[K, V] {
+	it := removeUnder(l.root, pick)
 	l.n--
 	if !l.root.leaf() && len(l.root.kids) == 1 {
 		l.root = l.root.kids[0].n
 	}
-	return it, true
+	return it
 }
 
-// deleteKey removes the range starting at start under n, which holds it.
-func (l *List[K, V]) deleteKey(n *node[K, V], start K) Item[K, V] {
+func removeUnder[K ~uint64, V any](n *node[K, V], pick func(n *node[K, V]) int) Item[K, V] {
+	p := pick(n)
 	if n.leaf() {
-		p := n.upTo(start) - 1
 		it := n.items[p]
 		n.items = slices.Delete(n.items, p, p+1)
 		return it
 	}
-	k := n.lastKid(start)
-	it := l.deleteKey(n.kids[k].n, start)
-	n.deleted(k, it)
+	it := removeUnder(n.kids[p].n, pick)
+	n.deleted(p, it)
 	return it
 }
 
@@ -462,28 +473,16 @@ func (l *List[K, V]) Delete(lo, hi int) {
 		return
 	}
 	for i := hi - 1; i >= lo; i-- {
-		l.deleteFrom(l.root, i)
-		l.n--
-		if !l.root.leaf() && len(l.root.kids) == 1 {
-			l.root = l.root.kids[0].n
-		}
+		j := i // the index under the node pick is at
+		l.remove(func(n *node[K, V]) int {
+			if n.leaf() {
+				return j
+			}
+			k, under := n.kidAt(j)
+			j = under
+			return k
+		})
 	}
-}
-
-// deleteFrom removes the i-th range under n and returns it.
-func (l *List[K, V]) deleteFrom(n *node[K, V], i int) Item[K, V] {
-	if n.leaf() {
-		it := n.items[i]
-		n.items = slices.Delete(n.items, i, i+1)
-		return it
-	}
-	k := 0
-	for ; i >= n.kids[k].count; k++ {
-		i -= n.kids[k].count
-	}
-	it := l.deleteFrom(n.kids[k].n, i)
-	n.deleted(k, it)
-	return it
 }
 
 func minOf[K ~uint64, V any](n *node[K, V]) int {
@@ -568,11 +567,8 @@ func (l *List[K, V]) setBounds(n *node[K, V], i int, start, end K) {
 		n.items[i].Start, n.items[i].End = start, end
 		return
 	}
-	k := 0
-	for ; i >= n.kids[k].count; k++ {
-		i -= n.kids[k].count
-	}
-	l.setBounds(n.kids[k].n, i, start, end)
+	k, j := n.kidAt(i)
+	l.setBounds(n.kids[k].n, j, start, end)
 	n.kids[k] = n.kids[k].n.summary()
 }
 

@@ -42,20 +42,11 @@ func MappedWithStream[D Driver](t *testing.T, d D, g uint64) (driver.Addr, drive
 // hardware too, as the stand-in's own view shows, and the record is
 // unchanged; a later grant over the other two reaches the hardware.
 func (v Vendor[D]) SetAccessRollsBack(t *testing.T, cfg standin.Config, f Fault) {
-	d, lib := v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
-	g := cfg.MinGranularity
-	base, err := d.Reserve(4*g, 0, 0)
-	require.NoError(t, err)
-	at := func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
-	for i := range 3 {
-		h, err := d.Create(0, g, driver.ChunkOptions{})
-		require.NoError(t, err)
-		require.NoError(t, d.Map(at(i), h))
-	}
+	d, lib, g, at := v.threeMapped(t, cfg)
 	require.NoError(t, d.SetAccess(at(1), g, 0, driver.AccessRead))
 	before := lib.Calls(f.Fn)
 	lib.Fail(f.Fn, 2, 1, f.Code)
-	err = d.SetAccess(base, 3*g, 0, driver.AccessReadWrite)
+	err := d.SetAccess(at(0), 3*g, 0, driver.AccessReadWrite)
 	drivertest.RequireIs(t, err, f.Sentinel, f.Message)
 	require.Equal(t, before+3, lib.Calls(f.Fn), "one set, one refused, one set back")
 	for i, want := range []driver.Access{driver.AccessNone, driver.AccessRead, driver.AccessNone} {
@@ -153,18 +144,9 @@ func (v Vendor[D]) StreamCallsFailCleanly(t *testing.T, cfg standin.Config, stre
 // vendor calls — one when the vendor's call spans mappings (CUDA), one a
 // mapping when it does not (AscendCL) — and reaches every mapping.
 func (v Vendor[D]) SetAccessCalls(t *testing.T, cfg standin.Config, fn string, calls uint64) {
-	d, lib := v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
-	g := cfg.MinGranularity
-	base, err := d.Reserve(4*g, 0, 0)
-	require.NoError(t, err)
-	at := func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
-	for i := range 3 {
-		h, err := d.Create(0, g, driver.ChunkOptions{})
-		require.NoError(t, err)
-		require.NoError(t, d.Map(at(i), h))
-	}
+	d, lib, g, at := v.threeMapped(t, cfg)
 	before := lib.Calls(fn)
-	require.NoError(t, d.SetAccess(base, 3*g, 0, driver.AccessReadWrite))
+	require.NoError(t, d.SetAccess(at(0), 3*g, 0, driver.AccessReadWrite))
 	require.Equal(t, before+calls, lib.Calls(fn))
 	for i := range 3 {
 		require.Equal(t, int(driver.AccessReadWrite), lib.Access(uint64(at(i)), 0), "the hardware, mapping %d", i)
@@ -172,4 +154,21 @@ func (v Vendor[D]) SetAccessCalls(t *testing.T, cfg standin.Config, fn string, c
 	for i := range 3 {
 		require.NoError(t, d.Unmap(at(i), g))
 	}
+}
+
+// threeMapped opens the stand-in and maps three chunks of one granule g
+// side by side at the start of a reservation of four: at(i) is the i-th
+// granule.
+func (v Vendor[D]) threeMapped(t *testing.T, cfg standin.Config) (d D, lib *standin.Lib, g uint64, at func(int) driver.Addr) {
+	d, lib = v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
+	g = cfg.MinGranularity
+	base, err := d.Reserve(4*g, 0, 0)
+	require.NoError(t, err)
+	at = func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
+	for i := range 3 {
+		h, err := d.Create(0, g, driver.ChunkOptions{})
+		require.NoError(t, err)
+		require.NoError(t, d.Map(at(i), h))
+	}
+	return d, lib, g, at
 }
