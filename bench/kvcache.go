@@ -13,12 +13,12 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// KVScale is what KVAppendScale and KVDecodeScale measured: at each of
-// Contexts (in tokens, smallest first), the time its Ops operations a
-// round took over N rounds, all in one loop.
+// KVScale is what KVDecodeScale measured: at each of Contexts (in tokens,
+// smallest first), the time one operation a round (an Append, or a decode
+// step of every sequence) took over N rounds, all in one loop.
 type KVScale struct {
 	Contexts []int
-	N, Ops   int
+	N        int
 	Time     []time.Duration
 	// Waits are the Appends at each context that committed a page
 	// themselves (kvcache.Stats.Waits): with no mapping ahead, one per
@@ -42,14 +42,16 @@ func (k KVScale) PlainPer(i int) time.Duration {
 
 // Per is the time of one operation at context i.
 func (k KVScale) Per(i int) time.Duration {
-	if k.N == 0 || k.Ops == 0 {
+	if k.N == 0 {
 		return 0
 	}
-	return k.Time[i] / time.Duration(k.N*k.Ops)
+	return k.Time[i] / time.Duration(k.N)
 }
 
 // Ratio is an operation's time at the largest context over its time at
-// the smallest: 1 when the cost does not grow with the context.
+// the smallest: 1 when the cost does not grow with the context. (Unlike
+// Scaled.Ratio, the slowest size over the fastest, it keeps its
+// direction: the metric it reports is named for the two contexts.)
 func (k KVScale) Ratio() float64 {
 	last := len(k.Time) - 1
 	if last < 0 || k.Time[0] == 0 {
@@ -178,7 +180,7 @@ func KVDecodeScale(more func() bool, layout kvcache.Layout, seqs int, contexts [
 	if layout == kvcache.PerLayer {
 		unitPages = 2 * uint64(cfg.Layers)
 	}
-	k = KVScale{Contexts: contexts, Ops: 1, Time: make([]time.Duration, len(contexts)), Waits: make([]int, len(contexts)),
+	k = KVScale{Contexts: contexts, Time: make([]time.Duration, len(contexts)), Waits: make([]int, len(contexts)),
 		Plain: make([]time.Duration, len(contexts)), PlainOps: make([]int, len(contexts))}
 	type cache struct {
 		kb     *kvBench

@@ -119,6 +119,9 @@ func TestKVDecodeScaleBody(t *testing.T) {
 	var zero KVScale
 	require.Zero(t, zero.Per(0))
 	require.Zero(t, zero.Ratio())
-	require.Equal(t, time.Duration(0), KVScale{N: 1, Ops: 1, Time: []time.Duration{0, 5}}.Per(0))
+	require.Equal(t, time.Duration(0), KVScale{N: 1, Time: []time.Duration{0, 5}}.Per(0))
+	two := KVScale{N: 2, Time: []time.Duration{10, 30}}
+	require.Equal(t, time.Duration(15), two.Per(1), "a round's time at a context, over N")
+	require.Equal(t, 3.0, two.Ratio(), "the largest context over the smallest")
 	require.Zero(t, KVScale{Plain: []time.Duration{5}, PlainOps: []int{0}}.PlainPer(0))
 }

@@ -4,8 +4,9 @@ package kvcache
 // budget's give-back reads is kept as things change, so that no call on
 // the hot path (Append, a decode step's bookkeeping, Stats) walks the
 // slots or a slot's units. Each change of a unit's state goes through
-// setUnitLocked, each change of a sequence's length or state through
-// setLenLocked and setStateLocked, and a sequence enters and leaves its
+// setUnitLocked, each change of an attached sequence's length or state
+// through setLenLocked and setStateLocked (a sequence's length before it
+// is attached counts at attach), and a sequence enters and leaves its
 // slot through attachLocked and detachLocked; Check recomputes every
 // counter by walking and compares.
 //
@@ -73,13 +74,9 @@ func (c *Cache) setLenLocked(s *Seq, n int) {
 	sl := s.sl
 	if sl != nil && sl.seq == s {
 		f0, f1 := c.g.unitsFor(s.n), c.g.unitsFor(n)
-		for u := min(f0, f1); u < min(max(f0, f1), sl.hi); u++ {
-			if sl.units[u].state == unitOwned {
-				d := b2i(f1 < f0) - b2i(f1 > f0)
-				sl.surplus += d
-				c.surplusUnits += d
-			}
-		}
+		d := (b2i(f1 < f0) - b2i(f1 > f0)) * sl.ownedIn(min(f0, f1), max(f0, f1))
+		sl.surplus += d
+		c.surplusUnits += d
 		if s.state == seqRunning {
 			c.runningTokens += n - s.n
 		}
@@ -98,7 +95,8 @@ func (c *Cache) setStateLocked(s *Seq, st seqState) {
 	s.state = st
 }
 
-// attachLocked puts s (running) in sl, which leaves the idle slots: its
+// attachLocked puts s in sl (counting it among the running sequences when
+// it runs), which leaves the idle slots: its
 // owned units below s's tokens are looked at (they are what a match just
 // gave it), those past them are its surplus.
 func (c *Cache) attachLocked(sl *slot, s *Seq) {
@@ -106,11 +104,7 @@ func (c *Cache) attachLocked(sl *slot, s *Seq) {
 	c.idleUnits -= sl.owned
 	sl.seq = s
 	c.refileIdleLocked(sl)
-	filled := 0
-	for u := range min(c.g.unitsFor(s.n), sl.hi) {
-		filled += b2i(sl.units[u].state == unitOwned)
-	}
-	sl.surplus = sl.owned - filled
+	sl.surplus = sl.owned - sl.ownedIn(0, c.g.unitsFor(s.n))
 	c.surplusUnits += sl.surplus
 	if s.state == seqRunning {
 		c.running++

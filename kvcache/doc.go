@@ -149,7 +149,12 @@
 // the front; the mapping-ahead goroutine is handed the slots that want a
 // unit rather than looking through them. A sequence's generated tokens
 // are kept in blocks of fixed size, so no Append copies the context; a
-// prefix lookup hashes only as far as it matches. What a page costs beyond that — its commit, borrow
+// prefix lookup hashes only as far as it matches. Three walks remain,
+// none of a running sequence's context or of the sequences seen: Admit
+// and CanAdmit look at every slot to choose one, giving back running
+// sequences' surplus passes over the slots until enough is free (both
+// bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
+// the store shares it. What a page costs beyond that — its commit, borrow
 // or decommit — is the arena's and the layers' below it.
 //
 // # What it never does

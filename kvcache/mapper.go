@@ -20,8 +20,9 @@ import (
 //
 // The goroutine never walks the slots: a slot whose sequence wants a unit
 // ahead is listed (Cache.ahead) by the call that made it want one — an
-// Admit, Append or Resume, a reclaim of its surplus, a raised budget —
-// and the goroutine takes the list in order, a slot leaving it once it
+// Admit, Append or Resume, a reclaim of its surplus (a raised budget only
+// wakes the goroutine: its slots are listed already) — and the goroutine
+// takes the list in order, a slot leaving it once it
 // wants nothing. Whether a slot wants a unit is a look at the few units
 // past its tokens that MapAhead reaches, not at the whole slot. Only
 // those calls wake the goroutine, so a decode step whose pages are there

@@ -373,19 +373,14 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 	total := min(len(prompt)+expectedOutput, c.cfg.MaxContext)
 	up := c.g.unitPages()
 	shared := c.findLocked(prompt, extra, len(prompt)-1).units
-	need, freed := 0, 0
 	// The slot's own units where the shared ones go are given back at
 	// Admit (applyMatchLocked): room for the rest.
-	for u := range shared {
-		if sl.units[u].state == unitOwned {
-			freed += up
-		}
-	}
+	freed := sl.ownedIn(0, len(shared)) * up
 	// Every unit past the shared ones needs a page but those the slot
 	// kept: only its units in use (below hi) are looked at, so a waiting
 	// request asked about every step costs no walk of its context.
 	last := max(c.g.unitsFor(total), len(shared))
-	need = (last - len(shared) - sl.ownedIn(len(shared), last)) * up
+	need := (last - len(shared) - sl.ownedIn(len(shared), last)) * up
 	// Cached units it would borrow are no room for anything else.
 	evictable := c.evictablePagesLocked()
 	for _, su := range shared {

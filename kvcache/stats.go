@@ -100,10 +100,8 @@ func (c *Cache) cumulativeLocked() Stats {
 // fullUnitBytes is the bytes of one unit (all regions) that hold tokens
 // when every token of it is there.
 func (g *geometry) fullUnitBytes() uint64 {
-	if g.layout == PerLayer {
-		return uint64(g.regions) * g.page
-	}
-	return uint64(g.tpg) * g.tokenBytes()
+	_, end := g.unitTokens(0)
+	return g.usedBytes(0, end)
 }
 
 // walkStatsLocked works Stats out by walking every slot and unit: what

@@ -41,9 +41,10 @@ const (
 // RandomLifetimes is the random-lifetimes workload: allocations of sizes
 // drawn log-uniform from MinSize to MaxSize (as many 4 KiB requests as
 // 4 GiB ones per factor of two), each with a lifetime drawn log-uniform
-// from 1 to Events allocations. The workload allocates while fewer than
-// Live bytes are live, and otherwise frees the live allocation whose
-// lifetime ends first; before an allocation that would take the live
+// from 1 to Events steps of the generator (a step makes an alloc or a
+// free; nothing expires by itself: a lifetime orders the frees). The
+// workload allocates while fewer than Live bytes are live, and otherwise
+// frees the live allocation whose lifetime ends first; before an allocation that would take the live
 // bytes past Limit it frees the same way until it fits, so live never
 // exceeds Limit. Where Live + MaxSize is at most Limit (as with the
 // defaults: 56 GiB live, 80 GiB at most), the live bytes thus stay within
@@ -157,8 +158,8 @@ func logUniform(rng *rand.Rand, lo, hi uint64) uint64 {
 	return min(hi, max(lo, uint64(math.Exp(l+rng.Float64()*(h-l)))))
 }
 
-// liveAlloc is a live allocation of the workload: its lifetime ends when
-// the allocation numbered ends is made.
+// liveAlloc is a live allocation of the workload, made at step id (its
+// AllocID): its lifetime ends at step ends, which orders the frees.
 type liveAlloc struct {
 	id, ends   int64
 	size, addr uint64
