@@ -76,7 +76,10 @@ func TestSequenceGrowthBody(t *testing.T) {
 		if start == GrowWarm {
 			require.Zero(t, g.Waits, "every page was kept from the sequence before")
 		} else {
-			require.Positive(t, g.Waits, "the first page is committed by the first Append")
+			// The mapper starts on the first unit when the sequence is
+			// admitted, so the first Append may or may not find it done:
+			// no lower bound, but never more than one wait a unit.
+			require.LessOrEqual(t, g.Waits, 2, "1324 tokens, 1024 to a unit: 2 units a round")
 		}
 	}
 	_, err := SequenceGrowth(Rounds(1), SequenceShape{Layers: 1, KVHeads: 1, HeadDim: 2, Tokens: 10, Step: 4}, GrowCold)
