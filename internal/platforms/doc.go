@@ -3,7 +3,11 @@
 // Memory system calls live in _linux.go files of driver/host and ipc;
 // elsewhere a small _other.go stub answers driver.ErrUnsupported, so a
 // program importing the library still compiles on macOS or Windows.
-// By default it builds for darwin/arm64 and windows/amd64, which between
-// them compile every file; VMARENA_ALL_PLATFORMS=1 adds darwin/amd64 and
-// freebsd/amd64.
+// By default it vets the whole module for windows/amd64 (every !linux
+// and !unix file) and, for darwin/arm64, the packages whose files there
+// differ from Windows' (those with unix files, which must then be Linux's
+// files, so their importers see Linux's API): between them every file
+// compiles. VMARENA_ALL_PLATFORMS=1 vets darwin/arm64 whole and adds
+// darwin/amd64 and freebsd/amd64. It skips under the race detector
+// (scripts/test runs it without).
 package platforms
