@@ -292,7 +292,12 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 }
 
 // HostFree returns a buffer HostAlloc gave, whole; any other slice, or one
-// freed already, is ErrInvalid.
+// freed already, is ErrInvalid. It first waits, as cuMemFreeHost does, for
+// the work enqueued on every stream so far, so a copy still queued on the
+// buffer runs before it is unmapped (and never into a buffer HostAlloc
+// hands out next at the same address); failures of that work are left
+// for the streams' next synchronize. From a host function that work waits
+// for it is refused with ErrBusy, and the buffer stays live.
 func (d *Driver) HostFree(b []byte) error {
 	if d.unmade() {
 		return errUnmade("HostFree")
@@ -300,7 +305,7 @@ func (d *Driver) HostFree(b []byte) error {
 	if d.engine.Closed() {
 		return driver.Closed("host: host free (Close returned every host buffer)")
 	}
-	if err := d.hb.Remove("host", b); err != nil {
+	if err := d.hb.Remove("host", d.engine, b); err != nil {
 		return err
 	}
 	return errors.Wrap(unix.MunmapPtr(unsafe.Pointer(&b[0]), uintptr(len(b))), "host: host free")
