@@ -69,7 +69,9 @@ func TestCapacityBeyondTheMachine(t *testing.T) {
 // TestCreateBeyondAvailable (issue 20): a chunk larger than the memory
 // available now (MemAvailable + SwapFree, from the test's own meminfo) is
 // refused at Create with ErrOutOfMemory instead of being committed into
-// the OOM killer, and changes nothing; one that fits is committed.
+// the OOM killer, and changes nothing; one that fits is committed. A
+// pinned host buffer (HostAlloc, populated at once) is checked the same
+// way.
 func TestCreateBeyondAvailable(t *testing.T) {
 	opts := fakeMachine(t, "MemTotal: 1048576 kB\nMemAvailable: 6144 kB\nSwapTotal: 0 kB\nSwapFree: 2048 kB\n")
 	opts.Devices, opts.Capacity, opts.Granularity = 2, 64*units.MiB, 64*units.KiB
@@ -87,7 +89,13 @@ func TestCreateBeyondAvailable(t *testing.T) {
 		require.Equal(t, heap, after)
 		require.NoError(t, d.Check())
 	}
+	_, err = d.HostAlloc(8*units.MiB + 4096)
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "host alloc of 8196 KiB", "the machine has 8 MiB available")
 	require.NoError(t, d.Release(h))
+	b, err := d.HostAlloc(64 * units.KiB)
+	require.NoError(t, err)
+	require.NoError(t, d.HostFree(b))
+	require.NoError(t, d.Close(), "no host buffer left live")
 }
 
 // TestCgroupLimit: in a cgroup with a memory limit (v2 here, a tree of the
@@ -103,7 +111,7 @@ func TestCgroupLimit(t *testing.T) {
 		"fs/a/memory.stat":             "anon 1\ninactive_file 0\n",
 		"fs/a/b/memory.max":            "max\n",
 		"fs/a/b/memory.current":        "0\n",
-		"fs/memory.max":                "1073741824\n", // the root has none; a file here is ignored
+		"fs/memory.max":                "1073741824\n", // the mount's root: a limit that does not bind
 		"fs/a/b/unrelated/memory.max":  "1\n",
 		"fs/a/b/unrelated/memory.stat": "\n",
 	})

@@ -267,7 +267,8 @@ func (d *Driver) Memset(dst driver.Addr, value byte, n uint64, s driver.Stream) 
 // HostAlloc returns size bytes of page-aligned (so 64-byte aligned) host
 // memory outside the Go heap, locked in RAM where the limit allows
 // (mlock), for copies that need aligned, pinned buffers. A zero size is
-// ErrInvalid; Close refuses (ErrBusy) while any buffer is live.
+// ErrInvalid, more than the machine has available now ErrOutOfMemory (as
+// for Create); Close refuses (ErrBusy) while any buffer is live.
 func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	if d.unmade() {
 		return nil, errUnmade("HostAlloc")
@@ -277,6 +278,11 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	}
 	if size == 0 {
 		return nil, errors.Wrap(driver.ErrInvalid, "host: host alloc of zero bytes")
+	}
+	// MAP_POPULATE faults every page in: more than the machine has would
+	// bring the OOM killer, as a chunk's commit would (memory_linux.go).
+	if err := d.b.mem.checkAvailable(size); err != nil {
+		return nil, errors.Wrapf(err, "host: host alloc of %s", units.Bytes(size))
 	}
 	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
