@@ -48,7 +48,10 @@ func (h *HostBuffers) Remove(name string, e *Engine, b []byte) error {
 		return err
 	}
 	if err := e.Drain(name + ": host free"); err != nil {
-		return errors.WithHint(err, "a pinned buffer is freed once the work queued before its free has run: free it outside the stream's host functions")
+		if errors.Is(err, driver.ErrBusy) {
+			err = errors.WithHint(err, "a pinned buffer is freed once the work queued before its free has run: free it outside the stream's host functions")
+		}
+		return err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
