@@ -107,7 +107,13 @@ type Streams interface {
 	EnablePeerAccess(dev, peer DeviceID) error
 
 	// HostAlloc returns pinned host memory with starts aligned for async
-	// copies (at least 64 bytes); HostFree returns it, whole.
+	// copies (at least 64 bytes); HostFree returns it, whole, once the work
+	// enqueued on every stream before the call has finished (as
+	// cuMemFreeHost synchronizes): a copy still queued on the buffer lands
+	// before the memory goes, never in a buffer handed out after. From a
+	// host function with work queued behind it, on its own stream or on
+	// one ordered after it, HostFree cannot wait: it is refused (ErrBusy,
+	// above) and the buffer stays live.
 	HostAlloc(size uint64) ([]byte, error)
 	HostFree(b []byte) error
 }

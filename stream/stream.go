@@ -510,10 +510,16 @@ func runHook(fn func()) (err error) {
 }
 
 // HostBuffer is pinned host memory from the driver, with starts aligned
-// for async copies (64 bytes at least).
+// for async copies (64 bytes at least). Safe for concurrent use. A nil or
+// zero HostBuffer has no bytes, and Free refuses it with ErrInvalid.
 type HostBuffer struct {
-	st    driver.Streams
-	bytes []byte
+	st driver.Streams
+
+	// mu guards bytes and freeing. It is not held while Free waits for
+	// the driver: a host function queued before the Free may call Bytes.
+	mu      sync.Mutex
+	bytes   []byte // nil once freed
+	freeing bool   // a Free is under way: Bytes answers nil
 }
 
 // NewHostBuffer allocates size bytes of pinned host memory.
@@ -529,15 +535,53 @@ func NewHostBuffer(d driver.Driver, size uint64) (*HostBuffer, error) {
 	return &HostBuffer{st: st, bytes: b}, nil
 }
 
-// Bytes is the buffer's memory; nil after Free.
-func (h *HostBuffer) Bytes() []byte { return h.bytes }
-
-// Free returns the buffer. Freeing twice is ErrClosed.
-func (h *HostBuffer) Free() error {
-	if h.bytes == nil {
-		return driver.Closed("stream: free of a freed host buffer")
+// Bytes is the buffer's memory; nil from the moment Free is called, so
+// that no caller gets memory about to go back to the driver (a refused
+// Free gives it back). A slice taken before Free must be left alone from
+// then on.
+func (h *HostBuffer) Bytes() []byte {
+	if h == nil {
+		return nil
 	}
-	err := h.st.HostFree(h.bytes)
-	h.bytes = nil
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.freeing {
+		return nil
+	}
+	return h.bytes
+}
+
+// Free returns the buffer to the driver. Like cudaFreeHost, it first
+// waits for the work enqueued on the driver's streams so far, so that a
+// copy still queued on the buffer lands before the memory goes (and never
+// in a buffer the driver hands out next). From a host function that work
+// waits for — the caller's own stream, say — it cannot wait: it is refused
+// with ErrBusy and the buffer stays as it was. Freeing twice is ErrClosed,
+// a Free while another is under way ErrBusy.
+func (h *HostBuffer) Free() error {
+	if h == nil || h.st == nil {
+		return errors.Wrap(driver.ErrInvalid, "stream: free of a host buffer not made by NewHostBuffer (nil or zero)")
+	}
+	h.mu.Lock()
+	b := h.bytes
+	switch {
+	case b == nil:
+		h.mu.Unlock()
+		return driver.Closed("stream: free of a freed host buffer")
+	case h.freeing:
+		h.mu.Unlock()
+		return errors.Wrap(driver.ErrBusy, "stream: free of a host buffer another Free is freeing")
+	}
+	h.freeing = true
+	h.mu.Unlock()
+	err := h.st.HostFree(b)
+	h.mu.Lock()
+	h.freeing = false
+	if !errors.Is(err, driver.ErrBusy) {
+		// Given back, or gone already: a driver that refuses (ErrClosed,
+		// ErrInvalid) has taken its buffers back at Close.
+		h.bytes = nil
+	}
+	h.mu.Unlock()
 	return errors.Wrap(err, "stream: free host buffer")
 }

@@ -6,12 +6,23 @@
 // range with fallocate — and a capacity, so out of memory, placement and
 // ranges spanning devices are real and testable on one machine.
 //
+// Out of memory is an error, never the OOM killer (memory_linux.go):
+// fallocate of shmem does not refuse what the machine lacks, the kernel
+// reclaims and then kills a process to find it. So New refuses capacities
+// that together exceed MemTotal + SwapTotal (or the memory limit of the
+// process's cgroup, when lower), and Create refuses, before fallocate, a
+// chunk larger than what is available now (MemAvailable + SwapFree, and
+// the cgroup's room under its limit), both with ErrOutOfMemory naming the
+// figures. Memory another process takes between that reading and the
+// commit is beyond any check here.
+//
 //	operation   system calls
 //	----------  ------------------------------------------------------------------
 //	Reserve     mmap(hint or NULL, size+align, PROT_NONE,
 //	            MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), trimmed with munmap to
 //	            the alignment; a hint is tried first with MAP_FIXED_NOREPLACE
-//	Create      a first-fit range of the device's memfd heap, committed with
+//	Create      sysinfo(2), or /proc/meminfo when that is short (above); a
+//	            first-fit range of the device's memfd heap, committed with
 //	            fallocate; a shareable chunk gets a memfd of its own, so an
 //	            export never exposes the heap, sealed with F_ADD_SEALS
 //	            (shrink, grow, seal) so no process that holds it can resize it

@@ -38,15 +38,22 @@ var (
 
 // New opens a host driver: one memfd heap per logical device.
 func New(opts Options) (*Driver, error) {
-	opts, err := opts.withDefaults()
+	mem, err := newMachine(opts.meminfo, opts.procCgroup, opts.cgroupRoot)
 	if err != nil {
+		return nil, errors.WithHint(err, "the host driver reads the machine's memory from /proc/meminfo")
+	}
+	opts, err = opts.withDefaults(mem.available)
+	if err != nil {
+		return nil, err
+	}
+	if err := mem.checkCapacity(opts.Devices, opts.Capacity); err != nil {
 		return nil, err
 	}
 	nodes, err := numaPlan(opts.numaRoot, opts.Devices, opts.RequireNUMA)
 	if err != nil {
 		return nil, err
 	}
-	b := &backend{opts: opts, page: uint64(os.Getpagesize()), populate: !opts.NoPopulate}
+	b := &backend{opts: opts, page: uint64(os.Getpagesize()), populate: !opts.NoPopulate, mem: mem}
 	devs := make([]driver.Device, opts.Devices)
 	for i := range devs {
 		h, err := newHeap(i, opts.Capacity, opts.Granularity)
@@ -512,6 +519,7 @@ type backend struct {
 	page     uint64
 	heaps    []*heap
 	populate bool
+	mem      *machine // what a commit checks first (memory_linux.go)
 }
 
 const reserveFlags = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_NORESERVE
@@ -572,6 +580,11 @@ func (b *backend) Unreserve(r *ledger.Region) error {
 }
 
 func (b *backend) Commit(c *ledger.Chunk) error {
+	// fallocate would not refuse memory the machine lacks: the OOM killer
+	// would find it. Out of memory is reported here instead.
+	if err := b.mem.checkAvailable(c.Size); err != nil {
+		return err
+	}
 	if c.Opts.Shareable {
 		fd, err := unix.MemfdCreate(fmt.Sprintf("vmarena-host%d-chunk%d", c.Device, c.Handle), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 		if err != nil {

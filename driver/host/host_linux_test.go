@@ -2,8 +2,6 @@ package host
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
 	"syscall"
 	"testing"
@@ -62,11 +60,6 @@ func TestOptions(t *testing.T) {
 // /proc/meminfo failed whenever another process committed memory between
 // the two).
 func TestDefaultCapacity(t *testing.T) {
-	meminfo := func(text string) string {
-		path := filepath.Join(t.TempDir(), "meminfo")
-		require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
-		return path
-	}
 	const lines = "MemTotal:       24683520 kB\nMemFree:        22286848 kB\nMemAvailable:   %d kB\nShmem:      8192 kB\n"
 	for _, c := range []struct {
 		availKiB uint64
@@ -77,17 +70,21 @@ func TestDefaultCapacity(t *testing.T) {
 		{availKiB: 16 * units.GiB / units.KiB, devices: 3, want: 8 * units.GiB / 3 / (2 * units.MiB) * (2 * units.MiB)},
 		{availKiB: 5*units.MiB/units.KiB + 3, devices: 1, want: 2 * units.MiB},
 	} {
-		d := newTest(t, Options{Devices: c.devices, meminfo: meminfo(fmt.Sprintf(lines, c.availKiB))})
+		opts := fakeMachine(t, fmt.Sprintf(lines, c.availKiB))
+		opts.Devices = c.devices
+		d := newTest(t, opts)
 		for _, dev := range d.Devices() {
 			require.Equal(t, c.want, dev.Capacity, "MemAvailable %d KiB, %d devices", c.availKiB, c.devices)
 		}
 	}
-	_, err := New(Options{meminfo: meminfo(fmt.Sprintf(lines, 3*units.MiB/units.KiB))})
-	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "MemAvailable is 3 MiB, too little for 1 devices")
-	_, err = New(Options{meminfo: meminfo("MemTotal: 1 kB\n")})
+	_, err := New(fakeMachine(t, fmt.Sprintf(lines, 3*units.MiB/units.KiB)))
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "3 MiB available, too little for 1 devices")
+	_, err = New(fakeMachine(t, "MemTotal: 1 kB\n"))
 	require.ErrorContains(t, err, "has no MemAvailable line")
-	d := newTest(t, Options{Capacity: 4 * units.MiB, meminfo: meminfo("")})
-	require.Equal(t, 4*units.MiB, d.Devices()[0].Capacity, "an explicit capacity reads nothing")
+	opts := fakeMachine(t, "MemTotal: 1048576 kB\nMemAvailable: 0 kB\n")
+	opts.Capacity = 4 * units.MiB
+	d := newTest(t, opts)
+	require.Equal(t, 4*units.MiB, d.Devices()[0].Capacity, "an explicit capacity takes nothing of MemAvailable")
 }
 
 // TestProcMapsFollowStates checks the kernel's own view of each state:

@@ -1,10 +1,7 @@
 package host
 
 import (
-	"bufio"
 	"os"
-	"strconv"
-	"strings"
 
 	"github.com/cockroachdb/errors"
 
@@ -17,7 +14,11 @@ type Options struct {
 	// Devices is the number of logical devices (default 1).
 	Devices int
 	// Capacity is each device's capacity. The default is a safe share of
-	// the machine: half of MemAvailable, split evenly between the devices.
+	// the machine: half of MemAvailable (or of what the process's memory
+	// cgroup has free under its limit, when that is less), split evenly
+	// between the devices. New refuses (ErrOutOfMemory) capacities that
+	// together exceed what the machine could ever back: MemTotal +
+	// SwapTotal, or its cgroup's memory limit when lower.
 	Capacity uint64
 	// Granularity is each device's minimum granularity: a power of two, at
 	// least the OS page size (default 2 MiB, as on current GPUs). The
@@ -41,14 +42,18 @@ type Options struct {
 	// numaRoot is the sysfs tree NUMA nodes are read from when not empty
 	// (by default /sys/devices/system/node); tests point it at their own.
 	numaRoot string
-	// meminfo is the file MemAvailable is read from when not empty (by
-	// default /proc/meminfo); tests point it at their own, since the
-	// machine's figure moves with every other process.
-	meminfo string
+	// meminfo is the file the machine's memory is read from when not
+	// empty (by default /proc/meminfo), procCgroup the file the process's
+	// cgroups are (by default /proc/self/cgroup) and cgroupRoot where
+	// their file system is (by default /sys/fs/cgroup); tests point them
+	// at their own, since the machine's figures move with every other
+	// process.
+	meminfo, procCgroup, cgroupRoot string
 }
 
-// withDefaults fills the zero fields and checks the rest.
-func (o Options) withDefaults() (Options, error) {
+// withDefaults fills the zero fields and checks the rest. available is
+// the memory the default capacity takes its share of.
+func (o Options) withDefaults(available func() (uint64, error)) (Options, error) {
 	if o.Devices == 0 {
 		o.Devices = 1
 	}
@@ -69,41 +74,17 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.Wrapf(driver.ErrInvalid, "host: copy alignment %d is not a power of two", o.CopyAlign)
 	}
 	if o.Capacity == 0 {
-		avail, err := memAvailable(o.meminfo)
+		avail, err := available()
 		if err != nil {
 			return o, errors.WithHint(err, "set Options.Capacity explicitly")
 		}
 		o.Capacity = avail / 2 / uint64(o.Devices) / o.Granularity * o.Granularity
 		if o.Capacity == 0 {
-			return o, errors.Wrapf(driver.ErrOutOfMemory, "host: MemAvailable is %s, too little for %d devices", units.Bytes(avail), o.Devices)
+			return o, errors.Wrapf(driver.ErrOutOfMemory, "host: %s available, too little for %d devices", units.Bytes(avail), o.Devices)
 		}
 	}
 	if err := driver.CheckSize(func() string { return "host: device capacity" }, o.Capacity, o.Granularity); err != nil {
 		return o, err
 	}
 	return o, nil
-}
-
-// memAvailable reads MemAvailable from path, /proc/meminfo when empty.
-func memAvailable(path string) (uint64, error) {
-	if path == "" {
-		path = "/proc/meminfo"
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, errors.Wrap(err, "host: reading MemAvailable")
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemAvailable:" {
-			kb, err := strconv.ParseUint(fields[1], 10, 64)
-			if err != nil {
-				return 0, errors.Wrapf(err, "host: parsing %q", sc.Text())
-			}
-			return kb * units.KiB, nil
-		}
-	}
-	return 0, errors.Newf("host: %s has no MemAvailable line", path)
 }

@@ -267,7 +267,8 @@ func (d *Driver) Memset(dst driver.Addr, value byte, n uint64, s driver.Stream) 
 // HostAlloc returns size bytes of page-aligned (so 64-byte aligned) host
 // memory outside the Go heap, locked in RAM where the limit allows
 // (mlock), for copies that need aligned, pinned buffers. A zero size is
-// ErrInvalid; Close refuses (ErrBusy) while any buffer is live.
+// ErrInvalid, more than the machine has available now ErrOutOfMemory (as
+// for Create); Close refuses (ErrBusy) while any buffer is live.
 func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	if d.unmade() {
 		return nil, errUnmade("HostAlloc")
@@ -277,6 +278,11 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	}
 	if size == 0 {
 		return nil, errors.Wrap(driver.ErrInvalid, "host: host alloc of zero bytes")
+	}
+	// MAP_POPULATE faults every page in: more than the machine has would
+	// bring the OOM killer, as a chunk's commit would (memory_linux.go).
+	if err := d.b.mem.checkAvailable(size); err != nil {
+		return nil, errors.Wrapf(err, "host: host alloc of %s", units.Bytes(size))
 	}
 	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
@@ -292,7 +298,12 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 }
 
 // HostFree returns a buffer HostAlloc gave, whole; any other slice, or one
-// freed already, is ErrInvalid.
+// freed already, is ErrInvalid. It first waits, as cuMemFreeHost does, for
+// the work enqueued on every stream so far, so a copy still queued on the
+// buffer runs before it is unmapped (and never into a buffer HostAlloc
+// hands out next at the same address); failures of that work are left
+// for the streams' next synchronize. From a host function that work waits
+// for it is refused with ErrBusy, and the buffer stays live.
 func (d *Driver) HostFree(b []byte) error {
 	if d.unmade() {
 		return errUnmade("HostFree")
@@ -300,7 +311,7 @@ func (d *Driver) HostFree(b []byte) error {
 	if d.engine.Closed() {
 		return driver.Closed("host: host free (Close returned every host buffer)")
 	}
-	if err := d.hb.Remove("host", b); err != nil {
+	if err := d.hb.Remove("host", d.engine, b); err != nil {
 		return err
 	}
 	return errors.Wrap(unix.MunmapPtr(unsafe.Pointer(&b[0]), uintptr(len(b))), "host: host free")

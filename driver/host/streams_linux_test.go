@@ -2,8 +2,12 @@ package host
 
 import (
 	"bytes"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
@@ -135,4 +139,69 @@ func TestNoPeerAccess(t *testing.T) {
 	ok, err := newTest(t, small()).CanAccessPeer(0, 1)
 	require.NoError(t, err)
 	require.True(t, ok)
+}
+
+// TestHostFreeWaitsForQueuedCopy (issue 20): HostFree of a buffer a
+// queued copy still writes used to unmap it at once; the next HostAlloc
+// got the same address and the copy landed there. HostFree now waits for
+// the work queued on every stream before it, as cuMemFreeHost does: the
+// copy runs into the old buffer first, the new one is never written.
+func TestHostFreeWaitsForQueuedCopy(t *testing.T) {
+	d := newTest(t, small())
+	g := d.Granularity()
+	base, err := d.Reserve(g, 0, 0)
+	require.NoError(t, err)
+	h, err := d.Create(0, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, d.Map(base, h))
+	require.NoError(t, d.SetAccess(base, g, 0, driver.AccessReadWrite))
+	require.NoError(t, d.Write(base, bytes.Repeat([]byte{0xcd}, int(g))))
+	st, err := d.CreateStream(0)
+	require.NoError(t, err)
+	const size = 8192
+	for round := 0; round < 3; round++ {
+		old, err := d.HostAlloc(size)
+		require.NoError(t, err)
+		gate := make(chan struct{})
+		open := sync.OnceFunc(func() { close(gate) })
+		require.NoError(t, d.LaunchHostFunc(st, "gate", func() error { <-gate; return nil }))
+		require.NoError(t, d.CopyDtoH(old, base, st))
+		var copied atomic.Bool
+		require.NoError(t, d.LaunchHostFunc(st, "after the copy", func() error { copied.Store(true); return nil }))
+		type result struct {
+			err        error
+			copiedThen bool
+			next       []byte
+		}
+		freed := make(chan result, 1)
+		go func() {
+			r := result{err: d.HostFree(old), copiedThen: copied.Load()}
+			var err error
+			r.next, err = d.HostAlloc(size)
+			r.err = errors.CombineErrors(r.err, err)
+			freed <- r
+		}()
+		var r result
+		select { // the pause only lets the old behaviour show
+		case r = <-freed:
+		case <-time.After(50 * time.Millisecond):
+			open()
+			select {
+			case r = <-freed:
+			case <-time.After(5 * time.Second):
+				t.Fatal("HostFree did not return within 5s of the gate opening")
+			}
+		}
+		open()
+		require.NoError(t, d.SyncStream(st))
+		require.NoError(t, r.err)
+		require.Equal(t, make([]byte, size), r.next, "round %d: the next buffer was written", round)
+		require.True(t, r.copiedThen, "round %d: HostFree returned before the copy queued on the buffer ran", round)
+		require.NoError(t, d.HostFree(r.next))
+	}
+	require.NoError(t, d.DestroyStream(st))
+	require.NoError(t, d.Unmap(base, g))
+	require.NoError(t, d.Release(h))
+	require.NoError(t, d.Unreserve(base, g))
+	require.NoError(t, d.Check())
 }

@@ -213,7 +213,9 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 }
 
 // HostFree takes back a buffer HostAlloc gave, whole; any other slice, or
-// one freed already, is ErrInvalid.
+// one freed already, is ErrInvalid. Like every driver's, it first waits for
+// the work enqueued on every stream so far (from a host function that work
+// waits for, ErrBusy and the buffer stays live).
 func (d *Driver) HostFree(b []byte) error {
 	if d.unmade() {
 		return errUnmade("HostFree")
@@ -221,5 +223,5 @@ func (d *Driver) HostFree(b []byte) error {
 	if d.engine.Closed() {
 		return driver.Closed("sim: host free")
 	}
-	return d.hb.Remove("sim", b)
+	return d.hb.Remove("sim", d.engine, b)
 }

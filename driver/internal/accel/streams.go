@@ -276,7 +276,10 @@ func (c *Core) HostAlloc(size uint64) ([]byte, error) {
 	return b, nil
 }
 
-// HostFree returns a buffer HostAlloc gave, whole.
+// HostFree returns a buffer HostAlloc gave, whole, once the work enqueued
+// on every stream before it has run (queue.HostBuffers.Remove): copies
+// queued on it run on the engine's goroutines, which the runtime's own
+// synchronizing free does not see.
 func (c *Core) HostFree(b []byte) error {
 	if !c.info.Streams {
 		return c.unsupportedStreams("host free")
@@ -284,7 +287,7 @@ func (c *Core) HostFree(b []byte) error {
 	if c.engine.Closed() {
 		return driver.Closed(c.info.Name + ": host free (Close returned every host buffer)")
 	}
-	if err := c.host.Remove(c.info.Name, b); err != nil {
+	if err := c.host.Remove(c.info.Name, c.engine, b); err != nil {
 		return err
 	}
 	return errors.Wrapf(c.rt.HostFree(unsafe.Pointer(&b[0])), "%s: host free", c.info.Name)

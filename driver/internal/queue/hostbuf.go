@@ -36,19 +36,47 @@ func (h *HostBuffers) Add(b []byte) bool {
 	return true
 }
 
-// Remove forgets b, which the caller then gives back. Anything but a
-// whole live buffer is ErrInvalid, and after Close ErrClosed (Close gave
-// every buffer back); name prefixes the message.
-func (h *HostBuffers) Remove(name string, b []byte) error {
+// Remove forgets b, which the caller then gives back, once the work
+// enqueued on e's streams before the call has finished (e.Drain): a copy
+// queued on b must not land in memory that a later HostAlloc hands to
+// someone else. Anything but a whole live buffer is ErrInvalid, at once,
+// and after Close ErrClosed (Close gave every buffer back); from a host
+// function the wait would be for, it is ErrBusy and b stays live. name
+// prefixes the message.
+func (h *HostBuffers) Remove(name string, e *Engine, b []byte) error {
+	if err := h.live(name, b); err != nil {
+		return err
+	}
+	if err := e.Drain(name + ": host free"); err != nil {
+		if errors.Is(err, driver.ErrBusy) {
+			err = errors.WithHint(err, "a pinned buffer is freed once the work queued before its free has run: free it outside the stream's host functions")
+		}
+		return err
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if err := h.liveLocked(name, b); err != nil {
+		return err // closed, or freed by another call, while this one waited
+	}
+	delete(h.bufs, &b[0])
+	return nil
+}
+
+// live returns nil when b is a whole live buffer, and the error Remove
+// answers otherwise.
+func (h *HostBuffers) live(name string, b []byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.liveLocked(name, b)
+}
+
+func (h *HostBuffers) liveLocked(name string, b []byte) error {
 	if h.closed {
 		return driver.Closed(name + ": host free (Close returned every host buffer)")
 	}
 	if len(b) == 0 || h.bufs[&b[0]] != uint64(len(b)) {
 		return errors.Wrapf(driver.ErrInvalid, "%s: host free of a buffer HostAlloc did not give (or not whole, or freed already)", name)
 	}
-	delete(h.bufs, &b[0])
 	return nil
 }
 

@@ -334,6 +334,55 @@ func (e *Engine) reportLocked(st *stream) error {
 	return err
 }
 
+// Drain waits until every stream — destroyed ones still running their
+// last work included — has finished the work enqueued on it before the
+// call, and reports no failure of that work: what a pinned host buffer's
+// free needs before giving the memory back (cuMemFreeHost synchronizes
+// the same way), so that no copy queued on the buffer lands in memory
+// handed out again. After Close it is ErrClosed.
+//
+// From a host function the work before it on its own stream has run, and
+// it does not wait for itself; but work queued behind it, or on another
+// stream ordered after it, cannot run until it returns: then Drain is
+// refused at once with ErrBusy, having waited for nothing.
+func (e *Engine) Drain(what string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return e.errClosed(what)
+	}
+	// The live streams, and the destroyed ones whose goroutines still run
+	// their last work.
+	sts := make([]*stream, 0, len(e.streams)+len(e.workers))
+	for _, st := range e.streams {
+		sts = append(sts, st)
+	}
+	for _, st := range e.workers {
+		if e.streams[st.id] != st {
+			sts = append(sts, st)
+		}
+	}
+	caller := e.callerLocked()
+	var needs []need
+	for _, st := range sts {
+		n := need{st, st.enq}
+		switch {
+		case st.done >= st.enq:
+		case st == caller && st.enq == st.done+1: // the caller itself, and nothing behind it
+		case caller != nil && e.waitsForLocked(caller, n):
+			return e.selfWaitErr(what, caller, n)
+		default:
+			needs = append(needs, n)
+		}
+	}
+	for _, n := range needs {
+		if err := e.waitLocked(what, n, func() bool { return n.st.done >= n.pos }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // SyncStream implements driver.Streams.
 func (e *Engine) SyncStream(s driver.Stream) error {
 	e.mu.Lock()
