@@ -85,3 +85,41 @@ func TestReleaseImportByHandRefused(t *testing.T) {
 	}()
 	require.Equal(t, before, fdCount(), "every descriptor is closed: sockets, memfds, pidfds")
 }
+
+// TestImportedPoolKeepsItsReservation: the reservation an imported pool
+// maps into is the pool's: freeing it through the Space, or closing the
+// Space, is refused (ErrBusy, naming the owner) and changes nothing; the
+// pool's Close frees it.
+func TestImportedPoolKeepsItsReservation(t *testing.T) {
+	p, err := newProc()
+	require.NoError(t, err)
+	defer p.close()
+	l := listen(t)
+	tx, err := Dial(l.Path())
+	require.NoError(t, err)
+	defer tx.Close()
+	rx, err := l.Accept()
+	require.NoError(t, err)
+	defer rx.Close()
+	pl, err := pool.New(p.space, p.mem, pool.Props{Shareable: true, MaxSize: 4 * chunkSize})
+	require.NoError(t, err)
+	defer pl.Destroy()
+	ep, err := ExportPool(pl, os.Getpid())
+	require.NoError(t, err)
+	require.NoError(t, rx.SendPool(ep))
+	ip, err := tx.RecvPool(p.space, p.mem, 0)
+	require.NoError(t, err)
+	var kept []string
+	for _, r := range p.space.Reservations() {
+		kept = append(kept, r.KeptBy())
+		if r.Range() == ip.res.Range() {
+			drivertest.RequireIs(t, r.Free(), driver.ErrBusy, "kept by an imported pool")
+		}
+	}
+	require.ElementsMatch(t, []string{"", "an arena range", "an imported pool"}, kept, "the test's own, the exporting pool's, the imported pool's")
+	drivertest.RequireIs(t, p.space.Close(), driver.ErrBusy, "kept by an imported pool", "kept by an arena range")
+	require.False(t, ip.res.Freed())
+	require.NoError(t, ip.Check())
+	require.NoError(t, ip.Close())
+	require.True(t, ip.res.Freed())
+}

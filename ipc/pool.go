@@ -429,6 +429,7 @@ type ImportedPool struct {
 	dev  driver.DeviceID
 	mem  *physical.Memory
 	res  *vaspace.Reservation
+	own  *vaspace.Owner // keeps res: nobody else can free it (vaspace.Space.ReserveFor)
 	tab  *mapping.Table
 	conn *Conn
 
@@ -492,15 +493,16 @@ func (c *Conn) RecvPool(space *vaspace.Space, mem *physical.Memory, dev driver.D
 	if err != nil {
 		return nil, err
 	}
-	res, err := space.Reserve(vs[1], 0)
+	own := vaspace.NewOwner("an imported pool")
+	res, err := space.ReserveFor(own, vs[1], 0)
 	if err != nil {
 		return nil, errors.Wrapf(err, "ipc: receive pool of %s", units.Bytes(vs[1]))
 	}
 	tab, err := mapping.New(res, mem)
 	if err != nil {
-		return nil, errors.CombineErrors(err, res.Free())
+		return nil, errors.CombineErrors(err, res.FreeFor(own))
 	}
-	return &ImportedPool{id: vs[0], dev: dev, mem: mem, res: res, tab: tab, conn: c, ptrs: map[driver.Addr]importedPtr{}}, nil
+	return &ImportedPool{id: vs[0], dev: dev, mem: mem, res: res, own: own, tab: tab, conn: c, ptrs: map[driver.Addr]importedPtr{}}, nil
 }
 
 // RecvPointer receives one pointer of the pool (and the chunks it needs)
@@ -897,7 +899,7 @@ func (ip *ImportedPool) Close() error {
 	for _, it := range ip.chunks.All() {
 		errs = errors.CombineErrors(errs, it.Val.c.Release())
 	}
-	errs = errors.CombineErrors(errs, ip.res.Free())
+	errs = errors.CombineErrors(errs, ip.res.FreeFor(ip.own))
 	ip.closed = true
 	return errors.Wrap(errs, "ipc: close imported pool")
 }
