@@ -83,6 +83,7 @@ type Sparse struct {
 	drv   driver.Driver
 	devs  []driver.Device
 	res   *vaspace.Reservation
+	own   *vaspace.Owner // keeps res: nobody else can free it (vaspace.Space.ReserveFor)
 	tab   *mapping.Table
 	opts  SparseOptions
 
@@ -232,17 +233,18 @@ func NewSparse(space *vaspace.Space, mem *physical.Memory, opts SparseOptions) (
 	if opts.Shareable && !drv.Supports(driver.FeatureShareable) {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no shareable chunks", what(), drv.Name())
 	}
-	res, err := space.Reserve(size, 0)
+	own := vaspace.NewOwner("an arena range")
+	res, err := space.ReserveFor(own, size, 0)
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
 	tab, err := mapping.New(res, mem)
 	if err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), res.Free())
+		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), res.FreeFor(own))
 	}
 	opts.Max = size
 	opts.Access = slices.Clone(opts.Access)
-	return &Sparse{space: space, mem: mem, drv: drv, devs: devs, res: res, tab: tab, opts: opts,
+	return &Sparse{space: space, mem: mem, drv: drv, devs: devs, res: res, own: own, tab: tab, opts: opts,
 		access: access, views: map[*View]struct{}{}}, nil
 }
 
@@ -848,7 +850,10 @@ func (s *Sparse) Close() error {
 		}
 		s.unmapped = true
 	}
-	if err := s.res.Free(); err != nil {
+	if err := s.res.FreeFor(s.own); err != nil {
+		// A range the driver no longer held (unreserved behind the range's
+		// back) is let go all the same: the range is closed.
+		s.closed = s.res.Freed()
 		return errors.Wrapf(err, "%s", what())
 	}
 	s.closed = true

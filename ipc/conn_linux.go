@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/pool"
 )
 
 // The Linux side of a connection: SOCK_SEQPACKET Unix sockets, the peer's
@@ -90,7 +92,8 @@ func newConn(c *net.UnixConn, path string) (*Conn, error) {
 		_ = c.Close()
 		return nil, errors.Wrapf(errors.CombineErrors(err, cerr), "ipc: connection on %s: reading the peer's credentials (SO_PEERCRED)", path)
 	}
-	conn := &Conn{c: c, path: path, pid: int(cred.Pid), uid: int(cred.Uid)}
+	conn := &Conn{c: c, path: path, pid: int(cred.Pid), uid: int(cred.Uid),
+		holder: pool.NewImportHolder(fmt.Sprintf("the ipc connection to process %d on %s", cred.Pid, path))}
 	conn.peer.pid, conn.peer.pidfd = int(cred.Pid), pidfd
 	return conn, nil
 }

@@ -520,7 +520,8 @@ var fuzzExporter = sync.OnceValues(func() (*exporter, error) {
 	return &exporter{pl: pl, s: s, ep: ep, ptr: ptr}, nil
 })
 
-// drop releases the imports c's peer holds, as the test's own peer.
+// drop releases the imports c's peer holds, as the test's own peer: as
+// the connection's holder, since nobody else may.
 func drop(t *testing.T, c *Conn) {
 	t.Helper()
 	c.mu.Lock()
@@ -528,7 +529,7 @@ func drop(t *testing.T, c *Conn) {
 	for ep, ptrs := range c.holds {
 		for ptr, n := range ptrs {
 			for range n {
-				require.NoError(t, ep.p.ReleaseImport(ptr))
+				require.NoError(t, ep.p.ReleaseImportFor(c.holder, ptr))
 			}
 		}
 	}

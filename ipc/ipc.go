@@ -45,6 +45,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/pool"
 )
 
 // ErrProtocol marks a message that breaks the wire format (bad magic or
@@ -179,9 +180,12 @@ type Conn struct {
 	path     string // the socket's: what Dial dialed, or the Listener's
 	pid, uid int    // the peer's, as the kernel saw them when the connection was made
 	peer     peerProc
+	// holder keeps, in the pools, the imports counted in holds: only this
+	// connection releases them (pool.ReleaseImport by hand is refused).
+	holder *pool.ImportHolder
 
 	// mu guards the fields below. It is taken before an exported pool's
-	// own lock (ReleaseImport), never after.
+	// own lock (ReleaseImportFor), never after.
 	mu   sync.Mutex
 	sent map[uint64]map[uint64]sentChunk // pool id -> offset -> the chunk sent there on this connection
 	// holds counts the imports the peer holds: pool pointers sent with

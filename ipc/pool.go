@@ -39,7 +39,10 @@ import (
 // when it sees the connection end, or by ReleaseIfGone at any time, Close
 // included. While the process lives its imports stay held, connected or
 // not: it may still map the memory. A peer releases only what it was sent
-// on its own connection.
+// on its own connection. Those imports are the connection's
+// (pool.ExportPointerFor with its pool.ImportHolder): a pool.ReleaseImport
+// of one by hand is refused, so that the pool, the connection's Holds and
+// the pidfd it keeps while its peer holds anything never disagree.
 //
 // A pool gives memory back from anywhere and may later commit a new chunk
 // where an old one was, so a chunk is known by its offset and its identity
@@ -166,12 +169,12 @@ func (c *Conn) SendPointer(ep *ExportedPool, ptr driver.Addr) error {
 	}
 	// ExportPointer counts an import: the pool cannot free ptr, nor unmap
 	// the chunks under it, until the peer releases it (or this fails).
-	xp, err := ep.p.ExportPointer(ptr, c.PeerPID())
+	xp, err := ep.p.ExportPointerFor(c.holder, ptr, c.PeerPID())
 	if err != nil {
 		return errors.Wrap(err, "ipc: send pointer")
 	}
 	if err := c.sendPointer(ep, xp); err != nil {
-		return errors.CombineErrors(errors.Wrap(err, "ipc: send pointer"), ep.p.ReleaseImport(ptr))
+		return errors.CombineErrors(errors.Wrap(err, "ipc: send pointer"), ep.p.ReleaseImportFor(c.holder, ptr))
 	}
 	return nil
 }
@@ -278,7 +281,7 @@ func (c *Conn) RecvRelease(ep *ExportedPool) (driver.Addr, error) {
 			"ipc: receive release of %s (offset %#x of pool %#x): process %d holds no import of it on this connection (released twice, or never sent it)",
 			ptr, vs[1], ep.id, c.PeerPID())
 	}
-	if err := ep.p.ReleaseImport(ptr); err != nil {
+	if err := ep.p.ReleaseImportFor(c.holder, ptr); err != nil {
 		return 0, errors.Wrap(err, "ipc: receive release")
 	}
 	c.dropHoldLocked(ep, ptr)
@@ -391,7 +394,7 @@ func (c *Conn) ReleaseIfGone() (int, error) {
 	for ep, ptrs := range c.holds {
 		for ptr, k := range ptrs {
 			for range k {
-				errs = errors.CombineErrors(errs, ep.p.ReleaseImport(ptr))
+				errs = errors.CombineErrors(errs, ep.p.ReleaseImportFor(c.holder, ptr))
 			}
 		}
 	}
@@ -426,6 +429,7 @@ type ImportedPool struct {
 	dev  driver.DeviceID
 	mem  *physical.Memory
 	res  *vaspace.Reservation
+	own  *vaspace.Owner // keeps res: nobody else can free it (vaspace.Space.ReserveFor)
 	tab  *mapping.Table
 	conn *Conn
 
@@ -489,15 +493,16 @@ func (c *Conn) RecvPool(space *vaspace.Space, mem *physical.Memory, dev driver.D
 	if err != nil {
 		return nil, err
 	}
-	res, err := space.Reserve(vs[1], 0)
+	own := vaspace.NewOwner("an imported pool")
+	res, err := space.ReserveFor(own, vs[1], 0)
 	if err != nil {
 		return nil, errors.Wrapf(err, "ipc: receive pool of %s", units.Bytes(vs[1]))
 	}
 	tab, err := mapping.New(res, mem)
 	if err != nil {
-		return nil, errors.CombineErrors(err, res.Free())
+		return nil, errors.CombineErrors(err, res.FreeFor(own))
 	}
-	return &ImportedPool{id: vs[0], dev: dev, mem: mem, res: res, tab: tab, conn: c, ptrs: map[driver.Addr]importedPtr{}}, nil
+	return &ImportedPool{id: vs[0], dev: dev, mem: mem, res: res, own: own, tab: tab, conn: c, ptrs: map[driver.Addr]importedPtr{}}, nil
 }
 
 // RecvPointer receives one pointer of the pool (and the chunks it needs)
@@ -894,7 +899,7 @@ func (ip *ImportedPool) Close() error {
 	for _, it := range ip.chunks.All() {
 		errs = errors.CombineErrors(errs, it.Val.c.Release())
 	}
-	errs = errors.CombineErrors(errs, ip.res.Free())
+	errs = errors.CombineErrors(errs, ip.res.FreeFor(ip.own))
 	ip.closed = true
 	return errors.Wrap(errs, "ipc: close imported pool")
 }

@@ -561,11 +561,21 @@ func (t *Table) Close() error {
 // returns every inconsistency: entries sorted, inside the reservation and
 // not overlapping; each entry's chunk live in the table's memory with at
 // least one mapping; and the driver reporting the same access for every
-// device at every granule.
+// device at every granule. For an open table it also checks its
+// reservation (vaspace.Reservation.Check), which asks the driver whether
+// the range is still reserved: a range unreserved through the driver from
+// under the table (and the arena range or imported pool that owns it) is
+// reported here.
 func (t *Table) Check() error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.checkLocked()
+	errs := t.checkLocked()
+	if !t.closed {
+		if err := t.res.Check(); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrapf(err, "mapping: the table's reservation"))
+		}
+	}
+	return errs
 }
 
 // checkAfter runs checkLocked after a change, in builds with the

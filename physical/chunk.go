@@ -80,6 +80,13 @@ func (c *Chunk) String() string {
 // Release gives up the handle (driver.Release): the chunk can no longer be
 // mapped. Its memory stays counted in Used until its last mapping is dropped
 // too. Releasing twice is driver.ErrBadHandle.
+//
+// A handle the driver no longer knows (driver.ErrBadHandle from the driver:
+// someone called Driver.Release on it behind this package's back) is
+// marked released all the same, since the driver holds it no longer, and
+// the error, which wraps driver.ErrBadHandle, says what happened: the books
+// follow the driver, so that the chunk's memory leaves Used once it is
+// unmapped and Close and Check can still finish.
 func (c *Chunk) Release() error {
 	if err := c.made("release"); err != nil {
 		return err
@@ -99,7 +106,16 @@ func (c *Chunk) releaseLocked() error {
 		return errors.Wrapf(driver.ErrBadHandle, "%s: already released", what())
 	}
 	if err := c.m.d.Release(c.handle); err != nil {
-		return errors.Wrapf(err, "%s", what())
+		if !errors.Is(err, driver.ErrBadHandle) {
+			return errors.Wrapf(err, "%s", what())
+		}
+		c.released = true
+		if c.maps == 0 {
+			c.returnLocked()
+		}
+		return errors.WithHint(
+			errors.Wrapf(err, "%s: the driver no longer holds the handle (released through the driver behind the memory's back?); the memory has let it go", what()),
+			"release chunks with Chunk.Release, never with Driver.Release")
 	}
 	c.released = true
 	if c.maps == 0 {

@@ -25,7 +25,12 @@
 //     listed chunk is live, or released with at least one mapping.
 //   - A device's Used is the sum of the sizes of its listed chunks, never
 //     above its Capacity nor above its Peak; Chunks counts them.
-//   - A failed call changes nothing.
+//   - A failed call changes nothing, but for one case: Release of a chunk
+//     whose handle the driver no longer holds (released through the driver
+//     behind this package's back) lets the chunk go, since the driver has.
+//   - Every listed chunk is held by the driver, so a device's Used is never
+//     above what the driver reports (Check compares them where the driver
+//     reports its Used; the four drivers of this module do).
 //
 // # Locking
 //

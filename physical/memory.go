@@ -189,14 +189,53 @@ func (m *Memory) Close() error {
 }
 
 // Check walks every chunk and counter and returns every broken invariant as
-// an errors.AssertionFailedf, combined.
+// an errors.AssertionFailedf, combined. It also compares the books with the
+// driver's, where the driver reports what a device holds (Used(dev), as the
+// host, sim, CUDA and AscendCL drivers do): every chunk listed here is held
+// by the driver, so a device's Used here can never be above the driver's.
+// If it is, a chunk was released through the driver behind this Memory's
+// back (or the driver was closed), and Check says so.
+//
+// The driver's figure counts the chunks of every Memory over it, so a
+// chunk released behind the back of one Memory can hide behind the chunks
+// of another, and a chunk still mapped keeps its memory in both books when
+// released: Check sees what the driver's totals can show. The next Release
+// of such a chunk finds out in any case (see Chunk.Release).
 func (m *Memory) Check() error {
 	if err := m.usable(func() string { return "physical: check" }); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.checkLocked()
+	return errors.CombineErrors(m.checkLocked(), m.checkDriverLocked())
+}
+
+// deviceUsage is implemented by drivers that report what each device
+// holds: chunks created or imported there and not yet returned.
+type deviceUsage interface {
+	Used(dev driver.DeviceID) uint64
+}
+
+// checkDriverLocked reports every device whose books hold more than the
+// driver does; m.mu is held, so no call of m changes the driver meanwhile,
+// and other users of the driver only add to its figure. It is not part of
+// checkLocked, which runs after every change under the invariants tag: a
+// caller's own call on the driver is not a broken invariant of this
+// package, and Check is where it is reported.
+func (m *Memory) checkDriverLocked() error {
+	du, ok := m.d.(deviceUsage)
+	if !ok {
+		return nil
+	}
+	var errs error
+	for d, u := range m.usage {
+		if got := du.Used(driver.DeviceID(d)); u.Used > got {
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf(
+				"physical: device %d: these books hold %s in %d chunk(s), the %s driver only %s: a chunk was released through the driver (Driver.Release of a handle this memory tracks), or the driver closed, behind the memory's back; release chunks with Chunk.Release",
+				d, units.Bytes(u.Used), u.Chunks, m.d.Name(), units.Bytes(got)))
+		}
+	}
+	return errs
 }
 
 // checkAfter runs checkLocked after a change, in builds with the

@@ -2,6 +2,8 @@ package pool
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/cockroachdb/errors"
 
@@ -65,7 +67,8 @@ type ExportedChunk struct {
 // ReleaseImport has been called once for each successful ExportPointer
 // (CUDA's rule: importers free first), so its chunks stay mapped while the
 // description travels. A caller whose export never reaches an importer
-// calls ReleaseImport itself. On error the import is not counted (chunks
+// calls ReleaseImport itself. Package ipc counts its imports with
+// ExportPointerFor instead, for its connection, which alone releases them. On error the import is not counted (chunks
 // exported before the failure stay exported: a chunk is exported once).
 //
 // importers are the processes that will import the pointer. A driver
@@ -74,6 +77,43 @@ type ExportedChunk struct {
 // ptr; descriptors (host, CUDA) need nothing: whoever holds one may map
 // it, and the sender decides who gets it.
 func (p *Pool) ExportPointer(ptr driver.Addr, importers ...int) (ExportedPointer, error) {
+	return p.exportPointer(nil, ptr, importers)
+}
+
+// ImportHolder keeps imports of pool pointers that only it may release:
+// package ipc makes one for each connection, and counts with it the imports
+// its peer process holds, which go when that process sends its release or
+// exits — never by a ReleaseImport by hand, which would let the pool free
+// (and hand to new allocations) memory the peer still maps. Give it a name
+// that tells a reader who holds the imports and how they are released.
+type ImportHolder struct {
+	name string
+}
+
+// NewImportHolder returns a holder named name in messages.
+func NewImportHolder(name string) *ImportHolder { return &ImportHolder{name: name} }
+
+// String is the holder's name.
+func (h *ImportHolder) String() string {
+	if h == nil {
+		return "nobody"
+	}
+	return h.name
+}
+
+// ExportPointerFor is ExportPointer with the import kept by h: only
+// ReleaseImportFor with the same h releases it, and ReleaseImport refuses
+// it (ErrBusy, naming h). A nil h is ErrInvalid.
+func (p *Pool) ExportPointerFor(h *ImportHolder, ptr driver.Addr, importers ...int) (ExportedPointer, error) {
+	if h == nil {
+		return ExportedPointer{}, errors.Wrapf(driver.ErrInvalid, "pool: export pointer %s for a holder: the holder is nil", ptr)
+	}
+	return p.exportPointer(h, ptr, importers)
+}
+
+// exportPointer is ExportPointer, counting the import for h when h is not
+// nil.
+func (p *Pool) exportPointer(h *ImportHolder, ptr driver.Addr, importers []int) (ExportedPointer, error) {
 	if err := driver.CheckPIDs(func() string { return fmt.Sprintf("pool: export pointer %s", ptr) }, importers); err != nil {
 		return ExportedPointer{}, err
 	}
@@ -112,19 +152,81 @@ func (p *Pool) ExportPointer(ptr driver.Addr, importers ...int) (ExportedPointer
 		p.imports = map[driver.Addr]int{}
 	}
 	p.imports[ptr]++
+	if h != nil {
+		if p.held == nil {
+			p.held = map[driver.Addr]map[*ImportHolder]int{}
+		}
+		if p.held[ptr] == nil {
+			p.held[ptr] = map[*ImportHolder]int{}
+		}
+		p.held[ptr][h]++
+	}
 	return xp, nil
 }
 
 // ReleaseImport records that one import of ptr (one ExportPointer) was
-// released; when none is left, FreeAsync may free ptr again.
+// released; when none is left, FreeAsync may free ptr again. Imports that
+// an ImportHolder keeps (ExportPointerFor: those package ipc sent to
+// another process) are not the caller's to release: while only such
+// imports are left, ReleaseImport refuses with ErrBusy naming their
+// holders, and changes nothing.
 func (p *Pool) ReleaseImport(ptr driver.Addr) error {
+	return p.releaseImport(nil, ptr)
+}
+
+// ReleaseImportFor records that one import of ptr that h keeps was
+// released. An import h does not keep is ErrNotAllocated. A nil h is
+// ErrInvalid.
+func (p *Pool) ReleaseImportFor(h *ImportHolder, ptr driver.Addr) error {
+	if h == nil {
+		return errors.Wrapf(driver.ErrInvalid, "pool: release of an import of %s for a holder: the holder is nil", ptr)
+	}
+	return p.releaseImport(h, ptr)
+}
+
+// releaseImport releases one import of ptr: one h keeps, or with a nil h
+// one of the caller's own.
+func (p *Pool) releaseImport(h *ImportHolder, ptr driver.Addr) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.checkAfterLocked("release import")
 	if p.imports[ptr] == 0 {
 		return errors.Wrapf(driver.ErrNotAllocated, "pool: release of an import of %s: no process imported it", ptr)
+	}
+	kept := 0
+	for _, k := range p.held[ptr] {
+		kept += k
+	}
+	switch {
+	case h == nil && kept == p.imports[ptr]:
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "pool: release of an import of %s: its %d import(s) are kept by their holders (%s), which release them themselves",
+				ptr, kept, p.holdersLocked(ptr)),
+			"an import sent with ipc.Conn.SendPointer is released when the peer frees it (ipc.Conn.RecvRelease), or by ipc.Conn.ReleaseIfGone once the peer has exited; ReleaseImport is for imports made with ExportPointer")
+	case h != nil && p.held[ptr][h] == 0:
+		return errors.Wrapf(driver.ErrNotAllocated, "pool: release of an import of %s for %s: it keeps none", ptr, h)
+	}
+	if h != nil {
+		if p.held[ptr][h]--; p.held[ptr][h] == 0 {
+			delete(p.held[ptr], h)
+			if len(p.held[ptr]) == 0 {
+				delete(p.held, ptr)
+			}
+		}
 	}
 	if p.imports[ptr]--; p.imports[ptr] == 0 {
 		delete(p.imports, ptr)
 	}
 	return nil
+}
+
+// holdersLocked names the holders that keep imports of ptr and how many,
+// for messages: "1 by ipc connection ...; 2 by ...", "" when none does.
+func (p *Pool) holdersLocked(ptr driver.Addr) string {
+	names := make([]string, 0, len(p.held[ptr]))
+	for h, k := range p.held[ptr] {
+		names = append(names, fmt.Sprintf("%d by %s", k, h))
+	}
+	slices.Sort(names)
+	return strings.Join(names, "; ")
 }

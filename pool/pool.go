@@ -90,7 +90,11 @@ type Pool struct {
 	usedHigh      uint64
 	reservedHigh  uint64
 	imports       map[driver.Addr]int // live blocks other processes imported, and how many times
-	destroyed     bool
+	// held counts, of imports, those an ImportHolder keeps: only it
+	// releases them (ReleaseImportFor). Each count is positive and at most
+	// imports[ptr]; the rest of imports[ptr] are the caller's own.
+	held      map[driver.Addr]map[*ImportHolder]int
+	destroyed bool
 }
 
 // Props are a pool's properties, fixed at creation (cudaMemPoolProps).
@@ -364,8 +368,12 @@ func (p *Pool) FreeAsync(ptr driver.Addr, s *stream.Stream) error {
 	defer p.checkAfterLocked("free async")
 	b, ok := p.live[ptr]
 	if n := p.imports[ptr]; ok && n > 0 {
+		kept := ""
+		if h := p.holdersLocked(ptr); h != "" {
+			kept = " (kept: " + h + ")"
+		}
 		return errors.WithHint(
-			errors.Wrapf(driver.ErrBusy, "%s: %d other process(es) imported it and have not released it", what(), n),
+			errors.Wrapf(driver.ErrBusy, "%s: %d other process(es) imported it and have not released it%s", what(), n, kept),
 			"importers free first, as with cudaMemPoolImportPointer: wait for their release (ipc.Conn.RecvRelease)")
 	}
 	if !ok {
@@ -623,6 +631,18 @@ func (p *Pool) checkLocked() error {
 	for a, n := range p.imports {
 		if _, isLive := p.live[a]; !isLive || n <= 0 {
 			fail("pool: %d import(s) counted of %s, which is not live", n, a)
+		}
+	}
+	for a, hs := range p.held {
+		sum := 0
+		for h, k := range hs {
+			if k <= 0 {
+				fail("pool: %s keeps %d import(s) of %s", h, k, a)
+			}
+			sum += k
+		}
+		if len(hs) == 0 || sum > p.imports[a] {
+			fail("pool: holders keep %d import(s) of %s in %d entries, %d are counted", sum, a, len(hs), p.imports[a])
 		}
 	}
 	if !slices.Equal(p.ranges, alRanges(p.al)) {

@@ -13,6 +13,12 @@
 // only — it says which part of the range a layer above has claimed, not
 // whether memory is mapped there (the driver and the mapping layer know that).
 //
+// A reservation made by [Space.ReserveFor] is kept by an [Owner] (an arena
+// range, an imported pool): only the owner frees it ([Reservation.FreeFor]);
+// [Reservation.Free] refuses it with driver.ErrBusy naming the owner, and
+// [Space.Close] refuses while one is live, so nothing reached through the
+// Space takes a range from under the layer that keeps it.
+//
 // # Invariants (checked by [Space.Check])
 //
 //   - A Space's live reservations are sorted by base and do not overlap.
@@ -20,7 +26,10 @@
 //     the reservation, and start and end on the driver's granularity; the
 //     free extents are exactly the gaps between them.
 //   - A reservation is freed only when none of its occupants reports a use
-//     and the driver agreed to unreserve it; a failed call changes nothing.
+//     and the driver agreed to unreserve it, and one an owner keeps only by
+//     that owner; a failed call changes nothing.
+//   - Every live reservation is reserved in the driver too: Check asks the
+//     driver, and reports a range unreserved behind the space's back.
 //
 // # Locking
 //

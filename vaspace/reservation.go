@@ -35,6 +35,28 @@ type Use struct {
 // String formats u as "chunk 7 of device 1 at [0x..., 0x...)".
 func (u Use) String() string { return fmt.Sprintf("%s at %s", u.What, u.Range) }
 
+// Owner is a layer above that keeps reservations for itself (an arena
+// range, an imported pool: Space.ReserveFor). Only the owner frees what it
+// keeps (FreeFor): a caller who reaches the reservation through the Space
+// (Reservations) cannot free it, nor close the Space, under the owner,
+// which would leave the owner with a range it can never free and memory
+// mapped, later, into a range that is someone else's. An owner is a
+// pointer the owner keeps to itself; its name says who it is in messages.
+type Owner struct {
+	name string
+}
+
+// NewOwner returns an owner named name in messages ("an arena range").
+func NewOwner(name string) *Owner { return &Owner{name: name} }
+
+// String is the owner's name.
+func (o *Owner) String() string {
+	if o == nil {
+		return "nobody"
+	}
+	return o.name
+}
+
 // Reservation is one range of address space reserved from the driver, and
 // the sub-ranges carved out of it.
 type Reservation struct {
@@ -42,6 +64,9 @@ type Reservation struct {
 	base  driver.Addr
 	size  uint64
 	gran  uint64
+	// owner keeps the reservation (ReserveFor), fixed at Reserve; nil
+	// when nobody does.
+	owner *Owner
 
 	// hold is held for reading while a Hold callback runs and for writing
 	// while Free or Close unreserves the range: the range cannot be freed
@@ -92,6 +117,15 @@ func (r *Reservation) Range() Range { return Range{r.base, r.size} }
 
 // Space is the space r was reserved from.
 func (r *Reservation) Space() *Space { return r.space }
+
+// KeptBy is the name of the owner that keeps r (Space.ReserveFor), "" when
+// nobody does.
+func (r *Reservation) KeptBy() string {
+	if r.owner == nil {
+		return ""
+	}
+	return r.owner.String()
+}
 
 // String formats r as "reservation [0x..., 0x...)".
 func (r *Reservation) String() string { return "reservation " + r.Range().String() }
@@ -340,11 +374,29 @@ func (r *Reservation) Hold(fn func() error) error {
 
 // Free gives the range back to the driver (driver.Unreserve). It refuses
 // with driver.ErrBusy while any attached occupant reports uses, naming them,
-// and the driver refuses too while anything is mapped inside. After Free,
-// every method but Base, Size, Range, Space, String and Freed returns
+// and the driver refuses too while anything is mapped inside. A reservation
+// an owner keeps (Space.ReserveFor) is the owner's to free (FreeFor): Free
+// refuses it with driver.ErrBusy naming the owner. After Free, every method
+// but Base, Size, Range, Space, String, KeptBy and Freed returns
 // driver.ErrClosed (or nothing). Carved ranges need not be uncarved first:
 // carving is bookkeeping, and goes with the range.
 func (r *Reservation) Free() error {
+	return r.freeAs(nil)
+}
+
+// FreeFor is Free by the owner that keeps r: o must be the owner given to
+// Space.ReserveFor (driver.ErrBusy for another owner, driver.ErrInvalid for
+// a nil one or a reservation nobody keeps).
+func (r *Reservation) FreeFor(o *Owner) error {
+	if o == nil {
+		return errors.Wrapf(driver.ErrInvalid, "vaspace: free %s for an owner: the owner is nil", r)
+	}
+	return r.freeAs(o)
+}
+
+// freeAs frees r for o, which is r's owner or, for a reservation nobody
+// keeps, nil.
+func (r *Reservation) freeAs(o *Owner) error {
 	what := func() string { return fmt.Sprintf("vaspace: free %s", r) }
 	if err := r.made(what); err != nil {
 		return err
@@ -353,6 +405,18 @@ func (r *Reservation) Free() error {
 		uses, gen, freed := r.uses()
 		if freed {
 			return r.errFreed(what)
+		}
+		switch {
+		case o == r.owner:
+		case o == nil:
+			return errors.WithHintf(
+				errors.Wrapf(driver.ErrBusy, "%s: it is kept by %s, which frees it itself", what(), r.owner),
+				"close its owner (%s) instead", r.owner)
+		case r.owner == nil:
+			return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s for %s: nobody keeps it", what(), o),
+				"free it with Free")
+		default:
+			return errors.Wrapf(driver.ErrBusy, "%s for %s: it is kept by %s", what(), o, r.owner)
 		}
 		if len(uses) > 0 {
 			return errors.WithHint(

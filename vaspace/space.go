@@ -61,6 +61,22 @@ func (s *Space) Driver() driver.Driver {
 // granularity, aligned to align (a power of two; 0 means the granularity,
 // and a smaller one is raised to it).
 func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
+	return s.reserve(nil, size, align)
+}
+
+// ReserveFor is Reserve for an owner: a layer above (an arena range, an
+// imported pool) that keeps the reservation for itself. Only FreeFor with
+// the same owner frees it; Free refuses (ErrBusy, naming the owner), and
+// Close of the space refuses while it is live. A nil owner is ErrInvalid.
+func (s *Space) ReserveFor(o *Owner, size, align uint64) (*Reservation, error) {
+	if o == nil {
+		return nil, errors.Wrapf(driver.ErrInvalid, "vaspace: reserve %s for an owner: the owner is nil", units.Bytes(size))
+	}
+	return s.reserve(o, size, align)
+}
+
+// reserve is Reserve, the reservation kept by o when o is not nil.
+func (s *Space) reserve(o *Owner, size, align uint64) (*Reservation, error) {
 	what := func() string {
 		if align != 0 {
 			return fmt.Sprintf("vaspace: reserve %s aligned to %d", units.Bytes(size), align)
@@ -87,6 +103,7 @@ func (s *Space) Reserve(size, align uint64) (*Reservation, error) {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
 	r := newReservation(s, base, size)
+	r.owner = o
 	if _, ok := s.rs.Insert(base, r.Range().End(), r); !ok {
 		_ = s.d.Unreserve(base, size)
 		return nil, errors.AssertionFailedf("%s: the driver returned %s, which overlaps a live reservation", what(), r.Range())
@@ -111,8 +128,9 @@ func (s *Space) listLocked() []*Reservation {
 
 // Close frees every live reservation and closes s; later calls of s and of
 // its reservations return driver.ErrClosed. While any reservation has an
-// occupant that reports uses, Close refuses with driver.ErrBusy listing
-// them and frees nothing.
+// occupant that reports uses, or is kept by an owner (ReserveFor), Close
+// refuses with driver.ErrBusy listing them and frees nothing: an owner
+// frees its reservations itself when it closes.
 //
 // Should the driver refuse to unreserve a reservation all the same (because
 // something was mapped into it behind its occupants' backs, or the driver is
@@ -137,7 +155,11 @@ func (s *Space) Close() error {
 		for i, r := range rs {
 			uses, gen, freed := r.uses()
 			gens[i] = gen
-			if !freed && len(uses) > 0 {
+			switch {
+			case freed:
+			case r.owner != nil:
+				busy = append(busy, fmt.Sprintf("%s (kept by %s)", r.Range(), r.owner))
+			case len(uses) > 0:
 				busy = append(busy, fmt.Sprintf("%s (%s)", r.Range(), describeUses(uses)))
 			}
 		}
@@ -145,7 +167,7 @@ func (s *Space) Close() error {
 			return errors.WithHint(
 				errors.Wrapf(driver.ErrBusy, "vaspace: close: %d reservation(s) still in use: %s",
 					len(busy), strings.Join(busy, "; ")),
-				"unmap what is mapped in them, or detach their occupants, before closing")
+				"close the owners of the reservations they keep (they free them), unmap what is mapped in the others, or detach their occupants, before closing")
 		}
 
 		for _, r := range rs {
