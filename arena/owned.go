@@ -62,15 +62,36 @@ func (al *Allocator) AllocOwned(size, align uint64) (*Owned, error) {
 	return o, nil
 }
 
-// Addr is the allocation's address.
-func (o *Owned) Addr() driver.Addr { return o.p }
+// made refuses a nil Owned or one not made by AllocOwned (ErrInvalid).
+func (o *Owned) made(op string) error {
+	if o == nil || o.al == nil {
+		return errors.Wrapf(driver.ErrInvalid, "arena: %s of an owned allocation: nil, or not made by Allocator.AllocOwned", op)
+	}
+	return nil
+}
 
-// Size is the size asked for.
-func (o *Owned) Size() uint64 { return o.n }
+// Addr is the allocation's address (0 for a nil or zero Owned).
+func (o *Owned) Addr() driver.Addr {
+	if o == nil {
+		return 0
+	}
+	return o.p
+}
+
+// Size is the size asked for (0 for a nil or zero Owned).
+func (o *Owned) Size() uint64 {
+	if o == nil {
+		return 0
+	}
+	return o.n
+}
 
 // Bytes returns the allocation as a slice, as Allocator.Bytes does; after
 // Release it is ErrClosed.
 func (o *Owned) Bytes() ([]byte, error) {
+	if err := o.made("bytes"); err != nil {
+		return nil, err
+	}
 	al := o.al
 	al.mu.Lock()
 	defer al.mu.Unlock()
@@ -82,6 +103,9 @@ func (o *Owned) Bytes() ([]byte, error) {
 
 // Release frees the allocation. Releasing twice is ErrClosed.
 func (o *Owned) Release() error {
+	if err := o.made("release"); err != nil {
+		return err
+	}
 	al := o.al
 	al.mu.Lock()
 	defer al.mu.Unlock()

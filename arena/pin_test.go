@@ -20,6 +20,7 @@ func touchLoop(b []byte) (stop func() int) {
 	var quit atomic.Bool
 	var steps atomic.Int64
 	var wg sync.WaitGroup
+	started := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -30,9 +31,15 @@ func touchLoop(b []byte) (stop func() int) {
 			if b[i] != byte(i) {
 				panic("the byte just stored changed")
 			}
-			steps.Add(1)
+			if steps.Add(1) == 1 {
+				close(started)
+			}
 		}
 	}()
+	select { // the loop is running before the caller's operations start
+	case <-started:
+	case <-time.After(10 * time.Second):
+	}
 	return func() int {
 		quit.Store(true)
 		wg.Wait()
@@ -55,6 +62,9 @@ func TestViewPinsAgainstMoveAndRevoke(t *testing.T) {
 	require.NoError(t, err)
 	b, err := v.Bytes()
 	require.NoError(t, err)
+	for i := range b {
+		b[i] = byte(i) // what the loop stores too
+	}
 	before, layout := s.Stats(), s.Layout()
 
 	stop := touchLoop(b)
@@ -230,6 +240,14 @@ func TestOwnedAllocation(t *testing.T) {
 	require.Equal(t, uint64(4096), n)
 	require.NoError(t, al.Free(p))
 	require.NoError(t, al.Check())
+
+	for _, z := range []*Owned{nil, {}} {
+		drivertest.RequireIs(t, z.Release(), driver.ErrInvalid, "not made by Allocator.AllocOwned")
+		_, err := z.Bytes()
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "not made by Allocator.AllocOwned")
+		require.Zero(t, z.Addr())
+		require.Zero(t, z.Size())
+	}
 }
 
 // TestAppendAndResizeFrom: Append refuses memory no device may write

@@ -24,6 +24,7 @@ func hammer(t *testing.T, x *tensor.Tensor) (stop func() int) {
 	var quit atomic.Bool
 	var rounds atomic.Int64
 	var wg sync.WaitGroup
+	started := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -38,9 +39,15 @@ func hammer(t *testing.T, x *tensor.Tensor) (stop func() int) {
 				t.Errorf("at %d: %v", i, err)
 				return
 			}
-			rounds.Add(1)
+			if rounds.Add(1) == 1 {
+				close(started)
+			}
 		}
 	}()
+	select { // the loop is running before the caller's operations start
+	case <-started:
+	case <-time.After(10 * time.Second):
+	}
 	return func() int {
 		quit.Store(true)
 		wg.Wait()
