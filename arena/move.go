@@ -297,9 +297,9 @@ type moved struct {
 //
 // On any failure — to out of memory, a range not committed or not whole
 // chunks, a chunk lent to another range or pinned by a view — nothing
-// changes and the new chunks are released. The bytes go through the host (HostMapper, or the
-// driver's Read and Write); on a driver whose devices are all simulated
-// there are no bytes, and only the backing moves.
+// changes and the new chunks are released. The bytes go through the host
+// (HostMapper, or the driver's Read and Write); on a driver whose devices
+// are all simulated there are no bytes, and only the backing moves.
 func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
