@@ -12,7 +12,9 @@ import (
 
 // SetAccess sets what dev may do with every chunk the range holds now and
 // every chunk it commits later. If the driver refuses part-way, the chunks
-// already changed are set back and nothing changes.
+// already changed are set back and nothing changes. It refuses (ErrBusy,
+// changing nothing) to leave a chunk that a live view covers writable by
+// no device: the view's bytes would fault.
 func (s *Sparse) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
@@ -51,7 +53,8 @@ func (s *Sparse) Access(dev driver.DeviceID) driver.Access {
 // Grant sets what dev may do over [off, off+n), which must be whole chunks,
 // all committed — only that range, only that device; chunks committed
 // later get the range's access (SetAccess). Granting AccessNone revokes.
-// On failure nothing changes.
+// As SetAccess, it refuses (ErrBusy) to leave a chunk that a live view
+// covers writable by no device. On failure nothing changes.
 func (s *Sparse) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
@@ -119,6 +122,9 @@ func (s *Sparse) chunksLocked(what func() string, off, n uint64) (lo, hi int, er
 // per run of adjacent slots whose access for dev is already alike, and
 // puts back what it changed if the driver refuses part-way.
 func (s *Sparse) grantLocked(what func() string, dev driver.DeviceID, lo, hi int, acc driver.Access) error {
+	if err := s.keepsWriteLocked(what, dev, lo, hi, acc); err != nil {
+		return err
+	}
 	type run struct {
 		lo, hi int
 		old    driver.Access
@@ -144,6 +150,82 @@ func (s *Sparse) grantLocked(what func() string, dev driver.DeviceID, lo, hi int
 	}
 	for i := lo; i < hi; i++ {
 		s.slots.At(i).Val.access[dev] = acc
+	}
+	return nil
+}
+
+// writable reports whether some device may write a chunk with access
+// accs: on the host driver the pages' own protection is the widest access
+// any device has, so that is what the process's loads and stores meet.
+func writable(accs []driver.Access) bool {
+	var w driver.Access
+	for _, a := range accs {
+		w |= a
+	}
+	return w.Allows(driver.AccessReadWrite)
+}
+
+// keepsWriteLocked refuses (ErrBusy, naming the first) a change of dev's
+// access to acc over slots [lo, hi) that would leave a chunk a live view
+// covers writable by no device: a view hands out writable memory (Bytes),
+// and taking write access away under it would turn the next store through
+// it — a tensor's Set — into a fault.
+func (s *Sparse) keepsWriteLocked(what func() string, dev driver.DeviceID, lo, hi int, acc driver.Access) error {
+	if acc.Allows(driver.AccessReadWrite) {
+		return nil
+	}
+	for i := lo; i < hi; i++ {
+		it := s.slots.At(i)
+		sl := it.Val
+		if sl.views == 0 || !writable(sl.access) {
+			continue
+		}
+		w := acc
+		for d, a := range sl.access {
+			if driver.DeviceID(d) != dev {
+				w |= a
+			}
+		}
+		if !w.Allows(driver.AccessReadWrite) {
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at [%#x, +%s), which no device could write any more",
+					what(), sl.views, it.Start, units.Bytes(it.Size())),
+				"release the views (and the tensors over them) first, or give another device write access first")
+		}
+	}
+	return nil
+}
+
+// losesWrite reports whether setting dev's access to acc leaves the
+// range's access (what its chunks get) writable by no device when it is
+// writable now.
+func (s *Sparse) losesWrite(dev driver.DeviceID, acc driver.Access) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !writable(s.access) || acc.Allows(driver.AccessReadWrite) {
+		return false
+	}
+	w := acc
+	for d, a := range s.access {
+		if driver.DeviceID(d) != dev {
+			w |= a
+		}
+	}
+	return !w.Allows(driver.AccessReadWrite)
+}
+
+// writableLocked refuses (ErrAccessDenied) [off, end) when a chunk there
+// is not writable by any device: the memory views and allocations hand out
+// as bytes is written through them.
+func (s *Sparse) writableLocked(what func() string, off, end uint64) error {
+	lo, hi := s.slots.Overlapping(off, end)
+	for i := lo; i < hi; i++ {
+		if it := s.slots.At(i); !writable(it.Val.access) {
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrAccessDenied, "%s: the chunk at [%#x, +%s) is not writable by any device",
+					what(), it.Start, units.Bytes(it.Size())),
+				"grant a device read-write access first (SetAccess or Grant); read read-only memory with Read")
+		}
 	}
 	return nil
 }

@@ -70,8 +70,11 @@ type Allocator struct {
 	slackDiv  uint64
 	held      uint64               // bytes of used blocks and stitched allocations: the live set
 	stitches  map[uint64]*stitched // by offset in the stitch range
-	stats     AllocStats
-	closed    bool
+	// owned are the live allocations a handle owns (AllocOwned), by
+	// address: Free refuses them, only the handle's Release frees them.
+	owned  map[driver.Addr]*Owned
+	stats  AllocStats
+	closed bool
 }
 
 // The heaps, by index.
@@ -365,24 +368,40 @@ func (al *Allocator) committed() uint64 {
 // allocation changes.
 func (al *Allocator) Alloc(size, align uint64) (driver.Addr, error) {
 	what := func() string { return fmt.Sprintf("arena: alloc %s aligned to %d", units.Bytes(size), align) }
-	if size == 0 {
-		return 0, errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
-	}
-	if err := driver.CheckAlign(what, align); err != nil {
+	align, fp, err := al.checkRequest(what, size, align)
+	if err != nil {
 		return 0, err
-	}
-	align = max(align, al.q)
-	fp := alignUp(al.policy.Footprint(size), al.q)
-	if fp < size || fp > al.max || align > al.max {
-		return 0, errors.WithHint(
-			errors.Wrapf(driver.ErrOutOfMemory, "%s: larger than the allocator's maximum %s", what(), units.Bytes(al.max)),
-			"create the allocator with a larger Max")
 	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
 		return 0, al.errClosed("alloc")
 	}
+	return al.allocLocked(what, size, align, fp)
+}
+
+// checkRequest checks a request of size bytes aligned to align and returns
+// the alignment and the footprint it is served with.
+func (al *Allocator) checkRequest(what func() string, size, align uint64) (uint64, uint64, error) {
+	if size == 0 {
+		return 0, 0, errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
+	}
+	if err := driver.CheckAlign(what, align); err != nil {
+		return 0, 0, err
+	}
+	align = max(align, al.q)
+	fp := alignUp(al.policy.Footprint(size), al.q)
+	if fp < size || fp > al.max || align > al.max {
+		return 0, 0, errors.WithHint(
+			errors.Wrapf(driver.ErrOutOfMemory, "%s: larger than the allocator's maximum %s", what(), units.Bytes(al.max)),
+			"create the allocator with a larger Max")
+	}
+	return align, fp, nil
+}
+
+// allocLocked serves a request of size bytes (footprint fp, aligned to
+// align), checked by the caller, which holds mu.
+func (al *Allocator) allocLocked(what func() string, size, align, fp uint64) (driver.Addr, error) {
 	h := al.heapFor(fp)
 	var p driver.Addr
 	if r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q); r != 0 {
@@ -404,14 +423,25 @@ func (al *Allocator) Alloc(size, align uint64) (driver.Addr, error) {
 
 // Free ends the allocation at p. A pointer that is not the start of a live
 // allocation — freed already, never allocated here, or inside one — is
-// ErrNotAllocated, and nothing changes. Free keeps the memory committed for
-// later allocations.
+// ErrNotAllocated, and one that a handle owns (AllocOwned: a tensor's) is
+// ErrBusy; nothing changes then. Free keeps the memory committed for later
+// allocations.
 func (al *Allocator) Free(p driver.Addr) error {
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
 		return al.errClosed("free")
 	}
+	if al.owned[p] != nil {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "arena: free %s: the allocation is owned by its holder (a tensor?), whose Release frees it", p),
+			"release the tensor (or the Owned handle) instead")
+	}
+	return al.freeLocked(p)
+}
+
+// freeLocked ends the allocation at p; the caller holds mu.
+func (al *Allocator) freeLocked(p driver.Addr) error {
 	if h := al.heapOf(p); h != nil {
 		if r := h.usedAt(p); r != 0 {
 			b := h.at(r)
@@ -470,17 +500,46 @@ func (al *Allocator) Size(p driver.Addr) (uint64, error) {
 }
 
 // Bytes returns the live allocation at p as a slice of the size asked for,
-// on drivers whose memory the process addresses (driver.HostMapper). It is
-// valid until the allocation is freed.
+// on drivers whose memory the process addresses (driver.HostMapper). The
+// memory must be writable by some device (ErrAccessDenied otherwise): the
+// slice is for reading and writing, and while the allocation lives
+// SetAccess cannot take write access away. It is valid until the
+// allocation is freed.
 func (al *Allocator) Bytes(p driver.Addr) ([]byte, error) {
-	n, err := al.Size(p)
-	if err != nil {
-		return nil, err
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if al.closed {
+		return nil, al.errClosed("bytes")
 	}
-	d := al.heaps[0].s.Driver()
+	return al.bytesLocked(p)
+}
+
+// bytesLocked is Bytes with mu held, so that no SetAccess or Free comes
+// between the checks and the slice.
+func (al *Allocator) bytesLocked(p driver.Addr) ([]byte, error) {
+	var s *Sparse
+	var off, n uint64
+	if h := al.heapOf(p); h != nil {
+		if r := h.usedAt(p); r != 0 {
+			s, off, n = h.s, h.at(r).off, h.at(r).req
+		}
+	}
+	if st := al.stitchAt(p); st != nil {
+		s, off, n = al.st, st.off, st.req
+	}
+	if s == nil {
+		return nil, al.notAllocated(p)
+	}
+	d := s.Driver()
 	hm, ok := d.(driver.HostMapper)
 	if !ok {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "arena: bytes of an allocation: the %s driver's memory is not addressable from the host", d.Name())
+	}
+	s.mu.Lock()
+	err := s.writableLocked(func() string { return fmt.Sprintf("arena: bytes of the allocation at %s", p) }, off, off+n)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
 	return hm.HostBytes(p, n)
 }
@@ -559,12 +618,20 @@ func (s *Sparse) export(off, n uint64) ([]SharedChunk, error) {
 }
 
 // SetAccess sets what dev may do with all the allocator's memory, now and
-// later: its heaps and its stitch range. On failure nothing changes.
+// later: its heaps and its stitch range. It refuses (ErrBusy) to leave the
+// memory writable by no device while allocations are live: their bytes
+// (Bytes, a tensor's) would fault. On failure nothing changes.
 func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
 		return al.errClosed("set access")
+	}
+	if n := al.live(); n > 0 && al.heaps[0].s.losesWrite(dev, acc) {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "arena: allocator set access of device %d to %s: %d live allocation(s) would be writable by no device",
+				dev, acc, n),
+			"free the allocations (release their tensors) first, or give another device write access first")
 	}
 	ranges := al.ranges()
 	old := al.heaps[0].s.Access(dev)
@@ -699,6 +766,15 @@ func (al *Allocator) checkLocked(deep bool) error {
 	}
 	if len(lent) > 0 {
 		fail("arena: %d stitch(es) that are not live hold lent blocks", len(lent))
+	}
+	for p, o := range al.owned {
+		live := al.stitchAt(p) != nil
+		if h := al.heapOf(p); h != nil && h.usedAt(p) != 0 {
+			live = true
+		}
+		if o.p != p || o.al != al || !live {
+			fail("arena: the owned allocation %s is recorded at %s, or is not live", o.p, p)
+		}
 	}
 	if allocated != al.stats.Allocated || held != al.held {
 		fail("arena: live allocations hold %d bytes in %d, the counts say %d and %d", allocated, held, al.stats.Allocated, al.held)

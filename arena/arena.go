@@ -254,7 +254,10 @@ func (s *Sparse) chunkEndAtOrAfter(off uint64) uint64 {
 // Append grows the arena by n bytes starting at the next multiple of align
 // (0 or 1: no padding; otherwise a power of two) and returns a live view of
 // them, in one step: a caller growing the arena at the same time cannot end
-// up with the same bytes. On failure nothing changes.
+// up with the same bytes. On a driver whose memory this process addresses
+// (HostAddressable) the bytes are for writing through the view: memory no
+// device may write is refused before anything grows (ErrAccessDenied). On
+// failure nothing changes.
 func (a *Arena) Append(n, align uint64) (*View, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -274,6 +277,11 @@ func (a *Arena) Append(n, align uint64) (*View, error) {
 	if off < a.length || off+n < off {
 		return nil, errors.Wrapf(driver.ErrOutOfMemory, "arena: append of %s: past the arena's maximum", units.Bytes(n))
 	}
+	if a.s.HostAddressable() {
+		if err := a.s.appendWritable(off, off+n); err != nil {
+			return nil, err
+		}
+	}
 	old := a.length
 	if err := a.growLocked(off - a.length + n); err != nil {
 		return nil, err
@@ -284,6 +292,46 @@ func (a *Arena) Append(n, align uint64) (*View, error) {
 		return nil, errors.WithAssertionFailure(err)
 	}
 	return v, nil
+}
+
+// appendWritable refuses (ErrAccessDenied) an append of [off, end) of an
+// arena that no device could write: the chunks committed there now by
+// their own access, what lies past them by the access new chunks get.
+func (s *Sparse) appendWritable(off, end uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	what := func() string { return fmt.Sprintf("arena: append [%#x, +%s)", off, units.Bytes(end-off)) }
+	if err := s.writableLocked(what, off, end); err != nil {
+		return err
+	}
+	if end > s.owned && !writable(s.access) {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrAccessDenied, "%s: the memory the arena commits is not writable by any device", what()),
+			"grant a device read-write access first (SetAccess)")
+	}
+	return nil
+}
+
+// ResizeFrom resizes the arena from exactly from bytes to to bytes, in one
+// step, as Resize does; if the arena is not from bytes long — someone else
+// grew or shrank it — it refuses (ErrBusy) and nothing changes. It is how
+// an owner that keeps its own count of the arena's length (a
+// tensor.Growable) grows it without losing bytes to a caller growing it at
+// the same time.
+func (a *Arena) ResizeFrom(from, to uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.s.Closed() {
+		return a.errClosed("resize")
+	}
+	if a.length != from {
+		return errors.Wrapf(driver.ErrBusy, "arena: resize from %s to %s: the arena is %s long (someone else resized it)",
+			units.Bytes(from), units.Bytes(to), units.Bytes(a.length))
+	}
+	if to >= from {
+		return a.growLocked(to - from)
+	}
+	return a.shrinkLocked(from - to)
 }
 
 // View returns a live view of [off, off+n), which must lie inside Len.
@@ -305,7 +353,9 @@ func (a *Arena) View(off, n uint64) (*View, error) {
 
 // SetAccess sets what dev may do with the arena's memory, on every chunk
 // committed now and every chunk committed later. If a chunk refuses, the
-// chunks already changed are set back and nothing changes.
+// chunks already changed are set back and nothing changes. It refuses
+// (ErrBusy) to leave memory under a live view (a tensor) writable by no
+// device; see Sparse.SetAccess.
 func (a *Arena) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 	return a.s.SetAccess(dev, acc)
 }
@@ -377,7 +427,8 @@ func (a *Arena) inside(op string, dev driver.DeviceID, off uint64, n int) error 
 }
 
 // Move moves the backing of [off, off+n) — whole committed chunks — to
-// device to at the same addresses; see Sparse.Move.
+// device to at the same addresses; see Sparse.Move. A chunk under a live
+// view (a tensor) is not moved: ErrBusy.
 func (a *Arena) Move(off, n uint64, to driver.DeviceID) error { return a.s.Move(off, n, to) }
 
 // Close unmaps every chunk and frees the reservation. It refuses while

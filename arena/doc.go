@@ -17,7 +17,8 @@
 // or for a range of chunks (Grant); Move replaces the chunks under a range
 // by chunks on another device at the same addresses; and a range may
 // borrow chunks another range owns (Borrow; stitching, migration, the KV
-// cache's shared prefixes), which pins them there. Nothing else in the library reserves, commits or rolls back by
+// cache's shared prefixes), which pins them there. A view also pins its
+// chunks against Move and against losing write access (see below). Nothing else in the library reserves, commits or rolls back by
 // itself:
 //
 //   - Arena is Sparse used as a prefix: Grow, Shrink, Resize, Append, Trim,
@@ -39,6 +40,23 @@
 // A committed piece is owned (the range created the chunk and releases it
 // when it decommits) or borrowed (another range owns it and cannot
 // decommit, move or close it until it is given back).
+//
+// # What a live view pins
+//
+// Memory that a live view covers is never unmapped, made unwritable or
+// moved out from under it: its bytes (View.Bytes, a tensor's At and Set)
+// must never fault. While a view lives, its chunks cannot be decommitted
+// (nor the arena shrunk under it), moved to another device (Move: its
+// unmap-then-map would leave a window where a store faults), or left
+// writable by no device (SetAccess, Grant: on the host driver the pages'
+// protection is the widest access any device has); each is refused with
+// ErrBusy naming the chunk, and nothing changes. Bytes are handed out only
+// over memory some device may write (ErrAccessDenied otherwise; read
+// read-only memory with Read), and Append refuses such memory before it
+// grows. An allocator's live allocations pin the same way: SetAccess may
+// not take write access from them, and an allocation a handle owns
+// (AllocOwned, what tensor.Empty uses) is freed only by its Release — Free
+// of its address is ErrBusy.
 //
 // # Ownership
 //

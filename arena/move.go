@@ -287,15 +287,19 @@ type moved struct {
 // chunks on to, copies the bytes into them while writes are held off, then,
 // with reads held off too, unmaps the old chunks, maps the new ones in
 // their place with the same access, and releases the old ones. Chunks
-// already on to stay. Live views stay valid (the addresses do not change),
-// but a write through a view's slice during a Move may be lost: only Read
-// and Write are ordered with it.
+// already on to stay. Read and Write are ordered with it.
+//
+// A chunk that a live view covers is not moved: the move is refused
+// (ErrBusy, naming the chunk), as Decommit refuses, because between the
+// unmap and the map a load or store through the view's bytes (a tensor's
+// At or Set) would fault, and one during the copy would be lost. Release
+// the views first.
 //
 // On any failure — to out of memory, a range not committed or not whole
-// chunks, a chunk lent to another range — nothing changes and the new
-// chunks are released. The bytes go through the host (HostMapper, or the
-// driver's Read and Write); on a driver whose devices are all simulated
-// there are no bytes, and only the backing moves.
+// chunks, a chunk lent to another range or pinned by a view — nothing
+// changes and the new chunks are released. The bytes go through the host
+// (HostMapper, or the driver's Read and Write); on a driver whose devices
+// are all simulated there are no bytes, and only the backing moves.
 func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
@@ -343,9 +347,17 @@ func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 	defer s.mu.Unlock()
 	// Borrow pins under mu alone: another range may have borrowed a chunk
 	// since planMove looked. Such a chunk stays (its borrower maps it).
+	// Views pin under mu alone too: a view made since planMove looked
+	// refuses the move as one made before it does.
 	for _, m := range ms {
-		if j, ok := s.slots.Find(m.off); ok && s.slots.At(j).Val.borrowers.Load() > 0 {
+		j, ok := s.slots.Find(m.off)
+		if !ok {
+			return releaseFresh(errors.AssertionFailedf("%s: the chunk at %#x went away during the move", what(), m.off))
+		}
+		if sl := s.slots.At(j).Val; sl.borrowers.Load() > 0 {
 			return releaseFresh(errors.Wrapf(driver.ErrBusy, "%s: the chunk at %#x was lent to another range meanwhile", what(), m.off))
+		} else if sl.views > 0 {
+			return releaseFresh(errViewsPinMove(what, m.off, sl.views))
 		}
 	}
 	if err := s.swapLocked(ms); err != nil {
@@ -365,6 +377,16 @@ func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 		return errors.WithAssertionFailure(errors.Wrapf(errs, "%s: releasing the old chunks", what()))
 	}
 	return nil
+}
+
+// errViewsPinMove is the refusal of a move of the chunk at off, which n
+// live views pin: its old chunk is unmapped before the new one is mapped
+// in its place, and a load or store through a view in between would
+// fault.
+func errViewsPinMove(what func() string, off uint64, n int) error {
+	return errors.WithHint(
+		errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at %#x", what(), n, off),
+		"release the views (and the tensors over them) of the memory being moved first")
 }
 
 // planMove checks the request and lists the chunks to move.
@@ -393,6 +415,8 @@ func (s *Sparse) planMove(what func() string, off, n uint64, to driver.DeviceID)
 			return nil, errors.Wrapf(driver.ErrInvalid, "%s: the chunk at %#x is borrowed from another range; move it there", what(), it.Start)
 		case sl.borrowers.Load() > 0:
 			return nil, errors.Wrapf(driver.ErrBusy, "%s: the chunk at %#x is lent to another range", what(), it.Start)
+		case sl.views > 0:
+			return nil, errViewsPinMove(what, it.Start, sl.views)
 		}
 		readable := false
 		for _, a := range sl.access {

@@ -122,7 +122,9 @@ func sparseBadInput(t *testing.T, d backend) {
 		{"set access unknown device", func() error { return s.SetAccess(4, driver.AccessRead) }, driver.ErrNoDevice, ""},
 		{"move unknown device", func() error { return s.Move(0, 2*g, 4) }, driver.ErrNoDevice, ""},
 		{"move uncommitted", func() error { return s.Move(4*g, 2*g, 1) }, driver.ErrNotMapped, ""},
-		{"move out of memory", func() error { return s.Move(0, 4*g, 1) }, nil, ""},
+		{"move under a view", func() error { return s.Move(0, 2*g, 1) }, driver.ErrBusy, "1 live view(s) pin the chunk at 0x0"},
+		{"revoke write under a view", func() error { return s.Grant(0, 0, 2*g, driver.AccessRead) }, driver.ErrBusy, "live view"},
+		{"set access to none under a view", func() error { return s.SetAccess(0, driver.AccessNone) }, driver.ErrBusy, "live view"},
 		{"read unknown device", func() error { return s.Read(5, 0, make([]byte, 1)) }, driver.ErrNoDevice, ""},
 		{"write past the end", func() error { return s.Write(0, 8*g-1, make([]byte, 2)) }, driver.ErrAccessDenied, "past"},
 		{"write without access", func() error { return s.Write(1, 0, make([]byte, 2)) }, driver.ErrAccessDenied, ""},
@@ -141,13 +143,13 @@ func sparseBadInput(t *testing.T, d backend) {
 	}
 	// Moving more than the target device holds: refused, nothing made.
 	other := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Device: 1})
-	require.NoError(t, other.Commit(0, 6*g))
+	require.NoError(t, other.Commit(0, 5*g))
 	st, l, _ := state()
-	drivertest.RequireIs(t, s.Move(0, 4*g, 1), driver.ErrOutOfMemory, "device 1")
+	drivertest.RequireIs(t, s.Move(2*g, 2*g, 1), driver.ErrOutOfMemory, "device 1")
 	st2, l2, _ := state()
 	require.Equal(t, st, st2)
 	require.Equal(t, l, l2)
-	require.Equal(t, 6*g, e.used(t, 1))
+	require.Equal(t, 5*g, e.used(t, 1))
 
 	drivertest.RequireIs(t, s.Close(), driver.ErrBusy, "view")
 	require.NoError(t, v.Release())
@@ -192,7 +194,7 @@ func grantAndSetAccess(t *testing.T, d backend) {
 }
 
 // TestMoveKeepsBytesAndAccess: a move changes the device behind the same
-// addresses and nothing else, views included.
+// addresses and nothing else; it refuses chunks a live view covers.
 func TestMoveKeepsBytesAndAccess(t *testing.T) { onEveryDriver(t, moveKeepsBytesAndAccess) }
 
 func moveKeepsBytesAndAccess(t *testing.T, d backend) {
@@ -207,6 +209,10 @@ func moveKeepsBytesAndAccess(t *testing.T, d backend) {
 		b[i] = byte(i * 7)
 	}
 	e.writeView(t, v, 0, b)
+	before := s.Stats()
+	drivertest.RequireIs(t, s.Move(0, 4*g, 1), driver.ErrBusy, "live view")
+	require.Equal(t, before, s.Stats())
+	require.NoError(t, v.Release())
 	require.NoError(t, s.Grant(0, g, g, driver.AccessRead))
 	// The chunk at 2g is mapped with no access for any device: the host
 	// cannot read it in place, so the move copies it through a mapping of
@@ -222,9 +228,11 @@ func moveKeepsBytesAndAccess(t *testing.T, d backend) {
 	for dev := range driver.DeviceID(2) {
 		require.NoError(t, s.Grant(dev, 2*g, g, driver.AccessReadWrite))
 	}
+	v, err = s.View(0, 4*g)
+	require.NoError(t, err)
 	b = e.readView(t, v, 0, len(b))
 	for i := range b {
-		require.Equal(t, byte(i*7), b[i], "byte %d through the view after the move", i)
+		require.Equal(t, byte(i*7), b[i], "byte %d through a view after the move", i)
 	}
 	acc, err = s.AccessAt(0, g)
 	require.NoError(t, err)
@@ -469,18 +477,27 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 		case 5: // grant
 			dev, acc := driver.DeviceID(z%2), []driver.Access{driver.AccessNone, driver.AccessRead, driver.AccessReadWrite}[z/2%3]
 			err := s.Grant(dev, off, size, acc)
-			whole, cut := true, false
+			whole, cut, unwritten := true, false, false
 			for u := lo; u < hi; u++ {
 				whole = whole && at(u) >= 0
 			}
 			for _, c := range chunks {
 				cut = cut || c.start < hi && lo < c.end && (c.start < lo || c.end > hi)
+				if lo <= c.start && c.end <= hi && pinned(c.start, c.end) {
+					// A live view keeps its chunks writable by some device.
+					after := c.access
+					after[dev] = acc
+					unwritten = unwritten || (c.access[0]|c.access[1]).Allows(driver.AccessReadWrite) &&
+						!(after[0]|after[1]).Allows(driver.AccessReadWrite)
+				}
 			}
 			switch {
 			case !whole:
 				requireStep(t, err, driver.ErrNotMapped, step)
 			case cut:
 				requireStep(t, err, driver.ErrPartial, step)
+			case unwritten:
+				requireStep(t, err, driver.ErrBusy, step)
 			default:
 				require.NoError(t, err, step)
 				for k := range chunks {
@@ -492,7 +509,8 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 		case 6: // move
 			to := driver.DeviceID(z % 2)
 			err := s.Move(off, size, to)
-			whole, cut, need, foreign := true, false, 0, false
+			whole, cut, need := true, false, 0
+			var refused error // the first chunk to move that cannot: borrowed, or under a view
 			for u := lo; u < hi; u++ {
 				whole = whole && at(u) >= 0
 			}
@@ -500,7 +518,13 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 				cut = cut || c.start < hi && lo < c.end && (c.start < lo || c.end > hi)
 				if lo <= c.start && c.end <= hi && c.dev != to {
 					need += c.end - c.start
-					foreign = foreign || c.lent >= 0
+					switch {
+					case refused != nil:
+					case c.lent >= 0:
+						refused = driver.ErrInvalid
+					case pinned(c.start, c.end):
+						refused = driver.ErrBusy
+					}
 				}
 			}
 			switch {
@@ -508,8 +532,8 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 				requireStep(t, err, driver.ErrNotMapped, step)
 			case cut:
 				requireStep(t, err, driver.ErrPartial, step)
-			case foreign:
-				requireStep(t, err, driver.ErrInvalid, step)
+			case refused != nil:
+				requireStep(t, err, refused, step)
 			case need > capacity-used(to):
 				requireStep(t, err, driver.ErrOutOfMemory, step)
 			default:

@@ -11,7 +11,9 @@ import (
 
 // View is a tracked window [Base+off, Base+off+n) of committed memory.
 // While it is live it pins the chunks it covers: they cannot be
-// decommitted (nor the arena shrunk under it), so its bytes stay mapped.
+// decommitted (nor the arena shrunk under it) or moved to another device,
+// and write access cannot be taken from them (ErrBusy), so its bytes stay
+// mapped, in place, readable and writable.
 type View struct {
 	s      *Sparse
 	off, n uint64
@@ -69,7 +71,10 @@ func (v *View) String() string { return fmt.Sprintf("view [%#x, +%s)", v.off, un
 
 // Bytes returns the view's memory as a slice, on drivers whose memory the
 // process addresses (driver.HostMapper); others return ErrUnsupported. The
-// slice is valid until Release.
+// memory must be writable by some device (ErrAccessDenied otherwise): the
+// slice is for reading and writing, and the view keeps it so (no SetAccess
+// or Grant may take write access away while the view lives). The slice is
+// valid until Release.
 func (v *View) Bytes() ([]byte, error) {
 	s := v.s
 	s.mu.Lock()
@@ -81,6 +86,9 @@ func (v *View) Bytes() ([]byte, error) {
 		hm, ok := s.drv.(driver.HostMapper)
 		if !ok {
 			return nil, errors.Wrapf(driver.ErrUnsupported, "arena: bytes of a view: the %s driver's memory is not addressable from the host", s.drv.Name())
+		}
+		if err := s.writableLocked(func() string { return "arena: bytes of " + v.String() }, v.off, v.off+v.n); err != nil {
+			return nil, err
 		}
 		b, err := hm.HostBytes(v.Addr(), v.n)
 		if err != nil {

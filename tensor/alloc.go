@@ -15,11 +15,13 @@ const AllocAlign = 256
 
 // Empty allocates a row-major tensor of dt and shape from al (aligned to
 // AllocAlign) and returns it; its contents are whatever the memory held.
-// The tensor owns the allocation: its Release frees it (al.Free(t.Addr())),
-// after which every view of it refuses to touch memory. Free it only
-// through Release: freeing Addr() with al.Free directly leaves the tensor
-// and its views pointing at memory the allocator may hand out again.
-// The allocator refuses to close while the tensor's memory is live.
+// The tensor owns the allocation (arena.Allocator.AllocOwned): its Release
+// frees it, and only it, after which every view of it refuses to touch
+// memory. al.Free(t.Addr()) is refused (ErrBusy) while the tensor lives, so
+// the tensor never points at memory the allocator hands out again. The
+// allocator refuses to close, and to take write access from its memory
+// (SetAccess), while the tensor's memory is live; memory no device may
+// write is refused (ErrAccessDenied).
 //
 // An empty shape allocates nothing (Release is then a no-op). If the
 // allocator cannot serve the request its error is returned and nothing
@@ -44,18 +46,18 @@ func Empty(al *arena.Allocator, dt DType, shape ...int) (*Tensor, error) {
 		}
 		return t, err
 	}
-	p, err := al.Alloc(uint64(n*dt.Size()), AllocAlign)
+	o, err := al.AllocOwned(uint64(n*dt.Size()), AllocAlign)
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
-	b, err := al.Bytes(p)
+	b, err := o.Bytes()
 	if err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), al.Free(p))
+		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), o.Release())
 	}
-	st := &storage{bytes: b, addr: p, release: func() error { return al.Free(p) }}
+	st := &storage{bytes: b, addr: o.Addr(), release: o.Release}
 	t, err := newOn(st, dt, shape, what)
 	if err != nil {
-		return nil, errors.CombineErrors(err, al.Free(p))
+		return nil, errors.CombineErrors(err, o.Release())
 	}
 	st.owner = t
 	return t, nil

@@ -39,6 +39,16 @@
 // every tensor over that storage refuses to touch memory (ErrClosed) rather
 // than fault. Only the tensor that owns the storage releases it.
 //
+// While a tensor's memory is live nothing in the library unmaps, moves or
+// write-protects it under the tensor: the arena view of an OnArena tensor
+// or a Growable pins its chunks (the arena's Decommit, Move, SetAccess and
+// Grant that would take them away are refused, ErrBusy), and the
+// allocation of an Empty tensor is owned by the tensor
+// (arena.Allocator.AllocOwned): al.Free(t.Addr()) is refused (ErrBusy),
+// the allocator will not take write access from it, and only the tensor's
+// Release frees it. Memory no device may write is refused when the tensor
+// is made (ErrAccessDenied), so At and Set never fault.
+//
 // Metadata calls (Shape, Strides, Narrow, ...) are safe from any goroutine.
 // Element reads and writes are plain memory accesses: concurrent writes to
 // the same elements race exactly as they would on a Go slice.

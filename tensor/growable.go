@@ -20,7 +20,9 @@ import (
 // (by AppendRows or Tensor) stays valid, and keeps reading the same
 // elements, as more rows are appended, until Release.
 //
-// Invariants (checked by Check): the arena's Len is Rows()*RowBytes();
+// Invariants (checked by Check): the arena's Len is at least
+// Rows()*RowBytes() (exactly, unless someone else grew the arena against
+// NewGrowable's rule; AppendRows then refuses);
 // the Growable holds one live arena view, cover, of all its rows (none
 // while there are no rows), replaced by a longer one at each append —
 // earlier tensors keep their bytes, which stay mapped under the new cover —
@@ -105,7 +107,10 @@ func (g *Growable) shape(rows int) []int { return append([]int{rows}, g.rowShape
 // shape [n, rowShape...] viewing just the new rows; their contents are
 // whatever the arena's memory holds (zero for fresh memory on the host
 // driver). If the arena cannot grow, its error is returned and nothing
-// changes.
+// changes. The length check and the grow are one arena call
+// (arena.Arena.ResizeFrom): if someone else grew or shrank the arena
+// against NewGrowable's rule, AppendRows refuses (ErrBusy) rather than
+// hand out bytes another caller holds.
 func (g *Growable) AppendRows(n int) (*Tensor, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -123,18 +128,17 @@ func (g *Growable) AppendRows(n int) (*Tensor, error) {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the rows' bytes overflow an int", what())
 	}
 	off := uint64(g.rows * g.rowBytes)
-	if l := g.a.Len(); l != off {
-		return nil, errors.AssertionFailedf("%s: the arena is %d bytes long, the rows take %d: someone else resized it", what(), l, off)
-	}
 	size := uint64(n * g.rowBytes)
-	if err := g.a.Grow(size); err != nil {
+	// One arena call checks the length and grows: a caller growing the
+	// arena behind the Growable's back cannot get the new rows' bytes.
+	if err := g.a.ResizeFrom(off, off+size); err != nil {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
 	undo := func(err error, v *arena.View) (*Tensor, error) {
 		if v != nil {
 			err = errors.CombineErrors(err, v.Release())
 		}
-		return nil, errors.CombineErrors(err, g.a.Shrink(size))
+		return nil, errors.CombineErrors(err, g.a.ResizeFrom(off+size, off))
 	}
 	v, err := g.a.View(0, off+size)
 	if err != nil {
@@ -242,7 +246,7 @@ func (g *Growable) checkLocked() error {
 		return errs
 	}
 	end := uint64(g.rows * g.rowBytes)
-	if l := g.a.Len(); l != end {
+	if l := g.a.Len(); l < end {
 		fail("the arena is %d bytes long, %d rows of %d take %d", l, g.rows, g.rowBytes, end)
 	}
 	if (g.cover == nil) != (g.rows == 0) {
