@@ -8,7 +8,7 @@
 // group makes its feature unsupported), struct mirrors asserted against
 // shared/ACL_ABI.md, the table marking every aclError with a sentinel and
 // its name ("aclrtMallocPhysical: ACL_ERROR_RT_MEMORY_ALLOCATION (207001)",
-// with the runtime's own message from aclrtGetRecentErrMsg in the details),
+// with the runtime's own message from aclGetRecentErrMsg in the details),
 // and a context per NPU (aclrtSetDevice, aclrtCreateContext), made current
 // on the calling OS thread for every call — and absorbs the ways AscendCL
 // differs from the contract, so the layers above never see them:

@@ -81,8 +81,8 @@ type lib struct {
 	aclrtDeviceEnablePeerAccess func(peer int32, flags uint32) aclError
 
 	// Names and messages.
-	aclrtGetSocName      func() *byte
-	aclrtGetRecentErrMsg func() *byte
+	aclrtGetSocName    func() *byte
+	aclGetRecentErrMsg func() *byte
 }
 
 // A group is a set of symbols one feature needs, all or none.
@@ -148,7 +148,7 @@ func (l *lib) symbols() []dl.Symbol {
 		s("aclrtDeviceEnablePeerAccess", &l.aclrtDeviceEnablePeerAccess, groupPeer),
 
 		s("aclrtGetSocName", &l.aclrtGetSocName, groupSocName),
-		s("aclrtGetRecentErrMsg", &l.aclrtGetRecentErrMsg, groupErrMsg),
+		s("aclGetRecentErrMsg", &l.aclGetRecentErrMsg, groupErrMsg),
 	}
 }
 
@@ -211,10 +211,10 @@ func libraryPath(opt string) string { return dl.Pick(opt, LibraryEnv, DefaultLib
 
 // recent is the runtime's message about the last error on this thread.
 func (l *lib) recent() string {
-	if l.aclrtGetRecentErrMsg == nil {
+	if l.aclGetRecentErrMsg == nil {
 		return ""
 	}
-	p := l.aclrtGetRecentErrMsg()
+	p := l.aclGetRecentErrMsg()
 	if p == nil {
 		return ""
 	}

@@ -374,7 +374,7 @@ func (a *ascend) HostFree(p unsafe.Pointer) error {
 }
 
 // Close destroys the contexts and lets the devices go, on one OS thread:
-// each error's message (aclrtGetRecentErrMsg) is the calling thread's.
+// each error's message (aclGetRecentErrMsg) is the calling thread's.
 func (a *ascend) Close() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

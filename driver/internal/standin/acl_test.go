@@ -79,7 +79,7 @@ type aclAPI struct {
 	GetCurrent       func(ctx *uintptr) int32                                                          `sym:"aclrtGetCurrentContext"`
 	GetMemInfo       func(attr int32, free, total *uint64) int32                                       `sym:"aclrtGetMemInfo"`
 	GetSocName       func() *byte                                                                      `sym:"aclrtGetSocName"`
-	RecentErrMsg     func() *byte                                                                      `sym:"aclrtGetRecentErrMsg"`
+	RecentErrMsg     func() *byte                                                                      `sym:"aclGetRecentErrMsg"`
 	Granularity      func(p *aclProp, option int32, g *uint64) int32                                   `sym:"aclrtMemGetAllocationGranularity"`
 	Reserve          func(p *uint64, size, align uint64, hint uintptr, fl uint64) int32                `sym:"aclrtReserveMemAddress"`
 	Release          func(p uint64) int32                                                              `sym:"aclrtReleaseMemAddress"`
@@ -296,7 +296,9 @@ func TestACLBuildExportsItsInterface(t *testing.T) {
 		_, err := purego.Dlsym(h, s)
 		require.NoError(t, err, s)
 	}
-	for _, s := range []string{"cuInit", "vdev_token_import", "vdev_ctx_create"} {
+	// aclGetRecentErrMsg is acl.h's (ACL 1.17); AscendCL has no
+	// aclrtGetRecentErrMsg.
+	for _, s := range []string{"cuInit", "vdev_token_import", "vdev_ctx_create", "aclrtGetRecentErrMsg"} {
 		_, err := purego.Dlsym(h, s)
 		require.Error(t, err, "%s must not be exported", s)
 	}

@@ -8,7 +8,7 @@
  * (ENTER), checks initialisation and the current context where the
  * runtime needs them, checks what only exists in AscendCL's API (struct
  * fields, enum values, flags), and translates the vdev status. Every
- * failure also leaves a message for aclrtGetRecentErrMsg on the calling
+ * failure also leaves a message for aclGetRecentErrMsg on the calling
  * thread. The configuration's stub, noposix and nopools are CUDA's: there
  * is no link stub here, nopools means nothing, and noposix leaves sharing
  * out (export and import answer ACL_ERROR_RT_FEATURE_NOT_SUPPORT).
@@ -55,7 +55,7 @@
  *     once per process while its handle lives, and an import of this
  *     process's own token is ACL_ERROR_RT_FEATURE_NOT_SUPPORT; SetPid takes
  *     at least one positive PID;
- *   - aclrtGetRecentErrMsg hands a message out once (NULL after);
+ *   - aclGetRecentErrMsg hands a message out once (NULL after);
  *   - aclrtGetMemInfo knows ACL_DDR_MEM .. ACL_HBM_MEM_NORMAL (0 .. 5): HBM
  *     kinds report the device, DDR kinds nothing, others are refused.
  *
@@ -176,7 +176,7 @@ static const char SOC_NAME[] = "Ascend910B-vmstandin";
 /* ===== the last error of each thread ======================================= */
 
 /* errmsg is the message of this thread's last failure; errmsg_set says
- * aclrtGetRecentErrMsg has not handed it out yet. */
+ * aclGetRecentErrMsg has not handed it out yet. */
 static __thread char errmsg[384];
 static __thread bool errmsg_set;
 
@@ -401,10 +401,10 @@ API const char *aclrtGetSocName(void)
 	return initialised() ? SOC_NAME : NULL;
 }
 
-/* aclrtGetRecentErrMsg hands out the message of this thread's last failure
+/* aclGetRecentErrMsg hands out the message of this thread's last failure
  * once; NULL when there was none since. Strict: the documents leave open
  * whether a message is kept after it was read. */
-API const char *aclrtGetRecentErrMsg(void)
+API const char *aclGetRecentErrMsg(void)
 {
 	static int slot = -1;
 	vdev_enter(&slot, __func__, NULL);
