@@ -52,6 +52,10 @@ type lib struct {
 	aclrtUnmapMem                    func(ptr uint64) aclError
 	aclrtMemSetAccess                func(ptr, size uint64, desc *memAccessDesc, count uint64) aclError
 
+	// Mapping without access (newer CANN releases; without it a mapping
+	// is made with aclrtMapMem, accessible to its device, and revoked).
+	aclrtMemMapNoAccess func(ptr, size, offset uint64, h uintptr, flags uint64) aclError
+
 	// Sharing between processes.
 	aclrtMemExportToShareableHandle   func(h uintptr, typ int32, flags uint64, token *uint64) aclError
 	aclrtMemSetPidToShareableHandle   func(token uint64, pids *int32, n uint64) aclError
@@ -98,10 +102,11 @@ const (
 	groupPeer
 	groupSocName
 	groupErrMsg
+	groupMapNoAccess
 	groups
 )
 
-var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "events", "peers", "SoC name", "error messages"}
+var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "events", "peers", "SoC name", "error messages", "mapping without access"}
 
 func (l *lib) symbols() []dl.Symbol {
 	s := func(name string, fn any, g group) dl.Symbol { return dl.Symbol{Name: name, Fn: fn, Group: int(g)} }
@@ -149,6 +154,7 @@ func (l *lib) symbols() []dl.Symbol {
 
 		s("aclrtGetSocName", &l.aclrtGetSocName, groupSocName),
 		s("aclGetRecentErrMsg", &l.aclGetRecentErrMsg, groupErrMsg),
+		s("aclrtMemMapNoAccess", &l.aclrtMemMapNoAccess, groupMapNoAccess),
 	}
 }
 

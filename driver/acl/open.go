@@ -288,6 +288,11 @@ func Open(opts Options) (*Driver, error) {
 		HostAccess: x.has[groupSyncCopy],
 		Shareable:  x.has[groupShare],
 		Streams:    x.has[groupStreams],
+		// aclrtMemSetAccess takes exactly aclrtMapMem's virPtr and size,
+		// and aclrtMapMem binds a reservation to one NPU's memory, local
+		// or imported (Huawei's reference for both calls).
+		MappingAccess:           true,
+		OneDevicePerReservation: true,
 	}
 	info.Peer = make([][]bool, len(devs))
 	for i := range devs {
@@ -310,7 +315,7 @@ func Open(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, errors.CombineErrors(err, a.Close())
 	}
-	return &Driver{core: core, wait: wait}, nil
+	return &Driver{core: core, rt: a, wait: wait}, nil
 }
 
 // openContexts sets each device up (aclrtSetDevice, counted by the
