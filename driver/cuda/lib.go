@@ -171,7 +171,7 @@ var libs dl.Once[*loaded]
 
 // loadWait is how long an Open waits for the library to load before it
 // gives up with ErrBusy (the load goes on, and a later Open gets it).
-var loadWait = time.Minute
+const loadWait = time.Minute
 
 // load opens the library at path once per process and binds every group
 // of symbols it has whole. A path that is no regular file is refused
