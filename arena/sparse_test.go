@@ -198,6 +198,7 @@ func grantAndSetAccess(t *testing.T, d backend) {
 func TestMoveKeepsBytesAndAccess(t *testing.T) { onEveryDriver(t, moveKeepsBytesAndAccess) }
 
 func moveKeepsBytesAndAccess(t *testing.T, d backend) {
+	d.SkipMixedDevices(t) // the range places chunks on both devices
 	e := d.env(t, 16*g)
 	s := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Placement: parity{}, Access: []driver.DeviceID{0, 1}})
 	require.NoError(t, s.Commit(0, 4*g))
@@ -276,6 +277,7 @@ func borrowPinsTheLender(t *testing.T, d backend) {
 // step.
 func TestSparseModel(t *testing.T) {
 	onEveryDriver(t, func(t *testing.T, d backend) {
+		d.SkipMixedDevices(t) // the model places chunks on both devices
 		for seed := uint64(0); seed < 12; seed++ {
 			t.Run(fmt.Sprint(seed), func(t *testing.T) {
 				r := runSparseModel(t, d, sparseOps(rand.New(rand.NewPCG(seed, 9)), 250))
@@ -660,6 +662,9 @@ func FuzzSparseModel(f *testing.F) {
 	ds := fuzzDrivers(f, 2, 7*g) // runSparseModel's machine
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, d := range ds {
+			if d.OneDevice {
+				continue // the model places chunks on both devices
+			}
 			_ = runSparseModel(t, d, data)
 		}
 	})

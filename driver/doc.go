@@ -61,10 +61,12 @@
 //	Create               cuMemCreate(size, prop{PINNED, DEVICE    aclrtMallocPhysical(size, prop{DEVICE
 //	                     id, POSIX_FD when shareable})            id, PINNED, HBM_MEM_HUGE})
 //	Release              cuMemRelease                             aclrtFreePhysical
-//	Map                  cuMemMap(ptr, size, 0, handle)           aclrtMapMem(ptr, size, 0, handle)
+//	Map                  cuMemMap(ptr, size, 0, handle)           aclrtMemMapNoAccess(ptr, size, 0, handle)
+//	                                                              (or aclrtMapMem, then access revoked;
+//	                                                              one NPU's memory per reservation)
 //	Unmap                cuMemUnmap(ptr, size)                    aclrtUnmapMem(ptr)
 //	SetAccess            cuMemSetAccess(ptr, size,                aclrtMemSetAccess(ptr, size,
-//	                     {DEVICE id, flags}, 1)                   {flags, DEVICE id}, 1)
+//	                     {DEVICE id, flags}, 1)                   {flags, DEVICE id}, 1), whole mappings
 //	Access               cuMemGetAccess(&flags, {DEVICE id}, ptr) aclrtMemGetAccess(ptr, {id, DEVICE})
 //	Read, Write          cuMemcpyDtoH_v2, cuMemcpyHtoD_v2         aclrtMemcpy(DEVICE_TO_HOST / HOST_TO_DEVICE)
 //	Close                cuMemUnmap, cuMemRelease,                aclrtUnmapMem, aclrtFreePhysical,

@@ -31,9 +31,14 @@ func wrap(bs []testdrivers.Backend) []backend {
 	return out
 }
 
-// onEveryDriver runs test once per driver, as a subtest named after it.
+// onEveryDriver runs test once per driver, as a subtest named after it;
+// it skips a driver whose reservations bind one device (AscendCL): a
+// range over several devices cannot be made there.
 func onEveryDriver(t *testing.T, test func(t *testing.T, d backend)) {
-	testdrivers.Each(t, func(t *testing.T, b testdrivers.Backend) { test(t, backend{b}) })
+	testdrivers.Each(t, func(t *testing.T, b testdrivers.Backend) {
+		b.SkipMixedDevices(t)
+		test(t, backend{b})
+	})
 }
 
 // machine is a machine of this package's tests: devices of capacity
@@ -62,11 +67,18 @@ func (d backend) env(t testing.TB, capacity uint64, noPeer bool) *env {
 }
 
 // fuzzDrivers are the drivers for a fuzz target's inputs, opened once per
-// machine of ms (testdrivers.ForFuzz).
+// machine of ms (testdrivers.ForFuzz), but those whose reservations bind
+// one device.
 func fuzzDrivers(f *testing.F, ms ...machine) []backend {
 	shapes := make([]testdrivers.Machine, len(ms))
 	for i, m := range ms {
 		shapes[i] = m.shape()
 	}
-	return wrap(testdrivers.ForFuzz(f, shapes...))
+	var mixing []testdrivers.Backend // drivers that map several devices in one range
+	for _, b := range testdrivers.ForFuzz(f, shapes...) {
+		if !b.OneDevice {
+			mixing = append(mixing, b)
+		}
+	}
+	return wrap(mixing)
 }

@@ -178,6 +178,9 @@ func secondDevice(drv driver.Driver) string {
 	if len(drv.Devices()) < 2 {
 		return fmt.Sprintf("the %s driver has one device", drv.Name())
 	}
+	if b, ok := drv.(interface{ ReservationsBindOneDevice() bool }); ok && b.ReservationsBindOneDevice() {
+		return fmt.Sprintf("the %s driver binds a reservation to one device's memory (AscendCL)", drv.Name())
+	}
 	s, ok := drv.(driver.Streams)
 	if !ok {
 		return ""

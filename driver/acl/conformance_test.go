@@ -5,6 +5,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/internal/acceltest"
 	"github.com/vmarena/vmarena/driver/internal/standin"
 	"github.com/vmarena/vmarena/internal/units"
@@ -21,6 +22,9 @@ var vendor = acceltest.Vendor[*Driver]{
 	Probe:    probeGranularity,
 	Device:   "NPU",
 }
+
+// The conformance suite learns that reservations bind one NPU.
+var _ drivertest.OneDeviceBinder = (*Driver)(nil)
 
 // small is the stand-in the conformance suite runs on: two devices of 64
 // granules of 64 KiB, so fill-to-capacity tests run for real.

@@ -8,7 +8,7 @@
 // group makes its feature unsupported), struct mirrors asserted against
 // shared/ACL_ABI.md, the table marking every aclError with a sentinel and
 // its name ("aclrtMallocPhysical: ACL_ERROR_RT_MEMORY_ALLOCATION (207001)",
-// with the runtime's own message from aclrtGetRecentErrMsg in the details),
+// with the runtime's own message from aclGetRecentErrMsg in the details),
 // and a context per NPU (aclrtSetDevice, aclrtCreateContext), made current
 // on the calling OS thread for every call — and absorbs the ways AscendCL
 // differs from the contract, so the layers above never see them:
@@ -27,6 +27,22 @@
 //     over the same memory handle, freed when both are released.
 //   - aclrtMapMem maps a handle whole, so an import is proved to hold the
 //     size it claims by one scratch map.
+//   - aclrtMapMem's mapping is accessible to the handle's NPU at once: the
+//     driver maps with aclrtMemMapNoAccess, or, with a CANN that lacks it,
+//     with aclrtMapMem and an aclrtMemSetAccess taking the access back
+//     before the record is unlocked (a refusal undoes the map).
+//   - aclrtMemSetAccess takes exactly one whole mapping (aclrtMapMem's
+//     virPtr and size): the record keeps each NPU's access per granule and
+//     the driver's copies obey it, while each mapping's hardware access
+//     for an NPU is the widest the NPU has anywhere in the mapping.
+//   - A reservation is bound to the memory of one NPU, local or imported,
+//     never both (aclrtMapMem's rule): Map refuses the rest with
+//     ErrUnsupported (ReservationsBindOneDevice), so a range over several
+//     NPUs needs a reservation per NPU.
+//   - Allow-lists hold host process IDs (aclrtDeviceGetBareTgid): an
+//     importer learns its own with HostPID and sends it to the exporter;
+//     inside a container getpid and SO_PEERCRED give other IDs, which
+//     AscendCL refuses.
 //   - Async copies need 64-byte aligned addresses: Devices report
 //     CopyAlign 64 and the contract's check refuses the rest at once.
 //
@@ -41,11 +57,14 @@
 //	                   aclrtReleaseMemAddress(start)
 //	Create/Release     aclrtMallocPhysical(PINNED, HBM huge pages, DEVICE id) /
 //	                   aclrtFreePhysical
-//	Map/Unmap          aclrtMapMem(addr, size, 0, handle) / aclrtUnmapMem(addr)
-//	SetAccess          aclrtMemSetAccess({flags, DEVICE id}, 1), once per mapping
+//	Map/Unmap          aclrtMemMapNoAccess(addr, size, 0, handle), or aclrtMapMem
+//	                   and aclrtMemSetAccess(none) / aclrtUnmapMem(addr)
+//	SetAccess          aclrtMemSetAccess({flags, DEVICE id}, 1) over each whole
+//	                   mapping whose widest access changes
 //	Read/Write         aclrtMemcpy(DEVICE_TO_HOST / HOST_TO_DEVICE)
 //	Export/Import      aclrtMemExportToShareableHandle, aclrtMemSetPidToShareableHandle,
-//	                   aclrtMemImportFromShareableHandle
+//	                   aclrtMemImportFromShareableHandle; HostPID
+//	                   aclrtDeviceGetBareTgid
 //	streams            aclrtCreateStream, aclrtDestroyStream, aclrtMemcpyAsync,
 //	                   aclrtMemsetAsync, waited for with aclrtRecordEvent and
 //	                   aclrtSynchronizeEvent, or aclrtSynchronizeStream

@@ -19,6 +19,9 @@ type Driver struct {
 	// what was made and runs the streams; the AscendCL calls are made
 	// through it.
 	core *accel.Core
+	// rt is the runtime under core, for the calls outside the contract
+	// (HostPID).
+	rt   *ascend
 	wait WaitMode
 }
 
@@ -131,10 +134,15 @@ func (d *Driver) Release(h driver.Handle) error {
 	return d.core.Release(h)
 }
 
-// Map maps the whole chunk h at addr (aclrtMapMem, offset 0, the whole
-// handle), inaccessible to every NPU until SetAccess. addr must be a multiple of the chunk's device
+// Map maps the whole chunk h at addr (aclrtMemMapNoAccess, offset 0, the
+// whole handle; with an older CANN, aclrtMapMem and aclrtMemSetAccess
+// taking back the access it gives the chunk's NPU), inaccessible to every
+// NPU until SetAccess. addr must be a multiple of the chunk's device
 // granularity (ErrMisaligned) inside one reservation (ErrNotReserved),
-// covering no other mapping (ErrOverlap).
+// covering no other mapping (ErrOverlap). AscendCL binds a reservation to
+// one NPU's memory, local or imported, never both: a chunk of another NPU,
+// or an imported chunk beside local ones (or the reverse), is
+// ErrUnsupported, and nothing changes (ReservationsBindOneDevice).
 func (d *Driver) Map(addr driver.Addr, h driver.Handle) error {
 	if d.unmade() {
 		return errUnmade("Map")
@@ -153,10 +161,13 @@ func (d *Driver) Unmap(addr driver.Addr, size uint64) error {
 	return d.core.Unmap(addr, size)
 }
 
-// SetAccess sets what NPU dev may do over [addr, addr+size)
-// (aclrtMemSetAccess, one call per mapping the range covers), which must
+// SetAccess sets what NPU dev may do over [addr, addr+size), which must
 // be mapped throughout (ErrNotMapped) and granule-aligned (ErrMisaligned).
-// If AscendCL refuses part-way, the mappings already changed are set back.
+// The driver records the access per granule, and its copies obey that;
+// aclrtMemSetAccess takes exactly one whole mapping, so each mapping the
+// range covers is given, for dev, the widest access dev has anywhere in
+// it (one call a mapping whose widest access changes). If AscendCL refuses
+// part-way, the mappings already changed are set back.
 func (d *Driver) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
 	if d.unmade() {
 		return errUnmade("SetAccess")
@@ -216,6 +227,13 @@ func (d *Driver) Import(s driver.Shareable, dev driver.DeviceID) (driver.Handle,
 	}
 	return d.core.Import(s, dev)
 }
+
+// ReservationsBindOneDevice is true: AscendCL binds each reservation to
+// the memory of one NPU, local or imported, never both at once (Huawei's
+// reference for aclrtMapMem), so Map refuses the rest with
+// ErrUnsupported. Reserve a range for each NPU, and one for imported
+// chunks.
+func (d *Driver) ReservationsBindOneDevice() bool { return true }
 
 // Used reports the bytes committed on device dev by this driver.
 func (d *Driver) Used(dev driver.DeviceID) uint64 {
@@ -443,10 +461,36 @@ func (d *Driver) HostFree(b []byte) error {
 	return d.core.HostFree(b)
 }
 
+// HostPID is this process's ID as AscendCL's allow-lists hold it
+// (aclrtDeviceGetBareTgid): what an exporter passes to AllowPIDs for this
+// process to import its chunks, so an importer sends it to the exporter.
+// On a bare host it is os.Getpid(); inside a container (a PID namespace)
+// the two differ, as does the ID SO_PEERCRED reports across containers,
+// and AscendCL refuses an import allowed under any ID but this one. A
+// library without the sharing calls is ErrUnsupported; a closed driver
+// ErrClosed.
+func (d *Driver) HostPID() (int, error) {
+	if d.unmade() || d.rt == nil {
+		return 0, errUnmade("HostPID")
+	}
+	if d.core.Closed() {
+		return 0, driver.Closed("acl: host process ID")
+	}
+	if !d.core.Supports(driver.FeatureShareable) {
+		return 0, errors.Wrap(driver.ErrUnsupported, "acl: host process ID: the library cannot share memory between processes")
+	}
+	pid, err := d.rt.hostPID()
+	if err != nil {
+		return 0, errors.Wrap(err, "acl: host process ID")
+	}
+	return pid, nil
+}
+
 // AllowPIDs adds processes to those AscendCL lets import chunk h, which was
-// exported (aclrtMemSetPidToShareableHandle). The IDs are host process IDs
-// (aclrtDeviceGetBareTgid in the importer; inside a PID namespace they
-// differ from what the importer's getpid says). The list only grows.
+// exported (aclrtMemSetPidToShareableHandle). The IDs are host process IDs,
+// each the importer's HostPID (aclrtDeviceGetBareTgid): inside a PID
+// namespace they differ from what the importer's getpid says, and from
+// what SO_PEERCRED reports across containers. The list only grows.
 func (d *Driver) AllowPIDs(h driver.Handle, pids []int) error {
 	if d.unmade() {
 		return errUnmade("AllowPIDs")

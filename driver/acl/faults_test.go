@@ -52,11 +52,16 @@ func TestSetAccessRollsBackOnACLFailure(t *testing.T) {
 		Message: "aclrtMemSetAccess: ACL_ERROR_RT_MEMORY_ALLOCATION (207001)"})
 }
 
-// TestCreateFailureChangesNothing: aclrtMallocPhysical and aclrtMapMem
-// refused: nothing recorded, nothing held.
+// TestCreateFailureChangesNothing: aclrtMallocPhysical and the map
+// refused (aclrtMemMapNoAccess, or aclrtMapMem where the library lacks
+// it): nothing recorded, nothing held.
 func TestCreateFailureChangesNothing(t *testing.T) {
-	vendor.CreateAndMapFailuresChangeNothing(t, small,
-		acceltest.Fault{Fn: "aclrtMallocPhysical", Code: 207001, Sentinel: driver.ErrOutOfMemory, Message: "ACL_ERROR_RT_MEMORY_ALLOCATION (207001)"},
+	create := acceltest.Fault{Fn: "aclrtMallocPhysical", Code: 207001, Sentinel: driver.ErrOutOfMemory, Message: "ACL_ERROR_RT_MEMORY_ALLOCATION (207001)"}
+	vendor.CreateAndMapFailuresChangeNothing(t, small, create,
+		acceltest.Fault{Fn: "aclrtMemMapNoAccess", Code: 107000, Sentinel: driver.ErrInvalid, Message: "aclrtMemMapNoAccess: ACL_ERROR_RT_PARAM_INVALID (107000)"})
+	old := small
+	old.Omit = []string{"mapnoaccess"}
+	vendor.CreateAndMapFailuresChangeNothing(t, old, create,
 		acceltest.Fault{Fn: "aclrtMapMem", Code: 107000, Sentinel: driver.ErrInvalid, Message: "aclrtMapMem: ACL_ERROR_RT_PARAM_INVALID (107000)"})
 }
 

@@ -2,6 +2,7 @@ package acl
 
 import (
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -51,6 +52,10 @@ type lib struct {
 	aclrtUnmapMem                    func(ptr uint64) aclError
 	aclrtMemSetAccess                func(ptr, size uint64, desc *memAccessDesc, count uint64) aclError
 
+	// Mapping without access (newer CANN releases; without it a mapping
+	// is made with aclrtMapMem, accessible to its device, and revoked).
+	aclrtMemMapNoAccess func(ptr, size, offset uint64, h uintptr, flags uint64) aclError
+
 	// Sharing between processes.
 	aclrtMemExportToShareableHandle   func(h uintptr, typ int32, flags uint64, token *uint64) aclError
 	aclrtMemSetPidToShareableHandle   func(token uint64, pids *int32, n uint64) aclError
@@ -80,8 +85,8 @@ type lib struct {
 	aclrtDeviceEnablePeerAccess func(peer int32, flags uint32) aclError
 
 	// Names and messages.
-	aclrtGetSocName      func() *byte
-	aclrtGetRecentErrMsg func() *byte
+	aclrtGetSocName    func() *byte
+	aclGetRecentErrMsg func() *byte
 }
 
 // A group is a set of symbols one feature needs, all or none.
@@ -97,10 +102,11 @@ const (
 	groupPeer
 	groupSocName
 	groupErrMsg
+	groupMapNoAccess
 	groups
 )
 
-var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "events", "peers", "SoC name", "error messages"}
+var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "events", "peers", "SoC name", "error messages", "mapping without access"}
 
 func (l *lib) symbols() []dl.Symbol {
 	s := func(name string, fn any, g group) dl.Symbol { return dl.Symbol{Name: name, Fn: fn, Group: int(g)} }
@@ -147,7 +153,8 @@ func (l *lib) symbols() []dl.Symbol {
 		s("aclrtDeviceEnablePeerAccess", &l.aclrtDeviceEnablePeerAccess, groupPeer),
 
 		s("aclrtGetSocName", &l.aclrtGetSocName, groupSocName),
-		s("aclrtGetRecentErrMsg", &l.aclrtGetRecentErrMsg, groupErrMsg),
+		s("aclGetRecentErrMsg", &l.aclGetRecentErrMsg, groupErrMsg),
+		s("aclrtMemMapNoAccess", &l.aclrtMemMapNoAccess, groupMapNoAccess),
 	}
 }
 
@@ -166,32 +173,41 @@ type loaded struct {
 	exports map[uint64]*handle
 }
 
-var (
-	libsMu sync.Mutex
-	libs   = map[string]*loaded{}
-)
+// libs are the libraries loaded, by path. No lock is held while one
+// loads (dl.Once): a path whose load blocks holds up its own Opens for
+// loadWait each, never those of other paths.
+var libs dl.Once[*loaded]
+
+// loadWait is how long an Open waits for the library to load before it
+// gives up with ErrBusy (the load goes on, and a later Open gets it).
+const loadWait = time.Minute
 
 // load opens the library at path once per process and binds every group
-// of symbols it has whole.
+// of symbols it has whole. A path that is no regular file is refused
+// first (dl.CheckFile) and the refusal is not kept: the path may be
+// fixed.
 func load(path string) *loaded {
-	libsMu.Lock()
-	defer libsMu.Unlock()
-	if x, ok := libs[path]; ok {
-		return x
+	if err := dl.CheckFile(path); err != nil {
+		return &loaded{err: errors.Wrap(err, "acl: open")}
 	}
-	x := &loaded{exports: map[uint64]*handle{}}
-	libs[path] = x
-	l := &lib{path: path}
-	bound, err := dl.Open(path, l.symbols(), int(groups))
+	x, err := libs.Load(path, loadWait, func() (*loaded, error) {
+		x := &loaded{exports: map[uint64]*handle{}}
+		l := &lib{path: path}
+		bound, err := dl.Open(path, l.symbols(), int(groups))
+		if err != nil {
+			x.err = errors.WithHint(
+				errors.Wrapf(driver.ErrUnsupported, "acl: no Ascend runtime found: %v", err),
+				"install CANN and source its set_env.sh (it puts libascendcl.so on the library path), or name the library with acl.Options.Library or "+LibraryEnv)
+			return x, nil
+		}
+		copy(x.has[:], bound.Has)
+		copy(x.missing[:], bound.Missing)
+		x.l = l
+		return x, nil
+	})
 	if err != nil {
-		x.err = errors.WithHint(
-			errors.Wrapf(driver.ErrUnsupported, "acl: no Ascend runtime found: %v", err),
-			"install CANN and source its set_env.sh (it puts libascendcl.so on the library path), or name the library with acl.Options.Library or "+LibraryEnv)
-		return x
+		return &loaded{err: errors.Wrap(err, "acl: open")}
 	}
-	copy(x.has[:], bound.Has)
-	copy(x.missing[:], bound.Missing)
-	x.l = l
 	return x
 }
 
@@ -201,10 +217,10 @@ func libraryPath(opt string) string { return dl.Pick(opt, LibraryEnv, DefaultLib
 
 // recent is the runtime's message about the last error on this thread.
 func (l *lib) recent() string {
-	if l.aclrtGetRecentErrMsg == nil {
+	if l.aclGetRecentErrMsg == nil {
 		return ""
 	}
-	p := l.aclrtGetRecentErrMsg()
+	p := l.aclGetRecentErrMsg()
 	if p == nil {
 		return ""
 	}

@@ -202,8 +202,11 @@ func socName(x *loaded, id int32) string {
 // own, and returns a driver over them. A machine without the runtime gets
 // an error that says why: no libascendcl.so ("no Ascend runtime found",
 // ErrUnsupported), no NPU (ErrNoDevice), a runtime or an NPU without the
-// physical-memory calls (ErrUnsupported). A refused Open leaves no device
-// set and no context behind.
+// physical-memory calls (ErrUnsupported). A library path that is no
+// regular file (a FIFO, a directory, a device) is ErrInvalid before the
+// loader opens it, and a library whose load has not finished after a
+// minute is ErrBusy (the load goes on; Opens of other paths never wait for
+// it). A refused Open leaves no device set and no context behind.
 func Open(opts Options) (*Driver, error) {
 	path := libraryPath(opts.Library)
 	x, err := initialised(path)
@@ -285,6 +288,11 @@ func Open(opts Options) (*Driver, error) {
 		HostAccess: x.has[groupSyncCopy],
 		Shareable:  x.has[groupShare],
 		Streams:    x.has[groupStreams],
+		// aclrtMemSetAccess takes exactly aclrtMapMem's virPtr and size,
+		// and aclrtMapMem binds a reservation to one NPU's memory, local
+		// or imported (Huawei's reference for both calls).
+		MappingAccess:           true,
+		OneDevicePerReservation: true,
 	}
 	info.Peer = make([][]bool, len(devs))
 	for i := range devs {
@@ -307,7 +315,7 @@ func Open(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, errors.CombineErrors(err, a.Close())
 	}
-	return &Driver{core: core, wait: wait}, nil
+	return &Driver{core: core, rt: a, wait: wait}, nil
 }
 
 // openContexts sets each device up (aclrtSetDevice, counted by the

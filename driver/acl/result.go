@@ -110,9 +110,13 @@ var results = map[aclError]accel.Code{
 	207015: code("ACL_ERROR_RT_REPEATED_INIT", driver.ErrBusy, ""),
 	207016: code("ACL_ERROR_RT_AIVEC_OVER_FLOW", driver.ErrDeviceFault, hintFault),
 	207017: code("ACL_ERROR_RT_OVER_FLOW", driver.ErrDeviceFault, hintFault),
-	207018: code("ACL_ERROR_RT_DEVIDE_OOM", driver.ErrOutOfMemory, ""),
-	207019: code("ACL_ERROR_RT_SEND_MSG", driver.ErrDeviceFault, hintFault),
-	207020: code("ACL_ERROR_RT_COPY_USER_FAIL", driver.ErrDeviceFault, hintFault),
+	// 207018 to 207020 as rt_error_codes.h of CANN 8 (ACL 1.17) has them:
+	// older headers named 207018 ACL_ERROR_RT_DEVIDE_OOM and gave 207019
+	// and 207020 to SEND_MSG and COPY_USER_FAIL, which are 507051 and
+	// 507052 now. 207019 is a driver too old for the call, not a fault.
+	207018: code("ACL_ERROR_RT_DEVICE_OOM", driver.ErrOutOfMemory, "free memory on the NPU, or use another one"),
+	207019: code("ACL_ERROR_RT_FEATURE_NOT_SUPPORT_UPDATE_OP", driver.ErrUnsupported, "the NPU driver is too old for this call: upgrade the Ascend HDK driver"),
+	207020: code("ACL_ERROR_RT_TIMEOUT", driver.ErrDeviceFault, hintFault),
 
 	300000: code("ACL_ERROR_STORAGE_OVER_LIMIT", driver.ErrOutOfMemory, ""),
 
@@ -174,6 +178,13 @@ var results = map[aclError]accel.Code{
 	507048: code("ACL_ERROR_RT_FFTS_PLUS_TIMEOUT", driver.ErrDeviceFault, hintFault),
 	507049: code("ACL_ERROR_RT_FFTS_PLUS_EXCEPTION", driver.ErrDeviceFault, hintFault),
 	507050: code("ACL_ERROR_RT_FFTS_PLUS_TRAP_EXCEPTION", driver.ErrDeviceFault, hintFault),
+	507051: code("ACL_ERROR_RT_SEND_MSG", driver.ErrDeviceFault, hintFault),
+	507052: code("ACL_ERROR_RT_COPY_DATA", driver.ErrDeviceFault, hintFault),
+	507053: code("ACL_ERROR_RT_DEVICE_MEM_ERROR", driver.ErrDeviceFault, hintFault),
+	507054: code("ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR", driver.ErrDeviceFault, hintFault),
+	507055: code("ACL_ERROR_RT_SUSPECT_DEVICE_MEM_ERROR", driver.ErrDeviceFault, hintFault),
+	507056: code("ACL_ERROR_RT_LINK_ERROR", driver.ErrDeviceFault, hintFault),
+	507057: code("ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", driver.ErrDeviceFault, hintFault),
 	507899: code("ACL_ERROR_RT_DRV_INTERNAL_ERROR", driver.ErrDeviceFault, hintFault),
 	507900: code("ACL_ERROR_RT_AICPU_INTERNAL_ERROR", driver.ErrDeviceFault, hintFault),
 	507901: code("ACL_ERROR_RT_SOCKET_CLOSE", driver.ErrDeviceFault, hintFault),
@@ -183,7 +194,7 @@ var results = map[aclError]accel.Code{
 // "aclrtMallocPhysical: ACL_ERROR_RT_MEMORY_ALLOCATION (207001)", marked
 // with the code's sentinel (ErrDeviceFault for one the table lacks) and
 // hint. recent, when not empty, is the runtime's own message
-// (aclrtGetRecentErrMsg), kept in the error's details.
+// (aclGetRecentErrMsg), kept in the error's details.
 func resultError(fn string, e aclError, recent string) error {
 	return accel.CallError(results, fn, e, "aclError", nil, recent)
 }

@@ -153,9 +153,25 @@ func (a *ascend) Release(mem any) error {
 	return nil
 }
 
+// Map maps the handle whole, inaccessible to every NPU, as the contract
+// wants: with aclrtMemMapNoAccess where the library has it; otherwise
+// aclrtMapMem, whose mapping is accessible to the handle's NPU at once,
+// and aclrtMemSetAccess taking that back before anything else sees the
+// mapping (the record is locked throughout) — if that fails, the mapping
+// is undone.
 func (a *ascend) Map(addr driver.Addr, size uint64, mem any) error {
 	m := mem.(*memory)
-	return a.on(m.dev, "aclrtMapMem", func() aclError { return a.x.l.aclrtMapMem(uint64(addr), size, 0, m.h, 0) })
+	l := a.x.l
+	if a.x.has[groupMapNoAccess] {
+		return a.on(m.dev, "aclrtMemMapNoAccess", func() aclError { return l.aclrtMemMapNoAccess(uint64(addr), size, 0, m.h, 0) })
+	}
+	if err := a.on(m.dev, "aclrtMapMem", func() aclError { return l.aclrtMapMem(uint64(addr), size, 0, m.h, 0) }); err != nil {
+		return err
+	}
+	if err := a.SetAccess(addr, size, m.dev, driver.AccessNone); err != nil {
+		return errors.CombineErrors(errors.Wrap(err, "taking back the access aclrtMapMem gave"), a.Unmap(addr, size, m))
+	}
+	return nil
 }
 
 // Unmap takes the mapping's start: AscendCL unmaps the whole mapping there,
@@ -165,6 +181,9 @@ func (a *ascend) Unmap(addr driver.Addr, _ uint64, mem any) error {
 	return a.on(m.dev, "aclrtUnmapMem", func() aclError { return a.x.l.aclrtUnmapMem(uint64(addr)) })
 }
 
+// SetAccess sets dev's access over exactly one whole mapping
+// (Info.MappingAccess): aclrtMemSetAccess takes aclrtMapMem's virPtr and
+// size, never a piece of a mapping.
 func (a *ascend) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, acc driver.Access) error {
 	desc := memAccessDesc{flags: int32(acc), location: memLocation{id: uint32(a.ordinal[dev]), typ: locationTypeDevice}}
 	return a.on(dev, "aclrtMemSetAccess", func() aclError { return a.x.l.aclrtMemSetAccess(uint64(addr), size, &desc, 1) })
@@ -204,6 +223,21 @@ func (a *ascend) AllowPIDs(mem any, pids []int) error {
 	return a.on(m.dev, "aclrtMemSetPidToShareableHandle", func() aclError {
 		return a.x.l.aclrtMemSetPidToShareableHandle(m.token, &list[0], uint64(len(list)))
 	})
+}
+
+// hostPID is aclrtDeviceGetBareTgid's answer: this process's ID on the
+// host, as AscendCL's allow-lists hold it.
+func (a *ascend) hostPID() (int, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var pid int32
+	if err := a.x.l.err("aclrtDeviceGetBareTgid", a.x.l.aclrtDeviceGetBareTgid(&pid)); err != nil {
+		return 0, err
+	}
+	if pid <= 0 {
+		return 0, errors.AssertionFailedf("aclrtDeviceGetBareTgid answered process ID %d", pid)
+	}
+	return int(pid), nil
 }
 
 // Import makes memory of a token. A token this process exported is not
@@ -374,7 +408,7 @@ func (a *ascend) HostFree(p unsafe.Pointer) error {
 }
 
 // Close destroys the contexts and lets the devices go, on one OS thread:
-// each error's message (aclrtGetRecentErrMsg) is the calling thread's.
+// each error's message (aclGetRecentErrMsg) is the calling thread's.
 func (a *ascend) Close() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

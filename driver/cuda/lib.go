@@ -1,7 +1,7 @@
 package cuda
 
 import (
-	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -164,33 +164,41 @@ type loaded struct {
 	err     error
 }
 
-var (
-	libsMu sync.Mutex
-	libs   = map[string]*loaded{}
-)
+// libs are the libraries loaded, by path. No lock is held while one
+// loads (dl.Once): a path whose load blocks holds up its own Opens for
+// loadWait each, never those of other paths.
+var libs dl.Once[*loaded]
 
-// load opens the library at path (a path or a soname) once per process —
-// the CUDA driver is never unloaded — and binds every group of symbols it
-// has whole.
+// loadWait is how long an Open waits for the library to load before it
+// gives up with ErrBusy (the load goes on, and a later Open gets it).
+const loadWait = time.Minute
+
+// load opens the library at path once per process and binds every group
+// of symbols it has whole. A path that is no regular file is refused
+// first (dl.CheckFile) and the refusal is not kept: the path may be
+// fixed.
 func load(path string) *loaded {
-	libsMu.Lock()
-	defer libsMu.Unlock()
-	if x, ok := libs[path]; ok {
-		return x
+	if err := dl.CheckFile(path); err != nil {
+		return &loaded{err: errors.Wrap(err, "cuda: open")}
 	}
-	x := &loaded{}
-	libs[path] = x
-	l := &lib{path: path}
-	bound, err := dl.Open(path, l.symbols(), int(groups))
+	x, err := libs.Load(path, loadWait, func() (*loaded, error) {
+		x := &loaded{}
+		l := &lib{path: path}
+		bound, err := dl.Open(path, l.symbols(), int(groups))
+		if err != nil {
+			x.err = errors.WithHint(
+				errors.Wrapf(driver.ErrUnsupported, "cuda: no NVIDIA driver found: %v", err),
+				"install the NVIDIA driver (it provides libcuda.so.1), or name the library with cuda.Options.Library or "+LibraryEnv)
+			return x, nil
+		}
+		copy(x.has[:], bound.Has)
+		copy(x.missing[:], bound.Missing)
+		x.l = l
+		return x, nil
+	})
 	if err != nil {
-		x.err = errors.WithHint(
-			errors.Wrapf(driver.ErrUnsupported, "cuda: no NVIDIA driver found: %v", err),
-			"install the NVIDIA driver (it provides libcuda.so.1), or name the library with cuda.Options.Library or "+LibraryEnv)
-		return x
+		return &loaded{err: errors.Wrap(err, "cuda: open")}
 	}
-	copy(x.has[:], bound.Has)
-	copy(x.missing[:], bound.Missing)
-	x.l = l
 	return x
 }
 

@@ -192,7 +192,11 @@ func probeDevice(x *loaded, ordinal int32) (DeviceReport, error) {
 // that says why: no libcuda.so.1 ("no NVIDIA driver found", ErrUnsupported),
 // the toolkit's link stub (CUDA_ERROR_STUB_LIBRARY), no GPU
 // (CUDA_ERROR_NO_DEVICE, ErrNoDevice), a device or a library without
-// virtual memory management (ErrUnsupported).
+// virtual memory management (ErrUnsupported). A library path that is no
+// regular file (a FIFO, a directory, a device) is ErrInvalid before the
+// loader opens it, and a library whose load has not finished after a
+// minute is ErrBusy (the load goes on; Opens of other paths never wait for
+// it).
 func Open(opts Options) (*Driver, error) {
 	path := libraryPath(opts.Library)
 	x, err := initialised(path)

@@ -94,5 +94,9 @@ func (s suite) start(t *testing.T) *fixture {
 			"drivertest.Run needs devices that hold at least %d × the granularity %s; %s device %d holds %s",
 			minChunks, units.Bytes(gran), d.Name(), dev.ID, units.Bytes(dev.Capacity))
 	}
-	return &fixture{t: t, d: d, devs: devs, gran: gran}
+	f := &fixture{t: t, d: d, devs: devs, gran: gran}
+	if b, ok := d.(OneDeviceBinder); ok {
+		f.oneDevice = b.ReservationsBindOneDevice()
+	}
+	return f
 }

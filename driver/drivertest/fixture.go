@@ -19,6 +19,28 @@ type fixture struct {
 	d    driver.Driver
 	devs []driver.Device
 	gran uint64 // d.Granularity(): the unit of reservations
+	// oneDevice: the driver's reservations each bind one device's memory
+	// (OneDeviceBinder).
+	oneDevice bool
+}
+
+// OneDeviceBinder is a driver that may say each of its reservations binds
+// the memory of one device, local or imported, never both at once
+// (AscendCL's aclrtMapMem): its Map refuses the rest with ErrUnsupported,
+// changing nothing. The suite checks that, and elsewhere places chunks of
+// several devices side by side only where the driver allows it.
+type OneDeviceBinder interface {
+	ReservationsBindOneDevice() bool
+}
+
+// beside is the device of a chunk the tests map in a reservation that
+// holds device 0's memory: dev, or device 0 itself where the driver's
+// reservations bind one device. Access is still granted to dev.
+func (f *fixture) beside(dev driver.DeviceID) driver.DeviceID {
+	if f.oneDevice {
+		return 0
+	}
+	return dev
 }
 
 // probe is how many bytes host-access checks move at a time: small, because

@@ -25,7 +25,7 @@ func (s suite) close(t *testing.T) {
 		if f.hostAccess() {
 			f.write(base, pattern(probe, 1))
 		}
-		dead := f.mapNew(at(base, f.gran), 1, f.gran)
+		dead := f.mapNew(at(base, f.gran), f.beside(1), f.gran)
 		require.NoError(f.t, f.d.Release(dead))
 		f.create(1, f.gran)
 		f.reserve(f.gran)

@@ -84,8 +84,8 @@ func (s suite) mapping(t *testing.T) {
 			require.NoError(f.t, f.d.Release(h))
 		}
 		// The free granules on either side still take mappings.
-		f.mapNew(base, 1, f.gran)
-		f.mapNew(at(base, 3*f.gran), 1, f.gran)
+		f.mapNew(base, f.beside(1), f.gran)
+		f.mapNew(at(base, 3*f.gran), f.beside(1), f.gran)
 		f.requireOnly(mid, 0, driver.AccessReadWrite)
 	})
 	s.run(t, "ReleasedHandle", func(f *fixture) {
@@ -105,6 +105,29 @@ func (s suite) mapping(t *testing.T) {
 		}
 		f.mapAt(base, h)
 	})
+	s.run(t, "OtherDeviceBeside", func(f *fixture) {
+		// A chunk of device 1 beside device 0's memory in one
+		// reservation: mapped, or, where the driver's reservations bind
+		// one device (OneDeviceBinder), refused with nothing changed.
+		base := f.reserve(2 * f.gran)
+		f.mapNew(base, 0, f.gran)
+		f.setAccess(base, f.gran, 0, driver.AccessReadWrite)
+		h := f.create(1, f.gran)
+		err := f.d.Map(at(base, f.gran), h)
+		if !f.oneDevice {
+			require.NoError(f.t, err, "chunks of two devices side by side")
+			f.requireNone(at(base, f.gran))
+			return
+		}
+		f.requireIs(err, driver.ErrUnsupported, "device 0", "device 1")
+		f.requireNotMapped(at(base, f.gran))
+		f.requireOnly(base, 0, driver.AccessReadWrite)
+		f.mapAt(f.reserve(f.gran), h) // a reservation of its own takes it
+		f.unmap(base, f.gran)
+		h2 := f.create(1, f.gran)
+		f.mapAt(base, h2) // once device 0's memory is gone, device 1's maps there
+		f.mapNew(at(base, f.gran), 1, f.gran)
+	})
 	s.run(t, "WholeChunk", func(f *fixture) {
 		base := f.reserve(4 * f.gran)
 		f.mapNew(base, 0, 3*f.gran)
@@ -123,6 +146,9 @@ func (s suite) newMappingInaccessible(t *testing.T) {
 		for i := range f.devs {
 			dev := driver.DeviceID(i)
 			a := at(base, 2*f.gran*uint64(i))
+			if f.oneDevice && i > 0 {
+				a = f.reserve(2 * f.gran) // a reservation per device
+			}
 			f.mapNew(a, dev, 2*f.gran)
 			for off := uint64(0); off < 2*f.gran; off += f.g(dev) {
 				f.requireNone(at(a, off))

@@ -48,23 +48,37 @@ type Machine struct {
 type Backend struct {
 	Name string
 	Open func(t testing.TB, m Machine) Driver
+	// OneDevice: each reservation binds one device's memory, local or
+	// imported, never both (AscendCL's aclrtMapMem); Map refuses the
+	// rest with ErrUnsupported (acl.Driver.ReservationsBindOneDevice).
+	OneDevice bool
+}
+
+// SkipMixedDevices skips t on a backend whose reservations bind one
+// device (OneDevice): a range over several devices, or a move between
+// devices inside one range, is refused there, as on the real hardware.
+func (b Backend) SkipMixedDevices(t testing.TB) {
+	t.Helper()
+	if b.OneDevice {
+		t.Skipf("%s binds a reservation to one device's memory: a range over several devices cannot be made on it", b.Name)
+	}
 }
 
 // Host is the host driver's backend, for the tests that stay host-only.
-func Host() Backend { return Backend{"host", openHost} }
+func Host() Backend { return Backend{Name: "host", Open: openHost} }
 
 // All are the backends every shared test runs on.
 func All() []Backend {
 	return []Backend{
 		Host(),
-		{"cuda", func(t testing.TB, m Machine) Driver {
+		{Name: "cuda", Open: func(t testing.TB, m Machine) Driver {
 			d, _ := cudatest.Open(t, m.Standin(), cuda.Options{})
 			return d
 		}},
-		{"acl", func(t testing.TB, m Machine) Driver {
+		{Name: "acl", Open: func(t testing.TB, m Machine) Driver {
 			d, _ := acltest.Open(t, m.Standin(), acl.Options{})
 			return d
-		}},
+		}, OneDevice: true},
 	}
 }
 
@@ -113,12 +127,12 @@ func ForFuzz(f *testing.F, ms ...Machine) []Backend {
 		for _, m := range ms {
 			shared[m] = b.Open(f, m)
 		}
-		out = append(out, Backend{b.Name, func(t testing.TB, m Machine) Driver {
+		out = append(out, Backend{Name: b.Name, Open: func(t testing.TB, m Machine) Driver {
 			if s, ok := shared[m]; ok && holdsNothing(s, m.Devices) {
 				return s
 			}
 			return b.Open(t, m)
-		}})
+		}, OneDevice: b.OneDevice})
 	}
 	return out
 }

@@ -2,12 +2,15 @@
 // libascendcl.so that the test builds with the system C compiler: the same
 // dynamic loading, calling convention, structs and error codes as the real
 // runtime, implemented on host memory with AscendCL's rules (a map of a
-// whole handle, reservations without alignment, access inside one mapping,
-// 64-byte aligned async copies, tokens with an allow-list that work across
-// processes). Tests of every layer use it to run on the AscendCL driver
-// without an NPU, and to make the runtime fail where an NPU would (out of
-// memory at the n-th aclrtMallocPhysical, a refused aclrtMapMem in the
-// middle of a grow) and see each layer roll back.
+// whole handle, accessible at once with aclrtMapMem and not with
+// aclrtMemMapNoAccess, one NPU's memory per reservation, local or
+// imported, reservations without alignment, access set over exactly one
+// mapping, 64-byte aligned async copies, tokens with an allow-list that
+// work across processes). Tests of every layer use it to run on the
+// AscendCL driver without an NPU, and to make the runtime fail where an
+// NPU would (out of memory at the n-th aclrtMallocPhysical, a refused
+// aclrtMemMapNoAccess in the middle of a grow) and see each layer roll
+// back.
 //
 // What the stand-in cannot prove is how real NPUs time and order their
 // work, or any rule Huawei does not document; the stand-in's acl.c lists

@@ -61,12 +61,14 @@ type Runtime interface {
 	// Release gives up the handle mem: the chunk is unmapped everywhere
 	// in this process.
 	Release(mem any) error
-	// Map maps all size bytes of mem at addr, inaccessible.
+	// Map maps all size bytes of mem at addr, inaccessible to every
+	// device: it either succeeds so or fails having mapped nothing.
 	Map(addr driver.Addr, size uint64, mem any) error
 	// Unmap removes the mapping of mem at addr, size bytes long.
 	Unmap(addr driver.Addr, size uint64, mem any) error
 	// SetAccess sets what dev may do over [addr, addr+size), which lies
-	// inside one mapping, or over adjacent mappings when Info.SpanAccess.
+	// inside one mapping, or over adjacent mappings when Info.SpanAccess,
+	// or is exactly one whole mapping when Info.MappingAccess.
 	SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error
 	// Export returns the shareable handle of mem, size bytes, created
 	// shareable; it is called once per chunk.
@@ -123,6 +125,17 @@ type Info struct {
 	// SpanAccess says the runtime's SetAccess takes a range over several
 	// adjacent mappings in one call (cuMemSetAccess does).
 	SpanAccess bool
+	// MappingAccess says the runtime's SetAccess takes exactly one whole
+	// mapping (aclrtMemSetAccess): the device's access over a mapping is
+	// then the widest the record gives it anywhere in the mapping, and
+	// finer grants are the record's, enforced by the Core's copies
+	// (ledger.WholeMappingProtector).
+	MappingAccess bool
+	// OneDevicePerReservation says the runtime binds a reservation to one
+	// device's memory, local or imported, never both (aclrtMapMem): a Map
+	// that would mix them is refused with ErrUnsupported
+	// (ledger.OneBinder).
+	OneDevicePerReservation bool
 }
 
 // Core is one open accelerator driver.
@@ -297,6 +310,9 @@ func (c *Core) AllowPIDs(h driver.Handle, pids []int) error {
 	})
 }
 
+// Closed reports whether Close (or TearDown) has run.
+func (c *Core) Closed() bool { return c.engine.Closed() }
+
 // Close refuses while memory is mapped or pinned host buffers are live;
 // otherwise it waits for the streams, destroys them, gives back every
 // chunk and reservation, and lets go of the runtime.
@@ -338,7 +354,12 @@ func (c *Core) close(closeBooks func() error) error {
 // backend is the ledger's view of the runtime.
 type backend struct{ c *Core }
 
-var _ ledger.DeviceProtector = backend{}
+var (
+	_ ledger.DeviceProtector       = backend{}
+	_ ledger.SpanningProtector     = backend{}
+	_ ledger.WholeMappingProtector = backend{}
+	_ ledger.OneBinder             = backend{}
+)
 
 func (b backend) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, any, error) {
 	return b.c.rt.Reserve(size, align, hint)
@@ -371,5 +392,11 @@ func (b backend) SetDeviceAccess(_ *ledger.Region, addr driver.Addr, size uint64
 
 // SpansMappings is Info.SpanAccess (ledger.SpanningProtector).
 func (b backend) SpansMappings() bool { return b.c.info.SpanAccess }
+
+// WholeMappings is Info.MappingAccess (ledger.WholeMappingProtector).
+func (b backend) WholeMappings() bool { return b.c.info.MappingAccess }
+
+// BindsOneDevice is Info.OneDevicePerReservation (ledger.OneBinder).
+func (b backend) BindsOneDevice() bool { return b.c.info.OneDevicePerReservation }
 
 func (b backend) Close() error { return nil } // the Core closes the runtime after the record

@@ -23,7 +23,7 @@ type Code struct {
 // runtime's) is ErrDeviceFault, named by unknown(r) when that gives a name
 // (CUDA's cuGetErrorName), else as "<kind> <r>" ("CUresult 1234"). detail,
 // when not empty, is the runtime's own message (AscendCL's
-// aclrtGetRecentErrMsg), kept in the error's details.
+// aclGetRecentErrMsg), kept in the error's details.
 func CallError[K ~int32](table map[K]Code, fn string, r K, kind string, unknown func(K) string, detail string) error {
 	if r == 0 {
 		return nil

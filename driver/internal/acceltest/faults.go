@@ -112,14 +112,17 @@ func (v Vendor[D]) StreamCallsFailCleanly(t *testing.T, cfg standin.Config, stre
 
 	// A copy from device 0 to device 1's memory needs peer access; the
 	// refused enable must not count.
+	// Each device's chunk has a reservation of its own (AscendCL binds a
+	// reservation to one device's memory).
 	g := cfg.MinGranularity
-	base, err := d.Reserve(2*d.Granularity(), 0, 0)
+	base, err := d.Reserve(d.Granularity(), 0, 0)
 	require.NoError(t, err)
 	h0, err := d.Create(0, g, driver.ChunkOptions{})
 	require.NoError(t, err)
 	h1, err := d.Create(1, g, driver.ChunkOptions{})
 	require.NoError(t, err)
-	peerAt := base + driver.Addr(d.Granularity())
+	peerAt, err := d.Reserve(d.Granularity(), 0, 0)
+	require.NoError(t, err)
 	require.NoError(t, d.Map(base, h0))
 	require.NoError(t, d.Map(peerAt, h1))
 	require.NoError(t, d.SetAccess(base, g, 0, driver.AccessReadWrite))

@@ -9,8 +9,13 @@ import (
 
 // Open loads the library at path (a path, or a soname the dynamic loader
 // finds) and binds every group of syms whose symbols are all there;
-// groups is the number of groups. The error is the loader's.
+// groups is the number of groups. A path that is no regular file is
+// refused before the loader sees it (CheckFile); other errors are the
+// loader's.
 func Open(path string, syms []Symbol, groups int) (*Library, error) {
+	if err := CheckFile(path); err != nil {
+		return nil, err
+	}
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	if err != nil {
 		return nil, errors.Newf("cannot load %s: %v", path, err)

@@ -5,7 +5,11 @@
 // library that lacks one symbol loses that feature and nothing else.
 //
 // It never unloads a library: the vendor runtimes (libcuda, libascendcl)
-// keep threads and state that do not survive an unload.
+// keep threads and state that do not survive an unload. It never lets a
+// library that cannot load hold up the process: a path that is no regular
+// file (a FIFO would block dlopen forever) is refused before the loader
+// sees it (CheckFile), and Once loads each path on a goroutine of its own
+// with no lock held, every caller waiting a bounded time.
 package dl
 
 import (

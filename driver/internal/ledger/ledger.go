@@ -83,12 +83,31 @@ type DeviceProtector interface {
 
 // SpanningProtector is a DeviceProtector that may say its hardware call
 // takes a range over several adjacent mappings (cuMemSetAccess does, as
-// PyTorch's expandable segments use it; aclrtMemSetAccess stays inside one
-// mapping): the ledger then makes one call a run of equal access across
+// PyTorch's expandable segments use it; aclrtMemSetAccess takes exactly one
+// mapping, see WholeMappingProtector): the ledger then makes one call a run of equal access across
 // mappings, not one a mapping — a commit of many chunks is granted in one
 // call.
 type SpanningProtector interface {
 	SpansMappings() bool
+}
+
+// WholeMappingProtector is a DeviceProtector that may say its hardware
+// call takes exactly one whole mapping (aclrtMemSetAccess: the virPtr and
+// size aclrtMapMem was given, never a piece of a mapping). The record
+// still keeps each device's access per granule, and every read, write and
+// copy the drivers make is checked against it; the hardware of each
+// mapping gets, per device, the widest access the device has anywhere in
+// the mapping (one call a mapping whose widest access changes).
+type WholeMappingProtector interface {
+	WholeMappings() bool
+}
+
+// OneBinder is a backend that may say its hardware binds one reservation
+// to the memory of one device, and to local or imported memory, never
+// both at once (AscendCL's aclrtMapMem): the ledger then refuses, with
+// ErrUnsupported, a Map that would mix them, before the backend sees it.
+type OneBinder interface {
+	BindsOneDevice() bool
 }
 
 // Chunk is a physical chunk as the ledger records it.
@@ -146,6 +165,8 @@ type Ledger struct {
 	protect   Protector
 	perDevice DeviceProtector
 	spans     bool // perDevice calls may span adjacent mappings
+	whole     bool // perDevice calls take exactly one whole mapping
+	oneBind   bool // a reservation binds one device's memory, local or imported
 	devs      []driver.Device
 	gran      uint64
 	share     bool
@@ -173,6 +194,15 @@ func New(name string, devs []driver.Device, b Backend, shareable bool) (*Ledger,
 	l.perDevice, _ = b.(DeviceProtector)
 	if sp, ok := b.(SpanningProtector); ok && l.perDevice != nil {
 		l.spans = sp.SpansMappings()
+	}
+	if wp, ok := b.(WholeMappingProtector); ok && l.perDevice != nil {
+		l.whole = wp.WholeMappings()
+	}
+	if ob, ok := b.(OneBinder); ok {
+		l.oneBind = ob.BindsOneDevice()
+	}
+	if l.spans && l.whole {
+		return nil, errors.AssertionFailedf("%s: the backend %T says its access calls both span mappings and take exactly one", name, b)
 	}
 	if (l.protect == nil) == (l.perDevice == nil) {
 		return nil, errors.AssertionFailedf("%s: the backend %T must implement exactly one of ledger.Protector and ledger.DeviceProtector", name, b)
@@ -509,6 +539,22 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 				what(), addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
 			"unmap it first: map never replaces a mapping")
 	}
+	if l.oneBind && r.maps.Len() > 0 {
+		// Every mapping of r is of one device and one origin: the first
+		// says which.
+		if o := r.maps.At(0).Val.Chunk; o.Device != c.Device || o.imported != c.imported {
+			origin := func(c *Chunk) string {
+				if c.imported {
+					return "imported"
+				}
+				return "local"
+			}
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrUnsupported, "%s: the reservation [%s, %s) holds %s memory of device %d, and the runtime binds a reservation to one device's memory, local or imported, never both (chunk %d is %s memory of device %d)",
+					what(), r.Base, r.end(), origin(o), o.Device, h, origin(c), c.Device),
+				"reserve a range for each device, and one for imported chunks")
+		}
+	}
 	if err := l.backend.Map(m); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
@@ -649,6 +695,24 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 		lo, hi := max(addr, m.Addr), min(end, m.end())
 		glo, ghi := uint64(lo-m.Addr)/m.gran, uint64(hi-m.Addr)/m.gran
 		ups = append(ups, update{m, glo, ghi})
+		if l.whole {
+			// One call for the whole mapping: dev's widest access over
+			// it, before and after.
+			var from, to driver.Access
+			_ = m.access.Each(0, m.Size/m.gran, func(g0, g1, old uint64) error {
+				had := accessOf(old, dev)
+				from |= had
+				if g0 < glo || g1 > ghi {
+					to |= had // granules outside the range keep theirs
+				}
+				if g0 < ghi && g1 > glo {
+					to |= a
+				}
+				return nil
+			})
+			runs = append(runs, run{m.Addr, m.Size, from, to})
+			continue
+		}
 		first := len(runs) // a DeviceProtector's runs merge across mappings only if it spans them
 		_ = m.access.Each(glo, ghi, func(g0, g1, old uint64) error {
 			from, to := widest(old), widest(withAccess(old, dev, a))
@@ -1038,8 +1102,17 @@ func (l *Ledger) checkLocked() error {
 		if err := r.maps.Check(); err != nil {
 			errs = errors.CombineErrors(errs, errors.Wrapf(err, "%s: mappings", l.name))
 		}
+		var bound *Chunk // the first mapping's chunk, when a reservation binds one device
 		for _, mi := range r.maps.All() {
 			m := mi.Val
+			if l.oneBind {
+				if bound == nil {
+					bound = m.Chunk
+				} else if bound.Device != m.Chunk.Device || bound.imported != m.Chunk.imported {
+					fail("%s: reservation at %s binds chunks %d and %d, of devices %d and %d (imported: %v, %v)", l.name, r.Base,
+						bound.Handle, m.Chunk.Handle, bound.Device, m.Chunk.Device, bound.imported, m.Chunk.imported)
+				}
+			}
 			if mi.Start != m.Addr || mi.End != m.end() {
 				fail("%s: mapping [%s, %s) listed as [%s, %s)", l.name, m.Addr, m.end(), mi.Start, mi.End)
 			}

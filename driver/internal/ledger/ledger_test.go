@@ -144,3 +144,71 @@ func TestWithHostSegments(t *testing.T) {
 	require.True(t, errors.Is(err, driver.ErrAccessDenied), "%v", err)
 	require.Contains(t, err.Error(), "mapped with access read for every device, read-write is needed")
 }
+
+// wholeMappings is a perDevice backend whose hardware call takes exactly
+// one whole mapping, and whose reservations bind one device's memory.
+type wholeMappings struct{ perDevice }
+
+func (*wholeMappings) WholeMappings() bool  { return true }
+func (*wholeMappings) BindsOneDevice() bool { return true }
+
+// TestWholeMappingAccess: a grant over part of a mapping is recorded per
+// granule, and the hardware gets one call over the whole mapping, with the
+// device's widest access there; a change that leaves the widest alone
+// makes no call, and a refused call is undone on the mappings changed
+// before it.
+func TestWholeMappingAccess(t *testing.T) {
+	b := &wholeMappings{}
+	l, base := mapped(t, b, 2, 4*g)
+	at := func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
+	require.NoError(t, l.SetAccess(at(1), g, 0, driver.AccessRead))
+	require.Equal(t, []call{{base, 4 * g, 0, driver.AccessNone, driver.AccessRead}}, b.calls)
+	a, err := l.Access(at(0), 0)
+	require.NoError(t, err)
+	require.Equal(t, driver.AccessNone, a, "the record keeps the granule")
+	require.NoError(t, l.SetAccess(at(2), g, 0, driver.AccessRead))
+	require.Len(t, b.calls, 1, "the widest is still read: no call")
+	require.NoError(t, l.SetAccess(at(1), 6*g, 0, driver.AccessReadWrite), "over both mappings")
+	require.Equal(t, []call{{base, 4 * g, 0, driver.AccessRead, driver.AccessReadWrite}, {at(4), 4 * g, 0, driver.AccessNone, driver.AccessReadWrite}}, b.calls[1:])
+	require.NoError(t, l.SetAccess(at(1), 3*g, 0, driver.AccessNone))
+	require.Equal(t, call{base, 4 * g, 0, driver.AccessReadWrite, driver.AccessNone}, b.calls[3], "nothing left granted in the first")
+
+	b.calls, b.failAt = nil, 2
+	err = l.SetAccess(base, 8*g, 1, driver.AccessRead)
+	require.True(t, errors.Is(err, driver.ErrOutOfMemory), "%v", err)
+	require.Equal(t, call{base, 4 * g, 1, driver.AccessRead, driver.AccessNone}, b.calls[2], "the first mapping set back")
+	a, err = l.Access(base, 1)
+	require.NoError(t, err)
+	require.Equal(t, driver.AccessNone, a, "refused: the record is unchanged")
+	require.NoError(t, l.Check())
+}
+
+// TestOneDevicePerReservation: where the backend binds a reservation to
+// one device's memory, local or imported, a Map mixing them is
+// ErrUnsupported and changes nothing; another reservation takes it, and
+// once the first device's mappings are gone the other's map there.
+func TestOneDevicePerReservation(t *testing.T) {
+	// Two granules of reservation, device 0's chunk in the first.
+	l, base := mapped(t, &wholeMappings{}, 2, g)
+	l2, base2 := mapped(t, &perDevice{}, 2, g)
+	require.NoError(t, l.Unmap(base+g, g))
+	require.NoError(t, l2.Unmap(base2+g, g))
+	h1, err := l.Create(1, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	err = l.Map(base+g, h1)
+	require.True(t, errors.Is(err, driver.ErrUnsupported), "%v", err)
+	require.ErrorContains(t, err, "holds local memory of device 0")
+	_, err = l.Access(base+g, 0)
+	require.True(t, errors.Is(err, driver.ErrNotMapped), "refused: nothing mapped")
+	imp, err := l.Import(0, g, func(*Chunk) error { return nil })
+	require.NoError(t, err)
+	err = l.Map(base+g, imp)
+	require.True(t, errors.Is(err, driver.ErrUnsupported), "imported beside local: %v", err)
+	require.NoError(t, l.Unmap(base, g))
+	require.NoError(t, l.Map(base+g, imp), "the reservation is empty again")
+	require.NoError(t, l.Check())
+
+	h, err := l2.Create(1, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, l2.Map(base2+g, h), "a backend that does not say so mixes devices")
+}

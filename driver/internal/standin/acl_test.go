@@ -79,13 +79,14 @@ type aclAPI struct {
 	GetCurrent       func(ctx *uintptr) int32                                                          `sym:"aclrtGetCurrentContext"`
 	GetMemInfo       func(attr int32, free, total *uint64) int32                                       `sym:"aclrtGetMemInfo"`
 	GetSocName       func() *byte                                                                      `sym:"aclrtGetSocName"`
-	RecentErrMsg     func() *byte                                                                      `sym:"aclrtGetRecentErrMsg"`
+	RecentErrMsg     func() *byte                                                                      `sym:"aclGetRecentErrMsg"`
 	Granularity      func(p *aclProp, option int32, g *uint64) int32                                   `sym:"aclrtMemGetAllocationGranularity"`
 	Reserve          func(p *uint64, size, align uint64, hint uintptr, fl uint64) int32                `sym:"aclrtReserveMemAddress"`
 	Release          func(p uint64) int32                                                              `sym:"aclrtReleaseMemAddress"`
 	MallocPhysical   func(h *uintptr, size uint64, p *aclProp, fl uint64) int32                        `sym:"aclrtMallocPhysical"`
 	FreePhysical     func(h uintptr) int32                                                             `sym:"aclrtFreePhysical"`
 	MapMem           func(p, size, off uint64, h uintptr, fl uint64) int32                             `sym:"aclrtMapMem"`
+	MapNoAccess      func(p, size, off uint64, h uintptr, fl uint64) int32                             `sym:"aclrtMemMapNoAccess"`
 	UnmapMem         func(p uint64) int32                                                              `sym:"aclrtUnmapMem"`
 	SetAccess        func(p, size uint64, d *aclAccessDesc, n uint64) int32                            `sym:"aclrtMemSetAccess"`
 	GetAccess        func(p uint64, loc *aclLocation, fl *uint64) int32                                `sym:"aclrtMemGetAccess"`
@@ -120,16 +121,17 @@ func aclSymbols() []string {
 
 // aclGroupSymbols are the symbols each omit group leaves out of acl.c.
 var aclGroupSymbols = map[string][]string{
-	"export":    {"aclrtMemExportToShareableHandle", "aclrtMemSetPidToShareableHandle", "aclrtMemImportFromShareableHandle", "aclrtDeviceGetBareTgid"},
-	"hostfunc":  nil,
-	"events":    {"aclrtCreateEvent", "aclrtRecordEvent", "aclrtSynchronizeEvent", "aclrtDestroyEvent"},
-	"peer":      {"aclrtDeviceCanAccessPeer", "aclrtDeviceEnablePeerAccess"},
-	"hostalloc": {"aclrtMallocHost", "aclrtFreeHost"},
-	"synccopy":  {"aclrtMemcpy"},
+	"export":      {"aclrtMemExportToShareableHandle", "aclrtMemSetPidToShareableHandle", "aclrtMemImportFromShareableHandle", "aclrtDeviceGetBareTgid"},
+	"hostfunc":    nil,
+	"events":      {"aclrtCreateEvent", "aclrtRecordEvent", "aclrtSynchronizeEvent", "aclrtDestroyEvent"},
+	"peer":        {"aclrtDeviceCanAccessPeer", "aclrtDeviceEnablePeerAccess"},
+	"hostalloc":   {"aclrtMallocHost", "aclrtFreeHost"},
+	"synccopy":    {"aclrtMemcpy"},
+	"mapnoaccess": {"aclrtMemMapNoAccess"},
 	"streams": {"aclrtCreateStream", "aclrtDestroyStream", "aclrtSynchronizeStream", "aclrtMemcpyAsync",
 		"aclrtMemsetAsync"},
 	"vmm": {"aclrtMemGetAllocationGranularity", "aclrtReserveMemAddress", "aclrtReleaseMemAddress",
-		"aclrtMallocPhysical", "aclrtFreePhysical", "aclrtMapMem", "aclrtUnmapMem", "aclrtMemSetAccess",
+		"aclrtMallocPhysical", "aclrtFreePhysical", "aclrtMapMem", "aclrtMemMapNoAccess", "aclrtUnmapMem", "aclrtMemSetAccess",
 		"aclrtMemGetAccess", "aclrtMemExportToShareableHandle", "aclrtMemSetPidToShareableHandle",
 		"aclrtMemImportFromShareableHandle", "aclrtDeviceGetBareTgid"},
 }
@@ -296,7 +298,9 @@ func TestACLBuildExportsItsInterface(t *testing.T) {
 		_, err := purego.Dlsym(h, s)
 		require.NoError(t, err, s)
 	}
-	for _, s := range []string{"cuInit", "vdev_token_import", "vdev_ctx_create"} {
+	// aclGetRecentErrMsg is acl.h's (ACL 1.17); AscendCL has no
+	// aclrtGetRecentErrMsg.
+	for _, s := range []string{"cuInit", "vdev_token_import", "vdev_ctx_create", "aclrtGetRecentErrMsg"} {
 		_, err := purego.Dlsym(h, s)
 		require.Error(t, err, "%s must not be exported", s)
 	}
@@ -499,8 +503,13 @@ func TestACLPhysicalMemoryAndMaps(t *testing.T) {
 	e.is(aclInvalidHandle, e.acl.MapMem(r, 2*g, 0, 0xdead0, 0), "never a handle")
 	e.ok(e.acl.MapMem(r, 2*g, 0, b, 0))
 	e.is(aclParamInvalid, e.acl.MapMem(r+g, 2*g, 0, b, 0), "over a mapping")
-	e.ok(e.acl.MapMem(r+2*g, 2*g, 0, b, 0), "a handle maps at several addresses")
-	require.Equal(t, "---s", protAt(t, r), "mapped, inaccessible")
+	e.is(aclParamInvalid, e.acl.MapNoAccess(r+g, 2*g, 0, b, 0), "over a mapping")
+	require.Equal(t, "rw-s", protAt(t, r), "aclrtMapMem's mapping is accessible at once")
+	require.Equal(t, accessRW, e.lib.Access(r, 0), "to the handle's device")
+	require.Equal(t, accessNone, e.lib.Access(r, 1), "and to no other")
+	e.ok(e.acl.MapNoAccess(r+2*g, 2*g, 0, b, 0), "a handle maps at several addresses")
+	require.Equal(t, "---s", protAt(t, r+2*g), "aclrtMemMapNoAccess's is inaccessible")
+	require.Equal(t, accessNone, e.lib.Access(r+2*g, 0))
 
 	e.is(aclParamInvalid, e.acl.UnmapMem(r+g), "not the start of a mapping")
 	e.is(aclParamInvalid, e.acl.FreePhysical(b), "still mapped")
@@ -518,18 +527,27 @@ func TestACLPhysicalMemoryAndMaps(t *testing.T) {
 	e.noLeaks()
 }
 
-func TestACLSetAccessInsideOneMapping(t *testing.T) {
+// TestACLSetAccessTakesOneWholeMapping: aclrtMemSetAccess takes exactly
+// what aclrtMapMem mapped (Huawei's reference: virPtr and size must be
+// aclrtMapMem's): a range over two mappings and a piece of one are refused
+// and change nothing.
+func TestACLSetAccessTakesOneWholeMapping(t *testing.T) {
 	e := startACL(t, Config{MinGranularity: 64 * kib})
 	g := e.gran
 	r := e.reserve(4 * g)
 	a, b := e.malloc(0, 2*g), e.malloc(0, 2*g)
-	e.ok(e.acl.MapMem(r, 2*g, 0, a, 0))
-	e.ok(e.acl.MapMem(r+2*g, 2*g, 0, b, 0))
+	e.ok(e.acl.MapNoAccess(r, 2*g, 0, a, 0))
+	e.ok(e.acl.MapNoAccess(r+2*g, 2*g, 0, b, 0))
 	e.is(aclParamInvalid, e.setAccess(r, 4*g, 0, accessRW), "two mappings in one call")
 	require.Equal(t, accessNone, e.lib.Access(r, 0), "refused: nothing changed")
-	e.ok(e.setAccess(r+g, g, 0, accessRW), "part of one mapping")
+	e.is(aclParamInvalid, e.setAccess(r+g, g, 0, accessRW), "the second half of one mapping")
+	e.is(aclParamInvalid, e.setAccess(r, g, 0, accessRW), "the first half of one mapping")
+	require.Contains(t, e.recent(), "one whole mapping")
+	require.Equal(t, accessNone, e.lib.Access(r, 0), "refused: nothing changed")
+	require.Equal(t, accessNone, e.lib.Access(r+g, 0))
+	e.ok(e.setAccess(r, 2*g, 0, accessRW))
 	e.ok(e.setAccess(r+2*g, 2*g, 1, accessRead))
-	require.Equal(t, accessNone, e.lib.Access(r, 0))
+	require.Equal(t, accessRW, e.lib.Access(r, 0))
 	require.Equal(t, accessRW, e.lib.Access(r+g, 0))
 	require.Equal(t, accessRead, e.lib.Access(r+3*g, 1))
 	var f uint64
@@ -543,16 +561,16 @@ func TestACLSetAccessInsideOneMapping(t *testing.T) {
 	e.is(aclInvalidDeviceID, e.acl.GetAccess(r, &loc, &f))
 
 	d := aclAccessDesc{flags: 2, location: aclLocation{id: 0, typ: locDevice}}
-	e.is(aclParamInvalid, e.acl.SetAccess(r, g, &d, 1), "write-only is no access value")
+	e.is(aclParamInvalid, e.acl.SetAccess(r, 2*g, &d, 1), "write-only is no access value")
 	d = aclAccessDesc{flags: accessRW, location: aclLocation{id: 0, typ: 0}}
-	e.is(aclParamInvalid, e.acl.SetAccess(r, g, &d, 1), "a host location")
+	e.is(aclParamInvalid, e.acl.SetAccess(r, 2*g, &d, 1), "a host location")
 	d = aclAccessDesc{flags: accessRW, location: aclLocation{id: 9, typ: locDevice}}
-	e.is(aclInvalidDeviceID, e.acl.SetAccess(r, g, &d, 1))
+	e.is(aclInvalidDeviceID, e.acl.SetAccess(r, 2*g, &d, 1))
 	d = aclAccessDesc{flags: accessRW, location: aclLocation{id: 0, typ: locDevice}}
 	d.rsv[11] = 1
-	e.is(aclParamInvalid, e.acl.SetAccess(r, g, &d, 1), "rsv must be zero")
-	e.is(aclParamInvalid, e.acl.SetAccess(r, g, &d, 0), "no descriptor")
-	e.is(aclParamInvalid, e.setAccess(r+4*kib, g, 0, accessRW), "misaligned")
+	e.is(aclParamInvalid, e.acl.SetAccess(r, 2*g, &d, 1), "rsv must be zero")
+	e.is(aclParamInvalid, e.acl.SetAccess(r, 2*g, &d, 0), "no descriptor")
+	e.is(aclParamInvalid, e.setAccess(r+4*kib, 2*g, 0, accessRW), "misaligned")
 	two := []aclAccessDesc{{accessRead, aclLocation{0, locDevice}, [12]byte{}}, {accessRW, aclLocation{1, locDevice}, [12]byte{}}}
 	e.ok(e.acl.SetAccess(r, 2*g, &two[0], 2), "several descriptors at the 24-byte stride")
 	require.Equal(t, accessRead, e.lib.Access(r, 0))
@@ -566,10 +584,43 @@ func TestACLSetAccessInsideOneMapping(t *testing.T) {
 	e.noLeaks()
 }
 
+// TestACLReservationBindsOneDevice: as Huawei's reference for aclrtMapMem
+// says, one reservation is never bound to the memory of two devices at
+// once; the refused map changes nothing, and once the first device's
+// mapping is gone the other's maps there.
+func TestACLReservationBindsOneDevice(t *testing.T) {
+	e := startACL(t, Config{MinGranularity: 64 * kib})
+	g := e.gran
+	r, r2 := e.reserve(4*g), e.reserve(2*g)
+	a, b := e.malloc(0, 2*g), e.malloc(1, 2*g)
+	e.ok(e.acl.MapNoAccess(r, 2*g, 0, a, 0))
+	e.is(aclParamInvalid, e.acl.MapNoAccess(r+2*g, 2*g, 0, b, 0), "device 1's memory beside device 0's")
+	require.Contains(t, e.recent(), "holds memory of device 0")
+	e.is(aclParamInvalid, e.acl.MapMem(r+2*g, 2*g, 0, b, 0), "aclrtMapMem alike")
+	require.Equal(t, int64(1), e.lib.Live("mappings"), "refused: nothing mapped")
+	require.Equal(t, "---p", protAt(t, r+2*g))
+	e.ok(e.acl.MapNoAccess(r2, 2*g, 0, b, 0), "another reservation takes it")
+	e.ok(e.acl.MapNoAccess(r+2*g, 2*g, 0, a, 0), "the same device's memory is fine")
+	e.ok(e.acl.UnmapMem(r))
+	e.is(aclParamInvalid, e.acl.MapNoAccess(r, 2*g, 0, b, 0), "device 0's is still mapped there")
+	e.ok(e.acl.UnmapMem(r + 2*g))
+	e.ok(e.acl.MapNoAccess(r, 2*g, 0, b, 0), "once device 0's is gone, device 1's maps")
+	e.ok(e.acl.UnmapMem(r))
+	e.ok(e.acl.UnmapMem(r2))
+	e.ok(e.acl.FreePhysical(a))
+	e.ok(e.acl.FreePhysical(b))
+	e.ok(e.acl.Release(r))
+	e.ok(e.acl.Release(r2))
+	e.noLeaks()
+}
+
 func TestACLSyncCopy(t *testing.T) {
 	e := startACL(t, Config{MinGranularity: 64 * kib})
 	g := e.gran
-	r, h := e.mapped(0, 2*g)
+	// Two mappings: access is set a whole mapping at a time.
+	r, h, h2 := e.reserve(2*g), e.malloc(0, g), e.malloc(0, g)
+	e.ok(e.acl.MapMem(r, g, 0, h, 0), "read-write for device 0 at once")
+	e.ok(e.acl.MapMem(r+g, g, 0, h2, 0))
 	e.ok(e.setAccess(r+g, g, 0, accessRead))
 	data := pattern(int(g), 3)
 	e.ok(e.write(r, data))
@@ -601,6 +652,8 @@ func TestACLSyncCopy(t *testing.T) {
 	require.Equal(t, data[:16], got)
 	runtime.KeepAlive(buf)
 	runtime.KeepAlive(src)
+	e.ok(e.acl.UnmapMem(r + g))
+	e.ok(e.acl.FreePhysical(h2))
 	e.unmapped(r, h)
 	e.noLeaks()
 }
@@ -608,7 +661,10 @@ func TestACLSyncCopy(t *testing.T) {
 func TestACLAsyncFailureIsTheStreamsAlone(t *testing.T) {
 	e := startACL(t, Config{MinGranularity: 64 * kib})
 	g := e.gran
-	r, h := e.mapped(0, 2*g)
+	// Two mappings: access is set a whole mapping at a time.
+	r, h, h2 := e.reserve(2*g), e.malloc(0, g), e.malloc(0, g)
+	e.ok(e.acl.MapMem(r, g, 0, h, 0), "read-write for device 0 at once")
+	e.ok(e.acl.MapMem(r+g, g, 0, h2, 0))
 	e.ok(e.setAccess(r+g, g, 0, accessNone))
 	s := e.stream()
 	p, buf := e.hostAlloc(int(g))
@@ -673,6 +729,8 @@ func TestACLAsyncFailureIsTheStreamsAlone(t *testing.T) {
 	e.ok(e.acl.DestroyEvent(after))
 	e.is(aclInvalidHandle, e.acl.SyncEvent(after))
 	e.ok(e.acl.FreeHost(p))
+	e.ok(e.acl.UnmapMem(r + g))
+	e.ok(e.acl.FreePhysical(h2))
 	e.unmapped(r, h)
 	e.noLeaks()
 }
@@ -774,9 +832,16 @@ func TestACLTokens(t *testing.T) {
 	o.is(aclParamInvalid, o.acl.Export(ih, 0, 0, &tok2), "an imported handle is not exported again")
 	require.Equal(t, uint64(2*g), o.lib.Used(1), "counted on the exporter's device")
 
-	or := o.reserve(2 * g)
+	or := o.reserve(4 * g)
 	o.is(aclParamInvalid, o.acl.MapMem(or, g, 0, ih, 0), "the import maps whole too")
 	o.ok(o.acl.MapMem(or, 2*g, 0, ih, 0))
+	// One reservation never binds imported and local memory at once
+	// (Huawei's reference for aclrtMapMem).
+	local := o.malloc(0, 2*g)
+	o.is(aclParamInvalid, o.acl.MapNoAccess(or+2*g, 2*g, 0, local, 0), "local memory beside imported")
+	require.Contains(t, o.recent(), "holds imported memory")
+	require.Equal(t, int64(1), o.lib.Live("mappings"), "refused: nothing mapped")
+	o.ok(o.acl.FreePhysical(local))
 	o.ok(o.setAccess(or, 2*g, 0, accessRW))
 	got, res := o.read(or, 2*g)
 	o.ok(res)

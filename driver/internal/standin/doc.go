@@ -34,8 +34,10 @@
 // sizes, addresses and offsets are held to the granularity; a map never
 // overwrites a mapping; memory goes when its handle is released and its last
 // mapping is gone; a new mapping is inaccessible until access is set, per
-// device and per granule; every copy a device makes is checked against that
-// access before a byte moves, and an asynchronous violation is a sticky
+// device and per granule (AscendCL's aclrtMapMem excepted: its mapping is
+// read-write for its device at once, aclrtMemMapNoAccess's is not); every
+// copy a device makes is checked against that access before a byte moves,
+// and an asynchronous violation is a sticky
 // CUDA_ERROR_ILLEGAL_ADDRESS (AscendCL: ACL_ERROR_RT_SYS_DMA on the stream
 // alone), never a segfault. A Go driver that passes its
 // tests over the stand-in calls the right symbols with the right arguments in

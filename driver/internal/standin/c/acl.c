@@ -8,7 +8,7 @@
  * (ENTER), checks initialisation and the current context where the
  * runtime needs them, checks what only exists in AscendCL's API (struct
  * fields, enum values, flags), and translates the vdev status. Every
- * failure also leaves a message for aclrtGetRecentErrMsg on the calling
+ * failure also leaves a message for aclGetRecentErrMsg on the calling
  * thread. The configuration's stub, noposix and nopools are CUDA's: there
  * is no link stub here, nopools means nothing, and noposix leaves sharing
  * out (export and import answer ACL_ERROR_RT_FEATURE_NOT_SUPPORT).
@@ -16,7 +16,10 @@
  * The rules AscendCL documents are kept as documented: one aclInit
  * (ACL_ERROR_REPEAT_INITIALIZE after), aclrtSetDevice counted per device
  * and undone by aclrtResetDevice, reservations without alignment or hint,
- * a map of a whole handle at offset 0, export of a handle once per process
+ * a map of a whole handle at offset 0, accessible at once to the handle's
+ * device (aclrtMemMapNoAccess: to none), aclrtMemSetAccess over exactly one
+ * mapping, a reservation bound to one device's memory and to local or
+ * imported memory, never both, export of a handle once per process
  * as a 64-bit token with an allow-list of importer PIDs, no import in the
  * exporting process, 64-byte aligned async copies, peer access from the
  * current device. Where the documents are silent the stand-in takes the
@@ -37,7 +40,6 @@
  *     aligned to more than it;
  *   - aclrtFreePhysical refuses a handle still mapped; a handle may be
  *     mapped at several addresses;
- *   - aclrtMemSetAccess stays inside one mapping;
  *   - an address is device memory when it lies in a reservation; a copy
  *     whose kind says otherwise is refused, and so is a fill of host
  *     memory;
@@ -55,7 +57,7 @@
  *     once per process while its handle lives, and an import of this
  *     process's own token is ACL_ERROR_RT_FEATURE_NOT_SUPPORT; SetPid takes
  *     at least one positive PID;
- *   - aclrtGetRecentErrMsg hands a message out once (NULL after);
+ *   - aclGetRecentErrMsg hands a message out once (NULL after);
  *   - aclrtGetMemInfo knows ACL_DDR_MEM .. ACL_HBM_MEM_NORMAL (0 .. 5): HBM
  *     kinds report the device, DDR kinds nothing, others are refused.
  *
@@ -72,7 +74,8 @@
  * undefined: export (the four sharing calls), events, peer, streams
  * (streams, async copies and fills), hostalloc, synccopy (aclrtMemcpy),
  * vmm (every physical-memory, reservation, map, access and granularity
- * call, and the sharing calls with them). hostfunc has no AscendCL symbol.
+ * call, and the sharing calls with them), mapnoaccess (aclrtMemMapNoAccess,
+ * which older CANN releases lack). hostfunc has no AscendCL symbol.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -176,7 +179,7 @@ static const char SOC_NAME[] = "Ascend910B-vmstandin";
 /* ===== the last error of each thread ======================================= */
 
 /* errmsg is the message of this thread's last failure; errmsg_set says
- * aclrtGetRecentErrMsg has not handed it out yet. */
+ * aclGetRecentErrMsg has not handed it out yet. */
 static __thread char errmsg[384];
 static __thread bool errmsg_set;
 
@@ -401,10 +404,10 @@ API const char *aclrtGetSocName(void)
 	return initialised() ? SOC_NAME : NULL;
 }
 
-/* aclrtGetRecentErrMsg hands out the message of this thread's last failure
+/* aclGetRecentErrMsg hands out the message of this thread's last failure
  * once; NULL when there was none since. Strict: the documents leave open
  * whether a message is kept after it was read. */
-API const char *aclrtGetRecentErrMsg(void)
+API const char *aclGetRecentErrMsg(void)
 {
 	static int slot = -1;
 	vdev_enter(&slot, __func__, NULL);
@@ -720,25 +723,106 @@ API aclError aclrtFreePhysical(aclrtDrvMemHandle handle)
 	return ACL_SUCCESS;
 }
 
-/* aclrtMapMem maps a whole handle at ptr: offset 0, flags 0, and size the
- * handle's own, as documented; inside one reservation, aligned, over no
- * mapping. A handle may be mapped at several addresses. */
+/* A bind is one live mapping as AscendCL's rules about reservations see
+ * it: the device and the origin (aclrtMallocPhysical or an import) of the
+ * handle mapped. `binds` holds every live one, under binds_mu, which is
+ * held across a map or unmap and its record (vdev's locks are taken under
+ * it; mems_mu never is). */
+struct acl_bind {
+	uint64_t addr, size;
+	int dev;
+	bool imported;
+};
+
+static pthread_mutex_t binds_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct vec binds;
+
+/* map_handle is aclrtMapMem and aclrtMemMapNoAccess: a whole handle at
+ * ptr, offset 0, flags 0, size the handle's own, as documented; inside one
+ * reservation, aligned, over no mapping. A handle may be mapped at several
+ * addresses. As documented, a reservation is never bound to the memory of
+ * two devices at once, nor to handles of aclrtMallocPhysical and of
+ * aclrtMemImportFromShareableHandle at once. grant: aclrtMapMem's mapping
+ * is read-write for the handle's device at once. */
+static aclError map_handle(const char *fn, void *ptr, size_t size, size_t offset, aclrtDrvMemHandle handle,
+			   uint64_t flags, bool grant)
+{
+	struct acl_mem m;
+	uint64_t base, rsize, addr = addr_of(ptr);
+	if (!mem_get(handle, &m))
+		return fail(ACL_ERROR_RT_INVALID_HANDLE, fn, "handle %p is unknown or freed", (void *)handle);
+	if (offset != 0 || flags != 0)
+		return fail(ACL_ERROR_RT_PARAM_INVALID, fn, "offset %zu and flags %#llx must be 0", offset,
+			    (unsigned long long)flags);
+	if (size != m.size)
+		return fail(ACL_ERROR_RT_PARAM_INVALID, fn, "size %zu: the handle is %llu bytes, mapped whole", size,
+			    (unsigned long long)m.size);
+	pthread_mutex_lock(&binds_mu);
+	aclError code = ACL_SUCCESS;
+	if (vdev_reservation_of(addr, &base, &rsize) == VDEV_OK) {
+		for (size_t i = 0; i < binds.n && code == ACL_SUCCESS; i++) {
+			const struct acl_bind *b = binds.at[i];
+			if (b->addr < base || b->addr >= base + rsize)
+				continue;
+			if (b->dev != m.dev)
+				code = fail(ACL_ERROR_RT_PARAM_INVALID, fn,
+					    "the reservation at %#llx holds memory of device %d: it may not bind device %d's too",
+					    (unsigned long long)base, b->dev, m.dev);
+			else if (b->imported != m.imported)
+				code = fail(ACL_ERROR_RT_PARAM_INVALID, fn,
+					    "the reservation at %#llx holds %s memory: it may not bind %s memory too",
+					    (unsigned long long)base, b->imported ? "imported" : "aclrtMallocPhysical's",
+					    m.imported ? "imported" : "aclrtMallocPhysical's");
+		}
+	}
+	struct acl_bind *b = NULL;
+	if (code == ACL_SUCCESS && !(b = calloc(1, sizeof *b)))
+		code = fail(ACL_ERROR_RT_MEMORY_ALLOCATION, fn, "no host memory");
+	if (code == ACL_SUCCESS)
+		code = result_of(fn, vdev_map(addr, size, 0, m.handle), 0, "%zu bytes at %p", size, ptr);
+	if (code == ACL_SUCCESS && grant) {
+		struct vdev_access rw = {.dev = m.dev, .flags = VDEV_ACCESS_READWRITE};
+		code = result_of(fn, vdev_set_access_one(addr, size, &rw, 1), 0, "making %p accessible", ptr);
+		if (code != ACL_SUCCESS)
+			vdev_unmap_at(addr);
+	}
+	if (code == ACL_SUCCESS) {
+		*b = (struct acl_bind){.addr = addr, .size = size, .dev = m.dev, .imported = m.imported};
+		if (!vec_push(&binds, b)) {
+			vdev_unmap_at(addr);
+			code = fail(ACL_ERROR_RT_MEMORY_ALLOCATION, fn, "no host memory");
+		} else
+			b = NULL;
+	}
+	free(b);
+	pthread_mutex_unlock(&binds_mu);
+	return code;
+}
+
+/* aclrtMapMem maps a whole handle at ptr (map_handle), read-write for the
+ * handle's own device at once: AscendCL's mapping is accessible without
+ * aclrtMemSetAccess. */
 API aclError aclrtMapMem(void *ptr, size_t size, size_t offset, aclrtDrvMemHandle handle, uint64_t flags)
 {
 	vdev_ctx *c;
-	struct acl_mem m;
 	ENTER(NULL);
 	NEED_CTX(c);
 	NEED_VMM();
-	if (!mem_get(handle, &m))
-		return FAIL(ACL_ERROR_RT_INVALID_HANDLE, "handle %p is unknown or freed", (void *)handle);
-	if (offset != 0 || flags != 0)
-		return FAIL(ACL_ERROR_RT_PARAM_INVALID, "offset %zu and flags %#llx must be 0", offset, (unsigned long long)flags);
-	if (size != m.size)
-		return FAIL(ACL_ERROR_RT_PARAM_INVALID, "size %zu: the handle is %llu bytes, mapped whole", size,
-			    (unsigned long long)m.size);
-	return RESULT(vdev_map(addr_of(ptr), size, 0, m.handle), 0, "%zu bytes at %p", size, ptr);
+	return map_handle(__func__, ptr, size, offset, handle, flags, true);
 }
+
+#ifndef VMSTANDIN_OMIT_MAPNOACCESS
+/* aclrtMemMapNoAccess maps as aclrtMapMem does, inaccessible to every
+ * device until aclrtMemSetAccess. */
+API aclError aclrtMemMapNoAccess(void *ptr, size_t size, size_t offset, aclrtDrvMemHandle handle, uint64_t flags)
+{
+	vdev_ctx *c;
+	ENTER(NULL);
+	NEED_CTX(c);
+	NEED_VMM();
+	return map_handle(__func__, ptr, size, offset, handle, flags, false);
+}
+#endif
 
 /* aclrtUnmapMem takes the start of a mapping (no size) and unmaps it
  * whole. */
@@ -748,12 +832,25 @@ API aclError aclrtUnmapMem(void *ptr)
 	ENTER(NULL);
 	NEED_CTX(c);
 	NEED_VMM();
-	return RESULT(vdev_unmap_at(addr_of(ptr)), 0, "%p (not the start of a mapping)", ptr);
+	pthread_mutex_lock(&binds_mu);
+	vdev_status st = vdev_unmap_at(addr_of(ptr));
+	if (st == VDEV_OK) {
+		for (size_t i = 0; i < binds.n; i++) {
+			struct acl_bind *b = binds.at[i];
+			if (b->addr == addr_of(ptr)) {
+				vec_cut(&binds, i, i + 1);
+				free(b);
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&binds_mu);
+	return RESULT(st, 0, "%p (not the start of a mapping)", ptr);
 }
 
 /* aclrtMemSetAccess: flags none, read or read-write; a device location;
- * rsv zero; the range granule-aligned and mapped throughout. Strict: inside
- * one mapping. */
+ * rsv zero; exactly one mapping, the virPtr and size aclrtMapMem was
+ * given, as Huawei's reference says. */
 API aclError aclrtMemSetAccess(void *ptr, size_t size, struct acl_access_desc *desc, size_t count)
 {
 	struct vdev_access acc[MAX_ACCESS_DESCS];
@@ -779,7 +876,7 @@ API aclError aclrtMemSetAccess(void *ptr, size_t size, struct acl_access_desc *d
 		acc[i].flags = f;
 	}
 	return RESULT(vdev_set_access_one(addr_of(ptr), size, acc, count), 0,
-		      "%zu bytes at %p (granule-aligned, mapped throughout, inside one mapping)", size, ptr);
+		      "%zu bytes at %p (must be one whole mapping: aclrtMapMem's virPtr and size)", size, ptr);
 }
 
 API aclError aclrtMemGetAccess(void *ptr, struct acl_location *location, uint64_t *flags)

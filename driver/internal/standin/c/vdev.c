@@ -673,6 +673,23 @@ static bool in_reservation(uint64_t addr, uint64_t end)
 	return r->base <= addr && end <= r->base + r->size;
 }
 
+vdev_status vdev_reservation_of(uint64_t addr, uint64_t *base, uint64_t *size)
+{
+	pthread_mutex_lock(&books);
+	vdev_status st = VDEV_INVALID;
+	size_t i = reservation_search(addr);
+	if (i < reservations.n) {
+		const struct reservation *r = reservations.at[i];
+		if (r->base <= addr && addr < r->base + r->size) {
+			*base = r->base;
+			*size = r->size;
+			st = VDEV_OK;
+		}
+	}
+	pthread_mutex_unlock(&books);
+	return st;
+}
+
 /* touches_reservation says whether [addr, end) meets any reservation. */
 static bool touches_reservation(uint64_t addr, uint64_t end)
 {
@@ -1236,7 +1253,8 @@ static vdev_status set_access(uint64_t addr, uint64_t size, const struct vdev_ac
 	size_t first, i;
 	if (!mapped_run(addr, addr + size, &first))
 		goto out;
-	if (one && mapping_end(mappings.at[first]) < addr + size)
+	if (one && (((const struct mapping *)mappings.at[first])->addr != addr ||
+		    mapping_end(mappings.at[first]) != addr + size))
 		goto out;
 	st = VDEV_OOM;
 	old = calloc(ng, d);
@@ -1280,9 +1298,9 @@ vdev_status vdev_set_access(uint64_t addr, uint64_t size, const struct vdev_acce
 	return set_access(addr, size, acc, n, false);
 }
 
-/* vdev_set_access_one is aclrtMemSetAccess as the stand-in reads it: the
- * documents say nothing of a range over several mappings, so it is refused
- * (the driver sets access one mapping at a time anyway). */
+/* vdev_set_access_one is aclrtMemSetAccess as Huawei's reference has it:
+ * exactly one mapping, the virPtr and size aclrtMapMem was given — neither
+ * a piece of one nor a range over several. */
 vdev_status vdev_set_access_one(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n)
 {
 	return set_access(addr, size, acc, n, true);

@@ -225,6 +225,9 @@ vdev_status vdev_reserve_odd(uint64_t size, uint64_t *out);
  * vdev_unreserve_at the reservation that starts at addr, whatever its size. */
 vdev_status vdev_unreserve(uint64_t addr, uint64_t size);
 vdev_status vdev_unreserve_at(uint64_t addr);
+/* vdev_reservation_of returns the reservation holding addr (VDEV_INVALID:
+ * none). */
+vdev_status vdev_reservation_of(uint64_t addr, uint64_t *base, uint64_t *size);
 /* vdev_create makes an allocation of size bytes (a positive multiple of
  * mingran) on dev; shareable ones have a memfd of their own that
  * vdev_export can hand out (VDEV_NOT_SUPPORTED with noposix). */
@@ -251,8 +254,8 @@ struct vdev_access {
 	int flags; /* VDEV_ACCESS_* */
 };
 /* vdev_set_access gives each listed device its access over a granule
- * aligned range that is mapped throughout; vdev_set_access_one over a range
- * inside one mapping only. */
+ * aligned range that is mapped throughout; vdev_set_access_one over exactly
+ * one whole mapping. */
 vdev_status vdev_set_access(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n);
 vdev_status vdev_set_access_one(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n);
 vdev_status vdev_get_access(int dev, uint64_t addr, int *flags);
