@@ -522,8 +522,10 @@ func (c *Cache) reclaimSurplusLocked(need int, keep *slot, keepUnits int) error 
 	return nil
 }
 
-// Close ends every sequence (their tensors must not be used again), gives
-// back all memory and the address space. Closing twice is ErrClosed.
+// Close ends every sequence, gives back all memory and the address space.
+// It waits for the accesses in flight through the sequences' tensors (one
+// At, Set or Copy each) and ends the tensors: later accesses answer
+// ErrClosed. Closing twice is ErrClosed.
 func (c *Cache) Close() error {
 	what := func() string { return "kvcache: close" }
 	if err := c.made(what); err != nil {

@@ -126,8 +126,13 @@
 // or freed, the cache closed, or pages under them taken back, the cache
 // revokes them (tensor.Lease) before the memory goes: each of them, and
 // every view made from it, then answers ErrClosed instead of touching
-// unmapped memory. A slice their Data or Bytes handed out is not covered:
-// it must not outlive the sequence's run, as with any device memory.
+// unmapped memory. Each At, Set or Copy through them holds the lease for
+// its access, and the revoke waits for the accesses in flight: Preempt,
+// SetBudget, Free and Close never unmap memory an access is touching, and
+// never wait longer than one access (they do not wait for the caller to
+// let go of the tensors, which simply stop working). A slice their Data
+// or Bytes handed out is not covered: it must not outlive the sequence's
+// run, as with any device memory.
 //
 // # The sim driver
 //

@@ -439,9 +439,10 @@ func (s *Seq) Matched() int {
 // and the rows of the last group at and past Len hold no token (their
 // bytes are unspecified).
 //
-// The tensor, like Append's views, is valid while the sequence runs: not
-// after it is preempted or freed, or the cache closed (its memory may be
-// given back; a touch then faults). It refuses a bad layer (ErrInvalid), a
+// The tensor, like Append's views, is valid while the sequence runs: once
+// it is preempted or freed, or the cache closed, it and its views answer
+// ErrClosed (the memory may be given back; see Lifetimes in the package
+// doc). It refuses a bad layer (ErrInvalid), a
 // preempted sequence (ErrInvalid) and a driver whose memory this process
 // cannot address (ErrUnsupported).
 func (s *Seq) K(layer int) (*tensor.Tensor, error) { return s.stored(layer, 0) }

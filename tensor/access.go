@@ -40,9 +40,10 @@ func (t *Tensor) At(idx ...int) (float64, error) {
 	// caller's variadic slice then stays on its stack (no allocation per
 	// element).
 	what := func() string { return fmt.Sprintf("tensor: at %v of %s", slices.Clone(idx), t) }
-	if err := t.live(what); err != nil {
+	if err := t.enter(what); err != nil {
 		return 0, err
 	}
+	defer t.st.exit()
 	off, err := t.index(what, idx)
 	if err != nil {
 		return 0, err
@@ -56,9 +57,10 @@ func (t *Tensor) At(idx ...int) (float64, error) {
 // silently.
 func (t *Tensor) Set(v float64, idx ...int) error {
 	what := func() string { return fmt.Sprintf("tensor: set %v at %v of %s", v, slices.Clone(idx), t) }
-	if err := t.live(what); err != nil {
+	if err := t.enter(what); err != nil {
 		return err
 	}
+	defer t.st.exit()
 	off, err := t.index(what, idx)
 	if err != nil {
 		return err

@@ -51,6 +51,27 @@ func (st *storage) gone() bool {
 	return st.released.Load() || (st.lease != nil && st.lease.Revoked())
 }
 
+// enter starts an access to the storage's memory, which stays mapped
+// until exit (its lease, if any, waits: Lease); false, with nothing
+// started, when the memory may no longer be touched.
+func (st *storage) enter() bool {
+	if st.lease != nil && !st.lease.enter() {
+		return false
+	}
+	if st.released.Load() {
+		st.exit()
+		return false
+	}
+	return true
+}
+
+// exit ends an access enter started.
+func (st *storage) exit() {
+	if st.lease != nil {
+		st.lease.exit()
+	}
+}
+
 // Tensor is a dtype, shape, strides and offset over a storage. It is
 // immutable: every operation returns a new tensor (a view of the same
 // storage, or a copy in another buffer).
@@ -280,6 +301,18 @@ func (t *Tensor) live(what func() string) error {
 		return err
 	}
 	if t.st.gone() {
+		return driver.Closed(what() + ": its memory was released")
+	}
+	return nil
+}
+
+// enter is live for a call about to touch t's memory: on success the
+// memory stays until the caller's t.st.exit().
+func (t *Tensor) enter(what func() string) error {
+	if err := t.made(what); err != nil {
+		return err
+	}
+	if !t.st.enter() {
 		return driver.Closed(what() + ": its memory was released")
 	}
 	return nil
