@@ -76,8 +76,10 @@
 // 64-bit hash of the tokens up to its end: block i (BlockTokens tokens)
 // hashes as hash(hash of block i-1, extra key, tokens of block i), the
 // extra key covering adapters and salts; it keeps its tokens too, so a
-// match is exact. It becomes matchable once its owner has written it
-// (published at the owner's next Append, Preempt or Free). A later
+// match is exact. It becomes matchable once its owner has written it —
+// published when the owner's Seq.MarkWritten covers it, never before: a
+// sequence freed or preempted before its rows were marked gives its units
+// back unpublished, so no one is served keys never computed. A later
 // sequence whose prompt starts with the same units under the same extra
 // key maps the same physical pages at its own addresses, no copy; the
 // unit after them, partly covered by a cached unit's blocks, is copied

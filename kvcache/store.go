@@ -20,8 +20,9 @@ import (
 // (blocks of BlockTokens, each hash(hash of the blocks before, extra key,
 // the block's tokens); a unit ending inside a block hashes the block's
 // tokens so far onto it) and keeps its tokens, so a match is exact. It
-// becomes matchable once its owner has written it: published at the
-// owner's next Append, Preempt or Free. A later sequence whose prompt
+// becomes matchable once its owner has written it: published when the
+// owner's MarkWritten covers it, never before (a unit given back
+// unwritten is freed). A later sequence whose prompt
 // starts with the same units under the same extra key borrows them — no
 // copy, no new memory; the unit after them, if a published unit that
 // continues the same prefix shares some of its first whole blocks, is

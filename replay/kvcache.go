@@ -121,6 +121,23 @@ type cacheSeq struct {
 	seq       *kvcache.Seq
 	preempted bool
 	next      int
+	// marked is what the sequence was last told is written (MarkWritten).
+	marked int
+}
+
+// markComputed tells cs's sequence that its tokens below next are
+// written: Simulate computed them in the steps before this call (a step's
+// own tokens are not, until it ends), so its whole prompt units become
+// shareable as a model's would, and none it never computed.
+func (cs *cacheSeq) markComputed() error {
+	if cs.next <= cs.marked {
+		return nil
+	}
+	if err := cs.seq.MarkWritten(cs.next); err != nil {
+		return err
+	}
+	cs.marked = cs.next
+	return nil
 }
 
 // NewKVCache makes the scheme: a sim driver of one device holding
@@ -308,7 +325,7 @@ func (k *KVCache) Admit(r *SimRequest) (int, error) {
 		return 0, errors.Wrapf(err, "replay: kvcache: admit request %d", r.id)
 	}
 	held := seq.Matched()
-	k.seqs[r.id] = &cacheSeq{seq: seq, next: held}
+	k.seqs[r.id] = &cacheSeq{seq: seq, next: held, marked: held}
 	k.checkAfter("admit")
 	return held, nil
 }
@@ -323,6 +340,9 @@ func (k *KVCache) Append(r *SimRequest, n int) error {
 	if n < 0 || n > r.context-cs.next {
 		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: append %d tokens to request %d at %d: want 0 to %d",
 			n, r.id, cs.next, r.context-cs.next)
+	}
+	if err := cs.markComputed(); err != nil {
+		return errors.Wrapf(err, "replay: kvcache: append to request %d", r.id)
 	}
 	from, to := max(cs.next, cs.seq.Len()), cs.next+n
 	if from < to {
@@ -346,7 +366,7 @@ func (k *KVCache) Finish(r *SimRequest) error {
 	if cs == nil {
 		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: finish request %d: it is not admitted", r.id)
 	}
-	if err := cs.seq.Free(); err != nil {
+	if err := errors.CombineErrors(cs.markComputed(), cs.seq.Free()); err != nil {
 		return errors.Wrapf(err, "replay: kvcache: finish request %d", r.id)
 	}
 	delete(k.seqs, r.id)
@@ -384,6 +404,7 @@ func (k *KVCache) Resume(r *SimRequest) (int, error) {
 		return 0, errors.Wrapf(err, "replay: kvcache: resume request %d", r.id)
 	}
 	cs.preempted, cs.next = false, step.Pos
+	cs.marked = cs.seq.Written() // what a swap brought back, or the prefix matched again
 	k.checkAfter("resume")
 	return step.Pos, nil
 }
