@@ -72,6 +72,18 @@ func TestCheckCatchesBrokenCounters(t *testing.T) {
 		require.NoError(t, c.checkLocked(), br.name)
 	}
 
+	// b's shared units are mapped read-only: one fewer counted shared is a
+	// read-only unit where a writable one belongs, one more a writable
+	// unit (a's own) counted read-only.
+	sb := b.sl
+	require.Positive(t, sb.shared)
+	for _, d := range []int{-1, 1} {
+		sb.shared += d
+		require.Error(t, c.checkLocked(), "shared units off by %d", d)
+		sb.shared -= d
+	}
+	require.NoError(t, c.checkLocked())
+
 	hi := sa.hi
 	sa.hi = 1
 	require.Error(t, c.checkLocked(), "a bound below a unit in use")

@@ -62,11 +62,13 @@
 //
 // Invariants (Check walks them all): a running sequence's units below
 // unitsFor(Len) are owned or borrowed; a preempted sequence's slot and an
-// idle slot borrow nothing; a store unit's borrower count is the number of
-// slots mapping it, and a store unit no one maps is cached (listed, in the
-// LRU list); the pages counted committed are the slots' owned units plus
-// the store's pages, and never exceed the budget but by pages a lowered
-// budget has not yet reclaimed.
+// idle slot borrow nothing; a slot's shared units (those a match mapped)
+// are borrowed, below its running sequence's tokens and read-only where
+// the driver can, and its other borrowed units writable; a store unit's
+// borrower count is the number of slots mapping it, and a store unit no
+// one maps is cached (listed, in the LRU list); the pages counted
+// committed are the slots' owned units plus the store's pages, and never
+// exceed the budget but by pages a lowered budget has not yet reclaimed.
 //
 // # Prefix sharing
 //
@@ -81,7 +83,12 @@
 // sequence freed or preempted before its rows were marked gives its units
 // back unpublished, so no one is served keys never computed. A later
 // sequence whose prompt starts with the same units under the same extra
-// key maps the same physical pages at its own addresses, no copy; the
+// key maps the same physical pages at its own addresses, no copy, and
+// read-only: its tensors refuse writes to those rows (ErrAccessDenied)
+// and, where the driver can (host, CUDA), the pages are mapped read-only
+// at its addresses, so that no sharer changes what the others read. The
+// owner, which computed them, keeps them writable: rows it marked
+// written must not be written again. The
 // unit after them, partly covered by a cached unit's blocks, is copied
 // once into the sequence's own unit. A store unit no sequence maps stays
 // cached and is evicted least recently used first — a whole unit, hence
@@ -161,8 +168,9 @@
 // and CanAdmit look at every slot to choose one, giving back running
 // sequences' surplus passes over the slots until enough is free (both
 // bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
-// the store shares it. What a page costs beyond that — its commit, borrow
-// or decommit — is the arena's and the layers' below it.
+// the store shares it. What a page costs beyond that — its commit, borrow,
+// read-only grant or decommit — is the arena's and the layers' below it
+// (a match maps its shared units read-only with one grant per region).
 //
 // # What it never does
 //
@@ -179,5 +187,7 @@
 // running one is needed), ErrClosed for a closed cache or a freed
 // sequence, ErrBusy when every slot holds a sequence, ErrOutOfMemory when
 // the budget cannot hold what is asked even after giving back idle and
-// cached pages, ErrUnsupported for tensors on the sim driver.
+// cached pages, ErrUnsupported for tensors on the sim driver. Its tensors
+// answer ErrClosed once revoked and ErrAccessDenied to a write into rows
+// shared through the prefix store.
 package kvcache

@@ -387,7 +387,20 @@ func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 	if err != nil {
 		return nil, errors.WithAssertionFailure(err)
 	}
-	return tensor.NewLeased(sl.leaseLocked(), &memory{b[off : off+uint64(n)*g.row], v.Addr() + driver.Addr(off)}, g.dt, n, g.heads, g.dim)
+	size := uint64(n) * g.row
+	return tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
+		c.sharedBytes(sl, off, size), g.dt, n, g.heads, g.dim)
+}
+
+// sharedBytes is how many bytes, from its start, of a tensor's memory at
+// offset off (in its region) and size long lie in sl's shared units: read
+// only (a prefix, since the shared units are the first).
+func (c *Cache) sharedBytes(sl *slot, off, size uint64) int {
+	end := uint64(sl.shared) * c.g.unitBytes
+	if end <= off {
+		return 0
+	}
+	return int(min(end-off, size))
 }
 
 // Len is the number of tokens the sequence holds (0 for a nil or zero
@@ -484,6 +497,13 @@ func (s *Seq) Written() int {
 // and the rows of the last group at and past Len hold no token (their
 // bytes are unspecified).
 //
+// The rows of the units the sequence shares with others — the whole units
+// below Matched that Admit or Resume mapped from the prefix store — are
+// read-only: Set there, or Copy into them, is refused (ErrAccessDenied),
+// and where the driver can (host, CUDA) the pages are mapped read-only
+// too, so that a write through a slice Data handed out faults rather than
+// changes what the other sequences read.
+//
 // The tensor, like Append's views, is valid while the sequence runs: once
 // it is preempted or freed, or the cache closed, it and its views answer
 // ErrClosed (the memory may be given back; see Lifetimes in the package
@@ -529,10 +549,12 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 		}
 	}
 	if g.layout == PerLayer {
-		return tensor.NewLeased(s.sl.leaseLocked(), &memory{b[:uint64(s.n)*g.row], addr}, g.dt, s.n, g.heads, g.dim)
+		size := uint64(s.n) * g.row
+		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, s.n, g.heads, g.dim)
 	}
 	elt := uint64(g.elt)
-	t, err := tensor.NewLeased(s.sl.leaseLocked(), &memory{b[:uint64(k)*g.unitBytes], addr}, g.dt, k, int(g.unitBytes/elt))
+	size := uint64(k) * g.unitBytes
+	t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, k, int(g.unitBytes/elt))
 	if err != nil {
 		return nil, err
 	}

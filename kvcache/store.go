@@ -499,12 +499,16 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 		return nil, errors.CombineErrors(err, c.unbackLocked(sl, backed))
 	}
 	// Borrowed, the units are no longer cached: making room for the
-	// copy below cannot evict them.
+	// copy below cannot evict them. Other sequences read them: they are
+	// read-only to this one.
 	for u, su := range m.units {
 		if err := c.borrowLocked(sl, u, su); err != nil {
 			return undo(errors.Wrapf(err, "%s", what()))
 		}
 		backed = append(backed, u)
+	}
+	if err := c.protectSharedLocked(what, sl, k); err != nil {
+		return undo(err)
 	}
 	if p := m.partial; p != nil {
 		// Held (as a borrow would) while room is made, so it is not

@@ -8,6 +8,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/tensor"
 )
 
 // TestUnwrittenNeverServed: a sequence admitted and appended, then ended
@@ -121,3 +122,117 @@ func TestMarkWritten(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedPrefixReadOnly: a sequence that maps another's prompt units
+// from the prefix store cannot change them: a Set or Copy through its K
+// or V below Matched is refused, the owner's bytes and the books are
+// unchanged, and the shared pages are mapped read-only at the sharer's
+// addresses (the driver refuses a raw write there too) while the owner's
+// stay writable. Rows past the shared units stay writable. (Before, a
+// sharer's write below Matched changed what every holder read, and Check
+// passed.)
+func TestSharedPrefixReadOnly(t *testing.T) {
+	for _, layout := range []Layout{PerLayer, TokenMajor} {
+		t.Run(layout.String(), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			c := e.cache(t, microConfig(layout, 4096, 4))
+			unit := c.TokensPerGroup()
+			if layout == PerLayer {
+				unit = 1024
+			}
+			prompt := seqTokens(2*unit+40, 2*unit+40, 0)
+			a := prefill(t, c, prompt, 7)
+			bTokens := seqTokens(2*unit+90, 2*unit+40, 5000)
+			b, err := c.Admit(bTokens, 7)
+			require.NoError(t, err)
+			require.Equal(t, 2*unit, b.Matched())
+			step, err := b.Append(bTokens[b.Len():])
+			require.NoError(t, err)
+			writeStep(t, step, bTokens, 7)
+
+			at := func(p int) []int { // position p, head 0, dim 3 of K
+				if layout == TokenMajor {
+					return []int{p / unit, p % unit, 0, 3}
+				}
+				return []int{p, 0, 3}
+			}
+			kb, err := b.K(1)
+			require.NoError(t, err)
+			ka, err := a.K(1)
+			require.NoError(t, err)
+			before := c.Stats()
+			for _, p := range []int{0, unit + 5, 2*unit - 1} {
+				was, err := ka.At(at(p)...)
+				require.NoError(t, err)
+				drivertest.RequireIs(t, kb.Set(was+1, at(p)...), driver.ErrAccessDenied, "read-only")
+				got, err := ka.At(at(p)...)
+				require.NoError(t, err)
+				require.Equal(t, was, got, "the owner's bytes are unchanged")
+			}
+			// A Copy into the shared rows: refused, nothing written.
+			row, err := kb.Narrow(0, at(unit + 5)[0], 1)
+			require.NoError(t, err)
+			src := newFloats(t, row.Shape()...)
+			drivertest.RequireIs(t, tensor.Copy(row, src), driver.ErrAccessDenied, "read-only")
+			checkSeq(t, a, prompt, 7, 0, len(prompt))
+			checkSeq(t, b, bTokens, 7, 0, len(bTokens))
+			require.Equal(t, before, c.Stats())
+			require.NoError(t, c.Check())
+
+			// Past the shared units, b's rows are its own: writable.
+			p := len(bTokens) - 1
+			was, err := kb.At(at(p)...)
+			require.NoError(t, err)
+			require.NoError(t, kb.Set(was+1, at(p)...))
+			require.NoError(t, kb.Set(was, at(p)...))
+
+			// The mappings: read-only at b's addresses, read-write at a's.
+			for r := 0; r < c.g.regions; r++ {
+				for u := 0; u < 2; u++ {
+					acc, err := c.slots.AccessAt(0, c.slotOff(b.sl, r, u))
+					require.NoError(t, err)
+					require.Equal(t, driver.AccessRead, acc, "b's shared unit %d of region %d", u, r)
+					acc, err = c.slots.AccessAt(0, c.slotOff(a.sl, r, u))
+					require.NoError(t, err)
+					require.Equal(t, driver.AccessReadWrite, acc, "a's unit %d of region %d, which a made", u, r)
+				}
+			}
+			addr := c.Base() + driver.Addr(c.slotOff(b.sl, 0, 0))
+			drivertest.RequireIs(t, e.drv.Write(addr, make([]byte, 8)), driver.ErrAccessDenied)
+			require.NoError(t, e.drv.Read(addr, make([]byte, 8)))
+			checkSeq(t, a, prompt, 7, 0, len(prompt))
+
+			// Preempted and resumed, b maps them read-only again; freed,
+			// its slot shares nothing.
+			require.NoError(t, b.Preempt(Swap))
+			require.Zero(t, b.sl.shared)
+			_, err = b.Resume()
+			require.NoError(t, err)
+			require.Equal(t, 2, b.sl.shared)
+			checkSeq(t, b, bTokens, 7, 0, len(bTokens))
+			kb, err = b.K(1)
+			require.NoError(t, err)
+			drivertest.RequireIs(t, kb.Set(1, at(5)...), driver.ErrAccessDenied)
+			require.NoError(t, c.Check())
+			require.NoError(t, b.Free())
+			require.NoError(t, a.Free())
+			require.NoError(t, c.Check())
+		})
+	}
+}
+
+// newFloats is a float32 tensor of shape in Go memory.
+func newFloats(t *testing.T, shape ...int) *tensor.Tensor {
+	n := 4
+	for _, d := range shape {
+		n *= d
+	}
+	x, err := tensor.New(goBuffer(make([]byte, n)), tensor.Float32, shape...)
+	require.NoError(t, err)
+	return x
+}
+
+// goBuffer is a tensor.Buffer over Go memory.
+type goBuffer []byte
+
+func (b goBuffer) Bytes() ([]byte, error) { return b, nil }

@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // Elements are stored in the machine's byte order, as a Go []T would hold
@@ -67,6 +68,10 @@ func (t *Tensor) Set(v float64, idx ...int) error {
 	}
 	if err := checkValue(what, t.dt, v); err != nil {
 		return err
+	}
+	if off*t.dt.Size() < t.st.readOnly {
+		return errors.WithHint(errors.Wrapf(driver.ErrAccessDenied, "%s: the element lies in the first %s of its memory, which are read-only",
+			what(), units.Bytes(uint64(t.st.readOnly))), "its owner shares that memory (a KV cache's prefix pages): write elsewhere")
 	}
 	store(t.st.bytes, t.dt, off, v)
 	return nil

@@ -42,6 +42,9 @@ func Copy(dst, src *Tensor) error {
 	if src.n == 0 {
 		return nil
 	}
+	if err := dst.writable(what); err != nil {
+		return err
+	}
 	if overlap(dst, src) {
 		tmp := &Tensor{st: &storage{bytes: make([]byte, src.n*src.dt.Size())}, dt: src.dt,
 			shape: src.shape, strides: rowMajor(src.shape), n: src.n}

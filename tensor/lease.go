@@ -96,3 +96,23 @@ func NewLeased(l *Lease, buf Buffer, dt DType, shape ...int) (*Tensor, error) {
 	st := &storage{bytes: b, addr: addr, holder: "the lease's holder", lease: l}
 	return newOn(st, dt, shape, what)
 }
+
+// NewLeasedReadOnly is NewLeased with the first readOnly bytes of buf
+// read-only: Set of an element in them, or a Copy into a tensor that
+// reaches them, is refused (ErrAccessDenied) for the tensor and every
+// view of it, changing nothing. It is for an owner that shares that
+// memory with others (a KV cache's prefix pages, which it also maps
+// read-only where the driver can, so that a write through a slice Data
+// handed out faults rather than corrupts). readOnly must lie in [0,
+// len(buf's bytes)] (ErrInvalid).
+func NewLeasedReadOnly(l *Lease, buf Buffer, readOnly int, dt DType, shape ...int) (*Tensor, error) {
+	t, err := NewLeased(l, buf, dt, shape...)
+	if err != nil {
+		return nil, err
+	}
+	if readOnly < 0 || readOnly > len(t.st.bytes) {
+		return nil, errors.Wrapf(driver.ErrInvalid, "tensor: new leased %s tensor: %d read-only bytes of a buffer of %d", dt, readOnly, len(t.st.bytes))
+	}
+	t.st.readOnly = readOnly
+	return t, nil
+}

@@ -43,6 +43,10 @@ type storage struct {
 	// lease, when not nil, ends the storage too: revoked, it is as
 	// released (NewLeased).
 	lease *Lease
+	// readOnly is how many of bytes, from the start, refuse writes
+	// through the checked accessors (NewLeasedReadOnly); never more than
+	// len(bytes).
+	readOnly int
 }
 
 // gone reports whether the storage's memory may no longer be touched:
@@ -314,6 +318,17 @@ func (t *Tensor) enter(what func() string) error {
 	}
 	if !t.st.enter() {
 		return driver.Closed(what() + ": its memory was released")
+	}
+	return nil
+}
+
+// writable refuses (ErrAccessDenied) a write to t's elements when the
+// lowest of them lies in the storage's read-only bytes (a prefix: the
+// lowest element is the one to check).
+func (t *Tensor) writable(what func() string) error {
+	if lo, _ := t.span(); t.n > 0 && lo < t.st.readOnly {
+		return errors.WithHint(errors.Wrapf(driver.ErrAccessDenied, "%s: the first %s of its memory are read-only, and the write reaches byte %d",
+			what(), units.Bytes(uint64(t.st.readOnly)), lo), "its owner shares that memory (a KV cache's prefix pages): write elsewhere")
 	}
 	return nil
 }
