@@ -688,6 +688,12 @@ func (c *Cache) checkLocked() error {
 			default:
 				fail("slot %d holds a sequence in state %d", i, s.state)
 			}
+			switch {
+			case s.state == seqDropped && s.written != 0:
+				fail("dropped sequence in slot %d counts %d tokens written", i, s.written)
+			case s.state != seqDropped && (s.written < s.matched || s.written > s.n):
+				fail("sequence in slot %d counts %d tokens written, %d matched of %d", i, s.written, s.matched, s.n)
+			}
 			if s.generated.n != max(s.n-len(s.prompt), 0) || !s.generated.check() {
 				fail("sequence in slot %d keeps %d generated tokens, counts %d of a prompt of %d", i, s.generated.n, s.n, len(s.prompt))
 			}

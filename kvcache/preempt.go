@@ -220,7 +220,9 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	if err := c.dropSwapLocked(s); err != nil {
 		return Step{}, errors.WithAssertionFailure(err)
 	}
-	if !swapped {
+	if swapped {
+		s.written = max(s.written, s.matched) // the bytes it had, and the units matched again
+	} else {
 		s.written = from // the matched rows; the caller recomputes the rest
 	}
 	c.countMatchLocked(s)

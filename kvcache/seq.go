@@ -212,9 +212,10 @@ func (s *Seq) runningLocked(what func() string) error {
 // Append makes room for len(tokens) more tokens (at least one; up to
 // MaxContext in all) and returns views of just their rows, for the
 // caller to write the new keys and values into (and then say so:
-// MarkWritten). Tokens inside the prompt must be the prompt's. Pages are committed as needed, in the slot or (for
-// whole pages of the prompt) in the prefix store; an Append that had to
-// commit or wait for a page itself counts in Stats.Waits.
+// MarkWritten). Tokens inside the prompt must be the prompt's. Pages are
+// committed as needed, in the slot or (for whole pages of the prompt) in
+// the prefix store; an Append that had to commit or wait for a page
+// itself counts in Stats.Waits.
 //
 // It refuses bad tokens (ErrInvalid), a preempted sequence (ErrInvalid),
 // and pages the budget cannot hold once idle and cached pages are given
@@ -507,9 +508,9 @@ func (s *Seq) Written() int {
 // The tensor, like Append's views, is valid while the sequence runs: once
 // it is preempted or freed, or the cache closed, it and its views answer
 // ErrClosed (the memory may be given back; see Lifetimes in the package
-// doc). It refuses a bad layer (ErrInvalid), a
-// preempted sequence (ErrInvalid) and a driver whose memory this process
-// cannot address (ErrUnsupported).
+// doc). It refuses a bad layer (ErrInvalid), a preempted sequence
+// (ErrInvalid) and a driver whose memory this process cannot address
+// (ErrUnsupported).
 func (s *Seq) K(layer int) (*tensor.Tensor, error) { return s.stored(layer, 0) }
 
 // V returns the values of layer, as K returns the keys.

@@ -22,9 +22,9 @@ import (
 // tokens so far onto it) and keeps its tokens, so a match is exact. It
 // becomes matchable once its owner has written it: published when the
 // owner's MarkWritten covers it, never before (a unit given back
-// unwritten is freed). A later sequence whose prompt
-// starts with the same units under the same extra key borrows them — no
-// copy, no new memory; the unit after them, if a published unit that
+// unwritten is freed). A later sequence whose prompt starts with the same
+// units under the same extra key borrows them — no copy, no new memory,
+// read-only to it (protectSharedLocked); the unit after them, if a published unit that
 // continues the same prefix shares some of its first whole blocks, is
 // copied once into the sequence's own unit. At least the prompt's last
 // token is always left to compute (its logits are needed).
