@@ -126,9 +126,8 @@ type cacheSeq struct {
 }
 
 // markComputed tells cs's sequence that its tokens below next are
-// written: Simulate computed them in the steps before this call (a step's
-// own tokens are not, until it ends), so its whole prompt units become
-// shareable as a model's would, and none it never computed.
+// written (MarkWritten), so its whole prompt units become shareable as a
+// model's would, and none it never computed.
 func (cs *cacheSeq) markComputed() error {
 	if cs.next <= cs.marked {
 		return nil
@@ -341,9 +340,6 @@ func (k *KVCache) Append(r *SimRequest, n int) error {
 		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: append %d tokens to request %d at %d: want 0 to %d",
 			n, r.id, cs.next, r.context-cs.next)
 	}
-	if err := cs.markComputed(); err != nil {
-		return errors.Wrapf(err, "replay: kvcache: append to request %d", r.id)
-	}
 	from, to := max(cs.next, cs.seq.Len()), cs.next+n
 	if from < to {
 		k.step = r.Tokens(k.step[:0], from, to)
@@ -353,6 +349,21 @@ func (k *KVCache) Append(r *SimRequest, n int) error {
 	}
 	cs.next = to
 	k.checkAfter("append")
+	return nil
+}
+
+// Computed marks the tokens appended to r's sequence written: Simulate
+// computed them in the step that just ended. A sequence preempted before
+// its step ended is not told, and its prefix store units of that step are
+// never shared.
+func (k *KVCache) Computed(r *SimRequest) error {
+	cs, err := k.live("mark computed", r, false)
+	if err != nil {
+		return err
+	}
+	if err := cs.markComputed(); err != nil {
+		return errors.Wrapf(err, "replay: kvcache: mark request %d computed", r.id)
+	}
 	return nil
 }
 
