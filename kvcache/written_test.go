@@ -7,8 +7,11 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/testdrivers"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/tensor"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 // TestUnwrittenNeverServed: a sequence admitted and appended, then ended
@@ -236,3 +239,51 @@ func newFloats(t *testing.T, shape ...int) *tensor.Tensor {
 type goBuffer []byte
 
 func (b goBuffer) Bytes() ([]byte, error) { return b, nil }
+
+// TestSharedPrefixReadOnlyOnEveryDriver: on the host driver and on the
+// CUDA and AscendCL drivers over their stand-ins (no HostMapper: bytes
+// move with the driver's Read and Write), a sequence's shared units are
+// the owner's memory at the sharer's addresses, mapped read-only where
+// the driver grants read-only access: a write there through the driver
+// is refused and the owner's bytes stay; Check agrees.
+func TestSharedPrefixReadOnlyOnEveryDriver(t *testing.T) {
+	testdrivers.Each(t, func(t *testing.T, b testdrivers.Backend) {
+		drv := b.Open(t, testdrivers.Machine{Devices: 1, Capacity: 64 * units.MiB, Granularity: page})
+		c, err := New(vaspace.New(drv), physical.New(drv), microConfig(TokenMajor, 4096, 2))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		unit := c.TokensPerGroup()
+		prompt := seqTokens(2*unit+40, 2*unit+40, 0)
+		a, err := c.Admit(prompt, 0)
+		require.NoError(t, err)
+		_, err = a.Append(prompt)
+		require.NoError(t, err)
+		aAddr := c.Base() + driver.Addr(c.slotOff(a.sl, 0, 1))
+		want := []byte("the owner's keys")
+		require.NoError(t, drv.Write(aAddr, want))
+		require.NoError(t, a.MarkWritten(a.Len()))
+		s, err := c.Admit(prompt, 0)
+		require.NoError(t, err)
+		require.Equal(t, 2*unit, s.Matched())
+		require.NoError(t, c.Check())
+
+		sAddr := c.Base() + driver.Addr(c.slotOff(s.sl, 0, 1))
+		got := make([]byte, len(want))
+		require.NoError(t, drv.Read(sAddr, got))
+		require.Equal(t, want, got, "the same memory at the sharer's addresses")
+		acc, err := drv.Access(sAddr, 0)
+		require.NoError(t, err)
+		if c.protects {
+			require.Equal(t, driver.AccessRead, acc)
+			drivertest.RequireIs(t, drv.Write(sAddr, []byte("a sharer's write")), driver.ErrAccessDenied)
+		} else {
+			t.Logf("%s: no read-only mappings (the cache's tensors refuse the writes)", b.Name)
+		}
+		require.NoError(t, drv.Read(aAddr, got))
+		require.Equal(t, want, got, "the owner's bytes stay")
+		require.NoError(t, s.Free())
+		require.NoError(t, a.Free())
+		require.NoError(t, c.Check())
+		require.NoError(t, c.Close())
+	})
+}
