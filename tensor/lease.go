@@ -61,6 +61,9 @@ func (l *Lease) Revoke() {
 // enter starts an access under l; false, with nothing started, once l is
 // revoked. An access that entered ends with exit.
 func (l *Lease) enter() bool {
+	if l.revoked.Load() {
+		return false // without counting: stale tensors hammered in a loop never hold a Revoke up
+	}
 	l.using.Add(1)
 	if l.revoked.Load() {
 		l.using.Add(-1)
