@@ -102,8 +102,12 @@ type Cache struct {
 	// the memory); bytes says there are bytes at all (not the sim driver).
 	addressable, bytes bool
 	// protects says a slot's shared units are mapped read-only (Grant of
-	// AccessRead); false once the driver answered ErrUnsupported to it,
-	// the tensors' refusal then the only guard.
+	// AccessRead): on a driver whose memory the process does not address
+	// (CUDA, AscendCL, sim), where the cache makes no arena views, until
+	// the driver answers ErrUnsupported. Where it does (host), the slot's
+	// views — which tensors need, and which the arena keeps writable —
+	// cover the shared units too, so they stay mapped read-write and the
+	// tensors' refusal is the guard.
 	protects bool
 
 	// mu guards every field below and every slot and sequence. Arena
@@ -189,7 +193,8 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	}
 	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
-		protects: true, budget: cfg.Budget, seqs: map[*Seq]struct{}{}}
+		budget: cfg.Budget, seqs: map[*Seq]struct{}{}}
+	c.protects = !c.addressable
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, slots.Close())
