@@ -59,10 +59,10 @@ type slot struct {
 	aheadListed bool
 	// shared is the units [0, shared) its sequence maps from the prefix
 	// store because a match found them (Admit, Resume): other sequences
-	// read the same pages, so they are read-only to this one — mapped
-	// read-only where the driver can (Cache.protects), and refused to the
-	// writes of its tensors (tensor.NewLeasedReadOnly). Units a sequence
-	// put in the store itself stay writable to it.
+	// read the same pages, so they are read-only to this one — refused to
+	// the writes of its tensors (tensor.NewLeasedReadOnly), and mapped
+	// read-only when the cache protects them (Cache.protects). Units a
+	// sequence put in the store itself stay writable to it.
 	shared     int
 	covers     []*arena.View
 	coverUnits int
@@ -771,8 +771,8 @@ func (c *Cache) String() string {
 
 // protectSharedLocked makes units [0, k) of sl — just borrowed from the
 // prefix store for a match, before any tensor covers them — its shared
-// units: mapped read-only in every region where the driver can. On
-// failure nothing changed.
+// units: mapped read-only in every region when the cache protects them
+// (c.protects). On failure nothing changed.
 func (c *Cache) protectSharedLocked(what func() string, sl *slot, k int) error {
 	if k == 0 {
 		return nil

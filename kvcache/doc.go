@@ -63,12 +63,13 @@
 // Invariants (Check walks them all): a running sequence's units below
 // unitsFor(Len) are owned or borrowed; a preempted sequence's slot and an
 // idle slot borrow nothing; a slot's shared units (those a match mapped)
-// are borrowed, below its running sequence's tokens and read-only where
-// the driver can, and its other borrowed units writable; a store unit's
-// borrower count is the number of slots mapping it, and a store unit no
-// one maps is cached (listed, in the LRU list); the pages counted
-// committed are the slots' owned units plus the store's pages, and never
-// exceed the budget but by pages a lowered budget has not yet reclaimed.
+// are borrowed, below its running sequence's tokens and mapped read-only
+// where the cache protects them, and its other borrowed units writable;
+// a store unit's borrower count is the number of slots mapping it, and a
+// store unit no one maps is cached (listed, in the LRU list); the pages
+// counted committed are the slots' owned units plus the store's pages,
+// and never exceed the budget but by pages a lowered budget has not yet
+// reclaimed.
 //
 // # Prefix sharing
 //
@@ -84,19 +85,22 @@
 // back unpublished, so no one is served keys never computed. A later
 // sequence whose prompt starts with the same units under the same extra
 // key maps the same physical pages at its own addresses, no copy, and
-// read-only: its tensors refuse writes to those rows (ErrAccessDenied)
-// and, where the driver can (host, CUDA), the pages are mapped read-only
-// at its addresses, so that no sharer changes what the others read. The
-// owner, which computed them, keeps them writable: rows it marked
-// written must not be written again. The
-// unit after them, partly covered by a cached unit's blocks, is copied
-// once into the sequence's own unit. A store unit no sequence maps stays
-// cached and is evicted least recently used first — a whole unit, hence
-// whole pages — when memory is needed, before any running sequence is
-// touched; a sequence gives its units back last first, so a chain is
-// evicted from its end (a unit is found only through those before it). In the PerLayer layout sharing needs a page to hold whole rows
-// (PageSize a multiple of KVHeads*HeadDim*dtype size); otherwise, or with
-// NoPrefixSharing, every page is the slot's own.
+// read-only: its tensors refuse writes to those rows (ErrAccessDenied),
+// and on a driver whose memory the process does not address (CUDA,
+// AscendCL) the pages are mapped read-only at its addresses, so that no
+// kernel of a sharer changes what the others read. (On the host driver
+// the slot's arena views, which the arena keeps writable, cover them:
+// a write through a slice Data handed out is not stopped there.) The
+// owner, which computed them, keeps them writable: rows it marked written
+// must not be written again. The unit after them, partly covered by a
+// cached unit's blocks, is copied once into the sequence's own unit. A
+// store unit no sequence maps stays cached and is evicted least recently
+// used first — a whole unit, hence whole pages — when memory is needed,
+// before any running sequence is touched; a sequence gives its units back
+// last first, so a chain is evicted from its end (a unit is found only
+// through those before it). In the PerLayer layout sharing needs a page
+// to hold whole rows (PageSize a multiple of KVHeads*HeadDim*dtype size);
+// otherwise, or with NoPrefixSharing, every page is the slot's own.
 //
 // # Deferred reclaim
 //
@@ -170,7 +174,8 @@
 // bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
 // the store shares it. What a page costs beyond that — its commit, borrow,
 // read-only grant or decommit — is the arena's and the layers' below it
-// (a match maps its shared units read-only with one grant per region).
+// (where shared units are mapped read-only, a match takes one grant per
+// region).
 //
 // # What it never does
 //

@@ -500,10 +500,8 @@ func (s *Seq) Written() int {
 //
 // The rows of the units the sequence shares with others — the whole units
 // below Matched that Admit or Resume mapped from the prefix store — are
-// read-only: Set there, or Copy into them, is refused (ErrAccessDenied),
-// and where the driver can (host, CUDA) the pages are mapped read-only
-// too, so that a write through a slice Data handed out faults rather than
-// changes what the other sequences read.
+// read-only: Set there, or Copy into them, is refused (ErrAccessDenied).
+// A slice Data handed out is not checked: it must not be written there.
 //
 // The tensor, like Append's views, is valid while the sequence runs: once
 // it is preempted or freed, or the cache closed, it and its views answer

@@ -104,10 +104,8 @@ func NewLeased(l *Lease, buf Buffer, dt DType, shape ...int) (*Tensor, error) {
 // read-only: Set of an element in them, or a Copy into a tensor that
 // reaches them, is refused (ErrAccessDenied) for the tensor and every
 // view of it, changing nothing. It is for an owner that shares that
-// memory with others (a KV cache's prefix pages, which it also maps
-// read-only where the driver can, so that a write through a slice Data
-// handed out faults rather than corrupts). readOnly must lie in [0,
-// len(buf's bytes)] (ErrInvalid).
+// memory with others (a KV cache's prefix pages). A slice Data hands out
+// is not checked. readOnly must lie in [0, len(buf's bytes)] (ErrInvalid).
 func NewLeasedReadOnly(l *Lease, buf Buffer, readOnly int, dt DType, shape ...int) (*Tensor, error) {
 	t, err := NewLeased(l, buf, dt, shape...)
 	if err != nil {
