@@ -171,6 +171,9 @@ func newSeqKV(space *vaspace.Space, mem *physical.Memory, tokens int, s attentio
 			fill(d)
 		}
 	}
+	if err := seq.MarkWritten(seq.Len()); err != nil {
+		return fail(err)
+	}
 	for _, t := range []struct {
 		get func(int) (*tensor.Tensor, error)
 		x   *[]float32

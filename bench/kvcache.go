@@ -111,6 +111,11 @@ func (kb *kvBench) admit(prompt []int) (*kvcache.Seq, error) {
 	if _, err := s.Append(prompt[s.Len():]); err != nil {
 		return nil, errors.CombineErrors(err, s.Free())
 	}
+	// The prefill's keys and values, as a model would have written them:
+	// its whole prompt pages can be shared.
+	if err := s.MarkWritten(s.Len()); err != nil {
+		return nil, errors.CombineErrors(err, s.Free())
+	}
 	return s, nil
 }
 

@@ -23,7 +23,8 @@ func TestCheckCatchesBrokenCounters(t *testing.T) {
 	require.NoError(t, err)
 	_, err = a.Append(prompt)
 	require.NoError(t, err)
-	_, err = a.Append([]int{7}) // publishes the prompt's units
+	require.NoError(t, a.MarkWritten(a.Len())) // publishes the prompt's units
+	_, err = a.Append([]int{7})
 	require.NoError(t, err)
 	b, err := c.Admit(prompt, 0) // borrows them: shared
 	require.NoError(t, err)
@@ -33,6 +34,7 @@ func TestCheckCatchesBrokenCounters(t *testing.T) {
 	require.NoError(t, err)
 	_, err = idle.Append(family(1, 9))
 	require.NoError(t, err)
+	require.NoError(t, idle.MarkWritten(idle.Len()))
 	_, err = idle.Append(family(1, 9)[:1]) // unpublished: its prompt's end
 	require.NoError(t, err)
 	require.NoError(t, c.Check())
@@ -69,6 +71,18 @@ func TestCheckCatchesBrokenCounters(t *testing.T) {
 		*br.v--
 		require.NoError(t, c.checkLocked(), br.name)
 	}
+
+	// b's shared units are mapped read-only: one fewer counted shared is a
+	// read-only unit where a writable one belongs, one more a writable
+	// unit (a's own) counted read-only.
+	sb := b.sl
+	require.Positive(t, sb.shared)
+	for _, d := range []int{-1, 1} {
+		sb.shared += d
+		require.Error(t, c.checkLocked(), "shared units off by %d", d)
+		sb.shared -= d
+	}
+	require.NoError(t, c.checkLocked())
 
 	hi := sa.hi
 	sa.hi = 1

@@ -57,8 +57,15 @@ type slot struct {
 	idlePrev, idleNext    *slot
 	// aheadListed says the slot is in the mapper's list (mapper.go).
 	aheadListed bool
-	covers      []*arena.View
-	coverUnits  int
+	// shared is the units [0, shared) its sequence maps from the prefix
+	// store because a match found them (Admit, Resume): other sequences
+	// read the same pages, so they are read-only to this one — refused to
+	// the writes of its tensors (tensor.NewLeasedReadOnly), and mapped
+	// read-only when the cache protects them (Cache.protects). Units a
+	// sequence put in the store itself stay writable to it.
+	shared     int
+	covers     []*arena.View
+	coverUnits int
 	// lease ends every tensor handed out over the slot's memory (Append's
 	// rows, K, V) when that memory is about to go: revoked before the
 	// covers are released for a decommit, at the end of the sequence and
@@ -94,6 +101,14 @@ type Cache struct {
 	// addressable says tensors can be handed out (the process addresses
 	// the memory); bytes says there are bytes at all (not the sim driver).
 	addressable, bytes bool
+	// protects says a slot's shared units are mapped read-only (Grant of
+	// AccessRead): on a driver whose memory the process does not address
+	// (CUDA, AscendCL, sim), where the cache makes no arena views, until
+	// the driver answers ErrUnsupported. Where it does (host), the slot's
+	// views — which tensors need, and which the arena keeps writable —
+	// cover the shared units too, so they stay mapped read-write and the
+	// tensors' refusal is the guard.
+	protects bool
 
 	// mu guards every field below and every slot and sequence. Arena
 	// calls are made under it, but for the mapper's commits (in flight,
@@ -179,6 +194,7 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
 		budget: cfg.Budget, seqs: map[*Seq]struct{}{}}
+	c.protects = !c.addressable
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, slots.Close())
@@ -297,6 +313,7 @@ func (c *Cache) decommitUnitsLocked(sl *slot, u0, u1 int) error {
 	if !any {
 		return nil
 	}
+	sl.shared = min(sl.shared, u0) // borrowed units go last first: what stays below u0 stays shared
 	if u0 < sl.coverUnits {
 		sl.revokeLocked()
 		if err := c.releaseCoversLocked(sl); err != nil {
@@ -522,8 +539,10 @@ func (c *Cache) reclaimSurplusLocked(need int, keep *slot, keepUnits int) error 
 	return nil
 }
 
-// Close ends every sequence (their tensors must not be used again), gives
-// back all memory and the address space. Closing twice is ErrClosed.
+// Close ends every sequence, gives back all memory and the address space.
+// It waits for the accesses in flight through the sequences' tensors (one
+// At, Set or Copy each) and ends the tensors: later accesses answer
+// ErrClosed. Closing twice is ErrClosed.
 func (c *Cache) Close() error {
 	what := func() string { return "kvcache: close" }
 	if err := c.made(what); err != nil {
@@ -674,6 +693,12 @@ func (c *Cache) checkLocked() error {
 			default:
 				fail("slot %d holds a sequence in state %d", i, s.state)
 			}
+			switch {
+			case s.state == seqDropped && s.written != 0:
+				fail("dropped sequence in slot %d counts %d tokens written", i, s.written)
+			case s.state != seqDropped && (s.written < s.matched || s.written > s.n):
+				fail("sequence in slot %d counts %d tokens written, %d matched of %d", i, s.written, s.matched, s.n)
+			}
 			if s.generated.n != max(s.n-len(s.prompt), 0) || !s.generated.check() {
 				fail("sequence in slot %d keeps %d generated tokens, counts %d of a prompt of %d", i, s.generated.n, s.n, len(s.prompt))
 			}
@@ -683,6 +708,7 @@ func (c *Cache) checkLocked() error {
 		if len(sl.covers) != 0 && len(sl.covers) != g.regions {
 			fail("slot %d has %d views, not one per region", i, len(sl.covers))
 		}
+		c.checkSharedLocked(fail, sl)
 	}
 	for s := range c.seqs {
 		if s.sl == nil || s.sl.seq != s {
@@ -741,4 +767,74 @@ func (c *Cache) String() string {
 		return "kvcache: not a cache"
 	}
 	return fmt.Sprintf("kvcache: %d slots of %s, %s", c.cfg.MaxSeqs, units.Bytes(c.g.slotBytes), c.g)
+}
+
+// protectSharedLocked makes units [0, k) of sl — just borrowed from the
+// prefix store for a match, before any tensor covers them — its shared
+// units: mapped read-only in every region when the cache protects them
+// (c.protects). On failure nothing changed.
+func (c *Cache) protectSharedLocked(what func() string, sl *slot, k int) error {
+	if k == 0 {
+		return nil
+	}
+	if sl.coverUnits > 0 {
+		return errors.AssertionFailedf("%s: slot %d's views cover %d units while shared units are mapped", what(), sl.idx, sl.coverUnits)
+	}
+	n := uint64(k) * c.g.unitBytes
+	for r := 0; c.protects && r < c.g.regions; r++ {
+		err := c.slots.Grant(c.cfg.Device, c.slotOff(sl, r, 0), n, driver.AccessRead)
+		if err == nil {
+			continue
+		}
+		if r == 0 && errors.Is(err, driver.ErrUnsupported) {
+			c.protects = false // the tensors' refusal is the only guard
+			break
+		}
+		var undo error
+		for q := 0; q < r; q++ {
+			undo = errors.CombineErrors(undo, c.slots.Grant(c.cfg.Device, c.slotOff(sl, q, 0), n, driver.AccessReadWrite))
+		}
+		if undo != nil {
+			err = errors.CombineErrors(err, errors.WithAssertionFailure(undo))
+		}
+		return errors.Wrapf(err, "%s: map the %d shared units of slot %d read-only", what(), k, sl.idx)
+	}
+	sl.shared = k
+	return nil
+}
+
+// checkSharedLocked checks sl's shared units: borrowed, below a running
+// sequence's tokens, read-only where the cache protects them; and its
+// other borrowed units (those its sequence put in the store) writable.
+func (c *Cache) checkSharedLocked(fail func(string, ...any), sl *slot) {
+	running := sl.seq != nil && sl.seq.state == seqRunning
+	switch {
+	case sl.shared < 0 || sl.shared > len(sl.units):
+		fail("slot %d has %d shared units of %d", sl.idx, sl.shared, len(sl.units))
+		return
+	case !running && sl.shared != 0:
+		fail("slot %d shares %d units without a running sequence", sl.idx, sl.shared)
+		return
+	case running && sl.shared > c.g.unitsFor(sl.seq.n):
+		fail("slot %d shares %d units, its %d tokens fill %d", sl.idx, sl.shared, sl.seq.n, c.g.unitsFor(sl.seq.n))
+		return
+	}
+	for u := 0; u < sl.hi; u++ {
+		if u < sl.shared && sl.units[u].state != unitBorrowed {
+			fail("slot %d's shared unit %d is not borrowed", sl.idx, u)
+			continue
+		}
+		if sl.units[u].state != unitBorrowed {
+			continue
+		}
+		want := driver.AccessReadWrite
+		if u < sl.shared && c.protects {
+			want = driver.AccessRead
+		}
+		for r := 0; r < c.g.regions; r++ {
+			if got, err := c.slots.AccessAt(c.cfg.Device, c.slotOff(sl, r, u)); err != nil || got != want {
+				fail("slot %d's unit %d (region %d, %d shared) grants %s, want %s (%v)", sl.idx, u, r, sl.shared, got, want, err)
+			}
+		}
+	}
 }

@@ -62,11 +62,14 @@
 //
 // Invariants (Check walks them all): a running sequence's units below
 // unitsFor(Len) are owned or borrowed; a preempted sequence's slot and an
-// idle slot borrow nothing; a store unit's borrower count is the number of
-// slots mapping it, and a store unit no one maps is cached (listed, in the
-// LRU list); the pages counted committed are the slots' owned units plus
-// the store's pages, and never exceed the budget but by pages a lowered
-// budget has not yet reclaimed.
+// idle slot borrow nothing; a slot's shared units (those a match mapped)
+// are borrowed, below its running sequence's tokens and mapped read-only
+// where the cache protects them, and its other borrowed units writable;
+// a store unit's borrower count is the number of slots mapping it, and a
+// store unit no one maps is cached (listed, in the LRU list); the pages
+// counted committed are the slots' owned units plus the store's pages,
+// and never exceed the budget but by pages a lowered budget has not yet
+// reclaimed.
 //
 // # Prefix sharing
 //
@@ -76,18 +79,28 @@
 // 64-bit hash of the tokens up to its end: block i (BlockTokens tokens)
 // hashes as hash(hash of block i-1, extra key, tokens of block i), the
 // extra key covering adapters and salts; it keeps its tokens too, so a
-// match is exact. It becomes matchable once its owner has written it
-// (published at the owner's next Append, Preempt or Free). A later
+// match is exact. It becomes matchable once its owner has written it —
+// published when the owner's Seq.MarkWritten covers it, never before: a
+// sequence freed or preempted before its rows were marked gives its units
+// back unpublished, so no one is served keys never computed. A later
 // sequence whose prompt starts with the same units under the same extra
-// key maps the same physical pages at its own addresses, no copy; the
-// unit after them, partly covered by a cached unit's blocks, is copied
-// once into the sequence's own unit. A store unit no sequence maps stays
-// cached and is evicted least recently used first — a whole unit, hence
-// whole pages — when memory is needed, before any running sequence is
-// touched; a sequence gives its units back last first, so a chain is
-// evicted from its end (a unit is found only through those before it). In the PerLayer layout sharing needs a page to hold whole rows
-// (PageSize a multiple of KVHeads*HeadDim*dtype size); otherwise, or with
-// NoPrefixSharing, every page is the slot's own.
+// key maps the same physical pages at its own addresses, no copy, and
+// read-only: its tensors refuse writes to those rows (ErrAccessDenied),
+// and on a driver whose memory the process does not address (CUDA,
+// AscendCL) the pages are mapped read-only at its addresses, so that no
+// kernel of a sharer changes what the others read. (On the host driver
+// the slot's arena views, which the arena keeps writable, cover them:
+// a write through a slice Data handed out is not stopped there.) The
+// owner, which computed them, keeps them writable: rows it marked written
+// must not be written again. The unit after them, partly covered by a
+// cached unit's blocks, is copied once into the sequence's own unit. A
+// store unit no sequence maps stays cached and is evicted least recently
+// used first — a whole unit, hence whole pages — when memory is needed,
+// before any running sequence is touched; a sequence gives its units back
+// last first, so a chain is evicted from its end (a unit is found only
+// through those before it). In the PerLayer layout sharing needs a page
+// to hold whole rows (PageSize a multiple of KVHeads*HeadDim*dtype size);
+// otherwise, or with NoPrefixSharing, every page is the slot's own.
 //
 // # Deferred reclaim
 //
@@ -126,8 +139,13 @@
 // or freed, the cache closed, or pages under them taken back, the cache
 // revokes them (tensor.Lease) before the memory goes: each of them, and
 // every view made from it, then answers ErrClosed instead of touching
-// unmapped memory. A slice their Data or Bytes handed out is not covered:
-// it must not outlive the sequence's run, as with any device memory.
+// unmapped memory. Each At, Set or Copy through them holds the lease for
+// its access, and the revoke waits for the accesses in flight: Preempt,
+// SetBudget, Free and Close never unmap memory an access is touching, and
+// never wait longer than one access (they do not wait for the caller to
+// let go of the tensors, which simply stop working). A slice their Data
+// or Bytes handed out is not covered: it must not outlive the sequence's
+// run, as with any device memory.
 //
 // # The sim driver
 //
@@ -154,8 +172,10 @@
 // and CanAdmit look at every slot to choose one, giving back running
 // sequences' surplus passes over the slots until enough is free (both
 // bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
-// the store shares it. What a page costs beyond that — its commit, borrow
-// or decommit — is the arena's and the layers' below it.
+// the store shares it. What a page costs beyond that — its commit, borrow,
+// read-only grant or decommit — is the arena's and the layers' below it
+// (where shared units are mapped read-only, a match takes one grant per
+// region).
 //
 // # What it never does
 //
@@ -172,5 +192,7 @@
 // running one is needed), ErrClosed for a closed cache or a freed
 // sequence, ErrBusy when every slot holds a sequence, ErrOutOfMemory when
 // the budget cannot hold what is asked even after giving back idle and
-// cached pages, ErrUnsupported for tensors on the sim driver.
+// cached pages, ErrUnsupported for tensors on the sim driver. Its tensors
+// answer ErrClosed once revoked and ErrAccessDenied to a write into rows
+// shared through the prefix store.
 package kvcache

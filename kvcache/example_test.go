@@ -57,6 +57,9 @@ func Example() {
 			}
 		}
 	}
+	if err := a.MarkWritten(a.Len()); err != nil { // written: its whole prompt pages can be shared
+		log.Fatal(err)
+	}
 	k, err := a.K(0) // layer 0's keys, [tokens, heads, dim]
 	if err != nil {
 		log.Fatal(err)

@@ -327,6 +327,17 @@ func (m *model) publish(s *mseq, upTo int) {
 	}
 }
 
+// markWritten, when mark and s runs, marks s's tokens written (all were:
+// writeStep) and publishes them; otherwise s ends, or is preempted, with
+// its last Append's rows unmarked, and they are never published.
+func (m *model) markWritten(t *testing.T, s *mseq, mark bool, step string) {
+	if !mark || s.preempted != 0 {
+		return
+	}
+	require.NoError(t, s.real.MarkWritten(len(s.tokens)), step)
+	m.publish(s, len(s.tokens))
+}
+
 // mmatch is what find finds.
 type mmatch struct {
 	units   []*munit
@@ -486,9 +497,8 @@ func (m *model) canAdmit(prompt []int, extra uint64, out, maxCtx int) bool {
 	return need <= room
 }
 
-// preempt publishes s's written units and takes its pages.
+// preempt takes s's pages (its units not marked written go unpublished).
 func (m *model) preempt(s *mseq, mode PreemptMode) {
-	m.publish(s, len(s.tokens))
 	sl := m.slots[s.slot]
 	for u := len(sl.owned) - 1; u >= 0; u-- {
 		m.drop(sl, u)
@@ -598,6 +608,12 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 				}
 			}
 			step += fmt.Sprintf(" (%d tokens onto %d)", cnt, have)
+			if s.preempted == 0 {
+				// What the last Append handed out was written (writeStep):
+				// a decode step marks it before it appends the next token.
+				require.NoError(t, s.real.MarkWritten(have), step)
+				m.publish(s, have)
+			}
 			got, err := s.real.Append(more)
 			if s.preempted != 0 {
 				requireIs(t, err, driver.ErrInvalid, step)
@@ -607,7 +623,6 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 				requireIs(t, err, driver.ErrInvalid, step)
 				break
 			}
-			m.publish(s, have)
 			if _, ok := m.back(s, m.g.unitsFor(have+cnt)); !ok {
 				requireIs(t, err, driver.ErrOutOfMemory, step)
 				r.ooms++
@@ -623,8 +638,8 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 			if s == nil {
 				break
 			}
+			m.markWritten(t, s, o.n%4 != 0, step)
 			require.NoError(t, s.real.Free(), step)
-			m.publish(s, len(s.tokens))
 			m.tick++
 			sl := m.slots[s.slot]
 			for u := len(sl.borrowed) - 1; u >= 0; u-- {
@@ -652,6 +667,7 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 				break
 			}
 			mode := PreemptMode(1 + o.family%2)
+			m.markWritten(t, s, o.n%4 != 0, step)
 			err := s.real.Preempt(mode)
 			if s.preempted != 0 {
 				requireIs(t, err, driver.ErrInvalid, step)

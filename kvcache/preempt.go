@@ -45,8 +45,9 @@ func checkMode(what func() string, m PreemptMode) error {
 // addresses and its tokens: with Swap its bytes go to pinned host memory
 // first, with Drop they are lost (Resume then asks for recomputation).
 // What it borrowed from the prefix store is given back (the store keeps
-// it cached); its whole prompt pages become matchable. The tensors
-// handed out for it must not be used until Resume hands out new ones.
+// it cached); the prompt units it made that MarkWritten did not cover are
+// given back unpublished. The tensors handed out for it answer ErrClosed
+// from then on; Resume hands out new ones.
 //
 // It refuses a sequence already preempted or a bad mode (ErrInvalid), and
 // Swap on a driver with bytes but no streams (ErrUnsupported); a failure
@@ -87,7 +88,6 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 			return err
 		}
 	}
-	c.publishLocked(s, s.n)
 	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
 		return errors.CombineErrors(err, c.dropSwapLocked(s))
 	}
@@ -97,6 +97,7 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 		c.counts.swaps++
 	} else {
 		c.setStateLocked(s, seqDropped)
+		s.written = 0 // its rows are gone
 		c.counts.drops++
 	}
 	c.counts.preemptions++
@@ -219,7 +220,11 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	if err := c.dropSwapLocked(s); err != nil {
 		return Step{}, errors.WithAssertionFailure(err)
 	}
-	s.written = from
+	if swapped {
+		s.written = max(s.written, s.matched) // the bytes it had, and the units matched again
+	} else {
+		s.written = from // the matched rows; the caller recomputes the rest
+	}
 	c.countMatchLocked(s)
 	c.counts.resumes++
 	c.wantAheadLocked(sl)

@@ -44,6 +44,7 @@ func prefill(t testing.TB, c *Cache, prompt []int, extra uint64) *Seq {
 	step, err := s.Append(prompt[s.Len():])
 	require.NoError(t, err)
 	writeStep(t, step, prompt, extra)
+	require.NoError(t, s.MarkWritten(s.Len()))
 	return s
 }
 
@@ -63,14 +64,19 @@ func TestPrefixSharing(t *testing.T) {
 				require.Equal(t, 256, unit)
 			}
 			prompt := seqTokens(3*unit+40, 3*unit+40, 0)
-			a := prefill(t, c, prompt, 7)
+			a, err := c.Admit(prompt, 7)
+			require.NoError(t, err)
+			step, err := a.Append(prompt)
+			require.NoError(t, err)
+			writeStep(t, step, prompt, 7)
 
 			early, err := c.Admit(seqTokens(3*unit+90, 3*unit+40, 5000), 7)
 			require.NoError(t, err)
-			require.Zero(t, early.Len(), "a's pages are not written until its next Append")
+			require.Zero(t, early.Len(), "a's pages are not marked written yet")
 			require.NoError(t, early.Free())
 
-			_, err = a.Append([]int{1}) // a wrote its prompt: published
+			require.NoError(t, a.MarkWritten(a.Len())) // a wrote its prompt: published
+			_, err = a.Append([]int{1})
 			require.NoError(t, err)
 			other, err := c.Admit(seqTokens(3*unit+90, 3*unit+40, 5000), 8)
 			require.NoError(t, err)
@@ -108,7 +114,7 @@ func TestPrefixSharing(t *testing.T) {
 
 			// b computes the rest of its prompt; every byte reads back.
 			bTokens := seqTokens(3*unit+90, 3*unit+40, 5000)
-			step, err := b.Append(bTokens[b.Len():])
+			step, err = b.Append(bTokens[b.Len():])
 			require.NoError(t, err)
 			writeStep(t, step, bTokens, 7)
 			checkSeq(t, b, bTokens, 7, 0, len(bTokens))
@@ -383,6 +389,10 @@ func TestConcurrentSharing(t *testing.T) {
 							return
 						}
 						writeStep(t, step, tokens, uint64(round%2))
+						if err := s.MarkWritten(len(tokens)); err != nil {
+							errs <- err
+							return
+						}
 						for i := 0; i < 20; i++ {
 							tokens = append(tokens, 90_000+i)
 							step, err := s.Append(tokens[len(tokens)-1:])

@@ -116,6 +116,7 @@ func (r *refRun) extend(s *Seq, tokens []int) {
 		lg, err := r.m.Step(a, pos, tok)
 		require.NoError(r.t, err)
 		r.logits[s][pos] = lg
+		require.NoError(r.t, s.MarkWritten(pos+1))
 	}
 }
 
@@ -139,6 +140,7 @@ func (r *refRun) recompute(s *Seq, step Step) {
 		require.NoError(r.t, err)
 		r.logits[s][pos] = lg
 	}
+	require.NoError(r.t, s.MarkWritten(step.Pos+step.N))
 }
 
 // check compares every logit computed for s with Forward over its tokens:

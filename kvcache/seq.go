@@ -36,9 +36,11 @@ type Seq struct {
 	n         int
 	state     seqState
 	admitted  uint64 // tick of Admit: preemption takes the latest first
-	// written is how many tokens the caller has written: all but those
-	// of the last Append, whose views it may still be filling. A prefix
-	// store unit the sequence made is matchable once written covers it.
+	// written is how many of its first tokens hold keys and values: what
+	// the caller said it wrote (MarkWritten), what Admit or Resume found
+	// in the prefix store, what a swap brought back. A prefix store unit
+	// the sequence made is published (matchable) once written covers it,
+	// never before.
 	written int
 	// swap holds the bytes of a swapped sequence (regions one after the
 	// other, each swapRegion bytes); nil on a driver with no bytes.
@@ -209,10 +211,11 @@ func (s *Seq) runningLocked(what func() string) error {
 
 // Append makes room for len(tokens) more tokens (at least one; up to
 // MaxContext in all) and returns views of just their rows, for the
-// caller to write the new keys and values into. Tokens inside the prompt
-// must be the prompt's. Pages are committed as needed, in the slot or (for
-// whole pages of the prompt) in the prefix store; an Append that had to
-// commit or wait for a page itself counts in Stats.Waits.
+// caller to write the new keys and values into (and then say so:
+// MarkWritten). Tokens inside the prompt must be the prompt's. Pages are
+// committed as needed, in the slot or (for whole pages of the prompt) in
+// the prefix store; an Append that had to commit or wait for a page
+// itself counts in Stats.Waits.
 //
 // It refuses bad tokens (ErrInvalid), a preempted sequence (ErrInvalid),
 // and pages the budget cannot hold once idle and cached pages are given
@@ -257,7 +260,6 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	if err != nil {
 		return Step{}, err
 	}
-	c.publishLocked(s, s.n)
 	pos, cnt := s.n, len(tokens)
 	need := c.g.unitsFor(pos + cnt)
 	// The units below the sequence's tokens are committed (a running
@@ -274,7 +276,6 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 		c.setLenLocked(s, pos)
 		return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
 	}
-	s.written = pos
 	c.counts.steps++
 	if waited || len(backed) > 0 {
 		c.counts.waits++
@@ -387,7 +388,20 @@ func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 	if err != nil {
 		return nil, errors.WithAssertionFailure(err)
 	}
-	return tensor.NewLeased(sl.leaseLocked(), &memory{b[off : off+uint64(n)*g.row], v.Addr() + driver.Addr(off)}, g.dt, n, g.heads, g.dim)
+	size := uint64(n) * g.row
+	return tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
+		c.sharedBytes(sl, off, size), g.dt, n, g.heads, g.dim)
+}
+
+// sharedBytes is how many bytes, from its start, of a tensor's memory at
+// offset off (in its region) and size long lie in sl's shared units: read
+// only (a prefix, since the shared units are the first).
+func (c *Cache) sharedBytes(sl *slot, off, size uint64) int {
+	end := uint64(sl.shared) * c.g.unitBytes
+	if end <= off {
+		return 0
+	}
+	return int(min(end-off, size))
 }
 
 // Len is the number of tokens the sequence holds (0 for a nil or zero
@@ -432,6 +446,51 @@ func (s *Seq) Matched() int {
 	return s.matched
 }
 
+// MarkWritten says the keys and values of the sequence's first n tokens
+// are written, in every layer: what the caller computed into the rows
+// Append (or Resume) handed out. The whole prompt units below n that the
+// sequence put in the prefix store become matchable now: the next Admit
+// of a prompt that starts the same way maps them. Nothing is matchable
+// before it is marked, so a sequence cancelled or preempted before its
+// rows were computed never serves zeros to another. Rows once marked are
+// final: writing them again changes what the sequences sharing them read.
+//
+// n only grows, from Written() to Len(). It refuses n outside that range
+// and a preempted sequence (ErrInvalid: Resume it first; after Drop its
+// rows are gone), a freed sequence or closed cache (ErrClosed), and
+// changes nothing then.
+func (s *Seq) MarkWritten(n int) error {
+	what := func() string { return fmt.Sprintf("kvcache: mark %d tokens written", n) }
+	c, err := s.lock(what)
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := s.runningLocked(what); err != nil {
+		return err
+	}
+	if n < s.written || n > s.n {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the sequence holds %d tokens, %d of them marked written already (the count only grows)",
+			what(), s.n, s.written), "mark a count from Written() to Len()")
+	}
+	s.written = n
+	c.publishLocked(s, n)
+	c.checkAfter("mark written")
+	return nil
+}
+
+// Written is how many of the sequence's first tokens hold their keys and
+// values: those marked (MarkWritten), matched from the prefix store, or
+// brought back by a swap; 0 for a nil, zero or dropped sequence.
+func (s *Seq) Written() int {
+	if s == nil || s.c == nil {
+		return 0
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.written
+}
+
 // K returns the keys of layer stored so far, over the cache's memory (no
 // copy). PerLayer: a row-major tensor [Len, KVHeads, HeadDim].
 // TokenMajor: a strided tensor [groups, TokensPerGroup, KVHeads, HeadDim]
@@ -439,11 +498,17 @@ func (s *Seq) Matched() int {
 // and the rows of the last group at and past Len hold no token (their
 // bytes are unspecified).
 //
-// The tensor, like Append's views, is valid while the sequence runs: not
-// after it is preempted or freed, or the cache closed (its memory may be
-// given back; a touch then faults). It refuses a bad layer (ErrInvalid), a
-// preempted sequence (ErrInvalid) and a driver whose memory this process
-// cannot address (ErrUnsupported).
+// The rows of the units the sequence shares with others — the whole units
+// below Matched that Admit or Resume mapped from the prefix store — are
+// read-only: Set there, or Copy into them, is refused (ErrAccessDenied).
+// A slice Data handed out is not checked: it must not be written there.
+//
+// The tensor, like Append's views, is valid while the sequence runs: once
+// it is preempted or freed, or the cache closed, it and its views answer
+// ErrClosed (the memory may be given back; see Lifetimes in the package
+// doc). It refuses a bad layer (ErrInvalid), a preempted sequence
+// (ErrInvalid) and a driver whose memory this process cannot address
+// (ErrUnsupported).
 func (s *Seq) K(layer int) (*tensor.Tensor, error) { return s.stored(layer, 0) }
 
 // V returns the values of layer, as K returns the keys.
@@ -483,10 +548,12 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 		}
 	}
 	if g.layout == PerLayer {
-		return tensor.NewLeased(s.sl.leaseLocked(), &memory{b[:uint64(s.n)*g.row], addr}, g.dt, s.n, g.heads, g.dim)
+		size := uint64(s.n) * g.row
+		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, s.n, g.heads, g.dim)
 	}
 	elt := uint64(g.elt)
-	t, err := tensor.NewLeased(s.sl.leaseLocked(), &memory{b[:uint64(k)*g.unitBytes], addr}, g.dt, k, int(g.unitBytes/elt))
+	size := uint64(k) * g.unitBytes
+	t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, k, int(g.unitBytes/elt))
 	if err != nil {
 		return nil, err
 	}
@@ -500,8 +567,11 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 // Free ends the sequence: what it borrowed from the prefix store is given
 // back (the store keeps it cached), its slot's own pages stay committed
 // for the next sequence put in the slot until memory is needed elsewhere
-// (deferred reclaim), and its tokens' whole prompt pages become matchable.
-// A preempted sequence may be freed. Freeing twice is ErrClosed.
+// (deferred reclaim). It publishes nothing: the whole prompt units that
+// MarkWritten covered are matchable already, and the ones it did not
+// cover — a sequence cancelled before its keys and values were computed —
+// are given back unpublished, never served to another sequence. A
+// preempted sequence may be freed. Freeing twice is ErrClosed.
 func (s *Seq) Free() error {
 	what := func() string { return "kvcache: free a sequence" }
 	c, err := s.lock(what)
@@ -512,7 +582,6 @@ func (s *Seq) Free() error {
 	if _, err := c.settleLocked(s, func() int { return len(s.sl.units) }, func() error { return s.liveLocked(what) }); err != nil {
 		return err
 	}
-	c.publishLocked(s, s.n)
 	c.tick++
 	s.sl.freedAt = c.tick // before the slot goes idle: the idle list is in this order
 	err = c.endLocked(s)

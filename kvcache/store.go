@@ -20,10 +20,11 @@ import (
 // (blocks of BlockTokens, each hash(hash of the blocks before, extra key,
 // the block's tokens); a unit ending inside a block hashes the block's
 // tokens so far onto it) and keeps its tokens, so a match is exact. It
-// becomes matchable once its owner has written it: published at the
-// owner's next Append, Preempt or Free. A later sequence whose prompt
-// starts with the same units under the same extra key borrows them — no
-// copy, no new memory; the unit after them, if a published unit that
+// becomes matchable once its owner has written it: published when the
+// owner's MarkWritten covers it, never before (a unit given back
+// unwritten is freed). A later sequence whose prompt starts with the same
+// units under the same extra key borrows them — no copy, no new memory,
+// read-only to it (protectSharedLocked); the unit after them, if a published unit that
 // continues the same prefix shares some of its first whole blocks, is
 // copied once into the sequence's own unit. At least the prompt's last
 // token is always left to compute (its logits are needed).
@@ -498,12 +499,16 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 		return nil, errors.CombineErrors(err, c.unbackLocked(sl, backed))
 	}
 	// Borrowed, the units are no longer cached: making room for the
-	// copy below cannot evict them.
+	// copy below cannot evict them. Other sequences read them: they are
+	// read-only to this one.
 	for u, su := range m.units {
 		if err := c.borrowLocked(sl, u, su); err != nil {
 			return undo(errors.Wrapf(err, "%s", what()))
 		}
 		backed = append(backed, u)
+	}
+	if err := c.protectSharedLocked(what, sl, k); err != nil {
+		return undo(err)
 	}
 	if p := m.partial; p != nil {
 		// Held (as a borrow would) while room is made, so it is not

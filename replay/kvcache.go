@@ -121,6 +121,22 @@ type cacheSeq struct {
 	seq       *kvcache.Seq
 	preempted bool
 	next      int
+	// marked is what the sequence was last told is written (MarkWritten).
+	marked int
+}
+
+// markComputed tells cs's sequence that its tokens below next are
+// written (MarkWritten), so its whole prompt units become shareable as a
+// model's would, and none it never computed.
+func (cs *cacheSeq) markComputed() error {
+	if cs.next <= cs.marked {
+		return nil
+	}
+	if err := cs.seq.MarkWritten(cs.next); err != nil {
+		return err
+	}
+	cs.marked = cs.next
+	return nil
 }
 
 // NewKVCache makes the scheme: a sim driver of one device holding
@@ -308,7 +324,7 @@ func (k *KVCache) Admit(r *SimRequest) (int, error) {
 		return 0, errors.Wrapf(err, "replay: kvcache: admit request %d", r.id)
 	}
 	held := seq.Matched()
-	k.seqs[r.id] = &cacheSeq{seq: seq, next: held}
+	k.seqs[r.id] = &cacheSeq{seq: seq, next: held, marked: held}
 	k.checkAfter("admit")
 	return held, nil
 }
@@ -336,6 +352,21 @@ func (k *KVCache) Append(r *SimRequest, n int) error {
 	return nil
 }
 
+// Computed marks the tokens appended to r's sequence written: Simulate
+// computed them in the step that just ended. A sequence preempted before
+// its step ended is not told, and its prefix store units of that step are
+// never shared.
+func (k *KVCache) Computed(r *SimRequest) error {
+	cs, err := k.live("mark computed", r, false)
+	if err != nil {
+		return err
+	}
+	if err := cs.markComputed(); err != nil {
+		return errors.Wrapf(err, "replay: kvcache: mark request %d computed", r.id)
+	}
+	return nil
+}
+
 // Finish frees r's sequence: its slot keeps its pages, its prompt's
 // store units stay cached. Its output counts in the expected output.
 func (k *KVCache) Finish(r *SimRequest) error {
@@ -346,7 +377,7 @@ func (k *KVCache) Finish(r *SimRequest) error {
 	if cs == nil {
 		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: finish request %d: it is not admitted", r.id)
 	}
-	if err := cs.seq.Free(); err != nil {
+	if err := errors.CombineErrors(cs.markComputed(), cs.seq.Free()); err != nil {
 		return errors.Wrapf(err, "replay: kvcache: finish request %d", r.id)
 	}
 	delete(k.seqs, r.id)
@@ -384,6 +415,7 @@ func (k *KVCache) Resume(r *SimRequest) (int, error) {
 		return 0, errors.Wrapf(err, "replay: kvcache: resume request %d", r.id)
 	}
 	cs.preempted, cs.next = false, step.Pos
+	cs.marked = cs.seq.Written() // what a swap brought back, or the prefix matched again
 	k.checkAfter("resume")
 	return step.Pos, nil
 }

@@ -119,7 +119,7 @@ var tinyPages = KVConfig{Model: tinyModel, Budget: 256 * units.KiB, MaxContext: 
 // TestKVCacheSharesPrefixByHand drives the scheme by hand: two requests
 // whose prompts are the same 40 tokens (Mooncake's hash_id 7). A's whole
 // prompt pages go to the prefix store; B, admitted before A has written
-// them (A's next Append publishes them), finds nothing; admitted after,
+// them (the step's end, Computed, publishes them), finds nothing; admitted after,
 // it maps the same physical pages — 32 tokens, two pages in the
 // token-major layout, one unit of 32 tokens in the per-layer one — and
 // computes only the rest. Shared tokens are stored once.
@@ -137,11 +137,12 @@ func TestKVCacheSharesPrefixByHand(t *testing.T) {
 
 			held, err = k.Admit(early)
 			require.NoError(t, err)
-			require.Zero(t, held, "a's pages are not written until its next Append")
+			require.Zero(t, held, "a's pages are not written until its step ends")
 			_, err = k.Preempt(early)
 			require.NoError(t, err)
 
-			require.NoError(t, k.Append(a, 1)) // a's first output token: its prompt is written
+			require.NoError(t, k.Computed(a)) // the step's end: a's prompt is written
+			require.NoError(t, k.Append(a, 1))
 			require.True(t, k.CanAdmit(b))
 			held, err = k.Admit(b)
 			require.NoError(t, err)

@@ -68,6 +68,13 @@ type KVScheme interface {
 	Check() error
 }
 
+// kvWriter is a scheme told when the tokens a step appended to a request
+// are computed — their keys and values written — at the step's end:
+// KVCache, whose prefix store shares only what a sequence wrote.
+type kvWriter interface {
+	Computed(r *SimRequest) error
+}
+
 // KVStats is what a KV scheme holds at one moment (the bytes) and has done
 // since it was made (the counts). Bytes are of KV memory.
 type KVStats struct {

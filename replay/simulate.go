@@ -418,8 +418,14 @@ func (s *simulation) preempt(r *SimRequest) error {
 // advance ends a step: the batch's tokens are computed, sequences whose
 // context is all computed produce a token, and those done finish.
 func (s *simulation) advance() error {
+	marker, marks := s.scheme.(kvWriter)
 	for _, b := range s.batch {
 		r := b.r
+		if marks {
+			if err := marker.Computed(r); err != nil {
+				return err
+			}
+		}
 		r.computed += b.n
 		s.res.ComputedTokens += int64(b.n)
 		if r.computed < r.context {

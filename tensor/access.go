@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // Elements are stored in the machine's byte order, as a Go []T would hold
@@ -40,9 +41,10 @@ func (t *Tensor) At(idx ...int) (float64, error) {
 	// caller's variadic slice then stays on its stack (no allocation per
 	// element).
 	what := func() string { return fmt.Sprintf("tensor: at %v of %s", slices.Clone(idx), t) }
-	if err := t.live(what); err != nil {
+	if err := t.enter(what); err != nil {
 		return 0, err
 	}
+	defer t.st.exit()
 	off, err := t.index(what, idx)
 	if err != nil {
 		return 0, err
@@ -56,15 +58,20 @@ func (t *Tensor) At(idx ...int) (float64, error) {
 // silently.
 func (t *Tensor) Set(v float64, idx ...int) error {
 	what := func() string { return fmt.Sprintf("tensor: set %v at %v of %s", v, slices.Clone(idx), t) }
-	if err := t.live(what); err != nil {
+	if err := t.enter(what); err != nil {
 		return err
 	}
+	defer t.st.exit()
 	off, err := t.index(what, idx)
 	if err != nil {
 		return err
 	}
 	if err := checkValue(what, t.dt, v); err != nil {
 		return err
+	}
+	if off*t.dt.Size() < t.st.readOnly {
+		return errors.WithHint(errors.Wrapf(driver.ErrAccessDenied, "%s: the element lies in the first %s of its memory, which are read-only",
+			what(), units.Bytes(uint64(t.st.readOnly))), "its owner shares that memory (a KV cache's prefix pages): write elsewhere")
 	}
 	store(t.st.bytes, t.dt, off, v)
 	return nil

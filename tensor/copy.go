@@ -25,12 +25,14 @@ func Copy(dst, src *Tensor) error {
 	if dst == nil || src == nil {
 		return errors.Wrap(driver.ErrInvalid, "tensor: copy: a nil tensor")
 	}
-	if err := src.live(what); err != nil {
+	if err := src.enter(what); err != nil {
 		return err
 	}
-	if err := dst.live(what); err != nil {
+	defer src.st.exit()
+	if err := dst.enter(what); err != nil {
 		return err
 	}
+	defer dst.st.exit()
 	if dst.dt != src.dt {
 		return errors.Wrapf(driver.ErrInvalid, "%s: the dtypes differ (%s into %s); Copy does not convert", what(), src.dt, dst.dt)
 	}
@@ -39,6 +41,9 @@ func Copy(dst, src *Tensor) error {
 	}
 	if src.n == 0 {
 		return nil
+	}
+	if err := dst.writable(what); err != nil {
+		return err
 	}
 	if overlap(dst, src) {
 		tmp := &Tensor{st: &storage{bytes: make([]byte, src.n*src.dt.Size())}, dt: src.dt,

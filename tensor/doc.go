@@ -61,7 +61,8 @@
 // accept (out-of-range indices included: nothing is unmapped there, the
 // index is simply not one of the tensor's); ErrMisaligned for a buffer
 // that does not start at a multiple of the element size; ErrClosed for a
-// released storage. Errors from the arena or allocator keep their own
+// released storage (or a revoked lease); ErrAccessDenied for a write to
+// bytes its owner made read-only (NewLeasedReadOnly). Errors from the arena or allocator keep their own
 // sentinel. A call that fails changes nothing: no view is made, no byte is
 // written, no arena grows.
 //

@@ -1,7 +1,9 @@
 package tensor
 
 import (
+	"runtime"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/errors"
 
@@ -16,25 +18,61 @@ import (
 // take back — a KV cache's sequence, whose pages go when it is freed or
 // preempted: the owner keeps the lease, the caller gets the tensors.
 //
+// Every call that touches memory through such a tensor (At, Set, Copy)
+// enters the lease for the length of the access, and Revoke waits for the
+// accesses in flight to end: the check and the access are atomic with
+// respect to the owner's revoke-then-unmap, so no call ever touches
+// memory the owner took back. A call that comes after the revoke answers
+// ErrClosed without touching anything; none waits for a revoke.
+//
 // A slice that Data or Bytes handed out before the revoke is not covered:
 // like any slice over device memory, it must not outlive the memory.
-// Revoke and a concurrent read of the same tensor race as a Release does:
-// the owner revokes before it unmaps, when no call of its own is using
-// the tensors.
 type Lease struct {
 	revoked atomic.Bool
+	// using counts the accesses under the lease in flight (enter to
+	// exit). An access counts itself before it looks at revoked and
+	// Revoke sets revoked before it looks at using (both sequentially
+	// consistent), so once Revoke sees using at zero no access is touching
+	// memory and none will.
+	using atomic.Int64
 }
 
 // NewLease returns a lease that has not been revoked.
 func NewLease() *Lease { return &Lease{} }
 
-// Revoke ends every tensor made under l. Revoking twice, or a nil lease,
-// does nothing.
+// Revoke ends every tensor made under l, waiting for the accesses in
+// flight through them (each one element, or one Copy) to end: after it
+// returns, none of them touches memory again. Revoking twice, or a nil
+// lease, does nothing. It must not be called from inside an access.
 func (l *Lease) Revoke() {
-	if l != nil {
-		l.revoked.Store(true)
+	if l == nil {
+		return
+	}
+	l.revoked.Store(true)
+	for spins := 0; l.using.Load() != 0; spins++ {
+		if spins < 64 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
 	}
 }
+
+// enter starts an access under l; false, with nothing started, once l is
+// revoked. An access that entered ends with exit.
+func (l *Lease) enter() bool {
+	if l.revoked.Load() {
+		return false // without counting: stale tensors hammered in a loop never hold a Revoke up
+	}
+	l.using.Add(1)
+	if l.revoked.Load() {
+		l.using.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (l *Lease) exit() { l.using.Add(-1) }
 
 // Revoked reports whether Revoke was called (true for a nil lease).
 func (l *Lease) Revoked() bool { return l == nil || l.revoked.Load() }
@@ -60,4 +98,22 @@ func NewLeased(l *Lease, buf Buffer, dt DType, shape ...int) (*Tensor, error) {
 	}
 	st := &storage{bytes: b, addr: addr, holder: "the lease's holder", lease: l}
 	return newOn(st, dt, shape, what)
+}
+
+// NewLeasedReadOnly is NewLeased with the first readOnly bytes of buf
+// read-only: Set of an element in them, or a Copy into a tensor that
+// reaches them, is refused (ErrAccessDenied) for the tensor and every
+// view of it, changing nothing. It is for an owner that shares that
+// memory with others (a KV cache's prefix pages). A slice Data hands out
+// is not checked. readOnly must lie in [0, len(buf's bytes)] (ErrInvalid).
+func NewLeasedReadOnly(l *Lease, buf Buffer, readOnly int, dt DType, shape ...int) (*Tensor, error) {
+	t, err := NewLeased(l, buf, dt, shape...)
+	if err != nil {
+		return nil, err
+	}
+	if readOnly < 0 || readOnly > len(t.st.bytes) {
+		return nil, errors.Wrapf(driver.ErrInvalid, "tensor: new leased %s tensor: %d read-only bytes of a buffer of %d", dt, readOnly, len(t.st.bytes))
+	}
+	t.st.readOnly = readOnly
+	return t, nil
 }

@@ -43,12 +43,37 @@ type storage struct {
 	// lease, when not nil, ends the storage too: revoked, it is as
 	// released (NewLeased).
 	lease *Lease
+	// readOnly is how many of bytes, from the start, refuse writes
+	// through the checked accessors (NewLeasedReadOnly); never more than
+	// len(bytes).
+	readOnly int
 }
 
 // gone reports whether the storage's memory may no longer be touched:
 // released by its owner, or its lease revoked.
 func (st *storage) gone() bool {
 	return st.released.Load() || (st.lease != nil && st.lease.Revoked())
+}
+
+// enter starts an access to the storage's memory, which stays mapped
+// until exit (its lease, if any, waits: Lease); false, with nothing
+// started, when the memory may no longer be touched.
+func (st *storage) enter() bool {
+	if st.lease != nil && !st.lease.enter() {
+		return false
+	}
+	if st.released.Load() {
+		st.exit()
+		return false
+	}
+	return true
+}
+
+// exit ends an access enter started.
+func (st *storage) exit() {
+	if st.lease != nil {
+		st.lease.exit()
+	}
 }
 
 // Tensor is a dtype, shape, strides and offset over a storage. It is
@@ -281,6 +306,29 @@ func (t *Tensor) live(what func() string) error {
 	}
 	if t.st.gone() {
 		return driver.Closed(what() + ": its memory was released")
+	}
+	return nil
+}
+
+// enter is live for a call about to touch t's memory: on success the
+// memory stays until the caller's t.st.exit().
+func (t *Tensor) enter(what func() string) error {
+	if err := t.made(what); err != nil {
+		return err
+	}
+	if !t.st.enter() {
+		return driver.Closed(what() + ": its memory was released")
+	}
+	return nil
+}
+
+// writable refuses (ErrAccessDenied) a write to t's elements when the
+// lowest of them lies in the storage's read-only bytes (a prefix: the
+// lowest element is the one to check).
+func (t *Tensor) writable(what func() string) error {
+	if lo, _ := t.span(); t.n > 0 && lo < t.st.readOnly {
+		return errors.WithHint(errors.Wrapf(driver.ErrAccessDenied, "%s: the first %s of its memory are read-only, and the write reaches byte %d",
+			what(), units.Bytes(uint64(t.st.readOnly)), lo), "its owner shares that memory (a KV cache's prefix pages): write elsewhere")
 	}
 	return nil
 }

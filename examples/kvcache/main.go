@@ -633,11 +633,15 @@ func insert(rs []*request, r *request) []*request {
 	return slices.Insert(rs, i, r)
 }
 
-// finish takes each job's last logits as its next token, and frees the
+// finish marks each job's rows written (its whole prompt pages become
+// shareable), takes its last logits as its next token, and frees the
 // sequences that have generated all their output.
 func (s *server) finish(jobs []*job) error {
 	for _, j := range jobs {
 		r := j.r
+		if err := r.seq.MarkWritten(j.pos + len(j.tokens)); err != nil {
+			return err
+		}
 		s.computed += len(j.tokens)
 		if r.logits != nil {
 			for i, lg := range j.logits {
