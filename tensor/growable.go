@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -59,7 +60,7 @@ func NewGrowable(a *arena.Arena, dt DType, rowShape ...int) (*Growable, error) {
 	}
 	n, err := numElements(rowShape)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return nil, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
 	if n == 0 {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: a row has no elements", what())

@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -142,7 +143,7 @@ func newOn(st *storage, dt DType, shape []int, what func() string) (*Tensor, err
 	}
 	n, err := numElements(shape)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return nil, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
 	if n > len(st.bytes)/dt.Size() {
 		return nil, errors.WithHint(
@@ -228,7 +229,7 @@ func checkLayout(dt DType, shape []int, what func() string) (int, error) {
 	}
 	n, err := numElements(shape)
 	if err != nil {
-		return 0, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return 0, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
 	if n > math.MaxInt/dt.Size() {
 		return 0, errors.Wrapf(driver.ErrInvalid, "%s: %d elements of %d bytes overflow an int", what(), n, dt.Size())
