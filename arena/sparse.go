@@ -171,7 +171,10 @@ func NewSparse(space *vaspace.Space, mem *physical.Memory, opts SparseOptions) (
 	if drv == nil || mem.Driver() == nil {
 		return nil, errors.Wrap(driver.ErrInvalid, "arena: new range: the address space or the physical memory has no driver (made with vaspace.New and physical.New of an open driver?)")
 	}
-	if mem.Driver() != drv {
+	if err := driver.CheckComparable(func() string { return "arena: new range" }, drv); err != nil {
+		return nil, err
+	}
+	if !driver.Same(mem.Driver(), drv) {
 		return nil, errors.Wrap(driver.ErrInvalid, "arena: new range: the address space and the physical memory are on different drivers")
 	}
 	if opts.Placement != nil && isnil.Is(opts.Placement) {

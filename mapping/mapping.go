@@ -130,7 +130,10 @@ func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
 	if drv == nil || mem.Driver() == nil {
 		return nil, errors.Wrap(driver.ErrInvalid, "mapping: new table: the reservation or the physical memory has no driver (made without vaspace.Reserve or physical.New?)")
 	}
-	if mem.Driver() != drv {
+	if err := driver.CheckComparable(func() string { return "mapping: new table" }, drv); err != nil {
+		return nil, err
+	}
+	if !driver.Same(mem.Driver(), drv) {
 		return nil, errors.Wrap(driver.ErrInvalid, "mapping: the reservation and the physical memory are on different drivers")
 	}
 	t := &Table{res: res, mem: mem, drv: drv, devs: drv.Devices()}
