@@ -14,6 +14,8 @@
 // It also runs synchronize hooks: after a stream or event synchronize
 // returns, the functions registered with OnSynchronize for that driver run
 // (CUDA releases pool memory above the release threshold at that moment).
+// A synchronize from inside a hook is refused, as it would run the hooks
+// again without end; a hook waits for an event with Event.WaitDone.
 //
 // Invariants: positions only grow; a stream's clock entry for another
 // stream never exceeds that stream's position; an event's clock is the
@@ -22,9 +24,12 @@
 package stream
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -193,8 +198,12 @@ func (s *Stream) Launch(name string, fn func() error) error {
 
 // Synchronize waits for everything enqueued on s, returns the first
 // failure of that work (naming the operation), then runs the driver's
-// synchronize hooks.
+// synchronize hooks. Called from inside a synchronize hook it is refused
+// (ErrInvalid): it would run the hooks again, without end.
 func (s *Stream) Synchronize() error {
+	if err := inHook(func() string { return fmt.Sprintf("stream: synchronize %s", s) }); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
@@ -375,8 +384,12 @@ func (e *Event) destroyed(what string) error {
 }
 
 // Synchronize waits for the event as last recorded, then runs the
-// driver's synchronize hooks.
+// driver's synchronize hooks. Called from inside a synchronize hook it is
+// refused (ErrInvalid): a hook waits with WaitDone.
 func (e *Event) Synchronize() error {
+	if err := inHook(func() string { return "stream: synchronize event" }); err != nil {
+		return err
+	}
 	if err := e.destroyed("synchronize"); err != nil {
 		return err
 	}
@@ -439,10 +452,57 @@ func Elapsed(start, end *Event) (time.Duration, error) {
 // (OnSynchronize checks), so map access cannot panic. mu is a leaf lock:
 // runHooks copies the functions and calls them after unlocking, so a hook
 // may take its own locks, and a caller holding its own lock may cancel.
+//
+// running counts, by goroutine, the runHooks calls in progress on it, and
+// nrunning their total (read without mu, so that a synchronize with no
+// hook running anywhere costs one atomic load). A hook runs on the
+// goroutine that synchronized, so a synchronize on a goroutine with hooks
+// running is one called from inside a hook: it would run the hooks again,
+// and a hook that always synchronizes would recurse until the stack
+// overflowed, a fatal error. It is refused instead (inHook).
 var hooks struct {
-	mu   sync.Mutex
-	next int
-	fns  map[driver.Driver]map[int]func()
+	mu       sync.Mutex
+	next     int
+	fns      map[driver.Driver]map[int]func()
+	running  map[uint64]int
+	nrunning atomic.Int32
+}
+
+// inHook returns ErrInvalid when the calling goroutine is running
+// synchronize hooks.
+func inHook(what func() string) error {
+	if hooks.nrunning.Load() == 0 {
+		return nil
+	}
+	g := goroutineID()
+	hooks.mu.Lock()
+	n := hooks.running[g]
+	hooks.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	return errors.WithHint(
+		errors.Wrapf(driver.ErrInvalid, "%s: called inside a synchronize hook, where it would run the hooks again, without end", what()),
+		"a hook waits for an event with Event.WaitDone, which runs no hooks")
+}
+
+// goroutineID is the calling goroutine's number, read from the first line
+// of its stack trace ("goroutine 18 [running]:"): Go gives goroutines no
+// other identity, and a synchronize from inside a hook is told apart from
+// one on another goroutine (which must run) by it alone. It is read only
+// while hooks run somewhere.
+func goroutineID() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	var id uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
 }
 
 // OnSynchronize registers fn to run after every stream or event
@@ -450,7 +510,8 @@ var hooks struct {
 // driver that cannot key a map (driver.CheckComparable) is ErrInvalid.
 // A hook that panics makes the synchronize return the panic as an error
 // (ErrInvalid, after the work's own failure if any); the other hooks run
-// all the same.
+// all the same. A stream or event synchronize that a hook calls is
+// refused (ErrInvalid) rather than run the hooks again.
 func OnSynchronize(d driver.Driver, fn func()) (cancel func(), err error) {
 	if err := driver.CheckComparable(func() string { return "stream: on synchronize" }, d); err != nil {
 		return nil, err
@@ -491,6 +552,25 @@ func runHooks(d driver.Driver) error {
 		fns = append(fns, fn)
 	}
 	hooks.mu.Unlock()
+	if len(fns) == 0 {
+		return nil
+	}
+	g := goroutineID()
+	hooks.mu.Lock()
+	if hooks.running == nil {
+		hooks.running = map[uint64]int{}
+	}
+	hooks.running[g]++
+	hooks.nrunning.Add(1)
+	hooks.mu.Unlock()
+	defer func() {
+		hooks.mu.Lock()
+		if hooks.running[g]--; hooks.running[g] == 0 {
+			delete(hooks.running, g)
+		}
+		hooks.nrunning.Add(-1)
+		hooks.mu.Unlock()
+	}()
 	var errs error
 	for _, fn := range fns {
 		errs = errors.CombineErrors(errs, runHook(fn))
