@@ -14,6 +14,9 @@ import (
 // every chunk it commits later. If the driver refuses part-way, the chunks
 // already changed are set back and nothing changes.
 func (s *Sparse) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	if s.unmade() {
+		return unmade("Sparse.SetAccess", "NewSparse")
+	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	s.mu.Lock()
@@ -40,6 +43,9 @@ func (s *Sparse) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 
 // Access reports what dev gets on the chunks the range commits.
 func (s *Sparse) Access(dev driver.DeviceID) driver.Access {
+	if s.unmade() {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if dev < 0 || int(dev) >= len(s.access) {
@@ -53,6 +59,9 @@ func (s *Sparse) Access(dev driver.DeviceID) driver.Access {
 // later get the range's access (SetAccess). Granting AccessNone revokes.
 // On failure nothing changes.
 func (s *Sparse) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
+	if s.unmade() {
+		return unmade("Sparse.Grant", "NewSparse")
+	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	s.mu.Lock()
@@ -83,6 +92,9 @@ func (s *Sparse) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) er
 // WholeChunks reports whether [off, off+n) is whole chunks, all committed:
 // nil, or the error Grant and Move give for such a range.
 func (s *Sparse) WholeChunks(off, n uint64) error {
+	if s.unmade() {
+		return unmade("Sparse.WholeChunks", "NewSparse")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -150,6 +162,9 @@ func (s *Sparse) grantLocked(what func() string, dev driver.DeviceID, lo, hi int
 
 // AccessAt reports what dev may do at offset off.
 func (s *Sparse) AccessAt(dev driver.DeviceID, off uint64) (driver.Access, error) {
+	if s.unmade() {
+		return 0, unmade("Sparse.AccessAt", "NewSparse")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	what := func() string { return fmt.Sprintf("arena: access of device %d at offset %#x", dev, off) }
@@ -175,6 +190,9 @@ func (s *Sparse) checkDevice(what func() string, dev driver.DeviceID) error {
 // must have read access over the whole range, all committed. No Move swaps
 // the chunks while it runs.
 func (s *Sparse) Read(dev driver.DeviceID, off uint64, p []byte) error {
+	if s.unmade() {
+		return unmade("Sparse.Read", "NewSparse")
+	}
 	s.moving.RLock()
 	defer s.moving.RUnlock()
 	return s.touch("read", dev, off, p, s.tab.Read)
@@ -184,6 +202,9 @@ func (s *Sparse) Read(dev driver.DeviceID, off uint64, p []byte) error {
 // access over the whole range, all committed. No Move copies or swaps while
 // it runs, so no write is lost to one.
 func (s *Sparse) Write(dev driver.DeviceID, off uint64, p []byte) error {
+	if s.unmade() {
+		return unmade("Sparse.Write", "NewSparse")
+	}
 	s.writing.RLock()
 	defer s.writing.RUnlock()
 	s.moving.RLock()

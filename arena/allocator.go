@@ -248,10 +248,20 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 }
 
 // Max is the most memory the allocator may hold committed at once.
-func (al *Allocator) Max() uint64 { return al.max }
+func (al *Allocator) Max() uint64 {
+	if al.unmade() {
+		return 0
+	}
+	return al.max
+}
 
 // ChunkSize is the unit the allocator commits and gives back memory in.
-func (al *Allocator) ChunkSize() uint64 { return al.cs }
+func (al *Allocator) ChunkSize() uint64 {
+	if al.unmade() {
+		return 0
+	}
+	return al.cs
+}
 
 // Closed reports whether the allocator is closed. A zero Allocator, not
 // made by NewAllocator, reports itself closed.
@@ -265,7 +275,12 @@ func (al *Allocator) Closed() bool {
 }
 
 // Policy is the allocator's size and alignment rule.
-func (al *Allocator) Policy() Policy { return al.policy }
+func (al *Allocator) Policy() Policy {
+	if al.unmade() {
+		return 0
+	}
+	return al.policy
+}
 
 // distinct lists the allocator's heaps, each once (a shareable allocator
 // keeps one heap for both kinds of request), none nil.
@@ -296,6 +311,9 @@ func (al *Allocator) ranges() []*Sparse {
 // heaps' (one, for a shareable allocator) and, when stitching is on, the
 // stitch range. They never move.
 func (al *Allocator) Ranges() []vaspace.Range {
+	if al.unmade() {
+		return nil
+	}
 	var rs []vaspace.Range
 	for _, s := range al.ranges() {
 		rs = append(rs, s.Range())
@@ -306,6 +324,9 @@ func (al *Allocator) Ranges() []vaspace.Range {
 // Owns reports whether p lies in one of the allocator's ranges (not
 // whether it is a live allocation: see Size).
 func (al *Allocator) Owns(p driver.Addr) bool {
+	if al.unmade() {
+		return false
+	}
 	for _, r := range al.Ranges() {
 		if r.Contains(p) {
 			return true
@@ -316,11 +337,19 @@ func (al *Allocator) Owns(p driver.Addr) bool {
 
 // HostAddressable reports whether the allocator's memory is addressable
 // from this process (Bytes works).
-func (al *Allocator) HostAddressable() bool { return al.heaps[0].s.HostAddressable() }
+func (al *Allocator) HostAddressable() bool {
+	if al.unmade() {
+		return false
+	}
+	return al.heaps[0].s.HostAddressable()
+}
 
 // SetReleaseThreshold changes the release threshold (see
 // AllocatorOptions.ReleaseThreshold).
 func (al *Allocator) SetReleaseThreshold(n uint64) {
+	if al.unmade() {
+		return
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	al.threshold = n
@@ -407,6 +436,9 @@ func (al *Allocator) Alloc(size, align uint64) (driver.Addr, error) {
 // ErrNotAllocated, and nothing changes. Free keeps the memory committed for
 // later allocations.
 func (al *Allocator) Free(p driver.Addr) error {
+	if al.unmade() {
+		return unmade("Allocator.Free", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -453,6 +485,9 @@ func (al *Allocator) notAllocated(p driver.Addr) error {
 
 // Size reports the size asked for by the live allocation at p.
 func (al *Allocator) Size(p driver.Addr) (uint64, error) {
+	if al.unmade() {
+		return 0, unmade("Allocator.Size", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -473,6 +508,9 @@ func (al *Allocator) Size(p driver.Addr) (uint64, error) {
 // on drivers whose memory the process addresses (driver.HostMapper). It is
 // valid until the allocation is freed.
 func (al *Allocator) Bytes(p driver.Addr) ([]byte, error) {
+	if al.unmade() {
+		return nil, unmade("Allocator.Bytes", "NewAllocator")
+	}
 	n, err := al.Size(p)
 	if err != nil {
 		return nil, err
@@ -509,6 +547,9 @@ type Exported struct {
 // Export exports (once per chunk) and lists the chunks under the live
 // allocation at p, which must be of a shareable allocator.
 func (al *Allocator) Export(p driver.Addr) (Exported, error) {
+	if al.unmade() {
+		return Exported{}, unmade("Allocator.Export", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -561,6 +602,9 @@ func (s *Sparse) export(off, n uint64) ([]SharedChunk, error) {
 // SetAccess sets what dev may do with all the allocator's memory, now and
 // later: its heaps and its stitch range. On failure nothing changes.
 func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	if al.unmade() {
+		return unmade("Allocator.SetAccess", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -580,10 +624,18 @@ func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 }
 
 // Access reports what dev may do with the allocator's memory.
-func (al *Allocator) Access(dev driver.DeviceID) driver.Access { return al.heaps[0].s.Access(dev) }
+func (al *Allocator) Access(dev driver.DeviceID) driver.Access {
+	if al.unmade() {
+		return 0
+	}
+	return al.heaps[0].s.Access(dev)
+}
 
 // Stats returns the allocator's figures.
 func (al *Allocator) Stats() AllocStats {
+	if al.unmade() {
+		return AllocStats{}
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	st := al.stats
@@ -612,6 +664,9 @@ func (al *Allocator) Stats() AllocStats {
 // slices and tensors, and unmapping it would turn a later touch into a
 // fault. Free them first.
 func (al *Allocator) Close() error {
+	if al.unmade() {
+		return unmade("Allocator.Close", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -666,6 +721,9 @@ func (al *Allocator) checkAfter(op string) {
 // ranges' (with their page tables against the driver), and returns every
 // violation.
 func (al *Allocator) Check() error {
+	if al.unmade() {
+		return unmade("Allocator.Check", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	return al.checkLocked(true)

@@ -15,15 +15,28 @@ import (
 
 // Base is the address offsets into the pool count from: the start of the
 // range the pool's allocations lie in. It never changes.
-func (p *Pool) Base() driver.Addr { return p.base }
+func (p *Pool) Base() driver.Addr {
+	if p.unmade() {
+		return 0
+	}
+	return p.base
+}
 
 // Max is the size of that range: an importer reserves as much to map the
 // pool's chunks at the same offsets.
-func (p *Pool) Max() uint64 { return p.max }
+func (p *Pool) Max() uint64 {
+	if p.unmade() {
+		return 0
+	}
+	return p.max
+}
 
 // Offset is where the live allocation ptr starts, from Base, and its size
 // (the bytes asked for).
 func (p *Pool) Offset(ptr driver.Addr) (off, size uint64, err error) {
+	if p.unmade() {
+		return 0, 0, unmade("Pool.Offset", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b, ok := p.live[ptr]
@@ -74,6 +87,9 @@ type ExportedChunk struct {
 // ptr; descriptors (host, CUDA) need nothing: whoever holds one may map
 // it, and the sender decides who gets it.
 func (p *Pool) ExportPointer(ptr driver.Addr, importers ...int) (ExportedPointer, error) {
+	if p.unmade() {
+		return ExportedPointer{}, unmade("Pool.ExportPointer", "New")
+	}
 	if err := driver.CheckPIDs(func() string { return fmt.Sprintf("pool: export pointer %s", ptr) }, importers); err != nil {
 		return ExportedPointer{}, err
 	}
@@ -118,6 +134,9 @@ func (p *Pool) ExportPointer(ptr driver.Addr, importers ...int) (ExportedPointer
 // ReleaseImport records that one import of ptr (one ExportPointer) was
 // released; when none is left, FreeAsync may free ptr again.
 func (p *Pool) ReleaseImport(ptr driver.Addr) error {
+	if p.unmade() {
+		return unmade("Pool.ReleaseImport", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.imports[ptr] == 0 {

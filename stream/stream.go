@@ -81,20 +81,43 @@ func New(d driver.Driver, dev driver.DeviceID) (*Stream, error) {
 }
 
 // Driver is the stream's driver.
-func (s *Stream) Driver() driver.Driver { return s.d }
+func (s *Stream) Driver() driver.Driver {
+	if s.unmade() {
+		return nil
+	}
+	return s.d
+}
 
 // Device is the device the stream runs on.
-func (s *Stream) Device() driver.DeviceID { return s.dev }
+func (s *Stream) Device() driver.DeviceID {
+	if s.unmade() {
+		return 0
+	}
+	return s.dev
+}
 
 // ID is the driver's handle of the stream.
-func (s *Stream) ID() driver.Stream { return s.id }
+func (s *Stream) ID() driver.Stream {
+	if s.unmade() {
+		return 0
+	}
+	return s.id
+}
 
-func (s *Stream) String() string { return fmt.Sprintf("stream %d (device %d)", s.id, s.dev) }
+func (s *Stream) String() string {
+	if s.unmade() {
+		return "stream (not made by stream.New)"
+	}
+	return fmt.Sprintf("stream %d (device %d)", s.id, s.dev)
+}
 
 // Destroyed reports whether Destroy has been called on s: from then on
 // every call on s is ErrClosed, and code that takes a stream (a pool's
 // MallocAsync) refuses it the same way.
 func (s *Stream) Destroyed() bool {
+	if s.unmade() {
+		return true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
@@ -102,6 +125,9 @@ func (s *Stream) Destroyed() bool {
 
 // Position is the number of operations enqueued through s so far.
 func (s *Stream) Position() uint64 {
+	if s.unmade() {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pos
@@ -193,6 +219,9 @@ func (s *Stream) Wait(e *Event) error {
 // Launch enqueues fn, a host function named name in errors: the host
 // driver's kind of kernel.
 func (s *Stream) Launch(name string, fn func() error) error {
+	if s.unmade() {
+		return unmade("Stream.Launch", "New")
+	}
 	return s.enqueue("launch "+name, func() error { return s.st.LaunchHostFunc(s.id, name, fn) })
 }
 
@@ -201,6 +230,9 @@ func (s *Stream) Launch(name string, fn func() error) error {
 // synchronize hooks. Called from inside a synchronize hook it is refused
 // (ErrInvalid): it would run the hooks again, without end.
 func (s *Stream) Synchronize() error {
+	if s.unmade() {
+		return unmade("Stream.Synchronize", "New")
+	}
 	if err := inHook(func() string { return fmt.Sprintf("stream: synchronize %s", s) }); err != nil {
 		return err
 	}
@@ -235,6 +267,9 @@ func waited(err error) bool {
 // Query reports whether everything enqueued on s has run, and the first
 // failure if so.
 func (s *Stream) Query() (bool, error) {
+	if s.unmade() {
+		return false, unmade("Stream.Query", "New")
+	}
 	if s.Destroyed() {
 		return false, driver.Closed(fmt.Sprintf("stream: query of destroyed %s", s))
 	}
@@ -248,6 +283,9 @@ func (s *Stream) Query() (bool, error) {
 // deadlocked. Called from a host function of s (or of work s waits for)
 // it is refused with ErrBusy, and s lives on.
 func (s *Stream) Destroy() error {
+	if s.unmade() {
+		return unmade("Stream.Destroy", "New")
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -279,27 +317,42 @@ func (s *Stream) alive() bool {
 // CopyHtoD enqueues a copy of src to dst; src must be left alone until
 // the stream has passed the copy.
 func (s *Stream) CopyHtoD(dst driver.Addr, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoD", "New")
+	}
 	return s.enqueue("copy to device", func() error { return s.st.CopyHtoD(dst, src, s.id) })
 }
 
 // CopyDtoH enqueues a copy of device memory at src into dst.
 func (s *Stream) CopyDtoH(dst []byte, src driver.Addr) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoH", "New")
+	}
 	return s.enqueue("copy from device", func() error { return s.st.CopyDtoH(dst, src, s.id) })
 }
 
 // CopyDtoD enqueues a copy of n bytes between device addresses (of one
 // device, or of two with peer access enabled).
 func (s *Stream) CopyDtoD(dst, src driver.Addr, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoD", "New")
+	}
 	return s.enqueue("copy device to device", func() error { return s.st.CopyDtoD(dst, src, n, s.id) })
 }
 
 // Memset enqueues a fill of n bytes at dst with value.
 func (s *Stream) Memset(dst driver.Addr, value byte, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.Memset", "New")
+	}
 	return s.enqueue("fill", func() error { return s.st.Memset(dst, value, n, s.id) })
 }
 
 // CopyHtoH enqueues a copy between two host buffers, in stream order.
 func (s *Stream) CopyHtoH(dst, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoH", "New")
+	}
 	if len(dst) != len(src) {
 		return errors.Wrapf(driver.ErrInvalid, "stream: copy host to host: %d bytes into %d", len(src), len(dst))
 	}
@@ -311,27 +364,42 @@ func (s *Stream) CopyHtoH(dst, src []byte) error {
 
 // CopyHtoDSync copies src to dst and waits.
 func (s *Stream) CopyHtoDSync(dst driver.Addr, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoDSync", "New")
+	}
 	return s.andSync(s.CopyHtoD(dst, src))
 }
 
 // CopyDtoHSync copies device memory at src into dst and waits.
 func (s *Stream) CopyDtoHSync(dst []byte, src driver.Addr) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoHSync", "New")
+	}
 	return s.andSync(s.CopyDtoH(dst, src))
 }
 
 // CopyDtoDSync copies n bytes between device addresses and waits.
 func (s *Stream) CopyDtoDSync(dst, src driver.Addr, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoDSync", "New")
+	}
 	return s.andSync(s.CopyDtoD(dst, src, n))
 }
 
 // MemsetSync fills n bytes at dst with value and waits.
 func (s *Stream) MemsetSync(dst driver.Addr, value byte, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.MemsetSync", "New")
+	}
 	return s.andSync(s.Memset(dst, value, n))
 }
 
 // CopyHtoHSync copies between host buffers after the stream's earlier
 // work, and waits.
 func (s *Stream) CopyHtoHSync(dst, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoHSync", "New")
+	}
 	return s.andSync(s.CopyHtoH(dst, src))
 }
 
@@ -369,7 +437,12 @@ func NewEvent(d driver.Driver, dev driver.DeviceID) (*Event, error) {
 }
 
 // ID is the driver's handle of the event.
-func (e *Event) ID() driver.Event { return e.id }
+func (e *Event) ID() driver.Event {
+	if e.unmade() {
+		return 0
+	}
+	return e.id
+}
 
 // destroyed returns ErrClosed, naming what was asked, once Destroy has
 // been called on e. The driver would answer ErrBadHandle; a destroyed
@@ -387,6 +460,9 @@ func (e *Event) destroyed(what string) error {
 // driver's synchronize hooks. Called from inside a synchronize hook it is
 // refused (ErrInvalid): a hook waits with WaitDone.
 func (e *Event) Synchronize() error {
+	if e.unmade() {
+		return unmade("Event.Synchronize", "NewEvent")
+	}
 	if err := inHook(func() string { return "stream: synchronize event" }); err != nil {
 		return err
 	}
@@ -404,6 +480,9 @@ func (e *Event) Synchronize() error {
 // synchronize hooks: for code that runs under its own lock and is itself
 // a hook (a pool waiting for its frees).
 func (e *Event) WaitDone() error {
+	if e.unmade() {
+		return unmade("Event.WaitDone", "NewEvent")
+	}
 	if err := e.destroyed("wait"); err != nil {
 		return err
 	}
@@ -412,6 +491,9 @@ func (e *Event) WaitDone() error {
 
 // Query reports whether the event as last recorded has completed.
 func (e *Event) Query() (bool, error) {
+	if e.unmade() {
+		return false, unmade("Event.Query", "NewEvent")
+	}
 	if err := e.destroyed("query"); err != nil {
 		return false, err
 	}
@@ -420,6 +502,9 @@ func (e *Event) Query() (bool, error) {
 
 // Destroy destroys the event; work already waiting on it completes.
 func (e *Event) Destroy() error {
+	if e.unmade() {
+		return unmade("Event.Destroy", "NewEvent")
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -610,10 +695,18 @@ func NewHostBuffer(d driver.Driver, size uint64) (*HostBuffer, error) {
 }
 
 // Bytes is the buffer's memory; nil after Free.
-func (h *HostBuffer) Bytes() []byte { return h.bytes }
+func (h *HostBuffer) Bytes() []byte {
+	if h.unmade() {
+		return nil
+	}
+	return h.bytes
+}
 
 // Free returns the buffer. Freeing twice is ErrClosed.
 func (h *HostBuffer) Free() error {
+	if h.unmade() {
+		return unmade("HostBuffer.Free", "NewHostBuffer")
+	}
 	if h.bytes == nil {
 		return driver.Closed("stream: free of a freed host buffer")
 	}

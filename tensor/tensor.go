@@ -287,22 +287,52 @@ func (t *Tensor) live(what func() string) error {
 }
 
 // DType is the element type.
-func (t *Tensor) DType() DType { return t.dt }
+func (t *Tensor) DType() DType {
+	if t == nil {
+		return 0
+	}
+	return t.dt
+}
 
 // Shape is the size of each dim (a copy).
-func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
+func (t *Tensor) Shape() []int {
+	if t == nil {
+		return nil
+	}
+	return slices.Clone(t.shape)
+}
 
 // Dims is the number of dims (0 for a scalar).
-func (t *Tensor) Dims() int { return len(t.shape) }
+func (t *Tensor) Dims() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.shape)
+}
 
 // Strides is the step of each dim, in elements (a copy).
-func (t *Tensor) Strides() []int { return slices.Clone(t.strides) }
+func (t *Tensor) Strides() []int {
+	if t == nil {
+		return nil
+	}
+	return slices.Clone(t.strides)
+}
 
 // Offset is the storage offset of the first element, in elements.
-func (t *Tensor) Offset() int { return t.offset }
+func (t *Tensor) Offset() int {
+	if t == nil {
+		return 0
+	}
+	return t.offset
+}
 
 // NumElements is the product of the shape (1 for a scalar).
-func (t *Tensor) NumElements() int { return t.n }
+func (t *Tensor) NumElements() int {
+	if t == nil {
+		return 0
+	}
+	return t.n
+}
 
 // Addr is the device address of the storage the tensor lives in: the start
 // of the arena view or allocation, not of the tensor's first element (add
@@ -328,6 +358,9 @@ func (t *Tensor) SharesStorage(u *Tensor) bool {
 // IsContiguous reports whether the elements lie back to back in row-major
 // order (dims of size 1 may have any stride; an empty tensor is contiguous).
 func (t *Tensor) IsContiguous() bool {
+	if t == nil {
+		return false
+	}
 	if t.n == 0 {
 		return true
 	}
@@ -343,6 +376,9 @@ func (t *Tensor) IsContiguous() bool {
 
 // String describes the tensor: "float32[2 3] strides [3 1] offset 0".
 func (t *Tensor) String() string {
+	if t == nil {
+		return "tensor (nil)"
+	}
 	return fmt.Sprintf("%s%v strides %v offset %d", t.dt, t.shape, t.strides, t.offset)
 }
 

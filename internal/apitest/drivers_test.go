@@ -43,13 +43,16 @@ func TestUncomparableDriverRefused(t *testing.T) {
 	used := drv.Used(0)
 	kv := kvcache.Config{Layers: 1, KVHeads: 1, HeadDim: 8, DType: tensor.Float16, MaxSeqs: 1, MaxContext: 64}
 	calls := map[string]func() error{
-		"arena.New":          func() error { _, err := arena.New(space, mem, arena.Options{Max: 4 << 20}); return err },
-		"arena.NewSparse":    func() error { _, err := arena.NewSparse(space, mem, arena.SparseOptions{Max: 4 << 20}); return err },
-		"arena.NewAllocator": func() error { _, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{Max: 4 << 20}); return err },
-		"mapping.New":        func() error { _, err := mapping.New(res, mem); return err },
-		"multidev.New":       func() error { _, err := multidev.New(space, mem, multidev.Options{Max: 4 << 20}); return err },
-		"kvcache.New":        func() error { _, err := kvcache.New(space, mem, kv); return err },
-		"pool.New":           func() error { _, err := pool.New(space, mem, pool.Props{}); return err },
+		"arena.New":       func() error { _, err := arena.New(space, mem, arena.Options{Max: 4 << 20}); return err },
+		"arena.NewSparse": func() error { _, err := arena.NewSparse(space, mem, arena.SparseOptions{Max: 4 << 20}); return err },
+		"arena.NewAllocator": func() error {
+			_, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{Max: 4 << 20})
+			return err
+		},
+		"mapping.New":  func() error { _, err := mapping.New(res, mem); return err },
+		"multidev.New": func() error { _, err := multidev.New(space, mem, multidev.Options{Max: 4 << 20}); return err },
+		"kvcache.New":  func() error { _, err := kvcache.New(space, mem, kv); return err },
+		"pool.New":     func() error { _, err := pool.New(space, mem, pool.Props{}); return err },
 	}
 	for name, call := range calls {
 		var err error
