@@ -16,6 +16,9 @@ import (
 // changing nothing) to leave a chunk that a live view covers writable by
 // no device: the view's bytes would fault.
 func (s *Sparse) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	if s.unmade() {
+		return unmade("Sparse.SetAccess", "NewSparse")
+	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	s.mu.Lock()
@@ -42,6 +45,9 @@ func (s *Sparse) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 
 // Access reports what dev gets on the chunks the range commits.
 func (s *Sparse) Access(dev driver.DeviceID) driver.Access {
+	if s.unmade() {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if dev < 0 || int(dev) >= len(s.access) {
@@ -56,6 +62,9 @@ func (s *Sparse) Access(dev driver.DeviceID) driver.Access {
 // As SetAccess, it refuses (ErrBusy) to leave a chunk that a live view
 // covers writable by no device. On failure nothing changes.
 func (s *Sparse) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
+	if s.unmade() {
+		return unmade("Sparse.Grant", "NewSparse")
+	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	s.mu.Lock()
@@ -86,6 +95,9 @@ func (s *Sparse) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) er
 // WholeChunks reports whether [off, off+n) is whole chunks, all committed:
 // nil, or the error Grant and Move give for such a range.
 func (s *Sparse) WholeChunks(off, n uint64) error {
+	if s.unmade() {
+		return unmade("Sparse.WholeChunks", "NewSparse")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -232,6 +244,9 @@ func (s *Sparse) writableLocked(what func() string, off, end uint64) error {
 
 // AccessAt reports what dev may do at offset off.
 func (s *Sparse) AccessAt(dev driver.DeviceID, off uint64) (driver.Access, error) {
+	if s.unmade() {
+		return 0, unmade("Sparse.AccessAt", "NewSparse")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	what := func() string { return fmt.Sprintf("arena: access of device %d at offset %#x", dev, off) }
@@ -257,6 +272,9 @@ func (s *Sparse) checkDevice(what func() string, dev driver.DeviceID) error {
 // must have read access over the whole range, all committed. No Move swaps
 // the chunks while it runs.
 func (s *Sparse) Read(dev driver.DeviceID, off uint64, p []byte) error {
+	if s.unmade() {
+		return unmade("Sparse.Read", "NewSparse")
+	}
 	s.moving.RLock()
 	defer s.moving.RUnlock()
 	return s.touch("read", dev, off, p, s.tab.Read)
@@ -266,6 +284,9 @@ func (s *Sparse) Read(dev driver.DeviceID, off uint64, p []byte) error {
 // access over the whole range, all committed. No Move copies or swaps while
 // it runs, so no write is lost to one.
 func (s *Sparse) Write(dev driver.DeviceID, off uint64, p []byte) error {
+	if s.unmade() {
+		return unmade("Sparse.Write", "NewSparse")
+	}
 	s.writing.RLock()
 	defer s.writing.RUnlock()
 	s.moving.RLock()

@@ -251,10 +251,20 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 }
 
 // Max is the most memory the allocator may hold committed at once.
-func (al *Allocator) Max() uint64 { return al.max }
+func (al *Allocator) Max() uint64 {
+	if al.unmade() {
+		return 0
+	}
+	return al.max
+}
 
 // ChunkSize is the unit the allocator commits and gives back memory in.
-func (al *Allocator) ChunkSize() uint64 { return al.cs }
+func (al *Allocator) ChunkSize() uint64 {
+	if al.unmade() {
+		return 0
+	}
+	return al.cs
+}
 
 // Closed reports whether the allocator is closed. A zero Allocator, not
 // made by NewAllocator, reports itself closed.
@@ -268,7 +278,12 @@ func (al *Allocator) Closed() bool {
 }
 
 // Policy is the allocator's size and alignment rule.
-func (al *Allocator) Policy() Policy { return al.policy }
+func (al *Allocator) Policy() Policy {
+	if al.unmade() {
+		return 0
+	}
+	return al.policy
+}
 
 // distinct lists the allocator's heaps, each once (a shareable allocator
 // keeps one heap for both kinds of request), none nil.
@@ -299,6 +314,9 @@ func (al *Allocator) ranges() []*Sparse {
 // heaps' (one, for a shareable allocator) and, when stitching is on, the
 // stitch range. They never move.
 func (al *Allocator) Ranges() []vaspace.Range {
+	if al.unmade() {
+		return nil
+	}
 	var rs []vaspace.Range
 	for _, s := range al.ranges() {
 		rs = append(rs, s.Range())
@@ -309,6 +327,9 @@ func (al *Allocator) Ranges() []vaspace.Range {
 // Owns reports whether p lies in one of the allocator's ranges (not
 // whether it is a live allocation: see Size).
 func (al *Allocator) Owns(p driver.Addr) bool {
+	if al.unmade() {
+		return false
+	}
 	for _, r := range al.Ranges() {
 		if r.Contains(p) {
 			return true
@@ -319,11 +340,19 @@ func (al *Allocator) Owns(p driver.Addr) bool {
 
 // HostAddressable reports whether the allocator's memory is addressable
 // from this process (Bytes works).
-func (al *Allocator) HostAddressable() bool { return al.heaps[0].s.HostAddressable() }
+func (al *Allocator) HostAddressable() bool {
+	if al.unmade() {
+		return false
+	}
+	return al.heaps[0].s.HostAddressable()
+}
 
 // SetReleaseThreshold changes the release threshold (see
 // AllocatorOptions.ReleaseThreshold).
 func (al *Allocator) SetReleaseThreshold(n uint64) {
+	if al.unmade() {
+		return
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	al.threshold = n
@@ -427,6 +456,9 @@ func (al *Allocator) allocLocked(what func() string, size, align, fp uint64) (dr
 // ErrBusy; nothing changes then. Free keeps the memory committed for later
 // allocations.
 func (al *Allocator) Free(p driver.Addr) error {
+	if al.unmade() {
+		return unmade("Allocator.Free", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -483,6 +515,9 @@ func (al *Allocator) notAllocated(p driver.Addr) error {
 
 // Size reports the size asked for by the live allocation at p.
 func (al *Allocator) Size(p driver.Addr) (uint64, error) {
+	if al.unmade() {
+		return 0, unmade("Allocator.Size", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -506,6 +541,9 @@ func (al *Allocator) Size(p driver.Addr) (uint64, error) {
 // SetAccess cannot take write access away. It is valid until the
 // allocation is freed.
 func (al *Allocator) Bytes(p driver.Addr) ([]byte, error) {
+	if al.unmade() {
+		return nil, unmade("Allocator.Bytes", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -568,6 +606,9 @@ type Exported struct {
 // Export exports (once per chunk) and lists the chunks under the live
 // allocation at p, which must be of a shareable allocator.
 func (al *Allocator) Export(p driver.Addr) (Exported, error) {
+	if al.unmade() {
+		return Exported{}, unmade("Allocator.Export", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -622,6 +663,9 @@ func (s *Sparse) export(off, n uint64) ([]SharedChunk, error) {
 // memory writable by no device while allocations are live: their bytes
 // (Bytes, a tensor's) would fault. On failure nothing changes.
 func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	if al.unmade() {
+		return unmade("Allocator.SetAccess", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -647,10 +691,18 @@ func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 }
 
 // Access reports what dev may do with the allocator's memory.
-func (al *Allocator) Access(dev driver.DeviceID) driver.Access { return al.heaps[0].s.Access(dev) }
+func (al *Allocator) Access(dev driver.DeviceID) driver.Access {
+	if al.unmade() {
+		return 0
+	}
+	return al.heaps[0].s.Access(dev)
+}
 
 // Stats returns the allocator's figures.
 func (al *Allocator) Stats() AllocStats {
+	if al.unmade() {
+		return AllocStats{}
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	st := al.stats
@@ -679,6 +731,9 @@ func (al *Allocator) Stats() AllocStats {
 // slices and tensors, and unmapping it would turn a later touch into a
 // fault. Free them first.
 func (al *Allocator) Close() error {
+	if al.unmade() {
+		return unmade("Allocator.Close", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {
@@ -733,6 +788,9 @@ func (al *Allocator) checkAfter(op string) {
 // ranges' (with their page tables against the driver), and returns every
 // violation.
 func (al *Allocator) Check() error {
+	if al.unmade() {
+		return unmade("Allocator.Check", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	return al.checkLocked(true)

@@ -80,23 +80,51 @@ func New(space *vaspace.Space, mem *physical.Memory, opts Options) (*Arena, erro
 }
 
 // Base is the arena's first address; it never changes.
-func (a *Arena) Base() driver.Addr { return a.s.Base() }
+func (a *Arena) Base() driver.Addr {
+	if a.unmade() {
+		return 0
+	}
+	return a.s.Base()
+}
 
 // Max is the most the arena can grow to.
-func (a *Arena) Max() uint64 { return a.s.Max() }
+func (a *Arena) Max() uint64 {
+	if a.unmade() {
+		return 0
+	}
+	return a.s.Max()
+}
 
 // ChunkSize is the unit memory is committed in.
-func (a *Arena) ChunkSize() uint64 { return a.s.ChunkSize() }
+func (a *Arena) ChunkSize() uint64 {
+	if a.unmade() {
+		return 0
+	}
+	return a.s.ChunkSize()
+}
 
 // Device is the device whose memory backs the arena when it has no
 // placement spreading it over several.
-func (a *Arena) Device() driver.DeviceID { return a.s.opts.Device }
+func (a *Arena) Device() driver.DeviceID {
+	if a.unmade() {
+		return 0
+	}
+	return a.s.opts.Device
+}
 
 // Placement is the arena's placement policy.
-func (a *Arena) Placement() Placement { return a.s.Placement() }
+func (a *Arena) Placement() Placement {
+	if a.unmade() {
+		return nil
+	}
+	return a.s.Placement()
+}
 
 // Len is the arena's length: [Base, Base+Len) is usable.
 func (a *Arena) Len() uint64 {
+	if a.unmade() {
+		return 0
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.length
@@ -104,10 +132,18 @@ func (a *Arena) Len() uint64 {
 
 // Committed is how many bytes of chunks back the arena (Len rounded up to
 // whole chunks, plus any not yet trimmed).
-func (a *Arena) Committed() uint64 { return a.s.Committed() }
+func (a *Arena) Committed() uint64 {
+	if a.unmade() {
+		return 0
+	}
+	return a.s.Committed()
+}
 
 // Stats returns the arena's figures.
 func (a *Arena) Stats() Stats {
+	if a.unmade() {
+		return Stats{}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return Stats{SparseStats: a.s.Stats(), Len: a.length, Max: a.s.Max()}
@@ -115,7 +151,12 @@ func (a *Arena) Stats() Stats {
 
 // HostAddressable reports whether views of the arena can give bytes
 // (View.Bytes): the driver's memory is addressable from this process.
-func (a *Arena) HostAddressable() bool { return a.s.HostAddressable() }
+func (a *Arena) HostAddressable() bool {
+	if a.unmade() {
+		return false
+	}
+	return a.s.HostAddressable()
+}
 
 func (a *Arena) errClosed(op string) error {
 	return driver.Closed("arena: " + op + " on a closed arena")
@@ -128,6 +169,9 @@ func (a *Arena) errClosed(op string) error {
 // arena is as it was, and the error says how much was asked and how much
 // the device had.
 func (a *Arena) Grow(n uint64) error {
+	if a.unmade() {
+		return unmade("Arena.Grow", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.growLocked(n)
@@ -173,6 +217,9 @@ func (a *Arena) checkAfter(op string) {
 // Grow reuses them) until Trim. It refuses, changing nothing, when a live
 // view reaches past the new end.
 func (a *Arena) Shrink(n uint64) error {
+	if a.unmade() {
+		return unmade("Arena.Shrink", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.s.Closed() {
@@ -210,6 +257,9 @@ func (s *Sparse) viewPast(end uint64) *View {
 
 // Resize grows or shrinks the arena to n bytes.
 func (a *Arena) Resize(n uint64) error {
+	if a.unmade() {
+		return unmade("Arena.Resize", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.s.Closed() {
@@ -224,6 +274,9 @@ func (a *Arena) Resize(n uint64) error {
 // Trim decommits the chunks lying wholly past Len and returns their memory
 // to the device. A chunk that Len reaches into stays whole.
 func (a *Arena) Trim() error {
+	if a.unmade() {
+		return unmade("Arena.Trim", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.s.Closed() {
@@ -259,6 +312,9 @@ func (s *Sparse) chunkEndAtOrAfter(off uint64) uint64 {
 // device may write is refused before anything grows (ErrAccessDenied). On
 // failure nothing changes.
 func (a *Arena) Append(n, align uint64) (*View, error) {
+	if a.unmade() {
+		return nil, unmade("Arena.Append", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.s.Closed() {
@@ -319,6 +375,9 @@ func (s *Sparse) appendWritable(off, end uint64) error {
 // tensor.Growable) grows it without losing bytes to a caller growing it at
 // the same time.
 func (a *Arena) ResizeFrom(from, to uint64) error {
+	if a.unmade() {
+		return unmade("Arena.ResizeFrom", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.s.Closed() {
@@ -336,6 +395,9 @@ func (a *Arena) ResizeFrom(from, to uint64) error {
 
 // View returns a live view of [off, off+n), which must lie inside Len.
 func (a *Arena) View(off, n uint64) (*View, error) {
+	if a.unmade() {
+		return nil, unmade("Arena.View", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.s.Closed() {
@@ -357,24 +419,43 @@ func (a *Arena) View(off, n uint64) (*View, error) {
 // (ErrBusy) to leave memory under a live view (a tensor) writable by no
 // device; see Sparse.SetAccess.
 func (a *Arena) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	if a.unmade() {
+		return unmade("Arena.SetAccess", "New")
+	}
 	return a.s.SetAccess(dev, acc)
 }
 
 // Access reports what dev gets on the chunks the arena commits.
-func (a *Arena) Access(dev driver.DeviceID) driver.Access { return a.s.Access(dev) }
+func (a *Arena) Access(dev driver.DeviceID) driver.Access {
+	if a.unmade() {
+		return 0
+	}
+	return a.s.Access(dev)
+}
 
 // Grant sets what dev may do over [off, off+n), whole chunks, all
 // committed; see Sparse.Grant.
 func (a *Arena) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
+	if a.unmade() {
+		return unmade("Arena.Grant", "New")
+	}
 	return a.s.Grant(dev, off, n, acc)
 }
 
 // WholeChunks reports whether [off, off+n) is whole chunks, all committed:
 // nil, or the error Grant and Move give for such a range.
-func (a *Arena) WholeChunks(off, n uint64) error { return a.s.WholeChunks(off, n) }
+func (a *Arena) WholeChunks(off, n uint64) error {
+	if a.unmade() {
+		return unmade("Arena.WholeChunks", "New")
+	}
+	return a.s.WholeChunks(off, n)
+}
 
 // AccessAt reports what dev may do at offset off.
 func (a *Arena) AccessAt(dev driver.DeviceID, off uint64) (driver.Access, error) {
+	if a.unmade() {
+		return 0, unmade("Arena.AccessAt", "New")
+	}
 	if a.s.Closed() {
 		return driver.AccessNone, a.errClosed("access")
 	}
@@ -382,10 +463,18 @@ func (a *Arena) AccessAt(dev driver.DeviceID, off uint64) (driver.Access, error)
 }
 
 // Layout lists the committed memory as maximal runs on one device.
-func (a *Arena) Layout() []Extent { return a.s.Layout() }
+func (a *Arena) Layout() []Extent {
+	if a.unmade() {
+		return nil
+	}
+	return a.s.Layout()
+}
 
 // DeviceAt reports the device whose memory backs offset off.
 func (a *Arena) DeviceAt(off uint64) (driver.DeviceID, error) {
+	if a.unmade() {
+		return 0, unmade("Arena.DeviceAt", "New")
+	}
 	if a.s.Closed() {
 		return 0, a.errClosed("device at")
 	}
@@ -395,6 +484,9 @@ func (a *Arena) DeviceAt(off uint64) (driver.DeviceID, error) {
 // Read copies len(p) bytes at offset off into p on behalf of dev, which
 // must have read access; [off, off+len(p)) must lie inside Len.
 func (a *Arena) Read(dev driver.DeviceID, off uint64, p []byte) error {
+	if a.unmade() {
+		return unmade("Arena.Read", "New")
+	}
 	if err := a.inside("read", dev, off, len(p)); err != nil {
 		return err
 	}
@@ -404,6 +496,9 @@ func (a *Arena) Read(dev driver.DeviceID, off uint64, p []byte) error {
 // Write copies p to offset off on behalf of dev, which must have read-write
 // access; [off, off+len(p)) must lie inside Len.
 func (a *Arena) Write(dev driver.DeviceID, off uint64, p []byte) error {
+	if a.unmade() {
+		return unmade("Arena.Write", "New")
+	}
 	if err := a.inside("write", dev, off, len(p)); err != nil {
 		return err
 	}
@@ -429,13 +524,21 @@ func (a *Arena) inside(op string, dev driver.DeviceID, off uint64, n int) error 
 // Move moves the backing of [off, off+n) — whole committed chunks — to
 // device to at the same addresses; see Sparse.Move. A chunk under a live
 // view (a tensor) is not moved: ErrBusy.
-func (a *Arena) Move(off, n uint64, to driver.DeviceID) error { return a.s.Move(off, n, to) }
+func (a *Arena) Move(off, n uint64, to driver.DeviceID) error {
+	if a.unmade() {
+		return unmade("Arena.Move", "New")
+	}
+	return a.s.Move(off, n, to)
+}
 
 // Close unmaps every chunk and frees the reservation. It refuses while
 // views are live. When the driver refuses an unmap part-way, the chunks
 // already given back are gone from the end of the arena, and Len shrinks
 // to what is left; Close may be called again.
 func (a *Arena) Close() error {
+	if a.unmade() {
+		return unmade("Arena.Close", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.s.Close(); err != nil {
@@ -455,6 +558,9 @@ func (a *Arena) Closed() bool { return a == nil || a.s == nil || a.s.Closed() }
 
 // Check verifies the arena's invariants, its range's and its page table's.
 func (a *Arena) Check() error {
+	if a.unmade() {
+		return unmade("Arena.Check", "New")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.s.mu.Lock()

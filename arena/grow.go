@@ -584,12 +584,20 @@ func (h *heap) decommit(b bref, lo, hi uint64) error {
 }
 
 // Trim gives every wholly free chunk back to the device, wherever it lies.
-func (al *Allocator) Trim() error { return al.TrimTo(0) }
+func (al *Allocator) Trim() error {
+	if al.unmade() {
+		return unmade("Allocator.Trim", "NewAllocator")
+	}
+	return al.TrimTo(0)
+}
 
 // TrimTo gives wholly free chunks back while more than keep bytes are
 // committed (as cuMemPoolTrimTo: until keep or fewer are, or nothing more
 // can go). It never gives back memory behind live allocations.
 func (al *Allocator) TrimTo(keep uint64) error {
+	if al.unmade() {
+		return unmade("Allocator.TrimTo", "NewAllocator")
+	}
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	if al.closed {

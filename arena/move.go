@@ -301,6 +301,9 @@ type moved struct {
 // (HostMapper, or the driver's Read and Write); on a driver whose devices
 // are all simulated there are no bytes, and only the backing moves.
 func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
+	if s.unmade() {
+		return unmade("Sparse.Move", "NewSparse")
+	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	_ = s.closeStale() // what stays pinned is refused below, as lent

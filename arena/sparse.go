@@ -172,7 +172,10 @@ func NewSparse(space *vaspace.Space, mem *physical.Memory, opts SparseOptions) (
 	if drv == nil || mem.Driver() == nil {
 		return nil, errors.Wrap(driver.ErrInvalid, "arena: new range: the address space or the physical memory has no driver (made with vaspace.New and physical.New of an open driver?)")
 	}
-	if mem.Driver() != drv {
+	if err := driver.CheckComparable(func() string { return "arena: new range" }, drv); err != nil {
+		return nil, err
+	}
+	if !driver.Same(mem.Driver(), drv) {
 		return nil, errors.Wrap(driver.ErrInvalid, "arena: new range: the address space and the physical memory are on different drivers")
 	}
 	if opts.Placement != nil && isnil.Is(opts.Placement) {
@@ -249,25 +252,58 @@ func NewSparse(space *vaspace.Space, mem *physical.Memory, opts SparseOptions) (
 }
 
 // Base is the range's first address; it never changes.
-func (s *Sparse) Base() driver.Addr { return s.res.Base() }
+func (s *Sparse) Base() driver.Addr {
+	if s.unmade() {
+		return 0
+	}
+	return s.res.Base()
+}
 
 // Max is the size of the range.
-func (s *Sparse) Max() uint64 { return s.opts.Max }
+func (s *Sparse) Max() uint64 {
+	if s.unmade() {
+		return 0
+	}
+	return s.opts.Max
+}
 
 // ChunkSize is the unit of commit and decommit.
-func (s *Sparse) ChunkSize() uint64 { return s.opts.ChunkSize }
+func (s *Sparse) ChunkSize() uint64 {
+	if s.unmade() {
+		return 0
+	}
+	return s.opts.ChunkSize
+}
 
 // Placement is the range's placement policy.
-func (s *Sparse) Placement() Placement { return s.opts.Placement }
+func (s *Sparse) Placement() Placement {
+	if s.unmade() {
+		return nil
+	}
+	return s.opts.Placement
+}
 
 // Driver is the driver whose memory backs the range.
-func (s *Sparse) Driver() driver.Driver { return s.drv }
+func (s *Sparse) Driver() driver.Driver {
+	if s.unmade() {
+		return nil
+	}
+	return s.drv
+}
 
 // Range is [Base, Base+Max).
-func (s *Sparse) Range() vaspace.Range { return s.res.Range() }
+func (s *Sparse) Range() vaspace.Range {
+	if s.unmade() {
+		return vaspace.Range{}
+	}
+	return s.res.Range()
+}
 
 // Committed is the memory of the chunks the range owns.
 func (s *Sparse) Committed() uint64 {
+	if s.unmade() {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.owned
@@ -275,6 +311,9 @@ func (s *Sparse) Committed() uint64 {
 
 // Stats returns the range's figures.
 func (s *Sparse) Stats() SparseStats {
+	if s.unmade() {
+		return SparseStats{}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.statsLocked()
@@ -289,6 +328,9 @@ func (s *Sparse) statsLocked() SparseStats {
 // HostAddressable reports whether the range's memory is addressable from
 // this process (View.Bytes works).
 func (s *Sparse) HostAddressable() bool {
+	if s.unmade() {
+		return false
+	}
 	_, ok := s.drv.(driver.HostMapper)
 	return ok
 }
@@ -352,6 +394,9 @@ func (s *Sparse) holesLocked(start, end uint64) []span {
 // handle a call), then each device named in the range's access is granted
 // the whole stretch in one call.
 func (s *Sparse) Commit(off, n uint64) error {
+	if s.unmade() {
+		return unmade("Sparse.Commit", "NewSparse")
+	}
 	return s.commitCut(off, n, nil)
 }
 
@@ -616,6 +661,9 @@ func (s *Sparse) describeFree() string {
 // when a chunk reaches out of the range (ErrPartial: chunks go whole) or
 // when a live view or a borrower pins one (ErrBusy, naming it).
 func (s *Sparse) Decommit(off, n uint64) error {
+	if s.unmade() {
+		return unmade("Sparse.Decommit", "NewSparse")
+	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	_ = s.closeStale()     // what stays pinned is refused below, as lent
@@ -783,6 +831,9 @@ type Extent struct {
 // Layout lists the committed memory as maximal runs on one device, in
 // address order.
 func (s *Sparse) Layout() []Extent {
+	if s.unmade() {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Extent
@@ -799,6 +850,9 @@ func (s *Sparse) Layout() []Extent {
 
 // DeviceAt reports the device whose memory backs offset off.
 func (s *Sparse) DeviceAt(off uint64) (driver.DeviceID, error) {
+	if s.unmade() {
+		return 0, unmade("Sparse.DeviceAt", "NewSparse")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -816,6 +870,9 @@ func (s *Sparse) DeviceAt(off uint64) (driver.DeviceID, error) {
 // the driver refuses an unmap or the reservation's free, the range stays
 // open with what it could not give back, and Close may be called again.
 func (s *Sparse) Close() error {
+	if s.unmade() {
+		return unmade("Sparse.Close", "NewSparse")
+	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	if err := s.closeStale(); err != nil {
@@ -862,6 +919,9 @@ func (s *Sparse) Close() error {
 
 // Closed reports whether the range is closed.
 func (s *Sparse) Closed() bool {
+	if s.unmade() {
+		return true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
@@ -870,6 +930,9 @@ func (s *Sparse) Closed() bool {
 // Check verifies the range's invariants, its page table against them and
 // the page table against the driver, and returns every violation.
 func (s *Sparse) Check() error {
+	if s.unmade() {
+		return unmade("Sparse.Check", "NewSparse")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	errs := s.checkLocked()

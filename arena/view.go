@@ -23,6 +23,9 @@ type View struct {
 // View returns a live view of [off, off+n), which must be committed
 // throughout.
 func (s *Sparse) View(off, n uint64) (*View, error) {
+	if s.unmade() {
+		return nil, unmade("Sparse.View", "NewSparse")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -58,16 +61,36 @@ func (s *Sparse) pinViewLocked(v *View, d int) {
 }
 
 // Addr is the view's first address.
-func (v *View) Addr() driver.Addr { return v.s.Base() + driver.Addr(v.off) }
+func (v *View) Addr() driver.Addr {
+	if v.unmade() {
+		return 0
+	}
+	return v.s.Base() + driver.Addr(v.off)
+}
 
 // Offset is the view's offset in its range.
-func (v *View) Offset() uint64 { return v.off }
+func (v *View) Offset() uint64 {
+	if v.unmade() {
+		return 0
+	}
+	return v.off
+}
 
 // Len is the view's length in bytes.
-func (v *View) Len() uint64 { return v.n }
+func (v *View) Len() uint64 {
+	if v.unmade() {
+		return 0
+	}
+	return v.n
+}
 
 // String formats v as "view [0x..., +4 MiB)".
-func (v *View) String() string { return fmt.Sprintf("view [%#x, +%s)", v.off, units.Bytes(v.n)) }
+func (v *View) String() string {
+	if v.unmade() {
+		return "view (nil)"
+	}
+	return fmt.Sprintf("view [%#x, +%s)", v.off, units.Bytes(v.n))
+}
 
 // Bytes returns the view's memory as a slice, on drivers whose memory the
 // process addresses (driver.HostMapper); others return ErrUnsupported. The
@@ -76,6 +99,9 @@ func (v *View) String() string { return fmt.Sprintf("view [%#x, +%s)", v.off, un
 // or Grant may take write access away while the view lives). The slice is
 // valid until Release.
 func (v *View) Bytes() ([]byte, error) {
+	if v.unmade() {
+		return nil, unmade("View.Bytes", "Sparse.View or Arena.View")
+	}
 	s := v.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -102,6 +128,9 @@ func (v *View) Bytes() ([]byte, error) {
 // Release ends the view and unpins its chunks. Releasing twice is
 // ErrClosed.
 func (v *View) Release() error {
+	if v.unmade() {
+		return unmade("View.Release", "Sparse.View or Arena.View")
+	}
 	s := v.s
 	s.mu.Lock()
 	defer s.mu.Unlock()

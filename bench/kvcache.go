@@ -32,17 +32,18 @@ type KVScale struct {
 }
 
 // PlainPer is the time of one operation that committed nothing, at
-// context i.
+// context i; 0 where there is no figure.
 func (k KVScale) PlainPer(i int) time.Duration {
-	if k.PlainOps[i] == 0 {
+	if i < 0 || i >= len(k.PlainOps) || i >= len(k.Plain) || k.PlainOps[i] == 0 {
 		return 0
 	}
 	return k.Plain[i] / time.Duration(k.PlainOps[i])
 }
 
-// Per is the time of one operation at context i.
+// Per is the time of one operation at context i; 0 where there is no
+// figure.
 func (k KVScale) Per(i int) time.Duration {
-	if k.N == 0 {
+	if k.N == 0 || i < 0 || i >= len(k.Time) {
 		return 0
 	}
 	return k.Time[i] / time.Duration(k.N)

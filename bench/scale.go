@@ -36,14 +36,23 @@ type Scaled struct {
 	N    int
 }
 
-// NS is the mean nanoseconds of one operation at size i.
-func (s Scaled) NS(i int) float64 { return float64(s.Time[i].Nanoseconds()) / float64(s.N) }
+// NS is the mean nanoseconds of one operation at size i; 0 where there is
+// no figure.
+func (s Scaled) NS(i int) float64 {
+	if s.N == 0 || i < 0 || i >= len(s.Time) {
+		return 0
+	}
+	return float64(s.Time[i].Nanoseconds()) / float64(s.N)
+}
 
 // Ratio is the slowest size's mean over the fastest's: 1 when the cost
 // does not grow with what is live.
 func (s Scaled) Ratio() float64 {
+	if len(s.Time) == 0 || s.NS(0) == 0 {
+		return 0
+	}
 	lo, hi := s.NS(0), s.NS(0)
-	for i := range s.Sizes {
+	for i := range s.Time {
 		lo, hi = min(lo, s.NS(i)), max(hi, s.NS(i))
 	}
 	return hi / lo

@@ -12,8 +12,8 @@ import (
 // Sentinel errors, one per class of failure. Every error a driver or a
 // layer above it returns is marked with exactly one of them, wrapped with a
 // message that says what was asked and why it failed. Test for them with
-// errors.Is from github.com/cockroachdb/errors (it also sees marks that the
-// standard library's errors.Is does not).
+// errors.Is, the standard library's or github.com/cockroachdb/errors': both
+// find every sentinel.
 var (
 	// ErrInvalid: an argument no call could accept (zero size, an
 	// alignment that is not a power of two, an unknown access value).

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/pool"
 )
 
@@ -188,7 +189,7 @@ func (c *Conn) send(kind Kind, htype driver.HandleType, payload []byte, fds ...i
 	n, oobn, err := c.c.WriteMsgUnix(msg, oob, nil)
 	if err != nil {
 		if ended(err) { // the peer has gone, or this end was closed
-			return errors.Mark(osError(err, "ipc: send %s to process %d on %s: the connection ended", kind, c.pid, c.path), driver.ErrClosed)
+			return sentinel.Mark(osError(err, "ipc: send %s to process %d on %s: the connection ended", kind, c.pid, c.path), driver.ErrClosed)
 		}
 		return osError(err, "ipc: send %s to process %d on %s", kind, c.pid, c.path)
 	}
@@ -222,12 +223,12 @@ func (c *Conn) recv() (*message, error) {
 	}
 	fail := func(format string, args ...any) (*message, error) {
 		closeAll(fds)
-		return nil, errors.Mark(errors.Newf("ipc: receive: "+format, args...), ErrProtocol)
+		return nil, sentinel.Mark(errors.Newf("ipc: receive: "+format, args...), ErrProtocol)
 	}
 	if err != nil {
 		closeAll(fds)
 		if ended(err) {
-			return nil, errors.Mark(osError(err, "ipc: receive from process %d on %s: the connection ended", c.pid, c.path), driver.ErrClosed)
+			return nil, sentinel.Mark(osError(err, "ipc: receive from process %d on %s: the connection ended", c.pid, c.path), driver.ErrClosed)
 		}
 		return nil, osError(err, "ipc: receive from process %d on %s", c.pid, c.path)
 	}

@@ -43,6 +43,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/pool"
@@ -134,7 +135,7 @@ func osError(err error, format string, args ...any) error {
 	}
 	err = errors.Wrapf(err, format, args...)
 	if errors.Is(err, net.ErrClosed) {
-		err = errors.Mark(err, driver.ErrClosed)
+		err = sentinel.Mark(err, driver.ErrClosed)
 	}
 	return err
 }
@@ -381,18 +382,18 @@ func (c *Conn) RecvChunk(mem *physical.Memory, dev driver.DeviceID) (*physical.C
 		return nil, errors.Wrapf(driver.ErrAccessDenied, "ipc: the sender refused: %s", m.body)
 	case KindChunk:
 	default:
-		return nil, errors.Mark(errors.Newf("ipc: receive chunk: a %s message came", m.kind), ErrProtocol)
+		return nil, sentinel.Mark(errors.Newf("ipc: receive chunk: a %s message came", m.kind), ErrProtocol)
 	}
 	var sh driver.Shareable
 	switch m.htype {
 	case driver.HandlePOSIXFD:
 		if len(m.body) != chunkFDPayload || len(m.fds) != 1 {
-			return nil, errors.Mark(errors.Newf("ipc: receive chunk: %d payload bytes and %d descriptors, want %d and 1", len(m.body), len(m.fds), chunkFDPayload), ErrProtocol)
+			return nil, sentinel.Mark(errors.Newf("ipc: receive chunk: %d payload bytes and %d descriptors, want %d and 1", len(m.body), len(m.fds), chunkFDPayload), ErrProtocol)
 		}
 		sh = driver.Shareable{Type: driver.HandlePOSIXFD, FD: m.fds[0]}
 	case driver.HandleToken:
 		if len(m.body) != chunkTokenPayload || len(m.fds) != 0 {
-			return nil, errors.Mark(errors.Newf("ipc: receive chunk: a token with %d payload bytes and %d descriptors, want %d and 0", len(m.body), len(m.fds), chunkTokenPayload), ErrProtocol)
+			return nil, sentinel.Mark(errors.Newf("ipc: receive chunk: a token with %d payload bytes and %d descriptors, want %d and 0", len(m.body), len(m.fds), chunkTokenPayload), ErrProtocol)
 		}
 		sh = driver.Shareable{Type: driver.HandleToken, Token: binary.LittleEndian.Uint64(m.body[chunkFDPayload:])}
 	default:

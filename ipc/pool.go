@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/mapping"
 	"github.com/vmarena/vmarena/physical"
@@ -131,7 +132,7 @@ func u64s(vs ...uint64) []byte {
 
 func readU64s(m *message, n int) ([]uint64, error) {
 	if len(m.body) != 8*n || len(m.fds) != 0 && m.kind != KindPoolChunk {
-		return nil, errors.Mark(errors.Newf("ipc: a %s message of %d bytes and %d descriptors", m.kind, len(m.body), len(m.fds)), ErrProtocol)
+		return nil, sentinel.Mark(errors.Newf("ipc: a %s message of %d bytes and %d descriptors", m.kind, len(m.body), len(m.fds)), ErrProtocol)
 	}
 	vs := make([]uint64, n)
 	for i := range vs {
@@ -264,7 +265,7 @@ func (c *Conn) RecvRelease(ep *ExportedPool) (driver.Addr, error) {
 	}
 	defer closeAll(m.fds)
 	if m.kind != KindRelease {
-		return 0, errors.Mark(errors.Newf("ipc: receive release: a %s message came", m.kind), ErrProtocol)
+		return 0, sentinel.Mark(errors.Newf("ipc: receive release: a %s message came", m.kind), ErrProtocol)
 	}
 	vs, err := readU64s(m, 2)
 	if err != nil {
@@ -487,7 +488,7 @@ func (c *Conn) RecvPool(space *vaspace.Space, mem *physical.Memory, dev driver.D
 		return nil, errors.Wrapf(driver.ErrAccessDenied, "ipc: the sender refused: %s", m.body)
 	case KindPool:
 	default:
-		return nil, errors.Mark(errors.Newf("ipc: receive pool: a %s message came", m.kind), ErrProtocol)
+		return nil, sentinel.Mark(errors.Newf("ipc: receive pool: a %s message came", m.kind), ErrProtocol)
 	}
 	vs, err := readU64s(m, 2)
 	if err != nil {
@@ -598,7 +599,7 @@ func (ip *ImportedPool) take(m *message) (driver.Addr, bool, error) {
 		ip.ptrs[ptr] = importedPtr{size: size, n: p.n + 1}
 		return ptr, true, nil
 	}
-	return 0, true, errors.Mark(errors.Newf("ipc: receive pointer: a %s message came", m.kind), ErrProtocol)
+	return 0, true, sentinel.Mark(errors.Newf("ipc: receive pointer: a %s message came", m.kind), ErrProtocol)
 }
 
 // unmappedIn returns the first offset of [lo, hi) where no chunk is

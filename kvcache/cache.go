@@ -171,7 +171,10 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if isnil.Is(drv) || isnil.Is(mem.Driver()) {
 		return nil, errors.Wrap(driver.ErrInvalid, "kvcache: new cache: the address space or the physical memory has no driver (made with vaspace.New and physical.New of an open driver?)")
 	}
-	if mem.Driver() != drv {
+	if err := driver.CheckComparable(func() string { return "kvcache: new cache" }, drv); err != nil {
+		return nil, err
+	}
+	if !driver.Same(mem.Driver(), drv) {
 		return nil, errors.Wrap(driver.ErrInvalid, "kvcache: new cache: the address space and the physical memory are on different drivers")
 	}
 	g, err := cfg.check(drv.Devices(), drv.Granularity())

@@ -130,7 +130,10 @@ func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
 	if drv == nil || mem.Driver() == nil {
 		return nil, errors.Wrap(driver.ErrInvalid, "mapping: new table: the reservation or the physical memory has no driver (made without vaspace.Reserve or physical.New?)")
 	}
-	if mem.Driver() != drv {
+	if err := driver.CheckComparable(func() string { return "mapping: new table" }, drv); err != nil {
+		return nil, err
+	}
+	if !driver.Same(mem.Driver(), drv) {
 		return nil, errors.Wrap(driver.ErrInvalid, "mapping: the reservation and the physical memory are on different drivers")
 	}
 	t := &Table{res: res, mem: mem, drv: drv, devs: drv.Devices()}
@@ -147,10 +150,18 @@ func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
 }
 
 // Reservation is the table's reservation.
-func (t *Table) Reservation() *vaspace.Reservation { return t.res }
+func (t *Table) Reservation() *vaspace.Reservation {
+	if t.unmade() {
+		return nil
+	}
+	return t.res
+}
 
 // Occupied implements vaspace.Occupant: every live mapping.
 func (t *Table) Occupied() []vaspace.Use {
+	if t.unmade() {
+		return nil
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	uses := make([]vaspace.Use, t.maps.Len())
@@ -227,6 +238,9 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 // Unmap removes the mapping that starts at addr, returning its range to the
 // reserved state and dropping the table's reference on its chunk.
 func (t *Table) Unmap(addr driver.Addr) error {
+	if t.unmade() {
+		return unmade("Table.Unmap", "New")
+	}
 	what := func() string { return fmt.Sprintf("mapping: unmap at %s", addr) }
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -252,6 +266,9 @@ func (t *Table) Unmap(addr driver.Addr) error {
 // UnmapRange removes every mapping inside r. A mapping that r cuts is
 // ErrPartial, and then nothing is unmapped.
 func (t *Table) UnmapRange(r vaspace.Range) error {
+	if t.unmade() {
+		return unmade("Table.UnmapRange", "New")
+	}
 	what := func() string { return fmt.Sprintf("mapping: unmap %s", r) }
 	if !r.Valid() {
 		return errors.Wrapf(driver.ErrInvalid, "%s: the range runs past the end of the address space", what())
@@ -293,6 +310,9 @@ func (t *Table) unmap(what func() string, e *entry) error {
 // SetAccess sets what dev may do over [addr, addr+size), which must be
 // mapped throughout; it may span several mappings.
 func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
+	if t.unmade() {
+		return unmade("Table.SetAccess", "New")
+	}
 	what := func() string {
 		return fmt.Sprintf("mapping: set access of device %d over [%s, +%s) to %s", dev, addr, units.Bytes(size), a)
 	}
@@ -373,6 +393,9 @@ type Entry struct {
 
 // Lookup reports what backs addr: ErrNotMapped if nothing does.
 func (t *Table) Lookup(addr driver.Addr) (Entry, error) {
+	if t.unmade() {
+		return Entry{}, unmade("Table.Lookup", "New")
+	}
 	what := func() string { return fmt.Sprintf("mapping: lookup %s", addr) }
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -401,6 +424,9 @@ type Mapping struct {
 // Mappings lists the live mappings in address order. It iterates over a
 // copy taken when called, so the table may change while it runs.
 func (t *Table) Mappings() iter.Seq[Mapping] {
+	if t.unmade() {
+		return nil
+	}
 	t.mu.RLock()
 	ms := make([]Mapping, t.n())
 	for i, it := range t.maps.All() {
@@ -433,6 +459,9 @@ type Span struct {
 // order: the memory map the demo prints. Like Mappings it iterates over a
 // copy.
 func (t *Table) Spans() iter.Seq[Span] {
+	if t.unmade() {
+		return nil
+	}
 	t.mu.RLock()
 	var spans []Span
 	at := t.res.Base()
@@ -479,12 +508,18 @@ func describeAccess(a driver.Access) string {
 // Read copies len(p) bytes at addr into p on behalf of dev, which must have
 // read access over the whole range.
 func (t *Table) Read(dev driver.DeviceID, addr driver.Addr, p []byte) error {
+	if t.unmade() {
+		return unmade("Table.Read", "New")
+	}
 	return t.touch("read", dev, addr, p, driver.AccessRead, t.drv.Read)
 }
 
 // Write copies p to addr on behalf of dev, which must have read-write
 // access over the whole range. A refused write changes no byte.
 func (t *Table) Write(dev driver.DeviceID, addr driver.Addr, p []byte) error {
+	if t.unmade() {
+		return unmade("Table.Write", "New")
+	}
 	return t.touch("write", dev, addr, p, driver.AccessReadWrite, t.drv.Write)
 }
 
@@ -540,6 +575,9 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 // Close unmaps every mapping and detaches the table from its reservation.
 // The reservation itself stays; free it with its Free.
 func (t *Table) Close() error {
+	if t.unmade() {
+		return unmade("Table.Close", "New")
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -567,6 +605,9 @@ func (t *Table) Close() error {
 // under the table (and the arena range or imported pool that owns it) is
 // reported here.
 func (t *Table) Check() error {
+	if t.unmade() {
+		return unmade("Table.Check", "New")
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	errs := t.checkLocked()

@@ -13,6 +13,9 @@ import (
 // owner, as the driver reports it (CanAccessPeer). A device always reaches
 // its own memory; on a driver without streams no device reaches another's.
 func (m *Arena) Reachable(dev, owner driver.DeviceID) (bool, error) {
+	if m.unmade() {
+		return false, unmade("Arena.Reachable", "New")
+	}
 	if m.a.Closed() {
 		return false, errClosed("reachable")
 	}
@@ -72,6 +75,9 @@ func (m *Arena) owners(off, n uint64) (devs []driver.DeviceID, at []uint64) {
 // ErrAccessDenied naming both devices, and nothing changes. Granting
 // AccessNone revokes, and needs no reachability.
 func (m *Arena) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
+	if m.unmade() {
+		return unmade("Arena.Grant", "New")
+	}
 	m.grants.Lock()
 	defer m.grants.Unlock()
 	what := func() string {
@@ -118,6 +124,9 @@ func (m *Arena) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) err
 
 // Access reports what dev may do at offset off.
 func (m *Arena) Access(dev driver.DeviceID, off uint64) (driver.Access, error) {
+	if m.unmade() {
+		return 0, unmade("Arena.Access", "New")
+	}
 	acc, err := m.a.AccessAt(dev, off)
 	return acc, errors.Wrap(err, "multidev")
 }
@@ -126,6 +135,9 @@ func (m *Arena) Access(dev driver.DeviceID, off uint64) (driver.Access, error) {
 // must have read access over the whole range; [off, off+len(p)) must lie
 // inside Len. No migration of the arena swaps mappings while it runs.
 func (m *Arena) Read(dev driver.DeviceID, off uint64, p []byte) error {
+	if m.unmade() {
+		return unmade("Arena.Read", "New")
+	}
 	return errors.Wrap(m.a.Read(dev, off, p), "multidev")
 }
 
@@ -133,5 +145,8 @@ func (m *Arena) Read(dev driver.DeviceID, off uint64, p []byte) error {
 // read-write access over the whole range inside Len. No migration of the
 // arena copies or swaps while it runs, so no write is lost to one.
 func (m *Arena) Write(dev driver.DeviceID, off uint64, p []byte) error {
+	if m.unmade() {
+		return unmade("Arena.Write", "New")
+	}
 	return errors.Wrap(m.a.Write(dev, off, p), "multidev")
 }

@@ -119,27 +119,62 @@ func New(space *vaspace.Space, mem *physical.Memory, opts Options) (*Arena, erro
 }
 
 // Base is the arena's first address; it never changes.
-func (m *Arena) Base() driver.Addr { return m.a.Base() }
+func (m *Arena) Base() driver.Addr {
+	if m.unmade() {
+		return 0
+	}
+	return m.a.Base()
+}
 
 // Max is the most the arena can grow to.
-func (m *Arena) Max() uint64 { return m.a.Max() }
+func (m *Arena) Max() uint64 {
+	if m.unmade() {
+		return 0
+	}
+	return m.a.Max()
+}
 
 // ChunkSize is the size of every chunk.
-func (m *Arena) ChunkSize() uint64 { return m.a.ChunkSize() }
+func (m *Arena) ChunkSize() uint64 {
+	if m.unmade() {
+		return 0
+	}
+	return m.a.ChunkSize()
+}
 
 // Placement is the arena's placement policy.
-func (m *Arena) Placement() Placement { return m.a.Placement() }
+func (m *Arena) Placement() Placement {
+	if m.unmade() {
+		return nil
+	}
+	return m.a.Placement()
+}
 
 // Len is the arena's length: [Base, Base+Len) may be read and written by
 // the devices granted access.
-func (m *Arena) Len() uint64 { return m.a.Len() }
+func (m *Arena) Len() uint64 {
+	if m.unmade() {
+		return 0
+	}
+	return m.a.Len()
+}
 
 // Committed is the bytes of chunks mapped: Len rounded up to whole chunks,
 // plus any not yet trimmed.
-func (m *Arena) Committed() uint64 { return m.a.Committed() }
+func (m *Arena) Committed() uint64 {
+	if m.unmade() {
+		return 0
+	}
+	return m.a.Committed()
+}
 
 // Stats returns the arena's figures.
-func (m *Arena) Stats() arena.Stats { return m.a.Stats() }
+func (m *Arena) Stats() arena.Stats {
+	if m.unmade() {
+		return arena.Stats{}
+	}
+	return m.a.Stats()
+}
 
 // Extent is a maximal run of chunks on one device.
 type Extent struct {
@@ -151,6 +186,9 @@ type Extent struct {
 // device, in address order (empty when nothing is committed or the arena is
 // closed).
 func (m *Arena) Layout() []Extent {
+	if m.unmade() {
+		return nil
+	}
 	var out []Extent
 	for _, e := range m.a.Layout() {
 		out = append(out, Extent{Range: vaspace.Range{Base: m.Base() + driver.Addr(e.Offset), Size: e.Size}, Device: e.Device})
@@ -160,6 +198,9 @@ func (m *Arena) Layout() []Extent {
 
 // DeviceAt reports the device whose memory backs offset off.
 func (m *Arena) DeviceAt(off uint64) (driver.DeviceID, error) {
+	if m.unmade() {
+		return 0, unmade("Arena.DeviceAt", "New")
+	}
 	d, err := m.a.DeviceAt(off)
 	return d, errors.Wrap(err, "multidev")
 }
@@ -170,6 +211,9 @@ func (m *Arena) DeviceAt(off uint64) (driver.DeviceID, error) {
 // released: the arena is as it was, and the error says what was asked and
 // what each device had free.
 func (m *Arena) Grow(n uint64) error {
+	if m.unmade() {
+		return unmade("Arena.Grow", "New")
+	}
 	err := m.a.Grow(n)
 	m.checkAfter("grow", err)
 	return errors.Wrap(err, "multidev")
@@ -177,15 +221,28 @@ func (m *Arena) Grow(n uint64) error {
 
 // Shrink shortens the arena by n bytes. The chunks stay committed, with
 // their grants, until Trim.
-func (m *Arena) Shrink(n uint64) error { return errors.Wrap(m.a.Shrink(n), "multidev") }
+func (m *Arena) Shrink(n uint64) error {
+	if m.unmade() {
+		return unmade("Arena.Shrink", "New")
+	}
+	return errors.Wrap(m.a.Shrink(n), "multidev")
+}
 
 // Trim unmaps the chunks lying wholly past Len and returns their memory to
 // their devices; their grants go with them.
-func (m *Arena) Trim() error { return errors.Wrap(m.a.Trim(), "multidev: trim") }
+func (m *Arena) Trim() error {
+	if m.unmade() {
+		return unmade("Arena.Trim", "New")
+	}
+	return errors.Wrap(m.a.Trim(), "multidev: trim")
+}
 
 // Close unmaps and releases every chunk and frees the reservation, after
 // the reads and writes in flight. Later calls are ErrClosed.
 func (m *Arena) Close() error {
+	if m.unmade() {
+		return unmade("Arena.Close", "New")
+	}
 	m.grants.Lock()
 	defer m.grants.Unlock()
 	return errors.Wrap(m.a.Close(), "multidev: close")
@@ -203,6 +260,9 @@ func (m *Arena) checkAfter(op string, err error) {
 // device holding a grant over another device's memory can reach it — and
 // returns every violation.
 func (m *Arena) Check() error {
+	if m.unmade() {
+		return unmade("Arena.Check", "New")
+	}
 	errs := m.a.Check()
 	cs := m.ChunkSize()
 	for _, e := range m.a.Layout() {

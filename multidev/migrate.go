@@ -21,6 +21,9 @@ import (
 // released. On a driver without host access whose devices are all
 // simulated there are no bytes, and only the backing moves.
 func (m *Arena) Migrate(off, n uint64, to driver.DeviceID) error {
+	if m.unmade() {
+		return unmade("Arena.Migrate", "New")
+	}
 	m.grants.Lock()
 	defer m.grants.Unlock()
 	what := func() string {

@@ -32,21 +32,41 @@ type Chunk struct {
 }
 
 // Handle is the driver's handle of the chunk.
-func (c *Chunk) Handle() driver.Handle { return c.handle }
+func (c *Chunk) Handle() driver.Handle {
+	if c == nil {
+		return 0
+	}
+	return c.handle
+}
 
 // Device is the device whose memory the chunk holds.
-func (c *Chunk) Device() driver.DeviceID { return c.dev }
+func (c *Chunk) Device() driver.DeviceID {
+	if c == nil {
+		return 0
+	}
+	return c.dev
+}
 
 // Size is the chunk's size in bytes.
-func (c *Chunk) Size() uint64 { return c.size }
+func (c *Chunk) Size() uint64 {
+	if c == nil {
+		return 0
+	}
+	return c.size
+}
 
 // Shareable reports whether the chunk was created shareable.
-func (c *Chunk) Shareable() bool { return c.shareable }
+func (c *Chunk) Shareable() bool {
+	if c == nil {
+		return false
+	}
+	return c.shareable
+}
 
 // made returns ErrBadHandle for a Chunk that Memory.Create or Import did
 // not make (a zero Chunk).
 func (c *Chunk) made(op string) error {
-	if c.m == nil {
+	if c == nil || c.m == nil {
 		return errors.Wrapf(driver.ErrBadHandle, "physical: %s %s: the chunk was not made by Memory.Create or Import", op, c)
 	}
 	return nil
@@ -54,7 +74,7 @@ func (c *Chunk) made(op string) error {
 
 // Released reports whether the handle has been released.
 func (c *Chunk) Released() bool {
-	if c.m == nil {
+	if c == nil || c.m == nil {
 		return true // never created: nothing to release
 	}
 	c.m.mu.Lock()
@@ -64,7 +84,7 @@ func (c *Chunk) Released() bool {
 
 // Mappings is the number of mappings acquired and not yet dropped.
 func (c *Chunk) Mappings() int {
-	if c.m == nil {
+	if c == nil || c.m == nil {
 		return 0
 	}
 	c.m.mu.Lock()
@@ -74,6 +94,9 @@ func (c *Chunk) Mappings() int {
 
 // String formats c as "chunk 7 (2 MiB on device 1)".
 func (c *Chunk) String() string {
+	if c == nil {
+		return "chunk (nil)"
+	}
 	return fmt.Sprintf("chunk %d (%s on device %d)", c.handle, units.Bytes(c.size), c.dev)
 }
 
@@ -219,4 +242,9 @@ func (c *Chunk) dropLocked() error {
 
 // Memory is the physical memory the chunk was created in. The mapping layer
 // checks it, so a chunk is never mapped through a driver that did not make it.
-func (c *Chunk) Memory() *Memory { return c.m }
+func (c *Chunk) Memory() *Memory {
+	if c == nil {
+		return nil
+	}
+	return c.m
+}

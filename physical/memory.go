@@ -71,7 +71,7 @@ func (m *Memory) Driver() driver.Driver {
 
 // usable returns ErrInvalid for a Memory that has no driver.
 func (m *Memory) usable(what func() string) error {
-	if m.d == nil {
+	if m == nil || m.d == nil {
 		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the memory has no driver", what()),
 			"make a memory with physical.New(d) of an open driver")
 	}
@@ -132,6 +132,9 @@ func (m *Memory) addLocked(c *Chunk) {
 // Usage reports what device dev holds. It answers after Close too: chunks
 // still mapped then keep their memory until unmapped.
 func (m *Memory) Usage(dev driver.DeviceID) (Usage, error) {
+	if m == nil {
+		return Usage{}, errors.Wrap(driver.ErrInvalid, "physical: Memory.Usage on a nil memory")
+	}
 	if err := driver.CheckDevice(func() string { return "physical: usage" }, dev, len(m.devs)); err != nil {
 		return Usage{}, err
 	}
@@ -142,6 +145,9 @@ func (m *Memory) Usage(dev driver.DeviceID) (Usage, error) {
 
 // Chunks returns every chunk whose memory is not yet returned, by handle.
 func (m *Memory) Chunks() []*Chunk {
+	if m == nil {
+		return nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.sortedChunks()

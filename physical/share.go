@@ -101,6 +101,9 @@ func (c *Chunk) grantLocked(pids []int) error {
 
 // Exported returns the chunk's shareable handle, if exported.
 func (c *Chunk) Exported() (driver.Shareable, bool) {
+	if c == nil {
+		return driver.Shareable{}, false
+	}
 	if c.m == nil {
 		return driver.Shareable{}, false
 	}
@@ -138,6 +141,9 @@ func (c *Chunk) SetAllowedPIDs(pids ...int) error {
 
 // Allowed reports whether process pid may import the chunk.
 func (c *Chunk) Allowed(pid int) bool {
+	if c == nil {
+		return false
+	}
 	if c.m == nil {
 		return false
 	}
@@ -147,7 +153,12 @@ func (c *Chunk) Allowed(pid int) bool {
 }
 
 // Imported reports whether the chunk came from another process.
-func (c *Chunk) Imported() bool { return c.imported }
+func (c *Chunk) Imported() bool {
+	if c == nil {
+		return false
+	}
+	return c.imported
+}
 
 // closeExportLocked closes the exported descriptor, when the chunk's
 // memory is returned here: other processes keep theirs.

@@ -49,6 +49,9 @@ func (a Attr) String() string {
 // high-water marks may only be reset, with 0, to the current value; the
 // current values cannot be set. A refused value changes nothing.
 func (p *Pool) SetAttribute(attr Attr, value uint64) error {
+	if p.unmade() {
+		return unmade("Pool.SetAttribute", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.destroyed {
@@ -92,6 +95,9 @@ func (p *Pool) SetAttribute(attr Attr, value uint64) error {
 // Attribute reads a pool attribute (cudaMemPoolGetAttribute); flags read
 // as 1 or 0.
 func (p *Pool) Attribute(attr Attr) (uint64, error) {
+	if p.unmade() {
+		return 0, unmade("Pool.Attribute", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b := func(f bool) uint64 {

@@ -17,15 +17,28 @@ import (
 
 // Base is the address offsets into the pool count from: the start of the
 // range the pool's allocations lie in. It never changes.
-func (p *Pool) Base() driver.Addr { return p.base }
+func (p *Pool) Base() driver.Addr {
+	if p.unmade() {
+		return 0
+	}
+	return p.base
+}
 
 // Max is the size of that range: an importer reserves as much to map the
 // pool's chunks at the same offsets.
-func (p *Pool) Max() uint64 { return p.max }
+func (p *Pool) Max() uint64 {
+	if p.unmade() {
+		return 0
+	}
+	return p.max
+}
 
 // Offset is where the live allocation ptr starts, from Base, and its size
 // (the bytes asked for).
 func (p *Pool) Offset(ptr driver.Addr) (off, size uint64, err error) {
+	if p.unmade() {
+		return 0, 0, unmade("Pool.Offset", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b, ok := p.live[ptr]
@@ -77,6 +90,9 @@ type ExportedChunk struct {
 // ptr; descriptors (host, CUDA) need nothing: whoever holds one may map
 // it, and the sender decides who gets it.
 func (p *Pool) ExportPointer(ptr driver.Addr, importers ...int) (ExportedPointer, error) {
+	if p.unmade() {
+		return ExportedPointer{}, unmade("Pool.ExportPointer", "New")
+	}
 	return p.exportPointer(nil, ptr, importers)
 }
 
@@ -105,6 +121,9 @@ func (h *ImportHolder) String() string {
 // ReleaseImportFor with the same h releases it, and ReleaseImport refuses
 // it (ErrBusy, naming h). A nil h is ErrInvalid.
 func (p *Pool) ExportPointerFor(h *ImportHolder, ptr driver.Addr, importers ...int) (ExportedPointer, error) {
+	if p.unmade() {
+		return ExportedPointer{}, unmade("Pool.ExportPointerFor", "New")
+	}
 	if h == nil {
 		return ExportedPointer{}, errors.Wrapf(driver.ErrInvalid, "pool: export pointer %s for a holder: the holder is nil", ptr)
 	}
@@ -171,6 +190,9 @@ func (p *Pool) exportPointer(h *ImportHolder, ptr driver.Addr, importers []int) 
 // imports are left, ReleaseImport refuses with ErrBusy naming their
 // holders, and changes nothing.
 func (p *Pool) ReleaseImport(ptr driver.Addr) error {
+	if p.unmade() {
+		return unmade("Pool.ReleaseImport", "New")
+	}
 	return p.releaseImport(nil, ptr)
 }
 
@@ -178,6 +200,9 @@ func (p *Pool) ReleaseImport(ptr driver.Addr) error {
 // released. An import h does not keep is ErrNotAllocated. A nil h is
 // ErrInvalid.
 func (p *Pool) ReleaseImportFor(h *ImportHolder, ptr driver.Addr) error {
+	if p.unmade() {
+		return unmade("Pool.ReleaseImportFor", "New")
+	}
 	if h == nil {
 		return errors.Wrapf(driver.ErrInvalid, "pool: release of an import of %s for a holder: the holder is nil", ptr)
 	}

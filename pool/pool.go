@@ -212,7 +212,12 @@ func sizes(what func() string, props *Props, dev driver.Device) error {
 
 // Props returns the pool's properties, with ChunkSize and MaxSize as the
 // pool uses them (defaults filled in).
-func (p *Pool) Props() Props { return p.props }
+func (p *Pool) Props() Props {
+	if p.unmade() {
+		return Props{}
+	}
+	return p.props
+}
 
 func (p *Pool) errDestroyed(op string) error {
 	return driver.Closed("pool: " + op + " on a destroyed pool")
@@ -453,6 +458,9 @@ func (p *Pool) onSynchronize() {
 // behind outstanding allocations (live, or freed in stream order and not
 // yet completed).
 func (p *Pool) TrimTo(minBytesToKeep uint64) error {
+	if p.unmade() {
+		return unmade("Pool.TrimTo", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.destroyed {
@@ -467,6 +475,9 @@ func (p *Pool) TrimTo(minBytesToKeep uint64) error {
 // memory the pool reserves later (cudaMemPoolSetAccess). Another device
 // needs peer access to the pool's device.
 func (p *Pool) SetAccess(dev driver.DeviceID, acc driver.Access) error {
+	if p.unmade() {
+		return unmade("Pool.SetAccess", "New")
+	}
 	if dev != p.props.Device {
 		st, ok := p.d.(driver.Streams)
 		if !ok {
@@ -491,6 +502,9 @@ func (p *Pool) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 
 // Access reports what dev may do with the pool's memory.
 func (p *Pool) Access(dev driver.DeviceID) driver.Access {
+	if p.unmade() {
+		return 0
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.destroyed {
@@ -504,6 +518,9 @@ func (p *Pool) Access(dev driver.DeviceID) driver.Access {
 // others are ErrUnsupported. Like ptr itself, the slice may be used only
 // by work ordered before the allocation's FreeAsync.
 func (p *Pool) Bytes(ptr driver.Addr) ([]byte, error) {
+	if p.unmade() {
+		return nil, unmade("Pool.Bytes", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.destroyed {
@@ -518,6 +535,9 @@ func (p *Pool) Bytes(ptr driver.Addr) ([]byte, error) {
 
 // Owns reports whether ptr is a live allocation of the pool.
 func (p *Pool) Owns(ptr driver.Addr) bool {
+	if p.unmade() {
+		return false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, ok := p.live[ptr]
@@ -529,6 +549,9 @@ func (p *Pool) Owns(ptr driver.Addr) bool {
 // device and frees the pool's address space. It refuses while allocations
 // are live (ErrBusy) and for a device's default pool (ErrInvalid).
 func (p *Pool) Destroy() error {
+	if p.unmade() {
+		return unmade("Pool.Destroy", "New")
+	}
 	if p.isDflt {
 		return errors.Wrap(driver.ErrInvalid, "pool: destroy of a device's default pool: it lives as long as the driver")
 	}
@@ -596,6 +619,9 @@ func (p *Pool) destroy() error {
 // Check verifies the pool's invariants and its allocator's, and reports
 // every violation.
 func (p *Pool) Check() error {
+	if p.unmade() {
+		return unmade("Pool.Check", "New")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.checkLocked()

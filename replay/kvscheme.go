@@ -233,15 +233,30 @@ const (
 )
 
 // ID is the request's index in its trace.
-func (r *SimRequest) ID() int { return r.id }
+func (r *SimRequest) ID() int {
+	if r == nil {
+		return 0
+	}
+	return r.id
+}
 
 // Prompt is the prompt's length in tokens.
-func (r *SimRequest) Prompt() int { return r.req.Input }
+func (r *SimRequest) Prompt() int {
+	if r == nil {
+		return 0
+	}
+	return r.req.Input
+}
 
 // Context is the tokens known: the prompt and the output generated so
 // far. A running request holds the KV of all of them but the last one
 // generated (it is computed in the next step).
-func (r *SimRequest) Context() int { return r.context }
+func (r *SimRequest) Context() int {
+	if r == nil {
+		return 0
+	}
+	return r.context
+}
 
 // Token is token t of the request's context: a synthetic token id that
 // stands for its content. Where the trace names blocks (Mooncake's
@@ -251,6 +266,9 @@ func (r *SimRequest) Context() int { return r.context }
 // no other request. Distinct contents give distinct tokens but with
 // probability 2^-63 a pair.
 func (r *SimRequest) Token(t int) int {
+	if r == nil {
+		return 0
+	}
 	if t < r.req.Input && t/BlockTokens < len(r.req.Blocks) {
 		return tokenID(1, uint64(r.req.Blocks[t/BlockTokens]), uint64(t%BlockTokens))
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/ranges"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -81,11 +82,11 @@ func (o Options) Check() error {
 	o.defaults()
 	g, c := o.Granularity, o.Capacity
 	if g&(g-1) != 0 || g < MinGranularity || g > MaxGranularity {
-		return errors.Mark(errors.Newf("granularity %s: want a power of two from %s to %s, such as 64KiB or 2MiB",
+		return sentinel.Mark(errors.Newf("granularity %s: want a power of two from %s to %s, such as 64KiB or 2MiB",
 			units.Bytes(g), units.Bytes(MinGranularity), units.Bytes(MaxGranularity)), driver.ErrInvalid)
 	}
 	if c%g != 0 || c > MaxCapacity {
-		return errors.Mark(errors.Newf("capacity %s: want a multiple of the granularity %s from %s to %s, such as 80GiB",
+		return sentinel.Mark(errors.Newf("capacity %s: want a multiple of the granularity %s from %s to %s, such as 80GiB",
 			units.Bytes(c), units.Bytes(g), units.Bytes(g), units.Bytes(MaxCapacity)), driver.ErrInvalid)
 	}
 	return nil
@@ -265,7 +266,7 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 
 	for i, ev := range events {
 		if !opts.Deadline.IsZero() && time.Now().After(opts.Deadline) {
-			return res, errors.Mark(errors.Newf("replay: the deadline passed after %d of %d events", i, len(events)), context.DeadlineExceeded)
+			return res, sentinel.Mark(errors.Newf("replay: the deadline passed after %d of %d events", i, len(events)), context.DeadlineExceeded)
 		}
 		if err := devs[index[ev.Device]].step(ev); err != nil {
 			return res, err

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -97,7 +98,7 @@ func (w *RandomLifetimes) defaults() {
 func (w RandomLifetimes) Check() error {
 	w.defaults()
 	invalid := func(format string, args ...any) error {
-		return errors.Mark(errors.Newf("replay: random-lifetimes: "+format, args...), driver.ErrInvalid)
+		return sentinel.Mark(errors.Newf("replay: random-lifetimes: "+format, args...), driver.ErrInvalid)
 	}
 	switch {
 	case w.Events < 0 || w.Events > MaxSyntheticEvents:

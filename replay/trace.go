@@ -57,6 +57,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/sentinel"
 )
 
 // ErrMalformed marks every error about the content of a trace.
@@ -184,7 +185,7 @@ func Parse(r io.Reader) ([]Event, error) {
 	cr.ReuseRecord = true
 	header, err := cr.Read()
 	if err == io.EOF {
-		return nil, errors.Mark(errors.New("replay: empty input: want a header line naming the columns "+strings.Join(Columns, ",")), ErrMalformed)
+		return nil, sentinel.Mark(errors.New("replay: empty input: want a header line naming the columns "+strings.Join(Columns, ",")), ErrMalformed)
 	}
 	if err != nil {
 		return nil, csvError(err)
@@ -338,7 +339,7 @@ func rangeNote(err error) string {
 }
 
 func malformed(line int, format string, args ...any) error {
-	return errors.Mark(errors.Newf("replay: line %d: "+format, append([]any{line}, args...)...), ErrMalformed)
+	return sentinel.Mark(errors.Newf("replay: line %d: "+format, append([]any{line}, args...)...), ErrMalformed)
 }
 
 // csvError turns the csv reader's error (a bare quote, say) into ours; the

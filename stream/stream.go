@@ -14,6 +14,8 @@
 // It also runs synchronize hooks: after a stream or event synchronize
 // returns, the functions registered with OnSynchronize for that driver run
 // (CUDA releases pool memory above the release threshold at that moment).
+// A synchronize from inside a hook is refused, as it would run the hooks
+// again without end; a hook waits for an event with Event.WaitDone.
 //
 // Invariants: positions only grow; a stream's clock entry for another
 // stream never exceeds that stream's position; an event's clock is the
@@ -22,9 +24,12 @@
 package stream
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -76,20 +81,43 @@ func New(d driver.Driver, dev driver.DeviceID) (*Stream, error) {
 }
 
 // Driver is the stream's driver.
-func (s *Stream) Driver() driver.Driver { return s.d }
+func (s *Stream) Driver() driver.Driver {
+	if s.unmade() {
+		return nil
+	}
+	return s.d
+}
 
 // Device is the device the stream runs on.
-func (s *Stream) Device() driver.DeviceID { return s.dev }
+func (s *Stream) Device() driver.DeviceID {
+	if s.unmade() {
+		return 0
+	}
+	return s.dev
+}
 
 // ID is the driver's handle of the stream.
-func (s *Stream) ID() driver.Stream { return s.id }
+func (s *Stream) ID() driver.Stream {
+	if s.unmade() {
+		return 0
+	}
+	return s.id
+}
 
-func (s *Stream) String() string { return fmt.Sprintf("stream %d (device %d)", s.id, s.dev) }
+func (s *Stream) String() string {
+	if s.unmade() {
+		return "stream (not made by stream.New)"
+	}
+	return fmt.Sprintf("stream %d (device %d)", s.id, s.dev)
+}
 
 // Destroyed reports whether Destroy has been called on s: from then on
 // every call on s is ErrClosed, and code that takes a stream (a pool's
 // MallocAsync) refuses it the same way.
 func (s *Stream) Destroyed() bool {
+	if s.unmade() {
+		return true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
@@ -97,6 +125,9 @@ func (s *Stream) Destroyed() bool {
 
 // Position is the number of operations enqueued through s so far.
 func (s *Stream) Position() uint64 {
+	if s.unmade() {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pos
@@ -188,13 +219,23 @@ func (s *Stream) Wait(e *Event) error {
 // Launch enqueues fn, a host function named name in errors: the host
 // driver's kind of kernel.
 func (s *Stream) Launch(name string, fn func() error) error {
+	if s.unmade() {
+		return unmade("Stream.Launch", "New")
+	}
 	return s.enqueue("launch "+name, func() error { return s.st.LaunchHostFunc(s.id, name, fn) })
 }
 
 // Synchronize waits for everything enqueued on s, returns the first
 // failure of that work (naming the operation), then runs the driver's
-// synchronize hooks.
+// synchronize hooks. Called from inside a synchronize hook it is refused
+// (ErrInvalid): it would run the hooks again, without end.
 func (s *Stream) Synchronize() error {
+	if s.unmade() {
+		return unmade("Stream.Synchronize", "New")
+	}
+	if err := inHook(func() string { return fmt.Sprintf("stream: synchronize %s", s) }); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
@@ -226,6 +267,9 @@ func waited(err error) bool {
 // Query reports whether everything enqueued on s has run, and the first
 // failure if so.
 func (s *Stream) Query() (bool, error) {
+	if s.unmade() {
+		return false, unmade("Stream.Query", "New")
+	}
 	if s.Destroyed() {
 		return false, driver.Closed(fmt.Sprintf("stream: query of destroyed %s", s))
 	}
@@ -239,6 +283,9 @@ func (s *Stream) Query() (bool, error) {
 // deadlocked. Called from a host function of s (or of work s waits for)
 // it is refused with ErrBusy, and s lives on.
 func (s *Stream) Destroy() error {
+	if s.unmade() {
+		return unmade("Stream.Destroy", "New")
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -270,27 +317,42 @@ func (s *Stream) alive() bool {
 // CopyHtoD enqueues a copy of src to dst; src must be left alone until
 // the stream has passed the copy.
 func (s *Stream) CopyHtoD(dst driver.Addr, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoD", "New")
+	}
 	return s.enqueue("copy to device", func() error { return s.st.CopyHtoD(dst, src, s.id) })
 }
 
 // CopyDtoH enqueues a copy of device memory at src into dst.
 func (s *Stream) CopyDtoH(dst []byte, src driver.Addr) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoH", "New")
+	}
 	return s.enqueue("copy from device", func() error { return s.st.CopyDtoH(dst, src, s.id) })
 }
 
 // CopyDtoD enqueues a copy of n bytes between device addresses (of one
 // device, or of two with peer access enabled).
 func (s *Stream) CopyDtoD(dst, src driver.Addr, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoD", "New")
+	}
 	return s.enqueue("copy device to device", func() error { return s.st.CopyDtoD(dst, src, n, s.id) })
 }
 
 // Memset enqueues a fill of n bytes at dst with value.
 func (s *Stream) Memset(dst driver.Addr, value byte, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.Memset", "New")
+	}
 	return s.enqueue("fill", func() error { return s.st.Memset(dst, value, n, s.id) })
 }
 
 // CopyHtoH enqueues a copy between two host buffers, in stream order.
 func (s *Stream) CopyHtoH(dst, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoH", "New")
+	}
 	if len(dst) != len(src) {
 		return errors.Wrapf(driver.ErrInvalid, "stream: copy host to host: %d bytes into %d", len(src), len(dst))
 	}
@@ -302,27 +364,42 @@ func (s *Stream) CopyHtoH(dst, src []byte) error {
 
 // CopyHtoDSync copies src to dst and waits.
 func (s *Stream) CopyHtoDSync(dst driver.Addr, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoDSync", "New")
+	}
 	return s.andSync(s.CopyHtoD(dst, src))
 }
 
 // CopyDtoHSync copies device memory at src into dst and waits.
 func (s *Stream) CopyDtoHSync(dst []byte, src driver.Addr) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoHSync", "New")
+	}
 	return s.andSync(s.CopyDtoH(dst, src))
 }
 
 // CopyDtoDSync copies n bytes between device addresses and waits.
 func (s *Stream) CopyDtoDSync(dst, src driver.Addr, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.CopyDtoDSync", "New")
+	}
 	return s.andSync(s.CopyDtoD(dst, src, n))
 }
 
 // MemsetSync fills n bytes at dst with value and waits.
 func (s *Stream) MemsetSync(dst driver.Addr, value byte, n uint64) error {
+	if s.unmade() {
+		return unmade("Stream.MemsetSync", "New")
+	}
 	return s.andSync(s.Memset(dst, value, n))
 }
 
 // CopyHtoHSync copies between host buffers after the stream's earlier
 // work, and waits.
 func (s *Stream) CopyHtoHSync(dst, src []byte) error {
+	if s.unmade() {
+		return unmade("Stream.CopyHtoHSync", "New")
+	}
 	return s.andSync(s.CopyHtoH(dst, src))
 }
 
@@ -360,7 +437,12 @@ func NewEvent(d driver.Driver, dev driver.DeviceID) (*Event, error) {
 }
 
 // ID is the driver's handle of the event.
-func (e *Event) ID() driver.Event { return e.id }
+func (e *Event) ID() driver.Event {
+	if e.unmade() {
+		return 0
+	}
+	return e.id
+}
 
 // destroyed returns ErrClosed, naming what was asked, once Destroy has
 // been called on e. The driver would answer ErrBadHandle; a destroyed
@@ -375,8 +457,15 @@ func (e *Event) destroyed(what string) error {
 }
 
 // Synchronize waits for the event as last recorded, then runs the
-// driver's synchronize hooks.
+// driver's synchronize hooks. Called from inside a synchronize hook it is
+// refused (ErrInvalid): a hook waits with WaitDone.
 func (e *Event) Synchronize() error {
+	if e.unmade() {
+		return unmade("Event.Synchronize", "NewEvent")
+	}
+	if err := inHook(func() string { return "stream: synchronize event" }); err != nil {
+		return err
+	}
 	if err := e.destroyed("synchronize"); err != nil {
 		return err
 	}
@@ -391,6 +480,9 @@ func (e *Event) Synchronize() error {
 // synchronize hooks: for code that runs under its own lock and is itself
 // a hook (a pool waiting for its frees).
 func (e *Event) WaitDone() error {
+	if e.unmade() {
+		return unmade("Event.WaitDone", "NewEvent")
+	}
 	if err := e.destroyed("wait"); err != nil {
 		return err
 	}
@@ -399,6 +491,9 @@ func (e *Event) WaitDone() error {
 
 // Query reports whether the event as last recorded has completed.
 func (e *Event) Query() (bool, error) {
+	if e.unmade() {
+		return false, unmade("Event.Query", "NewEvent")
+	}
 	if err := e.destroyed("query"); err != nil {
 		return false, err
 	}
@@ -407,6 +502,9 @@ func (e *Event) Query() (bool, error) {
 
 // Destroy destroys the event; work already waiting on it completes.
 func (e *Event) Destroy() error {
+	if e.unmade() {
+		return unmade("Event.Destroy", "NewEvent")
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -439,10 +537,57 @@ func Elapsed(start, end *Event) (time.Duration, error) {
 // (OnSynchronize checks), so map access cannot panic. mu is a leaf lock:
 // runHooks copies the functions and calls them after unlocking, so a hook
 // may take its own locks, and a caller holding its own lock may cancel.
+//
+// running counts, by goroutine, the runHooks calls in progress on it, and
+// nrunning their total (read without mu, so that a synchronize with no
+// hook running anywhere costs one atomic load). A hook runs on the
+// goroutine that synchronized, so a synchronize on a goroutine with hooks
+// running is one called from inside a hook: it would run the hooks again,
+// and a hook that always synchronizes would recurse until the stack
+// overflowed, a fatal error. It is refused instead (inHook).
 var hooks struct {
-	mu   sync.Mutex
-	next int
-	fns  map[driver.Driver]map[int]func()
+	mu       sync.Mutex
+	next     int
+	fns      map[driver.Driver]map[int]func()
+	running  map[uint64]int
+	nrunning atomic.Int32
+}
+
+// inHook returns ErrInvalid when the calling goroutine is running
+// synchronize hooks.
+func inHook(what func() string) error {
+	if hooks.nrunning.Load() == 0 {
+		return nil
+	}
+	g := goroutineID()
+	hooks.mu.Lock()
+	n := hooks.running[g]
+	hooks.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	return errors.WithHint(
+		errors.Wrapf(driver.ErrInvalid, "%s: called inside a synchronize hook, where it would run the hooks again, without end", what()),
+		"a hook waits for an event with Event.WaitDone, which runs no hooks")
+}
+
+// goroutineID is the calling goroutine's number, read from the first line
+// of its stack trace ("goroutine 18 [running]:"): Go gives goroutines no
+// other identity, and a synchronize from inside a hook is told apart from
+// one on another goroutine (which must run) by it alone. It is read only
+// while hooks run somewhere.
+func goroutineID() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	var id uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
 }
 
 // OnSynchronize registers fn to run after every stream or event
@@ -450,7 +595,8 @@ var hooks struct {
 // driver that cannot key a map (driver.CheckComparable) is ErrInvalid.
 // A hook that panics makes the synchronize return the panic as an error
 // (ErrInvalid, after the work's own failure if any); the other hooks run
-// all the same.
+// all the same. A stream or event synchronize that a hook calls is
+// refused (ErrInvalid) rather than run the hooks again.
 func OnSynchronize(d driver.Driver, fn func()) (cancel func(), err error) {
 	if err := driver.CheckComparable(func() string { return "stream: on synchronize" }, d); err != nil {
 		return nil, err
@@ -491,6 +637,25 @@ func runHooks(d driver.Driver) error {
 		fns = append(fns, fn)
 	}
 	hooks.mu.Unlock()
+	if len(fns) == 0 {
+		return nil
+	}
+	g := goroutineID()
+	hooks.mu.Lock()
+	if hooks.running == nil {
+		hooks.running = map[uint64]int{}
+	}
+	hooks.running[g]++
+	hooks.nrunning.Add(1)
+	hooks.mu.Unlock()
+	defer func() {
+		hooks.mu.Lock()
+		if hooks.running[g]--; hooks.running[g] == 0 {
+			delete(hooks.running, g)
+		}
+		hooks.nrunning.Add(-1)
+		hooks.mu.Unlock()
+	}()
 	var errs error
 	for _, fn := range fns {
 		errs = errors.CombineErrors(errs, runHook(fn))
@@ -540,7 +705,7 @@ func NewHostBuffer(d driver.Driver, size uint64) (*HostBuffer, error) {
 // Free gives it back). A slice taken before Free must be left alone from
 // then on.
 func (h *HostBuffer) Bytes() []byte {
-	if h == nil {
+	if h.unmade() {
 		return nil
 	}
 	h.mu.Lock()
@@ -559,8 +724,8 @@ func (h *HostBuffer) Bytes() []byte {
 // with ErrBusy and the buffer stays as it was. Freeing twice is ErrClosed,
 // a Free while another is under way ErrBusy.
 func (h *HostBuffer) Free() error {
-	if h == nil || h.st == nil {
-		return errors.Wrap(driver.ErrInvalid, "stream: free of a host buffer not made by NewHostBuffer (nil or zero)")
+	if h.unmade() {
+		return unmade("HostBuffer.Free", "NewHostBuffer")
 	}
 	h.mu.Lock()
 	b := h.bytes

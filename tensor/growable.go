@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -61,7 +62,7 @@ func NewGrowable(a *arena.Arena, dt DType, rowShape ...int) (*Growable, error) {
 	}
 	n, err := numElements(rowShape)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return nil, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
 	if n == 0 {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: a row has no elements", what())
@@ -82,20 +83,43 @@ func NewGrowable(a *arena.Arena, dt DType, rowShape ...int) (*Growable, error) {
 }
 
 // DType is the element type.
-func (g *Growable) DType() DType { return g.dt }
+func (g *Growable) DType() DType {
+	if g.unmade() {
+		return 0
+	}
+	return g.dt
+}
 
 // RowShape is the shape of one row (a copy).
-func (g *Growable) RowShape() []int { return slices.Clone(g.rowShape) }
+func (g *Growable) RowShape() []int {
+	if g.unmade() {
+		return nil
+	}
+	return slices.Clone(g.rowShape)
+}
 
 // RowBytes is the size of one row in bytes.
-func (g *Growable) RowBytes() int { return g.rowBytes }
+func (g *Growable) RowBytes() int {
+	if g.unmade() {
+		return 0
+	}
+	return g.rowBytes
+}
 
 // Base is the address of row 0: the arena's base, fixed for the
 // Growable's life.
-func (g *Growable) Base() driver.Addr { return g.a.Base() }
+func (g *Growable) Base() driver.Addr {
+	if g.unmade() {
+		return 0
+	}
+	return g.a.Base()
+}
 
 // Rows is the number of rows appended so far.
 func (g *Growable) Rows() int {
+	if g.unmade() {
+		return 0
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.rows
@@ -112,6 +136,9 @@ func (g *Growable) shape(rows int) []int { return append([]int{rows}, g.rowShape
 // against NewGrowable's rule, AppendRows refuses (ErrBusy) rather than
 // hand out bytes another caller holds.
 func (g *Growable) AppendRows(n int) (*Tensor, error) {
+	if g.unmade() {
+		return nil, unmade("Growable.AppendRows", "NewGrowable")
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	defer g.checkAfter("appendRows")
@@ -169,6 +196,9 @@ func (g *Growable) AppendRows(n int) (*Tensor, error) {
 // keeps seeing the rows it had then) until Release. Each call after the
 // rows changed records one more small storage (no arena view) until Release.
 func (g *Growable) Tensor() (*Tensor, error) {
+	if g.unmade() {
+		return nil, unmade("Growable.Tensor", "NewGrowable")
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	what := func() string {
@@ -198,6 +228,9 @@ func (g *Growable) Tensor() (*Tensor, error) {
 // (ErrClosed). The arena keeps its length and memory; closing it is the
 // caller's. Releasing twice is ErrClosed.
 func (g *Growable) Release() error {
+	if g.unmade() {
+		return unmade("Growable.Release", "NewGrowable")
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	defer g.checkAfter("release")
@@ -222,6 +255,9 @@ func (g *Growable) Release() error {
 // Check verifies the Growable's invariants and reports every one that does
 // not hold.
 func (g *Growable) Check() error {
+	if g.unmade() {
+		return unmade("Growable.Check", "NewGrowable")
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.checkLocked()

@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -167,7 +168,7 @@ func newOn(st *storage, dt DType, shape []int, what func() string) (*Tensor, err
 	}
 	n, err := numElements(shape)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return nil, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
 	if n > len(st.bytes)/dt.Size() {
 		return nil, errors.WithHint(
@@ -253,7 +254,7 @@ func checkLayout(dt DType, shape []int, what func() string) (int, error) {
 	}
 	n, err := numElements(shape)
 	if err != nil {
-		return 0, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return 0, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
 	if n > math.MaxInt/dt.Size() {
 		return 0, errors.Wrapf(driver.ErrInvalid, "%s: %d elements of %d bytes overflow an int", what(), n, dt.Size())
@@ -334,22 +335,52 @@ func (t *Tensor) writable(what func() string) error {
 }
 
 // DType is the element type.
-func (t *Tensor) DType() DType { return t.dt }
+func (t *Tensor) DType() DType {
+	if t == nil {
+		return 0
+	}
+	return t.dt
+}
 
 // Shape is the size of each dim (a copy).
-func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
+func (t *Tensor) Shape() []int {
+	if t == nil {
+		return nil
+	}
+	return slices.Clone(t.shape)
+}
 
 // Dims is the number of dims (0 for a scalar).
-func (t *Tensor) Dims() int { return len(t.shape) }
+func (t *Tensor) Dims() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.shape)
+}
 
 // Strides is the step of each dim, in elements (a copy).
-func (t *Tensor) Strides() []int { return slices.Clone(t.strides) }
+func (t *Tensor) Strides() []int {
+	if t == nil {
+		return nil
+	}
+	return slices.Clone(t.strides)
+}
 
 // Offset is the storage offset of the first element, in elements.
-func (t *Tensor) Offset() int { return t.offset }
+func (t *Tensor) Offset() int {
+	if t == nil {
+		return 0
+	}
+	return t.offset
+}
 
 // NumElements is the product of the shape (1 for a scalar).
-func (t *Tensor) NumElements() int { return t.n }
+func (t *Tensor) NumElements() int {
+	if t == nil {
+		return 0
+	}
+	return t.n
+}
 
 // Addr is the device address of the storage the tensor lives in: the start
 // of the arena view or allocation, not of the tensor's first element (add
@@ -375,6 +406,9 @@ func (t *Tensor) SharesStorage(u *Tensor) bool {
 // IsContiguous reports whether the elements lie back to back in row-major
 // order (dims of size 1 may have any stride; an empty tensor is contiguous).
 func (t *Tensor) IsContiguous() bool {
+	if t == nil {
+		return false
+	}
 	if t.n == 0 {
 		return true
 	}
@@ -390,6 +424,9 @@ func (t *Tensor) IsContiguous() bool {
 
 // String describes the tensor: "float32[2 3] strides [3 1] offset 0".
 func (t *Tensor) String() string {
+	if t == nil {
+		return "tensor (nil)"
+	}
 	return fmt.Sprintf("%s%v strides %v offset %d", t.dt, t.shape, t.strides, t.offset)
 }
 

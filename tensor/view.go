@@ -7,6 +7,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/sentinel"
 )
 
 // The view operations return a new tensor over the same storage: no byte
@@ -165,7 +166,7 @@ func (t *Tensor) Reshape(shape ...int) (*Tensor, error) {
 	}
 	known, err := numElements(shape)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return nil, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
 	if infer >= 0 {
 		if known == 0 || t.n%known != 0 {

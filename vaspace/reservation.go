@@ -107,33 +107,58 @@ func (r *Reservation) extents() *extent.Set {
 }
 
 // Base is the first address of the reservation. It answers after Free too.
-func (r *Reservation) Base() driver.Addr { return r.base }
+func (r *Reservation) Base() driver.Addr {
+	if r == nil {
+		return 0
+	}
+	return r.base
+}
 
 // Size is the size of the reservation. It answers after Free too.
-func (r *Reservation) Size() uint64 { return r.size }
+func (r *Reservation) Size() uint64 {
+	if r == nil {
+		return 0
+	}
+	return r.size
+}
 
 // Range is [Base, Base+Size). It answers after Free too.
-func (r *Reservation) Range() Range { return Range{r.base, r.size} }
+func (r *Reservation) Range() Range {
+	if r == nil {
+		return Range{}
+	}
+	return Range{r.base, r.size}
+}
 
 // Space is the space r was reserved from.
-func (r *Reservation) Space() *Space { return r.space }
+func (r *Reservation) Space() *Space {
+	if r == nil {
+		return nil
+	}
+	return r.space
+}
 
 // KeptBy is the name of the owner that keeps r (Space.ReserveFor), "" when
 // nobody does.
 func (r *Reservation) KeptBy() string {
-	if r.owner == nil {
+	if r == nil || r.owner == nil {
 		return ""
 	}
 	return r.owner.String()
 }
 
 // String formats r as "reservation [0x..., 0x...)".
-func (r *Reservation) String() string { return "reservation " + r.Range().String() }
+func (r *Reservation) String() string {
+	if r == nil {
+		return "reservation (nil)"
+	}
+	return "reservation " + r.Range().String()
+}
 
 // made returns ErrInvalid for a Reservation that Space.Reserve did not
 // make (a zero Reservation).
 func (r *Reservation) made(what func() string) error {
-	if r.space == nil || r.space.d == nil {
+	if r == nil || r.space == nil || r.space.d == nil {
 		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the reservation was not made by Space.Reserve", what()),
 			"reserve ranges with Space.Reserve")
 	}
@@ -271,6 +296,9 @@ func (r *Reservation) Uncarve(c Range) error {
 // Carved returns the carved ranges, by base address; nil when there are
 // none, and once freed.
 func (r *Reservation) Carved() []Range {
+	if r == nil {
+		return nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.carved.Len() == 0 {
@@ -323,6 +351,9 @@ func checkOccupant(what func() string, o Occupant) error {
 // Detach unregisters o; an occupant not attached (nil included) is
 // ignored.
 func (r *Reservation) Detach(o Occupant) {
+	if r == nil {
+		return
+	}
 	if r.space == nil || checkOccupant(func() string { return "" }, o) != nil {
 		return
 	}
@@ -476,6 +507,9 @@ func (r *Reservation) unreserveLocked() error {
 
 // Freed reports whether r has been freed.
 func (r *Reservation) Freed() bool {
+	if r == nil {
+		return true // never reserved
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.freed
@@ -487,6 +521,9 @@ func (r *Reservation) Freed() bool {
 // (Driver.Access): if either is not reserved there, the range was
 // unreserved behind the space's back, and Check says so.
 func (r *Reservation) Check() error {
+	if r == nil {
+		return errors.Wrap(driver.ErrInvalid, "vaspace: Reservation.Check on a nil reservation")
+	}
 	if r.space == nil {
 		return errors.Wrap(driver.ErrInvalid, "vaspace: check of a reservation not made by Space.Reserve")
 	}

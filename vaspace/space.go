@@ -40,7 +40,7 @@ func New(d driver.Driver) *Space {
 
 // usable returns ErrInvalid for a Space that has no driver.
 func (s *Space) usable(what func() string) error {
-	if s.d == nil {
+	if s == nil || s.d == nil {
 		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the space has no driver", what()),
 			"make a space with vaspace.New(d) of an open driver")
 	}
@@ -113,6 +113,9 @@ func (s *Space) reserve(o *Owner, size, align uint64) (*Reservation, error) {
 
 // Reservations returns the live reservations, by base address.
 func (s *Space) Reservations() []*Reservation {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.listLocked()

@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"bytes"
+	stderrors "errors"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -58,11 +59,14 @@ var sentinels = []error{
 
 // RequireIs fails t unless err is marked with want and with no other
 // sentinel, and its message contains every fragment. The layers above the
-// driver use it too: their errors follow the same one-sentinel rule.
+// driver use it too: their errors follow the same one-sentinel rule. Both
+// the standard library's errors.Is and cockroachdb's must find want: Go
+// users reach for the former.
 func RequireIs(t testing.TB, err, want error, fragments ...string) {
 	t.Helper()
 	require.Errorf(t, err, "want an error marked %q, got none", want)
 	require.Truef(t, errors.Is(err, want), "want an error marked %q, got: %v", want, err)
+	require.Truef(t, stderrors.Is(err, want), "the standard library's errors.Is does not find %q in: %v", want, err)
 	for _, s := range sentinels {
 		if s != want {
 			require.Falsef(t, errors.Is(err, s), "error is marked both %q and %q: %v", want, s, err)

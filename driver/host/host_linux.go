@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/driver/internal/ledger"
 	"github.com/vmarena/vmarena/driver/internal/queue"
 	"github.com/vmarena/vmarena/internal/extent"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -567,7 +568,7 @@ func (b *backend) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, an
 
 func reserveError(err error, size uint64) error {
 	if err == unix.ENOMEM {
-		return errors.Mark(errors.Wrapf(err, "the process has no free address range of %s", units.Bytes(size)), driver.ErrOutOfMemory)
+		return sentinel.Mark(errors.Wrapf(err, "the process has no free address range of %s", units.Bytes(size)), driver.ErrOutOfMemory)
 	}
 	return errors.Wrap(err, "mmap")
 }
@@ -637,7 +638,7 @@ func fallocate(fd int, mode uint32, off, size uint64) error {
 		case unix.EINTR:
 			continue
 		case unix.ENOSPC, unix.ENOMEM:
-			return errors.Mark(errors.Wrapf(err, "fallocate of %s", units.Bytes(size)), driver.ErrOutOfMemory)
+			return sentinel.Mark(errors.Wrapf(err, "fallocate of %s", units.Bytes(size)), driver.ErrOutOfMemory)
 		}
 		return errors.Wrapf(err, "fallocate of %s", units.Bytes(size))
 	}
@@ -669,7 +670,7 @@ func (b *backend) Map(m *ledger.Mapping) error {
 			return errors.AssertionFailedf("mmap MAP_FIXED returned %p, not %p", p, want)
 		}
 		if err == unix.ENOMEM {
-			return errors.Mark(errors.Wrap(err, "mmap (vm.max_map_count may be reached)"), driver.ErrOutOfMemory)
+			return sentinel.Mark(errors.Wrap(err, "mmap (vm.max_map_count may be reached)"), driver.ErrOutOfMemory)
 		}
 		return errors.Wrap(err, "mmap")
 	}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -128,7 +129,7 @@ func numaPlan(root string, n int, require bool) ([]int, error) {
 		if err == nil {
 			err = errors.Newf("host: no NUMA node with memory under %s", root)
 		}
-		return nil, errors.Mark(errors.Wrap(err, "host: Options.RequireNUMA"), driver.ErrUnsupported)
+		return nil, sentinel.Mark(errors.Wrap(err, "host: Options.RequireNUMA"), driver.ErrUnsupported)
 	}
 	if len(nodes) == 1 && !require {
 		return plan, nil
@@ -170,7 +171,7 @@ func bindFile(fd int, size uint64, node int) error {
 			return errors.Wrap(err, "host: munmap of a window bound to a NUMA node")
 		}
 		if errno != 0 {
-			return errors.Mark(errors.Wrapf(errno, "host: mbind(MPOL_BIND) to NUMA node %d", node), driver.ErrUnsupported)
+			return sentinel.Mark(errors.Wrapf(errno, "host: mbind(MPOL_BIND) to NUMA node %d", node), driver.ErrUnsupported)
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/internal/ledger"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -286,7 +287,7 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	}
 	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
-		return nil, errors.Mark(errors.Wrapf(err, "host: host alloc of %s", units.Bytes(size)), driver.ErrOutOfMemory)
+		return nil, sentinel.Mark(errors.Wrapf(err, "host: host alloc of %s", units.Bytes(size)), driver.ErrOutOfMemory)
 	}
 	b := unsafe.Slice((*byte)(p), size)
 	_ = unix.Mlock(b) // best effort: RLIMIT_MEMLOCK may forbid it

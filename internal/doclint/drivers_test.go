@@ -40,7 +40,10 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 	// the host's HeapBytes (the kernel's figure, for leak tests); the
 	// accelerator drivers' Wait (how they wait for their streams); the
 	// sim driver's Tally (its calls counted and priced, which replay
-	// reports).
+	// reports); AscendCL's HostPID (the process ID an importer sends its
+	// exporter's allow-list, aclrtDeviceGetBareTgid) and
+	// ReservationsBindOneDevice (its reservations hold one NPU's memory,
+	// local or imported: drivertest's OneDeviceBinder).
 	for _, c := range []struct {
 		dir, goos string
 		extra     []string
@@ -50,7 +53,7 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 		{"driver/host", "windows", []string{"Used", "Check", "HeapBytes"}},
 		{"driver/sim", "linux", []string{"Used", "Check", "Tally"}},
 		{"driver/cuda", "linux", []string{"Used", "Check", "Wait"}},
-		{"driver/acl", "linux", []string{"Used", "Check", "Wait"}},
+		{"driver/acl", "linux", []string{"Used", "Check", "Wait", "HostPID", "ReservationsBindOneDevice"}},
 	} {
 		t.Run(c.dir+"/"+c.goos, func(t *testing.T) {
 			pkg := packageFiles(t, files, c.dir, c.goos)

@@ -1,6 +1,7 @@
 package doclint
 
 import (
+	"fmt"
 	"go/ast"
 	"go/token"
 	"os"
@@ -52,4 +53,29 @@ func TestReadmeNamesEverySentinel(t *testing.T) {
 	}
 	require.Greater(t, n, 10, "the driver's sentinels alone are more")
 	require.Empty(t, missing, "sentinels the README's Errors section does not name")
+}
+
+// TestNoCockroachMark: no code outside tests marks an error with
+// cockroachdb's errors.Mark. Its marks are seen by cockroachdb's errors.Is
+// alone: errors.Is from the standard library, the one Go users reach
+// for, answered false for driver.ErrInvalid on tensor.Empty(al, Float32,
+// -1). internal/sentinel's Mark is seen by both.
+func TestNoCockroachMark(t *testing.T) {
+	var bad []string
+	for p, f := range goFiles(t) {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok || sel.Sel.Name != "Mark" {
+				return true
+			}
+			if id, ok := sel.X.(*ast.Ident); ok && id.Name == "errors" {
+				bad = append(bad, fmt.Sprintf("%s: errors.Mark", fset.Position(sel.Pos())))
+			}
+			return true
+		})
+	}
+	require.Empty(t, bad, "mark sentinels with internal/sentinel.Mark, or wrap them with errors.Wrapf(sentinel, ...)")
 }

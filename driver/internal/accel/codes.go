@@ -6,6 +6,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/sentinel"
 )
 
 // Code is what a driver knows of one of its vendor's error codes: its name
@@ -40,7 +41,7 @@ func CallError[K ~int32](table map[K]Code, fn string, r K, kind string, unknown 
 	if name != "" {
 		spelled = fmt.Sprintf("%s (%d)", name, r)
 	}
-	err := errors.Mark(errors.Newf("%s: %s", errors.Safe(fn), errors.Safe(spelled)), c.Sentinel)
+	err := sentinel.Mark(errors.Newf("%s: %s", errors.Safe(fn), errors.Safe(spelled)), c.Sentinel)
 	if detail != "" {
 		err = errors.WithDetailf(err, "the runtime says: %s", detail)
 	}
