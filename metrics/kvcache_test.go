@@ -54,7 +54,8 @@ func serve(t *testing.T, c *kvcache.Cache) {
 	require.NoError(t, err)
 	_, err = a.Append(first[a.Len():]) // Admit leaves to Append what the store did not hold
 	require.NoError(t, err)
-	_, err = a.Append([]int{7}) // publishes a's prompt units to the store
+	require.NoError(t, a.MarkWritten(a.Len())) // its rows computed: publishes a's prompt units to the store
+	_, err = a.Append([]int{7})
 	require.NoError(t, err)
 
 	prompt := append(system, tokens(200, 20)...)

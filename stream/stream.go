@@ -725,7 +725,7 @@ func (h *HostBuffer) Bytes() []byte {
 // a Free while another is under way ErrBusy.
 func (h *HostBuffer) Free() error {
 	if h.unmade() {
-		return unmade("HostBuffer.Free", "NewHostBuffer")
+		return errors.Wrap(driver.ErrInvalid, "stream: free of a host buffer not made by NewHostBuffer (nil or zero)")
 	}
 	h.mu.Lock()
 	b := h.bytes

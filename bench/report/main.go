@@ -5,7 +5,7 @@
 // target. A run also keeps go test's output in DIR/bench-output.txt, from
 // which -from draws the report again without running anything.
 //
-//	go run ./bench/report -out docs/bench                 # every command: about 18 minutes
+//	go run ./bench/report -out docs/bench                 # every command: 18 minutes when last timed, before the replays took seconds
 //	go run ./bench/report -out /tmp/r -bench-filter ReserveFree -benchtime 50x
 //	go run ./bench/report -out docs/bench -from docs/bench/bench-output.txt
 //
