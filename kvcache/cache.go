@@ -197,8 +197,7 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	}
 	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
-		budget: cfg.Budget, seqs: map[*Seq]struct{}{}}
-	c.protects = true
+		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true}
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, slots.Close())
