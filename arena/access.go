@@ -14,7 +14,8 @@ import (
 // every chunk it commits later. If the driver refuses part-way, the chunks
 // already changed are set back and nothing changes. It refuses (ErrBusy,
 // changing nothing) to leave a chunk that a live view covers writable by
-// no device: the view's bytes would fault.
+// no device, or a chunk that a live read-only view covers readable by no
+// device: the view's bytes would fault.
 func (s *Sparse) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 	if s.unmade() {
 		return unmade("Sparse.SetAccess", "NewSparse")
@@ -60,7 +61,8 @@ func (s *Sparse) Access(dev driver.DeviceID) driver.Access {
 // all committed — only that range, only that device; chunks committed
 // later get the range's access (SetAccess). Granting AccessNone revokes.
 // As SetAccess, it refuses (ErrBusy) to leave a chunk that a live view
-// covers writable by no device. On failure nothing changes.
+// covers writable by no device (readable by none, for a read-only view).
+// On failure nothing changes.
 func (s *Sparse) Grant(dev driver.DeviceID, off, n uint64, acc driver.Access) error {
 	if s.unmade() {
 		return unmade("Sparse.Grant", "NewSparse")
@@ -134,7 +136,7 @@ func (s *Sparse) chunksLocked(what func() string, off, n uint64) (lo, hi int, er
 // per run of adjacent slots whose access for dev is already alike, and
 // puts back what it changed if the driver refuses part-way.
 func (s *Sparse) grantLocked(what func() string, dev driver.DeviceID, lo, hi int, acc driver.Access) error {
-	if err := s.keepsWriteLocked(what, dev, lo, hi, acc); err != nil {
+	if err := s.keepsViewsLocked(what, dev, lo, hi, acc); err != nil {
 		return err
 	}
 	type run struct {
@@ -166,43 +168,58 @@ func (s *Sparse) grantLocked(what func() string, dev driver.DeviceID, lo, hi int
 	return nil
 }
 
-// writable reports whether some device may write a chunk with access
-// accs: on the host driver the pages' own protection is the widest access
-// any device has, so that is what the process's loads and stores meet.
-func writable(accs []driver.Access) bool {
+// widest is the widest access any device has to a chunk with access accs:
+// on the host driver it is the pages' own protection, so that is what the
+// process's loads and stores meet.
+func widest(accs []driver.Access) driver.Access {
 	var w driver.Access
 	for _, a := range accs {
 		w |= a
 	}
-	return w.Allows(driver.AccessReadWrite)
+	return w
 }
 
-// keepsWriteLocked refuses (ErrBusy, naming the first) a change of dev's
+// writable reports whether some device may write a chunk with access accs.
+func writable(accs []driver.Access) bool { return widest(accs).Allows(driver.AccessReadWrite) }
+
+// readable reports whether some device may read a chunk with access accs.
+func readable(accs []driver.Access) bool { return widest(accs).Allows(driver.AccessRead) }
+
+// keepsViewsLocked refuses (ErrBusy, naming the first) a change of dev's
 // access to acc over slots [lo, hi) that would leave a chunk a live view
-// covers writable by no device: a view hands out writable memory (Bytes),
-// and taking write access away under it would turn the next store through
-// it — a tensor's Set — into a fault.
-func (s *Sparse) keepsWriteLocked(what func() string, dev driver.DeviceID, lo, hi int, acc driver.Access) error {
+// covers writable by no device, or a chunk a live read-only view covers
+// readable by no device: a view hands out writable memory (Bytes), a
+// read-only view readable memory, and taking that access away under it
+// would turn the next store or load through it — a tensor's Set or At —
+// into a fault. A chunk that is not writable (readable) now pins nothing
+// of the kind: its views' bytes are refused already.
+func (s *Sparse) keepsViewsLocked(what func() string, dev driver.DeviceID, lo, hi int, acc driver.Access) error {
 	if acc.Allows(driver.AccessReadWrite) {
 		return nil
 	}
 	for i := lo; i < hi; i++ {
 		it := s.slots.At(i)
 		sl := it.Val
-		if sl.views == 0 || !writable(sl.access) {
+		if sl.views == 0 {
 			continue
 		}
-		w := acc
+		after := acc
 		for d, a := range sl.access {
 			if driver.DeviceID(d) != dev {
-				w |= a
+				after |= a
 			}
 		}
-		if !w.Allows(driver.AccessReadWrite) {
+		switch writers := sl.views - sl.readViews; {
+		case writers > 0 && writable(sl.access) && !after.Allows(driver.AccessReadWrite):
 			return errors.WithHint(
 				errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at [%#x, +%s), which no device could write any more",
-					what(), sl.views, it.Start, units.Bytes(it.Size())),
+					what(), writers, it.Start, units.Bytes(it.Size())),
 				"release the views (and the tensors over them) first, or give another device write access first")
+		case sl.readViews > 0 && readable(sl.access) && !after.Allows(driver.AccessRead):
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrBusy, "%s: %d live read-only view(s) pin the chunk at [%#x, +%s), which no device could read any more",
+					what(), sl.readViews, it.Start, units.Bytes(it.Size())),
+				"release the views (and the tensors over them) first, or give another device read access first")
 		}
 	}
 	return nil
@@ -237,6 +254,22 @@ func (s *Sparse) writableLocked(what func() string, off, end uint64) error {
 				errors.Wrapf(driver.ErrAccessDenied, "%s: the chunk at [%#x, +%s) is not writable by any device",
 					what(), it.Start, units.Bytes(it.Size())),
 				"grant a device read-write access first (SetAccess or Grant); read read-only memory with Read")
+		}
+	}
+	return nil
+}
+
+// readableLocked refuses (ErrAccessDenied) [off, end) when a chunk there
+// is not readable by any device: the memory read-only views hand out as
+// bytes is read through them.
+func (s *Sparse) readableLocked(what func() string, off, end uint64) error {
+	lo, hi := s.slots.Overlapping(off, end)
+	for i := lo; i < hi; i++ {
+		if it := s.slots.At(i); !readable(it.Val.access) {
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrAccessDenied, "%s: the chunk at [%#x, +%s) is not readable by any device",
+					what(), it.Start, units.Bytes(it.Size())),
+				"grant a device read access first (SetAccess or Grant)")
 		}
 	}
 	return nil

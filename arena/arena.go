@@ -398,6 +398,20 @@ func (a *Arena) View(off, n uint64) (*View, error) {
 	if a.unmade() {
 		return nil, unmade("Arena.View", "New")
 	}
+	return a.view(off, n, false)
+}
+
+// ViewReadOnly returns a live read-only view of [off, off+n), which must
+// lie inside Len: see Sparse.ViewReadOnly. The memory under it may be
+// read-only, and the caller must guard the writes through its bytes.
+func (a *Arena) ViewReadOnly(off, n uint64) (*View, error) {
+	if a.unmade() {
+		return nil, unmade("Arena.ViewReadOnly", "New")
+	}
+	return a.view(off, n, true)
+}
+
+func (a *Arena) view(off, n uint64, readOnly bool) (*View, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.s.Closed() {
@@ -409,6 +423,9 @@ func (a *Arena) View(off, n uint64) (*View, error) {
 	if off+n < off || off+n > a.length {
 		return nil, errors.Wrapf(driver.ErrNotMapped, "arena: view [%#x, +%s): the arena is %s long",
 			off, units.Bytes(n), units.Bytes(a.length))
+	}
+	if readOnly {
+		return a.s.ViewReadOnly(off, n)
 	}
 	return a.s.View(off, n)
 }

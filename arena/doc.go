@@ -52,8 +52,16 @@
 // protection is the widest access any device has); each is refused with
 // ErrBusy naming the chunk, and nothing changes. Bytes are handed out only
 // over memory some device may write (ErrAccessDenied otherwise; read
-// read-only memory with Read), and Append refuses such memory before it
-// grows. An allocator's live allocations pin the same way: SetAccess may
+// read-only memory with Read or a read-only view), and Append refuses such
+// memory before it grows.
+//
+// A read-only view (ViewReadOnly) is for memory that may be, or become,
+// read-only — the KV cache's shared prefix pages, mapped read-only to
+// every sequence that shares them. It pins its chunks in the same way but
+// for write access: their access may drop to read-only while it lives,
+// but not to none (ErrBusy), and its bytes need only be readable. A store
+// through them to a read-only page faults: the caller guards its writes
+// (tensor.NewLeasedReadOnly refuses them). An allocator's live allocations pin the same way: SetAccess may
 // not take write access from them, and an allocation a handle owns
 // (AllocOwned, what tensor.Empty uses) is freed only by its Release — Free
 // of its address is ErrBusy.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/internal/procmaps"
 )
 
 // touchLoop stores and loads every byte of b, one a step, on another
@@ -278,5 +279,148 @@ func TestAppendAndResizeFrom(t *testing.T) {
 	require.NoError(t, a.ResizeFrom(3*g, 114))
 	require.NoError(t, v.Release())
 	require.NoError(t, a.ResizeFrom(114, 0))
+	require.NoError(t, a.Check())
+}
+
+// TestReadOnlyViewPins: a read-only view lets its chunks' access drop to
+// read-only — and then its bytes are the pages themselves, mapped
+// read-only (the kernel says r--), while a plain view's Bytes over them is
+// still refused — but not to none: a SetAccess or Grant that would leave
+// them readable by no device is refused (ErrBusy, naming the read-only
+// views) and changes nothing, and so are Move and Decommit under it. A
+// plain view next to it keeps its own chunk writable.
+func TestReadOnlyViewPins(t *testing.T) { onEveryDriver(t, readOnlyViewPins) }
+
+func readOnlyViewPins(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
+	s := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
+	require.NoError(t, s.Commit(0, 4*g))
+	want := []byte("the shared prefix")
+	require.NoError(t, s.Write(0, g+5, want))
+	rv, err := s.ViewReadOnly(g, 2*g)
+	require.NoError(t, err)
+	require.Equal(t, "read-only view [0x10000, +128 KiB)", rv.String())
+	wv, err := s.View(3*g, g)
+	require.NoError(t, err)
+
+	accessIs := func(acc driver.Access, off uint64) {
+		t.Helper()
+		got, err := s.AccessAt(0, off)
+		require.NoError(t, err)
+		require.Equal(t, acc, got)
+		got, err = e.drv.Access(s.Base()+driver.Addr(off), 0)
+		require.NoError(t, err)
+		require.Equal(t, acc, got, "the driver's access at %#x", off)
+		if d.Name == "host" {
+			es, err := procmaps.Read()
+			require.NoError(t, err)
+			m, ok := procmaps.Find(es, uint64(s.Base())+off)
+			require.True(t, ok)
+			require.Equal(t, acc.Allows(driver.AccessRead), m.Readable(), "the kernel's %s at %#x", m.Perms, off)
+			require.Equal(t, acc.Allows(driver.AccessReadWrite), m.Writable(), "the kernel's %s at %#x", m.Perms, off)
+		}
+	}
+	refused := func(name string, err error, wantErr error, msg string) {
+		t.Helper()
+		drivertest.RequireIs(t, err, wantErr, msg)
+		require.NoError(t, s.Check(), name)
+	}
+
+	// Read-only is allowed under the read-only view.
+	require.NoError(t, s.Grant(0, g, 2*g, driver.AccessRead))
+	accessIs(driver.AccessRead, g)
+	accessIs(driver.AccessRead, 2*g)
+	accessIs(driver.AccessReadWrite, 3*g)
+	if e.hostMapped() {
+		b, err := rv.Bytes()
+		require.NoError(t, err, "a read-only view's bytes over read-only memory")
+		require.Equal(t, want, b[5:5+len(want)])
+		pv, err := s.View(g, g)
+		require.NoError(t, err)
+		_, err = pv.Bytes()
+		refused("a plain view's bytes", err, driver.ErrAccessDenied, "not writable by any device")
+		require.NoError(t, pv.Release())
+	}
+
+	before, layout := s.Stats(), s.Layout()
+	for name, op := range map[string]func() error{
+		"grant none":           func() error { return s.Grant(0, g, g, driver.AccessNone) },
+		"grant none over both": func() error { return s.Grant(0, 0, 3*g, driver.AccessNone) },
+		"set access to none":   func() error { return s.SetAccess(0, driver.AccessNone) },
+	} {
+		refused(name, op(), driver.ErrBusy, "1 live read-only view(s) pin the chunk at [0x10000, +64 KiB), which no device could read any more")
+		require.Equal(t, before, s.Stats(), name)
+		require.Equal(t, layout, s.Layout(), name)
+		accessIs(driver.AccessReadWrite, 0)
+		accessIs(driver.AccessRead, g)
+		accessIs(driver.AccessRead, 2*g)
+	}
+	// The plain view keeps its chunk writable: read-only is refused there.
+	refused("grant read under the plain view", s.Grant(0, 3*g, g, driver.AccessRead), driver.ErrBusy,
+		"1 live view(s) pin the chunk at [0x30000, +64 KiB), which no device could write any more")
+	accessIs(driver.AccessReadWrite, 3*g)
+	refused("move", s.Move(g, g, 1), driver.ErrBusy, "pin")
+	refused("decommit", s.Decommit(g, g), driver.ErrBusy, "pin")
+	require.Equal(t, before, s.Stats())
+	got := make([]byte, len(want))
+	require.NoError(t, s.Read(0, g+5, got))
+	require.Equal(t, want, got)
+
+	// Check counts each chunk's read-only views.
+	i, ok := s.slots.Find(g)
+	require.True(t, ok)
+	s.slots.At(i).Val.readViews--
+	require.ErrorContains(t, s.Check(), "chunk at 0x10000 counts 1 views (0 read-only), 1 (1) cover it")
+	s.slots.At(i).Val.readViews++
+	require.NoError(t, s.Check())
+
+	// Another device that reads is enough.
+	require.NoError(t, s.Grant(1, g, g, driver.AccessRead))
+	require.NoError(t, s.Grant(0, g, g, driver.AccessNone))
+	require.NoError(t, s.Grant(0, g, g, driver.AccessRead))
+	require.NoError(t, s.Grant(1, g, g, driver.AccessNone))
+
+	// Released, the view pins nothing; a read-only view over memory no
+	// device reads has no bytes.
+	require.NoError(t, rv.Release())
+	_, err = rv.Bytes()
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	require.NoError(t, s.Grant(0, g, 2*g, driver.AccessNone))
+	accessIs(driver.AccessNone, g)
+	rv, err = s.ViewReadOnly(g, g)
+	require.NoError(t, err)
+	if e.hostMapped() {
+		_, err = rv.Bytes()
+		drivertest.RequireIs(t, err, driver.ErrAccessDenied, "not readable by any device")
+	}
+	require.NoError(t, s.Grant(0, g, g, driver.AccessRead), "read access may come back under it")
+	require.NoError(t, rv.Release())
+	require.NoError(t, wv.Release())
+	require.NoError(t, s.Check())
+}
+
+// TestArenaReadOnlyView: an arena's read-only view lies inside Len, as its
+// plain views do, and pins its chunk the same way.
+func TestArenaReadOnlyView(t *testing.T) {
+	e := newEnv(t, 16*g)
+	a := e.arena(t, Options{Max: 8 * g, ChunkSize: g})
+	require.NoError(t, a.Grow(g))
+	require.NoError(t, a.Grow(g)) // two chunks
+	_, err := a.ViewReadOnly(g, 2*g)
+	drivertest.RequireIs(t, err, driver.ErrNotMapped, "the arena is 128 KiB long")
+	_, err = a.ViewReadOnly(0, 0)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "zero bytes")
+	v, err := a.ViewReadOnly(g, g)
+	require.NoError(t, err)
+	require.NoError(t, a.Grant(0, g, g, driver.AccessRead))
+	b, err := v.Bytes()
+	require.NoError(t, err)
+	require.Len(t, b, int(g))
+	drivertest.RequireIs(t, a.SetAccess(0, driver.AccessNone), driver.ErrBusy, "read-only view(s)")
+	drivertest.RequireIs(t, a.Shrink(g), driver.ErrBusy, "reaches past it")
+	require.Equal(t, 1, a.Stats().Views)
+	require.NoError(t, a.Check())
+	require.NoError(t, v.Release())
+	require.NoError(t, a.SetAccess(0, driver.AccessNone))
 	require.NoError(t, a.Check())
 }

@@ -63,12 +63,15 @@ type slot struct {
 	// access[d] is what device d may do over the whole chunk.
 	access []driver.Access
 	// views and borrowers pin the slot: it cannot be decommitted, moved or
-	// closed while either is positive. views is guarded by the range's mu;
-	// borrowers rises under the range's mu (pin) but falls without it
-	// (unpin, from a borrower holding its own mu), so it is atomic: a
-	// range's mu is never held while another's is taken.
-	views     int
-	borrowers atomic.Int32
+	// closed while either is positive. views counts every live view over
+	// the slot, readViews those of them that are read-only
+	// (ViewReadOnly): the others keep it writable, these readable. Both
+	// are guarded by the range's mu; borrowers rises under the range's mu
+	// (pin) but falls without it (unpin, from a borrower holding its own
+	// mu), so it is atomic: a range's mu is never held while another's is
+	// taken.
+	views, readViews int
+	borrowers        atomic.Int32
 }
 
 func (sl *slot) dev() driver.DeviceID { return sl.c.Device() }
@@ -159,7 +162,7 @@ type SparseStats struct {
 	// from elsewhere (see relocate.go), and RelocatedBytes their memory.
 	Relocations    int
 	RelocatedBytes uint64
-	// Views is the number of live views.
+	// Views is the number of live views, read-only ones included.
 	Views int
 }
 
@@ -960,11 +963,14 @@ func (s *Sparse) checkLocked() error {
 	}
 	cs := s.opts.ChunkSize
 	var owned, borrowed uint64
-	views := map[uint64]int{}
+	views, readViews := map[uint64]int{}, map[uint64]int{}
 	for v := range s.views {
 		lo, hi := s.slots.Overlapping(v.off, v.off+v.n)
 		for i := lo; i < hi; i++ {
 			views[s.slots.At(i).Start]++
+			if v.readOnly {
+				readViews[s.slots.At(i).Start]++
+			}
 		}
 		if len(s.holesLocked(v.off, v.off+v.n)) > 0 {
 			fail("arena: view [%#x, +%d) covers memory that is not committed", v.off, v.n)
@@ -993,8 +999,9 @@ func (s *Sparse) checkLocked() error {
 				fail("arena: borrowed %s at %#x is lent on", sl.c, it.Start)
 			}
 		}
-		if sl.views != views[it.Start] {
-			fail("arena: chunk at %#x counts %d views, %d cover it", it.Start, sl.views, views[it.Start])
+		if sl.views != views[it.Start] || sl.readViews != readViews[it.Start] {
+			fail("arena: chunk at %#x counts %d views (%d read-only), %d (%d) cover it",
+				it.Start, sl.views, sl.readViews, views[it.Start], readViews[it.Start])
 		}
 		at := s.Base() + driver.Addr(it.Start)
 		if maps[at] != sl.c {

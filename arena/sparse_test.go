@@ -272,12 +272,13 @@ func borrowPinsTheLender(t *testing.T, d backend) {
 	require.NoError(t, borrower.Check())
 }
 
-// TestSparseModel runs random commit/decommit/view/grant/move/read/write/
-// borrow sequences against a model of the chunks, comparing after every
+// TestSparseModel runs random commit/decommit/view (plain or read-only)/
+// grant/move/read/write/borrow sequences against a model of the chunks, comparing after every
 // step.
 func TestSparseModel(t *testing.T) {
 	onEveryDriver(t, func(t *testing.T, d backend) {
 		d.SkipMixedDevices(t) // the model places chunks on both devices
+		readPins := 0
 		for seed := uint64(0); seed < 12; seed++ {
 			t.Run(fmt.Sprint(seed), func(t *testing.T) {
 				r := runSparseModel(t, d, sparseOps(rand.New(rand.NewPCG(seed, 9)), 250))
@@ -285,8 +286,10 @@ func TestSparseModel(t *testing.T) {
 				require.Greater(t, r.decommits, 3)
 				require.Greater(t, r.moves, 0)
 				require.Greater(t, r.borrows, 0)
+				readPins += r.readPins
 			})
 		}
+		require.Positive(t, readPins, "a read-only view refused a grant")
 	})
 }
 
@@ -298,7 +301,9 @@ func sparseOps(rng *rand.Rand, n int) []byte {
 	return b
 }
 
-type sparseRun struct{ commits, decommits, moves, borrows int }
+// sparseRun counts what a run did; readPins the grants a read-only view
+// refused.
+type sparseRun struct{ commits, decommits, moves, borrows, readPins int }
 
 // mchunk is the model of one chunk: [start, end) in chunk units. lent is
 // -1 for a chunk the range owns, else the lender's chunk it borrows.
@@ -336,8 +341,9 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 	def := [2]driver.Access{driver.AccessReadWrite, driver.AccessNone}
 	bytes := map[int]byte{} // first byte of each committed unit that was written
 	type mview struct {
-		v      *View
-		lo, hi int
+		v        *View
+		lo, hi   int
+		readOnly bool
 	}
 	var views []mview
 	used := func(d driver.DeviceID) (u int) {
@@ -371,14 +377,17 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 		}
 		return -1
 	}
-	pinned := func(lo, hi int) bool {
+	// pinned reports whether a view covers [lo, hi); pinnedBy whether one
+	// of a kind does, read-only or not.
+	pinnedBy := func(lo, hi int, readOnly bool) bool {
 		for _, v := range views {
-			if v.lo < hi && lo < v.hi {
+			if v.lo < hi && lo < v.hi && v.readOnly == readOnly {
 				return true
 			}
 		}
 		return false
 	}
+	pinned := func(lo, hi int) bool { return pinnedBy(lo, hi, false) || pinnedBy(lo, hi, true) }
 	span := func(x, y byte) (lo, hi int) {
 		lo = int(x) % n
 		return lo, min(n, lo+1+int(y)%4)
@@ -458,8 +467,13 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 				}
 				r.decommits++
 			}
-		case 3: // view
-			v, err := s.View(off, size)
+		case 3: // view, read-only for odd z
+			readOnly := z%2 == 1
+			view := s.View
+			if readOnly {
+				view = s.ViewReadOnly
+			}
+			v, err := view(off, size)
 			whole := true
 			for u := lo; u < hi; u++ {
 				whole = whole && at(u) >= 0
@@ -469,7 +483,7 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 				break
 			}
 			require.NoError(t, err, step)
-			views = append(views, mview{v, lo, hi})
+			views = append(views, mview{v, lo, hi, readOnly})
 		case 4: // release a view
 			if len(views) > 0 {
 				k := int(x) % len(views)
@@ -479,18 +493,22 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 		case 5: // grant
 			dev, acc := driver.DeviceID(z%2), []driver.Access{driver.AccessNone, driver.AccessRead, driver.AccessReadWrite}[z/2%3]
 			err := s.Grant(dev, off, size, acc)
-			whole, cut, unwritten := true, false, false
+			whole, cut, unwritten, unread := true, false, false, false
 			for u := lo; u < hi; u++ {
 				whole = whole && at(u) >= 0
 			}
 			for _, c := range chunks {
 				cut = cut || c.start < hi && lo < c.end && (c.start < lo || c.end > hi)
-				if lo <= c.start && c.end <= hi && pinned(c.start, c.end) {
-					// A live view keeps its chunks writable by some device.
+				if lo <= c.start && c.end <= hi {
+					// A live view keeps its chunks writable by some device,
+					// a read-only view readable.
 					after := c.access
 					after[dev] = acc
-					unwritten = unwritten || (c.access[0]|c.access[1]).Allows(driver.AccessReadWrite) &&
-						!(after[0]|after[1]).Allows(driver.AccessReadWrite)
+					was, is := c.access[0]|c.access[1], after[0]|after[1]
+					unwritten = unwritten || pinnedBy(c.start, c.end, false) &&
+						was.Allows(driver.AccessReadWrite) && !is.Allows(driver.AccessReadWrite)
+					unread = unread || pinnedBy(c.start, c.end, true) &&
+						was.Allows(driver.AccessRead) && !is.Allows(driver.AccessRead)
 				}
 			}
 			switch {
@@ -498,8 +516,11 @@ func runSparseModel(t *testing.T, d backend, data []byte) (r sparseRun) {
 				requireStep(t, err, driver.ErrNotMapped, step)
 			case cut:
 				requireStep(t, err, driver.ErrPartial, step)
-			case unwritten:
+			case unwritten || unread:
 				requireStep(t, err, driver.ErrBusy, step)
+				if !unwritten {
+					r.readPins++
+				}
 			default:
 				require.NoError(t, err, step)
 				for k := range chunks {

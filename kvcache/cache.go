@@ -40,9 +40,10 @@ type unitInfo struct {
 // Invariants: owned, borrowed, surplus and hi are as books.go says; a
 // slot holds at most one sequence (seq), and a running sequence's units
 // below unitsFor(Len) are all owned or borrowed; an idle slot (seq nil)
-// or a preempted sequence's slot borrows nothing; covers are live views
-// of units [0, coverUnits) of every region, and coverUnits never exceeds
-// the units its sequence's tokens fill.
+// or a preempted sequence's slot borrows nothing; covers are live
+// read-only views (arena.Sparse.ViewReadOnly) of units [0, coverUnits) of
+// every region, and coverUnits never exceeds the units its sequence's
+// tokens fill.
 type slot struct {
 	idx                      int
 	units                    []unitInfo
@@ -102,12 +103,12 @@ type Cache struct {
 	// the memory); bytes says there are bytes at all (not the sim driver).
 	addressable, bytes bool
 	// protects says a slot's shared units are mapped read-only (Grant of
-	// AccessRead): on a driver whose memory the process does not address
-	// (CUDA, AscendCL, sim), where the cache makes no arena views, until
-	// the driver answers ErrUnsupported. Where it does (host), the slot's
-	// views — which tensors need, and which the arena keeps writable —
-	// cover the shared units too, so they stay mapped read-write and the
-	// tensors' refusal is the guard.
+	// AccessRead): on every driver until one answers ErrUnsupported. The
+	// slot's covers are read-only views (arena.Sparse.ViewReadOnly), which
+	// keep their memory readable but let it be read-only: on the host
+	// driver the shared units' pages are mapped read-only under the
+	// tensors, whose refusal (tensor.NewLeasedReadOnly) guards the writes
+	// a caller makes through them.
 	protects bool
 
 	// mu guards every field below and every slot and sequence. Arena
@@ -196,8 +197,7 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	}
 	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
-		budget: cfg.Budget, seqs: map[*Seq]struct{}{}}
-	c.protects = !c.addressable
+		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true}
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, slots.Close())
@@ -361,7 +361,9 @@ func (c *Cache) releaseCoversLocked(sl *slot) error {
 	return nil
 }
 
-// coverLocked makes sl's covers reach at least k units of every region.
+// coverLocked makes sl's covers reach at least k units of every region:
+// read-only views, since the shared units below sl.shared are mapped
+// read-only (protectSharedLocked grants that before the covers exist).
 func (c *Cache) coverLocked(sl *slot, k int) error {
 	if !c.addressable || k <= sl.coverUnits {
 		return nil
@@ -370,7 +372,7 @@ func (c *Cache) coverLocked(sl *slot, k int) error {
 		return err
 	}
 	for r := 0; r < c.g.regions; r++ {
-		v, err := c.slots.View(c.slotOff(sl, r, 0), uint64(k)*c.g.unitBytes)
+		v, err := c.slots.ViewReadOnly(c.slotOff(sl, r, 0), uint64(k)*c.g.unitBytes)
 		if err != nil {
 			return errors.CombineErrors(errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: view of slot %d's region %d", sl.idx, r)),
 				c.releaseCoversLocked(sl))
@@ -773,9 +775,11 @@ func (c *Cache) String() string {
 }
 
 // protectSharedLocked makes units [0, k) of sl — just borrowed from the
-// prefix store for a match, before any tensor covers them — its shared
+// prefix store for a match, before any view covers them — its shared
 // units: mapped read-only in every region when the cache protects them
-// (c.protects). On failure nothing changed.
+// (c.protects). On failure nothing changed. Nothing grants them back:
+// sharing ends only when the units are given back (decommitUnitsLocked,
+// which releases the covers first), and that unmaps them.
 func (c *Cache) protectSharedLocked(what func() string, sl *slot, k int) error {
 	if k == 0 {
 		return nil

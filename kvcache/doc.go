@@ -64,7 +64,8 @@
 // unitsFor(Len) are owned or borrowed; a preempted sequence's slot and an
 // idle slot borrow nothing; a slot's shared units (those a match mapped)
 // are borrowed, below its running sequence's tokens and mapped read-only
-// where the cache protects them, and its other borrowed units writable;
+// (unless the driver cannot grant read-only access), and its other
+// borrowed units writable;
 // a store unit's borrower count is the number of slots mapping it, and a
 // store unit no one maps is cached (listed, in the LRU list); the pages
 // counted committed are the slots' owned units plus the store's pages,
@@ -86,13 +87,14 @@
 // sequence whose prompt starts with the same units under the same extra
 // key maps the same physical pages at its own addresses, no copy, and
 // read-only: its tensors refuse writes to those rows (ErrAccessDenied),
-// and on a driver whose memory the process does not address (CUDA,
-// AscendCL) the pages are mapped read-only at its addresses, so that no
-// kernel of a sharer changes what the others read. (On the host driver
-// the slot's arena views, which the arena keeps writable, cover them:
-// a write through a slice Data handed out is not stopped there.) The
-// owner, which computed them, keeps them writable: rows it marked written
-// must not be written again. The unit after them, partly covered by a
+// and the pages are mapped read-only at its addresses — on the host
+// driver, CUDA and AscendCL, wherever the driver grants read-only access
+// — so that no kernel of a sharer changes what the others read. On the
+// host driver the slot's tensors lie over read-only arena views
+// (arena.Sparse.ViewReadOnly), which let those pages be read-only: a
+// store through a slice Data handed out there faults, as a kernel's
+// write faults on a device. The owner, which computed them, keeps them
+// writable: rows it marked written must not be written again. The unit after them, partly covered by a
 // cached unit's blocks, is copied once into the sequence's own unit. A
 // store unit no sequence maps stays cached and is evicted least recently
 // used first — a whole unit, hence whole pages — when memory is needed,
@@ -174,8 +176,7 @@
 // bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
 // the store shares it. What a page costs beyond that — its commit, borrow,
 // read-only grant or decommit — is the arena's and the layers' below it
-// (where shared units are mapped read-only, a match takes one grant per
-// region).
+// (a match takes one read-only grant per region).
 //
 // # What it never does
 //

@@ -500,8 +500,10 @@ func (s *Seq) Written() int {
 //
 // The rows of the units the sequence shares with others — the whole units
 // below Matched that Admit or Resume mapped from the prefix store — are
-// read-only: Set there, or Copy into them, is refused (ErrAccessDenied).
-// A slice Data handed out is not checked: it must not be written there.
+// read-only: Set there, or Copy into them, is refused (ErrAccessDenied),
+// and where the driver can (host, CUDA, AscendCL) the pages are mapped
+// read-only too: a store through a slice Data handed out faults there
+// rather than change what the other sequences read. Do not write there.
 //
 // The tensor, like Append's views, is valid while the sequence runs: once
 // it is preempted or freed, or the cache closed, it and its views answer

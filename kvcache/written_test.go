@@ -8,6 +8,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/testdrivers"
+	"github.com/vmarena/vmarena/internal/procmaps"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/tensor"
@@ -129,12 +130,11 @@ func TestMarkWritten(t *testing.T) {
 // TestSharedPrefixReadOnly: a sequence that maps another's prompt units
 // from the prefix store cannot change them: a Set or Copy through its K
 // or V below Matched is refused, the owner's bytes and the books are
-// unchanged. Rows past the shared units stay writable. On the host driver
-// the cache's views (which the arena keeps writable) cover the shared
-// units, so the mapping stays read-write there and the tensors' refusal
-// is the guard; TestSharedPrefixReadOnlyOnEveryDriver checks the
-// read-only mapping where the cache makes one. (Before, a sharer's write
-// below Matched changed what every holder read, and Check passed.)
+// unchanged. Rows past the shared units stay writable. Under the tensors
+// the shared units are mapped read-only at the sharer's addresses, on the
+// host driver too (TestSharedPrefixReadOnlyOnEveryDriver checks the
+// mapping on every driver). (Before, a sharer's write below Matched
+// changed what every holder read, and Check passed.)
 func TestSharedPrefixReadOnly(t *testing.T) {
 	for _, layout := range []Layout{PerLayer, TokenMajor} {
 		t.Run(layout.String(), func(t *testing.T) {
@@ -190,8 +190,9 @@ func TestSharedPrefixReadOnly(t *testing.T) {
 			require.NoError(t, kb.Set(was+1, at(p)...))
 			require.NoError(t, kb.Set(was, at(p)...))
 
-			require.False(t, c.protects, "the host driver's slots are covered by writable views")
+			require.True(t, c.protects, "the cache's views are read-only: the host driver's pages can be")
 			require.Equal(t, 2, b.sl.shared)
+			requireShared(t, c, b, 2)
 
 			// Preempted and resumed, b maps them read-only again; freed,
 			// its slot shares nothing.
@@ -200,6 +201,7 @@ func TestSharedPrefixReadOnly(t *testing.T) {
 			_, err = b.Resume()
 			require.NoError(t, err)
 			require.Equal(t, 2, b.sl.shared)
+			requireShared(t, c, b, 2)
 			checkSeq(t, b, bTokens, 7, 0, len(bTokens))
 			kb, err = b.K(1)
 			require.NoError(t, err)
@@ -231,10 +233,15 @@ func (b goBuffer) Bytes() ([]byte, error) { return b, nil }
 // TestSharedPrefixReadOnlyOnEveryDriver: on the host driver and on the
 // CUDA and AscendCL drivers over their stand-ins (no HostMapper: bytes
 // move with the driver's Read and Write), a sequence's shared units are
-// the owner's memory at the sharer's addresses; on the stand-ins, where
-// the cache makes no views, they are mapped read-only: a write there
-// through the driver (as a kernel's would be) is refused and the owner's
-// bytes stay. Check agrees on every driver.
+// the owner's memory at the sharer's addresses, mapped read-only there: a
+// write there through the driver (as a kernel's would be) is refused and
+// the owner's bytes stay. On the host driver the kernel's own protection
+// of the sharer's pages is read-only (/proc/self/maps; never tested by a
+// store, which would kill the test) while the owner's stay writable, and
+// the sharer's tensors — over the cache's read-only views — read the
+// owner's bytes and refuse a Set there. Check agrees on every driver.
+// (Before, on the host driver the cache's views kept the shared pages
+// writable: a store through a tensor's slice changed the owner's keys.)
 func TestSharedPrefixReadOnlyOnEveryDriver(t *testing.T) {
 	testdrivers.Each(t, func(t *testing.T, b testdrivers.Backend) {
 		drv := b.Open(t, testdrivers.Machine{Devices: 1, Capacity: 64 * units.MiB, Granularity: page})
@@ -260,21 +267,70 @@ func TestSharedPrefixReadOnlyOnEveryDriver(t *testing.T) {
 		got := make([]byte, len(want))
 		require.NoError(t, drv.Read(sAddr, got))
 		require.Equal(t, want, got, "the same memory at the sharer's addresses")
-		acc, err := drv.Access(sAddr, 0)
-		require.NoError(t, err)
+		require.True(t, c.protects)
+		requireShared(t, c, s, 2)
+		drivertest.RequireIs(t, drv.Write(sAddr, []byte("a sharer's write")), driver.ErrAccessDenied)
 		if b.Name == "host" {
-			require.False(t, c.protects, "the cache's views cover the shared units")
-			require.Equal(t, driver.AccessReadWrite, acc)
-		} else {
-			require.True(t, c.protects)
-			require.Equal(t, driver.AccessRead, acc)
-			drivertest.RequireIs(t, drv.Write(sAddr, []byte("a sharer's write")), driver.ErrAccessDenied)
+			_, err := s.Append(prompt[s.Len():])
+			require.NoError(t, err)
+			ks, err := s.K(0)
+			require.NoError(t, err, "tensors over read-only pages")
+			before := c.Stats()
+			at := []int{1, 0, 0, 0} // unit 1, token 0: the bytes written at aAddr
+			x, err := ks.At(at...)
+			require.NoError(t, err)
+			drivertest.RequireIs(t, ks.Set(x+1, at...), driver.ErrAccessDenied, "read-only")
+			y, err := ks.At(at...)
+			require.NoError(t, err)
+			require.Equal(t, x, y)
+			require.Equal(t, before, c.Stats())
+			requireShared(t, c, s, 2)
 		}
 		require.NoError(t, drv.Read(aAddr, got))
 		require.Equal(t, want, got, "the owner's bytes stay")
+		require.NoError(t, c.Check())
 		require.NoError(t, s.Free())
 		require.NoError(t, a.Free())
 		require.NoError(t, c.Check())
 		require.NoError(t, c.Close())
 	})
+}
+
+// requireShared checks that the first n units of s's slot are mapped
+// read-only at its addresses in every region, in the cache's books, the
+// driver's and — on the host driver — the kernel's, and that the unit
+// after them is not.
+func requireShared(t *testing.T, c *Cache, s *Seq, n int) {
+	t.Helper()
+	drv := c.slots.Driver()
+	_, host := drv.(driver.HostMapper)
+	var maps []procmaps.Entry
+	if host {
+		var err error
+		maps, err = procmaps.Read()
+		require.NoError(t, err)
+	}
+	for r := 0; r < c.g.regions; r++ {
+		for u := 0; u <= n && u < c.g.unitsFor(s.Len()); u++ {
+			want := driver.AccessReadWrite
+			if u < n {
+				want = driver.AccessRead
+			}
+			off := c.slotOff(s.sl, r, u)
+			acc, err := c.slots.AccessAt(c.cfg.Device, off)
+			require.NoError(t, err)
+			require.Equal(t, want, acc, "region %d, unit %d: the arena's access", r, u)
+			acc, err = drv.Access(c.Base()+driver.Addr(off), c.cfg.Device)
+			require.NoError(t, err)
+			require.Equal(t, want, acc, "region %d, unit %d: the driver's access", r, u)
+			if host {
+				for _, at := range []uint64{off, off + c.g.unitBytes - 1} {
+					m, ok := procmaps.Find(maps, uint64(c.Base())+at)
+					require.True(t, ok, "region %d, unit %d: no mapping", r, u)
+					require.True(t, m.Readable(), "region %d, unit %d: %s", r, u, m.Perms)
+					require.Equal(t, u >= n, m.Writable(), "region %d, unit %d: the kernel's protection is %s", r, u, m.Perms)
+				}
+			}
+		}
+	}
 }
