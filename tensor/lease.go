@@ -105,7 +105,10 @@ func NewLeased(l *Lease, buf Buffer, dt DType, shape ...int) (*Tensor, error) {
 // reaches them, is refused (ErrAccessDenied) for the tensor and every
 // view of it, changing nothing. It is for an owner that shares that
 // memory with others (a KV cache's prefix pages). A slice Data hands out
-// is not checked. readOnly must lie in [0, len(buf's bytes)] (ErrInvalid).
+// is not checked, and its first readOnly bytes may be pages the owner
+// mapped read-only (the KV cache does, on every driver that can): a store
+// there faults, as a kernel's would on the device. readOnly must lie in
+// [0, len(buf's bytes)] (ErrInvalid).
 func NewLeasedReadOnly(l *Lease, buf Buffer, readOnly int, dt DType, shape ...int) (*Tensor, error) {
 	t, err := NewLeased(l, buf, dt, shape...)
 	if err != nil {
