@@ -2,6 +2,7 @@ package sleep
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -56,13 +57,14 @@ func closeAll(t testing.TB, m *Manager) {
 	require.NoError(t, m.Close())
 }
 
+// pattern is n bytes that differ with seed and n.
 func pattern(seed uint64, n uint64) []byte {
 	r := rand.New(rand.NewPCG(seed, n))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
+	b := make([]byte, (n+7)&^7)
+	for i := 0; i < len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
 	}
-	return b
+	return b[:n]
 }
 
 func stats(t testing.TB, m *Manager, tag string) TagStats {
