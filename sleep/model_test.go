@@ -203,8 +203,8 @@ func modelOps(r *rand.Rand, n int) []byte {
 
 func TestModel(t *testing.T) {
 	d := openHost(t, testCap)
-	for seed := range 6 {
-		runModel(t, d, modelOps(rand.New(rand.NewPCG(uint64(seed), 21)), 120))
+	for seed := range 4 {
+		runModel(t, d, modelOps(rand.New(rand.NewPCG(uint64(seed), 21)), 100))
 	}
 	require.Zero(t, d.Used(0))
 }
