@@ -140,7 +140,7 @@ func (b *backup) restore() error {
 }
 
 // drop forgets the backup of the allocation at p (freed while asleep),
-// giving its host buffer back at once. A file's bytes go with the file.
+// giving its host buffer, or its blocks of the file, back at once.
 func (b *backup) drop(p driver.Addr) error {
 	pc, ok := b.at[p]
 	if !ok {
@@ -148,8 +148,13 @@ func (b *backup) drop(p driver.Addr) error {
 	}
 	delete(b.at, p)
 	b.bytes -= pc.size
-	if b.mode == Host {
+	switch b.mode {
+	case Host:
 		return hostFree(b.d, pc.buf)
+	case File:
+		if err := punchHole(b.file, pc.off, pc.size); err != nil {
+			return errors.Wrapf(err, "sleep: give back the backup of %s in %s", p, b.file.Name())
+		}
 	}
 	return nil
 }

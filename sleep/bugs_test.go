@@ -1,11 +1,13 @@
 package sleep
 
 import (
+	"os"
 	"sync"
 	"testing"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
@@ -194,7 +196,8 @@ func TestNoDoubleReleaseAcrossCycles(t *testing.T) {
 }
 
 // TestFreeWhileAsleep (torch_memory_saver #92): a free while the tag
-// sleeps gives back that allocation's host backup at once, releases no
+// sleeps gives back that allocation's backup at once (its host buffer,
+// its blocks of the backup file), releases no
 // memory (it went back at sleep), and the wake that follows restores the
 // rest; a second free of it is refused.
 func TestFreeWhileAsleep(t *testing.T) {
@@ -206,12 +209,17 @@ func TestFreeWhileAsleep(t *testing.T) {
 			require.NoError(t, m.Sleep(mode))
 			before := stats(t, m, "w")
 			releases := f.count("release")
-			var gone driver.Addr
-			for p := range want {
-				gone = p
-				break
+			var gone driver.Addr // the largest, whose file blocks are its own
+			for p, b := range want {
+				if gone == 0 || len(b) > len(want[gone]) {
+					gone = p
+				}
 			}
-			require.NoError(t, m.Free(gone))
+			if mode == File {
+				fileBlocksDrop(t, m, func() { require.NoError(t, m.Free(gone)) })
+			} else {
+				require.NoError(t, m.Free(gone))
+			}
 			require.Equal(t, releases, f.count("release"), "a free while asleep releases nothing")
 			if mode != Discard {
 				require.Equal(t, before.BackupBytes-uint64(len(want[gone])), stats(t, m, "w").BackupBytes)
@@ -279,4 +287,50 @@ func TestHostBackupsFreedAtWake(t *testing.T) {
 	require.Zero(t, stats(t, m, "w").BackupBytes)
 	requireContents(t, d, want)
 	closeAll(t, m)
+}
+
+// TestCloseWhileAsleep: allocations freed while their tag sleeps, then
+// Close: the backups go (the file too), nothing is created again and
+// nothing released twice, and the driver is left holding nothing.
+func TestCloseWhileAsleep(t *testing.T) {
+	for _, mode := range []Mode{Host, File} {
+		f := newFaulty(t, testCap)
+		dir := t.TempDir()
+		m, err := New(f, Options{TagMax: testTMax, ChunkSize: testCS, BackupDir: dir})
+		require.NoError(t, err)
+		want := fillModel(t, f, m)
+		require.NoError(t, m.Sleep(mode))
+		creates := f.count("create")
+		for p := range want {
+			require.NoError(t, m.Free(p))
+		}
+		require.Zero(t, stats(t, m, "w").BackupBytes)
+		require.NoError(t, m.Close())
+		require.Equal(t, creates, f.count("create"), "nothing is committed again to be closed")
+		require.Zero(t, f.doubles)
+		require.Empty(t, f.live)
+		require.Zero(t, f.Used(0))
+		left, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Empty(t, left, "the backup file is removed")
+	}
+}
+
+// fileBlocksDrop runs free and checks that the backup file of tag "w"
+// holds fewer blocks after it, on file systems that punch holes.
+func fileBlocksDrop(t *testing.T, m *Manager, free func()) {
+	t.Helper()
+	blocks := func() int64 {
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(m.tags["w"].bk.file.Name(), &st))
+		return st.Blocks
+	}
+	before := blocks()
+	free()
+	after := blocks()
+	if before == after {
+		t.Logf("the file system of %s keeps the blocks (no hole punched)", m.o.BackupDir)
+		return
+	}
+	require.Less(t, after, before, "the freed allocation's blocks of the backup file go back")
 }

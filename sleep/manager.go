@@ -158,9 +158,10 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 }
 
 // Free ends the allocation at p. In a sleeping tag it also gives back
-// that allocation's host backup at once (a file's bytes go with the file
-// at wake); its memory went back at sleep, and nothing is given back
-// twice: a free only edits the tag's books while it sleeps.
+// that allocation's backup at once (its host buffer, or its blocks of the
+// backup file, where the file system can punch holes); its memory went
+// back at sleep, and nothing is given back twice: a free only edits the
+// tag's books while it sleeps.
 func (m *Manager) Free(p driver.Addr) error {
 	if err := m.begin("Free"); err != nil {
 		return err
