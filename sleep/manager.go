@@ -270,7 +270,8 @@ func (m *Manager) selectLocked(op string, names []string) ([]*tag, error) {
 }
 
 // Sleep puts the tags named (every tag, for none) to sleep in mode: it
-// synchronizes the streams AddStream named, keeps each live allocation's
+// synchronizes the device (where the driver is a DeviceSyncer) and the
+// streams AddStream named, keeps each live allocation's
 // bytes as mode says, then gives back all the tag's memory, keeping its
 // address space and books. A tag already asleep is left as it is (Sleep
 // is idempotent). The tags are put to sleep one by one: on an error the
@@ -299,8 +300,23 @@ func (m *Manager) Sleep(mode Mode, tags ...string) error {
 	return nil
 }
 
-// syncLocked waits for the work queued on every stream AddStream named.
+// DeviceSyncer is implemented by drivers that can wait for all the work
+// queued on a device, on every stream — also streams this library did not
+// make, such as PyTorch's (cuCtxSynchronize, aclrtSynchronizeDevice).
+// Sleep calls it, when the driver has it, before it copies or unmaps
+// anything, as well as synchronizing the streams AddStream named.
+type DeviceSyncer interface {
+	SyncDevice(dev driver.DeviceID) error
+}
+
+// syncLocked waits for the device (DeviceSyncer) and for the work queued
+// on every stream AddStream named.
 func (m *Manager) syncLocked() error {
+	if ds, ok := m.d.(DeviceSyncer); ok {
+		if err := ds.SyncDevice(m.o.Device); err != nil {
+			return errors.Wrapf(err, "sleep: synchronize device %d before sleep", m.o.Device)
+		}
+	}
 	if len(m.streams) == 0 {
 		return nil
 	}

@@ -252,3 +252,35 @@ func TestNilAndZero(t *testing.T) {
 	require.Equal(t, "mode(9)", Mode(9).String())
 	require.True(t, errors.Is(unmade("x"), driver.ErrInvalid))
 }
+
+// syncing is the host driver as a DeviceSyncer that counts its calls
+// and, when err is set, fails them.
+type syncing struct {
+	*host.Driver
+	calls int
+	err   error
+}
+
+func (s *syncing) SyncDevice(dev driver.DeviceID) error {
+	s.calls++
+	return s.err
+}
+
+// TestSleepSyncsDevice: Sleep waits for the whole device first when the
+// driver can (work on streams the library never saw, PyTorch's), and a
+// failure to wait leaves every tag awake, unchanged.
+func TestSleepSyncsDevice(t *testing.T) {
+	d := &syncing{Driver: openHost(t, testCap), err: errors.Wrap(driver.ErrDeviceFault, "injected")}
+	m := newManager(t, d)
+	_, err := m.Alloc("w", 10)
+	require.NoError(t, err)
+	require.ErrorIs(t, m.Sleep(Host), driver.ErrDeviceFault)
+	require.False(t, stats(t, m, "w").Asleep)
+	require.NotZero(t, d.Used(0))
+	d.err = nil
+	require.NoError(t, m.Sleep(Host))
+	require.Equal(t, 2, d.calls)
+	require.True(t, stats(t, m, "w").Asleep)
+	require.NoError(t, m.Wake())
+	closeAll(t, m)
+}
