@@ -284,3 +284,45 @@ func TestSleepSyncsDevice(t *testing.T) {
 	require.NoError(t, m.Wake())
 	closeAll(t, m)
 }
+
+// TestConcurrent: allocations and frees in one tag from several
+// goroutines while another tag sleeps and wakes; the race detector
+// watches, a watchdog keeps it from hanging.
+func TestConcurrent(t *testing.T) {
+	d := openHost(t, testCap)
+	m := newManager(t, d)
+	w, err := m.Alloc("weights", 100*kib)
+	require.NoError(t, err)
+	require.NoError(t, d.Write(w, pattern(1, 100*kib)))
+	done := make(chan error, 3)
+	for g := range 3 {
+		go func() {
+			var err error
+			for i := range 100 {
+				var p driver.Addr
+				if p, err = m.Alloc("kv", uint64(g*100+i+1)*64); err != nil {
+					break
+				}
+				if err = m.Free(p); err != nil {
+					break
+				}
+			}
+			done <- err
+		}()
+	}
+	for range 30 {
+		require.NoError(t, m.Sleep(Host, "weights"))
+		require.NoError(t, m.Wake("weights"))
+	}
+	watchdog := time.After(30 * time.Second)
+	for range 3 {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-watchdog:
+			t.Fatal("the allocating goroutines did not finish")
+		}
+	}
+	require.Equal(t, pattern(1, 100*kib), read(t, d, w, 100*kib))
+	closeAll(t, m)
+}
