@@ -110,8 +110,8 @@ func (m *Manager) begin(method string) error {
 	return nil
 }
 
-// tagLocked returns tag name, making it (its allocator reserves its
-// address space) when make is set.
+// tagLocked returns tag name, making it first if it does not exist yet
+// (its allocator reserves its address space then).
 func (m *Manager) tagLocked(name string) (*tag, error) {
 	if t := m.tags[name]; t != nil {
 		return t, nil
