@@ -28,24 +28,34 @@ type backup struct {
 
 // piece is one allocation's backup: its host buffer or its file offset.
 type piece struct {
-	size uint64
-	buf  []byte // Host
-	off  int64  // File
+	size   uint64
+	buf    []byte // Host
+	pinned bool   // buf is the driver's (HostAlloc)
+	off    int64  // File
 }
+
+// pinnedMin is the smallest backup given a pinned buffer of its own:
+// each is a mapping of the process (and a cuMemHostAlloc on CUDA), so
+// the many small allocations of a model (PyTorch makes thousands) are
+// kept in Go memory instead, and the mappings a sleeping tag adds stay
+// under its bytes / pinnedMin.
+const pinnedMin = 1 << 20
 
 // hostAlloc returns a host buffer of n bytes: the driver's pinned memory
-// where it has streams (cuMemHostAlloc on CUDA: copies at full speed,
-// and memory given back to the system by free), else Go memory.
-func hostAlloc(d driver.Driver, n uint64) ([]byte, error) {
-	if s, ok := d.(driver.Streams); ok && d.Supports(driver.FeatureStreams) {
-		return s.HostAlloc(n)
+// where it has streams and n is at least pinnedMin (cuMemHostAlloc on
+// CUDA: copies at full speed, and memory given back to the system at
+// free), else Go memory.
+func hostAlloc(d driver.Driver, n uint64) ([]byte, bool, error) {
+	if s, ok := d.(driver.Streams); ok && n >= pinnedMin && d.Supports(driver.FeatureStreams) {
+		b, err := s.HostAlloc(n)
+		return b, true, err
 	}
-	return make([]byte, n), nil
+	return make([]byte, n), false, nil
 }
 
-func hostFree(d driver.Driver, b []byte) error {
-	if s, ok := d.(driver.Streams); ok && d.Supports(driver.FeatureStreams) {
-		return s.HostFree(b)
+func hostFree(d driver.Driver, pc piece) error {
+	if pc.pinned {
+		return d.(driver.Streams).HostFree(pc.buf)
 	}
 	return nil
 }
@@ -80,15 +90,15 @@ func takeBackup(d driver.Driver, mode Mode, dir, tag string, live map[driver.Add
 	for p, n := range live {
 		switch mode {
 		case Host:
-			buf, err := hostAlloc(d, n)
+			buf, pinned, err := hostAlloc(d, n)
 			if err != nil {
 				return fail(err)
 			}
-			buf = buf[:n]
-			if err := d.Read(p, buf); err != nil {
-				return fail(errors.CombineErrors(err, hostFree(d, buf)))
+			pc := piece{size: n, buf: buf[:n], pinned: pinned}
+			if err := d.Read(p, pc.buf); err != nil {
+				return fail(errors.CombineErrors(err, hostFree(d, pc)))
 			}
-			b.at[p] = piece{size: n, buf: buf}
+			b.at[p] = pc
 		case File:
 			off, err := b.file.Seek(0, io.SeekEnd)
 			if err != nil {
@@ -150,7 +160,7 @@ func (b *backup) drop(p driver.Addr) error {
 	b.bytes -= pc.size
 	switch b.mode {
 	case Host:
-		return hostFree(b.d, pc.buf)
+		return hostFree(b.d, pc)
 	case File:
 		if err := punchHole(b.file, pc.off, pc.size); err != nil {
 			return errors.Wrapf(err, "sleep: give back the backup of %s in %s", p, b.file.Name())

@@ -30,8 +30,9 @@
 //     restore that fails) undoes what it did and leaves the tag asleep
 //     with its backup whole; nothing leaks.
 //   - Host backups are the driver's pinned host buffers where it has
-//     streams (cuMemHostAlloc), freed at Wake; a File backup is one file
-//     in Options.BackupDir, removed at Wake and Close.
+//     streams (cuMemHostAlloc), for allocations of 1 MiB or more, and Go
+//     memory for smaller ones; all are freed at Wake. A File backup is
+//     one file in Options.BackupDir, removed at Wake and Close.
 //   - Free in a sleeping tag drops that allocation's backup and releases
 //     nothing: the tag's memory went back once, at Sleep.
 //   - Alloc in a sleeping tag is refused (ErrBusy naming the tag).

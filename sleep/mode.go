@@ -10,7 +10,8 @@ const (
 	// whatever the driver gives new memory (a KV cache, scratch).
 	Discard Mode = iota
 	// Host copies every live allocation into host memory the Manager owns
-	// (the driver's pinned buffers where it has streams), freed at wake.
+	// (the driver's pinned buffers where it has streams, for allocations
+	// of 1 MiB or more), freed at wake.
 	Host
 	// File writes every live allocation to a backup file in
 	// Options.BackupDir, removed at wake, for tags larger than host memory.
