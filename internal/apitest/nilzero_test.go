@@ -30,6 +30,7 @@ import (
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/pool"
 	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/sleep"
 	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/vaspace"
@@ -69,6 +70,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[replay.Options](), reflect.TypeFor[replay.Policy](), reflect.TypeFor[replay.RandomLifetimes](),
 	reflect.TypeFor[replay.RequestsSummary](), reflect.TypeFor[replay.SimOptions](), reflect.TypeFor[replay.SimRequest](),
 	reflect.TypeFor[replay.SimResult](), reflect.TypeFor[replay.StaticReservation](), reflect.TypeFor[replay.Summary](),
+	reflect.TypeFor[sleep.Manager](), reflect.TypeFor[sleep.Mode](),
 	reflect.TypeFor[stream.Event](), reflect.TypeFor[stream.HostBuffer](), reflect.TypeFor[stream.Stream](),
 	reflect.TypeFor[tensor.BF16](), reflect.TypeFor[tensor.DType](), reflect.TypeFor[tensor.F16](),
 	reflect.TypeFor[tensor.Growable](), reflect.TypeFor[tensor.Lease](), reflect.TypeFor[tensor.Tensor](),

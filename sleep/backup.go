@@ -1,0 +1,185 @@
+package sleep
+
+import (
+	"io"
+	"os"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// copyPiece bounds the staging buffer of a file backup: bytes move
+// between device memory and the file through it.
+const copyPiece = 64 << 20
+
+// A backup holds one tag's live allocations while it sleeps: each in a
+// host buffer (Host) or at an offset of one file (File). Discard makes
+// none. Invariant: bytes is the sum of the sizes in at; host holds
+// exactly the buffers of at in Host mode; file is nil unless File mode.
+type backup struct {
+	mode  Mode
+	d     driver.Driver
+	at    map[driver.Addr]piece
+	bytes uint64
+	file  *os.File
+}
+
+// piece is one allocation's backup: its host buffer or its file offset.
+type piece struct {
+	size   uint64
+	buf    []byte // Host
+	pinned bool   // buf is the driver's (HostAlloc)
+	off    int64  // File
+}
+
+// pinnedMin is the smallest backup given a pinned buffer of its own:
+// each is a mapping of the process (and a cuMemHostAlloc on CUDA), so
+// the many small allocations of a model (PyTorch makes thousands) are
+// kept in Go memory instead, and the mappings a sleeping tag adds stay
+// under its bytes / pinnedMin.
+const pinnedMin = 1 << 20
+
+// hostAlloc returns a host buffer of n bytes: the driver's pinned memory
+// where it has streams and n is at least pinnedMin (cuMemHostAlloc on
+// CUDA: copies at full speed, and memory given back to the system at
+// free), else Go memory.
+func hostAlloc(d driver.Driver, n uint64) ([]byte, bool, error) {
+	if s, ok := d.(driver.Streams); ok && n >= pinnedMin && d.Supports(driver.FeatureStreams) {
+		b, err := s.HostAlloc(n)
+		return b, true, err
+	}
+	return make([]byte, n), false, nil
+}
+
+func hostFree(d driver.Driver, pc piece) error {
+	if pc.pinned {
+		return d.(driver.Streams).HostFree(pc.buf)
+	}
+	return nil
+}
+
+// takeBackup copies the live allocations (address → size) out of device
+// memory. On failure it frees what it made and returns the error.
+func takeBackup(d driver.Driver, mode Mode, dir, tag string, live map[driver.Addr]uint64) (*backup, error) {
+	b := &backup{mode: mode, d: d, at: map[driver.Addr]piece{}}
+	if mode == Discard {
+		return b, nil
+	}
+	if !d.Supports(driver.FeatureHostAccess) {
+		return nil, errors.WithHint(
+			errors.Wrapf(driver.ErrUnsupported, "sleep: %s backup of tag %q: the %s driver cannot copy device memory to the host", mode, tag, d.Name()),
+			"sleep the tag in Discard mode")
+	}
+	fail := func(err error) (*backup, error) {
+		return nil, errors.CombineErrors(errors.Wrapf(err, "sleep: %s backup of tag %q", mode, tag), b.free())
+	}
+	var stage []byte
+	if mode == File {
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		f, err := os.CreateTemp(dir, "vmarena-sleep-*.bak")
+		if err != nil {
+			return fail(err)
+		}
+		b.file = f
+		stage = make([]byte, copyPiece)
+	}
+	for p, n := range live {
+		switch mode {
+		case Host:
+			buf, pinned, err := hostAlloc(d, n)
+			if err != nil {
+				return fail(err)
+			}
+			pc := piece{size: n, buf: buf[:n], pinned: pinned}
+			if err := d.Read(p, pc.buf); err != nil {
+				return fail(errors.CombineErrors(err, hostFree(d, pc)))
+			}
+			b.at[p] = pc
+		case File:
+			off, err := b.file.Seek(0, io.SeekEnd)
+			if err != nil {
+				return fail(err)
+			}
+			for done := uint64(0); done < n; {
+				k := min(n-done, copyPiece)
+				if err := d.Read(p+driver.Addr(done), stage[:k]); err != nil {
+					return fail(err)
+				}
+				if _, err := b.file.WriteAt(stage[:k], off+int64(done)); err != nil {
+					return fail(errors.Wrapf(err, "write %s to %s", units.Bytes(k), b.file.Name()))
+				}
+				done += k
+			}
+			b.at[p] = piece{size: n, off: off}
+		}
+		b.bytes += n
+	}
+	return b, nil
+}
+
+// restore writes every backed-up allocation back to device memory.
+func (b *backup) restore() error {
+	var stage []byte
+	if b.mode == File {
+		stage = make([]byte, copyPiece)
+	}
+	for p, pc := range b.at {
+		switch b.mode {
+		case Host:
+			if err := b.d.Write(p, pc.buf); err != nil {
+				return err
+			}
+		case File:
+			for done := uint64(0); done < pc.size; {
+				k := min(pc.size-done, copyPiece)
+				if _, err := b.file.ReadAt(stage[:k], pc.off+int64(done)); err != nil {
+					return errors.Wrapf(err, "read %s from %s", units.Bytes(k), b.file.Name())
+				}
+				if err := b.d.Write(p+driver.Addr(done), stage[:k]); err != nil {
+					return err
+				}
+				done += k
+			}
+		}
+	}
+	return nil
+}
+
+// drop forgets the backup of the allocation at p (freed while asleep),
+// giving its host buffer, or its blocks of the file, back at once.
+func (b *backup) drop(p driver.Addr) error {
+	pc, ok := b.at[p]
+	if !ok {
+		return nil
+	}
+	delete(b.at, p)
+	b.bytes -= pc.size
+	switch b.mode {
+	case Host:
+		return hostFree(b.d, pc)
+	case File:
+		if err := punchHole(b.file, pc.off, pc.size); err != nil {
+			return errors.Wrapf(err, "sleep: give back the backup of %s in %s", p, b.file.Name())
+		}
+	}
+	return nil
+}
+
+// free gives back every host buffer and removes the file.
+func (b *backup) free() error {
+	var errs error
+	for p := range b.at {
+		errs = errors.CombineErrors(errs, b.drop(p))
+	}
+	if b.file != nil {
+		name := b.file.Name()
+		errs = errors.CombineErrors(errs, b.file.Close())
+		errs = errors.CombineErrors(errs, os.Remove(name))
+		b.file = nil
+	}
+	return errs
+}

@@ -1,0 +1,49 @@
+// Package sleep gives a model's accelerator memory back and takes it again
+// at the same addresses, as vLLM's sleep mode and SGLang's
+// torch_memory_saver do: allocations are made under a tag ("weights",
+// "kv_cache"); Sleep copies a tag's live allocations to host memory or a
+// file (or discards them), then unmaps and releases all its physical
+// memory while keeping its address space; Wake commits memory again, maps
+// it at the same addresses with the same access and restores the bytes,
+// so raw pointers and captured CUDA graphs stay valid.
+//
+// # How
+//
+// Each tag has an arena.Allocator of its own (the one that gives memory
+// back from anywhere) over its own reserved ranges, so a woken tag's
+// memory is exactly what it had. Under the allocator sits a driver of the
+// tag's (tagDriver) that passes every call to the real driver and records
+// each chunk, mapping and access grant. Sleep gives the real memory back
+// beneath the allocator's unchanged books; Wake makes it again from the
+// records. Free chunks are trimmed first, so Sleep backs up only live
+// allocations and Wake commits only chunks that hold them.
+//
+// # Guarantees
+//
+//   - Sleep synchronizes the device (a driver that is a DeviceSyncer) and
+//     the streams named with AddStream before it copies or unmaps
+//     anything.
+//   - Sleep gives back every byte of the tag's memory: the real driver's
+//     used bytes drop by the tag's AwakeBytes.
+//   - Sleep and Wake are idempotent: a second call is a no-op.
+//   - A Wake that fails part-way (out of memory, a refused map or grant, a
+//     restore that fails) undoes what it did and leaves the tag asleep
+//     with its backup whole; nothing leaks.
+//   - Host backups are the driver's pinned host buffers where it has
+//     streams (cuMemHostAlloc), for allocations of 1 MiB or more, and Go
+//     memory for smaller ones; all are freed at Wake. A File backup is
+//     one file in Options.BackupDir, removed at Wake and Close.
+//   - Free in a sleeping tag drops that allocation's backup and releases
+//     nothing: the tag's memory went back once, at Sleep.
+//   - Alloc in a sleeping tag is refused (ErrBusy naming the tag).
+//
+// # What it never does
+//
+// It never touches device memory but through the driver's Read and Write
+// (so Host and File modes need driver.FeatureHostAccess; the sim driver
+// sleeps in Discard mode only), never closes the driver it was given, and
+// never changes an address a caller holds.
+//
+// Under the invariants build tag every change runs Check and panics at the
+// first broken invariant.
+package sleep

@@ -1,0 +1,543 @@
+package sleep
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Device is the device whose memory every tag's allocations use.
+	Device driver.DeviceID
+	// TagMax is the most memory one tag may hold committed: its
+	// allocator's Max (default: the device's capacity). The tag reserves
+	// address space for it up front, as arena.Allocator does (about nine
+	// times TagMax: its two heaps' and its stitch range), when its first
+	// allocation is made.
+	TagMax uint64
+	// BackupDir is where File mode writes its backups ("" = os.TempDir()).
+	BackupDir string
+	// ChunkSize is the unit each tag commits and gives back memory in
+	// (default: the device's recommended granularity).
+	ChunkSize uint64
+}
+
+// A Manager hands out allocations under tags and puts tags to sleep and
+// wakes them at the same addresses. See the package doc.
+//
+// Invariants (Check): each tag's live set is its allocator's; an asleep
+// tag in Host or File mode has a backup of exactly its live allocations,
+// an awake one none; every live address is in the owner index under its
+// tag.
+type Manager struct {
+	d driver.Driver
+	o Options
+
+	// mu guards everything below; it is taken before a tag allocator's
+	// locks (and so before its tagDriver's).
+	mu      sync.Mutex
+	tags    map[string]*tag
+	owner   map[driver.Addr]*tag
+	streams map[driver.Stream]struct{}
+	closed  bool
+}
+
+// A tag is one tag's allocator, the driver under it that can sleep, its
+// live allocations (address → size asked) and, asleep, its backup.
+type tag struct {
+	name   string
+	drv    *tagDriver
+	al     *arena.Allocator
+	live   map[driver.Addr]uint64
+	asleep bool
+	mode   Mode
+	bk     *backup // nil while awake
+	cycles int
+}
+
+// New returns a Manager over d's device o.Device. Nothing is reserved
+// until a tag's first allocation.
+func New(d driver.Driver, o Options) (*Manager, error) {
+	if err := driver.CheckComparable(func() string { return "sleep: new" }, d); err != nil {
+		return nil, err
+	}
+	devs := d.Devices()
+	if err := driver.CheckDevice(func() string { return "sleep: new" }, o.Device, len(devs)); err != nil {
+		return nil, err
+	}
+	dev := devs[o.Device]
+	if o.ChunkSize == 0 {
+		o.ChunkSize = dev.RecommendedGranularity
+	}
+	if err := driver.CheckSize(func() string { return "sleep: new: chunk size" }, o.ChunkSize, dev.MinGranularity); err != nil {
+		return nil, err
+	}
+	if o.TagMax == 0 {
+		o.TagMax = dev.Capacity
+	}
+	if err := driver.CheckSize(func() string { return "sleep: new: TagMax" }, o.TagMax, o.ChunkSize); err != nil {
+		return nil, err
+	}
+	return &Manager{d: d, o: o, tags: map[string]*tag{}, owner: map[driver.Addr]*tag{}, streams: map[driver.Stream]struct{}{}}, nil
+}
+
+func (m *Manager) unmade() bool { return m == nil || m.d == nil }
+
+func unmade(method string) error {
+	return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "sleep: %s on a nil or zero Manager", method),
+		"make one with sleep.New")
+}
+
+func (m *Manager) begin(method string) error {
+	if m.unmade() {
+		return unmade(method)
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return driver.Closed("sleep: " + method + " on a closed Manager")
+	}
+	return nil
+}
+
+// tagLocked returns tag name, making it first if it does not exist yet
+// (its allocator reserves its address space then).
+func (m *Manager) tagLocked(name string) (*tag, error) {
+	if t := m.tags[name]; t != nil {
+		return t, nil
+	}
+	td := newTagDriver(m.d, name)
+	al, err := arena.NewAllocator(vaspace.New(td), physical.New(td), arena.AllocatorOptions{
+		Device: m.o.Device, Max: m.o.TagMax, ChunkSize: m.o.ChunkSize,
+	})
+	if err != nil {
+		return nil, errors.Wrapf(err, "sleep: tag %q", name)
+	}
+	t := &tag{name: name, drv: td, al: al, live: map[driver.Addr]uint64{}}
+	m.tags[name] = t
+	return t, nil
+}
+
+// Alloc returns size fresh bytes under tag ("" is the default tag). A
+// tag that sleeps refuses (ErrBusy naming it): wake it first.
+func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
+	if err := m.begin("Alloc"); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	if size == 0 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "sleep: alloc in tag %q: size is zero", tag)
+	}
+	if t := m.tags[tag]; t != nil && t.asleep {
+		return 0, errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "sleep: alloc %s in tag %q: the tag is asleep", units.Bytes(size), tag),
+			"wake the tag before allocating in it")
+	}
+	t, err := m.tagLocked(tag)
+	if err != nil {
+		return 0, err
+	}
+	p, err := t.al.Alloc(size, 0)
+	if err != nil {
+		return 0, errors.Wrapf(err, "sleep: alloc in tag %q", tag)
+	}
+	t.live[p] = size
+	m.owner[p] = t
+	m.checkAfter("alloc")
+	return p, nil
+}
+
+// Free ends the allocation at p. In a sleeping tag it also gives back
+// that allocation's backup at once (its host buffer, or its blocks of the
+// backup file, where the file system can punch holes); its memory went
+// back at sleep, and nothing is given back twice: a free only edits the
+// tag's books while it sleeps.
+func (m *Manager) Free(p driver.Addr) error {
+	if err := m.begin("Free"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	t := m.owner[p]
+	if t == nil {
+		return errors.Wrapf(driver.ErrNotAllocated, "sleep: free %s: not a live allocation of this Manager (freed twice?)", p)
+	}
+	if err := t.al.Free(p); err != nil {
+		return errors.Wrapf(err, "sleep: free in tag %q", t.name)
+	}
+	delete(t.live, p)
+	delete(m.owner, p)
+	var err error
+	if t.bk != nil {
+		err = t.bk.drop(p)
+	}
+	m.checkAfter("free")
+	return err
+}
+
+// Size is the size asked for by the live allocation at p.
+func (m *Manager) Size(p driver.Addr) (uint64, error) {
+	if err := m.begin("Size"); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	t := m.owner[p]
+	if t == nil {
+		return 0, errors.Wrapf(driver.ErrNotAllocated, "sleep: size of %s: not a live allocation of this Manager", p)
+	}
+	return t.live[p], nil
+}
+
+// Tag names the tag of the live allocation at p.
+func (m *Manager) Tag(p driver.Addr) (string, error) {
+	if err := m.begin("Tag"); err != nil {
+		return "", err
+	}
+	defer m.mu.Unlock()
+	t := m.owner[p]
+	if t == nil {
+		return "", errors.Wrapf(driver.ErrNotAllocated, "sleep: tag of %s: not a live allocation of this Manager", p)
+	}
+	return t.name, nil
+}
+
+// AddStream names a stream whose work may use the Manager's memory:
+// Sleep synchronizes it before it copies or unmaps anything, so no
+// kernel or copy still queued touches memory that is going away. The
+// driver must implement driver.Streams.
+func (m *Manager) AddStream(s driver.Stream) error {
+	if err := m.begin("AddStream"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if _, ok := m.d.(driver.Streams); !ok || !m.d.Supports(driver.FeatureStreams) {
+		return errors.Wrapf(driver.ErrUnsupported, "sleep: add stream: the %s driver has no streams", m.d.Name())
+	}
+	if s == 0 {
+		return errors.Wrap(driver.ErrInvalid, "sleep: add stream: stream 0 is never valid")
+	}
+	m.streams[s] = struct{}{}
+	return nil
+}
+
+// RemoveStream forgets a stream AddStream named (before it is destroyed).
+func (m *Manager) RemoveStream(s driver.Stream) error {
+	if err := m.begin("RemoveStream"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if _, ok := m.streams[s]; !ok {
+		return errors.Wrapf(driver.ErrInvalid, "sleep: remove stream %d: not added", s)
+	}
+	delete(m.streams, s)
+	return nil
+}
+
+// selectLocked returns the tags named (all, sorted, for none). A name
+// with no tag is ErrInvalid.
+func (m *Manager) selectLocked(op string, names []string) ([]*tag, error) {
+	if len(names) == 0 {
+		ts := make([]*tag, 0, len(m.tags))
+		for _, t := range m.tags {
+			ts = append(ts, t)
+		}
+		sort.Slice(ts, func(i, j int) bool { return ts[i].name < ts[j].name })
+		return ts, nil
+	}
+	ts := make([]*tag, 0, len(names))
+	seen := map[string]bool{}
+	for _, n := range names {
+		t := m.tags[n]
+		if t == nil {
+			return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "sleep: %s: no tag %q (a tag exists from its first allocation)", op, n),
+				"allocate under the tag first, or leave the tags out to mean all")
+		}
+		if !seen[n] {
+			seen[n] = true
+			ts = append(ts, t)
+		}
+	}
+	return ts, nil
+}
+
+// Sleep puts the tags named (every tag, for none) to sleep in mode: it
+// synchronizes the device (where the driver is a DeviceSyncer) and the
+// streams AddStream named, keeps each live allocation's
+// bytes as mode says, then gives back all the tag's memory, keeping its
+// address space and books. A tag already asleep is left as it is (Sleep
+// is idempotent). The tags are put to sleep one by one: on an error the
+// tags before it sleep, it and those after stay awake, unchanged.
+func (m *Manager) Sleep(mode Mode, tags ...string) error {
+	if err := m.begin("Sleep"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if !mode.valid() {
+		return errors.Wrapf(driver.ErrInvalid, "sleep: sleep: unknown mode %d (Discard, Host or File)", int(mode))
+	}
+	ts, err := m.selectLocked("sleep", tags)
+	if err != nil {
+		return err
+	}
+	if err := m.syncLocked(); err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if err := m.sleepTagLocked(t, mode); err != nil {
+			return err
+		}
+	}
+	m.checkAfter("sleep")
+	return nil
+}
+
+// DeviceSyncer is implemented by drivers that can wait for all the work
+// queued on a device, on every stream — also streams this library did not
+// make, such as PyTorch's (cuCtxSynchronize, aclrtSynchronizeDevice).
+// Sleep calls it, when the driver has it, before it copies or unmaps
+// anything, as well as synchronizing the streams AddStream named.
+type DeviceSyncer interface {
+	SyncDevice(dev driver.DeviceID) error
+}
+
+// syncLocked waits for the device (DeviceSyncer) and for the work queued
+// on every stream AddStream named.
+func (m *Manager) syncLocked() error {
+	if ds, ok := m.d.(DeviceSyncer); ok {
+		if err := ds.SyncDevice(m.o.Device); err != nil {
+			return errors.Wrapf(err, "sleep: synchronize device %d before sleep", m.o.Device)
+		}
+	}
+	if len(m.streams) == 0 {
+		return nil
+	}
+	s := m.d.(driver.Streams)
+	var errs error
+	for st := range m.streams {
+		if err := s.SyncStream(st); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrapf(err, "sleep: synchronize stream %d before sleep", st))
+		}
+	}
+	return errs
+}
+
+func (m *Manager) sleepTagLocked(t *tag, mode Mode) error {
+	if t.asleep {
+		return nil
+	}
+	// Free chunks go back for good first: they need no backup, and wake
+	// need not commit them again.
+	if err := t.al.Trim(); err != nil {
+		return errors.Wrapf(err, "sleep: tag %q: give back free memory", t.name)
+	}
+	bk, err := takeBackup(m.d, mode, m.o.BackupDir, t.name, t.live)
+	if err != nil {
+		return err
+	}
+	if err := t.drv.sleep(); err != nil && !t.drv.isAsleep() {
+		return errors.CombineErrors(err, bk.free())
+	} else if err != nil {
+		t.asleep, t.mode, t.bk = true, mode, bk
+		return err // asleep, with a release to retry
+	}
+	t.asleep, t.mode, t.bk = true, mode, bk
+	return nil
+}
+
+// Wake wakes the tags named (every tag, for none): it commits their
+// memory again, maps it at the same addresses with the same access and
+// restores their contents (Host, File; Discard leaves what new memory
+// holds), then gives back the backups. A tag already awake is left as it
+// is (Wake is idempotent). A tag whose wake fails part-way — out of
+// memory, a refused map, a restore that fails — is put back to sleep
+// with its backup whole and nothing leaked; the tags before it are awake.
+func (m *Manager) Wake(tags ...string) error {
+	if err := m.begin("Wake"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	ts, err := m.selectLocked("wake", tags)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if err := m.wakeTagLocked(t); err != nil {
+			m.checkAfter("wake")
+			return err
+		}
+	}
+	m.checkAfter("wake")
+	return nil
+}
+
+func (m *Manager) wakeTagLocked(t *tag) error {
+	if !t.asleep {
+		return nil
+	}
+	// An error with the driver awake is a release owed from before sleep
+	// that the real driver refused again: it is retried later, and the
+	// tag's memory is whole.
+	werr := t.drv.wake()
+	if werr != nil && t.drv.isAsleep() {
+		return errors.Wrapf(werr, "sleep: wake tag %q (it sleeps on)", t.name)
+	}
+	if err := t.bk.restore(); err != nil {
+		err = errors.Wrapf(err, "sleep: wake tag %q: restore its contents", t.name)
+		if serr := t.drv.sleep(); serr != nil && !t.drv.isAsleep() {
+			// It could not be put back to sleep: awake, contents lost.
+			err = errors.CombineErrors(err, serr)
+			err = errors.CombineErrors(err, t.bk.free())
+			t.asleep, t.bk = false, nil
+			return err
+		}
+		return errors.Wrap(err, "sleep: it sleeps on, its backup whole")
+	}
+	err := errors.CombineErrors(werr, t.bk.free())
+	t.asleep, t.bk = false, nil
+	t.cycles++
+	return err
+}
+
+// TagStats are one tag's figures.
+type TagStats struct {
+	Tag    string
+	Live   int  // live allocations
+	Asleep bool // whether the tag sleeps now
+	Mode   Mode // of the last Sleep
+	// AwakeBytes is the memory committed under the tag now; AsleepBytes
+	// the memory Sleep gave back that Wake commits again; BackupBytes the
+	// bytes of live allocations held in host memory or a file.
+	AwakeBytes, AsleepBytes, BackupBytes uint64
+	Cycles                               int // completed sleep+wake cycles
+}
+
+// Stats returns every tag's figures, sorted by tag.
+func (m *Manager) Stats() []TagStats {
+	if m.begin("Stats") != nil {
+		return nil
+	}
+	defer m.mu.Unlock()
+	ts, _ := m.selectLocked("stats", nil)
+	out := make([]TagStats, 0, len(ts))
+	for _, t := range ts {
+		aw, as := t.drv.figures()
+		s := TagStats{Tag: t.name, Live: len(t.live), Asleep: t.asleep, Mode: t.mode, AwakeBytes: aw, AsleepBytes: as, Cycles: t.cycles}
+		if t.bk != nil {
+			s.BackupBytes = t.bk.bytes
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (m *Manager) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("sleep: "+op, m.checkLocked())
+	}
+}
+
+// Check verifies the invariants of the type's doc, each tag's allocator
+// and the records under it against the driver, and returns every
+// violation.
+func (m *Manager) Check() error {
+	if err := m.begin("Check"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	return m.checkLocked()
+}
+
+func (m *Manager) checkLocked() error {
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
+	}
+	owned := 0
+	for name, t := range m.tags {
+		owned += len(t.live)
+		if st := t.al.Stats(); st.Live != len(t.live) {
+			fail("sleep: tag %q has %d live allocations, its allocator %d", name, len(t.live), st.Live)
+		}
+		for p, n := range t.live {
+			if m.owner[p] != t {
+				fail("sleep: the allocation %s of tag %q is not indexed under it", p, name)
+			}
+			if got, err := t.al.Size(p); err != nil || got != n {
+				fail("sleep: the allocation %s of tag %q is %d bytes, its allocator says %d (%v)", p, name, n, got, err)
+			}
+		}
+		if t.asleep != t.drv.isAsleep() {
+			fail("sleep: tag %q asleep is %v, its driver's %v", name, t.asleep, t.drv.isAsleep())
+		}
+		switch {
+		case !t.asleep && t.bk != nil:
+			fail("sleep: tag %q is awake and holds a backup", name)
+		case t.asleep && t.bk == nil:
+			fail("sleep: tag %q is asleep with no backup record", name)
+		case t.asleep && t.mode != Discard:
+			var sum uint64
+			for p, pc := range t.bk.at {
+				sum += pc.size
+				if t.live[p] != pc.size {
+					fail("sleep: tag %q backs up %s (%d bytes), which is not live at that size", name, p, pc.size)
+				}
+			}
+			if len(t.bk.at) != len(t.live) || sum != t.bk.bytes {
+				fail("sleep: tag %q backs up %d allocations (%d bytes, counted %d) of %d live", name, len(t.bk.at), sum, t.bk.bytes, len(t.live))
+			}
+		case t.asleep && len(t.bk.at) > 0:
+			fail("sleep: tag %q sleeps in discard mode with a backup", name)
+		}
+		if !t.asleep {
+			errs = errors.CombineErrors(errs, t.al.Check())
+		}
+		errs = errors.CombineErrors(errs, t.drv.check())
+	}
+	if owned != len(m.owner) {
+		fail("sleep: %d allocations indexed, the tags hold %d", len(m.owner), owned)
+	}
+	return errs
+}
+
+// Close gives back every tag's memory, backups and address space. It
+// refuses (ErrBusy) while allocations are live: their memory may still be
+// in use. Free them first.
+func (m *Manager) Close() error {
+	if err := m.begin("Close"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if n := len(m.owner); n > 0 {
+		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "sleep: close: %d allocation(s) still live", n),
+			"free every allocation before closing the Manager")
+	}
+	var errs error
+	for name, t := range m.tags {
+		if t.bk != nil {
+			errs = errors.CombineErrors(errs, t.bk.free())
+			t.bk = nil
+		}
+		if err := t.al.Close(); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrapf(err, "sleep: close tag %q", name))
+			continue
+		}
+		errs = errors.CombineErrors(errs, t.drv.Close())
+		delete(m.tags, name)
+	}
+	if errs != nil {
+		return errs
+	}
+	m.closed = true
+	return nil
+}
+
+func (t *tag) String() string { return fmt.Sprintf("tag %q", t.name) }
