@@ -173,7 +173,7 @@ func compileCycles(tb testing.TB) string {
 	gcc := requireCompiler(tb)
 	bin := filepath.Join(testDir, "cycles")
 	dir := filepath.Dir(so)
-	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-I", ".", "-o", bin, "testdata/cycles.c",
+	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I", ".", "-o", bin, "testdata/cycles.c",
 		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir).CombinedOutput()
 	require.NoError(tb, err, "gcc testdata/cycles.c:\n%s", out)
 	return bin
@@ -183,6 +183,13 @@ func TestCProgram(t *testing.T) {
 	bin := compileCycles(t)
 	out := runChecked(t, 2*time.Minute, hostEnv, bin, "run", "1000", strconv.Itoa(sleepCode))
 	t.Logf("%s", out)
+}
+
+// TestCThreadsHaveTheirOwnTags checks that a tag and a last error belong
+// to the thread that set them.
+func TestCThreadsHaveTheirOwnTags(t *testing.T) {
+	bin := compileCycles(t)
+	runChecked(t, time.Minute, hostEnv, bin, "threads")
 }
 
 func TestPythonPluggableAllocator(t *testing.T) {

@@ -9,6 +9,10 @@
  *                             is what vmarena_sleep and vmarena_wake must
  *                             return (0 once the sleep package is wired in,
  *                             VMARENA_ERR_UNSUPPORTED before).
+ *   cycles threads            four threads allocate under tags of their
+ *                             own and fail calls of their own at once: each
+ *                             allocation lands under its thread's tag, and
+ *                             each thread reads its own last error.
  *   cycles bench N            times N vmarena_alloc + vmarena_free of a size
  *                             the library holds committed (no driver call)
  *                             and prints "ns/op X".
@@ -18,6 +22,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +200,61 @@ static void cycle(long c, int sleep_code, long *ferr0) {
 	vmarena_free(NULL, 0, 0, NULL);   /* nothing */
 }
 
+enum { nthreads = 4, per_thread = 10 };
+static pthread_barrier_t barrier;
+
+/* tagged allocates under tag "thread<i>" (i in arg), fails a call that
+ * names i, and checks its own last error after every thread has failed. */
+static void *tagged(void *arg) {
+	long i = (long)arg;
+	char tag[32];
+	snprintf(tag, sizeof tag, "thread%ld", i);
+	CHECK(vmarena_set_tag(tag) == VMARENA_OK, "set_tag %s", tag);
+	void *p[per_thread];
+	for (int k = 0; k < per_thread; k++) {
+		p[k] = vmarena_alloc((ssize_t)(i + 1) * 4096, 0, NULL);
+		CHECK(p[k] != NULL, "%s: alloc %d", tag, k);
+	}
+	CHECK(vmarena_alloc(-(ssize_t)(i + 1), 0, NULL) == NULL, "%s: alloc of a negative size", tag);
+	pthread_barrier_wait(&barrier); /* every thread has failed its call */
+	char want[64];
+	snprintf(want, sizeof want, "alloc of %ld bytes", -(i + 1));
+	CHECK(strstr(vmarena_last_error(), want) != NULL, "%s reads another thread's error: %s", tag,
+	      vmarena_last_error());
+	pthread_barrier_wait(&barrier); /* main checks the stats */
+	pthread_barrier_wait(&barrier);
+	for (int k = 0; k < per_thread; k++) vmarena_free(p[k], (size_t)(i + 1) * 4096, 0, NULL);
+	return NULL;
+}
+
+static int threads(void) {
+	pthread_t th[nthreads];
+	pthread_barrier_init(&barrier, NULL, nthreads + 1);
+	CHECK(vmarena_set_tag("main") == VMARENA_OK, "set_tag main");
+	for (long i = 0; i < nthreads; i++) CHECK(pthread_create(&th[i], NULL, tagged, (void *)i) == 0, "pthread_create");
+	pthread_barrier_wait(&barrier);
+	CHECK(strcmp(vmarena_last_error(), "") == 0, "the main thread reads a thread's error: %s", vmarena_last_error());
+	pthread_barrier_wait(&barrier);
+	char *js = vmarena_stats_json();
+	CHECK(js != NULL, "stats_json");
+	for (long i = 0; i < nthreads; i++) {
+		char want[128];
+		snprintf(want, sizeof want, "\"tag\":\"thread%ld\",\"live\":%d,\"asleep\":false,\"mode\":\"discard\",\"awake_bytes\":%ld,",
+		         i, per_thread, per_thread * (i + 1) * 4096);
+		CHECK(strstr(js, want) != NULL, "want %s in %s", want, js);
+	}
+	CHECK(strstr(js, "\"tag\":\"main\"") == NULL, "the main thread allocated nothing: %s", js);
+	vmarena_free_string(js);
+	pthread_barrier_wait(&barrier);
+	for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+	js = vmarena_stats_json();
+	CHECK(js != NULL && strstr(js, "\"free_errors\":0") != NULL && strstr(js, "\"live\":1") == NULL, "after the frees: %s", js);
+	vmarena_free_string(js);
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown");
+	printf("ok\n");
+	return 0;
+}
+
 /* snapshot is what the process holds that the library could leak. */
 struct snapshot {
 	int fds, maps, memfd_maps;
@@ -215,7 +275,8 @@ static void print(const char *when, struct snapshot s) {
 
 int main(int argc, char **argv) {
 	if (argc == 3 && strcmp(argv[1], "bench") == 0) return bench(atol(argv[2]));
-	CHECK(argc == 4 && strcmp(argv[1], "run") == 0, "usage: cycles run N SLEEP_CODE | cycles bench N");
+	if (argc == 2 && strcmp(argv[1], "threads") == 0) return threads();
+	CHECK(argc == 4 && strcmp(argv[1], "run") == 0, "usage: cycles run N SLEEP_CODE | cycles threads | cycles bench N");
 	long cycles = atol(argv[2]);
 	int sleep_code = atoi(argv[3]);
 	long ferr0 = free_errors();
