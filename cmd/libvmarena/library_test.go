@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
@@ -353,4 +354,71 @@ func FuzzLibraryModel(f *testing.F) {
 	f.Add(modelOps(rand.New(rand.NewPCG(1, 1)), 60))
 	f.Add([]byte{1, 4, 0, 1, 1, 5, 6, 1, 3, 0, 5, 0, 7, 0})
 	f.Fuzz(runModel)
+}
+
+// TestDevicesAreSeparate checks that each device has its own memory: a
+// pointer of one is not the other's to free or size.
+func TestDevicesAreSeparate(t *testing.T) {
+	l := newLibrary(testEnv(envDevices, "2"))
+	p0, err := l.alloc(0, 4096, 0)
+	require.NoError(t, err)
+	p1, err := l.alloc(0, 8192, 1)
+	require.NoError(t, err)
+	require.ErrorIs(t, l.free(p0, 0, 1), driver.ErrNotAllocated)
+	require.ErrorIs(t, l.free(p1, 8192, 0), driver.ErrNotAllocated)
+	_, err = l.alloc(0, 4096, 2)
+	require.ErrorIs(t, err, driver.ErrNoDevice)
+	js, err := l.statsJSON()
+	require.NoError(t, err)
+	var s statsJSON
+	require.NoError(t, json.Unmarshal(js, &s))
+	require.Len(t, s.Devices, 2)
+	for i, want := range []uint64{4096, 8192} {
+		require.Equal(t, i, s.Devices[i].Device)
+		require.Equal(t, []tagJSON{{Tag: defaultTag, Live: 1, Mode: "discard", AwakeBytes: want}}, s.Devices[i].Tags)
+	}
+	require.Equal(t, uint64(2), s.FreeErrors)
+	require.NoError(t, l.free(p0, 4096, 0))
+	require.NoError(t, l.free(p1, 0, 1))
+	require.NoError(t, l.shutdown())
+}
+
+// TestConcurrentCalls runs allocations, frees, tags and stats from several
+// goroutines at once (the race detector watches the library's lock).
+func TestConcurrentCalls(t *testing.T) {
+	l := newLibrary(testEnv())
+	done := make(chan error)
+	for g := range 4 {
+		go func() {
+			done <- func() error {
+				id, err := l.tagID(fmt.Sprintf("g%d", g))
+				if err != nil {
+					return err
+				}
+				for i := range 50 {
+					p, err := l.alloc(id, int64(4096*(i%3+1)), 0)
+					if err != nil {
+						return err
+					}
+					if _, err := l.statsJSON(); err != nil {
+						return err
+					}
+					if err := l.free(p, uint64(4096*(i%3+1)), 0); err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 4 {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the goroutines did not finish in 30 s: a deadlock?")
+		}
+	}
+	require.NoError(t, l.check())
+	require.NoError(t, l.shutdown())
 }
