@@ -88,10 +88,21 @@ type tagAllocators struct {
 	space *vaspace.Space
 	mem   *physical.Memory
 
-	// mu guards tags and closed; it is taken before an allocator's lock.
-	mu     sync.Mutex
-	tags   map[string]*arena.Allocator
+	// mu guards tags, ranges and closed; it is taken before an
+	// allocator's lock.
+	mu   sync.Mutex
+	tags map[string]*arena.Allocator
+	// ranges are the address ranges of every tag's allocator (which never
+	// move), with their allocator: where free and size look a pointer up
+	// without asking each allocator for its ranges.
+	ranges []ownedRange
 	closed bool
+}
+
+// ownedRange is an address range an allocator's allocations lie in.
+type ownedRange struct {
+	r  vaspace.Range
+	al *arena.Allocator
 }
 
 // errNoSleep is what Sleep and Wake answer until the sleep package is
@@ -115,6 +126,9 @@ func (b *tagAllocators) allocator(tag string) (*arena.Allocator, error) {
 		return nil, errors.Wrapf(err, "libvmarena: tag %q", tag)
 	}
 	b.tags[tag] = al
+	for _, r := range al.Ranges() {
+		b.ranges = append(b.ranges, ownedRange{r, al})
+	}
 	return al, nil
 }
 
@@ -122,9 +136,9 @@ func (b *tagAllocators) allocator(tag string) (*arena.Allocator, error) {
 func (b *tagAllocators) owner(p driver.Addr) *arena.Allocator {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, al := range b.tags {
-		if al.Owns(p) {
-			return al
+	for _, o := range b.ranges {
+		if o.r.Contains(p) {
+			return o.al
 		}
 	}
 	return nil
