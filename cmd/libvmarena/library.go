@@ -21,9 +21,9 @@ const (
 	codeInvalid     = -1 // driver.ErrInvalid, ErrMisaligned, ErrNotAllocated and the other caller's mistakes
 	codeOutOfMemory = -2 // driver.ErrOutOfMemory
 	codeBusy        = -3 // driver.ErrBusy
-	codeUnsupported = -4 // driver.ErrUnsupported
+	codeUnsupported = -4 // driver.ErrUnsupported: also no vendor library to load
 	codeClosed      = -5 // driver.ErrClosed
-	codeNoDevice    = -6 // driver.ErrNoDevice: no such device, or no driver library
+	codeNoDevice    = -6 // driver.ErrNoDevice: no such device
 	codeOther       = -7 // anything else, a recovered panic among them
 )
 

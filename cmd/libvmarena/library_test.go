@@ -422,3 +422,27 @@ func TestConcurrentCalls(t *testing.T) {
 	require.NoError(t, l.check())
 	require.NoError(t, l.shutdown())
 }
+
+// TestOpenFailures checks that a bad environment or a missing vendor
+// library fails the calls that need a device, naming the cause, and that
+// the library opens once the cause is gone.
+func TestOpenFailures(t *testing.T) {
+	env := map[string]string{envDriver: "tpu", envCapacity: "64MiB"}
+	l := newLibrary(func(k string) string { return env[k] })
+	_, err := l.alloc(0, 4096, 0)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, `VMARENA_DRIVER="tpu"`)
+
+	env[envDriver] = "cuda"
+	t.Setenv("VMARENA_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")
+	_, err = l.alloc(0, 4096, 0)
+	require.Error(t, err)
+	require.ErrorContains(t, err, "libvmarena: open the cuda driver")
+	require.Equal(t, codeUnsupported, codeOf(err), "%v", err)
+
+	env[envDriver] = "host"
+	p, err := l.alloc(0, 4096, 0)
+	require.NoError(t, err)
+	require.NoError(t, l.free(p, 4096, 0))
+	require.NoError(t, l.shutdown())
+}

@@ -61,9 +61,9 @@ typedef void* cudaStream_t;
 #define VMARENA_ERR_INVALID       -1 /* a bad argument: size, pointer, tag, mode, or a variable above */
 #define VMARENA_ERR_OUT_OF_MEMORY -2 /* the device, or the tag's VMARENA_TAG_MAX, is full */
 #define VMARENA_ERR_BUSY          -3 /* in use: vmarena_shutdown with allocations live */
-#define VMARENA_ERR_UNSUPPORTED   -4 /* this build or driver cannot do it */
+#define VMARENA_ERR_UNSUPPORTED   -4 /* this build or driver cannot do it, or no vendor driver library loads */
 #define VMARENA_ERR_CLOSED        -5 /* used after being closed */
-#define VMARENA_ERR_NO_DEVICE     -6 /* no such device, or no driver library */
+#define VMARENA_ERR_NO_DEVICE     -6 /* no such device */
 #define VMARENA_ERR_OTHER         -7 /* anything else, a recovered panic among them */
 
 /* Sleep modes: what vmarena_sleep keeps of a tag's contents. */
