@@ -35,7 +35,10 @@ func (m mode) String() string {
 	return "unknown"
 }
 
-// tagStats are one tag's figures, as the sleep package reports them.
+// tagStats are one tag's figures, as the sleep package reports them:
+// AwakeBytes is the memory committed under the tag (whole chunks, at least
+// its live allocations' bytes), AsleepBytes what a sleep gave back,
+// BackupBytes what its backup holds.
 type tagStats struct {
 	Tag                                  string
 	Live                                 int
@@ -182,7 +185,7 @@ func (b *tagAllocators) Stats() []tagStats {
 	out := make([]tagStats, 0, len(b.tags))
 	for tag, al := range b.tags {
 		s := al.Stats()
-		out = append(out, tagStats{Tag: tag, Live: s.Live, AwakeBytes: s.Allocated})
+		out = append(out, tagStats{Tag: tag, Live: s.Live, AwakeBytes: s.Committed})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tag < out[j].Tag })
 	return out

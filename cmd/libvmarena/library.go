@@ -233,25 +233,30 @@ func (l *library) free(p driver.Addr, size uint64, ordinal int) (err error) {
 	return nil
 }
 
-// sleepWake runs op on every device's backend made so far; a tag of ""
-// means every tag. It stops at the first device that fails.
-func (l *library) sleepWake(tag string, op func(b backend, tags ...string) error) error {
+// sleepWake runs op on every device's backend that holds tag (a tag
+// exists on a device from its first allocation there); a tag of "" means
+// every tag of every device. A tag no device holds is driver.ErrInvalid.
+// It stops at the first device that fails.
+func (l *library) sleepWake(what, tag string, op func(b backend, tags ...string) error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.d == nil {
-		return nil // nothing allocated: nothing to do
-	}
 	var tags []string
 	if tag != "" {
 		tags = []string{tag}
 	}
+	found := false
 	for i, b := range l.devs {
-		if b == nil {
+		if b == nil || (tag != "" && !slices.ContainsFunc(b.Stats(), func(s tagStats) bool { return s.Tag == tag })) {
 			continue
 		}
+		found = true
 		if err := op(b, tags...); err != nil {
-			return errors.Wrapf(err, "libvmarena: device %d", l.ordinals[i])
+			return errors.Wrapf(err, "libvmarena: %s: device %d", what, l.ordinals[i])
 		}
+	}
+	if tag != "" && !found {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "libvmarena: %s: no tag %q on any device", what, tag),
+			"a tag exists from its first allocation; pass NULL for every tag")
 	}
 	return nil
 }
@@ -260,11 +265,11 @@ func (l *library) sleep(tag string, m int) error {
 	if m < 0 || m >= int(modeCount) {
 		return errors.Wrapf(driver.ErrInvalid, "libvmarena: sleep mode %d (0 discard, 1 host, 2 file)", m)
 	}
-	return l.sleepWake(tag, func(b backend, tags ...string) error { return b.Sleep(mode(m), tags...) })
+	return l.sleepWake("sleep", tag, func(b backend, tags ...string) error { return b.Sleep(mode(m), tags...) })
 }
 
 func (l *library) wake(tag string) error {
-	return l.sleepWake(tag, func(b backend, tags ...string) error { return b.Wake(tags...) })
+	return l.sleepWake("wake", tag, func(b backend, tags ...string) error { return b.Wake(tags...) })
 }
 
 // Stats, as vmarena_stats_json writes them.

@@ -60,7 +60,7 @@ typedef void* cudaStream_t;
 #define VMARENA_OK                 0
 #define VMARENA_ERR_INVALID       -1 /* a bad argument: size, pointer, tag, mode, or a variable above */
 #define VMARENA_ERR_OUT_OF_MEMORY -2 /* the device, or the tag's VMARENA_TAG_MAX, is full */
-#define VMARENA_ERR_BUSY          -3 /* in use: vmarena_shutdown with allocations live */
+#define VMARENA_ERR_BUSY          -3 /* in use: an allocation under a sleeping tag, vmarena_shutdown with allocations live */
 #define VMARENA_ERR_UNSUPPORTED   -4 /* this build or driver cannot do it, or no vendor driver library loads */
 #define VMARENA_ERR_CLOSED        -5 /* used after being closed */
 #define VMARENA_ERR_NO_DEVICE     -6 /* no such device */
@@ -99,7 +99,7 @@ extern int vmarena_set_tag(const char* tag);
  * vmarena_sleep gives back the memory of the allocations under tag (NULL:
  * every tag) on every device, keeping their addresses, after the work that
  * used them; mode is a VMARENA_SLEEP_ value. Sleeping a sleeping tag does
- * nothing. VMARENA_ERR_UNSUPPORTED while the sleep package is not wired
+ * nothing; a tag that has never allocated is VMARENA_ERR_INVALID. VMARENA_ERR_UNSUPPORTED while the sleep package is not wired
  * into this build.
  */
 extern int vmarena_sleep(const char* tag, int mode);
@@ -126,9 +126,12 @@ extern const char* vmarena_last_error(void);
  * vmarena_stats_json reports the library's state as one JSON object:
  *   {"driver": "host", "open": true, "free_errors": 0,
  *    "devices": [{"device": 0, "tags": [{"tag": "default", "live": 1,
- *      "asleep": false, "mode": "discard", "awake_bytes": 4096,
+ *      "asleep": false, "mode": "discard", "awake_bytes": 2097152,
  *      "asleep_bytes": 0, "backup_bytes": 0, "cycles": 0}]}]}
- * Devices and tags appear once they have allocated. The string is the
+ * Devices and tags appear once they have allocated. awake_bytes is the
+ * memory committed under the tag (whole chunks: at least its live bytes),
+ * asleep_bytes what its sleep gave back, backup_bytes what its backup
+ * holds, cycles its completed sleep and wake cycles. The string is the
  * caller's: free it with vmarena_free_string. NULL on error.
  */
 extern char* vmarena_stats_json(void);

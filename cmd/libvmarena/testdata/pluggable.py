@@ -116,7 +116,7 @@ def cycle(c):
     if libc.memcmp(q, ONES, 4096) != 0:
         fail("default tag's memory read back differs, cycle %d" % c)
     tags = {t["tag"]: t for d in stats()["devices"] for t in d["tags"]}
-    if tags["weights"]["live"] != 1 or tags["weights"]["awake_bytes"] != size:
+    if tags["weights"]["live"] != 1 or tags["weights"]["awake_bytes"] < size:
         fail("stats of weights: %s" % tags["weights"])
     torch_free(p, size, 0, None)
     torch_free(q, 4096, 0, None)
