@@ -164,14 +164,38 @@ static void cycle(long c, int sleep_code, long *ferr0) {
 	fill(k, ksize, seed + 1);
 	CHECK(same(w, wsize, seed), "weights changed by the kv_cache allocation, cycle %ld", c);
 
-	CHECK(vmarena_sleep("weights", VMARENA_SLEEP_HOST) == sleep_code, "sleep weights, cycle %ld", c);
+	/* Weights sleep with a copy in host memory; every 50th cycle in a file
+	 * (which costs a write and a read of the file). */
+	int mode = c % 50 == 1 ? VMARENA_SLEEP_FILE : VMARENA_SLEEP_HOST;
+	long shmem = status_field("RssShmem: %ld kB");
+	CHECK(vmarena_sleep("weights", mode) == sleep_code, "sleep weights, cycle %ld", c);
 	if (sleep_code == VMARENA_ERR_UNSUPPORTED)
 		CHECK(strstr(vmarena_last_error(), "not wired") != NULL, "sleep's message");
-	CHECK(vmarena_sleep("weights", VMARENA_SLEEP_HOST) == sleep_code, "sleep again, cycle %ld", c);
+	if (sleep_code == VMARENA_OK) {
+		/* The memory went back: the host driver's memfd pages are gone. */
+		long given = shmem - status_field("RssShmem: %ld kB");
+		CHECK(given >= (long)(wsize / 1024) - 4, "cycle %ld: sleep gave back %ld KiB of %zu", c, given, wsize / 1024);
+		char *js = vmarena_stats_json();
+		CHECK(js != NULL, "stats_json");
+		const char *at = strstr(js, "\"tag\":\"weights\",\"live\":1,\"asleep\":true,");
+		CHECK(at != NULL && strstr(at, "\"awake_bytes\":0,") != NULL &&
+		          strstr(at, "\"awake_bytes\":0,") < strchr(at, '}'),
+		      "weights' stats asleep: %s", js);
+		vmarena_free_string(js);
+		CHECK(vmarena_set_tag("weights") == VMARENA_OK, "set_tag weights");
+		CHECK(vmarena_alloc(4096, 0, NULL) == NULL, "alloc under a sleeping tag");
+		CHECK(strstr(vmarena_last_error(), "weights") != NULL, "the busy alloc's message names the tag");
+	}
+	CHECK(vmarena_sleep("weights", mode) == sleep_code, "sleep again, cycle %ld", c);
 	CHECK(vmarena_wake("weights") == sleep_code, "wake weights, cycle %ld", c);
 	CHECK(vmarena_wake("weights") == sleep_code, "wake again, cycle %ld", c);
 	CHECK(same(w, wsize, seed), "weights after sleep and wake, cycle %ld", c);
 	CHECK(same(k, ksize, seed + 1), "kv_cache after weights' sleep and wake, cycle %ld", c);
+	/* The KV cache sleeps discarding, and is written again after. */
+	CHECK(vmarena_sleep("kv_cache", VMARENA_SLEEP_DISCARD) == sleep_code, "sleep kv_cache, cycle %ld", c);
+	CHECK(vmarena_wake("kv_cache") == sleep_code, "wake kv_cache, cycle %ld", c);
+	fill(k, ksize, seed + 1);
+	CHECK(vmarena_sleep("no such tag", VMARENA_SLEEP_HOST) == VMARENA_ERR_INVALID, "sleep of a tag never allocated");
 
 	/* Bad calls: an error code or NULL, a message, nothing changed. */
 	CHECK(vmarena_alloc(-1, 0, NULL) == NULL, "alloc(-1)");

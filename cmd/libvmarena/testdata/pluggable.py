@@ -108,9 +108,14 @@ def cycle(c):
     if not q:
         fail("alloc 4096 bytes under the default tag, cycle %d" % c)
     ctypes.memset(q, 0xAB, 4096)
-    for op in (lambda: lib.vmarena_sleep(b"weights", 1), lambda: lib.vmarena_wake(b"weights")):
-        if op() != sleep_code:
-            fail("sleep or wake, cycle %d: want %d" % (c, sleep_code))
+    if lib.vmarena_sleep(b"weights", 1) != sleep_code:
+        fail("sleep, cycle %d: want %d" % (c, sleep_code))
+    if sleep_code == 0:
+        w = {t["tag"]: t for d in stats()["devices"] for t in d["tags"]}["weights"]
+        if not w["asleep"] or w["awake_bytes"] != 0 or w["backup_bytes"] < size:
+            fail("stats of sleeping weights: %s" % w)
+    if lib.vmarena_wake(b"weights") != sleep_code:
+        fail("wake, cycle %d: want %d" % (c, sleep_code))
     if libc.memcmp(p, data, size) != 0:
         fail("weights read back differ, cycle %d" % c)
     if libc.memcmp(q, ONES, 4096) != 0:
