@@ -74,7 +74,10 @@ type backend interface {
 
 // newBackend makes the backend of one device of d. It is the one place
 // that chooses the backend's implementation: until the sleep package is
-// wired in, tagAllocators, which allocates but cannot sleep.
+// wired in, tagAllocators, which allocates but cannot sleep. Wiring it in
+// is sleep.New(d, sleep.Options{Device, TagMax, BackupDir}) wrapped in a
+// type that converts Sleep's mode and Stats' figures, and sleepCode = 0
+// in cshared_test.go; the tests then check sleep and wake too.
 func newBackend(d driver.Driver, o backendOptions) (backend, error) {
 	if err := driver.CheckDevice(nil, o.Device, len(d.Devices())); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -151,7 +152,10 @@ func TestPanicsBecomeErrors(t *testing.T) {
 	require.NoError(t, l.shutdown())
 }
 
-func TestSleepUnsupportedUntilWired(t *testing.T) {
+// TestSleepAndWakeCalls checks sleep and wake's answers: no tag is
+// invalid, and a tag that exists sleeps and wakes (or, until the sleep
+// package is wired in, is unsupported).
+func TestSleepAndWakeCalls(t *testing.T) {
 	l := newLibrary(testEnv())
 	require.NoError(t, l.sleep("", 1), "nothing allocated: nothing to sleep")
 	require.ErrorIs(t, l.sleep("weights", 1), driver.ErrInvalid, "no such tag")
@@ -159,6 +163,10 @@ func TestSleepUnsupportedUntilWired(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, l.wake("weights"), driver.ErrInvalid, "no such tag")
 	for _, err := range []error{l.sleep("default", 0), l.sleep("", 2), l.wake("default"), l.wake("")} {
+		if sleepCode == codeOK {
+			require.NoError(t, err)
+			continue
+		}
 		require.ErrorIs(t, err, driver.ErrUnsupported)
 		require.ErrorContains(t, err, "sleep package not wired yet")
 	}
@@ -199,6 +207,11 @@ type libModel struct {
 	tagOf   map[driver.Addr]string
 	made    map[string]bool // tags that have allocated (Stats lists them)
 	backend bool            // device 0's backend exists
+	// With sleep wired in (sleepCode 0): the tags asleep, the mode of
+	// each tag's last sleep and its completed sleep and wake cycles.
+	asleep map[string]bool
+	mode   map[string]mode
+	cycles map[string]int
 }
 
 // The tags and sizes the model test draws from.
@@ -211,7 +224,9 @@ var (
 // each against the model: the op decoder the fuzz target drives.
 func runModel(t *testing.T, data []byte) {
 	l := newLibrary(testEnv())
-	m := libModel{live: map[driver.Addr]int64{}, tagOf: map[driver.Addr]string{}, made: map[string]bool{}}
+	m := libModel{live: map[driver.Addr]int64{}, tagOf: map[driver.Addr]string{}, made: map[string]bool{},
+		asleep: map[string]bool{}, mode: map[string]mode{}, cycles: map[string]int{}}
+	wired := sleepCode == codeOK
 	var freed []driver.Addr
 	var tag int32
 	next := func() byte {
@@ -250,6 +265,10 @@ func runModel(t *testing.T, data []byte) {
 				if m.tagOf[q] == name {
 					held += s
 				}
+			}
+			if m.asleep[name] {
+				require.ErrorIs(t, err, driver.ErrBusy, "step %d: alloc under sleeping %q", step, name)
+				break
 			}
 			if err != nil {
 				require.ErrorIs(t, err, driver.ErrOutOfMemory, "step %d", step)
@@ -295,10 +314,23 @@ func runModel(t *testing.T, data []byte) {
 				require.ErrorIs(t, err, driver.ErrInvalid, "step %d", step)
 			case name != "" && !m.made[name]:
 				require.ErrorIs(t, err, driver.ErrInvalid, "step %d: no tag %q", step, name)
-			case m.backend:
+			case m.backend && !wired:
 				require.ErrorIs(t, err, driver.ErrUnsupported, "step %d", step)
 			default:
 				require.NoError(t, err, "step %d", step)
+				targets := []string{name}
+				if name == "" {
+					targets = slices.Collect(maps.Keys(m.made))
+				}
+				for _, n := range targets {
+					switch {
+					case md == 4 && m.asleep[n]:
+						m.asleep[n] = false
+						m.cycles[n]++
+					case md < 3 && !m.asleep[n]:
+						m.asleep[n], m.mode[n] = true, mode(md)
+					}
+				}
 			}
 		case 7: // the stats
 			js, err := l.statsJSON()
@@ -309,7 +341,7 @@ func runModel(t *testing.T, data []byte) {
 			// under the tag, at least its live bytes.
 			want, liveBytes := map[string]tagJSON{}, map[string]uint64{}
 			for name := range m.made {
-				want[name] = tagJSON{Tag: name, Mode: "discard"}
+				want[name] = tagJSON{Tag: name, Mode: m.mode[name].String(), Asleep: m.asleep[name], Cycles: m.cycles[name]}
 			}
 			for p, size := range m.live {
 				tj := want[m.tagOf[p]]
@@ -321,8 +353,13 @@ func runModel(t *testing.T, data []byte) {
 			for _, d := range s.Devices {
 				require.Equal(t, 0, d.Device)
 				for _, tj := range d.Tags {
-					require.GreaterOrEqual(t, tj.AwakeBytes, liveBytes[tj.Tag], "step %d: tag %q", step, tj.Tag)
-					tj.AwakeBytes = 0
+					switch {
+					case !tj.Asleep:
+						require.GreaterOrEqual(t, tj.AwakeBytes, liveBytes[tj.Tag], "step %d: tag %q", step, tj.Tag)
+					case tj.Mode != "discard":
+						require.GreaterOrEqual(t, tj.BackupBytes, liveBytes[tj.Tag], "step %d: tag %q's backup", step, tj.Tag)
+					}
+					tj.AwakeBytes, tj.AsleepBytes, tj.BackupBytes = 0, 0, 0
 					got[tj.Tag] = tj
 				}
 			}
