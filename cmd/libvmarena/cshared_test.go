@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// The tests in this file build libvmarena.so the way its users do (go
+// build -buildmode=c-shared) and load it from C (gcc) and Python (ctypes),
+// as torch.cuda.memory.CUDAPluggableAllocator does. They skip when the
+// machine has no C compiler (a failure when VMARENA_REQUIRE_STANDIN=1, as
+// scripts/test sets) or no python3.
+
+// sleepCode is what vmarena_sleep and vmarena_wake return in the C and
+// Python cycles: VMARENA_ERR_UNSUPPORTED until newBackend makes the sleep
+// package's Manager, 0 after.
+const sleepCode = codeUnsupported
+
+// testDir holds what the tests build, for the test binary's life.
+var testDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "libvmarena-test-")
+	if err != nil {
+		panic(err)
+	}
+	testDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// built is the library, built once per test binary.
+var built struct {
+	once     sync.Once
+	so, hdr  string // the library and the header the build generated
+	err      error
+	out      string
+	skipWhy  string
+	buildFor time.Duration
+}
+
+// requireCompiler skips (or fails, under VMARENA_REQUIRE_STANDIN=1) when
+// there is no C compiler: without one there is no cgo and no c-shared
+// build.
+func requireCompiler(tb testing.TB) string {
+	tb.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		if os.Getenv("VMARENA_REQUIRE_STANDIN") == "1" {
+			tb.Fatal("no gcc, and VMARENA_REQUIRE_STANDIN=1: install gcc")
+		}
+		tb.Skip("no gcc: libvmarena is a cgo build; install gcc to run this test")
+	}
+	return gcc
+}
+
+// buildLibrary builds libvmarena.so into testDir, once.
+func buildLibrary(tb testing.TB) (so, header string) {
+	tb.Helper()
+	requireCompiler(tb)
+	built.once.Do(func() {
+		gocmd := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(gocmd); err != nil {
+			if gocmd, err = exec.LookPath("go"); err != nil {
+				built.skipWhy = "no go command to build the library with"
+				return
+			}
+		}
+		built.so = filepath.Join(testDir, "libvmarena.so")
+		built.hdr = filepath.Join(testDir, "libvmarena.h")
+		// A cold cache builds the standard library and every dependency
+		// again for -shared: about 40 s on two cores.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, gocmd, "build", "-buildmode=c-shared", "-o", built.so, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		built.buildFor, built.out, built.err = time.Since(start), string(out), err
+	})
+	if built.skipWhy != "" {
+		tb.Skip(built.skipWhy)
+	}
+	require.NoError(tb, built.err, "go build -buildmode=c-shared:\n%s", built.out)
+	tb.Logf("libvmarena.so built in %s", built.buildFor.Round(time.Millisecond))
+	return built.so, built.hdr
+}
+
+// prototypes are the vmarena_ function declarations of a header, one
+// string each, normalized: one space between tokens, none inside
+// "name(", "*" attached to its type, "extern" and "const" dropped (cgo's
+// generated header has no const; the committed one marks the strings the
+// library does not write).
+func prototypes(t *testing.T, path string) []string {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	src = regexp.MustCompile(`(?s)/\*.*?\*/`).ReplaceAll(src, nil)
+	var out []string
+	for _, m := range regexp.MustCompile(`(?m)^[ \t]*extern[ \t]+[^;(\n]*\bvmarena_\w+\s*\([^)]*\)\s*;`).FindAll(src, -1) {
+		s := string(m)
+		s = regexp.MustCompile(`\b(extern|const)\b`).ReplaceAllString(s, " ")
+		s = strings.Join(strings.Fields(s), " ")
+		s = regexp.MustCompile(`\s*\*\s*`).ReplaceAllString(s, "* ")
+		s = regexp.MustCompile(`\s*([(),;])\s*`).ReplaceAllString(s, "$1")
+		s = strings.ReplaceAll(s, ",", ", ")
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestHeaderMatchesBuild(t *testing.T) {
+	_, generated := buildLibrary(t)
+	want := prototypes(t, generated)
+	require.NotEmpty(t, want, "no vmarena_ prototypes in the generated header")
+	require.Contains(t, want, "void* vmarena_alloc(ssize_t size, int device, cudaStream_t stream);")
+	require.Contains(t, want, "void vmarena_free(void* ptr, size_t size, int device, cudaStream_t stream);")
+	require.Equal(t, want, prototypes(t, "vmarena.h"), "vmarena.h must declare exactly the library's exports")
+
+	// The comparison sees a changed parameter.
+	h, err := os.ReadFile("vmarena.h")
+	require.NoError(t, err)
+	changed := filepath.Join(t.TempDir(), "changed.h")
+	require.NoError(t, os.WriteFile(changed, bytes.Replace(h, []byte("size_t size, int device"), []byte("size_t size, long device"), 1), 0o644))
+	require.NotEqual(t, want, prototypes(t, changed))
+}
+
+// runChecked runs cmd with a watchdog and returns its output; it fails
+// the test unless the command exits 0 and prints "ok" last.
+func runChecked(t *testing.T, limit time.Duration, env []string, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, ctx.Err(), "%s ran past %s:\n%s", name, limit, out)
+	require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Equal(t, "ok", lines[len(lines)-1], "%s:\n%s", name, out)
+	return string(out)
+}
+
+// hostEnv is the library's environment in these tests: the host driver,
+// with a small device.
+var hostEnv = []string{"VMARENA_DRIVER=host", "VMARENA_CAPACITY=256MiB", "VMARENA_DEVICES=1"}
+
+// compileCycles compiles testdata/cycles.c against the library.
+func compileCycles(tb testing.TB) string {
+	tb.Helper()
+	so, _ := buildLibrary(tb)
+	gcc := requireCompiler(tb)
+	bin := filepath.Join(testDir, "cycles")
+	dir := filepath.Dir(so)
+	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I", ".", "-o", bin, "testdata/cycles.c",
+		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir).CombinedOutput()
+	require.NoError(tb, err, "gcc testdata/cycles.c:\n%s", out)
+	return bin
+}
+
+func TestCProgram(t *testing.T) {
+	bin := compileCycles(t)
+	out := runChecked(t, 2*time.Minute, hostEnv, bin, "run", "1000", strconv.Itoa(sleepCode))
+	t.Logf("%s", out)
+}
+
+// TestCThreadsHaveTheirOwnTags checks that a tag and a last error belong
+// to the thread that set them.
+func TestCThreadsHaveTheirOwnTags(t *testing.T) {
+	bin := compileCycles(t)
+	runChecked(t, time.Minute, hostEnv, bin, "threads")
+}
+
+func TestPythonPluggableAllocator(t *testing.T) {
+	so, _ := buildLibrary(t)
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3: the ctypes test of the PyTorch allocator ABI needs it")
+	}
+	out := runChecked(t, 2*time.Minute, hostEnv, py, "testdata/pluggable.py", so, "1000", strconv.Itoa(sleepCode))
+	t.Logf("%s", out)
+}
+
+// BenchmarkCAllocFree measures a C call of vmarena_alloc + vmarena_free of
+// 1 MiB that the library serves from memory it holds (no driver call),
+// timed in C by testdata/cycles.c, beside its baseline in this process: the
+// same Alloc + Free on an arena.Allocator called from Go. c-ns/op is the
+// target's figure (at most 1 µs), c/go the cost of the C boundary and the
+// library's bookkeeping as a ratio.
+func BenchmarkCAllocFree(b *testing.B) {
+	bin := compileCycles(b)
+	d, err := host.New(host.Options{Capacity: 256 * units.MiB})
+	require.NoError(b, err)
+	space, mem := vaspace.New(d), physical.New(d)
+	al, err := arena.NewAllocator(space, mem, arena.AllocatorOptions{})
+	require.NoError(b, err)
+	defer func() {
+		require.NoError(b, al.Close())
+		require.NoError(b, space.Close())
+		require.NoError(b, mem.Close())
+		require.NoError(b, d.Close())
+	}()
+	const size = units.MiB
+	p, err := al.Alloc(size, 0)
+	require.NoError(b, err)
+	require.NoError(b, al.Free(p))
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		p, err := al.Alloc(size, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := al.Free(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	goNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
+	b.StopTimer()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", strconv.Itoa(max(b.N, 100_000)))
+	cmd.Env = append(os.Environ(), hostEnv...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(b, err, "%s", out)
+	m := regexp.MustCompile(`ns/op ([0-9.]+)`).FindSubmatch(out)
+	require.NotNil(b, m, "%s", out)
+	cNs, err := strconv.ParseFloat(string(m[1]), 64)
+	require.NoError(b, err)
+	require.True(b, bytes.HasSuffix(bytes.TrimSpace(out), []byte("ok")), "%s", out)
+	b.ReportMetric(cNs, "c-ns/op")
+	b.ReportMetric(goNs, "go-ns/op")
+	b.ReportMetric(cNs/goNs, "c/go")
+}

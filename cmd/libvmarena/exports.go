@@ -1,0 +1,108 @@
+//go:build cgo
+
+package main
+
+/*
+#include <stdlib.h>
+#include <sys/types.h>
+
+// cudaStream_t is PyTorch's stream type in the allocator's ABI; the
+// library does not look at it.
+typedef void* cudaStream_t;
+*/
+import "C"
+
+import (
+	"os"
+	"unsafe"
+
+	"github.com/vmarena/vmarena/driver"
+)
+
+// lib is the library's state: one per process, as the C API has no handle.
+var lib = newLibrary(os.Getenv)
+
+// status records err for vmarena_last_error and returns its code.
+func status(err error) C.int {
+	if err != nil {
+		setThreadError(err)
+	}
+	return C.int(codeOf(err))
+}
+
+//export vmarena_alloc
+func vmarena_alloc(size C.ssize_t, device C.int, stream C.cudaStream_t) unsafe.Pointer {
+	a, err := callAlloc(lib, threadTag(), int64(size), int(device))
+	if err != nil {
+		setThreadError(err)
+		return nil
+	}
+	// The address is of memory the driver maps, outside Go's heap: the
+	// pointer is C's to keep, and Go never dereferences it.
+	return *(*unsafe.Pointer)(unsafe.Pointer(&a))
+}
+
+//export vmarena_free
+func vmarena_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream C.cudaStream_t) {
+	if err := callFree(lib, driver.Addr(uintptr(ptr)), uint64(size), int(device)); err != nil {
+		setThreadError(err)
+	}
+}
+
+//export vmarena_set_tag
+func vmarena_set_tag(tag *C.char) C.int {
+	return status(call("set tag", func() error {
+		name := ""
+		if tag != nil {
+			name = C.GoString(tag)
+		}
+		id, err := lib.tagID(name)
+		if err == nil {
+			setThreadTag(id)
+		}
+		return err
+	}))
+}
+
+//export vmarena_sleep
+func vmarena_sleep(tag *C.char, mode C.int) C.int {
+	return status(call("sleep", func() error { return lib.sleep(goTag(tag), int(mode)) }))
+}
+
+//export vmarena_wake
+func vmarena_wake(tag *C.char) C.int {
+	return status(call("wake", func() error { return lib.wake(goTag(tag)) }))
+}
+
+//export vmarena_last_error
+func vmarena_last_error() *C.char { return threadError() }
+
+//export vmarena_stats_json
+func vmarena_stats_json() *C.char {
+	var js []byte
+	err := call("stats", func() (err error) {
+		js, err = lib.statsJSON()
+		return err
+	})
+	if err != nil {
+		setThreadError(err)
+		return nil
+	}
+	return C.CString(string(js))
+}
+
+//export vmarena_free_string
+func vmarena_free_string(s *C.char) { C.free(unsafe.Pointer(s)) }
+
+//export vmarena_shutdown
+func vmarena_shutdown() C.int {
+	return status(call("shutdown", lib.shutdown))
+}
+
+// goTag is a C tag as Go has it: NULL is "", every tag.
+func goTag(tag *C.char) string {
+	if tag == nil {
+		return ""
+	}
+	return C.GoString(tag)
+}
