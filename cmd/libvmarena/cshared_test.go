@@ -31,9 +31,10 @@ import (
 // scripts/test sets) or no python3.
 
 // sleepCode is what vmarena_sleep and vmarena_wake return in the C and
-// Python cycles: VMARENA_ERR_UNSUPPORTED until newBackend makes the sleep
-// package's Manager, 0 after.
-const sleepCode = codeUnsupported
+// Python cycles: 0, as newBackend makes the sleep package's Manager (the
+// programs take it as an argument; VMARENA_ERR_UNSUPPORTED was the answer
+// of a build without sleep).
+const sleepCode = codeOK
 
 // testDir holds what the tests build, for the test binary's life.
 var testDir string

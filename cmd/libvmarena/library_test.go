@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/leakcheck"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/sleep"
 )
 
 // testEnv is the environment of the libraries these tests make: a small
@@ -152,9 +153,16 @@ func TestPanicsBecomeErrors(t *testing.T) {
 	require.NoError(t, l.shutdown())
 }
 
+// TestModesAreTheSleepPackages: the C API's modes convert to the sleep
+// package's by value.
+func TestModesAreTheSleepPackages(t *testing.T) {
+	for m := range modeCount {
+		require.Equal(t, m.String(), sleep.Mode(m).String())
+	}
+}
+
 // TestSleepAndWakeCalls checks sleep and wake's answers: no tag is
-// invalid, and a tag that exists sleeps and wakes (or, until the sleep
-// package is wired in, is unsupported).
+// invalid, and a tag that exists sleeps and wakes.
 func TestSleepAndWakeCalls(t *testing.T) {
 	l := newLibrary(testEnv())
 	require.NoError(t, l.sleep("", 1), "nothing allocated: nothing to sleep")
@@ -163,12 +171,7 @@ func TestSleepAndWakeCalls(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, l.wake("weights"), driver.ErrInvalid, "no such tag")
 	for _, err := range []error{l.sleep("default", 0), l.sleep("", 2), l.wake("default"), l.wake("")} {
-		if sleepCode == codeOK {
-			require.NoError(t, err)
-			continue
-		}
-		require.ErrorIs(t, err, driver.ErrUnsupported)
-		require.ErrorContains(t, err, "sleep package not wired yet")
+		require.NoError(t, err)
 	}
 	require.NoError(t, l.free(p, 0, 0))
 	require.NoError(t, l.shutdown())
@@ -207,7 +210,7 @@ type libModel struct {
 	tagOf   map[driver.Addr]string
 	made    map[string]bool // tags that have allocated (Stats lists them)
 	backend bool            // device 0's backend exists
-	// With sleep wired in (sleepCode 0): the tags asleep, the mode of
+	// The tags asleep, the mode of
 	// each tag's last sleep and its completed sleep and wake cycles.
 	asleep map[string]bool
 	mode   map[string]mode
@@ -226,7 +229,6 @@ func runModel(t *testing.T, data []byte) {
 	l := newLibrary(testEnv())
 	m := libModel{live: map[driver.Addr]int64{}, tagOf: map[driver.Addr]string{}, made: map[string]bool{},
 		asleep: map[string]bool{}, mode: map[string]mode{}, cycles: map[string]int{}}
-	wired := sleepCode == codeOK
 	var freed []driver.Addr
 	var tag int32
 	next := func() byte {
@@ -314,8 +316,6 @@ func runModel(t *testing.T, data []byte) {
 				require.ErrorIs(t, err, driver.ErrInvalid, "step %d", step)
 			case name != "" && !m.made[name]:
 				require.ErrorIs(t, err, driver.ErrInvalid, "step %d: no tag %q", step, name)
-			case m.backend && !wired:
-				require.ErrorIs(t, err, driver.ErrUnsupported, "step %d", step)
 			default:
 				require.NoError(t, err, "step %d", step)
 				targets := []string{name}

@@ -99,8 +99,10 @@ extern int vmarena_set_tag(const char* tag);
  * vmarena_sleep gives back the memory of the allocations under tag (NULL:
  * every tag) on every device, keeping their addresses, after the work that
  * used them; mode is a VMARENA_SLEEP_ value. Sleeping a sleeping tag does
- * nothing; a tag that has never allocated is VMARENA_ERR_INVALID. VMARENA_ERR_UNSUPPORTED while the sleep package is not wired
- * into this build.
+ * nothing; a tag that has never allocated is VMARENA_ERR_INVALID; a
+ * mode the driver cannot keep (VMARENA_SLEEP_HOST or _FILE on a driver
+ * whose memory cannot be read back) is VMARENA_ERR_UNSUPPORTED and leaves
+ * the tag awake.
  */
 extern int vmarena_sleep(const char* tag, int mode);
 
@@ -108,8 +110,7 @@ extern int vmarena_sleep(const char* tag, int mode);
  * vmarena_wake takes the memory of tag (NULL: every tag) back at the same
  * addresses with the same access, and restores the contents its sleep kept.
  * Waking an awake tag does nothing; a wake that fails leaves the tag
- * asleep. VMARENA_ERR_UNSUPPORTED while the sleep package is not wired
- * into this build.
+ * asleep, its backup whole.
  */
 extern int vmarena_wake(const char* tag);
 

@@ -12,8 +12,8 @@ and hands the two addresses to its C++ side, which calls them as
     void free(void* ptr, size_t size, int device, cudaStream_t stream)
 This script takes the addresses the same way and calls them through
 CFUNCTYPEs of those signatures. Each cycle tags, allocates, writes, sleeps
-and wakes (expecting SLEEP_CODE from both: 0 once the sleep package is
-wired in, -4 before), reads back, checks the stats and frees. The process's
+and wakes (expecting SLEEP_CODE from both: 0 where the driver can keep
+the mode, -4 where it cannot), reads back, checks the stats and frees. The process's
 file descriptors, mappings (but the anonymous read-write ones, the heaps)
 and resident memory must not grow from the
 second fifth of the cycles on, judged as testdata/cycles.c judges them. Prints
