@@ -131,8 +131,14 @@ def cycle(c):
         fail("a double free was not refused")
 
 
+# Resident memory, judged as testdata/cycles.c judges it: a leak grows it
+# in every round (a leaked backup by megabytes a cycle), while the Go
+# runtime's heap, whose garbage collector falls behind on a loaded machine,
+# may grow it by a few megabytes in one round and then stops.
+RSS_ROUND_KIB, RSS_MAX_KIB = 512, 64 * 1024
+
 # Five rounds of cycles/5, judged as testdata/cycles.c judges them.
-per, c, held = cycles // 5, 0, 0
+per, c, held, rss_held = cycles // 5, 0, 0, False
 for rnd in range(5):
     before = snapshot()
     if rnd == 1:
@@ -147,6 +153,8 @@ for rnd in range(5):
     for k in ("fds", "memfd_maps"):
         if after[k] != before[k]:
             fail("round %d: %s went from %d to %d" % (rnd, k, before[k], after[k]))
+    if after["rss_kib"] - before["rss_kib"] < RSS_ROUND_KIB:
+        rss_held = True
     if after["threads"] == before["threads"] and after["maps"] == before["maps"]:
         held += 1
     else:
@@ -155,7 +163,7 @@ print("after the warm-up round:", first)
 print("after the last round:", after)
 if held == 0:
     fail("every round changed the mappings (or started a thread)")
-if after["rss_kib"] - first["rss_kib"] >= 4 * 1024:
+if not rss_held or after["rss_kib"] - first["rss_kib"] >= RSS_MAX_KIB:
     fail("resident memory grew from %d to %d KiB" % (first["rss_kib"], after["rss_kib"]))
 if any(t["live"] for d in stats()["devices"] for t in d["tags"]):
     fail("allocations live after the cycles")
