@@ -20,9 +20,10 @@
 //
 // # Guarantees
 //
-//   - Sleep synchronizes the device (a driver that is a DeviceSyncer) and
-//     the streams named with AddStream before it copies or unmaps
-//     anything.
+//   - Sleep synchronizes the device (a driver that is a DeviceSyncer:
+//     every driver of this module is; cuda and acl wait for every stream
+//     of the device, streams this library never made included) and the
+//     streams named with AddStream before it copies or unmaps anything.
 //   - Sleep gives back every byte of the tag's memory: the real driver's
 //     used bytes drop by the tag's AwakeBytes.
 //   - Sleep and Wake are idempotent: a second call is a no-op.

@@ -2,10 +2,13 @@ package sleep
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/cuda"
+	"github.com/vmarena/vmarena/driver/cuda/cudatest"
 	"github.com/vmarena/vmarena/driver/testdrivers"
 )
 
@@ -40,4 +43,54 @@ func TestSleepWakeOnEveryDriver(t *testing.T) {
 		closeAll(t, m)
 		require.Zero(t, d.Used(0))
 	})
+}
+
+// TestSleepSyncsCUDADevice: over the CUDA driver on the C stand-in, Sleep
+// waits for work queued on a stream the library never made (the
+// stand-in's Hold: a stream of the device's primary context, as PyTorch's
+// is) before it copies out and unmaps — the driver's SyncDevice, which is
+// cuCtxSynchronize; a libcuda without cuCtxSynchronize still sleeps and
+// wakes (the driver answers ErrUnsupported and Sleep passes it over).
+func TestSleepSyncsCUDADevice(t *testing.T) {
+	d, lib := cudatest.Open(t, cudatest.Small(), cuda.Options{})
+	t.Cleanup(lib.Release) // runs before the stand-in's teardown
+	m, err := New(d, Options{TagMax: testTMax, ChunkSize: 2 * mib, BackupDir: t.TempDir()})
+	require.NoError(t, err)
+	p, err := m.Alloc("weights", 100*kib)
+	require.NoError(t, err)
+	want := map[driver.Addr][]byte{p: pattern(7, 100*kib)}
+	require.NoError(t, d.Write(p, want[p]))
+
+	require.NoError(t, lib.Hold(0))
+	held := make(chan uint64, 1)
+	go func() {
+		if err := m.Sleep(Host, "weights"); err != nil {
+			t.Error(err)
+		}
+		held <- lib.Held()
+	}()
+	time.Sleep(20 * time.Millisecond) // a chance to return early, were it wrong
+	lib.Release()
+	select {
+	case n := <-held:
+		require.Equal(t, uint64(1), n, "Sleep returned before the work on the device's other stream ran")
+	case <-time.After(20 * time.Second):
+		t.Fatal("Sleep did not return after the held work was released")
+	}
+	require.Equal(t, uint64(1), lib.Calls("cuCtxSynchronize"))
+	require.True(t, stats(t, m, "weights").Asleep)
+	require.NoError(t, m.Wake())
+	requireContents(t, d, want)
+	closeAll(t, m)
+
+	old := cudatest.Small()
+	old.Omit = []string{"devsync"}
+	d2, _ := cudatest.Open(t, old, cuda.Options{})
+	m2, err := New(d2, Options{TagMax: testTMax, ChunkSize: 2 * mib, BackupDir: t.TempDir()})
+	require.NoError(t, err)
+	_, err = m2.Alloc("weights", 100*kib)
+	require.NoError(t, err)
+	require.NoError(t, m2.Sleep(Host), "a library without cuCtxSynchronize still sleeps")
+	require.NoError(t, m2.Wake())
+	closeAll(t, m2)
 }

@@ -304,7 +304,11 @@ func (m *Manager) Sleep(mode Mode, tags ...string) error {
 // queued on a device, on every stream — also streams this library did not
 // make, such as PyTorch's (cuCtxSynchronize, aclrtSynchronizeDevice).
 // Sleep calls it, when the driver has it, before it copies or unmaps
-// anything, as well as synchronizing the streams AddStream named.
+// anything, as well as synchronizing the streams AddStream named. Every
+// driver of this module implements it (host and sim: their own streams;
+// cuda and acl: the whole device). One answering ErrUnsupported (a vendor
+// library lacking the call) is passed over: Sleep then waits for the
+// streams AddStream named only.
 type DeviceSyncer interface {
 	SyncDevice(dev driver.DeviceID) error
 }
@@ -313,7 +317,10 @@ type DeviceSyncer interface {
 // on every stream AddStream named.
 func (m *Manager) syncLocked() error {
 	if ds, ok := m.d.(DeviceSyncer); ok {
-		if err := ds.SyncDevice(m.o.Device); err != nil {
+		// ErrUnsupported: a vendor library without the call (the driver
+		// has waited for its own streams); the streams AddStream named
+		// are still waited for below.
+		if err := ds.SyncDevice(m.o.Device); err != nil && !errors.Is(err, driver.ErrUnsupported) {
 			return errors.Wrapf(err, "sleep: synchronize device %d before sleep", m.o.Device)
 		}
 	}

@@ -98,7 +98,13 @@ extern int vmarena_set_tag(const char* tag);
 /*
  * vmarena_sleep gives back the memory of the allocations under tag (NULL:
  * every tag) on every device, keeping their addresses, after the work that
- * used them; mode is a VMARENA_SLEEP_ value. Sleeping a sleeping tag does
+ * used them; mode is a VMARENA_SLEEP_ value. The stream arguments of
+ * vmarena_alloc and vmarena_free are not looked at: sleep synchronizes each
+ * device whole first (cuda: cuCtxSynchronize in the device's primary
+ * context, PyTorch's; acl: aclrtSynchronizeDevice; host: the driver's own
+ * streams), so work queued on any stream has finished before a byte is
+ * copied or unmapped. A libcuda or libascendcl without that call waits for
+ * the library's own streams only. Sleeping a sleeping tag does
  * nothing; a tag that has never allocated is VMARENA_ERR_INVALID; a
  * mode the driver cannot keep (VMARENA_SLEEP_HOST or _FILE on a driver
  * whose memory cannot be read back) is VMARENA_ERR_UNSUPPORTED and leaves

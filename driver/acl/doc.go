@@ -69,6 +69,10 @@
 //	                   aclrtMemsetAsync, waited for with aclrtRecordEvent and
 //	                   aclrtSynchronizeEvent, or aclrtSynchronizeStream
 //	peers              aclrtDeviceCanAccessPeer, aclrtDeviceEnablePeerAccess
+//	SyncDevice         the driver's own streams drained, then
+//	                   aclrtSynchronizeDevice in dev's context: every stream of
+//	                   the NPU, torch_npu's too (sleep.DeviceSyncer); a library
+//	                   without it: ErrUnsupported
 //	HostAlloc/HostFree aclrtMallocHost / aclrtFreeHost
 //	Close              aclrtDestroyContext, aclrtResetDevice (aclFinalize is
 //	                   never called: no aclInit would work after it)

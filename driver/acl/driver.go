@@ -431,6 +431,22 @@ func (d *Driver) CanAccessPeer(dev, peer driver.DeviceID) (bool, error) {
 	return d.core.CanAccessPeer(dev, peer)
 }
 
+// SyncDevice waits for all the work queued on NPU dev: first what this
+// driver's streams had queued at the call, then everything on the device,
+// every stream of every context, streams this library never made included,
+// such as torch_npu's (aclrtSynchronizeDevice, called on this OS thread
+// with the driver's context of dev current). It is sleep.DeviceSyncer's:
+// Sleep calls it before it copies out or unmaps anything. A failure of a
+// stream's work stays with that stream. A libascendcl lacking
+// aclrtSynchronizeDevice answers ErrUnsupported, having waited for this
+// driver's own streams; an unknown dev is ErrNoDevice.
+func (d *Driver) SyncDevice(dev driver.DeviceID) error {
+	if d.unmade() {
+		return errUnmade("SyncDevice")
+	}
+	return d.core.SyncDevice(dev)
+}
+
 // EnablePeerAccess lets dev's streams reach peer's memory
 // (aclrtDeviceEnablePeerAccess from dev); enabling it again is harmless. From a device to
 // itself it is ErrInvalid, and where CanAccessPeer is false

@@ -130,3 +130,12 @@ func TestSharedHandleFreeRefused(t *testing.T) {
 func TestSetAccessStaysInOneMapping(t *testing.T) {
 	vendor.SetAccessCalls(t, small, "aclrtMemSetAccess", 3)
 }
+
+// TestSyncDevice: SyncDevice waits for the driver's own streams and for
+// work on a stream it never made (aclrtSynchronizeDevice); a bad device is
+// ErrNoDevice, a refused call its code's sentinel, a libascendcl without
+// aclrtSynchronizeDevice ErrUnsupported.
+func TestSyncDevice(t *testing.T) {
+	vendor.SyncDeviceWaits(t, small, "aclrtSynchronizeDevice",
+		acceltest.Fault{Fn: "aclrtSynchronizeDevice", Code: 500000, Sentinel: driver.ErrDeviceFault, Message: "aclrtSynchronizeDevice: ACL_ERROR_INTERNAL_ERROR (500000)"})
+}

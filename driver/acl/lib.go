@@ -87,6 +87,9 @@ type lib struct {
 	// Names and messages.
 	aclrtGetSocName    func() *byte
 	aclGetRecentErrMsg func() *byte
+
+	// Waiting for a whole device's work (SyncDevice).
+	aclrtSynchronizeDevice func() aclError
 }
 
 // A group is a set of symbols one feature needs, all or none.
@@ -103,10 +106,11 @@ const (
 	groupSocName
 	groupErrMsg
 	groupMapNoAccess
+	groupDevSync
 	groups
 )
 
-var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "events", "peers", "SoC name", "error messages", "mapping without access"}
+var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "events", "peers", "SoC name", "error messages", "mapping without access", "device synchronization"}
 
 func (l *lib) symbols() []dl.Symbol {
 	s := func(name string, fn any, g group) dl.Symbol { return dl.Symbol{Name: name, Fn: fn, Group: int(g)} }
@@ -155,6 +159,7 @@ func (l *lib) symbols() []dl.Symbol {
 		s("aclrtGetSocName", &l.aclrtGetSocName, groupSocName),
 		s("aclGetRecentErrMsg", &l.aclGetRecentErrMsg, groupErrMsg),
 		s("aclrtMemMapNoAccess", &l.aclrtMemMapNoAccess, groupMapNoAccess),
+		s("aclrtSynchronizeDevice", &l.aclrtSynchronizeDevice, groupDevSync),
 	}
 }
 

@@ -387,6 +387,19 @@ func (a *ascend) Wait(rs any) error {
 
 // EnablePeerAccess lets dev reach peer's memory: AscendCL enables it from
 // the current device (dev's context) to the device named.
+// SyncDevice waits for all the work of dev, on every stream of every
+// context (aclrtSynchronizeDevice), with the driver's context of dev
+// current on this OS thread.
+func (a *ascend) SyncDevice(dev driver.DeviceID) error {
+	if a.x.l.aclrtSynchronizeDevice == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "acl: %s lacks aclrtSynchronizeDevice", a.x.l.path),
+			"only the work queued through this driver's streams was waited for")
+	}
+	return a.on(dev, "aclrtSynchronizeDevice", func() aclError { return a.x.l.aclrtSynchronizeDevice() })
+}
+
+var _ accel.DeviceSyncer = (*ascend)(nil)
+
 func (a *ascend) EnablePeerAccess(dev, peer driver.DeviceID) error {
 	return a.on(dev, "aclrtDeviceEnablePeerAccess", func() aclError { return a.x.l.aclrtDeviceEnablePeerAccess(a.ordinal[peer], 0) })
 }

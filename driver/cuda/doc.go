@@ -45,7 +45,12 @@
 // is sticky). Streams are the shared engine's, each over a CUDA stream of
 // its own: the contract's ordering, failure reporting and host functions
 // that may call the driver hold exactly as on the host driver, and a host
-// function runs on a goroutine, never on a CUDA thread.
+// function runs on a goroutine, never on a CUDA thread. SyncDevice
+// (sleep.DeviceSyncer's) drains those streams, then calls cuCtxSynchronize
+// with the device's primary context current on the calling OS thread —
+// the context PyTorch's streams live in — so it waits for work on streams
+// the driver never made; a libcuda without cuCtxSynchronize answers
+// ErrUnsupported.
 //
 // What is proven where: every test here runs against a C stand-in of
 // libcuda.so.1 that the tests build (driver/internal/standin), through the

@@ -403,6 +403,22 @@ func (d *Driver) CanAccessPeer(dev, peer driver.DeviceID) (bool, error) {
 	return d.core.CanAccessPeer(dev, peer)
 }
 
+// SyncDevice waits for all the work queued on GPU dev: first what this
+// driver's streams had queued at the call, then everything in dev's
+// primary context on every stream, streams this library never made
+// included, such as PyTorch's (cuCtxSynchronize, called on this OS thread
+// with that context current). It is sleep.DeviceSyncer's: Sleep calls it
+// before it copies out or unmaps anything. A failure of a stream's work
+// stays with that stream; a sticky fault of the context is ErrDeviceFault.
+// A libcuda lacking cuCtxSynchronize answers ErrUnsupported, having waited
+// for this driver's own streams; an unknown dev is ErrNoDevice.
+func (d *Driver) SyncDevice(dev driver.DeviceID) error {
+	if d.unmade() {
+		return errUnmade("SyncDevice")
+	}
+	return d.core.SyncDevice(dev)
+}
+
 // EnablePeerAccess lets dev's streams reach peer's memory
 // (cuCtxEnablePeerAccess); enabling it again is harmless. From a device to
 // itself it is ErrInvalid, and where CanAccessPeer is false

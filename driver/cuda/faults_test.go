@@ -93,3 +93,12 @@ func TestStreamCallsFailCleanly(t *testing.T) {
 func TestSetAccessSpansMappings(t *testing.T) {
 	vendor.SetAccessCalls(t, small, "cuMemSetAccess", 1)
 }
+
+// TestSyncDevice: SyncDevice waits for the driver's own streams and for
+// work on a stream it never made (cuCtxSynchronize); a bad device is
+// ErrNoDevice, a refused call its code's sentinel, a libcuda without
+// cuCtxSynchronize ErrUnsupported.
+func TestSyncDevice(t *testing.T) {
+	vendor.SyncDeviceWaits(t, small, "cuCtxSynchronize",
+		acceltest.Fault{Fn: "cuCtxSynchronize", Code: 999, Sentinel: driver.ErrDeviceFault, Message: "cuCtxSynchronize: CUDA_ERROR_UNKNOWN (999)"})
+}

@@ -80,6 +80,9 @@ type lib struct {
 
 	// Names of codes this package's table lacks.
 	cuGetErrorName func(r cuResult, name **byte) cuResult
+
+	// Waiting for a whole context's work (SyncDevice).
+	cuCtxSynchronize func() cuResult
 }
 
 // A group is a set of symbols that one feature needs, all or none.
@@ -95,10 +98,11 @@ const (
 	groupEvents
 	groupPeer
 	groupErrorNames
+	groupDevSync
 	groups
 )
 
-var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "host functions", "events", "peers", "error names"}
+var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "host functions", "events", "peers", "error names", "device synchronization"}
 
 // symbols lists every symbol lib binds, with its group. Names with a _v2
 // suffix are how libcuda exports the calls whose signatures changed in
@@ -153,6 +157,8 @@ func (l *lib) symbols() []dl.Symbol {
 		{Name: "cuCtxEnablePeerAccess", Fn: &l.cuCtxEnablePeerAccess, Group: int(groupPeer)},
 
 		{Name: "cuGetErrorName", Fn: &l.cuGetErrorName, Group: int(groupErrorNames)},
+
+		{Name: "cuCtxSynchronize", Fn: &l.cuCtxSynchronize, Group: int(groupDevSync)},
 	}
 }
 

@@ -314,6 +314,19 @@ func (c *cu) query(s *cuStreamT) error {
 	})
 }
 
+// SyncDevice waits for all the work of dev's primary context, on every
+// stream (cuCtxSynchronize), with that context current on this OS thread:
+// the context PyTorch and the CUDA runtime use too.
+func (c *cu) SyncDevice(dev driver.DeviceID) error {
+	if c.l.cuCtxSynchronize == nil {
+		return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "cuda: %s lacks cuCtxSynchronize", c.l.path),
+			"only the work queued through this driver's streams was waited for")
+	}
+	return c.on(dev, "cuCtxSynchronize", func() cuResult { return c.l.cuCtxSynchronize() })
+}
+
+var _ accel.DeviceSyncer = (*cu)(nil)
+
 func (c *cu) EnablePeerAccess(dev, peer driver.DeviceID) error {
 	const alreadyEnabled = 704
 	return c.on(dev, "cuCtxEnablePeerAccess", func() cuResult {

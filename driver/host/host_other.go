@@ -141,6 +141,9 @@ func (d *Driver) StreamWaitEvent(driver.Stream, driver.Event) error {
 // SyncStream is ErrUnsupported: the host driver needs Linux.
 func (d *Driver) SyncStream(driver.Stream) error { return unsupported("synchronize stream") }
 
+// SyncDevice is ErrUnsupported: the host driver needs Linux.
+func (d *Driver) SyncDevice(driver.DeviceID) error { return unsupported("synchronize device") }
+
 // QueryStream is ErrUnsupported: the host driver needs Linux.
 func (d *Driver) QueryStream(driver.Stream) (bool, error) {
 	return false, unsupported("query stream")

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"time"
 	"unsafe"
 
@@ -83,6 +84,24 @@ func (d *Driver) SyncStream(s driver.Stream) error {
 		return errUnmade("SyncStream")
 	}
 	return d.engine.SyncStream(s)
+}
+
+// SyncDevice waits for the work queued at the call on every stream of
+// the driver (all its streams are its own: it waits for every device's,
+// dev's among them). It is sleep.DeviceSyncer's: Sleep calls it before it
+// copies out or unmaps anything. It reports no failure of that work (each
+// stream keeps its own for SyncStream); from a host function whose stream
+// or a stream after it holds work it would wait for, it is ErrBusy, having
+// waited for nothing. An unknown dev is ErrNoDevice.
+func (d *Driver) SyncDevice(dev driver.DeviceID) error {
+	if d.unmade() {
+		return errUnmade("SyncDevice")
+	}
+	what := func() string { return fmt.Sprintf("sim: synchronize device %d", dev) }
+	if err := driver.CheckDevice(what, dev, len(d.books.Devices())); err != nil {
+		return err
+	}
+	return d.engine.Drain(what())
 }
 
 // QueryStream reports, without waiting, whether the work enqueued on s has

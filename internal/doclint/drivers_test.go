@@ -43,17 +43,19 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 	// reports); AscendCL's HostPID (the process ID an importer sends its
 	// exporter's allow-list, aclrtDeviceGetBareTgid) and
 	// ReservationsBindOneDevice (its reservations hold one NPU's memory,
-	// local or imported: drivertest's OneDeviceBinder).
+	// local or imported: drivertest's OneDeviceBinder); every driver's
+	// SyncDevice (sleep.DeviceSyncer's: sleep waits for the whole device,
+	// streams the library never made included, before it unmaps).
 	for _, c := range []struct {
 		dir, goos string
 		extra     []string
 	}{
-		{"driver/host", "linux", []string{"Used", "Check", "HeapBytes"}},
-		{"driver/host", "darwin", []string{"Used", "Check", "HeapBytes"}},
-		{"driver/host", "windows", []string{"Used", "Check", "HeapBytes"}},
-		{"driver/sim", "linux", []string{"Used", "Check", "Tally"}},
-		{"driver/cuda", "linux", []string{"Used", "Check", "Wait"}},
-		{"driver/acl", "linux", []string{"Used", "Check", "Wait", "HostPID", "ReservationsBindOneDevice"}},
+		{"driver/host", "linux", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
+		{"driver/host", "darwin", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
+		{"driver/host", "windows", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
+		{"driver/sim", "linux", []string{"Used", "Check", "Tally", "SyncDevice"}},
+		{"driver/cuda", "linux", []string{"Used", "Check", "Wait", "SyncDevice"}},
+		{"driver/acl", "linux", []string{"Used", "Check", "Wait", "HostPID", "ReservationsBindOneDevice", "SyncDevice"}},
 	} {
 		t.Run(c.dir+"/"+c.goos, func(t *testing.T) {
 			pkg := packageFiles(t, files, c.dir, c.goos)

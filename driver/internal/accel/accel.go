@@ -400,3 +400,33 @@ func (b backend) WholeMappings() bool { return b.c.info.MappingAccess }
 func (b backend) BindsOneDevice() bool { return b.c.info.OneDevicePerReservation }
 
 func (b backend) Close() error { return nil } // the Core closes the runtime after the record
+
+// DeviceSyncer is a Runtime that can wait for all the work queued on a
+// device, on every stream — streams the Core never made too, such as a
+// framework's (cuCtxSynchronize, aclrtSynchronizeDevice). SyncDevice
+// answers ErrUnsupported when the loaded library lacks the call.
+type DeviceSyncer interface {
+	SyncDevice(dev driver.DeviceID) error
+}
+
+// SyncDevice waits for the work the Core's streams had queued at the call
+// (on every device: its engine drains whole), then for all the work on
+// device dev, other streams than the Core's included (the runtime's
+// DeviceSyncer). A runtime without the call, or a library lacking it, is
+// ErrUnsupported after the Core's own streams have been waited for: the
+// caller then knows only the work it queued through the driver is done.
+// An unknown dev is ErrNoDevice, having waited for nothing.
+func (c *Core) SyncDevice(dev driver.DeviceID) error {
+	what := fmt.Sprintf("%s: synchronize device %d", c.info.Name, dev)
+	if err := driver.CheckDevice(func() string { return what }, dev, len(c.info.Devices)); err != nil {
+		return err
+	}
+	if err := c.engine.Drain(what); err != nil {
+		return err
+	}
+	ds, ok := c.rt.(DeviceSyncer)
+	if !ok {
+		return c.errf(driver.ErrUnsupported, "synchronize device %d: the runtime cannot wait for a whole device", dev)
+	}
+	return errors.Wrapf(ds.SyncDevice(dev), "%s", what)
+}

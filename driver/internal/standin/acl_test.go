@@ -100,6 +100,7 @@ type aclAPI struct {
 	CreateStream     func(s *uintptr) int32                                                            `sym:"aclrtCreateStream"`
 	DestroyStream    func(s uintptr) int32                                                             `sym:"aclrtDestroyStream"`
 	SyncStream       func(s uintptr) int32                                                             `sym:"aclrtSynchronizeStream"`
+	SyncDevice       func() int32                                                                      `sym:"aclrtSynchronizeDevice"`
 	CreateEvent      func(e *uintptr) int32                                                            `sym:"aclrtCreateEvent"`
 	RecordEvent      func(e, s uintptr) int32                                                          `sym:"aclrtRecordEvent"`
 	SyncEvent        func(e uintptr) int32                                                             `sym:"aclrtSynchronizeEvent"`
@@ -128,6 +129,7 @@ var aclGroupSymbols = map[string][]string{
 	"hostalloc":   {"aclrtMallocHost", "aclrtFreeHost"},
 	"synccopy":    {"aclrtMemcpy"},
 	"mapnoaccess": {"aclrtMemMapNoAccess"},
+	"devsync":     {"aclrtSynchronizeDevice"},
 	"streams": {"aclrtCreateStream", "aclrtDestroyStream", "aclrtSynchronizeStream", "aclrtMemcpyAsync",
 		"aclrtMemsetAsync"},
 	"vmm": {"aclrtMemGetAllocationGranularity", "aclrtReserveMemAddress", "aclrtReleaseMemAddress",

@@ -12,7 +12,8 @@
 //	                    capacity, reservations, physical allocations,
 //	                    mappings with per-device access per granule,
 //	                    shareable memfds, streams run by worker threads,
-//	                    events, pinned host memory, fault injection, call
+//	                    events, pinned host memory, fault injection, work
+//	                    held on a stream the driver never made (Lib.Hold), call
 //	                    and object counters
 //	c/vshare.c          memory shared with other processes by a 64-bit
 //	                    token with an allow-list of importers (AscendCL's

@@ -52,7 +52,7 @@ func (v Vendor) frontEnd() string { return "c/" + string(v) + ".c" }
 // Each is -DVMSTANDIN_OMIT_<GROUP> in the C sources; a group a vendor has
 // no symbol of (hostfunc for AscendCL, mapnoaccess for CUDA) changes
 // nothing there.
-var OmitGroups = []string{"export", "hostfunc", "events", "peer", "streams", "hostalloc", "synccopy", "vmm", "mapnoaccess"}
+var OmitGroups = []string{"export", "hostfunc", "events", "peer", "streams", "hostalloc", "synccopy", "vmm", "mapnoaccess", "devsync"}
 
 // Config is the emulated machine. Zero fields keep the stand-in's defaults:
 // 2 devices of 64 MiB, minimum and recommended granularity 2 MiB, every
@@ -343,6 +343,9 @@ type Lib struct {
 	live      func(what string) int64
 	access    func(addr uint64, dev int32) int32
 	retire    func() int64
+	hold      func(dev int32) int32
+	release   func()
+	held      func() uint64
 }
 
 // OpenPath opens the library at path (a child process loading the file its
@@ -360,6 +363,9 @@ func OpenPath(path string, cfg Config) (*Lib, error) {
 		{Name: "vmstandin_live", Fn: &l.live},
 		{Name: "vmstandin_access", Fn: &l.access},
 		{Name: "vmstandin_retire", Fn: &l.retire},
+		{Name: "vmstandin_hold", Fn: &l.hold},
+		{Name: "vmstandin_release", Fn: &l.release},
+		{Name: "vmstandin_held", Fn: &l.held},
 	}, 1)
 	if err != nil {
 		return nil, errors.Wrapf(err, "standin: dlopen %s", path)
@@ -385,6 +391,25 @@ func (l *Lib) Path() string { return l.path }
 func (l *Lib) Fail(fn string, nth, count, code int) {
 	l.fail(fn, int32(nth), int32(count), int32(code))
 }
+
+// Hold queues, on the default stream of device dev's primary context — a
+// stream the driver under test never made, as a framework's (PyTorch's)
+// would be — work that runs until Release: what a whole-device
+// synchronisation (cuCtxSynchronize, aclrtSynchronizeDevice) must wait
+// for. Held counts the held operations that have finished. A test that
+// holds releases in a cleanup registered after the stand-in's.
+func (l *Lib) Hold(dev int) error {
+	if l.hold(int32(dev)) != 0 {
+		return errors.Newf("standin: hold device %d: no such device, or its primary context is not retained", dev)
+	}
+	return nil
+}
+
+// Release lets every held operation finish.
+func (l *Lib) Release() { l.release() }
+
+// Held counts the held operations that have finished.
+func (l *Lib) Held() uint64 { return l.held() }
 
 // Clear removes every injection.
 func (l *Lib) Clear() { l.clear() }

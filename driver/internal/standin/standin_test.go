@@ -100,6 +100,7 @@ type cuAPI struct {
 	StreamDestroy       func(s uintptr) int32                                           `sym:"cuStreamDestroy_v2"`
 	StreamSynchronize   func(s uintptr) int32                                           `sym:"cuStreamSynchronize"`
 	StreamQuery         func(s uintptr) int32                                           `sym:"cuStreamQuery"`
+	CtxSynchronize      func() int32                                                    `sym:"cuCtxSynchronize"`
 	EventCreate         func(e *uintptr, flags uint32) int32                            `sym:"cuEventCreate"`
 	EventRecord         func(e, s uintptr) int32                                        `sym:"cuEventRecord"`
 	EventSynchronize    func(e uintptr) int32                                           `sym:"cuEventSynchronize"`
@@ -136,6 +137,7 @@ var groupSymbols = map[string][]string{
 	"peer":      {"cuDeviceCanAccessPeer", "cuCtxEnablePeerAccess"},
 	"hostalloc": {"cuMemHostAlloc", "cuMemFreeHost"},
 	"synccopy":  {"cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"},
+	"devsync":   {"cuCtxSynchronize"},
 	"streams": {"cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize", "cuStreamQuery",
 		"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoDAsync_v2", "cuMemsetD8Async", "cuLaunchHostFunc"},
 	"vmm": {"cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate",
@@ -375,7 +377,8 @@ func TestBuildIsCachedAndExportsOnlyItsInterface(t *testing.T) {
 	h, err := purego.Dlopen(p1, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	require.NoError(t, err)
 	for _, s := range append(symbols(), "vmstandin_configure", "vmstandin_fail", "vmstandin_clear",
-		"vmstandin_calls", "vmstandin_used", "vmstandin_live", "vmstandin_access") {
+		"vmstandin_calls", "vmstandin_used", "vmstandin_live", "vmstandin_access",
+		"vmstandin_hold", "vmstandin_release", "vmstandin_held") {
 		_, err := purego.Dlsym(h, s)
 		require.NoError(t, err, s)
 	}

@@ -1116,6 +1116,19 @@ API aclError aclrtMemcpy(void *dst, size_t dest_max, const void *src, size_t cou
 
 #endif /* VMSTANDIN_OMIT_SYNCCOPY */
 
+#ifndef VMSTANDIN_OMIT_DEVSYNC
+/* aclrtSynchronizeDevice waits for the work of every stream of every
+ * context on the current context's device, default streams included; a
+ * stream's own failure stays with it for aclrtSynchronizeStream. */
+API aclError aclrtSynchronizeDevice(void)
+{
+	vdev_ctx *c;
+	ENTER(NULL);
+	NEED_CTX(c);
+	return RESULT(vdev_sync_device(c, true), 0, "the work of device %d", vdev_ctx_device(c));
+}
+#endif /* VMSTANDIN_OMIT_DEVSYNC */
+
 /* ===== streams and asynchronous copies ===================================== */
 #ifndef VMSTANDIN_OMIT_STREAMS
 

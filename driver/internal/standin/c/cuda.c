@@ -546,6 +546,19 @@ API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle
 #endif /* VMSTANDIN_OMIT_EXPORT */
 #endif /* VMSTANDIN_OMIT_VMM */
 
+#ifndef VMSTANDIN_OMIT_DEVSYNC
+/* cuCtxSynchronize waits for the work of every stream of the current
+ * context, the default stream included; a stream's own failure stays with
+ * it for cuStreamSynchronize (a sticky fault is every call's). */
+API CUresult cuCtxSynchronize(void)
+{
+	vdev_ctx *ctx;
+	ENTER(NULL);
+	NEED_CTX(ctx);
+	return rt_result(vdev_sync_device(ctx, false));
+}
+#endif /* VMSTANDIN_OMIT_DEVSYNC */
+
 /* ===== streams and asynchronous copies ===================================== */
 #ifndef VMSTANDIN_OMIT_STREAMS
 

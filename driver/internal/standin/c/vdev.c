@@ -1818,6 +1818,70 @@ vdev_status vdev_stream_sync(vdev_ctx *cur, vdev_stream *s, int *raw)
 	return st;
 }
 
+/* sync_match says whether a stream of context c is one vdev_sync_device
+ * waits for. */
+static bool sync_match(const vdev_ctx *c, const vdev_ctx *cur, bool whole_device)
+{
+	return whole_device ? c->dev == cur->dev : c == cur;
+}
+
+/* sync_hold adds s, with the work enqueued on it now, to what
+ * vdev_sync_device waits for. books held. */
+static void sync_hold(vdev_stream *s, vdev_stream **held, uint64_t *target, size_t *n)
+{
+	pthread_mutex_lock(&s->mu);
+	s->refs++;
+	target[*n] = s->enqueued;
+	pthread_mutex_unlock(&s->mu);
+	held[(*n)++] = s;
+}
+
+vdev_status vdev_sync_device(vdev_ctx *cur, bool whole_device)
+{
+	pthread_mutex_lock(&books);
+	if (!ctx_alive(cur)) {
+		pthread_mutex_unlock(&books);
+		return VDEV_NO_CONTEXT;
+	}
+	size_t cap = streams.n + contexts.n + (size_t)cfg.devices + 1;
+	vdev_stream **held = calloc(cap, sizeof *held);
+	uint64_t *target = calloc(cap, sizeof *target);
+	if (!held || !target) {
+		pthread_mutex_unlock(&books);
+		free(held);
+		free(target);
+		return VDEV_OOM;
+	}
+	size_t n = 0;
+	for (size_t i = 0; i < streams.n; i++) {
+		vdev_stream *s = streams.at[i];
+		if (sync_match(s->ctx, cur, whole_device))
+			sync_hold(s, held, target, &n);
+	}
+	for (int d = 0; d < cfg.devices; d++) {
+		vdev_ctx *c = &devices[d].ctx;
+		if (c->null_stream && sync_match(c, cur, whole_device))
+			sync_hold(c->null_stream, held, target, &n);
+	}
+	for (size_t i = 0; i < contexts.n; i++) {
+		vdev_ctx *c = contexts.at[i];
+		if (c->null_stream && sync_match(c, cur, whole_device))
+			sync_hold(c->null_stream, held, target, &n);
+	}
+	pthread_mutex_unlock(&books);
+	for (size_t i = 0; i < n; i++) {
+		vdev_stream *s = held[i];
+		pthread_mutex_lock(&s->mu);
+		while (s->completed < target[i])
+			pthread_cond_wait(&s->done, &s->mu);
+		pthread_mutex_unlock(&s->mu);
+		stream_unref(s);
+	}
+	free(held);
+	free(target);
+	return poisoned(cur) ? VDEV_ILLEGAL_ADDRESS : VDEV_OK;
+}
+
 vdev_status vdev_stream_context(vdev_stream *s, vdev_ctx **out)
 {
 	pthread_mutex_lock(&books);
@@ -2162,6 +2226,57 @@ VDEV_EXPORT int64_t vmstandin_live(const char *what)
 	pthread_mutex_lock(&books);
 	int64_t n = live_locked(what);
 	pthread_mutex_unlock(&books);
+	return n;
+}
+
+/* Held work: vmstandin_hold queues, on the default stream of device dev's
+ * primary context (a stream the driver under test never made, as a
+ * framework's would be), work that runs until vmstandin_release; what a
+ * whole-device synchronisation must wait for. vmstandin_held counts the
+ * held operations that have finished. */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static bool hold_closed;
+static uint64_t hold_done;
+
+static void hold_run(void *user)
+{
+	(void)user;
+	pthread_mutex_lock(&hold_mu);
+	while (hold_closed)
+		pthread_cond_wait(&hold_cv, &hold_mu);
+	hold_done++;
+	pthread_mutex_unlock(&hold_mu);
+}
+
+VDEV_EXPORT int vmstandin_hold(int dev)
+{
+	if (!device_ok(dev))
+		return -1;
+	struct op *op = calloc(1, sizeof *op);
+	if (!op)
+		return -1;
+	op->kind = OP_HOST_FN;
+	op->fn = hold_run;
+	pthread_mutex_lock(&hold_mu);
+	hold_closed = true;
+	pthread_mutex_unlock(&hold_mu);
+	return enqueue_op(&devices[dev].ctx, NULL, op) == VDEV_OK ? 0 : -1;
+}
+
+VDEV_EXPORT void vmstandin_release(void)
+{
+	pthread_mutex_lock(&hold_mu);
+	hold_closed = false;
+	pthread_cond_broadcast(&hold_cv);
+	pthread_mutex_unlock(&hold_mu);
+}
+
+VDEV_EXPORT uint64_t vmstandin_held(void)
+{
+	pthread_mutex_lock(&hold_mu);
+	uint64_t n = hold_done;
+	pthread_mutex_unlock(&hold_mu);
 	return n;
 }
 

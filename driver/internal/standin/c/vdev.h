@@ -305,6 +305,12 @@ vdev_status vdev_stream_destroy(vdev_stream *s);
 vdev_status vdev_stream_sync(vdev_ctx *cur, vdev_stream *s, int *raw);
 /* vdev_stream_context finds the context of a live stream (not NULL). */
 vdev_status vdev_stream_context(vdev_stream *s, vdev_ctx **out);
+/* vdev_sync_device waits for the work enqueued so far on every stream of
+ * cur (whole_device: of every context on cur's device), default streams
+ * included (cuCtxSynchronize, aclrtSynchronizeDevice). It takes no
+ * stream's failure: each stream keeps its own for its own sync. A sticky
+ * fault of cur is VDEV_ILLEGAL_ADDRESS. */
+vdev_status vdev_sync_device(vdev_ctx *cur, bool whole_device);
 vdev_status vdev_stream_query(vdev_ctx *cur, vdev_stream *s, int *raw);
 
 /* vdev_enqueue_copy copies n bytes; dst_dev/src_dev say which side is
@@ -349,5 +355,8 @@ VDEV_EXPORT uint64_t vmstandin_used(int dev);
 VDEV_EXPORT int64_t vmstandin_live(const char *what);
 VDEV_EXPORT int vmstandin_access(uint64_t addr, int dev);
 VDEV_EXPORT int64_t vmstandin_retire(void);
+VDEV_EXPORT int vmstandin_hold(int dev);
+VDEV_EXPORT void vmstandin_release(void);
+VDEV_EXPORT uint64_t vmstandin_held(void);
 
 #endif /* VMSTANDIN_VDEV_H */
