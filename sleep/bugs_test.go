@@ -7,7 +7,6 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
@@ -320,14 +319,14 @@ func TestCloseWhileAsleep(t *testing.T) {
 // holds fewer blocks after it, on file systems that punch holes.
 func fileBlocksDrop(t *testing.T, m *Manager, free func()) {
 	t.Helper()
-	blocks := func() int64 {
-		var st unix.Stat_t
-		require.NoError(t, unix.Stat(m.tags["w"].bk.file.Name(), &st))
-		return st.Blocks
-	}
+	blocks := func() int64 { return fileBlocks(t, m.tags["w"].bk.file.Name()) }
 	before := blocks()
 	free()
 	after := blocks()
+	if before < 0 {
+		t.Logf("this platform does not report a file's blocks")
+		return
+	}
 	if before == after {
 		t.Logf("the file system of %s keeps the blocks (no hole punched)", m.o.BackupDir)
 		return
