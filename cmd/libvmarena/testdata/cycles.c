@@ -312,7 +312,8 @@ int main(int argc, char **argv) {
 	CHECK(cycles >= 10, "at least 10 cycles");
 
 	/*
-	 * Five rounds of cycles/5: the first warms the library and the Go
+	 * Ten rounds of cycles/10 (more rounds, more chances of a quiet one on a
+	 * loaded machine; a leak shows in all of them): the first warms the library and the Go
 	 * runtime up. Each other must leave the process with the file
 	 * descriptors and vmarena memfd mappings it had before it; and, as
 	 * internal/leakcheck judges, at least one must leave it with the same
@@ -327,13 +328,14 @@ int main(int argc, char **argv) {
 	 * megabytes in one round and then stops. So some round must grow it by
 	 * less than RSS_ROUND_KIB, and the whole run by less than RSS_MAX_KIB. */
 	enum { RSS_ROUND_KIB = 512, RSS_MAX_KIB = 64 * 1024 };
-	long per = cycles / 5, c = 0;
+	enum { ROUNDS = 10 };
+	long per = cycles / ROUNDS, c = 0;
 	int held = 0, rss_held = 0;
 	struct snapshot first = {0}, before, after;
-	for (int round = 0; round < 5; round++) {
+	for (int round = 0; round < ROUNDS; round++) {
 		before = take();
 		if (round == 1) first = before;
-		for (long end = round == 4 ? cycles : c + per; c < end; c++) cycle(c, sleep_code, &ferr0);
+		for (long end = round == ROUNDS - 1 ? cycles : c + per; c < end; c++) cycle(c, sleep_code, &ferr0);
 		after = take();
 		if (round == 0) continue;
 		CHECK(after.fds == before.fds, "round %d: file descriptors went from %d to %d", round, before.fds, after.fds);

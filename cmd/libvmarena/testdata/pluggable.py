@@ -137,13 +137,14 @@ def cycle(c):
 # may grow it by a few megabytes in one round and then stops.
 RSS_ROUND_KIB, RSS_MAX_KIB = 512, 64 * 1024
 
-# Five rounds of cycles/5, judged as testdata/cycles.c judges them.
-per, c, held, rss_held = cycles // 5, 0, 0, False
-for rnd in range(5):
+# Ten rounds of cycles/10, judged as testdata/cycles.c judges them.
+ROUNDS = 10
+per, c, held, rss_held = cycles // ROUNDS, 0, 0, False
+for rnd in range(ROUNDS):
     before = snapshot()
     if rnd == 1:
         first = before
-    end = cycles if rnd == 4 else c + per
+    end = cycles if rnd == ROUNDS - 1 else c + per
     while c < end:
         cycle(c)
         c += 1
