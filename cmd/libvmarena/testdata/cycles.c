@@ -312,15 +312,16 @@ int main(int argc, char **argv) {
 	CHECK(cycles >= 10, "at least 10 cycles");
 
 	/*
-	 * Ten rounds of cycles/10 (more rounds, more chances of a quiet one on a
-	 * loaded machine; a leak shows in all of them): the first warms the library and the Go
-	 * runtime up. Each other must leave the process with the file
-	 * descriptors and vmarena memfd mappings it had before it; and, as
-	 * internal/leakcheck judges, at least one must leave it with the same
-	 * mappings and C heap too: the runtimes map memory of their own now
-	 * and then (a thread the Go runtime starts brings its stack, so a
-	 * round in which the thread count changed proves nothing), while a
-	 * leak shows in every round.
+	 * A round of cycles/5 warms the library and the runtimes up (the Go
+	 * heap and resident memory grow to a plateau in it), then eight rounds
+	 * share the rest: the more rounds, the more chances of a quiet one on
+	 * a loaded machine, and a leak shows in all of them. Each after the
+	 * first must leave the process with the file descriptors and vmarena
+	 * memfd mappings it had before it; and, as internal/leakcheck judges,
+	 * at least one must leave it with the same mappings and C heap too:
+	 * the runtimes map memory of their own now and then (a thread the Go
+	 * runtime starts brings its stack, so a round in which the thread
+	 * count changed proves nothing), while a leak shows in every round.
 	 */
 	/* Resident memory: a leak grows it in every round (a leaked backup by
 	 * megabytes a cycle), while the Go runtime's heap, whose garbage
@@ -328,14 +329,15 @@ int main(int argc, char **argv) {
 	 * megabytes in one round and then stops. So some round must grow it by
 	 * less than RSS_ROUND_KIB, and the whole run by less than RSS_MAX_KIB. */
 	enum { RSS_ROUND_KIB = 512, RSS_MAX_KIB = 64 * 1024 };
-	enum { ROUNDS = 10 };
-	long per = cycles / ROUNDS, c = 0;
+	enum { ROUNDS = 9 };
+	long warm = cycles / 5, per = (cycles - warm) / (ROUNDS - 1), c = 0;
 	int held = 0, rss_held = 0;
 	struct snapshot first = {0}, before, after;
 	for (int round = 0; round < ROUNDS; round++) {
 		before = take();
 		if (round == 1) first = before;
-		for (long end = round == ROUNDS - 1 ? cycles : c + per; c < end; c++) cycle(c, sleep_code, &ferr0);
+		long end = round == 0 ? warm : round == ROUNDS - 1 ? cycles : c + per;
+		for (; c < end; c++) cycle(c, sleep_code, &ferr0);
 		after = take();
 		if (round == 0) continue;
 		CHECK(after.fds == before.fds, "round %d: file descriptors went from %d to %d", round, before.fds, after.fds);
