@@ -207,31 +207,9 @@ func TestHostFreeWaitsForQueuedCopy(t *testing.T) {
 }
 
 // TestSyncDevice: SyncDevice returns only after the work queued on the
-// driver's streams at the call has run (a host function blocking on a
-// channel; a watchdog, no timing asserted); a device the driver lacks is
-// ErrNoDevice.
+// driver's streams at the call has run; a device the driver lacks is
+// ErrNoDevice (drivertest.SyncDeviceWaits).
 func TestSyncDevice(t *testing.T) {
 	d := newTest(t, small())
-	s, err := d.CreateStream(1)
-	require.NoError(t, err)
-	gate := make(chan struct{})
-	var ran atomic.Bool
-	require.NoError(t, d.LaunchHostFunc(s, "gate", func() error { <-gate; ran.Store(true); return nil }))
-	res := make(chan bool, 1)
-	go func() {
-		err := d.SyncDevice(0)
-		res <- err == nil && ran.Load()
-	}()
-	time.Sleep(10 * time.Millisecond) // a chance to return early, were it wrong
-	close(gate)
-	select {
-	case ok := <-res:
-		require.True(t, ok, "SyncDevice failed or returned before the queued work ran")
-	case <-time.After(20 * time.Second):
-		t.Fatal("SyncDevice did not return after the work was released")
-	}
-	for _, bad := range []driver.DeviceID{-1, 2} {
-		drivertest.RequireIs(t, d.SyncDevice(bad), driver.ErrNoDevice)
-	}
-	require.NoError(t, d.DestroyStream(s))
+	drivertest.SyncDeviceWaits(t, d, -1, 2)
 }
