@@ -16,17 +16,8 @@ const (
 	modeCount // the number of modes: a C mode at or above it is refused
 )
 
-func (m mode) String() string {
-	switch m {
-	case modeDiscard:
-		return "discard"
-	case modeHost:
-		return "host"
-	case modeFile:
-		return "file"
-	}
-	return "unknown"
-}
+// String is the sleep package's name of the mode.
+func (m mode) String() string { return sleep.Mode(m).String() }
 
 // tagStats are one tag's figures, as the sleep package reports them:
 // AwakeBytes is the memory committed under the tag (whole chunks, at least

@@ -154,11 +154,12 @@ func TestPanicsBecomeErrors(t *testing.T) {
 }
 
 // TestModesAreTheSleepPackages: the C API's modes convert to the sleep
-// package's by value.
+// package's by value, and there are as many.
 func TestModesAreTheSleepPackages(t *testing.T) {
-	for m := range modeCount {
-		require.Equal(t, m.String(), sleep.Mode(m).String())
-	}
+	require.Equal(t, []sleep.Mode{sleep.Discard, sleep.Host, sleep.File},
+		[]sleep.Mode{sleep.Mode(modeDiscard), sleep.Mode(modeHost), sleep.Mode(modeFile)})
+	require.Equal(t, "file", modeFile.String())
+	require.Equal(t, int(sleep.File)+1, int(modeCount))
 }
 
 // TestSleepAndWakeCalls checks sleep and wake's answers: no tag is
