@@ -50,6 +50,11 @@ type Manager struct {
 	owner   map[driver.Addr]*tag
 	streams map[driver.Stream]struct{}
 	closed  bool
+
+	// tagOptions, when set (by tests only), edits each tag allocator's
+	// options before it is made: a test that needs a stitch gives the
+	// allocator no more address space than its Max.
+	tagOptions func(*arena.AllocatorOptions)
 }
 
 // A tag is one tag's allocator, the driver under it that can sleep, its
@@ -117,9 +122,11 @@ func (m *Manager) tagLocked(name string) (*tag, error) {
 		return t, nil
 	}
 	td := newTagDriver(m.d, name)
-	al, err := arena.NewAllocator(vaspace.New(td), physical.New(td), arena.AllocatorOptions{
-		Device: m.o.Device, Max: m.o.TagMax, ChunkSize: m.o.ChunkSize,
-	})
+	ao := arena.AllocatorOptions{Device: m.o.Device, Max: m.o.TagMax, ChunkSize: m.o.ChunkSize}
+	if m.tagOptions != nil {
+		m.tagOptions(&ao)
+	}
+	al, err := arena.NewAllocator(vaspace.New(td), physical.New(td), ao)
 	if err != nil {
 		return nil, errors.Wrapf(err, "sleep: tag %q", name)
 	}
