@@ -343,7 +343,7 @@ func (m *Manager) Sleep(mode Mode, tags ...string) error {
 	if err != nil {
 		return err
 	}
-	defer m.settleLocked(ts)
+	defer m.settleLocked("sleep", ts)
 	if err := m.syncLocked(); err != nil {
 		return err
 	}
@@ -361,7 +361,6 @@ func (m *Manager) Sleep(mode Mode, tags ...string) error {
 			return err
 		}
 	}
-	m.checkAfter("sleep")
 	return nil
 }
 
@@ -389,11 +388,14 @@ func (m *Manager) claimLocked(op string, names []string) ([]*tag, error) {
 	}
 }
 
-// settleLocked ends the claim of claimLocked and wakes the calls waiting.
-func (m *Manager) settleLocked(ts []*tag) {
+// settleLocked ends the claim of claimLocked, checks the invariants
+// (under the invariants build tag: after op, whether it succeeded or not)
+// and wakes the calls waiting.
+func (m *Manager) settleLocked(op string, ts []*tag) {
 	for _, t := range ts {
 		t.busy = false
 	}
+	m.checkAfter(op)
 	m.settled.Broadcast()
 }
 
@@ -483,7 +485,7 @@ func (m *Manager) Wake(tags ...string) error {
 	if err != nil {
 		return err
 	}
-	defer m.settleLocked(ts)
+	defer m.settleLocked("wake", ts)
 	for _, t := range ts {
 		if !t.asleep {
 			continue
@@ -491,7 +493,6 @@ func (m *Manager) Wake(tags ...string) error {
 		var w woken
 		m.unlocked(func() { w, err = m.wakeTag(t) })
 		if w == wokeSleepsOn {
-			m.checkAfter("wake")
 			return err
 		}
 		bk := t.bk
@@ -501,11 +502,9 @@ func (m *Manager) Wake(tags ...string) error {
 		}
 		m.unlocked(func() { err = errors.CombineErrors(err, bk.free()) })
 		if err != nil { // contents lost, or a release refused again (the tag is whole)
-			m.checkAfter("wake")
 			return err
 		}
 	}
-	m.checkAfter("wake")
 	return nil
 }
 
