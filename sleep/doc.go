@@ -37,6 +37,11 @@
 //   - Free in a sleeping tag drops that allocation's backup and releases
 //     nothing: the tag's memory went back once, at Sleep.
 //   - Alloc in a sleeping tag is refused (ErrBusy naming the tag).
+//   - A Sleep or Wake holds the Manager's lock only to claim its tags
+//     and to record each one's new state: while it copies, unmaps and
+//     commits, calls on other tags (Alloc, Free, Stats, Check, another
+//     Sleep or Wake) go on, and calls on its own tags wait for it to
+//     return, as they did when the lock was held throughout.
 //
 // # What it never does
 //

@@ -38,27 +38,50 @@ type Options struct {
 // Invariants (Check): each tag's live set is its allocator's; an asleep
 // tag in Host or File mode has a backup of exactly its live allocations,
 // an awake one none; every live address is in the owner index under its
-// tag.
+// tag. A tag a Sleep or Wake is busy with is checked once it settles.
 type Manager struct {
 	d driver.Driver
 	o Options
 
 	// mu guards everything below; it is taken before a tag allocator's
-	// locks (and so before its tagDriver's).
-	mu      sync.Mutex
+	// locks (and so before its tagDriver's). A Sleep or Wake holds it
+	// only to claim its tags and to record each one's new state: the
+	// copies, unmaps and commits run without it, so calls on other tags
+	// go on meanwhile (see tag.busy).
+	mu sync.Mutex
+	// settled is signalled (with mu) whenever tags stop being busy.
+	settled *sync.Cond
 	tags    map[string]*tag
 	owner   map[driver.Addr]*tag
 	streams map[driver.Stream]struct{}
 	closed  bool
+
+	// tagOptions, when set (by tests only), edits each tag allocator's
+	// options before it is made: a test that needs a stitch gives the
+	// allocator no more address space than its Max.
+	tagOptions func(*arena.AllocatorOptions)
+	// hook, when set (by tests only), is called without mu at the start
+	// of each tag's sleep ("sleep") or wake ("wake"), while the tag is
+	// busy.
+	hook func(op, tag string)
 }
 
 // A tag is one tag's allocator, the driver under it that can sleep, its
 // live allocations (address → size asked) and, asleep, its backup.
+//
+// busy marks a tag a Sleep or Wake has claimed: until it settles, that
+// call alone touches the tag's allocator, driver and backup, without
+// Manager.mu, and no other call changes live; a call on the tag that
+// would (Alloc, Free, Sleep, Wake, Close) waits for Manager.settled.
+// asleep, mode, bk and cycles are written under Manager.mu only, so
+// Stats reads them at any time: a busy tag shows its state before the
+// call until the call records the new one.
 type tag struct {
 	name   string
 	drv    *tagDriver
 	al     *arena.Allocator
 	live   map[driver.Addr]uint64
+	busy   bool
 	asleep bool
 	mode   Mode
 	bk     *backup // nil while awake
@@ -88,7 +111,9 @@ func New(d driver.Driver, o Options) (*Manager, error) {
 	if err := driver.CheckSize(func() string { return "sleep: new: TagMax" }, o.TagMax, o.ChunkSize); err != nil {
 		return nil, err
 	}
-	return &Manager{d: d, o: o, tags: map[string]*tag{}, owner: map[driver.Addr]*tag{}, streams: map[driver.Stream]struct{}{}}, nil
+	m := &Manager{d: d, o: o, tags: map[string]*tag{}, owner: map[driver.Addr]*tag{}, streams: map[driver.Stream]struct{}{}}
+	m.settled = sync.NewCond(&m.mu)
+	return m, nil
 }
 
 func (m *Manager) unmade() bool { return m == nil || m.d == nil }
@@ -110,6 +135,16 @@ func (m *Manager) begin(method string) error {
 	return nil
 }
 
+// waitLocked waits, mu held, for a Sleep or Wake to settle its tags. It
+// returns ErrClosed when the Manager was closed meanwhile.
+func (m *Manager) waitLocked(method string) error {
+	m.settled.Wait()
+	if m.closed {
+		return driver.Closed("sleep: " + method + " on a closed Manager")
+	}
+	return nil
+}
+
 // tagLocked returns tag name, making it first if it does not exist yet
 // (its allocator reserves its address space then).
 func (m *Manager) tagLocked(name string) (*tag, error) {
@@ -117,9 +152,11 @@ func (m *Manager) tagLocked(name string) (*tag, error) {
 		return t, nil
 	}
 	td := newTagDriver(m.d, name)
-	al, err := arena.NewAllocator(vaspace.New(td), physical.New(td), arena.AllocatorOptions{
-		Device: m.o.Device, Max: m.o.TagMax, ChunkSize: m.o.ChunkSize,
-	})
+	ao := arena.AllocatorOptions{Device: m.o.Device, Max: m.o.TagMax, ChunkSize: m.o.ChunkSize}
+	if m.tagOptions != nil {
+		m.tagOptions(&ao)
+	}
+	al, err := arena.NewAllocator(vaspace.New(td), physical.New(td), ao)
 	if err != nil {
 		return nil, errors.Wrapf(err, "sleep: tag %q", name)
 	}
@@ -129,7 +166,8 @@ func (m *Manager) tagLocked(name string) (*tag, error) {
 }
 
 // Alloc returns size fresh bytes under tag ("" is the default tag). A
-// tag that sleeps refuses (ErrBusy naming it): wake it first.
+// tag that sleeps refuses (ErrBusy naming it): wake it first. In a tag a
+// Sleep or Wake is busy with, Alloc waits for it to return first.
 func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 	if err := m.begin("Alloc"); err != nil {
 		return 0, err
@@ -137,6 +175,11 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 	defer m.mu.Unlock()
 	if size == 0 {
 		return 0, errors.Wrapf(driver.ErrInvalid, "sleep: alloc in tag %q: size is zero", tag)
+	}
+	for t := m.tags[tag]; t != nil && t.busy; t = m.tags[tag] {
+		if err := m.waitLocked("Alloc"); err != nil {
+			return 0, err
+		}
 	}
 	if t := m.tags[tag]; t != nil && t.asleep {
 		return 0, errors.WithHint(
@@ -161,13 +204,20 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 // that allocation's backup at once (its host buffer, or its blocks of the
 // backup file, where the file system can punch holes); its memory went
 // back at sleep, and nothing is given back twice: a free only edits the
-// tag's books while it sleeps.
+// tag's books while it sleeps. A Free in a tag that a Sleep or Wake is
+// busy with waits for it to return; in other tags it goes on meanwhile.
 func (m *Manager) Free(p driver.Addr) error {
 	if err := m.begin("Free"); err != nil {
 		return err
 	}
 	defer m.mu.Unlock()
 	t := m.owner[p]
+	for t != nil && t.busy { // a sleep or wake of its tag: the free follows it
+		if err := m.waitLocked("Free"); err != nil {
+			return err
+		}
+		t = m.owner[p]
+	}
 	if t == nil {
 		return errors.Wrapf(driver.ErrNotAllocated, "sleep: free %s: not a live allocation of this Manager (freed twice?)", p)
 	}
@@ -276,6 +326,11 @@ func (m *Manager) selectLocked(op string, names []string) ([]*tag, error) {
 // address space and books. A tag already asleep is left as it is (Sleep
 // is idempotent). The tags are put to sleep one by one: on an error the
 // tags before it sleep, it and those after stay awake, unchanged.
+//
+// Calls on other tags go on while it copies and gives memory back; a
+// call on one of its tags (Alloc, Free, another Sleep or Wake) waits
+// until it returns, and so does Sleep for a tag another Sleep or Wake is
+// busy with.
 func (m *Manager) Sleep(mode Mode, tags ...string) error {
 	if err := m.begin("Sleep"); err != nil {
 		return err
@@ -284,20 +339,71 @@ func (m *Manager) Sleep(mode Mode, tags ...string) error {
 	if !mode.valid() {
 		return errors.Wrapf(driver.ErrInvalid, "sleep: sleep: unknown mode %d (Discard, Host or File)", int(mode))
 	}
-	ts, err := m.selectLocked("sleep", tags)
+	ts, err := m.claimLocked("sleep", tags)
 	if err != nil {
 		return err
 	}
+	defer m.settleLocked("sleep", ts)
 	if err := m.syncLocked(); err != nil {
 		return err
 	}
 	for _, t := range ts {
-		if err := m.sleepTagLocked(t, mode); err != nil {
+		if t.asleep {
+			continue
+		}
+		var bk *backup
+		var asleep bool
+		m.unlocked(func() { bk, asleep, err = m.sleepTag(t, mode) })
+		if asleep {
+			t.asleep, t.mode, t.bk = true, mode, bk
+		}
+		if err != nil {
 			return err
 		}
 	}
-	m.checkAfter("sleep")
 	return nil
+}
+
+// claimLocked selects the tags named (selectLocked), waits until none of
+// them is busy and marks them busy.
+func (m *Manager) claimLocked(op string, names []string) ([]*tag, error) {
+	for {
+		ts, err := m.selectLocked(op, names)
+		if err != nil {
+			return nil, err
+		}
+		free := true
+		for _, t := range ts {
+			free = free && !t.busy
+		}
+		if free {
+			for _, t := range ts {
+				t.busy = true
+			}
+			return ts, nil
+		}
+		if err := m.waitLocked(op); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// settleLocked ends the claim of claimLocked, checks the invariants
+// (under the invariants build tag: after op, whether it succeeded or not)
+// and wakes the calls waiting.
+func (m *Manager) settleLocked(op string, ts []*tag) {
+	for _, t := range ts {
+		t.busy = false
+	}
+	m.checkAfter(op)
+	m.settled.Broadcast()
+}
+
+// unlocked runs f with mu released.
+func (m *Manager) unlocked(f func()) {
+	m.mu.Unlock()
+	defer m.mu.Lock()
+	f()
 }
 
 // DeviceSyncer is implemented by drivers that can wait for all the work
@@ -337,27 +443,28 @@ func (m *Manager) syncLocked() error {
 	return errs
 }
 
-func (m *Manager) sleepTagLocked(t *tag, mode Mode) error {
-	if t.asleep {
-		return nil
+// sleepTag puts the awake tag t to sleep in mode, without mu: t is busy.
+// It returns the backup to record and whether the tag sleeps now (also
+// when err is a release the real driver refused, retried later).
+func (m *Manager) sleepTag(t *tag, mode Mode) (*backup, bool, error) {
+	if m.hook != nil {
+		m.hook("sleep", t.name)
 	}
 	// Free chunks go back for good first: they need no backup, and wake
 	// need not commit them again.
 	if err := t.al.Trim(); err != nil {
-		return errors.Wrapf(err, "sleep: tag %q: give back free memory", t.name)
+		return nil, false, errors.Wrapf(err, "sleep: tag %q: give back free memory", t.name)
 	}
 	bk, err := takeBackup(m.d, mode, m.o.BackupDir, t.name, t.live)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	if err := t.drv.sleep(); err != nil && !t.drv.isAsleep() {
-		return errors.CombineErrors(err, bk.free())
+		return nil, false, errors.CombineErrors(err, bk.free())
 	} else if err != nil {
-		t.asleep, t.mode, t.bk = true, mode, bk
-		return err // asleep, with a release to retry
+		return bk, true, err // asleep, with a release to retry
 	}
-	t.asleep, t.mode, t.bk = true, mode, bk
-	return nil
+	return bk, true, nil
 }
 
 // Wake wakes the tags named (every tag, for none): it commits their
@@ -367,51 +474,71 @@ func (m *Manager) sleepTagLocked(t *tag, mode Mode) error {
 // is (Wake is idempotent). A tag whose wake fails part-way — out of
 // memory, a refused map, a restore that fails — is put back to sleep
 // with its backup whole and nothing leaked; the tags before it are awake.
+// As with Sleep, calls on other tags go on meanwhile and calls on its
+// tags wait for it.
 func (m *Manager) Wake(tags ...string) error {
 	if err := m.begin("Wake"); err != nil {
 		return err
 	}
 	defer m.mu.Unlock()
-	ts, err := m.selectLocked("wake", tags)
+	ts, err := m.claimLocked("wake", tags)
 	if err != nil {
 		return err
 	}
+	defer m.settleLocked("wake", ts)
 	for _, t := range ts {
-		if err := m.wakeTagLocked(t); err != nil {
-			m.checkAfter("wake")
+		if !t.asleep {
+			continue
+		}
+		var w woken
+		m.unlocked(func() { w, err = m.wakeTag(t) })
+		if w == wokeSleepsOn {
+			return err
+		}
+		bk := t.bk
+		t.asleep, t.bk = false, nil
+		if w == wokeWhole {
+			t.cycles++
+		}
+		m.unlocked(func() { err = errors.CombineErrors(err, bk.free()) })
+		if err != nil { // contents lost, or a release refused again (the tag is whole)
 			return err
 		}
 	}
-	m.checkAfter("wake")
 	return nil
 }
 
-func (m *Manager) wakeTagLocked(t *tag) error {
-	if !t.asleep {
-		return nil
+// woken is how a tag's wake ended.
+type woken int
+
+const (
+	wokeWhole    woken = iota // awake with its contents
+	wokeSleepsOn              // still asleep, its backup whole
+	wokeLost                  // awake, its contents lost: it could not be put back to sleep
+)
+
+// wakeTag wakes the sleeping tag t, without mu (t is busy), and restores
+// its contents; the caller records the outcome and frees the backup
+// unless the tag sleeps on. An error with wokeWhole is a release owed
+// from before sleep that the real driver refused again: it is retried
+// later, and the tag's memory is whole.
+func (m *Manager) wakeTag(t *tag) (woken, error) {
+	if m.hook != nil {
+		m.hook("wake", t.name)
 	}
-	// An error with the driver awake is a release owed from before sleep
-	// that the real driver refused again: it is retried later, and the
-	// tag's memory is whole.
 	werr := t.drv.wake()
 	if werr != nil && t.drv.isAsleep() {
-		return errors.Wrapf(werr, "sleep: wake tag %q (it sleeps on)", t.name)
+		return wokeSleepsOn, errors.Wrapf(werr, "sleep: wake tag %q (it sleeps on)", t.name)
 	}
 	if err := t.bk.restore(); err != nil {
 		err = errors.Wrapf(err, "sleep: wake tag %q: restore its contents", t.name)
 		if serr := t.drv.sleep(); serr != nil && !t.drv.isAsleep() {
 			// It could not be put back to sleep: awake, contents lost.
-			err = errors.CombineErrors(err, serr)
-			err = errors.CombineErrors(err, t.bk.free())
-			t.asleep, t.bk = false, nil
-			return err
+			return wokeLost, errors.CombineErrors(err, serr)
 		}
-		return errors.Wrap(err, "sleep: it sleeps on, its backup whole")
+		return wokeSleepsOn, errors.Wrap(err, "sleep: it sleeps on, its backup whole")
 	}
-	err := errors.CombineErrors(werr, t.bk.free())
-	t.asleep, t.bk = false, nil
-	t.cycles++
-	return err
+	return wokeWhole, werr
 }
 
 // TagStats are one tag's figures.
@@ -471,6 +598,11 @@ func (m *Manager) checkLocked() error {
 	owned := 0
 	for name, t := range m.tags {
 		owned += len(t.live)
+		if t.busy {
+			// A Sleep or Wake is changing it without mu: its books are
+			// checked when it settles.
+			continue
+		}
 		if st := t.al.Stats(); st.Live != len(t.live) {
 			fail("sleep: tag %q has %d live allocations, its allocator %d", name, len(t.live), st.Live)
 		}
@@ -515,14 +647,20 @@ func (m *Manager) checkLocked() error {
 	return errs
 }
 
-// Close gives back every tag's memory, backups and address space. It
-// refuses (ErrBusy) while allocations are live: their memory may still be
-// in use. Free them first.
+// Close gives back every tag's memory, backups and address space, after
+// any Sleep or Wake in progress returns. It refuses (ErrBusy) while
+// allocations are live: their memory may still be in use. Free them
+// first.
 func (m *Manager) Close() error {
 	if err := m.begin("Close"); err != nil {
 		return err
 	}
 	defer m.mu.Unlock()
+	for m.anyBusyLocked() {
+		if err := m.waitLocked("Close"); err != nil {
+			return err
+		}
+	}
 	if n := len(m.owner); n > 0 {
 		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "sleep: close: %d allocation(s) still live", n),
 			"free every allocation before closing the Manager")
@@ -545,6 +683,15 @@ func (m *Manager) Close() error {
 	}
 	m.closed = true
 	return nil
+}
+
+func (m *Manager) anyBusyLocked() bool {
+	for _, t := range m.tags {
+		if t.busy {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *tag) String() string { return fmt.Sprintf("tag %q", t.name) }

@@ -58,6 +58,12 @@ var suite = []command{
 		{path: "KV decode step of 256 sequences: 32k ÷ 1k context", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/1k", target: 1.5, source: "issue 19"},
 		{path: "KV decode step of 256 sequences at 32k ÷ 50 µs", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/50us", target: 1, source: "issue 19"},
 	}},
+	{bench: "SleepWake", benchtime: "3x", rows: []row{
+		{path: "sleep + wake of 1 GiB, Host mode ÷ a copy out and back", bench: "BenchmarkSleepWake1GiB", metric: "sleepwake/copy", target: 1.2, source: "issue 21"},
+		{path: "sleep/wake cycles: device and backup bytes grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "bytes-growth/cycle", target: 0, source: "issue 21"},
+		{path: "sleep/wake cycles: descriptors grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "fds-growth/cycle", target: 0, source: "issue 21"},
+		{path: "sleep/wake cycles: mappings grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "maps-growth/cycle", target: 0, source: "issue 21"},
+	}},
 }
 
 // anySub as a row's sub stands for each sub-benchmark of its benchmark:
