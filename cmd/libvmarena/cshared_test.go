@@ -175,7 +175,7 @@ func compileCycles(tb testing.TB) string {
 	bin := filepath.Join(testDir, "cycles")
 	dir := filepath.Dir(so)
 	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I", ".", "-o", bin, "testdata/cycles.c",
-		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir).CombinedOutput()
+		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir, "-ldl").CombinedOutput()
 	require.NoError(tb, err, "gcc testdata/cycles.c:\n%s", out)
 	return bin
 }
@@ -184,6 +184,85 @@ func TestCProgram(t *testing.T) {
 	bin := compileCycles(t)
 	out := runChecked(t, 2*time.Minute, hostEnv, bin, "run", "1000", strconv.Itoa(sleepCode))
 	t.Logf("%s", out)
+}
+
+// standins are the C stand-ins of the vendor libraries, built once per
+// test binary by standinLibrary.
+var standins sync.Map // vendor -> *standinBuild
+
+type standinBuild struct {
+	once sync.Once
+	path string
+	out  []byte
+	err  error
+}
+
+// standinLibrary builds the C stand-in of vendor's library ("cuda":
+// libcuda.so.1, "acl": libascendcl.so) that driver/internal/standin
+// builds for the drivers' tests, from the same sources and with the same
+// flags. cmd/ may not import that package (Go's internal rule), so the
+// test compiles the sources by their path in the repository.
+func standinLibrary(t *testing.T, vendor string) string {
+	t.Helper()
+	gcc := requireCompiler(t)
+	v, _ := standins.LoadOrStore(vendor, &standinBuild{})
+	b := v.(*standinBuild)
+	b.once.Do(func() {
+		name := map[string]string{"cuda": "libcuda.so.1", "acl": "libascendcl.so"}[vendor]
+		b.path = filepath.Join(testDir, vendor, name)
+		if b.err = os.MkdirAll(filepath.Dir(b.path), 0o755); b.err != nil {
+			return
+		}
+		src := filepath.Join("..", "..", "driver", "internal", "standin", "c")
+		b.out, b.err = exec.Command(gcc, "-std=gnu11", "-O1", "-g", "-shared", "-fPIC", "-Wall", "-Wextra", "-pthread",
+			"-o", b.path, filepath.Join(src, "vdev.c"), filepath.Join(src, "vshare.c"), filepath.Join(src, vendor+".c")).CombinedOutput()
+	})
+	require.NoError(t, b.err, "gcc the %s stand-in:\n%s", vendor, b.out)
+	return b.path
+}
+
+// standinEnv is the library's environment over vendor's stand-in: its
+// driver, the stand-in as the vendor library it loads, and the stand-in
+// again for cycles.c, which reads the device's used bytes from it.
+func standinEnv(t *testing.T, vendor string) []string {
+	path := standinLibrary(t, vendor)
+	return []string{"VMARENA_DRIVER=" + vendor, "VMARENA_" + strings.ToUpper(vendor) + "_LIBRARY=" + path,
+		"VMARENA_TEST_STANDIN=" + path, "VMARENA_CAPACITY=", "VMARENA_DEVICES="}
+}
+
+// TestCProgramOnStandins runs the C cycles on the cuda and acl drivers,
+// over the stand-ins of libcuda.so.1 and libascendcl.so: each sleep gives
+// the tag's memory back to the device (its used bytes drop by what the
+// tag held), each wake restores the bytes at the same addresses, the
+// device's used bytes and objects, descriptors and mappings do not grow,
+// and after vmarena_shutdown the device holds nothing. 100 cycles (the
+// host run has 1,000): the stand-in's books are exact, and the run costs
+// about a second each.
+func TestCProgramOnStandins(t *testing.T) {
+	bin := compileCycles(t)
+	for _, vendor := range []string{"cuda", "acl"} {
+		t.Run(vendor, func(t *testing.T) {
+			out := runChecked(t, 2*time.Minute, standinEnv(t, vendor), bin, "run", "100", strconv.Itoa(sleepCode))
+			t.Logf("%s", out)
+		})
+	}
+}
+
+// TestCCallerContextStaysCurrent: on cuda, a C thread with a context of
+// its own (cuCtxCreate) finds it current again after every call of the
+// library, the first (which opens the driver) included.
+func TestCCallerContextStaysCurrent(t *testing.T) {
+	bin := compileCycles(t)
+	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "context")
+}
+
+// TestCFreeWaitsForItsStream: on cuda, vmarena_free returns only after
+// the work queued on its stream has run (the stand-in holds work on the
+// default stream, PyTorch's stream 0), and a stream it cannot wait for
+// frees nothing.
+func TestCFreeWaitsForItsStream(t *testing.T) {
+	bin := compileCycles(t)
+	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "stream")
 }
 
 // TestCThreadsHaveTheirOwnTags checks that a tag and a last error belong
