@@ -167,4 +167,8 @@ func TestSyncStreamHandle(t *testing.T) {
 	drivertest.RequireIs(t, d.SyncStreamHandle(0, 0xdead0), driver.ErrBadHandle, "cuStreamSynchronize")
 	var nilDriver *Driver
 	drivertest.RequireIs(t, nilDriver.SyncStreamHandle(0, 0), driver.ErrInvalid)
+	closed, err := Open(Options{Library: lib.Path()})
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	drivertest.RequireIs(t, closed.SyncStreamHandle(0, 0), driver.ErrClosed)
 }
