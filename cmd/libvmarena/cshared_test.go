@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver/cuda"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
@@ -263,6 +264,44 @@ func TestCCallerContextStaysCurrent(t *testing.T) {
 func TestCFreeWaitsForItsStream(t *testing.T) {
 	bin := compileCycles(t)
 	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "stream")
+}
+
+// compileGPUCycles compiles testdata/gpucycles.c against the library.
+func compileGPUCycles(t *testing.T) string {
+	t.Helper()
+	so, _ := buildLibrary(t)
+	gcc := requireCompiler(t)
+	bin := filepath.Join(testDir, "gpucycles")
+	dir := filepath.Dir(so)
+	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-I", ".", "-o", bin, "testdata/gpucycles.c",
+		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir, "-ldl").CombinedOutput()
+	require.NoError(t, err, "gcc testdata/gpucycles.c:\n%s", out)
+	return bin
+}
+
+// TestGPUCyclesOnStandin runs testdata/gpucycles.c, the program that
+// checks the library on a GPU through the CUDA driver API, over the CUDA
+// stand-in (a few cycles; the stand-in has no cuMemGetInfo, so the free
+// memory checks are left out), so that a run on a GPU machine is not the
+// first run of the program.
+func TestGPUCyclesOnStandin(t *testing.T) {
+	bin := compileGPUCycles(t)
+	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "10", "2")
+}
+
+// TestGPUCycles runs testdata/gpucycles.c on the machine's GPU: 200
+// cycles of 64 MiB weights and a 16 MiB KV cache through sleep and wake,
+// the device's free memory (cuMemGetInfo) checked after each, the
+// caller's context checked after each call, and a free that must wait
+// for its busy stream. It skips where no NVIDIA driver or GPU is found.
+func TestGPUCycles(t *testing.T) {
+	rep, err := cuda.Probe("")
+	if err != nil || len(rep.Devices) == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	bin := compileGPUCycles(t)
+	out := runChecked(t, 5*time.Minute, []string{"VMARENA_DRIVER=cuda"}, bin, "200", "64")
+	t.Logf("%s", out)
 }
 
 // TestCThreadsHaveTheirOwnTags checks that a tag and a last error belong
