@@ -164,7 +164,7 @@ func TestSyncStreamHandle(t *testing.T) {
 	require.Equal(t, uint64(1), lib.Held(), "it returned after the held work ran")
 
 	drivertest.RequireIs(t, d.SyncStreamHandle(2, 0), driver.ErrNoDevice)
-	drivertest.RequireIs(t, d.SyncStreamHandle(0, 0xdead0), driver.ErrBadHandle, "cuStreamSynchronize")
+	drivertest.RequireIs(t, d.SyncStreamHandle(0, 0xdead0), driver.ErrBadHandle, "cuStreamQuery")
 	var nilDriver *Driver
 	drivertest.RequireIs(t, nilDriver.SyncStreamHandle(0, 0), driver.ErrInvalid)
 	closed, err := Open(Options{Library: lib.Path()})

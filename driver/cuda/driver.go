@@ -425,8 +425,9 @@ func (d *Driver) SyncDevice(dev driver.DeviceID) error {
 // stream this driver did not make: a CUstream, or the cudaStream_t PyTorch
 // hands a pluggable allocator (the runtime's handle is the driver's). 0 is
 // the default stream of GPU dev's primary context. It calls
-// cuStreamSynchronize on the calling OS thread with dev's primary context
-// current, leaving the caller's context as it was. It is what
+// cuStreamQuery, then, if the stream is busy, cuStreamSynchronize, on the
+// calling OS thread with dev's primary context current, leaving the
+// caller's context as it was. It is what
 // libvmarena's vmarena_free waits with before memory the stream's work
 // may still use goes back (CUDA's cuMemUnmap and cuMemRelease do not wait
 // for it, as cudaFree does). A failure of the stream's work is reported
@@ -444,10 +445,24 @@ func (d *Driver) SyncStreamHandle(dev driver.DeviceID, stream uintptr) error {
 	if d.core.Closed() {
 		return errors.Wrapf(driver.ErrClosed, "%s", what)
 	}
-	if d.rt.l.cuStreamSynchronize == nil {
-		return errors.Wrapf(driver.ErrUnsupported, "%s: %s lacks cuStreamSynchronize", what, d.rt.l.path)
+	if d.rt.l.cuStreamSynchronize == nil || d.rt.l.cuStreamQuery == nil {
+		return errors.Wrapf(driver.ErrUnsupported, "%s: %s lacks cuStreamQuery or cuStreamSynchronize", what, d.rt.l.path)
 	}
-	return errors.Wrapf(d.rt.on(dev, "cuStreamSynchronize", func() cuResult { return d.rt.l.cuStreamSynchronize(stream) }), "%s", what)
+	// cuStreamQuery first: an idle stream (the usual case at a free) costs
+	// no wait; a busy one (CUDA_ERROR_NOT_READY) is waited for.
+	const notReady = 600
+	busy := false
+	err := d.rt.on(dev, "cuStreamQuery", func() cuResult {
+		r := d.rt.l.cuStreamQuery(stream)
+		if r == notReady {
+			busy, r = true, 0
+		}
+		return r
+	})
+	if err == nil && busy {
+		err = d.rt.on(dev, "cuStreamSynchronize", func() cuResult { return d.rt.l.cuStreamSynchronize(stream) })
+	}
+	return errors.Wrapf(err, "%s", what)
 }
 
 // EnablePeerAccess lets dev's streams reach peer's memory
