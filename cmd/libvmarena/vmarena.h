@@ -23,8 +23,9 @@
  * waited only for the other streams that used it (record_stream), as it
  * relies on cudaFree's synchronization elsewhere. So on the cuda driver
  * vmarena_free first waits for the work queued so far on its stream
- * (cuStreamSynchronize, on the calling thread; NULL is the default stream
- * of the device's primary context, PyTorch's stream 0), then frees. Work
+ * (cuStreamQuery, then cuStreamSynchronize if it is busy, on the calling
+ * thread; NULL is the default stream of the device's primary context,
+ * PyTorch's stream 0), then frees. Work
  * queued on other streams is the caller's to order (PyTorch's
  * record_stream). On the host and acl drivers the stream argument is not
  * looked at (acl: a free does not wait; see the README). vmarena_alloc's

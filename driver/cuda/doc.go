@@ -57,7 +57,8 @@
 // the context PyTorch's streams live in — so it waits for work on streams
 // the driver never made; a libcuda without cuCtxSynchronize answers
 // ErrUnsupported. SyncStreamHandle waits for one such stream
-// (cuStreamSynchronize): libvmarena's vmarena_free does before it frees.
+// (cuStreamQuery, then cuStreamSynchronize if it is busy): libvmarena's
+// vmarena_free does before it frees.
 //
 // What is proven where: every test here runs against a C stand-in of
 // libcuda.so.1 that the tests build (driver/internal/standin), through the
