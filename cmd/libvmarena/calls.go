@@ -17,13 +17,13 @@ func callAlloc(l *library, tag int32, size int64, ordinal int) (p driver.Addr, e
 	return l.alloc(tag, size, ordinal)
 }
 
-func callFree(l *library, p driver.Addr, size uint64, ordinal int) (err error) {
+func callFree(l *library, p driver.Addr, size uint64, ordinal int, stream uintptr) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = panicError("free", r)
 		}
 	}()
-	return l.free(p, size, ordinal)
+	return l.freeOn(p, size, ordinal, stream)
 }
 
 // call runs f, recovering a panic into an error.

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver/cuda"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
@@ -175,7 +176,7 @@ func compileCycles(tb testing.TB) string {
 	bin := filepath.Join(testDir, "cycles")
 	dir := filepath.Dir(so)
 	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I", ".", "-o", bin, "testdata/cycles.c",
-		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir).CombinedOutput()
+		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir, "-ldl").CombinedOutput()
 	require.NoError(tb, err, "gcc testdata/cycles.c:\n%s", out)
 	return bin
 }
@@ -183,6 +184,123 @@ func compileCycles(tb testing.TB) string {
 func TestCProgram(t *testing.T) {
 	bin := compileCycles(t)
 	out := runChecked(t, 2*time.Minute, hostEnv, bin, "run", "1000", strconv.Itoa(sleepCode))
+	t.Logf("%s", out)
+}
+
+// standins are the C stand-ins of the vendor libraries, built once per
+// test binary by standinLibrary.
+var standins sync.Map // vendor -> *standinBuild
+
+type standinBuild struct {
+	once sync.Once
+	path string
+	out  []byte
+	err  error
+}
+
+// standinLibrary builds the C stand-in of vendor's library ("cuda":
+// libcuda.so.1, "acl": libascendcl.so) that driver/internal/standin
+// builds for the drivers' tests, from the same sources and with the same
+// flags. cmd/ may not import that package (Go's internal rule), so the
+// test compiles the sources by their path in the repository.
+func standinLibrary(t *testing.T, vendor string) string {
+	t.Helper()
+	gcc := requireCompiler(t)
+	v, _ := standins.LoadOrStore(vendor, &standinBuild{})
+	b := v.(*standinBuild)
+	b.once.Do(func() {
+		name := map[string]string{"cuda": "libcuda.so.1", "acl": "libascendcl.so"}[vendor]
+		b.path = filepath.Join(testDir, vendor, name)
+		if b.err = os.MkdirAll(filepath.Dir(b.path), 0o755); b.err != nil {
+			return
+		}
+		src := filepath.Join("..", "..", "driver", "internal", "standin", "c")
+		b.out, b.err = exec.Command(gcc, "-std=gnu11", "-O1", "-g", "-shared", "-fPIC", "-Wall", "-Wextra", "-pthread",
+			"-o", b.path, filepath.Join(src, "vdev.c"), filepath.Join(src, "vshare.c"), filepath.Join(src, vendor+".c")).CombinedOutput()
+	})
+	require.NoError(t, b.err, "gcc the %s stand-in:\n%s", vendor, b.out)
+	return b.path
+}
+
+// standinEnv is the library's environment over vendor's stand-in: its
+// driver, the stand-in as the vendor library it loads, and the stand-in
+// again for cycles.c, which reads the device's used bytes from it.
+func standinEnv(t *testing.T, vendor string) []string {
+	path := standinLibrary(t, vendor)
+	return []string{"VMARENA_DRIVER=" + vendor, "VMARENA_" + strings.ToUpper(vendor) + "_LIBRARY=" + path,
+		"VMARENA_TEST_STANDIN=" + path, "VMARENA_CAPACITY=", "VMARENA_DEVICES="}
+}
+
+// TestCProgramOnStandins runs the C cycles on the cuda and acl drivers,
+// over the stand-ins of libcuda.so.1 and libascendcl.so: each sleep gives
+// the tag's memory back to the device (its used bytes drop by what the
+// tag held), each wake restores the bytes at the same addresses, the
+// device's used bytes and objects, descriptors and mappings do not grow,
+// and after vmarena_shutdown the device holds nothing. 100 cycles (the
+// host run has 1,000): the stand-in's books are exact, and the run costs
+// about a second each.
+func TestCProgramOnStandins(t *testing.T) {
+	bin := compileCycles(t)
+	for _, vendor := range []string{"cuda", "acl"} {
+		t.Run(vendor, func(t *testing.T) {
+			out := runChecked(t, 2*time.Minute, standinEnv(t, vendor), bin, "run", "100", strconv.Itoa(sleepCode))
+			t.Logf("%s", out)
+		})
+	}
+}
+
+// TestCCallerContextStaysCurrent: on cuda, a C thread with a context of
+// its own (cuCtxCreate) finds it current again after every call of the
+// library, the first (which opens the driver) included.
+func TestCCallerContextStaysCurrent(t *testing.T) {
+	bin := compileCycles(t)
+	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "context")
+}
+
+// TestCFreeWaitsForItsStream: on cuda, vmarena_free returns only after
+// the work queued on its stream has run (the stand-in holds work on the
+// default stream, PyTorch's stream 0), and a stream it cannot wait for
+// frees nothing.
+func TestCFreeWaitsForItsStream(t *testing.T) {
+	bin := compileCycles(t)
+	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "stream")
+}
+
+// compileGPUCycles compiles testdata/gpucycles.c against the library.
+func compileGPUCycles(t *testing.T) string {
+	t.Helper()
+	so, _ := buildLibrary(t)
+	gcc := requireCompiler(t)
+	bin := filepath.Join(testDir, "gpucycles")
+	dir := filepath.Dir(so)
+	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-I", ".", "-o", bin, "testdata/gpucycles.c",
+		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir, "-ldl").CombinedOutput()
+	require.NoError(t, err, "gcc testdata/gpucycles.c:\n%s", out)
+	return bin
+}
+
+// TestGPUCyclesOnStandin runs testdata/gpucycles.c, the program that
+// checks the library on a GPU through the CUDA driver API, over the CUDA
+// stand-in (a few cycles; the stand-in has no cuMemGetInfo, so the free
+// memory checks are left out), so that a run on a GPU machine is not the
+// first run of the program.
+func TestGPUCyclesOnStandin(t *testing.T) {
+	bin := compileGPUCycles(t)
+	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "10", "2")
+}
+
+// TestGPUCycles runs testdata/gpucycles.c on the machine's GPU: 200
+// cycles of 64 MiB weights and a 16 MiB KV cache through sleep and wake,
+// the device's free memory (cuMemGetInfo) checked after each, the
+// caller's context checked after each call, and a free that must wait
+// for its busy stream. It skips where no NVIDIA driver or GPU is found.
+func TestGPUCycles(t *testing.T) {
+	rep, err := cuda.Probe("")
+	if err != nil || len(rep.Devices) == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	bin := compileGPUCycles(t)
+	out := runChecked(t, 5*time.Minute, []string{"VMARENA_DRIVER=cuda"}, bin, "200", "64")
 	t.Logf("%s", out)
 }
 

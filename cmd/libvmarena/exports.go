@@ -6,8 +6,9 @@ package main
 #include <stdlib.h>
 #include <sys/types.h>
 
-// cudaStream_t is PyTorch's stream type in the allocator's ABI; the
-// library does not look at it.
+// cudaStream_t is PyTorch's stream type in the allocator's ABI: on the
+// cuda driver vmarena_free waits for its work (a CUstream, the same
+// handle); elsewhere it is not looked at.
 typedef void* cudaStream_t;
 */
 import "C"
@@ -44,7 +45,7 @@ func vmarena_alloc(size C.ssize_t, device C.int, stream C.cudaStream_t) unsafe.P
 
 //export vmarena_free
 func vmarena_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream C.cudaStream_t) {
-	if err := callFree(lib, driver.Addr(uintptr(ptr)), uint64(size), int(device)); err != nil {
+	if err := callFree(lib, driver.Addr(uintptr(ptr)), uint64(size), int(device), uintptr(stream)); err != nil {
 		setThreadError(err)
 	}
 }

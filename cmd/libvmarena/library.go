@@ -200,7 +200,26 @@ func (l *library) alloc(tag int32, size int64, ordinal int) (driver.Addr, error)
 
 // free frees the allocation at p of device ordinal. size, when not 0, must
 // be the size it was allocated with. A nil p is nothing to free.
-func (l *library) free(p driver.Addr, size uint64, ordinal int) (err error) {
+func (l *library) free(p driver.Addr, size uint64, ordinal int) error {
+	return l.freeOn(p, size, ordinal, 0)
+}
+
+// streamSyncer is a driver that can wait for the work of a stream it did
+// not make, given by its vendor handle: cuda.Driver's SyncStreamHandle.
+type streamSyncer interface {
+	SyncStreamHandle(dev driver.DeviceID, stream uintptr) error
+}
+
+// freeOn is free for vmarena_free, whose caller names the stream whose
+// work may still use the memory (PyTorch's allocation stream). On a
+// driver that can wait for such a stream (cuda), it waits for the work
+// queued on it so far before the memory is freed — which may unmap it and
+// give it back, and CUDA's cuMemUnmap and cuMemRelease do not wait for
+// kernels as cudaFree does. It waits without the library's lock, after
+// the checks (a bad free waits for nothing). On other drivers the stream
+// means nothing (the host driver's work runs on its own streams) and is
+// not looked at.
+func (l *library) freeOn(p driver.Addr, size uint64, ordinal int, stream uintptr) (err error) {
 	if p == 0 {
 		return nil
 	}
@@ -218,13 +237,31 @@ func (l *library) free(p driver.Addr, size uint64, ordinal int) (err error) {
 	if err != nil {
 		return err
 	}
-	if size != 0 {
+	s, syncs := l.d.(streamSyncer)
+	if size != 0 || syncs {
 		got, err := b.Size(p)
 		if err != nil {
 			return errors.Wrapf(err, "libvmarena: free %#x on device %d", uint64(p), ordinal)
 		}
-		if got != size {
+		if size != 0 && got != size {
 			return errors.Wrapf(driver.ErrInvalid, "libvmarena: free %#x of %d bytes: it was allocated with %d", uint64(p), size, got)
+		}
+	}
+	if syncs {
+		dev := driver.DeviceID(slices.Index(l.ordinals, ordinal))
+		l.mu.Unlock()
+		err := call("free", func() error { return s.SyncStreamHandle(dev, stream) })
+		l.mu.Lock()
+		if err != nil {
+			return errors.Wrapf(err, "libvmarena: free %#x on device %d: wait for the work of stream %#x", uint64(p), ordinal, stream)
+		}
+		// Another thread may have freed p in the wait, and shut the
+		// library down: look again (without opening it anew).
+		if l.d == nil {
+			return errors.Wrapf(driver.ErrNotAllocated, "libvmarena: free %#x: the library was shut down in the wait", uint64(p))
+		}
+		if b, err = l.deviceLocked(ordinal); err != nil {
+			return err
 		}
 	}
 	if err := b.Free(p); err != nil {

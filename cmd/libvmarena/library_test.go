@@ -144,8 +144,8 @@ func TestPanicsBecomeErrors(t *testing.T) {
 	_, err = callAlloc(l, 0, 4096, 0)
 	require.ErrorContains(t, err, "alloc broke")
 	require.Equal(t, codeOther, codeOf(err))
-	require.ErrorContains(t, callFree(l, p, 0, 0), "free broke")
-	require.ErrorContains(t, callFree(l, p, 4096, 0), "size broke")
+	require.ErrorContains(t, callFree(l, p, 0, 0, 0), "free broke")
+	require.ErrorContains(t, callFree(l, p, 4096, 0, 0), "size broke")
 	require.ErrorContains(t, call("sleep", func() error { return l.sleep("", 1) }), "sleep broke")
 	// The library's lock was released on the way out.
 	l.devs[0] = real
@@ -494,5 +494,92 @@ func TestOpenFailures(t *testing.T) {
 	p, err := l.alloc(0, 4096, 0)
 	require.NoError(t, err)
 	require.NoError(t, l.free(p, 4096, 0))
+	require.NoError(t, l.shutdown())
+}
+
+// syncing is a driver that waits for streams by their handles, as the cuda
+// driver does (streamSyncer): sync says what each wait does.
+type syncing struct {
+	driver.Driver
+	sync func(dev driver.DeviceID, stream uintptr) error
+}
+
+func (s *syncing) SyncStreamHandle(dev driver.DeviceID, stream uintptr) error {
+	return s.sync(dev, stream)
+}
+
+// TestFreeWaitsForTheStream: on a driver that can, a free waits for the
+// work of the stream it names, on the device it names, before it frees;
+// a bad free waits for nothing; a wait that fails or panics frees
+// nothing, is counted, and leaves the library usable.
+func TestFreeWaitsForTheStream(t *testing.T) {
+	l := newLibrary(testEnv(envDevices, "2"))
+	p, err := l.alloc(0, 5000, 1)
+	require.NoError(t, err)
+	p0, err := l.alloc(0, 4096, 0) // device 0's backend is made before the driver is wrapped
+	require.NoError(t, err)
+	type wait struct {
+		dev    driver.DeviceID
+		stream uintptr
+		live   int // allocations live while it waited
+	}
+	var waits []wait
+	var fail error
+	l.mu.Lock()
+	l.d = &syncing{Driver: l.d, sync: func(dev driver.DeviceID, stream uintptr) error {
+		// The library's lock is free in the wait: stats can be read.
+		js, err := l.statsJSON()
+		require.NoError(t, err)
+		var s statsJSON
+		require.NoError(t, json.Unmarshal(js, &s))
+		waits = append(waits, wait{dev, stream, s.Devices[1].Tags[0].Live})
+		if fail != nil {
+			if fail.Error() == "panic" {
+				panic("the wait broke")
+			}
+			return fail
+		}
+		return nil
+	}}
+	l.mu.Unlock()
+	stats := func() statsJSON {
+		js, err := l.statsJSON()
+		require.NoError(t, err)
+		var s statsJSON
+		require.NoError(t, json.Unmarshal(js, &s))
+		return s
+	}
+	before := stats()
+
+	// Bad frees wait for nothing.
+	require.ErrorIs(t, l.freeOn(p+1, 0, 1, 0xabc), driver.ErrNotAllocated)
+	require.ErrorIs(t, l.freeOn(p, 4999, 1, 0xabc), driver.ErrInvalid)
+	require.ErrorIs(t, l.freeOn(p, 5000, 0, 0xabc), driver.ErrNotAllocated)
+	require.Empty(t, waits)
+
+	// A wait that fails, or panics, frees nothing.
+	fail = errors.Wrap(driver.ErrDeviceFault, "the stream's kernel failed")
+	err = l.freeOn(p, 5000, 1, 0xabc)
+	require.ErrorIs(t, err, driver.ErrDeviceFault)
+	require.ErrorContains(t, err, "wait for the work of stream 0xabc")
+	fail = errors.New("panic")
+	err = callFree(l, p, 5000, 1, 0xabc)
+	require.ErrorContains(t, err, "the wait broke")
+	require.Equal(t, codeOther, codeOf(err))
+	after := stats()
+	require.Equal(t, uint64(5), after.FreeErrors-before.FreeErrors)
+	after.FreeErrors = before.FreeErrors
+	require.Equal(t, before, after, "the failed frees changed nothing")
+
+	// A good free waits on the caller's device (driver device 1 is
+	// ordinal 1), for its stream, while p is still live.
+	fail = nil
+	waits = nil
+	require.NoError(t, l.freeOn(p, 5000, 1, 0xabc))
+	require.Equal(t, []wait{{1, 0xabc, 1}}, waits)
+	require.Zero(t, stats().Devices[1].Tags[0].Live)
+	require.NoError(t, l.freeOn(p0, 0, 0, 0))
+	require.Equal(t, wait{0, 0, 0}, waits[1])
+	require.NoError(t, l.check())
 	require.NoError(t, l.shutdown())
 }

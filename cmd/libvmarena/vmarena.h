@@ -6,12 +6,30 @@
  *     go build -buildmode=c-shared -o libvmarena.so ./cmd/libvmarena
  *
  * Threads. Every function runs on the calling thread, start to end, and is
- * safe to call from any thread. On the cuda driver the device's primary
- * context (the one PyTorch and the CUDA runtime use) is made current on the
- * calling thread. Memory is not stream-ordered: vmarena_free gives the
- * memory back at once, so the caller must have finished the work that uses
- * it (PyTorch's caching allocator synchronizes before it frees a segment);
- * the stream arguments are accepted for PyTorch's ABI and not used.
+ * safe to call from any thread. On the cuda driver the library's calls use
+ * the device's primary context (the one PyTorch and the CUDA runtime use)
+ * and leave the thread's current context as the caller had it: the
+ * primary context, when current, is used as it is; another context (one of
+ * the caller's own) is replaced for the library's calls and is current
+ * again when the function returns; a thread with none current is left the
+ * primary context, as the CUDA runtime leaves it.
+ *
+ * Streams. Memory is not stream-ordered: vmarena_free may unmap the memory
+ * and give it back at once, and CUDA's cuMemUnmap and cuMemRelease, unlike
+ * cudaFree, do not wait for kernels still using it. PyTorch does not wait
+ * either: CUDAPluggableAllocator calls free with the stream the memory was
+ * allocated on when a tensor dies, its kernels perhaps still queued, and a
+ * MemPool's caching allocator calls it when it releases a segment, having
+ * waited only for the other streams that used it (record_stream), as it
+ * relies on cudaFree's synchronization elsewhere. So on the cuda driver
+ * vmarena_free first waits for the work queued so far on its stream
+ * (cuStreamQuery, then cuStreamSynchronize if it is busy, on the calling
+ * thread; NULL is the default stream of the device's primary context,
+ * PyTorch's stream 0), then frees. Work
+ * queued on other streams is the caller's to order (PyTorch's
+ * record_stream). On the host and acl drivers the stream argument is not
+ * looked at (acl: a free does not wait; see the README). vmarena_alloc's
+ * stream is not looked at on any driver.
  *
  * Errors. A function that fails returns its error code (or NULL) and
  * records a message that vmarena_last_error returns on the same thread.
@@ -80,10 +98,12 @@ extern void* vmarena_alloc(ssize_t size, int device, cudaStream_t stream);
 
 /*
  * vmarena_free frees the allocation at ptr of device. size, when not 0,
- * must be the size it was allocated with. NULL is nothing to free. On error
- * (a pointer not allocated, freed twice, a wrong size or device) nothing is
- * freed, the message goes to vmarena_last_error and the stats count it in
- * free_errors. PyTorch's CUDAPluggableAllocator free.
+ * must be the size it was allocated with. NULL is nothing to free. On the
+ * cuda driver it first waits for the work queued on stream (see Streams
+ * above). On error (a pointer not allocated, freed twice, a wrong size or
+ * device, a stream whose wait fails) nothing is freed, the message goes to
+ * vmarena_last_error and the stats count it in free_errors. PyTorch's
+ * CUDAPluggableAllocator free.
  */
 extern void vmarena_free(void* ptr, size_t size, int device, cudaStream_t stream);
 
@@ -98,9 +118,8 @@ extern int vmarena_set_tag(const char* tag);
 /*
  * vmarena_sleep gives back the memory of the allocations under tag (NULL:
  * every tag) on every device, keeping their addresses, after the work that
- * used them; mode is a VMARENA_SLEEP_ value. The stream arguments of
- * vmarena_alloc and vmarena_free are not looked at: sleep synchronizes each
- * device whole first (cuda: cuCtxSynchronize in the device's primary
+ * used them; mode is a VMARENA_SLEEP_ value. It does not know the streams
+ * the allocations were made on: sleep synchronizes each device whole first (cuda: cuCtxSynchronize in the device's primary
  * context, PyTorch's; acl: aclrtSynchronizeDevice; host: the driver's own
  * streams), so work queued on any stream has finished before a byte is
  * copied or unmapped. A libcuda or libascendcl without that call waits for

@@ -10,7 +10,10 @@
 // its name ("aclrtMallocPhysical: ACL_ERROR_RT_MEMORY_ALLOCATION (207001)",
 // with the runtime's own message from aclGetRecentErrMsg in the details),
 // and a context per NPU (aclrtSetDevice, aclrtCreateContext), made current
-// on the calling OS thread for every call — and absorbs the ways AscendCL
+// on the calling OS thread for every call, the caller's current context
+// set back after it (aclrtGetCurrentContext; Open and Close too: a thread
+// with none keeps the driver's, as AscendCL cannot unset one) — and
+// absorbs the ways AscendCL
 // differs from the contract, so the layers above never see them:
 //
 //   - aclrtReserveMemAddress takes no alignment and no hint: a range that

@@ -40,6 +40,7 @@ type lib struct {
 	aclrtCreateContext     func(ctx *uintptr, dev int32) aclError
 	aclrtDestroyContext    func(ctx uintptr) aclError
 	aclrtSetCurrentContext func(ctx uintptr) aclError
+	aclrtGetCurrentContext func(ctx *uintptr) aclError
 	aclrtGetMemInfo        func(attr int32, free, total *uint64) aclError
 
 	// Virtual memory management.
@@ -122,6 +123,7 @@ func (l *lib) symbols() []dl.Symbol {
 		s("aclrtCreateContext", &l.aclrtCreateContext, groupCore),
 		s("aclrtDestroyContext", &l.aclrtDestroyContext, groupCore),
 		s("aclrtSetCurrentContext", &l.aclrtSetCurrentContext, groupCore),
+		s("aclrtGetCurrentContext", &l.aclrtGetCurrentContext, groupCore),
 		s("aclrtGetMemInfo", &l.aclrtGetMemInfo, groupCore),
 
 		s("aclrtMemGetAllocationGranularity", &l.aclrtMemGetAllocationGranularity, groupVMM),
@@ -234,6 +236,20 @@ func (l *lib) recent() string {
 
 // err is the error of call fn returning e, with the runtime's message
 // about it; call it on the thread that made the call.
+// keepCurrent notes the calling thread's current context and returns
+// what sets it back: called before the caller's OS thread is unlocked,
+// after calls that made another context current (aclrtSetDevice,
+// aclrtCreateContext and aclrtSetCurrentContext all do). A thread with no
+// context current (aclrtGetCurrentContext fails) is left with whatever
+// the calls made current: AscendCL cannot unset a context.
+func (l *lib) keepCurrent() func() {
+	var prev uintptr
+	if l.aclrtGetCurrentContext(&prev) != 0 || prev == 0 {
+		return func() {}
+	}
+	return func() { _ = l.aclrtSetCurrentContext(prev) }
+}
+
 func (l *lib) err(fn string, e aclError) error {
 	if e == 0 {
 		return nil

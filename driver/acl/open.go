@@ -150,6 +150,7 @@ func probeDevice(x *loaded, id int32) (DeviceReport, error) {
 	d := DeviceReport{ID: int(id), Name: socName(x, id)}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	defer l.keepCurrent()() // the probe's context is gone after: the caller's is current again
 	if err := l.err("aclrtSetDevice", l.aclrtSetDevice(id)); err != nil {
 		return d, err
 	}
@@ -323,6 +324,7 @@ func Open(opts Options) (*Driver, error) {
 func (a *ascend) openContexts() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	defer a.x.l.keepCurrent()()
 	for i, id := range a.ordinal {
 		if err := a.x.l.err("aclrtSetDevice", a.x.l.aclrtSetDevice(id)); err != nil {
 			return errors.Wrapf(err, "acl: open: device %d", id)

@@ -3,6 +3,7 @@ package acl
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -35,14 +36,31 @@ var (
 )
 
 // on runs call fn (named for errors) with dev's context current on this
-// OS thread, and reads the runtime's message on the same thread.
+// OS thread, reads the runtime's message on the same thread, and leaves
+// the thread's current context as it found it: dev's context, when
+// current already, is used as it is; another (the caller's own, such as
+// torch_npu's default context of the device) is replaced for the call and
+// set back after, whatever the call returned; a thread with none keeps
+// dev's context (AscendCL cannot unset one). If setting back fails (the
+// caller destroyed its context meanwhile) the call's own result stands.
 func (a *ascend) on(dev driver.DeviceID, fn string, call func() aclError) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	var prev uintptr
+	if a.x.l.aclrtGetCurrentContext(&prev) != 0 {
+		prev = 0 // none current
+	}
+	if prev == a.ctx[dev] {
+		return a.x.l.err(fn, call())
+	}
 	if e := a.x.l.aclrtSetCurrentContext(a.ctx[dev]); e != 0 {
 		return a.x.l.err("aclrtSetCurrentContext", e)
 	}
-	return a.x.l.err(fn, call())
+	err := a.x.l.err(fn, call())
+	if prev != 0 {
+		_ = a.x.l.aclrtSetCurrentContext(prev)
+	}
+	return err
 }
 
 // reservation is what AscendCL reserved: aclrtReserveMemAddress takes no
@@ -425,6 +443,15 @@ func (a *ascend) HostFree(p unsafe.Pointer) error {
 func (a *ascend) Close() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	var prev uintptr
+	if a.x.l.aclrtGetCurrentContext(&prev) != 0 || slices.Contains(a.ctx, prev) {
+		prev = 0 // none, or one of those destroyed here
+	}
+	defer func() {
+		if prev != 0 {
+			_ = a.x.l.aclrtSetCurrentContext(prev)
+		}
+	}()
 	var errs error
 	for i, ord := range a.ordinal {
 		if a.ctx[i] != 0 {

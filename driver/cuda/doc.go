@@ -12,15 +12,21 @@
 // layout asserted against shared/CUDA_ABI.md), the table that marks every
 // CUresult with the contract's sentinel and names it as cuda.h does
 // ("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (2)"), and the primary context of
-// each GPU, retained at Open, made current on the calling OS thread for
-// every call and released at Close.
+// each GPU, retained at Open, current on the calling OS thread for every
+// call and released at Close. Every call runs on the calling thread and
+// leaves the thread's current context as the caller had it: a primary
+// context already current (PyTorch's) is used as it is; another context
+// (a caller's own) is replaced for the call and set back after
+// (cuCtxGetCurrent, cuCtxSetCurrent); a thread with none keeps the
+// primary context after, as the CUDA runtime leaves it.
 //
 //	contract           CUDA driver API
 //	-----------------  ------------------------------------------------------
 //	Open, Devices      cuInit, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName,
 //	                   cuDeviceTotalMem_v2, cuDeviceGetAttribute (VMM, POSIX fd,
 //	                   pools), cuMemGetAllocationGranularity (MINIMUM,
-//	                   RECOMMENDED), cuDevicePrimaryCtxRetain, cuCtxSetCurrent
+//	                   RECOMMENDED), cuDevicePrimaryCtxRetain; every call:
+//	                   cuCtxGetCurrent, cuCtxSetCurrent
 //	Reserve/Unreserve  cuMemAddressReserve(size, align, hint) / cuMemAddressFree
 //	Create/Release     cuMemCreate(PINNED, DEVICE id, POSIX fd when shareable) /
 //	                   cuMemRelease
@@ -50,7 +56,9 @@
 // with the device's primary context current on the calling OS thread —
 // the context PyTorch's streams live in — so it waits for work on streams
 // the driver never made; a libcuda without cuCtxSynchronize answers
-// ErrUnsupported.
+// ErrUnsupported. SyncStreamHandle waits for one such stream
+// (cuStreamQuery, then cuStreamSynchronize if it is busy): libvmarena's
+// vmarena_free does before it frees.
 //
 // What is proven where: every test here runs against a C stand-in of
 // libcuda.so.1 that the tests build (driver/internal/standin), through the

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -18,6 +19,7 @@ type Driver struct {
 	// what was made and runs the streams; the CUDA calls are made through
 	// it.
 	core *accel.Core
+	rt   *cu // the runtime under core, for SyncStreamHandle
 	wait WaitMode
 }
 
@@ -417,6 +419,50 @@ func (d *Driver) SyncDevice(dev driver.DeviceID) error {
 		return errUnmade("SyncDevice")
 	}
 	return d.core.SyncDevice(dev)
+}
+
+// SyncStreamHandle waits for the work queued so far on stream, a CUDA
+// stream this driver did not make: a CUstream, or the cudaStream_t PyTorch
+// hands a pluggable allocator (the runtime's handle is the driver's). 0 is
+// the default stream of GPU dev's primary context. It calls
+// cuStreamQuery, then, if the stream is busy, cuStreamSynchronize, on the
+// calling OS thread with dev's primary context current, leaving the
+// caller's context as it was. It is what
+// libvmarena's vmarena_free waits with before memory the stream's work
+// may still use goes back (CUDA's cuMemUnmap and cuMemRelease do not wait
+// for it, as cudaFree does). A failure of the stream's work is reported
+// (and, as cuStreamSynchronize does, taken from the stream); an unknown
+// dev is ErrNoDevice, a closed driver ErrClosed, a library without
+// streams ErrUnsupported, each having waited for nothing.
+func (d *Driver) SyncStreamHandle(dev driver.DeviceID, stream uintptr) error {
+	if d.unmade() {
+		return errUnmade("SyncStreamHandle")
+	}
+	what := fmt.Sprintf("cuda: synchronize stream %#x of device %d", stream, dev)
+	if err := driver.CheckDevice(func() string { return what }, dev, len(d.rt.ordinal)); err != nil {
+		return err
+	}
+	if d.core.Closed() {
+		return errors.Wrapf(driver.ErrClosed, "%s", what)
+	}
+	if d.rt.l.cuStreamSynchronize == nil || d.rt.l.cuStreamQuery == nil {
+		return errors.Wrapf(driver.ErrUnsupported, "%s: %s lacks cuStreamQuery or cuStreamSynchronize", what, d.rt.l.path)
+	}
+	// cuStreamQuery first: an idle stream (the usual case at a free) costs
+	// no wait; a busy one (CUDA_ERROR_NOT_READY) is waited for.
+	const notReady = 600
+	busy := false
+	err := d.rt.on(dev, "cuStreamQuery", func() cuResult {
+		r := d.rt.l.cuStreamQuery(stream)
+		if r == notReady {
+			busy, r = true, 0
+		}
+		return r
+	})
+	if err == nil && busy {
+		err = d.rt.on(dev, "cuStreamSynchronize", func() cuResult { return d.rt.l.cuStreamSynchronize(stream) })
+	}
+	return errors.Wrapf(err, "%s", what)
 }
 
 // EnablePeerAccess lets dev's streams reach peer's memory

@@ -36,6 +36,7 @@ type lib struct {
 	cuDevicePrimaryCtxRetain  func(ctx *cuContext, dev cuDevice) cuResult
 	cuDevicePrimaryCtxRelease func(dev cuDevice) cuResult
 	cuCtxSetCurrent           func(ctx cuContext) cuResult
+	cuCtxGetCurrent           func(ctx *cuContext) cuResult
 
 	// Virtual memory management (CUDA 10.2 and later).
 	cuMemGetAllocationGranularity func(g *uint64, prop *memAllocationProp, option int32) cuResult
@@ -119,6 +120,7 @@ func (l *lib) symbols() []dl.Symbol {
 		{Name: "cuDevicePrimaryCtxRetain", Fn: &l.cuDevicePrimaryCtxRetain, Group: int(groupCore)},
 		{Name: "cuDevicePrimaryCtxRelease_v2", Fn: &l.cuDevicePrimaryCtxRelease, Group: int(groupCore)},
 		{Name: "cuCtxSetCurrent", Fn: &l.cuCtxSetCurrent, Group: int(groupCore)},
+		{Name: "cuCtxGetCurrent", Fn: &l.cuCtxGetCurrent, Group: int(groupCore)},
 
 		{Name: "cuMemGetAllocationGranularity", Fn: &l.cuMemGetAllocationGranularity, Group: int(groupVMM)},
 		{Name: "cuMemAddressReserve", Fn: &l.cuMemAddressReserve, Group: int(groupVMM)},

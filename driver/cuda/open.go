@@ -294,7 +294,7 @@ func Open(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, errors.CombineErrors(err, c.Close())
 	}
-	return &Driver{core: core, wait: wait}, nil
+	return &Driver{core: core, rt: c, wait: wait}, nil
 }
 
 // devPOSIX reports whether device ordinal can export POSIX descriptors.

@@ -16,9 +16,10 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// cu is accel.Runtime over the CUDA driver API. Each call runs with the
-// primary context of the device it concerns current on the calling OS
-// thread (the goroutine is locked to it for the call): CUDA keeps the
+// cu is accel.Runtime over the CUDA driver API. Each call runs on the
+// calling OS thread (the goroutine is locked to it for the call) with the
+// primary context of the device it concerns current, and leaves the
+// thread's current context as the caller had it (see on): CUDA keeps the
 // current context per thread, and Go moves goroutines between threads.
 type cu struct {
 	l    *lib
@@ -32,15 +33,48 @@ type cu struct {
 
 var _ accel.Runtime = (*cu)(nil)
 
-// on runs call fn (named for errors) with dev's primary context current
-// on this OS thread.
+// on runs call fn (named for errors) on this OS thread with dev's primary
+// context current, and leaves the thread's current context as it found
+// it, when it found one:
+//
+//   - dev's primary context current already (PyTorch's and the CUDA
+//     runtime's, so the usual case): it is used as it is, one
+//     cuCtxGetCurrent more than the call itself;
+//   - another context current (a caller's own, from cuCtxCreate, or
+//     another device's primary context): the primary context replaces it
+//     for the call (cuCtxSetCurrent replaces the top of the thread's
+//     context stack) and the caller's is set back after, whatever the
+//     call returned;
+//   - none current (a thread that never used CUDA, such as a Go runtime
+//     thread): the primary context stays current after, as the CUDA
+//     runtime leaves it after its first call on a thread, so the next
+//     call on the thread finds it (one call, not three).
+//
+// cuCtxGetCurrent and cuCtxSetCurrent, rather than cuCtxPushCurrent and
+// cuCtxPopCurrent: the usual case costs one call instead of two, and the
+// depth of the caller's context stack never changes. Setting back a
+// context that was current a moment ago on this thread does not fail
+// unless the caller destroyed it in between; if it does, the call's own
+// result stands (what the call did is done) and dev's primary context
+// stays current, as it did before this function restored anything.
 func (c *cu) on(dev driver.DeviceID, fn string, call func() cuResult) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	var prev uintptr
+	if r := c.l.cuCtxGetCurrent(&prev); r != 0 {
+		return c.l.err("cuCtxGetCurrent", r)
+	}
+	if prev == c.ctx[dev] {
+		return c.l.err(fn, call())
+	}
 	if r := c.l.cuCtxSetCurrent(c.ctx[dev]); r != 0 {
 		return c.l.err("cuCtxSetCurrent", r)
 	}
-	return c.l.err(fn, call())
+	err := c.l.err(fn, call())
+	if prev != 0 {
+		_ = c.l.cuCtxSetCurrent(prev)
+	}
+	return err
 }
 
 // memory is a chunk's allocation handle.

@@ -372,6 +372,38 @@ API CUresult cuCtxGetCurrent(CUcontext *pctx)
 	return CUDA_SUCCESS;
 }
 
+/* cuCtxCreate_v2 makes a context of the caller's own on dev (not the
+ * primary one) and makes it current on the calling thread, as the real
+ * call pushes it on the thread's stack; the driver under test never calls
+ * it: a test makes one to prove that the driver leaves it current. The
+ * stand-in keeps one current context per thread, no stack (cuCtxSetCurrent
+ * replaces the stack's top, which is all the driver uses). flags must be 0
+ * here: the scheduling flags change nothing the stand-in models. */
+API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	ENTER(NULL);
+	NEED_INIT();
+	if (!pctx || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	vdev_ctx *c;
+	vdev_status st = vdev_ctx_create(dev, &c);
+	if (st != VDEV_OK)
+		return rt_result(st);
+	*pctx = c;
+	return rt_result(vdev_ctx_set_current(c));
+}
+
+/* cuCtxDestroy_v2 ends a context cuCtxCreate_v2 made (a primary context is
+ * CUDA_ERROR_INVALID_CONTEXT) and unsets it on the calling thread. */
+API CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	ENTER(NULL);
+	NEED_INIT();
+	return vdev_ctx_destroy(ctx) == VDEV_OK ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
 /* ===== virtual memory management =========================================== */
 #ifndef VMSTANDIN_OMIT_VMM
 
