@@ -63,12 +63,21 @@ func TestConformanceWithoutGroups(t *testing.T) { vendor.ConformanceWithoutGroup
 func TestCloseLeavesNothing(t *testing.T) { vendor.CloseLeavesNothing(t, small) }
 
 // TestHardwareConformance runs the conformance suite on the machine's own
-// GPUs: `go test ./driver/cuda -run Hardware -v`; it skips where there are
-// fewer than two.
+// GPUs: `go test ./driver/cuda -run Hardware -v`; it skips where there is
+// none, and on one GPU the checks that need two skip.
 func TestHardwareConformance(t *testing.T) { vendor.HardwareConformance(t) }
 
 // TestHardwareSmoke is the round trip on each of the machine's GPUs.
 func TestHardwareSmoke(t *testing.T) { vendor.HardwareSmoke(t) }
+
+// TestConformanceOneDevice runs the suite over a stand-in with one device,
+// as on a machine with one GPU: the checks that need a second device skip,
+// the rest must pass.
+func TestConformanceOneDevice(t *testing.T) {
+	one := small
+	one.Devices = 1
+	vendor.Conformance(t, one, func(path string) (*Driver, error) { return Open(Options{Library: path}) })
+}
 
 // TestConformance runs the whole suite on the CUDA driver over the
 // stand-in, waiting for streams with host functions.

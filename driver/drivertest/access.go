@@ -104,6 +104,7 @@ func (s suite) setAccess(t *testing.T) {
 			f.setAccess(a, f.gran, dev, driver.AccessReadWrite)
 			f.requireOnly(a, dev, driver.AccessReadWrite)
 			// A second device's grant leaves the first's alone.
+			f.has(1)
 			other := driver.DeviceID((i + 1) % len(f.devs))
 			f.setAccess(a, f.gran, other, driver.AccessRead)
 			f.requireAccess(a, dev, driver.AccessReadWrite)

@@ -73,6 +73,7 @@ func (s suite) create(t *testing.T) {
 			f.create(0, f.gran)
 			return
 		}
+		f.has(1)
 		base := f.reserve(2 * f.gran)
 		for i := range 2 {
 			dev := driver.DeviceID(i)

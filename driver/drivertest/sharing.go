@@ -76,6 +76,7 @@ func (s suite) sharing(t *testing.T) {
 		size := f.g(0)
 		h := f.createShareable(0, size)
 		x := f.exported(sh, h)
+		f.has(1)
 		if f.devs[1].MinGranularity > size {
 			f.t.Skip("device 1's granularity is larger than device 0's")
 		}
@@ -144,6 +145,7 @@ func (f *fixture) exported(sh driver.Sharing, h driver.Handle) driver.Shareable 
 // must leave as it was.
 func (f *fixture) room(dev driver.DeviceID) int {
 	f.t.Helper()
+	f.has(dev)
 	d := f.devs[dev]
 	if d.Capacity > 64*d.MinGranularity {
 		return -1

@@ -109,6 +109,7 @@ func (s suite) runCopies(t *testing.T, name string, fn func(f *streamFixture)) {
 // stream creates a stream on dev.
 func (f *streamFixture) stream(dev driver.DeviceID) driver.Stream {
 	f.t.Helper()
+	f.has(dev)
 	st, err := f.s.CreateStream(dev)
 	require.NoError(f.t, err, "create a stream on device %d", dev)
 	require.NotZero(f.t, st, "create stream returned the zero stream")
@@ -118,6 +119,7 @@ func (f *streamFixture) stream(dev driver.DeviceID) driver.Stream {
 // event creates an event on dev.
 func (f *streamFixture) event(dev driver.DeviceID) driver.Event {
 	f.t.Helper()
+	f.has(dev)
 	ev, err := f.s.CreateEvent(dev)
 	require.NoError(f.t, err, "create an event on device %d", dev)
 	require.NotZero(f.t, ev, "create event returned the zero event")
@@ -280,6 +282,7 @@ func alignedGo(n int, align uint64) []byte {
 // dev access a over it.
 func (f *streamFixture) region(dev driver.DeviceID, a driver.Access) driver.Addr {
 	f.t.Helper()
+	f.has(dev)
 	base := f.reserve(f.gran)
 	f.mapNew(base, dev, f.gran)
 	if a != driver.AccessNone {
@@ -1183,6 +1186,7 @@ func (s suite) copies(t *testing.T) {
 		}
 	})
 	s.runCopies(t, "DtoDAcrossDevices", func(f *streamFixture) {
+		f.has(1)
 		ok, err := f.s.CanAccessPeer(0, 1)
 		require.NoError(f.t, err)
 		if !ok {
