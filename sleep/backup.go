@@ -21,6 +21,7 @@ const copyPiece = 64 << 20
 type backup struct {
 	mode  Mode
 	d     driver.Driver
+	cache *hostCache // where Host mode's buffers come from and go back to
 	at    map[driver.Addr]piece
 	bytes uint64
 	file  *os.File
@@ -34,36 +35,11 @@ type piece struct {
 	off    int64  // File
 }
 
-// pinnedMin is the smallest backup given a pinned buffer of its own:
-// each is a mapping of the process (and a cuMemHostAlloc on CUDA), so
-// the many small allocations of a model (PyTorch makes thousands) are
-// kept in Go memory instead, and the mappings a sleeping tag adds stay
-// under its bytes / pinnedMin.
-const pinnedMin = 1 << 20
-
-// hostAlloc returns a host buffer of n bytes: the driver's pinned memory
-// where it has streams and n is at least pinnedMin (cuMemHostAlloc on
-// CUDA: copies at full speed, and memory given back to the system at
-// free), else Go memory.
-func hostAlloc(d driver.Driver, n uint64) ([]byte, bool, error) {
-	if s, ok := d.(driver.Streams); ok && n >= pinnedMin && d.Supports(driver.FeatureStreams) {
-		b, err := s.HostAlloc(n)
-		return b, true, err
-	}
-	return make([]byte, n), false, nil
-}
-
-func hostFree(d driver.Driver, pc piece) error {
-	if pc.pinned {
-		return d.(driver.Streams).HostFree(pc.buf)
-	}
-	return nil
-}
-
 // takeBackup copies the live allocations (address → size) out of device
 // memory. On failure it frees what it made and returns the error.
-func takeBackup(d driver.Driver, mode Mode, dir, tag string, live map[driver.Addr]uint64) (*backup, error) {
-	b := &backup{mode: mode, d: d, at: map[driver.Addr]piece{}}
+func takeBackup(c *hostCache, mode Mode, dir, tag string, live map[driver.Addr]uint64) (*backup, error) {
+	d := c.d
+	b := &backup{mode: mode, d: d, cache: c, at: map[driver.Addr]piece{}}
 	if mode == Discard {
 		return b, nil
 	}
@@ -90,13 +66,13 @@ func takeBackup(d driver.Driver, mode Mode, dir, tag string, live map[driver.Add
 	for p, n := range live {
 		switch mode {
 		case Host:
-			buf, pinned, err := hostAlloc(d, n)
+			buf, pinned, err := c.alloc(n)
 			if err != nil {
 				return fail(err)
 			}
 			pc := piece{size: n, buf: buf[:n], pinned: pinned}
 			if err := d.Read(p, pc.buf); err != nil {
-				return fail(errors.CombineErrors(err, hostFree(d, pc)))
+				return fail(errors.CombineErrors(err, c.release(pc.buf, pc.pinned)))
 			}
 			b.at[p] = pc
 		case File:
@@ -160,7 +136,7 @@ func (b *backup) drop(p driver.Addr) error {
 	b.bytes -= pc.size
 	switch b.mode {
 	case Host:
-		return hostFree(b.d, pc)
+		return b.cache.release(pc.buf, pc.pinned)
 	case File:
 		if err := punchHole(b.file, pc.off, pc.size); err != nil {
 			return errors.Wrapf(err, "sleep: give back the backup of %s in %s", p, b.file.Name())

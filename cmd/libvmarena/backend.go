@@ -41,6 +41,8 @@ type backendOptions struct {
 	TagMax uint64
 	// BackupDir is where file-mode sleeps write their backups.
 	BackupDir string
+	// HostCache is sleep.Options.HostCache.
+	HostCache uint64
 }
 
 // backend is the memory of one device, allocated under tags that sleep and
@@ -52,6 +54,7 @@ type backend interface {
 	Sleep(m mode, tags ...string) error
 	Wake(tags ...string) error
 	Stats() []tagStats
+	HostCached() uint64
 	Check() error
 	Close() error
 }
@@ -63,7 +66,7 @@ func newBackend(d driver.Driver, o backendOptions) (backend, error) {
 	if err := driver.CheckDevice(nil, o.Device, len(d.Devices())); err != nil {
 		return nil, err
 	}
-	m, err := sleep.New(d, sleep.Options{Device: o.Device, TagMax: o.TagMax, BackupDir: o.BackupDir})
+	m, err := sleep.New(d, sleep.Options{Device: o.Device, TagMax: o.TagMax, BackupDir: o.BackupDir, HostCache: o.HostCache})
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,9 @@ type config struct {
 	TagMax uint64
 	// BackupDir is where file-mode sleeps write (default: os.TempDir).
 	BackupDir string
+	// HostCache is how much pinned host memory each device's Manager
+	// keeps after a host-mode wake for the next sleep (0: none).
+	HostCache uint64
 }
 
 // The environment variables the library reads. The vendor libraries'
@@ -38,6 +41,7 @@ const (
 	envCapacity  = "VMARENA_CAPACITY"
 	envTagMax    = "VMARENA_TAG_MAX"
 	envBackupDir = "VMARENA_BACKUP_DIR"
+	envHostCache = "VMARENA_HOST_CACHE"
 )
 
 // configFrom reads the configuration through getenv (os.Getenv in the
@@ -79,7 +83,7 @@ func configFrom(getenv func(string) string) (config, error) {
 	for _, s := range []struct {
 		name string
 		to   *uint64
-	}{{envCapacity, &c.Capacity}, {envTagMax, &c.TagMax}} {
+	}{{envCapacity, &c.Capacity}, {envTagMax, &c.TagMax}, {envHostCache, &c.HostCache}} {
 		if v := getenv(s.name); v != "" {
 			n, err := units.Parse(v)
 			if err != nil {

@@ -140,7 +140,7 @@ func (l *library) deviceLocked(ordinal int) (backend, error) {
 			"%s lists the devices the library opens", envDevices)
 	}
 	if l.devs[i] == nil {
-		b, err := newBackend(l.d, backendOptions{Device: driver.DeviceID(i), TagMax: l.cfg.TagMax, BackupDir: l.cfg.BackupDir})
+		b, err := newBackend(l.d, backendOptions{Device: driver.DeviceID(i), TagMax: l.cfg.TagMax, BackupDir: l.cfg.BackupDir, HostCache: l.cfg.HostCache})
 		if err != nil {
 			return nil, errors.Wrapf(err, "libvmarena: device %d", ordinal)
 		}
@@ -318,8 +318,11 @@ type (
 		Devices    []deviceJSON `json:"devices"`
 	}
 	deviceJSON struct {
-		Device int       `json:"device"`
-		Tags   []tagJSON `json:"tags"`
+		Device int `json:"device"`
+		// HostCacheBytes is the pinned host memory kept for later
+		// host-mode sleeps (VMARENA_HOST_CACHE).
+		HostCacheBytes uint64    `json:"host_cache_bytes"`
+		Tags           []tagJSON `json:"tags"`
 	}
 	tagJSON struct {
 		Tag         string `json:"tag"`
@@ -343,7 +346,7 @@ func (l *library) statsJSON() ([]byte, error) {
 		if b == nil {
 			continue
 		}
-		dj := deviceJSON{Device: l.ordinals[i], Tags: []tagJSON{}}
+		dj := deviceJSON{Device: l.ordinals[i], HostCacheBytes: b.HostCached(), Tags: []tagJSON{}}
 		for _, t := range b.Stats() {
 			dj.Tags = append(dj.Tags, tagJSON{Tag: t.Tag, Live: t.Live, Asleep: t.Asleep, Mode: t.Mode.String(),
 				AwakeBytes: t.AwakeBytes, AsleepBytes: t.AsleepBytes, BackupBytes: t.BackupBytes, Cycles: t.Cycles})

@@ -43,6 +43,8 @@ func TestConfigFrom(t *testing.T) {
 		{env: []string{envDriver, "acl", envDevices, "1,-2"}, err: `VMARENA_DEVICES="1,-2"`},
 		{env: []string{envCapacity, "lots"}, err: `VMARENA_CAPACITY="lots"`},
 		{env: []string{envTagMax, "-1"}, err: `VMARENA_TAG_MAX="-1"`},
+		{env: []string{envHostCache, "2GiB"}, want: config{Driver: "host", HostCache: 2 * units.GiB}},
+		{env: []string{envHostCache, "some"}, err: `VMARENA_HOST_CACHE="some"`},
 	} {
 		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
 			env := map[string]string{envBackupDir: "/backups"}

@@ -54,6 +54,12 @@
  *                        capacity).
  *   VMARENA_BACKUP_DIR   where VMARENA_SLEEP_FILE writes its backups
  *                        (default: $TMPDIR, else /tmp).
+ *   VMARENA_HOST_CACHE   how much pinned host memory each device may keep
+ *                        after a VMARENA_SLEEP_HOST wake for the next
+ *                        sleep of the same sizes (default 0: every backup
+ *                        is given back at wake). Pinning is what a sleep
+ *                        and wake cost most on a GPU; stats_json reports
+ *                        what is kept as host_cache_bytes.
  *   VMARENA_CUDA_LIBRARY the CUDA driver library to load (default
  *                        libcuda.so.1).
  *   VMARENA_ACL_LIBRARY  the AscendCL runtime to load (default

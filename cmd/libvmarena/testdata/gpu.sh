@@ -42,7 +42,9 @@ run)
 	echo "== vmarena_alloc + vmarena_free of 1 MiB from C, cached (the free waits for stream 0)"
 	timeout 30 ./cycles bench 100000 2>&1 | tail -4
 	echo "== PyTorch: CUDAPluggableAllocator + MemPool, sleep and wake under torch, a CUDA graph kept"
-	VMARENA_TAG_MAX=16GiB timeout 120 python3 torch_sleep.py ./libvmarena.so 10 2>&1 | tee "$logs/torch.log" | tail -30
+	VMARENA_TAG_MAX=16GiB timeout 100 python3 torch_sleep.py ./libvmarena.so 10 2>&1 | tee "$logs/torch.log" | tail -30
+	echo "== the same with VMARENA_HOST_CACHE=2GiB (pinned backups kept between cycles)"
+	VMARENA_HOST_CACHE=2GiB VMARENA_TAG_MAX=16GiB timeout 100 python3 torch_sleep.py ./libvmarena.so 10 2>&1 | tee "$logs/torch-cache.log" | grep -E "FAIL|1 GiB|freed"
 	;;
 *)
 	echo "usage: gpu.sh build DIR | gpu.sh run" >&2

@@ -155,7 +155,7 @@ def main():
     big.random_(0, 255)
     pinned = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
     torch.cuda.synchronize()
-    base, vm = [], []
+    base, vm, sl, wk, pin = [], [], [], [], []
     for _ in range(4):
         t0 = time.perf_counter()
         pinned.copy_(big, non_blocking=True)
@@ -165,12 +165,23 @@ def main():
         base.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         call(lib.vmarena_sleep(b"big", 1), "sleep big")
+        t1 = time.perf_counter()
         call(lib.vmarena_wake(b"big"), "wake big")
-        vm.append(time.perf_counter() - t0)
+        t2 = time.perf_counter()
+        vm.append(t2 - t0)
+        sl.append(t1 - t0)
+        wk.append(t2 - t1)
+        t0 = time.perf_counter()
+        extra = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+        t1 = time.perf_counter()
+        del extra
+        pin.append(t1 - t0)
     check(torch.equal(big.cpu(), pinned), "1 GiB identical after the sleeps and wakes")
     b, v = min(base[1:]), min(vm[1:])
-    print("1 GiB: copy out and back %.1f ms, sleep + wake (host) %.1f ms, ratio %.2f (runs: %s / %s)" % (
-        b * 1e3, v * 1e3, v / b, ["%.1f" % (t * 1e3) for t in base], ["%.1f" % (t * 1e3) for t in vm]), flush=True)
+    ms = lambda ts: ["%.1f" % (t * 1e3) for t in ts]
+    print("1 GiB: copy out and back %.1f ms, sleep + wake (host) %.1f ms, ratio %.2f (runs: %s / %s; sleep %s, wake %s; "
+          "torch pinning 1 GiB %s; host cache %d bytes)" % (
+              b * 1e3, v * 1e3, v / b, ms(base), ms(vm), ms(sl), ms(wk), ms(pin), stats()["devices"][0]["host_cache_bytes"]), flush=True)
 
     del big, pinned, w, kv, x, ref, y
     if graph_ok:
