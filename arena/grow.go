@@ -38,7 +38,10 @@ import (
 //     what lies beside it (the request's ends, which neighbours share, and
 //     the commit ahead) is at most edgeChunk a chunk: a large allocation
 //     costs one create and one map, and when it is freed its chunk is
-//     wholly free, to move or give back whole.
+//     wholly free, to move or give back whole. After a large request, the
+//     commit ahead is cut for more like it (cut says how), and what is
+//     left in pieces that double from edgeChunk, so that it costs a few
+//     creates, not one an edgeChunk.
 //   - The new chunks of a commit get their access in one call a device.
 //
 // When a commit needs more than the budget allows and no free chunk can
@@ -202,7 +205,10 @@ const edgeDivisor = 4096
 
 // cut cuts a hole to commit for the request [start, start+fp) into chunks:
 // the request's interior (the whole chunks of ChunkSize it covers) one
-// chunk, the rest at most edgeChunk each.
+// chunk; before it, pieces of at most edgeChunk; after a request of two
+// chunks or more, the interiors of more like it while they fit, then
+// pieces that double from edgeChunk; after a smaller one, pieces of at
+// most edgeChunk.
 func (h *heap) cut(start, fp uint64) func(span) []span {
 	return func(hole span) []span {
 		edge := h.edgeChunk()
@@ -248,6 +254,18 @@ func (h *heap) cut(start, fp uint64) func(span) []span {
 				}
 				parts = append(parts, span{g1, i1})
 				at = i1
+			}
+			// What is left, too short for one more, is cut in pieces that
+			// double: edgeChunk, edgeChunk, then each as large as all the
+			// pieces before it. A request like this one covering it costs
+			// a few creates, not one an edgeChunk; one of another size
+			// that covers a piece in part splits that piece alone, no
+			// larger than what the request covers before it.
+			for done := uint64(0); at < hole.end; {
+				n := min(max(edge, done), hole.end-at)
+				parts = append(parts, span{at, at + n})
+				at += n
+				done += n
 			}
 		}
 		add(at, hole.end)
