@@ -134,6 +134,10 @@ func reportCalls(metric func(v float64, unit string), d replay.DeviceResult) {
 	metric(d.PyTorchDriverTime().Seconds(), "pytorch-driver-s")
 	if d.DriverTimeTarget() != replay.NA && d.PyTorchDriverTime() > 0 {
 		metric(d.DriverTime().Seconds()/d.PyTorchDriverTime().Seconds(), "driver/pytorch")
+		// The same counts priced by the calls measured on an H100.
+		if pt := d.Summary.SegmentCalls.Time(sim.H100); pt > 0 {
+			metric(d.DriverCalls.Time(sim.H100).Seconds()/pt.Seconds(), "driver/pytorch-h100")
+		}
 	}
 }
 
