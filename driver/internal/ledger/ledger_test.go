@@ -212,3 +212,78 @@ func TestOneDevicePerReservation(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, l2.Map(base2+g, h), "a backend that does not say so mixes devices")
 }
+
+// spanningWhole is a perDevice backend whose hardware call takes a run of
+// adjacent mappings, each whole (cuMemSetAccess on real hardware).
+type spanningWhole struct{ perDevice }
+
+func (*spanningWhole) WholeMappings() bool { return true }
+func (*spanningWhole) SpansMappings() bool { return true }
+
+// TestSpanningWholeMappingAccess: with a backend that both spans and takes
+// whole mappings, a grant over a piece of a mapping makes one call over
+// that whole mapping with the device's widest access there; a grant over
+// several mappings makes one call per run of adjacent mappings whose
+// change is the same, never one over a piece; a refused call sets the
+// runs already changed back and records nothing.
+func TestSpanningWholeMappingAccess(t *testing.T) {
+	b := &spanningWhole{}
+	l, base := mapped(t, b, 4, 2*g)
+	at := func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
+	access := func(i int, dev driver.DeviceID) driver.Access {
+		t.Helper()
+		a, err := l.Access(at(i), dev)
+		require.NoError(t, err)
+		return a
+	}
+
+	require.NoError(t, l.SetAccess(at(1), g, 0, driver.AccessRead), "the second half of the first mapping")
+	require.Equal(t, []call{{base, 2 * g, 0, driver.AccessNone, driver.AccessRead}}, b.calls, "the whole first mapping")
+	require.Equal(t, driver.AccessNone, access(0, 0), "the record keeps the granule")
+	require.Equal(t, driver.AccessRead, access(1, 0))
+
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(1), 7*g, 0, driver.AccessRead), "from inside the first mapping to the end")
+	require.Equal(t, []call{{at(2), 6 * g, 0, driver.AccessNone, driver.AccessRead}}, b.calls,
+		"the first mapping's widest is unchanged; the other three are one run")
+
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(0), 8*g, 0, driver.AccessReadWrite))
+	require.Equal(t, []call{{base, 8 * g, 0, driver.AccessRead, driver.AccessReadWrite}}, b.calls, "one call over all four")
+
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(3), 2*g, 0, driver.AccessNone), "a granule of the second and third mappings each")
+	require.Empty(t, b.calls, "each keeps read-write in its other granule")
+	require.NoError(t, l.SetAccess(at(2), g, 0, driver.AccessNone))
+	require.Equal(t, []call{{at(2), 2 * g, 0, driver.AccessReadWrite, driver.AccessNone}}, b.calls, "the second mapping has nothing left")
+	require.Equal(t, driver.AccessReadWrite, access(5, 0))
+
+	// Device 1: the runs differ where device 0's grants do not matter, so
+	// the calls follow device 1's own widest access only.
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(2), 2*g, 1, driver.AccessRead))
+	require.NoError(t, l.SetAccess(at(0), 8*g, 1, driver.AccessReadWrite))
+	require.Equal(t, []call{
+		{at(2), 2 * g, 1, driver.AccessNone, driver.AccessRead},
+		{base, 2 * g, 1, driver.AccessNone, driver.AccessReadWrite},
+		{at(2), 2 * g, 1, driver.AccessRead, driver.AccessReadWrite},
+		{at(4), 4 * g, 1, driver.AccessNone, driver.AccessReadWrite},
+	}, b.calls, "a run breaks where the change differs")
+	require.NoError(t, l.Check())
+
+	// A refusal part-way: the runs already changed are set back, the
+	// record is unchanged.
+	require.NoError(t, l.SetAccess(at(1), 5*g, 2, driver.AccessRead), "the first three mappings, in part")
+	b.calls, b.failAt = nil, 2
+	err := l.SetAccess(at(0), 8*g, 2, driver.AccessReadWrite)
+	require.True(t, errors.Is(err, driver.ErrOutOfMemory), "%v", err)
+	require.Equal(t, []call{
+		{base, 6 * g, 2, driver.AccessRead, driver.AccessReadWrite},
+		{at(6), 2 * g, 2, driver.AccessNone, driver.AccessReadWrite},
+		{base, 6 * g, 2, driver.AccessReadWrite, driver.AccessRead},
+	}, b.calls, "the first run set back")
+	for i, want := range []driver.Access{0, 1, 1, 1, 1, 1, 0, 0} {
+		require.Equal(t, want, access(i, 2), "granule %d: refused, the record is unchanged", i)
+	}
+	require.NoError(t, l.Check())
+}
