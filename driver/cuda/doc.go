@@ -31,7 +31,8 @@
 //	Create/Release     cuMemCreate(PINNED, DEVICE id, POSIX fd when shareable) /
 //	                   cuMemRelease
 //	Map/Unmap          cuMemMap(addr, size, 0, handle) / cuMemUnmap(addr, size)
-//	SetAccess          cuMemSetAccess({DEVICE id, flags}, 1), once per mapping
+//	SetAccess          cuMemSetAccess({DEVICE id, flags}, 1), once per run of
+//	                   adjacent whole mappings whose access changes alike
 //	Read/Write         cuMemcpyDtoH_v2 / cuMemcpyHtoD_v2, as a GPU with access
 //	Export/Import      cuMemExportToShareableHandle / cuMemImportFromShareableHandle
 //	                   (POSIX descriptors), the size proved by a scratch map
@@ -43,6 +44,17 @@
 //	HostAlloc/HostFree cuMemHostAlloc (portable) / cuMemFreeHost
 //	Close              cuStreamDestroy_v2, cuMemUnmap, cuMemRelease,
 //	                   cuMemAddressFree, cuDevicePrimaryCtxRelease_v2
+//
+// On CUDA a device's hardware access is per whole mapping: cuMemSetAccess
+// takes a run of adjacent mappings, never a piece of one (an H100 with
+// CUDA 13.0 answered a range over part of a mapping with
+// CUDA_ERROR_INVALID_VALUE; the reference asks for "a fully mapped address
+// range containing all allocations created by cuMemMap / cuMemCreate"). A
+// SetAccess over part of a mapping is kept per granule in the record, and
+// Read, Write and every stream copy are checked against it; the GPU's page
+// tables give the device its widest access anywhere in the mapping, so a
+// kernel (which the driver never sees) is held to the mapping, not to the
+// granule (see ledger.WholeMappingProtector).
 //
 // The contract's checks run before CUDA sees a call: an access the record
 // does not grant, an unmap of part of a mapping or a map over a mapping
@@ -62,9 +74,10 @@
 //
 // What is proven where: every test here runs against a C stand-in of
 // libcuda.so.1 that the tests build (driver/internal/standin), through the
-// same loading, calling convention, structs and codes. No GPU has run this
-// code yet; TestHardwareConformance and TestHardwareSmoke run wherever a
-// GPU is, and the README says how.
+// same loading, calling convention, structs and codes.
+// TestHardwareConformance and TestHardwareSmoke run wherever a GPU is, and
+// the README says how; an H100 (CUDA 13.0) has run them, which is how the
+// whole-mapping rule above was found.
 //
 // The driver never touches device memory from Go, never hands out a host
 // slice over it (it is not a driver.HostMapper), and never unloads

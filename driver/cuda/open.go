@@ -271,7 +271,15 @@ func Open(opts Options) (*Driver, error) {
 		HostAccess: x.has[groupSyncCopy],
 		Shareable:  x.has[groupShare],
 		Streams:    x.has[groupStreams],
-		SpanAccess: true, // cuMemSetAccess takes a range over adjacent mappings
+		// cuMemSetAccess takes a range over adjacent mappings (PyTorch's
+		// expandable segments grant a whole segment in one call), but
+		// only whole ones: an H100 (CUDA 13.0) answered a range over
+		// part of a mapping with CUDA_ERROR_INVALID_VALUE, as its
+		// reference says ("the range must be a fully mapped address
+		// range containing all allocations created by cuMemMap /
+		// cuMemCreate"). The ledger keeps finer grants in its record.
+		SpanAccess:    true,
+		MappingAccess: true,
 	}
 	for i := range devs {
 		info.Shareable = info.Shareable && devPOSIX(x, c.ordinal[i])

@@ -68,7 +68,8 @@ type Runtime interface {
 	Unmap(addr driver.Addr, size uint64, mem any) error
 	// SetAccess sets what dev may do over [addr, addr+size), which lies
 	// inside one mapping, or over adjacent mappings when Info.SpanAccess,
-	// or is exactly one whole mapping when Info.MappingAccess.
+	// or is exactly one whole mapping when Info.MappingAccess — with both,
+	// a run of adjacent whole mappings (cuMemSetAccess).
 	SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error
 	// Export returns the shareable handle of mem, size bytes, created
 	// shareable; it is called once per chunk.
@@ -125,8 +126,10 @@ type Info struct {
 	// SpanAccess says the runtime's SetAccess takes a range over several
 	// adjacent mappings in one call (cuMemSetAccess does).
 	SpanAccess bool
-	// MappingAccess says the runtime's SetAccess takes exactly one whole
-	// mapping (aclrtMemSetAccess): the device's access over a mapping is
+	// MappingAccess says the runtime's SetAccess takes whole mappings
+	// only: exactly one (aclrtMemSetAccess), or with SpanAccess a run of
+	// adjacent ones (cuMemSetAccess: an H100 refused part of a mapping
+	// with CUDA_ERROR_INVALID_VALUE). The device's access over a mapping is
 	// then the widest the record gives it anywhere in the mapping, and
 	// finer grants are the record's, enforced by the Core's copies
 	// (ledger.WholeMappingProtector).

@@ -86,7 +86,9 @@ type DeviceProtector interface {
 // PyTorch's expandable segments use it; aclrtMemSetAccess takes exactly one
 // mapping, see WholeMappingProtector): the ledger then makes one call a run of equal access across
 // mappings, not one a mapping — a commit of many chunks is granted in one
-// call.
+// call. A backend may be both spanning and whole-mapping (cuMemSetAccess
+// takes adjacent mappings, but only whole ones): each call then covers a
+// run of adjacent whole mappings whose access changes alike.
 type SpanningProtector interface {
 	SpansMappings() bool
 }
@@ -200,9 +202,6 @@ func New(name string, devs []driver.Device, b Backend, shareable bool) (*Ledger,
 	}
 	if ob, ok := b.(OneBinder); ok {
 		l.oneBind = ob.BindsOneDevice()
-	}
-	if l.spans && l.whole {
-		return nil, errors.AssertionFailedf("%s: the backend %T says its access calls both span mappings and take exactly one", name, b)
 	}
 	if (l.protect == nil) == (l.perDevice == nil) {
 		return nil, errors.AssertionFailedf("%s: the backend %T must implement exactly one of ledger.Protector and ledger.DeviceProtector", name, b)
@@ -710,7 +709,14 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 				}
 				return nil
 			})
-			runs = append(runs, run{m.Addr, m.Size, from, to})
+			// A spanning backend takes a run of adjacent whole mappings
+			// with the same change in one call (cuMemSetAccess).
+			if n := len(runs); n > 0 && l.spans && runs[n-1].from == from && runs[n-1].to == to &&
+				runs[n-1].addr+driver.Addr(runs[n-1].size) == m.Addr {
+				runs[n-1].size += m.Size
+			} else {
+				runs = append(runs, run{m.Addr, m.Size, from, to})
+			}
 			continue
 		}
 		first := len(runs) // a DeviceProtector's runs merge across mappings only if it spans them

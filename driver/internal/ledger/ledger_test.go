@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/cockroachdb/errors"
@@ -211,4 +212,168 @@ func TestOneDevicePerReservation(t *testing.T) {
 	h, err := l2.Create(1, g, driver.ChunkOptions{})
 	require.NoError(t, err)
 	require.NoError(t, l2.Map(base2+g, h), "a backend that does not say so mixes devices")
+}
+
+// spanningWhole is a perDevice backend whose hardware call takes a run of
+// adjacent mappings, each whole (cuMemSetAccess on real hardware).
+type spanningWhole struct{ perDevice }
+
+func (*spanningWhole) WholeMappings() bool { return true }
+func (*spanningWhole) SpansMappings() bool { return true }
+
+// TestSpanningWholeMappingAccess: with a backend that both spans and takes
+// whole mappings, a grant over a piece of a mapping makes one call over
+// that whole mapping with the device's widest access there; a grant over
+// several mappings makes one call per run of adjacent mappings whose
+// change is the same, never one over a piece; a refused call sets the
+// runs already changed back and records nothing.
+func TestSpanningWholeMappingAccess(t *testing.T) {
+	b := &spanningWhole{}
+	l, base := mapped(t, b, 4, 2*g)
+	at := func(i int) driver.Addr { return base + driver.Addr(uint64(i)*g) }
+	access := func(i int, dev driver.DeviceID) driver.Access {
+		t.Helper()
+		a, err := l.Access(at(i), dev)
+		require.NoError(t, err)
+		return a
+	}
+
+	require.NoError(t, l.SetAccess(at(1), g, 0, driver.AccessRead), "the second half of the first mapping")
+	require.Equal(t, []call{{base, 2 * g, 0, driver.AccessNone, driver.AccessRead}}, b.calls, "the whole first mapping")
+	require.Equal(t, driver.AccessNone, access(0, 0), "the record keeps the granule")
+	require.Equal(t, driver.AccessRead, access(1, 0))
+
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(1), 7*g, 0, driver.AccessRead), "from inside the first mapping to the end")
+	require.Equal(t, []call{{at(2), 6 * g, 0, driver.AccessNone, driver.AccessRead}}, b.calls,
+		"the first mapping's widest is unchanged; the other three are one run")
+
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(0), 8*g, 0, driver.AccessReadWrite))
+	require.Equal(t, []call{{base, 8 * g, 0, driver.AccessRead, driver.AccessReadWrite}}, b.calls, "one call over all four")
+
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(3), 2*g, 0, driver.AccessNone), "a granule of the second and third mappings each")
+	require.Empty(t, b.calls, "each keeps read-write in its other granule")
+	require.NoError(t, l.SetAccess(at(2), g, 0, driver.AccessNone))
+	require.Equal(t, []call{{at(2), 2 * g, 0, driver.AccessReadWrite, driver.AccessNone}}, b.calls, "the second mapping has nothing left")
+	require.Equal(t, driver.AccessReadWrite, access(5, 0))
+
+	// Device 1: the runs differ where device 0's grants do not matter, so
+	// the calls follow device 1's own widest access only.
+	b.calls = nil
+	require.NoError(t, l.SetAccess(at(2), 2*g, 1, driver.AccessRead))
+	require.NoError(t, l.SetAccess(at(0), 8*g, 1, driver.AccessReadWrite))
+	require.Equal(t, []call{
+		{at(2), 2 * g, 1, driver.AccessNone, driver.AccessRead},
+		{base, 2 * g, 1, driver.AccessNone, driver.AccessReadWrite},
+		{at(2), 2 * g, 1, driver.AccessRead, driver.AccessReadWrite},
+		{at(4), 4 * g, 1, driver.AccessNone, driver.AccessReadWrite},
+	}, b.calls, "a run breaks where the change differs")
+	require.NoError(t, l.Check())
+
+	// A refusal part-way: the runs already changed are set back, the
+	// record is unchanged.
+	require.NoError(t, l.SetAccess(at(1), 5*g, 2, driver.AccessRead), "the first three mappings, in part")
+	b.calls, b.failAt = nil, 2
+	err := l.SetAccess(at(0), 8*g, 2, driver.AccessReadWrite)
+	require.True(t, errors.Is(err, driver.ErrOutOfMemory), "%v", err)
+	require.Equal(t, []call{
+		{base, 6 * g, 2, driver.AccessRead, driver.AccessReadWrite},
+		{at(6), 2 * g, 2, driver.AccessNone, driver.AccessReadWrite},
+		{base, 6 * g, 2, driver.AccessReadWrite, driver.AccessRead},
+	}, b.calls, "the first run set back")
+	for i, want := range []driver.Access{0, 1, 1, 1, 1, 1, 0, 0} {
+		require.Equal(t, want, access(i, 2), "granule %d: refused, the record is unchanged", i)
+	}
+	require.NoError(t, l.Check())
+}
+
+// hardware is a spanning, whole-mapping backend that keeps each device's
+// access per granule as the hardware would and holds every call to the
+// rules: a range of whole mappings, each granule's current access `from`.
+type hardware struct {
+	spanningWhole
+	t      *testing.T
+	base   driver.Addr
+	starts map[uint64]bool // granule indexes where a mapping starts or the last ends
+	hw     [][3]driver.Access
+}
+
+func (h *hardware) SetDeviceAccess(r *Region, addr driver.Addr, size uint64, dev driver.DeviceID, from, to driver.Access) error {
+	if err := h.perDevice.SetDeviceAccess(r, addr, size, dev, from, to); err != nil {
+		return err
+	}
+	g0, g1 := uint64(addr-h.base)/g, uint64(addr-h.base)/g+size/g
+	require.True(h.t, h.starts[g0] && h.starts[g1], "[%d, %d) is not a run of whole mappings", g0, g1)
+	for k := g0; k < g1; k++ {
+		require.Equal(h.t, from, h.hw[k][dev], "granule %d", k)
+		h.hw[k][dev] = to
+	}
+	return nil
+}
+
+// TestSpanningWholeMappingModel: random grants of random ranges over
+// mappings of mixed sizes, some refused part-way, against a reference
+// record per granule: the ledger's record matches it, and the hardware
+// gives each device, over each whole mapping, the widest access the
+// reference has for it anywhere in that mapping.
+func TestSpanningWholeMappingModel(t *testing.T) {
+	sizes := []uint64{1, 3, 2, 1, 4, 2} // granules
+	var n uint64
+	starts := map[uint64]bool{0: true}
+	for _, s := range sizes {
+		n += s
+		starts[n] = true
+	}
+	h := &hardware{t: t, starts: starts, hw: make([][3]driver.Access, n)}
+	l, err := New("test", devices(3), h, false)
+	require.NoError(t, err)
+	base, err := l.Reserve(n*g, 0, 0)
+	require.NoError(t, err)
+	h.base = base
+	at := base
+	for _, s := range sizes {
+		c, err := l.Create(0, s*g, driver.ChunkOptions{})
+		require.NoError(t, err)
+		require.NoError(t, l.Map(at, c))
+		at += driver.Addr(s * g)
+	}
+	ref := make([][3]driver.Access, n)
+	rng := rand.New(rand.NewPCG(1, 2))
+	values := []driver.Access{driver.AccessNone, driver.AccessRead, driver.AccessReadWrite}
+	for op := range 500 {
+		lo := rng.Uint64N(n)
+		hi := lo + 1 + rng.Uint64N(n-lo)
+		dev, a := driver.DeviceID(rng.IntN(3)), values[rng.IntN(3)]
+		h.calls, h.failAt = nil, 0
+		if rng.IntN(4) == 0 {
+			h.failAt = 1 + rng.IntN(3)
+		}
+		err := l.SetAccess(base+driver.Addr(lo*g), (hi-lo)*g, dev, a)
+		if err != nil {
+			require.True(t, errors.Is(err, driver.ErrOutOfMemory), "op %d: %v", op, err)
+		} else {
+			for k := lo; k < hi; k++ {
+				ref[k][dev] = a
+			}
+		}
+		m := uint64(0)
+		for _, s := range sizes {
+			for d := range 3 {
+				var widest driver.Access
+				for k := m; k < m+s; k++ {
+					widest |= ref[k][d]
+				}
+				for k := m; k < m+s; k++ {
+					got, err := l.Access(base+driver.Addr(k*g), driver.DeviceID(d))
+					require.NoError(t, err)
+					require.Equal(t, ref[k][d], got, "op %d: the record, granule %d device %d", op, k, d)
+					require.Equal(t, widest, h.hw[k][d], "op %d: the hardware, granule %d device %d", op, k, d)
+				}
+			}
+			m += s
+		}
+	}
+	require.NoError(t, l.Check())
 }

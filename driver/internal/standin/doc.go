@@ -35,7 +35,10 @@
 // sizes, addresses and offsets are held to the granularity; a map never
 // overwrites a mapping; memory goes when its handle is released and its last
 // mapping is gone; a new mapping is inaccessible until access is set, per
-// device and per granule (AscendCL's aclrtMapMem excepted: its mapping is
+// device and per granule, by calls that take whole mappings (cuMemSetAccess
+// a run of adjacent ones, as on an H100; aclrtMemSetAccess exactly one) —
+// per-granule grants come from mappings of one granule each —
+// (AscendCL's aclrtMapMem excepted: its mapping is
 // read-write for its device at once, aclrtMemMapNoAccess's is not); every
 // copy a device makes is checked against that access before a byte moves,
 // and an asynchronous violation is a sticky

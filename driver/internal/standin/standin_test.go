@@ -779,14 +779,20 @@ func TestReleaseIsRefcounted(t *testing.T) {
 	e.noLeaks()
 }
 
-func TestSetAccessPerDevicePerGranule(t *testing.T) {
+// TestSetAccessPerDevicePerMapping: cuMemSetAccess keeps each device's
+// access per granule in the books and the page tables, over runs of whole
+// adjacent mappings (here one granule each, so the grants are fine-grained).
+func TestSetAccessPerDevicePerMapping(t *testing.T) {
 	e := start(t, Config{MinGranularity: 64 * kib})
 	g := e.gran
 	r := e.reserve(8 * g)
-	a := e.create(0, 4*g, false)
-	e.ok(e.cu.MemMap(r, 4*g, 0, a, 0))
+	var as []uint64
+	for i := range 4 {
+		as = append(as, e.create(0, g, false))
+		e.ok(e.cu.MemMap(r+uint64(i)*g, g, 0, as[i], 0))
+	}
 
-	// Part of a mapping: granules 1 and 2 only.
+	// Granules 1 and 2 only: two whole mappings.
 	e.ok(e.setAccess(r+g, 2*g, 0, accessRW))
 	require.Equal(t, uint64(accessNone), e.access(0, r))
 	require.Equal(t, uint64(accessRW), e.access(0, r+g))
@@ -810,7 +816,7 @@ func TestSetAccessPerDevicePerGranule(t *testing.T) {
 	// Over a hole: refused, nothing changed.
 	b := e.create(0, 2*g, false)
 	e.ok(e.cu.MemMap(r+5*g, 2*g, 0, b, 0))
-	e.is(cuInvalidValue, e.setAccess(r+3*g, 3*g, 0, accessRW), "granule 4 is not mapped")
+	e.is(cuInvalidValue, e.setAccess(r+3*g, 4*g, 0, accessRW), "granule 4 is not mapped")
 	require.Equal(t, uint64(accessNone), e.access(0, r+3*g))
 	require.Equal(t, uint64(accessNone), e.access(0, r+5*g))
 	require.Equal(t, "---s", protAt(t, r+3*g))
@@ -818,7 +824,7 @@ func TestSetAccessPerDevicePerGranule(t *testing.T) {
 	loc := memLocation{typ: locDevice, id: 0}
 	e.is(cuInvalidValue, e.cu.MemGetAccess(&f, &loc, r+4*g), "nothing mapped there")
 
-	// Across several whole and partial mappings without a gap: allowed.
+	// Across several whole mappings without a gap: allowed.
 	c := e.create(0, g, false)
 	e.ok(e.cu.MemMap(r+4*g, g, 0, c, 0))
 	e.ok(e.setAccess(r+3*g, 4*g, 0, accessRW))
@@ -856,7 +862,7 @@ func TestSetAccessPerDevicePerGranule(t *testing.T) {
 
 	e.ok(e.cu.MemUnmap(r, 4*g))
 	e.ok(e.cu.MemUnmap(r+4*g, 3*g))
-	for _, h := range []uint64{a, b, c} {
+	for _, h := range append(as, b, c) {
 		e.ok(e.cu.MemRelease(h))
 	}
 	e.ok(e.cu.MemAddressFree(r, 8*g))
@@ -873,9 +879,10 @@ func TestAsyncViolationIsSticky(t *testing.T) {
 			e := start(t, Config{MinGranularity: 64 * kib})
 			g := e.gran
 			r := e.reserve(2 * g)
-			h := e.create(0, 2*g, false)
-			e.ok(e.cu.MemMap(r, 2*g, 0, h, 0))
-			e.ok(e.setAccess(r, g, 0, accessRW)) // the second granule stays inaccessible
+			h, h2 := e.create(0, g, false), e.create(0, g, false)
+			e.ok(e.cu.MemMap(r, g, 0, h, 0))
+			e.ok(e.cu.MemMap(r+g, g, 0, h2, 0))
+			e.ok(e.setAccess(r, g, 0, accessRW)) // the second mapping stays inaccessible
 			s := e.stream()
 			p, buf := e.hostAlloc(int(g))
 			copy(buf, pattern(int(g), 9))
@@ -918,10 +925,58 @@ func TestAsyncViolationIsSticky(t *testing.T) {
 			e.ok(e.cu.MemFreeHost(p))
 			e.ok(e.cu.MemUnmap(r, 2*g))
 			e.ok(e.cu.MemRelease(h))
+			e.ok(e.cu.MemRelease(h2))
 			e.ok(e.cu.MemAddressFree(r, 2*g))
 			e.noLeaks()
 		})
 	}
+}
+
+// TestSetAccessTakesWholeMappings: cuMemSetAccess refuses, with
+// CUDA_ERROR_INVALID_VALUE and changing nothing, a range that starts or
+// ends inside a mapping, as an H100 (CUDA 13.0) does ("the range must be
+// a fully mapped address range containing all allocations created by
+// cuMemMap / cuMemCreate"); it takes one whole mapping and a run of
+// adjacent whole ones.
+func TestSetAccessTakesWholeMappings(t *testing.T) {
+	e := start(t, Config{MinGranularity: 64 * kib})
+	g := e.gran
+	r := e.reserve(6 * g)
+	a, b := e.create(0, 4*g, false), e.create(0, 2*g, false)
+	e.ok(e.cu.MemMap(r, 4*g, 0, a, 0))
+	e.ok(e.cu.MemMap(r+4*g, 2*g, 0, b, 0))
+	unchanged := func() {
+		t.Helper()
+		for off := uint64(0); off < 6*g; off += g {
+			require.Equal(t, uint64(accessNone), e.access(0, r+off))
+			require.Equal(t, "---s", protAt(t, r+off))
+		}
+	}
+	for _, c := range []struct {
+		off, size uint64
+		why       string
+	}{
+		{g, 2 * g, "the middle of a mapping"},
+		{0, 2 * g, "ends inside the mapping"},
+		{g, 3 * g, "starts inside the mapping"},
+		{0, 5 * g, "a whole mapping and a piece of the next"},
+		{2 * g, 4 * g, "a piece of one and the whole next"},
+	} {
+		e.is(cuInvalidValue, e.setAccess(r+c.off, c.size, 0, accessRW), c.why)
+		unchanged()
+	}
+	e.ok(e.setAccess(r+4*g, 2*g, 0, accessRead), "one whole mapping")
+	require.Equal(t, uint64(accessRead), e.access(0, r+5*g))
+	e.ok(e.setAccess(r, 6*g, 0, accessRW), "two adjacent whole mappings in one call")
+	require.Equal(t, uint64(accessRW), e.access(0, r))
+	require.Equal(t, uint64(accessRW), e.access(0, r+5*g))
+	require.Equal(t, "rw-s", protAt(t, r+3*g))
+
+	e.ok(e.cu.MemUnmap(r, 6*g))
+	e.ok(e.cu.MemRelease(a))
+	e.ok(e.cu.MemRelease(b))
+	e.ok(e.cu.MemAddressFree(r, 6*g))
+	e.noLeaks()
 }
 
 func TestStreamsRunInOrderOnWorkerThreads(t *testing.T) {

@@ -1225,10 +1225,13 @@ static uint64_t protect_rows(uint64_t addr, const uint8_t *rows, uint64_t n)
 	return n;
 }
 
-/* set_access mirrors cuMemSetAccess: a granule-aligned range, mapped
- * throughout (over several mappings, or part of one; of one only when
- * `one`); each listed device gets exactly the access given, the others keep
- * theirs. A failure changes nothing. */
+/* set_access mirrors cuMemSetAccess: a granule-aligned range of whole
+ * mappings, adjacent (of one only when `one`); a range that starts or ends
+ * inside a mapping is VDEV_INVALID, as an H100 (CUDA 13.0) answers it with
+ * CUDA_ERROR_INVALID_VALUE ("the range must be a fully mapped address range
+ * containing all allocations created by cuMemMap / cuMemCreate", the
+ * cuMemSetAccess reference). Each listed device gets exactly the access
+ * given, the others keep theirs. A failure changes nothing. */
 static vdev_status set_access(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n, bool one)
 {
 	if (cfg.novmm)
@@ -1253,9 +1256,13 @@ static vdev_status set_access(uint64_t addr, uint64_t size, const struct vdev_ac
 	size_t first, i;
 	if (!mapped_run(addr, addr + size, &first))
 		goto out;
-	if (one && (((const struct mapping *)mappings.at[first])->addr != addr ||
-		    mapping_end(mappings.at[first]) != addr + size))
-		goto out;
+	if (((const struct mapping *)mappings.at[first])->addr != addr)
+		goto out; /* starts inside a mapping */
+	i = first;
+	while (mapping_end(mappings.at[i]) < addr + size)
+		i++;
+	if (mapping_end(mappings.at[i]) != addr + size || (one && i != first))
+		goto out; /* ends inside a mapping, or spans several for `one` */
 	st = VDEV_OOM;
 	old = calloc(ng, d);
 	now = calloc(ng, d);

@@ -253,9 +253,9 @@ struct vdev_access {
 	int dev;
 	int flags; /* VDEV_ACCESS_* */
 };
-/* vdev_set_access gives each listed device its access over a granule
- * aligned range that is mapped throughout; vdev_set_access_one over exactly
- * one whole mapping. */
+/* vdev_set_access gives each listed device its access over a range of
+ * adjacent whole mappings (never a piece of one, as cuMemSetAccess on real
+ * hardware); vdev_set_access_one over exactly one whole mapping. */
 vdev_status vdev_set_access(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n);
 vdev_status vdev_set_access_one(uint64_t addr, uint64_t size, const struct vdev_access *acc, size_t n);
 vdev_status vdev_get_access(int dev, uint64_t addr, int *flags);
