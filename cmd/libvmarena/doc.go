@@ -13,9 +13,9 @@
 // Each export runs on the calling thread, start to end, with no goroutine
 // hop: on the cuda driver with the device's primary context (the one
 // PyTorch uses), leaving the thread's current context as the caller had
-// it (the cuda driver's rule). On cuda vmarena_free waits for the work
-// queued on its stream before it frees (cuda.Driver.SyncStreamHandle,
-// without the library's lock): CUDA's unmap and release do not wait for
+// it (the cuda driver's rule). On cuda and acl vmarena_free waits for the
+// work queued on its stream before it frees (the drivers'
+// SyncStreamHandle, without the library's lock): CUDA's unmap and release do not wait for
 // kernels, and PyTorch frees with the allocation's stream and no wait of
 // its own. Each export recovers a panic into an error code, so that none
 // unwinds into C.

@@ -27,9 +27,12 @@
  * thread; NULL is the default stream of the device's primary context,
  * PyTorch's stream 0), then frees. Work
  * queued on other streams is the caller's to order (PyTorch's
- * record_stream). On the host and acl drivers the stream argument is not
- * looked at (acl: a free does not wait; see the README). vmarena_alloc's
- * stream is not looked at on any driver.
+ * record_stream). On acl vmarena_free waits likewise
+ * (aclrtSynchronizeStream; NULL is the default stream of the calling
+ * thread's current context, torch_npu's, and on a thread with no context
+ * of the caller's the whole device is waited for). On the host driver the
+ * stream argument is not looked at. vmarena_alloc's stream is not looked
+ * at on any driver.
  *
  * Errors. A function that fails returns its error code (or NULL) and
  * records a message that vmarena_last_error returns on the same thread.

@@ -1,6 +1,9 @@
 package acl
 
 import (
+	"fmt"
+	"runtime"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -475,6 +478,49 @@ func (d *Driver) HostFree(b []byte) error {
 		return errUnmade("HostFree")
 	}
 	return d.core.HostFree(b)
+}
+
+// SyncStreamHandle waits for the work queued so far on stream, an
+// aclrtStream this driver did not make (a framework's: torch_npu's), given
+// by its handle (aclrtSynchronizeStream, on the calling thread); libvmarena
+// calls it before a free, as on CUDA. A stream handle carries its
+// context, so the thread's current one is used as it is (the driver's own
+// where the thread has none). Stream 0 is the default stream of the
+// calling thread's current context (torch_npu's); on a thread with no
+// context of the caller's (none, or the driver's own, which its calls
+// leave on a thread that had none) there is no such stream to name, and the whole device is waited
+// for instead (aclrtSynchronizeDevice), every context's work. A bad handle
+// is the runtime's error.
+func (d *Driver) SyncStreamHandle(dev driver.DeviceID, stream uintptr) error {
+	if d.unmade() || d.rt == nil {
+		return errUnmade("SyncStreamHandle")
+	}
+	what := fmt.Sprintf("acl: synchronize stream %#x of device %d", stream, dev)
+	if err := driver.CheckDevice(func() string { return what }, dev, len(d.core.Devices())); err != nil {
+		return err
+	}
+	if d.core.Closed() {
+		return driver.Closed(what)
+	}
+	l := d.rt.x.l
+	if l.aclrtSynchronizeStream == nil {
+		return errors.Wrapf(driver.ErrUnsupported, "%s: %s lacks aclrtSynchronizeStream", what, l.path)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var cur uintptr
+	if l.aclrtGetCurrentContext(&cur) != 0 || slices.Contains(d.rt.ctx, cur) {
+		cur = 0 // none, or the driver's own (left by an earlier call): not a caller's
+	}
+	sync := func() aclError { return l.aclrtSynchronizeStream(stream) }
+	switch {
+	case cur != 0:
+		return errors.Wrapf(l.err("aclrtSynchronizeStream", sync()), "%s", what)
+	case stream != 0:
+		return errors.Wrapf(d.rt.on(dev, "aclrtSynchronizeStream", sync), "%s", what)
+	default:
+		return errors.Wrapf(d.rt.SyncDevice(dev), "%s: the thread has no context, so no default stream: the device", what)
+	}
 }
 
 // HostPID is this process's ID as AscendCL's allow-lists hold it
