@@ -100,7 +100,10 @@
 // used first — a whole unit, hence whole pages — when memory is needed,
 // before any running sequence is touched; a sequence gives its units back
 // last first, so a chain is evicted from its end (a unit is found only
-// through those before it). In the PerLayer layout sharing needs a page
+// through those before it). When the memory is needed for the whole units
+// of a prompt, an evicted unit's pages stay committed and become the new
+// store unit's (recycled: no decommit, no commit); pages not so reused
+// are decommitted before anything else is committed. In the PerLayer layout sharing needs a page
 // to hold whole rows (PageSize a multiple of KVHeads*HeadDim*dtype size);
 // otherwise, or with NoPrefixSharing, every page is the slot's own.
 //
@@ -176,7 +179,11 @@
 // bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
 // the store shares it. What a page costs beyond that — its commit, borrow,
 // read-only grant or decommit — is the arena's and the layers' below it
-// (a match takes one read-only grant per region).
+// (a match takes one read-only grant per region). Store units that lie
+// side by side in the store are committed, and borrowed into a slot of
+// the TokenMajor layout, in one arena call per run; a prompt page that
+// recycles an evicted unit's costs a borrow into the slot and, at Free,
+// its part of the slot's one decommit.
 //
 // # What it never does
 //

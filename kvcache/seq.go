@@ -290,38 +290,62 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 // empty one becomes a prefix store unit (a whole unit of the prompt, when
 // sharing) or the slot's own. It returns the units it backed; on failure
 // nothing changed.
-func (c *Cache) backLocked(what func() string, s *Seq, from, need int) ([]int, error) {
+//
+// A store unit evicted to make room for the prompt's units keeps its
+// memory for one of them (recycling): the new unit is written where the
+// evicted one was, which saves a decommit and a commit — a chunk's
+// release and create, unmap and map — per prompt page when the cache is
+// full. What the room is made for, and which units are evicted, are as
+// they would be without it; the memory not reused is decommitted before
+// any of the slot's own pages are committed, so committed memory never
+// exceeds the budget.
+func (c *Cache) backLocked(what func() string, s *Seq, from, need int) (backed []int, err error) {
 	sl := s.sl
 	var empty []int
-	pages := 0
+	pages, bound := 0, 0
 	for u := from; u < need; u++ {
 		if sl.units[u].state == unitEmpty {
 			empty = append(empty, u)
 			pages += c.g.unitPages()
+			bound += b2i(c.storeBoundLocked(s, u))
 		}
 	}
 	if len(empty) == 0 {
 		return nil, nil
 	}
+	defer func() {
+		if derr := c.dropSpareLocked(); derr != nil {
+			c.lostErr = errors.CombineErrors(c.lostErr, derr) // reported by Check
+		}
+	}()
+	c.ps.recycle = bound
 	if err := c.makeRoomLocked(what, pages, sl, need); err != nil {
 		return nil, err
 	}
-	var backed []int
 	for i := 0; i < len(empty); {
+		// A run of consecutive units, all store-bound or all not.
 		u := empty[i]
-		if c.storeBoundLocked(s, u) {
-			if err := c.backFromStoreLocked(s, u); err == nil {
-				backed = append(backed, u)
-				i++
-				continue
-			} else if !errors.Is(err, errNoStoreRoom) {
+		bound := c.storeBoundLocked(s, u)
+		j := i + 1
+		for j < len(empty) && empty[j] == empty[j-1]+1 && c.storeBoundLocked(s, empty[j]) == bound {
+			j++
+		}
+		if bound {
+			n, err := c.backFromStoreLocked(s, u, empty[j-1]+1)
+			backed = append(backed, empty[i:i+n]...)
+			if err != nil {
 				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
 			}
+			if i += n; i == j {
+				continue
+			}
+			// The store is full of mapped units: the rest are the slot's own.
+			u = empty[i]
 		}
-		// A run of own units: one commit per region.
-		j := i + 1
-		for j < len(empty) && empty[j] == empty[j-1]+1 && !c.storeBoundLocked(s, empty[j]) {
-			j++
+		// Own units: one commit per region, once the spare store units
+		// are given back.
+		if err := c.dropSpareLocked(); err != nil {
+			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
 		}
 		if err := c.commitUnitsLocked(sl, u, empty[j-1]+1); err != nil {
 			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))

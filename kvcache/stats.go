@@ -31,8 +31,10 @@ type Stats struct {
 	// mapper was committing (mapping ahead would have spared them).
 	Admits, Frees, Steps, Waits int
 	// Commits, Borrows and Decommits are calls to the arena (one per
-	// region of a unit in the PerLayer layout); MapperCommits those the
-	// mapping-ahead goroutine made.
+	// region of a run of units in the PerLayer layout; one for a run of
+	// prefix store units side by side, none for a store unit that reuses
+	// an evicted one's memory); MapperCommits those the mapping-ahead
+	// goroutine made.
 	Commits, Borrows, Decommits, MapperCommits int
 	// PrefixQueries and PrefixHits are in blocks (BlockTokens): the
 	// prompts' whole blocks looked up, and those found, by every Admit and
@@ -40,7 +42,8 @@ type Stats struct {
 	// partly covered by a matched prefix, copied once (CopiedBytes).
 	PrefixQueries, PrefixHits, Copies int
 	CopiedBytes                       uint64
-	// Evictions are store units given back (EvictedPages pages);
+	// Evictions are store units given back (EvictedPages pages), whether
+	// decommitted or their memory reused in place by a new store unit;
 	// Reclaims are idle slots and surplus pages given back (ReclaimedPages).
 	Evictions, EvictedPages, Reclaims, ReclaimedPages int
 	// Preemptions = Swaps + Drops; SwappedBytes went to host memory;

@@ -31,7 +31,9 @@ import (
 //
 // A store unit no sequence maps stays cached, listed in LRU order, and is
 // evicted (decommitted whole: its pages hold nothing else) when memory is
-// needed, before any running sequence is touched. A unit published while
+// needed, before any running sequence is touched — or, when the memory is
+// needed for new store units (backLocked), kept committed as a spare
+// unit that one of them fills in place (recycling). A unit published while
 // another with its key is listed stays unlisted and goes when its last
 // borrower gives it back.
 //
@@ -76,6 +78,16 @@ type prefixStore struct {
 	children map[uint64][]*storeUnit // listed units by parent key
 	lru      *list.List              // cached units (no borrower), least recently used first
 	pages    int
+
+	// spare is the idx of units evicted by the backLocked running now
+	// whose memory stays committed for the store units it backs next
+	// (reused in place: no decommit, no commit); recycle is how many more
+	// it may keep. Counted in neither pages nor the budget's: the
+	// backLocked decommits those it did not use before it commits
+	// anything else and before it returns, so spare is empty whenever mu
+	// is let go.
+	spare   []int
+	recycle int
 
 	sharedUnits, extraRefs int
 }
@@ -183,55 +195,161 @@ func (c *Cache) storeOff(idx, r int) uint64 {
 	return uint64(idx)*c.g.storeUnitBytes() + uint64(r)*c.g.unitBytes
 }
 
-// takeStoreIdxLocked returns a free store unit, evicting the least
-// recently used cached one if there is none; errNoStoreRoom when every
+// takeStoreIdxLocked returns a store unit to fill and whether its memory
+// is committed already (a spare one, reused in place): a spare if there
+// is one, else a free one, evicting the least recently used cached unit
+// (and reusing its memory) if there is none; errNoStoreRoom when every
 // unit is mapped.
-func (c *Cache) takeStoreIdxLocked() (int, error) {
-	if len(c.ps.free) == 0 {
+func (c *Cache) takeStoreIdxLocked() (idx int, committed bool, err error) {
+	if len(c.ps.spare) == 0 && len(c.ps.free) == 0 {
 		if c.ps.lru.Len() == 0 {
-			return 0, errNoStoreRoom
+			return 0, false, errNoStoreRoom
 		}
+		c.ps.recycle++
 		if err := c.evictOneLocked(); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	}
-	idx := c.ps.free[len(c.ps.free)-1]
+	if n := len(c.ps.spare); n > 0 {
+		idx = c.ps.spare[n-1]
+		c.ps.spare = c.ps.spare[:n-1]
+		return idx, true, nil
+	}
+	idx = c.ps.free[len(c.ps.free)-1]
 	c.ps.free = c.ps.free[:len(c.ps.free)-1]
-	return idx, nil
+	return idx, false, nil
 }
 
-// backFromStoreLocked makes unit u of s a new store unit s owns, borrowed
-// into its slot. The budget has room (the caller made it). On failure
-// nothing changed; errNoStoreRoom when the store is full of mapped units.
-func (c *Cache) backFromStoreLocked(s *Seq, u int) error {
-	g, sl := c.g, s.sl
-	idx, err := c.takeStoreIdxLocked()
-	if err != nil {
-		return err
+// backFromStoreLocked makes units [u0, u1) of s — empty, consecutive,
+// each a whole unit of its prompt — new store units s owns, borrowed into
+// its slot, each in a spare unit's memory if there is one, else in a new
+// commit. The budget has room (the caller made it). It returns how many
+// it backed, from u0: fewer than asked, with no error, when the store has
+// no unit left to give (every unit mapped). On failure those it backed
+// are in the books (the caller gives them back) and the rest changed
+// nothing but spare units' books (committed memory not used stays spare).
+//
+// Units the store gives side by side are committed, and borrowed when a
+// unit is one region, in one arena call each.
+func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
+	g := c.g
+	type taken struct {
+		idx       int
+		committed bool
+	}
+	took := make([]taken, 0, u1-u0)
+	// Those not made store units go back: spare if committed.
+	giveBack := func(from int) {
+		for _, t := range took[from:] {
+			if t.committed {
+				c.ps.spare = append(c.ps.spare, t.idx)
+			} else {
+				c.ps.free = append(c.ps.free, t.idx)
+			}
+		}
+	}
+	for u := u0; u < u1; u++ {
+		idx, committed, err := c.takeStoreIdxLocked()
+		if errors.Is(err, errNoStoreRoom) {
+			break
+		}
+		if err != nil {
+			giveBack(0)
+			return 0, err
+		}
+		took = append(took, taken{idx, committed})
 	}
 	sub := g.storeUnitBytes()
-	if err := c.ps.s.Commit(uint64(idx)*sub, sub); err != nil {
-		c.ps.free = append(c.ps.free, idx)
-		return errors.Wrapf(err, "kvcache: a prefix store unit for unit %d", u)
+	for i := 0; i < len(took); {
+		if took[i].committed {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(took) && !took[j].committed && took[j].idx == took[j-1].idx+1 {
+			j++
+		}
+		if err := c.ps.s.Commit(uint64(took[i].idx)*sub, uint64(j-i)*sub); err != nil {
+			giveBack(0)
+			return 0, errors.Wrapf(err, "kvcache: prefix store units for units [%d, %d)", u0+i, u0+j)
+		}
+		c.counts.commits++
+		for k := i; k < j; k++ {
+			took[k].committed = true
+		}
+		i = j
 	}
-	c.counts.commits++
-	start, end := g.unitTokens(u)
 	if s.chain == nil {
 		s.chain = chain(s.prompt, s.extra, g.block)
 	}
 	ch := s.chain
-	su := &storeUnit{idx: idx, u: u, owner: s, lastUse: c.tick,
-		key:    prefixKey(ch, s.prompt, s.extra, g.block, end),
-		parent: prefixKey(ch, s.prompt, s.extra, g.block, start),
-		tokens: slices.Clone(s.prompt[start:end])}
-	if err := c.borrowLocked(sl, u, su); err != nil {
-		return errors.CombineErrors(err, c.freeStoreUnitLocked(su))
+	sus := make([]*storeUnit, len(took))
+	for i, t := range took {
+		start, end := g.unitTokens(u0 + i)
+		sus[i] = &storeUnit{idx: t.idx, u: u0 + i, owner: s, lastUse: c.tick,
+			key:    prefixKey(ch, s.prompt, s.extra, g.block, end),
+			parent: prefixKey(ch, s.prompt, s.extra, g.block, start),
+			tokens: slices.Clone(s.prompt[start:end])}
 	}
-	s.unpublished = append(s.unpublished, su)
-	c.ps.units[idx] = su
-	c.ps.pages += g.unitPages()
-	c.pages += g.unitPages()
-	return nil
+	n, err := c.borrowRunLocked(s.sl, u0, sus)
+	for _, su := range sus[:n] {
+		s.unpublished = append(s.unpublished, su)
+		c.ps.units[su.idx] = su
+		c.ps.pages += g.unitPages()
+		c.pages += g.unitPages()
+	}
+	giveBack(n)
+	return n, err
+}
+
+// borrowRunLocked maps store units sus at units u0, u0+1, ... of sl:
+// side by side in the store and one region each, in one arena call; one
+// borrow per region and unit otherwise. It returns how many it mapped
+// (all unless it fails; those it mapped are in the books).
+func (c *Cache) borrowRunLocked(sl *slot, u0 int, sus []*storeUnit) (int, error) {
+	if c.g.regions > 1 {
+		for i, su := range sus {
+			if err := c.borrowLocked(sl, u0+i, su); err != nil {
+				return i, err
+			}
+		}
+		return len(sus), nil
+	}
+	for i := 0; i < len(sus); {
+		j := i + 1
+		for j < len(sus) && sus[j].idx == sus[j-1].idx+1 {
+			j++
+		}
+		n := uint64(j-i) * c.g.unitBytes
+		if err := c.slots.Borrow(c.slotOff(sl, 0, u0+i), c.ps.s, c.storeOff(sus[i].idx, 0), n); err != nil {
+			return i, errors.Wrapf(err, "kvcache: map prefix store units %d to %d at units [%d, %d) of slot %d", sus[i].idx, sus[j-1].idx, u0+i, u0+j, sl.idx)
+		}
+		c.counts.borrows++
+		for k := i; k < j; k++ {
+			c.borrowedLocked(sl, u0+k, sus[k])
+		}
+		i = j
+	}
+	return len(sus), nil
+}
+
+// dropSpareLocked decommits the spare units backLocked did not reuse and
+// ends its recycling.
+func (c *Cache) dropSpareLocked() error {
+	c.ps.recycle = 0
+	var errs error
+	sub := c.g.storeUnitBytes()
+	for len(c.ps.spare) > 0 {
+		idx := c.ps.spare[len(c.ps.spare)-1]
+		c.ps.spare = c.ps.spare[:len(c.ps.spare)-1]
+		if err := c.ps.s.Decommit(uint64(idx)*sub, sub); err != nil {
+			errs = errors.CombineErrors(errs, errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: decommit prefix store unit %d", idx)))
+			continue // its memory is lost to the books: Check reports it
+		}
+		c.counts.decommits++
+		c.ps.free = append(c.ps.free, idx)
+	}
+	return errs
 }
 
 // borrowLocked maps store unit su at unit u of sl, one borrow per region.
@@ -251,6 +369,12 @@ func (c *Cache) borrowLocked(sl *slot, u int, su *storeUnit) error {
 		}
 	}
 	c.counts.borrows += g.regions
+	c.borrowedLocked(sl, u, su)
+	return nil
+}
+
+// borrowedLocked books su as mapped at unit u of sl.
+func (c *Cache) borrowedLocked(sl *slot, u int, su *storeUnit) {
 	if su.elem != nil {
 		c.ps.lru.Remove(su.elem)
 		su.elem = nil
@@ -258,21 +382,26 @@ func (c *Cache) borrowLocked(sl *slot, u int, su *storeUnit) error {
 	c.refLocked(su, 1)
 	su.lastUse = c.tick
 	c.setUnitLocked(sl, u, unitBorrowed, su)
-	return nil
 }
 
-// freeStoreUnitLocked decommits su (mapped nowhere) and frees its place.
+// freeStoreUnitLocked decommits su (mapped nowhere) and frees its place
+// — or, while backLocked recycles, keeps its memory as a spare unit.
 func (c *Cache) freeStoreUnitLocked(su *storeUnit) error {
-	sub := c.g.storeUnitBytes()
-	if err := c.ps.s.Decommit(uint64(su.idx)*sub, sub); err != nil {
-		return errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: decommit prefix store unit %d", su.idx))
-	}
-	c.counts.decommits++
 	if c.ps.units[su.idx] == su {
 		c.ps.units[su.idx] = nil
 		c.ps.pages -= c.g.unitPages()
 		c.pages -= c.g.unitPages()
 	}
+	if c.ps.recycle > 0 {
+		c.ps.recycle--
+		c.ps.spare = append(c.ps.spare, su.idx)
+		return nil
+	}
+	sub := c.g.storeUnitBytes()
+	if err := c.ps.s.Decommit(uint64(su.idx)*sub, sub); err != nil {
+		return errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: decommit prefix store unit %d", su.idx))
+	}
+	c.counts.decommits++
 	c.ps.free = append(c.ps.free, su.idx)
 	return nil
 }
@@ -501,11 +630,12 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 	// Borrowed, the units are no longer cached: making room for the
 	// copy below cannot evict them. Other sequences read them: they are
 	// read-only to this one.
-	for u, su := range m.units {
-		if err := c.borrowLocked(sl, u, su); err != nil {
-			return undo(errors.Wrapf(err, "%s", what()))
-		}
+	n, err := c.borrowRunLocked(sl, 0, m.units)
+	for u := range n {
 		backed = append(backed, u)
+	}
+	if err != nil {
+		return undo(errors.Wrapf(err, "%s", what()))
 	}
 	if err := c.protectSharedLocked(what, sl, k); err != nil {
 		return undo(err)
@@ -690,8 +820,11 @@ func (c *Cache) checkStoreLocked(fail func(string, ...any)) int {
 	if kids != len(c.ps.byKey) {
 		fail("%d units listed by key, %d by parent", len(c.ps.byKey), kids)
 	}
-	if live+len(c.ps.free) != len(c.ps.units) {
-		fail("%d store units live and %d free of %d", live, len(c.ps.free), len(c.ps.units))
+	if len(c.ps.spare) != 0 || c.ps.recycle != 0 {
+		fail("%d spare store units and %d to recycle outside a commit", len(c.ps.spare), c.ps.recycle)
+	}
+	if live+len(c.ps.free)+len(c.ps.spare) != len(c.ps.units) {
+		fail("%d store units live, %d free and %d spare of %d", live, len(c.ps.free), len(c.ps.spare), len(c.ps.units))
 	}
 	if live*c.g.unitPages() != c.ps.pages {
 		fail("%d store units live, %d pages counted", live, c.ps.pages)

@@ -84,9 +84,10 @@ type KVCacheOptions struct {
 // of each sequence's last page (PerLayer: of each region's) — as the
 // paged scheme's is the tail of its last block; Committed + Cached is all
 // the cache has committed, kvcache.Stats.Committed. Commits counts the
-// cache's commit calls to its arena (one per region of a unit in the
-// PerLayer layout; borrowing a store unit's pages is not one: it takes no
-// memory). The prefix figures are the cache's, in tokens (whole blocks of
+// cache's commit calls to its arena (one per region of a run of units in
+// the PerLayer layout; one for a run of prefix store units side by side;
+// none for a store unit that reuses an evicted one's memory; borrowing a
+// store unit's pages is not one: it takes no memory). The prefix figures are the cache's, in tokens (whole blocks of
 // BlockTokens); Evictions counts the prefix store units evicted.
 type KVCache struct {
 	cfg  KVConfig

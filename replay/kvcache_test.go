@@ -164,11 +164,12 @@ func TestKVCacheSharesPrefixByHand(t *testing.T) {
 			require.Equal(t, pages*16*units.KiB, ks.Committed)
 			require.Equal(t, int64(3*32), ks.PrefixQueried, "a's, early's and b's two whole blocks")
 			require.Equal(t, int64(32), ks.PrefixHit)
-			// Token-major: a commits its two prompt pages in the store, one
-			// page each, and a page of its own; b a page of its own.
+			// Token-major: a commits its two prompt pages in the store, side
+			// by side (one call), and a page of its own; b a page of its
+			// own.
 			// Per-layer: a commits its prompt's unit in the store (one
 			// call), and a unit of its own (a call per region); b too.
-			commits := map[kvcache.Layout]int64{kvcache.TokenMajor: 2 + 1 + 1, kvcache.PerLayer: 1 + 2 + 2}[layout]
+			commits := map[kvcache.Layout]int64{kvcache.TokenMajor: 1 + 1 + 1, kvcache.PerLayer: 1 + 2 + 2}[layout]
 			require.Equal(t, commits, ks.Commits)
 		})
 	}
