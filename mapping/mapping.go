@@ -218,20 +218,26 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 		return err
 	}
 	end := addr + driver.Addr(c.Size())
-	if it := t.maps.Overlap(addr, end); it != nil {
+	gran := t.devs[c.Device()].MinGranularity
+	e := &entry{tab: t, rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
+		access: runs.New[accessRow](c.Size() / gran), ndev: len(t.devs)}
+	// Booked first, under the lock, and taken out again if the driver
+	// refuses: one search of the books, where a check and then an add
+	// would search twice.
+	if it, ok := t.maps.Add(addr, end, e); !ok {
+		if it == nil {
+			return errors.AssertionFailedf("%s: the chunk is empty", what())
+		}
 		o := it.Val
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: %s overlaps the mapping %s of %s",
 				what(), vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
 			"unmap it first: map never replaces a mapping")
 	}
-	gran := t.devs[c.Device()].MinGranularity
-	e := &entry{tab: t, rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
-		access: runs.New[accessRow](c.Size() / gran), ndev: len(t.devs)}
 	if err := mapref.Map(c, (*mapOp)(e)); err != nil {
+		t.maps.DeleteStart(addr)
 		return errors.Wrapf(err, "%s", what())
 	}
-	t.maps.Add(addr, end, e) // nothing in the way: checked above, under the lock
 	return nil
 }
 

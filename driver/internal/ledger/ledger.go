@@ -532,14 +532,16 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 		return err
 	}
 	m := &Mapping{Addr: addr, Size: c.Size, Chunk: c, Region: r, gran: gran, access: runs.New[uint64](c.Size / gran)}
-	if it := r.maps.Overlap(addr, m.end()); it != nil {
-		o := it.Val
+	overlaps := func(o *Mapping) error {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: [%s, %s) overlaps the mapping [%s, %s) of chunk %d",
 				what(), addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
 			"unmap it first: map never replaces a mapping")
 	}
 	if l.oneBind && r.maps.Len() > 0 {
+		if it := r.maps.Overlap(addr, m.end()); it != nil {
+			return overlaps(it.Val) // the overlap first, as below
+		}
 		// Every mapping of r is of one device and one origin: the first
 		// says which.
 		if o := r.maps.At(0).Val.Chunk; o.Device != c.Device || o.imported != c.imported {
@@ -555,10 +557,20 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 				"reserve a range for each device, and one for imported chunks")
 		}
 	}
+	// Booked first, under the lock, and taken out again if the backend
+	// refuses: one search of the books, where a check and then an add
+	// would search twice. (A chunk is never empty: Create and Import
+	// check its size.)
+	if it, ok := r.maps.Add(addr, m.end(), m); !ok {
+		if it == nil {
+			return errors.AssertionFailedf("%s: chunk %d is empty", what(), h)
+		}
+		return overlaps(it.Val)
+	}
 	if err := l.backend.Map(m); err != nil {
+		r.maps.DeleteStart(addr)
 		return errors.Wrapf(err, "%s", what())
 	}
-	r.maps.Add(addr, m.end(), m) // nothing in the way: checked above, under the lock
 	c.maps++
 	return nil
 }
