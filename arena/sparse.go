@@ -385,7 +385,7 @@ func (s *Sparse) holesLocked(start, end uint64) []span {
 // holes.
 func (s *Sparse) holesInto(holes []span, start, end uint64) []span {
 	at := start
-	for _, it := range s.slots.From(s.slots.Search(start)) {
+	for it := range s.slots.After(start) {
 		if it.Start >= end {
 			break
 		}
@@ -520,7 +520,7 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 		if hi < 0 {
 			hi = len(made)
 		}
-		if _, ok := s.slots.InsertRun(made[lo:hi]); !ok {
+		if !s.slots.AddRun(made[lo:hi]) {
 			return errors.AssertionFailedf("%s: the new chunks of [%#x, %#x) overlap the range's", what(), h.start, h.end)
 		}
 	}
@@ -749,6 +749,9 @@ func (s *Sparse) Decommit(off, n uint64) error {
 }
 
 func (s *Sparse) decommitLocked(what func() string, start, end uint64) error {
+	if it := s.slots.Get(start); it != nil && it.Start == start && it.End == end {
+		return s.decommitOneLocked(what, *it)
+	}
 	lo, hi := s.slots.Overlapping(start, end)
 	if lo == hi {
 		return nil
@@ -791,6 +794,28 @@ func (s *Sparse) decommitLocked(what func() string, start, end uint64) error {
 		}
 	}
 	s.slots.Delete(done, hi)
+	s.countDecommit(gave, runs)
+	if err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	return nil
+}
+
+// decommitOneLocked is decommitLocked of exactly the slot it (the common
+// case: one chunk, say a KV cache's page), found and dropped by key.
+func (s *Sparse) decommitOneLocked(what func() string, it ranges.Item[uint64, *slot]) error {
+	if err := s.pinnedLocked(what, &it); err != nil {
+		return err
+	}
+	unmapped, err := s.unmapSlotLocked(it.Start, it.Val)
+	gave, runs := uint64(0), 0
+	if unmapped {
+		s.slots.DeleteStart(it.Start)
+		if it.Val.lender == nil {
+			gave = it.Size()
+		}
+		runs = 1
+	}
 	s.countDecommit(gave, runs)
 	if err != nil {
 		return errors.Wrapf(err, "%s", what())
@@ -844,15 +869,23 @@ func (s *Sparse) unpinnedLocked(what func() string, lo, hi int) error {
 		if i >= hi {
 			break
 		}
-		switch {
-		case it.Val.views > 0:
-			return errors.WithHint(
-				errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at [%#x, +%s)", what(), it.Val.views, it.Start, units.Bytes(it.Size())),
-				"release the views of the memory being given up first")
-		case it.Val.borrowers.Load() > 0:
-			return errors.Wrapf(driver.ErrBusy, "%s: the chunk at [%#x, +%s) is lent to another range (stitched or being moved)",
-				what(), it.Start, units.Bytes(it.Size()))
+		if err := s.pinnedLocked(what, it); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// pinnedLocked refuses the slot it if a view or a borrower pins it.
+func (s *Sparse) pinnedLocked(what func() string, it *ranges.Item[uint64, *slot]) error {
+	switch {
+	case it.Val.views > 0:
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at [%#x, +%s)", what(), it.Val.views, it.Start, units.Bytes(it.Size())),
+			"release the views of the memory being given up first")
+	case it.Val.borrowers.Load() > 0:
+		return errors.Wrapf(driver.ErrBusy, "%s: the chunk at [%#x, +%s) is lent to another range (stitched or being moved)",
+			what(), it.Start, units.Bytes(it.Size()))
 	}
 	return nil
 }

@@ -369,7 +369,7 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 // ErrNotMapped naming the first gap.
 func (t *Table) covering(what func() string, addr, end driver.Addr, es []*entry) ([]*entry, error) {
 	at := addr
-	for _, it := range t.maps.From(t.index(addr)) {
+	for it := range t.maps.After(addr) {
 		if at >= end {
 			break
 		}
@@ -548,7 +548,7 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 	}
 	end := addr + driver.Addr(len(p))
 	at := addr
-	for _, it := range t.maps.From(t.index(addr)) {
+	for it := range t.maps.After(addr) {
 		if at >= end {
 			break
 		}

@@ -507,9 +507,6 @@ func (l *Ledger) reservationFor(what func() string, addr driver.Addr, size uint6
 	return r, nil
 }
 
-// mapIndex returns the index of the first mapping of r that ends after addr.
-func (r *Region) mapIndex(addr driver.Addr) int { return r.maps.Search(addr) }
-
 // Map implements driver.Driver.
 func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 	what := func() string { return fmt.Sprintf("%s: map chunk %d at %s", l.name, h, addr) }
@@ -670,7 +667,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	var msBuf [4]*Mapping
 	ms := msBuf[:0]
 	at := addr
-	for _, it := range r.maps.From(r.mapIndex(addr)) {
+	for it := range r.maps.After(addr) {
 		if at >= end {
 			break
 		}
@@ -903,7 +900,7 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
 	onMapping func(m *Mapping, at driver.Addr) error, onRun func(m *Mapping, word uint64, at, runEnd driver.Addr) error) error {
 	at := addr
-	for _, it := range r.maps.From(r.mapIndex(addr)) {
+	for it := range r.maps.After(addr) {
 		if at >= end {
 			break
 		}
