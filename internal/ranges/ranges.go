@@ -12,7 +12,10 @@
 // thousand. Each inner node keeps, for each child, the number of ranges
 // under it, the start of its first range and the size of its largest, so
 // that indexing, searching and a first-fit by size (FirstFit) descend one
-// path.
+// path. The operations by key — Get, Overlap, Add, AddRun, DeleteStart,
+// After — descend by key, once for one range, and count nothing: the hot
+// paths of the books above (a page table's map and unmap, a range's
+// commit and decommit) use them, not indices.
 //
 // It owns only numbers and the values it is given: it never touches memory
 // and is not safe for concurrent use (its owner holds the lock). It never
