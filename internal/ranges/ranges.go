@@ -114,6 +114,31 @@ func (n *node[K, V]) summary() kid[K, V] {
 	return k
 }
 
+// largestAfter is the size of n's largest range, when n's largest was
+// big before one of that size went: big again as soon as another of that
+// size shows (ranges of one size — a page table's, a range's chunks — stop
+// at the first), else the largest of all.
+func (n *node[K, V]) largestAfter(big uint64) uint64 {
+	var most uint64
+	if n.leaf() {
+		for i := range n.items {
+			sz := n.items[i].Size()
+			if sz == big {
+				return big
+			}
+			most = max(most, sz)
+		}
+		return most
+	}
+	for i := range n.kids {
+		if n.kids[i].big == big {
+			return big
+		}
+		most = max(most, n.kids[i].big)
+	}
+	return most
+}
+
 // firstStart is the start of n's first range (n is not empty).
 func (n *node[K, V]) firstStart() K {
 	if n.leaf() {
@@ -384,7 +409,7 @@ func (n *node[K, V]) deleted(k int, it Item[K, V]) {
 			e.first = c.firstStart()
 		}
 		if it.Size() == e.big {
-			e.big = c.summary().big
+			e.big = c.largestAfter(e.big)
 		}
 	}
 	if c.size() < minOf(c) {
