@@ -132,6 +132,17 @@ type Sparse struct {
 	// their memory goes back when the next Decommit or Close releases
 	// them. Guarded by ops.
 	unreleased []*physical.Chunk
+
+	// scratch is a commit's working memory, kept between commits so a
+	// commit of one chunk allocates only what it keeps (the slot and the
+	// lower layers' records). Guarded by ops and mu; emptied (pointers
+	// cleared) after each use.
+	scratch struct {
+		holes, parts []span
+		pieces       []piece
+		free         []uint64
+		made         []ranges.Item[uint64, *slot]
+	}
 }
 
 // SparseStats are a Sparse's figures.
@@ -367,9 +378,14 @@ func (sp span) size() uint64 { return sp.end - sp.start }
 
 // holesLocked returns the uncommitted parts of [start, end), in order.
 func (s *Sparse) holesLocked(start, end uint64) []span {
-	var holes []span
+	return s.holesInto(nil, start, end)
+}
+
+// holesInto appends the uncommitted parts of [start, end), in order, to
+// holes.
+func (s *Sparse) holesInto(holes []span, start, end uint64) []span {
 	at := start
-	for _, it := range s.slots.From(s.slots.Search(start)) {
+	for it := range s.slots.After(start) {
 		if it.Start >= end {
 			break
 		}
@@ -420,7 +436,9 @@ func (s *Sparse) commitCut(off, n uint64, cut func(hole span) []span) error {
 	if err := s.checkSpan(what, off, n); err != nil {
 		return err
 	}
-	err := s.commitLocked(what, s.holesLocked(off, off+n), cut)
+	holes := s.holesInto(s.scratch.holes[:0], off, off+n)
+	err := s.commitLocked(what, holes, cut)
+	s.scratch.holes = holes[:0]
 	if invariants.Enabled {
 		invariants.Fail("arena: commit", s.checkLocked())
 	}
@@ -439,10 +457,15 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 		return nil
 	}
 	pieces, err := s.planLocked(what, holes, cut)
+	defer func() { s.scratch.pieces = pieces[:0] }()
 	if err != nil {
 		return err
 	}
-	made := make([]ranges.Item[uint64, *slot], 0, len(pieces))
+	made := s.scratch.made[:0]
+	defer func() {
+		clear(made) // the slots are the list's, or released
+		s.scratch.made = made[:0]
+	}()
 	undo := func(cause error) error {
 		for i := len(made) - 1; i >= 0; i-- {
 			it := made[i]
@@ -459,8 +482,9 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 	}
 	// The plan went by this range's books; memory taken by others on the
 	// same driver shows only when a create fails. Such a device is full:
-	// the piece goes where the placement would put it next.
-	free := s.freeLocked()
+	// the piece goes where the placement would put it next. (The plan is
+	// done with the scratch free list: it is this loop's now.)
+	free := s.freeInto(s.scratch.free[:0])
 	for _, p := range pieces {
 		for {
 			sl, err := s.makeLocked(p)
@@ -496,7 +520,7 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 		if hi < 0 {
 			hi = len(made)
 		}
-		if _, ok := s.slots.InsertRun(made[lo:hi]); !ok {
+		if !s.slots.AddRun(made[lo:hi]) {
 			return errors.AssertionFailedf("%s: the new chunks of [%#x, %#x) overlap the range's", what(), h.start, h.end)
 		}
 	}
@@ -529,8 +553,9 @@ func (s *Sparse) grantNewLocked(h span) error {
 // it refuses — before anything is created — a commit the devices cannot
 // hold.
 func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []span) ([]piece, error) {
-	free := s.freeLocked()
-	var pieces []piece
+	free := s.freeInto(s.scratch.free[:0])
+	defer func() { s.scratch.free = free[:0] }()
+	pieces := s.scratch.pieces[:0]
 	var asked uint64
 	for _, h := range holes {
 		asked += h.size()
@@ -540,19 +565,21 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 		if cut != nil {
 			parts = cut(h)
 			if err := s.checkCut(h, parts); err != nil {
-				return nil, errors.Wrapf(err, "%s", what())
+				return pieces, errors.Wrapf(err, "%s", what())
 			}
 		} else {
+			parts = s.scratch.parts[:0]
 			for off := h.start; off < h.end; {
 				size := min(h.end-off, s.opts.MaxChunk)
 				parts = append(parts, span{off, off + size})
 				off += size
 			}
+			s.scratch.parts = parts[:0]
 		}
 		for _, p := range parts {
 			dev, err := s.chooseLocked(p.start, p.size(), free)
 			if err != nil {
-				return nil, errors.WithHint(
+				return pieces, errors.WithHint(
 					errors.Wrapf(err, "%s: needed %s more committed; %s", what(), units.Bytes(asked), s.describeFree()),
 					"decommit or free memory on the devices named, or commit less")
 			}
@@ -586,9 +613,18 @@ func (s *Sparse) chooseLocked(off, size uint64, free []uint64) (driver.DeviceID,
 	where := func() string {
 		return fmt.Sprintf("chunk %d at offset %#x, placed %s", i, off, placementString(s.opts.Placement))
 	}
-	order, err := placementOrder(s.opts.Placement, off, i, slices.Clone(free))
-	if err != nil {
-		return 0, errors.Wrapf(err, "%s", where())
+	var one [1]driver.DeviceID
+	var order []driver.DeviceID
+	if o, ok := s.opts.Placement.(oneDevice); ok {
+		// The default: no call out, nothing to copy.
+		one[0] = o.dev
+		order = one[:]
+	} else {
+		var err error
+		// A copy: Order may keep free.
+		if order, err = placementOrder(s.opts.Placement, off, i, slices.Clone(free)); err != nil {
+			return 0, errors.Wrapf(err, "%s", where())
+		}
 	}
 	if len(order) == 0 {
 		return 0, errors.Wrapf(driver.ErrInvalid, "%s: the placement named no device", where())
@@ -626,14 +662,37 @@ func (s *Sparse) makeLocked(p piece) (*slot, error) {
 		return nil, errors.CombineErrors(err, c.Release())
 	}
 	s.stats.ChunkMaps++
-	return &slot{c: c, access: make([]driver.Access, len(s.devs))}, nil
+	return newSlot(c, len(s.devs)), nil
+}
+
+// slotFew is a slot and its access row in one allocation, for ranges on
+// up to four devices (nearly all): one allocation a commit, not two.
+type slotFew struct {
+	sl  slot
+	acc [4]driver.Access
+}
+
+// newSlot returns a slot of c with no access for any of ndev devices.
+func newSlot(c *physical.Chunk, ndev int) *slot {
+	if ndev <= len(slotFew{}.acc) {
+		f := &slotFew{sl: slot{c: c}}
+		f.sl.access = f.acc[:ndev:ndev]
+		return &f.sl
+	}
+	return &slot{c: c, access: make([]driver.Access, ndev)}
 }
 
 // freeLocked returns the free bytes of every device, as physical memory
 // counts them.
 func (s *Sparse) freeLocked() []uint64 {
-	free := make([]uint64, len(s.devs))
+	return s.freeInto(nil)
+}
+
+// freeInto is freeLocked into buf's memory.
+func (s *Sparse) freeInto(buf []uint64) []uint64 {
+	free := slices.Grow(buf[:0], len(s.devs))[:len(s.devs)]
 	for d := range free {
+		free[d] = 0
 		if u, err := s.mem.Usage(driver.DeviceID(d)); err == nil {
 			free[d] = u.Capacity - u.Used
 		}
@@ -690,6 +749,9 @@ func (s *Sparse) Decommit(off, n uint64) error {
 }
 
 func (s *Sparse) decommitLocked(what func() string, start, end uint64) error {
+	if it := s.slots.Get(start); it != nil && it.Start == start && it.End == end {
+		return s.decommitOneLocked(what, *it)
+	}
 	lo, hi := s.slots.Overlapping(start, end)
 	if lo == hi {
 		return nil
@@ -706,11 +768,17 @@ func (s *Sparse) decommitLocked(what func() string, start, end uint64) error {
 	// Unmap last first; the books drop what was unmapped, in one move of
 	// the list, even when a later unmap fails: what is left is always a
 	// prefix of the slots asked for.
+	// One walk of the list, last first (nothing changes it until the
+	// deletion after the walk), not a descent of the tree a slot.
 	done := hi
-	defer func() { s.slots.Delete(done, hi) }()
-	for i := hi - 1; i >= lo; i-- {
-		it := *s.slots.At(i)
-		unmapped, err := s.unmapSlotLocked(it.Start, it.Val)
+	var err error
+	for i, p := range s.slots.Backward(hi) {
+		if i < lo {
+			break
+		}
+		it := *p
+		var unmapped bool
+		unmapped, err = s.unmapSlotLocked(it.Start, it.Val)
 		if unmapped {
 			done = i
 			if it.Val.lender == nil {
@@ -722,11 +790,36 @@ func (s *Sparse) decommitLocked(what func() string, start, end uint64) error {
 			prevEnd = it.Start
 		}
 		if err != nil {
-			s.countDecommit(gave, runs)
-			return errors.Wrapf(err, "%s", what())
+			break
 		}
 	}
+	s.slots.Delete(done, hi)
 	s.countDecommit(gave, runs)
+	if err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
+	return nil
+}
+
+// decommitOneLocked is decommitLocked of exactly the slot it (the common
+// case: one chunk, say a KV cache's page), found and dropped by key.
+func (s *Sparse) decommitOneLocked(what func() string, it ranges.Item[uint64, *slot]) error {
+	if err := s.pinnedLocked(what, &it); err != nil {
+		return err
+	}
+	unmapped, err := s.unmapSlotLocked(it.Start, it.Val)
+	gave, runs := uint64(0), 0
+	if unmapped {
+		s.slots.DeleteStart(it.Start)
+		if it.Val.lender == nil {
+			gave = it.Size()
+		}
+		runs = 1
+	}
+	s.countDecommit(gave, runs)
+	if err != nil {
+		return errors.Wrapf(err, "%s", what())
+	}
 	return nil
 }
 
@@ -754,8 +847,13 @@ func (s *Sparse) countDecommit(gave uint64, runs int) {
 
 // wholeLocked checks that slots [lo, hi) lie inside [start, end).
 func (s *Sparse) wholeLocked(what func() string, lo, hi int, start, end uint64) error {
-	for _, i := range []int{lo, hi - 1} {
-		if it := s.slots.At(i); it.Start < start || it.End > end {
+	first := s.slots.At(lo)
+	last := first
+	if hi-1 > lo {
+		last = s.slots.At(hi - 1)
+	}
+	for _, it := range [2]*ranges.Item[uint64, *slot]{first, last} {
+		if it.Start < start || it.End > end {
 			return errors.WithHint(
 				errors.Wrapf(driver.ErrPartial, "%s: it cuts the chunk at [%#x, +%s)", what(), it.Start, units.Bytes(it.Size())),
 				"chunks go whole: widen the range to the chunk's bounds")
@@ -767,17 +865,27 @@ func (s *Sparse) wholeLocked(what func() string, lo, hi int, start, end uint64) 
 // unpinnedLocked refuses, naming the first, slots of [lo, hi) that a view
 // or a borrower pins.
 func (s *Sparse) unpinnedLocked(what func() string, lo, hi int) error {
-	for i := lo; i < hi; i++ {
-		it := s.slots.At(i)
-		switch {
-		case it.Val.views > 0:
-			return errors.WithHint(
-				errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at [%#x, +%s)", what(), it.Val.views, it.Start, units.Bytes(it.Size())),
-				"release the views of the memory being given up first")
-		case it.Val.borrowers.Load() > 0:
-			return errors.Wrapf(driver.ErrBusy, "%s: the chunk at [%#x, +%s) is lent to another range (stitched or being moved)",
-				what(), it.Start, units.Bytes(it.Size()))
+	for i, it := range s.slots.From(lo) {
+		if i >= hi {
+			break
 		}
+		if err := s.pinnedLocked(what, it); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pinnedLocked refuses the slot it if a view or a borrower pins it.
+func (s *Sparse) pinnedLocked(what func() string, it *ranges.Item[uint64, *slot]) error {
+	switch {
+	case it.Val.views > 0:
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrBusy, "%s: %d live view(s) pin the chunk at [%#x, +%s)", what(), it.Val.views, it.Start, units.Bytes(it.Size())),
+			"release the views of the memory being given up first")
+	case it.Val.borrowers.Load() > 0:
+		return errors.Wrapf(driver.ErrBusy, "%s: the chunk at [%#x, +%s) is lent to another range (stitched or being moved)",
+			what(), it.Start, units.Bytes(it.Size()))
 	}
 	return nil
 }

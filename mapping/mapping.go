@@ -209,8 +209,7 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 		return errors.Wrapf(driver.ErrBadHandle, "%s: the chunk belongs to another physical memory", what())
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	defer t.checkAfter("map")
+	defer t.unlockAfter("map") // one defer: open-coded (two, with this many returns, are not)
 	if t.closed {
 		return t.errClosed("map")
 	}
@@ -218,20 +217,26 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 		return err
 	}
 	end := addr + driver.Addr(c.Size())
-	if it := t.maps.Overlap(addr, end); it != nil {
+	gran := t.devs[c.Device()].MinGranularity
+	e := &entry{tab: t, rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
+		access: runs.New[accessRow](c.Size() / gran), ndev: len(t.devs)}
+	// Booked first, under the lock, and taken out again if the driver
+	// refuses: one search of the books, where a check and then an add
+	// would search twice.
+	if it, ok := t.maps.Add(addr, end, e); !ok {
+		if it == nil {
+			return errors.AssertionFailedf("%s: the chunk is empty", what())
+		}
 		o := it.Val
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: %s overlaps the mapping %s of %s",
 				what(), vaspace.Range{Base: addr, Size: c.Size()}, o.rng, o.chunk),
 			"unmap it first: map never replaces a mapping")
 	}
-	gran := t.devs[c.Device()].MinGranularity
-	e := &entry{tab: t, rng: vaspace.Range{Base: addr, Size: c.Size()}, chunk: c, gran: gran,
-		access: runs.New[accessRow](c.Size() / gran), ndev: len(t.devs)}
 	if err := mapref.Map(c, (*mapOp)(e)); err != nil {
+		t.maps.DeleteStart(addr)
 		return errors.Wrapf(err, "%s", what())
 	}
-	t.maps.Add(addr, end, e) // nothing in the way: checked above, under the lock
 	return nil
 }
 
@@ -326,8 +331,7 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	defer t.checkAfter("setAccess")
+	defer t.unlockAfter("setAccess") // one defer: open-coded (two, with this many returns, are not)
 	if t.closed {
 		return t.errClosed("set access")
 	}
@@ -363,7 +367,7 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 // ErrNotMapped naming the first gap.
 func (t *Table) covering(what func() string, addr, end driver.Addr, es []*entry) ([]*entry, error) {
 	at := addr
-	for _, it := range t.maps.From(t.index(addr)) {
+	for it := range t.maps.After(addr) {
 		if at >= end {
 			break
 		}
@@ -542,7 +546,7 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 	}
 	end := addr + driver.Addr(len(p))
 	at := addr
-	for _, it := range t.maps.From(t.index(addr)) {
+	for it := range t.maps.After(addr) {
 		if at >= end {
 			break
 		}
@@ -617,6 +621,13 @@ func (t *Table) Check() error {
 		}
 	}
 	return errs
+}
+
+// unlockAfter checks the books after op (invariants builds) and unlocks:
+// the check, then the unlock, even if the check panics.
+func (t *Table) unlockAfter(op string) {
+	defer t.mu.Unlock()
+	t.checkAfter(op)
 }
 
 // checkAfter runs checkLocked after a change, in builds with the

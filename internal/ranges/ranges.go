@@ -12,7 +12,10 @@
 // thousand. Each inner node keeps, for each child, the number of ranges
 // under it, the start of its first range and the size of its largest, so
 // that indexing, searching and a first-fit by size (FirstFit) descend one
-// path.
+// path. The operations by key — Get, Overlap, Add, AddRun, DeleteStart,
+// After — descend by key, once for one range, and count nothing: the hot
+// paths of the books above (a page table's map and unmap, a range's
+// commit and decommit) use them, not indices.
 //
 // It owns only numbers and the values it is given: it never touches memory
 // and is not safe for concurrent use (its owner holds the lock). It never
@@ -109,6 +112,31 @@ func (n *node[K, V]) summary() kid[K, V] {
 		k.big = max(k.big, n.kids[i].big)
 	}
 	return k
+}
+
+// largestAfter is the size of n's largest range, when n's largest was
+// big before one of that size went: big again as soon as another of that
+// size shows (ranges of one size — a page table's, a range's chunks — stop
+// at the first), else the largest of all.
+func (n *node[K, V]) largestAfter(big uint64) uint64 {
+	var most uint64
+	if n.leaf() {
+		for i := range n.items {
+			sz := n.items[i].Size()
+			if sz == big {
+				return big
+			}
+			most = max(most, sz)
+		}
+		return most
+	}
+	for i := range n.kids {
+		if n.kids[i].big == big {
+			return big
+		}
+		most = max(most, n.kids[i].big)
+	}
+	return most
 }
 
 // firstStart is the start of n's first range (n is not empty).
@@ -271,33 +299,80 @@ func (l *List[K, V]) Overlap(start, end K) *Item[K, V] {
 
 // Add adds [start, end) with value v, like Insert, but returns no index:
 // ok is false, nothing changes and in the way is the range that overlaps
-// it (nil for an empty range).
+// it (nil for an empty range). It descends the tree once: the leaf where
+// the range belongs says what is in the way (the summaries above change
+// only on the way back up).
 func (l *List[K, V]) Add(start, end K, v V) (inTheWay *Item[K, V], ok bool) {
 	if start >= end {
 		return nil, false
 	}
-	if o := l.Overlap(start, end); o != nil {
+	if o := l.add(Item[K, V]{start, end, v}); o != nil {
 		return o, false
 	}
-	l.insert(Item[K, V]{start, end, v})
 	return nil, true
 }
 
+// AddRun adds the ranges of run, which must be sorted, disjoint and lie
+// together in one gap of the list, like InsertRun, but returns no index
+// (and so counts nothing on the way down): ok is false and nothing
+// changes when run does not fit one gap.
+func (l *List[K, V]) AddRun(run []Item[K, V]) (ok bool) {
+	for j, it := range run {
+		if it.Start >= it.End || j > 0 && run[j-1].End > it.Start {
+			return false
+		}
+	}
+	switch len(run) {
+	case 0:
+		return true
+	case 1:
+		return l.add(run[0]) == nil
+	}
+	if l.Overlap(run[0].Start, run[len(run)-1].End) != nil {
+		return false
+	}
+	for _, it := range run {
+		l.insert(it)
+	}
+	return true
+}
+
 // DeleteStart removes the range that starts at start and returns it; ok
-// is false, and nothing changes, when no range starts there.
+// is false, and nothing changes, when no range starts there. It descends
+// the tree once: the leaf says whether the range is there before anything
+// changes, and the summaries change on the way back up.
 func (l *List[K, V]) DeleteStart(start K) (it Item[K, V], ok bool) {
 	if l.root == nil {
 		return it, false
 	}
-	if n, p := l.leafFor(start); p == 0 || n.items[p-1].Start != start {
+	if it, ok = removeStart(l.root, start); !ok {
 		return it, false
 	}
-	return l.remove(func(n *node[K, V]) int {
-		if n.leaf() {
-			return n.upTo(start) - 1
+	l.n--
+	if !l.root.leaf() && len(l.root.kids) == 1 {
+		l.root = l.root.kids[0].n
+	}
+	return it, true
+}
+
+// removeStart removes the range under n that starts at start, if there is
+// one, going down the path leafFor takes.
+func removeStart[K ~uint64, V any](n *node[K, V], start K) (Item[K, V], bool) {
+	if n.leaf() {
+		p := n.upTo(start)
+		if p == 0 || n.items[p-1].Start != start {
+			return Item[K, V]{}, false
 		}
-		return n.lastKid(start)
-	}), true
+		it := n.items[p-1]
+		n.items = slices.Delete(n.items, p-1, p)
+		return it, true
+	}
+	k := max(0, n.lastKid(start))
+	it, ok := removeStart(n.kids[k].n, start)
+	if ok {
+		n.deleted(k, it)
+	}
+	return it, ok
 }
 
 // remove removes one range, which the list holds: at each inner node pick
@@ -334,7 +409,7 @@ func (n *node[K, V]) deleted(k int, it Item[K, V]) {
 			e.first = c.firstStart()
 		}
 		if it.Size() == e.big {
-			e.big = c.summary().big
+			e.big = c.largestAfter(e.big)
 		}
 	}
 	if c.size() < minOf(c) {
@@ -387,26 +462,54 @@ func (l *List[K, V]) Insert(start, end K, v V) (i int, ok bool) {
 	return i, true
 }
 
-// insert adds it, which overlaps nothing.
+// insert adds it, which overlaps nothing (the caller checked).
 func (l *List[K, V]) insert(it Item[K, V]) {
+	if o := l.add(it); o != nil {
+		panic(errors.AssertionFailedf("ranges: [%d, %d) overlaps [%d, %d)", it.Start, it.End, o.Start, o.End))
+	}
+}
+
+// add adds it (not empty) unless a range overlaps it, and returns that
+// range (nil when it was added).
+func (l *List[K, V]) add(it Item[K, V]) (inTheWay *Item[K, V]) {
 	if l.root == nil {
 		l.root = newLeaf[K, V](2) // most lists stay short: grow as needed
 	}
-	if right := l.insertInto(l.root, it); right != nil {
+	right, o := l.insertInto(l.root, it)
+	if o != nil {
+		return o
+	}
+	if right != nil {
 		root := newInner[K, V]()
 		root.kids = append(root.kids, l.root.summary(), right.summary())
 		l.root = root
 	}
 	l.n++
+	return nil
 }
 
 // insertInto adds it under n and returns the new right sibling of n when
-// n had to split.
-func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) *node[K, V] {
+// n had to split; or, changing nothing, the range in the way of it. The
+// leaf it reaches is leafFor's, so it finds what Overlap would.
+func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) (right *node[K, V], inTheWay *Item[K, V]) {
 	if n.leaf() {
-		n.items = slices.Insert(n.items, n.upTo(it.Start), it)
+		p := n.upTo(it.Start)
+		if p > 0 && n.items[p-1].End > it.Start {
+			return nil, &n.items[p-1]
+		}
+		var next *Item[K, V]
+		switch {
+		case p < len(n.items):
+			next = &n.items[p]
+		case n.next != nil:
+			next = &n.next.items[0]
+		}
+		if next != nil && next.Start < it.End {
+			return nil, next
+		}
+		n.items = slices.Insert(n.items, p, it)
 		if len(n.items) <= maxItems {
-			return nil
+			return nil, nil
 		}
 		right := newLeaf[K, V](maxItems + 1)
 		right.items = append(right.items, n.items[len(n.items)/2:]...)
@@ -417,27 +520,30 @@ func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) *node[K, V] {
 			n.next.prev = right
 		}
 		n.next = right
-		return right
+		return right, nil
 	}
 	k := max(0, n.lastKid(it.Start))
-	right := l.insertInto(n.kids[k].n, it)
+	right, o := l.insertInto(n.kids[k].n, it)
+	if o != nil {
+		return nil, o
+	}
 	if right == nil {
 		c := &n.kids[k]
 		c.count++
 		c.first = min(c.first, it.Start)
 		c.big = max(c.big, it.Size())
-		return nil
+		return nil, nil
 	}
 	n.kids[k] = n.kids[k].n.summary()
 	n.kids = slices.Insert(n.kids, k+1, right.summary())
 	if len(n.kids) <= maxKids {
-		return nil
+		return nil, nil
 	}
 	sib := newInner[K, V]()
 	sib.kids = append(sib.kids, n.kids[len(n.kids)/2:]...)
 	clear(n.kids[len(n.kids)/2:])
 	n.kids = n.kids[:len(n.kids)/2]
-	return sib
+	return sib, nil
 }
 
 // InsertRun adds the ranges of run, which must be sorted, disjoint and lie
@@ -632,6 +738,29 @@ func (l *List[K, V]) From(i int) iter.Seq2[int, *Item[K, V]] {
 					return
 				}
 				i++
+			}
+		}
+	}
+}
+
+// After iterates over the ranges that end after x, in address order: the
+// one holding x, if any, then those after it — what From(Search(x))
+// iterates, without the indices, and so with one descent by key and no
+// counting. The list must not change while it runs.
+func (l *List[K, V]) After(x K) iter.Seq[*Item[K, V]] {
+	return func(yield func(*Item[K, V]) bool) {
+		if l.root == nil {
+			return
+		}
+		lf, j := l.leafFor(x)
+		if j > 0 && lf.items[j-1].End > x {
+			j--
+		}
+		for ; lf != nil; lf, j = lf.next, 0 {
+			for ; j < len(lf.items); j++ {
+				if !yield(&lf.items[j]) {
+					return
+				}
 			}
 		}
 	}

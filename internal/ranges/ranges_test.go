@@ -71,8 +71,13 @@ func TestInsertRun(t *testing.T) {
 	} {
 		_, ok := l.InsertRun(run)
 		require.False(t, ok, "%v", run)
+		require.False(t, l.AddRun(run), "%v", run)
 		require.Equal(t, 5, l.Len())
 	}
+	require.True(t, l.AddRun(nil))
+	require.True(t, l.AddRun([]Item[uint64, int]{{120, 130, 4}, {130, 140, 5}}))
+	require.Equal(t, 7, l.Len())
+	require.NoError(t, l.Check())
 }
 
 func TestCheckFindsCorruption(t *testing.T) {
@@ -165,12 +170,18 @@ func runTreeModel(t *testing.T, space uint64, ops []byte) {
 			for k := range uint64(1 + b%8) {
 				run = append(run, Item[uint64, int]{x + 2*k, x + 2*k + 1, step})
 			}
-			i, ok := l.InsertRun(run)
 			j := m.search(x)
 			want := j >= len(m) || m[j].Start >= run[len(run)-1].End
-			require.Equal(t, want, ok)
-			if ok {
-				require.Equal(t, j, i)
+			if a%2 == 0 { // by index, or without (AddRun)
+				i, ok := l.InsertRun(run)
+				require.Equal(t, want, ok)
+				if ok {
+					require.Equal(t, j, i)
+				}
+			} else {
+				require.Equal(t, want, l.AddRun(run), "add run %v", run)
+			}
+			if want {
 				m = slices.Insert(m, j, run...)
 			}
 		case 3: // delete up to 70 by index
@@ -266,6 +277,16 @@ func runTreeModel(t *testing.T, space uint64, ops []byte) {
 			require.Equal(t, m[j], *o, "overlap [%d, +%d)", q, b%7)
 		} else {
 			require.Nil(t, o, "overlap [%d, +%d)", q, b%7)
+		}
+		var after []Item[uint64, int]
+		for it := range l.After(q) {
+			after = append(after, *it)
+			if len(after) == 3 {
+				break
+			}
+		}
+		if want := []Item[uint64, int](m[j:min(len(m), j+3)]); !slices.Equal(want, after) {
+			require.Equal(t, want, after, "after %d", q)
 		}
 		if len(m) > 0 {
 			k := int(q) % len(m)

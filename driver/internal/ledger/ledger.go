@@ -506,15 +506,11 @@ func (l *Ledger) reservationFor(what func() string, addr driver.Addr, size uint6
 	return r, nil
 }
 
-// mapIndex returns the index of the first mapping of r that ends after addr.
-func (r *Region) mapIndex(addr driver.Addr) int { return r.maps.Search(addr) }
-
 // Map implements driver.Driver.
 func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 	what := func() string { return fmt.Sprintf("%s: map chunk %d at %s", l.name, h, addr) }
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	defer l.checkAfter("map")
+	defer l.unlockAfter("map") // one defer: open-coded (two, with this many returns, are not)
 	if l.closed {
 		return l.errClosed("map")
 	}
@@ -531,14 +527,16 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 		return err
 	}
 	m := &Mapping{Addr: addr, Size: c.Size, Chunk: c, Region: r, gran: gran, access: runs.New[uint64](c.Size / gran)}
-	if it := r.maps.Overlap(addr, m.end()); it != nil {
-		o := it.Val
+	overlaps := func(o *Mapping) error {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrOverlap, "%s: [%s, %s) overlaps the mapping [%s, %s) of chunk %d",
 				what(), addr, m.end(), o.Addr, o.end(), o.Chunk.Handle),
 			"unmap it first: map never replaces a mapping")
 	}
 	if l.oneBind && r.maps.Len() > 0 {
+		if it := r.maps.Overlap(addr, m.end()); it != nil {
+			return overlaps(it.Val) // the overlap first, as below
+		}
 		// Every mapping of r is of one device and one origin: the first
 		// says which.
 		if o := r.maps.At(0).Val.Chunk; o.Device != c.Device || o.imported != c.imported {
@@ -554,10 +552,20 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 				"reserve a range for each device, and one for imported chunks")
 		}
 	}
+	// Booked first, under the lock, and taken out again if the backend
+	// refuses: one search of the books, where a check and then an add
+	// would search twice. (A chunk is never empty: Create and Import
+	// check its size.)
+	if it, ok := r.maps.Add(addr, m.end(), m); !ok {
+		if it == nil {
+			return errors.AssertionFailedf("%s: chunk %d is empty", what(), h)
+		}
+		return overlaps(it.Val)
+	}
 	if err := l.backend.Map(m); err != nil {
+		r.maps.DeleteStart(addr)
 		return errors.Wrapf(err, "%s", what())
 	}
-	r.maps.Add(addr, m.end(), m) // nothing in the way: checked above, under the lock
 	c.maps++
 	return nil
 }
@@ -643,8 +651,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	defer l.checkAfter("setAccess")
+	defer l.unlockAfter("setAccess") // one defer: open-coded (two, with this many returns, are not)
 	if l.closed {
 		return l.errClosed("set access")
 	}
@@ -657,7 +664,7 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	var msBuf [4]*Mapping
 	ms := msBuf[:0]
 	at := addr
-	for _, it := range r.maps.From(r.mapIndex(addr)) {
+	for it := range r.maps.After(addr) {
 		if at >= end {
 			break
 		}
@@ -897,7 +904,7 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
 	onMapping func(m *Mapping, at driver.Addr) error, onRun func(m *Mapping, word uint64, at, runEnd driver.Addr) error) error {
 	at := addr
-	for _, it := range r.maps.From(r.mapIndex(addr)) {
+	for it := range r.maps.After(addr) {
 		if at >= end {
 			break
 		}
@@ -1079,6 +1086,13 @@ func (l *Ledger) Check() error {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.checkLocked()
+}
+
+// unlockAfter checks the books after op (invariants builds) and unlocks:
+// the check, then the unlock, even if the check panics.
+func (l *Ledger) unlockAfter(op string) {
+	defer l.mu.Unlock()
+	l.checkAfter(op)
 }
 
 // checkAfter runs checkLocked after a change, in builds with the
