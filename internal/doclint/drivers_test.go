@@ -45,7 +45,9 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 	// ReservationsBindOneDevice (its reservations hold one NPU's memory,
 	// local or imported: drivertest's OneDeviceBinder); every driver's
 	// SyncDevice (sleep.DeviceSyncer's: sleep waits for the whole device,
-	// streams the library never made included, before it unmaps).
+	// streams the library never made included, before it unmaps); the
+	// accelerator drivers' SyncStreamHandle (libvmarena's vmarena_free
+	// waits for the work on a framework's stream, given by its handle).
 	for _, c := range []struct {
 		dir, goos string
 		extra     []string
@@ -54,8 +56,8 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 		{"driver/host", "darwin", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
 		{"driver/host", "windows", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
 		{"driver/sim", "linux", []string{"Used", "Check", "Tally", "SyncDevice"}},
-		{"driver/cuda", "linux", []string{"Used", "Check", "Wait", "SyncDevice"}},
-		{"driver/acl", "linux", []string{"Used", "Check", "Wait", "HostPID", "ReservationsBindOneDevice", "SyncDevice"}},
+		{"driver/cuda", "linux", []string{"Used", "Check", "Wait", "SyncDevice", "SyncStreamHandle"}},
+		{"driver/acl", "linux", []string{"Used", "Check", "Wait", "HostPID", "ReservationsBindOneDevice", "SyncDevice", "SyncStreamHandle"}},
 	} {
 		t.Run(c.dir+"/"+c.goos, func(t *testing.T) {
 			pkg := packageFiles(t, files, c.dir, c.goos)
