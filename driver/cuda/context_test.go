@@ -3,12 +3,12 @@ package cuda
 import (
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/internal/acceltest"
 	"github.com/vmarena/vmarena/driver/internal/dl"
 	"github.com/vmarena/vmarena/driver/internal/standin"
 )
@@ -140,35 +140,9 @@ func TestSyncStreamHandle(t *testing.T) {
 	d, err := Open(Options{Library: lib.Path()})
 	require.NoError(t, err)
 	drivertest.CloseAtEnd(t, d)
-
-	require.NoError(t, lib.Hold(0))
-	t.Cleanup(lib.Release)
-	done := make(chan error, 1)
-	go func() { done <- d.SyncStreamHandle(0, 0) }()
-	// A SyncStreamHandle that did not wait would have returned in the
-	// pause (a slow machine could make this miss such a bug, never fail
-	// a right one).
-	time.Sleep(20 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("SyncStreamHandle returned (%v) while the stream's work was held", err)
-	default:
-	}
-	lib.Release()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(time.Minute):
-		t.Fatal("SyncStreamHandle did not return after the held work finished")
-	}
-	require.Equal(t, uint64(1), lib.Held(), "it returned after the held work ran")
-
-	drivertest.RequireIs(t, d.SyncStreamHandle(2, 0), driver.ErrNoDevice)
-	drivertest.RequireIs(t, d.SyncStreamHandle(0, 0xdead0), driver.ErrBadHandle, "cuStreamQuery")
-	var nilDriver *Driver
-	drivertest.RequireIs(t, nilDriver.SyncStreamHandle(0, 0), driver.ErrInvalid)
 	closed, err := Open(Options{Library: lib.Path()})
 	require.NoError(t, err)
 	require.NoError(t, closed.Close())
-	drivertest.RequireIs(t, closed.SyncStreamHandle(0, 0), driver.ErrClosed)
+	acceltest.SyncStreamHandleWaits(t, lib, d, (*Driver)(nil), closed, len(d.Devices()))
+	drivertest.RequireIs(t, d.SyncStreamHandle(0, 0xdead0), driver.ErrBadHandle, "cuStreamQuery")
 }
