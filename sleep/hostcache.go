@@ -86,7 +86,8 @@ func (c *hostCache) release(buf []byte, pinned bool) error {
 	return c.d.(driver.Streams).HostFree(buf)
 }
 
-// held is how many bytes of pinned memory the cache keeps.
+// held is how many bytes of pinned memory the cache keeps (Check holds it
+// to the limit).
 func (c *hostCache) held() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -64,3 +64,20 @@ func TestHostCache(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckSeesHostCacheOverLimit: Check fails when the kept host
+// buffers' books say more than the limit (a broken release would).
+func TestCheckSeesHostCacheOverLimit(t *testing.T) {
+	d := openHost(t, testCap)
+	m, err := New(d, Options{TagMax: testTMax, ChunkSize: testCS, HostCache: mib})
+	require.NoError(t, err)
+	require.NoError(t, m.Check())
+	m.cache.mu.Lock()
+	m.cache.bytes = 2 * mib
+	m.cache.mu.Unlock()
+	require.ErrorContains(t, m.Check(), "past the HostCache")
+	m.cache.mu.Lock()
+	m.cache.bytes = 0
+	m.cache.mu.Unlock()
+	require.NoError(t, m.Close())
+}

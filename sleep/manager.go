@@ -605,6 +605,9 @@ func (m *Manager) checkLocked() error {
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
+	if held := m.cache.held(); held > m.o.HostCache {
+		fail("sleep: %d bytes of host buffers kept, past the HostCache of %d", held, m.o.HostCache)
+	}
 	owned := 0
 	for name, t := range m.tags {
 		owned += len(t.live)
