@@ -17,6 +17,14 @@
 // never its granules, so a 1 GiB mapping granted whole is as cheap to
 // record as a 2 MiB one.
 //
+// Chunks are kept by handle in a dense table of slots (handles.go), not a
+// map: a handle is a slot's index plus one and the slot's generation, the
+// next create takes the slot the last release emptied at the next
+// generation, and so no handle is issued twice — a released or never
+// issued handle is refused with ErrBadHandle — while the books a create,
+// a map and a release touch stay the ones the last touched, at a million
+// chunks as at ten. Handles count up 1, 2, 3… until a slot is reused.
+//
 // The ledger never touches memory and never makes a system call itself.
 // Backend methods run with the ledger's lock held, so they see and leave a
 // consistent record; they must not call back into the ledger.
