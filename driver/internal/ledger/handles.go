@@ -19,7 +19,9 @@ import (
 // handle is ever issued twice: a released handle names its slot at an old
 // generation and is refused, as one never issued is. A slot at the last
 // generation is retired instead of freed. The first chunk of each slot has
-// generation zero: until a slot is reused, handles count up 1, 2, 3…
+// generation zero: until a slot is reused, handles count up 1, 2, 3….
+// The table names at most 2³²−1 slots, far more chunks than the records
+// of them would fit in memory; it does not check for more.
 type handles struct {
 	slots []handleSlot
 	free  []uint32 // indices of empty slots, the most recently emptied last
