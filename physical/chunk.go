@@ -151,7 +151,7 @@ func (c *Chunk) releaseLocked() error {
 func (c *Chunk) returnLocked() {
 	c.closeExportLocked()
 	c.returned = true
-	delete(c.m.chunks, c.handle)
+	c.m.chunks.remove(c)
 	u := &c.m.usage[c.dev]
 	u.Used -= c.size
 	u.Chunks--

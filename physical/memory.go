@@ -1,8 +1,8 @@
 package physical
 
 import (
+	"cmp"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 
@@ -25,7 +25,7 @@ type Memory struct {
 	mu     sync.Mutex
 	closed bool
 	// chunks holds every chunk whose memory is not yet returned, by handle.
-	chunks map[driver.Handle]*Chunk
+	chunks table
 	// usage[d] counts device d: Used is the sum of sizes of d's chunks in
 	// chunks, Chunks their number, Peak the most Used has been.
 	usage []Usage
@@ -52,7 +52,7 @@ func New(d driver.Driver) *Memory {
 	if isnil.Is(d) {
 		return &Memory{}
 	}
-	m := &Memory{d: d, devs: d.Devices(), share: d.Supports(driver.FeatureShareable), chunks: map[driver.Handle]*Chunk{}}
+	m := &Memory{d: d, devs: d.Devices(), share: d.Supports(driver.FeatureShareable)}
 	m.usage = make([]Usage, len(m.devs))
 	for i, dev := range m.devs {
 		m.usage[i] = Usage{Device: dev.ID, Capacity: dev.Capacity}
@@ -111,7 +111,7 @@ func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 		// The driver's message says what was asked and what was free.
 		return nil, errors.Wrapf(err, "%s", what())
 	}
-	if _, dup := m.chunks[h]; dup || h == 0 {
+	if h == 0 || m.chunks.get(h) != nil {
 		return nil, errors.AssertionFailedf("%s: the driver returned handle %d, which is zero or already live", what(), h)
 	}
 	c := &Chunk{m: m, handle: h, dev: dev, size: size, shareable: opts.Shareable}
@@ -121,7 +121,7 @@ func (m *Memory) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 
 // addLocked books a new chunk.
 func (m *Memory) addLocked(c *Chunk) {
-	m.chunks[c.handle] = c
+	m.chunks.add(c)
 	u := &m.usage[c.dev]
 	u.Used += c.size
 	u.Peak = max(u.Peak, u.Used)
@@ -153,11 +153,11 @@ func (m *Memory) Chunks() []*Chunk {
 }
 
 func (m *Memory) sortedChunks() []*Chunk {
-	hs := slices.Sorted(maps.Keys(m.chunks))
-	cs := make([]*Chunk, len(hs))
-	for i, h := range hs {
-		cs[i] = m.chunks[h]
+	cs := make([]*Chunk, 0, m.chunks.n)
+	for c := range m.chunks.all {
+		cs = append(cs, c)
 	}
+	slices.SortFunc(cs, func(a, b *Chunk) int { return cmp.Compare(a.handle, b.handle) })
 	return cs
 }
 
@@ -267,8 +267,10 @@ func (m *Memory) checkLocked() error {
 	}
 	used := make([]uint64, len(m.devs))
 	count := make([]int, len(m.devs))
-	for h, c := range m.chunks {
-		if c.handle != h || c.m != m {
+	listed := 0
+	for c := range m.chunks.all {
+		listed++
+		if h := c.handle; m.chunks.get(h) != c || c.m != m {
 			fail("physical: %s is listed under handle %d or belongs to another memory", c, h)
 		}
 		if c.dev < 0 || int(c.dev) >= len(m.devs) {
@@ -292,6 +294,9 @@ func (m *Memory) checkLocked() error {
 		}
 		used[c.dev] += c.size
 		count[c.dev]++
+	}
+	if listed != m.chunks.n {
+		fail("physical: %d chunk(s) listed, %d counted", listed, m.chunks.n)
 	}
 	for d, u := range m.usage {
 		if u.Device != driver.DeviceID(d) || u.Capacity != m.devs[d].Capacity {

@@ -102,6 +102,22 @@ func (s suite) release(t *testing.T) {
 		require.NoError(f.t, f.d.Release(h))
 		f.requireIs(f.d.Release(h), driver.ErrBadHandle)
 	})
+	s.run(t, "TwiceAfterNewChunks", func(f *fixture) {
+		// A released handle stays refused once new chunks are created:
+		// a driver that reuses its records must not give the old handle
+		// back to a new chunk.
+		h := f.create(0, f.gran)
+		require.NoError(f.t, f.d.Release(h))
+		h2 := f.create(0, f.gran)
+		require.NotEqual(f.t, h, h2, "a released handle issued again")
+		f.requireIs(f.d.Release(h), driver.ErrBadHandle)
+		base := f.reserve(f.gran)
+		f.requireIs(f.d.Map(base, h), driver.ErrBadHandle)
+		f.requireNotMapped(base)
+		f.mapAt(base, h2)
+		f.unmap(base, f.gran)
+		require.NoError(f.t, f.d.Release(h2))
+	})
 	s.run(t, "ZeroHandle", func(f *fixture) {
 		h := f.create(0, f.gran)
 		f.requireIs(f.d.Release(0), driver.ErrBadHandle)

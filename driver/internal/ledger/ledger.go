@@ -17,6 +17,14 @@
 // never its granules, so a 1 GiB mapping granted whole is as cheap to
 // record as a 2 MiB one.
 //
+// Chunks are kept by handle in a dense table of slots (handles.go), not a
+// map: a handle is a slot's index plus one and the slot's generation, the
+// next create takes the slot the last release emptied at the next
+// generation, and so no handle is issued twice — a released or never
+// issued handle is refused with ErrBadHandle — while the books a create,
+// a map and a release touch stay the ones the last touched, at a million
+// chunks as at ten. Handles count up 1, 2, 3… until a slot is reused.
+//
 // The ledger never touches memory and never makes a system call itself.
 // Backend methods run with the ledger's lock held, so they see and leave a
 // consistent record; they must not call back into the ledger.
@@ -176,8 +184,7 @@ type Ledger struct {
 	mu           sync.RWMutex
 	closed       bool
 	reservations ranges.List[driver.Addr, *Region]
-	chunks       map[driver.Handle]*Chunk
-	nextHandle   driver.Handle
+	chunks       handles // by handle
 	used         []uint64
 }
 
@@ -190,7 +197,7 @@ func New(name string, devs []driver.Device, b Backend, shareable bool) (*Ledger,
 	}
 	l := &Ledger{
 		name: name, backend: b, devs: append([]driver.Device(nil), devs...), share: shareable,
-		chunks: map[driver.Handle]*Chunk{}, nextHandle: 1, used: make([]uint64, len(devs)),
+		used: make([]uint64, len(devs)),
 	}
 	l.protect, _ = b.(Protector)
 	l.perDevice, _ = b.(DeviceProtector)
@@ -338,12 +345,11 @@ func (l *Ledger) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 				what(), units.Bytes(size), units.Bytes(free), units.Bytes(d.Capacity)),
 			"release chunks on device %d, or create on another device", dev)
 	}
-	c := &Chunk{Handle: l.nextHandle, Device: dev, Size: size, Opts: opts}
+	c := &Chunk{Handle: l.chunks.next(), Device: dev, Size: size, Opts: opts}
 	if err := l.backend.Commit(c); err != nil {
 		return 0, errors.Wrapf(err, "%s", what())
 	}
-	l.nextHandle++
-	l.chunks[c.Handle] = c
+	l.chunks.add(c)
 	l.used[dev] += size
 	return c.Handle, nil
 }
@@ -401,12 +407,11 @@ func (l *Ledger) Import(dev driver.DeviceID, size uint64, adopt func(c *Chunk) e
 	if free := d.Capacity - l.used[dev]; size > free {
 		return 0, errors.Wrapf(driver.ErrOutOfMemory, "%s: device has %s free of %s", what(), units.Bytes(free), units.Bytes(d.Capacity))
 	}
-	c := &Chunk{Handle: l.nextHandle, Device: dev, Size: size, Opts: driver.ChunkOptions{Shareable: true}, imported: true}
+	c := &Chunk{Handle: l.chunks.next(), Device: dev, Size: size, Opts: driver.ChunkOptions{Shareable: true}, imported: true}
 	if err := adopt(c); err != nil {
 		return 0, errors.Wrapf(err, "%s", what())
 	}
-	l.nextHandle++
-	l.chunks[c.Handle] = c
+	l.chunks.add(c)
 	l.used[dev] += size
 	return c.Handle, nil
 }
@@ -436,10 +441,10 @@ func (c *Chunk) Exported() bool { return c.exported }
 
 // chunk returns the live (unreleased) chunk h.
 func (l *Ledger) chunk(what func() string, h driver.Handle) (*Chunk, error) {
-	c := l.chunks[h]
+	c, issued := l.chunks.get(h)
 	if c == nil || c.released {
 		state := "unknown"
-		if c != nil || (h != 0 && h < l.nextHandle) {
+		if issued {
 			state = "already released"
 		}
 		return nil, errors.Wrapf(driver.ErrBadHandle, "%s: handle %d is %s", what(), h, state)
@@ -472,7 +477,7 @@ func (l *Ledger) Release(h driver.Handle) error {
 }
 
 func (l *Ledger) forget(c *Chunk) {
-	delete(l.chunks, c.Handle)
+	l.chunks.remove(c)
 	l.used[c.Device] -= c.Size
 }
 
@@ -1070,7 +1075,7 @@ func (l *Ledger) Close() error {
 		errs = errors.CombineErrors(errs, l.backend.Unreserve(ri.Val)) // nothing is mapped: busyLocked said so
 	}
 	l.reservations.Clear()
-	for _, c := range l.chunks {
+	for c := range l.chunks.all {
 		errs = errors.CombineErrors(errs, l.backend.Free(c))
 		l.forget(c)
 	}
@@ -1139,7 +1144,7 @@ func (l *Ledger) checkLocked() error {
 			if m.Addr < r.Base || m.end() > r.end() {
 				fail("%s: mapping [%s, %s) outside its reservation", l.name, m.Addr, m.end())
 			}
-			if l.chunks[m.Chunk.Handle] != m.Chunk {
+			if c, _ := l.chunks.get(m.Chunk.Handle); c != m.Chunk {
 				fail("%s: mapping at %s refers to chunk %d, which is not recorded", l.name, m.Addr, m.Chunk.Handle)
 			}
 			if m.access.Len()*m.gran != m.Size {
@@ -1152,10 +1157,9 @@ func (l *Ledger) checkLocked() error {
 		}
 	}
 	used := make([]uint64, len(l.devs))
-	for h, c := range l.chunks {
-		if c.Handle != h {
-			fail("%s: chunk %d recorded under handle %d", l.name, c.Handle, h)
-		}
+	errs = errors.CombineErrors(errs, l.chunks.check(l.name))
+	for c := range l.chunks.all {
+		h := c.Handle
 		if c.maps != maps[c] {
 			fail("%s: chunk %d counts %d mappings, %d exist", l.name, h, c.maps, maps[c])
 		}
