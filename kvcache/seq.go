@@ -264,7 +264,8 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	need := c.g.unitsFor(pos + cnt)
 	// The units below the sequence's tokens are committed (a running
 	// sequence's invariant): only those the new tokens reach are looked at.
-	backed, err := c.backLocked(what, s, c.g.unitsFor(pos), need)
+	var room [2]int // a decode step's Append backs one unit at most
+	backed, err := c.backIntoLocked(what, s, c.g.unitsFor(pos), need, room[:0])
 	if err != nil {
 		return Step{}, err
 	}
@@ -300,8 +301,16 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 // any of the slot's own pages are committed, so committed memory never
 // exceeds the budget.
 func (c *Cache) backLocked(what func() string, s *Seq, from, need int) (backed []int, err error) {
+	return c.backIntoLocked(what, s, from, need, nil)
+}
+
+// backIntoLocked is backLocked appending the units it backed to backed
+// (empty), whose memory it uses when there is room: Append's, on its
+// stack, so that a unit committed allocates nothing here.
+func (c *Cache) backIntoLocked(what func() string, s *Seq, from, need int, backed []int) ([]int, error) {
 	sl := s.sl
-	var empty []int
+	var room [2]int
+	empty := room[:0]
 	pages, bound := 0, 0
 	for u := from; u < need; u++ {
 		if sl.units[u].state == unitEmpty {
