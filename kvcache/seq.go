@@ -271,19 +271,32 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	}
 	s.generated.append(tokens[min(max(len(s.prompt)-pos, 0), cnt):])
 	c.setLenLocked(s, pos+cnt)
-	step, err := c.stepLocked(s, pos, cnt)
-	if err != nil {
-		s.generated.truncate(max(pos-len(s.prompt), 0))
-		c.setLenLocked(s, pos)
-		return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
+	if c.addressable {
+		step, err := c.stepLocked(s, pos, cnt)
+		if err != nil {
+			s.generated.truncate(max(pos-len(s.prompt), 0))
+			c.setLenLocked(s, pos)
+			return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
+		}
+		c.appendedLocked(s, waited || len(backed) > 0)
+		return step, nil
 	}
+	// No views to make (the sim driver): the step is its positions.
+	c.appendedLocked(s, waited || len(backed) > 0)
+	return Step{Pos: pos, N: cnt}, nil
+}
+
+// appendedLocked counts an Append of s that succeeded (waited: it
+// committed or waited for a page) and lists s's slot for mapping ahead.
+func (c *Cache) appendedLocked(s *Seq, waited bool) {
 	c.counts.steps++
-	if waited || len(backed) > 0 {
+	if waited {
 		c.counts.waits++
 	}
-	c.wantAheadLocked(s.sl)
+	if c.cfg.MapAhead > 0 {
+		c.wantAheadLocked(s.sl)
+	}
 	c.checkAfter("append")
-	return step, nil
 }
 
 // backLocked makes units [from, need) of s's slot committed (the caller
