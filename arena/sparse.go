@@ -482,18 +482,26 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 	}
 	// The plan went by this range's books; memory taken by others on the
 	// same driver shows only when a create fails. Such a device is full:
-	// the piece goes where the placement would put it next. (The plan is
-	// done with the scratch free list: it is this loop's now.)
-	free := s.freeInto(s.scratch.free[:0])
+	// the piece goes where the placement would put it next, by the free
+	// memory the devices have then (the chunks made so far counted as
+	// used), read only once a create has failed: a commit that fails no
+	// create reads it once, in the plan. (The plan is done with the
+	// scratch free list: it is this loop's now.)
+	var free []uint64
 	for _, p := range pieces {
 		for {
 			sl, err := s.makeLocked(p)
 			if err == nil {
-				free[p.dev] -= min(free[p.dev], p.size)
+				if free != nil {
+					free[p.dev] -= min(free[p.dev], p.size)
+				}
 				made = append(made, ranges.Item[uint64, *slot]{Start: p.off, End: p.off + p.size, Val: sl})
 				break
 			}
 			if errors.Is(err, driver.ErrOutOfMemory) {
+				if free == nil {
+					free = s.freeInto(s.scratch.free[:0])
+				}
 				free[p.dev] = 0
 				if d, cerr := s.chooseLocked(p.off, p.size, free); cerr == nil {
 					p.dev = d

@@ -171,7 +171,8 @@
 // sequence's unwritten store units in a list that publishing takes from
 // the front; the mapping-ahead goroutine is handed the slots that want a
 // unit rather than looking through them. A sequence's generated tokens
-// are kept in blocks of fixed size, so no Append copies the context; a
+// are kept in blocks of 1,024 (the first starts at 16 and doubles), so
+// no Append copies the context or allocates more than a block; a
 // prefix lookup hashes only as far as it matches. Three walks remain,
 // none of a running sequence's context or of the sequences seen: Admit
 // and CanAdmit look at every slot to choose one, giving back running

@@ -264,25 +264,39 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	need := c.g.unitsFor(pos + cnt)
 	// The units below the sequence's tokens are committed (a running
 	// sequence's invariant): only those the new tokens reach are looked at.
-	backed, err := c.backLocked(what, s, c.g.unitsFor(pos), need)
+	var room [2]int // a decode step's Append backs one unit at most
+	backed, err := c.backIntoLocked(what, s, c.g.unitsFor(pos), need, room[:0])
 	if err != nil {
 		return Step{}, err
 	}
 	s.generated.append(tokens[min(max(len(s.prompt)-pos, 0), cnt):])
 	c.setLenLocked(s, pos+cnt)
-	step, err := c.stepLocked(s, pos, cnt)
-	if err != nil {
-		s.generated.truncate(max(pos-len(s.prompt), 0))
-		c.setLenLocked(s, pos)
-		return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
+	if c.addressable {
+		step, err := c.stepLocked(s, pos, cnt)
+		if err != nil {
+			s.generated.truncate(max(pos-len(s.prompt), 0))
+			c.setLenLocked(s, pos)
+			return Step{}, errors.CombineErrors(err, c.unbackLocked(s.sl, backed))
+		}
+		c.appendedLocked(s, waited || len(backed) > 0)
+		return step, nil
 	}
+	// No views to make (the sim driver): the step is its positions.
+	c.appendedLocked(s, waited || len(backed) > 0)
+	return Step{Pos: pos, N: cnt}, nil
+}
+
+// appendedLocked counts an Append of s that succeeded (waited: it
+// committed or waited for a page) and lists s's slot for mapping ahead.
+func (c *Cache) appendedLocked(s *Seq, waited bool) {
 	c.counts.steps++
-	if waited || len(backed) > 0 {
+	if waited {
 		c.counts.waits++
 	}
-	c.wantAheadLocked(s.sl)
+	if c.cfg.MapAhead > 0 {
+		c.wantAheadLocked(s.sl)
+	}
 	c.checkAfter("append")
-	return step, nil
 }
 
 // backLocked makes units [from, need) of s's slot committed (the caller
@@ -300,8 +314,16 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 // any of the slot's own pages are committed, so committed memory never
 // exceeds the budget.
 func (c *Cache) backLocked(what func() string, s *Seq, from, need int) (backed []int, err error) {
+	return c.backIntoLocked(what, s, from, need, nil)
+}
+
+// backIntoLocked is backLocked appending the units it backed to backed
+// (empty), whose memory it uses when there is room: Append's, on its
+// stack, so that a unit committed allocates nothing here.
+func (c *Cache) backIntoLocked(what func() string, s *Seq, from, need int, backed []int) ([]int, error) {
 	sl := s.sl
-	var empty []int
+	var room [2]int
+	empty := room[:0]
 	pages, bound := 0, 0
 	for u := from; u < need; u++ {
 		if sl.units[u].state == unitEmpty {

@@ -2,27 +2,46 @@ package kvcache
 
 // tokenLog is a sequence's tokens past its prompt (the prompt's own are
 // its prompt), kept in blocks of logBlock tokens: appending never moves
-// what is there. A slice regrown by doubling would copy the whole context
+// a full block. A slice regrown by doubling would copy the whole context
 // now and then, and that one Append would cost as much as the context.
+// The first block starts at firstBlock tokens and doubles up to logBlock
+// as it fills (at most logBlock/2 tokens copied, once each size): most
+// sequences generate a few hundred tokens, and a block of logBlock made
+// up front for each would be 8 KiB allocated and cleared by the first
+// Append of every sequence — in a decode step, by the step that admits
+// it.
 //
-// Invariant: every block but the last is full, and n counts the tokens
-// of them all.
+// Invariant: every block but the last is full (logBlock tokens); the
+// last holds at most logBlock; n counts the tokens of them all.
 type tokenLog struct {
 	blocks [][]int
 	n      int
 }
 
-// logBlock is the tokens of one block of a tokenLog (8 KiB).
-const logBlock = 1024
+const (
+	// logBlock is the tokens of a full block of a tokenLog (8 KiB).
+	logBlock = 1024
+	// firstBlock is the room of a log's first block when it is made.
+	firstBlock = 16
+)
 
 // append adds ts at the end.
 func (l *tokenLog) append(ts []int) {
 	for len(ts) > 0 {
-		if len(l.blocks) == 0 || len(l.blocks[len(l.blocks)-1]) == logBlock {
+		switch {
+		case len(l.blocks) == 0:
+			l.blocks = append(l.blocks, make([]int, 0, firstBlock))
+		case len(l.blocks[len(l.blocks)-1]) == logBlock:
 			l.blocks = append(l.blocks, make([]int, 0, logBlock))
 		}
 		b := &l.blocks[len(l.blocks)-1]
-		k := min(len(ts), logBlock-len(*b))
+		if len(*b) == cap(*b) {
+			// The first block, full below logBlock: twice the room.
+			nb := make([]int, len(*b), min(2*cap(*b), logBlock))
+			copy(nb, *b)
+			*b = nb
+		}
+		k := min(len(ts), cap(*b)-len(*b))
 		*b = append(*b, ts[:k]...)
 		ts = ts[k:]
 		l.n += k
@@ -49,11 +68,11 @@ func (l *tokenLog) appendTo(dst []int) []int {
 }
 
 // check reports whether the blocks hold n tokens, every one but the last
-// full.
+// full, none with room past logBlock.
 func (l *tokenLog) check() bool {
 	n := 0
 	for i, b := range l.blocks {
-		if (i < len(l.blocks)-1 && len(b) != logBlock) || len(b) == 0 {
+		if (i < len(l.blocks)-1 && len(b) != logBlock) || len(b) == 0 || cap(b) > logBlock {
 			return false
 		}
 		n += len(b)

@@ -40,3 +40,32 @@ func TestTokenLog(t *testing.T) {
 	require.Empty(t, l.blocks)
 	require.Nil(t, l.appendTo(nil))
 }
+
+// TestTokenLogFirstBlockGrows: a short log holds a small block, which
+// doubles up to logBlock as tokens come one at a time (as decode steps
+// append them), keeping every token; the blocks after it are full-sized.
+func TestTokenLogFirstBlockGrows(t *testing.T) {
+	var l tokenLog
+	l.append([]int{7})
+	require.Equal(t, firstBlock, cap(l.blocks[0]), "the first Append makes a small block")
+	var want []int
+	want = append(want, 7)
+	caps := []int{cap(l.blocks[0])}
+	for i := 1; i < 2*logBlock+5; i++ {
+		l.append([]int{i})
+		want = append(want, i)
+		if c := cap(l.blocks[0]); c != caps[len(caps)-1] {
+			caps = append(caps, c)
+		}
+		require.True(t, l.check(), "after %d tokens", i+1)
+	}
+	require.Equal(t, []int{16, 32, 64, 128, 256, 512, 1024}, caps, "doubling up to logBlock")
+	require.Len(t, l.blocks, 3)
+	require.Equal(t, logBlock, cap(l.blocks[1]))
+	require.Equal(t, want, l.appendTo(nil))
+	l.truncate(3)
+	require.Equal(t, want[:3], l.appendTo(nil))
+	require.True(t, l.check())
+	l.append([]int{99})
+	require.Equal(t, append(want[:3:3], 99), l.appendTo(nil))
+}
