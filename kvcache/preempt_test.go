@@ -43,8 +43,8 @@ func grow(t testing.TB, c *Cache, prompt []int, n, step int) (*Seq, []int) {
 
 // TestMapAhead: with mapping ahead, a sequence decoding token by token
 // finds every page committed before it needs it — only the prompt's
-// Append commits for itself — where without it every page crossing is a
-// wait. The content is the same either way.
+// Append may commit for itself — where without it every page crossing is
+// a wait. The content is the same either way.
 func TestMapAhead(t *testing.T) {
 	for _, layout := range []Layout{PerLayer, TokenMajor} {
 		t.Run(layout.String(), func(t *testing.T) {
@@ -74,7 +74,10 @@ func TestMapAhead(t *testing.T) {
 				waits[ahead] = stats.Waits
 				if ahead {
 					require.Positive(t, stats.MapperCommits)
-					require.Equal(t, 1, stats.Waits, "only the prompt's append waited")
+					// The prompt's Append may wait for its unit, or find it
+					// committed already by the mapper, woken at Admit: the
+					// decode steps after it never wait.
+					require.LessOrEqual(t, stats.Waits, 1, "only the prompt's append may wait")
 				} else {
 					require.Zero(t, stats.MapperCommits)
 					require.Equal(t, c.g.unitsFor(len(tokens)), stats.Waits, "a wait at every unit")
