@@ -32,7 +32,10 @@
 //     with its backup whole; nothing leaks.
 //   - Host backups are the driver's pinned host buffers where it has
 //     streams (cuMemHostAlloc), for allocations of 1 MiB or more, and Go
-//     memory for smaller ones; all are freed at Wake. A File backup is
+//     memory for smaller ones; all are freed at Wake, unless
+//     Options.HostCache lets the Manager keep pinned ones, up to that many
+//     bytes, for the next sleep of the same sizes (pinning is what a
+//     sleep costs most on a GPU; Close gives them back). A File backup is
 //     one file in Options.BackupDir, removed at Wake and Close.
 //   - Free in a sleeping tag drops that allocation's backup and releases
 //     nothing: the tag's memory went back once, at Sleep.

@@ -11,7 +11,8 @@ const (
 	Discard Mode = iota
 	// Host copies every live allocation into host memory the Manager owns
 	// (the driver's pinned buffers where it has streams, for allocations
-	// of 1 MiB or more), freed at wake.
+	// of 1 MiB or more), freed at wake (or, with Options.HostCache, the
+	// pinned ones kept up to that many bytes for the next sleep).
 	Host
 	// File writes every live allocation to a backup file in
 	// Options.BackupDir, removed at wake, for tags larger than host memory.
