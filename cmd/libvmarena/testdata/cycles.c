@@ -45,17 +45,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "vmarena.h"
+#include "check.h"
 
-#define CHECK(cond, ...)                                                        \
-	do {                                                                        \
-		if (!(cond)) {                                                          \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
-			fprintf(stderr, __VA_ARGS__);                                       \
-			fprintf(stderr, " (last error: %s)\n", vmarena_last_error());       \
-			exit(1);                                                            \
-		}                                                                       \
-	} while (0)
 
 /* The stand-in's test interface and CUDA context calls, when
  * VMARENA_TEST_STANDIN names it (NULL otherwise). */
@@ -103,20 +94,6 @@ static void open_standin(void) {
 
 /* memfd_name is what names the memory mappings of the driver's memory. */
 static const char *memfd_name(void) { return standin ? "memfd:vmstandin" : "memfd:vmarena"; }
-
-/* awake_bytes reads tag's awake_bytes from the stats. */
-static long awake_bytes(const char *tag) {
-	char *js = vmarena_stats_json(), want[200];
-	CHECK(js != NULL, "stats_json");
-	snprintf(want, sizeof want, "\"tag\":\"%s\",", tag);
-	const char *at = strstr(js, want);
-	CHECK(at != NULL, "no tag %s in %s", tag, js);
-	at = strstr(at, "\"awake_bytes\":");
-	CHECK(at != NULL, "no awake_bytes in %s", js);
-	long n = strtol(at + strlen("\"awake_bytes\":"), NULL, 10);
-	vmarena_free_string(js);
-	return n;
-}
 
 static int count_fds(void) {
 	DIR *d = opendir("/proc/self/fd");

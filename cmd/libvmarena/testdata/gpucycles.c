@@ -32,17 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmarena.h"
+#include "check.h"
 
-#define CHECK(cond, ...)                                                                                     \
-	do {                                                                                                 \
-		if (!(cond)) {                                                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                 \
-			fprintf(stderr, __VA_ARGS__);                                                        \
-			fprintf(stderr, " (last error: %s)\n", vmarena_last_error());                        \
-			exit(1);                                                                             \
-		}                                                                                            \
-	} while (0)
 
 typedef int CUresult;
 typedef uint64_t CUdeviceptr;
@@ -106,19 +97,6 @@ static size_t device_free(void) {
 	if (cu.mem_info == NULL) return 0;
 	CHECK(cu.mem_info(&f, &t) == 0, "cuMemGetInfo_v2");
 	return f;
-}
-
-static long awake_bytes(const char *tag) {
-	char *js = vmarena_stats_json(), want[200];
-	CHECK(js != NULL, "stats_json");
-	snprintf(want, sizeof want, "\"tag\":\"%s\",", tag);
-	const char *at = strstr(js, want);
-	CHECK(at != NULL, "no tag %s in %s", tag, js);
-	at = strstr(at, "\"awake_bytes\":");
-	CHECK(at != NULL, "no awake_bytes in %s", js);
-	long n = strtol(at + strlen("\"awake_bytes\":"), NULL, 10);
-	vmarena_free_string(js);
-	return n;
 }
 
 static void fill(unsigned char *h, size_t n, unsigned seed) {
