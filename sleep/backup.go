@@ -20,8 +20,7 @@ const copyPiece = 64 << 20
 // exactly the buffers of at in Host mode; file is nil unless File mode.
 type backup struct {
 	mode  Mode
-	d     driver.Driver
-	cache *hostCache // where Host mode's buffers come from and go back to
+	cache *hostCache // the driver (cache.d), and where Host mode's buffers come from and go back to
 	at    map[driver.Addr]piece
 	bytes uint64
 	file  *os.File
@@ -39,7 +38,7 @@ type piece struct {
 // memory. On failure it frees what it made and returns the error.
 func takeBackup(c *hostCache, mode Mode, dir, tag string, live map[driver.Addr]uint64) (*backup, error) {
 	d := c.d
-	b := &backup{mode: mode, d: d, cache: c, at: map[driver.Addr]piece{}}
+	b := &backup{mode: mode, cache: c, at: map[driver.Addr]piece{}}
 	if mode == Discard {
 		return b, nil
 	}
@@ -106,7 +105,7 @@ func (b *backup) restore() error {
 	for p, pc := range b.at {
 		switch b.mode {
 		case Host:
-			if err := b.d.Write(p, pc.buf); err != nil {
+			if err := b.cache.d.Write(p, pc.buf); err != nil {
 				return err
 			}
 		case File:
@@ -115,7 +114,7 @@ func (b *backup) restore() error {
 				if _, err := b.file.ReadAt(stage[:k], pc.off+int64(done)); err != nil {
 					return errors.Wrapf(err, "read %s from %s", units.Bytes(k), b.file.Name())
 				}
-				if err := b.d.Write(p+driver.Addr(done), stage[:k]); err != nil {
+				if err := b.cache.d.Write(p+driver.Addr(done), stage[:k]); err != nil {
 					return err
 				}
 				done += k
