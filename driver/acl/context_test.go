@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/internal/acceltest"
 	"github.com/vmarena/vmarena/driver/internal/dl"
 )
 
@@ -42,33 +43,10 @@ func TestCallerContextStaysCurrent(t *testing.T) {
 
 	every := func(want uintptr) {
 		t.Helper()
-		after := func(what string) {
-			t.Helper()
-			require.Equal(t, want, current(), "the caller's context after %s", what)
-		}
-		base, err := d.Reserve(4*g, 0, 0)
-		require.NoError(t, err)
-		after("Reserve")
-		h, err := d.Create(0, g, driver.ChunkOptions{})
-		require.NoError(t, err)
-		after("Create")
-		require.NoError(t, d.Map(base, h))
-		after("Map")
-		require.NoError(t, d.SetAccess(base, g, 0, driver.AccessReadWrite))
-		after("SetAccess")
-		require.NoError(t, d.Write(base, []byte("caller")))
-		after("Write")
-		require.NoError(t, d.SyncDevice(0))
-		after("SyncDevice")
-		require.NoError(t, d.Unmap(base, g))
-		after("Unmap")
-		require.NoError(t, d.Release(h))
-		after("Release")
-		require.NoError(t, d.Unreserve(base, 4*g))
-		after("Unreserve")
-		_, err = d.Create(0, 1<<40, driver.ChunkOptions{})
+		acceltest.CallsKeepContext(t, d, g, current, want)
+		_, err := d.Create(0, 1<<40, driver.ChunkOptions{})
 		require.Error(t, err)
-		after("a failed Create")
+		require.Equal(t, want, current(), "the caller's context after a failed Create")
 	}
 
 	// torch_npu's case: the device's default context.
