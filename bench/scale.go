@@ -295,3 +295,48 @@ func ScaleCommitDecommit(more func() bool, sizes []int, local bool) (Scaled, err
 		return subject{step, done}, nil
 	})
 }
+
+// ScaleHashFloor is the floor the random rows are read against: a Go map
+// of n uint64 keys, each step deleting a live key chosen at random and
+// inserting a new one — Go's own hash table, O(1) by construction, at
+// random places. What it loses from a thousand keys to a million is what
+// the memory hierarchy takes from any structure whose objects no longer
+// fit in cache; a random row that grows by a few times this is paying a
+// constant number of misses more, not a cost in proportion to what is
+// live.
+func ScaleHashFloor(more func() bool, sizes []int) (Scaled, error) {
+	return scale(more, sizes, func(n int) (subject, error) {
+		rng := rand.New(rand.NewPCG(10, uint64(n)))
+		keys := make([]uint64, n)
+		m := make(map[uint64]uint64, n)
+		for i := range keys {
+			keys[i] = rng.Uint64()
+			m[keys[i]] = uint64(i)
+		}
+		const cycle = 1 << 16
+		slots, fresh := make([]int, cycle), make([]uint64, cycle)
+		for i := range cycle {
+			slots[i], fresh[i] = rng.IntN(n), rng.Uint64()
+		}
+		c := 0
+		step := func() error {
+			c = (c + 1) % cycle
+			k := &keys[slots[c]]
+			v, ok := m[*k]
+			if !ok {
+				return errors.AssertionFailedf("bench: key %#x went missing", *k)
+			}
+			delete(m, *k)
+			*k = fresh[c] ^ uint64(c) // a new key each lap of the cycle
+			m[*k] = v
+			return nil
+		}
+		done := func() error {
+			if len(m) != n {
+				return errors.AssertionFailedf("bench: %d keys, want %d", len(m), n)
+			}
+			return nil
+		}
+		return subject{step, done}, nil
+	})
+}

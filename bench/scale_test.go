@@ -44,7 +44,9 @@ func reportScaled(b *testing.B, s Scaled) {
 // reads books no cache holds; they report miss-ns (MissLatency, a load
 // that misses every cache) and extra-misses, the growth from the smallest
 // size to the largest in units of it: a constant number of misses, not a
-// cost in proportion to what is live.
+// cost in proportion to what is live. hash-floor-random is the floor they
+// are read against, in the same run: Go's own map at random places
+// (ScaleHashFloor), O(1) by construction.
 func BenchmarkScale(b *testing.B) {
 	random := func(b *testing.B, s Scaled) {
 		reportScaled(b, s)
@@ -79,6 +81,11 @@ func BenchmarkScale(b *testing.B) {
 	})
 	b.Run("commit-decommit-random", func(b *testing.B) {
 		s, err := ScaleCommitDecommit(b.Loop, ScaleSizes, false)
+		require.NoError(b, err)
+		random(b, s)
+	})
+	b.Run("hash-floor-random", func(b *testing.B) {
+		s, err := ScaleHashFloor(b.Loop, ScaleSizes)
 		require.NoError(b, err)
 		random(b, s)
 	})
@@ -122,6 +129,7 @@ func TestScaleBenchmarkBodies(t *testing.T) {
 		"map-unmap-random":       func() (Scaled, error) { return ScaleMapUnmap(Rounds(2), sizes, false) },
 		"commit-decommit":        func() (Scaled, error) { return ScaleCommitDecommit(Rounds(2), sizes, true) },
 		"commit-decommit-random": func() (Scaled, error) { return ScaleCommitDecommit(Rounds(2), sizes, false) },
+		"hash-floor-random":      func() (Scaled, error) { return ScaleHashFloor(Rounds(2), sizes) },
 	} {
 		s, err := run()
 		require.NoError(t, err, name)

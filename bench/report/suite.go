@@ -30,6 +30,7 @@ var suite = []command{
 		{path: "the same, at random places", bench: "BenchmarkScale", sub: "map-unmap-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
 		{path: "commit + decommit, 10³ to 10⁶ committed: largest ÷ smallest", bench: "BenchmarkScale", sub: "commit-decommit", metric: "largest/smallest", target: 1.5, source: "issue 19"},
 		{path: "the same, at random places", bench: "BenchmarkScale", sub: "commit-decommit-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+		{path: "the floor of the random rows: Go's map at random places, 10³ to 10⁶ keys", bench: "BenchmarkScale", sub: "hash-floor-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
 	}},
 	{bench: "Replay", benchtime: "1x", rows: []row{
 		{path: "replay: committed ÷ allocated", bench: "BenchmarkReplay", sub: anySub, metric: "committed/allocated", target: 1.01, source: "issue 9"},
