@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"cmp"
 	"container/list"
 	"fmt"
 	"slices"
@@ -259,6 +260,11 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 		}
 		took = append(took, taken{idx, committed})
 	}
+	// Which unit's memory backs which is free to choose: in the store's
+	// order, units side by side are committed, and borrowed, in one call.
+	// Evicted units come in LRU order — a chain from its end, so a run of
+	// the store backwards — and free ones in any order.
+	slices.SortFunc(took, func(a, b taken) int { return cmp.Compare(a.idx, b.idx) })
 	sub := g.storeUnitBytes()
 	for i := 0; i < len(took); {
 		if took[i].committed {
