@@ -230,8 +230,9 @@ func (c *Cache) takeStoreIdxLocked() (idx int, committed bool, err error) {
 // are in the books (the caller gives them back) and the rest changed
 // nothing but spare units' books (committed memory not used stays spare).
 //
-// Units the store gives side by side are committed, and borrowed when a
-// unit is one region, in one arena call each.
+// The places the store gives go to the units in the store's order: those
+// side by side there are committed, and borrowed when a unit is one
+// region, in one arena call each run.
 func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 	g := c.g
 	type taken struct {
