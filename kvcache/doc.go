@@ -180,11 +180,14 @@
 // bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
 // the store shares it. What a page costs beyond that — its commit, borrow,
 // read-only grant or decommit — is the arena's and the layers' below it
-// (a match takes one read-only grant per region). Store units that lie
-// side by side in the store are committed, and borrowed into a slot of
-// the TokenMajor layout, in one arena call per run; a prompt page that
-// recycles an evicted unit's costs a borrow into the slot and, at Free,
-// its part of the slot's one decommit.
+// (a match takes one read-only grant per region). A prompt's units take
+// the store places they are given (free or recycled) in the store's
+// order, and those side by side in the store are committed, and borrowed
+// into a slot of the TokenMajor layout, in one arena call per run; at
+// Free a run of borrowed units goes back in one decommit per region. A
+// prompt page that recycles an evicted unit's still costs a chunk's map
+// into the slot and, at Free, its unmap: the arena maps and unmaps chunk
+// by chunk.
 //
 // # What it never does
 //

@@ -74,3 +74,55 @@ func TestEvictedUnitsAreRecycled(t *testing.T) {
 		})
 	}
 }
+
+// TestRunsGoInOneCall: the prompt units a sequence borrowed go back at
+// Free in one decommit per run, still last first (the LRU list takes a
+// chain from its end, so eviction does too), and new store units that
+// recycle evicted ones are borrowed in the store's order, side by side:
+// one call for memory that two chains, evicted one after the other, left.
+func TestRunsGoInOneCall(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := microConfig(TokenMajor, 4096, 2)
+	unit := 256 // tokens of a unit (one page)
+	budget := uint64(4) * page
+	cfg.Budget = budget
+	c := e.cache(t, cfg)
+
+	// a1 and a2: two whole units each, all in the store (store units 0,
+	// 1 and 2, 3), no page of their own.
+	a1 := prefill(t, c, seqTokens(2*unit, 0, 100000), 0)
+	a2 := prefill(t, c, seqTokens(2*unit, 0, 300000), 0)
+	st0 := c.Stats()
+	require.Equal(t, 2, st0.Commits, "one store commit each")
+	require.NoError(t, a1.Free())
+	require.NoError(t, a2.Free())
+	st1 := c.Stats()
+	require.Equal(t, st0.Decommits+2, st1.Decommits, "each sequence's two borrowed units go in one decommit")
+	require.Equal(t, 4, st1.CachedPages)
+	var order []int
+	for el := c.ps.lru.Front(); el != nil; el = el.Next() {
+		su := el.Value.(*storeUnit)
+		order = append(order, su.idx)
+		require.Equal(t, su.idx%2, su.u)
+	}
+	require.Equal(t, []int{1, 0, 3, 2}, order, "each chain given back last first")
+	require.NoError(t, c.Check())
+
+	// b: four units, which take over the memory of all four evicted
+	// units (evicted as listed), in the store's order: one borrow.
+	pb := seqTokens(4*unit, 0, 200000)
+	b := prefill(t, c, pb, 0)
+	st2 := c.Stats()
+	require.Equal(t, st1.Evictions+4, st2.Evictions)
+	require.Equal(t, st1.Commits, st2.Commits, "all four recycled")
+	require.Equal(t, st1.Decommits, st2.Decommits)
+	require.Equal(t, st1.Borrows+1, st2.Borrows, "one borrow for the run")
+	for u := range 4 {
+		require.Equal(t, u, b.sl.units[u].su.idx)
+	}
+	require.Equal(t, budget, st2.Committed)
+	checkSeq(t, b, pb, 0, 0, len(pb))
+	require.NoError(t, c.Check())
+	require.NoError(t, b.Free())
+	require.NoError(t, c.Check())
+}

@@ -646,11 +646,19 @@ func (c *Cache) endLocked(s *Seq) error {
 	errs := c.releaseCoversLocked(sl)
 	// Last to first, as decommitUnitsLocked: the chain's end is evicted
 	// first. Borrowed units are whole units of the prompt: the walk starts
-	// at the prompt's end and stops at the last one.
+	// at the prompt's end and stops at the last one. A run of borrowed
+	// units goes in one decommit (decommitUnitsLocked gives them back
+	// last first too).
 	for u := min(sl.hi, c.g.unitsFor(len(s.prompt))) - 1; u >= 0 && sl.borrowed > 0; u-- {
-		if sl.units[u].state == unitBorrowed {
-			errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, u, u+1))
+		if sl.units[u].state != unitBorrowed {
+			continue
 		}
+		lo := u
+		for lo > 0 && sl.units[lo-1].state == unitBorrowed {
+			lo--
+		}
+		errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, lo, u+1))
+		u = lo
 	}
 	if sl.borrowed > 0 {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: slot %d borrows %d units past its prompt", sl.idx, sl.borrowed))

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"cmp"
 	"container/list"
 	"fmt"
 	"slices"
@@ -229,8 +230,9 @@ func (c *Cache) takeStoreIdxLocked() (idx int, committed bool, err error) {
 // are in the books (the caller gives them back) and the rest changed
 // nothing but spare units' books (committed memory not used stays spare).
 //
-// Units the store gives side by side are committed, and borrowed when a
-// unit is one region, in one arena call each.
+// The places the store gives go to the units in the store's order: those
+// side by side there are committed, and borrowed when a unit is one
+// region, in one arena call each run.
 func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 	g := c.g
 	type taken struct {
@@ -259,6 +261,11 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 		}
 		took = append(took, taken{idx, committed})
 	}
+	// Which unit's memory backs which is free to choose: in the store's
+	// order, units side by side are committed, and borrowed, in one call.
+	// Evicted units come in LRU order — a chain from its end, so a run of
+	// the store backwards — and free ones in any order.
+	slices.SortFunc(took, func(a, b taken) int { return cmp.Compare(a.idx, b.idx) })
 	sub := g.storeUnitBytes()
 	for i := 0; i < len(took); {
 		if took[i].committed {
