@@ -47,7 +47,6 @@ const (
 	minItems = maxItems / 2
 	maxKids  = 64
 	minKids  = maxKids / 2
-	maxKeys  = max(maxItems, maxKids) + 1 // a node holds one more before it splits
 )
 
 // List is a list of ranges sorted by Start. Invariant: every item is
@@ -67,18 +66,10 @@ type List[K ~uint64, V any] struct {
 // node is a leaf (kids nil: items holds its ranges, prev and next its
 // neighbouring leaves) or an inner node (kids holds its children). Only
 // the root may be empty: a leaf, once the list's last range went.
-//
-// keys repeats, for each entry, the start its search is by — a range's
-// Start, a child's first — in a compact array inside the node: a descent
-// reads one node's keys in a few neighbouring lines, fetched together,
-// then the one item or child it picks, instead of a binary search whose
-// every probe waits on a miss in a 1.5–2.5 KB array. Invariant:
-// keys[i] is items[i].Start, or kids[i].first, for i < size().
 type node[K ~uint64, V any] struct {
 	items      []Item[K, V]
 	kids       []kid[K, V]
 	prev, next *node[K, V]
-	keys       [maxKeys]K
 }
 
 // kid is one child of an inner node and the summary of the ranges under
@@ -91,22 +82,6 @@ type kid[K ~uint64, V any] struct {
 }
 
 func (n *node[K, V]) leaf() bool { return n.kids == nil }
-
-// sync copies the keys of entries from..size() from the entries, after an
-// edit moved or changed them.
-func (n *node[K, V]) sync(from int) {
-	if n.leaf() {
-		ks := n.keys[:len(n.items)]
-		for i := from; i < len(ks); i++ {
-			ks[i] = n.items[i].Start
-		}
-		return
-	}
-	ks := n.keys[:len(n.kids)]
-	for i := from; i < len(ks); i++ {
-		ks[i] = n.kids[i].first
-	}
-}
 
 // size is the number of entries (ranges or children) the node holds.
 func (n *node[K, V]) size() int {
@@ -166,7 +141,10 @@ func (n *node[K, V]) largestAfter(big uint64) uint64 {
 
 // firstStart is the start of n's first range (n is not empty).
 func (n *node[K, V]) firstStart() K {
-	return n.keys[0]
+	if n.leaf() {
+		return n.items[0].Start
+	}
+	return n.kids[0].first
 }
 
 // newLeaf makes a leaf with room for c ranges (it grows to maxItems+1).
@@ -216,19 +194,27 @@ func (l *List[K, V]) At(i int) *Item[K, V] {
 
 // lastKid returns the last child of the inner node n whose first range
 // starts at or before x, or -1 when none does.
+//
+// It and upTo scan the node from its first entry, not a binary search:
+// the hot paths of a page table run them on every level, most often on
+// nodes out of cache, and each probe of a binary search is a load that
+// waits on the one before it, a miss of its own in a 1.5–2.5 KB array.
+// A scan's loads do not depend on each other: the processor runs ahead of
+// the loop and fetches the lines it will read together, and the one it
+// stops at holds the entry it returns. Measured with BenchmarkRandom: a
+// quarter less time for a Get in a warm list, and no worse cold.
 func (n *node[K, V]) lastKid(x K) int {
-	return n.upTo(x) - 1
+	k := 0
+	for k < len(n.kids) && n.kids[k].first <= x {
+		k++
+	}
+	return k - 1
 }
 
-// upTo returns how many entries of n start at or before x. A linear
-// scan of the keys, not a binary search: the keys lie in a few lines of
-// the node, which the processor fetches at once for a scan, where each
-// probe of a binary search waits for the one before it — the hot paths of
-// a page table run this on every level, most often on nodes out of cache.
+// upTo returns how many ranges of the leaf n start at or before x.
 func (n *node[K, V]) upTo(x K) int {
-	ks := n.keys[:n.size()]
 	p := 0
-	for p < len(ks) && ks[p] <= x {
+	for p < len(n.items) && n.items[p].Start <= x {
 		p++
 	}
 	return p
@@ -377,7 +363,6 @@ func removeStart[K ~uint64, V any](n *node[K, V], start K) (Item[K, V], bool) {
 		}
 		it := n.items[p-1]
 		n.items = slices.Delete(n.items, p-1, p)
-		n.sync(p - 1)
 		return it, true
 	}
 	k := max(0, n.lastKid(start))
@@ -404,7 +389,6 @@ func removeUnder[K ~uint64, V any](n *node[K, V], pick func(n *node[K, V]) int) 
 	if n.leaf() {
 		it := n.items[p]
 		n.items = slices.Delete(n.items, p, p+1)
-		n.sync(p)
 		return it
 	}
 	it := removeUnder(n.kids[p].n, pick)
@@ -421,7 +405,6 @@ func (n *node[K, V]) deleted(k int, it Item[K, V]) {
 	if e.count > 0 {
 		if it.Start == e.first {
 			e.first = c.firstStart()
-			n.keys[k] = e.first
 		}
 		if it.Size() == e.big {
 			e.big = c.largestAfter(e.big)
@@ -497,7 +480,6 @@ func (l *List[K, V]) add(it Item[K, V]) (inTheWay *Item[K, V]) {
 	if right != nil {
 		root := newInner[K, V]()
 		root.kids = append(root.kids, l.root.summary(), right.summary())
-		root.sync(0)
 		l.root = root
 	}
 	l.n++
@@ -524,13 +506,11 @@ func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) (right *node[K, V]
 			return nil, next
 		}
 		n.items = slices.Insert(n.items, p, it)
-		n.sync(p)
 		if len(n.items) <= maxItems {
 			return nil, nil
 		}
 		right := newLeaf[K, V](maxItems + 1)
 		right.items = append(right.items, n.items[len(n.items)/2:]...)
-		right.sync(0)
 		clear(n.items[len(n.items)/2:])
 		n.items = n.items[:len(n.items)/2]
 		right.prev, right.next = n, n.next
@@ -549,19 +529,16 @@ func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) (right *node[K, V]
 		c := &n.kids[k]
 		c.count++
 		c.first = min(c.first, it.Start)
-		n.keys[k] = c.first
 		c.big = max(c.big, it.Size())
 		return nil, nil
 	}
 	n.kids[k] = n.kids[k].n.summary()
 	n.kids = slices.Insert(n.kids, k+1, right.summary())
-	n.sync(k)
 	if len(n.kids) <= maxKids {
 		return nil, nil
 	}
 	sib := newInner[K, V]()
 	sib.kids = append(sib.kids, n.kids[len(n.kids)/2:]...)
-	sib.sync(0)
 	clear(n.kids[len(n.kids)/2:])
 	n.kids = n.kids[:len(n.kids)/2]
 	return sib, nil
@@ -643,10 +620,8 @@ func (n *node[K, V]) rebalance(k int) {
 		} else {
 			a.kids = append(a.kids, b.kids...)
 		}
-		a.sync(0)
 		n.kids[l] = a.summary()
 		n.kids = slices.Delete(n.kids, r, r+1)
-		n.sync(l)
 		return
 	case a.size() > b.size():
 		// Move a's last entry to the front of b.
@@ -667,10 +642,7 @@ func (n *node[K, V]) rebalance(k int) {
 			b.kids = slices.Delete(b.kids, 0, 1)
 		}
 	}
-	a.sync(0)
-	b.sync(0)
 	n.kids[l], n.kids[r] = a.summary(), b.summary()
-	n.sync(l)
 }
 
 func maxOf[K ~uint64, V any](n *node[K, V]) int {
@@ -697,13 +669,11 @@ func (l *List[K, V]) SetBounds(i int, start, end K) bool {
 func (l *List[K, V]) setBounds(n *node[K, V], i int, start, end K) {
 	if n.leaf() {
 		n.items[i].Start, n.items[i].End = start, end
-		n.keys[i] = start
 		return
 	}
 	k, j := n.kidAt(i)
 	l.setBounds(n.kids[k].n, j, start, end)
 	n.kids[k] = n.kids[k].n.summary()
-	n.keys[k] = n.kids[k].first
 }
 
 // Largest is the size of the largest range (0 when there is none).
@@ -845,7 +815,7 @@ func (l *List[K, V]) Check() error {
 		return errs
 	}
 	// The shape and the summaries.
-	var leaves, nodes []*node[K, V]
+	var leaves []*node[K, V]
 	depth := -1
 	var walk func(n *node[K, V], d int, root bool)
 	walk = func(n *node[K, V], d int, root bool) {
@@ -858,7 +828,6 @@ func (l *List[K, V]) Check() error {
 		if s := n.size(); s < lo || s > hi {
 			fail("ranges: a node at depth %d holds %d entries, not %d to %d", d, s, lo, hi)
 		}
-		nodes = append(nodes, n)
 		if n.leaf() {
 			if depth >= 0 && d != depth {
 				fail("ranges: leaves at depths %d and %d", depth, d)
@@ -912,21 +881,6 @@ func (l *List[K, V]) Check() error {
 	}
 	if count != l.n {
 		fail("ranges: the tree holds %d ranges and counts %d", count, l.n)
-	}
-	// The keys the searches read (last: a Start changed through At
-	// shows first as the overlap or empty range it makes).
-	for _, n := range nodes {
-		for i := range min(n.size(), maxKeys) {
-			start := n.keys[i]
-			if n.leaf() {
-				start = n.items[i].Start
-			} else {
-				start = n.kids[i].first
-			}
-			if n.keys[i] != start {
-				fail("ranges: entry %d of a node starts at %#x, its key says %#x", i, start, n.keys[i])
-			}
-		}
 	}
 	return errs
 }
