@@ -46,11 +46,51 @@ func benchRandom(b *testing.B, op func(l *List[uint64, *int], x uint64)) {
 		ns[s] = float64((threadCPU() - start).Nanoseconds()) / float64(b.N)
 		runtime.UnlockOSThread()
 	}
+	miss := missNS()
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(ns[0], "ns@1K")
 	b.ReportMetric(ns[1], "ns@1M")
 	b.ReportMetric(ns[1]/ns[0], "1M/1K")
+	b.ReportMetric(miss, "miss-ns")
+	b.ReportMetric((ns[1]-ns[0])/miss, "extra-misses")
 }
+
+// missNS is the CPU time of a load that misses the caches and mostly the
+// TLB, measured once: loads that each depend on the one before, along one
+// random cycle (Sattolo's shuffle) through 64 MiB of uint32 links, as
+// bench.MissLatency does. A random operation at a million ranges cannot
+// cost less than one such miss more than at a thousand: the range it
+// reads is in no cache.
+func missNS() float64 {
+	if benchMiss > 0 {
+		return benchMiss
+	}
+	next := make([]uint32, 16<<20)
+	for i := range next {
+		next[i] = uint32(i)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := len(next) - 1; i > 0; i-- {
+		j := rng.IntN(i)
+		next[i], next[j] = next[j], next[i]
+	}
+	var p uint32
+	for range 1 << 16 { // off the start, into the cycle's steady state
+		p = next[p]
+	}
+	const loads = 1 << 18
+	runtime.LockOSThread()
+	start := threadCPU()
+	for range loads {
+		p = next[p]
+	}
+	benchMiss = float64((threadCPU() - start).Nanoseconds()) / loads
+	runtime.UnlockOSThread()
+	runtime.KeepAlive(p)
+	return benchMiss
+}
+
+var benchMiss float64
 
 // BenchmarkRandom: Get, and DeleteStart then Add back, of one range at a
 // random place, at a thousand and at a million ranges.
