@@ -32,8 +32,8 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/mapref"
+	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/runs"
-	"github.com/vmarena/vmarena/internal/sections"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -115,11 +115,8 @@ type Table struct {
 	drv  driver.Driver
 	devs []driver.Device
 
-	mu sync.RWMutex
-	// maps are the entries by address, in sections of the reservation
-	// (internal/sections): finding the one at an address, or the place of
-	// a new one, costs the same at a million mappings as at ten.
-	maps   *sections.List[driver.Addr, *entry]
+	mu     sync.RWMutex
+	maps   ranges.List[driver.Addr, *entry]
 	closed bool
 }
 
@@ -144,11 +141,6 @@ func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
 		return nil, errors.Wrapf(driver.ErrInvalid, "mapping: new table: the %s driver reports %d devices (1 to %d are supported)",
 			drv.Name(), len(t.devs), driver.MaxDevices)
 	}
-	gran := t.devs[0].MinGranularity
-	for _, d := range t.devs {
-		gran = min(gran, d.MinGranularity)
-	}
-	t.maps = sections.New[driver.Addr, *entry](res.Base(), res.Size(), gran)
 	// Attach under Hold: a reservation freed meanwhile refuses, so a table
 	// is never attached to a dead range.
 	if err := res.Hold(func() error { return res.Attach(t) }); err != nil {
@@ -181,6 +173,20 @@ func (t *Table) Occupied() []vaspace.Use {
 
 func (t *Table) errClosed(op string) error {
 	return driver.Closed("mapping: " + op + " on a closed table")
+}
+
+// index returns the index of the first entry that ends after addr.
+func (t *Table) index(addr driver.Addr) int { return t.maps.Search(addr) }
+
+// n is the number of entries; at(i) the i-th in address order (nil past
+// the last).
+func (t *Table) n() int { return t.maps.Len() }
+
+func (t *Table) at(i int) *entry {
+	if i >= t.maps.Len() {
+		return nil
+	}
+	return t.maps.At(i).Val
 }
 
 // inside checks that [addr, addr+size) lies in the table's reservation.
@@ -281,17 +287,17 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 	if err := t.inside(what, r.Base, r.Size); err != nil {
 		return err
 	}
-	// The entries r overlaps: only the first and the last can be cut.
-	var es []*entry
-	for it := range t.maps.Between(r.Base, r.End()) {
-		if e := it.Val; !r.ContainsRange(e.rng) {
+	lo, hi := t.index(r.Base), t.index(r.End())
+	for _, i := range []int{lo, hi} {
+		if e := t.at(i); e != nil && e.rng.Overlaps(r) && !r.ContainsRange(e.rng) {
 			return errors.Wrapf(driver.ErrPartial, "%s: it cuts the mapping %s of %s", what(), e.rng, e.chunk)
 		}
-		es = append(es, it.Val)
 	}
-	for i := len(es) - 1; i >= 0; i-- {
-		if err := t.unmap(what, es[i]); err != nil {
-			return err
+	for i := hi - 1; i >= lo; i-- {
+		if e := t.at(i); e != nil && r.ContainsRange(e.rng) {
+			if err := t.unmap(what, e); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -361,7 +367,10 @@ func (t *Table) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a 
 // ErrNotMapped naming the first gap.
 func (t *Table) covering(what func() string, addr, end driver.Addr, es []*entry) ([]*entry, error) {
 	at := addr
-	for it := range t.maps.Between(addr, end) {
+	for it := range t.maps.After(addr) {
+		if at >= end {
+			break
+		}
 		e := it.Val
 		if e.rng.Base > at {
 			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, min(end, e.rng.Base))
@@ -423,7 +432,7 @@ func (t *Table) Mappings() iter.Seq[Mapping] {
 		return nil
 	}
 	t.mu.RLock()
-	ms := make([]Mapping, t.maps.Len())
+	ms := make([]Mapping, t.n())
 	for i, it := range t.maps.All() {
 		ms[i] = Mapping{Range: it.Val.rng, Chunk: it.Val.chunk}
 	}
@@ -537,7 +546,10 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 	}
 	end := addr + driver.Addr(len(p))
 	at := addr
-	for it := range t.maps.Between(addr, end) {
+	for it := range t.maps.After(addr) {
+		if at >= end {
+			break
+		}
 		e := it.Val
 		if e.rng.Base > at {
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
@@ -575,13 +587,9 @@ func (t *Table) Close() error {
 	if t.closed {
 		return t.errClosed("close")
 	}
-	es := make([]*entry, 0, t.maps.Len())
-	for _, it := range t.maps.All() {
-		es = append(es, it.Val)
-	}
 	var errs error
-	for i := len(es) - 1; i >= 0; i-- {
-		errs = errors.CombineErrors(errs, t.unmap(func() string { return "mapping: close" }, es[i]))
+	for i := t.n() - 1; i >= 0; i-- {
+		errs = errors.CombineErrors(errs, t.unmap(func() string { return "mapping: close" }, t.at(i)))
 	}
 	if errs != nil {
 		return errs

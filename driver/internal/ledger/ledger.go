@@ -25,11 +25,6 @@
 // a map and a release touch stay the ones the last touched, at a million
 // chunks as at ten. Handles count up 1, 2, 3… until a slot is reused.
 //
-// Each reservation keeps its mappings by address in a dense directory of
-// sections of the range, each a small B+ tree (internal/sections): the
-// search a map, an unmap or a grant starts with is a shift and one small
-// node, whatever the number of mappings.
-//
 // The ledger never touches memory and never makes a system call itself.
 // Backend methods run with the ledger's lock held, so they see and leave a
 // consistent record; they must not call back into the ledger.
@@ -46,7 +41,6 @@ import (
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/runs"
-	"github.com/vmarena/vmarena/internal/sections"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -163,10 +157,7 @@ type Region struct {
 	Size uint64
 	// Backing is the backend's own record (the base as a pointer).
 	Backing any
-	// maps are the mappings by address, in sections of the range
-	// (internal/sections): finding the one at an address, or the place
-	// of a new one, costs the same at a million mappings as at ten.
-	maps *sections.List[driver.Addr, *Mapping]
+	maps    ranges.List[driver.Addr, *Mapping] // by address
 }
 
 func (r *Region) end() driver.Addr { return r.Base + driver.Addr(r.Size) }
@@ -273,7 +264,7 @@ func (l *Ledger) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, err
 	if err != nil {
 		return 0, errors.Wrapf(err, "%s", what())
 	}
-	r := &Region{Base: base, Size: size, Backing: backing, maps: sections.New[driver.Addr, *Mapping](base, size, l.gran)}
+	r := &Region{Base: base, Size: size, Backing: backing}
 	if uint64(base)%align != 0 {
 		_ = l.backend.Unreserve(r)
 		return 0, errors.AssertionFailedf("%s: backend returned [%s, %s), misaligned", what(), base, r.end())
@@ -548,12 +539,12 @@ func (l *Ledger) Map(addr driver.Addr, h driver.Handle) error {
 			"unmap it first: map never replaces a mapping")
 	}
 	if l.oneBind && r.maps.Len() > 0 {
-		for it := range r.maps.Between(addr, m.end()) {
+		if it := r.maps.Overlap(addr, m.end()); it != nil {
 			return overlaps(it.Val) // the overlap first, as below
 		}
 		// Every mapping of r is of one device and one origin: the first
 		// says which.
-		if o := r.maps.First().Val.Chunk; o.Device != c.Device || o.imported != c.imported {
+		if o := r.maps.At(0).Val.Chunk; o.Device != c.Device || o.imported != c.imported {
 			origin := func(c *Chunk) string {
 				if c.imported {
 					return "imported"
@@ -678,7 +669,10 @@ func (l *Ledger) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a
 	var msBuf [4]*Mapping
 	ms := msBuf[:0]
 	at := addr
-	for it := range r.maps.Between(addr, end) {
+	for it := range r.maps.After(addr) {
+		if at >= end {
+			break
+		}
 		m := it.Val
 		if m.Addr > at {
 			return errors.Wrapf(driver.ErrNotMapped, "%s: [%s, %s) is not mapped", what(), at, min(end, m.Addr))
@@ -915,7 +909,10 @@ func (l *Ledger) WithHostSegments(op string, addr driver.Addr, n uint64, want dr
 func (r *Region) walkMapped(what func() string, addr, end driver.Addr,
 	onMapping func(m *Mapping, at driver.Addr) error, onRun func(m *Mapping, word uint64, at, runEnd driver.Addr) error) error {
 	at := addr
-	for it := range r.maps.Between(addr, end) {
+	for it := range r.maps.After(addr) {
+		if at >= end {
+			break
+		}
 		m := it.Val
 		if m.Addr > at {
 			return errors.Wrapf(driver.ErrAccessDenied, "%s: %s is reserved but not mapped", what(), at)
