@@ -134,36 +134,61 @@ func (s *Sparse) chunksLocked(what func() string, off, n uint64) (lo, hi int, er
 
 // grantLocked sets dev's access to acc on slots [lo, hi), one driver call
 // per run of adjacent slots whose access for dev is already alike, and
-// puts back what it changed if the driver refuses part-way.
+// puts back what it changed if the driver refuses part-way. It walks the
+// slots in order from one descent (From): O(log n + hi-lo), never a
+// counted descent per slot.
 func (s *Sparse) grantLocked(what func() string, dev driver.DeviceID, lo, hi int, acc driver.Access) error {
 	if err := s.keepsViewsLocked(what, dev, lo, hi, acc); err != nil {
 		return err
 	}
 	type run struct {
-		lo, hi int
-		old    driver.Access
+		start, end uint64
+		old        driver.Access
 	}
-	var done []run
-	for i := lo; i < hi; {
-		j, old := i+1, s.slots.At(i).Val.access[dev]
-		for j < hi && s.slots.At(j).Start == s.slots.At(j-1).End && s.slots.At(j).Val.access[dev] == old {
-			j++
+	var (
+		done []run
+		cur  run
+		open bool
+	)
+	// flush gives the run in cur its driver call, when it changes
+	// anything, and puts back the runs done before it if the driver
+	// refuses.
+	flush := func() error {
+		if !open || cur.old == acc {
+			return nil
 		}
-		if old != acc {
-			start, end := s.slots.At(i).Start, s.slots.At(j-1).End
-			if err := s.tab.SetAccess(s.Base()+driver.Addr(start), end-start, dev, acc); err != nil {
-				for _, r := range done {
-					a, b := s.slots.At(r.lo).Start, s.slots.At(r.hi-1).End
-					err = errors.CombineErrors(err, s.tab.SetAccess(s.Base()+driver.Addr(a), b-a, dev, r.old))
-				}
-				return errors.Wrapf(err, "%s", what())
-			}
-			done = append(done, run{i, j, old})
+		err := s.tab.SetAccess(s.Base()+driver.Addr(cur.start), cur.end-cur.start, dev, acc)
+		if err == nil {
+			done = append(done, cur)
+			return nil
 		}
-		i = j
+		for _, r := range done {
+			err = errors.CombineErrors(err, s.tab.SetAccess(s.Base()+driver.Addr(r.start), r.end-r.start, dev, r.old))
+		}
+		return errors.Wrapf(err, "%s", what())
 	}
-	for i := lo; i < hi; i++ {
-		s.slots.At(i).Val.access[dev] = acc
+	for i, it := range s.slots.From(lo) {
+		if i >= hi {
+			break
+		}
+		old := it.Val.access[dev]
+		if open && it.Start == cur.end && old == cur.old {
+			cur.end = it.End
+			continue
+		}
+		if err := flush(); err != nil {
+			return err
+		}
+		cur, open = run{it.Start, it.End, old}, true
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	for i, it := range s.slots.From(lo) {
+		if i >= hi {
+			break
+		}
+		it.Val.access[dev] = acc
 	}
 	return nil
 }
@@ -197,8 +222,10 @@ func (s *Sparse) keepsViewsLocked(what func() string, dev driver.DeviceID, lo, h
 	if acc.Allows(driver.AccessReadWrite) {
 		return nil
 	}
-	for i := lo; i < hi; i++ {
-		it := s.slots.At(i)
+	for i, it := range s.slots.From(lo) {
+		if i >= hi {
+			break
+		}
 		sl := it.Val
 		if sl.views == 0 {
 			continue
