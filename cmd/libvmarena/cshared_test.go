@@ -168,17 +168,41 @@ func runChecked(t *testing.T, limit time.Duration, env []string, name string, ar
 // with a small device.
 var hostEnv = []string{"VMARENA_DRIVER=host", "VMARENA_CAPACITY=256MiB", "VMARENA_DEVICES=1"}
 
-// compileCycles compiles testdata/cycles.c against the library.
-func compileCycles(tb testing.TB) string {
+// programs are the C programs of testdata, each compiled once per test
+// binary by compileProgram (five tests run cycles.c, two gpucycles.c).
+var programs sync.Map // name -> *programBuild
+
+type programBuild struct {
+	once sync.Once
+	bin  string
+	out  []byte
+	err  error
+}
+
+// compileProgram compiles testdata/name.c against the library, once, with
+// gcc's flags and extra before the libraries.
+func compileProgram(tb testing.TB, name string, extra ...string) string {
 	tb.Helper()
 	so, _ := buildLibrary(tb)
 	gcc := requireCompiler(tb)
-	bin := filepath.Join(testDir, "cycles")
-	dir := filepath.Dir(so)
-	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I", ".", "-o", bin, "testdata/cycles.c",
-		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir, "-ldl").CombinedOutput()
-	require.NoError(tb, err, "gcc testdata/cycles.c:\n%s", out)
-	return bin
+	v, _ := programs.LoadOrStore(name, &programBuild{})
+	p := v.(*programBuild)
+	p.once.Do(func() {
+		p.bin = filepath.Join(testDir, name)
+		dir := filepath.Dir(so)
+		args := append([]string{"-O2", "-Wall", "-Wextra", "-Werror"}, extra...)
+		args = append(args, "-I", ".", "-o", p.bin, filepath.Join("testdata", name+".c"),
+			"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir, "-ldl")
+		p.out, p.err = exec.Command(gcc, args...).CombinedOutput()
+	})
+	require.NoError(tb, p.err, "gcc testdata/%s.c:\n%s", name, p.out)
+	return p.bin
+}
+
+// compileCycles compiles testdata/cycles.c against the library.
+func compileCycles(tb testing.TB) string {
+	tb.Helper()
+	return compileProgram(tb, "cycles", "-pthread")
 }
 
 func TestCProgram(t *testing.T) {
@@ -269,14 +293,7 @@ func TestCFreeWaitsForItsStream(t *testing.T) {
 // compileGPUCycles compiles testdata/gpucycles.c against the library.
 func compileGPUCycles(t *testing.T) string {
 	t.Helper()
-	so, _ := buildLibrary(t)
-	gcc := requireCompiler(t)
-	bin := filepath.Join(testDir, "gpucycles")
-	dir := filepath.Dir(so)
-	out, err := exec.Command(gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-I", ".", "-o", bin, "testdata/gpucycles.c",
-		"-L", dir, "-lvmarena", "-Wl,-rpath,"+dir, "-ldl").CombinedOutput()
-	require.NoError(t, err, "gcc testdata/gpucycles.c:\n%s", out)
-	return bin
+	return compileProgram(t, "gpucycles")
 }
 
 // TestGPUCyclesOnStandin runs testdata/gpucycles.c, the program that

@@ -8,6 +8,7 @@
 // differ from Windows' (those with unix files, which must then be Linux's
 // files, so their importers see Linux's API): between them every file
 // compiles. VMARENA_ALL_PLATFORMS=1 vets darwin/arm64 whole and adds
-// darwin/amd64 and freebsd/amd64. It skips under the race detector
-// (scripts/test runs it without).
+// darwin/amd64 and freebsd/amd64. The targets run side by side, their
+// packages compiled without optimization (vet needs only their types).
+// It skips under the race detector (scripts/test runs it without).
 package platforms
