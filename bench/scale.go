@@ -327,7 +327,9 @@ func ScaleHashFloor(more func() bool, sizes []int) (Scaled, error) {
 				return errors.AssertionFailedf("bench: key %#x went missing", *k)
 			}
 			delete(m, *k)
-			*k = fresh[c] ^ uint64(c) // a new key each lap of the cycle
+			// fresh[c] lives only in slot slots[c], so a later lap finds it
+			// there or already replaced: never two live copies.
+			*k = fresh[c]
 			m[*k] = v
 			return nil
 		}
