@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,6 +235,46 @@ func TestEventsReentrantAndDropped(t *testing.T) {
 	x.check(t, c, "close")
 }
 
+// TestEventsConcurrent: calls from several goroutines, the mapper on:
+// the callback is never run by two at once (the race detector watches
+// eventIndex, which has no lock), and the events, in the order told,
+// still describe the index.
+func TestEventsConcurrent(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	x := newEventIndex()
+	cfg := microConfig(TokenMajor, 1024, 4)
+	cfg.Budget, cfg.MapAhead = 16*page, 0
+	cfg.Events = x.apply
+	c := e.cache(t, cfg)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 6 {
+				prompt := seqTokens(520+40*i, 300, 10000*(g+1)+1000*i)
+				s, err := c.Admit(prompt, 0)
+				if errors.Is(err, driver.ErrBusy) {
+					continue
+				}
+				require.NoError(t, err)
+				if _, err := s.Append(prompt[s.Len():]); err == nil {
+					require.NoError(t, s.MarkWritten(s.Len()))
+				} else {
+					require.True(t, errors.Is(err, driver.ErrOutOfMemory), "%v", err)
+				}
+				require.NoError(t, s.Free())
+			}
+		}()
+	}
+	wg.Wait()
+	x.check(t, c, "after the goroutines")
+	require.NoError(t, c.Check())
+	require.NoError(t, c.Close())
+	x.check(t, c, "close")
+	require.Greater(t, len(x.ever), 8)
+}
+
 // TestEventsResync: events dropped (the queue full) are replaced by
 // AllBlocksCleared and the index as it is then.
 func TestEventsResync(t *testing.T) {
@@ -290,7 +331,9 @@ func TestEventsNoListener(t *testing.T) {
 	require.Equal(t, with, without, "a decode step with and without a listener")
 }
 
-// TestEventsJSONLines: EventWriter's lines, against a golden file.
+// TestEventsJSONLines: EventWriter's lines, against a golden file
+// (testdata/events.jsonl, written by this test with
+// VMARENA_WRITE_GOLDEN=1).
 func TestEventsJSONLines(t *testing.T) {
 	parent := uint64(0xfedcba9876543210)
 	rank := 1
