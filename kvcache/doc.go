@@ -122,10 +122,11 @@
 // per call (EventBatch), and handed to the callback after the lock is let
 // go, in order, from one goroutine at a time; the callback may call the
 // cache. A panic in it is recovered and counted (Stats.EventPanics), the
-// cache untouched. A slow callback holds no lock: calls meanwhile queue
-// their batches and return; past 65,536 queued events the queue is
-// dropped (Stats.EventsDropped) and the next batch is a resync —
-// AllBlocksCleared, then every unit listed then. With no callback nothing
+// cache untouched, and the next batch is a resync — AllBlocksCleared,
+// then every unit listed then — for the consumer may have lost the batch.
+// A slow callback holds no lock: calls meanwhile queue their batches and
+// return; past 65,536 queued events the queue is dropped
+// (Stats.EventsDropped) and the next batch is a resync too. With no callback nothing
 // is queued and no call allocates for events. EventWriter.Write, as the
 // callback, writes each batch as one JSON line with vLLM's field names:
 //

@@ -30,8 +30,11 @@ import (
 // after the lock is let go, in order, by one goroutine at a time (the
 // caller whose call queued them, or the one delivering already, which
 // delivers the rest before it returns). The callback may call the cache.
-// A panic in it is recovered and counted (Stats.EventPanics); the batch
-// is lost to the consumer, the cache's books are not touched. A slow
+// A panic in it is recovered and counted (Stats.EventPanics), the cache's
+// books untouched; the consumer, which may have taken part of the batch,
+// is sent a resync next (below), at once — or, if the resync panics too,
+// at the next call that unlocks, so that a callback that always panics
+// costs one try a call. A slow
 // callback blocks no lock: the calls that queue events meanwhile return
 // at once; the queue holds at most maxQueuedEvents events, past which
 // they are dropped (Stats.EventsDropped) and the next batch delivered
@@ -212,7 +215,8 @@ func (c *Cache) unlock() {
 	c.ev.delivering = true
 	for {
 		var batches []EventBatch
-		if c.ev.resync {
+		resync := c.ev.resync
+		if resync {
 			batches = []EventBatch{c.resyncLocked()}
 			c.ev.resync = false
 		} else {
@@ -226,25 +230,41 @@ func (c *Cache) unlock() {
 		}
 		c.mu.Unlock()
 		ts := time.Now()
+		ok := true
 		for _, b := range batches {
 			b.TS = ts
-			c.deliver(b)
+			if ok = c.deliver(b); !ok {
+				break // the rest is in the resync
+			}
 		}
 		c.mu.Lock()
 		c.ev.open = false
+		if !ok && resync {
+			// The resync itself panicked: the next call tries again,
+			// so that a callback that always panics costs one try a call.
+			c.ev.delivering = false
+			c.mu.Unlock()
+			return
+		}
 	}
 }
 
-// deliver hands b to the callback, outside mu, recovering a panic.
-func (c *Cache) deliver(b EventBatch) {
+// deliver hands b to the callback, outside mu. A panic is recovered and
+// counted, and the consumer, which may have taken part of b, is sent the
+// whole index next (a resync, replacing what is queued); it reports
+// whether b was taken whole.
+func (c *Cache) deliver(b EventBatch) (ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.mu.Lock()
 			c.ev.panics++
+			c.ev.dropped += c.ev.queued
+			c.ev.queue, c.ev.queued, c.ev.open, c.ev.resync = nil, 0, false, true
 			c.mu.Unlock()
 		}
 	}()
 	c.cfg.Events(b)
+	return true
 }
 
 // EventWriter writes event batches as JSON lines: one object per batch,

@@ -51,8 +51,9 @@ type Stats struct {
 	Preemptions, Swaps, Drops, Resumes int
 	SwappedBytes                       uint64
 	// EventPanics are batches whose Config.Events callback panicked
-	// (recovered); EventsDropped are events dropped while a slow callback
-	// let the queue fill (a resync followed: events.go).
+	// (recovered); EventsDropped are events queued and dropped, the
+	// queue full (a slow callback) or after a panic: a resync replaced
+	// them (events.go).
 	EventPanics, EventsDropped int
 }
 
