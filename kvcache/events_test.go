@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -408,4 +409,65 @@ func TestEventsJSONLines(t *testing.T) {
 	require.Zero(t, buf.Len(), "nothing once a write failed")
 	var nilW *EventWriter
 	nilW.Write(batches[0])
+}
+
+// BenchmarkEvents: a prefill cycle (Admit, Append of the prompt,
+// MarkWritten, Free: two units published, and as many evicted once the
+// budget is full) on the sim driver, with no listener (the baseline), a
+// callback that does nothing, and EventWriter encoding JSON lines to
+// io.Discard, in one run. Reports each's ns a cycle and the ratios to the
+// baseline (noop/none, json/none). Never asserted.
+func BenchmarkEvents(b *testing.B) {
+	kinds := []struct {
+		name   string
+		events func(EventBatch)
+	}{
+		{"none", nil},
+		{"noop", func(EventBatch) {}},
+		{"json", (&EventWriter{W: io.Discard}).Write},
+	}
+	caches := make([]*Cache, len(kinds))
+	for i, k := range kinds {
+		e := simEnv(b, 64*units.MiB, page)
+		cfg := eventsConfig()
+		cfg.Events = k.events
+		caches[i] = e.cache(b, cfg)
+	}
+	prompts := make([][]int, 64)
+	for i := range prompts {
+		prompts[i] = seqTokens(600, 300, 1000*(i+1))
+	}
+	cycle := func(c *Cache, prompt []int) {
+		s, err := c.Admit(prompt, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.Append(prompt[s.Len():]); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.MarkWritten(s.Len()); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Free(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	spent := make([]time.Duration, len(kinds))
+	n := 0
+	for b.Loop() {
+		p := prompts[n%len(prompts)]
+		for i, c := range caches {
+			t0 := time.Now()
+			cycle(c, p)
+			spent[i] += time.Since(t0)
+		}
+		n++
+	}
+	for i, k := range kinds {
+		b.ReportMetric(float64(spent[i].Nanoseconds())/float64(n), k.name+"-ns")
+		require.NoError(b, caches[i].Close())
+	}
+	b.ReportMetric(float64(spent[1])/float64(spent[0]), "noop/none")
+	b.ReportMetric(float64(spent[2])/float64(spent[0]), "json/none")
+	b.ReportMetric(0, "ns/op")
 }
