@@ -34,13 +34,13 @@ import (
 // books untouched; the consumer, which may have taken part of the batch,
 // is sent a resync next (below), at once — or, if the resync panics too,
 // at the next call that unlocks, so that a callback that always panics
-// costs one try a call. A slow
-// callback blocks no lock: the calls that queue events meanwhile return
-// at once; the queue holds at most maxQueuedEvents events, past which
-// they are dropped (Stats.EventsDropped) and the next batch delivered
-// starts afresh: AllBlocksCleared, then a BlockStored for every unit the
-// index lists then (a resync, so a consumer's index is never wrong for
-// long, only late).
+// costs one try a call. A slow callback blocks no lock: the calls that
+// queue events meanwhile return at once; the queue holds at most
+// maxQueuedEvents events, past which they are dropped
+// (Stats.EventsDropped) and the next batch delivered starts afresh:
+// AllBlocksCleared, then a BlockStored for every unit the index lists
+// then (a resync, so a consumer's index is never wrong for long, only
+// late).
 
 // Event is a KV event: *BlockStored, *BlockRemoved or *AllBlocksCleared.
 type Event interface {
