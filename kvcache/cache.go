@@ -147,6 +147,8 @@ type Cache struct {
 	str *stream.Stream
 	// ps is the prefix store (see store.go).
 	ps prefixStore
+	// ev is the KV events queued for Config.Events (events.go).
+	ev eventQueue
 }
 
 // counters are the cumulative figures of Stats.
@@ -197,7 +199,7 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	}
 	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
-		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true}
+		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true, ev: eventQueue{max: maxQueuedEvents}}
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, slots.Close())
@@ -555,7 +557,7 @@ func (c *Cache) Close() error {
 	}
 	c.stopMapper()
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if err := c.usableLocked(what); err != nil {
 		return err
 	}
@@ -570,7 +572,13 @@ func (c *Cache) Close() error {
 		sl.aheadListed = false
 	}
 	c.ahead = nil
+	// Every unit leaves the index: one event says so.
+	c.ev.clearing = true
 	errs = errors.CombineErrors(errs, c.closeStoreLocked())
+	c.ev.clearing = false
+	if c.sharing() {
+		c.clearedLocked()
+	}
 	errs = errors.CombineErrors(errs, c.slots.Close())
 	if c.str != nil {
 		errs = errors.CombineErrors(errs, c.str.Destroy())
@@ -619,6 +627,9 @@ func (c *Cache) checkLocked() error {
 	var errs error
 	fail := func(format string, args ...any) {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: "+format, args...))
+	}
+	if n := c.ev.queued; n != 0 && (c.cfg.Events == nil || c.ev.resync) || n != countEvents(c.ev.queue) {
+		fail("%d KV events counted queued, %d in the queue (listening %t, resync %t)", n, countEvents(c.ev.queue), c.cfg.Events != nil, c.ev.resync)
 	}
 	if c.closed {
 		if len(c.seqs) > 0 || c.pages != 0 {

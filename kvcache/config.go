@@ -82,6 +82,13 @@ type Config struct {
 	// NoPrefixSharing turns prefix sharing off: no prompt page goes to the
 	// prefix store, none is matched.
 	NoPrefixSharing bool
+	// Events, when set, is told the prefix index's changes as vLLM's KV
+	// events (BlockStored, BlockRemoved, AllBlocksCleared: events.go
+	// says when, and how a slow or panicking callback is handled), one
+	// batch per call, outside the cache's lock, from one goroutine at a
+	// time. EventWriter.Write writes them as JSON lines. Unset, nothing
+	// is queued.
+	Events func(EventBatch)
 }
 
 // presets are the shapes of common models; they set the shape and dtype

@@ -107,6 +107,36 @@
 // to hold whole rows (PageSize a multiple of KVHeads*HeadDim*dtype size);
 // otherwise, or with NoPrefixSharing, every page is the slot's own.
 //
+// # KV events
+//
+// With Config.Events set, the cache tells the prefix index's changes as
+// vLLM's KV events (vllm/distributed/kv_events.py), so that a router
+// (llm-d's KV-cache indexer, NVIDIA Dynamo) can index it: BlockStored
+// when a MarkWritten publishes units (a block is one store unit; its hash
+// the prefix hash the store keys it by, its parent the previous unit's,
+// none for a prompt's first; its tokens; Medium "GPU"; no LoRA id: the
+// extra key is in the hash), BlockRemoved when units are evicted (for
+// room, by SetBudget, to recycle their memory), AllBlocksCleared at
+// Close. The blocks stored and not removed since are exactly the units
+// the index lists. Events are queued under the cache's lock, one batch
+// per call (EventBatch), and handed to the callback after the lock is let
+// go, in order, from one goroutine at a time; the callback may call the
+// cache. A panic in it is recovered and counted (Stats.EventPanics), the
+// cache untouched, and the next batch is a resync — AllBlocksCleared,
+// then every unit listed then — for the consumer may have lost the batch.
+// A slow callback holds no lock: calls meanwhile queue their batches and
+// return; past 65,536 queued events the queue is dropped
+// (Stats.EventsDropped) and the next batch is a resync too. With no callback nothing
+// is queued and no call allocates for events. EventWriter.Write, as the
+// callback, writes each batch as one JSON line with vLLM's field names:
+//
+//	{"ts":1764219600.123456,"events":[{"type":"BlockStored","block_hashes":[11,12],
+//	"parent_block_hash":null,"token_ids":[1,2,3,4],"block_size":2,"lora_id":null,
+//	"medium":"GPU","lora_name":null}]}
+//
+// (vLLM sends msgpack; hashes here are unsigned 64-bit integers, written
+// whole; data_parallel_rank is written when EventWriter.Rank is set).
+//
 // # Deferred reclaim
 //
 // Free gives back what the sequence borrowed but keeps its slot's own

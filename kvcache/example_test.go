@@ -3,6 +3,8 @@ package kvcache_test
 import (
 	"fmt"
 	"log"
+	"os"
+	"time"
 
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/kvcache"
@@ -93,4 +95,48 @@ func Example() {
 	// Output:
 	// [40 8 64] 16 pages
 	// 32 tokens matched, 8 pages shared
+}
+
+// KV events for a router, as JSON lines: a prompt's whole page is stored
+// once written, and Close clears everything.
+func ExampleEventWriter() {
+	drv, err := host.New(host.Options{Capacity: 16 << 20, Granularity: 64 << 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg, err := kvcache.Preset("tiny")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.MaxContext, cfg.MaxSeqs, cfg.PageSize, cfg.BlockTokens = 256, 2, 64<<10, 8 // 32 tokens a page
+	w := &kvcache.EventWriter{W: os.Stdout}
+	cfg.Events = func(b kvcache.EventBatch) {
+		b.TS = time.Unix(1764219600, 0) // a fixed time for the example's output
+		w.Write(b)
+	}
+	c, err := kvcache.New(vaspace.New(drv), physical.New(drv), cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = i
+	}
+	s, err := c.Admit(prompt, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := s.Append(prompt); err != nil {
+		log.Fatal(err)
+	}
+	// ... the model writes the rows ...
+	if err := s.MarkWritten(s.Len()); err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// {"ts":1764219600.000000,"events":[{"type":"BlockStored","block_hashes":[6387597345427159372],"parent_block_hash":null,"token_ids":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31],"block_size":32,"lora_id":null,"medium":"GPU","lora_name":null}]}
+	// {"ts":1764219600.000000,"events":[{"type":"AllBlocksCleared"}]}
 }

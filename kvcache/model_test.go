@@ -534,6 +534,13 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 	cfg := tinyConfig(layout, 96, 3)
 	cfg.Budget = uint64(budget) * page
 	cfg.NoPrefixSharing = cfgByte/32%4 == 0
+	// Half the runs listen to the KV events and check, after each step,
+	// that they describe the prefix index (events_test.go).
+	var evs *eventIndex
+	if cfgByte&128 != 0 {
+		evs = newEventIndex()
+		cfg.Events = evs.apply
+	}
 	var e *env
 	if onSim {
 		e = simEnv(t, 64*units.MiB, page)
@@ -799,12 +806,14 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 		require.Equal(t, shared, st.SharedPages, step)
 		require.Equal(t, saved, st.SavedBytes, step)
 		require.Equal(t, len(m.seqs), st.Sequences, step)
+		evs.check(t, c, step)
 	}
 	r.copies = m.copies
 	for _, ms := range m.seqs {
 		require.NoError(t, ms.real.Free())
 	}
 	require.NoError(t, c.Close())
+	evs.check(t, c, "close")
 	require.Zero(t, e.used(t))
 	return r
 }

@@ -58,7 +58,7 @@ func (s *Seq) Preempt(mode PreemptMode) error {
 	if err != nil {
 		return err
 	}
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if err := checkMode(what, mode); err != nil {
 		return err
 	}
@@ -167,7 +167,7 @@ func (s *Seq) Resume() (Step, error) {
 	if err != nil {
 		return Step{}, err
 	}
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if s.state == seqRunning {
 		return Step{}, errors.Wrapf(driver.ErrInvalid, "%s: it is running, not preempted", what())
 	}
@@ -282,7 +282,7 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 		return nil, err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if err := c.usableLocked(what); err != nil {
 		return nil, err
 	}

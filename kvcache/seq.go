@@ -130,7 +130,7 @@ func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 		return nil, err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if err := c.usableLocked(what); err != nil {
 		return nil, err
 	}
@@ -226,7 +226,7 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	if err != nil {
 		return Step{}, err
 	}
-	defer c.mu.Unlock()
+	defer c.unlock()
 	what = func() string {
 		return fmt.Sprintf("kvcache: append %d tokens to a sequence of %d in slot %d", len(tokens), s.n, s.sl.idx)
 	}
@@ -511,7 +511,7 @@ func (s *Seq) MarkWritten(n int) error {
 	if err != nil {
 		return err
 	}
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if err := s.runningLocked(what); err != nil {
 		return err
 	}
@@ -626,7 +626,7 @@ func (s *Seq) Free() error {
 	if err != nil {
 		return err
 	}
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if _, err := c.settleLocked(s, func() int { return len(s.sl.units) }, func() error { return s.liveLocked(what) }); err != nil {
 		return err
 	}

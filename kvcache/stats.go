@@ -50,6 +50,11 @@ type Stats struct {
 	// Resumes brought sequences back.
 	Preemptions, Swaps, Drops, Resumes int
 	SwappedBytes                       uint64
+	// EventPanics are batches whose Config.Events callback panicked
+	// (recovered); EventsDropped are events queued and dropped, the
+	// queue full (a slow callback) or after a panic: a resync replaced
+	// them (events.go).
+	EventPanics, EventsDropped int
 }
 
 // Stats returns the cache's figures (zero for a nil or zero cache).
@@ -97,7 +102,8 @@ func (c *Cache) cumulativeLocked() Stats {
 		Commits: k.commits, Borrows: k.borrows, Decommits: k.decommits, MapperCommits: k.mapperCommits,
 		PrefixQueries: k.queries, PrefixHits: k.hits, Copies: k.copies, CopiedBytes: k.copiedBytes,
 		Evictions: k.evictions, EvictedPages: k.evictedPages, Reclaims: k.reclaims, ReclaimedPages: k.reclaimedPages,
-		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes}
+		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes,
+		EventPanics: c.ev.panics, EventsDropped: c.ev.dropped}
 }
 
 // fullUnitBytes is the bytes of one unit (all regions) that hold tokens

@@ -457,6 +457,7 @@ func (c *Cache) publishLocked(s *Seq, upTo int) {
 			su.listed = true
 			c.ps.byKey[su.key] = su
 			c.ps.children[su.parent] = append(c.ps.children[su.parent], su)
+			c.storedLocked(su)
 		}
 	}
 	if i > 0 {
@@ -472,6 +473,7 @@ func (c *Cache) unlistLocked(su *storeUnit) {
 		return
 	}
 	su.listed = false
+	c.removedLocked(su)
 	delete(c.ps.byKey, su.key)
 	kids := slices.DeleteFunc(c.ps.children[su.parent], func(x *storeUnit) bool { return x == su })
 	if len(kids) == 0 {
