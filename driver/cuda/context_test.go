@@ -103,13 +103,6 @@ func mustReserve(t *testing.T, d *Driver) driver.Addr {
 // a framework's kernels would) is waited for; bad arguments wait for
 // nothing and say why.
 func TestSyncStreamHandle(t *testing.T) {
-	lib := standin.Open(t, standin.CUDA, small)
-	d, err := Open(Options{Library: lib.Path()})
-	require.NoError(t, err)
-	drivertest.CloseAtEnd(t, d)
-	closed, err := Open(Options{Library: lib.Path()})
-	require.NoError(t, err)
-	require.NoError(t, closed.Close())
-	acceltest.SyncStreamHandleWaits(t, lib, d, (*Driver)(nil), closed, len(d.Devices()))
+	d := vendor.SyncStreamHandleWaits(t, small)
 	drivertest.RequireIs(t, d.SyncStreamHandle(0, 0xdead0), driver.ErrBadHandle, "cuStreamQuery")
 }

@@ -17,18 +17,31 @@ type streamHandleSyncer interface {
 	SyncStreamHandle(dev driver.DeviceID, stream uintptr) error
 }
 
-// SyncStreamHandleWaits: SyncStreamHandle(0, 0) on d, opened over lib,
-// waits for work held on the default stream of device 0 by someone other
-// than the driver (standin.Lib.Hold, as a framework's would be) and
-// returns once it has run; a device the driver lacks (ndev) is
-// ErrNoDevice; a nil driver (nilDriver) is ErrInvalid; one reopened over
-// lib and closed (closed) is ErrClosed.
-func SyncStreamHandleWaits(t *testing.T, lib *standin.Lib, d, nilDriver, closed streamHandleSyncer, ndev int) {
+// SyncStreamHandleWaits: SyncStreamHandle(0, 0), on a driver opened over
+// a fresh stand-in configured with cfg, waits for work held on the
+// default stream of device 0 by someone other than the driver
+// (standin.Lib.Hold, as a framework's would be) and returns once it has
+// run; a device the driver lacks is ErrNoDevice; a nil driver is
+// ErrInvalid; one opened over the same stand-in and closed is ErrClosed.
+// It returns the driver, for the vendor's own checks.
+func (v Vendor[D]) SyncStreamHandleWaits(t *testing.T, cfg standin.Config) D {
 	t.Helper()
+	open := func(path string) (D, error) { return v.Open(path, 0) }
+	d, lib := v.OpenStandin(t, cfg, open)
+	closed, err := open(lib.Path())
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	var nilDriver D
+	syncer := func(x D) streamHandleSyncer {
+		s, ok := any(x).(streamHandleSyncer)
+		require.True(t, ok, "the %s driver has no SyncStreamHandle", v.Standin)
+		return s
+	}
+	ds := syncer(d)
 	require.NoError(t, lib.Hold(0))
 	t.Cleanup(lib.Release)
 	done := make(chan error, 1)
-	go func() { done <- d.SyncStreamHandle(0, 0) }()
+	go func() { done <- ds.SyncStreamHandle(0, 0) }()
 	// One that did not wait would return in the pause (a slow machine
 	// could make this miss such a bug, never fail a right one).
 	time.Sleep(20 * time.Millisecond)
@@ -46,7 +59,8 @@ func SyncStreamHandleWaits(t *testing.T, lib *standin.Lib, d, nilDriver, closed 
 	}
 	require.Equal(t, uint64(1), lib.Held(), "it returned after the held work ran")
 
-	drivertest.RequireIs(t, d.SyncStreamHandle(driver.DeviceID(ndev), 0), driver.ErrNoDevice)
-	drivertest.RequireIs(t, nilDriver.SyncStreamHandle(0, 0), driver.ErrInvalid)
-	drivertest.RequireIs(t, closed.SyncStreamHandle(0, 0), driver.ErrClosed)
+	drivertest.RequireIs(t, ds.SyncStreamHandle(driver.DeviceID(len(d.Devices())), 0), driver.ErrNoDevice)
+	drivertest.RequireIs(t, syncer(nilDriver).SyncStreamHandle(0, 0), driver.ErrInvalid)
+	drivertest.RequireIs(t, syncer(closed).SyncStreamHandle(0, 0), driver.ErrClosed)
+	return d
 }
