@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/cachemiss"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -309,23 +310,9 @@ const MissSpan = 128 * units.MiB
 // them reads that allocation's record, which no cache holds, before it
 // can do anything else.
 func MissLatency(span uint64, loads int) time.Duration {
-	next := make([]uint32, max(span/4, 2))
-	for i := range next {
-		next[i] = uint32(i)
-	}
-	rng := rand.New(rand.NewPCG(5, 6))
-	for i := len(next) - 1; i > 0; i-- {
-		j := rng.IntN(i)
-		next[i], next[j] = next[j], next[i]
-	}
-	var p uint32
-	for range 1 << 16 { // off the start, into the cycle's steady state
-		p = next[p]
-	}
+	next, p := cachemiss.Cycle(span)
 	t0 := time.Now()
-	for range loads {
-		p = next[p]
-	}
+	p = cachemiss.Walk(next, p, loads)
 	d := time.Since(t0)
 	runtime.KeepAlive(p)
 	return d / time.Duration(max(loads, 1))

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+
+	"github.com/vmarena/vmarena/internal/cachemiss"
 )
 
 // benchSizes are the list sizes the benchmarks compare: a thousand ranges
@@ -57,7 +59,7 @@ func benchRandom(b *testing.B, op func(l *List[uint64, *int], x uint64)) {
 
 // missNS is the CPU time of a load that misses the caches and mostly the
 // TLB, measured once: loads that each depend on the one before, along one
-// random cycle (Sattolo's shuffle) through 64 MiB of uint32 links, as
+// random cycle (cachemiss.Cycle) through 64 MiB of uint32 links, as
 // bench.MissLatency does. A random operation at a million ranges cannot
 // cost less than one such miss more than at a thousand: the range it
 // reads is in no cache.
@@ -65,25 +67,11 @@ func missNS() float64 {
 	if benchMiss > 0 {
 		return benchMiss
 	}
-	next := make([]uint32, 16<<20)
-	for i := range next {
-		next[i] = uint32(i)
-	}
-	rng := rand.New(rand.NewPCG(5, 6))
-	for i := len(next) - 1; i > 0; i-- {
-		j := rng.IntN(i)
-		next[i], next[j] = next[j], next[i]
-	}
-	var p uint32
-	for range 1 << 16 { // off the start, into the cycle's steady state
-		p = next[p]
-	}
+	next, p := cachemiss.Cycle(64 << 20)
 	const loads = 1 << 18
 	runtime.LockOSThread()
 	start := threadCPU()
-	for range loads {
-		p = next[p]
-	}
+	p = cachemiss.Walk(next, p, loads)
 	benchMiss = float64((threadCPU() - start).Nanoseconds()) / loads
 	runtime.UnlockOSThread()
 	runtime.KeepAlive(p)
