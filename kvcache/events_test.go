@@ -120,6 +120,15 @@ func (x *eventIndex) check(t testing.TB, c *Cache, step string) {
 	}
 }
 
+// closeChecked requires c's books whole, closes it, and requires the
+// events to leave the consumer's index empty (AllBlocksCleared).
+func (x *eventIndex) closeChecked(t testing.TB, c *Cache) {
+	t.Helper()
+	require.NoError(t, c.Check())
+	require.NoError(t, c.Close())
+	x.check(t, c, "close")
+}
+
 // eventOps runs Admit, Append, MarkWritten, Free, Preempt, Resume and
 // SetBudget over prompts of two families that share prefixes, under a
 // budget small enough to evict.
@@ -175,9 +184,7 @@ func TestEventsDescribeTheIndex(t *testing.T) {
 	require.Positive(t, st.Evictions, "the budget is small enough to evict")
 	require.Zero(t, st.EventPanics)
 	require.Zero(t, st.EventsDropped)
-	require.NoError(t, c.Check())
-	require.NoError(t, c.Close())
-	x.check(t, c, "close")
+	x.closeChecked(t, c)
 	require.Greater(t, len(x.ever), 4)
 }
 
@@ -208,8 +215,7 @@ func TestEventsPanickingCallback(t *testing.T) {
 	st := c.Stats()
 	require.Greater(t, calls, 4)
 	require.Equal(t, (calls+1)/2, st.EventPanics)
-	require.NoError(t, c.Close())
-	x.check(t, c, "close")
+	x.closeChecked(t, c)
 	require.NoError(t, c.Check())
 
 	e = hostEnv(t, 64*units.MiB)
@@ -254,9 +260,7 @@ func TestEventsReentrantAndDropped(t *testing.T) {
 	eventOps(t, c, func(step string) { x.check(t, c, step) })
 	require.True(t, reentered)
 	require.Positive(t, c.Stats().EventsDropped)
-	require.NoError(t, c.Check())
-	require.NoError(t, c.Close())
-	x.check(t, c, "close")
+	x.closeChecked(t, c)
 }
 
 // TestEventsConcurrent: calls from several goroutines, the mapper on:
@@ -293,9 +297,7 @@ func TestEventsConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	x.check(t, c, "after the goroutines")
-	require.NoError(t, c.Check())
-	require.NoError(t, c.Close())
-	x.check(t, c, "close")
+	x.closeChecked(t, c)
 	require.Greater(t, len(x.ever), 8)
 }
 
