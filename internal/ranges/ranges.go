@@ -281,6 +281,14 @@ func (l *List[K, V]) Overlap(start, end K) *Item[K, V] {
 		return nil
 	}
 	n, p := l.leafFor(start)
+	return n.overlapAt(p, start, end)
+}
+
+// overlapAt returns the range overlapping [start, end), or nil, where p
+// is the place of start in the leaf n (upTo): the range before it, if it
+// reaches past start, else the next one — here or first in the next leaf —
+// if it starts before end.
+func (n *node[K, V]) overlapAt(p int, start, end K) *Item[K, V] {
 	if p > 0 && n.items[p-1].End > start {
 		return &n.items[p-1]
 	}
@@ -494,18 +502,8 @@ func (l *List[K, V]) add(it Item[K, V]) (inTheWay *Item[K, V]) {
 func (l *List[K, V]) insertInto(n *node[K, V], it Item[K, V]) (right *node[K, V], inTheWay *Item[K, V]) {
 	if n.leaf() {
 		p := n.upTo(it.Start)
-		if p > 0 && n.items[p-1].End > it.Start {
-			return nil, &n.items[p-1]
-		}
-		var next *Item[K, V]
-		switch {
-		case p < len(n.items):
-			next = &n.items[p]
-		case n.next != nil:
-			next = &n.next.items[0]
-		}
-		if next != nil && next.Start < it.End {
-			return nil, next
+		if in := n.overlapAt(p, it.Start, it.End); in != nil {
+			return nil, in
 		}
 		n.items = slices.Insert(n.items, p, it)
 		if len(n.items) <= maxItems {
