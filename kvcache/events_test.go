@@ -411,6 +411,24 @@ func TestEventsJSONLines(t *testing.T) {
 	require.Zero(t, buf.Len(), "nothing once a write failed")
 	var nilW *EventWriter
 	nilW.Write(batches[0])
+
+	// A writer that fails: its error is kept, and nothing is written after.
+	fw := &failingWriter{}
+	w = &EventWriter{W: fw}
+	w.Write(batches[0])
+	require.ErrorIs(t, w.Err, errDiskFull)
+	w.Write(batches[1])
+	require.Equal(t, 1, fw.calls, "nothing is written once a write failed")
+}
+
+var errDiskFull = errors.New("disk full")
+
+// failingWriter refuses every write, counting them.
+type failingWriter struct{ calls int }
+
+func (f *failingWriter) Write([]byte) (int, error) {
+	f.calls++
+	return 0, errDiskFull
 }
 
 // BenchmarkEvents: a prefill cycle (Admit, Append of the prompt,
