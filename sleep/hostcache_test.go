@@ -3,9 +3,11 @@ package sleep
 import (
 	"testing"
 
+	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/leakcheck"
 )
 
@@ -80,4 +82,41 @@ func TestCheckSeesHostCacheOverLimit(t *testing.T) {
 	m.cache.bytes = 0
 	m.cache.mu.Unlock()
 	require.NoError(t, m.Close())
+}
+
+// refusingHostFree is the host driver with HostFree refused while refuse
+// is set: a driver that cannot take a pinned buffer back.
+type refusingHostFree struct {
+	*host.Driver
+	refuse bool
+}
+
+func (d *refusingHostFree) HostFree(b []byte) error {
+	if d.refuse {
+		return errors.Wrap(driver.ErrBusy, "refusingHostFree: refused")
+	}
+	return d.Driver.HostFree(b)
+}
+
+// TestHostCacheCloseRefused: when the driver refuses to take a kept buffer
+// back, close says which (the driver's sentinel, the buffer's size) and
+// still empties its books: a cache closed is a cache that holds nothing.
+func TestHostCacheCloseRefused(t *testing.T) {
+	d := &refusingHostFree{Driver: openHost(t, testCap)}
+	c := newHostCache(d, 4*mib)
+	b, pinned, err := c.alloc(2 * mib)
+	require.NoError(t, err)
+	require.True(t, pinned, "a buffer of pinnedMin or more is the driver's pinned memory")
+	require.NoError(t, c.release(b, pinned))
+	require.Equal(t, uint64(2*mib), c.held())
+
+	d.refuse = true
+	err = c.close()
+	require.ErrorIs(t, err, driver.ErrBusy)
+	require.ErrorContains(t, err, "give back a kept host buffer of 2097152 bytes")
+	require.Zero(t, c.held())
+	require.Empty(t, c.kept)
+
+	d.refuse = false
+	require.NoError(t, d.HostFree(b), "the buffer was the driver's still: given back here")
 }
