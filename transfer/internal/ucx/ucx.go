@@ -157,7 +157,6 @@ import "C"
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -536,7 +535,10 @@ func (w *Worker) unmap(m *Mem) error {
 // Connect makes an endpoint to the worker whose Address is peer, with
 // peer error handling (a failed peer fails the endpoint's requests instead
 // of leaving them in flight), and flushes it so that a failed wireup shows
-// here; it tries up to connectAttempts times, each bounded by connectWait.
+// here; it tries up to connectAttempts times when the wireup fails (UCX
+// 1.13 resets a connection now and then), but answers at once when the
+// peer does not answer within connectWait (Connect then takes up to
+// connectWait plus twice closeWait).
 func (w *Worker) Connect(peer []byte) (*Endpoint, error) {
 	if w.unmade() {
 		return nil, unmade("Worker.Connect")
@@ -550,15 +552,15 @@ func (w *Worker) Connect(peer []byte) (*Endpoint, error) {
 		if err == nil {
 			return e, nil
 		}
-		if errors.Is(err, driver.ErrClosed) || errors.Is(err, driver.ErrInvalid) || errors.Is(err, driver.ErrUnsupported) {
+		// A reset wireup is worth another try; a peer that did not answer
+		// within connectWait, or one no transport reaches, is not.
+		if errors.Is(err, driver.ErrClosed) || errors.Is(err, driver.ErrInvalid) ||
+			errors.Is(err, driver.ErrUnsupported) || errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
 		}
 		last = err
 		if attempt < connectAttempts {
 			w.retries.Add(1)
-			if os.Getenv("VMX_DEBUG") != "" {
-				fmt.Fprintf(os.Stderr, "connect retry: %v\n", err)
-			}
 		}
 	}
 	return nil, errors.Wrapf(last, "ucx: Connect: %d attempts failed, the last", connectAttempts)
