@@ -28,11 +28,13 @@
 // error callback writes to C memory of its own.
 //
 // Errors. A UCS status becomes an error naming the UCP call and
-// ucs_status_string, marked with a driver sentinel: no transport
-// (UCS_ERR_UNREACHABLE, UCS_ERR_NO_DEVICE, UCS_ERR_UNSUPPORTED)
-// driver.ErrUnsupported, bad arguments driver.ErrInvalid, exhausted memory
-// driver.ErrOutOfMemory, everything else, a failed peer or connection
-// included, driver.ErrDeviceFault. A call after Close is driver.ErrClosed.
+// ucs_status_string, marked with a driver sentinel: no device or a feature
+// UCX lacks (UCS_ERR_NO_DEVICE, UCS_ERR_UNSUPPORTED) driver.ErrUnsupported,
+// bad arguments driver.ErrInvalid, exhausted memory or resources
+// driver.ErrOutOfMemory, everything else driver.ErrDeviceFault: a failed
+// peer or connection, and UCS_ERR_UNREACHABLE, which UCX answers both
+// when no transport reaches the peer and when the peer's worker is gone.
+// A call after Close is driver.ErrClosed.
 // Without the ucx build tag (or cgo, or on another OS) Available is false
 // and every call answers driver.ErrUnsupported.
 //

@@ -264,7 +264,7 @@ type flush struct {
 func ucsError(call string, st C.ucs_status_t) error {
 	var mark error
 	switch st {
-	case C.UCS_ERR_UNREACHABLE, C.UCS_ERR_NO_DEVICE, C.UCS_ERR_UNSUPPORTED:
+	case C.UCS_ERR_NO_DEVICE, C.UCS_ERR_UNSUPPORTED:
 		mark = driver.ErrUnsupported
 	case C.UCS_ERR_INVALID_PARAM, C.UCS_ERR_INVALID_ADDR:
 		mark = driver.ErrInvalid
@@ -273,7 +273,14 @@ func ucsError(call string, st C.ucs_status_t) error {
 	default:
 		mark = driver.ErrDeviceFault
 	}
-	return errors.Wrapf(mark, "ucx: %s: %s (UCX status %d)", call, C.GoString(C.ucs_status_string(st)), int(st))
+	err := errors.Wrapf(mark, "ucx: %s: %s (UCX status %d)", call, C.GoString(C.ucs_status_string(st)), int(st))
+	if st == C.UCS_ERR_UNREACHABLE {
+		// UCX says the same when no transport of UCX_TLS can carry an
+		// endpoint to the peer (UCX 1.13's shared memory transports alone,
+		// with peer error handling) and when the peer's worker is gone.
+		err = errors.WithHint(err, "the peer's worker may be gone, or no transport in UCX_TLS reaches it (with UCX 1.13, shared memory needs tcp beside it: UCX_TLS=sm,tcp)")
+	}
+	return err
 }
 
 // unmade is the error of method called on a nil or zero value.
@@ -548,14 +555,14 @@ func (w *Worker) Connect(peer []byte) (*Endpoint, error) {
 	}
 	var last error
 	for attempt := 1; attempt <= connectAttempts; attempt++ {
-		e, err := w.connect(peer)
+		e, err, wireup := w.connect(peer)
 		if err == nil {
 			return e, nil
 		}
-		// A reset wireup is worth another try; a peer that did not answer
-		// within connectWait, or one no transport reaches, is not.
-		if errors.Is(err, driver.ErrClosed) || errors.Is(err, driver.ErrInvalid) ||
-			errors.Is(err, driver.ErrUnsupported) || errors.Is(err, context.DeadlineExceeded) {
+		// A wireup that failed is worth another try; an endpoint UCX
+		// refused to create, or a peer that did not answer within
+		// connectWait, is not.
+		if !wireup || errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
 		}
 		last = err
@@ -566,8 +573,9 @@ func (w *Worker) Connect(peer []byte) (*Endpoint, error) {
 	return nil, errors.Wrapf(last, "ucx: Connect: %d attempts failed, the last", connectAttempts)
 }
 
-// connect is one attempt of Connect.
-func (w *Worker) connect(peer []byte) (*Endpoint, error) {
+// connect is one attempt of Connect; wireup says whether an error is that
+// of the first flush.
+func (w *Worker) connect(peer []byte) (_ *Endpoint, _ error, wireup bool) {
 	e := &Endpoint{w: w, rkeys: map[string]C.ucp_rkey_h{}}
 	err := w.run("Connect", func() error {
 		addr := C.CBytes(peer)
@@ -581,15 +589,15 @@ func (w *Worker) connect(peer []byte) (*Endpoint, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, err, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectWait)
 	defer cancel()
 	if err := e.Flush(ctx); err != nil {
 		_ = e.Close()
-		return nil, errors.Wrap(err, "ucx: Connect: the first flush (wireup)")
+		return nil, errors.Wrap(err, "ucx: Connect: the first flush (wireup)"), true
 	}
-	return e, nil
+	return e, nil, false
 }
 
 // rkey returns the endpoint's unpacked handle of key, unpacking it on
