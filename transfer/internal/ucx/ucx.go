@@ -183,9 +183,16 @@ const idleTimeout = 100 * time.Millisecond
 // (the endpoint is released by ucp_worker_destroy at the latest).
 const closeWait = 2 * time.Second
 
-// connectAttempts and connectWait bound Connect: UCX 1.13 resets about one
-// connection in ten during wireup, which shows at the first flush, so
-// Connect flushes each new endpoint and tries again on a failure.
+// rkeyLimit bounds an endpoint's cache of unpacked remote keys: a peer
+// that registers and drops memory all the time (a KV cache's pages) hands
+// out a new key each time. When the cache is full and no op is in flight
+// (an unpacked key must outlive the ops that use it) it is emptied.
+const rkeyLimit = 256
+
+// connectAttempts and connectWait bound Connect. UCX 1.13 has been seen
+// (issue 22) to reset about one connection in ten during wireup, which
+// shows at the first flush, so Connect flushes each new endpoint and tries
+// again when that fails.
 const (
 	connectAttempts = 5
 	connectWait     = 5 * time.Second
@@ -195,8 +202,8 @@ const (
 // its OS thread.
 //
 // Lock order: mu is a leaf; the worker goroutine takes it only to take
-// the calls queued. Fields below "goroutine's" are touched only by the
-// worker goroutine (and by NewWorker before it starts serving).
+// the calls queued. The fields after "The goroutine's" are touched only by
+// the worker goroutine.
 type Worker struct {
 	// mu guards closed and calls; holding it while calling
 	// ucp_worker_signal orders every signal before the worker's
@@ -211,6 +218,9 @@ type Worker struct {
 	// context and ended; closeErr is then the first error of that.
 	done     chan struct{}
 	closeErr error
+	// retries counts the Connect attempts that failed and were tried
+	// again (for tests and reports).
+	retries atomic.Uint64
 
 	// The goroutine's: the UCP handles, and what lives on them.
 	ctx    C.ucp_context_h
@@ -218,9 +228,6 @@ type Worker struct {
 	efd    C.int
 	eps    map[*Endpoint]struct{}
 	mems   map[*Mem]struct{}
-	// retries counts the Connect attempts that failed and were tried
-	// again (for tests and reports).
-	retries atomic.Uint64
 	// states are error-callback records of endpoints whose close did not
 	// complete: freed after ucp_worker_destroy, when no callback can run.
 	states []*C.vmx_ep_state
@@ -239,7 +246,10 @@ type Endpoint struct {
 	// The worker goroutine's: ep is nil once closed.
 	ep    C.ucp_ep_h
 	state *C.vmx_ep_state // C memory the error callback writes
-	rkeys map[string]C.ucp_rkey_h
+	// rkeys are the remote keys unpacked on ep, by their packed bytes; at
+	// most rkeyLimit of them outlive a moment with no op in flight.
+	rkeys     map[string]C.ucp_rkey_h
+	rkeyLimit int
 	// ops are the put and get requests in flight; err is the first error
 	// of one since the last Flush answered.
 	ops []C.ucs_status_ptr_t
@@ -576,7 +586,7 @@ func (w *Worker) Connect(peer []byte) (*Endpoint, error) {
 // connect is one attempt of Connect; wireup says whether an error is that
 // of the first flush.
 func (w *Worker) connect(peer []byte) (_ *Endpoint, _ error, wireup bool) {
-	e := &Endpoint{w: w, rkeys: map[string]C.ucp_rkey_h{}}
+	e := &Endpoint{w: w, rkeys: map[string]C.ucp_rkey_h{}, rkeyLimit: rkeyLimit}
 	err := w.run("Connect", func() error {
 		addr := C.CBytes(peer)
 		defer C.free(addr)
@@ -606,12 +616,23 @@ func (e *Endpoint) rkey(key []byte) (C.ucp_rkey_h, error) {
 	if h, ok := e.rkeys[string(key)]; ok {
 		return h, nil
 	}
+	if len(e.rkeys) >= e.rkeyLimit && len(e.ops) == 0 {
+		e.dropRKeys()
+	}
 	var h C.ucp_rkey_h
 	if st := C.ucp_ep_rkey_unpack(e.ep, unsafe.Pointer(&key[0]), &h); st != C.UCS_OK {
 		return nil, ucsError("ucp_ep_rkey_unpack", st)
 	}
 	e.rkeys[string(key)] = h
 	return h, nil
+}
+
+// dropRKeys destroys every remote key unpacked on e.
+func (e *Endpoint) dropRKeys() {
+	for k, h := range e.rkeys {
+		C.ucp_rkey_destroy(h)
+		delete(e.rkeys, k)
+	}
 }
 
 // Put submits a write of n bytes from local to the peer's remote address,
@@ -763,10 +784,7 @@ func (w *Worker) closeEndpoint(e *Endpoint) error {
 		f.done <- driver.Closed("ucx: Endpoint.Flush: the endpoint was closed")
 	}
 	e.flushes = nil
-	for k, h := range e.rkeys {
-		C.ucp_rkey_destroy(h)
-		delete(e.rkeys, k)
-	}
+	e.dropRKeys()
 	force := C.int(0)
 	if e.state.status != C.UCS_OK {
 		force = 1

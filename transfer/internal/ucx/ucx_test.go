@@ -490,6 +490,36 @@ func TestConcurrentLoopback(t *testing.T) {
 	}
 }
 
+// TestRKeyCacheBounded: an endpoint that is handed more remote keys than
+// its cache holds empties the cache when no op is in flight, and every
+// put still lands.
+func TestRKeyCacheBounded(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	t.Setenv("UCX_NET_DEVICES", "lo")
+	w := newWorker(t)
+	mem := newMappedT(t)
+	own, err := w.Address()
+	require.NoError(t, err)
+	e, err := w.Connect(own)
+	skipUnsupported(t, err, "Connect")
+	e.rkeyLimit = 4 // set before any key is unpacked; the goroutine reads it after run's hand-over
+	const page = 4096
+	for i := range 10 {
+		reg, err := w.Register(mem.addr()+uintptr(i*page), page)
+		require.NoError(t, err)
+		rkey, err := reg.RKey()
+		require.NoError(t, err)
+		copy(mem.b[memSize/2:], fmt.Sprintf("key %d", i))
+		require.NoError(t, e.Put(mem.addr()+memSize/2, 5, uint64(mem.addr())+uint64(i*page), rkey))
+		require.NoError(t, flushWithin(t, e, replyWait))
+		require.Equal(t, fmt.Sprintf("key %d", i), string(mem.b[i*page:i*page+5]))
+		var cached int
+		require.NoError(t, w.run("test", func() error { cached = len(e.rkeys); return nil }))
+		require.LessOrEqual(t, cached, 4)
+		require.NoError(t, reg.Close())
+	}
+}
+
 // TestRefusals: bad arguments are ErrInvalid and leave the endpoint as it
 // was; a Flush whose context has ended answers the context's error; and
 // after Close every call is ErrClosed, while Close again is nil.
