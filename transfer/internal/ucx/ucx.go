@@ -748,10 +748,10 @@ func (e *Endpoint) Flush(ctx context.Context) error {
 	return errors.Wrap(ctx.Err(), "ucx: Endpoint.Flush")
 }
 
-// Close closes the endpoint: it waits (bounded) for its requests in
-// flight, destroys its remote keys, and closes it (ucp_ep_close_nbx,
-// forced when its peer failed). Closing twice, or after the worker's
-// Close, is nil.
+// Close closes the endpoint: it waits up to closeWait for its requests in
+// flight, closes it (ucp_ep_close_nbx, forced when its peer failed or a
+// request outlived the wait, which cancels those), and destroys its remote
+// keys. Closing twice, or after the worker's Close, is nil.
 func (e *Endpoint) Close() error {
 	if e.unmade() {
 		return unmade("Endpoint.Close")
@@ -773,20 +773,11 @@ func (w *Worker) closeEndpoint(e *Endpoint) error {
 		C.ucp_worker_progress(w.worker)
 		e.reap()
 	}
-	// What is still in flight is let go: ucp_request_free releases a
-	// request when it completes, which the close below makes happen.
-	for _, r := range e.ops {
-		C.ucp_request_free(unsafe.Pointer(r))
-	}
-	e.ops = nil
-	for _, f := range e.flushes {
-		C.ucp_request_free(unsafe.Pointer(f.req))
-		f.done <- driver.Closed("ucx: Endpoint.Flush: the endpoint was closed")
-	}
-	e.flushes = nil
-	e.dropRKeys()
 	force := C.int(0)
-	if e.state.status != C.UCS_OK {
+	if e.state.status != C.UCS_OK || len(e.ops) > 0 || len(e.flushes) > 0 {
+		// A failed peer, or one that left requests in flight past
+		// closeWait: close without its confirmation, which completes every
+		// request of the endpoint (UCS_ERR_CANCELED).
 		force = 1
 	}
 	req := C.vmx_close(e.ep, force)
@@ -797,6 +788,19 @@ func (w *Worker) closeEndpoint(e *Endpoint) error {
 		C.ucp_worker_progress(w.worker)
 		st = C.ucp_request_check_status(unsafe.Pointer(req))
 	}
+	// The requests still held are let go (ucp_request_free releases one
+	// when it completes), and then the remote keys: ucp_rkey_destroy needs
+	// the worker, not the endpoint, and no op in flight that uses the key.
+	for _, r := range e.ops {
+		C.ucp_request_free(unsafe.Pointer(r))
+	}
+	e.ops = nil
+	for _, f := range e.flushes {
+		C.ucp_request_free(unsafe.Pointer(f.req))
+		f.done <- driver.Closed("ucx: Endpoint.Flush: the endpoint was closed")
+	}
+	e.flushes = nil
+	e.dropRKeys()
 	if C.vmx_ptr_status(req) == C.UCS_INPROGRESS { // a request, done or not
 		C.ucp_request_free(unsafe.Pointer(req))
 	}
