@@ -1,6 +1,8 @@
 package kvcache
 
 import (
+	"encoding/binary"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -171,4 +173,54 @@ func TestUnitBytesRefusals(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrUnsupported)
 	require.Equal(t, st, sc.Stats())
 	require.NoError(t, sc.Check())
+}
+
+// checkUnits checks the units of s, a running sequence of tokens (under
+// extra) whose first matched were found in the prefix store: the shared
+// units are those all of whose tokens are matched, every unit it holds
+// has one extent of a page per region, each row of a token lies where
+// the layout puts it with what writeStep wrote, and the unit past its
+// tokens is refused.
+func checkUnits(t testing.TB, c *Cache, s *Seq, tokens []int, extra uint64, matched int, step string) {
+	t.Helper()
+	k := c.UnitsFor(len(tokens))
+	shared := 0
+	for shared < k {
+		if _, end := c.UnitTokens(shared); end > matched {
+			break
+		}
+		shared++
+	}
+	require.Equal(t, shared, s.SharedUnits(), step)
+	cfg := c.Config()
+	row := cfg.KVHeads * cfg.HeadDim * cfg.DType.Size()
+	pre := prefixes(tokens, extra)
+	for u := range k {
+		ts, err := s.UnitBytes(u)
+		require.NoError(t, err, step)
+		require.Len(t, ts, map[Layout]int{PerLayer: 2 * cfg.Layers, TokenMajor: 1}[cfg.Layout], step)
+		start, end := c.UnitTokens(u)
+		for p := start; p < min(end, len(tokens)); p++ {
+			for l := range cfg.Layers {
+				for kv := range 2 {
+					// Where the layout (package doc) puts p's row of layer
+					// l's K or V in unit u's extents.
+					ext, off := 2*l+kv, (p-start)*row
+					if cfg.Layout == TokenMajor {
+						ext, off = 0, ((2*l+kv)*c.TokensPerGroup()+p-start)*row
+					} else if off < 0 || off+row > int(cfg.PageSize) {
+						continue // a row across pages (never when sharing)
+					}
+					b, err := tensor.Data[uint8](ts[ext])
+					require.NoError(t, err, step)
+					first := math.Float32frombits(binary.NativeEndian.Uint32(b[off:]))
+					last := math.Float32frombits(binary.NativeEndian.Uint32(b[off+row-4:]))
+					require.Equal(t, value(pre[p], l, kv, 0, 0), first, "%s: unit %d position %d layer %d kv %d", step, u, p, l, kv)
+					require.Equal(t, value(pre[p], l, kv, cfg.KVHeads-1, cfg.HeadDim-1), last, step)
+				}
+			}
+		}
+	}
+	_, err := s.UnitBytes(k)
+	drivertest.RequireIs(t, err, driver.ErrInvalid)
 }
