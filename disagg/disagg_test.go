@@ -451,3 +451,47 @@ func TestNoLeaks(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, same, "%v before, %v after", before, after)
 }
+
+// TestConcurrentRequests: requests prefilled and decoded from several
+// goroutines at once, prompts sharing prefixes, each decode as one process
+// does; the bytes the sides count are those the link moved, and both
+// caches end consistent.
+func TestConcurrentRequests(t *testing.T) {
+	const workers, each = 4, 2
+	s := newSides(t, kvcache.TokenMajor, 128, workers)
+	rng := rand.New(rand.NewPCG(4, 4))
+	tpu := unitTokensOf(kvcache.TokenMajor)
+	base := randomTokens(rng, 3*tpu)
+	prompts := make([][]int, workers*each)
+	want := make([][]int, len(prompts))
+	for i := range prompts {
+		prompts[i] = append(slices.Clone(base[:(i%3+1)*tpu]), randomTokens(rng, 1+i)...)
+		want[i], _ = reference(t, s.model, prompts[i], 3)
+	}
+	got := make([][]int, len(prompts))
+	errs := make([]error, len(prompts))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(prompts); i += workers {
+				h, err := s.prefill.Prefill(prompts[i], 0)
+				if err != nil {
+					errs[i] = err
+					continue
+				}
+				res, err := s.decode.Decode(context.Background(), s.prefill, h, 3)
+				got[i], errs[i] = res.Tokens, err
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range prompts {
+		require.NoError(t, errs[i], "request %d", i)
+		require.Equal(t, want[i], got[i], "request %d", i)
+	}
+	require.Equal(t, s.link.Stats().Bytes, s.decode.Stats().Bytes)
+	require.Equal(t, len(prompts), s.decode.Stats().Requests)
+	s.close(t)
+}
