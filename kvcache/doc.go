@@ -169,8 +169,8 @@
 //
 // # Lifetimes
 //
-// The tensors Append, K and V return are views of the cache's memory (no
-// copy), valid while their sequence runs. When the sequence is preempted
+// The tensors Append, K, V and UnitBytes return are views of the cache's
+// memory (no copy), valid while their sequence runs. When the sequence is preempted
 // or freed, the cache closed, or pages under them taken back, the cache
 // revokes them (tensor.Lease) before the memory goes: each of them, and
 // every view made from it, then answers ErrClosed instead of touching
@@ -182,11 +182,26 @@
 // or Bytes handed out is not covered: it must not outlive the sequence's
 // run, as with any device memory.
 //
+// # A sequence's units as bytes
+//
+// Seq.UnitBytes hands unit u of a sequence out as uint8 tensors, one per
+// contiguous extent (TokenMajor: the unit's page group; PerLayer: its
+// page of each of the 2*Layers regions), for a transfer engine to move a
+// sequence to another cache of the same shape (Layers, KVHeads, HeadDim,
+// DType, PageSize, Layout) — disaggregated prefill and decode, package
+// disagg. Unit u holds the same positions in both (Cache.UnitTokens;
+// Cache.UnitsFor(n) is the units n tokens reach), so copying each extent
+// into the other sequence's makes its keys and values the same. The
+// receiving side fetches only the units its prefix store does not hold:
+// the shared ones (Seq.SharedUnits, all of whose tokens are below
+// Matched), which are read-only there as through K and V.
+//
 // # The sim driver
 //
 // Its memory cannot be addressed by the process: the cache keeps every
 // book (slots, pages, borrowing, budget, stats) but hands out no tensors
-// (Append's views are nil; K and V are ErrUnsupported) and copies nothing.
+// (Append's views are nil; K, V and UnitBytes are ErrUnsupported) and
+// copies nothing.
 // The serving simulation runs this way with model-sized memory.
 //
 // # Cost

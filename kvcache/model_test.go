@@ -668,6 +668,7 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 				break
 			}
 			checkSeq(t, s.real, s.tokens, s.extra, 0, len(s.tokens))
+			checkUnits(t, c, s.real, s.tokens, s.extra, s.matched, step)
 			r.verified++
 		case opPreempt:
 			if s == nil {

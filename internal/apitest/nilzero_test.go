@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/bench"
+	"github.com/vmarena/vmarena/disagg"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/acl"
 	"github.com/vmarena/vmarena/driver/cuda"
@@ -49,6 +50,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[arena.Owned](), reflect.TypeFor[arena.View](),
 	reflect.TypeFor[bench.GrowthStart](), reflect.TypeFor[bench.KVScale](), reflect.TypeFor[bench.Pair](),
 	reflect.TypeFor[bench.Scaled](), reflect.TypeFor[bench.SequenceShape](),
+	reflect.TypeFor[disagg.Decode](), reflect.TypeFor[disagg.Local](), reflect.TypeFor[disagg.Prefill](),
 	reflect.TypeFor[driver.Access](), reflect.TypeFor[driver.Addr](), reflect.TypeFor[driver.Feature](),
 	reflect.TypeFor[driver.Kind](),
 	reflect.TypeFor[acl.Driver](), reflect.TypeFor[acl.WaitMode](),

@@ -1,0 +1,116 @@
+package kvcache
+
+import (
+	"fmt"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/tensor"
+)
+
+// A sequence's memory seen unit by unit, for moving it whole to another
+// cache (disaggregated prefill and decode: a transfer engine reads the
+// prefill side's units and writes the decode side's). Unit u is the same
+// tokens in every cache of the same Layers, KVHeads, HeadDim, DType,
+// PageSize and Layout, so its bytes copied extent by extent are that
+// other cache's unit u.
+
+// UnitsFor is how many units, from unit 0, the first n tokens of a
+// sequence reach (0 for a nil or zero cache, or n <= 0).
+func (c *Cache) UnitsFor(n int) int {
+	if c == nil || c.g == nil || n <= 0 {
+		return 0
+	}
+	return c.g.unitsFor(min(n, c.g.maxCtx))
+}
+
+// UnitTokens is [start, end): the positions with bytes in unit u. In the
+// TokenMajor layout a unit holds TokensPerGroup positions; in PerLayer a
+// page of every region, so a position whose row crosses a page lies in two
+// units. It is (0, 0) for a unit no slot has, and for a nil or zero cache.
+func (c *Cache) UnitTokens(u int) (start, end int) {
+	if c == nil || c.g == nil || u < 0 || u >= c.g.units {
+		return 0, 0
+	}
+	start, end = c.g.unitTokens(u)
+	return start, min(end, c.g.maxCtx)
+}
+
+// SharedUnits is how many of the sequence's first units it maps from the
+// prefix store because Admit (or the last Resume) matched them: other
+// sequences read them too, so they are read-only here (K, V, Append's rows
+// and UnitBytes refuse writes to them). Their tokens are below Matched;
+// the unit after them may hold matched tokens copied into the sequence's
+// own page. 0 for a nil, zero, freed or preempted sequence.
+func (s *Seq) SharedUnits() int {
+	if s == nil || s.c == nil {
+		return 0
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.state != seqRunning || s.sl == nil || s.sl.seq != s {
+		return 0
+	}
+	return s.sl.shared
+}
+
+// UnitBytes returns unit u's memory as uint8 tensors over the cache's
+// memory (no copy), one per contiguous extent, in slot order: in the
+// TokenMajor layout one, the unit's page group ([layer][K, V][tokens]
+// rows); in PerLayer 2*Layers, the unit's page of layer 0's K, layer 0's
+// V, layer 1's K, and so on. What a transfer engine registers to move a
+// sequence's keys and values to another cache of the same shape, unit by
+// unit.
+//
+// u must be a unit the sequence holds: 0 <= u < UnitsFor(Len()). The bytes
+// past the sequence's tokens, in its last unit, are unspecified. The
+// tensors of a shared unit (u < SharedUnits()) are read-only: Set, or
+// Copy into them, is ErrAccessDenied. Like K and V, the tensors are valid
+// while the sequence runs: once it is preempted or freed, the cache
+// closed, or the unit's pages taken back, they answer ErrClosed.
+//
+// It refuses a unit the sequence does not hold and a preempted sequence
+// (ErrInvalid), a freed sequence or closed cache (ErrClosed), and a driver
+// whose memory this process cannot address (ErrUnsupported); a refusal
+// changes nothing.
+func (s *Seq) UnitBytes(u int) ([]*tensor.Tensor, error) {
+	what := func() string { return fmt.Sprintf("kvcache: bytes of unit %d", u) }
+	c, err := s.lock(what)
+	if err != nil {
+		return nil, err
+	}
+	defer c.mu.Unlock()
+	if err := s.runningLocked(what); err != nil {
+		return nil, err
+	}
+	g := c.g
+	k := g.unitsFor(s.n)
+	if u < 0 || u >= k {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the sequence of %d tokens in slot %d holds units 0 to %d",
+			what(), s.n, s.sl.idx, k-1), "UnitsFor(Len()) is the number of units a sequence holds")
+	}
+	if !c.addressable {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver's memory is not addressable from this process (the cache keeps the books only)",
+			what(), c.slots.Driver().Name())
+	}
+	if err := c.coverLocked(s.sl, k); err != nil {
+		return nil, err
+	}
+	off, size := uint64(u)*g.unitBytes, g.unitBytes
+	out := make([]*tensor.Tensor, g.regions)
+	for r := range out {
+		v := s.sl.covers[r]
+		b, err := v.Bytes()
+		if err != nil {
+			return nil, errors.WithAssertionFailure(err)
+		}
+		t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
+			c.sharedBytes(s.sl, off, size), tensor.Uint8, int(size))
+		if err != nil {
+			return nil, errors.WithAssertionFailure(err)
+		}
+		out[r] = t
+	}
+	return out, nil
+}

@@ -1,0 +1,226 @@
+package kvcache
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/tensor"
+)
+
+// TestUnitGeometry: UnitsFor and UnitTokens agree — the units the first n
+// tokens reach are exactly those whose tokens start below n — in both
+// layouts, and nothing is named past the slot.
+func TestUnitGeometry(t *testing.T) {
+	for _, layout := range []Layout{PerLayer, TokenMajor} {
+		t.Run(layout.String(), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			c := e.cache(t, tinyConfig(layout, 100, 1))
+			per := map[Layout]int{PerLayer: 32, TokenMajor: 4}[layout] // tinyConfig's tokens a unit
+			units := (100 + per - 1) / per
+			for u := range units {
+				start, end := c.UnitTokens(u)
+				require.Equal(t, [2]int{u * per, min((u+1)*per, 100)}, [2]int{start, end}, "unit %d", u)
+			}
+			for _, u := range []int{-1, units} {
+				start, end := c.UnitTokens(u)
+				require.Zero(t, start+end, "unit %d is no slot's", u)
+			}
+			for n := -1; n <= 100; n++ {
+				k := 0
+				for u := range units {
+					if start, _ := c.UnitTokens(u); start < n {
+						k++
+					}
+				}
+				require.Equal(t, k, c.UnitsFor(n), "%d tokens", n)
+			}
+		})
+	}
+}
+
+// TestUnitBytesMoveASequence: a sequence's units copied extent by extent
+// into another cache's sequence of the same prompt give it the same keys
+// and values, in both layouts; the copy, marked written, is matchable
+// there, and a sequence matching it gets its shared units read-only.
+func TestUnitBytesMoveASequence(t *testing.T) {
+	for _, layout := range []Layout{PerLayer, TokenMajor} {
+		t.Run(layout.String(), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			cfg := tinyConfig(layout, 128, 2)
+			src, dst := e.cache(t, cfg), e.cache(t, cfg)
+			rng := rand.New(rand.NewPCG(7, uint64(layout)))
+			prompt := make([]int, 70)
+			for i := range prompt {
+				prompt[i] = rng.IntN(1000)
+			}
+			a, err := src.Admit(prompt, 0)
+			require.NoError(t, err)
+			step, err := a.Append(prompt)
+			require.NoError(t, err)
+			writeStep(t, step, prompt, 0)
+			require.NoError(t, a.MarkWritten(len(prompt)))
+
+			b, err := dst.Admit(prompt, 0)
+			require.NoError(t, err)
+			require.Zero(t, b.Matched())
+			_, err = b.Append(prompt)
+			require.NoError(t, err)
+			k := src.UnitsFor(len(prompt))
+			require.Equal(t, k, dst.UnitsFor(b.Len()))
+			regions := map[Layout]int{PerLayer: 2 * cfg.Layers, TokenMajor: 1}[layout]
+			for u := range k {
+				from, err := a.UnitBytes(u)
+				require.NoError(t, err)
+				to, err := b.UnitBytes(u)
+				require.NoError(t, err)
+				require.Len(t, from, regions)
+				require.Len(t, to, regions)
+				for i := range from {
+					require.Equal(t, tensor.Uint8, from[i].DType())
+					require.Equal(t, []int{int(page)}, from[i].Shape(), "an extent is one page")
+					require.NoError(t, tensor.Copy(to[i], from[i]))
+				}
+			}
+			checkSeq(t, b, prompt, 0, 0, len(prompt))
+			require.NoError(t, b.MarkWritten(len(prompt)))
+			require.NoError(t, dst.Check())
+
+			// Matched in the copy's cache: the whole units below the last
+			// token are shared, read-only through UnitBytes too.
+			c2, err := dst.Admit(prompt, 0)
+			require.NoError(t, err)
+			shared := c2.SharedUnits()
+			require.Positive(t, shared)
+			_, end := dst.UnitTokens(shared - 1)
+			require.LessOrEqual(t, end, c2.Matched(), "shared units hold matched tokens only")
+			ro, err := c2.UnitBytes(shared - 1)
+			require.NoError(t, err)
+			before, err := tensor.Data[uint8](ro[0])
+			require.NoError(t, err)
+			was := append([]byte(nil), before...)
+			junk, err := tensor.New(goBuffer(make([]byte, page)), tensor.Uint8, int(page))
+			require.NoError(t, err)
+			drivertest.RequireIs(t, tensor.Copy(ro[0], junk), driver.ErrAccessDenied, "read-only")
+			drivertest.RequireIs(t, ro[0].Set(1, 0), driver.ErrAccessDenied)
+			after, err := tensor.Data[uint8](ro[0])
+			require.NoError(t, err)
+			require.Equal(t, was, after, "a refused write changes nothing")
+			require.Zero(t, a.SharedUnits(), "the computing sequence shares nothing it did not match")
+
+			// The tensors live while the sequence runs.
+			require.NoError(t, c2.Free())
+			_, err = ro[0].At(0)
+			drivertest.RequireIs(t, err, driver.ErrClosed)
+			require.Zero(t, c2.SharedUnits())
+			_, err = c2.UnitBytes(0)
+			drivertest.RequireIs(t, err, driver.ErrClosed)
+			require.NoError(t, a.Free())
+			require.NoError(t, b.Free())
+			require.NoError(t, src.Check())
+			require.NoError(t, dst.Check())
+		})
+	}
+}
+
+// TestUnitBytesRefusals: a unit the sequence does not hold and a
+// preempted sequence are ErrInvalid, the sim driver ErrUnsupported; none
+// changes anything.
+func TestUnitBytesRefusals(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	c := e.cache(t, tinyConfig(TokenMajor, 64, 1))
+	s, err := c.Admit([]int{1, 2, 3, 4, 5}, 0)
+	require.NoError(t, err)
+	_, err = s.Append([]int{1, 2, 3, 4, 5})
+	require.NoError(t, err)
+	st := c.Stats()
+	for _, u := range []int{-1, c.UnitsFor(s.Len()), 1000} {
+		_, err := s.UnitBytes(u)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "kvcache: bytes of unit", "holds units 0 to 1")
+	}
+	require.Equal(t, st, c.Stats())
+	require.Equal(t, 5, s.Len())
+	require.NoError(t, c.Check())
+	held, err := s.UnitBytes(1)
+	require.NoError(t, err)
+
+	require.NoError(t, s.Preempt(Swap))
+	_, err = held[0].At(0)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	_, err = s.UnitBytes(0)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "preempted")
+	_, err = s.Resume()
+	require.NoError(t, err)
+	ts, err := s.UnitBytes(0)
+	require.NoError(t, err)
+	require.Len(t, ts, 1)
+	require.NoError(t, s.Free())
+
+	se := simEnv(t, 256*units.MiB, page)
+	sc := se.cache(t, tinyConfig(TokenMajor, 64, 1))
+	ss, err := sc.Admit([]int{1, 2, 3}, 0)
+	require.NoError(t, err)
+	_, err = ss.Append([]int{1, 2, 3})
+	require.NoError(t, err)
+	st = sc.Stats()
+	_, err = ss.UnitBytes(0)
+	drivertest.RequireIs(t, err, driver.ErrUnsupported)
+	require.Equal(t, st, sc.Stats())
+	require.NoError(t, sc.Check())
+}
+
+// checkUnits checks the units of s, a running sequence of tokens (under
+// extra) whose first matched were found in the prefix store: the shared
+// units are those all of whose tokens are matched, every unit it holds
+// has one extent of a page per region, each row of a token lies where
+// the layout puts it with what writeStep wrote, and the unit past its
+// tokens is refused.
+func checkUnits(t testing.TB, c *Cache, s *Seq, tokens []int, extra uint64, matched int, step string) {
+	t.Helper()
+	k := c.UnitsFor(len(tokens))
+	shared := 0
+	for shared < k {
+		if _, end := c.UnitTokens(shared); end > matched {
+			break
+		}
+		shared++
+	}
+	require.Equal(t, shared, s.SharedUnits(), step)
+	cfg := c.Config()
+	row := cfg.KVHeads * cfg.HeadDim * cfg.DType.Size()
+	pre := prefixes(tokens, extra)
+	for u := range k {
+		ts, err := s.UnitBytes(u)
+		require.NoError(t, err, step)
+		require.Len(t, ts, map[Layout]int{PerLayer: 2 * cfg.Layers, TokenMajor: 1}[cfg.Layout], step)
+		start, end := c.UnitTokens(u)
+		for p := start; p < min(end, len(tokens)); p++ {
+			for l := range cfg.Layers {
+				for kv := range 2 {
+					// Where the layout (package doc) puts p's row of layer
+					// l's K or V in unit u's extents.
+					ext, off := 2*l+kv, (p-start)*row
+					if cfg.Layout == TokenMajor {
+						ext, off = 0, ((2*l+kv)*c.TokensPerGroup()+p-start)*row
+					} else if off < 0 || off+row > int(cfg.PageSize) {
+						continue // a row across pages (never when sharing)
+					}
+					b, err := tensor.Data[uint8](ts[ext])
+					require.NoError(t, err, step)
+					first := math.Float32frombits(binary.NativeEndian.Uint32(b[off:]))
+					last := math.Float32frombits(binary.NativeEndian.Uint32(b[off+row-4:]))
+					require.Equal(t, value(pre[p], l, kv, 0, 0), first, "%s: unit %d position %d layer %d kv %d", step, u, p, l, kv)
+					require.Equal(t, value(pre[p], l, kv, cfg.KVHeads-1, cfg.HeadDim-1), last, step)
+				}
+			}
+		}
+	}
+	_, err := s.UnitBytes(k)
+	drivertest.RequireIs(t, err, driver.ErrInvalid)
+}
