@@ -15,23 +15,25 @@ import (
 //
 // A request is a fixed header of reqSize bytes:
 //
-//		magic u16 ("vT") | kind u8 | flags u8 | reserved u32 (zero) |
-//		id u64 | gen u64 | off u64 | len u64
+//	magic u16 ("vT") | kind u8 | flags u8 | reserved u32 (zero) |
+//	id u64 | gen u64 | off u64 | len u64
 //
-//	  - hello: id is the protocol version, len the length of a blob that
-//	    follows (at most maxBlob): the initiator's kind and, for ucx, its
-//	    worker address (helloBlob). The response's body is the target's
-//	    blob: its Addr, kind and worker address.
-//	  - put (tcp): len bytes of payload follow the header, to be written at
-//	    off of registration (id, gen). The target reads them straight from
-//	    the socket into the memory, holding the tensor's access; refused,
-//	    it still reads (drains) them, then answers the error.
-//	  - get (tcp): the response, when OK, is followed by len bytes from off
-//	    of the registration, written under the tensor's access.
-//	  - begin (ucx): flags bit 0 is write. The target holds the access and
-//	    answers OK, then waits (at most LeaseTimeout) for end; the
-//	    initiator moves the bytes with UCX in between.
-//	  - end (ucx): every field zero. Answered OK.
+// and its kind says what follows:
+//
+//   - hello: id is the protocol version, len the length of a blob that
+//     follows (at most maxBlob): the initiator's kind and, for ucx, its
+//     worker address (helloBlob). The response's body is the target's
+//     blob: its Addr, kind and worker address.
+//   - put (tcp): len bytes of payload follow the header, to be written at
+//     off of registration (id, gen). The target reads them straight from
+//     the socket into the memory, holding the tensor's access; refused,
+//     it still reads (drains) them, then answers the error.
+//   - get (tcp): the response, when OK, is followed by len bytes from off
+//     of the registration, written under the tensor's access.
+//   - begin (ucx): flags bit 0 is write. The target holds the access and
+//     answers OK, then waits (at most LeaseTimeout) for end; the
+//     initiator moves the bytes with UCX in between.
+//   - end (ucx): every field zero. Answered OK.
 //
 // A response is status u8 | reserved [3]u8 (zero) | n u32, then n bytes
 // (at most maxBlob): the error's message when status is not statusOK.
