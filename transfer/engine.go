@@ -36,15 +36,18 @@ type Config struct {
 // (served) together.
 type Stats struct {
 	// Puts and Gets are the ops completed: issued ones that the target
-	// acknowledged, and served ones whose bytes all moved.
+	// acknowledged, and served ones whose bytes all moved (a served get
+	// when its bytes are handed to the connection: the initiator may
+	// have them before the target's goroutine runs again).
 	Puts, Gets uint64
 	// BytesOut left this process's registered memory (issued puts,
 	// served gets); BytesIn came into it (issued gets, served puts).
 	BytesOut, BytesIn uint64
 	// Refused counts the calls this engine refused: an issued Put or Get
-	// refused before anything was sent (once per call), and a served op
-	// refused as a target (once per op). A refusal a target answers is
-	// counted there, not by the initiator.
+	// refused before its op was sent (once per call: a bad op, a closed
+	// or stale local registration), and a served op refused as a target
+	// (once per op). A refusal a target answers is counted there, not
+	// by the initiator.
 	Refused uint64
 	// Retries counts Connect's tries after a first that failed.
 	Retries uint64
@@ -570,6 +573,10 @@ func (p *Peer) do(ctx context.Context, put bool, ops []Op) error {
 			return sentinel.Mark(errors.Wrapf(cause, "%s: op %d: the connection failed, the peer is closed", what(), i), driver.ErrClosed)
 		}
 		if err != nil {
+			var rf refusal
+			if !errors.As(err, &rf) {
+				p.e.refused.Add(1) // refused here (a closed or stale local registration), before anything was sent
+			}
 			return errors.Wrapf(err, "%s: op %d", what(), i)
 		}
 		if put {
@@ -595,11 +602,17 @@ type connError struct{ err error }
 
 func (c connError) Error() string { return "connection: " + c.err.Error() }
 
+// refusal is a target's refusal of an op (counted by the target's
+// Stats.Refused, not the initiator's).
+type refusal struct{ error }
+
+func (r refusal) Unwrap() error { return r.error }
+
 // remoteError is a target's refusal, marked with the sentinel its status
 // names.
 func (p *Peer) remoteError(status byte, body []byte) error {
 	// The body is the target's message, which names the sentinel already.
-	return sentinel.Mark(errors.Newf("the target %s refused: %s", p.remote, body), statusSentinels[status])
+	return refusal{sentinel.Mark(errors.Newf("the target %s refused: %s", p.remote, body), statusSentinels[status])}
 }
 
 // check refuses an op that no target could accept, before anything moves.

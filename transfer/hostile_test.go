@@ -319,7 +319,7 @@ func TestClosed(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrClosed)
 	before := l.state(t)
 	drivertest.RequireIs(t, l.p.Put(ctx, transfer.Op{Local: r, Remote: l.dw, Len: 8}), driver.ErrClosed)
-	l.requireRefused(t, before, 0)
+	l.requireRefused(t, before, 1) // refused by the initiator, before anything was sent
 
 	// A stale registration: the tensor's memory was taken back.
 	require.NoError(t, l.rw.remap(2))
@@ -422,3 +422,35 @@ func TestConnectRetries(t *testing.T) {
 type goBuffer []byte
 
 func (g goBuffer) Bytes() ([]byte, error) { return g, nil }
+
+// TestStalledPut: a peer that sends a put's header and part of its
+// payload, then nothing, holds the target's memory for LeaseTimeout at
+// most: the owner's Revoke then returns, the connection is dropped, and
+// the engine closes.
+func TestStalledPut(t *testing.T) {
+	h := mustHostMem(t, 16<<20)
+	r, err := newRegion(h.a, 64<<10, 1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.end()) }()
+	e, err := transfer.New(transfer.Config{LeaseTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	reg, err := e.Register(r.t)
+	require.NoError(t, err)
+	d, err := reg.Descriptor()
+	require.NoError(t, err)
+	c := rawConn(t, e)
+	_, err = c.Write(append(header(2, 0, d.ID, d.Gen, 0, 100), make([]byte, 50)...))
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond) // most likely inside the access now; either way the test holds
+	revoked := make(chan struct{})
+	go func() { r.lease.Revoke(); close(revoked) }()
+	select {
+	case <-revoked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stalled put held the memory past LeaseTimeout")
+	}
+	status, _ := readResp(t, c)
+	require.Equal(t, byte(255), status, "the connection is dropped")
+	require.Equal(t, transfer.Stats{}, e.Stats())
+	require.NoError(t, e.Close())
+}

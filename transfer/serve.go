@@ -171,8 +171,15 @@ func (e *Engine) servePut(c net.Conn, q request) error {
 // memory under its access, or the refusal. Its error is the connection's.
 func (e *Engine) serveGet(c net.Conn, q request) error {
 	err := e.servedOp(q, false, func(b []byte) error {
+		// Counted before the bytes go: the initiator may see them, and
+		// return, before this goroutine runs again. A failed write takes
+		// the count back (and drops the connection).
+		e.gets.Add(1)
+		e.bytesOut.Add(q.n)
 		ok := appendResponse(nil, statusOK, nil)
 		if _, err := (&net.Buffers{ok, b}).WriteTo(c); err != nil {
+			e.gets.Add(^uint64(0))
+			e.bytesOut.Add(-q.n)
 			return connError{err}
 		}
 		return nil
@@ -185,7 +192,5 @@ func (e *Engine) serveGet(c net.Conn, q request) error {
 		e.refused.Add(1)
 		return respond(c, err)
 	}
-	e.gets.Add(1)
-	e.bytesOut.Add(q.n)
 	return nil
 }
