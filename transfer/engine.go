@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,8 +57,8 @@ type Stats struct {
 // Engine moves bytes between this process's registered tensors and a
 // peer engine's, over the control connections it accepts and makes.
 //
-// Lock order: Engine.mu is taken last (nothing is locked while holding
-// it, but for Registration.hold in Close, which holds nothing else).
+// Lock order: Engine.mu is a leaf (nothing else is locked while it is
+// held); a Peer's mu is taken before it.
 type Engine struct {
 	cfg    Config
 	ln     net.Listener
@@ -210,12 +211,32 @@ type Registration struct {
 	mem      *ucx.Mem // the ucx kind's; nil for tcp
 	key      []byte
 
-	// hold is read-held by every op through the registration for the
-	// length of its access; end takes it to wait them out. It guards
-	// closed.
-	hold   sync.RWMutex
-	closed bool
+	// closed is set by end; using counts the ops through the
+	// registration in flight (enter to exit). An op counts itself before
+	// it looks at closed and end sets closed before it looks at using,
+	// as tensor.Lease does, so once end sees using at zero no op touches
+	// the registration and none will. (Not a sync.RWMutex: a waiting
+	// end would block a target's read lock while the initiator of the
+	// same engine holds one and waits for that target.)
+	closed atomic.Bool
+	using  atomic.Int64
 }
+
+// enter starts an op through r; false, with nothing started, once r is
+// closed.
+func (r *Registration) enter() bool {
+	if r.closed.Load() {
+		return false
+	}
+	r.using.Add(1)
+	if r.closed.Load() {
+		r.using.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (r *Registration) exit() { r.using.Add(-1) }
 
 // Register makes t's memory reachable by peers. t must be contiguous
 // (ErrInvalid), live (ErrClosed), not empty (ErrInvalid), a driver's
@@ -297,9 +318,7 @@ func (r *Registration) Descriptor() (Descriptor, error) {
 	if r.unmade() {
 		return Descriptor{}, unmade("Registration.Descriptor")
 	}
-	r.hold.RLock()
-	defer r.hold.RUnlock()
-	if r.closed {
+	if r.closed.Load() {
 		return Descriptor{}, driver.Closed(fmt.Sprintf("transfer: descriptor of registration %d: it is closed", r.id))
 	}
 	if r.t.Released() {
@@ -327,12 +346,19 @@ func (r *Registration) Close() error {
 	return r.end()
 }
 
-// end waits for the ops in flight through r, marks it closed and lets
-// its UCX memory go.
+// end marks r closed, waits for the ops in flight through it (each
+// bounded by LeaseTimeout) and lets its UCX memory go. It runs once per
+// registration: Close and Engine.Close take r out of the engine's map
+// first, and only the one that did calls it.
 func (r *Registration) end() error {
-	r.hold.Lock()
-	defer r.hold.Unlock()
-	r.closed = true
+	r.closed.Store(true)
+	for spins := 0; r.using.Load() != 0; spins++ {
+		if spins < 64 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
 	return r.closeMem()
 }
 
@@ -346,14 +372,13 @@ func (r *Registration) closeMem() error {
 }
 
 // access runs fn with bytes [off, off+n) of the registration's tensor,
-// held as tensor.Access holds them, and r's hold read-held (Close waits).
+// held as tensor.Access holds them, and counted in flight (Close waits).
 // The range was checked by the caller.
 func (r *Registration) access(write bool, off, n uint64, fn func(b []byte) error) error {
-	r.hold.RLock()
-	defer r.hold.RUnlock()
-	if r.closed {
+	if !r.enter() {
 		return driver.Closed(fmt.Sprintf("transfer: registration %d is closed", r.id))
 	}
+	defer r.exit()
 	called := false
 	err := r.t.Access(write, func(b []byte) error {
 		called = true
@@ -475,19 +500,21 @@ func (e *Engine) dial(ctx context.Context, addr string) (p *Peer, err error, aga
 
 func (p *Peer) unmade() bool { return p == nil || p.e == nil }
 
-// Close closes the connection; an op in flight fails. Closing twice is
-// ErrClosed.
+// Close closes the connection; an op in flight fails. Closing twice, or
+// after the engine closed, is ErrClosed; a peer whose connection failed
+// (its ops answer ErrClosed) still closes once without an error.
 func (p *Peer) Close() error {
 	if p.unmade() {
 		return unmade("Peer.Close")
 	}
-	if p.closed.Load() {
-		return driver.Closed("transfer: close a peer: already closed")
-	}
-	p.shut()
 	p.e.mu.Lock()
+	_, open := p.e.peers[p]
 	delete(p.e.peers, p)
 	p.e.mu.Unlock()
+	p.shut()
+	if !open {
+		return driver.Closed("transfer: close a peer: already closed (or its engine is)")
+	}
 	return nil
 }
 
@@ -642,4 +669,43 @@ func (p *Peer) check(op *Op, put bool) error {
 		return errors.Wrapf(driver.ErrAccessDenied, "the local registration %d is read-only", op.Local.id)
 	}
 	return nil
+}
+
+// Check verifies the engine's books and reports every inconsistency: each
+// live registration is under its own id, no higher than the last id
+// given, this engine's, open, with a generation and bytes; each peer kept
+// is this engine's, and a closed engine keeps none.
+func (e *Engine) Check() error {
+	if e.unmade() {
+		return unmade("Engine.Check")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("transfer: engine %s: "+format, append([]any{e.addr}, args...)...))
+	}
+	for id, r := range e.regs {
+		switch {
+		case r.id != id || id == 0 || id > e.lastID:
+			fail("registration %d is kept under id %d (last id %d)", r.id, id, e.lastID)
+		case r.e != e:
+			fail("registration %d is another engine's", id)
+		case r.closed.Load():
+			fail("registration %d is closed but kept", id)
+		case r.gen == 0 || r.n == 0:
+			fail("registration %d has generation %#x and %d bytes", id, r.gen, r.n)
+		case r.using.Load() < 0:
+			fail("registration %d counts %d ops in flight", id, r.using.Load())
+		}
+	}
+	for p := range e.peers {
+		if p.e != e {
+			fail("the peer of %s is another engine's", p.remote)
+		}
+	}
+	if e.closed && len(e.peers) != 0 {
+		fail("closed, with %d peers kept", len(e.peers))
+	}
+	return errs
 }

@@ -186,3 +186,5 @@ func (k *kvSeq) remap(seed uint64) error {
 func (k *kvSeq) close() error { return k.c.Close() }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

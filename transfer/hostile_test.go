@@ -83,6 +83,7 @@ func (l *loop) state(t *testing.T) state {
 // want.
 func (l *loop) requireRefused(t *testing.T, before state, refused uint64) {
 	t.Helper()
+	require.NoError(t, l.e.Check())
 	after := l.state(t)
 	before.stats.Refused += refused
 	require.Equal(t, before, after)
@@ -453,4 +454,71 @@ func TestStalledPut(t *testing.T) {
 	require.Equal(t, byte(255), status, "the connection is dropped")
 	require.Equal(t, transfer.Stats{}, e.Stats())
 	require.NoError(t, e.Close())
+}
+
+// TestRemapUnderLoad: peers put into and get from a registration while
+// its owner remaps the memory (the Revoke waits for the transfers in
+// flight) and then the registration closes (waiting likewise). Every op
+// succeeds or answers ErrClosed, and the new memory is untouched: no
+// transfer through the old registration lands in it.
+func TestRemapUnderLoad(t *testing.T) {
+	h := mustHostMem(t, 32<<20)
+	const size = 64 << 10
+	target, err := newRegion(h.a, size, 1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, target.end()) }()
+	source, err := newRegion(h.a, size, 2)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, source.end()) }()
+	e, err := transfer.New(transfer.Config{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.Close()) }()
+	tr, err := e.Register(target.t)
+	require.NoError(t, err)
+	sr, err := e.Register(source.t)
+	require.NoError(t, err)
+	d, err := tr.Descriptor()
+	require.NoError(t, err)
+	done := make(chan error, 4)
+	var moved [4]int
+	for g := range 4 {
+		p := connect(t, e, e.Addr())
+		go func() {
+			defer p.Close()
+			for i := 0; ; i++ {
+				off := uint64(i*4096+g*1024) % (size - 16<<10)
+				op := transfer.Op{Local: sr, LocalOff: off, Remote: d, RemoteOff: off, Len: 16 << 10}
+				var err error
+				if i%2 == 0 {
+					err = p.Put(context.Background(), op)
+				} else {
+					err = p.Get(context.Background(), op)
+				}
+				if err != nil {
+					if !errorsIs(err, driver.ErrClosed) {
+						done <- err
+						return
+					}
+					done <- nil
+					return
+				}
+				moved[g]++
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, target.remap(3))
+	require.NoError(t, tr.Close())
+	for range 4 {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("an op neither ended nor failed")
+		}
+	}
+	got, err := target.bytes()
+	require.NoError(t, err)
+	require.Equal(t, sha(seeded(size, 3)), sha(got), "the new memory is untouched")
+	t.Logf("ops done per peer before the remap: %v", moved)
 }

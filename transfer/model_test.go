@@ -190,6 +190,7 @@ func runModel(t *testing.T, ops []modelOp) (outcomes map[string]int) {
 			}
 		}
 		require.Equal(t, want, e.Stats(), what)
+		require.NoError(t, e.Check(), what)
 	}
 	require.NoError(t, p.Close())
 	return outcomes

@@ -114,3 +114,14 @@ func twoProcesses(t *testing.T, kind string) {
 	s := e.Stats()
 	require.Equal(t, transfer.Stats{Puts: 12, Gets: 11, BytesOut: s.BytesOut, BytesIn: s.BytesIn}, s)
 }
+
+// TestKVTensorMapped: a KV cache's tensors are a driver's mapping
+// (tensor.Mapped), which Register requires.
+func TestKVTensorMapped(t *testing.T) {
+	h := mustHostMem(t, 16<<20)
+	k, err := newKVSeq(h, 1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, k.close()) }()
+	require.True(t, k.t.Mapped())
+	require.True(t, k.t.IsContiguous())
+}
