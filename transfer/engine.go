@@ -531,7 +531,12 @@ func (p *Peer) shut() {
 
 // Put writes each op's Len bytes from LocalOff of Local to RemoteOff of
 // the remote registration, in order, and returns when every byte is at
-// the remote (the target acknowledged it). Every op is checked before
+// the remote (the target acknowledged it). ctx bounds the call: ended
+// before an op starts, its error is returned (context.Canceled or
+// DeadlineExceeded, no sentinel: nothing was refused) and the peer stays
+// good; ending during an op, it cuts the op short and closes the peer
+// (ErrClosed, with ctx's error in the chain), whose bytes are then
+// partly moved. Each op also gives up after LeaseTimeout. Every op is checked before
 // any moves: a bad range (ErrInvalid), a closed local registration
 // (ErrClosed), a read-only remote (ErrAccessDenied), a descriptor of
 // another engine (ErrInvalid). The target refuses what it must (a stale
@@ -575,17 +580,30 @@ func (p *Peer) do(ctx context.Context, put bool, ops []Op) error {
 	if p.broken || p.closed.Load() {
 		return driver.Closed(what() + ": the peer is closed")
 	}
-	stop := context.AfterFunc(ctx, func() { _ = p.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	// ctx ending cuts the op in flight short through the connection's
+	// deadline; the function has run in full (or not at all) once do
+	// returns, so it never moves a later call's deadline.
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { _ = p.conn.SetDeadline(time.Unix(1, 0)); close(fired) })
+	defer func() {
+		if !stop() {
+			<-fired
+		}
+	}()
 	for i := range ops {
 		op := &ops[i]
 		deadline := time.Now().Add(p.e.cfg.LeaseTimeout)
 		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 			deadline = d
 		}
-		if err := p.conn.SetDeadline(deadline); err != nil || ctx.Err() != nil {
+		if err := p.conn.SetDeadline(deadline); err != nil {
 			p.breakConn()
-			return sentinel.Mark(errors.Wrapf(errors.CombineErrors(ctx.Err(), err), "%s: op %d", what(), i), driver.ErrClosed)
+			return sentinel.Mark(errors.Wrapf(err, "%s: op %d: the peer is closed", what(), i), driver.ErrClosed)
+		}
+		// Checked after the deadline is set: if ctx ends later, the
+		// function above moves the deadline after this one.
+		if err := ctx.Err(); err != nil {
+			return errors.Wrapf(err, "%s: op %d not started", what(), i) // nothing sent: the connection stays good
 		}
 		var err error
 		if p.ep != nil {
@@ -596,7 +614,7 @@ func (p *Peer) do(ctx context.Context, put bool, ops []Op) error {
 		var ce connError
 		if errors.As(err, &ce) {
 			p.breakConn()
-			cause := errors.CombineErrors(ctx.Err(), ce.err)
+			cause := errors.CombineErrors(ctxErr(ctx), ce.err)
 			return sentinel.Mark(errors.Wrapf(cause, "%s: op %d: the connection failed, the peer is closed", what(), i), driver.ErrClosed)
 		}
 		if err != nil {
@@ -613,6 +631,19 @@ func (p *Peer) do(ctx context.Context, put bool, ops []Op) error {
 			p.e.gets.Add(1)
 			p.e.bytesIn.Add(op.Len)
 		}
+	}
+	return nil
+}
+
+// ctxErr is ctx's error, or DeadlineExceeded once its deadline has
+// passed (the connection's deadline, which is ctx's, may fire before
+// ctx's own timer).
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
 	}
 	return nil
 }

@@ -522,3 +522,55 @@ func TestRemapUnderLoad(t *testing.T) {
 	require.Equal(t, sha(seeded(size, 3)), sha(got), "the new memory is untouched")
 	t.Logf("ops done per peer before the remap: %v", moved)
 }
+
+// TestContext: a context that ended before an op starts returns its
+// error and leaves the peer good; one that ends while an op waits on a
+// stalled target cuts it short and closes the peer (ErrClosed).
+func TestContext(t *testing.T) {
+	l := newLoop(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	before := l.state(t)
+	err := l.p.Put(ctx, transfer.Op{Local: l.w, Remote: l.dw, RemoteOff: 8, Len: 8})
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, l.p.Get(context.Background(), transfer.Op{Local: l.w, LocalOff: 8, Remote: l.dr, Len: 8}), "the peer is still good")
+	after := l.state(t)
+	require.Equal(t, before.stats.Gets+2, after.stats.Gets)
+
+	// A target that accepts the connection and never answers.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var q [40]byte
+		if _, err := io.ReadFull(c, q[:]); err != nil {
+			return
+		}
+		blob := make([]byte, binary.BigEndian.Uint64(q[32:]))
+		_, _ = io.ReadFull(c, blob)
+		addr := ln.Addr().String()
+		body := binary.BigEndian.AppendUint16(nil, uint16(len(addr)))
+		body = append(body, addr...)
+		body = binary.BigEndian.AppendUint16(body, 3)
+		body = append(body, "tcp"...)
+		resp := binary.BigEndian.AppendUint32([]byte{0, 0, 0, 0}, uint32(len(body)))
+		_, _ = c.Write(append(resp, body...))
+		_, _ = io.Copy(io.Discard, c) // swallows everything, answers nothing
+	}()
+	p := connect(t, l.e, ln.Addr().String())
+	d := l.dw
+	d.Engine = ln.Addr().String()
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = p.Put(ctx, transfer.Op{Local: l.w, Remote: d, Len: 8})
+	drivertest.RequireIs(t, err, driver.ErrClosed, "the peer is closed")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	drivertest.RequireIs(t, p.Put(context.Background(), transfer.Op{Local: l.w, Remote: d, Len: 8}), driver.ErrClosed)
+	require.NoError(t, p.Close(), "a broken peer closes once without an error")
+	drivertest.RequireIs(t, p.Close(), driver.ErrClosed)
+}
