@@ -423,6 +423,12 @@ func (e *Engine) Connect(ctx context.Context, addr string) (*Peer, error) {
 	if ctx == nil {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the context is nil", what())
 	}
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return nil, driver.Closed(what() + ": the engine is closed")
+	}
 	var last error
 	for try := 0; try <= e.cfg.DialRetries; try++ {
 		if try > 0 {
@@ -433,7 +439,7 @@ func (e *Engine) Connect(ctx context.Context, addr string) (*Peer, error) {
 			case <-time.After(10 * time.Millisecond << min(try-1, 6)):
 			}
 		}
-		p, err, again := e.dial(ctx, addr)
+		p, again, err := e.dial(ctx, addr)
 		if err == nil {
 			return p, nil
 		}
@@ -448,15 +454,15 @@ func (e *Engine) Connect(ctx context.Context, addr string) (*Peer, error) {
 
 // dial makes one try at a peer; again says whether the failure may pass
 // (the network's) or not (the protocol's, or this engine closed).
-func (e *Engine) dial(ctx context.Context, addr string) (p *Peer, err error, again bool) {
+func (e *Engine) dial(ctx context.Context, addr string) (p *Peer, again bool, err error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, err, true
+		return nil, true, err
 	}
-	fail := func(err error, again bool) (*Peer, error, bool) {
+	fail := func(err error, again bool) (*Peer, bool, error) {
 		_ = conn.Close()
-		return nil, err, again
+		return nil, again, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(e.cfg.LeaseTimeout))
 	mine := helloBlob{kind: e.cfg.Kind}
@@ -492,10 +498,10 @@ func (e *Engine) dial(ctx context.Context, addr string) (p *Peer, err error, aga
 	defer e.mu.Unlock()
 	if e.closed {
 		p.shut()
-		return nil, driver.Closed("the engine is closed"), false
+		return nil, false, driver.Closed("the engine is closed")
 	}
 	e.peers[p] = struct{}{}
-	return p, nil, false
+	return p, false, nil
 }
 
 func (p *Peer) unmade() bool { return p == nil || p.e == nil }

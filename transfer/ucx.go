@@ -24,7 +24,14 @@ import (
 // memory without the target's CPU; the begin/end protocol is kept by the
 // peer's engine, not enforced by the target's hardware, as with any RDMA
 // remote key. Use the ucx kind between engines that trust each other;
-// the tcp kind checks every byte on the receiving side.
+// the tcp kind checks every byte on the receiving side. For the same
+// reason, close a registration once it is stale (its Descriptor answers
+// ErrClosed): begin refuses it, but its UCX memory registration stays
+// until Close.
+//
+// The placeholder transfer/internal/ucx of this branch answers
+// ErrUnsupported everywhere (New of the ucx kind fails); the code below
+// is written against the binding's API and runs once the binding is in.
 
 // ucxOp moves one checked op with UCX between a begin and an end.
 func (p *Peer) ucxOp(ctx context.Context, op *Op, put bool) error {
