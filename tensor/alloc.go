@@ -39,7 +39,7 @@ func Empty(al *arena.Allocator, dt DType, shape ...int) (*Tensor, error) {
 		return nil, err
 	}
 	if n == 0 {
-		st := &storage{release: func() error { return nil }}
+		st := &storage{release: func() error { return nil }, unaddressable: !al.HostAddressable()}
 		t, err := newOn(st, dt, shape, what)
 		if err == nil {
 			st.owner = t

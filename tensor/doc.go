@@ -49,6 +49,16 @@
 // Release frees it. Memory no device may write is refused when the tensor
 // is made (ErrAccessDenied), so At and Set never fault.
 //
+// Access runs a function with a contiguous tensor's bytes while holding
+// its memory as At, Set and Copy do for one element or one copy: a
+// lease's Revoke waits for it, and a released or revoked tensor answers
+// ErrClosed without running it. It is how a long access (a transfer
+// moving the bytes to or from a socket, package transfer) stays atomic
+// with respect to the owner taking the memory back. Mapped reports
+// whether a tensor's memory is a driver's mapping (it has a device
+// address) rather than Go memory, the only kind handed to C for
+// asynchronous use.
+//
 // Metadata calls (Shape, Strides, Narrow, ...) are safe from any goroutine.
 // Element reads and writes are plain memory accesses: concurrent writes to
 // the same elements race exactly as they would on a Go slice.
@@ -63,8 +73,9 @@
 // that does not start at a multiple of the element size; ErrClosed for a
 // released storage (or a revoked lease); ErrAccessDenied for a write to
 // bytes its owner made read-only (NewLeasedReadOnly). Errors from the arena or allocator keep their own
-// sentinel. A call that fails changes nothing: no view is made, no byte is
-// written, no arena grows.
+// sentinel; Access refuses memory the process cannot address (an empty
+// tensor on the sim driver) with ErrUnsupported. A call that fails
+// changes nothing: no view is made, no byte is written, no arena grows.
 //
 // # What it never does
 //

@@ -18,9 +18,9 @@ import (
 // take back — a KV cache's sequence, whose pages go when it is freed or
 // preempted: the owner keeps the lease, the caller gets the tensors.
 //
-// Every call that touches memory through such a tensor (At, Set, Copy)
-// enters the lease for the length of the access, and Revoke waits for the
-// accesses in flight to end: the check and the access are atomic with
+// Every call that touches memory through such a tensor (At, Set, Copy,
+// Access) enters the lease for the length of the access, and Revoke waits
+// for the accesses in flight to end: the check and the access are atomic with
 // respect to the owner's revoke-then-unmap, so no call ever touches
 // memory the owner took back. A call that comes after the revoke answers
 // ErrClosed without touching anything; none waits for a revoke.

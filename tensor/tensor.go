@@ -48,6 +48,11 @@ type storage struct {
 	// through the checked accessors (NewLeasedReadOnly); never more than
 	// len(bytes).
 	readOnly int
+	// unaddressable is set for a storage over memory the process cannot
+	// address (an empty tensor on a sim driver's arena or allocator):
+	// Access refuses it (ErrUnsupported) rather than hand out no bytes
+	// as if they were the memory.
+	unaddressable bool
 }
 
 // gone reports whether the storage's memory may no longer be touched:
@@ -215,7 +220,7 @@ func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
 		return nil, err
 	}
 	if n == 0 {
-		st := &storage{addr: a.Base() + driver.Addr(a.Len()), release: func() error { return nil }}
+		st := &storage{addr: a.Base() + driver.Addr(a.Len()), release: func() error { return nil }, unaddressable: !a.HostAddressable()}
 		t, err := newOn(st, dt, shape, what)
 		if err == nil {
 			st.owner = t

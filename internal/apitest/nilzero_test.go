@@ -34,6 +34,7 @@ import (
 	"github.com/vmarena/vmarena/sleep"
 	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/tensor"
+	"github.com/vmarena/vmarena/transfer"
 	"github.com/vmarena/vmarena/vaspace"
 )
 
@@ -77,6 +78,8 @@ var exported = []reflect.Type{
 	reflect.TypeFor[stream.Event](), reflect.TypeFor[stream.HostBuffer](), reflect.TypeFor[stream.Stream](),
 	reflect.TypeFor[tensor.BF16](), reflect.TypeFor[tensor.DType](), reflect.TypeFor[tensor.F16](),
 	reflect.TypeFor[tensor.Growable](), reflect.TypeFor[tensor.Lease](), reflect.TypeFor[tensor.Tensor](),
+	reflect.TypeFor[transfer.Descriptor](), reflect.TypeFor[transfer.Engine](), reflect.TypeFor[transfer.Peer](),
+	reflect.TypeFor[transfer.Registration](),
 	reflect.TypeFor[vaspace.Range](), reflect.TypeFor[vaspace.Reservation](), reflect.TypeFor[vaspace.Space](),
 	reflect.TypeFor[vaspace.Owner](), reflect.TypeFor[vaspace.Use](),
 }

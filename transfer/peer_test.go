@@ -1,0 +1,319 @@
+package transfer_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/tensor"
+	"github.com/vmarena/vmarena/transfer"
+)
+
+// The peer process: the test binary re-executed with peerEnv set to the
+// engine kind. It makes an engine and host-driver memory, prints "addr
+// ADDR", then obeys one command a line on stdin, answering "ok ..." or
+// "err MESSAGE" a line on stdout:
+//
+//	lease NAME SIZE SEED   a leased tensor over an arena view, filled from SEED, registered: ok HEX(descriptor)
+//	kv NAME SEED           a KV cache sequence's layer-0 keys, filled, registered: ok HEX(descriptor)
+//	remap NAME SEED        the owner takes the memory back and hands out new memory, filled: ok
+//	reg NAME               register NAME's current tensor: ok HEX(descriptor)
+//	hash NAME              ok SHA256HEX of NAME's current bytes
+//	stats                  ok PUTS GETS BYTESOUT BYTESIN REFUSED
+//	sock NAME              serve a plain TCP socket over NAME's memory (the benchmark's baseline): ok ADDR
+//	quit                   close everything and exit
+const peerEnv = "VMARENA_TRANSFER_PEER"
+
+func TestMain(m *testing.M) {
+	if kind := os.Getenv(peerEnv); kind != "" {
+		if err := runPeer(kind, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "peer:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// remappable is memory whose owner may take it back: a region or a KV
+// cache sequence.
+type remappable interface {
+	tensor() *tensor.Tensor
+	remapTo(seed uint64) error
+}
+
+func (r *region) tensor() *tensor.Tensor    { return r.t }
+func (r *region) remapTo(seed uint64) error { return r.remap(seed) }
+func (k *kvSeq) tensor() *tensor.Tensor     { return k.t }
+func (k *kvSeq) remapTo(seed uint64) error  { return k.remap(seed) }
+
+func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
+	h, err := newHostMem(1 << 30)
+	if err != nil {
+		return err
+	}
+	e, err := transfer.New(transfer.Config{Kind: kind})
+	if err != nil {
+		return errors.CombineErrors(err, h.close())
+	}
+	mems := map[string]remappable{}
+	var kvs []*kvSeq
+	var regions []*region
+	var socks []net.Listener
+	var wg sync.WaitGroup
+	defer func() {
+		err = errors.CombineErrors(err, e.Close())
+		for _, l := range socks {
+			_ = l.Close()
+		}
+		wg.Wait()
+		for _, r := range regions {
+			err = errors.CombineErrors(err, r.end())
+		}
+		for _, k := range kvs {
+			err = errors.CombineErrors(err, k.close())
+		}
+		err = errors.CombineErrors(err, h.close())
+	}()
+	fmt.Fprintln(out, "addr", e.Addr())
+	register := func(t *tensor.Tensor) (string, error) {
+		r, err := e.Register(t)
+		if err != nil {
+			return "", err
+		}
+		d, err := r.Descriptor()
+		if err != nil {
+			return "", err
+		}
+		b, err := d.MarshalBinary()
+		return hex.EncodeToString(b), err
+	}
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		num := func(i int) uint64 {
+			if i >= len(f) {
+				return 0
+			}
+			v, _ := strconv.ParseUint(f[i], 10, 64)
+			return v
+		}
+		var reply string
+		var err error
+		switch f[0] {
+		case "lease":
+			var r *region
+			if r, err = newRegion(h.a, num(2), num(3)); err == nil {
+				regions = append(regions, r)
+				mems[f[1]] = r
+				reply, err = register(r.t)
+			}
+		case "kv":
+			var k *kvSeq
+			if k, err = newKVSeq(h, num(2)); err == nil {
+				kvs = append(kvs, k)
+				mems[f[1]] = k
+				reply, err = register(k.t)
+			}
+		case "remap":
+			err = mems[f[1]].remapTo(num(2))
+		case "reg":
+			reply, err = register(mems[f[1]].tensor())
+		case "hash":
+			err = mems[f[1]].tensor().Access(false, func(b []byte) error {
+				s := sha256.Sum256(b)
+				reply = hex.EncodeToString(s[:])
+				return nil
+			})
+		case "stats":
+			s := e.Stats()
+			reply = fmt.Sprintf("%d %d %d %d %d", s.Puts, s.Gets, s.BytesOut, s.BytesIn, s.Refused)
+		case "sock":
+			var l net.Listener
+			if l, err = net.Listen("tcp", "127.0.0.1:0"); err == nil {
+				socks = append(socks, l)
+				reply = l.Addr().String()
+				wg.Add(1)
+				go func(t *tensor.Tensor) { defer wg.Done(); serveSocket(l, t) }(mems[f[1]].tensor())
+			}
+		case "quit":
+			fmt.Fprintln(out, "ok")
+			return nil
+		default:
+			err = errors.Newf("unknown command %q", f[0])
+		}
+		if err != nil {
+			fmt.Fprintln(out, "err", strings.ReplaceAll(err.Error(), "\n", " "))
+		} else {
+			fmt.Fprintln(out, "ok", reply)
+		}
+	}
+	return sc.Err()
+}
+
+// serveSocket is the benchmark's baseline: a plain socket moving the
+// same bytes, under the same tensor access, with no protocol but a
+// 9-byte command ('P' or 'G', then a u64 length) and a 1-byte ack of a
+// put.
+func serveSocket(l net.Listener, t *tensor.Tensor) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		func() {
+			defer c.Close()
+			var h [9]byte
+			for {
+				if _, err := io.ReadFull(c, h[:]); err != nil {
+					return
+				}
+				n := binary.BigEndian.Uint64(h[1:])
+				err := t.Access(h[0] == 'P', func(b []byte) error {
+					if n > uint64(len(b)) {
+						return errors.New("too long")
+					}
+					if h[0] == 'P' {
+						if _, err := io.ReadFull(c, b[:n]); err != nil {
+							return err
+						}
+						_, err := c.Write([]byte{1})
+						return err
+					}
+					_, err := c.Write(b[:n])
+					return err
+				})
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// peerProc is a running peer process.
+type peerProc struct {
+	t    testing.TB
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Scanner
+	addr string
+}
+
+// startPeer starts the peer process with an engine of kind and env
+// (KEY=VALUE) added; it is stopped at the end of the test.
+func startPeer(t testing.TB, kind string, env ...string) *peerProc {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), peerEnv+"="+kind), env...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &peerProc{t: t, cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	t.Cleanup(p.stop)
+	line := p.line()
+	require.True(t, strings.HasPrefix(line, "addr "), "the peer's first line: %q", line)
+	p.addr = strings.TrimPrefix(line, "addr ")
+	return p
+}
+
+// line reads one line from the peer, failing after 20 s.
+func (p *peerProc) line() string {
+	p.t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		if p.out.Scan() {
+			got <- p.out.Text()
+		} else {
+			got <- "eof"
+		}
+	}()
+	select {
+	case l := <-got:
+		return l
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		p.t.Fatal("the peer did not answer within 20s")
+		return ""
+	}
+}
+
+// do sends a command and returns the ok reply (failing the test on err).
+func (p *peerProc) do(format string, args ...any) string {
+	p.t.Helper()
+	_, err := fmt.Fprintf(p.in, format+"\n", args...)
+	require.NoError(p.t, err)
+	l := p.line()
+	require.True(p.t, strings.HasPrefix(l, "ok"), "peer: %s: %s", fmt.Sprintf(format, args...), l)
+	return strings.TrimSpace(strings.TrimPrefix(l, "ok"))
+}
+
+// desc decodes a descriptor reply.
+func (p *peerProc) desc(reply string) transfer.Descriptor {
+	p.t.Helper()
+	b, err := hex.DecodeString(reply)
+	require.NoError(p.t, err)
+	var d transfer.Descriptor
+	require.NoError(p.t, d.UnmarshalBinary(b))
+	return d
+}
+
+func (p *peerProc) hash(name string) string { return p.do("hash %s", name) }
+
+func (p *peerProc) stop() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_, _ = fmt.Fprintln(p.in, "quit")
+	_ = p.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			p.t.Errorf("peer: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+		p.t.Error("the peer did not exit within 20s")
+	}
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// connect connects e to addr with a deadline.
+func connect(t testing.TB, e *transfer.Engine, addr string) *transfer.Peer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := e.Connect(ctx, addr)
+	require.NoError(t, err)
+	return p
+}

@@ -1,0 +1,196 @@
+package transfer
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/transfer/internal/ucx"
+)
+
+// The target side: one goroutine accepts control connections, and one
+// per connection serves its requests in order until the connection ends
+// (the peer closes it, a frame is malformed, a payload does not come
+// within LeaseTimeout, or the engine closes). Nothing a peer sends is
+// trusted: each op is checked against the live registrations (servedOp)
+// and moves bytes only inside the registration's range, under its
+// tensor's access.
+
+// accept runs the accept loop until the listener closes.
+func (e *Engine) accept() {
+	defer e.wg.Done()
+	for {
+		c, err := e.ln.Accept()
+		if err != nil {
+			return // closed (Close); a transient error ends serving too, which Close then reports nothing of
+		}
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		e.conns[c] = struct{}{}
+		e.wg.Add(1)
+		e.mu.Unlock()
+		go e.serve(c)
+	}
+}
+
+// serve serves one connection: a hello, then ops.
+func (e *Engine) serve(c net.Conn) {
+	var ep *ucx.Endpoint
+	defer func() {
+		if ep != nil {
+			_ = ep.Close()
+		}
+		_ = c.Close()
+		e.mu.Lock()
+		delete(e.conns, c)
+		e.mu.Unlock()
+		e.wg.Done()
+	}()
+	_ = c.SetDeadline(time.Now().Add(e.cfg.LeaseTimeout))
+	q, blob, err := readRequest(c)
+	if err != nil || q.kind != kindHello {
+		return
+	}
+	theirs, err := decodeHello(blob)
+	if err != nil {
+		return
+	}
+	if q.id != protocolVersion || theirs.kind != e.cfg.Kind {
+		msg := fmt.Sprintf("protocol version %d and kind %q, this engine speaks %d and %q", q.id, theirs.kind, protocolVersion, e.cfg.Kind)
+		_, _ = c.Write(appendResponse(nil, statusInvalid, []byte(msg)))
+		return
+	}
+	mine := helloBlob{addr: e.addr, kind: e.cfg.Kind}
+	if e.worker != nil {
+		// The endpoint back to the initiator is the target's to close:
+		// a begin whose end does not come closes it before letting go.
+		if mine.worker, err = e.worker.Address(); err == nil {
+			ep, err = e.worker.Connect(theirs.worker)
+		}
+		if err != nil {
+			_, _ = c.Write(appendResponse(nil, statusOf(err), []byte(err.Error())))
+			return
+		}
+	}
+	if _, err := c.Write(appendResponse(nil, statusOK, mine.encode())); err != nil {
+		return
+	}
+	for {
+		_ = c.SetDeadline(time.Time{}) // idle between ops: no deadline
+		q, _, err := readRequest(c)
+		if err != nil {
+			return
+		}
+		_ = c.SetDeadline(time.Now().Add(e.cfg.LeaseTimeout))
+		switch {
+		case q.kind == kindPut && e.worker == nil:
+			err = e.servePut(c, q)
+		case q.kind == kindGet && e.worker == nil:
+			err = e.serveGet(c, q)
+		case q.kind == kindBegin && e.worker != nil:
+			err = e.serveBegin(c, q, &ep)
+		default:
+			return // a hello again, an end outside a begin, or another kind's op
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// servedOp runs fn with the bytes op q names, under the registration's
+// and its tensor's access (write: for writing), after checking q against
+// the live registrations. The error of a refusal is marked with its
+// sentinel; fn's own is returned as it is.
+func (e *Engine) servedOp(q request, write bool, fn func(b []byte) error) error {
+	what := func() string {
+		return fmt.Sprintf("transfer: %d bytes at %d of registration %d gen %#x (write %t)", q.n, q.off, q.id, q.gen, write)
+	}
+	e.mu.Lock()
+	r, last := e.regs[q.id], e.lastID
+	e.mu.Unlock()
+	switch {
+	case r == nil && (q.id == 0 || q.id > last):
+		return errors.Wrapf(driver.ErrInvalid, "%s: no registration of that id was made here", what())
+	case r == nil:
+		return driver.Closed(what() + ": that registration is closed")
+	case q.gen != r.gen:
+		return driver.Closed(what() + ": stale: the generation is not the registration's")
+	case q.n == 0 || q.off+q.n < q.off || q.off+q.n > r.n:
+		return errors.Wrapf(driver.ErrInvalid, "%s: the registration has %d bytes", what(), r.n)
+	case write && !r.writable:
+		return errors.Wrapf(driver.ErrAccessDenied, "%s: the registration is read-only", what())
+	}
+	return r.access(write, q.off, q.n, fn)
+}
+
+// respond answers q's status.
+func respond(c net.Conn, err error) error {
+	var body []byte
+	if err != nil {
+		body = []byte(err.Error())
+	}
+	_, werr := c.Write(appendResponse(nil, statusOf(err), body))
+	return werr
+}
+
+// servePut reads a put's payload straight into the registered memory,
+// or, refused, drains it, and answers. Its error is the connection's.
+func (e *Engine) servePut(c net.Conn, q request) error {
+	err := e.servedOp(q, true, func(b []byte) error {
+		if _, err := io.ReadFull(c, b); err != nil {
+			return connError{err}
+		}
+		return nil
+	})
+	var ce connError
+	if errors.As(err, &ce) {
+		return ce.err
+	}
+	if err != nil {
+		e.refused.Add(1)
+		if _, derr := io.CopyN(io.Discard, c, int64(q.n)); derr != nil {
+			return derr
+		}
+		return respond(c, err)
+	}
+	e.puts.Add(1)
+	e.bytesIn.Add(q.n)
+	return respond(c, nil)
+}
+
+// serveGet answers a get: OK and the bytes, written from the registered
+// memory under its access, or the refusal. Its error is the connection's.
+func (e *Engine) serveGet(c net.Conn, q request) error {
+	err := e.servedOp(q, false, func(b []byte) error {
+		// Counted before the bytes go: the initiator may see them, and
+		// return, before this goroutine runs again. A failed write takes
+		// the count back (and drops the connection).
+		e.gets.Add(1)
+		e.bytesOut.Add(q.n)
+		ok := appendResponse(nil, statusOK, nil)
+		if _, err := (&net.Buffers{ok, b}).WriteTo(c); err != nil {
+			e.gets.Add(^uint64(0))
+			e.bytesOut.Add(-q.n)
+			return connError{err}
+		}
+		return nil
+	})
+	var ce connError
+	if errors.As(err, &ce) {
+		return ce.err
+	}
+	if err != nil {
+		e.refused.Add(1)
+		return respond(c, err)
+	}
+	return nil
+}
