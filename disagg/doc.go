@@ -41,9 +41,8 @@
 // the registration's Descriptor, marshalled, as the Ref (its Close is the
 // release); Fetch registers each destination tensor and issues one
 // Peer.Get with an Op per extent (the Ref unmarshalled as the remote
-// Descriptor), then closes the destinations' registrations: engine.go
-// (EngineExporter, EngineFetcher; out of the build until package transfer
-// is merged) does it, and its test runs both sides over two tcp engines.
+// Descriptor), then closes the destinations' registrations: EngineExporter
+// and EngineFetcher do it, and its test runs both sides over two tcp engines.
 // A Source is
 // the prefill side as the decode side reaches it: Prefill itself in one
 // process, any request/reply channel between two (Refs are plain bytes).

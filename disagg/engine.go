@@ -1,9 +1,5 @@
-//go:build ignore
-
-// This file joins disagg to the transfer engine (package transfer, branch
-// iss22-core). It is left out of the build until that package is merged:
-// then delete the build line above, and engine_test.go's. Both were
-// compiled and passed, race detector on, against iss22-core at b48739e.
+// This file joins disagg to the transfer engine (package transfer): a
+// Ref is a registration's marshalled Descriptor.
 
 package disagg
 

@@ -1,7 +1,3 @@
-//go:build ignore
-
-// Left out of the build until package transfer is merged (see engine.go).
-
 package disagg
 
 import (

@@ -82,6 +82,15 @@ type Engine struct {
 	puts, gets, bytesOut, bytesIn, refused, retries atomic.Uint64
 }
 
+// Kinds returns the kinds of engine this build can make: "tcp" always,
+// and "ucx" in a build with UCX (-tags ucx, cgo, libucx-dev).
+func Kinds() []string {
+	if ucx.Available {
+		return []string{"tcp", "ucx"}
+	}
+	return []string{"tcp"}
+}
+
 // New makes an engine of cfg.Kind listening at cfg.Listen. It refuses
 // (ErrInvalid) an unknown kind or a negative duration or count, and
 // (ErrUnsupported) the ucx kind in a build without UCX.
