@@ -29,9 +29,8 @@ import (
 // ErrClosed): begin refuses it, but its UCX memory registration stays
 // until Close.
 //
-// The placeholder transfer/internal/ucx of this branch answers
-// ErrUnsupported everywhere (New of the ucx kind fails); the code below
-// is written against the binding's API and runs once the binding is in.
+// In a build without UCX (no -tags ucx, no cgo or no libucx-dev) the
+// binding answers ErrUnsupported everywhere and New of the ucx kind fails.
 
 // ucxOp moves one checked op with UCX between a begin and an end.
 func (p *Peer) ucxOp(ctx context.Context, op *Op, put bool) error {
