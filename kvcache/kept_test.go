@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -139,4 +140,52 @@ func TestKeptPagesRefusedAppendChangesNothing(t *testing.T) {
 	require.NoError(t, c.Check())
 	checkSeq(t, s, prompt, 0, 0, len(prompt))
 	require.NoError(t, s.Free())
+}
+
+// TestKeptPagesWithMappingAhead: token by token, with the mapper on, the
+// kept pages at the prompt's whole units become store units as the
+// appends reach them, those past the prompt serve the generated tokens as
+// the slot's own, and the mapper commits only past them.
+func TestKeptPagesWithMappingAhead(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(TokenMajor, 96, 1)
+	cfg.MapAhead = 8
+	c := e.cache(t, cfg)
+	first := append([]int{7}, seqTokens(59, 0, 100)...) // 15 units, all the slot's own
+	s, err := c.Admit(first[:1], 0)
+	require.NoError(t, err)
+	for _, tok := range first {
+		_, err := s.Append([]int{tok})
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Free())
+	bounded(t, "mapper idle", func() struct{} { c.waitMapperIdle(); return struct{}{} })
+	st := c.Stats()
+	require.GreaterOrEqual(t, st.IdlePages, 15, "15 units, and those mapped ahead")
+
+	prompt := seqTokens(40, 40, 0)
+	s, err = c.Admit(prompt, 0)
+	require.NoError(t, err)
+	all := slices.Clone(prompt)
+	for i := 0; i < 64; i++ {
+		tok := 500 + i
+		if i < len(prompt) {
+			tok = prompt[i]
+		} else {
+			all = append(all, tok)
+		}
+		require.NoError(t, s.MarkWritten(s.Len()))
+		step, err := s.Append([]int{tok})
+		require.NoError(t, err)
+		writeStep(t, step, all, 0)
+		require.NoError(t, c.Check())
+	}
+	bounded(t, "mapper idle", func() struct{} { c.waitMapperIdle(); return struct{}{} })
+	st = c.Stats()
+	require.Equal(t, 10, st.StorePages, "the prompt's 10 units are the store's")
+	require.GreaterOrEqual(t, st.SlotPages, 6, "units 10 to 15 the slot's own (kept), and those mapped ahead")
+	checkSeq(t, s, all, 0, 0, len(all))
+	require.NoError(t, s.Free())
+	require.NoError(t, c.Close())
+	require.Zero(t, e.used(t))
 }

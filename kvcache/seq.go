@@ -307,8 +307,9 @@ func (c *Cache) appendedLocked(s *Seq, waited bool) {
 // whole unit of the prompt: that page is given back and the unit backed
 // from the store like an empty one, so that every whole prompt unit is a
 // store unit (the page's memory pays for the store unit's: no room is
-// made for it). It returns the units it backed; on failure nothing
-// changed.
+// made for it). It returns the units it backed; a refusal (the budget)
+// changes nothing, and an arena failure after the room is made leaves
+// only what a reclaim would: pages given back.
 //
 // A store unit evicted to make room for the prompt's units keeps its
 // memory for one of them (recycling): the new unit is written where the
