@@ -76,7 +76,8 @@
 //
 // A prompt's whole units — all of whose tokens are the prompt's — are
 // committed in a second arena.Sparse, the prefix store, and borrowed into
-// the slot (arena.Sparse.Borrow). A store unit is keyed by a chained
+// the slot (arena.Sparse.Borrow), also where the slot kept a page from
+// its last sequence (Deferred reclaim). A store unit is keyed by a chained
 // 64-bit hash of the tokens up to its end: block i (BlockTokens tokens)
 // hashes as hash(hash of block i-1, extra key, tokens of block i), the
 // extra key covering adapters and salts; it keeps its tokens too, so a
@@ -142,7 +143,18 @@
 // Free gives back what the sequence borrowed but keeps its slot's own
 // pages committed; a new sequence prefers a slot that has some. They are
 // decommitted only when memory is needed (budget): whole units — so whole
-// pages — of idle slots, the longest idle first and from their end.
+// pages — of idle slots, the longest idle first and from their end. A
+// kept page serves the next sequence where the unit is that sequence's
+// own; where the unit is a whole unit of its prompt, which belongs in the
+// prefix store, the Append that reaches it decommits the page and backs
+// the unit from the store as if it were empty: the page's memory is the
+// room for the store unit's, so nothing else is given back for it (and a
+// kept page where a matched unit goes is given back at Admit). Only where the store has
+// no unit to give (all mapped) does the kept page stay the slot's own.
+// The mapping-ahead goroutine never commits a whole unit of its
+// sequence's prompt (it leaves those to the store), so what it
+// commits for a running sequence is never given back so; it is a kept
+// page only for the slot's next sequence.
 //
 // # Mapping ahead
 //
@@ -232,7 +244,9 @@
 // Free a run of borrowed units goes back in one decommit per region. A
 // prompt page that recycles an evicted unit's still costs a chunk's map
 // into the slot and, at Free, its unmap: the arena maps and unmaps chunk
-// by chunk.
+// by chunk. A kept page at a whole prompt unit costs its decommit
+// (one arena call per region and run of such pages) and the store
+// unit's commit, which keeping it had saved.
 //
 // # What it never does
 //

@@ -279,23 +279,32 @@ func (m *model) storeBound(s *mseq, u int) bool {
 }
 
 // back is the cache's backLocked: every empty unit below need becomes a
-// store unit (a whole prompt unit) or the slot's own. It returns the
-// units it backed, or false when the budget cannot hold them.
+// store unit (a whole prompt unit) or the slot's own, and so does every
+// page the slot kept from its last sequence (owned, past s's tokens)
+// under a whole prompt unit: given back, its memory the room for the
+// store unit's. It returns the units it backed, or false when the budget
+// cannot hold the empty ones.
 func (m *model) back(s *mseq, need int) ([]int, bool) {
 	sl := m.slots[s.slot]
-	var empty []int
+	var todo []int
+	empty := 0
 	for u := 0; u < need; u++ {
-		if !sl.owned[u] && sl.borrowed[u] == nil {
-			empty = append(empty, u)
+		switch {
+		case !sl.owned[u] && sl.borrowed[u] == nil:
+			todo = append(todo, u)
+			empty++
+		case sl.owned[u] && u >= m.g.unitsFor(len(s.tokens)) && m.storeBound(s, u):
+			todo = append(todo, u)
 		}
 	}
-	if len(empty) == 0 {
+	if len(todo) == 0 {
 		return nil, true
 	}
-	if !m.makeRoom(len(empty)*m.up(), sl, need) {
+	if !m.makeRoom(empty*m.up(), sl, need) {
 		return nil, false
 	}
-	for _, u := range empty {
+	for _, u := range todo {
+		m.drop(sl, u) // a kept page; nothing for an empty unit
 		if m.storeBound(s, u) {
 			start, end := m.g.unitTokens(u)
 			sl.borrowed[u] = &munit{u: u, key: keyOf(s.extra, s.prompt[:end]), parent: keyOf(s.extra, s.prompt[:start]),
@@ -305,7 +314,7 @@ func (m *model) back(s *mseq, need int) ([]int, bool) {
 		}
 		m.pages += m.up()
 	}
-	return empty, true
+	return todo, true
 }
 
 // publish makes s's written store units matchable.

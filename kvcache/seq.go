@@ -300,10 +300,16 @@ func (c *Cache) appendedLocked(s *Seq, waited bool) {
 }
 
 // backLocked makes units [from, need) of s's slot committed (the caller
-// knows those below from are): owned units and borrowed ones stay; each
-// empty one becomes a prefix store unit (a whole unit of the prompt, when
-// sharing) or the slot's own. It returns the units it backed; on failure
-// nothing changed.
+// knows those below from are): borrowed units stay; each empty one
+// becomes a prefix store unit (a whole unit of the prompt, when sharing)
+// or the slot's own. An owned unit stays the slot's own unless it is a
+// page the slot kept from its last sequence (past s's tokens) under a
+// whole unit of the prompt: that page is given back and the unit backed
+// from the store like an empty one, so that every whole prompt unit is a
+// store unit (the page's memory pays for the store unit's: no room is
+// made for it). It returns the units it backed; a refusal (the budget)
+// changes nothing, and an arena failure after the room is made leaves
+// only what a reclaim would: pages given back.
 //
 // A store unit evicted to make room for the prompt's units keeps its
 // memory for one of them (recycling): the new unit is written where the
@@ -322,17 +328,26 @@ func (c *Cache) backLocked(what func() string, s *Seq, from, need int) (backed [
 // stack, so that a unit committed allocates nothing here.
 func (c *Cache) backIntoLocked(what func() string, s *Seq, from, need int, backed []int) ([]int, error) {
 	sl := s.sl
+	// todo is the units to back: the empty ones, and the kept pages to
+	// re-back from the store (owned, past the tokens: what the last
+	// sequence left, never what the mapper commits, which is never
+	// store-bound).
 	var room [2]int
-	empty := room[:0]
+	todo := room[:0]
 	pages, bound := 0, 0
+	past := c.g.unitsFor(s.n)
 	for u := from; u < need; u++ {
-		if sl.units[u].state == unitEmpty {
-			empty = append(empty, u)
+		switch st := sl.units[u].state; {
+		case st == unitEmpty:
+			todo = append(todo, u)
 			pages += c.g.unitPages()
 			bound += b2i(c.storeBoundLocked(s, u))
+		case st == unitOwned && u >= past && c.storeBoundLocked(s, u):
+			todo = append(todo, u)
+			bound++
 		}
 	}
-	if len(empty) == 0 {
+	if len(todo) == 0 {
 		return nil, nil
 	}
 	defer func() {
@@ -341,41 +356,85 @@ func (c *Cache) backIntoLocked(what func() string, s *Seq, from, need int, backe
 		}
 	}()
 	c.ps.recycle = bound
+	// Room for the empty units only; keep's units below need are not
+	// given back for it, so the kept pages are still there after.
 	if err := c.makeRoomLocked(what, pages, sl, need); err != nil {
 		return nil, err
 	}
-	for i := 0; i < len(empty); {
+	for i := 0; i < len(todo); {
 		// A run of consecutive units, all store-bound or all not.
-		u := empty[i]
+		u := todo[i]
 		bound := c.storeBoundLocked(s, u)
 		j := i + 1
-		for j < len(empty) && empty[j] == empty[j-1]+1 && c.storeBoundLocked(s, empty[j]) == bound {
+		for j < len(todo) && todo[j] == todo[j-1]+1 && c.storeBoundLocked(s, todo[j]) == bound {
 			j++
 		}
 		if bound {
-			n, err := c.backFromStoreLocked(s, u, empty[j-1]+1)
-			backed = append(backed, empty[i:i+n]...)
-			if err != nil {
+			// The kept pages of the units the store can take go first:
+			// their memory is the room for the store units' commits.
+			k := min(j-i, c.storeRoomLocked())
+			if err := c.giveBackKeptLocked(sl, todo[i:i+k]); err != nil {
 				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
+			}
+			n := 0
+			if k > 0 {
+				var err error
+				n, err = c.backFromStoreLocked(s, u, todo[i+k-1]+1)
+				backed = append(backed, todo[i:i+n]...)
+				if err != nil {
+					return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
+				}
 			}
 			if i += n; i == j {
 				continue
 			}
-			// The store is full of mapped units: the rest are the slot's own.
-			u = empty[i]
+			// The store is full of mapped units: the rest are the slot's
+			// own (a kept page stays).
 		}
-		// Own units: one commit per region, once the spare store units
-		// are given back.
+		// Own units: one commit per region and run of empty units, once
+		// the spare store units are given back.
 		if err := c.dropSpareLocked(); err != nil {
 			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
 		}
-		if err := c.commitUnitsLocked(sl, u, empty[j-1]+1); err != nil {
-			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
+		for i < j {
+			if sl.units[todo[i]].state != unitEmpty {
+				i++ // kept
+				continue
+			}
+			k := i + 1
+			for k < j && sl.units[todo[k]].state == unitEmpty {
+				k++
+			}
+			if err := c.commitUnitsLocked(sl, todo[i], todo[k-1]+1); err != nil {
+				return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.unbackLocked(sl, backed))
+			}
+			backed = append(backed, todo[i:k]...)
+			i = k
 		}
-		backed = append(backed, empty[i:j]...)
-		i = j
 	}
 	return backed, nil
+}
+
+// giveBackKeptLocked decommits the kept pages among units us of sl
+// (consecutive; the others are empty), one arena call per region and
+// run, for the store units that take their place.
+func (c *Cache) giveBackKeptLocked(sl *slot, us []int) error {
+	for i := 0; i < len(us); {
+		if sl.units[us[i]].state != unitOwned {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(us) && sl.units[us[j]].state == unitOwned {
+			j++
+		}
+		if err := c.decommitUnitsLocked(sl, us[i], us[j-1]+1); err != nil {
+			return err
+		}
+		c.counts.reclaimedPages += (j - i) * c.g.unitPages()
+		i = j
+	}
+	return nil
 }
 
 // unbackLocked gives back the units backLocked backed.

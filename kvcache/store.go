@@ -221,6 +221,12 @@ func (c *Cache) takeStoreIdxLocked() (idx int, committed bool, err error) {
 	return idx, false, nil
 }
 
+// storeRoomLocked is how many units takeStoreIdxLocked can give now:
+// spare, free and cached ones (every unit not mapped).
+func (c *Cache) storeRoomLocked() int {
+	return len(c.ps.spare) + len(c.ps.free) + c.ps.lru.Len()
+}
+
 // backFromStoreLocked makes units [u0, u1) of s — empty, consecutive,
 // each a whole unit of its prompt — new store units s owns, borrowed into
 // its slot, each in a spare unit's memory if there is one, else in a new
