@@ -127,6 +127,7 @@ func TestMooncakeTrace(t *testing.T) {
 	f := runTrace(t, loadTrace(t, 200), 20)
 	require.Equal(t, f.units-f.cached, f.sent)
 	require.Positive(t, f.cached, "the trace shares prefixes")
+	require.Equal(t, f.ideal, f.cached, "nothing evicted: every whole prompt unit seen before is cached")
 	require.Less(t, f.sentBytes, f.bytes)
 	t.Logf("%d requests: %d prompt units, %d cached at the decode side (%d with every whole prompt unit kept), %d sent (%d of %d bytes, %.3f)",
 		f.requests, f.units, f.cached, f.ideal, f.sent, f.sentBytes, f.bytes, float64(f.sentBytes)/float64(f.bytes))
