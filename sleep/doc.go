@@ -58,8 +58,9 @@
 //
 // It never touches device memory but through the driver's Read and Write
 // (so Host and File modes need driver.FeatureHostAccess; the sim driver
-// sleeps in Discard mode only), never closes the driver it was given, and
-// never changes an address a caller holds.
+// sleeps in Discard mode only) — Tensor hands the caller the mapped bytes
+// themselves (driver.HostMapper), under a lease — never closes the driver
+// it was given, and never changes an address a caller holds.
 //
 // Under the invariants build tag every change runs Check and panics at the
 // first broken invariant.

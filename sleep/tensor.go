@@ -13,8 +13,9 @@ import (
 // waiting for every access in flight through the tensor (At, Set, Copy,
 // Access: a transfer moving bytes into or out of it) to end — before it
 // takes the memory away: at Sleep of the tag, before it backs up or
-// unmaps anything; at Free of p, before the allocation goes; and at
-// Close. After that every access through the tensor and its views answers
+// unmaps anything (also when that sleep then fails and the tag stays
+// awake: ask for the tensor again); at Free of p, before the allocation
+// goes; and at Close. After that every access through the tensor and its views answers
 // ErrClosed. After a Wake, Tensor hands out a new tensor under a new
 // lease; the old ones stay closed. Tensors asked for in one waking share
 // the lease.
