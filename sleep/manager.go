@@ -81,10 +81,11 @@ type Manager struct {
 // live allocations (address → size asked), the leases of the live
 // allocations that Tensor handed out tensors over and, asleep, its backup.
 //
-// busy marks a tag a Sleep or Wake has claimed: until it settles, that
-// call alone touches the tag's allocator, driver and backup, without
-// Manager.mu, and no other call changes live; a call on the tag that
-// would (Alloc, Free, Sleep, Wake, Close) waits for Manager.settled.
+// busy marks a tag a Sleep or Wake has claimed (or a Free while it
+// revokes a lease): until it settles, that call alone touches the tag's
+// allocator, driver and backup, without Manager.mu, and no other call
+// changes live; a call on the tag that would (Alloc, Free, Tensor, Sleep,
+// Wake, Close) waits for Manager.settled.
 // asleep, mode, bk and cycles are written under Manager.mu only, so
 // Stats reads them at any time: a busy tag shows its state before the
 // call until the call records the new one.
@@ -220,12 +221,12 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 }
 
 // Free ends the allocation at p, first revoking the lease of the tensors
-// Tensor made over it (waiting for their accesses in flight). In a
-// sleeping tag it also gives back
-// that allocation's backup at once (its host buffer, or its blocks of the
-// backup file, where the file system can punch holes); its memory went
-// back at sleep, and nothing is given back twice: a free only edits the
-// tag's books while it sleeps. A Free in a tag that a Sleep or Wake is
+// Tensor made over it (waiting for their accesses in flight, without the
+// Manager's lock). In a sleeping tag it also gives back that allocation's
+// backup at once (its host buffer, or its blocks of the backup file,
+// where the file system can punch holes); its memory went back at sleep,
+// and nothing is given back twice: a free only edits the tag's books
+// while it sleeps. A Free in a tag that a Sleep or Wake is
 // busy with waits for it to return; in other tags it goes on meanwhile.
 func (m *Manager) Free(p driver.Addr) error {
 	if err := m.begin("Free"); err != nil {
@@ -355,8 +356,8 @@ func (m *Manager) selectLocked(op string, names []string) ([]*tag, error) {
 // streams AddStream named, revokes the leases of the tag's tensors
 // (Tensor; waiting for their accesses in flight), keeps each live
 // allocation's bytes as mode says, then gives back all the tag's memory,
-// keeping its address space and books. A tag already asleep is left as it is (Sleep
-// is idempotent). The tags are put to sleep one by one: on an error the
+// keeping its address space and books. A tag already asleep is left as
+// it is (Sleep is idempotent). The tags are put to sleep one by one: on an error the
 // tags before it sleep, it and those after stay awake, unchanged.
 //
 // Calls on other tags go on while it copies and gives memory back; a

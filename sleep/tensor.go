@@ -27,8 +27,9 @@ import (
 // those wait for it. A tag that sleeps refuses (ErrBusy naming it), as
 // Alloc does; in a tag a Sleep or Wake is busy with, Tensor waits for it.
 // p not a live allocation of this Manager is ErrNotAllocated; memory the
-// process cannot address (the sim driver) ErrUnsupported. A refusal
-// changes nothing.
+// process cannot address (a driver that is no driver.HostMapper: the sim
+// driver, as for tensor.OnArena, and device memory of cuda and acl)
+// ErrUnsupported. A refusal changes nothing.
 func (m *Manager) Tensor(p driver.Addr) (*tensor.Tensor, error) {
 	if err := m.begin("Tensor"); err != nil {
 		return nil, err
