@@ -132,14 +132,19 @@ func TestOtherTagsGoOnDuringSleepAndWake(t *testing.T) {
 
 // TestConcurrentTags: three goroutines cycle a tag each — allocating,
 // writing, sleeping (Host and File in turn), waking, checking the bytes,
-// freeing — while a fourth sleeps and wakes a tag of its own and a fifth
-// runs Check and Stats; under -race. Every call succeeds, the
-// bytes survive, and the Manager checks clean at every point.
+// freeing — while a fourth sleeps and wakes a tag of its own, a fifth
+// runs Check and Stats, and a sixth takes tensors over the fourth's
+// allocation and writes its bytes through them (each Tensor succeeds or
+// finds the tag asleep, each access succeeds or finds the tensor
+// revoked); under -race. Every call succeeds, the bytes survive, and the
+// Manager checks clean at every point.
 func TestConcurrentTags(t *testing.T) {
 	d := openHost(t, testCap)
 	m := newManager(t, d)
 	held, err := m.Alloc("d", 100*kib)
 	require.NoError(t, err)
+	heldWant := pattern(99, 100*kib)
+	require.NoError(t, d.Write(held, heldWant))
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for i, tag := range []string{"a", "b", "c"} {
@@ -178,7 +183,31 @@ func TestConcurrentTags(t *testing.T) {
 			}()
 		}()
 	}
-	wg.Add(2)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		errs <- func() error {
+			for range 40 {
+				tt, err := m.Tensor(held)
+				if errors.Is(err, driver.ErrBusy) {
+					continue // asleep
+				} else if err != nil {
+					return err
+				}
+				err = tt.Access(true, func(b []byte) error {
+					if !bytes.Equal(b, heldWant) {
+						return errors.New("the tensor does not hold the allocation's bytes")
+					}
+					copy(b, heldWant)
+					return nil
+				})
+				if err != nil && !errors.Is(err, driver.ErrClosed) {
+					return err
+				}
+			}
+			return nil
+		}()
+	}()
 	go func() {
 		defer wg.Done()
 		errs <- func() error {
@@ -210,6 +239,7 @@ func TestConcurrentTags(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+	require.Equal(t, heldWant, read(t, d, held, 100*kib))
 	require.NoError(t, m.Free(held))
 	closeAll(t, m)
 }

@@ -40,6 +40,14 @@
 //   - Free in a sleeping tag drops that allocation's backup and releases
 //     nothing: the tag's memory went back once, at Sleep.
 //   - Alloc in a sleeping tag is refused (ErrBusy naming the tag).
+//   - Memory handed out as a tensor (Tensor: a uint8 tensor over one
+//     allocation, under a tensor.Lease the Manager holds) is never
+//     touched through it once it may go: Sleep of its tag, before it
+//     backs up or unmaps anything, Free of the allocation, before it
+//     goes, and Close revoke the lease, waiting for the accesses in
+//     flight (a transfer moving bytes into it, which transfer.Register
+//     makes hold the tensor's access); afterwards the tensor answers
+//     ErrClosed. A woken tag hands out new tensors; the old stay closed.
 //   - A Sleep or Wake holds the Manager's lock only to claim its tags
 //     and to record each one's new state: while it copies, unmaps and
 //     commits, calls on other tags (Alloc, Free, Stats, Check, another
@@ -50,8 +58,9 @@
 //
 // It never touches device memory but through the driver's Read and Write
 // (so Host and File modes need driver.FeatureHostAccess; the sim driver
-// sleeps in Discard mode only), never closes the driver it was given, and
-// never changes an address a caller holds.
+// sleeps in Discard mode only) — Tensor hands the caller the mapped bytes
+// themselves (driver.HostMapper), under a lease — never closes the driver
+// it was given, and never changes an address a caller holds.
 //
 // Under the invariants build tag every change runs Check and panics at the
 // first broken invariant.

@@ -6,6 +6,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/tensor"
 )
 
 // TestWakeFaults: a wake the driver refuses part-way — the n-th chunk
@@ -53,13 +55,19 @@ func TestWakeFaults(t *testing.T) {
 }
 
 // TestSleepFaults: a sleep whose unmap the driver refuses leaves the tag
-// awake with its bytes in place and no backup held.
+// awake with its bytes in place and no backup held. The tensors over its
+// allocations were revoked before the sleep began its work, and stay
+// closed; new ones hold the bytes.
 func TestSleepFaults(t *testing.T) {
 	for at := 1; at <= 3; at++ {
 		f := newFaulty(t, testCap)
 		m := newManager(t, f)
 		want := fillModel(t, f, m)
 		used := f.Used(0)
+		var old []*tensor.Tensor
+		for p := range want {
+			old = append(old, mustTensor(t, m, p))
+		}
 		f.arm("unmap", at)
 		err := m.Sleep(Host)
 		require.True(t, errors.Is(err, errInjected), "%v", err)
@@ -69,6 +77,12 @@ func TestSleepFaults(t *testing.T) {
 		require.LessOrEqual(t, f.Used(0), used)
 		require.NoError(t, m.Check())
 		requireContents(t, f, want)
+		for _, tt := range old {
+			require.True(t, tt.Released())
+		}
+		for p, b := range want {
+			require.Equal(t, b, tensorBytes(t, mustTensor(t, m, p)))
+		}
 		f.arm("", 0)
 		closeAll(t, m)
 		require.Zero(t, f.doubles)

@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/vaspace"
 )
 
@@ -77,20 +78,28 @@ type Manager struct {
 }
 
 // A tag is one tag's allocator, the driver under it that can sleep, its
-// live allocations (address → size asked) and, asleep, its backup.
+// live allocations (address → size asked), the leases of the live
+// allocations that Tensor handed out tensors over and, asleep, its backup.
 //
-// busy marks a tag a Sleep or Wake has claimed: until it settles, that
-// call alone touches the tag's allocator, driver and backup, without
-// Manager.mu, and no other call changes live; a call on the tag that
-// would (Alloc, Free, Sleep, Wake, Close) waits for Manager.settled.
+// busy marks a tag a Sleep or Wake has claimed (or a Free while it
+// revokes a lease): until it settles, that call alone touches the tag's
+// allocator, driver and backup, without Manager.mu, and no other call
+// changes live; a call on the tag that would (Alloc, Free, Tensor, Sleep,
+// Wake, Close) waits for Manager.settled.
 // asleep, mode, bk and cycles are written under Manager.mu only, so
 // Stats reads them at any time: a busy tag shows its state before the
 // call until the call records the new one.
+//
+// leases lists only allocations with a lease, so that Sleep revokes
+// without walking every allocation: each key is live in the tag, no lease
+// in it is revoked, and an asleep tag has none (Sleep unlists them before
+// it revokes them; Free unlists and revokes p's).
 type tag struct {
 	name   string
 	drv    *tagDriver
 	al     *arena.Allocator
 	live   map[driver.Addr]uint64
+	leases map[driver.Addr]*tensor.Lease
 	busy   bool
 	asleep bool
 	mode   Mode
@@ -166,7 +175,8 @@ func (m *Manager) tagLocked(name string) (*tag, error) {
 	if m.tagOptions != nil {
 		m.tagOptions(&ao)
 	}
-	al, err := arena.NewAllocator(vaspace.New(td), physical.New(td), ao)
+	ad := td.forAllocator()
+	al, err := arena.NewAllocator(vaspace.New(ad), physical.New(ad), ao)
 	if err != nil {
 		return nil, errors.Wrapf(err, "sleep: tag %q", name)
 	}
@@ -210,11 +220,13 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 	return p, nil
 }
 
-// Free ends the allocation at p. In a sleeping tag it also gives back
-// that allocation's backup at once (its host buffer, or its blocks of the
-// backup file, where the file system can punch holes); its memory went
-// back at sleep, and nothing is given back twice: a free only edits the
-// tag's books while it sleeps. A Free in a tag that a Sleep or Wake is
+// Free ends the allocation at p, first revoking the lease of the tensors
+// Tensor made over it (waiting for their accesses in flight, without the
+// Manager's lock). In a sleeping tag it also gives back that allocation's
+// backup at once (its host buffer, or its blocks of the backup file,
+// where the file system can punch holes); its memory went back at sleep,
+// and nothing is given back twice: a free only edits the tag's books
+// while it sleeps. A Free in a tag that a Sleep or Wake is
 // busy with waits for it to return; in other tags it goes on meanwhile.
 func (m *Manager) Free(p driver.Addr) error {
 	if err := m.begin("Free"); err != nil {
@@ -230,6 +242,16 @@ func (m *Manager) Free(p driver.Addr) error {
 	}
 	if t == nil {
 		return errors.Wrapf(driver.ErrNotAllocated, "sleep: free %s: not a live allocation of this Manager (freed twice?)", p)
+	}
+	if l := t.leases[p]; l != nil {
+		// The revoke waits for accesses in flight, which may be long (a
+		// transfer): without mu, the tag claimed so that no call on it
+		// comes between, as a Sleep claims it.
+		delete(t.leases, p)
+		t.busy = true
+		m.unlocked(l.Revoke)
+		t.busy = false
+		m.settled.Broadcast()
 	}
 	if err := t.al.Free(p); err != nil {
 		return errors.Wrapf(err, "sleep: free in tag %q", t.name)
@@ -331,10 +353,11 @@ func (m *Manager) selectLocked(op string, names []string) ([]*tag, error) {
 
 // Sleep puts the tags named (every tag, for none) to sleep in mode: it
 // synchronizes the device (where the driver is a DeviceSyncer) and the
-// streams AddStream named, keeps each live allocation's
-// bytes as mode says, then gives back all the tag's memory, keeping its
-// address space and books. A tag already asleep is left as it is (Sleep
-// is idempotent). The tags are put to sleep one by one: on an error the
+// streams AddStream named, revokes the leases of the tag's tensors
+// (Tensor; waiting for their accesses in flight), keeps each live
+// allocation's bytes as mode says, then gives back all the tag's memory,
+// keeping its address space and books. A tag already asleep is left as
+// it is (Sleep is idempotent). The tags are put to sleep one by one: on an error the
 // tags before it sleep, it and those after stay awake, unchanged.
 //
 // Calls on other tags go on while it copies and gives memory back; a
@@ -363,7 +386,11 @@ func (m *Manager) Sleep(mode Mode, tags ...string) error {
 		}
 		var bk *backup
 		var asleep bool
-		m.unlocked(func() { bk, asleep, err = m.sleepTag(t, mode) })
+		ls := t.takeLeasesLocked() // revoked even if the sleep fails: the tensors are asked for again
+		m.unlocked(func() {
+			revokeAll(ls)
+			bk, asleep, err = m.sleepTag(t, mode)
+		})
 		if asleep {
 			t.asleep, t.mode, t.bk = true, mode, bk
 		}
@@ -619,6 +646,17 @@ func (m *Manager) checkLocked() error {
 		if st := t.al.Stats(); st.Live != len(t.live) {
 			fail("sleep: tag %q has %d live allocations, its allocator %d", name, len(t.live), st.Live)
 		}
+		for p, l := range t.leases {
+			if _, ok := t.live[p]; !ok {
+				fail("sleep: tag %q holds a lease over %s, which is not live", name, p)
+			}
+			if l.Revoked() {
+				fail("sleep: tag %q lists a revoked lease over %s", name, p)
+			}
+		}
+		if t.asleep && len(t.leases) > 0 {
+			fail("sleep: tag %q is asleep with %d leases listed", name, len(t.leases))
+		}
 		for p, n := range t.live {
 			if m.owner[p] != t {
 				fail("sleep: the allocation %s of tag %q is not indexed under it", p, name)
@@ -663,7 +701,8 @@ func (m *Manager) checkLocked() error {
 // Close gives back every tag's memory, backups and address space, after
 // any Sleep or Wake in progress returns. It refuses (ErrBusy) while
 // allocations are live: their memory may still be in use. Free them
-// first.
+// first (each Free revokes the lease of its tensors; Close revokes any
+// lease still listed, though none can be).
 func (m *Manager) Close() error {
 	if err := m.begin("Close"); err != nil {
 		return err
@@ -680,6 +719,9 @@ func (m *Manager) Close() error {
 	}
 	var errs error
 	for name, t := range m.tags {
+		// Free revoked every lease and nothing is live, so none is
+		// listed; were one, no access may go on past Close.
+		revokeAll(t.takeLeasesLocked())
 		if t.bk != nil {
 			errs = errors.CombineErrors(errs, t.bk.free())
 			t.bk = nil

@@ -9,16 +9,20 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/tensor"
 )
 
 // The Manager's model-based test: random allocations, frees, writes,
-// sleeps and wakes over three tags, against a model that knows each
-// tag's state and each live allocation's tag and bytes (unknown after a
-// Discard sleep). After every step: Check passes; each tag's figures
-// agree with the model (live count, asleep, backup bytes = live bytes of
-// a tag asleep in Host or File mode, nothing committed while asleep); the
-// device's used bytes are the awake tags' sum; and every awake
-// allocation whose bytes are known holds them.
+// sleeps, wakes and tensors over three tags, against a model that knows
+// each tag's state, each live allocation's tag and bytes (unknown after a
+// Discard sleep) and which tensors Tensor handed out are still open (until
+// a Sleep of their tag or a Free of their allocation). After every step:
+// Check passes; each tag's figures agree with the model (live count,
+// asleep, backup bytes = live bytes of a tag asleep in Host or File mode,
+// nothing committed while asleep); the device's used bytes are the awake
+// tags' sum; every awake allocation whose bytes are known holds them; and
+// every open tensor holds its allocation's known bytes while every closed
+// one answers ErrClosed.
 
 var modelTags = []string{"", "weights", "kv"}
 
@@ -32,6 +36,18 @@ type modelTag struct {
 	mode         Mode
 }
 
+// modelTensor is a tensor Tensor handed out over the allocation at p,
+// open until its tag sleeps or p is freed.
+type modelTensor struct {
+	p    driver.Addr
+	tag  string
+	t    *tensor.Tensor
+	open bool
+}
+
+// modelTensorsKept is how many of the latest tensors the model checks.
+const modelTensorsKept = 8
+
 func runModel(t *testing.T, d *host.Driver, data []byte) {
 	m := newManager(t, d)
 	defer closeAll(t, m)
@@ -40,6 +56,7 @@ func runModel(t *testing.T, d *host.Driver, data []byte) {
 		tags[n] = &modelTag{}
 	}
 	live := map[driver.Addr]*modelAlloc{}
+	var tensors []*modelTensor
 	order := []driver.Addr{} // live addresses in allocation order, for picking
 	pick := func(b byte) (driver.Addr, bool) {
 		if len(order) == 0 {
@@ -64,7 +81,7 @@ func runModel(t *testing.T, d *host.Driver, data []byte) {
 	}
 	seq := uint64(0)
 	for len(data) >= 3 {
-		op, a, b := data[0]%6, data[1], data[2]
+		op, a, b := data[0]%7, data[1], data[2]
 		data = data[3:]
 		seq++
 		switch op {
@@ -89,6 +106,9 @@ func runModel(t *testing.T, d *host.Driver, data []byte) {
 			}
 			require.NoError(t, m.Free(p))
 			delete(live, p)
+			for _, mt := range tensors {
+				mt.open = mt.open && mt.p != p
+			}
 			for i, q := range order {
 				if q == p {
 					order = append(order[:i], order[i+1:]...)
@@ -103,6 +123,11 @@ func runModel(t *testing.T, d *host.Driver, data []byte) {
 				continue
 			}
 			require.NoError(t, err)
+			for _, mt := range tensors {
+				if args == nil || args[0] == mt.tag {
+					mt.open = false
+				}
+			}
 			for _, mt := range selected(args) {
 				if !mt.asleep {
 					mt.asleep, mt.mode = true, mode
@@ -145,8 +170,35 @@ func runModel(t *testing.T, d *host.Driver, data []byte) {
 					require.True(t, bytes.Equal(al.data, read(t, d, p, uint64(len(al.data)))), "contents at %s", p)
 				}
 			}
+		case 6: // a tensor over an allocation, written through when b is odd
+			p, ok := pick(a)
+			if !ok {
+				continue
+			}
+			al := live[p]
+			tt, err := m.Tensor(p)
+			if tags[al.tag].asleep {
+				require.ErrorIs(t, err, driver.ErrBusy)
+				continue
+			}
+			require.NoError(t, err)
+			if b%2 == 1 {
+				buf := pattern(seq, uint64(b)%64+1)
+				require.NoError(t, tt.Access(true, func(mem []byte) error {
+					n := copy(mem, buf)
+					if al.data != nil {
+						copy(al.data, buf[:n])
+					}
+					return nil
+				}))
+			}
+			tensors = append(tensors, &modelTensor{p: p, tag: al.tag, t: tt, open: true})
+			if len(tensors) > modelTensorsKept {
+				tensors = tensors[1:]
+			}
 		}
 		compareModel(t, m, d, tags, live)
+		compareTensors(t, tensors, live)
 	}
 }
 
@@ -192,11 +244,30 @@ func compareModel(t *testing.T, m *Manager, d *host.Driver, tags map[string]*mod
 	require.Equal(t, awake, d.Used(0), "the device holds the awake tags' memory")
 }
 
+// compareTensors checks that each open tensor holds its allocation's
+// bytes, where known, and that each closed one answers ErrClosed.
+func compareTensors(t *testing.T, tensors []*modelTensor, live map[driver.Addr]*modelAlloc) {
+	t.Helper()
+	for _, mt := range tensors {
+		err := mt.t.Access(false, func(mem []byte) error {
+			if al := live[mt.p]; al != nil && al.data != nil {
+				require.True(t, bytes.Equal(al.data, mem), "the tensor over %s", mt.p)
+			}
+			return nil
+		})
+		if mt.open {
+			require.NoError(t, err)
+		} else {
+			require.ErrorIs(t, err, driver.ErrClosed, "the tensor over %s", mt.p)
+		}
+	}
+}
+
 // modelOps are n random operations for runModel.
 func modelOps(r *rand.Rand, n int) []byte {
 	out := make([]byte, 0, 3*n)
 	for range n {
-		out = append(out, byte(r.IntN(6)), byte(r.Uint32()), byte(r.Uint32()))
+		out = append(out, byte(r.IntN(7)), byte(r.Uint32()), byte(r.Uint32()))
 	}
 	return out
 }

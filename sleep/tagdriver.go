@@ -253,6 +253,34 @@ func (t *tagDriver) Write(addr driver.Addr, p []byte) error {
 	return t.d.Write(addr, p)
 }
 
+// hostTagDriver is the tagDriver over a real driver whose memory this
+// process addresses (driver.HostMapper): through it the tag's allocator
+// hands out its allocations' bytes (arena.Allocator.Bytes), which
+// Manager.Tensor lays a leased tensor over. Asleep it refuses (ErrBusy):
+// nothing is mapped. A slice it handed out before a sleep addresses
+// unmapped memory until the wake maps the same addresses again, so the
+// Manager revokes the tensors over it before the tag sleeps.
+type hostTagDriver struct {
+	*tagDriver
+	hm driver.HostMapper
+}
+
+// forAllocator is the driver the tag's allocator is made over: t, or t
+// with HostBytes where the real driver has it.
+func (t *tagDriver) forAllocator() driver.Driver {
+	if hm, ok := t.d.(driver.HostMapper); ok {
+		return &hostTagDriver{tagDriver: t, hm: hm}
+	}
+	return t
+}
+
+func (h *hostTagDriver) HostBytes(addr driver.Addr, size uint64) ([]byte, error) {
+	if h.isAsleep() {
+		return nil, h.busy(fmt.Sprintf("host bytes at %s", addr))
+	}
+	return h.hm.HostBytes(addr, size)
+}
+
 // Close closes nothing: the real driver is the Manager's caller's. It
 // retries the releases the real driver refused.
 func (t *tagDriver) Close() error {
