@@ -20,9 +20,12 @@
 // Every byte moved into or out of registered memory is moved while
 // holding the tensor's access (tensor.Access), on both sides. A KV cache
 // revokes a sequence's lease before Preempt, Free, SetBudget or Close
-// unmap or remap its pages, and Revoke waits for the accesses in flight;
-// an arena view pins its memory (decommit or move of it is ErrBusy while
-// the view lives). So a remap either waits for the transfer in flight or
+// unmap or remap its pages, a sleep.Manager revokes an allocation's
+// (Manager.Tensor) before Sleep backs up and unmaps its tag and before
+// Free, and Revoke waits for the accesses in flight; an arena view pins
+// its memory (decommit or move of it is ErrBusy while the view lives:
+// its holder lets the view go, which makes the registration stale, before
+// the memory can move). So a remap either waits for the transfer in flight or
 // is refused while it runs, and after it every transfer through the old
 // registration fails with ErrClosed ("stale"), checked by the target
 // under the same hold the remap waits for. Nothing is pushed to peers:
