@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/bench"
 	"github.com/vmarena/vmarena/disagg"
@@ -46,6 +47,7 @@ const root = "../.."
 // methods; TestExportedListed fails when a type is missing here, so a new
 // type is covered as soon as it has methods.
 var exported = []reflect.Type{
+	reflect.TypeFor[vmarena.Memory](),
 	reflect.TypeFor[arena.Allocator](), reflect.TypeFor[arena.Arena](), reflect.TypeFor[arena.BlockKind](),
 	reflect.TypeFor[arena.OnFull](), reflect.TypeFor[arena.Policy](), reflect.TypeFor[arena.Sparse](),
 	reflect.TypeFor[arena.Owned](), reflect.TypeFor[arena.View](),
@@ -100,7 +102,11 @@ func skipped(dir string) bool {
 func TestExportedListed(t *testing.T) {
 	listed := map[string]bool{}
 	for _, typ := range exported {
-		listed[strings.TrimPrefix(typ.PkgPath(), "github.com/vmarena/vmarena/")+"."+typ.Name()] = true
+		rel := strings.TrimPrefix(typ.PkgPath(), "github.com/vmarena/vmarena/")
+		if typ.PkgPath() == "github.com/vmarena/vmarena" {
+			rel = "." // the root package, as filepath.Rel names it
+		}
+		listed[rel+"."+typ.Name()] = true
 	}
 	var missing []string
 	fset := token.NewFileSet()
