@@ -105,7 +105,7 @@ func TestCloseOrder(t *testing.T) {
 	err = m.Close()
 	drivertest.RequireIs(t, err, driver.ErrBusy, "vmarena: close the allocator")
 	require.NotContains(t, err.Error(), "arena: close of a range")
-	require.Contains(t, hint(err), "free every allocation")
+	require.Contains(t, hint(err), "free every allocation (release the tensors that hold theirs)")
 	require.True(t, a.Closed())
 	require.NoError(t, al.Free(p))
 	require.NoError(t, m.Close())

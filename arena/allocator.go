@@ -508,9 +508,11 @@ func (al *Allocator) notAllocated(p driver.Addr) error {
 					what, al.st.Base()+driver.Addr(st.off))
 			}
 		}
-		return errors.Wrapf(driver.ErrNotAllocated, "%s: no live stitched allocation starts there (freed twice?)", what)
+		return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s: no live stitched allocation starts there (freed twice?)", what),
+			"free each allocation once")
 	}
-	return errors.Wrapf(driver.ErrNotAllocated, "%s: the address is not in this allocator's memory", what)
+	return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s: the address is not in this allocator's memory", what),
+		"free an address with the allocator whose Alloc returned it")
 }
 
 // Size reports the size asked for by the live allocation at p.
@@ -743,7 +745,7 @@ func (al *Allocator) Close() error {
 		return errors.WithHint(
 			errors.Wrapf(driver.ErrBusy, "arena: close of an allocator: %d allocation(s) still live, %s in all",
 				n, units.Bytes(al.stats.Allocated)),
-			"free every allocation before closing its allocator")
+			"free every allocation (release the tensors that hold theirs) before closing the allocator")
 	}
 	// The free memory goes back through the heaps first, so that their
 	// books follow what the driver gives back even when it refuses

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
@@ -569,6 +570,15 @@ func allocatorBadInput(t *testing.T, d backend) {
 				require.Equal(t, s0, s1)
 			}
 		})
+	}
+	// The refusals a newcomer meets first say what to do.
+	for hint, err := range map[string]error{
+		"free each allocation once":                      al.Free(other),
+		"with the allocator whose Alloc returned it":     al.Free(0x1000),
+		"release the tensors that hold theirs":           al.Close(),
+		"free allocations, or create the allocator with": func() error { _, err := al.Alloc(10*g, 0); return err }(),
+	} {
+		require.Contains(t, errors.FlattenHints(err), hint)
 	}
 	s0, n0 := state()
 	drivertest.RequireIs(t, al.Close(), driver.ErrBusy, "2 allocation(s) still live")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
@@ -227,7 +228,9 @@ func TestFreeKeepsPagesForTheSlot(t *testing.T) {
 	addr := firstAddr(t, b, 0)
 	used := e.used(t)
 	require.NoError(t, b.Free())
-	drivertest.RequireIs(t, b.Free(), driver.ErrClosed, "freed")
+	err = b.Free()
+	drivertest.RequireIs(t, err, driver.ErrClosed, "kvcache: free a sequence: the sequence was freed")
+	require.Contains(t, errors.FlattenHints(err), "a sequence is done with after its Free")
 	_, err = b.Append([]int{1})
 	drivertest.RequireIs(t, err, driver.ErrClosed, "freed")
 	st := c.Stats()
@@ -410,7 +413,9 @@ func TestBadInput(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrClosed, "closed")
 	_, err = s.K(0)
 	drivertest.RequireIs(t, err, driver.ErrClosed, "closed")
-	drivertest.RequireIs(t, s.Free(), driver.ErrClosed, "closed")
+	err = s.Free()
+	drivertest.RequireIs(t, err, driver.ErrClosed, "kvcache: free a sequence: the cache is closed")
+	require.Contains(t, errors.FlattenHints(err), "make a new cache")
 	require.Zero(t, e.used(t), "Close gave back everything")
 	require.Empty(t, e.space.Reservations())
 }

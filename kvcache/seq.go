@@ -182,21 +182,33 @@ func (s *Seq) lock(what func() string) (*Cache, error) {
 	switch {
 	case c.closed:
 		c.mu.Unlock()
-		return nil, driver.Closed(what() + ": the cache is closed")
+		return nil, errCacheClosed(what)
 	case s.state == seqFreed:
 		c.mu.Unlock()
-		return nil, driver.Closed(what() + ": the sequence was freed")
+		return nil, errSeqFreed(what)
 	}
 	return c, nil
+}
+
+// errCacheClosed and errSeqFreed are the errors of a call on a sequence
+// whose cache is closed, or that was freed.
+func errCacheClosed(what func() string) error {
+	return errors.WithHint(driver.Closed(what()+": the cache is closed"),
+		"the cache's Close ended every sequence: make a new cache with kvcache.New")
+}
+
+func errSeqFreed(what func() string) error {
+	return errors.WithHint(driver.Closed(what()+": the sequence was freed"),
+		"a sequence is done with after its Free: drop it (a second Free has nothing to do), or Admit a new one")
 }
 
 // liveLocked is lock's check again, for after a wait.
 func (s *Seq) liveLocked(what func() string) error {
 	switch {
 	case s.c.closed:
-		return driver.Closed(what() + ": the cache is closed")
+		return errCacheClosed(what)
 	case s.state == seqFreed:
-		return driver.Closed(what() + ": the sequence was freed")
+		return errSeqFreed(what)
 	}
 	return nil
 }
