@@ -44,6 +44,8 @@ func TestConfigFrom(t *testing.T) {
 		{env: []string{envCapacity, "lots"}, err: `VMARENA_CAPACITY="lots"`},
 		{env: []string{envTagMax, "-1"}, err: `VMARENA_TAG_MAX="-1"`},
 		{env: []string{envHostCache, "2GiB"}, want: config{Driver: "host", HostCache: 2 * units.GiB}},
+		// sizes as units.Parse reads them: fractions of binary units, GB decimal
+		{env: []string{envCapacity, "1.5GiB", envTagMax, "1GB"}, want: config{Driver: "host", Capacity: 3 * units.GiB / 2, TagMax: 1e9}},
 		{env: []string{envHostCache, "some"}, err: `VMARENA_HOST_CACHE="some"`},
 	} {
 		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {

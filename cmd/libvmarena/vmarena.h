@@ -50,7 +50,9 @@
  *                        cuda the ordinals PyTorch uses, after
  *                        CUDA_VISIBLE_DEVICES).
  *   VMARENA_CAPACITY     the most memory per device the library may commit,
- *                        in bytes or with a unit (4096, 512MiB, 80GiB).
+ *                        in bytes or with a unit (4096, 512MiB, 1.5GiB;
+ *                        KiB..TiB are binary, KB..TB decimal: 80GB is
+ *                        80 x 10^9 bytes).
  *                        Default: on host half of the memory available, on
  *                        cuda and acl the device's memory.
  *   VMARENA_TAG_MAX      the most one tag may hold per device (default: the
