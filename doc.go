@@ -9,12 +9,16 @@
 //	defer m.Close()
 //	p, err := m.Allocator().Alloc(64*vmarena.MiB, 0)
 //
+// NewArena and NewKVCache make arenas and KV caches on the same memory,
+// which Close closes too (the latest made first, then the allocator, then
+// the layers under them).
+//
 // It also exports the byte-size units (KiB..TiB, ParseSize, FormatSize),
 // the sentinel errors to test with errors.Is, and the address and device
 // types, so the common case needs this one import. Everything else — an
-// allocator with other options, several arenas over several devices,
-// pools, sleep and wake, KV caches of other shapes — is built from the
-// packages below it (arena, multidev, pool, sleep, kvcache, tensor), which
-// this package only assembles: it owns no memory of its own, and a
-// Memory's Close closes only what the Memory made.
+// allocator with other options, arenas over several devices, pools,
+// sleep and wake, tensors — comes from the packages below it (arena,
+// multidev, pool, sleep, tensor), which this package only assembles: it
+// owns no memory of its own, never touches memory itself, and closes only
+// what it opened or made.
 package vmarena
