@@ -132,6 +132,7 @@ func TestOpenRefuses(t *testing.T) {
 		{vmarena.Options{Driver: "cuda", Granularity: vmarena.MiB}, driver.ErrInvalid, "vmarena: open: Granularity 1 MiB on the cuda driver", "devices' own"},
 		{vmarena.Options{Library: "libcuda.so.1"}, driver.ErrInvalid, `vmarena: open: Library "libcuda.so.1" on the host driver`, "for cuda and acl"},
 		{vmarena.Options{Driver: "sim", Capacity: 3 * vmarena.MiB}, driver.ErrInvalid, "vmarena: open the sim driver: sim: 1 devices of 3145728 bytes", ""},
+		{vmarena.Options{Capacity: 1 << 50}, driver.ErrOutOfMemory, "vmarena: open the host driver", ""},
 		{vmarena.Options{Driver: "cuda", Library: "/nonexistent/libcuda.so.1"}, driver.ErrUnsupported, "vmarena: open the cuda driver", ""},
 		{vmarena.Options{Driver: "acl", Library: "/nonexistent/libascendcl.so"}, driver.ErrUnsupported, "vmarena: open the acl driver", ""},
 	} {
@@ -211,5 +212,29 @@ func TestSentinels(t *testing.T) {
 		{vmarena.ErrDeviceFault, driver.ErrDeviceFault},
 	} {
 		require.Same(t, p[1], p[0])
+	}
+}
+
+// TestMakeRefuses: an arena or KV cache the layers refuse is not made,
+// nothing is recorded for Close, and a nil or zero Memory refuses every
+// call.
+func TestMakeRefuses(t *testing.T) {
+	m, err := vmarena.Open(vmarena.Options{Driver: "sim", Capacity: 64 * vmarena.MiB})
+	require.NoError(t, err)
+	_, err = m.NewArena(0)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "arena")
+	bad := small
+	bad.Layers = 0
+	_, err = m.NewKVCache(bad)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "Layers")
+	require.NoError(t, m.Close())
+
+	for _, z := range []*vmarena.Memory{nil, new(vmarena.Memory)} {
+		drivertest.RequireIs(t, z.Close(), driver.ErrInvalid, "vmarena: Memory.Close on a nil or zero value")
+		_, err := z.NewArena(vmarena.MiB)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "Memory.NewArena")
+		require.Contains(t, hint(err), "vmarena.Open")
+		require.Nil(t, z.Allocator())
+		require.Nil(t, z.Driver())
 	}
 }
