@@ -151,7 +151,8 @@ func TestOp(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, op, got)
 	}
-	require.Equal(t, "Op(9)", Op(9).String())
+	require.Equal(t, "Op(10)", Op(10).String())
+	require.Equal(t, "snapshot", OpSnapshot.String())
 	require.Equal(t, "oom", OpOOM.String())
 	var segment, free []Op
 	for _, op := range Ops {
