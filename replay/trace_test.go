@@ -129,6 +129,11 @@ func FuzzParse(f *testing.F) {
 	f.Add(header + "0,1,segment_map,2097152,0,-1,0,,\n1,1,oom,4194304,,-1,0,,2097152\n2,0,segment_unmap,2097152,0,-1,0,,\n")
 	f.Add("seq,op\n1,2\n")
 	f.Add("\"")
+	f.Add(header + "0,0,snapshot,0,,-1,0,,\n")
+	// Snapshot pickles (ParseSnapshot), made by hand: see pk.
+	f.Add(string(pk([]map[string]any{entry("alloc", 512, 0), entry("free_requested", 512, 0), entry("free_completed", 512, 0)},
+		[]map[string]any{{"action": "oom", "size": 1 << 20, "device_free": 0, "stream": 0}})))
+	f.Add(string(pk([]map[string]any{entry("free_completed", 512, 64), entry("snapshot", 0, 0)})))
 	f.Fuzz(func(t *testing.T, s string) {
 		events, err := Parse(strings.NewReader(s))
 		if err != nil {
@@ -139,7 +144,7 @@ func FuzzParse(f *testing.F) {
 		for _, ev := range events {
 			require.Contains(t, Ops, ev.Op)
 			require.Greater(t, ev.Line, last)
-			require.True(t, ev.HasAddr || ev.Op == OpOOM, "only an oom may lack an address")
+			require.True(t, ev.HasAddr || ev.Op == OpOOM || ev.Op == OpSnapshot, "only an oom or a snapshot may lack an address")
 			last = ev.Line
 		}
 	})
