@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/internal/race"
 )
 
 const traceDir = "../../testdata/alloc-traces"
@@ -225,10 +227,16 @@ func TestReplayFailures(t *testing.T) {
 
 // TestReplayPickles: each PyTorch snapshot pickle prints the same table
 // as the CSV made from it, column for column, and a directory's pickles
-// are replayed beside its CSVs.
+// are replayed beside its CSVs. The largest (22,332 events, replayed twice
+// with the allocator checked every 1,000) is left out under the race
+// detector, where it takes seconds and can find nothing: replay's
+// TestSnapshotEqualsCSV shows its events are the CSV's, event for event.
 func TestReplayPickles(t *testing.T) {
 	for _, name := range []string{"silmont2000_mem_snapshot", "select_n_snapshot_v1f2f548", "wedsonlin_medium_512_training"} {
 		t.Run(name, func(t *testing.T) {
+			if race.Enabled && name == "wedsonlin_medium_512_training" {
+				t.Skip("one goroutine's long replay: run without -race")
+			}
 			code, out, errOut := runReplay(t, "--trace", filepath.Join(traceDir, name+".csv"), "--trace", filepath.Join(traceDir, "pickles", name+".pickle"))
 			require.Equal(t, 0, code, errOut)
 			table := printedTable(t, out)

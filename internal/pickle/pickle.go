@@ -52,7 +52,28 @@ type List struct {
 type Dict struct {
 	keys   []any
 	values []any
-	index  map[any]int // key -> its position in keys and values
+	// index maps each key to its position in keys and values, once the
+	// dict holds more than smallDict keys; a smaller one (a snapshot's
+	// trace entries have six) is searched in order, with no map to build.
+	index map[any]int
+}
+
+const smallDict = 8
+
+// find is the position of key, or -1.
+func (d *Dict) find(key any) int {
+	if d.index != nil {
+		if i, ok := d.index[key]; ok {
+			return i
+		}
+		return -1
+	}
+	for i, k := range d.keys {
+		if k == key {
+			return i
+		}
+	}
+	return -1
 }
 
 // Len is how many keys the dict holds; 0 for a nil dict.
@@ -69,8 +90,11 @@ func (d *Dict) Get(key any) (any, bool) {
 	if d == nil {
 		return nil, false
 	}
-	i, ok := d.index[key]
-	if !ok {
+	if !hashable(key) {
+		return nil, false
+	}
+	i := d.find(key)
+	if i < 0 {
 		return nil, false
 	}
 	return d.values[i], true
@@ -95,17 +119,34 @@ func (d *Dict) set(key, value any) error {
 	default:
 		return errors.Newf("a dict key of type %s (only None, bools, ints, floats and strings are taken)", typeName(key))
 	}
-	if d.index == nil {
-		d.index = map[any]int{}
-	}
-	if i, ok := d.index[key]; ok {
+	if i := d.find(key); i >= 0 {
 		d.values[i] = value
 		return nil
 	}
-	d.index[key] = len(d.keys)
 	d.keys = append(d.keys, key)
 	d.values = append(d.values, value)
+	switch {
+	case d.index != nil:
+		d.index[key] = len(d.keys) - 1
+	case len(d.keys) > smallDict:
+		d.index = make(map[any]int, len(d.keys))
+		for i, k := range d.keys {
+			d.index[k] = i
+		}
+	}
 	return nil
+}
+
+// hashable says whether key can be a dict key here: comparing any other
+// value with == could panic (a []byte) or never match.
+func hashable(key any) bool {
+	switch k := key.(type) {
+	case nil, bool, int64, string:
+		return true
+	case float64:
+		return !math.IsNaN(k)
+	}
+	return false
 }
 
 // Limits bound what a decode may hold. Zero fields take the defaults.

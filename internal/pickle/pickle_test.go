@@ -109,10 +109,31 @@ func TestDicts(t *testing.T) {
 			require.False(t, ok)
 		})
 	}
+	// A dict past smallDict keys is indexed; keys that cannot be dict keys
+	// are never found, and never panic.
+	ops := [][]byte{o(opEmptyDict), o(opMark)}
+	for i := range 20 {
+		ops = append(ops, o(opBinInt1, byte(i)), o(opBinInt1, byte(100+i)))
+	}
+	ops = append(ops, o(opBinInt1, 3), o(opNone), o(opSetItems))
+	v, err := Decode(p(ops...))
+	require.NoError(t, err)
+	big := v.(*Dict)
+	require.Equal(t, 20, big.Len())
+	got, ok := big.Get(int64(19))
+	require.True(t, ok)
+	require.Equal(t, int64(119), got)
+	got, ok = big.Get(int64(3))
+	require.True(t, ok)
+	require.Nil(t, got, "set twice: the last value")
+	for _, key := range []any{Tuple{int64(1)}, []byte("a"), &List{}, math.NaN(), int64(20)} {
+		_, ok := big.Get(key)
+		require.False(t, ok)
+	}
 	var nilDict *Dict
 	require.Zero(t, nilDict.Len())
 	require.Nil(t, nilDict.Keys())
-	_, ok := nilDict.Get("a")
+	_, ok = nilDict.Get("a")
 	require.False(t, ok)
 }
 
