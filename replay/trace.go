@@ -1,6 +1,7 @@
-// Package replay reads GPU allocator event traces (PyTorch memory snapshots
-// exported as CSV), sums up what the trace's own allocator did, and replays
-// the trace through vmarena's allocator on the sim driver.
+// Package replay reads GPU allocator event traces (PyTorch memory snapshots,
+// exported as CSV or as the pickles PyTorch writes), sums up what the
+// trace's own allocator did, and replays the trace through vmarena's
+// allocator on the sim driver.
 //
 // It owns the trace format and the replay, nothing else: it never touches
 // memory (the sim driver has none), and a malformed trace is an error naming
