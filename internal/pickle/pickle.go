@@ -8,9 +8,9 @@
 // construct an object by name or call anything: GLOBAL, STACK_GLOBAL,
 // REDUCE, BUILD, INST, OBJ, NEWOBJ and persistent ids are refused, as is
 // every opcode a snapshot does not use. Hostile input gets an error marked
-// ErrMalformed, never a panic; memory stays bounded by Limits (every
-// opcode pushes at most one value and every length is checked against the
-// bytes left, so the stack and memo grow at most with the input).
+// ErrMalformed, never a panic; memory stays bounded by Limits (the input's
+// size, the values pushed, the stack and the memo; every length is checked
+// against the bytes left).
 //
 // Values decode to
 //
@@ -158,6 +158,12 @@ type Limits struct {
 	MaxMemo int
 	// MaxStack is the most values on the stack at once (default 1<<24).
 	MaxStack int
+	// MaxValues is the most values a decode may push, each a new value
+	// or a memo reference that a list, dict or tuple may keep (default
+	// 1<<26): what bounds the decoded data, at a few dozen bytes a value,
+	// where a hostile pickle makes a value of every byte or two. The
+	// largest snapshot here (3.9 MB) pushes 0.94 million.
+	MaxValues int
 }
 
 func (l *Limits) defaults() {
@@ -169,6 +175,9 @@ func (l *Limits) defaults() {
 	}
 	if l.MaxStack <= 0 {
 		l.MaxStack = 1 << 24
+	}
+	if l.MaxValues <= 0 {
+		l.MaxValues = 1 << 26
 	}
 }
 
@@ -218,6 +227,7 @@ type decoder struct {
 	stack   []any
 	marks   []int
 	memo    map[uint32]any
+	pushed  int // values pushed so far, at most lim.MaxValues
 }
 
 // The opcodes taken, by their names in Python's pickletools.
@@ -614,6 +624,10 @@ func (d *decoder) push(v any) error {
 	if len(d.stack) >= d.lim.MaxStack {
 		return errors.Newf("more than %d values on the stack", d.lim.MaxStack)
 	}
+	if d.pushed >= d.lim.MaxValues {
+		return errors.Newf("more than %d values", d.lim.MaxValues)
+	}
+	d.pushed++
 	d.stack = append(d.stack, v)
 	return nil
 }

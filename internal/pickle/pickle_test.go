@@ -215,6 +215,11 @@ func TestLimits(t *testing.T) {
 	require.ErrorIs(t, err, ErrMalformed)
 	require.Contains(t, err.Error(), "memo index 5")
 
+	// Values kept in a list leave the stack, and still count.
+	_, err = DecodeLimits(p(o(opEmptyList), o(opNone), o(opAppend), o(opNone), o(opAppend), o(opNone), o(opAppend)), Limits{MaxValues: 3})
+	require.ErrorIs(t, err, ErrMalformed)
+	require.Contains(t, err.Error(), "more than 3 values")
+
 	_, err = Read(bytes.NewReader(p(o(opNone))))
 	require.NoError(t, err)
 	_, err = Read(nil)
@@ -263,7 +268,7 @@ func FuzzUnpickle(f *testing.F) {
 	}
 	f.Add(p(o(opEmptyDict), o(opMark), str("a"), o(opEmptyList), o(opMemoize), o(opMark), o(opBinGet, 0), o(opAppends), o(opSetItems)))
 	f.Add(p(o(opMark), o(opLong1, 2, 0, 1), o(opBinFloat, 0, 0, 0, 0, 0, 0, 0, 0), o(opTuple)))
-	lim := Limits{MaxInput: 1 << 20, MaxMemo: 1 << 10, MaxStack: 1 << 10}
+	lim := Limits{MaxInput: 1 << 20, MaxMemo: 1 << 10, MaxStack: 1 << 10, MaxValues: 1 << 16}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, err := DecodeLimits(data, lim)
 		if err != nil && !errors.Is(err, ErrMalformed) {
