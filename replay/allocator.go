@@ -137,6 +137,9 @@ func (a *allocator) free(p driver.Addr) error { return a.al.Free(p) }
 // trim gives back to the device all the free memory the allocator can.
 func (a *allocator) trim() error { return a.al.Trim() }
 
+// trimTo gives free chunks back while more than keep bytes are committed.
+func (a *allocator) trimTo(keep uint64) error { return a.al.TrimTo(keep) }
+
 // check walks the allocator's structures and reports every inconsistency.
 func (a *allocator) check() error { return a.al.Check() }
 

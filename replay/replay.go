@@ -108,7 +108,9 @@ type Result struct {
 	// Devices has one entry per device the trace names, in device order.
 	Devices []DeviceResult
 	// Events is how many of the events were replayed: all of them, unless
-	// an error stopped the replay.
+	// an error stopped the replay. A replay an event stopped still has
+	// each device's figures, calls and (Options.Record) timeline up to
+	// the last event replayed.
 	Events int
 	// SpaceCalls are the Reserve and Unreserve calls of the replay, all
 	// devices' together (their allocators share the address space), from
@@ -136,9 +138,10 @@ type DeviceResult struct {
 	// OOMs are the requests PyTorch failed, in trace order, and what
 	// vmarena's allocator did with each.
 	OOMs []OOM
-	// Figures are the allocator's figures after the last event. OOM
-	// probes count in them: a served one adds to PeakAllocated, and to
-	// Committed what was committed to serve it.
+	// Figures are the allocator's figures after the last event. A served
+	// OOM probe counts in its call and event counts only: what it
+	// committed is given back at once, and its peaks are left out of
+	// PeakAllocated and PeakCommitted (the trace never allocated it).
 	Figures Figures
 	// AfterDrain are the allocator's figures after freeing what was still
 	// live and trimming (Options.Drain only).
@@ -166,8 +169,9 @@ type DeviceResult struct {
 
 // OOM is a request PyTorch's allocator failed (an oom event) and whether
 // vmarena's allocator served it at the same point of the replay. A served
-// request is freed at once, the program having never had it, but what the
-// allocator committed to serve it stays in its figures.
+// request is freed at once, the program having never had it, and what the
+// allocator committed to serve it is given back: it counts in neither the
+// replay's peaks nor its committed memory.
 type OOM struct {
 	// Line and Seq name the oom event.
 	Line int
@@ -187,8 +191,9 @@ type OOM struct {
 // driver with one device for each device the trace names, one allocator
 // per device: alloc is Alloc(size), free_completed is Free of the address
 // its alloc got; an oom event allocates its size and frees it at once
-// (recording whether that was served); free_requested and the segment
-// events (PyTorch's own) change nothing. The first other allocator error
+// (recording whether that was served), then trims what that committed,
+// its peaks left out of the figures; free_requested, the segment events
+// (PyTorch's own) and snapshot events change nothing. The first other allocator error
 // stops it, named with the event's line, seq and device. The sim driver
 // counts and prices the calls each device's allocator makes
 // (DeviceResult.DriverCalls).
@@ -264,39 +269,31 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 		return nil
 	}
 
-	for i, ev := range events {
-		if !opts.Deadline.IsZero() && time.Now().After(opts.Deadline) {
-			return res, sentinel.Mark(errors.Newf("replay: the deadline passed after %d of %d events", i, len(events)), context.DeadlineExceeded)
-		}
-		if err := devs[index[ev.Device]].step(ev); err != nil {
-			return res, err
-		}
-		res.Events = i + 1
-		if opts.CheckEvery > 0 && (i+1)%opts.CheckEvery == 0 {
-			if err := checkAll(fmt.Sprintf("line %d (seq %d)", ev.Line, ev.Seq)); err != nil {
-				return res, err
+	// settle records each device's figures (and timeline, and calls) as
+	// they stand: after the last event, or after the last event replayed
+	// when an error stops the replay, so that a failed replay still says
+	// what it did so far.
+	settle := func() {
+		for _, d := range devs {
+			d.res.Figures = d.figures()
+			if d.rec != nil {
+				d.rec.finish(d)
 			}
 		}
-		if opts.Progress != nil && ((i+1)%ProgressEvents == 0 || i+1 == len(events)) {
-			if err := hook("Progress", func() { opts.Progress(i+1, len(events)) }); err != nil {
-				return res, err
+		if priced != nil {
+			after := priced.Tally()
+			res.SpaceCalls = after.Space.Sub(before.Space)
+			for i, d := range devs {
+				d.res.Priced, d.res.CallCosts = true, after.Costs
+				d.res.DriverCalls = after.Devices[i].Sub(before.Devices[i])
 			}
 		}
 	}
-	for _, d := range devs {
-		d.res.Figures = d.al.figures()
-		if d.rec != nil {
-			d.rec.finish(d)
-		}
+	if err := replayEvents(events, opts, devs, index, &res, checkAll); err != nil {
+		settle()
+		return res, err
 	}
-	if priced != nil {
-		after := priced.Tally()
-		res.SpaceCalls = after.Space.Sub(before.Space)
-		for i, d := range devs {
-			d.res.Priced, d.res.CallCosts = true, after.Costs
-			d.res.DriverCalls = after.Devices[i].Sub(before.Devices[i])
-		}
-	}
+	settle()
 	if opts.CheckEvery > 0 {
 		if err := checkAll("the last event"); err != nil {
 			return res, err
@@ -315,6 +312,31 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 	return res, nil
 }
 
+// replayEvents replays the events on their devices, counting them in
+// res.Events, until the first error.
+func replayEvents(events []Event, opts Options, devs []*device, index map[int]int, res *Result, checkAll func(string) error) error {
+	for i, ev := range events {
+		if !opts.Deadline.IsZero() && time.Now().After(opts.Deadline) {
+			return sentinel.Mark(errors.Newf("replay: the deadline passed after %d of %d events", i, len(events)), context.DeadlineExceeded)
+		}
+		if err := devs[index[ev.Device]].step(ev); err != nil {
+			return err
+		}
+		res.Events = i + 1
+		if opts.CheckEvery > 0 && (i+1)%opts.CheckEvery == 0 {
+			if err := checkAll(fmt.Sprintf("line %d (seq %d)", ev.Line, ev.Seq)); err != nil {
+				return err
+			}
+		}
+		if opts.Progress != nil && ((i+1)%ProgressEvents == 0 || i+1 == len(events)) {
+			if err := hook("Progress", func() { opts.Progress(i+1, len(events)) }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // device is the replay of one device's events: its allocator, the address
 // each live alloc_id got, (when verifying) its live allocations in
 // address order, and (when recording) what it held after each event.
@@ -326,6 +348,11 @@ type device struct {
 	live    ranges.List[driver.Addr, struct{}] // the live allocations (verify only)
 	res     *DeviceResult
 	rec     *recorder // Options.Record only
+	// probed is the allocator's peaks after the last served oom probe
+	// that raised them, nil while they are the trace's own; peak is then
+	// the trace's (notePeaks).
+	probed *peaks
+	peak   peaks
 }
 
 func (d *device) step(ev Event) error {
@@ -359,22 +386,80 @@ func (d *device) step(ev Event) error {
 		delete(d.addrs, ev.AllocID)
 		d.res.Frees++
 	case OpOOM:
-		oom := OOM{Line: ev.Line, Seq: ev.Seq, Size: ev.Size, DeviceFree: ev.DeviceFree, HasDeviceFree: ev.HasDeviceFree}
-		p, err := d.alloc(ev.Size)
-		switch {
-		case err == nil:
-			oom.Served = true
-			if err := d.free(p); err != nil {
-				return errors.Wrapf(err, "%s: freeing the probe", what())
-			}
-		case errors.Is(err, driver.ErrOutOfMemory):
-			oom.Refusal = err.Error()
-		default:
-			return errors.Wrapf(err, "%s", what())
-		}
-		d.res.OOMs = append(d.res.OOMs, oom)
+		return d.probe(ev, what)
 	}
+	d.notePeaks()
 	return nil
+}
+
+// probe asks the allocator for what PyTorch failed to serve (an oom
+// event), and frees it at once if served: the program never had it. What
+// the probe committed is given back (the allocator trims to what it held
+// before), and its peaks do not count: the trace never allocated it, so
+// it must not raise vmarena's peak committed against the trace's peak
+// allocated. Calls the probe and the trim made stay counted.
+func (d *device) probe(ev Event, what func() string) error {
+	oom := OOM{Line: ev.Line, Seq: ev.Seq, Size: ev.Size, DeviceFree: ev.DeviceFree, HasDeviceFree: ev.HasDeviceFree}
+	before := d.al.figures()
+	p, err := d.alloc(ev.Size)
+	switch {
+	case err == nil:
+		oom.Served = true
+		if err := d.free(p); err != nil {
+			return errors.Wrapf(err, "%s: freeing the probe", what())
+		}
+		if err := d.al.trimTo(before.Committed); err != nil {
+			return errors.Wrapf(err, "%s: giving back what the probe committed", what())
+		}
+		after := d.al.figures()
+		if d.probed == nil && (after.PeakAllocated != before.PeakAllocated || after.PeakCommitted != before.PeakCommitted) {
+			d.peak = peaks{before.PeakAllocated, before.PeakCommitted}
+		}
+		if d.probed != nil || after.PeakAllocated != before.PeakAllocated || after.PeakCommitted != before.PeakCommitted {
+			d.probed = &peaks{after.PeakAllocated, after.PeakCommitted}
+		}
+		d.notePeaks()
+	case errors.Is(err, driver.ErrOutOfMemory):
+		oom.Refusal = err.Error()
+	default:
+		return errors.Wrapf(err, "%s", what())
+	}
+	d.res.OOMs = append(d.res.OOMs, oom)
+	return nil
+}
+
+// peaks are an allocator's peak allocated and committed memory.
+type peaks struct{ allocated, committed uint64 }
+
+// notePeaks keeps the trace's own peaks once a probe has raised the
+// allocator's: the most allocated and committed after any event, until an
+// event of the trace takes the allocator's peak past the probe's (the
+// allocator's peak is then the trace's again, transients within an event
+// included).
+func (d *device) notePeaks() {
+	if d.probed == nil {
+		return
+	}
+	f := d.al.figures()
+	d.peak.allocated = tracePeak(d.peak.allocated, f.Allocated, f.PeakAllocated, d.probed.allocated)
+	d.peak.committed = tracePeak(d.peak.committed, f.Committed, f.PeakCommitted, d.probed.committed)
+}
+
+func tracePeak(peak, now, allocatorPeak, probed uint64) uint64 {
+	if allocatorPeak > probed {
+		return allocatorPeak
+	}
+	return max(peak, now)
+}
+
+// figures are the allocator's figures, its peaks the trace's (notePeaks).
+func (d *device) figures() Figures {
+	f := d.al.figures()
+	if d.probed != nil {
+		f.PeakAllocated = tracePeak(d.peak.allocated, f.Allocated, f.PeakAllocated, d.probed.allocated)
+		f.PeakCommitted = tracePeak(d.peak.committed, f.Committed, f.PeakCommitted, d.probed.committed)
+	}
+	return f
 }
 
 // alloc allocates size bytes and, when verifying, records the allocation,
@@ -432,7 +517,7 @@ func (d *device) drain() error {
 	if err := d.al.trim(); err != nil {
 		return errors.Wrap(err, "trim")
 	}
-	d.res.AfterDrain = d.al.figures()
+	d.res.AfterDrain = d.figures()
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/vmarena/vmarena/driver/sim"
@@ -59,6 +60,39 @@ type Summary struct {
 	SegmentCalls sim.Calls
 	// OOMs counts the requests PyTorch failed (oom events).
 	OOMs int
+	// Peak is when the allocated memory first reached PeakAllocated, and
+	// LargestAtPeak the largest allocations live then (at most
+	// MaxLargestAtPeak, largest first, the earlier alloc first among
+	// equals), of LiveAtPeak live; all zero when nothing was allocated.
+	// PyTorch's memory viz shows the same: what held the memory at the
+	// peak, and since when.
+	Peak          PeakAlloc
+	LargestAtPeak []PeakAlloc
+	LiveAtPeak    int
+	// FirstTimeUS is the time of the device's first event that has one,
+	// when HasFirstTime: times in the report are counted from it.
+	FirstTimeUS  int64
+	HasFirstTime bool
+}
+
+// MaxLargestAtPeak is how many of the allocations live at the peak a
+// Summary names.
+const MaxLargestAtPeak = 10
+
+// PeakAlloc is an allocation as its alloc event recorded it: its id and
+// size, and the event's line, seq and time (when HasTime). Summary.Peak
+// is the event at which the allocated memory peaked.
+type PeakAlloc struct {
+	AllocID int64
+	Size    uint64
+	Line    int
+	Seq     uint64
+	TimeUS  int64
+	HasTime bool
+}
+
+func peakAlloc(ev Event) PeakAlloc {
+	return PeakAlloc{AllocID: ev.AllocID, Size: ev.Size, Line: ev.Line, Seq: ev.Seq, TimeUS: ev.TimeUS, HasTime: ev.HasTime}
 }
 
 // Count is the number of events with the op.
@@ -89,14 +123,15 @@ func (s Summary) PyTorchRatio() (ratio float64, ok bool) {
 // name, in device order.
 func Summarize(events []Event) []Summary {
 	tallies := map[int]*tally{}
-	for _, ev := range events {
+	for i, ev := range events {
 		t := tallies[ev.Device]
 		if t == nil {
-			t = &tally{s: Summary{Device: ev.Device}, live: map[int64]Event{}, allocated: map[int64]bool{}, early: map[earlyFree]bool{}}
+			t = &tally{s: Summary{Device: ev.Device}, live: map[int64]Event{}, allocated: map[int64]bool{}, early: map[earlyFree]bool{}, peakAt: -1}
 			tallies[ev.Device] = t
 		}
-		t.add(ev)
+		t.add(ev, i)
 	}
+	largestAtPeak(events, tallies)
 	sums := make([]Summary, 0, len(tallies))
 	for _, t := range tallies {
 		sums = append(sums, t.s)
@@ -113,6 +148,47 @@ type tally struct {
 	early     map[earlyFree]bool // allocations freed without an alloc: made before recording
 	bytes     uint64             // live bytes
 	reserved  int64              // may go below zero in a trace that starts mid-run
+	peakAt    int                // the index of the event that first reached PeakAllocated; -1 before any
+}
+
+// largestAtPeak goes over the events a second time, each device's up to
+// its peak, to name the allocations live there.
+func largestAtPeak(events []Event, tallies map[int]*tally) {
+	live := map[int]map[int64]Event{}
+	for i, ev := range events {
+		t := tallies[ev.Device]
+		if i > t.peakAt {
+			continue
+		}
+		l := live[ev.Device]
+		if l == nil {
+			l = map[int64]Event{}
+			live[ev.Device] = l
+		}
+		switch ev.Op {
+		case OpAlloc:
+			l[ev.AllocID] = ev
+		case OpFreeCompleted:
+			delete(l, ev.AllocID)
+		}
+		if i < t.peakAt {
+			continue
+		}
+		all := make([]Event, 0, len(l))
+		for _, a := range l {
+			all = append(all, a)
+		}
+		slices.SortFunc(all, func(a, b Event) int {
+			if a.Size != b.Size {
+				return cmp.Compare(b.Size, a.Size)
+			}
+			return cmp.Compare(a.Seq, b.Seq)
+		})
+		t.s.LiveAtPeak = len(all)
+		for _, a := range all[:min(len(all), MaxLargestAtPeak)] {
+			t.s.LargestAtPeak = append(t.s.LargestAtPeak, peakAlloc(a))
+		}
+	}
 }
 
 // earlyFree names an allocation made before recording: its free_requested
@@ -122,18 +198,23 @@ type earlyFree struct {
 	addr uint64
 }
 
-func (t *tally) add(ev Event) {
+func (t *tally) add(ev Event, i int) {
 	s := &t.s
 	s.Events++
 	if int(ev.Op) < numOps {
 		s.ByOp[ev.Op]++
+	}
+	if ev.HasTime && !s.HasFirstTime {
+		s.FirstTimeUS, s.HasFirstTime = ev.TimeUS, true
 	}
 	switch {
 	case ev.Op == OpAlloc:
 		t.live[ev.AllocID] = ev
 		t.allocated[ev.AllocID] = true
 		t.bytes += ev.Size
-		s.PeakAllocated = max(s.PeakAllocated, t.bytes)
+		if t.bytes > s.PeakAllocated {
+			s.PeakAllocated, s.Peak, t.peakAt = t.bytes, peakAlloc(ev), i
+		}
 	case ev.Op.IsFree():
 		a, ok := t.live[ev.AllocID]
 		switch {

@@ -1,6 +1,7 @@
-// Package replay reads GPU allocator event traces (PyTorch memory snapshots
-// exported as CSV), sums up what the trace's own allocator did, and replays
-// the trace through vmarena's allocator on the sim driver.
+// Package replay reads GPU allocator event traces (PyTorch memory snapshots,
+// exported as CSV or as the pickles PyTorch writes), sums up what the
+// trace's own allocator did, and replays the trace through vmarena's
+// allocator on the sim driver.
 //
 // It owns the trace format and the replay, nothing else: it never touches
 // memory (the sim driver has none), and a malformed trace is an error naming
@@ -24,10 +25,16 @@
 //     map and unmap physical memory inside one reserved range; a trace may
 //     mix both kinds;
 //   - oom: the caching allocator failed to serve a request of size bytes;
-//     its addr is empty and device_free says what the device had left.
+//     its addr is empty and device_free says what the device had left;
+//   - snapshot: PyTorch dumped a snapshot while recording; a no-op.
 //
 // Segment events carry alloc_id -1. time_us and device_free may be empty;
-// addr may be empty on oom rows only.
+// addr may be empty on oom and snapshot rows only.
+//
+// It also reads the pickles torch.cuda.memory._dump_snapshot writes
+// (snapshot.go): Parse and ParseFile tell them from CSV by their first
+// byte, and turn each device's trace entries into the events the CSV made
+// from the same snapshot holds.
 //
 // Driver calls are a budget (drivercalls.go): on the sim driver a replay
 // reads each device's driver calls from the driver (sim.Driver.Tally) and
@@ -46,6 +53,7 @@
 package replay
 
 import (
+	"bufio"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -89,15 +97,18 @@ const (
 	// OpOOM is the caching allocator failing a request of Size bytes, with
 	// DeviceFree left on the device; the program never got the memory.
 	OpOOM
+	// OpSnapshot marks where PyTorch dumped a snapshot while recording;
+	// it changes nothing.
+	OpSnapshot
 
-	numOps = int(OpOOM) + 1
+	numOps = int(OpSnapshot) + 1
 )
 
 var opNames = [numOps]string{"", "alloc", "free_requested", "free_completed",
-	"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"}
+	"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom", "snapshot"}
 
 // Ops lists every op in the order they are defined.
-var Ops = []Op{OpAlloc, OpFreeRequested, OpFreeCompleted, OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap, OpOOM}
+var Ops = []Op{OpAlloc, OpFreeRequested, OpFreeCompleted, OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap, OpOOM, OpSnapshot}
 
 func (o Op) String() string {
 	if int(o) < numOps && o != 0 {
@@ -149,7 +160,7 @@ type Event struct {
 	Size uint64
 	// Addr is the address the trace's allocator used (of no meaning to a
 	// replay, which places allocations itself), when HasAddr: always but on
-	// oom rows, where it may be empty.
+	// oom and snapshot rows, where it may be empty.
 	Addr    uint64
 	HasAddr bool
 	// AllocID pairs an alloc with its frees on the event's device; -1 on
@@ -172,15 +183,22 @@ const numColumns = 9 // len(Columns)
 
 // Parse reads a whole trace. The header must name exactly the nine columns
 // (in any order). Every line must have as many fields as the header, numbers
-// where numbers belong (addr may be empty on an oom row), and a known op; an
+// where numbers belong (addr may be empty on an oom or snapshot row), and a known op; an
 // alloc must carry an alloc_id of at least 0 that is not already live on its
 // device (allocated and not yet free_completed). The first problem found is
 // returned, marked with ErrMalformed and naming its line.
+//
+// Input that starts with a pickle's PROTO opcode (byte 0x80, which no CSV
+// text starts with) is read as a PyTorch snapshot instead (ParseSnapshot).
 func Parse(r io.Reader) ([]Event, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "replay: parse: the reader is nil")
 	}
-	cr := csv.NewReader(r)
+	br := bufio.NewReader(r)
+	if b, err := br.Peek(1); err == nil && b[0] == pickleProto {
+		return ParseSnapshot(br)
+	}
+	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = -1 // counted here, for a message that says what is wrong
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -309,8 +327,9 @@ func parseEvent(rec []string, col [numColumns]int, line int) (Event, error) {
 	ev.Device = int(num(1, 31))
 	op := field(2)
 	ev.Size = num(3, 64)
-	// PyTorch records no address for a request it failed.
-	if field(4) != "" || op != opNames[OpOOM] {
+	// PyTorch records no address for a request it failed, nor for a
+	// snapshot's mark.
+	if field(4) != "" || (op != opNames[OpOOM] && op != opNames[OpSnapshot]) {
 		ev.Addr, ev.HasAddr = num(4, 64), true
 	}
 	ev.AllocID = signed(5)

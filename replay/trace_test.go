@@ -129,6 +129,11 @@ func FuzzParse(f *testing.F) {
 	f.Add(header + "0,1,segment_map,2097152,0,-1,0,,\n1,1,oom,4194304,,-1,0,,2097152\n2,0,segment_unmap,2097152,0,-1,0,,\n")
 	f.Add("seq,op\n1,2\n")
 	f.Add("\"")
+	f.Add(header + "0,0,snapshot,0,,-1,0,,\n")
+	// Snapshot pickles (ParseSnapshot), made by hand: see pk.
+	f.Add(string(pk([]map[string]any{entry("alloc", 512, 0), entry("free_requested", 512, 0), entry("free_completed", 512, 0)},
+		[]map[string]any{{"action": "oom", "size": 1 << 20, "device_free": 0, "stream": 0}})))
+	f.Add(string(pk([]map[string]any{entry("free_completed", 512, 64), entry("snapshot", 0, 0)})))
 	f.Fuzz(func(t *testing.T, s string) {
 		events, err := Parse(strings.NewReader(s))
 		if err != nil {
@@ -139,7 +144,7 @@ func FuzzParse(f *testing.F) {
 		for _, ev := range events {
 			require.Contains(t, Ops, ev.Op)
 			require.Greater(t, ev.Line, last)
-			require.True(t, ev.HasAddr || ev.Op == OpOOM, "only an oom may lack an address")
+			require.True(t, ev.HasAddr || ev.Op == OpOOM || ev.Op == OpSnapshot, "only an oom or a snapshot may lack an address")
 			last = ev.Line
 		}
 	})
@@ -151,7 +156,8 @@ func TestOp(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, op, got)
 	}
-	require.Equal(t, "Op(9)", Op(9).String())
+	require.Equal(t, "Op(10)", Op(10).String())
+	require.Equal(t, "snapshot", OpSnapshot.String())
 	require.Equal(t, "oom", OpOOM.String())
 	var segment, free []Op
 	for _, op := range Ops {
@@ -288,4 +294,49 @@ func TestParseNilReader(t *testing.T) {
 		_, err := Parse(r)
 		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
 	}
+}
+
+// TestLargestAtPeak: the allocations live when the allocated memory
+// first peaked, largest first (the earlier among equals), with their
+// allocs' lines and times; a later peak of the same height changes
+// nothing.
+func TestLargestAtPeak(t *testing.T) {
+	events, err := Parse(strings.NewReader(header +
+		"0,0,alloc,1000,0,1,0,500,\n" +
+		"1,0,alloc,3000,1024,2,0,600,\n" +
+		"2,0,alloc,1000,8192,3,0,700,\n" + // 5000
+		"3,0,free_completed,1000,0,1,0,800,\n" + // 4000
+		"4,0,alloc,2000,0,4,0,900,\n" + // 6000: the peak
+		"5,0,free_completed,2000,0,4,0,1000,\n" +
+		"6,0,alloc,2000,0,5,0,1100,\n" + // 6000 again: not the first
+		"7,1,alloc,512,0,1,0,,\n")) // device 1: no times
+	require.NoError(t, err)
+	sums := Summarize(events)
+	s := sums[0]
+	require.Equal(t, uint64(6000), s.PeakAllocated)
+	require.Equal(t, PeakAlloc{AllocID: 4, Size: 2000, Line: 6, Seq: 4, TimeUS: 900, HasTime: true}, s.Peak)
+	require.Equal(t, 3, s.LiveAtPeak)
+	require.Equal(t, []PeakAlloc{
+		{AllocID: 2, Size: 3000, Line: 3, Seq: 1, TimeUS: 600, HasTime: true},
+		{AllocID: 4, Size: 2000, Line: 6, Seq: 4, TimeUS: 900, HasTime: true},
+		{AllocID: 3, Size: 1000, Line: 4, Seq: 2, TimeUS: 700, HasTime: true},
+	}, s.LargestAtPeak)
+	require.True(t, s.HasFirstTime)
+	require.Equal(t, int64(500), s.FirstTimeUS)
+	d1 := sums[1]
+	require.Equal(t, []PeakAlloc{{AllocID: 1, Size: 512, Line: 9, Seq: 7}}, d1.LargestAtPeak)
+	require.False(t, d1.HasFirstTime)
+
+	// A real trace: silmont2000's peak holds its 512 MiB tensors.
+	real := Summarize(readTrace(t, "silmont2000_mem_snapshot.csv"))[0]
+	require.Len(t, real.LargestAtPeak, MaxLargestAtPeak)
+	var sum uint64
+	for i, a := range real.LargestAtPeak {
+		sum += a.Size
+		if i > 0 {
+			require.LessOrEqual(t, a.Size, real.LargestAtPeak[i-1].Size)
+		}
+	}
+	require.LessOrEqual(t, sum, real.PeakAllocated)
+	require.Equal(t, uint64(512<<20), real.LargestAtPeak[0].Size)
 }

@@ -25,10 +25,13 @@ const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ..
                       [--driver sim|host|cuda|acl] [--library PATH] [--report FILE]
 
 Replays PyTorch allocator traces (CSV: seq,device,op,size,addr,alloc_id,stream,
-time_us,device_free) through vmarena's allocator on the sim driver, each device
-of a trace on a sim device of its own with the given capacity, and prints what
-vmarena did beside what PyTorch did: one column per device of each trace. A
-directory stands for every .csv file in it, in name order.
+time_us,device_free; or the pickle torch.cuda.memory._dump_snapshot writes,
+read without running any of it) through vmarena's allocator on the sim driver,
+each device of a trace on a sim device of its own with the given capacity, and
+prints what vmarena did beside what PyTorch did: one column per device of each
+trace, then the largest allocations live at each device's peak. A directory
+stands for every .csv and .pickle file in it, in name order. A trace that
+fails stops the run; the table still shows what was replayed.
 
 --synthetic random-lifetimes replays a workload generated from --seed, beside
 the traces or alone: --events allocs and frees (100,000) of sizes log-uniform
@@ -100,7 +103,7 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	var policy policyFlag
 	granularity, capacity := sizeFlag(replay.TargetGranularity), sizeFlag(80*units.GiB)
 	drvName := driverFlag("sim")
-	fs.Var(&files, "trace", "an allocator trace `FILE` (CSV), or a directory of them; give several to compare them side by side")
+	fs.Var(&files, "trace", "an allocator trace `FILE` (CSV, or a PyTorch snapshot pickle), or a directory of them; give several to compare them side by side")
 	fs.Var(&granularity, "granularity", "the devices' granularity and the allocator's chunk size, a `SIZE` such as 2MiB or 64KiB")
 	fs.Var(&capacity, "capacity", "each device's capacity and the allocator's maximum, a `SIZE` such as 80GiB (on host, cuda and acl: a cap on the device's own)")
 	fs.Var(&policy, "policy", "the allocator's size and alignment `POLICY`: default, ascend or ascend-media")
@@ -194,15 +197,20 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 			cols = append(cols, column{label, d, res.Options.Capacity, res.SpaceCalls})
 		}
 	}
+	failed := false // a trace that failed stops the run; the table still shows what was replayed
 	for _, name := range names {
 		res, err := on.replayFile(name, opts)
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", name, err)
-			return 1
+			if len(res.Devices) > 0 {
+				add(stoppedLabel(traceLabel(name), res), res)
+			}
+			failed = true
+			break
 		}
-		add(strings.TrimSuffix(filepath.Base(name), ".csv"), res)
+		add(traceLabel(name), res)
 	}
-	if *synthetic != "" {
+	if *synthetic != "" && !failed {
 		label := fmt.Sprintf("%s (seed %d)", *synthetic, *seed)
 		workload, err := replay.Synthetic(*synthetic, *seed, *nEvents)
 		var res replay.Result
@@ -211,9 +219,16 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", label, err)
-			return 1
+			if len(res.Devices) > 0 {
+				add(stoppedLabel(label, res), res)
+			}
+			failed = true
+		} else {
+			add(label, res)
 		}
-		add(label, res)
+	}
+	if failed && len(cols) == 0 {
+		return 1
 	}
 	stitch := "on"
 	if *noStitch {
@@ -230,14 +245,42 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "%s\n\n", header)
 	table := replayTable(cols, onDriver)
 	printTable(stdout, table)
+	printLargest(stdout, cols)
 	if *report != "" {
 		if err := writeReport(*report, replayReport(header, cols, table)); err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %v\n", err)
 			return 1
 		}
 	}
+	if failed {
+		return 1
+	}
 	return 0
 }
+
+// traceLabel is a trace file's column label: its name without the
+// directory and the .csv or .pickle extension.
+func traceLabel(name string) string {
+	base := filepath.Base(name)
+	for _, ext := range traceExts {
+		base = strings.TrimSuffix(base, ext)
+	}
+	return base
+}
+
+// stoppedLabel is the label of a trace whose replay an error stopped:
+// its columns hold what was replayed before.
+func stoppedLabel(label string, res replay.Result) string {
+	total := 0
+	for _, d := range res.Devices {
+		total += d.Summary.Events
+	}
+	return fmt.Sprintf("%s (stopped after %d of %d events)", label, res.Events, total)
+}
+
+// traceExts are the file extensions a directory's traces have: PyTorch's
+// snapshots as CSV, or as the pickles _dump_snapshot writes.
+var traceExts = []string{".csv", ".pickle"}
 
 // replayOn replays traces on a driver: the sim driver replay makes itself,
 // or a host, cuda or acl driver opened for each trace with as many devices
@@ -262,6 +305,10 @@ func (on *replayOn) replayFile(name string, opts replay.Options) (replay.Result,
 	events, err := replay.ParseFile(name)
 	if err != nil {
 		return replay.Result{}, err
+	}
+	if len(events) == 0 {
+		return replay.Result{}, errors.Wrap(driver.ErrInvalid,
+			"the trace holds no events, nothing to replay: a CSV trace needs rows after its header, a snapshot needs trace entries (recorded with torch.cuda.memory._record_memory_history)")
 	}
 	return on.replayEvents(filepath.Base(name), events, opts)
 }
@@ -335,7 +382,7 @@ func traceDevices(events []replay.Event) int {
 }
 
 // traceFiles expands the --trace arguments: a directory stands for the
-// .csv files in it, in name order.
+// .csv and .pickle files in it, in name order.
 func traceFiles(args []string) ([]string, error) {
 	var names []string
 	for _, a := range args {
@@ -350,12 +397,12 @@ func traceFiles(args []string) ([]string, error) {
 		}
 		n := len(names)
 		for _, e := range entries {
-			if !e.IsDir() && strings.HasSuffix(e.Name(), ".csv") {
+			if !e.IsDir() && slices.ContainsFunc(traceExts, func(ext string) bool { return strings.HasSuffix(e.Name(), ext) }) {
 				names = append(names, filepath.Join(a, e.Name()))
 			}
 		}
 		if len(names) == n {
-			return nil, errors.Newf("%s: a directory with no .csv file in it", a)
+			return nil, errors.Newf("%s: a directory with no .csv or .pickle file in it", a)
 		}
 	}
 	return names, nil

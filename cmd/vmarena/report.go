@@ -109,7 +109,7 @@ func replayReport(header string, cols []column, table [][]string) report.Page {
 		Intro: []string{header,
 			"Below the table, one section per device of each trace: what was allocated (the trace's live allocations, the same in vmarena's allocator), " +
 				"what vmarena's allocator held committed and what PyTorch's caching allocator held reserved after each event; " +
-				"then the allocator's memory map when the allocated memory first reached its peak."},
+				"then the allocator's memory map when the allocated memory first reached its peak, and the largest allocations live then."},
 		Sections: []report.Section{{Title: "Figures", Tables: []report.Table{reportTable("vmarena replay's table", table)}}},
 	}
 	for _, c := range cols {
@@ -136,8 +136,11 @@ func replaySection(c column) report.Section {
 		switch {
 		case d.Summary.SegmentEvents == 0:
 			chart.Caption = "The trace has no segment events: PyTorch's reserved memory is not drawn."
-		case d.Summary.ReservedBelowZero:
-			chart.Caption = "The trace starts mid-run, returning segments reserved before recording: PyTorch's reserved memory is not drawn."
+		case d.Summary.MidRun():
+			// The reserved sum starts at zero with the first event and
+			// leaves out what was held before recording (the README says
+			// so): drawn, it would mislead.
+			chart.Caption = "The trace starts mid-run (" + midRun(d) + "): PyTorch's reserved memory is not drawn."
 		default:
 			chart.Series = append(chart.Series, report.Series{Name: "reserved (PyTorch)", X: tl.Reserved.X, Y: tl.Reserved.Y})
 		}
@@ -145,6 +148,9 @@ func replaySection(c column) report.Section {
 	}
 	if m := d.PeakMap; m != nil {
 		s.Charts = append(s.Charts, peakMap(c.label, m))
+	}
+	if len(d.Summary.LargestAtPeak) > 0 {
+		s.Tables = append(s.Tables, reportTable(largestHeading(c)+"; times from the device's first event", largestTable(c, replay.MaxLargestAtPeak)))
 	}
 	return s
 }

@@ -19,6 +19,7 @@ func printedTable(t *testing.T, out string) [][]string {
 	t.Helper()
 	_, tbl, ok := strings.Cut(out, "\n\n")
 	require.True(t, ok, "a header, a blank line, the table:\n%s", out)
+	tbl, _, _ = strings.Cut(tbl, "\n\n") // what follows the table (the largest allocations at each peak)
 	var rows [][]string
 	for _, l := range strings.Split(strings.TrimRight(tbl, "\n"), "\n") {
 		rows = append(rows, regexp.MustCompile(`\s{2,}`).Split(strings.TrimSpace(l), -1))
@@ -89,10 +90,28 @@ func TestReplayReport(t *testing.T) {
 		require.Len(t, s.Charts, 2)
 		line, mm := s.Charts[0], s.Charts[1]
 		require.Equal(t, "memory over the events: "+label, line.Label)
-		for _, text := range []string{"memory over the events: " + label, "event", "memory (" + unitOf(reserved) + ")",
-			"allocated (trace)", "committed (vmarena)", "reserved (PyTorch)"} {
+		for _, text := range []string{"memory over the events: " + label, "event",
+			"allocated (trace)", "committed (vmarena)"} {
 			require.True(t, line.Has(text), "%s: the chart draws %q: %q", label, text, line.Texts)
 		}
+		// PyTorch's reserved line is left out for a trace that starts
+		// mid-run: its sum leaves out what was reserved before recording.
+		if mid := cell(t, printed, "starts mid-run", i+1); mid != "no" {
+			require.False(t, line.Has("reserved (PyTorch)"), "%s starts mid-run: %q", label, line.Texts)
+			require.Equal(t, "The trace starts mid-run ("+mid+"): PyTorch's reserved memory is not drawn.", line.Caption)
+		} else {
+			require.True(t, line.Has("reserved (PyTorch)"), "%s: %q", label, line.Texts)
+			require.True(t, line.Has("memory ("+unitOf(reserved)+")"), "%s: %q", label, line.Texts)
+		}
+		// The largest allocations live at the peak, as printed under the
+		// table (the report shows up to ten).
+		require.Len(t, s.Tables, 1)
+		largest := s.Tables[0]
+		require.True(t, strings.HasPrefix(largest.Caption, "largest allocations live at the peak: "+label+" — "+allocated+" allocated at line "), largest.Caption)
+		require.Contains(t, stdout, "\n"+strings.TrimSuffix(largest.Caption, "; times from the device's first event")+"\n")
+		require.Equal(t, []string{"size", "alloc_id", "allocated at", "time", "before the peak"}, largest.Header)
+		require.NotEmpty(t, largest.Rows)
+		require.LessOrEqual(t, len(largest.Rows), 10)
 		require.Equal(t, "memory map at the peak: "+label, mm.Label)
 		for _, text := range []string{"allocated", "free (committed)", "stitched", "not committed"} {
 			require.True(t, mm.Has(text), "%s: the map's legend names %q: %q", label, text, mm.Texts)

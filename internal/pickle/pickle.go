@@ -1,0 +1,727 @@
+// Package pickle decodes Python pickles of plain data — the kind
+// torch.cuda.memory._dump_snapshot writes — into Go values, and nothing
+// else.
+//
+// It owns the decoding of a restricted set of opcodes (protocols 2 to 5):
+// framing, None, bools, ints (up to 64 bits), floats, strings, bytes,
+// tuples, lists, dicts, the memo and MARK-based collections. It must never
+// construct an object by name or call anything: GLOBAL, STACK_GLOBAL,
+// REDUCE, BUILD, INST, OBJ, NEWOBJ and persistent ids are refused, as is
+// every opcode a snapshot does not use. Hostile input gets an error marked
+// ErrMalformed, never a panic; memory stays bounded by Limits (the input's
+// size, the values pushed, the stack and the memo; every length is checked
+// against the bytes left).
+//
+// Values decode to
+//
+//	None → nil, bool → bool, int → int64, float → float64,
+//	str → string, bytes → []byte, tuple → Tuple,
+//	list → *List, dict → *Dict
+//
+// Lists and dicts are pointers because the memo shares them: a pickle may
+// refer to one list from two places, or make a list that holds itself.
+package pickle
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"unicode/utf8"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/internal/sentinel"
+)
+
+// ErrMalformed marks every error about the content of a pickle: a
+// truncated one, an opcode refused or unknown, a limit passed.
+var ErrMalformed = errors.New("malformed pickle")
+
+// Tuple is a Python tuple.
+type Tuple []any
+
+// List is a Python list.
+type List struct {
+	Items []any
+}
+
+// Dict is a Python dict: its keys in insertion order, with their values.
+// Keys are hashable values only (nil, bool, int64, float64, string).
+type Dict struct {
+	keys   []any
+	values []any
+	// index maps each key to its position in keys and values, once the
+	// dict holds more than smallDict keys; a smaller one (a snapshot's
+	// trace entries have six) is searched in order, with no map to build.
+	index map[any]int
+}
+
+const smallDict = 8
+
+// find is the position of key, or -1.
+func (d *Dict) find(key any) int {
+	if d.index != nil {
+		if i, ok := d.index[key]; ok {
+			return i
+		}
+		return -1
+	}
+	for i, k := range d.keys {
+		if k == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// Len is how many keys the dict holds; 0 for a nil dict.
+func (d *Dict) Len() int {
+	if d == nil {
+		return 0
+	}
+	return len(d.keys)
+}
+
+// Get returns the value under key and whether there is one; nothing for a
+// nil dict.
+func (d *Dict) Get(key any) (any, bool) {
+	if d == nil {
+		return nil, false
+	}
+	if !hashable(key) {
+		return nil, false
+	}
+	i := d.find(key)
+	if i < 0 {
+		return nil, false
+	}
+	return d.values[i], true
+}
+
+// Keys returns the dict's keys in insertion order; nil for a nil dict.
+func (d *Dict) Keys() []any {
+	if d == nil {
+		return nil
+	}
+	return append([]any(nil), d.keys...)
+}
+
+// set sets key to value, keeping the key's first position as Python does.
+func (d *Dict) set(key, value any) error {
+	switch k := key.(type) {
+	case nil, bool, int64, string:
+	case float64:
+		if math.IsNaN(k) { // never equal to itself: Go's map would keep every one apart
+			return errors.New("a NaN dict key")
+		}
+	default:
+		return errors.Newf("a dict key of type %s (only None, bools, ints, floats and strings are taken)", typeName(key))
+	}
+	if i := d.find(key); i >= 0 {
+		d.values[i] = value
+		return nil
+	}
+	d.keys = append(d.keys, key)
+	d.values = append(d.values, value)
+	switch {
+	case d.index != nil:
+		d.index[key] = len(d.keys) - 1
+	case len(d.keys) > smallDict:
+		d.index = make(map[any]int, len(d.keys))
+		for i, k := range d.keys {
+			d.index[k] = i
+		}
+	}
+	return nil
+}
+
+// hashable says whether key can be a dict key here: comparing any other
+// value with == could panic (a []byte) or never match.
+func hashable(key any) bool {
+	switch k := key.(type) {
+	case nil, bool, int64, string:
+		return true
+	case float64:
+		return !math.IsNaN(k)
+	}
+	return false
+}
+
+// Limits bound what a decode may hold. Zero fields take the defaults.
+type Limits struct {
+	// MaxInput is the longest pickle taken, in bytes (default 1 GiB).
+	MaxInput int
+	// MaxMemo is the most memo entries (default 1<<24) and the largest
+	// memo index a PUT may name.
+	MaxMemo int
+	// MaxStack is the most values on the stack at once (default 1<<24).
+	MaxStack int
+	// MaxValues is the most values a decode may push, each a new value
+	// or a memo reference that a list, dict or tuple may keep (default
+	// 1<<26): what bounds the decoded data, at a few dozen bytes a value,
+	// where a hostile pickle makes a value of every byte or two. The
+	// largest snapshot here (3.9 MB) pushes 0.94 million.
+	MaxValues int
+}
+
+func (l *Limits) defaults() {
+	if l.MaxInput <= 0 {
+		l.MaxInput = 1 << 30
+	}
+	if l.MaxMemo <= 0 {
+		l.MaxMemo = 1 << 24
+	}
+	if l.MaxStack <= 0 {
+		l.MaxStack = 1 << 24
+	}
+	if l.MaxValues <= 0 {
+		l.MaxValues = 1 << 26
+	}
+}
+
+// Decode decodes the pickle in data, which must end with its STOP opcode
+// (nothing may follow), with the default Limits.
+func Decode(data []byte) (any, error) {
+	return DecodeLimits(data, Limits{})
+}
+
+// Read reads a whole pickle from r, at most the default Limits' MaxInput
+// bytes, and decodes it.
+func Read(r io.Reader) (any, error) {
+	if r == nil {
+		return nil, sentinel.Mark(errors.New("pickle: the reader is nil"), ErrMalformed)
+	}
+	var l Limits
+	l.defaults()
+	data, err := io.ReadAll(io.LimitReader(r, int64(l.MaxInput)+1))
+	if err != nil {
+		return nil, errors.Wrap(err, "pickle: read")
+	}
+	return DecodeLimits(data, l)
+}
+
+// DecodeLimits is Decode under the given limits.
+func DecodeLimits(data []byte, lim Limits) (any, error) {
+	lim.defaults()
+	if len(data) > lim.MaxInput {
+		return nil, sentinel.Mark(errors.Newf("pickle: %d bytes, more than the limit of %d", len(data), lim.MaxInput), ErrMalformed)
+	}
+	d := decoder{data: data, lim: lim, memo: map[uint32]any{}}
+	v, err := d.run()
+	if err != nil {
+		return nil, sentinel.Mark(errors.Wrapf(err, "pickle: at byte %d", d.at), ErrMalformed)
+	}
+	return v, nil
+}
+
+// decoder is one decode: the input and the position of the opcode being
+// decoded (at) and of the next byte to read (pos), the stack, the marks
+// (positions in the stack where a MARK was pushed, innermost last) and the
+// memo. Invariant: every mark is at most len(stack).
+type decoder struct {
+	data    []byte
+	at, pos int
+	lim     Limits
+	stack   []any
+	marks   []int
+	memo    map[uint32]any
+	pushed  int // values pushed so far, at most lim.MaxValues
+}
+
+// The opcodes taken, by their names in Python's pickletools.
+const (
+	opMark           = '('
+	opStop           = '.'
+	opNone           = 'N'
+	opNewTrue        = 0x88
+	opNewFalse       = 0x89
+	opBinInt         = 'J'
+	opBinInt1        = 'K'
+	opBinInt2        = 'M'
+	opLong1          = 0x8a
+	opLong4          = 0x8b
+	opBinFloat       = 'G'
+	opBinUnicode     = 'X'
+	opShortBinUni    = 0x8c
+	opBinUnicode8    = 0x8d
+	opBinBytes       = 'B'
+	opShortBinBytes  = 'C'
+	opBinBytes8      = 0x8e
+	opEmptyTuple     = ')'
+	opTuple          = 't'
+	opTuple1         = 0x85
+	opTuple2         = 0x86
+	opTuple3         = 0x87
+	opEmptyList      = ']'
+	opList           = 'l'
+	opAppend         = 'a'
+	opAppends        = 'e'
+	opEmptyDict      = '}'
+	opDict           = 'd'
+	opSetItem        = 's'
+	opSetItems       = 'u'
+	opBinGet         = 'h'
+	opLongBinGet     = 'j'
+	opBinPut         = 'q'
+	opLongBinPut     = 'r'
+	opMemoize        = 0x94
+	opProto          = 0x80
+	opFrame          = 0x95
+	opPop            = '0'
+	opPopMark        = '1'
+	opDup            = '2'
+	opGlobal         = 'c'
+	opStackGlobal    = 0x93
+	opReduce         = 'R'
+	opBuild          = 'b'
+	opInst           = 'i'
+	opObj            = 'o'
+	opNewObj         = 0x81
+	opNewObjEx       = 0x92
+	opPersID         = 'P'
+	opBinPersID      = 'Q'
+	opExt1           = 0x82
+	opExt2           = 0x83
+	opExt4           = 0x84
+	opNextBuffer     = 0x97
+	opReadOnlyBuffer = 0x98
+)
+
+// refused names the opcodes that would build objects by name or call code.
+var refused = map[byte]string{
+	opGlobal: "GLOBAL", opStackGlobal: "STACK_GLOBAL", opReduce: "REDUCE", opBuild: "BUILD",
+	opInst: "INST", opObj: "OBJ", opNewObj: "NEWOBJ", opNewObjEx: "NEWOBJ_EX",
+	opPersID: "PERSID", opBinPersID: "BINPERSID", opExt1: "EXT1", opExt2: "EXT2", opExt4: "EXT4",
+	opNextBuffer: "NEXT_BUFFER", opReadOnlyBuffer: "READONLY_BUFFER",
+}
+
+func (d *decoder) run() (any, error) {
+	for {
+		d.at = d.pos
+		op, err := d.byte()
+		if err != nil {
+			return nil, err
+		}
+		if name, ok := refused[op]; ok {
+			return nil, errors.Newf("opcode %s refused: it builds an object by name or calls code, which a memory snapshot never needs", name)
+		}
+		switch op {
+		case opStop:
+			if len(d.stack) != 1 || len(d.marks) != 0 {
+				return nil, errors.Newf("STOP with %d values on the stack and %d marks open, want one value and none", len(d.stack), len(d.marks))
+			}
+			if d.pos != len(d.data) {
+				return nil, errors.Newf("%d bytes after STOP", len(d.data)-d.pos)
+			}
+			return d.stack[0], nil
+		case opProto:
+			v, err := d.byte()
+			if err != nil {
+				return nil, err
+			}
+			if v < 2 || v > 5 {
+				return nil, errors.Newf("protocol %d, want 2 to 5", v)
+			}
+		case opFrame:
+			// Frames only group opcodes for buffered reading; the whole
+			// input is in memory. Their length must still fit.
+			n, err := d.uint(8)
+			if err != nil {
+				return nil, err
+			}
+			if n > uint64(len(d.data)-d.pos) {
+				return nil, errors.Newf("a frame of %d bytes with %d left", n, len(d.data)-d.pos)
+			}
+		case opMark:
+			if len(d.marks) >= d.lim.MaxStack {
+				return nil, errors.Newf("more than %d marks open", d.lim.MaxStack)
+			}
+			d.marks = append(d.marks, len(d.stack))
+		case opPop:
+			if len(d.marks) > 0 && d.marks[len(d.marks)-1] == len(d.stack) {
+				d.marks = d.marks[:len(d.marks)-1] // POP of a mark pops the mark
+				continue
+			}
+			if _, err := d.pop(); err != nil {
+				return nil, err
+			}
+		case opPopMark:
+			if _, err := d.popMark(); err != nil {
+				return nil, err
+			}
+		case opDup:
+			v, err := d.top()
+			if err != nil {
+				return nil, err
+			}
+			err = d.push(v)
+			if err != nil {
+				return nil, err
+			}
+		default:
+			if err := d.value(op); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// value decodes one opcode that builds, changes or remembers a value.
+func (d *decoder) value(op byte) error {
+	switch op {
+	case opNone:
+		return d.push(nil)
+	case opNewTrue:
+		return d.push(true)
+	case opNewFalse:
+		return d.push(false)
+	case opBinInt:
+		v, err := d.uint(4)
+		return d.pushOr(int64(int32(v)), err)
+	case opBinInt1:
+		v, err := d.uint(1)
+		return d.pushOr(int64(v), err)
+	case opBinInt2:
+		v, err := d.uint(2)
+		return d.pushOr(int64(v), err)
+	case opLong1, opLong4:
+		width := 1
+		if op == opLong4 {
+			width = 4
+		}
+		n, err := d.uint(width)
+		if err != nil {
+			return err
+		}
+		b, err := d.bytes(n)
+		if err != nil {
+			return err
+		}
+		v, err := long(b)
+		return d.pushOr(v, err)
+	case opBinFloat:
+		b, err := d.bytes(8)
+		if err != nil {
+			return err
+		}
+		return d.push(math.Float64frombits(binary.BigEndian.Uint64(b)))
+	case opBinUnicode, opShortBinUni, opBinUnicode8:
+		b, err := d.counted(op, opShortBinUni, opBinUnicode, opBinUnicode8)
+		if err != nil {
+			return err
+		}
+		if !utf8.Valid(b) {
+			return errors.New("a string that is not UTF-8")
+		}
+		return d.push(string(b))
+	case opBinBytes, opShortBinBytes, opBinBytes8:
+		b, err := d.counted(op, opShortBinBytes, opBinBytes, opBinBytes8)
+		if err != nil {
+			return err
+		}
+		return d.push(bytes.Clone(b))
+	case opEmptyTuple:
+		return d.push(Tuple{})
+	case opTuple:
+		items, err := d.popMark()
+		return d.pushOr(Tuple(items), err)
+	case opTuple1, opTuple2, opTuple3:
+		n := int(op-opTuple1) + 1
+		if err := d.need(n); err != nil {
+			return err
+		}
+		t := Tuple(append([]any(nil), d.stack[len(d.stack)-n:]...))
+		d.stack = d.stack[:len(d.stack)-n]
+		return d.push(t)
+	case opEmptyList:
+		return d.push(&List{})
+	case opList:
+		items, err := d.popMark()
+		return d.pushOr(&List{Items: items}, err)
+	case opAppend, opAppends:
+		var items []any
+		var err error
+		if op == opAppend {
+			var v any
+			v, err = d.pop()
+			items = []any{v}
+		} else {
+			items, err = d.popMark()
+		}
+		if err != nil {
+			return err
+		}
+		top, err := d.top()
+		if err != nil {
+			return err
+		}
+		l, ok := top.(*List)
+		if !ok {
+			return errors.Newf("%s onto a %s, want a list", opName(op), typeName(top))
+		}
+		l.Items = append(l.Items, items...)
+		return nil
+	case opEmptyDict:
+		return d.push(&Dict{})
+	case opDict:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		dict := &Dict{}
+		return d.pushOr(dict, setItems(dict, items))
+	case opSetItem, opSetItems:
+		var items []any
+		var err error
+		if op == opSetItem {
+			if err = d.need(2); err == nil {
+				items = append([]any(nil), d.stack[len(d.stack)-2:]...)
+				d.stack = d.stack[:len(d.stack)-2]
+			}
+		} else {
+			items, err = d.popMark()
+		}
+		if err != nil {
+			return err
+		}
+		top, err := d.top()
+		if err != nil {
+			return err
+		}
+		dict, ok := top.(*Dict)
+		if !ok {
+			return errors.Newf("%s onto a %s, want a dict", opName(op), typeName(top))
+		}
+		return setItems(dict, items)
+	case opBinGet, opLongBinGet:
+		width := 1
+		if op == opLongBinGet {
+			width = 4
+		}
+		i, err := d.uint(width)
+		if err != nil {
+			return err
+		}
+		v, ok := d.memo[uint32(i)]
+		if !ok {
+			return errors.Newf("memo entry %d is not set", i)
+		}
+		return d.push(v)
+	case opBinPut, opLongBinPut:
+		width := 1
+		if op == opLongBinPut {
+			width = 4
+		}
+		i, err := d.uint(width)
+		if err != nil {
+			return err
+		}
+		return d.put(i)
+	case opMemoize:
+		return d.put(uint64(len(d.memo)))
+	}
+	return errors.Newf("opcode 0x%02x (%s) is not taken: a memory snapshot does not use it", op, opName(op))
+}
+
+// put remembers the value on top of the stack under memo index i.
+func (d *decoder) put(i uint64) error {
+	v, err := d.top()
+	if err != nil {
+		return err
+	}
+	if i >= uint64(d.lim.MaxMemo) {
+		return errors.Newf("memo index %d, past the limit of %d", i, d.lim.MaxMemo)
+	}
+	if _, ok := d.memo[uint32(i)]; !ok && len(d.memo) >= d.lim.MaxMemo {
+		return errors.Newf("more than %d memo entries", d.lim.MaxMemo)
+	}
+	d.memo[uint32(i)] = v
+	return nil
+}
+
+func setItems(dict *Dict, items []any) error {
+	if len(items)%2 != 0 {
+		return errors.Newf("%d values to set in a dict, want key-value pairs", len(items))
+	}
+	for i := 0; i < len(items); i += 2 {
+		if err := dict.set(items[i], items[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// long decodes a LONG1/LONG4 payload: little-endian two's complement.
+// Wider than 64 bits is refused: a snapshot's addresses and sizes fit.
+func long(b []byte) (int64, error) {
+	if len(b) > 8 {
+		// Python's encoder writes the fewest bytes, so a ninth byte means a
+		// value past int64 (or a sign byte for one past 2^63-1).
+		return 0, errors.Newf("an int of %d bytes: only ints of up to 64 bits are taken", len(b))
+	}
+	if len(b) == 0 {
+		return 0, nil
+	}
+	var u uint64
+	for i := len(b) - 1; i >= 0; i-- {
+		u = u<<8 | uint64(b[i])
+	}
+	shift := 64 - 8*uint(len(b))
+	return int64(u<<shift) >> shift, nil // sign-extend
+}
+
+// counted reads the length-prefixed payload of a string or bytes opcode:
+// short has a 1-byte length, mid a 4-byte one, long an 8-byte one.
+func (d *decoder) counted(op, short, mid, long byte) ([]byte, error) {
+	width := 8
+	switch op {
+	case short:
+		width = 1
+	case mid:
+		width = 4
+	}
+	n, err := d.uint(width)
+	if err != nil {
+		return nil, err
+	}
+	return d.bytes(n)
+}
+
+func (d *decoder) byte() (byte, error) {
+	if d.pos >= len(d.data) {
+		return 0, errors.New("the pickle ends before its STOP opcode")
+	}
+	d.pos++
+	return d.data[d.pos-1], nil
+}
+
+// uint reads a little-endian unsigned integer of width bytes (1 to 8).
+func (d *decoder) uint(width int) (uint64, error) {
+	b, err := d.bytes(uint64(width))
+	if err != nil {
+		return 0, err
+	}
+	var v uint64
+	for i := width - 1; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	return v, nil
+}
+
+// bytes returns the next n bytes, a view of the input.
+func (d *decoder) bytes(n uint64) ([]byte, error) {
+	if n > uint64(len(d.data)-d.pos) {
+		return nil, errors.Newf("an argument of %d bytes with %d left", n, len(d.data)-d.pos)
+	}
+	b := d.data[d.pos : d.pos+int(n)]
+	d.pos += int(n)
+	return b, nil
+}
+
+func (d *decoder) push(v any) error {
+	if len(d.stack) >= d.lim.MaxStack {
+		return errors.Newf("more than %d values on the stack", d.lim.MaxStack)
+	}
+	if d.pushed >= d.lim.MaxValues {
+		return errors.Newf("more than %d values", d.lim.MaxValues)
+	}
+	d.pushed++
+	d.stack = append(d.stack, v)
+	return nil
+}
+
+// pushOr pushes v unless err is set, and returns err.
+func (d *decoder) pushOr(v any, err error) error {
+	if err != nil {
+		return err
+	}
+	return d.push(v)
+}
+
+// floor is where the stack's values above the innermost mark begin: no
+// opcode but a mark's own may take a value below it.
+func (d *decoder) floor() int {
+	if len(d.marks) == 0 {
+		return 0
+	}
+	return d.marks[len(d.marks)-1]
+}
+
+// need checks that n values sit above the innermost mark.
+func (d *decoder) need(n int) error {
+	if len(d.stack)-d.floor() < n {
+		return errors.Newf("%d values wanted above the mark, %d there", n, len(d.stack)-d.floor())
+	}
+	return nil
+}
+
+func (d *decoder) top() (any, error) {
+	if err := d.need(1); err != nil {
+		return nil, err
+	}
+	return d.stack[len(d.stack)-1], nil
+}
+
+func (d *decoder) pop() (any, error) {
+	v, err := d.top()
+	if err != nil {
+		return nil, err
+	}
+	d.stack = d.stack[:len(d.stack)-1]
+	return v, nil
+}
+
+// popMark pops the values above the innermost mark, and the mark.
+func (d *decoder) popMark() ([]any, error) {
+	if len(d.marks) == 0 {
+		return nil, errors.New("no MARK open")
+	}
+	m := d.marks[len(d.marks)-1]
+	d.marks = d.marks[:len(d.marks)-1]
+	items := append([]any(nil), d.stack[m:]...)
+	d.stack = d.stack[:m]
+	return items, nil
+}
+
+func opName(op byte) string {
+	switch op {
+	case opAppend:
+		return "APPEND"
+	case opAppends:
+		return "APPENDS"
+	case opSetItem:
+		return "SETITEM"
+	case opSetItems:
+		return "SETITEMS"
+	}
+	if name, ok := refused[op]; ok {
+		return name
+	}
+	return fmt.Sprintf("%q", op)
+}
+
+func typeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "None"
+	case bool:
+		return "bool"
+	case int64:
+		return "int"
+	case float64:
+		return "float"
+	case string:
+		return "str"
+	case []byte:
+		return "bytes"
+	case Tuple:
+		return "tuple"
+	case *List:
+		return "list"
+	case *Dict:
+		return "dict"
+	}
+	return fmt.Sprintf("%T", v)
+}
