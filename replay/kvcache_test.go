@@ -249,6 +249,8 @@ func TestKVCacheBadInput(t *testing.T) {
 		{KVConfig{}, KVCacheOptions{}, `model "": Layers 0`},
 		{KVConfig{Model: Model{Name: "odd", Layers: 1, KVHeads: 1, HeadDim: 1, ElemBytes: 3, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
 			KVCacheOptions{}, `model "odd" has 3-byte elements, want 1, 2, 4 or 8`},
+		{KVConfig{Model: Model{Name: "odd latent", Layers: 1, KVHeads: 1, HeadDim: 577, Latent: true, ElemBytes: 2, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
+			KVCacheOptions{}, `model "odd latent" has a latent KV of 577 elements, an odd number this cache cannot keep as a key and a value of half each`},
 	} {
 		_, err := NewKVCache(tc.cfg, tc.opts)
 		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
@@ -325,4 +327,41 @@ func TestKVCacheExpectOutput(t *testing.T) {
 			require.NoError(t, k.Check())
 		})
 	}
+}
+
+// TestKVCacheLatentModel serves a few requests of DeepSeek-V2-Lite, whose
+// KV is one 576-element latent a layer (31,104 bytes a token): the cache
+// keeps it as a key and a value of 288 each, the same bytes a token as the
+// baselines count, so token for token its stored KV is theirs.
+func TestKVCacheLatentModel(t *testing.T) {
+	m, err := ModelPreset("deepseek-v2-lite")
+	require.NoError(t, err)
+	reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", "AzureLLMInferenceTrace_conv.csv"))
+	require.NoError(t, err)
+	reqs = reqs[:12]
+	cfg := KVConfig{Model: m, Budget: 256 * units.MiB, MaxSeqs: 8}
+	cfg.MaxContext = FitMaxContext(reqs, cfg)
+	k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor})
+	kc := k.cache.Config()
+	require.Equal(t, []int{27, 1, 288}, []int{kc.Layers, kc.KVHeads, kc.HeadDim})
+	require.Equal(t, m.TokenBytes(), uint64(2*kc.Layers*kc.KVHeads*kc.HeadDim*kc.DType.Size()))
+
+	// Mid-run, one sequence's stored bytes are its tokens at 31,104 each.
+	a := simReq(0, 100, 5)
+	_, err = k.Admit(a)
+	require.NoError(t, err)
+	require.NoError(t, k.Append(a, 100))
+	require.Equal(t, uint64(100*31104), k.Stats().Logical)
+	require.NoError(t, k.Finish(a))
+
+	opts := SimOptions{Config: cfg, CheckEvery: 7}
+	res, err := Simulate(reqs, k, opts)
+	require.NoError(t, err)
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	paged, err := Simulate(reqs, tbl, opts)
+	require.NoError(t, err)
+	require.Equal(t, len(reqs), res.Finished)
+	require.Equal(t, len(reqs), paged.Finished)
+	require.Equal(t, paged.OutputTokens, res.OutputTokens)
 }

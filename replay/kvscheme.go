@@ -4,6 +4,8 @@ package replay
 // memory (a KV scheme), and the request as both see it.
 
 import (
+	"fmt"
+
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
@@ -173,6 +175,30 @@ func (c KVConfig) Check() error {
 			units.Bytes(c.Budget), c.MaxContext, c.Model.Name, units.Bytes(tb), c.BlockTokens, units.Bytes(need), c.ContextCap())
 	}
 	return nil
+}
+
+// WindowNote says, for a simulation's header, what it makes of the
+// model's sliding window: "" for a model without one. No scheme models the
+// window: each keeps every token of a sequence in every layer, as full
+// attention must. Where MaxContext is within the window that is exact (the
+// window drops nothing); past it the note says that the figures are full
+// attention's, more KV than the model needs for the longer sequences.
+func (c KVConfig) WindowNote() string {
+	m := c.Model
+	if m.SlidingWindow == 0 {
+		return ""
+	}
+	layers := fmt.Sprintf("all %d layers", m.Layers)
+	if m.WindowLayers < m.Layers {
+		layers = fmt.Sprintf("%d of %d layers", m.WindowLayers, m.Layers)
+	}
+	if c.MaxContext <= m.SlidingWindow {
+		return fmt.Sprintf("sliding window: %s of %s attend to the last %d tokens, no fewer than the max context of %d, so the window drops no token and the figures are exact",
+			layers, m.Name, m.SlidingWindow, c.MaxContext)
+	}
+	return fmt.Sprintf("sliding window not modelled: %s of %s attend to the last %d tokens only, but every scheme keeps each token of a sequence in every layer; "+
+		"for sequences longer than %d tokens (the max context is %d) the figures are full attention's, more KV than the model needs",
+		layers, m.Name, m.SlidingWindow, m.SlidingWindow, c.MaxContext)
 }
 
 // ContextCap is the longest context the budget holds for one sequence in
