@@ -79,11 +79,11 @@ type KVCacheOptions struct {
 // (before it fails an Append): cached prefix store units, the pages idle
 // slots keep (deferred reclaim) and the surplus pages of running
 // sequences' slots (a short sequence in a slot a longer one left).
-// Committed is the rest of what it has committed: the pages holding the
+// InUse is the rest of what it has committed: the pages holding the
 // running sequences' tokens, their own and the prefix store's they map,
-// so that Committed - Stored is the waste of the pages in use — the tail
+// so that InUse - Stored is the waste of the pages in use — the tail
 // of each sequence's last page (PerLayer: of each region's) — as the
-// paged scheme's is the tail of its last block; Committed + Cached is all
+// paged scheme's is the tail of its last block; InUse + Cached is all
 // the cache has committed, kvcache.Stats.Committed. Commits counts the
 // cache's commit calls to its arena (one per region of a run of units in
 // the PerLayer layout; one for a run of prefix store units side by side;
@@ -450,7 +450,7 @@ func (k *KVCache) Stats() KVStats {
 	block := int64(k.cfg.BlockTokens)
 	cached := uint64(st.CachedPages+st.IdlePages+st.SurplusPages) * page
 	return KVStats{
-		Committed:     st.Committed - min(cached, st.Committed),
+		InUse:         st.Committed - min(cached, st.Committed),
 		Stored:        st.UsedBytes,
 		Logical:       uint64(st.TokensStored) * k.cfg.Model.TokenBytes(),
 		Cached:        cached,

@@ -84,9 +84,9 @@ func TestKVCacheTraceSlices(t *testing.T) {
 					tail = 2 * uint64(l3.Layers) * 2 * units.MiB
 				}
 				require.LessOrEqual(t, res.PeakWaste, uint64(res.PeakSeqs)*tail)
-				require.LessOrEqual(t, res.PeakCommitted+res.PeakCached, 2*cfg.Budget)
-				require.LessOrEqual(t, res.Stats.Committed+res.Stats.Cached, cfg.Budget)
-				require.Zero(t, res.Stats.Committed, "nothing runs at the end")
+				require.LessOrEqual(t, res.PeakInUse+res.PeakCached, 2*cfg.Budget)
+				require.LessOrEqual(t, res.Stats.InUse+res.Stats.Cached, cfg.Budget)
+				require.Zero(t, res.Stats.InUse, "nothing runs at the end")
 				require.GreaterOrEqual(t, res.PeakSeqs, static.PeakSeqs)
 				switch {
 				case sum.Blocks > 0 && !short:
@@ -161,7 +161,7 @@ func TestKVCacheSharesPrefixByHand(t *testing.T) {
 			if layout == kvcache.PerLayer {
 				pages = 6 // a: its shared unit's two pages, its own unit's two; b: its own unit's two
 			}
-			require.Equal(t, pages*16*units.KiB, ks.Committed)
+			require.Equal(t, pages*16*units.KiB, ks.InUse)
 			require.Equal(t, int64(3*32), ks.PrefixQueried, "a's, early's and b's two whole blocks")
 			require.Equal(t, int64(32), ks.PrefixHit)
 			// Token-major: a commits its two prompt pages in the store, side
@@ -224,7 +224,7 @@ func TestKVCachePreemptionByHand(t *testing.T) {
 				computed = 35 + 16 + 16 + 1 + 2
 			}
 			require.Equal(t, computed, res.ComputedTokens)
-			require.Equal(t, 64*units.KiB, res.PeakCommitted)
+			require.Equal(t, 64*units.KiB, res.PeakInUse)
 			require.Equal(t, 2*15*units.KiB, res.PeakWaste, "after step 2, A's and B's last pages hold a token of 16")
 			require.Equal(t, KVStats{Cached: 4 * 16 * units.KiB, Commits: 7, PrefixQueried: 48, PrefixHit: 16}, res.Stats)
 			st := k.cache.Stats()
@@ -298,7 +298,7 @@ func TestKVCacheBadInput(t *testing.T) {
 	require.ErrorIs(t, err, driver.ErrClosed)
 	require.NoError(t, k.Check())
 	st := k.Stats()
-	require.Zero(t, st.Committed+st.Cached+st.Stored+st.Logical, "closed: nothing held")
+	require.Zero(t, st.InUse+st.Cached+st.Stored+st.Logical, "closed: nothing held")
 }
 
 // TestKVCacheExpectOutput: a request a finished with 32 output tokens, and

@@ -80,12 +80,15 @@ type kvWriter interface {
 // KVStats is what a KV scheme holds at one moment (the bytes) and has done
 // since it was made (the counts). Bytes are of KV memory.
 type KVStats struct {
-	// Committed is the memory held for the running sequences: blocks in
-	// use (paged), reservations (static), the pages of live sequences'
-	// slots and the prefix store pages they map (this cache).
-	Committed uint64
-	// Stored is the KV of the tokens kept in Committed memory, a token
-	// two sequences share counted once. Committed - Stored is the waste.
+	// InUse is the memory held for the running sequences: blocks in use
+	// (paged), reservations (static), the pages of live sequences' slots
+	// and the prefix store pages they map (this cache). It is not all the
+	// memory a scheme has committed: Cached is the rest (for this cache,
+	// InUse + Cached is kvcache.Stats.Committed, the metric
+	// vmarena_kvcache_committed_bytes).
+	InUse uint64
+	// Stored is the KV of the tokens kept in InUse memory, a token two
+	// sequences share counted once. InUse - Stored is the waste.
 	Stored uint64
 	// Logical is the KV the running sequences see, a shared token counted
 	// once per sequence: Logical - Stored is what sharing saves.
@@ -106,8 +109,8 @@ type KVStats struct {
 	Evictions int64
 }
 
-// Waste is the memory committed beyond the tokens stored in it.
-func (s KVStats) Waste() uint64 { return s.Committed - min(s.Stored, s.Committed) }
+// Waste is the memory in use beyond the tokens stored in it.
+func (s KVStats) Waste() uint64 { return s.InUse - min(s.Stored, s.InUse) }
 
 // Saved is what sharing saves: the KV the sequences see less what is
 // stored.

@@ -263,9 +263,9 @@ func kvTable(results []replay.SimResult) [][]string {
 	row("refused (longer than max context)", func(r replay.SimResult) string { return fmt.Sprint(r.Refused) })
 	row("peak concurrent sequences", func(r replay.SimResult) string { return fmt.Sprint(r.PeakSeqs) })
 	row("mean concurrent sequences", func(r replay.SimResult) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })
-	row("KV committed, peak", func(r replay.SimResult) string { return approx(r.PeakCommitted) })
-	row("KV committed, mean", func(r replay.SimResult) string { return approx(uint64(r.MeanCommitted)) })
-	row("KV waste, mean (of committed)", func(r replay.SimResult) string {
+	row("KV in use by running sequences, peak", func(r replay.SimResult) string { return approx(r.PeakInUse) })
+	row("KV in use by running sequences, mean", func(r replay.SimResult) string { return approx(uint64(r.MeanInUse)) })
+	row("KV waste, mean (of in use)", func(r replay.SimResult) string {
 		return fmt.Sprintf("%s (%.2f%%)", approx(uint64(r.MeanWaste)), 100*r.WasteFraction())
 	})
 	row("KV waste, peak", func(r replay.SimResult) string { return approx(r.PeakWaste) })

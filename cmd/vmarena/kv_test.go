@@ -69,7 +69,7 @@ func TestKVSimulate(t *testing.T) {
 			require.Contains(t, flat, "\nscheme this cache (token-major) paged (vLLM) static\n")
 			require.Contains(t, flat, "\nrequests finished 50 of 50 50 of 50 50 of 50\n")
 			for _, row := range []string{"refused (longer than max context) 0 0 0", "peak concurrent sequences", "mean concurrent sequences",
-				"KV committed, peak", "KV committed, mean", "KV waste, mean (of committed)", "KV waste, peak", "KV cached for reuse, mean / peak",
+				"KV in use by running sequences, peak", "KV in use by running sequences, mean", "KV waste, mean (of in use)", "KV waste, peak", "KV cached for reuse, mean / peak",
 				"saved by prefix sharing, mean / peak", "prefix cache: tokens found / looked up", "cached blocks evicted",
 				"preemptions", "commit calls (per second)", "time to first token, mean", "time to first token, median / p99",
 				"output tokens per second", "tokens computed (prompts, recomputes, decodes)", "steps", "simulated time", "simulation wall time"} {
@@ -104,7 +104,7 @@ func TestKVSimulateHandmade(t *testing.T) {
 		`cached blocks evicted 0 2 0`,
 		`prefix cache: tokens found / looked up 16 / 48 \(33\.3%\) 16 / 32 \(50\.0%\) —`,
 		`commit calls \(per second\) 7 \(\S+/s\) 7 \(\S+/s\) 2 \(\S+/s\)`,
-		`KV committed, peak 8\.00 MiB 8\.00 MiB 8\.00 MiB`,
+		`KV in use by running sequences, peak 8\.00 MiB 8\.00 MiB 8\.00 MiB`,
 		`tokens computed \(prompts, recomputes, decodes\) 86 86 70`,
 		`steps 23 23 40`,
 	} {
