@@ -281,10 +281,13 @@ func (r *configReader) params(c *hfConfig, m *Model, hidden int) {
 	}
 	norms := 2 * h
 
-	experts := c.NRoutedExperts
-	for _, e := range []*int{c.NumLocalExperts, c.NumExperts} {
+	experts, expertsField := c.NRoutedExperts, "n_routed_experts"
+	for _, f := range []struct {
+		v    *int
+		name string
+	}{{c.NumLocalExperts, "num_local_experts"}, {c.NumExperts, "num_experts"}} {
 		if experts == nil || *experts == 0 {
-			experts = e
+			experts, expertsField = f.v, f.name
 		}
 	}
 	layers := float64(m.Layers)
@@ -293,7 +296,7 @@ func (r *configReader) params(c *hfConfig, m *Model, hidden int) {
 		m.Params = r.count(embed + layers*(attn+norms+3*h*inter) + h)
 		return
 	}
-	e := float64(r.within("experts", *experts, maxConfigExperts))
+	e := float64(r.within(expertsField, *experts, maxConfigExperts))
 	perTok := float64(r.need("num_experts_per_tok", c.NumExpertsPerTok, *experts, "how many experts a token is routed to"))
 	width := c.MoEIntermediateSize
 	if width == nil {

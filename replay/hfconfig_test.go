@@ -217,6 +217,7 @@ func TestModelFromConfigRefused(t *testing.T) {
 		{"too many parameters", func(c map[string]any) { c["vocab_size"] = 1 << 24; c["hidden_size"] = 1 << 20; c["head_dim"] = 128 }, "an estimated 3.697e+13 parameters, more than the 1.759e+13 a model may have"},
 		{"latent without rope", func(c map[string]any) { c["kv_lora_rank"] = 512 }, `no "qk_rope_head_dim": add it`},
 		{"experts without routing", func(c map[string]any) { c["num_local_experts"] = 8 }, `no "num_experts_per_tok": add it`},
+		{"negative experts", func(c map[string]any) { c["num_local_experts"] = -8 }, `"num_local_experts" is -8, want 1 to 16384`},
 		{"routed to more than there are", func(c map[string]any) { c["num_local_experts"] = 8; c["num_experts_per_tok"] = 9 }, `"num_experts_per_tok" is 9, want 1 to 8`},
 		{"more dense layers than layers", func(c map[string]any) {
 			c["n_routed_experts"], c["num_experts_per_tok"], c["first_k_dense_replace"] = 8, 2, 33
