@@ -31,9 +31,11 @@ step prices, and prints their figures side by side: this library's cache
 prefix caching, recompute preemption) and a static reservation of the maximum
 context for every sequence. --memory is the KV memory's budget. The max
 context defaults to the trace's longest request, as much as the budget holds
-for one sequence; longer requests are refused. --model is a preset (llama3.1-8b,
-llama3.3-70b, qwen2.5-7b, mistral-7b, deepseek-v3, ...: see --help's flags) or
-the path of a Hugging Face config.json, or of the directory that holds one.
+for one sequence; longer requests are refused.
+
+--model is a preset (llama3.1-8b, llama3.3-70b, qwen2.5-7b, mistral-7b,
+deepseek-v3, ...: the flags of vmarena kv simulate -h list them all) or the
+path of a Hugging Face config.json, or of the directory that holds one.
 `
 
 // kvLayouts are the layouts of this cache --layout accepts, the default
