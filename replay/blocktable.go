@@ -336,14 +336,14 @@ func (t *BlockTable) release(op string, r *SimRequest) error {
 	return nil
 }
 
-// Stats: Committed is the blocks in use, Cached the hashed free blocks.
+// Stats: InUse is the blocks in use, Cached the hashed free blocks.
 func (t *BlockTable) Stats() KVStats {
 	if t == nil {
 		return KVStats{}
 	}
 	s := t.counts
 	bb := uint64(t.blockTokens) * t.tokenBytes
-	s.Committed = uint64(t.inUse) * bb
+	s.InUse = uint64(t.inUse) * bb
 	s.Stored = uint64(t.stored) * t.tokenBytes
 	s.Logical = uint64(t.logical) * t.tokenBytes
 	s.Cached = uint64(t.cachedFree) * bb

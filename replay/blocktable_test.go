@@ -44,7 +44,7 @@ func TestBlockTableByHand(t *testing.T) {
 	a := simReq(0, 40, 10)
 	start(a, 0, false)
 	step(tbl.Append(a, 40))
-	require.Equal(t, KVStats{Committed: 48 * K, Stored: 40 * K, Logical: 40 * K, Commits: 3, PrefixQueried: 32}, tbl.Stats())
+	require.Equal(t, KVStats{InUse: 48 * K, Stored: 40 * K, Logical: 40 * K, Commits: 3, PrefixQueried: 32}, tbl.Stats())
 
 	// b and c: the same 40 prompt tokens (hash id 7). b fills [3 4 5] and
 	// caches its two full blocks; c finds them (32 tokens: not the last
@@ -55,7 +55,7 @@ func TestBlockTableByHand(t *testing.T) {
 	start(c, 32, false)
 	step(tbl.Append(c, 8))
 	st := tbl.Stats()
-	require.Equal(t, KVStats{Committed: 112 * K, Stored: 88 * K, Logical: 120 * K, Commits: 7, PrefixQueried: 96, PrefixHit: 32}, st)
+	require.Equal(t, KVStats{InUse: 112 * K, Stored: 88 * K, Logical: 120 * K, Commits: 7, PrefixQueried: 96, PrefixHit: 32}, st)
 	require.Equal(t, 24*K, st.Waste())
 	require.Equal(t, 32*K, st.Saved())
 
@@ -83,7 +83,7 @@ func TestBlockTableByHand(t *testing.T) {
 	recompute, err := tbl.Preempt(c)
 	step(err)
 	require.True(t, recompute)
-	require.Equal(t, KVStats{Committed: 64 * K, Stored: 49 * K, Logical: 49 * K, Cached: 48 * K, Commits: 9, PrefixQueried: 96, PrefixHit: 32}, tbl.Stats())
+	require.Equal(t, KVStats{InUse: 64 * K, Stored: 49 * K, Logical: 49 * K, Cached: 48 * K, Commits: 9, PrefixQueried: 96, PrefixHit: 32}, tbl.Stats())
 	start(c, 32, true)
 	step(tbl.Append(c, 8))
 	require.Equal(t, int64(1), tbl.Stats().Evictions)
@@ -94,14 +94,14 @@ func TestBlockTableByHand(t *testing.T) {
 	// sequences see 49 + 40 + 40.
 	start(a, 32, false)
 	step(tbl.Append(a, 8))
-	require.Equal(t, KVStats{Committed: 128 * K, Stored: 97 * K, Logical: 129 * K, Commits: 11, PrefixQueried: 160, PrefixHit: 96, Evictions: 1}, tbl.Stats())
+	require.Equal(t, KVStats{InUse: 128 * K, Stored: 97 * K, Logical: 129 * K, Commits: 11, PrefixQueried: 160, PrefixHit: 96, Evictions: 1}, tbl.Stats())
 	require.Equal(t, "paged: 8 blocks of 16 tokens: 8 in use (97 tokens stored), 0 free (0 cached), 3 sequences", tbl.String())
 
 	for _, r := range []*SimRequest{b, c, a} {
 		step(tbl.Finish(r))
 	}
 	st = tbl.Stats()
-	require.Zero(t, st.Committed)
+	require.Zero(t, st.InUse)
 	require.Zero(t, st.Logical)
 	require.Equal(t, "paged: 8 blocks of 16 tokens: 0 in use (0 tokens stored), 8 free (5 cached), 0 sequences", tbl.String(),
 		"cached: b's full blocks [3 4 5] and a's [1 0]; b's [7], c's [2] and a's [6] are partial")

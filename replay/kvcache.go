@@ -50,7 +50,8 @@ type KVCacheOptions struct {
 // Its choices, where the simulation leaves one:
 //
 //   - Shape: the cache is built from the KVConfig the baselines are —
-//     Model's Layers, KVHeads, HeadDim and ElemBytes, BlockTokens (the unit
+//     Model's Layers, KVHeads, HeadDim and ElemBytes (a latent KV as a
+//     key and a value of half its elements each), BlockTokens (the unit
 //     of prefix hashing), MaxContext, MaxSeqs (its slots: a preempted
 //     sequence keeps its slot, which Simulate allows for, as it resumes
 //     preempted requests before it admits new ones) and Budget.
@@ -78,11 +79,11 @@ type KVCacheOptions struct {
 // (before it fails an Append): cached prefix store units, the pages idle
 // slots keep (deferred reclaim) and the surplus pages of running
 // sequences' slots (a short sequence in a slot a longer one left).
-// Committed is the rest of what it has committed: the pages holding the
+// InUse is the rest of what it has committed: the pages holding the
 // running sequences' tokens, their own and the prefix store's they map,
-// so that Committed - Stored is the waste of the pages in use — the tail
+// so that InUse - Stored is the waste of the pages in use — the tail
 // of each sequence's last page (PerLayer: of each region's) — as the
-// paged scheme's is the tail of its last block; Committed + Cached is all
+// paged scheme's is the tail of its last block; InUse + Cached is all
 // the cache has committed, kvcache.Stats.Committed. Commits counts the
 // cache's commit calls to its arena (one per region of a run of units in
 // the PerLayer layout; one for a run of prefix store units side by side;
@@ -166,6 +167,10 @@ func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
 	if err != nil {
 		return nil, err
 	}
+	kvHeads, headDim, err := cacheShape(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
 	capacity := (cfg.Budget + page - 1) / page * page
 	drv, err := sim.New(sim.Options{Devices: 1, Capacity: capacity, Granularity: page})
 	if err != nil {
@@ -174,7 +179,7 @@ func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
 	k := &KVCache{cfg: cfg, opts: opts, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
 		seqs: map[int]*cacheSeq{}, promptOf: -1}
 	k.cache, err = kvcache.New(k.space, k.mem, kvcache.Config{
-		Layers: cfg.Model.Layers, KVHeads: cfg.Model.KVHeads, HeadDim: cfg.Model.HeadDim, DType: dt,
+		Layers: cfg.Model.Layers, KVHeads: kvHeads, HeadDim: headDim, DType: dt,
 		BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs,
 		Budget: cfg.Budget, PageSize: page, Layout: opts.Layout, MapAhead: -1,
 	})
@@ -182,6 +187,20 @@ func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
 		return nil, errors.CombineErrors(errors.Wrapf(err, "replay: kvcache"), k.closeDriver())
 	}
 	return k, nil
+}
+
+// cacheShape is the KVHeads and HeadDim of package kvcache's Config for
+// m. The cache keeps a key and a value a layer; a latent KV (MLA) is one
+// vector, which it keeps as two halves of HeadDim/2, the same bytes a
+// token and a layer. An odd latent has no such halves and is refused.
+func cacheShape(m Model) (kvHeads, headDim int, err error) {
+	if !m.Latent {
+		return m.KVHeads, m.HeadDim, nil
+	}
+	if m.HeadDim%2 != 0 {
+		return 0, 0, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: model %q has a latent KV of %d elements, an odd number this cache cannot keep as a key and a value of half each", m.Name, m.HeadDim)
+	}
+	return m.KVHeads, m.HeadDim / 2, nil
 }
 
 // elemDType is a dtype of the model's element size: the cache cares
@@ -431,7 +450,7 @@ func (k *KVCache) Stats() KVStats {
 	block := int64(k.cfg.BlockTokens)
 	cached := uint64(st.CachedPages+st.IdlePages+st.SurplusPages) * page
 	return KVStats{
-		Committed:     st.Committed - min(cached, st.Committed),
+		InUse:         st.Committed - min(cached, st.Committed),
 		Stored:        st.UsedBytes,
 		Logical:       uint64(st.TokensStored) * k.cfg.Model.TokenBytes(),
 		Cached:        cached,

@@ -84,9 +84,9 @@ func TestKVCacheTraceSlices(t *testing.T) {
 					tail = 2 * uint64(l3.Layers) * 2 * units.MiB
 				}
 				require.LessOrEqual(t, res.PeakWaste, uint64(res.PeakSeqs)*tail)
-				require.LessOrEqual(t, res.PeakCommitted+res.PeakCached, 2*cfg.Budget)
-				require.LessOrEqual(t, res.Stats.Committed+res.Stats.Cached, cfg.Budget)
-				require.Zero(t, res.Stats.Committed, "nothing runs at the end")
+				require.LessOrEqual(t, res.PeakInUse+res.PeakCached, 2*cfg.Budget)
+				require.LessOrEqual(t, res.Stats.InUse+res.Stats.Cached, cfg.Budget)
+				require.Zero(t, res.Stats.InUse, "nothing runs at the end")
 				require.GreaterOrEqual(t, res.PeakSeqs, static.PeakSeqs)
 				switch {
 				case sum.Blocks > 0 && !short:
@@ -161,7 +161,7 @@ func TestKVCacheSharesPrefixByHand(t *testing.T) {
 			if layout == kvcache.PerLayer {
 				pages = 6 // a: its shared unit's two pages, its own unit's two; b: its own unit's two
 			}
-			require.Equal(t, pages*16*units.KiB, ks.Committed)
+			require.Equal(t, pages*16*units.KiB, ks.InUse)
 			require.Equal(t, int64(3*32), ks.PrefixQueried, "a's, early's and b's two whole blocks")
 			require.Equal(t, int64(32), ks.PrefixHit)
 			// Token-major: a commits its two prompt pages in the store, side
@@ -224,7 +224,7 @@ func TestKVCachePreemptionByHand(t *testing.T) {
 				computed = 35 + 16 + 16 + 1 + 2
 			}
 			require.Equal(t, computed, res.ComputedTokens)
-			require.Equal(t, 64*units.KiB, res.PeakCommitted)
+			require.Equal(t, 64*units.KiB, res.PeakInUse)
 			require.Equal(t, 2*15*units.KiB, res.PeakWaste, "after step 2, A's and B's last pages hold a token of 16")
 			require.Equal(t, KVStats{Cached: 4 * 16 * units.KiB, Commits: 7, PrefixQueried: 48, PrefixHit: 16}, res.Stats)
 			st := k.cache.Stats()
@@ -249,6 +249,8 @@ func TestKVCacheBadInput(t *testing.T) {
 		{KVConfig{}, KVCacheOptions{}, `model "": Layers 0`},
 		{KVConfig{Model: Model{Name: "odd", Layers: 1, KVHeads: 1, HeadDim: 1, ElemBytes: 3, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
 			KVCacheOptions{}, `model "odd" has 3-byte elements, want 1, 2, 4 or 8`},
+		{KVConfig{Model: Model{Name: "odd latent", Layers: 1, KVHeads: 1, HeadDim: 577, Latent: true, ElemBytes: 2, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
+			KVCacheOptions{}, `model "odd latent" has a latent KV of 577 elements, an odd number this cache cannot keep as a key and a value of half each`},
 	} {
 		_, err := NewKVCache(tc.cfg, tc.opts)
 		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
@@ -296,7 +298,7 @@ func TestKVCacheBadInput(t *testing.T) {
 	require.ErrorIs(t, err, driver.ErrClosed)
 	require.NoError(t, k.Check())
 	st := k.Stats()
-	require.Zero(t, st.Committed+st.Cached+st.Stored+st.Logical, "closed: nothing held")
+	require.Zero(t, st.InUse+st.Cached+st.Stored+st.Logical, "closed: nothing held")
 }
 
 // TestKVCacheExpectOutput: a request a finished with 32 output tokens, and
@@ -325,4 +327,41 @@ func TestKVCacheExpectOutput(t *testing.T) {
 			require.NoError(t, k.Check())
 		})
 	}
+}
+
+// TestKVCacheLatentModel serves a few requests of DeepSeek-V2-Lite, whose
+// KV is one 576-element latent a layer (31,104 bytes a token): the cache
+// keeps it as a key and a value of 288 each, the same bytes a token as the
+// baselines count, so token for token its stored KV is theirs.
+func TestKVCacheLatentModel(t *testing.T) {
+	m, err := ModelPreset("deepseek-v2-lite")
+	require.NoError(t, err)
+	reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", "AzureLLMInferenceTrace_conv.csv"))
+	require.NoError(t, err)
+	reqs = reqs[:12]
+	cfg := KVConfig{Model: m, Budget: 256 * units.MiB, MaxSeqs: 8}
+	cfg.MaxContext = FitMaxContext(reqs, cfg)
+	k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor})
+	kc := k.cache.Config()
+	require.Equal(t, []int{27, 1, 288}, []int{kc.Layers, kc.KVHeads, kc.HeadDim})
+	require.Equal(t, m.TokenBytes(), uint64(2*kc.Layers*kc.KVHeads*kc.HeadDim*kc.DType.Size()))
+
+	// Mid-run, one sequence's stored bytes are its tokens at 31,104 each.
+	a := simReq(0, 100, 5)
+	_, err = k.Admit(a)
+	require.NoError(t, err)
+	require.NoError(t, k.Append(a, 100))
+	require.Equal(t, uint64(100*31104), k.Stats().Logical)
+	require.NoError(t, k.Finish(a))
+
+	opts := SimOptions{Config: cfg, CheckEvery: 7}
+	res, err := Simulate(reqs, k, opts)
+	require.NoError(t, err)
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	paged, err := Simulate(reqs, tbl, opts)
+	require.NoError(t, err)
+	require.Equal(t, len(reqs), res.Finished)
+	require.Equal(t, len(reqs), paged.Finished)
+	require.Equal(t, paged.OutputTokens, res.OutputTokens)
 }

@@ -4,6 +4,8 @@ package replay
 // memory (a KV scheme), and the request as both see it.
 
 import (
+	"fmt"
+
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
@@ -78,12 +80,15 @@ type kvWriter interface {
 // KVStats is what a KV scheme holds at one moment (the bytes) and has done
 // since it was made (the counts). Bytes are of KV memory.
 type KVStats struct {
-	// Committed is the memory held for the running sequences: blocks in
-	// use (paged), reservations (static), the pages of live sequences'
-	// slots and the prefix store pages they map (this cache).
-	Committed uint64
-	// Stored is the KV of the tokens kept in Committed memory, a token
-	// two sequences share counted once. Committed - Stored is the waste.
+	// InUse is the memory held for the running sequences: blocks in use
+	// (paged), reservations (static), the pages of live sequences' slots
+	// and the prefix store pages they map (this cache). It is not all the
+	// memory a scheme has committed: Cached is the rest (for this cache,
+	// InUse + Cached is kvcache.Stats.Committed, the metric
+	// vmarena_kvcache_committed_bytes).
+	InUse uint64
+	// Stored is the KV of the tokens kept in InUse memory, a token two
+	// sequences share counted once. InUse - Stored is the waste.
 	Stored uint64
 	// Logical is the KV the running sequences see, a shared token counted
 	// once per sequence: Logical - Stored is what sharing saves.
@@ -104,8 +109,8 @@ type KVStats struct {
 	Evictions int64
 }
 
-// Waste is the memory committed beyond the tokens stored in it.
-func (s KVStats) Waste() uint64 { return s.Committed - min(s.Stored, s.Committed) }
+// Waste is the memory in use beyond the tokens stored in it.
+func (s KVStats) Waste() uint64 { return s.InUse - min(s.Stored, s.InUse) }
 
 // Saved is what sharing saves: the KV the sequences see less what is
 // stored.
@@ -173,6 +178,30 @@ func (c KVConfig) Check() error {
 			units.Bytes(c.Budget), c.MaxContext, c.Model.Name, units.Bytes(tb), c.BlockTokens, units.Bytes(need), c.ContextCap())
 	}
 	return nil
+}
+
+// WindowNote says, for a simulation's header, what it makes of the
+// model's sliding window: "" for a model without one. No scheme models the
+// window: each keeps every token of a sequence in every layer, as full
+// attention must. Where MaxContext is within the window that is exact (the
+// window drops nothing); past it the note says that the figures are full
+// attention's, more KV than the model needs for the longer sequences.
+func (c KVConfig) WindowNote() string {
+	m := c.Model
+	if m.SlidingWindow == 0 {
+		return ""
+	}
+	layers := fmt.Sprintf("all %d layers", m.Layers)
+	if m.WindowLayers < m.Layers {
+		layers = fmt.Sprintf("%d of %d layers", m.WindowLayers, m.Layers)
+	}
+	if c.MaxContext <= m.SlidingWindow {
+		return fmt.Sprintf("sliding window: %s of %s attend to the last %d tokens, no fewer than the max context of %d, so the window drops no token and the figures are exact",
+			layers, m.Name, m.SlidingWindow, c.MaxContext)
+	}
+	return fmt.Sprintf("sliding window not modelled: %s of %s attend to the last %d tokens only, but every scheme keeps each token of a sequence in every layer; "+
+		"for sequences longer than %d tokens (the max context is %d) the figures are full attention's, more KV than the model needs",
+		layers, m.Name, m.SlidingWindow, m.SlidingWindow, c.MaxContext)
 }
 
 // ContextCap is the longest context the budget holds for one sequence in

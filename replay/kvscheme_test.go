@@ -87,3 +87,20 @@ func TestKVConfig(t *testing.T) {
 	require.Equal(t, 0, cfg.ContextCap())
 	require.Equal(t, 16, FitMaxContext(reqs, cfg), "one block, which Check refuses")
 }
+
+// TestWindowNote: no note without a window; exact within it; flagged past
+// it, with how many layers use it.
+func TestWindowNote(t *testing.T) {
+	l3, err := ModelPreset("llama3-8b")
+	require.NoError(t, err)
+	require.Empty(t, KVConfig{Model: l3, MaxContext: 1 << 20}.WindowNote())
+	mistral, err := ModelPreset("mistral-7b")
+	require.NoError(t, err)
+	require.Equal(t, "sliding window: all 32 layers of mistral-7b attend to the last 4096 tokens, no fewer than the max context of 4096, so the window drops no token and the figures are exact",
+		KVConfig{Model: mistral, MaxContext: 4096}.WindowNote())
+	require.Equal(t, "sliding window not modelled: all 32 layers of mistral-7b attend to the last 4096 tokens only, but every scheme keeps each token of a sequence in every layer; "+
+		"for sequences longer than 4096 tokens (the max context is 8192) the figures are full attention's, more KV than the model needs",
+		KVConfig{Model: mistral, MaxContext: 8192}.WindowNote())
+	mistral.WindowLayers = 16
+	require.Contains(t, KVConfig{Model: mistral, MaxContext: 8192}.WindowNote(), "not modelled: 16 of 32 layers of mistral-7b")
+}

@@ -140,26 +140,26 @@ func (r *recorder) finish(d *device) {
 type SimTimeline struct {
 	// Seqs is the sequences running (holding KV).
 	Seqs Series
-	// Committed is the scheme's committed KV memory and Waste the part of
-	// it holding no token, in bytes.
-	Committed, Waste Series
+	// InUse is the scheme's KV memory in use by running sequences
+	// (KVStats.InUse) and Waste the part of it holding no token, in bytes.
+	InUse, Waste Series
 }
 
 // simRecorder records a simulation's steps.
 type simRecorder struct {
-	seqs, committed, waste *series.Thinned
+	seqs, inUse, waste *series.Thinned
 }
 
 func newSimRecorder() *simRecorder {
-	return &simRecorder{seqs: series.New(RecordPoints), committed: series.New(RecordPoints), waste: series.New(RecordPoints)}
+	return &simRecorder{seqs: series.New(RecordPoints), inUse: series.New(RecordPoints), waste: series.New(RecordPoints)}
 }
 
 func (r *simRecorder) add(now float64, running int, st KVStats) {
 	r.seqs.Add(now, float64(running))
-	r.committed.Add(now, float64(st.Committed))
+	r.inUse.Add(now, float64(st.InUse))
 	r.waste.Add(now, float64(st.Waste()))
 }
 
 func (r *simRecorder) timeline() *SimTimeline {
-	return &SimTimeline{Seqs: seriesOf(r.seqs), Committed: seriesOf(r.committed), Waste: seriesOf(r.waste)}
+	return &SimTimeline{Seqs: seriesOf(r.seqs), InUse: seriesOf(r.inUse), Waste: seriesOf(r.waste)}
 }

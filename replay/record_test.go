@@ -116,9 +116,9 @@ func TestSimulateRecord(t *testing.T) {
 	require.Equal(t, plain, res, "recording changes nothing")
 
 	require.Equal(t, float64(res.PeakSeqs), slices.Max(tl.Seqs.Y))
-	require.Equal(t, float64(res.PeakCommitted), slices.Max(tl.Committed.Y))
+	require.Equal(t, float64(res.PeakInUse), slices.Max(tl.InUse.Y))
 	require.Equal(t, float64(res.PeakWaste), slices.Max(tl.Waste.Y))
-	for _, s := range []Series{tl.Seqs, tl.Committed, tl.Waste} {
+	for _, s := range []Series{tl.Seqs, tl.InUse, tl.Waste} {
 		require.Len(t, s.X, res.Steps+1, "a point a step, and the end")
 		require.Equal(t, 0.0, s.X[0])
 		require.InDelta(t, (230 * time.Millisecond).Seconds(), s.X[len(s.X)-1], 1e-12)

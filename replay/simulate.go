@@ -78,11 +78,11 @@ type SimResult struct {
 	// PeakSeqs and MeanSeqs are the sequences running (holding KV) at once.
 	PeakSeqs int
 	MeanSeqs float64
-	// The scheme's KVStats over time: committed memory, its waste
-	// (Committed - Stored), what sharing saved (Logical - Stored) and the
-	// memory kept for reuse (Cached), in bytes.
-	PeakCommitted, PeakWaste, PeakSaved, PeakCached uint64
-	MeanCommitted, MeanWaste, MeanSaved, MeanCached float64
+	// The scheme's KVStats over time: the memory in use by running
+	// sequences, its waste (InUse - Stored), what sharing saved (Logical -
+	// Stored) and the memory kept for reuse (Cached), in bytes.
+	PeakInUse, PeakWaste, PeakSaved, PeakCached uint64
+	MeanInUse, MeanWaste, MeanSaved, MeanCached float64
 	// TTFT is each request's time to first token (arrival to the end of the
 	// step that produced it), for the requests that produced one: mean,
 	// median and 99th percentile.
@@ -100,12 +100,12 @@ type SimResult struct {
 }
 
 // WasteFraction is the time-averaged waste over the time-averaged
-// committed memory: the share of committed KV memory holding no token.
+// memory in use: the share of the KV memory in use holding no token.
 func (r SimResult) WasteFraction() float64 {
-	if r.MeanCommitted == 0 {
+	if r.MeanInUse == 0 {
 		return 0
 	}
-	return r.MeanWaste / r.MeanCommitted
+	return r.MeanWaste / r.MeanInUse
 }
 
 // CommitsPerSecond is the scheme's commits over simulated time.
@@ -255,10 +255,10 @@ type simulation struct {
 
 	res SimResult
 	// The integrals over simulated time (in seconds) of the sequences
-	// running and of the scheme's committed, wasted, saved and cached bytes.
-	seqSecs, committedSecs, wasteSecs, savedSecs, cachedSecs float64
-	ttft                                                     []time.Duration
-	rec                                                      *simRecorder // SimOptions.Record only
+	// running and of the scheme's in-use, wasted, saved and cached bytes.
+	seqSecs, inUseSecs, wasteSecs, savedSecs, cachedSecs float64
+	ttft                                                 []time.Duration
+	rec                                                  *simRecorder // SimOptions.Record only
 }
 
 type scheduled struct {
@@ -458,12 +458,12 @@ func (s *simulation) sample(dt time.Duration) {
 	secs := dt.Seconds()
 	n := len(s.running)
 	s.seqSecs += float64(n) * secs
-	s.committedSecs += float64(st.Committed) * secs
+	s.inUseSecs += float64(st.InUse) * secs
 	s.wasteSecs += float64(st.Waste()) * secs
 	s.savedSecs += float64(st.Saved()) * secs
 	s.cachedSecs += float64(st.Cached) * secs
 	s.res.PeakSeqs = max(s.res.PeakSeqs, n)
-	s.res.PeakCommitted = max(s.res.PeakCommitted, st.Committed)
+	s.res.PeakInUse = max(s.res.PeakInUse, st.InUse)
 	s.res.PeakWaste = max(s.res.PeakWaste, st.Waste())
 	s.res.PeakSaved = max(s.res.PeakSaved, st.Saved())
 	s.res.PeakCached = max(s.res.PeakCached, st.Cached)
@@ -484,7 +484,7 @@ func (s *simulation) finish() error {
 	r.SimTime = s.now
 	if secs := s.now.Seconds(); secs > 0 {
 		r.MeanSeqs = s.seqSecs / secs
-		r.MeanCommitted = s.committedSecs / secs
+		r.MeanInUse = s.inUseSecs / secs
 		r.MeanWaste = s.wasteSecs / secs
 		r.MeanSaved = s.savedSecs / secs
 		r.MeanCached = s.cachedSecs / secs

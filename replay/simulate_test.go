@@ -54,7 +54,7 @@ func TestSimulatePreemptionByHand(t *testing.T) {
 	require.Equal(t, 10*time.Millisecond, res.MeanTTFT)
 	require.Equal(t, int64(40), res.OutputTokens)
 	require.Equal(t, int64(35+16+16+17+2), res.ComputedTokens, "A's 35; B's 16, 16 decoded, 17 recomputed, 2 decoded")
-	require.Equal(t, 64*units.KiB, res.PeakCommitted)
+	require.Equal(t, 64*units.KiB, res.PeakInUse)
 	require.Equal(t, KVStats{Cached: 3 * 16 * units.KiB, Commits: 7, PrefixQueried: 32, PrefixHit: 16, Evictions: 2}, res.Stats,
 		"at the end, B's two full blocks [1 3] and A's first [0] are cached; [2] held B's last 3 tokens")
 
@@ -77,7 +77,7 @@ func TestSimulatePreemptionByHand(t *testing.T) {
 	require.Equal(t, 210*time.Millisecond, res.P99TTFT)
 	require.Equal(t, int64(70), res.ComputedTokens)
 	require.Equal(t, int64(2), res.Stats.Commits)
-	require.InDelta(t, 64*units.KiB, res.MeanCommitted, 1e-6)
+	require.InDelta(t, 64*units.KiB, res.MeanInUse, 1e-6)
 	require.InDelta(t, 2*770.0/40*1024, res.MeanWaste, 1e-6, "(48 + ... + 29) KiB twice, over 40 steps")
 	require.Equal(t, 48*units.KiB, res.PeakWaste)
 }
@@ -197,10 +197,10 @@ func TestSimulateTraceSlices(t *testing.T) {
 				}
 			}
 			require.LessOrEqual(t, paged.PeakWaste, uint64(paged.PeakSeqs)*15*tb)
-			require.LessOrEqual(t, paged.PeakCommitted, cfg.Budget)
+			require.LessOrEqual(t, paged.PeakInUse, cfg.Budget)
 			require.Zero(t, static.Preemptions)
 			require.LessOrEqual(t, static.PeakSeqs, st.Slots())
-			require.Equal(t, uint64(static.PeakSeqs)*uint64(cfg.MaxContext)*tb, static.PeakCommitted)
+			require.Equal(t, uint64(static.PeakSeqs)*uint64(cfg.MaxContext)*tb, static.PeakInUse)
 			require.GreaterOrEqual(t, paged.PeakSeqs, static.PeakSeqs)
 			if sum.Blocks > 0 {
 				require.Positive(t, paged.Stats.PrefixHit)

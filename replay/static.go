@@ -160,17 +160,17 @@ func (s *StaticReservation) release(op string, r *SimRequest) error {
 	return nil
 }
 
-// Stats: Committed is the reservations taken, Stored and Logical the
+// Stats: InUse is the reservations taken, Stored and Logical the
 // tokens in them.
 func (s *StaticReservation) Stats() KVStats {
 	if s == nil {
 		return KVStats{}
 	}
 	return KVStats{
-		Committed: uint64(len(s.seqs)) * uint64(s.maxContext) * s.tokenBytes,
-		Stored:    uint64(s.logical) * s.tokenBytes,
-		Logical:   uint64(s.logical) * s.tokenBytes,
-		Commits:   s.commits,
+		InUse:   uint64(len(s.seqs)) * uint64(s.maxContext) * s.tokenBytes,
+		Stored:  uint64(s.logical) * s.tokenBytes,
+		Logical: uint64(s.logical) * s.tokenBytes,
+		Commits: s.commits,
 	}
 }
 

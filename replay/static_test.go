@@ -28,7 +28,7 @@ func TestStaticByHand(t *testing.T) {
 	}
 	require.NoError(t, s.Append(a, 40))
 	require.NoError(t, s.Append(b, 10))
-	require.Equal(t, KVStats{Committed: 128 * K, Stored: 50 * K, Logical: 50 * K, Commits: 2}, s.Stats())
+	require.Equal(t, KVStats{InUse: 128 * K, Stored: 50 * K, Logical: 50 * K, Commits: 2}, s.Stats())
 	require.Equal(t, 78*K, s.Stats().Waste())
 
 	// The refusal: both reservations are taken.
@@ -59,7 +59,7 @@ func TestStaticByHand(t *testing.T) {
 	held, err := s.Resume(b)
 	require.NoError(t, err)
 	require.Zero(t, held)
-	require.Equal(t, KVStats{Committed: 64 * K, Commits: 3}, s.Stats())
+	require.Equal(t, KVStats{InUse: 64 * K, Commits: 3}, s.Stats())
 	require.NoError(t, s.Check())
 
 	// Misuse changes nothing.

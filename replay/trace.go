@@ -49,7 +49,10 @@
 // same rules: a malformed trace is an ErrMalformed error naming its line.
 // Simulate serves such a trace with continuous batching (simulate.go),
 // holding the KV memory through a KVScheme (kvscheme.go): the paged and
-// static baselines are bookkeeping alone, with no memory behind them.
+// static baselines are bookkeeping alone, with no memory behind them. The
+// model it serves (kvmodel.go) is a preset or read from a Hugging Face
+// config.json (hfconfig.go): its KV a token, its parameters for the price
+// of a step.
 package replay
 
 import (

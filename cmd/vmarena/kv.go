@@ -17,7 +17,7 @@ import (
 	"github.com/vmarena/vmarena/replay"
 )
 
-const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET [--memory 80GiB] [--layout token-major|per-layer]
+const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.json [--memory 80GiB] [--layout token-major|per-layer]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
                            [--report FILE]
@@ -32,6 +32,10 @@ prefix caching, recompute preemption) and a static reservation of the maximum
 context for every sequence. --memory is the KV memory's budget. The max
 context defaults to the trace's longest request, as much as the budget holds
 for one sequence; longer requests are refused.
+
+--model is a preset (llama3.1-8b, llama3.3-70b, qwen2.5-7b, mistral-7b,
+deepseek-v3, ...: the flags of vmarena kv simulate -h list them all) or the
+path of a Hugging Face config.json, or of the directory that holds one.
 `
 
 // kvLayouts are the layouts of this cache --layout accepts, the default
@@ -79,7 +83,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	memory := sizeFlag(80 * units.GiB)
 	trace := fs.String("trace", "", "the request trace `FILE`: an Azure trace .csv or a Mooncake trace .jsonl")
-	model := fs.String("model", "", "the model `PRESET`: "+strings.Join(replay.ModelPresets(), " or "))
+	model := fs.String("model", "", "the `MODEL`: a preset ("+strings.Join(replay.ModelPresets(), ", ")+") or the path of a Hugging Face config.json (or its directory)")
 	fs.Var(&memory, "memory", "the KV memory's budget, a `SIZE` such as 80GiB")
 	layout := fs.String("layout", kvLayouts[0], "this cache's `LAYOUT`: "+strings.Join(kvLayouts, " or ")+" (the baselines have none)")
 	preempt := fs.String("preempt", kvPreempts[0], "what this cache's preemption does with a sequence's KV, a `MODE`: drop (recompute it on resume, as vLLM) or swap (to host memory)")
@@ -106,11 +110,11 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	case *trace == "":
 		return usageErr("no trace given: want --trace FILE, an Azure trace .csv or a Mooncake trace .jsonl")
 	case *model == "":
-		return usageErr("no model given: want --model %s", strings.Join(replay.ModelPresets(), " or "))
+		return usageErr("no model given: want --model and a preset (%s) or the path of a Hugging Face config.json", strings.Join(replay.ModelPresets(), ", "))
 	}
-	m, err := replay.ModelPreset(*model)
+	m, err := replay.LoadModel(*model)
 	if err != nil {
-		return usageErr("--model %s: want %s", *model, strings.Join(replay.ModelPresets(), " or "))
+		return usageErr("--model %s: %v", *model, err)
 	}
 	switch {
 	case !slices.Contains(kvLayouts, *layout):
@@ -217,6 +221,9 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Sprintf("model %s (%s of KV a token), KV budget %s, max context %d tokens, at most %d sequences and %d tokens a step; steps priced by the %s",
 			m.Name, units.Bytes(m.TokenBytes()), units.Bytes(cfg.Budget), cfg.MaxContext, cfg.MaxSeqs, *maxBatched, opts.Steps.Name),
 	}
+	if note := cfg.WindowNote(); note != "" {
+		header = append(header, note)
+	}
 	if sum.Blocks > 0 {
 		header = append(header, fmt.Sprintf("prompt blocks (hash_ids of %d tokens): %d, %d named before by an earlier request, holding %.1f%% of prompt tokens",
 			replay.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction()))
@@ -258,9 +265,9 @@ func kvTable(results []replay.SimResult) [][]string {
 	row("refused (longer than max context)", func(r replay.SimResult) string { return fmt.Sprint(r.Refused) })
 	row("peak concurrent sequences", func(r replay.SimResult) string { return fmt.Sprint(r.PeakSeqs) })
 	row("mean concurrent sequences", func(r replay.SimResult) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })
-	row("KV committed, peak", func(r replay.SimResult) string { return approx(r.PeakCommitted) })
-	row("KV committed, mean", func(r replay.SimResult) string { return approx(uint64(r.MeanCommitted)) })
-	row("KV waste, mean (of committed)", func(r replay.SimResult) string {
+	row("KV in use by running sequences, peak", func(r replay.SimResult) string { return approx(r.PeakInUse) })
+	row("KV in use by running sequences, mean", func(r replay.SimResult) string { return approx(uint64(r.MeanInUse)) })
+	row("KV waste, mean (of in use)", func(r replay.SimResult) string {
 		return fmt.Sprintf("%s (%.2f%%)", approx(uint64(r.MeanWaste)), 100*r.WasteFraction())
 	})
 	row("KV waste, peak", func(r replay.SimResult) string { return approx(r.PeakWaste) })

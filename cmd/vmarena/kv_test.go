@@ -69,7 +69,7 @@ func TestKVSimulate(t *testing.T) {
 			require.Contains(t, flat, "\nscheme this cache (token-major) paged (vLLM) static\n")
 			require.Contains(t, flat, "\nrequests finished 50 of 50 50 of 50 50 of 50\n")
 			for _, row := range []string{"refused (longer than max context) 0 0 0", "peak concurrent sequences", "mean concurrent sequences",
-				"KV committed, peak", "KV committed, mean", "KV waste, mean (of committed)", "KV waste, peak", "KV cached for reuse, mean / peak",
+				"KV in use by running sequences, peak", "KV in use by running sequences, mean", "KV waste, mean (of in use)", "KV waste, peak", "KV cached for reuse, mean / peak",
 				"saved by prefix sharing, mean / peak", "prefix cache: tokens found / looked up", "cached blocks evicted",
 				"preemptions", "commit calls (per second)", "time to first token, mean", "time to first token, median / p99",
 				"output tokens per second", "tokens computed (prompts, recomputes, decodes)", "steps", "simulated time", "simulation wall time"} {
@@ -104,7 +104,7 @@ func TestKVSimulateHandmade(t *testing.T) {
 		`cached blocks evicted 0 2 0`,
 		`prefix cache: tokens found / looked up 16 / 48 \(33\.3%\) 16 / 32 \(50\.0%\) —`,
 		`commit calls \(per second\) 7 \(\S+/s\) 7 \(\S+/s\) 2 \(\S+/s\)`,
-		`KV committed, peak 8\.00 MiB 8\.00 MiB 8\.00 MiB`,
+		`KV in use by running sequences, peak 8\.00 MiB 8\.00 MiB 8\.00 MiB`,
 		`tokens computed \(prompts, recomputes, decodes\) 86 86 70`,
 		`steps 23 23 40`,
 	} {
@@ -142,8 +142,39 @@ func TestKVSimulateHandmade(t *testing.T) {
 	require.Contains(t, flatten(out), "; preempts by drop; admits with room for the prompt and an expected output, the mean of the requests finished so far\n")
 }
 
+// TestKVSimulateModels: --model takes a preset or a Hugging Face
+// config.json (its path, or its directory's), and the header says the
+// model's KV a token and what is made of a sliding window.
+func TestKVSimulateModels(t *testing.T) {
+	azure := writeTrace(t, "two.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"+
+		"2023-11-16 18:15:46.0000000,16,20\n2023-11-16 18:15:46.0000000,16,20\n")
+	for _, tc := range []struct {
+		model, memory, maxContext string
+		says                      []string
+	}{
+		{"deepseek-v3", "64MiB", "64", []string{"model deepseek-v3 (70272 B of KV a token)"}},
+		{modelsDir + "/DeepSeek-V2-Lite/config.json", "64MiB", "64", []string{"model DeepSeek-V2-Lite (31104 B of KV a token)"}},
+		{modelsDir + "/Qwen2.5-7B-Instruct", "64MiB", "64", []string{"model Qwen2.5-7B-Instruct (56 KiB of KV a token)"}},
+		{"mistral-7b", "64MiB", "64", []string{"model mistral-7b (128 KiB of KV a token)",
+			"\nsliding window: all 32 layers of mistral-7b attend to the last 4096 tokens, no fewer than the max context of 64, so the window drops no token and the figures are exact\n"}},
+		{modelsDir + "/Mistral-7B-v0.1", "2GiB", "8192", []string{"model Mistral-7B-v0.1 (128 KiB of KV a token)",
+			"\nsliding window not modelled: all 32 layers of Mistral-7B-v0.1 attend to the last 4096 tokens only,"}},
+	} {
+		code, out, errOut := runKV(t, "simulate", "--trace", azure, "--model", tc.model, "--memory", tc.memory, "--max-context", tc.maxContext, "--max-seqs", "4")
+		require.Equal(t, 0, code, errOut)
+		require.Regexp(t, `(?m)^requests finished 2 of 2 2 of 2 2 of 2$`, flatten(out), tc.model)
+		for _, s := range tc.says {
+			require.Contains(t, out, s, tc.model)
+		}
+	}
+}
+
+// modelsDir holds config.json files of Hugging Face models.
+const modelsDir = "../../replay/testdata/models"
+
 func TestKVFlags(t *testing.T) {
 	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
+	noLayers := writeTrace(t, "config.json", `{"num_attention_heads": 32, "hidden_size": 4096, "torch_dtype": "bfloat16"}`)
 	code, out, _ := runKV(t, "simulate", "-h")
 	require.Equal(t, 0, code)
 	require.Empty(t, out)
@@ -158,8 +189,11 @@ func TestKVFlags(t *testing.T) {
 		{nil, "vmarena kv: no subcommand, want simulate"},
 		{[]string{"simulat"}, `vmarena kv: unknown subcommand "simulat", want simulate`},
 		{[]string{"simulate"}, "no trace given: want --trace FILE, an Azure trace .csv or a Mooncake trace .jsonl"},
-		{[]string{"simulate", "--trace", small}, "no model given: want --model llama-7b or llama3-8b"},
-		{[]string{"simulate", "--trace", small, "--model", "gpt2"}, "vmarena kv simulate: --model gpt2: want llama-7b or llama3-8b\n"},
+		{[]string{"simulate", "--trace", small}, "no model given: want --model and a preset (deepseek-v2-lite, deepseek-v3, llama-7b, "},
+		{[]string{"simulate", "--trace", small, "--model", "gpt2"},
+			`vmarena kv simulate: --model gpt2: replay: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, llama3-8b, llama3.1-70b, llama3.1-8b, llama3.3-70b, mistral-7b, qwen2.5-7b, or the path of a Hugging Face config.json`},
+		{[]string{"simulate", "--trace", small, "--model", "absent/config.json"}, "--model absent/config.json: replay: model config: open absent/config.json: no such file or directory"},
+		{[]string{"simulate", "--trace", small, "--model", noLayers}, `: no "num_hidden_layers": add it, the number of decoder layers`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "extra"}, `unexpected argument "extra"`},
 		{[]string{"simulate", "--trace"}, "flag needs an argument: -trace"},
 		{[]string{"simulate", "--trace", small, "--bogus"}, "flag provided but not defined: -bogus"},

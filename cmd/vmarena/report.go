@@ -200,20 +200,29 @@ func peakMap(label string, m *replay.PeakMap) report.MemoryMap {
 // kvReport is vmarena kv simulate's report: the header and table it
 // printed, and each scheme's sequences, KV memory and waste over
 // simulated time.
+// kvLineStep is how much wider, in points, each scheme's line is drawn
+// than the next scheme's, drawn over it.
+const kvLineStep = 1.4
+
 func kvReport(header []string, results []replay.SimResult, table [][]string) report.Page {
 	simTime := report.Axis{Label: "simulated time", Unit: report.Seconds}
 	charts := []report.LineChart{
 		{Title: "sequences running", X: simTime, Y: report.Axis{Label: "sequences", Unit: report.Count}},
-		{Title: "KV memory committed", X: simTime, Y: report.Axis{Label: "KV memory", Unit: report.Bytes}},
-		{Title: "KV waste: committed memory holding no token", X: simTime, Y: report.Axis{Label: "KV waste", Unit: report.Bytes}},
+		{Title: "KV memory in use by running sequences", X: simTime, Y: report.Axis{Label: "KV memory", Unit: report.Bytes}},
+		{Title: "KV waste: memory in use holding no token", X: simTime, Y: report.Axis{Label: "KV waste", Unit: report.Bytes}},
 	}
-	for _, r := range results {
+	// Where two schemes hold the same (this cache and the paged scheme
+	// often do), the later line would hide the earlier: each scheme's is
+	// drawn wider than the next's, so this cache's shows at the edges of
+	// the paged scheme's drawn over it.
+	for k, r := range results {
 		tl := r.Timeline
 		if tl == nil {
 			continue
 		}
-		for i, s := range []replay.Series{tl.Seqs, tl.Committed, tl.Waste} {
-			charts[i].Series = append(charts[i].Series, report.Series{Name: r.Scheme, X: s.X, Y: s.Y, Steps: true})
+		width := report.DefaultWidth + kvLineStep*float64(len(results)-1-k)
+		for i, s := range []replay.Series{tl.Seqs, tl.InUse, tl.Waste} {
+			charts[i].Series = append(charts[i].Series, report.Series{Name: r.Scheme, X: s.X, Y: s.Y, Steps: true, Width: width})
 		}
 	}
 	over := report.Section{Title: "Over time", Notes: []string{

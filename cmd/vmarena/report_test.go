@@ -153,11 +153,17 @@ func TestKVReport(t *testing.T) {
 
 	over := page.Section(t, "Over time")
 	require.Len(t, over.Charts, 3)
-	unit := unitOf(cell(t, printed, "KV committed, peak", 3)) // static commits most
+	// Each scheme's line is drawn wider than the next's, over it, so
+	// that one the next coincides with still shows: 3 charts, each line
+	// and its legend's sample.
+	for _, w := range []string{`4\.4`, `3`, `1\.6`} {
+		require.Len(t, regexp.MustCompile(`stroke-width:`+w+`[^0-9.]`).FindAll(data, -1), 6, w)
+	}
+	unit := unitOf(cell(t, printed, "KV in use by running sequences, peak", 3)) // static holds most
 	for i, want := range []struct{ title, y string }{
 		{"sequences running", "sequences"},
-		{"KV memory committed", "KV memory (" + unit + ")"},
-		{"KV waste: committed memory holding no token", "KV waste ("},
+		{"KV memory in use by running sequences", "KV memory (" + unit + ")"},
+		{"KV waste: memory in use holding no token", "KV waste ("},
 	} {
 		c := over.Charts[i]
 		require.Equal(t, want.title, c.Label)

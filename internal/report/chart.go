@@ -64,12 +64,19 @@ func (a Axis) scale(most float64) (div float64, label string) {
 }
 
 // Series is a named line: Y[i] at X[i]. A series of Steps holds each
-// value until the next point (drawn as steps, not slopes).
+// value until the next point (drawn as steps, not slopes). Width is the
+// line's width in points (0: DefaultWidth): series are drawn in order,
+// each over those before, so a chart whose lines may coincide draws the
+// earlier ones wider, to show at the edges of those drawn over them.
 type Series struct {
 	Name  string
 	X, Y  []float64
 	Steps bool
+	Width float64
 }
+
+// DefaultWidth is a line's width in points where its Series gives none.
+const DefaultWidth = 1.6
 
 // LineChart draws series as lines over shared axes, with a legend.
 type LineChart struct {
@@ -138,7 +145,10 @@ func (c LineChart) svg() ([]byte, error) {
 			return nil, errors.Wrapf(err, "chart %q: series %q", c.Title, s.Name)
 		}
 		l.Color = plotutil.Color(i)
-		l.Width = vg.Points(1.6)
+		l.Width = vg.Points(DefaultWidth)
+		if s.Width > 0 {
+			l.Width = vg.Points(s.Width)
+		}
 		l.Dashes = plotutil.Dashes(i)
 		if s.Steps {
 			l.StepStyle = plotter.PostStep

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -207,4 +208,21 @@ func TestNiceTicks(t *testing.T) {
 	require.Equal(t, []string{"0.00", "0.05", "0.10", "0.15", "0.20", "0.25", "0.30"}, labels(0, 0.3))
 	require.Equal(t, []string{"-2", "-1", "0", "1", "2"}, labels(-2.5, 2.5))
 	require.Equal(t, []string{"7"}, labels(7, 7))
+}
+
+// TestSeriesWidth: a series' Width is its line's width, in the chart and
+// in the legend; without one it is DefaultWidth.
+func TestSeriesWidth(t *testing.T) {
+	flat := []float64{1, 1}
+	svg, err := LineChart{Title: "t", Series: []Series{
+		{Name: "under", X: []float64{0, 1}, Y: flat, Width: 4.4},
+		{Name: "over", X: []float64{0, 1}, Y: flat},
+	}}.svg()
+	require.NoError(t, err)
+	widths := regexp.MustCompile(`stroke-width:(4\.4|1\.6)\b`).FindAllStringSubmatch(string(svg), -1)
+	var got []string
+	for _, w := range widths {
+		got = append(got, w[1])
+	}
+	require.Equal(t, []string{"4.4", "1.6", "4.4", "1.6"}, got, "the lines, then the legend's")
 }
