@@ -35,24 +35,14 @@ chunks labelled, aliases outlined.
 // demoCmd runs `vmarena demo`: 0 when the demo ran to the end, 1 when a
 // step failed or the driver cannot run here, 2 on bad usage.
 func demoCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // a bad flag is one line, written below
+	fs := newFlags("demo", stderr)
 	drv := driverFlag("host")
 	fs.Var(&drv, "driver", "the `DRIVER` to run on: "+orList(driverNames))
 	library := fs.String("library", "", "the vendor library to load for --driver cuda or acl, a `PATH` or soname")
 	svg := fs.String("svg", "", "draw the memory map of each step as an SVG picture into `DIR` (made if need be)")
-	bad := func(format string, args ...any) int {
-		fmt.Fprintf(stderr, "vmarena demo: %s (vmarena demo -h lists the flags)\n", fmt.Sprintf(format, args...))
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, demoUsage+"\nflags:\n")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return 0
-		}
-		return bad("%v", err)
+	bad := func(format string, args ...any) int { return usageError(stderr, "demo", format, args...) }
+	if code, ok := parseFlags(fs, "demo", demoUsage, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		return bad("unexpected argument %q", fs.Arg(0))

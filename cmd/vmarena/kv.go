@@ -1,15 +1,12 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
@@ -53,16 +50,7 @@ var kvAdmits = []string{"prompt", "expected-output"}
 // kvCmd runs `vmarena kv`: its one subcommand is simulate.
 func kvCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "simulate" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprint(stdout, kvUsage)
-			return 0
-		}
-		if len(args) == 0 {
-			fmt.Fprintf(stderr, "vmarena kv: no subcommand, want simulate\n\n%s", kvUsage)
-		} else {
-			fmt.Fprintf(stderr, "vmarena kv: unknown subcommand %q, want simulate\n\n%s", args[0], kvUsage)
-		}
-		return 2
+		return kvNoSimulate(args, stdout, stderr)
 	}
 	return kvSimulate(args[1:], stdout, stderr)
 }
@@ -71,12 +59,7 @@ func kvCmd(args []string, stdout, stderr io.Writer) int {
 // trace, 1 when the trace could not be read or a simulation failed, 2 on
 // bad usage.
 func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
-	fs := flag.NewFlagSet("kv simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, kvUsage+"\nflags:\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlags("kv simulate", stderr)
 	memory := sizeFlag(80 * units.GiB)
 	trace := fs.String("trace", "", "the request trace `FILE`: an Azure trace .csv or a Mooncake trace .jsonl")
 	model := fs.String("model", "", "the model `PRESET`: "+strings.Join(replay.ModelPresets(), " or "))
@@ -89,17 +72,10 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
 	maxBatched := fs.Int("max-batched-tokens", replay.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
 	report := fs.String("report", "", "also write an HTML report to `FILE`: each scheme's sequences, KV memory and waste over time, and the table")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2 // the flag package has said what was wrong
+	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
+		return code
 	}
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "vmarena kv simulate: "+format+"\n\n", a...)
-		fs.Usage()
-		return 2
-	}
+	usageErr := func(format string, a ...any) int { return usageError(stderr, "kv simulate", format, a...) }
 	switch {
 	case fs.NArg() > 0:
 		return usageErr("unexpected argument %q (the trace is given with --trace)", fs.Arg(0))
@@ -301,4 +277,17 @@ func mean(sum int64, n int) float64 {
 		return 0
 	}
 	return float64(sum) / float64(n)
+}
+
+// kvNoSimulate answers `vmarena kv` with no subcommand, or another than
+// simulate: its usage for --help, a usage error else.
+func kvNoSimulate(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		return usageError(stderr, "kv", "no subcommand, want simulate")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help" {
+		fmt.Fprint(stdout, kvUsage)
+		return 0
+	}
+	return usageError(stderr, "kv", "unknown subcommand %q, want simulate", args[0])
 }

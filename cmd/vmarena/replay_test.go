@@ -125,7 +125,7 @@ func TestReplayFlags(t *testing.T) {
 
 	code, out, _ = runReplay(t, "-h")
 	require.Equal(t, 0, code)
-	require.Empty(t, out)
+	require.Contains(t, out, "usage: vmarena replay")
 
 	for _, tc := range []struct {
 		args []string
@@ -160,7 +160,7 @@ func TestReplayFlags(t *testing.T) {
 		require.Equal(t, 2, code, "%v", tc.args)
 		require.Empty(t, out, "%v", tc.args)
 		require.Contains(t, errOut, tc.says, "%v", tc.args)
-		require.Contains(t, errOut, "usage: vmarena replay", "%v", tc.args)
+		require.Contains(t, errOut, "\nrun 'vmarena replay --help' for usage\n", "%v", tc.args)
 	}
 }
 
@@ -248,7 +248,7 @@ func TestReplaySynthetic(t *testing.T) {
 		require.Equal(t, 2, code, "%v", tc.args)
 		require.Empty(t, out, "%v", tc.args)
 		require.Contains(t, errOut, tc.says, "%v", tc.args)
-		require.Contains(t, errOut, "usage: vmarena replay", "%v", tc.args)
+		require.Contains(t, errOut, "\nrun 'vmarena replay --help' for usage\n", "%v", tc.args)
 	}
 
 	// A workload larger than the devices is a failure that names it.

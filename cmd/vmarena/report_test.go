@@ -171,7 +171,7 @@ func TestReportUsage(t *testing.T) {
 		require.Equal(t, 2, code)
 		require.Empty(t, stdout)
 		require.True(t, strings.HasPrefix(errOut, tc.says), errOut)
-		require.Contains(t, errOut, "usage: vmarena replay")
+		require.Contains(t, errOut, "\nrun 'vmarena replay --help' for usage\n")
 	}
 	code, _, errOut := runReplay(t, "--trace", trace, "--report")
 	require.Equal(t, 2, code)
