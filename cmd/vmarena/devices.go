@@ -13,7 +13,7 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-const devicesUsage = `usage: vmarena devices [--cuda-library PATH] [--acl-library PATH]
+const devicesUsage = `usage: vmarena devices [--cuda-library PATH] [--acl-library PATH] [--json]
 
 Lists what each driver sees, one section per driver: host (the logical
 devices the host driver makes by default), sim, cuda (the NVIDIA driver's
@@ -27,11 +27,19 @@ func devicesCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("devices", stderr)
 	cudaLib := fs.String("cuda-library", "", "the CUDA driver library to load, a `PATH` or soname (default $"+cuda.LibraryEnv+", else "+cuda.DefaultLibrary+")")
 	aclLib := fs.String("acl-library", "", "the AscendCL runtime to load, a `PATH` or soname (default $"+acl.LibraryEnv+", else "+acl.DefaultLibrary+")")
+	jsonOut := fs.Bool("json", false, jsonHelp)
 	if code, ok := parseFlags(fs, "devices", devicesUsage, args, stdout, stderr); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {
 		return usageError(stderr, "devices", "unexpected argument %q", fs.Arg(0))
+	}
+	if *jsonOut {
+		if err := writeJSON(stdout, devicesDocument(*cudaLib, *aclLib)); err != nil {
+			fmt.Fprintf(stderr, "vmarena devices: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	for i, section := range []func(io.Writer) error{
 		listHost,

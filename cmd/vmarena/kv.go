@@ -17,7 +17,7 @@ import (
 const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET [--memory 80GiB] [--layout token-major|per-layer]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
-                           [--report FILE]
+                           [--report FILE] [--json]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -72,6 +72,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
 	maxBatched := fs.Int("max-batched-tokens", replay.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
 	report := fs.String("report", "", "also write an HTML report to `FILE`: each scheme's sequences, KV memory and waste over time, and the table")
+	jsonOut := fs.Bool("json", false, jsonHelp)
 	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
 		return code
 	}
@@ -205,9 +206,23 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	header = append(header, fmt.Sprintf("this cache: %s, reserving %s of address space; preempts by %s; %s",
 		cache, approx(cache.Reserved()), mode, admits))
-	fmt.Fprintf(stdout, "%s\n\n", strings.Join(header, "\n"))
 	table := kvTable(results)
-	printTable(stdout, table)
+	if *jsonOut {
+		doc := KVSimulateJSON{Trace: filepath.Base(*trace), Requests: sum.Requests, SpanSeconds: secs(sum.Span),
+			PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
+			PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,
+			Model: m.Name, TokenKVBytes: m.TokenBytes(), BudgetBytes: cfg.Budget, MaxContextTokens: cfg.MaxContext,
+			MaxSeqs: cfg.MaxSeqs, MaxBatchedTokens: *maxBatched, StepsPricedBy: opts.Steps.Name,
+			Cache: fmt.Sprint(cache), CacheReservedBytes: cache.Reserved(), Preempt: fmt.Sprint(mode), Admit: *admit,
+			Schemes: kvSchemesJSON(results)}
+		if err := writeJSON(stdout, doc); err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			return 1
+		}
+	} else {
+		fmt.Fprintf(stdout, "%s\n\n", strings.Join(header, "\n"))
+		printTable(stdout, table)
+	}
 	if *report != "" {
 		if err := writeReport(*report, kvReport(header, results, table)); err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)

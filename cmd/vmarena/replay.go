@@ -22,7 +22,7 @@ import (
 const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ...] [--synthetic random-lifetimes [--seed 1] [--events 100000]]
                       [--granularity 2MiB] [--capacity 80GiB]
                       [--policy default|ascend|ascend-media] [--no-stitch] [--slack-divisor 256]
-                      [--driver sim|host|cuda|acl] [--library PATH] [--report FILE]
+                      [--driver sim|host|cuda|acl] [--library PATH] [--report FILE] [--json]
 
 Replays PyTorch allocator traces (CSV: seq,device,op,size,addr,alloc_id,stream,
 time_us,device_free) through vmarena's allocator on the sim driver, each device
@@ -107,6 +107,7 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	synthetic := fs.String("synthetic", "", "also replay a synthetic `WORKLOAD` generated from --seed: "+orList(replay.Workloads))
 	seed := fs.Uint64("seed", 1, "the `SEED` the --synthetic workload is drawn from")
 	nEvents := fs.Int("events", replay.DefaultSyntheticEvents, "how many events (`N`) the --synthetic workload has")
+	jsonOut := fs.Bool("json", false, jsonHelp)
 	if code, ok := parseFlags(fs, "replay", replayUsage, args, stdout, stderr); !ok {
 		return code
 	}
@@ -219,9 +220,16 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 			on.name, on.devices, units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
 		onDriver = on.name
 	}
-	fmt.Fprintf(stdout, "%s\n\n", header)
 	table := replayTable(cols, onDriver)
-	printTable(stdout, table)
+	if *jsonOut {
+		if err := writeJSON(stdout, replayDocument(on.name, on.devices, opts, cols)); err != nil {
+			fmt.Fprintf(stderr, "vmarena replay: %v\n", err)
+			return 1
+		}
+	} else {
+		fmt.Fprintf(stdout, "%s\n\n", header)
+		printWrapped(stdout, table)
+	}
 	if *report != "" {
 		if err := writeReport(*report, replayReport(header, cols, table)); err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %v\n", err)

@@ -20,8 +20,19 @@ func printedTable(t *testing.T, out string) [][]string {
 	_, tbl, ok := strings.Cut(out, "\n\n")
 	require.True(t, ok, "a header, a blank line, the table:\n%s", out)
 	var rows [][]string
-	for _, l := range strings.Split(strings.TrimRight(tbl, "\n"), "\n") {
-		rows = append(rows, regexp.MustCompile(`\s{2,}`).Split(strings.TrimSpace(l), -1))
+	// A table too wide for a terminal is printed a column at a time: a
+	// block per column, each with the labels, joined here again.
+	for b, block := range strings.Split(strings.TrimRight(tbl, "\n"), "\n\n") {
+		for i, l := range strings.Split(block, "\n") {
+			cells := regexp.MustCompile(`\s{2,}`).Split(strings.TrimSpace(l), -1)
+			if b == 0 {
+				rows = append(rows, cells)
+				continue
+			}
+			require.Less(t, i, len(rows), "block %d is longer than the first", b)
+			require.Equal(t, rows[i][0], cells[0], "block %d's labels are the first's", b)
+			rows[i] = append(rows[i], cells[1:]...)
+		}
 	}
 	return rows
 }
