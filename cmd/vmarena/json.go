@@ -420,6 +420,20 @@ type KVSchemeJSON struct {
 	WallSeconds      float64 `json:"wall_seconds"`
 }
 
+// kvDocument is the document of a simulation of the requests summed up
+// in sum, with cfg and the step limit maxBatched, steps priced by steps,
+// this cache being cache (preempting as preempt, admitting as admit).
+func kvDocument(trace string, sum replay.RequestsSummary, cfg replay.KVConfig, maxBatched int, steps string,
+	cache *replay.KVCache, preempt, admit string, results []replay.SimResult) KVSimulateJSON {
+	return KVSimulateJSON{Trace: trace, Requests: sum.Requests, SpanSeconds: secs(sum.Span),
+		PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
+		PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,
+		Model: cfg.Model.Name, TokenKVBytes: cfg.Model.TokenBytes(), BudgetBytes: cfg.Budget, MaxContextTokens: cfg.MaxContext,
+		MaxSeqs: cfg.MaxSeqs, MaxBatchedTokens: maxBatched, StepsPricedBy: steps,
+		Cache: cache.String(), CacheReservedBytes: cache.Reserved(), Preempt: preempt, Admit: admit,
+		Schemes: kvSchemesJSON(results)}
+}
+
 func kvSchemesJSON(results []replay.SimResult) []KVSchemeJSON {
 	out := []KVSchemeJSON{}
 	for _, r := range results {

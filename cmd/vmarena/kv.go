@@ -208,13 +208,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		cache, approx(cache.Reserved()), mode, admits))
 	table := kvTable(results)
 	if *jsonOut {
-		doc := KVSimulateJSON{Trace: filepath.Base(*trace), Requests: sum.Requests, SpanSeconds: secs(sum.Span),
-			PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
-			PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,
-			Model: m.Name, TokenKVBytes: m.TokenBytes(), BudgetBytes: cfg.Budget, MaxContextTokens: cfg.MaxContext,
-			MaxSeqs: cfg.MaxSeqs, MaxBatchedTokens: *maxBatched, StepsPricedBy: opts.Steps.Name,
-			Cache: fmt.Sprint(cache), CacheReservedBytes: cache.Reserved(), Preempt: fmt.Sprint(mode), Admit: *admit,
-			Schemes: kvSchemesJSON(results)}
+		doc := kvDocument(filepath.Base(*trace), sum, cfg, *maxBatched, opts.Steps.Name, cache, *preempt, *admit, results)
 		if err := writeJSON(stdout, doc); err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 			return 1

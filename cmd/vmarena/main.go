@@ -40,6 +40,7 @@ commands:
   kv        simulate LLM serving over a request trace: vmarena kv simulate --trace FILE --model PRESET
   version   print the version (also vmarena --version)
 
+devices, demo, replay and kv simulate take --json: one JSON document on stdout instead of text
 run 'vmarena COMMAND --help' (or vmarena help COMMAND) for a command's usage and flags
 `
 
