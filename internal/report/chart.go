@@ -58,11 +58,26 @@ func (a Axis) scale(most float64) (div float64, label string) {
 }
 
 // Series is a named line: Y[i] at X[i]. A series of Steps holds each
-// value until the next point (drawn as steps, not slopes).
+// value until the next point (drawn as steps, not slopes). Width is the
+// line's width in points (0: DefaultWidth): series are drawn in order,
+// each over those before, so a chart whose lines may coincide draws the
+// earlier ones wider, to show at the edges of those drawn over them.
 type Series struct {
 	Name  string
 	X, Y  []float64
 	Steps bool
+	Width float64
+}
+
+// DefaultWidth is a line's width in points where its Series gives none.
+const DefaultWidth = 1.6
+
+// width is the series' line width.
+func (s Series) width() float64 {
+	if s.Width > 0 {
+		return s.Width
+	}
+	return DefaultWidth
 }
 
 // LineChart draws series as lines over shared axes, with a legend.
@@ -156,12 +171,13 @@ func (c LineChart) svg() ([]byte, error) {
 				fmt.Fprintf(&d, "L%s %s", num(x), num(y))
 			}
 		}
-		fmt.Fprintf(&b, `<path d="%s" fill="none" stroke="%s" stroke-width="1.6"%s/>`+"\n", d.String(), lineColor(l.i), dashAttr(l.i))
+		fmt.Fprintf(&b, `<path d="%s" fill="none" stroke="%s" stroke-width="%s"%s/>`+"\n", d.String(), lineColor(l.i), num(c.Series[l.i].width()), dashAttr(l.i))
 	}
 	f.axes(&b, xt, yt)
 	var entries []legendEntry
 	for _, l := range lines {
-		entries = append(entries, legendEntry{name: c.Series[l.i].Name, stroke: lineColor(l.i), dash: lineDashes[l.i%len(lineDashes)]})
+		entries = append(entries, legendEntry{name: c.Series[l.i].Name, stroke: lineColor(l.i), dash: lineDashes[l.i%len(lineDashes)],
+			width: c.Series[l.i].width()})
 	}
 	f.legend(&b, entries)
 	b.WriteString("</svg>")
@@ -349,6 +365,7 @@ func (f *frame) axes(b *bytes.Buffer, xt, yt []tick) {
 type legendEntry struct {
 	name         string
 	stroke, dash string
+	width        float64
 	fill         string
 }
 
@@ -365,7 +382,7 @@ func (f *frame) legend(b *bytes.Buffer, entries []legendEntry) {
 			if e.dash != "" {
 				dash = ` stroke-dasharray="` + e.dash + `"`
 			}
-			fmt.Fprintf(b, `<path d="M%s %sh%d" stroke="%s" stroke-width="1.6" fill="none"%s/>`+"\n", num(x), num(y), thumb, e.stroke, dash)
+			fmt.Fprintf(b, `<path d="M%s %sh%d" stroke="%s" stroke-width="%s" fill="none"%s/>`+"\n", num(x), num(y), thumb, e.stroke, num(e.width), dash)
 		}
 		text(b, x+thumb+5, y+labelSize*0.35, labelSize, "start", "", e.name)
 	}

@@ -246,3 +246,20 @@ func TestNum(t *testing.T) {
 		require.Equal(t, want, num(in), "%v", in)
 	}
 }
+
+// TestSeriesWidth: a series' Width is its line's width, in the chart and
+// in the legend; without one it is DefaultWidth.
+func TestSeriesWidth(t *testing.T) {
+	flat := []float64{1, 1}
+	svg, err := LineChart{Title: "t", Series: []Series{
+		{Name: "under", X: []float64{0, 1}, Y: flat, Width: 4.4},
+		{Name: "over", X: []float64{0, 1}, Y: flat},
+	}}.svg()
+	require.NoError(t, err)
+	widths := regexp.MustCompile(`stroke-width="(4\.4|1\.6)"`).FindAllStringSubmatch(string(svg), -1)
+	var got []string
+	for _, w := range widths {
+		got = append(got, w[1])
+	}
+	require.Equal(t, []string{"4.4", "1.6", "4.4", "1.6"}, got, "the lines, then the legend's")
+}
