@@ -382,19 +382,20 @@ type KVSchemeJSON struct {
 	// PeakSeqs and MeanSeqs are the sequences running at once.
 	PeakSeqs int     `json:"peak_seqs"`
 	MeanSeqs float64 `json:"mean_seqs"`
-	// The KV memory committed, the waste (committed memory holding no
-	// token), the memory cached for reuse and that saved by prefix
-	// sharing: peak and mean over simulated time. WasteFraction is the
-	// mean waste over the mean committed.
-	PeakCommittedBytes uint64  `json:"peak_committed_bytes"`
-	MeanCommittedBytes float64 `json:"mean_committed_bytes"`
-	PeakWasteBytes     uint64  `json:"peak_waste_bytes"`
-	MeanWasteBytes     float64 `json:"mean_waste_bytes"`
-	WasteFraction      float64 `json:"waste_fraction"`
-	PeakCachedBytes    uint64  `json:"peak_cached_bytes"`
-	MeanCachedBytes    float64 `json:"mean_cached_bytes"`
-	PeakSavedBytes     uint64  `json:"peak_saved_bytes"`
-	MeanSavedBytes     float64 `json:"mean_saved_bytes"`
+	// The KV memory in use by running sequences (the table's "KV
+	// committed"), the waste (in-use memory holding no token), the memory
+	// cached for reuse and that saved by prefix sharing: peak and mean
+	// over simulated time. WasteFraction is the mean waste over the mean
+	// in use.
+	PeakInUseBytes  uint64  `json:"peak_in_use_bytes"`
+	MeanInUseBytes  float64 `json:"mean_in_use_bytes"`
+	PeakWasteBytes  uint64  `json:"peak_waste_bytes"`
+	MeanWasteBytes  float64 `json:"mean_waste_bytes"`
+	WasteFraction   float64 `json:"waste_fraction"`
+	PeakCachedBytes uint64  `json:"peak_cached_bytes"`
+	MeanCachedBytes float64 `json:"mean_cached_bytes"`
+	PeakSavedBytes  uint64  `json:"peak_saved_bytes"`
+	MeanSavedBytes  float64 `json:"mean_saved_bytes"`
 	// PrefixTokensLookedUp and PrefixTokensFound are the prefix cache's
 	// lookups and hits, in tokens; Evictions counts cached blocks evicted.
 	PrefixTokensLookedUp int64 `json:"prefix_tokens_looked_up"`
@@ -439,7 +440,7 @@ func kvSchemesJSON(results []replay.SimResult) []KVSchemeJSON {
 	for _, r := range results {
 		out = append(out, KVSchemeJSON{Scheme: r.Scheme, Requests: r.Requests, Finished: r.Finished, Refused: r.Refused,
 			Preemptions: r.Preemptions, PeakSeqs: r.PeakSeqs, MeanSeqs: r.MeanSeqs,
-			PeakCommittedBytes: r.PeakCommitted, MeanCommittedBytes: r.MeanCommitted,
+			PeakInUseBytes: r.PeakCommitted, MeanInUseBytes: r.MeanCommitted,
 			PeakWasteBytes: r.PeakWaste, MeanWasteBytes: r.MeanWaste, WasteFraction: r.WasteFraction(),
 			PeakCachedBytes: r.PeakCached, MeanCachedBytes: r.MeanCached, PeakSavedBytes: r.PeakSaved, MeanSavedBytes: r.MeanSaved,
 			PrefixTokensLookedUp: r.Stats.PrefixQueried, PrefixTokensFound: r.Stats.PrefixHit, Evictions: r.Stats.Evictions,
