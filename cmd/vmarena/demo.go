@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"io"
@@ -20,7 +21,7 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-const demoUsage = `usage: vmarena demo [--driver host|sim|cuda|acl] [--library PATH] [--svg DIR]
+const demoUsage = `usage: vmarena demo [--driver host|sim|cuda|acl] [--library PATH] [--svg DIR] [--json]
 
 Walks through reserve, map, access, aliasing and release, printing the
 memory map after each step, then a growing arena, memory given back from
@@ -35,24 +36,15 @@ chunks labelled, aliases outlined.
 // demoCmd runs `vmarena demo`: 0 when the demo ran to the end, 1 when a
 // step failed or the driver cannot run here, 2 on bad usage.
 func demoCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // a bad flag is one line, written below
+	fs := newFlags("demo", stderr)
 	drv := driverFlag("host")
 	fs.Var(&drv, "driver", "the `DRIVER` to run on: "+orList(driverNames))
 	library := fs.String("library", "", "the vendor library to load for --driver cuda or acl, a `PATH` or soname")
 	svg := fs.String("svg", "", "draw the memory map of each step as an SVG picture into `DIR` (made if need be)")
-	bad := func(format string, args ...any) int {
-		fmt.Fprintf(stderr, "vmarena demo: %s (vmarena demo -h lists the flags)\n", fmt.Sprintf(format, args...))
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, demoUsage+"\nflags:\n")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return 0
-		}
-		return bad("%v", err)
+	jsonOut := fs.Bool("json", false, jsonHelp)
+	bad := func(format string, args ...any) int { return usageError(stderr, "demo", format, args...) }
+	if code, ok := parseFlags(fs, "demo", demoUsage, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		return bad("unexpected argument %q", fs.Arg(0))
@@ -72,6 +64,9 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "vmarena demo: %v\n", err)
 			return 1
 		}
+	}
+	if *jsonOut {
+		return demoJSONCmd(stdout, stderr, backend{name: string(drv), library: *library}, *svg)
 	}
 	if err := demo(stdout, backend{name: string(drv), library: *library}, *svg); err != nil {
 		fmt.Fprintf(stderr, "vmarena demo: %v\n", err)
@@ -111,13 +106,19 @@ type demoRun struct {
 	// a second device's part needs a second device that can reach device
 	// 0's memory and be reached by it.
 	noBytes, noSecond string
+	// doc is the document of --json (nil without), whose steps take what
+	// each printed to text, the buffer w writes to.
+	doc  *DemoJSON
+	text *bytes.Buffer
 }
 
 // say starts the next numbered step; slug names its picture.
 func (d *demoRun) say(slug, format string, args ...any) {
+	d.endStep()
 	d.step++
 	d.slug, d.title, d.pictured = slug, fmt.Sprintf(format, args...), false
 	fmt.Fprintf(d.w, "\n%d. %s\n", d.step, d.title)
+	d.startStep()
 }
 
 // name names the reservation at base in the pictures.
@@ -160,14 +161,17 @@ func (d *demoRun) picture(notes ...string) {
 func (d *demoRun) refused(err error) {
 	if err == nil {
 		fmt.Fprintln(d.w, "   !! expected a refusal, got none")
+		d.jsonRefused("")
 		return
 	}
 	fmt.Fprintf(d.w, "   refused: %v\n", err)
+	d.jsonRefused(err.Error())
 }
 
 // skipped says that part of a step cannot run on this driver, and why.
 func (d *demoRun) skipped(what, why string) {
 	fmt.Fprintf(d.w, "   skipped: %s: %s\n", what, why)
+	d.jsonSkipped(what + ": " + why)
 }
 
 // secondDevice says why the demo cannot use a second device of drv, or
@@ -210,6 +214,12 @@ func secondDevice(drv driver.Driver) string {
 // with one or with two that are not peers; every step is still numbered.
 // With svg not "", each step's memory map is drawn into that directory.
 func demo(w io.Writer, b backend, svg string) (err error) {
+	return demoTo(w, b, svg, nil)
+}
+
+// demoTo runs the demo as demo does, and with doc not nil fills it in:
+// w is then a *bytes.Buffer whose text goes into doc's steps.
+func demoTo(w io.Writer, b backend, svg string, doc *DemoJSON) (err error) {
 	drv, err := b.open(demoDevices, 0, func(gran uint64) uint64 { return demoGranules * gran })
 	if err != nil {
 		return err
@@ -224,7 +234,11 @@ func demo(w io.Writer, b backend, svg string) (err error) {
 		drv, pics = rec, p
 	}
 	d := &demoRun{w: w, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
-		noSecond: secondDevice(drv), pics: pics}
+		noSecond: secondDevice(drv), pics: pics, doc: doc}
+	if doc != nil {
+		d.text = w.(*bytes.Buffer)
+		defer d.endJSON(drv.Granularity())
+	}
 	if !drv.Supports(driver.FeatureHostAccess) {
 		d.noBytes = fmt.Sprintf("the %s driver has no memory behind its ranges (no %s)", drv.Name(), driver.FeatureHostAccess)
 	}
@@ -652,6 +666,7 @@ func (d *demoRun) printMap(tab *mapping.Table) {
 	tw := tabwriter.NewWriter(d.w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "   offset\tsize\tstate\tdevice\tchunk\taccess")
 	base := tab.Reservation().Base()
+	d.jsonMap(tab)
 	for s := range tab.Spans() {
 		dev, chunk, access := "-", "-", "-"
 		if s.Chunk != nil {
@@ -684,6 +699,7 @@ func (d *demoRun) printMap(tab *mapping.Table) {
 // printUsage prints each device's memory in use, its peak and capacity.
 func (d *demoRun) printUsage() {
 	var parts []string
+	d.jsonUsageReset()
 	for dev := range d.drv.Devices() {
 		u, err := d.mem.Usage(driver.DeviceID(dev))
 		if err != nil {
@@ -691,6 +707,7 @@ func (d *demoRun) printUsage() {
 		}
 		parts = append(parts, fmt.Sprintf("device %d: %s used (peak %s) of %s", dev,
 			units.Bytes(u.Used), units.Bytes(u.Peak), units.Bytes(u.Capacity)))
+		d.jsonUsage(dev, u.Used, u.Peak, u.Capacity)
 	}
 	fmt.Fprintf(d.w, "   %s\n", strings.Join(parts, "; "))
 }

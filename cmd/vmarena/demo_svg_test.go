@@ -147,7 +147,7 @@ func TestDemoSVGFlags(t *testing.T) {
 	code, out, errOut := runCmd(t, "demo", "--svg", "")
 	require.Equal(t, 2, code)
 	require.Empty(t, out)
-	require.Equal(t, "vmarena demo: --svg needs a directory (vmarena demo -h lists the flags)\n", errOut)
+	require.Equal(t, "vmarena demo: --svg needs a directory\nrun 'vmarena demo --help' for usage\n", errOut)
 
 	file := filepath.Join(t.TempDir(), "a-file")
 	require.NoError(t, os.WriteFile(file, nil, 0o644))

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver/acl"
 	"github.com/vmarena/vmarena/driver/cuda"
@@ -16,7 +13,7 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-const devicesUsage = `usage: vmarena devices [--cuda-library PATH] [--acl-library PATH]
+const devicesUsage = `usage: vmarena devices [--cuda-library PATH] [--acl-library PATH] [--json]
 
 Lists what each driver sees, one section per driver: host (the logical
 devices the host driver makes by default), sim, cuda (the NVIDIA driver's
@@ -27,23 +24,22 @@ one line; that is not an error.
 // devicesCmd runs `vmarena devices`: 0 whatever the drivers found, 2 on
 // bad usage.
 func devicesCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("devices", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // a bad flag is one line, written below
+	fs := newFlags("devices", stderr)
 	cudaLib := fs.String("cuda-library", "", "the CUDA driver library to load, a `PATH` or soname (default $"+cuda.LibraryEnv+", else "+cuda.DefaultLibrary+")")
 	aclLib := fs.String("acl-library", "", "the AscendCL runtime to load, a `PATH` or soname (default $"+acl.LibraryEnv+", else "+acl.DefaultLibrary+")")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, devicesUsage+"\nflags:\n")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return 0
-		}
-		fmt.Fprintf(stderr, "vmarena devices: %v (vmarena devices -h lists the flags)\n", err)
-		return 2
+	jsonOut := fs.Bool("json", false, jsonHelp)
+	if code, ok := parseFlags(fs, "devices", devicesUsage, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "vmarena devices: unexpected argument %q (vmarena devices -h lists the flags)\n", fs.Arg(0))
-		return 2
+		return usageError(stderr, "devices", "unexpected argument %q", fs.Arg(0))
+	}
+	if *jsonOut {
+		if err := writeJSON(stdout, devicesDocument(*cudaLib, *aclLib)); err != nil {
+			fmt.Fprintf(stderr, "vmarena devices: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	for i, section := range []func(io.Writer) error{
 		listHost,

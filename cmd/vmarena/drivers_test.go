@@ -90,7 +90,7 @@ func TestDevicesFlags(t *testing.T) {
 		require.Equal(t, 2, code, "%v", tc.args)
 		require.Empty(t, out)
 		require.Contains(t, errOut, tc.says)
-		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+		require.Equal(t, 2, strings.Count(errOut, "\n"), "one line and the hint: %q", errOut)
 	}
 	code, out, _ := runCmd(t, "devices", "-h")
 	require.Equal(t, 0, code)
@@ -226,7 +226,7 @@ func TestDemoFlags(t *testing.T) {
 		require.Equal(t, 2, code, "%v", tc.args)
 		require.Empty(t, out)
 		require.Contains(t, errOut, tc.says)
-		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+		require.Equal(t, 2, strings.Count(errOut, "\n"), "one line and the hint: %q", errOut)
 	}
 	code, out, _ := runCmd(t, "demo", "-h")
 	require.Equal(t, 0, code)
@@ -360,7 +360,7 @@ func TestReplayDriverFlags(t *testing.T) {
 		require.Equal(t, 2, code, "%v", tc.args)
 		require.Empty(t, out)
 		require.Contains(t, errOut, tc.says)
-		require.Contains(t, errOut, "usage: vmarena replay")
+		require.Contains(t, errOut, "\nrun 'vmarena replay --help' for usage\n")
 	}
 	code, out, errOut := runReplay(t, "--trace", small, "--driver", "cuda", "--library", filepath.Join(t.TempDir(), "libcuda.so.1"))
 	require.Equal(t, 1, code)

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
@@ -20,7 +17,7 @@ import (
 const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.json [--memory 80GiB] [--layout token-major|per-layer]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
-                           [--report FILE]
+                           [--report FILE] [--json]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -57,16 +54,7 @@ var kvAdmits = []string{"prompt", "expected-output"}
 // kvCmd runs `vmarena kv`: its one subcommand is simulate.
 func kvCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "simulate" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprint(stdout, kvUsage)
-			return 0
-		}
-		if len(args) == 0 {
-			fmt.Fprintf(stderr, "vmarena kv: no subcommand, want simulate\n\n%s", kvUsage)
-		} else {
-			fmt.Fprintf(stderr, "vmarena kv: unknown subcommand %q, want simulate\n\n%s", args[0], kvUsage)
-		}
-		return 2
+		return kvNoSimulate(args, stdout, stderr)
 	}
 	return kvSimulate(args[1:], stdout, stderr)
 }
@@ -75,12 +63,7 @@ func kvCmd(args []string, stdout, stderr io.Writer) int {
 // trace, 1 when the trace could not be read or a simulation failed, 2 on
 // bad usage.
 func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
-	fs := flag.NewFlagSet("kv simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, kvUsage+"\nflags:\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlags("kv simulate", stderr)
 	memory := sizeFlag(80 * units.GiB)
 	trace := fs.String("trace", "", "the request trace `FILE`: an Azure trace .csv or a Mooncake trace .jsonl")
 	model := fs.String("model", "", "the `MODEL`: a preset ("+strings.Join(replay.ModelPresets(), ", ")+") or the path of a Hugging Face config.json (or its directory)")
@@ -93,17 +76,11 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
 	maxBatched := fs.Int("max-batched-tokens", replay.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
 	report := fs.String("report", "", "also write an HTML report to `FILE`: each scheme's sequences, KV memory and waste over time, and the table")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2 // the flag package has said what was wrong
+	jsonOut := fs.Bool("json", false, jsonHelp)
+	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
+		return code
 	}
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "vmarena kv simulate: "+format+"\n\n", a...)
-		fs.Usage()
-		return 2
-	}
+	usageErr := func(format string, a ...any) int { return usageError(stderr, "kv simulate", format, a...) }
 	switch {
 	case fs.NArg() > 0:
 		return usageErr("unexpected argument %q (the trace is given with --trace)", fs.Arg(0))
@@ -236,9 +213,17 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	header = append(header, fmt.Sprintf("this cache: %s, reserving %s of address space; preempts by %s; %s",
 		cache, approx(cache.Reserved()), mode, admits))
-	fmt.Fprintf(stdout, "%s\n\n", strings.Join(header, "\n"))
 	table := kvTable(results)
-	printTable(stdout, table)
+	if *jsonOut {
+		doc := kvDocument(filepath.Base(*trace), sum, cfg, *maxBatched, opts.Steps.Name, cache, *preempt, *admit, results)
+		if err := writeJSON(stdout, doc); err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			return 1
+		}
+	} else {
+		fmt.Fprintf(stdout, "%s\n\n", strings.Join(header, "\n"))
+		printTable(stdout, table)
+	}
 	if *report != "" {
 		if err := writeReport(*report, kvReport(header, results, table)); err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
@@ -308,4 +293,17 @@ func mean(sum int64, n int) float64 {
 		return 0
 	}
 	return float64(sum) / float64(n)
+}
+
+// kvNoSimulate answers `vmarena kv` with no subcommand, or another than
+// simulate: its usage for --help, a usage error else.
+func kvNoSimulate(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		return usageError(stderr, "kv", "no subcommand, want simulate")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help" {
+		fmt.Fprint(stdout, kvUsage)
+		return 0
+	}
+	return usageError(stderr, "kv", "unknown subcommand %q, want simulate", args[0])
 }

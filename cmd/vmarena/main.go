@@ -16,18 +16,20 @@
 //	vmarena kv        simulate LLM serving over a request trace with each
 //	                  way of holding KV memory, and print their figures side
 //	                  by side
-//	vmarena version   print the version
+//	vmarena version   print the version (also vmarena --version)
+//
+// Each command prints its usage and flags to stdout with --help or -h
+// (vmarena help COMMAND does the same); bad usage prints one line saying
+// what is wrong and "run 'vmarena COMMAND --help' for usage" to stderr and
+// exits 2. devices, replay, kv simulate and demo take --json: one JSON
+// document on stdout instead of text (json.go holds its schema).
 package main
 
 import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 )
-
-// version is the library's version.
-const version = "0.1.0-dev"
 
 const usage = `usage: vmarena <command>
 
@@ -36,7 +38,10 @@ commands:
   demo      walk through reserve, map, access, aliasing and release: vmarena demo [--driver host|sim|cuda|acl]
   replay    replay allocator traces: vmarena replay --trace FILE|DIR|--synthetic random-lifetimes [--driver sim|host|cuda|acl]
   kv        simulate LLM serving over a request trace: vmarena kv simulate --trace FILE --model PRESET
-  version   print the version
+  version   print the version (also vmarena --version)
+
+devices, demo, replay and kv simulate take --json: one JSON document on stdout instead of text
+run 'vmarena COMMAND --help' (or vmarena help COMMAND) for a command's usage and flags
 `
 
 func main() {
@@ -57,13 +62,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return replayCmd(args[1:], stdout, stderr)
 	case "kv":
 		return kvCmd(args[1:], stdout, stderr)
-	case "version":
-		fmt.Fprintf(stdout, "vmarena %s (%s %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
-		return 0
-	case "help", "-h", "--help":
+	case "version", "--version", "-version":
+		return versionCmd(args[1:], stdout, stderr)
+	case "help", "-h", "--help", "-help":
+		if len(args) > 1 && args[0] == "help" && args[1] != "help" {
+			// vmarena help X is vmarena X --help.
+			return run(append(args[1:len(args):len(args)], "--help"), stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	fmt.Fprintf(stderr, "vmarena: unknown command %q\n\n%s", args[0], usage)
+	fmt.Fprintf(stderr, "vmarena: unknown command %q\nrun 'vmarena --help' for usage\n", args[0])
 	return 2
 }

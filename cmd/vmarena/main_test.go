@@ -49,18 +49,3 @@ func TestDemo(t *testing.T) {
 	require.NotContains(t, s, "expected a refusal")
 	require.Len(t, regexp.MustCompile(`(?m)^\d+\. `).FindAllString(s, -1), 14, "fourteen numbered steps:\n%s", s)
 }
-
-func TestCommands(t *testing.T) {
-	var out, errOut bytes.Buffer
-	require.Equal(t, 0, run([]string{"version"}, &out, &errOut))
-	require.Contains(t, out.String(), "vmarena "+version)
-	for _, args := range [][]string{nil, {"bogus"}, {"demo", "extra"}} {
-		out.Reset()
-		errOut.Reset()
-		require.Equal(t, 2, run(args, &out, &errOut), "%v", args)
-		require.NotEmpty(t, errOut.String())
-	}
-	out.Reset()
-	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
-	require.Contains(t, out.String(), "demo")
-}

@@ -22,7 +22,7 @@ import (
 const replayUsage = `usage: vmarena replay --trace FILE|DIR [--trace FILE|DIR ...] [--synthetic random-lifetimes [--seed 1] [--events 100000]]
                       [--granularity 2MiB] [--capacity 80GiB]
                       [--policy default|ascend|ascend-media] [--no-stitch] [--slack-divisor 256]
-                      [--driver sim|host|cuda|acl] [--library PATH] [--report FILE]
+                      [--driver sim|host|cuda|acl] [--library PATH] [--report FILE] [--json]
 
 Replays PyTorch allocator traces (CSV: seq,device,op,size,addr,alloc_id,stream,
 time_us,device_free; or the pickle torch.cuda.memory._dump_snapshot writes,
@@ -93,12 +93,7 @@ func (p *policyFlag) Set(v string) error {
 // replayCmd runs `vmarena replay`: 0 when every trace replayed, 1 when a
 // trace could not be read or replayed, 2 on bad usage.
 func replayCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, replayUsage+"\nflags:\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlags("replay", stderr)
 	var files filesFlag
 	var policy policyFlag
 	granularity, capacity := sizeFlag(replay.TargetGranularity), sizeFlag(80*units.GiB)
@@ -115,14 +110,12 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	synthetic := fs.String("synthetic", "", "also replay a synthetic `WORKLOAD` generated from --seed: "+orList(replay.Workloads))
 	seed := fs.Uint64("seed", 1, "the `SEED` the --synthetic workload is drawn from")
 	nEvents := fs.Int("events", replay.DefaultSyntheticEvents, "how many events (`N`) the --synthetic workload has")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2 // the flag package has said what was wrong
+	jsonOut := fs.Bool("json", false, jsonHelp)
+	if code, ok := parseFlags(fs, "replay", replayUsage, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "vmarena replay: unexpected argument %q (traces are given with --trace)\n\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "vmarena replay: unexpected argument %q (traces are given with --trace)\n", fs.Arg(0))
 		fs.Usage()
 		return 2
 	}
@@ -140,34 +133,34 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case len(files) == 0 && *synthetic == "":
-		fmt.Fprintf(stderr, "vmarena replay: no trace given (--trace FILE|DIR, or --synthetic WORKLOAD)\n\n")
+		fmt.Fprintf(stderr, "vmarena replay: no trace given (--trace FILE|DIR, or --synthetic WORKLOAD)\n")
 		fs.Usage()
 		return 2
 	case len(synthFlags) > 0 && *synthetic == "":
-		fmt.Fprintf(stderr, "vmarena replay: %s %s for --synthetic, and no synthetic workload is given\n\n", strings.Join(synthFlags, " and "), synthVerb)
+		fmt.Fprintf(stderr, "vmarena replay: %s %s for --synthetic, and no synthetic workload is given\n", strings.Join(synthFlags, " and "), synthVerb)
 		fs.Usage()
 		return 2
 	case *synthetic != "" && !slices.Contains(replay.Workloads, *synthetic):
-		fmt.Fprintf(stderr, "vmarena replay: --synthetic %q: unknown workload, want %s\n\n", *synthetic, orList(replay.Workloads))
+		fmt.Fprintf(stderr, "vmarena replay: --synthetic %q: unknown workload, want %s\n", *synthetic, orList(replay.Workloads))
 		fs.Usage()
 		return 2
 	case *synthetic != "" && (*nEvents < 1 || *nEvents > replay.MaxSyntheticEvents):
-		fmt.Fprintf(stderr, "vmarena replay: --events %d: want 1 to %d\n\n", *nEvents, replay.MaxSyntheticEvents)
+		fmt.Fprintf(stderr, "vmarena replay: --events %d: want 1 to %d\n", *nEvents, replay.MaxSyntheticEvents)
 		fs.Usage()
 		return 2
 	}
 	if err := (replay.Options{Capacity: uint64(capacity), Granularity: uint64(granularity)}).Check(); err != nil {
-		fmt.Fprintf(stderr, "vmarena replay: --%v\n\n", err)
+		fmt.Fprintf(stderr, "vmarena replay: --%v\n", err)
 		fs.Usage()
 		return 2
 	}
 	if *library != "" && !vendor(string(drvName)) {
-		fmt.Fprintf(stderr, "vmarena replay: --library is for --driver cuda or acl; the %s driver loads no library\n\n", drvName)
+		fmt.Fprintf(stderr, "vmarena replay: --library is for --driver cuda or acl; the %s driver loads no library\n", drvName)
 		fs.Usage()
 		return 2
 	}
 	if err := checkReport(*report); err != nil {
-		fmt.Fprintf(stderr, "vmarena replay: --report %v\n\n", err)
+		fmt.Fprintf(stderr, "vmarena replay: --report %v\n", err)
 		fs.Usage()
 		return 2
 	}
@@ -180,7 +173,7 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	opts := replay.Options{Capacity: uint64(capacity), Granularity: uint64(granularity),
 		Policy: replay.Policy(policy), NoStitch: *noStitch, SlackDivisor: *slackDiv, CheckEvery: 1000, Verify: true}
 	if *slackDiv == 0 {
-		fmt.Fprintf(stderr, "vmarena replay: --slack-divisor 0: give a divisor of at least 1\n\n")
+		fmt.Fprintf(stderr, "vmarena replay: --slack-divisor 0: give a divisor of at least 1\n")
 		fs.Usage()
 		return 2
 	}
@@ -242,10 +235,17 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 			on.name, on.devices, units.Bytes(opts.Granularity), opts.Policy, stitch, opts.SlackDivisor)
 		onDriver = on.name
 	}
-	fmt.Fprintf(stdout, "%s\n\n", header)
 	table := replayTable(cols, onDriver)
-	printTable(stdout, table)
-	printLargest(stdout, cols)
+	if *jsonOut {
+		if err := writeJSON(stdout, replayDocument(on.name, on.devices, opts, cols)); err != nil {
+			fmt.Fprintf(stderr, "vmarena replay: %v\n", err)
+			return 1
+		}
+	} else {
+		fmt.Fprintf(stdout, "%s\n\n", header)
+		printWrapped(stdout, table)
+		printLargest(stdout, cols)
+	}
 	if *report != "" {
 		if err := writeReport(*report, replayReport(header, cols, table)); err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %v\n", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -21,13 +22,43 @@ func runReplay(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
-// flatten joins a table's padded columns with single spaces.
+// flatten joins a table's padded columns with single spaces, and a table
+// printed a column at a time (a block per column, too wide for a
+// terminal side by side) back into one.
 func flatten(s string) string {
-	lines := strings.Split(s, "\n")
+	lines := strings.Split(unwrapBlocks(s), "\n")
 	for i, l := range lines {
 		lines[i] = strings.Join(strings.Fields(l), " ")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// unwrapBlocks joins the blocks after out's header back into one table
+// when there are several and each has the first's row labels (the labels
+// end at two spaces); anything else it leaves as it is.
+func unwrapBlocks(out string) string {
+	parts := strings.Split(strings.TrimSuffix(out, "\n"), "\n\n")
+	if len(parts) < 3 {
+		return out
+	}
+	split := regexp.MustCompile(`^(.*?\S)\s{2,}(\S.*)$`)
+	var labels, rows []string
+	for b, block := range parts[1:] {
+		for i, l := range strings.Split(block, "\n") {
+			m := split.FindStringSubmatch(l)
+			switch {
+			case m == nil:
+				return out
+			case b == 0:
+				labels, rows = append(labels, m[1]), append(rows, l)
+			case i >= len(labels) || labels[i] != m[1]:
+				return out
+			default:
+				rows[i] += "  " + m[2]
+			}
+		}
+	}
+	return parts[0] + "\n\n" + strings.Join(rows, "\n") + "\n"
 }
 
 // TestReplay runs the command on the small real traces and the
@@ -127,7 +158,7 @@ func TestReplayFlags(t *testing.T) {
 
 	code, out, _ = runReplay(t, "-h")
 	require.Equal(t, 0, code)
-	require.Empty(t, out)
+	require.Contains(t, out, "usage: vmarena replay")
 
 	for _, tc := range []struct {
 		args []string
@@ -162,7 +193,7 @@ func TestReplayFlags(t *testing.T) {
 		require.Equal(t, 2, code, "%v", tc.args)
 		require.Empty(t, out, "%v", tc.args)
 		require.Contains(t, errOut, tc.says, "%v", tc.args)
-		require.Contains(t, errOut, "usage: vmarena replay", "%v", tc.args)
+		require.Contains(t, errOut, "\nrun 'vmarena replay --help' for usage\n", "%v", tc.args)
 	}
 }
 
@@ -311,7 +342,7 @@ func TestReplaySynthetic(t *testing.T) {
 		require.Equal(t, 2, code, "%v", tc.args)
 		require.Empty(t, out, "%v", tc.args)
 		require.Contains(t, errOut, tc.says, "%v", tc.args)
-		require.Contains(t, errOut, "usage: vmarena replay", "%v", tc.args)
+		require.Contains(t, errOut, "\nrun 'vmarena replay --help' for usage\n", "%v", tc.args)
 	}
 
 	// A workload larger than the devices is a failure that names it; the

@@ -1,6 +1,8 @@
 // Package report writes a page of figures — line charts, memory maps and
-// tables — as one self-contained HTML file: the charts are drawn with
-// gonum.org/v1/plot as inline SVG, the style sheet is inline, and nothing
+// tables — as one self-contained HTML file: the charts are drawn as
+// inline SVG by the package's own small writer (axes, ticks, grid, lines
+// and a legend; no charting library, so that every command linking it
+// builds fast from cold), the style sheet is inline, and nothing
 // else is referenced (no script, font, image or address of any kind), so
 // the file opens anywhere with no network.
 //
@@ -67,7 +69,7 @@ func Write(w io.Writer, p Page) error {
 			if err != nil {
 				return errors.Wrapf(err, "report: section %q", s.Title)
 			}
-			// The SVG is ours, drawn by gonum with every text escaped.
+			// The SVG is ours, written here with every text escaped.
 			ds.Figures = append(ds.Figures, figure{SVG: template.HTML(svg), Caption: c.caption()})
 		}
 		doc.Sections = append(doc.Sections, ds)

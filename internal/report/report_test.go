@@ -210,6 +210,43 @@ func TestNiceTicks(t *testing.T) {
 	require.Equal(t, []string{"7"}, labels(7, 7))
 }
 
+// TestLineChartSVG: the chart this package draws itself has what a
+// reader reads a chart by: the title, both axes' labels and tick labels,
+// a grid, a line per series (steps drawn as steps) in its own colour and
+// dashes, and a legend naming each beside a swatch of its line.
+func TestLineChartSVG(t *testing.T) {
+	svg, err := LineChart{Title: "t", X: Axis{Label: "time", Unit: Seconds}, Y: Axis{Label: "memory", Unit: Bytes},
+		Series: []Series{
+			{Name: "a", X: []float64{0, 1, 2}, Y: []float64{0, 2 << 20, 1 << 20}, Steps: true},
+			{Name: "b", X: []float64{0, 2}, Y: []float64{1 << 20, 3 << 20}},
+			{Name: "empty"},
+		}}.svg()
+	require.NoError(t, err)
+	s := string(svg)
+	require.True(t, strings.HasPrefix(s, `<svg role="img" aria-label="t" `), s)
+	for _, text := range []string{">t<", ">time (s)<", ">memory (MiB)<", ">0.0<", ">1.0<", ">2.0<", ">3.0<", ">0.5<", ">a<", ">b<"} {
+		require.Contains(t, s, text)
+	}
+	require.NotContains(t, s, ">empty<", "a series with no points is not in the legend")
+	require.Contains(t, s, `stroke="#808080" stroke-width="0.25"`, "the grid")
+	require.Contains(t, s, `rotate(-90`, "the y label runs up the axis")
+	require.Equal(t, 2, strings.Count(s, `stroke="`+lineColors[0]+`"`), "a's line and its legend swatch")
+	require.Equal(t, 2, strings.Count(s, `stroke="`+lineColors[1]+`"`), "b's line and its legend swatch")
+	require.Equal(t, 2, strings.Count(s, `stroke-dasharray="6,2"`), "b's dashes, on its line and its swatch")
+	require.Regexp(t, `<path d="M[0-9.]+ [0-9.]+H[0-9.]+V[0-9.]+H`, s, "a's steps")
+	require.Regexp(t, `<path d="M[0-9.]+ [0-9.]+L[0-9.]+ [0-9.]+" fill="none" stroke="`+regexp.QuoteMeta(lineColors[1]), s, "b's slope")
+	require.Equal(t, 1, strings.Count(s, "<svg"), "one element")
+	require.True(t, strings.HasSuffix(s, "</svg>"))
+}
+
+// TestNum: coordinates are written with at most two decimals, no
+// trailing zeros and no "-0".
+func TestNum(t *testing.T) {
+	for in, want := range map[float64]string{0: "0", 10: "10", 10.5: "10.5", 1.239: "1.24", -0.001: "0", -2.5: "-2.5", 100.004: "100"} {
+		require.Equal(t, want, num(in), "%v", in)
+	}
+}
+
 // TestSeriesWidth: a series' Width is its line's width, in the chart and
 // in the legend; without one it is DefaultWidth.
 func TestSeriesWidth(t *testing.T) {
@@ -219,7 +256,7 @@ func TestSeriesWidth(t *testing.T) {
 		{Name: "over", X: []float64{0, 1}, Y: flat},
 	}}.svg()
 	require.NoError(t, err)
-	widths := regexp.MustCompile(`stroke-width:(4\.4|1\.6)\b`).FindAllStringSubmatch(string(svg), -1)
+	widths := regexp.MustCompile(`stroke-width="(4\.4|1\.6)"`).FindAllStringSubmatch(string(svg), -1)
 	var got []string
 	for _, w := range widths {
 		got = append(got, w[1])

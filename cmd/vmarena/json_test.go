@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// updateJSON rewrites the --json golden files: go test ./cmd/vmarena
+// -run TestJSON -update-json.
+var updateJSON = flag.Bool("update-json", false, "rewrite testdata/json/*.json from this run")
+
+// checkJSON checks a --json run: exit 0, nothing on stderr, one JSON
+// document on stdout that decodes into schema (a pointer to the command's
+// Go type) with no field the type lacks, and that equals the golden file
+// testdata/json/name.json once normalize has blanked what varies from run
+// to run or machine to machine.
+func checkJSON(t *testing.T, name string, schema any, normalize func(map[string]any), args ...string) {
+	t.Helper()
+	code, out, errOut := runCmd(t, args...)
+	require.Equal(t, 0, code, errOut)
+	require.Empty(t, errOut)
+
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(schema), "the document is the schema's type")
+	require.False(t, dec.More(), "one document")
+
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &doc))
+	if normalize != nil {
+		normalize(doc)
+	}
+	got, err := json.MarshalIndent(roundFloats(doc), "", "  ")
+	require.NoError(t, err)
+	got = append(got, '\n')
+	golden := filepath.Join("testdata", "json", name+".json")
+	if *updateJSON {
+		require.NoError(t, os.WriteFile(golden, got, 0o644))
+	}
+	want, err := os.ReadFile(golden)
+	require.NoError(t, err, "run with -update-json to write it")
+	var wantDoc any
+	require.NoError(t, json.Unmarshal(want, &wantDoc))
+	want, err = json.MarshalIndent(roundFloats(wantDoc), "", "  ")
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(got))
+
+	// Field names are snake_case; every size's name ends _bytes.
+	for _, k := range regexp.MustCompile(`"([^"]+)":`).FindAllStringSubmatch(out, -1) {
+		require.Regexp(t, `^[a-z][a-z0-9_]*$`, k[1])
+	}
+}
+
+// roundFloats rounds every number in a decoded document to 9 significant
+// digits, so that the golden files do not depend on the last bits of a
+// platform's floating point (fused multiply-adds on arm64).
+func roundFloats(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			v[k] = roundFloats(x)
+		}
+	case []any:
+		for i, x := range v {
+			v[i] = roundFloats(x)
+		}
+	case float64:
+		r, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 9, 64), 64)
+		return r
+	}
+	return v
+}
+
+// TestJSONReplay: the hand-written two-device trace, a device a column.
+func TestJSONReplay(t *testing.T) {
+	checkJSON(t, "replay", &ReplayJSON{}, nil, "replay", "--trace", filepath.Join(traceDir, "handmade_two_devices.csv"), "--json")
+}
+
+// TestJSONKV: the first 12 requests of the Azure conversation trace;
+// the simulation's wall time varies, so it is blanked.
+func TestJSONKV(t *testing.T) {
+	checkJSON(t, "kv-simulate", &KVSimulateJSON{}, func(doc map[string]any) {
+		for _, s := range doc["schemes"].([]any) {
+			require.GreaterOrEqual(t, s.(map[string]any)["wall_seconds"], 0.0)
+			s.(map[string]any)["wall_seconds"] = 0
+		}
+	}, "kv", "simulate", "--trace", filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv"),
+		"--model", "llama3-8b", "--memory", "4GiB", "--limit", "12", "--json")
+}
+
+// TestJSONDevices: the CUDA and ACL stand-ins of two devices each; the
+// host's devices depend on the machine, so their figures are blanked,
+// and the libraries' paths are a temporary directory's.
+func TestJSONDevices(t *testing.T) {
+	cudaLib, aclLib := standinCUDA(t, 2), standinACL(t, 2)
+	checkJSON(t, "devices", &DevicesJSON{}, func(doc map[string]any) {
+		host := doc["host"].(map[string]any)
+		require.Equal(t, true, host["available"])
+		for _, d := range host["devices"].([]any) {
+			d := d.(map[string]any)
+			require.Greater(t, d["capacity_bytes"], 0.0)
+			d["capacity_bytes"] = 0
+			delete(d, "numa_node")
+		}
+		for _, v := range []string{"cuda", "acl"} {
+			doc[v].(map[string]any)["library"] = "(stand-in)"
+		}
+	}, "devices", "--cuda-library", cudaLib, "--acl-library", aclLib, "--json")
+}
+
+// TestJSONDemo: the demo on the sim driver, each of its steps: the same
+// text as without --json, a step at a time.
+func TestJSONDemo(t *testing.T) {
+	var doc DemoJSON
+	checkJSON(t, "demo", &doc, nil, "demo", "--driver", "sim", "--json")
+	code, text, errOut := runCmd(t, "demo", "--driver", "sim")
+	require.Equal(t, 0, code, errOut)
+	var b strings.Builder
+	b.WriteString(doc.Header + "\n")
+	for _, s := range doc.Steps {
+		b.WriteString(s.Title + "\n" + strings.Join(s.Text, "\n") + "\n")
+	}
+	var lines []string
+	for _, l := range strings.Split(text, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, regexp.MustCompile(`^\d+\. `).ReplaceAllString(l, ""))
+		}
+	}
+	require.Equal(t, strings.Join(lines, "\n")+"\n", b.String())
+	require.Len(t, doc.Steps, 14)
+}
+
+// TestReplayWraps: a table of several devices too wide for a terminal is
+// printed a block per device, each with the row labels, no line as wide
+// as the side-by-side table's; one that fits is printed side by side.
+func TestReplayWraps(t *testing.T) {
+	code, out, errOut := runReplay(t, "--trace", filepath.Join(traceDir, "handmade_two_devices.csv"),
+		"--trace", filepath.Join(traceDir, "silmont2000_mem_snapshot.csv"))
+	require.Equal(t, 0, code, errOut)
+	blocks := strings.Split(strings.TrimSuffix(out, "\n"), "\n\n")[1:]
+	require.Len(t, blocks, 3)
+	for i, label := range []string{"handmade_two_devices [dev 0]", "handmade_two_devices [dev 1]", "silmont2000_mem_snapshot"} {
+		first, _, _ := strings.Cut(blocks[i], "\n")
+		require.Regexp(t, `^trace {2,}`+regexp.QuoteMeta(label)+`$`, first)
+		require.Equal(t, strings.Count(blocks[0], "\n"), strings.Count(blocks[i], "\n"), "every block has every row")
+	}
+	table := printedTable(t, out)
+	require.Greater(t, tableWidth(table), maxTableWidth, "too wide side by side")
+	for _, l := range strings.Split(out, "\n")[1:] {
+		require.Less(t, len([]rune(l)), tableWidth(table), "%q", l)
+	}
+
+	var buf bytes.Buffer
+	narrow := [][]string{{"trace", "a", "b"}, {"events", "1", "2"}}
+	printWrapped(&buf, narrow)
+	require.Equal(t, "trace   a  b\nevents  1  2\n", buf.String())
+}
