@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/vmarena/vmarena/driver/acl"
@@ -188,6 +187,9 @@ type ReplayDeviceJSON struct {
 	Label  string `json:"label"`
 	Trace  string `json:"trace"`
 	Device int    `json:"device"`
+	// Stopped says an error stopped the trace's replay: the figures are
+	// those of the events replayed before it (the command exits 1).
+	Stopped bool `json:"stopped"`
 	// CapacityBytes is what the device's allocator could commit.
 	CapacityBytes uint64 `json:"capacity_bytes"`
 	// Events counts the trace's events on the device; Allocs and Frees
@@ -252,6 +254,34 @@ type ReplayDeviceJSON struct {
 	RatioTarget      string `json:"ratio_target"`
 	MapEventsTarget  string `json:"map_events_target"`
 	DriverTimeTarget string `json:"driver_time_target"`
+	// Peak is the alloc at which the allocated memory first reached its
+	// peak (null when nothing was allocated); LargestAtPeak the largest
+	// allocations live then, largest first (at most
+	// replay.MaxLargestAtPeak), of LiveAtPeak live.
+	Peak          *PeakAllocJSON  `json:"peak"`
+	LargestAtPeak []PeakAllocJSON `json:"largest_at_peak"`
+	LiveAtPeak    int             `json:"live_at_peak"`
+}
+
+// PeakAllocJSON is an allocation of a trace: its alloc_id, size, the
+// line and sequence number of its alloc event, and that event's time in
+// seconds since the device's first timed event (null in a trace without
+// times).
+type PeakAllocJSON struct {
+	AllocID   int64    `json:"alloc_id"`
+	SizeBytes uint64   `json:"size_bytes"`
+	Line      int      `json:"line"`
+	Seq       uint64   `json:"seq"`
+	Seconds   *float64 `json:"seconds"`
+}
+
+func peakAllocJSON(p replay.PeakAlloc, s replay.Summary) PeakAllocJSON {
+	j := PeakAllocJSON{AllocID: p.AllocID, SizeBytes: p.Size, Line: p.Line, Seq: p.Seq}
+	if p.HasTime && s.HasFirstTime {
+		sec := float64(p.TimeUS-s.FirstTimeUS) / 1e6
+		j.Seconds = &sec
+	}
+	return j
 }
 
 // ReplayOOMJSON is a request PyTorch failed: its oom event's line and
@@ -288,7 +318,8 @@ func replayDocument(drv, devices string, opts replay.Options, cols []column) Rep
 	}
 	for _, c := range cols {
 		d, s := c.d, c.d.Summary
-		j := ReplayDeviceJSON{Label: c.label, Trace: strings.TrimSuffix(c.label, fmt.Sprintf(" [dev %d]", d.Device)), Device: d.Device,
+		j := ReplayDeviceJSON{Label: c.label, Trace: c.trace, Device: d.Device, Stopped: c.stopped, LiveAtPeak: s.LiveAtPeak,
+			LargestAtPeak: []PeakAllocJSON{},
 			CapacityBytes: c.capacity, Events: s.Events, Allocs: d.Allocs, Frees: d.Frees, SkippedFrees: d.SkippedFrees,
 			MismatchedFrees: s.MismatchedFrees, MidRun: s.MidRun(), FreesBeforeRecording: s.FreedBeforeRecording,
 			ReservedBelowZero: s.ReservedBelowZero, OOMs: []ReplayOOMJSON{},
@@ -319,6 +350,13 @@ func replayDocument(drv, devices string, opts replay.Options, cols []column) Rep
 				pt := secs(d.PyTorchDriverTime())
 				j.PyTorchDriverSeconds = &pt
 			}
+		}
+		if s.LiveAtPeak > 0 {
+			p := peakAllocJSON(s.Peak, s)
+			j.Peak = &p
+		}
+		for _, a := range s.LargestAtPeak {
+			j.LargestAtPeak = append(j.LargestAtPeak, peakAllocJSON(a, s))
 		}
 		doc.Devices = append(doc.Devices, j)
 	}

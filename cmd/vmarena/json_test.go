@@ -85,6 +85,40 @@ func TestJSONReplay(t *testing.T) {
 	checkJSON(t, "replay", &ReplayJSON{}, nil, "replay", "--trace", filepath.Join(traceDir, "handmade_two_devices.csv"), "--json")
 }
 
+// TestJSONReplayStopped: a replay an error stopped still prints its
+// document, the stopped trace's device marked, its figures those of the
+// events before the error (the trace's own figures, its peak among
+// them, are of the whole trace), and exits 1.
+func TestJSONReplayStopped(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.csv")
+	require.NoError(t, os.WriteFile(big, []byte("seq,device,op,size,addr,alloc_id,stream,time_us,device_free\n"+
+		"4,0,alloc,1024,0,0,0,,\n5,0,alloc,134217728,0,1,0,,\n"), 0o600))
+	code, out, errOut := runReplay(t, "--capacity", "64MiB", "--json", "--trace", filepath.Join(traceDir, "handmade_two_devices.csv"), "--trace", big)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "big.csv: replay: line 3 (seq 5)")
+	var doc ReplayJSON
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&doc))
+	require.Len(t, doc.Devices, 3)
+	for _, d := range doc.Devices[:2] {
+		require.False(t, d.Stopped, d.Label)
+		require.Equal(t, "handmade_two_devices", d.Trace)
+		require.NotNil(t, d.Peak)
+		require.NotEmpty(t, d.LargestAtPeak)
+	}
+	last := doc.Devices[2]
+	require.True(t, last.Stopped)
+	require.Equal(t, "big", last.Trace)
+	require.Equal(t, "big (stopped after 1 of 2 events)", last.Label)
+	require.Equal(t, 1, last.Allocs)
+	// The trace's own figures (its peak, what was live then) are of the
+	// whole trace, the allocation that failed included.
+	require.Equal(t, []PeakAllocJSON{{AllocID: 1, SizeBytes: 128 << 20, Line: 3, Seq: 5}, {AllocID: 0, SizeBytes: 1024, Line: 2, Seq: 4}},
+		last.LargestAtPeak)
+}
+
 // TestJSONKV: the first 12 requests of the Azure conversation trace;
 // the simulation's wall time varies, so it is blanked.
 func TestJSONKV(t *testing.T) {
@@ -146,7 +180,8 @@ func TestReplayWraps(t *testing.T) {
 	code, out, errOut := runReplay(t, "--trace", filepath.Join(traceDir, "handmade_two_devices.csv"),
 		"--trace", filepath.Join(traceDir, "silmont2000_mem_snapshot.csv"))
 	require.Equal(t, 0, code, errOut)
-	blocks := strings.Split(strings.TrimSuffix(out, "\n"), "\n\n")[1:]
+	tbl, _ := cutLargest(out)
+	blocks := strings.Split(strings.TrimSuffix(tbl, "\n"), "\n\n")[1:]
 	require.Len(t, blocks, 3)
 	for i, label := range []string{"handmade_two_devices [dev 0]", "handmade_two_devices [dev 1]", "silmont2000_mem_snapshot"} {
 		first, _, _ := strings.Cut(blocks[i], "\n")

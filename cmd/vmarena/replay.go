@@ -181,13 +181,14 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	on := replayOn{backend: backend{name: string(drvName), library: *library}, progress: stderr}
 	on.capped = given["capacity"]
 	var cols []column
-	add := func(base string, res replay.Result) {
+	add := func(trace, base string, res replay.Result) {
 		for _, d := range res.Devices {
 			label := base
 			if len(res.Devices) > 1 || d.Device != 0 {
 				label = fmt.Sprintf("%s [dev %d]", base, d.Device)
 			}
-			cols = append(cols, column{label, d, res.Options.Capacity, res.SpaceCalls})
+			cols = append(cols, column{label: label, d: d, capacity: res.Options.Capacity, space: res.SpaceCalls,
+				trace: trace, stopped: base != trace})
 		}
 	}
 	failed := false // a trace that failed stops the run; the table still shows what was replayed
@@ -196,12 +197,12 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", name, err)
 			if len(res.Devices) > 0 {
-				add(stoppedLabel(traceLabel(name), res), res)
+				add(traceLabel(name), stoppedLabel(traceLabel(name), res), res)
 			}
 			failed = true
 			break
 		}
-		add(traceLabel(name), res)
+		add(traceLabel(name), traceLabel(name), res)
 	}
 	if *synthetic != "" && !failed {
 		label := fmt.Sprintf("%s (seed %d)", *synthetic, *seed)
@@ -213,11 +214,11 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", label, err)
 			if len(res.Devices) > 0 {
-				add(stoppedLabel(label, res), res)
+				add(label, stoppedLabel(label, res), res)
 			}
 			failed = true
 		} else {
-			add(label, res)
+			add(label, label, res)
 		}
 	}
 	if failed && len(cols) == 0 {
@@ -416,6 +417,10 @@ type column struct {
 	d        replay.DeviceResult
 	capacity uint64
 	space    sim.Calls
+	// trace is the trace's name; stopped says an error stopped its
+	// replay (the column holds what was replayed before).
+	trace   string
+	stopped bool
 }
 
 // replayTable is the table vmarena replay prints (and its report shows):

@@ -36,10 +36,13 @@ func flatten(s string) string {
 // unwrapBlocks joins the blocks after out's header back into one table
 // when there are several and each has the first's row labels (the labels
 // end at two spaces); anything else it leaves as it is.
+// What follows the table (the largest allocations at each peak) is kept
+// as it is, after it.
 func unwrapBlocks(out string) string {
+	out, rest := cutLargest(out)
 	parts := strings.Split(strings.TrimSuffix(out, "\n"), "\n\n")
 	if len(parts) < 3 {
-		return out
+		return out + rest
 	}
 	split := regexp.MustCompile(`^(.*?\S)\s{2,}(\S.*)$`)
 	var labels, rows []string
@@ -48,17 +51,26 @@ func unwrapBlocks(out string) string {
 			m := split.FindStringSubmatch(l)
 			switch {
 			case m == nil:
-				return out
+				return out + rest
 			case b == 0:
 				labels, rows = append(labels, m[1]), append(rows, l)
 			case i >= len(labels) || labels[i] != m[1]:
-				return out
+				return out + rest
 			default:
 				rows[i] += "  " + m[2]
 			}
 		}
 	}
-	return parts[0] + "\n\n" + strings.Join(rows, "\n") + "\n"
+	return parts[0] + "\n\n" + strings.Join(rows, "\n") + "\n" + rest
+}
+
+// cutLargest splits the replay's output before the largest allocations at
+// each peak, which follow its table after a blank line.
+func cutLargest(out string) (table, rest string) {
+	if i := strings.Index(out, "\n\nlargest allocations live at the peak"); i >= 0 {
+		return out[:i+1], out[i+1:]
+	}
+	return out, ""
 }
 
 // TestReplay runs the command on the small real traces and the

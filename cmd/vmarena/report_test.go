@@ -19,7 +19,7 @@ func printedTable(t *testing.T, out string) [][]string {
 	t.Helper()
 	_, tbl, ok := strings.Cut(out, "\n\n")
 	require.True(t, ok, "a header, a blank line, the table:\n%s", out)
-	tbl, _, _ = strings.Cut(tbl, "\n\n") // what follows the table (the largest allocations at each peak)
+	tbl, _ = cutLargest(tbl) // what follows the table: the largest allocations at each peak
 	var rows [][]string
 	// A table too wide for a terminal is printed a column at a time: a
 	// block per column, each with the labels, joined here again.
