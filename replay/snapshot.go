@@ -47,7 +47,7 @@ func ParseSnapshot(r io.Reader) ([]Event, error) {
 	}
 	snap, ok := v.(*pickle.Dict)
 	if !ok {
-		return nil, snapshotError("the pickle holds a %s, want a snapshot's dict", kind(v))
+		return nil, snapshotError("the pickle holds a %s, want a snapshot's dict", pickle.TypeName(v))
 	}
 	dt, ok := snap.Get("device_traces")
 	if !ok {
@@ -55,13 +55,13 @@ func ParseSnapshot(r io.Reader) ([]Event, error) {
 	}
 	devices, ok := dt.(*pickle.List)
 	if !ok {
-		return nil, snapshotError("device_traces is a %s, want a list of one list per device", kind(dt))
+		return nil, snapshotError("device_traces is a %s, want a list of one list per device", pickle.TypeName(dt))
 	}
 	var events []Event
 	for dev, t := range devices.Items {
 		entries, ok := t.(*pickle.List)
 		if !ok {
-			return nil, snapshotError("device_traces[%d] is a %s, want a list of trace entries", dev, kind(t))
+			return nil, snapshotError("device_traces[%d] is a %s, want a list of trace entries", dev, pickle.TypeName(t))
 		}
 		next := int64(0)           // the device's next alloc_id
 		live := map[uint64]int64{} // the alloc_id of the live allocation at each address
@@ -97,7 +97,7 @@ func snapshotEvent(e any, dev int, seq uint64) (Event, error) {
 	ev := Event{Line: int(min(seq, 1<<40)) + 2, Seq: seq, Device: dev, AllocID: -1}
 	d, ok := e.(*pickle.Dict)
 	if !ok {
-		return ev, errors.Newf("a %s, want a trace entry's dict", kind(e))
+		return ev, errors.Newf("a %s, want a trace entry's dict", pickle.TypeName(e))
 	}
 	a, ok := d.Get("action")
 	action, isStr := a.(string)
@@ -153,31 +153,6 @@ func snapshotError(format string, args ...any) error {
 	return sentinel.Mark(errors.Newf("replay: snapshot: "+format, args...), ErrMalformed)
 }
 
-// kind names a decoded value's Python type.
-func kind(v any) string {
-	switch v.(type) {
-	case nil:
-		return "None"
-	case bool:
-		return "bool"
-	case int64:
-		return "int"
-	case float64:
-		return "float"
-	case string:
-		return "str"
-	case []byte:
-		return "bytes"
-	case pickle.Tuple:
-		return "tuple"
-	case *pickle.List:
-		return "list"
-	case *pickle.Dict:
-		return "dict"
-	}
-	return fmt.Sprintf("%T", v)
-}
-
 // describe is a field's value for a message: missing, or its value when
 // short, or its type.
 func describe(v any, present bool) string {
@@ -190,9 +165,9 @@ func describe(v any, present bool) string {
 			return fmt.Sprintf("%q", x)
 		}
 	case int64, bool, float64, nil:
-		return fmt.Sprintf("%v (%s)", v, kind(v))
+		return fmt.Sprintf("%v (%s)", v, pickle.TypeName(v))
 	}
-	return "a " + kind(v)
+	return "a " + pickle.TypeName(v)
 }
 
 // keys lists a dict's keys for a message, the first few.

@@ -117,7 +117,7 @@ func (d *Dict) set(key, value any) error {
 			return errors.New("a NaN dict key")
 		}
 	default:
-		return errors.Newf("a dict key of type %s (only None, bools, ints, floats and strings are taken)", typeName(key))
+		return errors.Newf("a dict key of type %s (only None, bools, ints, floats and strings are taken)", TypeName(key))
 	}
 	if i := d.find(key); i >= 0 {
 		d.values[i] = value
@@ -459,7 +459,7 @@ func (d *decoder) value(op byte) error {
 		}
 		l, ok := top.(*List)
 		if !ok {
-			return errors.Newf("%s onto a %s, want a list", opName(op), typeName(top))
+			return errors.Newf("%s onto a %s, want a list", opName(op), TypeName(top))
 		}
 		l.Items = append(l.Items, items...)
 		return nil
@@ -492,7 +492,7 @@ func (d *decoder) value(op byte) error {
 		}
 		dict, ok := top.(*Dict)
 		if !ok {
-			return errors.Newf("%s onto a %s, want a dict", opName(op), typeName(top))
+			return errors.Newf("%s onto a %s, want a dict", opName(op), TypeName(top))
 		}
 		return setItems(dict, items)
 	case opBinGet, opLongBinGet:
@@ -702,7 +702,9 @@ func opName(op byte) string {
 	return fmt.Sprintf("%q", op)
 }
 
-func typeName(v any) string {
+// TypeName names a decoded value's Python type ("dict", "int", ...), for
+// messages about values of the wrong kind.
+func TypeName(v any) string {
 	switch v.(type) {
 	case nil:
 		return "None"
