@@ -441,15 +441,7 @@ func (d *decoder) value(op byte) error {
 		items, err := d.popMark()
 		return d.pushOr(&List{Items: items}, err)
 	case opAppend, opAppends:
-		var items []any
-		var err error
-		if op == opAppend {
-			var v any
-			v, err = d.pop()
-			items = []any{v}
-		} else {
-			items, err = d.popMark()
-		}
+		items, err := d.popItems(op == opAppend, 1)
 		if err != nil {
 			return err
 		}
@@ -473,16 +465,7 @@ func (d *decoder) value(op byte) error {
 		dict := &Dict{}
 		return d.pushOr(dict, setItems(dict, items))
 	case opSetItem, opSetItems:
-		var items []any
-		var err error
-		if op == opSetItem {
-			if err = d.need(2); err == nil {
-				items = append([]any(nil), d.stack[len(d.stack)-2:]...)
-				d.stack = d.stack[:len(d.stack)-2]
-			}
-		} else {
-			items, err = d.popMark()
-		}
+		items, err := d.popItems(op == opSetItem, 2)
 		if err != nil {
 			return err
 		}
@@ -671,6 +654,21 @@ func (d *decoder) pop() (any, error) {
 	}
 	d.stack = d.stack[:len(d.stack)-1]
 	return v, nil
+}
+
+// popItems pops what APPEND or SETITEM (single: the top n values) or
+// APPENDS or SETITEMS (the values above the innermost mark, and the mark)
+// add to the collection under them.
+func (d *decoder) popItems(single bool, n int) ([]any, error) {
+	if !single {
+		return d.popMark()
+	}
+	if err := d.need(n); err != nil {
+		return nil, err
+	}
+	items := append([]any(nil), d.stack[len(d.stack)-n:]...)
+	d.stack = d.stack[:len(d.stack)-n]
+	return items, nil
 }
 
 // popMark pops the values above the innermost mark, and the mark.
