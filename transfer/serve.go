@@ -151,16 +151,8 @@ func (e *Engine) servePut(c net.Conn, q request) error {
 		}
 		return nil
 	})
-	var ce connError
-	if errors.As(err, &ce) {
-		return ce.err
-	}
 	if err != nil {
-		e.refused.Add(1)
-		if _, derr := io.CopyN(io.Discard, c, int64(q.n)); derr != nil {
-			return derr
-		}
-		return respond(c, err)
+		return e.refuse(c, err, q.n)
 	}
 	e.puts.Add(1)
 	e.bytesIn.Add(q.n)
@@ -184,13 +176,26 @@ func (e *Engine) serveGet(c net.Conn, q request) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return e.refuse(c, err, 0)
+	}
+	return nil
+}
+
+// refuse ends a served op that servedOp failed with err, and returns the
+// connection's error: a connection error is that; a refusal is counted,
+// the drain bytes of payload that follow the request are read away, and
+// it is answered.
+func (e *Engine) refuse(c net.Conn, err error, drain uint64) error {
 	var ce connError
 	if errors.As(err, &ce) {
 		return ce.err
 	}
-	if err != nil {
-		e.refused.Add(1)
-		return respond(c, err)
+	e.refused.Add(1)
+	if drain > 0 {
+		if _, derr := io.CopyN(io.Discard, c, int64(drain)); derr != nil {
+			return derr
+		}
 	}
-	return nil
+	return respond(c, err)
 }

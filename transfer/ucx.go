@@ -99,13 +99,8 @@ func (e *Engine) serveBegin(c net.Conn, q request, ep **ucx.Endpoint) error {
 		}
 		return nil
 	})
-	var ce connError
-	if errors.As(err, &ce) {
-		return ce.err
-	}
 	if err != nil {
-		e.refused.Add(1)
-		return respond(c, err)
+		return e.refuse(c, err, 0)
 	}
 	if q.write {
 		e.puts.Add(1)
