@@ -18,43 +18,33 @@ func (p *Peer) tcpOp(op *Op, put bool) error {
 	q := request{id: op.Remote.ID, gen: op.Remote.Gen, off: op.RemoteOff, n: op.Len}
 	if put {
 		q.kind = kindPut
-		var status byte
-		var body []byte
-		err := op.Local.access(false, op.LocalOff, op.Len, func(b []byte) error {
-			h := q.encode()
-			if _, err := (&net.Buffers{h[:], b}).WriteTo(p.conn); err != nil {
-				return connError{err}
-			}
-			var err error
-			if status, body, err = readResponse(p.conn); err != nil {
-				return connError{err}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		if status != statusOK {
-			return p.remoteError(status, body)
-		}
-		return nil
+		return op.Local.access(false, op.LocalOff, op.Len, func(b []byte) error { return p.ask(q, b) })
 	}
 	q.kind = kindGet
 	return op.Local.access(true, op.LocalOff, op.Len, func(b []byte) error {
-		h := q.encode()
-		if _, err := p.conn.Write(h[:]); err != nil {
-			return connError{err}
-		}
-		status, body, err := readResponse(p.conn)
-		if err != nil {
-			return connError{err}
-		}
-		if status != statusOK {
-			return p.remoteError(status, body)
+		if err := p.ask(q, nil); err != nil {
+			return err
 		}
 		if _, err := io.ReadFull(p.conn, b); err != nil {
 			return connError{err}
 		}
 		return nil
 	})
+}
+
+// ask sends q's header and payload and reads the target's answer: nil for
+// OK, the target's refusal, or a connError when the connection broke.
+func (p *Peer) ask(q request, payload []byte) error {
+	h := q.encode()
+	if _, err := (&net.Buffers{h[:], payload}).WriteTo(p.conn); err != nil {
+		return connError{err}
+	}
+	status, body, err := readResponse(p.conn)
+	if err != nil {
+		return connError{err}
+	}
+	if status != statusOK {
+		return p.remoteError(status, body)
+	}
+	return nil
 }

@@ -36,17 +36,10 @@ import (
 func (p *Peer) ucxOp(ctx context.Context, op *Op, put bool) error {
 	q := request{kind: kindBegin, write: put, id: op.Remote.ID, gen: op.Remote.Gen, off: op.RemoteOff, n: op.Len}
 	return op.Local.access(!put, op.LocalOff, op.Len, func(b []byte) error {
-		h := q.encode()
-		if _, err := p.conn.Write(h[:]); err != nil {
-			return connError{err}
+		if err := p.ask(q, nil); err != nil {
+			return err
 		}
-		status, body, err := readResponse(p.conn)
-		if err != nil {
-			return connError{err}
-		}
-		if status != statusOK {
-			return p.remoteError(status, body)
-		}
+		var err error
 		local, remote := uintptr(unsafe.Pointer(unsafe.SliceData(b))), op.Remote.Addr+op.RemoteOff
 		if put {
 			err = p.ep.Put(local, op.Len, remote, op.Remote.Key)
@@ -62,17 +55,7 @@ func (p *Peer) ucxOp(ctx context.Context, op *Op, put bool) error {
 			// and let go.
 			return connError{errors.Wrapf(err, "ucx")}
 		}
-		end := request{kind: kindEnd}.encode()
-		if _, err := p.conn.Write(end[:]); err != nil {
-			return connError{err}
-		}
-		if status, body, err = readResponse(p.conn); err != nil {
-			return connError{err}
-		}
-		if status != statusOK {
-			return p.remoteError(status, body)
-		}
-		return nil
+		return p.ask(request{kind: kindEnd}, nil)
 	})
 }
 
