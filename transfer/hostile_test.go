@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -573,4 +574,21 @@ func TestContext(t *testing.T) {
 	drivertest.RequireIs(t, p.Put(context.Background(), transfer.Op{Local: l.w, Remote: d, Len: 8}), driver.ErrClosed)
 	require.NoError(t, p.Close(), "a broken peer closes once without an error")
 	drivertest.RequireIs(t, p.Close(), driver.ErrClosed)
+}
+
+// TestKinds: Kinds names exactly the kinds New makes in this build: tcp
+// always, ucx only where New of it succeeds.
+func TestKinds(t *testing.T) {
+	for _, kind := range []string{"tcp", "ucx"} {
+		e, err := transfer.New(transfer.Config{Kind: kind})
+		listed := slices.Contains(transfer.Kinds(), kind)
+		if err != nil {
+			drivertest.RequireIs(t, err, driver.ErrUnsupported)
+			require.False(t, listed, "%s is listed, but New refuses it", kind)
+			continue
+		}
+		require.True(t, listed, "New makes %s, but Kinds does not list it", kind)
+		require.NoError(t, e.Close())
+	}
+	require.Contains(t, transfer.Kinds(), "tcp")
 }
