@@ -155,7 +155,9 @@ func parseOp(s string) (Op, bool) {
 type Event struct {
 	// Line is the event's line in the file (the header is line 1).
 	Line int
-	Seq  uint64
+	// Seq is the trace's own number for the event: a PyTorch snapshot
+	// numbers each device's entries from 0.
+	Seq uint64
 	// Device is the device index the event happened on.
 	Device int
 	Op     Op
