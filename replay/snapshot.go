@@ -79,6 +79,9 @@ func ParseSnapshot(r io.Reader) ([]Event, error) {
 		}
 		total += len(entries.Items)
 	}
+	if total > maxTraceEvents {
+		return nil, snapshotError("%d trace entries, more than %d (MaxTraceEvents)", total, maxTraceEvents)
+	}
 	if most := len(data)/MinEntryBytes + 1; total > most {
 		return nil, snapshotError("%d trace entries in %d bytes, more than the %d a pickle of that size holds (a trace entry takes at least %d bytes): memo references repeating entries",
 			total, len(data), most, MinEntryBytes)

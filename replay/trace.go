@@ -60,7 +60,6 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
@@ -195,6 +194,10 @@ const numColumns = 9 // len(Columns)
 //
 // Input that starts with a pickle's PROTO opcode (byte 0x80, which no CSV
 // text starts with) is read as a PyTorch snapshot instead (ParseSnapshot).
+//
+// What it reads is bounded: lines of at most MaxTraceLineBytes, at most
+// MaxTraceBytes in all and MaxTraceEvents events; past a bound is an error
+// marked ErrMalformed.
 func Parse(r io.Reader) ([]Event, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "replay: parse: the reader is nil")
@@ -203,7 +206,7 @@ func Parse(r io.Reader) ([]Event, error) {
 	if b, err := br.Peek(1); err == nil && b[0] == pickleProto {
 		return ParseSnapshot(br)
 	}
-	cr := csv.NewReader(br)
+	cr := csv.NewReader(&boundedReader{r: br, total: MaxTraceBytes, line: MaxTraceLineBytes})
 	cr.FieldsPerRecord = -1 // counted here, for a message that says what is wrong
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -229,6 +232,9 @@ func Parse(r io.Reader) ([]Event, error) {
 			return nil, csvError(err)
 		}
 		line := lineOf(cr)
+		if len(events) == maxTraceEvents {
+			return nil, malformed(line, "more than %d events (MaxTraceEvents)", maxTraceEvents)
+		}
 		if len(rec) != numColumns {
 			return nil, malformed(line, "%d fields, want %d (%s)", len(rec), len(Columns), strings.Join(Columns, ","))
 		}
@@ -259,11 +265,13 @@ type allocKey struct {
 	id     int64
 }
 
-// ParseFile reads the trace in the named file (Parse).
+// ParseFile reads the trace in the named file (Parse), which must be a
+// regular file: another (a directory, a device, a FIFO) is an error
+// marked driver.ErrInvalid.
 func ParseFile(name string) ([]Event, error) {
-	f, err := os.Open(name)
+	f, err := openRegular(name, "trace")
 	if err != nil {
-		return nil, errors.Wrap(err, "replay")
+		return nil, err
 	}
 	defer f.Close()
 	return Parse(f)
@@ -369,6 +377,9 @@ func malformed(line int, format string, args ...any) error {
 // csvError turns the csv reader's error (a bare quote, say) into ours; the
 // csv package's message already names the line.
 func csvError(err error) error {
+	if errors.Is(err, ErrMalformed) { // a bound of boundedReader
+		return err
+	}
 	var pe *csv.ParseError
 	if errors.As(err, &pe) {
 		return malformed(pe.StartLine, "%v", pe.Err)
