@@ -5,7 +5,9 @@
 //
 // It owns the trace format and the replay, nothing else: it never touches
 // memory (the sim driver has none), and a malformed trace is an error naming
-// its line, never a panic. Each device a trace names is replayed on a sim
+// its line, never a panic. Every reader bounds what it reads and what it
+// builds from it (input.go: line lengths, totals, a config's size) and
+// opens regular files only. Each device a trace names is replayed on a sim
 // device of its own, by an allocator of its own, and summed up on its own.
 // allocator.go is the one file that knows vmarena's allocator (package
 // arena); the rest sees its figures as Figures.
