@@ -7,6 +7,7 @@ package replay
 // making.
 
 import (
+	"bytes"
 	"io"
 	"io/fs"
 	"os"
@@ -137,21 +138,44 @@ func (b *boundedReader) Read(p []byte) (int, error) {
 		p = p[:left] // one past the bound: enough to see it passed
 	}
 	n, err := b.r.Read(p)
-	for i, c := range p[:n] {
-		b.read++
-		b.inLine++
-		if b.read > b.total {
-			b.err = sentinel.Mark(errors.Newf("replay: more than %d bytes (MaxTraceBytes)", b.total), ErrMalformed)
-			return i, b.err
+	if b.read+int64(n) > b.total {
+		k := int(b.total - b.read)
+		b.read = b.total
+		b.err = sentinel.Mark(errors.Newf("replay: more than %d bytes (MaxTraceBytes)", b.total), ErrMalformed)
+		if k, lerr := b.countLines(p[:k]); lerr != nil {
+			return k, lerr
 		}
-		if b.line > 0 && b.inLine > b.line {
-			b.err = malformed(b.lines+1, "longer than %d bytes (MaxTraceLineBytes)", b.line)
-			return i, b.err
-		}
-		if c == '\n' {
-			b.inLine = 0
-			b.lines++
-		}
+		return k, b.err
+	}
+	b.read += int64(n)
+	if k, lerr := b.countLines(p[:n]); lerr != nil {
+		return k, lerr
 	}
 	return n, err
+}
+
+// countLines counts the lines in q, just read, and fails at the first byte
+// past the line bound: the bytes before it are returned as read.
+func (b *boundedReader) countLines(q []byte) (int, error) {
+	done := 0
+	for len(q) > 0 {
+		seg := len(q)
+		i := bytes.IndexByte(q, '\n')
+		if i >= 0 {
+			seg = i + 1
+		}
+		if b.line > 0 && b.inLine+int64(seg) > b.line {
+			b.err = malformed(b.lines+1, "longer than %d bytes (MaxTraceLineBytes)", b.line)
+			return done + int(b.line-b.inLine), b.err
+		}
+		if i >= 0 {
+			b.inLine = 0
+			b.lines++
+		} else {
+			b.inLine += int64(seg)
+		}
+		done += seg
+		q = q[seg:]
+	}
+	return done, nil
 }

@@ -5,12 +5,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 )
@@ -148,4 +151,41 @@ func TestTraceTotals(t *testing.T) {
 	require.ErrorIs(t, err, ErrMalformed)
 	require.ErrorContains(t, err, "replay: line 3: more than 4 hash_ids in the trace (MaxRequestBlocks)")
 	require.False(t, errors.Is(err, driver.ErrInvalid))
+}
+
+// BenchmarkBoundedReader: what the bounds cost a CSV trace's read, beside
+// the parse they guard, both in this run: the largest real trace here
+// read through boundedReader alone, and parsed by Parse (which reads
+// through it). bound/parse is the share of the parse's time.
+func BenchmarkBoundedReader(b *testing.B) {
+	data, err := os.ReadFile(filepath.Join("..", "testdata", "alloc-traces", "wedsonlin_medium_512_training.csv"))
+	require.NoError(b, err)
+	// Thread CPU time, beside the wall time b reports: the machine may be
+	// loaded.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu := func() int64 {
+		var ts unix.Timespec
+		require.NoError(b, unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts))
+		return ts.Nano()
+	}
+	var bound, parse, boundCPU, parseCPU int64
+	for b.Loop() {
+		start, c := time.Now(), cpu()
+		n, err := io.Copy(io.Discard, &boundedReader{r: bytes.NewReader(data), total: MaxTraceBytes, line: MaxTraceLineBytes})
+		bound += int64(time.Since(start))
+		boundCPU += cpu() - c
+		require.NoError(b, err)
+		require.Equal(b, int64(len(data)), n)
+		start, c = time.Now(), cpu()
+		_, err = Parse(bytes.NewReader(data))
+		parse += int64(time.Since(start))
+		parseCPU += cpu() - c
+		require.NoError(b, err)
+	}
+	b.ReportMetric(float64(bound)/float64(b.N), "bound-ns/op")
+	b.ReportMetric(float64(parse)/float64(b.N), "parse-ns/op")
+	b.ReportMetric(float64(boundCPU)/float64(b.N), "bound-cpu-ns/op")
+	b.ReportMetric(float64(parseCPU)/float64(b.N), "parse-cpu-ns/op")
+	b.ReportMetric(float64(boundCPU)/float64(parseCPU), "bound/parse-cpu")
 }
