@@ -123,7 +123,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--max-context %d: --memory %s holds at most %d tokens of %s for one sequence", *maxContext, units.Bytes(uint64(memory)), contextCap, m.Name)
 	}
 
-	reqs, err := replay.ParseRequestsFile(*trace)
+	reqs, err := loadRequests(*trace)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %s: %v\n", *trace, err)
 		return 1

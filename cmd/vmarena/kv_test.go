@@ -175,6 +175,7 @@ const modelsDir = "../../replay/testdata/models"
 func TestKVFlags(t *testing.T) {
 	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
 	noLayers := writeTrace(t, "config.json", `{"num_attention_heads": 32, "hidden_size": 4096, "torch_dtype": "bfloat16"}`)
+	emptyDir := t.TempDir() // a model directory without its config.json
 	code, out, _ := runKV(t, "simulate", "-h")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "usage: vmarena kv simulate")
@@ -193,6 +194,8 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "gpt2"},
 			`vmarena kv simulate: --model gpt2: replay: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, llama3-8b, llama3.1-70b, llama3.1-8b, llama3.3-70b, mistral-7b, qwen2.5-7b, or the path of a Hugging Face config.json`},
 		{[]string{"simulate", "--trace", small, "--model", "absent/config.json"}, "--model absent/config.json: replay: model config: open absent/config.json: no such file or directory"},
+		{[]string{"simulate", "--trace", small, "--model", "/dev/zero"}, "--model /dev/zero: replay: model config: /dev/zero is a character device, not a regular file"},
+		{[]string{"simulate", "--trace", small, "--model", emptyDir}, "--model " + emptyDir + ": replay: model config: the directory " + emptyDir + " has no config.json"},
 		{[]string{"simulate", "--trace", small, "--model", noLayers}, `: no "num_hidden_layers": add it, the number of decoder layers`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "extra"}, `unexpected argument "extra"`},
 		{[]string{"simulate", "--trace"}, "flag needs an argument: -trace"},
@@ -223,10 +226,15 @@ func TestKVFlags(t *testing.T) {
 // TestKVFailures: a trace that cannot be read exits 1 with the file in
 // the message and prints no table.
 func TestKVFailures(t *testing.T) {
+	zero := filepath.Join(t.TempDir(), "zero.jsonl")
+	require.NoError(t, os.Symlink("/dev/zero", zero))
 	for _, tc := range []struct {
 		name, file, says string
 	}{
-		{"missing file", filepath.Join(t.TempDir(), "absent.csv"), "absent.csv: replay: open"},
+		{"missing file", filepath.Join(t.TempDir(), "absent.csv"), "absent.csv: replay: request trace: open"},
+		{"a header only", writeTrace(t, "empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"), "empty.csv: the trace holds no requests, nothing to simulate"},
+		{"an empty jsonl", writeTrace(t, "empty.jsonl", ""), "empty.jsonl: the trace holds no requests, nothing to simulate"},
+		{"a device", zero, "zero.jsonl: replay: request trace: " + zero + " is a character device, not a regular file"},
 		{"malformed", writeTrace(t, "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,1\n"),
 			`bad.csv: replay: line 2: ContextTokens "x" is not an integer`},
 		{"no format", writeTrace(t, "trace.txt", "hello\n"), `no request trace format for extension ".txt"`},
