@@ -311,7 +311,7 @@ func (k *KVCache) expectedOutput(generated int) int {
 // promptTokens is r's prompt, kept for the next call about r.
 func (k *KVCache) promptTokens(r *SimRequest) []int {
 	if k.promptOf != r.id {
-		k.prompt, k.promptOf = r.Tokens(nil, 0, r.Prompt()), r.id
+		k.prompt, k.promptOf = r.Tokens(make([]int, 0, r.Prompt()), 0, r.Prompt()), r.id
 	}
 	return k.prompt
 }
