@@ -106,11 +106,12 @@ type KVCache struct {
 	finished int
 	outputs  int64
 	// prompt is the tokens of the last prompt CanAdmit was asked about (a
-	// request waits at the front of the queue, asked every step): one
-	// slice a request, for kvcache's CanAdmit remembers the last slice it
-	// was asked about.
-	prompt   []int
-	promptOf int
+	// request waits at the front of the queue, asked every step), in
+	// spare's memory before: kvcache's CanAdmit remembers the last slice
+	// it was asked about, which must not change under it, so a new
+	// request's tokens go to the other buffer.
+	prompt, spare []int
+	promptOf      int
 	// step holds the tokens of one Append, reused: a decode step appends
 	// one token to every running sequence, and allocates nothing for it.
 	step []int
@@ -311,7 +312,8 @@ func (k *KVCache) expectedOutput(generated int) int {
 // promptTokens is r's prompt, kept for the next call about r.
 func (k *KVCache) promptTokens(r *SimRequest) []int {
 	if k.promptOf != r.id {
-		k.prompt, k.promptOf = r.Tokens(make([]int, 0, r.Prompt()), 0, r.Prompt()), r.id
+		k.prompt, k.spare = r.Tokens(k.spare[:0], 0, r.Prompt()), k.prompt
+		k.promptOf = r.id
 	}
 	return k.prompt
 }
