@@ -53,7 +53,8 @@ type Stats struct {
 	// FailedAdmits and FailedResumes are the Admits and Resumes refused
 	// for lack of memory (ErrOutOfMemory): their plans did not fit, and
 	// they changed nothing. A caller that asks CanAdmit (CanResume)
-	// first, with no other call between, sees none.
+	// first, with no other call and no commit of the mapping-ahead
+	// goroutine between, sees none.
 	FailedAdmits, FailedResumes uint64
 	// EventPanics are batches whose Config.Events callback panicked
 	// (recovered); EventsDropped are events queued and dropped, the
