@@ -525,63 +525,14 @@ type match struct {
 	partial *storeUnit
 }
 
-// findLocked finds the longest prefix of prompt[:limit] the store holds,
-// unit by unit (each unit's tokens compared), then the whole blocks of the
-// next unit a listed unit continuing the same prefix shares.
-func (c *Cache) findLocked(prompt []int, extra uint64, limit int) match {
-	var m match
-	if !c.sharing() || limit <= 0 {
-		return m
-	}
-	g := c.g
-	// The chain is worked out as the walk goes: a prompt the store does
-	// not hold costs one unit's hashing, not the whole prompt's.
-	ch := make([]uint64, 0, 16)
-	u := 0
-	for ; u < g.units; u++ {
-		start, end := g.unitTokens(u)
-		if end > limit || end > len(prompt) {
-			break
-		}
-		ch = chainTo(ch, prompt, extra, g.block, end/g.block)
-		su := c.ps.byKey[prefixKey(ch, prompt, extra, g.block, end)]
-		if su == nil || su.u != u || !slices.Equal(su.tokens, prompt[start:end]) {
-			break
-		}
-		m.units = append(m.units, su)
-	}
-	start, _ := g.unitTokens(u)
-	m.tokens = start
-	if u == g.units || start >= len(prompt) {
-		return m
-	}
-	best := 0
-	ch = chainTo(ch, prompt, extra, g.block, start/g.block)
-	for _, su := range c.ps.children[prefixKey(ch, prompt, extra, g.block, start)] {
-		if su.u != u {
-			continue
-		}
-		n := 0
-		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
-			n++
-		}
-		if (start+n)/g.block*g.block > start+best {
-			best, m.partial = (start+n)/g.block*g.block-start, su
-		}
-	}
-	if m.partial != nil {
-		m.tokens = start + best
-	}
-	return m
-}
-
 // matchLocked gives a new sequence (in its slot, nothing borrowed yet)
 // the prefix the store holds of its prompt.
-func (c *Cache) matchLocked(what func() string, s *Seq) error {
+// m is what the store holds of the prompt (the plan's).
+func (c *Cache) matchLocked(what func() string, s *Seq, m match) error {
 	if !c.sharing() {
 		return nil
 	}
-	_, err := c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, len(s.prompt)-1), true)
+	_, err := c.applyMatchLocked(what, s, m, true)
 	if err != nil {
 		return err
 	}
@@ -602,16 +553,15 @@ func (c *Cache) countMatchLocked(s *Seq) {
 }
 
 // rematchLocked borrows again, for a preempted sequence being resumed,
-// what the store holds of its first limit tokens; a partly shared unit is
-// copied only when copy (the bytes are not coming from host memory). It
-// returns the units it backed (for undoing).
-func (c *Cache) rematchLocked(what func() string, s *Seq, limit int, copy bool) ([]int, error) {
+// m, what the store holds of its first tokens (the plan's); a partly
+// shared unit is copied only when copy (the bytes are not coming from
+// host memory). It returns the units it backed (for undoing).
+func (c *Cache) rematchLocked(what func() string, s *Seq, m match, copy bool) ([]int, error) {
 	if !c.sharing() {
 		s.matched = 0
 		return nil, nil
 	}
-	// The tokens a match compares are its prompt's.
-	return c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, limit), copy)
+	return c.applyMatchLocked(what, s, m, copy)
 }
 
 // applyMatchLocked borrows m's units into s's slot (after giving back the

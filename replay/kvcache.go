@@ -63,11 +63,11 @@ type KVCacheOptions struct {
 //     what a server knows, not the trace's output — the mean output
 //     length of the requests finished so far, rounded up (0 before the
 //     first finishes), less what the request has generated. A preempted
-//     request is not asked
-//     about: its Resume is the test (it commits its context's pages or
-//     fails with ErrOutOfMemory, changing nothing), since it keeps a slot
-//     of its own that kvcache's CanAdmit, which looks for a free one,
-//     does not know.
+//     request, which keeps a slot of its own, is asked about with
+//     kvcache's CanResume, for its whole context (and the expected output
+//     left) as the paged scheme asks: the plan its Resume carries out, so
+//     that a Resume the simulation makes never fails, and one whose next
+//     chunk would preempt it again waits.
 //   - No mapping ahead: simulated steps do not run in wall time, so there
 //     is no background in which to map; every page is committed by the
 //     Append that needs it, and the run is deterministic.
@@ -106,9 +106,12 @@ type KVCache struct {
 	finished int
 	outputs  int64
 	// prompt is the tokens of the last prompt CanAdmit was asked about (a
-	// request waits at the front of the queue, asked every step).
-	prompt   []int
-	promptOf int
+	// request waits at the front of the queue, asked every step), in
+	// spare's memory before: kvcache's CanAdmit remembers the last slice
+	// it was asked about, which must not change under it, so a new
+	// request's tokens go to the other buffer.
+	prompt, spare []int
+	promptOf      int
 	// step holds the tokens of one Append, reused: a decode step appends
 	// one token to every running sequence, and allocates nothing for it.
 	step []int
@@ -309,19 +312,27 @@ func (k *KVCache) expectedOutput(generated int) int {
 // promptTokens is r's prompt, kept for the next call about r.
 func (k *KVCache) promptTokens(r *SimRequest) []int {
 	if k.promptOf != r.id {
-		k.prompt, k.promptOf = r.Tokens(k.prompt[:0], 0, r.Prompt()), r.id
+		k.prompt, k.spare = r.Tokens(k.spare[:0], 0, r.Prompt()), k.prompt
+		k.promptOf = r.id
 	}
 	return k.prompt
 }
 
 // CanAdmit asks kvcache's CanAdmit about a new request's prompt and
-// expected output; a preempted one is left to Resume (see KVCache).
+// expected output, and its CanResume about a preempted one (see KVCache).
 func (k *KVCache) CanAdmit(r *SimRequest) bool {
 	if k.usable("can admit", r) != nil {
 		return false
 	}
 	if cs := k.seqs[r.id]; cs != nil {
-		return cs.preempted
+		if !cs.preempted {
+			return false
+		}
+		// Room for its whole context, as the paged scheme asks: a resume
+		// whose next chunk would preempt it again waits.
+		more := r.Context() - cs.seq.Len() + k.expectedOutput(r.Context()-r.Prompt())
+		ok, err := cs.seq.CanResume(max(more, 0))
+		return err == nil && ok
 	}
 	if r.Prompt() < 1 {
 		return false
