@@ -113,8 +113,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	tw.Flush()
+	fmt.Fprintf(stdout, "\n%s\n", bench.Met(cells))
 	cacheCPU, pagedCPU, wall := bench.KVTargetTotals(cells)
-	fmt.Fprintf(stdout, "\n%d cells in %.1f s wall (%.1f s of it simulating); the schemes' own CPU (thread clock): this cache %.2f s, paged %.2f s (%.2f×)\n",
+	fmt.Fprintf(stdout, "%d cells in %.1f s wall (%.1f s of it simulating); the schemes' own CPU (thread clock): this cache %.2f s, paged %.2f s (%.2f×)\n",
 		len(cells), time.Since(start).Seconds(), wall.Seconds(), cacheCPU.Seconds(), pagedCPU.Seconds(), cacheCPU.Seconds()/max(pagedCPU.Seconds(), 1e-9))
 	return 0
 }
