@@ -39,6 +39,10 @@ type KVCacheOptions struct {
 	// prompt's room alone, as vLLM and the paged scheme do: more
 	// sequences start, and more are preempted when their outputs grow.
 	ExpectOutput bool
+	// NoMapAhead turns mapping ahead off: every page is committed by the
+	// call that needs it, on the step's path. The zero value maps ahead
+	// (see KVCache).
+	NoMapAhead bool
 }
 
 // KVCache is this library's KV cache (package kvcache) as a KV scheme: a
@@ -68,9 +72,15 @@ type KVCacheOptions struct {
 //     left) as the paged scheme asks: the plan its Resume carries out, so
 //     that a Resume the simulation makes never fails, and one whose next
 //     chunk would preempt it again waits.
-//   - No mapping ahead: simulated steps do not run in wall time, so there
-//     is no background in which to map; every page is committed by the
-//     Append that needs it, and the run is deterministic.
+//   - Mapping ahead, modelled rather than run: simulated steps do not run
+//     in wall time, so the cache's mapping-ahead goroutine is off
+//     (kvcache's MapAhead -1) and every page is committed by the Append
+//     that needs it, which keeps the run deterministic. Simulate counts
+//     the driver calls of each call (DriverCalls) and, unless NoMapAhead,
+//     prices those of a decode that only commit memory as the goroutine's,
+//     made during the step before (MapAhead is BlockTokens, kvcache's
+//     default window): see SimDriver. The cache's calls are the same
+//     either way, only whose path they are on differs.
 //
 // Stats, from kvcache.Stats: Stored is the bytes holding a running
 // sequence's token, each once however many sequences map it; Logical the
@@ -239,6 +249,24 @@ func (k *KVCache) Close() error {
 
 func (k *KVCache) closeDriver() error {
 	return errors.CombineErrors(errors.CombineErrors(k.space.Close(), k.mem.Close()), k.drv.Close())
+}
+
+// DriverCalls is every driver call the cache has made, as its sim driver
+// counts them.
+func (k *KVCache) DriverCalls() sim.Calls {
+	if k == nil || k.drv == nil {
+		return sim.Calls{}
+	}
+	return k.drv.Calls()
+}
+
+// MapAhead is the window of mapping ahead Simulate models, in tokens:
+// BlockTokens (kvcache's default), 0 with NoMapAhead.
+func (k *KVCache) MapAhead() int {
+	if k == nil || k.opts.NoMapAhead {
+		return 0
+	}
+	return k.cfg.BlockTokens
 }
 
 // Name is "this cache (LAYOUT)".

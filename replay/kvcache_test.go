@@ -104,7 +104,7 @@ func TestKVCacheTraceSlices(t *testing.T) {
 				}
 				again, err := Simulate(reqs, newKVCache(t, cfg, KVCacheOptions{Layout: layout}), opts)
 				require.NoError(t, err)
-				again.WallTime = res.WallTime
+				again.WallTime, again.CPUTime = res.WallTime, res.CPUTime
 				require.Equal(t, res, again)
 			})
 		}

@@ -54,7 +54,13 @@
 // static baselines are bookkeeping alone, with no memory behind them. The
 // model it serves (kvmodel.go) is a preset or read from a Hugging Face
 // config.json (hfconfig.go): its KV a token, its parameters for the price
-// of a step.
+// of a step. For a scheme on the sim driver (KVCache) it also counts and
+// prices the driver calls of each of the scheme's calls, splits them into
+// the time steps wait for and the time mapping ahead hides behind a step
+// (simcost.go, SimDriver), and charges each scheme the thread CPU time of
+// its own calls. RequestTrace generates request traces from a seed
+// (requestgen.go): long shared prefixes, bursts, long outputs that squeeze
+// the budget.
 package replay
 
 import (
