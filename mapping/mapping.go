@@ -201,6 +201,9 @@ func (t *Table) inside(what func() string, addr driver.Addr, size uint64) error 
 
 // Map maps the whole chunk c at addr, inaccessible to every device.
 func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
+	if t.unmade() {
+		return unmade("Table.Map", "New")
+	}
 	if c == nil {
 		return errors.Wrapf(driver.ErrInvalid, "mapping: map at %s: the chunk is nil", addr)
 	}
