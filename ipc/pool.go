@@ -560,7 +560,7 @@ func (c *Conn) RecvPool(space *vaspace.Space, mem *physical.Memory, dev driver.D
 	if err != nil {
 		return nil, errors.Wrapf(err, "ipc: receive pool of %s", units.Bytes(vs[1]))
 	}
-	tab, err := mapping.New(res, mem)
+	tab, err := mapping.NewFor(own, res, mem)
 	if err != nil {
 		return nil, errors.CombineErrors(err, res.FreeFor(own))
 	}
