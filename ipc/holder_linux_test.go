@@ -189,3 +189,33 @@ func sendPointer(t *testing.T) *sentPointer {
 	require.NoError(t, err)
 	return &sp
 }
+
+// TestCloseReadsABoundedQueue: a peer that floods its end with forged
+// releases cannot keep Close reading: Close reads at most one message per
+// import held plus maxQueuedOther, reports the refusals, and leaves the
+// import held (the true release queued behind the flood is not reached).
+func TestCloseReadsABoundedQueue(t *testing.T) {
+	sp := sendPointer(t)
+	defer sp.p.close()
+	defer sp.l.Close()
+	defer sp.s.Destroy()
+	for range 2 * maxQueuedOther {
+		require.NoError(t, sp.tx.send(KindRelease, 0, u64s(sp.ip.id, 3*chunkSize)))
+	}
+	require.NoError(t, sp.ip.Free(sp.got))
+	require.NoError(t, sp.ip.Close())
+	require.NoError(t, sp.tx.Close())
+	drivertest.RequireIs(t, sp.rx.Close(), driver.ErrNotAllocated, "holds no import of it")
+	require.Equal(t, 1, sp.rx.Holds(), "the release behind the flood is not read")
+
+	// The peer is this process, which lives on: release its hold by hand
+	// so that the pool goes and the pidfd closes.
+	require.NoError(t, sp.pl.ReleaseImportFor(sp.rx.holder, sp.ptr))
+	sp.rx.mu.Lock()
+	sp.rx.holds = nil
+	sp.rx.mu.Unlock()
+	sp.rx.dropPeerIfDone()
+	require.NoError(t, sp.pl.FreeAsync(sp.ptr, sp.s))
+	require.NoError(t, sp.s.Synchronize())
+	require.NoError(t, sp.pl.Destroy())
+}

@@ -305,36 +305,34 @@ func (c *Conn) applyRelease(m *message, pool func(id uint64) (*ExportedPool, err
 // RecvRelease read — the releases of a peer that freed its pointers and
 // closed before the exporter asked — and applies each release, as
 // RecvRelease would. It reads no more messages than the peer holds
-// imports, plus maxQueuedOther others (whose descriptors it closes), so a
-// peer cannot keep it reading; it never waits. It returns the errors of
+// imports when it starts, plus maxQueuedOther (it closes the descriptors
+// of any other kind), so a peer cannot keep it reading; it never waits. It returns the errors of
 // releases it refused.
 func (c *Conn) applyQueuedReleases() error {
 	var errs error
-	for other := 0; c.Holds() > 0 && other <= maxQueuedOther; {
+	for budget := c.Holds() + maxQueuedOther; budget > 0 && c.Holds() > 0; budget-- {
 		m, ok, err := c.recvQueued()
+		if errors.Is(err, ErrProtocol) {
+			continue // its descriptors are closed; a release may follow
+		}
 		if err != nil {
-			if errors.Is(err, ErrProtocol) {
-				other++
-				continue
-			}
 			return errors.CombineErrors(errs, err)
 		}
 		if !ok {
 			break
 		}
 		closeAll(m.fds)
-		if m.kind != KindRelease {
-			other++
-			continue
+		if m.kind == KindRelease {
+			_, err = c.applyRelease(m, c.heldPool)
+			errs = errors.CombineErrors(errs, err)
 		}
-		_, err = c.applyRelease(m, c.heldPool)
-		errs = errors.CombineErrors(errs, err)
 	}
 	return errs
 }
 
-// maxQueuedOther is how many messages other than releases Close reads
-// past before it stops looking for releases.
+// maxQueuedOther is how many messages beyond one per import the peer
+// holds Close reads before it stops looking for releases: other kinds,
+// malformed ones and refused releases.
 const maxQueuedOther = 16
 
 // heldPool is the exported pool of id among those the peer holds imports
