@@ -396,6 +396,9 @@ func (al *Allocator) committed() uint64 {
 // says; if it still cannot serve the request the error says why, and no
 // allocation changes.
 func (al *Allocator) Alloc(size, align uint64) (driver.Addr, error) {
+	if al.unmade() {
+		return 0, unmade("Allocator.Alloc", "NewAllocator")
+	}
 	what := func() string { return fmt.Sprintf("arena: alloc %s aligned to %d", units.Bytes(size), align) }
 	align, fp, err := al.checkRequest(what, size, align)
 	if err != nil {

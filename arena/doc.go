@@ -72,6 +72,17 @@
 // table or a chunk of a range it owns, so no caller can grow, shrink,
 // decommit, close or place anything in it behind the owner's back. A
 // tensor over an allocation goes through the allocation (tensor.Empty).
+// Its reservations are kept for it (vaspace.Space.ReserveFor): reached
+// through the Space, one can be neither freed nor given a page table of
+// another's (mapping.New refuses it). What a caller does through the
+// driver itself — a chunk mapped into a range, one of a range's chunks
+// released or unmapped — Sparse.Check and Allocator.Check report: their
+// page tables compare themselves with the driver's own record
+// (driver.Books).
+//
+// A nil or zero Sparse, Arena, Allocator or View answers ErrInvalid from
+// every method that returns an error, whatever the arguments, and a
+// harmless zero from accessors.
 //
 // # What it never does
 //

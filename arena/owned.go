@@ -30,6 +30,9 @@ type Owned struct {
 // memory this process addresses, an allocator no device may write is
 // refused before anything is allocated (ErrAccessDenied).
 func (al *Allocator) AllocOwned(size, align uint64) (*Owned, error) {
+	if al.unmade() {
+		return nil, unmade("Allocator.AllocOwned", "NewAllocator")
+	}
 	what := func() string { return fmt.Sprintf("arena: owned alloc %s aligned to %d", units.Bytes(size), align) }
 	align, fp, err := al.checkRequest(what, size, align)
 	if err != nil {

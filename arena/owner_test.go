@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/mapping"
 )
 
 // TestRangeKeepsItsReservation: the range's reservation is the range's.
@@ -55,4 +56,42 @@ func TestRangeKeepsItsReservation(t *testing.T) {
 	require.NoError(t, u.Check())
 	require.NoError(t, f.mem.Check())
 	require.NoError(t, f.space.Close())
+}
+
+// TestAllocatorCheckSeesForeignMappings: a caller who reaches an
+// allocator's reservations through the Space cannot lay a table of its
+// own over one (mapping.New refuses, ErrBusy naming the owner), and a
+// chunk mapped into one through the driver fails the allocator's Check
+// (its ranges' tables compare themselves with the driver's own record);
+// once unmapped, Check passes and the allocator closes. (Before, the
+// second table mapped foreign chunks into the allocator's range and the
+// allocator's Check passed.)
+func TestAllocatorCheckSeesForeignMappings(t *testing.T) {
+	e := newEnv(t, 16*g)
+	al, err := NewAllocator(e.space, e.mem, AllocatorOptions{Max: 4 * g, ChunkSize: g})
+	require.NoError(t, err)
+	p, err := al.Alloc(100, 0)
+	require.NoError(t, err)
+	rs := e.space.Reservations()
+	require.NotEmpty(t, rs)
+	for _, res := range rs {
+		_, err := mapping.New(res, e.mem)
+		drivertest.RequireIs(t, err, driver.ErrBusy, "kept by an arena range")
+	}
+	require.NoError(t, al.Check())
+
+	res := rs[len(rs)-1]
+	h, err := e.drv.Create(0, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	at := res.Base() + driver.Addr(res.Size()-g)
+	require.NoError(t, e.drv.Map(at, h))
+	err = al.Check()
+	require.True(t, errors.HasAssertionFailure(err), "%v", err)
+	require.ErrorContains(t, err, "behind this table's back")
+	require.NoError(t, e.drv.Unmap(at, g))
+	require.NoError(t, e.drv.Release(h))
+	require.NoError(t, al.Check())
+	require.NoError(t, al.Free(p))
+	require.NoError(t, al.Close())
+	require.NoError(t, e.mem.Check())
 }

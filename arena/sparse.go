@@ -255,7 +255,7 @@ func NewSparse(space *vaspace.Space, mem *physical.Memory, opts SparseOptions) (
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
-	tab, err := mapping.New(res, mem)
+	tab, err := mapping.NewFor(own, res, mem)
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), res.FreeFor(own))
 	}

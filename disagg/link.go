@@ -74,8 +74,8 @@ func (l *Local) Export(t *tensor.Tensor) (Ref, func() error, error) {
 	if l == nil {
 		return Ref{}, nil, errors.Wrap(driver.ErrInvalid, "disagg: local export on a nil *Local")
 	}
-	if t == nil {
-		return Ref{}, nil, errors.Wrap(driver.ErrInvalid, "disagg: local export of a nil tensor")
+	if t.Released() { // nil, zero or released: no memory to export
+		return Ref{}, nil, errors.Wrap(driver.ErrInvalid, "disagg: local export of a nil, zero or released tensor")
 	}
 	if !t.IsContiguous() {
 		return Ref{}, nil, errors.Wrapf(driver.ErrInvalid, "disagg: local export of %s: not contiguous", t)

@@ -45,6 +45,10 @@
 //   - Unreserve takes exactly a range that Reserve returned and refuses
 //     ([ErrBusy]) while anything inside it is mapped.
 //   - Every call after Close is [ErrClosed]. A failed call changes nothing.
+//   - A driver that keeps a record of its own answers from it ([Books]:
+//     every driver of this module), so that the layers' Checks compare
+//     their books with the driver's and report what a caller did through
+//     the driver behind their backs.
 //
 // # How the contract maps onto the accelerator APIs
 //

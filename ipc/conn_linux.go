@@ -211,6 +211,41 @@ func (c *Conn) recv() (*message, error) {
 	buf := make([]byte, headerSize+MaxPayload+1)
 	oob := make([]byte, unix.CmsgSpace(maxFDs*4))
 	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
+	return c.parse(buf, oob, n, oobn, flags, err)
+}
+
+// recvQueued reads one message the peer has sent already, without
+// waiting: ok is false when none is queued (or the connection ended). It
+// checks the framing as recv does.
+func (c *Conn) recvQueued() (m *message, ok bool, err error) {
+	rc, err := c.c.SyscallConn()
+	if err != nil {
+		return nil, false, osError(err, "ipc: receive from process %d on %s", c.pid, c.path)
+	}
+	buf := make([]byte, headerSize+MaxPayload+1)
+	oob := make([]byte, unix.CmsgSpace(maxFDs*4))
+	var n, oobn, flags int
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		return true // never wait for more
+	}); err != nil {
+		return nil, false, osError(err, "ipc: receive from process %d on %s", c.pid, c.path)
+	}
+	if errors.Is(rerr, unix.EAGAIN) {
+		return nil, false, nil
+	}
+	m, err = c.parse(buf, oob, n, oobn, flags, rerr)
+	if errors.Is(err, driver.ErrClosed) {
+		return nil, false, nil
+	}
+	return m, err == nil, err
+}
+
+// parse checks the framing of a message read into buf (n bytes) and oob
+// (oobn bytes) with flags, or the read's error rerr; on any error every
+// descriptor that came with it is closed.
+func (c *Conn) parse(buf, oob []byte, n, oobn, flags int, err error) (*message, error) {
 	var fds []int
 	if oobn > 0 {
 		if cmsgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {

@@ -37,6 +37,8 @@ func (c *Conn) send(kind Kind, _ driver.HandleType, _ []byte, _ ...int) error {
 
 func (c *Conn) recv() (*message, error) { return nil, unsupported("receive") }
 
+func (c *Conn) recvQueued() (*message, bool, error) { return nil, false, unsupported("receive") }
+
 // closeAll has nothing to close: no descriptor arrives here.
 func closeAll([]int) {}
 

@@ -251,7 +251,10 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	return osError(c.c.SetDeadline(t), "ipc: set the deadline of the connection on %s", c.path)
 }
 
-// Close closes the connection. Imports the peer still holds stay held
+// Close closes the connection. First it applies the releases the peer
+// sent that no RecvRelease read (a peer that freed its pointers before
+// the exporter asked), without waiting for more; a release it refuses is
+// in its error. Imports the peer still holds then stay held
 // unless its process has exited already (then Close releases them, as
 // ReleaseIfGone does); the peer is still watched, so ReleaseIfGone
 // releases them after Close too, once it has exited. A second Close is
@@ -267,7 +270,11 @@ func (c *Conn) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	err := osError(c.c.Close(), "ipc: close the connection on %s", c.path)
+	var err error
+	if c.Holds() > 0 {
+		err = errors.Wrapf(c.applyQueuedReleases(), "ipc: close: the releases process %d sent", c.PeerPID())
+	}
+	err = errors.CombineErrors(err, osError(c.c.Close(), "ipc: close the connection on %s", c.path))
 	if c.Holds() > 0 {
 		if _, rerr := c.ReleaseIfGone(); rerr != nil && !errors.Is(rerr, driver.ErrBusy) {
 			err = errors.CombineErrors(err, rerr)

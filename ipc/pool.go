@@ -264,6 +264,17 @@ func (c *Conn) RecvRelease(ep *ExportedPool) (driver.Addr, error) {
 		return 0, err
 	}
 	defer closeAll(m.fds)
+	return c.applyRelease(m, func(id uint64) (*ExportedPool, error) {
+		if id != ep.id {
+			return nil, errors.Wrapf(driver.ErrInvalid, "ipc: receive release: pool %#x is unknown here (this one is %#x)", id, ep.id)
+		}
+		return ep, nil
+	})
+}
+
+// applyRelease checks the release message m and releases the import it
+// names, in the exported pool that pool returns for its id.
+func (c *Conn) applyRelease(m *message, pool func(id uint64) (*ExportedPool, error)) (driver.Addr, error) {
 	if m.kind != KindRelease {
 		return 0, sentinel.Mark(errors.Newf("ipc: receive release: a %s message came", m.kind), ErrProtocol)
 	}
@@ -271,8 +282,9 @@ func (c *Conn) RecvRelease(ep *ExportedPool) (driver.Addr, error) {
 	if err != nil {
 		return 0, err
 	}
-	if vs[0] != ep.id {
-		return 0, errors.Wrapf(driver.ErrInvalid, "ipc: receive release: pool %#x is unknown here (this one is %#x)", vs[0], ep.id)
+	ep, err := pool(vs[0])
+	if err != nil {
+		return 0, err
 	}
 	ptr := ep.p.Base() + driver.Addr(vs[1])
 	c.mu.Lock()
@@ -287,6 +299,53 @@ func (c *Conn) RecvRelease(ep *ExportedPool) (driver.Addr, error) {
 	}
 	c.dropHoldLocked(ep, ptr)
 	return ptr, nil
+}
+
+// applyQueuedReleases reads the messages the peer sent that no
+// RecvRelease read — the releases of a peer that freed its pointers and
+// closed before the exporter asked — and applies each release, as
+// RecvRelease would. It reads no more messages than the peer holds
+// imports when it starts, plus maxQueuedOther (it closes the descriptors
+// of any other kind), so a peer cannot keep it reading; it never waits. It returns the errors of
+// releases it refused.
+func (c *Conn) applyQueuedReleases() error {
+	var errs error
+	for budget := c.Holds() + maxQueuedOther; budget > 0 && c.Holds() > 0; budget-- {
+		m, ok, err := c.recvQueued()
+		if errors.Is(err, ErrProtocol) {
+			continue // its descriptors are closed; a release may follow
+		}
+		if err != nil {
+			return errors.CombineErrors(errs, err)
+		}
+		if !ok {
+			break
+		}
+		closeAll(m.fds)
+		if m.kind == KindRelease {
+			_, err = c.applyRelease(m, c.heldPool)
+			errs = errors.CombineErrors(errs, err)
+		}
+	}
+	return errs
+}
+
+// maxQueuedOther is how many messages beyond one per import the peer
+// holds Close reads before it stops looking for releases: other kinds,
+// malformed ones and refused releases.
+const maxQueuedOther = 16
+
+// heldPool is the exported pool of id among those the peer holds imports
+// of.
+func (c *Conn) heldPool(id uint64) (*ExportedPool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ep := range c.holds {
+		if ep.id == id {
+			return ep, nil
+		}
+	}
+	return nil, errors.Wrapf(driver.ErrInvalid, "ipc: receive release: pool %#x: the peer holds no import of it on this connection", id)
 }
 
 // PeerExitWait is how long RecvRelease waits, once the connection has
@@ -499,7 +558,7 @@ func (c *Conn) RecvPool(space *vaspace.Space, mem *physical.Memory, dev driver.D
 	if err != nil {
 		return nil, errors.Wrapf(err, "ipc: receive pool of %s", units.Bytes(vs[1]))
 	}
-	tab, err := mapping.New(res, mem)
+	tab, err := mapping.NewFor(own, res, mem)
 	if err != nil {
 		return nil, errors.CombineErrors(err, res.FreeFor(own))
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/mapping"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 // TestCheckSeesReservationUnreservedBehind: a table's reservation
@@ -35,4 +37,102 @@ func TestCheckSeesReservationUnreservedBehind(t *testing.T) {
 	require.NoError(t, s.mem.Check())
 	require.NoError(t, s.tab.Close())
 	require.NoError(t, s.tab.Check(), "a closed table has no reservation to check")
+}
+
+// TestCheckSeesMappingsBehind: the table's Check compares it with the
+// driver's own record (driver.Books). A chunk mapped into the table's
+// reservation through the driver, one mapped there through a second
+// table over the same reservation, and a mapping of the table's unmapped
+// and replaced through the driver each fail Check with a message naming
+// what happened; once undone, Check passes again.
+func TestCheckSeesMappingsBehind(t *testing.T) {
+	s := newStack(t)
+	mine, err := s.mem.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.tab.Map(s.at(0), mine))
+	require.NoError(t, s.tab.Check())
+
+	// Mapped through the driver.
+	raw, err := s.drv.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.drv.Map(s.at(4), raw))
+	err = s.tab.Check()
+	require.True(t, errors.HasAssertionFailure(err), "%v", err)
+	require.ErrorContains(t, err, "the host driver has 2 mapping(s)")
+	require.ErrorContains(t, err, "behind this table's back")
+	require.NoError(t, s.drv.Unmap(s.at(4), gran))
+	require.NoError(t, s.drv.Release(raw))
+	require.NoError(t, s.tab.Check())
+
+	// Mapped through a second table over the same reservation.
+	other, err := mapping.New(s.res, s.mem)
+	require.NoError(t, err)
+	foreign, err := s.mem.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, other.Map(s.at(8), foreign))
+	err = s.tab.Check()
+	require.True(t, errors.HasAssertionFailure(err), "%v", err)
+	require.ErrorContains(t, err, "another table over the same reservation")
+	require.NoError(t, other.Unmap(s.at(8)))
+	require.NoError(t, other.Close())
+	require.NoError(t, foreign.Release())
+	require.NoError(t, s.tab.Check())
+
+	// The table's own mapping unmapped and replaced through the driver.
+	require.NoError(t, s.drv.Unmap(s.at(0), gran))
+	swapped, err := s.drv.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.drv.Map(s.at(0), swapped))
+	err = s.tab.Check()
+	require.True(t, errors.HasAssertionFailure(err), "%v", err)
+	require.ErrorContains(t, err, "remapped through the driver behind the table's back")
+	require.NoError(t, s.drv.Unmap(s.at(0), gran))
+	require.NoError(t, s.drv.Release(swapped))
+	require.NoError(t, s.drv.Map(s.at(0), mine.Handle()))
+	require.NoError(t, s.tab.Check())
+	require.NoError(t, s.tab.Unmap(s.at(0)))
+	require.NoError(t, mine.Release())
+}
+
+// TestNewRefusesAnOwnersReservation: a table over a reservation an owner
+// keeps is refused (ErrBusy naming the owner) unless the owner makes it,
+// and the refusal leaves the reservation as it was.
+func TestNewRefusesAnOwnersReservation(t *testing.T) {
+	s := newStack(t)
+	own := vaspace.NewOwner("a test's range")
+	res, err := s.space.ReserveFor(own, 4*gran, 0)
+	require.NoError(t, err)
+	_, err = mapping.New(res, s.mem)
+	drivertest.RequireIs(t, err, driver.ErrBusy, "kept by a test's range")
+	_, err = mapping.NewFor(vaspace.NewOwner("someone else"), res, s.mem)
+	drivertest.RequireIs(t, err, driver.ErrBusy, "kept by a test's range")
+	_, err = mapping.NewFor(own, s.res, s.mem)
+	drivertest.RequireIs(t, err, driver.ErrBusy, "kept by nobody")
+	require.NoError(t, res.Check())
+	tab, err := mapping.NewFor(own, res, s.mem)
+	require.NoError(t, err)
+	require.NoError(t, tab.Check())
+	require.NoError(t, tab.Close())
+	require.NoError(t, res.FreeFor(own))
+}
+
+// TestCheckSeesReleaseBehind: a mapped chunk released through the driver
+// (the driver keeps its memory for the mapping, so the device's usage does
+// not move) fails both the table's Check and the physical memory's.
+func TestCheckSeesReleaseBehind(t *testing.T) {
+	s := newStack(t)
+	c, err := s.mem.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.tab.Map(s.at(0), c))
+	require.NoError(t, s.drv.Release(c.Handle()))
+	err = s.tab.Check()
+	require.True(t, errors.HasAssertionFailure(err), "%v", err)
+	require.ErrorContains(t, err, "released through the driver behind the physical memory's back")
+	err = s.mem.Check()
+	require.True(t, errors.HasAssertionFailure(err), "%v", err)
+	require.ErrorContains(t, err, "does not hold handle")
+	require.NoError(t, s.tab.Unmap(s.at(0)))
+	drivertest.RequireIs(t, c.Release(), driver.ErrBadHandle, "no longer holds the handle")
+	require.NoError(t, s.tab.Check())
+	require.NoError(t, s.mem.Check())
 }

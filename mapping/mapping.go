@@ -2,7 +2,15 @@
 // chunk backs which range, and what each device may do there. It is the
 // library's own view of the memory states named in the driver package doc
 // (reserved, mapped, accessible), kept beside the driver's and checked
-// against it by Check.
+// against it by Check: each granule's access, and, where the driver keeps
+// a record it answers from (driver.Books: every driver of this module),
+// each mapping's handle and size, each chunk not released still live in
+// the driver, and no mapping in the reservation that is not the table's —
+// one made through the driver, or through another table, is reported.
+//
+// A reservation an owner keeps (vaspace.Space.ReserveFor: an arena
+// range's, an imported pool's) takes a table only from its owner
+// (NewFor); New refuses it with ErrBusy naming the owner.
 //
 // A Table owns the mappings inside its reservation and nothing else: it
 // maps only inside that reservation, holds a reference on every chunk it
@@ -121,10 +129,30 @@ type Table struct {
 }
 
 // New returns an empty table for res, whose chunks come from mem. Both must
-// be on the same driver.
+// be on the same driver. A reservation an owner keeps (vaspace.Space.
+// ReserveFor: an arena range's, an imported pool's) is refused with
+// ErrBusy naming the owner: its mappings are the owner's table's, and a
+// second table would map chunks into it that the owner cannot see.
 func New(res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
+	return NewFor(nil, res, mem)
+}
+
+// NewFor is New by the owner o that keeps res (nil: a reservation nobody
+// keeps); another owner's reservation is ErrBusy.
+func NewFor(o *vaspace.Owner, res *vaspace.Reservation, mem *physical.Memory) (*Table, error) {
 	if res == nil || mem == nil {
 		return nil, errors.Wrap(driver.ErrInvalid, "mapping: new table: the reservation or the physical memory is nil")
+	}
+	if !res.KeptFor(o) {
+		if o == nil {
+			return nil, errors.WithHint(errors.Wrapf(driver.ErrBusy, "mapping: new table over %s: it is kept by %s, whose table maps it", res, res.KeptBy()),
+				"reserve a range of your own (vaspace.Space.Reserve)")
+		}
+		keeper := res.KeptBy()
+		if keeper == "" {
+			keeper = "nobody"
+		}
+		return nil, errors.Wrapf(driver.ErrBusy, "mapping: new table over %s for %s: it is kept by %s", res, o, keeper)
 	}
 	drv := res.Space().Driver()
 	if drv == nil || mem.Driver() == nil {
@@ -201,6 +229,9 @@ func (t *Table) inside(what func() string, addr driver.Addr, size uint64) error 
 
 // Map maps the whole chunk c at addr, inaccessible to every device.
 func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
+	if t.unmade() {
+		return unmade("Table.Map", "New")
+	}
 	if c == nil {
 		return errors.Wrapf(driver.ErrInvalid, "mapping: map at %s: the chunk is nil", addr)
 	}
@@ -619,6 +650,50 @@ func (t *Table) Check() error {
 		if err := t.res.Check(); err != nil {
 			errs = errors.CombineErrors(errs, errors.Wrapf(err, "mapping: the table's reservation"))
 		}
+		errs = errors.CombineErrors(errs, t.checkBooksLocked())
+	}
+	return errs
+}
+
+// checkBooksLocked compares the table with the driver's own record, where
+// the driver keeps one (driver.Books): each mapping is the driver's
+// mapping at its address, of its chunk's handle and size, a chunk not
+// released is live in the driver, and the driver has no other mapping in
+// the reservation — none made through the driver
+// or through another table over the same range behind this one's back.
+// It is not part of checkLocked, which runs after every change under the
+// invariants tag: a caller's own call on the driver is not a broken
+// invariant of this package, and Check is where it is reported.
+func (t *Table) checkBooksLocked() error {
+	b, ok := t.drv.(driver.Books)
+	if !ok {
+		return nil
+	}
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
+	}
+	for _, it := range t.maps.All() {
+		e := it.Val
+		h, size, err := b.MappingAt(e.rng.Base)
+		switch {
+		case err != nil:
+			fail("mapping: the table maps %s at %s, the %s driver has no mapping starting there: it was unmapped through the driver behind the table's back (%s)", e.chunk, e.rng.Base, t.drv.Name(), err.Error())
+		case h != e.chunk.Handle() || size != e.rng.Size:
+			fail("mapping: the table maps %s at %s, the %s driver handle %d of %s: it was remapped through the driver behind the table's back", e.chunk, e.rng.Base, t.drv.Name(), h, units.Bytes(size))
+		}
+		if !e.chunk.Released() {
+			if _, _, err := b.ChunkInfo(e.chunk.Handle()); err != nil {
+				fail("mapping: the table maps %s at %s, which the %s driver holds only for the mapping: it was released through the driver behind the physical memory's back (%s)", e.chunk, e.rng.Base, t.drv.Name(), err.Error())
+			}
+		}
+	}
+	n, bytes, err := b.Mapped(t.res.Base(), t.res.Size())
+	if err != nil {
+		fail("mapping: the %s driver cannot list the mappings in %s: %s", t.drv.Name(), t.res.Range(), err.Error())
+	} else if n != t.maps.Len() {
+		fail("mapping: the %s driver has %d mapping(s) (%s) in %s, the table %d: chunks were mapped into it through the driver, or through another table over the same reservation, behind this table's back",
+			t.drv.Name(), n, units.Bytes(bytes), t.res.Range(), t.maps.Len())
 	}
 	return errs
 }

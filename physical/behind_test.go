@@ -15,7 +15,7 @@ import (
 func requireAssertion(t *testing.T, err error, fragments ...string) {
 	t.Helper()
 	require.Error(t, err)
-	require.True(t, errors.IsAssertionFailure(err), "want an assertion failure, got: %v", err)
+	require.True(t, errors.HasAssertionFailure(err), "want an assertion failure, got: %v", err)
 	for _, f := range fragments {
 		require.Contains(t, err.Error(), f)
 	}

@@ -30,7 +30,11 @@
 //     behind this package's back) lets the chunk go, since the driver has.
 //   - Every listed chunk is held by the driver, so a device's Used is never
 //     above what the driver reports (Check compares them where the driver
-//     reports its Used; the four drivers of this module do).
+//     reports its Used; the four drivers of this module do), and every
+//     listed chunk not released is a live handle of that device and size
+//     in the driver's own record (driver.Books, which the four drivers
+//     keep): a chunk released through the driver is reported even while a
+//     mapping keeps its memory.
 //
 // # Locking
 //

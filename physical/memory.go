@@ -221,23 +221,42 @@ type deviceUsage interface {
 	Used(dev driver.DeviceID) uint64
 }
 
-// checkDriverLocked reports every device whose books hold more than the
+// checkDriverLocked reports every live chunk the driver's own record
+// (driver.Books) does not hold as it is here — released, or of another
+// device or size — and every device whose books hold more than the
 // driver does; m.mu is held, so no call of m changes the driver meanwhile,
 // and other users of the driver only add to its figure. It is not part of
 // checkLocked, which runs after every change under the invariants tag: a
 // caller's own call on the driver is not a broken invariant of this
 // package, and Check is where it is reported.
 func (m *Memory) checkDriverLocked() error {
-	du, ok := m.d.(deviceUsage)
-	if !ok {
-		return nil
-	}
 	var errs error
-	for d, u := range m.usage {
-		if got := du.Used(driver.DeviceID(d)); u.Used > got {
+	if du, ok := m.d.(deviceUsage); ok {
+		for d, u := range m.usage {
+			if got := du.Used(driver.DeviceID(d)); u.Used > got {
+				errs = errors.CombineErrors(errs, errors.AssertionFailedf(
+					"physical: device %d: these books hold %s in %d chunk(s), the %s driver only %s: a chunk was released through the driver (Driver.Release of a handle this memory tracks), or the driver closed, behind the memory's back; release chunks with Chunk.Release",
+					d, units.Bytes(u.Used), u.Chunks, m.d.Name(), units.Bytes(got)))
+			}
+		}
+	}
+	b, ok := m.d.(driver.Books)
+	if !ok {
+		return errs
+	}
+	for c := range m.chunks.all {
+		if c.released {
+			continue // the driver may hold it for its mappings, or not at all
+		}
+		dev, size, err := b.ChunkInfo(c.handle)
+		switch {
+		case err != nil:
 			errs = errors.CombineErrors(errs, errors.AssertionFailedf(
-				"physical: device %d: these books hold %s in %d chunk(s), the %s driver only %s: a chunk was released through the driver (Driver.Release of a handle this memory tracks), or the driver closed, behind the memory's back; release chunks with Chunk.Release",
-				d, units.Bytes(u.Used), u.Chunks, m.d.Name(), units.Bytes(got)))
+				"physical: %s is live here but the %s driver does not hold handle %d: it was released through the driver (Driver.Release), or the driver closed, behind the memory's back; release chunks with Chunk.Release (%s)",
+				c, m.d.Name(), c.handle, err.Error()))
+		case dev != c.dev || size != c.size:
+			errs = errors.CombineErrors(errs, errors.AssertionFailedf(
+				"physical: %s is handle %d here, the %s driver's handle %d is %s on device %d", c, c.handle, m.d.Name(), c.handle, units.Bytes(size), dev))
 		}
 	}
 	return errs

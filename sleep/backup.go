@@ -2,6 +2,7 @@ package sleep
 
 import (
 	"io"
+	"io/fs"
 	"os"
 
 	"github.com/cockroachdb/errors"
@@ -153,7 +154,11 @@ func (b *backup) free() error {
 	if b.file != nil {
 		name := b.file.Name()
 		errs = errors.CombineErrors(errs, b.file.Close())
-		errs = errors.CombineErrors(errs, os.Remove(name))
+		// A file someone removed already is what removal wants: only a
+		// file left behind is an error.
+		if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = errors.CombineErrors(errs, err)
+		}
 		b.file = nil
 	}
 	return errs

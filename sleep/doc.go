@@ -39,6 +39,15 @@
 //     one file in Options.BackupDir, removed at Wake and Close.
 //   - Free in a sleeping tag drops that allocation's backup and releases
 //     nothing: the tag's memory went back once, at Sleep.
+//   - Memory a tag frees stays committed in it for its next allocations,
+//     but never holds another tag out: an Alloc or Wake that finds the
+//     device out of memory gives back the free chunks of every other tag
+//     it may touch (not one a Sleep or Wake is busy with) and tries once
+//     more. Trim gives a tag's free chunks back on demand.
+//   - A Wake that restored a tag whole succeeds: a File backup removed
+//     from its directory meanwhile is read from the file held open; a
+//     backup that cannot be given back afterwards is an error that says
+//     the tag is awake with its contents.
 //   - Alloc in a sleeping tag is refused (ErrBusy naming the tag).
 //   - Memory handed out as a tensor (Tensor: a uint8 tensor over one
 //     allocation, under a tensor.Lease the Manager holds) is never

@@ -211,6 +211,11 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 		return 0, err
 	}
 	p, err := t.al.Alloc(size, 0)
+	if errors.Is(err, driver.ErrOutOfMemory) && m.trimOthersLocked(t) > 0 {
+		// Other tags held free memory the device now lacks: it went back;
+		// the allocation is tried once more.
+		p, err = t.al.Alloc(size, 0)
+	}
 	if err != nil {
 		return 0, errors.Wrapf(err, "sleep: alloc in tag %q", tag)
 	}
@@ -529,6 +534,11 @@ func (m *Manager) Wake(tags ...string) error {
 		}
 		var w woken
 		m.unlocked(func() { w, err = m.wakeTag(t) })
+		if w == wokeSleepsOn && errors.Is(err, driver.ErrOutOfMemory) && m.trimOthersLocked(t) > 0 {
+			// The wake undid itself; the free memory other tags held went
+			// back, and it is tried once more.
+			m.unlocked(func() { w, err = m.wakeTag(t) })
+		}
 		if w == wokeSleepsOn {
 			return err
 		}
@@ -537,12 +547,64 @@ func (m *Manager) Wake(tags ...string) error {
 		if w == wokeWhole {
 			t.cycles++
 		}
-		m.unlocked(func() { err = errors.CombineErrors(err, bk.free()) })
-		if err != nil { // contents lost, or a release refused again (the tag is whole)
+		var ferr error
+		m.unlocked(func() { ferr = bk.free() })
+		if ferr != nil && w == wokeWhole {
+			ferr = errors.Wrapf(ferr, "sleep: wake tag %q: the tag is awake with its contents, but its backup was not all given back", t.name)
+		}
+		if err = errors.CombineErrors(err, ferr); err != nil { // contents lost, a release refused again (the tag is whole), or a backup left behind
 			return err
 		}
 	}
 	return nil
+}
+
+// Trim gives back the free memory of the tags named (every tag, for
+// none): every wholly free chunk of an awake tag goes back to the device
+// (arena.Allocator.Trim), so that its AwakeBytes cover only its live
+// allocations and the chunks they partly use. A sleeping tag holds no
+// memory and is left as it is; a tag a Sleep or Wake is busy with is
+// trimmed after it returns. Alloc and Wake trim the other tags on their
+// own when the device runs out of memory, and try once more.
+func (m *Manager) Trim(tags ...string) error {
+	if err := m.begin("Trim"); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	ts, err := m.claimLocked("trim", tags)
+	if err != nil {
+		return err
+	}
+	defer m.settleLocked("trim", ts)
+	var errs error
+	for _, t := range ts {
+		if t.asleep {
+			continue
+		}
+		if err := t.al.Trim(); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrapf(err, "sleep: trim tag %q", t.name))
+		}
+	}
+	return errs
+}
+
+// trimOthersLocked gives back the free memory of every awake tag but
+// skip that no Sleep or Wake is busy with, and returns how many bytes
+// went back. It runs only when the device is out of memory, so its walk
+// over the tags is off every hot path. A trim that fails counts for what
+// it gave back before failing; its error is the caller's out-of-memory.
+func (m *Manager) trimOthersLocked(skip *tag) uint64 {
+	var freed uint64
+	for _, t := range m.tags {
+		if t == skip || t.busy || t.asleep {
+			continue
+		}
+		before, _ := t.drv.figures()
+		_ = t.al.Trim()
+		after, _ := t.drv.figures()
+		freed += before - after
+	}
+	return freed
 }
 
 // woken is how a tag's wake ended.

@@ -13,7 +13,7 @@ import (
 )
 
 // The Manager's model-based test: random allocations, frees, writes,
-// sleeps, wakes and tensors over three tags, against a model that knows
+// sleeps, wakes, tensors and trims over three tags, against a model that knows
 // each tag's state, each live allocation's tag and bytes (unknown after a
 // Discard sleep) and which tensors Tensor handed out are still open (until
 // a Sleep of their tag or a Free of their allocation). After every step:
@@ -22,7 +22,8 @@ import (
 // nothing committed while asleep); the device's used bytes are the awake
 // tags' sum; every awake allocation whose bytes are known holds them; and
 // every open tensor holds its allocation's known bytes while every closed
-// one answers ErrClosed.
+// one answers ErrClosed. After a Trim, each awake tag named holds no more
+// than the chunks its live allocations may touch.
 
 var modelTags = []string{"", "weights", "kv"}
 
@@ -81,7 +82,7 @@ func runModel(t *testing.T, d *host.Driver, data []byte) {
 	}
 	seq := uint64(0)
 	for len(data) >= 3 {
-		op, a, b := data[0]%7, data[1], data[2]
+		op, a, b := data[0]%8, data[1], data[2]
 		data = data[3:]
 		seq++
 		switch op {
@@ -196,6 +197,25 @@ func runModel(t *testing.T, d *host.Driver, data []byte) {
 			if len(tensors) > modelTensorsKept {
 				tensors = tensors[1:]
 			}
+		case 7: // trim: an awake tag keeps only chunks its live allocations touch
+			args := tagArgs(a)
+			err := m.Trim(args...)
+			if args != nil && !tags[args[0]].made {
+				require.ErrorIs(t, err, driver.ErrInvalid)
+				continue
+			}
+			require.NoError(t, err)
+			for _, n := range modelTags {
+				if mt := tags[n]; mt.made && !mt.asleep && (args == nil || args[0] == n) {
+					var want uint64
+					for p, al := range live {
+						if al.tag == n {
+							want += alignUp(mustSize(t, m, p), testCS) + testCS // it may straddle a chunk boundary
+						}
+					}
+					require.LessOrEqual(t, stats(t, m, n).AwakeBytes, want, "tag %q after Trim", n)
+				}
+			}
 		}
 		compareModel(t, m, d, tags, live)
 		compareTensors(t, tensors, live)
@@ -267,7 +287,7 @@ func compareTensors(t *testing.T, tensors []*modelTensor, live map[driver.Addr]*
 func modelOps(r *rand.Rand, n int) []byte {
 	out := make([]byte, 0, 3*n)
 	for range n {
-		out = append(out, byte(r.IntN(7)), byte(r.Uint32()), byte(r.Uint32()))
+		out = append(out, byte(r.IntN(8)), byte(r.Uint32()), byte(r.Uint32()))
 	}
 	return out
 }
@@ -291,3 +311,6 @@ func FuzzModel(f *testing.F) {
 		require.Zero(t, d.Used(0), "the device holds nothing after the run")
 	})
 }
+
+// alignUp rounds n up to a multiple of the power of two a.
+func alignUp(n, a uint64) uint64 { return (n + a - 1) &^ (a - 1) }

@@ -35,8 +35,17 @@ type tagDriver struct {
 	d   driver.Driver
 	tag string
 
-	// mu guards everything below. It is a leaf: the allocator calls in
-	// with its own locks held.
+	// mu guards everything below. It is not a leaf: each call holds it
+	// across the real driver's call (Create, Map, Unmap, Release,
+	// SetAccess, Access; sleep and wake across all theirs), so that a
+	// record and the real driver's state change together and a sleep or
+	// wake is one step to every other call. The order is
+	//
+	//	Manager.mu → the tag allocator's locks → tagDriver.mu → the real driver's locks
+	//
+	// and nothing under mu calls back up it: the real driver never calls
+	// into this package, and mu is never held across a call into the
+	// Manager, the allocator or a tensor's lease.
 	mu       sync.Mutex
 	next     driver.Handle
 	chunks   map[driver.Handle]*vchunk

@@ -140,6 +140,9 @@ func (s *Stream) OrderedAfter(t *Stream, pos uint64) bool {
 	if s == t {
 		return true
 	}
+	if s.unmade() {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.clock[t] >= pos
@@ -161,8 +164,14 @@ func (s *Stream) enqueue(what string, do func() error) error {
 
 // Record marks the current end of s in e.
 func (s *Stream) Record(e *Event) error {
+	if s.unmade() {
+		return unmade("Stream.Record", "New")
+	}
 	if e == nil {
 		return errors.Wrapf(driver.ErrInvalid, "stream: record on %s: no event (nil)", s)
+	}
+	if e.unmade() {
+		return unmade("Stream.Record of an Event", "NewEvent")
 	}
 	if e.d != s.d {
 		return errors.Wrap(driver.ErrInvalid, "stream: record of an event of another driver")
@@ -190,8 +199,14 @@ func (s *Stream) Record(e *Event) error {
 
 // Wait makes work enqueued on s from now on wait for e as last recorded.
 func (s *Stream) Wait(e *Event) error {
+	if s.unmade() {
+		return unmade("Stream.Wait", "New")
+	}
 	if e == nil {
 		return errors.Wrapf(driver.ErrInvalid, "stream: wait on %s: no event (nil)", s)
+	}
+	if e.unmade() {
+		return unmade("Stream.Wait on an Event", "NewEvent")
 	}
 	if e.d != s.d {
 		return errors.Wrap(driver.ErrInvalid, "stream: wait on an event of another driver")

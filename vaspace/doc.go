@@ -29,7 +29,9 @@
 //     and the driver agreed to unreserve it, and one an owner keeps only by
 //     that owner; a failed call changes nothing.
 //   - Every live reservation is reserved in the driver too: Check asks the
-//     driver, and reports a range unreserved behind the space's back.
+//     driver's own record (driver.Books: one reservation of the same base
+//     and size) or, for a driver without one, its Access at the range's
+//     ends, and reports a range unreserved behind the space's back.
 //
 // # Locking
 //

@@ -147,6 +147,15 @@ func (r *Reservation) KeptBy() string {
 	return r.owner.String()
 }
 
+// KeptFor reports whether o may act as r's owner: o is the owner that
+// keeps r (Space.ReserveFor), or o is nil and nobody keeps r.
+func (r *Reservation) KeptFor(o *Owner) bool {
+	if r == nil {
+		return false
+	}
+	return r.owner == o
+}
+
 // String formats r as "reservation [0x..., 0x...)".
 func (r *Reservation) String() string {
 	if r == nil {
@@ -517,9 +526,10 @@ func (r *Reservation) Freed() bool {
 
 // Check walks r's carved ranges and free extents and returns every broken
 // invariant as an errors.AssertionFailedf, combined. For a live
-// reservation it also asks the driver about r's first and last granules
-// (Driver.Access): if either is not reserved there, the range was
-// unreserved behind the space's back, and Check says so.
+// reservation it also asks the driver: its own record, where it keeps one
+// (driver.Books: one reservation of r's base and size), else about r's
+// first and last granules (Driver.Access): if the range is not reserved
+// there, it was unreserved behind the space's back, and Check says so.
 func (r *Reservation) Check() error {
 	if r == nil {
 		return errors.Wrap(driver.ErrInvalid, "vaspace: Reservation.Check on a nil reservation")
@@ -545,6 +555,18 @@ func (r *Reservation) checkDriver() error {
 	}
 	if r.space == nil || r.space.d == nil {
 		return errors.AssertionFailedf("vaspace: %s belongs to no space with a driver", r)
+	}
+	if b, ok := r.space.d.(driver.Books); ok {
+		// The driver's own record: one reservation starting at r's base,
+		// of r's size.
+		size, err := b.ReservationAt(r.base)
+		switch {
+		case err != nil:
+			return errors.AssertionFailedf("vaspace: %s is live here but the %s driver reserves nothing at %s: it was unreserved, or the driver closed, behind the space's back (%s)", r, r.space.d.Name(), r.base, err.Error())
+		case size != r.size:
+			return errors.AssertionFailedf("vaspace: %s is live here but the %s driver's reservation at %s is %s: it was unreserved and reserved again behind the space's back", r, r.space.d.Name(), r.base, units.Bytes(size))
+		}
+		return nil
 	}
 	for _, at := range []driver.Addr{r.base, r.base + driver.Addr(r.size-r.gran)} {
 		_, err := r.space.d.Access(at, 0)

@@ -25,6 +25,7 @@ type Driver struct {
 
 var (
 	_ driver.Driver  = (*Driver)(nil)
+	_ driver.Books   = (*Driver)(nil)
 	_ driver.Streams = (*Driver)(nil)
 	_ driver.Sharing = (*Driver)(nil)
 )
@@ -218,6 +219,42 @@ func (d *Driver) Used(dev driver.DeviceID) uint64 {
 		return 0
 	}
 	return d.core.Used(dev)
+}
+
+// ChunkInfo implements driver.Books: the device and size of the live
+// chunk h in the driver's record.
+func (d *Driver) ChunkInfo(h driver.Handle) (driver.DeviceID, uint64, error) {
+	if d.unmade() {
+		return 0, 0, errUnmade("ChunkInfo")
+	}
+	return d.core.ChunkInfo(h)
+}
+
+// MappingAt implements driver.Books: the handle and size of the mapping
+// that starts at addr in the driver's record.
+func (d *Driver) MappingAt(addr driver.Addr) (driver.Handle, uint64, error) {
+	if d.unmade() {
+		return 0, 0, errUnmade("MappingAt")
+	}
+	return d.core.MappingAt(addr)
+}
+
+// Mapped implements driver.Books: the mappings of the driver's record
+// that overlap [base, base+size).
+func (d *Driver) Mapped(base driver.Addr, size uint64) (int, uint64, error) {
+	if d.unmade() {
+		return 0, 0, errUnmade("Mapped")
+	}
+	return d.core.Mapped(base, size)
+}
+
+// ReservationAt implements driver.Books: the size of the reservation of
+// the driver's record that starts at base.
+func (d *Driver) ReservationAt(base driver.Addr) (uint64, error) {
+	if d.unmade() {
+		return 0, errUnmade("ReservationAt")
+	}
+	return d.core.ReservationAt(base)
 }
 
 // Check verifies the driver's record of reservations, chunks, mappings

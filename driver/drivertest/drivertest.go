@@ -58,6 +58,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) driver.Driver) {
 	t.Run("Concurrency", s.concurrency)
 	t.Run("Streams", s.streams)
 	t.Run("Sharing", s.sharing)
+	t.Run("Books", s.books)
 }
 
 // minChunks is how many chunks of the driver granularity the tests may hold

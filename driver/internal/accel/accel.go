@@ -226,6 +226,22 @@ func (c *Core) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, err
 // Used is the bytes committed on dev.
 func (c *Core) Used(dev driver.DeviceID) uint64 { return c.books.Used(dev) }
 
+// ChunkInfo, MappingAt, Mapped and ReservationAt are the record's
+// answers to driver.Books.
+func (c *Core) ChunkInfo(h driver.Handle) (driver.DeviceID, uint64, error) {
+	return c.books.ChunkInfo(h)
+}
+
+func (c *Core) MappingAt(addr driver.Addr) (driver.Handle, uint64, error) {
+	return c.books.MappingAt(addr)
+}
+
+func (c *Core) Mapped(base driver.Addr, size uint64) (int, uint64, error) {
+	return c.books.Mapped(base, size)
+}
+
+func (c *Core) ReservationAt(base driver.Addr) (uint64, error) { return c.books.ReservationAt(base) }
+
 // Check verifies the record's invariants.
 func (c *Core) Check() error { return c.books.Check() }
 
