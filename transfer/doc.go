@@ -56,13 +56,48 @@
 // answers an error, or drops the connection), and never retries a
 // transfer: only Connect retries, DialRetries times at most.
 //
-// # Trust limit of the ucx kind
+// # Trust
 //
-// UCX's one-sided writes trust the peer's engine to keep the protocol
-// (begin, put or get, end), as any RDMA remote key does: the target's
-// checks gate the op, but a peer that holds a descriptor's key could
-// write the memory outside a begin. The tcp engine checks every byte on
-// the receiving side.
+// A target trusts nothing a peer sends. Every op names the registration
+// (id, generation) and the address and length of the bytes it moves in
+// the target's process (the descriptor's Addr plus the op's offset), and
+// the target refuses, before any byte moves, an op whose bytes are not
+// all inside a live registration of that id and generation, or a write
+// to a read-only one: a forged descriptor (its address moved by a byte,
+// by a page, to an unmapped page; its length grown) gets ErrInvalid and
+// changes nothing. A malformed frame drops the connection.
+//
+// The ucx kind hands UCX nothing a peer sent. Endpoints go one way: the
+// initiator makes one to the target's worker, whose address the target
+// answers in the hello; the target makes none (one-sided ops need none
+// back), and refuses a hello that carries a worker address. The
+// initiator moves bytes only after the target answered its begin (which
+// names the address and length) with OK, at exactly that address and
+// length.
+//
+// What remains trusted, all of it on the ucx kind:
+//
+//   - The peer engine's honesty between begin and end. UCX moves the
+//     bytes without the target's CPU, so the target's check gates what an
+//     honest engine does, not what a dishonest one could: ucp_mem_map is
+//     passed exactly the registration's bytes, but with UCX 1.13 the
+//     transports without RDMA hardware (tcp, cma, sysv and posix shared
+//     memory) check no remote key at all, so a peer process that runs
+//     its own UCX code against the target's worker can write or read any
+//     address of the target, at any time; on RDMA hardware (ib), the key
+//     bounds it to what UCX registered, which Register makes exactly the
+//     tensor's bytes (a tensor UCX would register wider is refused:
+//     TestMemSpan, TestUCXRegisterExact). The tcp kind has no such limit:
+//     every byte is moved by the target's own code after the check.
+//   - The worker address in the target's hello answer: an initiator
+//     hands it to ucp_ep_create, whose unpacking aborts the process on
+//     garbage, so connect only to an engine you trust to be one.
+//   - UCX's own wire protocol on its transports' sockets (its wireup
+//     messages, which the target's worker parses as UCX does): restrict
+//     who can reach them with UCX_NET_DEVICES and the network.
+//
+// Use the ucx kind between engines that trust each other; the tcp kind
+// checks every byte on the receiving side.
 //
 // # Errors
 //

@@ -20,6 +20,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/transfer"
 )
@@ -32,8 +33,10 @@ import (
 //	lease NAME SIZE SEED   a leased tensor over an arena view, filled from SEED, registered: ok HEX(descriptor)
 //	kv NAME SEED           a KV cache sequence's layer-0 keys, filled, registered: ok HEX(descriptor)
 //	remap NAME SEED        the owner takes the memory back and hands out new memory, filled: ok
+//	canary NAME SIZE SEED  SIZE bytes between two canary pages on each side, all filled from SEED; the SIZE bytes registered: ok HEX(descriptor)
 //	reg NAME               register NAME's current tensor: ok HEX(descriptor)
 //	hash NAME              ok SHA256HEX of NAME's current bytes
+//	whole NAME             ok SHA256HEX of a canary's bytes with the canary pages
 //	stats                  ok PUTS GETS BYTESOUT BYTESIN REFUSED
 //	sock NAME              serve a plain TCP socket over NAME's memory (the benchmark's baseline): ok ADDR
 //	quit                   close everything and exit
@@ -61,6 +64,43 @@ func (r *region) tensor() *tensor.Tensor    { return r.t }
 func (r *region) remapTo(seed uint64) error { return r.remap(seed) }
 func (k *kvSeq) tensor() *tensor.Tensor     { return k.t }
 func (k *kvSeq) remapTo(seed uint64) error  { return k.remap(seed) }
+func (c *canaried) tensor() *tensor.Tensor  { return c.mid }
+func (c *canaried) remapTo(seed uint64) error {
+	if err := c.r.remap(seed); err != nil {
+		return err
+	}
+	return c.narrow()
+}
+
+// canaryPage is the size of each canary on either side of a canaried
+// region's registered bytes: two pages, so that a descriptor moved by a
+// byte or a page still lands in a canary.
+const canaryPage = 4096
+
+// canaried is a region of n bytes between canaries of 2*canaryPage bytes
+// on each side, all filled from one seed; mid is the n bytes.
+type canaried struct {
+	r   *region
+	n   uint64
+	mid *tensor.Tensor
+}
+
+func newCanaried(a *arena.Arena, n, seed uint64) (*canaried, error) {
+	r, err := newRegion(a, n+4*canaryPage, seed)
+	if err != nil {
+		return nil, err
+	}
+	c := &canaried{r: r, n: n}
+	if err := c.narrow(); err != nil {
+		return nil, errors.CombineErrors(err, r.end())
+	}
+	return c, nil
+}
+
+func (c *canaried) narrow() (err error) {
+	c.mid, err = c.r.t.Narrow(0, 2*canaryPage, int(c.n))
+	return err
+}
 
 func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 	h, err := newHostMem(1 << 30)
@@ -133,6 +173,15 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 				mems[f[1]] = k
 				reply, err = register(k.t)
 			}
+		case "canary":
+			var c *canaried
+			if c, err = newCanaried(h.a, num(2), num(3)); err == nil {
+				regions = append(regions, c.r)
+				mems[f[1]] = c
+				reply, err = register(c.mid)
+			}
+		case "whole":
+			err = mems[f[1]].(*canaried).r.t.Access(false, func(b []byte) error { reply = sha(b); return nil })
 		case "remap":
 			err = mems[f[1]].remapTo(num(2))
 		case "reg":
