@@ -631,7 +631,7 @@ func (p *Peer) do(ctx context.Context, put bool, ops []Op) error {
 		}
 		var err error
 		if p.ep != nil {
-			err = p.ucxOp(ctx, op, put)
+			err = p.ucxOp(ctx, deadline, op, put)
 		} else {
 			err = p.tcpOp(op, put)
 		}

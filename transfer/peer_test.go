@@ -37,12 +37,21 @@ import (
 //	reg NAME               register NAME's current tensor: ok HEX(descriptor)
 //	hash NAME              ok SHA256HEX of NAME's current bytes
 //	whole NAME             ok SHA256HEX of a canary's bytes with the canary pages
+//	check NAME A B         a canary's pages are as filled, and each registered byte is that of seeded(SIZE, A) or of B: ok exact A|exact B|mixed
+//	idle                   ok GOROUTINES FDS (after a GC)
 //	stats                  ok PUTS GETS BYTESOUT BYTESIN REFUSED
 //	sock NAME              serve a plain TCP socket over NAME's memory (the benchmark's baseline): ok ADDR
 //	quit                   close everything and exit
 const peerEnv = "VMARENA_TRANSFER_PEER"
 
 func TestMain(m *testing.M) {
+	if kind := os.Getenv(initiatorEnv); kind != "" {
+		if err := runInitiator(kind, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "initiator:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if kind := os.Getenv(peerEnv); kind != "" {
 		if err := runPeer(kind, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "peer:", err)
@@ -69,6 +78,7 @@ func (c *canaried) remapTo(seed uint64) error {
 	if err := c.r.remap(seed); err != nil {
 		return err
 	}
+	c.seed = seed
 	return c.narrow()
 }
 
@@ -80,9 +90,9 @@ const canaryPage = 4096
 // canaried is a region of n bytes between canaries of 2*canaryPage bytes
 // on each side, all filled from one seed; mid is the n bytes.
 type canaried struct {
-	r   *region
-	n   uint64
-	mid *tensor.Tensor
+	r       *region
+	n, seed uint64
+	mid     *tensor.Tensor
 }
 
 func newCanaried(a *arena.Arena, n, seed uint64) (*canaried, error) {
@@ -90,7 +100,7 @@ func newCanaried(a *arena.Arena, n, seed uint64) (*canaried, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &canaried{r: r, n: n}
+	c := &canaried{r: r, n: n, seed: seed}
 	if err := c.narrow(); err != nil {
 		return nil, errors.CombineErrors(err, r.end())
 	}
@@ -107,7 +117,8 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	e, err := transfer.New(transfer.Config{Kind: kind})
+	lease, _ := time.ParseDuration(os.Getenv(leaseEnv)) // unset: 0, the default
+	e, err := transfer.New(transfer.Config{Kind: kind, Listen: os.Getenv(listenEnv), LeaseTimeout: lease})
 	if err != nil {
 		return errors.CombineErrors(err, h.close())
 	}
@@ -192,6 +203,10 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 				reply = hex.EncodeToString(s[:])
 				return nil
 			})
+		case "check":
+			reply, err = mems[f[1]].(*canaried).check(num(2), num(3))
+		case "idle":
+			reply, err = idle()
 		case "stats":
 			s := e.Stats()
 			reply = fmt.Sprintf("%d %d %d %d %d", s.Puts, s.Gets, s.BytesOut, s.BytesIn, s.Refused)
@@ -271,10 +286,19 @@ type peerProc struct {
 // (KEY=VALUE) added; it is stopped at the end of the test.
 func startPeer(t testing.TB, kind string, env ...string) *peerProc {
 	t.Helper()
+	return startProc(t, nil, append([]string{peerEnv + "=" + kind}, env...))
+}
+
+// startProc starts this test binary as a child, run through the prefix
+// command (nil: none; e.g. ip netns exec NAME) with env added, and
+// reads its first line, "addr ADDR".
+func startProc(t testing.TB, prefix []string, env []string) *peerProc {
+	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), peerEnv+"="+kind), env...)
+	argv := append(append([]string(nil), prefix...), exe, "-test.run=^$")
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	require.NoError(t, err)

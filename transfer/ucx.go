@@ -3,6 +3,7 @@ package transfer
 import (
 	"context"
 	"net"
+	"time"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -28,8 +29,10 @@ import (
 // In a build without UCX (no -tags ucx, no cgo or no libucx-dev) the
 // binding answers ErrUnsupported everywhere and New of the ucx kind fails.
 
-// ucxOp moves one checked op with UCX between a begin and an end.
-func (p *Peer) ucxOp(ctx context.Context, op *Op, put bool) error {
+// ucxOp moves one checked op with UCX between a begin and an end; the
+// flush, like the control connection, gives up at deadline (the op's
+// LeaseTimeout, or ctx's deadline when sooner).
+func (p *Peer) ucxOp(ctx context.Context, deadline time.Time, op *Op, put bool) error {
 	remote := op.Remote.Addr + op.RemoteOff // no wrap: Peer.check
 	q := request{kind: kindBegin, write: put, id: op.Remote.ID, gen: op.Remote.Gen, addr: remote, n: op.Len}
 	return op.Local.access(!put, op.LocalOff, op.Len, func(b []byte) error {
@@ -44,7 +47,9 @@ func (p *Peer) ucxOp(ctx context.Context, op *Op, put bool) error {
 			err = p.ep.Get(local, op.Len, remote, op.Remote.Key)
 		}
 		if err == nil {
-			err = p.ep.Flush(ctx)
+			fctx, cancel := context.WithDeadline(ctx, deadline)
+			err = p.ep.Flush(fctx)
+			cancel()
 		}
 		if err != nil {
 			// The op's state at the target is unknown: drop the
