@@ -89,6 +89,17 @@
 //     tensor's bytes (a tensor UCX would register wider is refused:
 //     TestMemSpan, TestUCXRegisterExact). The tcp kind has no such limit:
 //     every byte is moved by the target's own code after the check.
+//   - Where a put's bytes are once an op failed. The target makes no
+//     endpoint, so it has none to cut off when an end does not come: it
+//     drops the control connection and lets go at LeaseTimeout, and
+//     bytes of the failed put that UCX's sockets still carry (a link
+//     down and up again: the kernel retransmits them) may land in the
+//     registered memory after that. TestTwoHosts waits, after each
+//     fault, until the target's UCX has closed its side (its file
+//     descriptors are back) before it checks the bytes or remaps
+//     anything; an owner that remaps memory at once after a peer's
+//     failure should close the registration and let LeaseTimeout pass
+//     first. The tcp kind moves no byte after the target let go.
 //   - The worker address in the target's hello answer: an initiator
 //     hands it to ucp_ep_create, whose unpacking aborts the process on
 //     garbage, so connect only to an engine you trust to be one.
@@ -98,6 +109,21 @@
 //
 // Use the ucx kind between engines that trust each other; the tcp kind
 // checks every byte on the receiving side.
+//
+// # Faults between hosts
+//
+// Every op completes byte-exact or fails with an error within its bound:
+// the engine's LeaseTimeout for one op on both sides (the initiator's
+// control connection deadline and, for ucx, its flush; the target's
+// hold), or the caller's context when sooner; Connect adds its
+// DialRetries. After a failed op the peer is closed (ErrClosed) and the
+// bytes of the op's range are those before it, those it carried, or a
+// mix; no byte outside the registration changes. TestTwoHosts checks it
+// between two network namespaces joined by a veth pair, over both kinds,
+// with the link set down and up, either process killed, and (tcp)
+// latency, bandwidth limits, resets, stalls and sliced writes through a
+// fault-injecting proxy; it needs root and iproute2, skips without them
+// and fails under CI.
 //
 // # Errors
 //
