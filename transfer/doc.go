@@ -70,10 +70,13 @@
 // The ucx kind hands UCX nothing a peer sent. Endpoints go one way: the
 // initiator makes one to the target's worker, whose address the target
 // answers in the hello; the target makes none (one-sided ops need none
-// back), and refuses a hello that carries a worker address. The
-// initiator moves bytes only after the target answered its begin (which
-// names the address and length) with OK, at exactly that address and
-// length.
+// back), and refuses a hello that carries a worker address. (Not through
+// UCX's own listener, ucp_listener_create: UCX 1.13's tcp connection
+// manager aborts the process on a few bytes of garbage from any TCP
+// peer, an assertion in tcp_sockcm_ep.c, where its tcp transport's
+// sockets drop them: TestGarbageHello.) The initiator moves bytes only
+// after the target answered its begin (which names the address and
+// length) with OK, at exactly that address and length.
 //
 // What remains trusted, all of it on the ucx kind:
 //
@@ -104,8 +107,10 @@
 //     hands it to ucp_ep_create, whose unpacking aborts the process on
 //     garbage, so connect only to an engine you trust to be one.
 //   - UCX's own wire protocol on its transports' sockets (its wireup
-//     messages, which the target's worker parses as UCX does): restrict
-//     who can reach them with UCX_NET_DEVICES and the network.
+//     messages, which the target's worker parses as UCX does; a page of
+//     0xff or random bytes on each is dropped, TestGarbageHello, but
+//     nothing here proves more): restrict who can reach them with
+//     UCX_NET_DEVICES and the network.
 //
 // Use the ucx kind between engines that trust each other; the tcp kind
 // checks every byte on the receiving side.

@@ -646,3 +646,42 @@ func twoHosts(t *testing.T, n *netns, kind string) {
 	in.do("close")
 	in.do("quit") // ok: the initiator leaked nothing
 }
+
+// listeningPorts lists the TCP ports this process listens on (its
+// sockets in /proc/self/fd, found in /proc/self/net/tcp) but the port of
+// addr.
+func listeningPorts(addr string) (string, error) {
+	_, skip, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return "", err
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	var ports []string
+	for _, table := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" || !inodes[f[9]] { // 0A: LISTEN
+				continue
+			}
+			_, hexPort, _ := strings.Cut(f[1], ":")
+			p, err := strconv.ParseUint(hexPort, 16, 16)
+			if err == nil && strconv.FormatUint(p, 10) != skip {
+				ports = append(ports, strconv.FormatUint(p, 10))
+			}
+		}
+	}
+	return strings.Join(ports, " "), nil
+}

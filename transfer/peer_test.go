@@ -39,6 +39,7 @@ import (
 //	whole NAME             ok SHA256HEX of a canary's bytes with the canary pages
 //	check NAME A B         a canary's pages are as filled, and each registered byte is that of seeded(SIZE, A) or of B: ok exact A|exact B|mixed
 //	idle                   ok GOROUTINES FDS (after a GC)
+//	ucxports               ok PORT...: the TCP ports this process listens on but the engine's control port (UCX's own)
 //	stats                  ok PUTS GETS BYTESOUT BYTESIN REFUSED
 //	sock NAME              serve a plain TCP socket over NAME's memory (the benchmark's baseline): ok ADDR
 //	quit                   close everything and exit
@@ -205,6 +206,8 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 			})
 		case "check":
 			reply, err = mems[f[1]].(*canaried).check(num(2), num(3))
+		case "ucxports":
+			reply, err = listeningPorts(e.Addr())
 		case "idle":
 			reply, err = idle()
 		case "stats":

@@ -3,7 +3,9 @@ package transfer_test
 import (
 	"context"
 	"encoding/binary"
+	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,10 +30,12 @@ func helloWith(addr, kind string, worker []byte) []byte {
 
 // TestGarbageHello: a hello whose worker address is garbage (one 0xff
 // byte, or a page of them), or that names an engine address, is refused
-// with a clear error and the connection dropped; the target process
-// lives (it runs in a child process: UCX's address unpacking aborts a
-// process it is handed garbage), its memory is unchanged, and it serves
-// a good peer afterwards.
+// with a clear error and the connection dropped; for ucx, a page of 0xff
+// and one of random bytes sent to each of UCX's own listening sockets
+// (its tcp transport's) are dropped by UCX; the target process lives (it
+// runs in a child process: UCX's address unpacking aborts a process it
+// is handed garbage), its memory is unchanged, and it serves a good peer
+// afterwards.
 func TestGarbageHello(t *testing.T) {
 	kinds(t, func(t *testing.T, kind string) {
 		const size = 64 << 10
@@ -58,6 +62,9 @@ func TestGarbageHello(t *testing.T) {
 			require.Equal(t, byte(255), status, "dropped after the refusal")
 			require.NoError(t, c.Close())
 			require.Equal(t, "0 0 0 0 0", peer.do("stats"), "the target lives and counts nothing")
+		}
+		if kind == "ucx" {
+			garbageUCX(t, peer)
 		}
 		require.Equal(t, whole, peer.do("whole A"))
 
@@ -190,4 +197,32 @@ func TestUCXRegisterExact(t *testing.T) {
 		defer func() { require.NoError(t, p.Close()) }()
 		require.NoError(t, p.Get(context.Background(), transfer.Op{Local: reg, Remote: d, Len: 8, LocalOff: 8}))
 	})
+}
+
+// garbageUCX sends a page of 0xff bytes and a page of random ones to
+// each TCP socket the ucx target's UCX listens on (its tcp transport's:
+// what UCX's own wire protocol parses), and checks that the target lives.
+func garbageUCX(t *testing.T, peer *peerProc) {
+	t.Helper()
+	ports := strings.Fields(peer.do("ucxports"))
+	require.NotEmpty(t, ports, "UCX listens on no TCP socket: UCX_TLS has no tcp?")
+	host, _, err := net.SplitHostPort(peer.addr)
+	require.NoError(t, err)
+	ff := make([]byte, 4096)
+	for i := range ff {
+		ff[i] = 0xff
+	}
+	for _, port := range ports {
+		for _, page := range [][]byte{ff, seeded(4096, 77)} {
+			u, err := net.Dial("tcp", net.JoinHostPort(host, port))
+			if err != nil {
+				continue // a socket UCX listens on elsewhere (another device's address)
+			}
+			_, _ = u.Write(page) // UCX may reset the connection before it read all of it
+			require.NoError(t, u.SetReadDeadline(time.Now().Add(10*time.Second)))
+			_, _ = io.Copy(io.Discard, u)
+			require.NoError(t, u.Close())
+			require.Equal(t, "0 0 0 0 0", peer.do("stats"), "the target lives after garbage on UCX's port %s", port)
+		}
+	}
 }
