@@ -120,15 +120,27 @@
 // Every op completes byte-exact or fails with an error within its bound:
 // the engine's LeaseTimeout for one op on both sides (the initiator's
 // control connection deadline and, for ucx, its flush; the target's
-// hold), or the caller's context when sooner; Connect adds its
-// DialRetries. After a failed op the peer is closed (ErrClosed) and the
+// hold), or the caller's context when sooner; a failed ucx op then
+// closes its endpoint, which waits up to 4 s more for UCX (twice the
+// binding's closeWait); Connect adds its DialRetries. After a failed op the peer is closed (ErrClosed) and the
 // bytes of the op's range are those before it, those it carried, or a
 // mix; no byte outside the registration changes. TestTwoHosts checks it
 // between two network namespaces joined by a veth pair, over both kinds,
-// with the link set down and up, either process killed, and (tcp)
-// latency, bandwidth limits, resets, stalls and sliced writes through a
-// fault-injecting proxy; it needs root and iproute2, skips without them
-// and fails under CI.
+// with the link set down and up (for 300 ms, and past LeaseTimeout),
+// either process killed, and (tcp) latency, bandwidth limits, resets,
+// stalls and sliced writes through a fault-injecting proxy; it needs
+// root and iproute2, skips without them and fails under CI.
+//
+// One fault the ucx kind does not survive: with UCX 1.13 over its tcp
+// transport, a link down past LeaseTimeout mid-put, on either host, can
+// abort the target inside UCX when the link comes back (ucp_put_handler:
+// "ucp_request.inl:346 Fatal: unexpected error: Endpoint timeout", in 2
+// to 4 runs of 10 of TestTwoHosts on a loaded 2-core machine, when the
+// initiator's bytes reach the target after the initiator gave up). The
+// engine cannot catch it (UCX aborts the process). TestTwoHosts runs that
+// case for ucx only with VMARENA_TRANSFER_UCX_LONG_FLAP=1. Over a network
+// that partitions, use the tcp kind, or a LeaseTimeout longer than the
+// partitions the deployment must survive.
 //
 // # Errors
 //

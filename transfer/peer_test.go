@@ -38,7 +38,7 @@ import (
 //	hash NAME              ok SHA256HEX of NAME's current bytes
 //	whole NAME             ok SHA256HEX of a canary's bytes with the canary pages
 //	check NAME A B         a canary's pages are as filled, and each registered byte is that of seeded(SIZE, A) or of B: ok exact A|exact B|mixed
-//	idle                   ok GOROUTINES FDS (after a GC)
+//	idle                   ok GOROUTINES FDS (after a GC), once the engine's Check passes
 //	ucxports               ok PORT...: the TCP ports this process listens on but the engine's control port (UCX's own)
 //	stats                  ok PUTS GETS BYTESOUT BYTESIN REFUSED
 //	sock NAME              serve a plain TCP socket over NAME's memory (the benchmark's baseline): ok ADDR
@@ -209,7 +209,9 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 		case "ucxports":
 			reply, err = listeningPorts(e.Addr())
 		case "idle":
-			reply, err = idle()
+			if err = e.Check(); err == nil {
+				reply, err = idle()
+			}
 		case "stats":
 			s := e.Stats()
 			reply = fmt.Sprintf("%d %d %d %d %d", s.Puts, s.Gets, s.BytesOut, s.BytesIn, s.Refused)

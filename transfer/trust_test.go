@@ -28,6 +28,23 @@ func helloWith(addr, kind string, worker []byte) []byte {
 	return append(header(1, 0, 2, 0, 0, uint64(len(blob))), blob...)
 }
 
+// initiatorTo makes an engine of kind in this process, a region of n
+// bytes filled from seed 9 registered on it, and a peer of addr, all
+// closed at the end of the test.
+func initiatorTo(t *testing.T, kind, addr string, n uint64) (*region, *transfer.Registration, *transfer.Peer) {
+	t.Helper()
+	h := mustHostMem(t, 16<<20)
+	local, err := newRegion(h.a, n, 9)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, local.end()) })
+	e, err := transfer.New(transfer.Config{Kind: kind, LeaseTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+	lr, err := e.Register(local.t)
+	require.NoError(t, err)
+	return local, lr, connect(t, e, addr)
+}
+
 // TestGarbageHello: a hello whose worker address is garbage (one 0xff
 // byte, or a page of them), or that names an engine address, is refused
 // with a clear error and the connection dropped; for ucx, a page of 0xff
@@ -68,17 +85,7 @@ func TestGarbageHello(t *testing.T) {
 		}
 		require.Equal(t, whole, peer.do("whole A"))
 
-		h := mustHostMem(t, 16<<20)
-		local, err := newRegion(h.a, size, 9)
-		require.NoError(t, err)
-		defer func() { require.NoError(t, local.end()) }()
-		e, err := transfer.New(transfer.Config{Kind: kind})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, e.Close()) }()
-		lr, err := e.Register(local.t)
-		require.NoError(t, err)
-		p := connect(t, e, peer.addr)
-		defer func() { require.NoError(t, p.Close()) }()
+		_, lr, p := initiatorTo(t, kind, peer.addr, size)
 		require.NoError(t, p.Put(context.Background(), transfer.Op{Local: lr, Remote: d, Len: size}))
 		require.Equal(t, sha(seeded(size, 9)), peer.hash("A"), "a good peer is served afterwards")
 	})
@@ -97,17 +104,7 @@ func TestForgedDescriptors(t *testing.T) {
 		peer := startPeer(t, kind)
 		d := peer.desc(peer.do("canary A %d 3", size))
 		whole, mid := peer.do("whole A"), peer.hash("A")
-		h := mustHostMem(t, 16<<20)
-		local, err := newRegion(h.a, 2*size, 9)
-		require.NoError(t, err)
-		defer func() { require.NoError(t, local.end()) }()
-		e, err := transfer.New(transfer.Config{Kind: kind, LeaseTimeout: 5 * time.Second})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, e.Close()) }()
-		lr, err := e.Register(local.t)
-		require.NoError(t, err)
-		p := connect(t, e, peer.addr)
-		defer func() { require.NoError(t, p.Close()) }()
+		local, lr, p := initiatorTo(t, kind, peer.addr, 2*size)
 		ctx := context.Background()
 		mine, err := local.bytes()
 		require.NoError(t, err)
