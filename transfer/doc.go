@@ -39,11 +39,13 @@
 //   - A registration's id is never reused within an engine, and its
 //     generation is random: a descriptor of a closed registration, or of
 //     an earlier engine at the same address, never names a live one.
-//   - A target writes only inside [off, off+len) of a live, writable
-//     registration whose id and generation the request names, and only
-//     under the tensor's access; a request that names anything else is
-//     refused (the payload of a refused put is drained) and changes no
-//     byte, registration or count but Stats.Refused.
+//   - A target writes only the bytes [addr, addr+len) a request names,
+//     all inside a live, writable registration whose id and generation
+//     it names, and only under the tensor's access; a request that names
+//     anything else is refused (the payload of a refused put is drained)
+//     and changes no byte, registration or count but Stats.Refused. (On
+//     the ucx kind the peer's UCX moves the bytes: what it does outside
+//     begin and end is the peer's, see Trust.)
 //   - Every goroutine the engine starts ends at Close; Close closes every
 //     connection, registration and (ucx) the worker.
 //
@@ -122,9 +124,10 @@
 // control connection deadline and, for ucx, its flush; the target's
 // hold), or the caller's context when sooner; a failed ucx op then
 // closes its endpoint, which waits up to 4 s more for UCX (twice the
-// binding's closeWait); Connect adds its DialRetries. After a failed op the peer is closed (ErrClosed) and the
-// bytes of the op's range are those before it, those it carried, or a
-// mix; no byte outside the registration changes. TestTwoHosts checks it
+// binding's closeWait); Connect adds its DialRetries. After a failed op
+// the peer is closed (ErrClosed) and the bytes of the op's range are
+// those before it, those it carried, or a mix; no byte outside the
+// registration changes. TestTwoHosts checks it
 // between two network namespaces joined by a veth pair, over both kinds,
 // with the link set down and up (for 300 ms, and past LeaseTimeout),
 // either process killed, and (tcp) latency, bandwidth limits, resets,
