@@ -13,9 +13,11 @@ import (
 // Get: what a registration's owner sends to the peers it lets move bytes
 // in or out of that memory (MarshalBinary), over any channel of its own.
 // It is a name, not a capability the owner trusts: the owner's engine
-// checks every field of it against its live registrations on every
-// transfer (see the package doc), so a stale, forged or mangled one is
-// refused there.
+// checks every field of it but Key against its live registrations on
+// every transfer (ID, Gen, and each op's bytes from Addr against the
+// registration's; see the package doc), so a stale, forged or mangled
+// one is refused there. Key only the initiator's UCX reads (ucx kind;
+// UCX 1.13's transports without RDMA hardware ignore it).
 type Descriptor struct {
 	Engine string // the owner's Addr
 	// ID and Gen name the registration at the owner: ids are never

@@ -250,7 +250,10 @@ func (r *Registration) exit() { r.using.Add(-1) }
 // Register makes t's memory reachable by peers. t must be contiguous
 // (ErrInvalid), live (ErrClosed), not empty (ErrInvalid), a driver's
 // mapping (Mapped: Go memory is refused, ErrInvalid) and addressable by
-// this process (ErrUnsupported on the sim driver). Peers may write it
+// this process (ErrUnsupported on the sim driver); for the ucx kind, UCX
+// must register exactly its bytes, no more (ErrInvalid otherwise: with
+// UCX 1.13, address and length multiples of 16), so that the remote key
+// names the tensor's bytes alone. Peers may write it
 // only if all of it is writable (no read-only prefix:
 // Descriptor.Writable). Registering the same tensor twice makes two
 // registrations.
@@ -277,8 +280,18 @@ func (e *Engine) Register(t *tensor.Tensor) (*Registration, error) {
 			return err
 		}
 		r.mem = m
+		// The remote key names what UCX registered: exactly the
+		// tensor's bytes, or the registration is refused.
+		switch a, n, err := m.Span(); {
+		case err != nil:
+			return errors.CombineErrors(err, r.closeMem())
+		case uint64(a) != r.addr || n != r.n:
+			return errors.CombineErrors(errors.WithHint(errors.Wrapf(driver.ErrInvalid,
+				"UCX registered %d bytes at %#x for the tensor's %d at %#x: its remote key would reach memory outside the tensor", n, a, r.n, r.addr),
+				"register a tensor whose address and length UCX registers as they are (with UCX 1.13: both multiples of 16)"), r.closeMem())
+		}
 		if r.key, err = m.RKey(); err != nil {
-			return errors.CombineErrors(err, m.Close())
+			return errors.CombineErrors(err, r.closeMem())
 		}
 		return nil
 	})
@@ -474,13 +487,7 @@ func (e *Engine) dial(ctx context.Context, addr string) (p *Peer, again bool, er
 		return nil, again, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(e.cfg.LeaseTimeout))
-	mine := helloBlob{kind: e.cfg.Kind}
-	if e.worker != nil {
-		if mine.worker, err = e.worker.Address(); err != nil {
-			return fail(err, false)
-		}
-	}
-	blob := mine.encode()
+	blob := helloBlob{kind: e.cfg.Kind}.encode() // no worker address: the target makes no endpoint (serve)
 	h := request{kind: kindHello, id: protocolVersion, n: uint64(len(blob))}.encode()
 	if _, err := (&net.Buffers{h[:], blob}).WriteTo(conn); err != nil {
 		return fail(err, true)
@@ -499,6 +506,8 @@ func (e *Engine) dial(ctx context.Context, addr string) (p *Peer, again bool, er
 	_ = conn.SetDeadline(time.Time{})
 	p = &Peer{e: e, conn: conn, remote: theirs.addr}
 	if e.worker != nil {
+		// The target's worker address, from the engine the caller chose
+		// to connect to (see the package doc, Trust).
 		if p.ep, err = e.worker.Connect(theirs.worker); err != nil {
 			return fail(err, true)
 		}
@@ -622,7 +631,7 @@ func (p *Peer) do(ctx context.Context, put bool, ops []Op) error {
 		}
 		var err error
 		if p.ep != nil {
-			err = p.ucxOp(ctx, op, put)
+			err = p.ucxOp(ctx, deadline, op, put)
 		} else {
 			err = p.tcpOp(op, put)
 		}

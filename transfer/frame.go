@@ -16,23 +16,30 @@ import (
 // A request is a fixed header of reqSize bytes:
 //
 //	magic u16 ("vT") | kind u8 | flags u8 | reserved u32 (zero) |
-//	id u64 | gen u64 | off u64 | len u64
+//	id u64 | gen u64 | addr u64 | len u64
 //
-// and its kind says what follows:
+// where, in an op (put, get, begin), addr is the address in the target's
+// process of the first byte the op moves (the descriptor's Addr plus the
+// op's offset) and len its length: the target checks both against the
+// registration (id, gen) it has, and refuses an op whose bytes are not
+// all inside it. Its kind says what follows:
 //
 //   - hello: id is the protocol version, len the length of a blob that
-//     follows (at most maxBlob): the initiator's kind and, for ucx, its
-//     worker address (helloBlob). The response's body is the target's
-//     blob: its Addr, kind and worker address.
+//     follows (at most maxBlob): the initiator's kind (helloBlob, with no
+//     worker address: a target refuses a hello that carries one). The
+//     response's body is the target's blob: its Addr, kind and, for ucx,
+//     its worker address, to which the initiator makes its endpoint.
 //   - put (tcp): len bytes of payload follow the header, to be written at
-//     off of registration (id, gen). The target reads them straight from
+//     addr in registration (id, gen). The target reads them straight from
 //     the socket into the memory, holding the tensor's access; refused,
 //     it still reads (drains) them, then answers the error.
-//   - get (tcp): the response, when OK, is followed by len bytes from off
-//     of the registration, written under the tensor's access.
-//   - begin (ucx): flags bit 0 is write. The target holds the access and
-//     answers OK, then waits (at most LeaseTimeout) for end; the
-//     initiator moves the bytes with UCX in between.
+//   - get (tcp): the response, when OK, is followed by len bytes from
+//     addr in the registration, written under the tensor's access.
+//   - begin (ucx): flags bit 0 is write. The target checks the op (addr
+//     and len inside the live registration, its generation, writability
+//     for a write), holds the access and answers OK, then waits (at most
+//     LeaseTimeout) for end; the initiator moves the bytes with UCX in
+//     between, at exactly addr and len, and only after the OK.
 //   - end (ucx): every field zero. Answered OK.
 //
 // A response is status u8 | reserved [3]u8 (zero) | n u32, then n bytes
@@ -50,8 +57,9 @@ const (
 	// maxOp bounds one request's len: 1 TiB, past any registration
 	// (larger is malformed rather than drained for hours).
 	maxOp = 1 << 40
-	// protocolVersion is a hello's id.
-	protocolVersion = 1
+	// protocolVersion is a hello's id. Version 2: ops name the target's
+	// address, not an offset; the initiator's hello has no worker address.
+	protocolVersion = 2
 )
 
 // Request kinds.
@@ -65,10 +73,11 @@ const (
 
 // request is a decoded request header.
 type request struct {
-	kind         byte
-	write        bool // begin only
-	id, gen, off uint64
-	n            uint64
+	kind    byte
+	write   bool // begin only
+	id, gen uint64
+	addr    uint64 // an op's first byte in the target's process (0 in a hello and an end)
+	n       uint64
 }
 
 // encode returns the request's header.
@@ -81,7 +90,7 @@ func (q request) encode() [reqSize]byte {
 	}
 	binary.BigEndian.PutUint64(h[8:], q.id)
 	binary.BigEndian.PutUint64(h[16:], q.gen)
-	binary.BigEndian.PutUint64(h[24:], q.off)
+	binary.BigEndian.PutUint64(h[24:], q.addr)
 	binary.BigEndian.PutUint64(h[32:], q.n)
 	return h
 }
@@ -99,7 +108,7 @@ func decodeRequest(h [reqSize]byte) (request, error) {
 	}
 	q := request{kind: h[2], write: h[3]&1 != 0,
 		id: binary.BigEndian.Uint64(h[8:]), gen: binary.BigEndian.Uint64(h[16:]),
-		off: binary.BigEndian.Uint64(h[24:]), n: binary.BigEndian.Uint64(h[32:])}
+		addr: binary.BigEndian.Uint64(h[24:]), n: binary.BigEndian.Uint64(h[32:])}
 	if h[3]&^1 != 0 || (h[3] != 0 && q.kind != kindBegin) {
 		return request{}, malformed("flags %#x on a request of kind %d", h[3], q.kind)
 	}
@@ -108,7 +117,7 @@ func decodeRequest(h [reqSize]byte) (request, error) {
 	}
 	switch q.kind {
 	case kindHello:
-		if q.n > maxBlob || q.gen != 0 || q.off != 0 {
+		if q.n > maxBlob || q.gen != 0 || q.addr != 0 {
 			return request{}, malformed("a hello of %d bytes (at most %d) or with fields set", q.n, maxBlob)
 		}
 	case kindPut, kindGet, kindBegin:
@@ -116,7 +125,7 @@ func decodeRequest(h [reqSize]byte) (request, error) {
 			return request{}, malformed("%d bytes in one request (at most %d)", q.n, uint64(maxOp))
 		}
 	case kindEnd:
-		if q.id != 0 || q.gen != 0 || q.off != 0 || q.n != 0 {
+		if q.id != 0 || q.gen != 0 || q.addr != 0 || q.n != 0 {
 			return request{}, malformed("an end with fields set")
 		}
 	default:
@@ -210,7 +219,7 @@ func readResponse(r io.Reader) (status byte, body []byte, err error) {
 
 // helloBlob is what each side of a hello tells the other: its engine's
 // Addr (the target's; empty from the initiator), kind, and UCX worker
-// address (empty for tcp).
+// address (the ucx target's; empty for tcp and from the initiator).
 type helloBlob struct {
 	addr, kind string
 	worker     []byte

@@ -126,7 +126,7 @@ func TestHostileDescriptors(t *testing.T) {
 		{"overflow", true, transfer.Op{Local: l.w, Remote: l.dw, RemoteOff: math.MaxUint64 - 3, Len: 8}, driver.ErrInvalid, nil},
 		{"local overflow", false, transfer.Op{Local: l.w, LocalOff: math.MaxUint64 - 3, Remote: l.dw, Len: 8}, driver.ErrInvalid, nil},
 		{"forged Len", true, transfer.Op{Local: l.w, Remote: forged(func(d *transfer.Descriptor) { d.Len = 1 << 30 }), RemoteOff: loopSize, Len: 8},
-			driver.ErrInvalid, []string{"the registration has 65536 bytes"}},
+			driver.ErrInvalid, []string{"which has 65536 bytes"}},
 		{"read-only remote", true, transfer.Op{Local: l.w, Remote: l.dr, Len: 8}, driver.ErrAccessDenied, []string{"read-only"}},
 		{"forged writable", true, transfer.Op{Local: l.w, Remote: func() transfer.Descriptor { d := l.dr; d.Writable = true; return d }(), Len: 8},
 			driver.ErrAccessDenied, []string{"read-only"}},
@@ -169,7 +169,7 @@ func rawConn(t *testing.T, e *transfer.Engine) net.Conn {
 	c, err := net.Dial("tcp", e.Addr())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
-	_, err = c.Write(helloFrame(1, "tcp"))
+	_, err = c.Write(helloFrame(2, "tcp"))
 	require.NoError(t, err)
 	status, _ := readResp(t, c)
 	require.Zero(t, status)
@@ -217,7 +217,7 @@ func readResp(t *testing.T, c net.Conn) (byte, string) {
 // throughout.
 func TestMalformedFrames(t *testing.T) {
 	l := newLoop(t)
-	id, gen := l.dw.ID, l.dw.Gen
+	id, gen, a := l.dw.ID, l.dw.Gen, l.dw.Addr // a: the registration's first byte, which op frames name
 	payload := make([]byte, 100)
 	for i := range payload {
 		payload[i] = 0xee
@@ -226,16 +226,16 @@ func TestMalformedFrames(t *testing.T) {
 		name  string
 		frame []byte
 	}{
-		{"bad magic", append([]byte{0, 0}, header(2, 0, id, gen, 0, 8)[2:]...)},
-		{"unknown kind", header(9, 0, id, gen, 0, 8)},
-		{"flags on a put", append(header(2, 1, id, gen, 0, 8), payload[:8]...)},
-		{"reserved set", func() []byte { h := header(2, 0, id, gen, 0, 8); h[5] = 1; return append(h, payload[:8]...) }()},
-		{"past the largest op", header(2, 0, id, gen, 0, 1<<41)},
-		{"a second hello", helloFrame(1, "tcp")},
+		{"bad magic", append([]byte{0, 0}, header(2, 0, id, gen, a, 8)[2:]...)},
+		{"unknown kind", header(9, 0, id, gen, a, 8)},
+		{"flags on a put", append(header(2, 1, id, gen, a, 8), payload[:8]...)},
+		{"reserved set", func() []byte { h := header(2, 0, id, gen, a, 8); h[5] = 1; return append(h, payload[:8]...) }()},
+		{"past the largest op", header(2, 0, id, gen, a, 1<<41)},
+		{"a second hello", helloFrame(2, "tcp")},
 		{"end outside a begin", header(5, 0, 0, 0, 0, 0)},
-		{"begin on tcp", header(4, 1, id, gen, 0, 8)},
-		{"cut short", header(2, 0, id, gen, 0, 8)[:20]},
-		{"payload cut short", append(header(2, 0, id, gen, 0, 100), payload[:50]...)},
+		{"begin on tcp", header(4, 1, id, gen, a, 8)},
+		{"cut short", header(2, 0, id, gen, a, 8)[:20]},
+		{"payload cut short", append(header(2, 0, id, gen, a, 100), payload[:50]...)},
 	}
 	for _, c := range dropped {
 		t.Run(c.name, func(t *testing.T) {
@@ -264,11 +264,15 @@ func TestMalformedFrames(t *testing.T) {
 		status byte
 	}{
 		{"overflow", append(header(2, 0, id, gen, math.MaxUint64-50, 100), payload...), 1},
-		{"past Len", append(header(2, 0, id, gen, loopSize-50, 100), payload...), 1},
-		{"unknown id", append(header(2, 0, 999, gen, 0, 100), payload...), 1},
-		{"stale gen", append(header(2, 0, id, gen+1, 0, 100), payload...), 2},
-		{"read-only", append(header(2, 0, l.dr.ID, l.dr.Gen, 0, 100), payload...), 3},
-		{"get past Len", header(3, 0, id, gen, loopSize, 1), 1},
+		{"past Len", append(header(2, 0, id, gen, a+loopSize-50, 100), payload...), 1},
+		{"unknown id", append(header(2, 0, 999, gen, a, 100), payload...), 1},
+		{"stale gen", append(header(2, 0, id, gen+1, a, 100), payload...), 2},
+		{"read-only", append(header(2, 0, l.dr.ID, l.dr.Gen, l.dr.Addr, 100), payload...), 3},
+		{"get past Len", header(3, 0, id, gen, a+loopSize, 1), 1},
+		{"a byte before", append(header(2, 0, id, gen, a-1, 100), payload...), 1},
+		{"a page before", header(3, 0, id, gen, a-4096, 100), 1},
+		{"unmapped 0x1000", append(header(2, 0, id, gen, 0x1000, 100), payload...), 1},
+		{"addr 0", header(3, 0, id, gen, 0, 1), 1},
 	}
 	conn := rawConn(t, l.e)
 	for _, c := range answered {
@@ -283,7 +287,7 @@ func TestMalformedFrames(t *testing.T) {
 		})
 	}
 	// The connection goes on: a good get answers the bytes.
-	_, err := conn.Write(header(3, 0, id, gen, 0, 16))
+	_, err := conn.Write(header(3, 0, id, gen, a, 16))
 	require.NoError(t, err)
 	status, _ := readResp(t, conn)
 	require.Zero(t, status)
@@ -295,7 +299,7 @@ func TestMalformedFrames(t *testing.T) {
 	require.Equal(t, want[:16], got)
 
 	// Hellos the target refuses are answered, then dropped.
-	for _, h := range [][]byte{helloFrame(2, "tcp"), helloFrame(1, "ucx")} {
+	for _, h := range [][]byte{helloFrame(1, "tcp"), helloFrame(2, "ucx")} {
 		c, err := net.Dial("tcp", l.e.Addr())
 		require.NoError(t, err)
 		_, err = c.Write(h)
@@ -441,7 +445,7 @@ func TestStalledPut(t *testing.T) {
 	d, err := reg.Descriptor()
 	require.NoError(t, err)
 	c := rawConn(t, e)
-	_, err = c.Write(append(header(2, 0, d.ID, d.Gen, 0, 100), make([]byte, 50)...))
+	_, err = c.Write(append(header(2, 0, d.ID, d.Gen, d.Addr, 100), make([]byte, 50)...))
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond) // most likely inside the access now; either way the test holds
 	revoked := make(chan struct{})

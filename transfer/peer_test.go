@@ -20,6 +20,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/transfer"
 )
@@ -32,14 +33,26 @@ import (
 //	lease NAME SIZE SEED   a leased tensor over an arena view, filled from SEED, registered: ok HEX(descriptor)
 //	kv NAME SEED           a KV cache sequence's layer-0 keys, filled, registered: ok HEX(descriptor)
 //	remap NAME SEED        the owner takes the memory back and hands out new memory, filled: ok
+//	canary NAME SIZE SEED  SIZE bytes between two canary pages on each side, all filled from SEED; the SIZE bytes registered: ok HEX(descriptor)
 //	reg NAME               register NAME's current tensor: ok HEX(descriptor)
 //	hash NAME              ok SHA256HEX of NAME's current bytes
+//	whole NAME             ok SHA256HEX of a canary's bytes with the canary pages
+//	check NAME A B         a canary's pages are as filled, and each registered byte is that of seeded(SIZE, A) or of B: ok exact A|exact B|mixed
+//	idle                   ok GOROUTINES FDS (after a GC), once the engine's Check passes
+//	ucxports               ok PORT...: the TCP ports this process listens on but the engine's control port (UCX's own)
 //	stats                  ok PUTS GETS BYTESOUT BYTESIN REFUSED
 //	sock NAME              serve a plain TCP socket over NAME's memory (the benchmark's baseline): ok ADDR
 //	quit                   close everything and exit
 const peerEnv = "VMARENA_TRANSFER_PEER"
 
 func TestMain(m *testing.M) {
+	if kind := os.Getenv(initiatorEnv); kind != "" {
+		if err := runInitiator(kind, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "initiator:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if kind := os.Getenv(peerEnv); kind != "" {
 		if err := runPeer(kind, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "peer:", err)
@@ -61,13 +74,52 @@ func (r *region) tensor() *tensor.Tensor    { return r.t }
 func (r *region) remapTo(seed uint64) error { return r.remap(seed) }
 func (k *kvSeq) tensor() *tensor.Tensor     { return k.t }
 func (k *kvSeq) remapTo(seed uint64) error  { return k.remap(seed) }
+func (c *canaried) tensor() *tensor.Tensor  { return c.mid }
+func (c *canaried) remapTo(seed uint64) error {
+	if err := c.r.remap(seed); err != nil {
+		return err
+	}
+	c.seed = seed
+	return c.narrow()
+}
+
+// canaryPage is the size of each canary on either side of a canaried
+// region's registered bytes: two pages, so that a descriptor moved by a
+// byte or a page still lands in a canary.
+const canaryPage = 4096
+
+// canaried is a region of n bytes between canaries of 2*canaryPage bytes
+// on each side, all filled from one seed; mid is the n bytes.
+type canaried struct {
+	r       *region
+	n, seed uint64
+	mid     *tensor.Tensor
+}
+
+func newCanaried(a *arena.Arena, n, seed uint64) (*canaried, error) {
+	r, err := newRegion(a, n+4*canaryPage, seed)
+	if err != nil {
+		return nil, err
+	}
+	c := &canaried{r: r, n: n, seed: seed}
+	if err := c.narrow(); err != nil {
+		return nil, errors.CombineErrors(err, r.end())
+	}
+	return c, nil
+}
+
+func (c *canaried) narrow() (err error) {
+	c.mid, err = c.r.t.Narrow(0, 2*canaryPage, int(c.n))
+	return err
+}
 
 func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 	h, err := newHostMem(1 << 30)
 	if err != nil {
 		return err
 	}
-	e, err := transfer.New(transfer.Config{Kind: kind})
+	lease, _ := time.ParseDuration(os.Getenv(leaseEnv)) // unset: 0, the default
+	e, err := transfer.New(transfer.Config{Kind: kind, Listen: os.Getenv(listenEnv), LeaseTimeout: lease})
 	if err != nil {
 		return errors.CombineErrors(err, h.close())
 	}
@@ -133,6 +185,15 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 				mems[f[1]] = k
 				reply, err = register(k.t)
 			}
+		case "canary":
+			var c *canaried
+			if c, err = newCanaried(h.a, num(2), num(3)); err == nil {
+				regions = append(regions, c.r)
+				mems[f[1]] = c
+				reply, err = register(c.mid)
+			}
+		case "whole":
+			err = mems[f[1]].(*canaried).r.t.Access(false, func(b []byte) error { reply = sha(b); return nil })
 		case "remap":
 			err = mems[f[1]].remapTo(num(2))
 		case "reg":
@@ -143,6 +204,14 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 				reply = hex.EncodeToString(s[:])
 				return nil
 			})
+		case "check":
+			reply, err = mems[f[1]].(*canaried).check(num(2), num(3))
+		case "ucxports":
+			reply, err = listeningPorts(e.Addr())
+		case "idle":
+			if err = e.Check(); err == nil {
+				reply, err = idle()
+			}
 		case "stats":
 			s := e.Stats()
 			reply = fmt.Sprintf("%d %d %d %d %d", s.Puts, s.Gets, s.BytesOut, s.BytesIn, s.Refused)
@@ -222,10 +291,19 @@ type peerProc struct {
 // (KEY=VALUE) added; it is stopped at the end of the test.
 func startPeer(t testing.TB, kind string, env ...string) *peerProc {
 	t.Helper()
+	return startProc(t, nil, append([]string{peerEnv + "=" + kind}, env...))
+}
+
+// startProc starts this test binary as a child, run through the prefix
+// command (nil: none; e.g. ip netns exec NAME) with env added, and
+// reads its first line, "addr ADDR".
+func startProc(t testing.TB, prefix []string, env []string) *peerProc {
+	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), peerEnv+"="+kind), env...)
+	argv := append(append([]string(nil), prefix...), exe, "-test.run=^$")
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	require.NoError(t, err)

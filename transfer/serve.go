@@ -9,7 +9,6 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/transfer/internal/ucx"
 )
 
 // The target side: one goroutine accepts control connections, and one
@@ -42,12 +41,13 @@ func (e *Engine) accept() {
 }
 
 // serve serves one connection: a hello, then ops.
+//
+// Nothing of the peer's goes to UCX: the initiator's hello carries no
+// worker address (one that does is refused), and the target makes no
+// endpoint. The initiator makes its endpoint to the target's worker,
+// whose address the target sends; one-sided ops need none back.
 func (e *Engine) serve(c net.Conn) {
-	var ep *ucx.Endpoint
 	defer func() {
-		if ep != nil {
-			_ = ep.Close()
-		}
 		_ = c.Close()
 		e.mu.Lock()
 		delete(e.conns, c)
@@ -63,19 +63,20 @@ func (e *Engine) serve(c net.Conn) {
 	if err != nil {
 		return
 	}
-	if q.id != protocolVersion || theirs.kind != e.cfg.Kind {
-		msg := fmt.Sprintf("protocol version %d and kind %q, this engine speaks %d and %q", q.id, theirs.kind, protocolVersion, e.cfg.Kind)
-		_, _ = c.Write(appendResponse(nil, statusInvalid, []byte(msg)))
+	refuse := func(msg string) {
+		_, _ = c.Write(appendResponse(nil, statusInvalid, []byte("transfer: hello refused: "+msg)))
+	}
+	switch {
+	case q.id != protocolVersion || theirs.kind != e.cfg.Kind:
+		refuse(fmt.Sprintf("protocol version %d and kind %q, this engine speaks %d and %q", q.id, theirs.kind, protocolVersion, e.cfg.Kind))
+		return
+	case len(theirs.worker) != 0 || theirs.addr != "":
+		refuse(fmt.Sprintf("an initiator's hello names no address or worker (this one has a %d-byte address and a %d-byte worker address)", len(theirs.addr), len(theirs.worker)))
 		return
 	}
 	mine := helloBlob{addr: e.addr, kind: e.cfg.Kind}
 	if e.worker != nil {
-		// The endpoint back to the initiator is the target's to close:
-		// a begin whose end does not come closes it before letting go.
-		if mine.worker, err = e.worker.Address(); err == nil {
-			ep, err = e.worker.Connect(theirs.worker)
-		}
-		if err != nil {
+		if mine.worker, err = e.worker.Address(); err != nil {
 			_, _ = c.Write(appendResponse(nil, statusOf(err), []byte(err.Error())))
 			return
 		}
@@ -96,7 +97,7 @@ func (e *Engine) serve(c net.Conn) {
 		case q.kind == kindGet && e.worker == nil:
 			err = e.serveGet(c, q)
 		case q.kind == kindBegin && e.worker != nil:
-			err = e.serveBegin(c, q, &ep)
+			err = e.serveBegin(c, q)
 		default:
 			return // a hello again, an end outside a begin, or another kind's op
 		}
@@ -108,11 +109,12 @@ func (e *Engine) serve(c net.Conn) {
 
 // servedOp runs fn with the bytes op q names, under the registration's
 // and its tensor's access (write: for writing), after checking q against
-// the live registrations. The error of a refusal is marked with its
-// sentinel; fn's own is returned as it is.
+// the live registrations: its id and generation, its bytes [addr,
+// addr+n) all inside the registration's, and writability. The error of a
+// refusal is marked with its sentinel; fn's own is returned as it is.
 func (e *Engine) servedOp(q request, write bool, fn func(b []byte) error) error {
 	what := func() string {
-		return fmt.Sprintf("transfer: %d bytes at %d of registration %d gen %#x (write %t)", q.n, q.off, q.id, q.gen, write)
+		return fmt.Sprintf("transfer: %d bytes at %#x of registration %d gen %#x (write %t)", q.n, q.addr, q.id, q.gen, write)
 	}
 	e.mu.Lock()
 	r, last := e.regs[q.id], e.lastID
@@ -124,12 +126,12 @@ func (e *Engine) servedOp(q request, write bool, fn func(b []byte) error) error 
 		return driver.Closed(what() + ": that registration is closed")
 	case q.gen != r.gen:
 		return driver.Closed(what() + ": stale: the generation is not the registration's")
-	case q.n == 0 || q.off+q.n < q.off || q.off+q.n > r.n:
-		return errors.Wrapf(driver.ErrInvalid, "%s: the registration has %d bytes", what(), r.n)
+	case q.n == 0 || q.addr < r.addr || q.addr-r.addr > r.n || q.n > r.n-(q.addr-r.addr):
+		return errors.Wrapf(driver.ErrInvalid, "%s: outside the registration, which has %d bytes at %#x", what(), r.n, r.addr)
 	case write && !r.writable:
 		return errors.Wrapf(driver.ErrAccessDenied, "%s: the registration is read-only", what())
 	}
-	return r.access(write, q.off, q.n, fn)
+	return r.access(write, q.addr-r.addr, q.n, fn)
 }
 
 // respond answers q's status.

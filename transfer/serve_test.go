@@ -2,10 +2,12 @@ package transfer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"io"
 	"net"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -21,6 +23,10 @@ import (
 // that the fuzzer can name it) is the middle third of a tensor whose
 // other two thirds are a canary: whatever the bytes, the target never
 // panics, never hangs, and never writes outside the registered bytes.
+// The fuzzer cannot know where the registration is mapped, so an op
+// frame's addr is taken as relative to the tensor's first byte (the
+// canary's) and rebased before it is sent (rebase): the fuzzer reaches
+// the registration, its edges and the canary around it.
 func FuzzServe(f *testing.F) {
 	const third = 4096
 	hello := func() []byte {
@@ -32,11 +38,11 @@ func FuzzServe(f *testing.F) {
 		h := q.encode()
 		return append(h[:], bytes.Repeat([]byte{0x55}, payload)...)
 	}
-	f.Add(frame(request{kind: kindPut, id: 1, gen: 7, off: 100, n: 50}, 50))
-	f.Add(frame(request{kind: kindGet, id: 1, gen: 7, off: third - 8, n: 8}, 0))
-	f.Add(frame(request{kind: kindPut, id: 1, gen: 7, off: third - 8, n: 16}, 16))
-	f.Add(frame(request{kind: kindPut, id: 1, gen: 7, off: 1<<64 - 8, n: 16}, 16))
-	f.Add(append(frame(request{kind: kindPut, id: 1, gen: 7, off: 0, n: 8}, 8), frame(request{kind: kindPut, id: 1, gen: 6, off: 0, n: 8}, 8)...))
+	f.Add(frame(request{kind: kindPut, id: 1, gen: 7, addr: third + 100, n: 50}, 50))
+	f.Add(frame(request{kind: kindGet, id: 1, gen: 7, addr: 2*third - 8, n: 8}, 0))
+	f.Add(frame(request{kind: kindPut, id: 1, gen: 7, addr: 2*third - 8, n: 16}, 16))
+	f.Add(frame(request{kind: kindPut, id: 1, gen: 7, addr: 1<<64 - 8, n: 16}, 16))
+	f.Add(append(frame(request{kind: kindPut, id: 1, gen: 7, addr: third, n: 8}, 8), frame(request{kind: kindPut, id: 1, gen: 6, addr: third, n: 8}, 8)...))
 
 	drv, err := host.New(host.Options{Devices: 1, Capacity: 16 << 20, Granularity: 64 << 10})
 	require.NoError(f, err)
@@ -49,6 +55,8 @@ func FuzzServe(f *testing.F) {
 	defer func() { require.NoError(f, whole.Release()) }()
 	mid, err := whole.Narrow(0, third, third)
 	require.NoError(f, err)
+	var base uint64
+	require.NoError(f, whole.Access(false, func(b []byte) error { base = uint64(uintptr(unsafe.Pointer(&b[0]))); return nil }))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		require.NoError(t, whole.Access(true, func(b []byte) error {
@@ -70,7 +78,7 @@ func FuzzServe(f *testing.F) {
 		go e.serve(server)
 		drained := make(chan struct{})
 		go func() { _, _ = io.Copy(io.Discard, client); close(drained) }()
-		_, _ = client.Write(append(hello[:len(hello):len(hello)], data...))
+		_, _ = client.Write(append(hello[:len(hello):len(hello)], rebase(data, base)...))
 		_ = client.Close()
 		<-drained
 		require.NoError(t, e.Close())
@@ -83,4 +91,26 @@ func FuzzServe(f *testing.F) {
 			return nil
 		}))
 	})
+}
+
+// rebase returns data with base added to the addr field of each op
+// frame's header, walking the frames as a target reads them (a put's
+// payload is skipped); the bytes after the first header that does not
+// decode are left as they are.
+func rebase(data []byte, base uint64) []byte {
+	out := append([]byte(nil), data...)
+	for b := out; len(b) >= reqSize; {
+		q, err := decodeRequest([reqSize]byte(b[:reqSize]))
+		if err != nil {
+			break
+		}
+		if q.kind == kindPut || q.kind == kindGet || q.kind == kindBegin {
+			binary.BigEndian.PutUint64(b[24:], q.addr+base)
+		}
+		b = b[reqSize:]
+		if q.kind == kindPut {
+			b = b[min(uint64(len(b)), q.n):]
+		}
+	}
+	return out
 }

@@ -15,7 +15,7 @@ import (
 // tcpOp moves one checked op over the connection. A connError says the
 // connection is broken.
 func (p *Peer) tcpOp(op *Op, put bool) error {
-	q := request{id: op.Remote.ID, gen: op.Remote.Gen, off: op.RemoteOff, n: op.Len}
+	q := request{id: op.Remote.ID, gen: op.Remote.Gen, addr: op.Remote.Addr + op.RemoteOff, n: op.Len}
 	if put {
 		q.kind = kindPut
 		return op.Local.access(false, op.LocalOff, op.Len, func(b []byte) error { return p.ask(q, b) })

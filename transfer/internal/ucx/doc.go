@@ -42,6 +42,10 @@
 // store a Go pointer in C, or block the worker goroutine without bound
 // (every wait it makes inline, at an endpoint's Close, has a deadline).
 // Remote writes trust the peer: a remote key lets its holder write the
-// registered memory, as any RDMA key does; package transfer bounds that by
-// its protocol.
+// registered memory (Mem.Span: what UCX registered, which may be wider
+// than Register's range), and on transports without RDMA hardware (tcp,
+// cma, shared memory) UCX checks no key at all; package transfer bounds
+// that by its protocol. Connect hands its argument to ucp_ep_create,
+// whose unpacking aborts the process on garbage: pass only an address
+// that Address of a live worker answered.
 package ucx

@@ -115,6 +115,16 @@ static ucs_status_t vmx_mem_map(ucp_context_h ctx, uintptr_t addr, size_t n, ucp
 	return ucp_mem_map(ctx, &p, memh);
 }
 
+static ucs_status_t vmx_mem_span(ucp_mem_h memh, uintptr_t *addr, size_t *n) {
+	ucp_mem_attr_t a;
+	memset(&a, 0, sizeof a);
+	a.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+	ucs_status_t st = ucp_mem_query(memh, &a);
+	*addr = (uintptr_t)a.address;
+	*n = a.length;
+	return st;
+}
+
 static ucs_status_t vmx_ep_create(ucp_worker_h w, const void *addr, vmx_ep_state *s, ucp_ep_h *ep) {
 	ucp_ep_params_t p;
 	memset(&p, 0, sizeof p);
@@ -520,6 +530,29 @@ func (m *Mem) RKey() ([]byte, error) {
 		return nil
 	})
 	return b, err
+}
+
+// Span is the memory the registration covers as UCX made it
+// (ucp_mem_query): UCX may round the address and length Register was
+// given outward (UCX 1.13 aligns both to 16 bytes), and a remote key
+// names this span, not Register's range.
+func (m *Mem) Span() (addr uintptr, n uint64, err error) {
+	if m.unmade() {
+		return 0, 0, unmade("Mem.Span")
+	}
+	err = m.w.run("Mem.Span", func() error {
+		if m.memh == nil {
+			return driver.Closed("ucx: Mem.Span after the Mem's Close")
+		}
+		var a C.uintptr_t
+		var l C.size_t
+		if st := C.vmx_mem_span(m.memh, &a, &l); st != C.UCS_OK {
+			return ucsError("ucp_mem_query", st)
+		}
+		addr, n = uintptr(a), uint64(l)
+		return nil
+	})
+	return addr, n, err
 }
 
 // Close unmaps the registration (ucp_mem_unmap). Closing twice, or after

@@ -53,6 +53,9 @@ func (w *Worker) Close() error { return unsupported("Worker.Close") }
 // RKey answers driver.ErrUnsupported.
 func (m *Mem) RKey() ([]byte, error) { return nil, unsupported("Mem.RKey") }
 
+// Span answers driver.ErrUnsupported.
+func (m *Mem) Span() (uintptr, uint64, error) { return 0, 0, unsupported("Mem.Span") }
+
 // Close answers driver.ErrUnsupported.
 func (m *Mem) Close() error { return unsupported("Mem.Close") }
 

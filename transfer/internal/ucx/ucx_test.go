@@ -616,3 +616,29 @@ func TestCloseLeaksNothing(t *testing.T) {
 	}
 	require.LessOrEqual(t, runtime.NumGoroutine(), goroutines, "goroutines left running")
 }
+
+// TestMemSpan: what a registration covers as UCX made it (ucp_mem_query)
+// contains the bytes Register was given and no more than UCX's alignment
+// (16 bytes with UCX 1.13) adds on either side: a remote key names that
+// span. Package transfer's doc states it.
+func TestMemSpan(t *testing.T) {
+	mem := newMappedT(t)
+	w, err := NewWorker()
+	skipUnsupported(t, err, "NewWorker")
+	defer func() { require.NoError(t, w.Close()) }()
+	for _, c := range []struct{ off, n uint64 }{{0, memSize}, {100, 5000}, {4096, 4096}, {4095, 2}} {
+		reg, err := w.Register(mem.addr()+uintptr(c.off), c.n)
+		require.NoError(t, err)
+		a, n, err := reg.Span()
+		require.NoError(t, err)
+		lo, hi := uint64(mem.addr())+c.off, uint64(mem.addr())+c.off+c.n
+		t.Logf("registered [%#x, %#x), UCX covers [%#x, %#x)", lo, hi, a, uint64(a)+n)
+		require.LessOrEqual(t, uint64(a), lo)
+		require.GreaterOrEqual(t, uint64(a)+n, hi)
+		require.Less(t, lo-uint64(a), uint64(16), "rounded down by less than 16 bytes")
+		require.Less(t, uint64(a)+n-hi, uint64(16), "rounded up by less than 16 bytes")
+		require.NoError(t, reg.Close())
+		_, _, err = reg.Span()
+		require.ErrorIs(t, err, driver.ErrClosed)
+	}
+}
