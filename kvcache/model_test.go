@@ -36,6 +36,7 @@ const (
 	opPreempt
 	opResume
 	opSetBudget
+	opStep
 	numOpKinds
 )
 
@@ -525,7 +526,10 @@ func family(f, n int) []int {
 	return out
 }
 
-type modelRun struct{ admits, appends, frees, verified, ooms, preempts, resumes, hits, copies int }
+type modelRun struct {
+	admits, appends, frees, verified, ooms, preempts, resumes, hits, copies int
+	steps, stepOOMs                                                         int
+}
 
 // runModel runs data's ops against a cache on the host driver (or, when
 // the config byte says so, the sim driver) and the model.
@@ -729,6 +733,10 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 			}
 			s.preempted = 0
 			r.resumes++
+		case opStep:
+			ok, oom := m.step(t, c, o, &fresh, cfg.MaxContext, onSim, step)
+			r.steps += b2i(ok)
+			r.stepOOMs += b2i(oom)
 		case opSetBudget:
 			mode := PreemptMode(1 + o.family%2)
 			pages := 8 + o.n%64
@@ -849,6 +857,8 @@ func TestCacheModel(t *testing.T) {
 			total.resumes += r.resumes
 			total.hits += r.hits
 			total.copies += r.copies
+			total.steps += r.steps
+			total.stepOOMs += r.stepOOMs
 		})
 	}
 	t.Logf("%+v", total)
@@ -860,6 +870,8 @@ func TestCacheModel(t *testing.T) {
 	require.Greater(t, total.resumes, 30)
 	require.Greater(t, total.hits, 200, "prompts of one family share prefixes")
 	require.Positive(t, total.copies, "some partly shared units are copied")
+	require.Greater(t, total.steps, 20, "batched steps")
+	require.Positive(t, total.stepOOMs, "some steps do not fit")
 }
 
 // FuzzCacheModel fuzzes the decoder and the sequences it yields.
