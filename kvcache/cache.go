@@ -149,6 +149,8 @@ type Cache struct {
 	ps prefixStore
 	// ev is the KV events queued for Config.Events (events.go).
 	ev eventQueue
+	// stepPlan is Step's working memory, kept between steps (step.go).
+	stepPlan []stepPlan
 }
 
 // counters are the cumulative figures of Stats.

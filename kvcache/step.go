@@ -67,6 +67,7 @@ func (c *Cache) RowOffset(layer, kv, pos int) uint64 {
 // stepPlan is one request's part of a step, in slot order.
 type stepPlan struct {
 	i        int // the request's index in the batch
+	slot     int // its slot's index: the key of the order
 	s        *Seq
 	tokens   []int
 	pos      int   // its length before the step
@@ -84,14 +85,16 @@ type stepPlan struct {
 // slot's address, its length after the step, and the positions (and with
 // Views, the rows' tensors) the step writes. The bytes and books are what
 // one Seq.Append per request, in slot order, would leave. An empty batch
-// is a step of nothing.
+// is a step of nothing. The results go into into's memory when it is
+// large enough (an engine passes the last step's back: a step then
+// allocates nothing).
 //
 // It refuses what Append refuses of any request (ErrInvalid, ErrClosed),
 // a sequence of another cache or twice in the batch (ErrInvalid), and a
 // batch whose pages the budget cannot hold once idle, cached and surplus
 // pages are given back (ErrOutOfMemory, naming the sequence): a refusal
 // changes nothing.
-func (c *Cache) Step(batch []StepRequest) ([]SeqStep, error) {
+func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	what := func() string { return fmt.Sprintf("kvcache: step of %d sequences", len(batch)) }
 	if err := c.made(what); err != nil {
 		return nil, err
@@ -101,14 +104,22 @@ func (c *Cache) Step(batch []StepRequest) ([]SeqStep, error) {
 	if c.closed {
 		return nil, errCacheClosed(what)
 	}
-	plan := make([]stepPlan, len(batch))
+	plan := slices.Grow(c.stepPlan[:0], len(batch))[:len(batch)]
+	defer func() {
+		clear(plan) // no sequence or token kept alive by the scratch
+		c.stepPlan = plan[:0]
+	}()
+	sorted := true
 	for i, r := range batch {
 		if r.Seq == nil || r.Seq.c != c {
 			return nil, errors.Wrapf(driver.ErrInvalid, "%s: request %d: not a sequence of this cache", what(), i)
 		}
-		plan[i] = stepPlan{i: i, s: r.Seq, tokens: r.Tokens}
+		plan[i] = stepPlan{i: i, slot: r.Seq.sl.idx, s: r.Seq, tokens: r.Tokens}
+		sorted = sorted && (i == 0 || plan[i-1].slot <= plan[i].slot)
 	}
-	slices.SortFunc(plan, func(a, b stepPlan) int { return a.s.sl.idx - b.s.sl.idx })
+	if !sorted { // an engine that keeps its batch in slot order skips this
+		slices.SortFunc(plan, func(a, b stepPlan) int { return a.slot - b.slot })
+	}
 	for k := 1; k < len(plan); k++ {
 		if plan[k].s == plan[k-1].s {
 			return nil, errors.Wrapf(driver.ErrInvalid, "%s: requests %d and %d are of the same sequence (slot %d): one request a sequence",
@@ -143,7 +154,7 @@ func (c *Cache) Step(batch []StepRequest) ([]SeqStep, error) {
 			c.wantAheadLocked(s.sl)
 		}
 	}
-	out := make([]SeqStep, len(batch))
+	out := slices.Grow(into[:0], len(batch))[:len(batch)]
 	for k := range plan {
 		p := &plan[k]
 		st := Step{Pos: p.pos, N: len(p.tokens)}

@@ -63,7 +63,7 @@ func (m *model) step(t *testing.T, c *Cache, o op, fresh *int, maxCtx int, onSim
 		}
 		reqs[k] = StepRequest{Seq: s.real, Tokens: more, Views: !onSim}
 	}
-	got, err := c.Step(reqs)
+	got, err := c.Step(reqs, nil)
 	step += fmt.Sprintf(" (a step of %d sequences)", len(batch))
 	if bad != nil || tooLong {
 		requireIs(t, err, driver.ErrInvalid, step)
@@ -160,7 +160,7 @@ func TestStepIsAppends(t *testing.T) {
 						next++
 					}
 					if useStep {
-						got, err := c.Step(reqs)
+						got, err := c.Step(reqs, nil)
 						require.NoError(t, err)
 						for k, r := range got {
 							writeStep(t, r.Step, toks[k], 0)
@@ -235,23 +235,23 @@ func TestStepRefusals(t *testing.T) {
 		// pages (16 tokens), b 4: the second does not fit.
 		{"out of memory", []StepRequest{{Seq: a, Tokens: make([]int, 16)}, {Seq: b, Tokens: make([]int, 16)}}, driver.ErrOutOfMemory},
 	} {
-		got, err := c.Step(tc.batch)
+		got, err := c.Step(tc.batch, nil)
 		requireIs(t, err, tc.want, tc.name)
 		require.Nil(t, got, tc.name)
 		require.Equal(t, before, c.Stats(), tc.name)
 		require.Equal(t, lens, []int{a.Len(), b.Len(), p.Len()}, tc.name)
 		require.NoError(t, c.Check(), tc.name)
 	}
-	_, err = c.Step([]StepRequest{{Seq: a, Tokens: make([]int, 16)}, {Seq: b, Tokens: make([]int, 16)}})
+	_, err = c.Step([]StepRequest{{Seq: a, Tokens: make([]int, 16)}, {Seq: b, Tokens: make([]int, 16)}}, nil)
 	require.ErrorContains(t, err, fmt.Sprintf("the sequence in slot %d (request 1", b.Slot()), "the error names the sequence past the budget")
-	got, err := c.Step(nil)
+	got, err := c.Step(nil, nil)
 	require.NoError(t, err, "a step of nothing")
 	require.Empty(t, got)
 	require.Equal(t, before, c.Stats())
 	require.NoError(t, c.Close())
-	_, err = c.Step([]StepRequest{{Seq: a, Tokens: []int{1}}})
+	_, err = c.Step([]StepRequest{{Seq: a, Tokens: []int{1}}}, nil)
 	requireIs(t, err, driver.ErrClosed, "closed")
-	_, err = (*Cache)(nil).Step(nil)
+	_, err = (*Cache)(nil).Step(nil, nil)
 	requireIs(t, err, driver.ErrInvalid, "nil cache")
 }
 
@@ -285,7 +285,7 @@ func TestStepMapAhead(t *testing.T) {
 					toks[k] = append(toks[k], next)
 					next++
 				}
-				got, err := c.Step(reqs)
+				got, err := c.Step(reqs, nil)
 				require.NoError(t, err)
 				for k, r := range got {
 					writeStep(t, r.Step, toks[k], 0)
