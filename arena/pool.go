@@ -171,6 +171,16 @@ func (p *Pool) takeFor(s *Sparse, dev driver.DeviceID, size uint64) *physical.Ch
 	return c
 }
 
+// count is how many chunks of dev and size the pool keeps.
+func (p *Pool) count(dev driver.DeviceID, size uint64) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0
+	}
+	return len(p.free[poolKey{dev, size}])
+}
+
 // take hands out a kept chunk of dev and size, if there is one.
 func (p *Pool) take(dev driver.DeviceID, size uint64) *physical.Chunk {
 	p.mu.Lock()

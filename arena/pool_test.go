@@ -86,3 +86,29 @@ func TestPoolRefusals(t *testing.T) {
 	require.NoError(t, p.Close())
 	require.NoError(t, other.Close())
 }
+
+// TestPoolFullDevice: on a device the pool's chunks fill, a commit of
+// what the pool holds succeeds (no new memory), and one past it is
+// refused as before, changing nothing.
+func TestPoolFullDevice(t *testing.T) { onEveryDriver(t, poolFullDevice) }
+
+func poolFullDevice(t *testing.T, d backend) {
+	e := d.env(t, 4*g)
+	p, err := NewPool(e.mem, 4*g)
+	require.NoError(t, err)
+	a := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Pool: p})
+	b := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Pool: p})
+	require.NoError(t, a.Commit(0, 4*g))
+	require.NoError(t, a.Decommit(0, 4*g))
+	require.Equal(t, 4*g, e.used(t, 0), "the device is full of pooled chunks")
+	drivertest.RequireIs(t, b.Commit(0, 5*g), driver.ErrOutOfMemory)
+	require.Equal(t, 4*g, p.Bytes(), "a refused commit takes nothing")
+	require.Zero(t, b.Committed())
+	require.NoError(t, b.Commit(0, 4*g))
+	require.Equal(t, 4, b.Stats().Reused)
+	require.Zero(t, b.Stats().Creates)
+	require.NoError(t, b.Close())
+	require.NoError(t, a.Close())
+	require.NoError(t, p.Close())
+	require.Zero(t, e.used(t, 0))
+}

@@ -579,6 +579,7 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 	free := s.freeInto(s.scratch.free[:0])
 	defer func() { s.scratch.free = free[:0] }()
 	pieces := s.scratch.pieces[:0]
+	var taken []sizeCount // the pooled chunks the plan takes, by size
 	var asked uint64
 	for _, h := range holes {
 		asked += h.size()
@@ -600,6 +601,11 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 			s.scratch.parts = parts[:0]
 		}
 		for _, p := range parts {
+			// A chunk the pool holds for the device is no new memory.
+			if d, ok := s.fromPoolLocked(p.size(), &taken); ok {
+				pieces = append(pieces, piece{p.start, p.size(), d})
+				continue
+			}
 			dev, err := s.chooseLocked(p.start, p.size(), free)
 			if err != nil {
 				return pieces, errors.WithHint(
@@ -611,6 +617,33 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 		}
 	}
 	return pieces, nil
+}
+
+// sizeCount is a number of chunks of one size.
+type sizeCount struct {
+	size uint64
+	n    int
+}
+
+// fromPoolLocked reports whether a chunk of size bytes on the range's one
+// device (a range with a placement of several devices counts no pooled
+// chunk in its plan) is left in the pool after those the plan has taken
+// (taken, which it counts it in).
+func (s *Sparse) fromPoolLocked(size uint64, taken *[]sizeCount) (driver.DeviceID, bool) {
+	o, ok := s.opts.Placement.(oneDevice)
+	if s.opts.Pool == nil || !ok {
+		return 0, false
+	}
+	i := slices.IndexFunc(*taken, func(t sizeCount) bool { return t.size == size })
+	if i < 0 {
+		*taken = append(*taken, sizeCount{size, s.opts.Pool.count(o.dev, size)})
+		i = len(*taken) - 1
+	}
+	if (*taken)[i].n == 0 {
+		return 0, false
+	}
+	(*taken)[i].n--
+	return o.dev, true
 }
 
 // checkCut checks that parts tile h with whole chunks, in order.

@@ -127,6 +127,9 @@ type model struct {
 	seqs   []*mseq
 	pages  int
 	budget int // pages
+	// pooled is the page pool: pages decommitted and kept for the next
+	// commits, within the budget beside pages.
+	pooled int
 	tick   int
 	// The prefix store: listed units by key and in listing order, cached
 	// units in LRU order (least recently used first).
@@ -144,6 +147,21 @@ func (m *model) up() int { return m.g.unitPages() }
 
 func (m *model) free() int { return m.budget - m.pages }
 
+// release gives n pages back: to the pool, up to the budget.
+func (m *model) release(n int) {
+	m.pages -= n
+	m.pooled += n
+}
+
+// take commits n pages: from the pool first.
+func (m *model) take(n int) {
+	m.pages += n
+	m.pooled -= min(m.pooled, n)
+}
+
+// trim is SetBudget's: the pool fits beside the pages in use.
+func (m *model) trim() { m.pooled = min(m.pooled, max(m.budget-m.pages, 0)) }
+
 // ownedFrom counts the units of sl from u on that it owns.
 func (m *model) ownedFrom(sl *mslot, u int) (n int) {
 	for _, o := range sl.owned[u:] {
@@ -160,7 +178,7 @@ func (m *model) drop(sl *mslot, u int) {
 	switch {
 	case sl.owned[u]:
 		sl.owned[u] = false
-		m.pages -= m.up()
+		m.release(m.up())
 	case sl.borrowed[u] != nil:
 		mu := sl.borrowed[u]
 		sl.borrowed[u] = nil
@@ -170,7 +188,7 @@ func (m *model) drop(sl *mslot, u int) {
 			if mu.listed {
 				m.lru = append(m.lru, mu)
 			} else {
-				m.pages -= m.up()
+				m.release(m.up())
 			}
 		}
 	}
@@ -261,7 +279,7 @@ func (m *model) evict(need int) {
 		mu := m.lru[0]
 		m.lru = m.lru[1:]
 		m.unlist(mu)
-		m.pages -= m.up()
+		m.release(m.up())
 	}
 }
 
@@ -313,7 +331,7 @@ func (m *model) back(s *mseq, need int) ([]int, bool) {
 		} else {
 			sl.owned[u] = true
 		}
-		m.pages += m.up()
+		m.take(m.up())
 	}
 	return todo, true
 }
@@ -757,6 +775,7 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 					want = append(want, x.real)
 				}
 			}
+			m.trim()
 			require.Equal(t, want, got, step)
 			r.preempts += len(want)
 		}
@@ -764,7 +783,8 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 		require.NoError(t, c.Check(), step)
 		st := c.Stats()
 		require.Equal(t, m.pages, st.PagesCommitted, step)
-		require.Equal(t, uint64(m.pages)*page, e.used(t), step)
+		require.Equal(t, m.pooled, st.PooledPages, step)
+		require.Equal(t, uint64(m.pages+m.pooled)*page, e.used(t), step)
 		require.Equal(t, len(m.lru)*m.up(), st.CachedPages, step)
 		require.Equal(t, m.copies, st.Copies, step)
 		idle, surplus, tokens := 0, 0, 0

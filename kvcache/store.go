@@ -115,7 +115,7 @@ func (c *Cache) openStore(capacity uint64) error {
 		return nil
 	}
 	s, err := arena.NewSparse(c.space, c.mem, arena.SparseOptions{
-		Max: uint64(n) * sub, ChunkSize: g.page, MaxChunk: g.unitBytes, Device: c.cfg.Device,
+		Max: uint64(n) * sub, ChunkSize: g.page, MaxChunk: g.unitBytes, Device: c.cfg.Device, Pool: c.pool,
 	})
 	if err != nil {
 		return errors.Wrapf(err, "kvcache: new cache: the prefix store of %d units of %s", n, units.Bytes(sub))
