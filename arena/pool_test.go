@@ -3,6 +3,7 @@ package arena
 import (
 	"testing"
 
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"

@@ -10,7 +10,10 @@ import (
 
 // TestDriverCalls counts the driver calls, by kind, of admitting a
 // sequence whose prompt's whole units the prefix store holds, of its
-// Free, and of a preemption.
+// Free, and of a preemption: a map and an unmap a page (one call a
+// mapping on CUDA and AscendCL), access granted once a region and run
+// (the borrow's, then the read-only grant of the shared units, and a
+// commit's), and no release or create where the page pool serves.
 func TestDriverCalls(t *testing.T) {
 	for _, layout := range []Layout{PerLayer, TokenMajor} {
 		t.Run(layout.String(), func(t *testing.T) {
@@ -33,10 +36,17 @@ func TestDriverCalls(t *testing.T) {
 			require.NoError(t, err)
 			t1 := at()
 			t.Logf("admit, %d tokens borrowed: %+v", b.Matched(), t1.Sub(t0))
+			regions := uint64(c.g.regions)
+			shared := uint64(c.UnitsFor(b.Matched()))
+			require.Positive(t, shared)
+			require.GreaterOrEqual(t, t1.Sub(t0).Map, shared*regions, "a map a page")
+			require.LessOrEqual(t, t1.Sub(t0).SetAccess, 3*regions, "access once a region and run, not a page")
 			require.NoError(t, b.MarkWritten(b.Len()))
 			require.NoError(t, b.Free())
 			t2 := at()
 			t.Logf("free: %+v", t2.Sub(t1))
+			require.Zero(t, t2.Sub(t1).Release)
+			require.Zero(t, t2.Sub(t1).SetAccess)
 			s, err := c.Admit(append(prompt, 4, 5), 0)
 			require.NoError(t, err)
 			_, err = s.Append(append(prompt, 4, 5)[s.Len():])
@@ -45,6 +55,9 @@ func TestDriverCalls(t *testing.T) {
 			require.NoError(t, s.Preempt(Drop))
 			t4 := at()
 			t.Logf("admit again: %+v; preempt: %+v", t3.Sub(t2), t4.Sub(t3))
+			require.Zero(t, t3.Sub(t2).Create, "the idle slot's pages and the pool serve")
+			require.LessOrEqual(t, t3.Sub(t2).SetAccess, 3*regions)
+			require.Zero(t, t4.Sub(t3).Release, "a preemption's pages go to the pool")
 			require.NoError(t, s.Free())
 			require.NoError(t, c.Close())
 		})

@@ -316,17 +316,23 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 }
 
 // borrowRunLocked maps store units sus at units u0, u0+1, ... of sl:
-// side by side in the store and one region each, in one arena call; one
-// borrow per region and unit otherwise. It returns how many it mapped
-// (all unless it fails; those it mapped are in the books).
+// side by side in the store and one region each, in one arena call; with
+// several regions, one arena call a region (arena.Sparse.BorrowEach: a
+// unit's page of that region from each store unit, a store unit apart),
+// whose access is granted over the run in one driver call. It returns how
+// many it mapped (all unless it fails; those it mapped are in the books).
 func (c *Cache) borrowRunLocked(sl *slot, u0 int, sus []*storeUnit) (int, error) {
 	if c.g.regions > 1 {
-		for i, su := range sus {
-			if err := c.borrowLocked(sl, u0+i, su); err != nil {
-				return i, err
+		switch len(sus) {
+		case 0:
+			return 0, nil
+		case 1:
+			if err := c.borrowLocked(sl, u0, sus[0]); err != nil {
+				return 0, err
 			}
+			return 1, nil
 		}
-		return len(sus), nil
+		return c.borrowEachLocked(sl, u0, sus)
 	}
 	for i := 0; i < len(sus); {
 		j := i + 1
@@ -363,6 +369,35 @@ func (c *Cache) dropSpareLocked() error {
 		c.ps.free = append(c.ps.free, idx)
 	}
 	return errs
+}
+
+// borrowEachLocked maps store units sus at units u0, u0+1, ... of sl in
+// every region, one arena call a region. On failure nothing changed.
+func (c *Cache) borrowEachLocked(sl *slot, u0 int, sus []*storeUnit) (int, error) {
+	g := c.g
+	offs := make([]uint64, len(sus))
+	n := uint64(len(sus)) * g.unitBytes
+	for r := 0; r < g.regions; r++ {
+		for i, su := range sus {
+			offs[i] = c.storeOff(su.idx, r)
+		}
+		if err := c.slots.BorrowEach(c.slotOff(sl, r, u0), c.ps.s, offs); err != nil {
+			var undo error
+			for q := 0; q < r; q++ {
+				undo = errors.CombineErrors(undo, c.slots.Decommit(c.slotOff(sl, q, u0), n))
+			}
+			if undo != nil {
+				err = errors.CombineErrors(err, errors.WithAssertionFailure(undo))
+			}
+			return 0, errors.Wrapf(err, "kvcache: map prefix store units %d to %d at units [%d, %d) of slot %d",
+				sus[0].idx, sus[len(sus)-1].idx, u0, u0+len(sus), sl.idx)
+		}
+	}
+	c.counts.borrows += g.regions
+	for i, su := range sus {
+		c.borrowedLocked(sl, u0+i, su)
+	}
+	return len(sus), nil
 }
 
 // borrowLocked maps store unit su at unit u of sl, one borrow per region.
