@@ -3,7 +3,6 @@ package arena
 import (
 	"testing"
 
-
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
