@@ -112,8 +112,11 @@ func (d *decodeBench) appends(b *testing.B, toks []int) {
 // books' own CPU: the mapping-ahead goroutine's commits run on another
 // thread, as they would beside a GPU step). Reported: the CPU a step
 // takes at each context, as ns and as a share of a 15 ms GPU step
-// (target ≤ 1%), the 32k ÷ 1k ratio (target ≤ 1.2), and the step API's
-// CPU over the Appends'. Every 256 rounds the sequences are freed and
+// (target ≤ 1%), the 32k ÷ 1k ratio (target ≤ 1.2), the step API's CPU
+// over the Appends', and the sequences a step found without their next
+// page (step-waits: the mapper behind, the step committing it itself on
+// this thread — on a loaded machine, more at 32k, where a commit walks
+// larger books). Every 256 rounds the sequences are freed and
 // admitted again, untimed, so the contexts stay within 512 tokens of
 // 1k and 32k. The 32k cache holds 256 × 32k tokens of distinct prompts:
 // 1 TiB of sim memory, half a million 2 MiB pages in the books.
@@ -136,6 +139,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 	reqs := make([]StepRequest, seqs)
 	toks := make([]int, seqs)
 	stepCPU := make([]time.Duration, len(contexts))
+	stepWaits := make([]int, len(contexts))
 	appendCPU := make([]time.Duration, len(contexts))
 	round := 0
 	b.ResetTimer()
@@ -154,11 +158,14 @@ func BenchmarkDecodeStep(b *testing.B) {
 			i := (j + round) % len(benches)
 			d := benches[i]
 			for o := range 2 {
-				t0 := threadCPU()
 				if (o+round)%2 == 0 {
+					w := d.c.Stats().Waits
+					t0 := threadCPU()
 					d.step(b, reqs, toks)
 					stepCPU[i] += threadCPU() - t0
+					stepWaits[i] += d.c.Stats().Waits - w
 				} else {
+					t0 := threadCPU()
 					d.appends(b, toks)
 					appendCPU[i] += threadCPU() - t0
 				}
@@ -173,6 +180,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 		b.ReportMetric(float64(stepCPU[i]/n), "step-cpu-ns/"+k)
 		b.ReportMetric(float64(appendCPU[i]/n), "appends-cpu-ns/"+k)
 		b.ReportMetric(100*float64(stepCPU[i]/n)/float64(gpuStep), "step-%-of-15ms/"+k)
+		b.ReportMetric(float64(stepWaits[i])/float64(round), "step-waits/"+k)
 	}
 	b.ReportMetric(float64(stepCPU[last])/float64(stepCPU[0]), "step-ratio-32k/1k")
 	b.ReportMetric(float64(appendCPU[last])/float64(appendCPU[0]), "appends-ratio-32k/1k")
