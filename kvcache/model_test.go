@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -128,8 +129,9 @@ type model struct {
 	pages  int
 	budget int // pages
 	// pooled is the page pool: pages decommitted and kept for the next
-	// commits, within the budget beside pages.
-	pooled int
+	// commits, within the budget beside pages; created counts the pages
+	// commits created (what the pool did not hold).
+	pooled, created int
 	tick   int
 	// The prefix store: listed units by key and in listing order, cached
 	// units in LRU order (least recently used first).
@@ -155,6 +157,7 @@ func (m *model) release(n int) {
 
 // take commits n pages: from the pool first.
 func (m *model) take(n int) {
+	m.created += max(n-m.pooled, 0)
 	m.pages += n
 	m.pooled -= min(m.pooled, n)
 }
@@ -603,7 +606,18 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 			fits, err := c.CanAdmit(prompt, o.extra, out)
 			require.NoError(t, err, step)
 			require.Equal(t, m.canAdmit(prompt, o.extra, out, cfg.MaxContext), fits, step)
+			var grants0 uint64
+			sd, _ := e.drv.(*sim.Driver)
+			if sd != nil {
+				grants0 = sd.Tally().Total().SetAccess
+			}
 			real, err := c.Admit(prompt, o.extra)
+			if sd != nil {
+				// Batched access: the shared units' borrow and read-only
+				// grant, and a partly shared unit's commit (and borrow),
+				// each once a region, however many units match.
+				require.LessOrEqual(t, sd.Tally().Total().SetAccess-grants0, uint64(3*c.g.regions+1), step)
+			}
 			pick := -1
 			for k, sl := range m.slots {
 				if sl.seq == nil && (pick < 0 || m.ownedFrom(sl, 0) > m.ownedFrom(m.slots[pick], 0)) {
@@ -784,6 +798,10 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 		st := c.Stats()
 		require.Equal(t, m.pages, st.PagesCommitted, step)
 		require.Equal(t, m.pooled, st.PooledPages, step)
+		if sd, ok := e.drv.(*sim.Driver); ok {
+			// Page reuse: a commit creates only what the pool lacks.
+			require.Equal(t, uint64(m.created), sd.Tally().Total().Create, step)
+		}
 		require.Equal(t, uint64(m.pages+m.pooled)*page, e.used(t), step)
 		require.Equal(t, len(m.lru)*m.up(), st.CachedPages, step)
 		require.Equal(t, m.copies, st.Copies, step)

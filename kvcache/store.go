@@ -315,23 +315,27 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 	return n, err
 }
 
-// borrowRunLocked maps store units sus at units u0, u0+1, ... of sl:
-// side by side in the store and one region each, in one arena call; with
-// several regions, one arena call a region (arena.Sparse.BorrowEach: a
-// unit's page of that region from each store unit, a store unit apart),
-// whose access is granted over the run in one driver call. It returns how
+// borrowRunLocked maps store units sus at units u0, u0+1, ... of sl in
+// one arena call a region, whose access is granted over the run in one
+// driver call: arena.Sparse.Borrow for units side by side in the store
+// (one region each), arena.Sparse.BorrowEach otherwise (the units a
+// store unit apart, or scattered). It returns how
 // many it mapped (all unless it fails; those it mapped are in the books).
 func (c *Cache) borrowRunLocked(sl *slot, u0 int, sus []*storeUnit) (int, error) {
+	if len(sus) == 0 {
+		return 0, nil
+	}
 	if c.g.regions > 1 {
-		switch len(sus) {
-		case 0:
-			return 0, nil
-		case 1:
+		if len(sus) == 1 {
 			if err := c.borrowLocked(sl, u0, sus[0]); err != nil {
 				return 0, err
 			}
 			return 1, nil
 		}
+		return c.borrowEachLocked(sl, u0, sus)
+	}
+	if !slices.IsSortedFunc(sus, func(a, b *storeUnit) int { return a.idx - b.idx }) || sus[len(sus)-1].idx-sus[0].idx != len(sus)-1 {
+		// Not side by side in the store: one call all the same.
 		return c.borrowEachLocked(sl, u0, sus)
 	}
 	for i := 0; i < len(sus); {
