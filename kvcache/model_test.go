@@ -132,7 +132,7 @@ type model struct {
 	// commits, within the budget beside pages; created counts the pages
 	// commits created (what the pool did not hold).
 	pooled, created int
-	tick   int
+	tick            int
 	// The prefix store: listed units by key and in listing order, cached
 	// units in LRU order (least recently used first).
 	sharing bool
