@@ -23,7 +23,7 @@ func borrowEach(t *testing.T, d backend) {
 	require.NoError(t, lender.Write(0, 3*g, []byte("three")))
 	require.NoError(t, lender.Write(0, 1*g, []byte("one")))
 	grants := s.Stats().Grants
-	require.NoError(t, s.BorrowEach(2*g, lender, []uint64{3 * g, 1 * g}))
+	require.NoError(t, s.BorrowEach(2*g, lender, []uint64{3 * g, 1 * g}, driver.AccessReadWrite))
 	st := s.Stats()
 	require.Equal(t, grants+1, st.Grants, "one grant for the run")
 	require.Equal(t, 1, st.MapEvents)
@@ -42,14 +42,15 @@ func borrowEach(t *testing.T, d backend) {
 		err  error
 		want error
 	}{
-		{"none", s.BorrowEach(0, lender, nil), driver.ErrInvalid},
-		{"not a chunk's start", s.BorrowEach(0, lender, []uint64{0, g / 2}), driver.ErrMisaligned},
-		{"nothing there", s.BorrowEach(0, lender, []uint64{0, 6 * g}), driver.ErrNotMapped},
-		{"itself", s.BorrowEach(0, s, []uint64{2 * g}), driver.ErrInvalid},
-		{"nil lender", s.BorrowEach(0, nil, []uint64{0}), driver.ErrInvalid},
-		{"over the borrowed run", s.BorrowEach(g, lender, []uint64{0, 2 * g}), driver.ErrOverlap},
-		{"past the end", s.BorrowEach(7*g, lender, []uint64{0, 2 * g}), driver.ErrNotReserved},
-		{"a borrowed chunk", lender.BorrowEach(6*g, s, []uint64{2 * g}), driver.ErrInvalid},
+		{"none", s.BorrowEach(0, lender, nil, driver.AccessReadWrite), driver.ErrInvalid},
+		{"not a chunk's start", s.BorrowEach(0, lender, []uint64{0, g / 2}, driver.AccessReadWrite), driver.ErrMisaligned},
+		{"nothing there", s.BorrowEach(0, lender, []uint64{0, 6 * g}, driver.AccessReadWrite), driver.ErrNotMapped},
+		{"itself", s.BorrowEach(0, s, []uint64{2 * g}, driver.AccessReadWrite), driver.ErrInvalid},
+		{"nil lender", s.BorrowEach(0, nil, []uint64{0}, driver.AccessReadWrite), driver.ErrInvalid},
+		{"over the borrowed run", s.BorrowEach(g, lender, []uint64{0, 2 * g}, driver.AccessReadWrite), driver.ErrOverlap},
+		{"past the end", s.BorrowEach(7*g, lender, []uint64{0, 2 * g}, driver.AccessReadWrite), driver.ErrNotReserved},
+		{"a borrowed chunk", lender.BorrowEach(6*g, s, []uint64{2 * g}, driver.AccessReadWrite), driver.ErrInvalid},
+		{"no access", s.BorrowEach(0, lender, []uint64{0}, driver.AccessNone), driver.ErrInvalid},
 	} {
 		if errors.Is(tc.want, driver.ErrMisaligned) && tc.err != nil && errors.Is(tc.err, driver.ErrNotMapped) {
 			tc.want = driver.ErrNotMapped // an offset inside a chunk starts none
@@ -58,6 +59,13 @@ func borrowEach(t *testing.T, d backend) {
 		require.Equal(t, before, s.Stats(), tc.name)
 		require.Equal(t, lenderBefore, lender.Stats(), tc.name)
 	}
+	require.NoError(t, s.BorrowEach(5*g, lender, []uint64{0}, driver.AccessRead), "read-only")
+	acc, err := s.AccessAt(0, 5*g)
+	require.NoError(t, err)
+	require.Equal(t, driver.AccessRead, acc)
+	require.Equal(t, grants+2, s.Stats().Grants, "read-only in the borrow's one grant")
+	require.NoError(t, s.Check())
+	require.NoError(t, s.Decommit(5*g, g))
 	require.NoError(t, lender.Decommit(0, g), "a refused borrow pinned nothing")
 	require.NoError(t, s.Decommit(2*g, 2*g))
 	require.NoError(t, lender.Decommit(0, 4*g))

@@ -62,7 +62,7 @@ func (s *Sparse) Borrow(off uint64, lender *Sparse, lenderOff, n uint64) error {
 	if err != nil {
 		return err
 	}
-	return s.mapBorrowed(what, off, lender, lent)
+	return s.mapBorrowed(what, off, lender, lent, driver.AccessReadWrite)
 }
 
 // checkLender refuses, for Borrow and BorrowEach, a range or lender not
@@ -101,15 +101,19 @@ func lendable(what func() string, it *ranges.Item[uint64, *slot], cs uint64) err
 
 // BorrowEach is Borrow of chunks that need not lie side by side in
 // lender: it maps the chunks lender owns starting at each of lenderOffs,
-// in that order, side by side in s from off, with s's access granted over
-// the whole run in one driver call a device (one map call a chunk, as
-// always). The KV cache maps a page of each of a prompt's prefix store
-// units, which lie a unit apart in the store, into one layer's region.
+// in that order, side by side in s from off, with s's access — at most
+// most: AccessRead maps them read-only for every device the range lets
+// write — granted over the whole run in one driver call a device (one map
+// call a chunk, as always). The KV cache maps a page of each of a
+// prompt's prefix store units, which lie a unit apart in the store, into
+// one layer's region, read-only, in one map event and one grant.
 //
-// It refuses, changing nothing in either range, what Borrow refuses, and
-// an offset of lenderOffs where no chunk lender owns starts (ErrNotMapped)
-// or none at all (ErrInvalid). One map event.
-func (s *Sparse) BorrowEach(off uint64, lender *Sparse, lenderOffs []uint64) error {
+// It refuses, changing nothing in either range, what Borrow refuses, an
+// offset of lenderOffs where no chunk lender owns starts (ErrNotMapped)
+// or none at all (ErrInvalid), a most that is neither AccessRead nor
+// AccessReadWrite (ErrInvalid), and read-only access on a driver that
+// cannot grant it (the driver's error, ErrUnsupported). One map event.
+func (s *Sparse) BorrowEach(off uint64, lender *Sparse, lenderOffs []uint64, most driver.Access) error {
 	what := func() string {
 		return fmt.Sprintf("arena: borrow %d chunk(s) of another range at offset %#x", len(lenderOffs), off)
 	}
@@ -118,6 +122,9 @@ func (s *Sparse) BorrowEach(off uint64, lender *Sparse, lenderOffs []uint64) err
 	}
 	if len(lenderOffs) == 0 {
 		return errors.Wrapf(driver.ErrInvalid, "%s: no chunk named", what())
+	}
+	if most != driver.AccessRead && most != driver.AccessReadWrite {
+		return errors.Wrapf(driver.ErrInvalid, "%s: access at most %s: read or read-write", what(), most)
 	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
@@ -128,7 +135,7 @@ func (s *Sparse) BorrowEach(off uint64, lender *Sparse, lenderOffs []uint64) err
 	if err != nil {
 		return err
 	}
-	return s.mapBorrowed(what, off, lender, lent)
+	return s.mapBorrowed(what, off, lender, lent, most)
 }
 
 // pinEach pins, for a borrower whose chunk size is cs, the chunks the
@@ -224,15 +231,15 @@ func (s *Sparse) borrow(off uint64, lender *Sparse, srcOffs []uint64) error {
 	if err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
-	return s.mapBorrowed(what, off, lender, lent)
+	return s.mapBorrowed(what, off, lender, lent, driver.AccessReadWrite)
 }
 
 // mapBorrowed is mapBorrowedLocked under s's mu (the caller holds its
 // ops), checked after in invariants builds.
-func (s *Sparse) mapBorrowed(what func() string, off uint64, lender *Sparse, lent []*slot) error {
+func (s *Sparse) mapBorrowed(what func() string, off uint64, lender *Sparse, lent []*slot, most driver.Access) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.mapBorrowedLocked(what, off, lender, lent)
+	err := s.mapBorrowedLocked(what, off, lender, lent, most)
 	if invariants.Enabled {
 		invariants.Fail("arena: borrow", s.checkLocked())
 	}
@@ -240,8 +247,9 @@ func (s *Sparse) mapBorrowed(what func() string, off uint64, lender *Sparse, len
 }
 
 // mapBorrowedLocked maps the pinned slots lent of lender side by side from
-// off. On failure it unmaps what it mapped and unpins them all.
-func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Sparse, lent []*slot) error {
+// off, with the range's access, at most most for every device. On failure
+// it unmaps what it mapped and unpins them all.
+func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Sparse, lent []*slot, most driver.Access) error {
 	made := make([]uint64, 0, len(lent))
 	undo := func(cause error) error {
 		for i := len(made) - 1; i >= 0; i-- {
@@ -263,6 +271,10 @@ func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Spars
 	if holes := s.holesLocked(off, off+total); len(holes) != 1 || holes[0] != (span{off, off + total}) {
 		return undo(errors.Wrapf(driver.ErrOverlap, "%s: [%#x, +%s) is not wholly uncommitted", what(), off, units.Bytes(total)))
 	}
+	access := slices.Clone(s.access)
+	for d := range access {
+		access[d] &= most
+	}
 	slots := make([]*slot, len(lent))
 	at := off
 	for i, l := range lent {
@@ -272,11 +284,11 @@ func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Spars
 		}
 		s.stats.ChunkMaps++
 		made = append(made, at)
-		slots[i] = &slot{c: c, lender: lender, lentFrom: l, access: slices.Clone(s.access)}
+		slots[i] = &slot{c: c, lender: lender, lentFrom: l, access: slices.Clone(access)}
 		at += c.Size()
 	}
-	// The range's access over the whole run, one call a device.
-	if err := s.grantNewLocked(span{off, off + total}); err != nil {
+	// The access over the whole run, one call a device.
+	if err := s.grantRowLocked(span{off, off + total}, access); err != nil {
 		return undo(err)
 	}
 	run := make([]ranges.Item[uint64, *slot], len(slots))

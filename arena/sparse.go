@@ -558,8 +558,11 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 // grantNewLocked grants the range's access over h, newly mapped
 // throughout, one driver call a device with access. The caller unmaps h
 // if it fails (which takes whatever was granted with it).
-func (s *Sparse) grantNewLocked(h span) error {
-	for d, acc := range s.access {
+func (s *Sparse) grantNewLocked(h span) error { return s.grantRowLocked(h, s.access) }
+
+// grantRowLocked is grantNewLocked of access[d] for each device d.
+func (s *Sparse) grantRowLocked(h span, access []driver.Access) error {
+	for d, acc := range access {
 		if acc == driver.AccessNone {
 			continue
 		}

@@ -270,7 +270,8 @@
 // order, and those side by side in the store are committed, and borrowed
 // into a slot, in one arena call per run (per region and run in the
 // PerLayer layout, arena.Sparse.BorrowEach: the access of the run granted
-// in one driver call a region); at Free a run of borrowed units goes back
+// in one driver call a region, read-only for a match's shared units in
+// that same call); at Free a run of borrowed units goes back
 // in one decommit per region. Maps and unmaps stay one driver call a page:
 // cuMemMap maps one handle, and cuMemUnmap (like aclrtUnmapMem) takes the
 // whole range one map made. A

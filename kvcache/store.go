@@ -332,11 +332,11 @@ func (c *Cache) borrowRunLocked(sl *slot, u0 int, sus []*storeUnit) (int, error)
 			}
 			return 1, nil
 		}
-		return c.borrowEachLocked(sl, u0, sus)
+		return c.borrowEachLocked(sl, u0, sus, driver.AccessReadWrite)
 	}
 	if !slices.IsSortedFunc(sus, func(a, b *storeUnit) int { return a.idx - b.idx }) || sus[len(sus)-1].idx-sus[0].idx != len(sus)-1 {
 		// Not side by side in the store: one call all the same.
-		return c.borrowEachLocked(sl, u0, sus)
+		return c.borrowEachLocked(sl, u0, sus, driver.AccessReadWrite)
 	}
 	for i := 0; i < len(sus); {
 		j := i + 1
@@ -375,9 +375,28 @@ func (c *Cache) dropSpareLocked() error {
 	return errs
 }
 
+// borrowSharedLocked maps a match's store units sus at units 0, 1, ...
+// of sl, read-only where the cache protects shared units — in the
+// borrow's own grant, one driver call a region, not a borrow and then a
+// read-only grant — and reports whether it did. A driver that cannot
+// grant read-only access gets them writable (and the cache stops
+// asking: protectSharedLocked's fallback).
+func (c *Cache) borrowSharedLocked(sl *slot, sus []*storeUnit) (n int, readOnly bool, err error) {
+	if c.protects && len(sus) > 0 {
+		n, err = c.borrowEachLocked(sl, 0, sus, driver.AccessRead)
+		if !errors.Is(err, driver.ErrUnsupported) {
+			return n, err == nil, err
+		}
+		c.protects = false // nothing was mapped
+	}
+	n, err = c.borrowRunLocked(sl, 0, sus)
+	return n, false, err
+}
+
 // borrowEachLocked maps store units sus at units u0, u0+1, ... of sl in
-// every region, one arena call a region. On failure nothing changed.
-func (c *Cache) borrowEachLocked(sl *slot, u0 int, sus []*storeUnit) (int, error) {
+// every region, one arena call a region, with access at most most. On
+// failure nothing changed.
+func (c *Cache) borrowEachLocked(sl *slot, u0 int, sus []*storeUnit, most driver.Access) (int, error) {
 	g := c.g
 	offs := make([]uint64, len(sus))
 	n := uint64(len(sus)) * g.unitBytes
@@ -385,7 +404,7 @@ func (c *Cache) borrowEachLocked(sl *slot, u0 int, sus []*storeUnit) (int, error
 		for i, su := range sus {
 			offs[i] = c.storeOff(su.idx, r)
 		}
-		if err := c.slots.BorrowEach(c.slotOff(sl, r, u0), c.ps.s, offs); err != nil {
+		if err := c.slots.BorrowEach(c.slotOff(sl, r, u0), c.ps.s, offs, most); err != nil {
 			var undo error
 			for q := 0; q < r; q++ {
 				undo = errors.CombineErrors(undo, c.slots.Decommit(c.slotOff(sl, q, u0), n))
@@ -684,14 +703,16 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 	// Borrowed, the units are no longer cached: making room for the
 	// copy below cannot evict them. Other sequences read them: they are
 	// read-only to this one.
-	n, err := c.borrowRunLocked(sl, 0, m.units)
+	n, readOnly, err := c.borrowSharedLocked(sl, m.units)
 	for u := range n {
 		backed = append(backed, u)
 	}
 	if err != nil {
 		return undo(errors.Wrapf(err, "%s", what()))
 	}
-	if err := c.protectSharedLocked(what, sl, k); err != nil {
+	if readOnly {
+		sl.shared = k // mapped read-only as they were borrowed
+	} else if err := c.protectSharedLocked(what, sl, k); err != nil {
 		return undo(err)
 	}
 	if p := m.partial; p != nil {
