@@ -16,8 +16,12 @@
 // they cover; access is granted per device, for the whole range (SetAccess)
 // or for a range of chunks (Grant); Move replaces the chunks under a range
 // by chunks on another device at the same addresses; and a range may
-// borrow chunks another range owns (Borrow; stitching, migration, the KV
-// cache's shared prefixes), which pins them there. A view also pins its
+// borrow chunks another range owns (Borrow, or BorrowEach for chunks
+// that are not side by side there; stitching, migration, the KV cache's
+// shared prefixes), which pins them there. Ranges that share a Pool keep
+// the chunks they decommit, unreleased, and commit from them before they
+// create any: a map instead of a create, an unmap instead of a release.
+// A view also pins its
 // chunks against Move and against losing write access (see below). Nothing else in the library reserves, commits or rolls back by
 // itself:
 //

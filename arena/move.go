@@ -45,18 +45,8 @@ func (s *Sparse) Borrow(off uint64, lender *Sparse, lenderOff, n uint64) error {
 	what := func() string {
 		return fmt.Sprintf("arena: borrow [%#x, +%s) of another range at offset %#x", lenderOff, units.Bytes(n), off)
 	}
-	if s == nil || s.res == nil {
-		return errors.Wrapf(driver.ErrInvalid, "%s: the borrowing range is nil or not made by NewSparse", what())
-	}
-	if lender == nil || lender.res == nil {
-		return errors.Wrapf(driver.ErrInvalid, "%s: the lender is nil or not made by NewSparse", what())
-	}
-	if lender == s {
-		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: a range cannot borrow from itself", what()),
-			"map the memory of another range; within one range, commit")
-	}
-	if lender.mem != s.mem {
-		return errors.Wrapf(driver.ErrInvalid, "%s: the lender's chunks are of another physical memory (or driver) than the range's", what())
+	if err := s.checkLender(what, lender); err != nil {
+		return err
 	}
 	if n == 0 {
 		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
@@ -72,13 +62,107 @@ func (s *Sparse) Borrow(off uint64, lender *Sparse, lenderOff, n uint64) error {
 	if err != nil {
 		return err
 	}
+	return s.mapBorrowed(what, off, lender, lent, driver.AccessReadWrite)
+}
+
+// checkLender refuses, for Borrow and BorrowEach, a range or lender not
+// made by NewSparse, s itself as lender, and a lender of another memory.
+func (s *Sparse) checkLender(what func() string, lender *Sparse) error {
+	if s == nil || s.res == nil {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the borrowing range is nil or not made by NewSparse", what())
+	}
+	if lender == nil || lender.res == nil {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the lender is nil or not made by NewSparse", what())
+	}
+	if lender == s {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: a range cannot borrow from itself", what()),
+			"map the memory of another range; within one range, commit")
+	}
+	if lender.mem != s.mem {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the lender's chunks are of another physical memory (or driver) than the range's", what())
+	}
+	return nil
+}
+
+// lendable refuses to lend it, a chunk of the range, to a borrower whose
+// chunk size is cs: one itself borrowed, or not a multiple of cs.
+func lendable(what func() string, it *ranges.Item[uint64, *slot], cs uint64) error {
+	if it.Val.lender != nil {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrInvalid, "%s: the lender's chunk at %#x is itself borrowed from another range", what(), it.Start),
+			"borrow it from the range that owns it")
+	}
+	if it.Size()%cs != 0 {
+		return errors.Wrapf(driver.ErrMisaligned, "%s: the lender's chunk at %#x is %s, not a multiple of the borrowing range's chunk size %s",
+			what(), it.Start, units.Bytes(it.Size()), units.Bytes(cs))
+	}
+	return nil
+}
+
+// BorrowEach is Borrow of chunks that need not lie side by side in
+// lender: it maps the chunks lender owns starting at each of lenderOffs,
+// in that order, side by side in s from off, with s's access — at most
+// most: AccessRead maps them read-only for every device the range lets
+// write — granted over the whole run in one driver call a device (one map
+// call a chunk, as always). The KV cache maps a page of each of a
+// prompt's prefix store units, which lie a unit apart in the store, into
+// one layer's region, read-only, in one map event and one grant.
+//
+// It refuses, changing nothing in either range, what Borrow refuses, an
+// offset of lenderOffs where no chunk lender owns starts (ErrNotMapped)
+// or none at all (ErrInvalid), a most that is neither AccessRead nor
+// AccessReadWrite (ErrInvalid), and read-only access on a driver that
+// cannot grant it (the driver's error, ErrUnsupported). One map event.
+func (s *Sparse) BorrowEach(off uint64, lender *Sparse, lenderOffs []uint64, most driver.Access) error {
+	what := func() string {
+		return fmt.Sprintf("arena: borrow %d chunk(s) of another range at offset %#x", len(lenderOffs), off)
+	}
+	if err := s.checkLender(what, lender); err != nil {
+		return err
+	}
+	if len(lenderOffs) == 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: no chunk named", what())
+	}
+	if most != driver.AccessRead && most != driver.AccessReadWrite {
+		return errors.Wrapf(driver.ErrInvalid, "%s: access at most %s: read or read-write", what(), most)
+	}
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	if s.Closed() {
+		return s.errClosed("borrow")
+	}
+	lent, err := lender.pinEach(what, lenderOffs, s.opts.ChunkSize)
+	if err != nil {
+		return err
+	}
+	return s.mapBorrowed(what, off, lender, lent, most)
+}
+
+// pinEach pins, for a borrower whose chunk size is cs, the chunks the
+// range owns starting at offs, and returns their slots; on failure
+// (a named offset no owned chunk starts at) nothing is pinned.
+func (s *Sparse) pinEach(what func() string, offs []uint64, cs uint64) ([]*slot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err = s.mapBorrowedLocked(what, off, lender, lent)
-	if invariants.Enabled {
-		invariants.Fail("arena: borrow", s.checkLocked())
+	if s.closed {
+		return nil, driver.Closed(what() + ": the lender is closed")
 	}
-	return err
+	lent := make([]*slot, len(offs))
+	for i, o := range offs {
+		j, ok := s.slots.Find(o)
+		if !ok || s.slots.At(j).Start != o {
+			return nil, errors.Wrapf(driver.ErrNotMapped, "%s: no chunk of the lender starts at %#x", what(), o)
+		}
+		it := s.slots.At(j)
+		if err := lendable(what, it, cs); err != nil {
+			return nil, err
+		}
+		lent[i] = it.Val
+	}
+	for _, sl := range lent {
+		sl.borrowers.Add(1)
+	}
+	return lent, nil
 }
 
 // checkVacant refuses, for Borrow, a closed range or a span [off, off+n)
@@ -117,14 +201,8 @@ func (s *Sparse) pinRange(what func() string, off, n, cs uint64) ([]*slot, error
 	lent := make([]*slot, 0, hi-lo)
 	for i := lo; i < hi; i++ {
 		it := s.slots.At(i)
-		if it.Val.lender != nil {
-			return nil, errors.WithHint(
-				errors.Wrapf(driver.ErrInvalid, "%s: the lender's chunk at %#x is itself borrowed from another range", what(), it.Start),
-				"borrow it from the range that owns it")
-		}
-		if it.Size()%cs != 0 {
-			return nil, errors.Wrapf(driver.ErrMisaligned, "%s: the lender's chunk at %#x is %s, not a multiple of the borrowing range's chunk size %s",
-				what(), it.Start, units.Bytes(it.Size()), units.Bytes(cs))
+		if err := lendable(what, it, cs); err != nil {
+			return nil, err
 		}
 		lent = append(lent, it.Val)
 	}
@@ -153,9 +231,15 @@ func (s *Sparse) borrow(off uint64, lender *Sparse, srcOffs []uint64) error {
 	if err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
+	return s.mapBorrowed(what, off, lender, lent, driver.AccessReadWrite)
+}
+
+// mapBorrowed is mapBorrowedLocked under s's mu (the caller holds its
+// ops), checked after in invariants builds.
+func (s *Sparse) mapBorrowed(what func() string, off uint64, lender *Sparse, lent []*slot, most driver.Access) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err = s.mapBorrowedLocked(what, off, lender, lent)
+	err := s.mapBorrowedLocked(what, off, lender, lent, most)
 	if invariants.Enabled {
 		invariants.Fail("arena: borrow", s.checkLocked())
 	}
@@ -163,8 +247,9 @@ func (s *Sparse) borrow(off uint64, lender *Sparse, srcOffs []uint64) error {
 }
 
 // mapBorrowedLocked maps the pinned slots lent of lender side by side from
-// off. On failure it unmaps what it mapped and unpins them all.
-func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Sparse, lent []*slot) error {
+// off, with the range's access, at most most for every device. On failure
+// it unmaps what it mapped and unpins them all.
+func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Sparse, lent []*slot, most driver.Access) error {
 	made := make([]uint64, 0, len(lent))
 	undo := func(cause error) error {
 		for i := len(made) - 1; i >= 0; i-- {
@@ -186,6 +271,10 @@ func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Spars
 	if holes := s.holesLocked(off, off+total); len(holes) != 1 || holes[0] != (span{off, off + total}) {
 		return undo(errors.Wrapf(driver.ErrOverlap, "%s: [%#x, +%s) is not wholly uncommitted", what(), off, units.Bytes(total)))
 	}
+	access := slices.Clone(s.access)
+	for d := range access {
+		access[d] &= most
+	}
 	slots := make([]*slot, len(lent))
 	at := off
 	for i, l := range lent {
@@ -195,11 +284,11 @@ func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Spars
 		}
 		s.stats.ChunkMaps++
 		made = append(made, at)
-		slots[i] = &slot{c: c, lender: lender, lentFrom: l, access: slices.Clone(s.access)}
+		slots[i] = &slot{c: c, lender: lender, lentFrom: l, access: slices.Clone(access)}
 		at += c.Size()
 	}
-	// The range's access over the whole run, one call a device.
-	if err := s.grantNewLocked(span{off, off + total}); err != nil {
+	// The access over the whole run, one call a device.
+	if err := s.grantRowLocked(span{off, off + total}, access); err != nil {
 		return undo(err)
 	}
 	run := make([]ranges.Item[uint64, *slot], len(slots))

@@ -49,6 +49,11 @@ type SparseOptions struct {
 	// Shareable creates every chunk shareable: exportable to other
 	// processes (physical.Chunk.Export).
 	Shareable bool
+	// Pool, when set, keeps the chunks a decommit gives back, unreleased,
+	// and a commit maps one of them (of the device and size it needs)
+	// before it creates any: see Pool. It is of the range's physical
+	// memory; not with Shareable.
+	Pool *Pool
 }
 
 // slot is one chunk mapped in a Sparse.
@@ -158,10 +163,13 @@ type SparseStats struct {
 	// counts its segment_map events. UnmapEvents likewise.
 	MapEvents, UnmapEvents int
 	// ChunkMaps and ChunkUnmaps count driver Map and Unmap calls (one per
-	// chunk); Creates and Releases the chunks created and released; Grants
+	// chunk); Creates and Releases the chunks created and released;
+	// Reused and Pooled the chunks a commit took from the pool
+	// (SparseOptions.Pool) and a decommit gave it; Grants
 	// the driver SetAccess calls that gave new mappings the range's access
 	// (one a device and map event).
 	ChunkMaps, ChunkUnmaps, Creates, Releases, Grants int
+	Reused, Pooled                                    int
 	// Decommits counts Decommit calls that gave memory back, and
 	// DecommittedBytes the memory they gave.
 	Decommits        int
@@ -246,6 +254,13 @@ func NewSparse(space *vaspace.Space, mem *physical.Memory, opts SparseOptions) (
 			return nil, err
 		}
 		access[d] = driver.AccessReadWrite
+	}
+	if opts.Pool != nil && (opts.Pool.unmade() || opts.Pool.mem != mem) {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the pool is not one of the range's physical memory (made by NewPool of it?)", what())
+	}
+	if opts.Pool != nil && opts.Shareable {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: a range of shareable chunks cannot pool them", what()),
+			"leave Pool nil for a shareable range: an exported chunk is named by its handle")
 	}
 	if opts.Shareable && !drv.Supports(driver.FeatureShareable) {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no shareable chunks", what(), drv.Name())
@@ -409,7 +424,8 @@ func (s *Sparse) holesInto(holes []span, start, end uint64) []span {
 // it was; the error names what was asked and what each device had.
 //
 // Each uncommitted stretch is one map event: its chunks, at most MaxChunk
-// each, are created and mapped one by one (a driver creates and maps one
+// each, are taken from the pool (SparseOptions.Pool) or created, and
+// mapped one by one (a driver creates and maps one
 // handle a call), then each device named in the range's access is granted
 // the whole stretch in one call.
 func (s *Sparse) Commit(off, n uint64) error {
@@ -471,8 +487,7 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 			it := made[i]
 			uerr := s.tab.Unmap(s.Base() + driver.Addr(it.Start))
 			s.stats.ChunkUnmaps++
-			cause = errors.CombineErrors(cause, errors.CombineErrors(uerr, it.Val.c.Release()))
-			s.stats.Releases++
+			cause = errors.CombineErrors(cause, errors.CombineErrors(uerr, s.dropChunk(it.Val.c)))
 		}
 		return cause
 	}
@@ -543,8 +558,11 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 // grantNewLocked grants the range's access over h, newly mapped
 // throughout, one driver call a device with access. The caller unmaps h
 // if it fails (which takes whatever was granted with it).
-func (s *Sparse) grantNewLocked(h span) error {
-	for d, acc := range s.access {
+func (s *Sparse) grantNewLocked(h span) error { return s.grantRowLocked(h, s.access) }
+
+// grantRowLocked is grantNewLocked of access[d] for each device d.
+func (s *Sparse) grantRowLocked(h span, access []driver.Access) error {
+	for d, acc := range access {
 		if acc == driver.AccessNone {
 			continue
 		}
@@ -564,6 +582,7 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 	free := s.freeInto(s.scratch.free[:0])
 	defer func() { s.scratch.free = free[:0] }()
 	pieces := s.scratch.pieces[:0]
+	var taken []sizeCount // the pooled chunks the plan takes, by size
 	var asked uint64
 	for _, h := range holes {
 		asked += h.size()
@@ -585,6 +604,11 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 			s.scratch.parts = parts[:0]
 		}
 		for _, p := range parts {
+			// A chunk the pool holds for the device is no new memory.
+			if d, ok := s.fromPoolLocked(p.size(), &taken); ok {
+				pieces = append(pieces, piece{p.start, p.size(), d})
+				continue
+			}
 			dev, err := s.chooseLocked(p.start, p.size(), free)
 			if err != nil {
 				return pieces, errors.WithHint(
@@ -596,6 +620,33 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 		}
 	}
 	return pieces, nil
+}
+
+// sizeCount is a number of chunks of one size.
+type sizeCount struct {
+	size uint64
+	n    int
+}
+
+// fromPoolLocked reports whether a chunk of size bytes on the range's one
+// device (a range with a placement of several devices counts no pooled
+// chunk in its plan) is left in the pool after those the plan has taken
+// (taken, which it counts it in).
+func (s *Sparse) fromPoolLocked(size uint64, taken *[]sizeCount) (driver.DeviceID, bool) {
+	o, ok := s.opts.Placement.(oneDevice)
+	if s.opts.Pool == nil || !ok {
+		return 0, false
+	}
+	i := slices.IndexFunc(*taken, func(t sizeCount) bool { return t.size == size })
+	if i < 0 {
+		*taken = append(*taken, sizeCount{size, s.opts.Pool.count(o.dev, size)})
+		i = len(*taken) - 1
+	}
+	if (*taken)[i].n == 0 {
+		return 0, false
+	}
+	(*taken)[i].n--
+	return o.dev, true
 }
 
 // checkCut checks that parts tile h with whole chunks, in order.
@@ -659,15 +710,17 @@ func (s *Sparse) chooseLocked(off, size uint64, free []uint64) (driver.DeviceID,
 // grants the range's access over the whole hole at once); on failure
 // nothing is left behind.
 func (s *Sparse) makeLocked(p piece) (*slot, error) {
-	c, err := s.mem.Create(p.dev, p.size, driver.ChunkOptions{Shareable: s.opts.Shareable})
-	if err != nil {
-		return nil, err
+	c := s.opts.Pool.takeFor(s, p.dev, p.size)
+	if c == nil {
+		var err error
+		if c, err = s.mem.Create(p.dev, p.size, driver.ChunkOptions{Shareable: s.opts.Shareable}); err != nil {
+			return nil, err
+		}
+		s.stats.Creates++
 	}
-	s.stats.Creates++
 	at := s.Base() + driver.Addr(p.off)
 	if err := s.tab.Map(at, c); err != nil {
-		s.stats.Releases++
-		return nil, errors.CombineErrors(err, c.Release())
+		return nil, errors.CombineErrors(err, s.dropChunk(c))
 	}
 	s.stats.ChunkMaps++
 	return newSlot(c, len(s.devs)), nil
@@ -725,9 +778,9 @@ func (s *Sparse) describeFree() string {
 }
 
 // Decommit gives back the memory of every chunk in [off, off+n) — whole
-// chunks: the chunks are unmapped and released (or, when borrowed, given
-// back to their lender), and the range there is reserved address space
-// again. Parts not committed are skipped. It refuses, changing nothing,
+// chunks: the chunks are unmapped and released (kept by the range's pool,
+// when it has one and they fit; given back to their lender, when
+// borrowed), and the range there is reserved address space again. Parts not committed are skipped. It refuses, changing nothing,
 // when a chunk reaches out of the range (ErrPartial: chunks go whole) or
 // when a live view or a borrower pins one (ErrBusy, naming it).
 func (s *Sparse) Decommit(off, n uint64) error {
@@ -898,8 +951,8 @@ func (s *Sparse) pinnedLocked(what func() string, it *ranges.Item[uint64, *slot]
 	return nil
 }
 
-// unmapSlotLocked unmaps sl at off, then releases its chunk or gives it
-// back to its lender, and counts it off; unmapped says whether the slot is
+// unmapSlotLocked unmaps sl at off, then releases its chunk (or gives it
+// to the pool) or gives it back to its lender, and counts it off; unmapped says whether the slot is
 // gone from the range (the caller drops it from the list), even when the
 // error is the release's: a chunk whose release the driver refuses waits
 // in unreleased. The caller holds ops.
@@ -914,12 +967,27 @@ func (s *Sparse) unmapSlotLocked(off uint64, sl *slot) (unmapped bool, err error
 		return true, unpin(sl)
 	}
 	s.owned -= size
+	if s.opts.Pool.put(sl.c) {
+		s.stats.Pooled++
+		return true, nil
+	}
 	s.stats.Releases++
 	if err := sl.c.Release(); err != nil {
 		s.unreleased = append(s.unreleased, sl.c)
 		return true, errors.Wrapf(err, "arena: the chunk at %#x is unmapped; its memory goes back at the range's next decommit or close", off)
 	}
 	return true, nil
+}
+
+// dropChunk gives c, an unmapped chunk of the range's, to the pool, or
+// releases it.
+func (s *Sparse) dropChunk(c *physical.Chunk) error {
+	if s.opts.Pool.put(c) {
+		s.stats.Pooled++
+		return nil
+	}
+	s.stats.Releases++
+	return c.Release()
 }
 
 // releaseRefused releases the chunks whose release the driver refused

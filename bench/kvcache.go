@@ -63,16 +63,19 @@ func (k KVScale) Ratio() float64 {
 
 // kvShape is the model the KV benchmarks hold: llama3-8b (32 layers × 8
 // KV heads × 128, fp16: 128 KiB a token) with 2 MiB pages, on the sim
-// driver, as vmarena kv simulate runs it.
-func kvShape(layout kvcache.Layout) kvcache.Config {
+// driver, as vmarena kv simulate runs it. Mapping ahead is on, at the
+// cache's default watermark, as an engine runs it, unless mapAhead is
+// false: then every page is committed by the Append that needs it, so an
+// Append's time is all its cost, on this goroutine.
+func kvShape(layout kvcache.Layout, mapAhead bool) kvcache.Config {
 	cfg, err := kvcache.Preset("llama3-8b")
 	if err != nil {
 		panic(err) // a preset the package defines
 	}
 	cfg.PageSize, cfg.Layout = 2*units.MiB, layout
-	// No mapping ahead: every page is committed by the Append that needs
-	// it, so an Append's time is all its cost, on this goroutine.
-	cfg.MapAhead = -1
+	if !mapAhead {
+		cfg.MapAhead = -1
+	}
 	return cfg
 }
 
@@ -161,9 +164,11 @@ func checkContexts(what string, contexts []int, span int) error {
 
 // KVDecodeScale times a decode step — Seq.Append of one token to each of
 // seqs running sequences — at each of contexts tokens: a cache per
-// context (kvShape: llama3-8b, 2 MiB pages, no mapping ahead, so a page
-// is committed by the Append that reaches it and a step's time is all its
-// cost, on this goroutine), each on its own sim device, holding seqs
+// context (kvShape: llama3-8b, 2 MiB pages; with mapAhead, mapping ahead
+// on, as an engine runs it, the next pages committed by the cache's
+// goroutine while the steps run; without, a page is committed by the
+// Append that reaches it and a step's time is all its cost, on this
+// goroutine), each on its own sim device, holding seqs
 // sequences of that context, the caches' steps in one loop, a different
 // one first every round. The sequences of a cache share their prompt
 // (its whole pages borrowed from the prefix store: one copy of it,
@@ -173,14 +178,14 @@ func checkContexts(what string, contexts []int, span int) error {
 // spare the next stretch its commits) and they are admitted again with
 // the same prompt, so that every stretch of span steps starts at the same
 // context and commits the same pages. With seqs 1 a step is one Append.
-func KVDecodeScale(more func() bool, layout kvcache.Layout, seqs int, contexts []int, span int) (k KVScale, err error) {
+func KVDecodeScale(more func() bool, layout kvcache.Layout, seqs int, contexts []int, span int, mapAhead bool) (k KVScale, err error) {
 	if err := checkContexts("kv decode", contexts, span); err != nil {
 		return k, err
 	}
 	if seqs < 1 {
 		return k, errors.Newf("bench: kv decode: %d sequences, want at least one", seqs)
 	}
-	cfg := kvShape(layout)
+	cfg := kvShape(layout, mapAhead)
 	tokenBytes := 2 * uint64(cfg.Layers*cfg.KVHeads*cfg.HeadDim*cfg.DType.Size())
 	unitPages := uint64(1)
 	if layout == kvcache.PerLayer {

@@ -33,7 +33,7 @@ func BenchmarkKVAppend(b *testing.B) {
 	for _, layout := range kvLayouts {
 		b.Run(layout.String(), func(b *testing.B) {
 			b.ReportAllocs()
-			k, err := KVDecodeScale(b.Loop, layout, 1, kvAppendContexts, 1024)
+			k, err := KVDecodeScale(b.Loop, layout, 1, kvAppendContexts, 1024, false)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -53,7 +53,9 @@ var kvDecodeContexts = []int{1 << 10, 32 << 10}
 
 // BenchmarkKVDecodeStep: a decode step of 256 running llama3-8b sequences
 // (one Seq.Append of one token each; token-major, vmarena kv simulate's
-// default layout, 2 MiB pages of 16 tokens, sim driver, no mapping ahead)
+// default layout, 2 MiB pages of 16 tokens, sim driver, mapping ahead on
+// as an engine runs it — "ahead" — and off — "no-ahead": every page
+// committed by the step)
 // sharing a prompt of 1k and of 32k tokens, a cache for each in one loop,
 // re-admitted every 128 steps (8 units: a steady decode's pages, 16 a
 // step on average). Reports step-us at each context (the pages the step
@@ -62,19 +64,28 @@ var kvDecodeContexts = []int{1 << 10, 32 << 10}
 // (issue 19): both ratios at most 1.5 and 1. Never asserted.
 func BenchmarkKVDecodeStep(b *testing.B) {
 	layout := kvcache.TokenMajor
-	b.Run(layout.String(), func(b *testing.B) {
-		b.ReportAllocs()
-		k, err := KVDecodeScale(b.Loop, layout, 256, kvDecodeContexts, 128)
-		if err != nil {
-			b.Fatal(err)
+	for _, ahead := range []bool{true, false} {
+		name := layout.String() + "/ahead"
+		if !ahead {
+			name = layout.String() + "/no-ahead"
 		}
-		for i, n := range k.Contexts {
-			b.ReportMetric(float64(k.Per(i).Nanoseconds())/1e3, fmt.Sprintf("step-%dk-us", n>>10))
-		}
-		b.ReportMetric(k.Ratio(), "step-32k/1k")
-		b.ReportMetric(float64(k.Per(len(k.Contexts)-1).Nanoseconds())/50e3, "step-32k/50us")
-		b.ReportMetric(0, "ns/op")
-	})
+		b.Run(name, func(b *testing.B) { kvDecodeStep(b, layout, ahead) })
+	}
+}
+
+func kvDecodeStep(b *testing.B, layout kvcache.Layout, ahead bool) {
+	b.ReportAllocs()
+	k, err := KVDecodeScale(b.Loop, layout, 256, kvDecodeContexts, 128, ahead)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, n := range k.Contexts {
+		b.ReportMetric(float64(k.Per(i).Nanoseconds())/1e3, fmt.Sprintf("step-%dk-us", n>>10))
+	}
+	b.ReportMetric(k.Ratio(), "step-32k/1k")
+	b.ReportMetric(float64(k.Per(len(k.Contexts)-1).Nanoseconds())/50e3, "step-32k/50us")
+	b.ReportMetric(float64(k.Waits[len(k.Contexts)-1])/float64(max(k.N, 1)), "waits-32k/step")
+	b.ReportMetric(0, "ns/op")
 }
 
 // TestKVAppendScaleBody runs the append body small, across
@@ -82,7 +93,7 @@ func BenchmarkKVDecodeStep(b *testing.B) {
 // next measurement.
 func TestKVAppendScaleBody(t *testing.T) {
 	for _, layout := range kvLayouts {
-		k, err := KVDecodeScale(Rounds(70), layout, 1, []int{32, 1024, 3008}, 32)
+		k, err := KVDecodeScale(Rounds(70), layout, 1, []int{32, 1024, 3008}, 32, false)
 		require.NoError(t, err, layout)
 		require.Equal(t, 70, k.N)
 		for i := range k.Contexts {
@@ -98,23 +109,23 @@ func TestKVAppendScaleBody(t *testing.T) {
 			require.Equal(t, []int{2 + 2 + 1, 2 + 2 + 1, 2 + 2 + 1}, k.Waits, "the same pages at every context")
 		}
 	}
-	_, err := KVDecodeScale(Rounds(1), kvcache.TokenMajor, 1, []int{100, 10}, 8)
+	_, err := KVDecodeScale(Rounds(1), kvcache.TokenMajor, 1, []int{100, 10}, 8, false)
 	require.Error(t, err, "decreasing contexts")
-	_, err = KVDecodeScale(Rounds(1), kvcache.TokenMajor, 1, []int{10, 100}, 0)
+	_, err = KVDecodeScale(Rounds(1), kvcache.TokenMajor, 1, []int{10, 100}, 0, false)
 	require.Error(t, err, "no span")
 }
 
 // TestKVDecodeScaleBody runs the decode body small.
 func TestKVDecodeScaleBody(t *testing.T) {
 	for _, layout := range kvLayouts {
-		k, err := KVDecodeScale(Rounds(40), layout, 8, []int{20, 2000}, 16)
+		k, err := KVDecodeScale(Rounds(40), layout, 8, []int{20, 2000}, 16, true)
 		require.NoError(t, err, layout)
 		require.Equal(t, 40, k.N)
 		require.Positive(t, k.Per(0))
 		require.Positive(t, k.Per(1))
 		require.Positive(t, k.Ratio())
 	}
-	_, err := KVDecodeScale(Rounds(1), kvcache.TokenMajor, 0, []int{10, 100}, 8)
+	_, err := KVDecodeScale(Rounds(1), kvcache.TokenMajor, 0, []int{10, 100}, 8, true)
 	require.Error(t, err, "no sequences")
 	var zero KVScale
 	require.Zero(t, zero.Per(0))

@@ -151,6 +151,11 @@ type Cache struct {
 	ev eventQueue
 	// asked is the prompt CanAdmit was last asked about (plan.go).
 	asked asked
+	// stepPlan is Step's working memory, kept between steps (step.go).
+	stepPlan []stepPlan
+	// pool keeps the pages both ranges decommit for their next commits
+	// (pool.go): committed memory outside pages, within the budget.
+	pool *arena.Pool
 }
 
 // counters are the cumulative figures of Stats.
@@ -194,18 +199,22 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if cfg.Budget == 0 {
 		cfg.Budget = u.Capacity
 	}
+	pool, err := arena.NewPool(mem, cfg.Budget)
+	if err != nil {
+		return nil, errors.Wrapf(err, "kvcache: new cache")
+	}
 	slots, err := arena.NewSparse(space, mem, arena.SparseOptions{
-		Max: g.slotBytes * uint64(cfg.MaxSeqs), ChunkSize: g.page, Device: cfg.Device,
+		Max: g.slotBytes * uint64(cfg.MaxSeqs), ChunkSize: g.page, Device: cfg.Device, Pool: pool,
 	})
 	if err != nil {
-		return nil, errors.Wrapf(err, "kvcache: new cache of %d slots of %s (%s)", cfg.MaxSeqs, units.Bytes(g.slotBytes), g)
+		return nil, errors.CombineErrors(errors.Wrapf(err, "kvcache: new cache of %d slots of %s (%s)", cfg.MaxSeqs, units.Bytes(g.slotBytes), g), pool.Close())
 	}
-	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots,
+	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots, pool: pool,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
 		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true, ev: eventQueue{max: maxQueuedEvents}}
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {
-		return nil, errors.CombineErrors(err, slots.Close())
+		return nil, errors.CombineErrors(err, errors.CombineErrors(slots.Close(), pool.Close()))
 	}
 	c.slotList = make([]*slot, cfg.MaxSeqs)
 	for i := range c.slotList {
@@ -217,7 +226,7 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 			if c.ps.s != nil {
 				err = errors.CombineErrors(err, c.ps.s.Close())
 			}
-			return nil, err
+			return nil, errors.CombineErrors(err, pool.Close())
 		}
 	}
 	c.startMapper()
@@ -584,6 +593,7 @@ func (c *Cache) Close() error {
 		c.clearedLocked()
 	}
 	errs = errors.CombineErrors(errs, c.slots.Close())
+	errs = errors.CombineErrors(errs, c.pool.Close())
 	if c.str != nil {
 		errs = errors.CombineErrors(errs, c.str.Destroy())
 	}
@@ -744,6 +754,7 @@ func (c *Cache) checkLocked() error {
 	}
 	c.checkBooksLocked(fail)
 	c.checkAheadLocked(fail)
+	c.checkPoolLocked(fail)
 	storePages := c.checkStoreLocked(fail)
 	if ownedPages+storePages != c.pages {
 		fail("%d slot pages and %d store pages are committed, %d counted", ownedPages, storePages, c.pages)

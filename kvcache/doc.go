@@ -164,6 +164,34 @@
 // finds its page mapped. An Append that must still commit a page itself,
 // or wait for one in flight, counts in Stats.Waits. Close stops it.
 //
+// # The step API
+//
+// Cache.Step takes a serving step's batch — a StepRequest per sequence,
+// its tokens (one for a decode, a chunk for a prefill) — and appends them
+// all under one lock, in slot order, handing back per sequence (SeqStep)
+// its slot's address (Base), its length after the step and the positions
+// the step writes; with Views, also the rows' tensors, as Append makes
+// them. Token p of layer l's K (kv 0) or V (kv 1) lies at Base +
+// RowOffset(l, kv, p). The bytes and books are those of one Append per
+// request in slot order. It is atomic: the pages the batch's empty units
+// need are counted against what the budget can give before anything is
+// committed, and a batch that does not fit is refused (ErrOutOfMemory,
+// naming the first sequence past it) with nothing changed. A sequence
+// whose next page mapping ahead put there costs the step a look at the
+// units its tokens reach; passing the last step's results back (into)
+// makes a step allocate nothing.
+//
+// # The page pool
+//
+// The slot range and the prefix store share an arena.Pool: a page either
+// gives back (a reclaim, an eviction, a Free or a Preempt) stays
+// committed, unmapped, and the next commit of either maps it instead of
+// creating one, so under pressure a page costs an unmap and a map, not a
+// release and a create too (the dearest driver calls: 193 µs a create on
+// an A100, 1.5 µs a map). Pooled pages are counted apart
+// (Stats.PooledPages) and within the budget with the pages in use: a
+// lowered budget trims the pool (SetBudget), and Close releases it.
+//
 // # Budget, admission and preemption
 //
 // Committed memory never exceeds the budget: an Append that needs pages
@@ -256,8 +284,13 @@
 // (a match takes one read-only grant per region). A prompt's units take
 // the store places they are given (free or recycled) in the store's
 // order, and those side by side in the store are committed, and borrowed
-// into a slot of the TokenMajor layout, in one arena call per run; at
-// Free a run of borrowed units goes back in one decommit per region. A
+// into a slot, in one arena call per run (per region and run in the
+// PerLayer layout, arena.Sparse.BorrowEach: the access of the run granted
+// in one driver call a region, read-only for a match's shared units in
+// that same call); at Free a run of borrowed units goes back
+// in one decommit per region. Maps and unmaps stay one driver call a page:
+// cuMemMap maps one handle, and cuMemUnmap (like aclrtUnmapMem) takes the
+// whole range one map made. A
 // prompt page that recycles an evicted unit's still costs a chunk's map
 // into the slot and, at Free, its unmap: the arena maps and unmaps chunk
 // by chunk. A kept page at a whole prompt unit costs its decommit

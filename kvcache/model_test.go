@@ -37,6 +37,7 @@ const (
 	opPreempt
 	opResume
 	opSetBudget
+	opStep
 	numOpKinds
 )
 
@@ -127,7 +128,11 @@ type model struct {
 	seqs   []*mseq
 	pages  int
 	budget int // pages
-	tick   int
+	// pooled is the page pool: pages decommitted and kept for the next
+	// commits, within the budget beside pages; created counts the pages
+	// commits created (what the pool did not hold).
+	pooled, created int
+	tick            int
 	// The prefix store: listed units by key and in listing order, cached
 	// units in LRU order (least recently used first).
 	sharing bool
@@ -143,6 +148,22 @@ func keyOf(extra uint64, tokens []int) string { return fmt.Sprint(extra, tokens)
 func (m *model) up() int { return m.g.unitPages() }
 
 func (m *model) free() int { return m.budget - m.pages }
+
+// release gives n pages back: to the pool, up to the budget.
+func (m *model) release(n int) {
+	m.pages -= n
+	m.pooled += n
+}
+
+// take commits n pages: from the pool first.
+func (m *model) take(n int) {
+	m.created += max(n-m.pooled, 0)
+	m.pages += n
+	m.pooled -= min(m.pooled, n)
+}
+
+// trim is SetBudget's: the pool fits beside the pages in use.
+func (m *model) trim() { m.pooled = min(m.pooled, max(m.budget-m.pages, 0)) }
 
 // ownedFrom counts the units of sl from u on that it owns.
 func (m *model) ownedFrom(sl *mslot, u int) (n int) {
@@ -160,7 +181,7 @@ func (m *model) drop(sl *mslot, u int) {
 	switch {
 	case sl.owned[u]:
 		sl.owned[u] = false
-		m.pages -= m.up()
+		m.release(m.up())
 	case sl.borrowed[u] != nil:
 		mu := sl.borrowed[u]
 		sl.borrowed[u] = nil
@@ -170,7 +191,7 @@ func (m *model) drop(sl *mslot, u int) {
 			if mu.listed {
 				m.lru = append(m.lru, mu)
 			} else {
-				m.pages -= m.up()
+				m.release(m.up())
 			}
 		}
 	}
@@ -261,7 +282,7 @@ func (m *model) evict(need int) {
 		mu := m.lru[0]
 		m.lru = m.lru[1:]
 		m.unlist(mu)
-		m.pages -= m.up()
+		m.release(m.up())
 	}
 }
 
@@ -313,7 +334,7 @@ func (m *model) back(s *mseq, need int) ([]int, bool) {
 		} else {
 			sl.owned[u] = true
 		}
-		m.pages += m.up()
+		m.take(m.up())
 	}
 	return todo, true
 }
@@ -561,6 +582,7 @@ type modelRun struct {
 	// refusedAdmits and refusedResumes are the calls their plans refused;
 	// asked the CanAdmit and CanResume answers checked against the calls.
 	refusedAdmits, refusedResumes, asked int
+	steps, stepOOMs                      int
 }
 
 // books is every book of a cache a refused call must leave as it was:
@@ -671,7 +693,18 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 			require.Equal(t, m.canAdmit(prompt, o.extra, 0, cfg.MaxContext), admits, step)
 			r.asked++
 			before := snapBooks(t, c, e)
+			var grants0 uint64
+			sd, _ := e.drv.(*sim.Driver)
+			if sd != nil {
+				grants0 = sd.Tally().Total().SetAccess
+			}
 			real, err := c.Admit(prompt, o.extra)
+			if sd != nil {
+				// Batched access: the shared units' read-only borrow, and
+				// a partly shared unit's commit (and borrow), each once a
+				// region, however many units match.
+				require.LessOrEqual(t, sd.Tally().Total().SetAccess-grants0, uint64(2*c.g.regions+1), step)
+			}
 			pick := -1
 			for k, sl := range m.slots {
 				if sl.seq == nil && (pick < 0 || m.ownedFrom(sl, 0) > m.ownedFrom(m.slots[pick], 0)) {
@@ -842,6 +875,10 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 			}
 			s.preempted = 0
 			r.resumes++
+		case opStep:
+			ok, oom := m.step(t, c, o, &fresh, cfg.MaxContext, onSim, step)
+			r.steps += b2i(ok)
+			r.stepOOMs += b2i(oom)
 		case opSetBudget:
 			mode := PreemptMode(1 + o.family%2)
 			pages := 8 + o.n%64
@@ -862,6 +899,7 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 					want = append(want, x.real)
 				}
 			}
+			m.trim()
 			require.Equal(t, want, got, step)
 			r.preempts += len(want)
 		}
@@ -880,7 +918,12 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 		require.NoError(t, c.Check(), step)
 		st := c.Stats()
 		require.Equal(t, m.pages, st.PagesCommitted, step)
-		require.Equal(t, uint64(m.pages)*page, e.used(t), step)
+		require.Equal(t, m.pooled, st.PooledPages, step)
+		if sd, ok := e.drv.(*sim.Driver); ok {
+			// Page reuse: a commit creates only what the pool lacks.
+			require.Equal(t, uint64(m.created), sd.Tally().Total().Create, step)
+		}
+		require.Equal(t, uint64(m.pages+m.pooled)*page, e.used(t), step)
 		require.Equal(t, len(m.lru)*m.up(), st.CachedPages, step)
 		require.Equal(t, m.copies, st.Copies, step)
 		idle, surplus, tokens := 0, 0, 0
@@ -976,6 +1019,8 @@ func TestCacheModel(t *testing.T) {
 			total.refusedAdmits += r.refusedAdmits
 			total.refusedResumes += r.refusedResumes
 			total.asked += r.asked
+			total.steps += r.steps
+			total.stepOOMs += r.stepOOMs
 		})
 	}
 	t.Logf("%+v", total)
@@ -989,6 +1034,8 @@ func TestCacheModel(t *testing.T) {
 	require.Greater(t, total.resumes, 30)
 	require.Greater(t, total.hits, 200, "prompts of one family share prefixes")
 	require.Positive(t, total.copies, "some partly shared units are copied")
+	require.Greater(t, total.steps, 20, "batched steps")
+	require.Positive(t, total.stepOOMs, "some steps do not fit")
 }
 
 // FuzzCacheModel fuzzes the decoder and the sequences it yields.

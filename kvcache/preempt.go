@@ -299,6 +299,7 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 	}
 	c.budget = budget
 	defer c.checkAfter("set budget")
+	defer c.trimPoolLocked()
 	// The mapper plans within the budget: once the commits in flight
 	// land, nothing more comes until there is room.
 	for c.inflight > 0 {

@@ -265,30 +265,7 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	what = func() string {
 		return fmt.Sprintf("kvcache: append %d tokens to a sequence of %d in slot %d", len(tokens), s.n, s.sl.idx)
 	}
-	check := func() error {
-		if err := s.liveLocked(what); err != nil {
-			return err
-		}
-		if err := s.runningLocked(what); err != nil {
-			return err
-		}
-		if len(tokens) == 0 {
-			return errors.Wrapf(driver.ErrInvalid, "%s: nothing to append", what())
-		}
-		if len(tokens) > c.cfg.MaxContext-s.n {
-			return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: MaxContext is %d tokens", what(), c.cfg.MaxContext),
-				"a longer context needs a cache with a larger MaxContext")
-		}
-		if err := checkTokens(what, tokens, s.n); err != nil {
-			return err
-		}
-		for i, t := range tokens {
-			if p := s.n + i; p < len(s.prompt) && s.prompt[p] != t {
-				return errors.Wrapf(driver.ErrInvalid, "%s: token %d at position %d is not the prompt's %d", what(), t, p, s.prompt[p])
-			}
-		}
-		return nil
-	}
+	check := func() error { return c.appendableLocked(what, s, tokens) }
 	// A unit the mapper is committing is waited for; the lock goes
 	// meanwhile, so everything is checked again after.
 	waited, err := c.settleLocked(s, func() int { return c.g.unitsFor(s.n + len(tokens)) }, check)
@@ -319,6 +296,34 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	// No views to make (the sim driver): the step is its positions.
 	c.appendedLocked(s, waited || len(backed) > 0)
 	return Step{Pos: pos, N: cnt}, nil
+}
+
+// appendableLocked refuses what Append (and Step) refuse of tokens for
+// s: a freed or preempted sequence, no tokens, more than MaxContext in
+// all, bad tokens, tokens inside the prompt that are not the prompt's.
+func (c *Cache) appendableLocked(what func() string, s *Seq, tokens []int) error {
+	if err := s.liveLocked(what); err != nil {
+		return err
+	}
+	if err := s.runningLocked(what); err != nil {
+		return err
+	}
+	if len(tokens) == 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: nothing to append", what())
+	}
+	if len(tokens) > c.cfg.MaxContext-s.n {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: MaxContext is %d tokens", what(), c.cfg.MaxContext),
+			"a longer context needs a cache with a larger MaxContext")
+	}
+	if err := checkTokens(what, tokens, s.n); err != nil {
+		return err
+	}
+	for i, t := range tokens {
+		if p := s.n + i; p < len(s.prompt) && s.prompt[p] != t {
+			return errors.Wrapf(driver.ErrInvalid, "%s: token %d at position %d is not the prompt's %d", what(), t, p, s.prompt[p])
+		}
+	}
+	return nil
 }
 
 // appendedLocked counts an Append of s that succeeded (waited: it

@@ -15,6 +15,10 @@ type Stats struct {
 	// sharing spares (each extra mapping of a store page counts a page).
 	IdlePages, SurplusPages, CachedPages, SharedPages int
 	SavedBytes                                        uint64
+	// PooledPages are pages decommitted and kept, unreleased and
+	// unmapped, for the next commit (the page pool): committed memory
+	// beside Committed, within the budget with it.
+	PooledPages int
 	// Sequences are live (Running or Preempted); Slots is MaxSeqs.
 	Sequences, Running, Preempted, Slots int
 	// TokensStored is the tokens of running sequences (a shared token
@@ -96,6 +100,7 @@ func (c *Cache) statsLocked() Stats {
 	st.SavedBytes = uint64(c.ps.extraRefs*up) * g.page
 	st.CachedPages = c.evictablePagesLocked()
 	st.Waste = st.Committed - min(st.Committed, st.UsedBytes+uint64(st.CachedPages)*g.page)
+	st.PooledPages = c.pooledPages()
 	return st
 }
 
@@ -166,5 +171,6 @@ func (c *Cache) walkStatsLocked() Stats {
 	}
 	st.CachedPages = c.evictablePagesLocked()
 	st.Waste = st.Committed - min(st.Committed, st.UsedBytes+uint64(st.CachedPages)*g.page)
+	st.PooledPages = c.pooledPages()
 	return st
 }

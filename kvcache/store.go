@@ -115,7 +115,7 @@ func (c *Cache) openStore(capacity uint64) error {
 		return nil
 	}
 	s, err := arena.NewSparse(c.space, c.mem, arena.SparseOptions{
-		Max: uint64(n) * sub, ChunkSize: g.page, MaxChunk: g.unitBytes, Device: c.cfg.Device,
+		Max: uint64(n) * sub, ChunkSize: g.page, MaxChunk: g.unitBytes, Device: c.cfg.Device, Pool: c.pool,
 	})
 	if err != nil {
 		return errors.Wrapf(err, "kvcache: new cache: the prefix store of %d units of %s", n, units.Bytes(sub))
@@ -315,18 +315,28 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 	return n, err
 }
 
-// borrowRunLocked maps store units sus at units u0, u0+1, ... of sl:
-// side by side in the store and one region each, in one arena call; one
-// borrow per region and unit otherwise. It returns how many it mapped
-// (all unless it fails; those it mapped are in the books).
+// borrowRunLocked maps store units sus at units u0, u0+1, ... of sl in
+// one arena call a region, whose access is granted over the run in one
+// driver call: arena.Sparse.Borrow for units side by side in the store
+// (one region each), arena.Sparse.BorrowEach otherwise (the units a
+// store unit apart, or scattered). It returns how
+// many it mapped (all unless it fails; those it mapped are in the books).
 func (c *Cache) borrowRunLocked(sl *slot, u0 int, sus []*storeUnit) (int, error) {
+	if len(sus) == 0 {
+		return 0, nil
+	}
 	if c.g.regions > 1 {
-		for i, su := range sus {
-			if err := c.borrowLocked(sl, u0+i, su); err != nil {
-				return i, err
+		if len(sus) == 1 {
+			if err := c.borrowLocked(sl, u0, sus[0]); err != nil {
+				return 0, err
 			}
+			return 1, nil
 		}
-		return len(sus), nil
+		return c.borrowEachLocked(sl, u0, sus, driver.AccessReadWrite)
+	}
+	if !slices.IsSortedFunc(sus, func(a, b *storeUnit) int { return a.idx - b.idx }) || sus[len(sus)-1].idx-sus[0].idx != len(sus)-1 {
+		// Not side by side in the store: one call all the same.
+		return c.borrowEachLocked(sl, u0, sus, driver.AccessReadWrite)
 	}
 	for i := 0; i < len(sus); {
 		j := i + 1
@@ -363,6 +373,54 @@ func (c *Cache) dropSpareLocked() error {
 		c.ps.free = append(c.ps.free, idx)
 	}
 	return errs
+}
+
+// borrowSharedLocked maps a match's store units sus at units 0, 1, ...
+// of sl, read-only where the cache protects shared units — in the
+// borrow's own grant, one driver call a region, not a borrow and then a
+// read-only grant — and reports whether it did. A driver that cannot
+// grant read-only access gets them writable (and the cache stops
+// asking: protectSharedLocked's fallback).
+func (c *Cache) borrowSharedLocked(sl *slot, sus []*storeUnit) (n int, readOnly bool, err error) {
+	if c.protects && len(sus) > 0 {
+		n, err = c.borrowEachLocked(sl, 0, sus, driver.AccessRead)
+		if !errors.Is(err, driver.ErrUnsupported) {
+			return n, err == nil, err
+		}
+		c.protects = false // nothing was mapped
+	}
+	n, err = c.borrowRunLocked(sl, 0, sus)
+	return n, false, err
+}
+
+// borrowEachLocked maps store units sus at units u0, u0+1, ... of sl in
+// every region, one arena call a region, with access at most most. On
+// failure nothing changed.
+func (c *Cache) borrowEachLocked(sl *slot, u0 int, sus []*storeUnit, most driver.Access) (int, error) {
+	g := c.g
+	offs := make([]uint64, len(sus))
+	n := uint64(len(sus)) * g.unitBytes
+	for r := 0; r < g.regions; r++ {
+		for i, su := range sus {
+			offs[i] = c.storeOff(su.idx, r)
+		}
+		if err := c.slots.BorrowEach(c.slotOff(sl, r, u0), c.ps.s, offs, most); err != nil {
+			var undo error
+			for q := 0; q < r; q++ {
+				undo = errors.CombineErrors(undo, c.slots.Decommit(c.slotOff(sl, q, u0), n))
+			}
+			if undo != nil {
+				err = errors.CombineErrors(err, errors.WithAssertionFailure(undo))
+			}
+			return 0, errors.Wrapf(err, "kvcache: map prefix store units %d to %d at units [%d, %d) of slot %d",
+				sus[0].idx, sus[len(sus)-1].idx, u0, u0+len(sus), sl.idx)
+		}
+	}
+	c.counts.borrows += g.regions
+	for i, su := range sus {
+		c.borrowedLocked(sl, u0+i, su)
+	}
+	return len(sus), nil
 }
 
 // borrowLocked maps store unit su at unit u of sl, one borrow per region.
@@ -595,14 +653,16 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 	// Borrowed, the units are no longer cached: making room for the
 	// copy below cannot evict them. Other sequences read them: they are
 	// read-only to this one.
-	n, err := c.borrowRunLocked(sl, 0, m.units)
+	n, readOnly, err := c.borrowSharedLocked(sl, m.units)
 	for u := range n {
 		backed = append(backed, u)
 	}
 	if err != nil {
 		return undo(errors.Wrapf(err, "%s", what()))
 	}
-	if err := c.protectSharedLocked(what, sl, k); err != nil {
+	if readOnly {
+		sl.shared = k // mapped read-only as they were borrowed
+	} else if err := c.protectSharedLocked(what, sl, k); err != nil {
 		return undo(err)
 	}
 	if p := m.partial; p != nil {

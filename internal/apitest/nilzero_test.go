@@ -49,7 +49,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[vmarena.Memory](),
 	reflect.TypeFor[arena.Allocator](), reflect.TypeFor[arena.Arena](), reflect.TypeFor[arena.BlockKind](),
 	reflect.TypeFor[arena.OnFull](), reflect.TypeFor[arena.Policy](), reflect.TypeFor[arena.Sparse](),
-	reflect.TypeFor[arena.Owned](), reflect.TypeFor[arena.View](),
+	reflect.TypeFor[arena.Owned](), reflect.TypeFor[arena.View](), reflect.TypeFor[arena.Pool](),
 	reflect.TypeFor[bench.GrowthStart](), reflect.TypeFor[bench.KVScale](), reflect.TypeFor[bench.Pair](),
 	reflect.TypeFor[bench.Scaled](), reflect.TypeFor[bench.SequenceShape](),
 	reflect.TypeFor[disagg.Decode](), reflect.TypeFor[disagg.Local](), reflect.TypeFor[disagg.Prefill](),

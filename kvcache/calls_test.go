@@ -1,0 +1,112 @@
+package kvcache
+
+import (
+	"testing"
+
+	"github.com/cockroachdb/errors"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// TestDriverCalls counts the driver calls, by kind, of admitting a
+// sequence whose prompt's whole units the prefix store holds, of its
+// Free, and of a preemption: a map and an unmap a page (one call a
+// mapping on CUDA and AscendCL), access granted once a region and run
+// (the shared units' read-only borrow, a commit's), and no release or
+// create where the page pool serves.
+func TestDriverCalls(t *testing.T) {
+	for _, layout := range []Layout{PerLayer, TokenMajor} {
+		t.Run(layout.String(), func(t *testing.T) {
+			e := simEnv(t, 64<<20, page)
+			drv := e.drv.(*sim.Driver)
+			cfg := tinyConfig(layout, 256, 4)
+			c := e.cache(t, cfg)
+			prompt := family(0, 200)
+			a, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			_, err = a.Append(prompt[a.Len():])
+			require.NoError(t, err)
+			require.NoError(t, a.MarkWritten(a.Len()))
+			require.NoError(t, a.Free())
+			at := func() sim.Calls { return drv.Tally().Total() }
+			t0 := at()
+			b, err := c.Admit(append(prompt, 1, 2, 3), 0)
+			require.NoError(t, err)
+			_, err = b.Append(append(prompt, 1, 2, 3)[b.Len():])
+			require.NoError(t, err)
+			t1 := at()
+			t.Logf("admit, %d tokens borrowed: %+v", b.Matched(), t1.Sub(t0))
+			regions := uint64(c.g.regions)
+			shared := uint64(c.UnitsFor(b.Matched()))
+			require.Positive(t, shared)
+			require.GreaterOrEqual(t, t1.Sub(t0).Map, shared*regions, "a map a page")
+			require.LessOrEqual(t, t1.Sub(t0).SetAccess, 2*regions, "access once a region and run, not a page")
+			require.NoError(t, b.MarkWritten(b.Len()))
+			require.NoError(t, b.Free())
+			t2 := at()
+			t.Logf("free: %+v", t2.Sub(t1))
+			require.Zero(t, t2.Sub(t1).Release)
+			require.Zero(t, t2.Sub(t1).SetAccess)
+			s, err := c.Admit(append(prompt, 4, 5), 0)
+			require.NoError(t, err)
+			_, err = s.Append(append(prompt, 4, 5)[s.Len():])
+			require.NoError(t, err)
+			t3 := at()
+			require.NoError(t, s.Preempt(Drop))
+			t4 := at()
+			t.Logf("admit again: %+v; preempt: %+v", t3.Sub(t2), t4.Sub(t3))
+			require.Zero(t, t3.Sub(t2).Create, "the idle slot's pages and the pool serve")
+			require.LessOrEqual(t, t3.Sub(t2).SetAccess, 2*regions)
+			require.Zero(t, t4.Sub(t3).Release, "a preemption's pages go to the pool")
+			require.NoError(t, s.Free())
+			require.NoError(t, c.Close())
+		})
+	}
+}
+
+// noReadOnly is a sim driver that cannot grant read-only access.
+type noReadOnly struct{ *sim.Driver }
+
+func (d noReadOnly) SetAccess(addr driver.Addr, size uint64, dev driver.DeviceID, a driver.Access) error {
+	if a == driver.AccessRead {
+		return errors.Wrap(driver.ErrUnsupported, "noReadOnly: no read-only access")
+	}
+	return d.Driver.SetAccess(addr, size, dev, a)
+}
+
+// TestSharedWithoutReadOnly: on a driver that cannot map read-only, a
+// match's shared units are borrowed writable (the tensors' refusal is
+// the only guard), the books whole, and nothing is left of the refused
+// read-only borrow.
+func TestSharedWithoutReadOnly(t *testing.T) {
+	for _, layout := range []Layout{PerLayer, TokenMajor} {
+		t.Run(layout.String(), func(t *testing.T) {
+			sd, err := sim.New(sim.Options{Devices: 1, Capacity: 64 << 20, Granularity: page})
+			require.NoError(t, err)
+			drivertest.CloseAtEnd(t, sd)
+			drv := noReadOnly{sd}
+			e := &env{drv: drv, space: vaspace.New(drv), mem: physical.New(drv)}
+			c := e.cache(t, tinyConfig(layout, 256, 4))
+			prompt := family(0, 100)
+			a, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			_, err = a.Append(prompt)
+			require.NoError(t, err)
+			require.NoError(t, a.MarkWritten(a.Len()))
+			b, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			require.Positive(t, b.Matched())
+			require.False(t, c.protects)
+			require.NoError(t, c.Check())
+			require.NoError(t, a.Free())
+			require.NoError(t, b.Free())
+			require.NoError(t, c.Close())
+			require.Zero(t, e.used(t))
+		})
+	}
+}

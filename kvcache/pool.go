@@ -1,0 +1,46 @@
+package kvcache
+
+import (
+	"github.com/cockroachdb/errors"
+)
+
+// The page pool: the slot range and the prefix store share an
+// arena.Pool, so a page either decommits — an idle slot's reclaimed, a
+// cached store unit evicted, a finished or preempted sequence's — is
+// kept, unreleased, and the next commit of either maps it instead of
+// creating one: under pressure a page costs an unmap and a map, not also
+// a release and a create (the dearest driver calls on a GPU).
+//
+// The pool's pages are committed memory the books count apart from
+// c.pages (Stats.PooledPages): c.pages plus the pool never exceed the
+// budget. A decommit moves pages from c.pages to the pool and a commit
+// back (creating only what the pool lacks, within the budget as always),
+// so the sum only rises by what a commit creates, which the budget
+// allows; a lowered budget trims the pool to what the budget leaves
+// beside c.pages (SetBudget), and Close releases it.
+
+// trimPoolLocked releases pooled pages until the pool fits in the budget
+// beside the pages in use, and keeps its limit at the budget. A release
+// the driver refuses is recorded for Check.
+func (c *Cache) trimPoolLocked() {
+	used := uint64(c.pages) * c.g.page
+	err := c.pool.SetLimit(c.budget)
+	err = errors.CombineErrors(err, c.pool.Trim(c.budget-min(used, c.budget)))
+	if err != nil {
+		c.lostErr = errors.CombineErrors(c.lostErr, errors.WithAssertionFailure(errors.Wrap(err, "kvcache: trim the page pool")))
+	}
+}
+
+// pooledPages is the pages the pool keeps.
+func (c *Cache) pooledPages() int { return int(c.pool.Bytes() / c.g.page) }
+
+// checkPoolLocked checks the pool's books and that the pool fits in the
+// budget beside the pages in use (once a lowered budget is met).
+func (c *Cache) checkPoolLocked(fail func(string, ...any)) {
+	if err := c.pool.Check(); err != nil {
+		fail("the page pool: %v", err)
+	}
+	if c.pages <= c.budgetPages() && uint64(c.pages)*c.g.page+c.pool.Bytes() > c.budget {
+		fail("%d pages in use and %d pooled exceed the budget of %d pages", c.pages, c.pooledPages(), c.budgetPages())
+	}
+}
