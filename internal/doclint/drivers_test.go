@@ -55,7 +55,7 @@ func TestDriversDeclareTheirContract(t *testing.T) {
 		{"driver/host", "linux", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
 		{"driver/host", "darwin", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
 		{"driver/host", "windows", []string{"Used", "Check", "HeapBytes", "SyncDevice"}},
-		{"driver/sim", "linux", []string{"Used", "Check", "Tally", "SyncDevice"}},
+		{"driver/sim", "linux", []string{"Used", "Check", "Tally", "Calls", "SyncDevice"}},
 		{"driver/cuda", "linux", []string{"Used", "Check", "Wait", "SyncDevice", "SyncStreamHandle"}},
 		{"driver/acl", "linux", []string{"Used", "Check", "Wait", "HostPID", "ReservationsBindOneDevice", "SyncDevice", "SyncStreamHandle"}},
 	} {
