@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/stream"
@@ -126,7 +127,7 @@ type Cache struct {
 	// calls are made under it, but for the mapper's commits (in flight,
 	// counted in inflight, their units marked unitCommitting). cond
 	// (on mu) is broadcast when a commit in flight ends.
-	mu       sync.Mutex
+	mu       lockrank.Mutex[lockrank.KVCache]
 	cond     *sync.Cond
 	budget   uint64
 	pages    int // pages committed: units owned by slots, plus store pages
