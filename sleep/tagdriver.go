@@ -3,11 +3,11 @@ package sleep
 import (
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -37,7 +37,7 @@ type tagDriver struct {
 
 	// mu guards everything below. It is a leaf: the allocator calls in
 	// with its own locks held.
-	mu       lockrank.Mutex[lockrank.SleepTagDriver]
+	mu       sync.Mutex
 	next     driver.Handle
 	chunks   map[driver.Handle]*vchunk
 	maps     map[driver.Addr]*vmap // by start address

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -202,18 +203,22 @@ func call(t *testing.T, name string, recv reflect.Value, m reflect.Method, wantE
 		}()
 		done <- result{out: m.Func.Call(args)}
 	}()
-	r := <-done // a call that never returns hangs here until go test's -timeout, its stack shown
-	if r.panic != nil {
-		t.Errorf("%s panicked: %v", name, r.panic)
-		return
-	}
-	if !wantErr || len(r.out) == 0 || ft.Out(ft.NumOut()-1) != reflect.TypeFor[error]() {
-		return
-	}
-	if _, ok := harmless[name]; ok {
-		return
-	}
-	if r.out[len(r.out)-1].IsNil() {
-		t.Errorf("%s answered no error", name)
+	select {
+	case r := <-done:
+		if r.panic != nil {
+			t.Errorf("%s panicked: %v", name, r.panic)
+			return
+		}
+		if !wantErr || len(r.out) == 0 || ft.Out(ft.NumOut()-1) != reflect.TypeFor[error]() {
+			return
+		}
+		if _, ok := harmless[name]; ok {
+			return
+		}
+		if r.out[len(r.out)-1].IsNil() {
+			t.Errorf("%s answered no error", name)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("%s did not return within 2s", name)
 	}
 }

@@ -41,7 +41,9 @@
 //	                  an order between two ranges of one kind that no rank of the kind can say.
 //	Mapping           mapping.Table.mu (RW): held across physical.Memory and the driver's calls.
 //	Physical          physical.Memory.mu: held across the driver's Create and Release.
-//	SleepTagDriver    sleep's tagDriver.mu: a leaf, not held across the driver's calls.
+//	SleepTagDriver    sleep's tagDriver.mu: taken under the tag allocator's locks (the allocator
+//	                  calls in); held across the real driver's calls only, whose locks are below none
+//	                  of these. (Declared as a sync.Mutex until it is wired.)
 //	PoolRegistry      pool's registry.mu: a leaf (slice and map operations only).
 //	TransferPeer      transfer.Peer.mu: held across one op's network I/O and the registration's
 //	                  tensor access (tensor.Lease takes no lock); takes TransferEngine.
