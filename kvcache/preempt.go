@@ -281,6 +281,7 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 	if err := checkMode(what, mode); err != nil {
 		return nil, err
 	}
+	var preempted []*Seq // by every round
 	c.mu.Lock()
 	defer c.unlock()
 	if err := c.usableLocked(what); err != nil {
@@ -288,11 +289,9 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 	}
 	c.budget = budget
 	defer c.checkAfter("set budget")
-	var preempted []*Seq
-	// Planned again from here after every wait that let the lock go.
-again:
 	// The mapper plans within the budget: once the commits in flight
 	// land, nothing more comes until there is room.
+again: // planned again from here after every wait that let the lock go
 	for c.inflight > 0 {
 		c.cond.Wait()
 		if err := c.usableLocked(what); err != nil {
