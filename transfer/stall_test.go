@@ -1,6 +1,8 @@
 package transfer_test
 
 import (
+	"context"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -17,8 +19,9 @@ import (
 	"github.com/vmarena/vmarena/transfer"
 )
 
-// TestStalledPeerDoesNotFreezeTheCache: a peer sends a put's header and
-// half its payload into a KV cache sequence's keys, then stalls, holding
+// TestStalledPeerDoesNotFreezeTheCache: a peer's put into a KV cache
+// sequence's keys stalls after its header and half its payload (a proxy
+// holds the rest back), holding
 // the target inside the tensor's access. The sequence is freed meanwhile:
 // its Free waits for the put (the memory must not go under it) but the
 // cache does not — goroutines admitting, appending and freeing other
@@ -54,11 +57,23 @@ func TestStalledPeerDoesNotFreezeTheCache(t *testing.T) {
 	require.NoError(t, err)
 	d, err := reg.Descriptor()
 	require.NoError(t, err)
-	conn := rawConn(t, e)
-	payload := seeded(int(d.Len), 7)
-	half := len(payload) / 2
-	_, err = conn.Write(append(header(2, 0, d.ID, d.Gen, 0, d.Len), payload[:half]...))
+	// The initiator is a real engine whose connection goes through a
+	// proxy that lets the hello and its answer through, then the put's
+	// header and half its payload, and holds the rest until release.
+	from, err := transfer.New(transfer.Config{LeaseTimeout: time.Hour})
 	require.NoError(t, err)
+	defer func() { require.NoError(t, from.Close()) }()
+	src, err := newRegion(h.a, d.Len, 7)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, src.end()) }()
+	local, err := from.Register(src.t)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, local.Close()) }()
+	px, release := stallingProxy(t, e.Addr(), reqHeader+int(d.Len)/2)
+	peer := connect(t, from, px)
+	defer func() { require.NoError(t, peer.Close()) }()
+	put := make(chan error, 1)
+	go func() { put <- peer.Put(context.Background(), transfer.Op{Local: local, Remote: d, Len: d.Len}) }()
 	// The target is inside the access once its put reads the payload.
 	waitForStack(t, "transfer.(*Engine).servePut.func1", "io.ReadFull")
 
@@ -113,14 +128,18 @@ func TestStalledPeerDoesNotFreezeTheCache(t *testing.T) {
 	default:
 	}
 	require.Zero(t, e.Stats().Puts, "the put is still pending")
+	select {
+	case err := <-put:
+		t.Fatalf("the stalled put returned (%v)", err)
+	default:
+	}
 	require.NoError(t, c.Check())
 
-	_, err = conn.Write(payload[half:])
-	require.NoError(t, err)
-	status, msg := readResp(t, conn)
-	require.Zero(t, status, "the put that was in flight lands: %s", msg)
+	release()
+	require.NoError(t, <-put, "the put that was in flight lands")
 	require.NoError(t, <-freed)
 	require.Equal(t, uint64(1), e.Stats().Puts)
+	require.True(t, k.Released(), "the keys tensor was revoked by the Free")
 	_, err = reg.Descriptor()
 	drivertest.RequireIs(t, err, driver.ErrClosed, "stale")
 	require.NoError(t, reg.Close())
@@ -145,4 +164,83 @@ func waitForStack(t *testing.T, frames ...string) {
 		}
 		runtime.Gosched()
 	}
+}
+
+// reqHeader is the size of a request's header (frame.go's reqSize).
+const reqHeader = 40
+
+// stallingProxy listens on the loopback device and relays one connection
+// to target: everything until the target's first answer (the hello's),
+// then budget bytes more from the initiator, then nothing from it until
+// release is called. It returns its address and release (called at the
+// test's end too).
+func stallingProxy(t *testing.T, target string, budget int) (string, func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	var wg sync.WaitGroup
+	t.Cleanup(func() { release(); _ = ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		in, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.Dial("tcp", target)
+		if err != nil {
+			_ = in.Close()
+			return
+		}
+		var answered atomic.Bool
+		wg.Add(1)
+		go func() { // target to initiator
+			defer wg.Done()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := out.Read(buf)
+				if n > 0 {
+					answered.Store(true) // before the initiator sees it, so before it sends the put
+					if _, werr := in.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+			_ = in.Close()
+		}()
+		// initiator to target
+		buf := make([]byte, 64<<10)
+		left := budget
+		for {
+			n, err := in.Read(buf)
+			b := buf[:n]
+			if answered.Load() && left >= 0 {
+				if len(b) >= left && left >= 0 {
+					if _, werr := out.Write(b[:left]); werr != nil {
+						break
+					}
+					b = b[left:]
+					left = -1
+					<-gate
+				} else {
+					left -= len(b)
+				}
+			}
+			if len(b) > 0 {
+				if _, werr := out.Write(b); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		_ = out.Close()
+	}()
+	return ln.Addr().String(), release
 }
