@@ -3,13 +3,13 @@ package arena
 import (
 	"fmt"
 	"math"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/extent"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -59,7 +59,7 @@ import (
 // blocks and stitched allocations; no more than Max is committed.
 type Allocator struct {
 	// mu guards everything below; it is taken before the ranges' locks.
-	mu        sync.Mutex
+	mu        lockrank.Mutex[lockrank.ArenaAllocator]
 	heaps     [2]*heap // small and large requests
 	st        *Sparse  // the stitch range; nil when stitching is off
 	stFree    *extent.Set

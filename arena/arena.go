@@ -2,12 +2,12 @@ package arena
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -50,7 +50,7 @@ type Arena struct {
 	s *Sparse
 
 	// mu guards length; it is taken before the Sparse's locks.
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.Arena]
 	length uint64
 }
 

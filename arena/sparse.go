@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/mapping"
@@ -110,7 +111,7 @@ type Sparse struct {
 	ops     sync.Mutex
 	writing sync.RWMutex
 	moving  sync.RWMutex
-	mu      sync.Mutex
+	mu      lockrank.Mutex[lockrank.SparseMu]
 
 	// slots are the mapped chunks by offset: sorted, disjoint, each
 	// [off, off+size) with off and size multiples of ChunkSize.

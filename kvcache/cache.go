@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/stream"
@@ -75,15 +76,26 @@ type slot struct {
 	lease *tensor.Lease
 }
 
-// leaseLocked is the lease the slot's next tensor is made under.
+// leaseLocked is the lease the slot's next tensor is made under: a new
+// one in place of a lease a drain stopped (drainLocked) once no access
+// under it is in flight — none can start, so no revoke needs to wait for
+// it — as when the call that drained it then refused or gave up (a
+// Preempt whose swap found no host memory, a SetBudget that planned
+// again). A stopped lease with accesses in flight stays, and tensors asked
+// for meanwhile are refused (ErrClosed): the revoke that follows must
+// wait for them.
 func (sl *slot) leaseLocked() *tensor.Lease {
-	if sl.lease == nil {
+	if sl.lease == nil || (sl.lease.Revoked() && sl.lease.Idle()) {
 		sl.lease = tensor.NewLease()
 	}
 	return sl.lease
 }
 
-// revokeLocked ends every tensor handed out over sl's memory so far.
+// revokeLocked ends every tensor handed out over sl's memory so far. It
+// waits for the accesses in flight under c.mu: the calls that revoke a
+// live sequence's lease (Free, Preempt, SetBudget, Close) drain it first
+// (drainLocked), so that it waits for nothing longer than an access
+// backing out at the check.
 func (sl *slot) revokeLocked() {
 	sl.lease.Revoke()
 	sl.lease = nil
@@ -115,7 +127,7 @@ type Cache struct {
 	// calls are made under it, but for the mapper's commits (in flight,
 	// counted in inflight, their units marked unitCommitting). cond
 	// (on mu) is broadcast when a commit in flight ends.
-	mu       sync.Mutex
+	mu       lockrank.Mutex[lockrank.KVCache]
 	cond     *sync.Cond
 	budget   uint64
 	pages    int // pages committed: units owned by slots, plus store pages
@@ -415,6 +427,60 @@ func (c *Cache) settleLocked(s *Seq, k func() int, check func() error) (bool, er
 	}
 }
 
+// drainLocked ends the accesses through sl's tensors ahead of a revoke
+// without holding c.mu while it waits for them: an access lasts as long as
+// its caller makes it (a transfer target's reads a peer's socket, up to the
+// engine's LeaseTimeout; a callback may call back into the cache), and no
+// other call on the cache waits for it. Under the lock it stops the lease
+// (tensor.Lease.Stop: every later access, and every tensor asked for
+// meanwhile, answers ErrClosed); while accesses are in flight it lets the
+// lock go until they end. Anything else may change meanwhile, as in
+// settleLocked: check runs after every wait and its error ends the drain.
+// The lease stays sl's while accesses are in flight (leaseLocked replaces
+// it only once idle), and revokeLocked waits for every one: memory is
+// never let go under an access, whoever revokes. A tensor the drain
+// stopped stays ended even if the call that drained then refuses or gives
+// up: the caller asks for it again (K, V), as after any revoke.
+// It reports whether it waited; on nil, sl's lease is stopped and idle,
+// and the revoke that follows under the lock waits for nothing.
+func (c *Cache) drainLocked(sl *slot, check func() error) (bool, error) {
+	waited := false
+	for {
+		l := sl.lease
+		if l == nil {
+			return waited, nil
+		}
+		l.Stop()
+		if l.Idle() {
+			return waited, nil
+		}
+		waited = true
+		c.mu.Unlock()
+		l.Revoke()
+		c.mu.Lock()
+		if err := check(); err != nil {
+			return waited, err
+		}
+	}
+}
+
+// quiesceLocked waits, letting c.mu go meanwhile, until no unit of s's
+// slot is being committed (settleLocked) and no access through its
+// tensors is in flight (drainLocked), both at once: after a drain that
+// waited the mapper may have started a commit. check runs after every
+// wait, as there. On nil the caller may take s's units and revoke its
+// lease without waiting.
+func (c *Cache) quiesceLocked(s *Seq, check func() error) error {
+	for {
+		if _, err := c.settleLocked(s, func() int { return len(s.sl.units) }, check); err != nil {
+			return err
+		}
+		if waited, err := c.drainLocked(s.sl, check); err != nil || !waited {
+			return err
+		}
+	}
+}
+
 // makeRoomLocked makes the budget hold need more pages: it gives back, in
 // order, the pages of idle slots (the longest idle first), cached prefix
 // store units no sequence maps (least recently used first), and the pages
@@ -572,6 +638,18 @@ func (c *Cache) Close() error {
 	defer c.unlock()
 	if err := c.usableLocked(what); err != nil {
 		return err
+	}
+	// The accesses through every sequence's tensors end with the lock
+	// let go (drainLocked); after a wait, every slot is looked at again.
+	for waited := true; waited; {
+		waited = false
+		for _, sl := range c.slotList {
+			w, err := c.drainLocked(sl, func() error { return c.usableLocked(what) })
+			if err != nil {
+				return err
+			}
+			waited = waited || w
+		}
 	}
 	var errs error
 	for s := range c.seqs {

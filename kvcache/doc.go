@@ -233,7 +233,16 @@
 // its access, and the revoke waits for the accesses in flight: Preempt,
 // SetBudget, Free and Close never unmap memory an access is touching, and
 // never wait longer than one access (they do not wait for the caller to
-// let go of the tensors, which simply stop working). A slice their Data
+// let go of the tensors, which simply stop working). They wait without
+// the cache's lock: an access can last as long as its caller makes it (a
+// transfer target's Access reads a peer's socket, up to its engine's
+// LeaseTimeout), and every other call on the cache goes on meanwhile —
+// including calls an access's callback makes into the cache. Once the
+// revoke has begun, the sequence's tensors answer ErrClosed and new ones
+// asked for it (Append, K, V) are refused likewise until the accesses in
+// flight end; if the revoking call then refuses (a Preempt's swap finds
+// no host memory) or SetBudget plans again without that sequence, the
+// sequence runs on, and its next tensors are new. A slice their Data
 // or Bytes handed out is not covered: it must not outlive the sequence's
 // run, as with any device memory.
 //

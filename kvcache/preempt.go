@@ -68,7 +68,7 @@ func (s *Seq) Preempt(mode PreemptMode) error {
 		}
 		return s.runningLocked(what)
 	}
-	if _, err := c.settleLocked(s, func() int { return len(s.sl.units) }, check); err != nil {
+	if err := c.quiesceLocked(s, check); err != nil {
 		return err
 	}
 	err = c.preemptLocked(what, s, mode)
@@ -292,6 +292,7 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 	if err := checkMode(what, mode); err != nil {
 		return nil, err
 	}
+	var preempted []*Seq // by every round
 	c.mu.Lock()
 	defer c.unlock()
 	if err := c.usableLocked(what); err != nil {
@@ -302,17 +303,18 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 	defer c.trimPoolLocked()
 	// The mapper plans within the budget: once the commits in flight
 	// land, nothing more comes until there is room.
+again: // planned again from here after every wait that let the lock go
 	for c.inflight > 0 {
 		c.cond.Wait()
 		if err := c.usableLocked(what); err != nil {
-			return nil, err
+			return preempted, err
 		}
 	}
 	if c.freePagesLocked() >= 0 {
 		// Room for the mapper, maybe: every running sequence that wants a
 		// unit ahead is listed already.
 		c.wakeMapper()
-		return nil, nil
+		return preempted, nil
 	}
 	// Give back what holds no running sequence's tokens, in order, until
 	// the cache fits (no page wanted beyond that: need 0).
@@ -322,10 +324,10 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 		func() error { return c.reclaimSurplusLocked(0, nil, 0) },
 	} {
 		if c.freePagesLocked() >= 0 {
-			return nil, nil
+			return preempted, nil
 		}
 		if err := step(); err != nil {
-			return nil, errors.Wrapf(err, "%s", what())
+			return preempted, errors.Wrapf(err, "%s", what())
 		}
 	}
 	var running []*Seq
@@ -335,10 +337,16 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 		}
 	}
 	slices.SortFunc(running, func(a, b *Seq) int { return int(b.admitted) - int(a.admitted) })
-	var preempted []*Seq
 	for _, s := range running {
 		if c.freePagesLocked() >= 0 {
 			break
+		}
+		// The accesses through its tensors end with the lock let go
+		// (drainLocked); after a wait, everything is planned again.
+		if waited, err := c.drainLocked(s.sl, func() error { return c.usableLocked(what) }); err != nil {
+			return preempted, err
+		} else if waited {
+			goto again
 		}
 		if err := c.preemptLocked(what, s, mode); err != nil {
 			return preempted, errors.Wrapf(err, "%s: preempting the sequence in slot %d (after %d others)", what(), s.sl.idx, len(preempted))

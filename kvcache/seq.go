@@ -726,7 +726,7 @@ func (s *Seq) Free() error {
 		return err
 	}
 	defer c.unlock()
-	if _, err := c.settleLocked(s, func() int { return len(s.sl.units) }, func() error { return s.liveLocked(what) }); err != nil {
+	if err := c.quiesceLocked(s, func() error { return s.liveLocked(what) }); err != nil {
 		return err
 	}
 	c.tick++

@@ -33,12 +33,12 @@ package mapping
 import (
 	"fmt"
 	"iter"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/mapref"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/runs"
@@ -123,7 +123,7 @@ type Table struct {
 	drv  driver.Driver
 	devs []driver.Device
 
-	mu     sync.RWMutex
+	mu     lockrank.RWMutex[lockrank.Mapping]
 	maps   ranges.List[driver.Addr, *entry]
 	closed bool
 }

@@ -4,13 +4,13 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -22,7 +22,7 @@ type Memory struct {
 	devs  []driver.Device // d.Devices(), fixed for the driver's life
 	share bool            // d.Supports(driver.FeatureShareable)
 
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.Physical]
 	closed bool
 	// chunks holds every chunk whose memory is not yet returned, by handle.
 	chunks table

@@ -19,12 +19,12 @@ package pool
 import (
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/stream"
@@ -78,7 +78,7 @@ type Pool struct {
 	// (registry.go): registry.creating, then Pool.mu, then registry.mu;
 	// Pool.mu also comes before the allocator's locks, the streams' and
 	// events' locks, and stream's hook lock (taken under it to unhook).
-	mu            sync.Mutex
+	mu            lockrank.Mutex[lockrank.Pool]
 	threshold     uint64
 	follow        bool
 	opportunistic bool

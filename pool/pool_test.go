@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,17 +69,14 @@ func (d backend) poolEnv(t *testing.T, props Props, follow, opportunistic, inter
 }
 
 // blockStream enqueues on s a host function that waits until the returned
-// function is called (or a second passes, so a bug cannot hang the test).
+// function is called, or the test ends (its cleanup calls it too, before
+// the stream's: a failed test does not leave the stream blocked).
 func blockStream(t *testing.T, s *stream.Stream) (release func()) {
 	ch := make(chan struct{})
-	require.NoError(t, s.Launch("blocked", func() error {
-		select {
-		case <-ch:
-		case <-time.After(time.Second):
-		}
-		return nil
-	}))
-	return func() { close(ch) }
+	release = sync.OnceFunc(func() { close(ch) })
+	t.Cleanup(release)
+	require.NoError(t, s.Launch("blocked", func() error { <-ch; return nil }))
+	return release
 }
 
 func TestPoolSameStreamReuse(t *testing.T) { onEveryDriver(t, poolSameStreamReuse) }

@@ -4,11 +4,11 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
@@ -40,9 +40,9 @@ import (
 // Every driver key is comparable (driver.CheckComparable), so no map
 // access can panic.
 type registry struct {
-	creating sync.Mutex
+	creating lockrank.Mutex[lockrank.PoolCreating]
 
-	mu sync.Mutex
+	mu lockrank.Mutex[lockrank.PoolRegistry]
 	// ranges are the live pools' address ranges by driver: each driver has
 	// its own address space, so ranges of different drivers may overlap.
 	ranges map[driver.Driver]*ranges.List[driver.Addr, *Pool]

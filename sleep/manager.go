@@ -10,6 +10,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/tensor"
@@ -59,7 +60,7 @@ type Manager struct {
 	// only to claim its tags and to record each one's new state: the
 	// copies, unmaps and commits run without it, so calls on other tags
 	// go on meanwhile (see tag.busy).
-	mu sync.Mutex
+	mu lockrank.Mutex[lockrank.SleepManager]
 	// settled is signalled (with mu) whenever tags stop being busy.
 	settled *sync.Cond
 	tags    map[string]*tag

@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -36,7 +36,7 @@ type Growable struct {
 	rowShape []int
 	rowBytes int
 
-	mu       sync.Mutex
+	mu       lockrank.Mutex[lockrank.TensorGrowable]
 	rows     int
 	cover    *arena.View // a live view of all rows, or nil when there are none
 	coverB   []byte      // cover's bytes

@@ -44,6 +44,11 @@ func NewLease() *Lease { return &Lease{} }
 // flight through them (each one element, or one Copy) to end: after it
 // returns, none of them touches memory again. Revoking twice, or a nil
 // lease, does nothing. It must not be called from inside an access.
+//
+// An access lasts as long as its caller makes it (a transfer target's
+// Access reads a peer's socket): an owner that revokes under a lock of
+// its own calls Stop under the lock, and, unless Idle, lets the lock go
+// while Revoke waits.
 func (l *Lease) Revoke() {
 	if l == nil {
 		return
@@ -57,6 +62,21 @@ func (l *Lease) Revoke() {
 		}
 	}
 }
+
+// Stop is Revoke's first half: every access that starts after it answers
+// ErrClosed, and no tensor is made under l again, but the accesses in
+// flight go on (Idle says whether there are any; Revoke waits for them).
+// Stopping twice, or a nil lease, does nothing.
+func (l *Lease) Stop() {
+	if l != nil {
+		l.revoked.Store(true)
+	}
+}
+
+// Idle reports whether no access under l is in flight. Once l is stopped,
+// Idle true stays true but for an access that backs out at once (it saw
+// the stop): a Revoke then waits for nothing longer than that.
+func (l *Lease) Idle() bool { return l == nil || l.using.Load() == 0 }
 
 // enter starts an access under l; false, with nothing started, once l is
 // revoked. An access that entered ends with exit.

@@ -60,3 +60,43 @@ func TestLease(t *testing.T) {
 type goBytes []byte
 
 func (b goBytes) Bytes() ([]byte, error) { return b, nil }
+
+// TestLeaseStop: Stop refuses every access that starts after it and every
+// new tensor, while an access in flight goes on (not Idle) until it ends;
+// Revoke then returns at once. Nothing here waits on the clock: the
+// access in flight is held by a channel.
+func TestLeaseStop(t *testing.T) {
+	l := tensor.NewLease()
+	buf := make(goBytes, 64)
+	x, err := tensor.NewLeased(l, buf, tensor.Float32, 16)
+	require.NoError(t, err)
+	require.True(t, l.Idle())
+	inside, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error)
+	go func() {
+		done <- x.Access(true, func(b []byte) error {
+			close(inside)
+			<-release
+			b[0] = 7
+			return nil
+		})
+	}()
+	<-inside
+	require.False(t, l.Idle())
+	l.Stop()
+	l.Stop() // twice does nothing
+	require.True(t, l.Revoked())
+	require.False(t, l.Idle(), "the access in flight goes on")
+	_, err = x.At(1)
+	drivertest.RequireIs(t, err, driver.ErrClosed, "released") // a new access is refused
+	_, err = tensor.NewLeased(l, buf, tensor.Float32, 4)
+	drivertest.RequireIs(t, err, driver.ErrClosed, "revoked") // no tensor is made under a stopped lease
+	close(release)
+	require.NoError(t, <-done)
+	require.True(t, l.Idle())
+	l.Revoke() // nothing in flight: returns at once
+	require.Equal(t, byte(7), buf[0], "the access in flight wrote")
+	var nilLease *tensor.Lease
+	nilLease.Stop()
+	require.True(t, nilLease.Idle())
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/transfer/internal/ucx"
@@ -66,7 +67,7 @@ type Engine struct {
 	worker *ucx.Worker // the ucx kind's; nil for tcp
 
 	// mu guards the fields below it.
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.TransferEngine]
 	closed bool
 	// regs holds the live registrations by id; ids come from lastID,
 	// which only grows, so a closed registration's id is never reused.
@@ -427,7 +428,7 @@ type Peer struct {
 	// mu serializes ops; broken (under mu) is set once the connection
 	// is in an unknown state (an op cut short) and closed, after which
 	// every op is ErrClosed.
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.TransferPeer]
 	broken bool
 	shut1  sync.Once
 	closed atomic.Bool

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver/cuda"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/testexec"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -91,8 +91,10 @@ func buildLibrary(tb testing.TB) (so, header string) {
 		built.so = filepath.Join(testDir, "libvmarena.so")
 		built.hdr = filepath.Join(testDir, "libvmarena.h")
 		// A cold cache builds the standard library and every dependency
-		// again for -shared: about 40 s on two cores.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		// again for -shared: about 40 s on two cores, several minutes on
+		// a loaded one. No limit of its own: go test's -timeout bounds it
+		// (testexec.Context).
+		ctx, cancel := testexec.Context(tb)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, gocmd, "build", "-buildmode=c-shared", "-o", built.so, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
@@ -148,16 +150,17 @@ func TestHeaderMatchesBuild(t *testing.T) {
 	require.NotEqual(t, want, prototypes(t, changed))
 }
 
-// runChecked runs cmd with a watchdog and returns its output; it fails
-// the test unless the command exits 0 and prints "ok" last.
-func runChecked(t *testing.T, limit time.Duration, env []string, name string, args ...string) string {
+// runChecked runs cmd until it exits (or go test's -timeout nears:
+// testexec.Context) and returns its output; it fails the test unless the
+// command exits 0 and prints "ok" last.
+func runChecked(t *testing.T, env []string, name string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	ctx, cancel := testexec.Context(t)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, ctx.Err(), "%s ran past %s:\n%s", name, limit, out)
+	require.NoError(t, ctx.Err(), "%s was killed as go test's -timeout neared:\n%s", name, out)
 	require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	require.Equal(t, "ok", lines[len(lines)-1], "%s:\n%s", name, out)
@@ -207,7 +210,7 @@ func compileCycles(tb testing.TB) string {
 
 func TestCProgram(t *testing.T) {
 	bin := compileCycles(t)
-	out := runChecked(t, 2*time.Minute, hostEnv, bin, "run", "1000", strconv.Itoa(sleepCode))
+	out := runChecked(t, hostEnv, bin, "run", "1000", strconv.Itoa(sleepCode))
 	t.Logf("%s", out)
 }
 
@@ -267,7 +270,7 @@ func TestCProgramOnStandins(t *testing.T) {
 	bin := compileCycles(t)
 	for _, vendor := range []string{"cuda", "acl"} {
 		t.Run(vendor, func(t *testing.T) {
-			out := runChecked(t, 2*time.Minute, standinEnv(t, vendor), bin, "run", "100", strconv.Itoa(sleepCode))
+			out := runChecked(t, standinEnv(t, vendor), bin, "run", "100", strconv.Itoa(sleepCode))
 			t.Logf("%s", out)
 		})
 	}
@@ -278,7 +281,7 @@ func TestCProgramOnStandins(t *testing.T) {
 // library, the first (which opens the driver) included.
 func TestCCallerContextStaysCurrent(t *testing.T) {
 	bin := compileCycles(t)
-	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "context")
+	runChecked(t, standinEnv(t, "cuda"), bin, "context")
 }
 
 // TestCFreeWaitsForItsStream: on cuda, vmarena_free returns only after
@@ -287,7 +290,7 @@ func TestCCallerContextStaysCurrent(t *testing.T) {
 // frees nothing.
 func TestCFreeWaitsForItsStream(t *testing.T) {
 	bin := compileCycles(t)
-	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "stream")
+	runChecked(t, standinEnv(t, "cuda"), bin, "stream")
 }
 
 // compileGPUCycles compiles testdata/gpucycles.c against the library.
@@ -303,7 +306,7 @@ func compileGPUCycles(t *testing.T) string {
 // first run of the program.
 func TestGPUCyclesOnStandin(t *testing.T) {
 	bin := compileGPUCycles(t)
-	runChecked(t, time.Minute, standinEnv(t, "cuda"), bin, "10", "2")
+	runChecked(t, standinEnv(t, "cuda"), bin, "10", "2")
 }
 
 // TestGPUCycles runs testdata/gpucycles.c on the machine's GPU: 200
@@ -317,7 +320,7 @@ func TestGPUCycles(t *testing.T) {
 		t.Skipf("no GPU: %v", err)
 	}
 	bin := compileGPUCycles(t)
-	out := runChecked(t, 5*time.Minute, []string{"VMARENA_DRIVER=cuda"}, bin, "200", "64")
+	out := runChecked(t, []string{"VMARENA_DRIVER=cuda"}, bin, "200", "64")
 	t.Logf("%s", out)
 }
 
@@ -325,7 +328,7 @@ func TestGPUCycles(t *testing.T) {
 // to the thread that set them.
 func TestCThreadsHaveTheirOwnTags(t *testing.T) {
 	bin := compileCycles(t)
-	runChecked(t, time.Minute, hostEnv, bin, "threads")
+	runChecked(t, hostEnv, bin, "threads")
 }
 
 func TestPythonPluggableAllocator(t *testing.T) {
@@ -334,7 +337,7 @@ func TestPythonPluggableAllocator(t *testing.T) {
 	if err != nil {
 		t.Skip("no python3: the ctypes test of the PyTorch allocator ABI needs it")
 	}
-	out := runChecked(t, 2*time.Minute, hostEnv, py, "testdata/pluggable.py", so, "1000", strconv.Itoa(sleepCode))
+	out := runChecked(t, hostEnv, py, "testdata/pluggable.py", so, "1000", strconv.Itoa(sleepCode))
 	t.Logf("%s", out)
 }
 
@@ -374,9 +377,7 @@ func BenchmarkCAllocFree(b *testing.B) {
 	}
 	goNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
 	b.StopTimer()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", strconv.Itoa(max(b.N, 100_000)))
+	cmd := exec.Command(bin, "bench", strconv.Itoa(max(b.N, 100_000)))
 	cmd.Env = append(os.Environ(), hostEnv...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(b, err, "%s", out)

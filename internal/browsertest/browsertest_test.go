@@ -132,10 +132,10 @@ func TestOpenStandIn(t *testing.T) {
 	require.ErrorContains(t, err, "it broke")
 	ctx, cancel := context.WithTimeout(bg, 200*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	_, err = open(map[string]string{"FAKE_PNG": drawnPNG, "FAKE_SLEEP": "30"}, ctx)
+	// Killed, not waited for: a browser waited for would hold the test
+	// ten minutes, past go test's -timeout.
+	_, err = open(map[string]string{"FAKE_PNG": drawnPNG, "FAKE_SLEEP": "600"}, ctx)
 	require.ErrorContains(t, err, "did not finish loading")
-	require.Less(t, time.Since(start), 15*time.Second, "the browser is killed, not waited for")
 
 	_, err = Open(bg, fake, filepath.Join(dir, "missing.html"), t.TempDir())
 	require.ErrorContains(t, err, "missing.html")

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -139,14 +138,14 @@ func TestAliases(t *testing.T) {
 // TestCap: a range of many granules with memory throughout is drawn a
 // few granules a cell, within MaxCells, and the caption says so; a huge
 // range with little mapped is drawn a granule a cell, its reserved
-// stretches as bars; either picture stays small and is made fast.
+// stretches as bars; either picture stays small. (How fast is
+// BenchmarkCap's to say.)
 func TestCap(t *testing.T) {
 	const n = 100_000
 	p := memsvg.Picture{Title: "busy", Granule: g, Ranges: []memsvg.Range{{Name: "r", Size: n * g}}}
 	for i := uint64(0); i < n; i += 3 {
 		p.Ranges[0].Spans = append(p.Ranges[0].Spans, memsvg.Span{Offset: i * g, Size: g, State: memsvg.State(1 + i%2), Chunk: i, Access: []memsvg.Access{memsvg.Read}})
 	}
-	start := time.Now()
 	d, data := render(t, p)
 	require.LessOrEqual(t, len(d.Cells), memsvg.MaxCells)
 	require.Greater(t, len(d.Cells), memsvg.MaxCells/2)
@@ -162,7 +161,6 @@ func TestCap(t *testing.T) {
 	require.Len(t, d.Cells, 2)
 	require.Equal(t, []uint64{units.GiB / (64 * units.KiB), (units.TiB-units.GiB)/(64*units.KiB) - 2}, d.Gaps)
 	require.Less(t, len(data), 10_000)
-	require.Less(t, time.Since(start), 5*time.Second)
 }
 
 // TestEscape: text is escaped, so a title, a range name or a mark with

@@ -1,18 +1,17 @@
 package platforms
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/internal/race"
+	"github.com/vmarena/vmarena/internal/testexec"
 )
 
 // targets are the platforms the module must build on besides Linux: the
@@ -36,10 +35,6 @@ const defaultTargets = 2
 
 // allTargetsEnv, set to 1, builds for every target, each whole.
 const allTargetsEnv = "VMARENA_ALL_PLATFORMS"
-
-// limit bounds each go command; a cold cache builds the module and its
-// dependencies once per target.
-const limit = 5 * time.Minute
 
 // gcflags compile every package of a target without optimization or
 // inlining. The go commands here link nothing and run nothing: vet needs
@@ -81,14 +76,16 @@ func TestOtherPlatformsBuild(t *testing.T) {
 	_, err = os.Stat(filepath.Join(root, "go.mod"))
 	require.NoError(t, err, "the module's root is two levels up")
 	run := func(t *testing.T, goos, goarch string, args ...string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		// As long as it takes (a cold cache builds the module and its
+		// dependencies once per target), up to go test's -timeout.
+		ctx, cancel := testexec.Context(t)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, gocmd, append([]string{args[0], gcflags}, args[1:]...)...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()
 		if ctx.Err() != nil {
-			t.Fatalf("go %s for %s/%s ran past %s:\n%s", strings.Join(args, " "), goos, goarch, limit, out)
+			t.Fatalf("go %s for %s/%s was killed as go test's -timeout neared:\n%s", strings.Join(args, " "), goos, goarch, out)
 		}
 		return string(out), err
 	}
