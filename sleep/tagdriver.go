@@ -3,11 +3,11 @@ package sleep
 import (
 	"fmt"
 	"sort"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -46,7 +46,7 @@ type tagDriver struct {
 	// and nothing under mu calls back up it: the real driver never calls
 	// into this package, and mu is never held across a call into the
 	// Manager, the allocator or a tensor's lease.
-	mu       sync.Mutex
+	mu       lockrank.Mutex[lockrank.SleepTagDriver]
 	next     driver.Handle
 	chunks   map[driver.Handle]*vchunk
 	maps     map[driver.Addr]*vmap // by start address
