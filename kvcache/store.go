@@ -39,7 +39,13 @@ import (
 // borrower gives it back.
 //
 // Sharing needs units that hold whole tokens: in the PerLayer layout a
-// page must be a whole number of rows, otherwise sharing is off.
+// page must be a whole number of rows, otherwise sharing is off. In the
+// Contiguous layout a token may straddle two pages: a store unit is one
+// page, keyed by the tokens with bytes in it, and a match that ends at a
+// page boundary a token straddles (the token's head in the last matched
+// page, its tail past it) borrows the pages before the one that token
+// starts in and copies that one into the sequence's own page, so the
+// sequence writes the token's rows in memory of its own (cut).
 
 // errNoStoreRoom says the prefix store has no unit to give: the unit is
 // then the slot's own. It never leaves the package.
@@ -56,8 +62,8 @@ type storeUnit struct {
 	idx       int
 	u         int    // the unit index it holds in every slot that maps it
 	key       uint64 // prefix hash at its end token
-	parent    uint64 // prefix hash at its start token
-	tokens    []int  // the tokens it holds
+	parent    uint64 // prefix hash at its first token (keyTokens)
+	tokens    []int  // the tokens it is listed with (keyTokens)
 	refs      int
 	owner     *Seq
 	published bool
@@ -298,7 +304,7 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 	ch := s.chain
 	sus := make([]*storeUnit, len(took))
 	for i, t := range took {
-		start, end := g.unitTokens(u0 + i)
+		start, end := g.keyTokens(u0 + i)
 		sus[i] = &storeUnit{idx: t.idx, u: u0 + i, owner: s, lastUse: c.tick,
 			key:    prefixKey(ch, s.prompt, s.extra, g.block, end),
 			parent: prefixKey(ch, s.prompt, s.extra, g.block, start),
@@ -539,7 +545,7 @@ func (c *Cache) findLocked(prompt []int, extra uint64, limit int) match {
 	ch := make([]uint64, 0, 16)
 	u := 0
 	for ; u < g.units; u++ {
-		start, end := g.unitTokens(u)
+		start, end := g.keyTokens(u)
 		if end > limit || end > len(prompt) {
 			break
 		}
@@ -550,11 +556,22 @@ func (c *Cache) findLocked(prompt []int, extra uint64, limit int) match {
 		}
 		m.units = append(m.units, su)
 	}
+	if b, copyNext, tokens := g.cut(u); b != u || copyNext {
+		// Contiguous: the first token past the match starts in unit b.
+		if copyNext {
+			m.partial = m.units[b]
+		}
+		m.units, m.tokens = m.units[:b], tokens
+		return m
+	}
 	start, _ := g.unitTokens(u)
 	m.tokens = start
 	if u == g.units || start >= len(prompt) {
 		return m
 	}
+	// The tokens the next unit holds whole (in the Contiguous layout its
+	// last may straddle into the unit after).
+	whole := g.roomIn(u + 1)
 	best := 0
 	ch = chainTo(ch, prompt, extra, g.block, start/g.block)
 	for _, su := range c.ps.children[prefixKey(ch, prompt, extra, g.block, start)] {
@@ -562,7 +579,7 @@ func (c *Cache) findLocked(prompt []int, extra uint64, limit int) match {
 			continue
 		}
 		n := 0
-		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
+		for n < len(su.tokens) && start+n < whole && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
 			n++
 		}
 		if (start+n)/g.block*g.block > start+best {
@@ -668,6 +685,17 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 			m.partial = nil
 		}
 		backed = append(backed, copied...)
+		if a := g.cleanBelow(k); copied == nil && a < k {
+			// A token straddles into unit k from the borrowed unit k-1
+			// and the copy that would have held it has no room: the
+			// borrowed units back to a boundary no token straddles go
+			// too, so the sequence writes no borrowed page.
+			if err := c.decommitUnitsLocked(sl, a, k); err != nil {
+				return undo(err)
+			}
+			backed = backed[:a]
+			sl.shared, k = a, a
+		}
 	}
 	if m.partial == nil {
 		m.tokens, _ = g.unitTokens(k)
