@@ -234,3 +234,58 @@ func checkUnits(t testing.TB, c *Cache, s *Seq, tokens []int, extra uint64, matc
 	_, err := s.UnitBytes(k)
 	drivertest.RequireIs(t, err, driver.ErrInvalid)
 }
+
+// TestContiguousStrides: in the Contiguous layout K and V of layer l are
+// [tokens, KVHeads, HeadDim] with strides [2*Layers*row/elt, HeadDim, 1]
+// at element offset (2l+kv)*row/elt from the slot's base — Append's rows
+// too, from their first position — and a token's bytes cross pages where
+// the page is not a whole number of tokens; what is written through
+// Append's rows reads back through K and V across those boundaries.
+func TestContiguousStrides(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(Contiguous, 64, 2)
+	cfg.Layers = 3 // a token of 12 KiB: 5 1/3 a 64 KiB page
+	c := e.cache(t, cfg)
+	elt := cfg.DType.Size()
+	row := cfg.KVHeads * cfg.HeadDim * elt
+	tb := 2 * cfg.Layers * row
+	require.Equal(t, 0, c.TokensPerGroup())
+	prompt := family(0, 40)
+	s, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	base := c.Base() + driver.Addr(uint64(s.Slot())*c.SlotBytes())
+	for _, cut := range []int{0, 7, 23, 40} {
+		if cut == 0 {
+			continue
+		}
+		from := s.Len()
+		step, err := s.Append(prompt[from:cut])
+		require.NoError(t, err)
+		require.Len(t, step.Layers, cfg.Layers)
+		for l, runs := range step.Layers {
+			require.Len(t, runs, 1, "one run a layer")
+			for kv, ten := range []*tensor.Tensor{runs[0].K, runs[0].V} {
+				require.Equal(t, []int{cut - from, cfg.KVHeads, cfg.HeadDim}, ten.Shape())
+				require.Equal(t, []int{tb / elt, cfg.HeadDim, 1}, ten.Strides())
+				require.Equal(t, base+driver.Addr(from*tb+(2*l+kv)*row), ten.Addr()+driver.Addr(ten.Offset()*elt))
+			}
+		}
+		writeStep(t, step, prompt[:cut], 0)
+	}
+	for l := range cfg.Layers {
+		for kv, get := range []func(int) (*tensor.Tensor, error){s.K, s.V} {
+			ten, err := get(l)
+			require.NoError(t, err)
+			require.Equal(t, []int{40, cfg.KVHeads, cfg.HeadDim}, ten.Shape())
+			require.Equal(t, []int{tb / elt, cfg.HeadDim, 1}, ten.Strides())
+			require.Equal(t, (2*l+kv)*row/elt, ten.Offset())
+			require.Equal(t, base, ten.Addr())
+		}
+	}
+	checkSeq(t, s, prompt, 0, 0, 40)
+	// 40 tokens of 12 KiB are 7 1/2 pages: 8 committed, the tail less
+	// than one.
+	require.Equal(t, 8, c.UnitsFor(40))
+	require.Equal(t, 8*int(cfg.PageSize), c.Stats().PagesCommitted*int(cfg.PageSize))
+	require.NoError(t, s.Free())
+}
