@@ -231,7 +231,7 @@
 // # A sequence's units as bytes
 //
 // Seq.UnitBytes hands unit u of a sequence out as uint8 tensors, one per
-// contiguous extent (TokenMajor: the unit's page group; PerLayer: its
+// contiguous extent (TokenMajor: the unit's page group; Contiguous: its page; PerLayer: its
 // page of each of the 2*Layers regions), for a transfer engine to move a
 // sequence to another cache of the same shape (Layers, KVHeads, HeadDim,
 // DType, PageSize, Layout) — disaggregated prefill and decode, package
