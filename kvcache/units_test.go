@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -288,4 +289,54 @@ func TestContiguousStrides(t *testing.T) {
 	require.Equal(t, 8, c.UnitsFor(40))
 	require.Equal(t, 8*int(cfg.PageSize), c.Stats().PagesCommitted*int(cfg.PageSize))
 	require.NoError(t, s.Free())
+}
+
+// TestContiguousStraddleMatch: in the Contiguous layout (12 KiB tokens,
+// 64 KiB pages) a match that ends where a token straddles two pages
+// borrows the pages before the one that token starts in and copies that
+// one; with no room for the copy, it gives back the borrowed pages to the
+// last boundary no token straddles (every 3 pages) and matches the tokens
+// before it.
+func TestContiguousStraddleMatch(t *testing.T) {
+	for _, c := range []struct {
+		budget, matched, shared, copies int
+	}{
+		{11, 42, 7, 1}, // borrows pages 0-6, copies page 7 (token 42 starts in it)
+		{9, 32, 6, 0},  // the budget is full: pages 0-5, tokens 0-31
+	} {
+		t.Run(fmt.Sprint(c.budget), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			cfg := tinyConfig(Contiguous, 64, 2)
+			cfg.Layers = 3
+			cfg.Budget = uint64(c.budget) * page
+			cache := e.cache(t, cfg)
+			a, err := cache.Admit(family(0, 46), 0)
+			require.NoError(t, err)
+			step, err := a.Append(family(0, 46))
+			require.NoError(t, err)
+			writeStep(t, step, family(0, 46), 0)
+			require.NoError(t, a.MarkWritten(46))
+			require.Equal(t, 9, cache.Stats().PagesCommitted, "46 tokens of 12 KiB: 8 5/8 pages")
+			prompt := append(family(0, 45), 7)
+			b, err := cache.Admit(prompt, 0)
+			require.NoError(t, err)
+			require.Equal(t, c.matched, b.Matched())
+			require.Equal(t, c.shared, b.SharedUnits())
+			require.Equal(t, c.copies, cache.Stats().Copies)
+			require.NoError(t, cache.Check())
+			checkSeq(t, b, prompt, 0, 0, c.matched)
+			if c.budget == 11 {
+				// The rest fits: the token straddling pages 7 and 8 is
+				// written in the copied page and a page of b's own.
+				step, err = b.Append(prompt[b.Len():])
+				require.NoError(t, err)
+				writeStep(t, step, prompt, 0)
+				checkSeq(t, b, prompt, 0, 0, len(prompt))
+				checkSeq(t, a, family(0, 46), 0, 0, 46)
+			}
+			require.NoError(t, b.Free())
+			require.NoError(t, a.Free())
+			require.NoError(t, cache.Check())
+		})
+	}
 }
