@@ -136,6 +136,15 @@ func TestKVSimulateHandmade(t *testing.T) {
 	require.Contains(t, flat, "\nscheme this cache (per-layer) paged (vLLM) static\n")
 	require.Regexp(t, `(?m)^peak concurrent sequences 2 2 2$`, flat)
 
+	// --layout auto (the default) takes the contiguous layout for a
+	// token that divides no page, at the page --page-size gives.
+	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "qwen2.5-7b", "--memory", "256MiB", "--max-context", "64",
+		"--page-size", "64KiB")
+	require.Equal(t, 0, code, errOut)
+	flat = flatten(out)
+	require.Contains(t, flat, "contiguous, 56 pages of 64 KiB a slot, a token every 56 KiB")
+	require.Contains(t, flat, "\nscheme this cache (contiguous) paged (vLLM) static\n")
+
 	// --admit expected-output says so in the header.
 	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--admit", "expected-output")
 	require.Equal(t, 0, code, errOut)
