@@ -25,7 +25,7 @@ func TestLayoutFigures(t *testing.T) {
 	const maxCtx = 32768
 	for _, pg := range []uint64{2 * units.MiB, 64 * units.KiB} {
 		t.Logf("pages of %s, MaxContext %d; waste per token is internal, per sequence the tail (worst, mean over lengths); the paged scheme's block of 16 tokens wastes at worst 15 tokens, 7.5 on average", units.Bytes(pg), maxCtx)
-		t.Logf("%-12s %-12s %8s %6s %10s %14s %14s %10s", "model", "layout", "tok/page", "unit", "int./token", "tail worst", "tail mean", "÷ block")
+		t.Logf("%-12s %-12s %8s %6s %10s %22s %22s %10s", "model", "layout", "tok/page", "unit", "int./token", "tail worst (tokens)", "tail mean (tokens)", "÷ block")
 		for _, name := range Presets() {
 			if name == "tiny" {
 				continue
@@ -75,8 +75,9 @@ func TestLayoutFigures(t *testing.T) {
 				if l == pick {
 					mark = " <- PickLayout"
 				}
-				t.Logf("%-12s %-12s %8.2f %3d pg %10s %14s %14s %10s%s", name, l, float64(g.page)/float64(tb),
-					g.unitPages(), units.Bytes(uint64(internal)), units.Bytes(worst), units.Bytes(uint64(mean)), ratio, mark)
+				t.Logf("%-12s %-12s %8.2f %3d pg %10s %13s (%6.1f) %13s (%6.1f) %10s%s", name, l, float64(g.page)/float64(tb),
+					g.unitPages(), units.Bytes(uint64(internal)), units.Bytes(worst), float64(worst)/float64(tb),
+					units.Bytes(uint64(mean)), mean/float64(tb), ratio, mark)
 				switch l {
 				case Contiguous:
 					require.Zero(t, internal, "%s: no byte of a page inside a sequence is unused", name)
