@@ -149,6 +149,8 @@ type Cache struct {
 	ps prefixStore
 	// ev is the KV events queued for Config.Events (events.go).
 	ev eventQueue
+	// asked is the prompt CanAdmit was last asked about (plan.go).
+	asked asked
 }
 
 // counters are the cumulative figures of Stats.
@@ -161,6 +163,7 @@ type counters struct {
 	preemptions, swaps, drops, resumes int
 	mapperCommits                      int
 	copiedBytes, swappedBytes          uint64
+	failedAdmits, failedResumes        uint64
 }
 
 // New makes a cache of cfg's shape on space and mem: it reserves the
@@ -572,6 +575,7 @@ func (c *Cache) Close() error {
 		sl.aheadListed = false
 	}
 	c.ahead = nil
+	c.forgetAskedLocked()
 	// Every unit leaves the index: one event says so.
 	c.ev.clearing = true
 	errs = errors.CombineErrors(errs, c.closeStoreLocked())

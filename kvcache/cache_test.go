@@ -428,9 +428,9 @@ func TestBadInput(t *testing.T) {
 	c := e.cache(t, cfg)
 	s, err := c.Admit([]int{1, 2, 3}, 0)
 	require.NoError(t, err)
-	_, err = s.Append([]int{1, 2, 3, 4})
+	other, err := c.Admit([]int{9}, 0) // its unit fits in the budget, before s's is committed
 	require.NoError(t, err)
-	other, err := c.Admit([]int{9}, 0)
+	_, err = s.Append([]int{1, 2, 3, 4})
 	require.NoError(t, err)
 	type state struct {
 		st     Stats

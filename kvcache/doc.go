@@ -204,14 +204,29 @@
 // first gives back, in order, the pages of idle slots, cached prefix store
 // units no sequence maps (least recently used first) and the pages running
 // sequences hold beyond their tokens; if that is not enough it fails with
-// ErrOutOfMemory and changes nothing. CanAdmit says whether a request
-// would fit now. SetBudget lowers (or raises) the budget at run time —
+// ErrOutOfMemory and changes nothing. SetBudget lowers (or raises) the budget at run time —
 // several models sharing a device — giving back the same way and then
 // preempting running sequences, the latest admitted first. A preempted
 // sequence keeps its slot, addresses and tokens: Swap copies its bytes to
 // pinned host memory (stream.HostBuffer) first and Resume puts them back
 // identical; Drop loses them and Resume hands back views of the positions
 // to recompute.
+//
+// Admission never over-promises. Admit and Resume plan first, under the
+// cache's lock and without a driver call: the units the prefix store
+// lends, the pages to commit for the rest (Admit: the whole prompt, less
+// the pages the slot kept; Resume: every token), and the room — free
+// pages, idle slots', cached store units but those the call borrows,
+// surplus. Only a plan that fits is carried out; a refused one
+// (ErrOutOfMemory; Stats.FailedAdmits, Stats.FailedResumes) has mapped,
+// unmapped and committed nothing, and every book — Stats, Occupancy, the
+// store and its LRU order, events — is as it was. CanAdmit and
+// Seq.CanResume answer from the same plans, for the call and an Append
+// after it (to the prompt and expected output; to the context and more),
+// exactly when no other call comes between. The plans' lookups start
+// from the units the last one matched (CanAdmit's for the same prompt
+// slice, a sequence's own for CanResume), so a request asked about every
+// step costs its matched units, not its prompt's tokens.
 //
 // # Lifetimes
 //
@@ -268,8 +283,9 @@
 // none of a running sequence's context or of the sequences seen: Admit
 // and CanAdmit look at every slot to choose one, giving back running
 // sequences' surplus passes over the slots until enough is free (both
-// bounded by MaxSeqs), and a prefix lookup compares the prompt as far as
-// the store shares it. What a page costs beyond that — its commit, borrow,
+// bounded by MaxSeqs), and a first prefix lookup of a prompt compares it
+// as far as the store shares it (one asked again looks at the units it
+// matched). What a page costs beyond that — its commit, borrow,
 // read-only grant or decommit — is the arena's and the layers' below it
 // (a match takes one read-only grant per region). A prompt's units take
 // the store places they are given (free or recycled) in the store's

@@ -113,14 +113,34 @@ func TestKeptPagesPayForStoreUnits(t *testing.T) {
 }
 
 // TestKeptPagesRefusedAppendChangesNothing: a prompt of 12 whole units on
-// 10 kept pages needs 2 more pages, which a full budget refuses: the kept
-// pages are still the slot's, nothing else changed.
+// 10 kept pages needs 2 more pages, which a full budget refuses — at
+// Admit, whose plan counts the kept pages, and at an Append once the
+// budget is lowered under the admitted sequence: the kept pages are still
+// the slot's, nothing else changed.
 func TestKeptPagesRefusedAppendChangesNothing(t *testing.T) {
 	e, c := keptCache(t, 10)
 	prompt := seqTokens(48, 48, 0)
+	fits, err := c.CanAdmit(prompt, 0, 0)
+	require.NoError(t, err)
+	require.False(t, fits)
+	fits, err = c.CanAdmit(prompt[:40], 0, 0)
+	require.NoError(t, err)
+	require.True(t, fits, "10 whole units on the 10 kept pages")
+	before := c.Stats()
+	_, err = c.Admit(prompt, 0)
+	requireIs(t, err, driver.ErrOutOfMemory, "admit")
+	after := c.Stats()
+	require.Equal(t, before.FailedAdmits+1, after.FailedAdmits)
+	after.FailedAdmits = before.FailedAdmits
+	require.Equal(t, before, after)
+
+	_, err = c.SetBudget(12*page, Drop)
+	require.NoError(t, err)
 	s, err := c.Admit(prompt, 0)
 	require.NoError(t, err)
-	before := c.Stats()
+	_, err = c.SetBudget(10*page, Drop)
+	require.NoError(t, err)
+	before = c.Stats()
 	require.Equal(t, 10, before.SurplusPages)
 	_, err = s.Append(prompt)
 	requireIs(t, err, driver.ErrOutOfMemory, "append")

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -354,7 +355,7 @@ type mmatch struct {
 	partial *munit
 }
 
-// find is the cache's findLocked, on exact keys.
+// find is the cache's findFromLocked, on exact keys.
 func (m *model) find(tokens, prompt []int, extra uint64, limit int) mmatch {
 	var r mmatch
 	if !m.sharing || limit <= 0 {
@@ -475,7 +476,7 @@ func (m *model) apply(s *mseq, r mmatch, copy bool) []int {
 // whether the pages the prompt and out more tokens need there — less
 // those it would borrow and those the slot keeps — fit once idle, cached
 // and surplus pages are given back, the slot's own pages under the
-// borrowed ones with them.
+// borrowed ones and past the tokens' units with them.
 func (m *model) canAdmit(prompt []int, extra uint64, out, maxCtx int) bool {
 	if len(prompt) > maxCtx {
 		return false
@@ -502,6 +503,7 @@ func (m *model) canAdmit(prompt []int, extra uint64, out, maxCtx int) bool {
 			need += m.up()
 		}
 	}
+	room += m.ownedFrom(sl, m.g.unitsFor(total)) * m.up()
 	room += len(m.lru) * m.up()
 	for _, mu := range shared {
 		if mu.refs == 0 {
@@ -515,6 +517,35 @@ func (m *model) canAdmit(prompt []int, extra uint64, out, maxCtx int) bool {
 			room += m.ownedFrom(x, 0) * m.up()
 		default:
 			room += m.ownedFrom(x, m.surplusFrom(x, sl, len(sl.owned))) * m.up()
+		}
+	}
+	return need <= room
+}
+
+// canResume is the cache's plan of a Resume of s (preempted) and an
+// Append of more tokens: every unit below theirs but those the store
+// lends needs a page; the room is
+// the free pages, the idle slots' and the surplus, and the cached units
+// but those it borrows.
+func (m *model) canResume(s *mseq, more, maxCtx int) bool {
+	limit := len(s.tokens)
+	if s.preempted == Drop {
+		limit--
+	}
+	shared := m.find(s.tokens, s.prompt, s.extra, limit).units
+	need := (m.g.unitsFor(min(len(s.tokens)+more, maxCtx)) - len(shared)) * m.up()
+	room := m.free() + len(m.lru)*m.up()
+	for _, mu := range shared {
+		if mu.refs == 0 {
+			room -= m.up()
+		}
+	}
+	for _, x := range m.slots {
+		switch {
+		case x.seq == nil:
+			room += m.ownedFrom(x, 0) * m.up()
+		case x.seq.preempted == 0:
+			room += m.ownedFrom(x, m.g.unitsFor(len(x.seq.tokens))) * m.up()
 		}
 	}
 	return need <= room
@@ -539,7 +570,56 @@ func family(f, n int) []int {
 	return out
 }
 
-type modelRun struct{ admits, appends, frees, verified, ooms, preempts, resumes, hits, copies int }
+type modelRun struct {
+	admits, appends, frees, verified, ooms, preempts, resumes, hits, copies int
+	// refusedAdmits and refusedResumes are the calls their plans refused;
+	// asked the CanAdmit and CanResume answers checked against the calls.
+	refusedAdmits, refusedResumes, asked int
+}
+
+// books is every book of a cache a refused call must leave as it was:
+// its Stats (the failure counts aside), the layouts of its two ranges,
+// the memory committed, the store's LRU order and index, the KV events
+// queued, and the driver calls the sim driver counted.
+type books struct {
+	st                Stats
+	slots, store, lru string
+	used              uint64
+	events            int
+	calls             sim.Calls
+}
+
+func snapBooks(t *testing.T, c *Cache, e *env) books {
+	t.Helper()
+	st := c.Stats()
+	st.FailedAdmits, st.FailedResumes = 0, 0
+	b := books{st: st, slots: fmt.Sprint(c.slots.Layout()), used: e.used(t)}
+	c.mu.Lock()
+	if c.ps.s != nil {
+		b.store = fmt.Sprint(c.ps.s.Layout())
+	}
+	for el := c.ps.lru.Front(); el != nil; el = el.Next() {
+		su := el.Value.(*storeUnit)
+		b.lru += fmt.Sprintf("%d@%d:%d ", su.idx, su.u, su.lastUse)
+	}
+	b.lru += fmt.Sprint(len(c.ps.byKey), len(c.ps.free))
+	b.events = c.ev.queued
+	c.mu.Unlock()
+	if d, ok := e.drv.(*sim.Driver); ok {
+		b.calls = d.Tally().Total()
+	}
+	return b
+}
+
+// requireRefused checks a call refused for lack of memory: marked
+// ErrOutOfMemory, counted (failed is the count before and after), and
+// every book as it was, no driver call made.
+func requireRefused(t *testing.T, err error, before, after books, failed [2]uint64, step string) {
+	t.Helper()
+	requireIs(t, err, driver.ErrOutOfMemory, step)
+	require.Equal(t, failed[0]+1, failed[1], step+": counted")
+	require.Equal(t, before, after, step+": a refused call changes no book and makes no driver call")
+}
 
 // runModel runs data's ops against a cache on the host driver (or, when
 // the config byte says so, the sim driver) and the model, in the layout
@@ -603,6 +683,16 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			fits, err := c.CanAdmit(prompt, o.extra, out)
 			require.NoError(t, err, step)
 			require.Equal(t, m.canAdmit(prompt, o.extra, out, cfg.MaxContext), fits, step)
+			// Asked again (the same slice: nothing looked at again) and
+			// about the prompt alone: what Admit does.
+			again, err := c.CanAdmit(prompt, o.extra, out)
+			require.NoError(t, err, step)
+			require.Equal(t, fits, again, step)
+			admits, err := c.CanAdmit(prompt, o.extra, 0)
+			require.NoError(t, err, step)
+			require.Equal(t, m.canAdmit(prompt, o.extra, 0, cfg.MaxContext), admits, step)
+			r.asked++
+			before := snapBooks(t, c, e)
 			real, err := c.Admit(prompt, o.extra)
 			pick := -1
 			for k, sl := range m.slots {
@@ -612,6 +702,12 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			}
 			if pick < 0 {
 				requireIs(t, err, driver.ErrBusy, step)
+				require.False(t, admits, step)
+				break
+			}
+			if !admits {
+				requireRefused(t, err, before, snapBooks(t, c, e), [2]uint64{uint64(r.refusedAdmits), c.Stats().FailedAdmits}, step)
+				r.refusedAdmits++
 				break
 			}
 			require.NoError(t, err, step)
@@ -624,6 +720,19 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			m.seqs = append(m.seqs, ms)
 			r.admits++
 			r.hits += ms.matched
+			if more := prompt[ms.matched:]; o.n%5 == 0 && len(more) > 0 {
+				// Admit's plan held the whole prompt: the prefill right
+				// after it finds its pages.
+				got, err := real.Append(more)
+				_, ok := m.back(ms, m.g.unitsFor(len(prompt)))
+				require.True(t, ok, step+": the model's prefill after the plan")
+				require.NoError(t, err, step+": the prefill after the plan")
+				ms.tokens = slices.Clone(prompt)
+				if !onSim {
+					writeStep(t, got, ms.tokens, ms.extra)
+				}
+				r.appends++
+			}
 		case opAppend, opAppendMore:
 			if s == nil {
 				break
@@ -719,26 +828,30 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			if s == nil {
 				break
 			}
+			can, canErr := s.real.CanResume(0)
+			before := snapBooks(t, c, e)
 			got, err := s.real.Resume()
 			if s.preempted == 0 {
+				requireIs(t, canErr, driver.ErrInvalid, step)
 				requireIs(t, err, driver.ErrInvalid, step)
+				break
+			}
+			require.NoError(t, canErr, step)
+			require.Equal(t, m.canResume(s, 0, cfg.MaxContext), can, step)
+			r.asked++
+			if !can {
+				requireRefused(t, err, before, snapBooks(t, c, e), [2]uint64{uint64(r.refusedResumes), c.Stats().FailedResumes}, step)
+				r.refusedResumes++
+				r.ooms++
 				break
 			}
 			limit := len(s.tokens)
 			if s.preempted == Drop {
 				limit--
 			}
-			matched := m.apply(s, m.find(s.tokens, s.prompt, s.extra, limit), s.preempted == Drop)
-			if _, ok := m.back(s, m.g.unitsFor(len(s.tokens))); !ok {
-				requireIs(t, err, driver.ErrOutOfMemory, step)
-				sl := m.slots[s.slot]
-				for k := len(matched) - 1; k >= 0; k-- {
-					m.drop(sl, matched[k])
-				}
-				s.matched = 0
-				r.ooms++
-				break
-			}
+			m.apply(s, m.find(s.tokens, s.prompt, s.extra, limit), s.preempted == Drop)
+			_, ok := m.back(s, m.g.unitsFor(len(s.tokens)))
+			require.True(t, ok, step+": the plan fit, the model's pages do too")
 			require.NoError(t, err, step)
 			require.Equal(t, s.matched, s.real.Matched(), step)
 			if s.preempted == Swap {
@@ -773,6 +886,17 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			}
 			require.Equal(t, want, got, step)
 			r.preempts += len(want)
+		}
+		// At any point, for a preempted sequence: what CanResume says is
+		// the model's plan (and the call above, when it was one, agreed).
+		if len(m.seqs) > 0 {
+			if x := m.seqs[(o.seq+i)%len(m.seqs)]; x.preempted != 0 {
+				more := o.n % 40
+				can, err := x.real.CanResume(more)
+				require.NoError(t, err, step)
+				require.Equal(t, m.canResume(x, more, cfg.MaxContext), can, step+": CanResume")
+				r.asked++
+			}
 		}
 		// Compare.
 		require.NoError(t, c.Check(), step)
@@ -895,9 +1019,14 @@ func TestCacheModel(t *testing.T) {
 			total.resumes += r.resumes
 			total.hits += r.hits
 			total.copies += r.copies
+			total.refusedAdmits += r.refusedAdmits
+			total.refusedResumes += r.refusedResumes
+			total.asked += r.asked
 		})
 	}
 	t.Logf("%+v", total)
+	require.Greater(t, total.refusedAdmits, 5, "admissions are refused")
+	require.Positive(t, total.refusedResumes, "resumes are refused")
 	require.Greater(t, total.appends, 300)
 	require.Greater(t, total.frees, 100)
 	require.Greater(t, total.verified, 50)

@@ -159,6 +159,13 @@ func (c *Cache) dropSwapLocked(s *Seq) error {
 // recompute and write (from Matched() on: the prefix store may hold the
 // start of the prompt still).
 //
+// It plans first (the package doc's planner): the units the prefix store
+// lends again, the pages to commit for the rest, the room giving back
+// idle, cached and surplus pages makes. A plan the budget cannot hold is
+// refused (ErrOutOfMemory, counted in Stats.FailedResumes) before any
+// driver call: the sequence stays preempted, and every book is as it was.
+// CanResume answers from the same plan.
+//
 // It refuses a running sequence (ErrInvalid), and pages the budget cannot
 // hold (ErrOutOfMemory): the sequence then stays preempted, unchanged.
 func (s *Seq) Resume() (Step, error) {
@@ -183,8 +190,16 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	sl := s.sl
 	need := c.g.unitsFor(s.n)
 	swapped := s.state == seqSwapped
+	p := c.planResumeLocked(s, s.n)
+	if !p.fits() {
+		c.counts.failedResumes++
+		return Step{}, errors.WithHint(
+			errors.Wrapf(driver.ErrOutOfMemory, "%s: its pages need %d of %s beyond the %d units the prefix store lends; the budget of %s has %d free or to give back",
+				what(), p.need, units.Bytes(c.g.page), len(p.m.units), units.Bytes(c.budget), p.room),
+			"ask CanResume first; free or preempt sequences, or raise the budget (SetBudget)")
+	}
 	// Back in the running state for the books (matching, backing); put
-	// back on failure.
+	// back on failure (an arena's: the plan fits).
 	prev, prevMatched := s.state, s.matched
 	c.setStateLocked(s, seqRunning)
 	fail := func(err error, backed []int) (Step, error) {
@@ -193,11 +208,7 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 		s.matched = prevMatched
 		return Step{}, err
 	}
-	limit := s.n
-	if !swapped {
-		limit = s.n - 1 // the caller recomputes at least the last token
-	}
-	matchedUnits, err := c.rematchLocked(what, s, limit, !swapped)
+	matchedUnits, err := c.rematchLocked(what, s, p.m, !swapped)
 	if err != nil {
 		return fail(err, nil)
 	}
@@ -344,12 +355,23 @@ func (c *Cache) SetBudget(budget uint64, mode PreemptMode) ([]*Seq, error) {
 }
 
 // CanAdmit says whether a sequence with prompt (under extra) that will
-// generate expectedOutput more tokens would fit now: a slot is free, and
-// the pages its tokens need — less those its prompt would borrow from the
-// prefix store and those a free slot keeps — fit in the budget once idle,
-// cached and surplus pages are given back, as are the slot's own pages
-// where the prompt's borrowed ones will be mapped. It reserves nothing:
-// other sequences' growth takes from the same budget.
+// generate expectedOutput more tokens would fit now: whether Admit would
+// succeed and the Append that takes it to len(prompt)+expectedOutput
+// tokens (MaxContext at most) after it, with no other call between. It
+// answers from Admit's plan (see Admit): a slot is free, and the pages
+// its tokens need — less those its prompt would borrow from the prefix
+// store and those the slot keeps — fit in the budget once idle, cached
+// (but those it borrows) and surplus pages are given back, as are the
+// slot's own pages where the borrowed ones will be mapped. It reserves
+// nothing: other sequences' growth takes from the same budget, and the
+// mapping-ahead goroutine may commit meanwhile.
+//
+// Asked again about the same slice (its first token's address and its
+// length) and extra key, and nothing asked about between, it looks at no
+// token again but past the prefix the store held at the last call: the
+// cost of a request asked about every step is the prefix's units, not its
+// tokens. A caller that changes a slice's tokens in place between two
+// calls must pass another slice.
 func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, error) {
 	what := func() string {
 		return fmt.Sprintf("kvcache: can a prompt of %d tokens and %d more be admitted", len(prompt), expectedOutput)
@@ -360,39 +382,40 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 	if len(prompt) == 0 || expectedOutput < 0 {
 		return false, errors.Wrapf(driver.ErrInvalid, "%s: a prompt has at least one token, and the output is not negative", what())
 	}
-	if err := checkTokens(what, prompt, 0); err != nil {
-		return false, err
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usableLocked(what); err != nil {
 		return false, err
 	}
+	m, err := c.askLocked(what, prompt, extra)
+	if err != nil {
+		return false, err
+	}
 	if len(prompt) > c.cfg.MaxContext {
 		return false, nil
 	}
-	sl := c.pickSlotLocked()
-	if sl == nil {
-		return false, nil
-	}
 	total := min(len(prompt)+expectedOutput, c.cfg.MaxContext)
-	up := c.g.unitPages()
-	shared := c.findLocked(prompt, extra, len(prompt)-1).units
-	// The slot's own units where the shared ones go are given back at
-	// Admit (applyMatchLocked): room for the rest.
-	freed := sl.ownedIn(0, len(shared)) * up
-	// Every unit past the shared ones needs a page but those the slot
-	// kept: only its units in use (below hi) are looked at, so a waiting
-	// request asked about every step costs no walk of its context.
-	last := max(c.g.unitsFor(total), len(shared))
-	need := (last - len(shared) - sl.ownedIn(len(shared), last)) * up
-	// Cached units it would borrow are no room for anything else.
-	evictable := c.evictablePagesLocked()
-	for _, su := range shared {
-		if su.refs == 0 {
-			evictable -= up
-		}
+	return c.planAdmitLocked(m, total).fits(), nil
+}
+
+// CanResume says whether Resume would bring the preempted sequence back
+// now and the Append of more tokens after it (up to MaxContext in all)
+// would fit, with no other call between: it answers from Resume's plan,
+// changing nothing, in a look at each unit the prefix store lends it (its
+// prompt is hashed once). It refuses a running sequence or a negative
+// more (ErrInvalid), a freed one or a closed cache (ErrClosed).
+func (s *Seq) CanResume(more int) (bool, error) {
+	what := func() string { return fmt.Sprintf("kvcache: can a sequence resume and take %d more tokens", more) }
+	c, err := s.lock(what)
+	if err != nil {
+		return false, err
 	}
-	idle, surplus := c.reclaimableLocked(sl, len(sl.units))
-	return need <= c.freePagesLocked()+freed+idle+evictable+surplus, nil
+	defer c.mu.Unlock()
+	switch {
+	case s.state == seqRunning:
+		return false, errors.Wrapf(driver.ErrInvalid, "%s: it is running, not preempted", what())
+	case more < 0:
+		return false, errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
+	}
+	return c.planResumeLocked(s, min(s.n+more, c.cfg.MaxContext)).fits(), nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/race"
 	"github.com/vmarena/vmarena/internal/transformer"
 	"github.com/vmarena/vmarena/internal/units"
@@ -224,8 +225,28 @@ func TestReferenceModel(t *testing.T) {
 			pre, err := c.SetBudget(st.UsedBytes-1, Swap)
 			require.NoError(t, err)
 			require.Contains(t, pre, cSeq, "the latest admitted is preempted first")
+			// At a budget of what stays committed, a resume's plan does
+			// not fit: refused before any driver call, the sequence stays
+			// swapped out, and comes back identical all the same later.
+			_, err = c.SetBudget(uint64(c.Stats().PagesCommitted)*page, Swap)
+			require.NoError(t, err)
+			can, err := cSeq.CanResume(0)
+			require.NoError(t, err)
+			require.False(t, can)
+			failed := c.Stats().FailedResumes
+			_, err = cSeq.Resume()
+			requireIs(t, err, driver.ErrOutOfMemory, "resume at a full budget")
+			require.Equal(t, failed+1, c.Stats().FailedResumes)
+			_, err = cSeq.K(0)
+			requireIs(t, err, driver.ErrInvalid, "still preempted")
+			require.NoError(t, c.Check())
 			_, err = c.SetBudget(st.Budget, Swap)
 			require.NoError(t, err)
+			for _, s := range pre {
+				can, err := s.CanResume(0)
+				require.NoError(t, err)
+				require.True(t, can)
+			}
 			for _, s := range pre {
 				step, err := s.Resume()
 				require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/tensor"
 )
@@ -56,6 +57,9 @@ type Seq struct {
 	// published yet, in unit order: publishing takes them from the front,
 	// so an Append looks at no other unit of its slot.
 	unpublished []*storeUnit
+	// found is the store units the last find of its prompt matched
+	// (findSeqLocked), where the next one starts.
+	found []*storeUnit
 }
 
 // Rows are the keys and values of one layer at the consecutive positions
@@ -116,8 +120,18 @@ func checkTokens(what func() string, tokens []int, from int) error {
 // it, else the match stops at the whole units. At least the prompt's last
 // token is left to compute.
 //
+// Admission never over-promises: Admit first plans the pages of the
+// whole prompt — borrowed, kept, to commit, and the room giving back idle,
+// cached and surplus pages makes — without a driver call, and refuses
+// (ErrOutOfMemory, counted in Stats.FailedAdmits) a prompt the budget
+// cannot hold now, having mapped, unmapped and committed nothing. It
+// commits none of the prompt's own pages: the Append that follows,
+// with no other call between, finds the room the plan counted.
+// CanAdmit answers from the same plan.
+//
 // It refuses a prompt it cannot hold (ErrInvalid), and, with nothing
-// changed, a cache whose slots all hold sequences (ErrBusy).
+// changed, a cache whose slots all hold sequences (ErrBusy) or whose
+// budget cannot hold the prompt (ErrOutOfMemory).
 func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 	what := func() string { return fmt.Sprintf("kvcache: admit a prompt of %d tokens", len(prompt)) }
 	if err := c.made(what); err != nil {
@@ -129,18 +143,27 @@ func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 	if len(prompt) > c.cfg.MaxContext {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: MaxContext is %d tokens", what(), c.cfg.MaxContext)
 	}
-	if err := checkTokens(what, prompt, 0); err != nil {
-		return nil, err
-	}
 	c.mu.Lock()
 	defer c.unlock()
 	if err := c.usableLocked(what); err != nil {
 		return nil, err
 	}
-	sl := c.pickSlotLocked()
+	m, err := c.askLocked(what, prompt, extra)
+	if err != nil {
+		return nil, err
+	}
+	p := c.planAdmitLocked(m, len(prompt))
+	sl := p.sl
 	if sl == nil {
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: all %d slots hold sequences", what(), c.cfg.MaxSeqs),
 			"free or finish a sequence first (MaxSeqs sets the slots)")
+	}
+	if !p.fits() {
+		c.counts.failedAdmits++
+		return nil, errors.WithHint(
+			errors.Wrapf(driver.ErrOutOfMemory, "%s: its pages need %d of %s beyond those the prefix store lends and the slot keeps; the budget of %s has %d free or to give back",
+				what(), p.need, units.Bytes(c.g.page), units.Bytes(c.budget), p.room),
+			"ask CanAdmit first; free or preempt sequences, or raise the budget (SetBudget)")
 	}
 	c.tick++
 	s := &Seq{c: c, sl: sl, prompt: append([]int(nil), prompt...), extra: extra, admitted: c.tick}
@@ -149,7 +172,7 @@ func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 	// from), idle for the counters until the sequence is in.
 	sl.admitting = true
 	c.refileIdleLocked(sl)
-	if err := c.matchLocked(what, s); err != nil {
+	if err := c.matchLocked(what, s, m); err != nil {
 		sl.admitting = false
 		c.refileIdleLocked(sl)
 		return nil, err

@@ -50,6 +50,12 @@ type Stats struct {
 	// Resumes brought sequences back.
 	Preemptions, Swaps, Drops, Resumes int
 	SwappedBytes                       uint64
+	// FailedAdmits and FailedResumes are the Admits and Resumes refused
+	// for lack of memory (ErrOutOfMemory): their plans did not fit, and
+	// they changed nothing. A caller that asks CanAdmit (CanResume)
+	// first, with no other call and no commit of the mapping-ahead
+	// goroutine between, sees none.
+	FailedAdmits, FailedResumes uint64
 	// EventPanics are batches whose Config.Events callback panicked
 	// (recovered); EventsDropped are events queued and dropped, the
 	// queue full (a slow callback) or after a panic: a resync replaced
@@ -103,6 +109,7 @@ func (c *Cache) cumulativeLocked() Stats {
 		PrefixQueries: k.queries, PrefixHits: k.hits, Copies: k.copies, CopiedBytes: k.copiedBytes,
 		Evictions: k.evictions, EvictedPages: k.evictedPages, Reclaims: k.reclaims, ReclaimedPages: k.reclaimedPages,
 		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes,
+		FailedAdmits: k.failedAdmits, FailedResumes: k.failedResumes,
 		EventPanics: c.ev.panics, EventsDropped: c.ev.dropped}
 }
 

@@ -184,6 +184,26 @@ func prefixKey(ch []uint64, tokens []int, extra uint64, block, e int) uint64 {
 	return blockHash(ch[b], extra, tokens[b*block:e])
 }
 
+// unitKey is the key of a store unit u whose tokens end at e: the prefix
+// hash at e — and, where a token is larger than a page in the Contiguous
+// layout (so that pages may complete no token, and two units end at the
+// same token), the unit's index too. parentKey is the key of the unit
+// before u, whose tokens end at e (the prefix hash at e for unit 0).
+func (g *geometry) unitKey(ch []uint64, tokens []int, extra uint64, e, u int) uint64 {
+	k := prefixKey(ch, tokens, extra, g.block, e)
+	if g.layout == Contiguous && g.stride > g.page {
+		k = mix(k, uint64(u)<<1|1)
+	}
+	return k
+}
+
+func (g *geometry) parentKey(ch []uint64, tokens []int, extra uint64, e, u int) uint64 {
+	if u == 0 {
+		return prefixKey(ch, tokens, extra, g.block, e)
+	}
+	return g.unitKey(ch, tokens, extra, e, u-1)
+}
+
 // sharing reports whether the store is open.
 func (c *Cache) sharing() bool { return c.ps.s != nil }
 
@@ -306,8 +326,8 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 	for i, t := range took {
 		start, end := g.keyTokens(u0 + i)
 		sus[i] = &storeUnit{idx: t.idx, u: u0 + i, owner: s, lastUse: c.tick,
-			key:    prefixKey(ch, s.prompt, s.extra, g.block, end),
-			parent: prefixKey(ch, s.prompt, s.extra, g.block, start),
+			key:    g.unitKey(ch, s.prompt, s.extra, end, u0+i),
+			parent: g.parentKey(ch, s.prompt, s.extra, start, u0+i),
 			tokens: slices.Clone(s.prompt[start:end])}
 	}
 	n, err := c.borrowRunLocked(s.sl, u0, sus)
@@ -531,74 +551,14 @@ type match struct {
 	partial *storeUnit
 }
 
-// findLocked finds the longest prefix of prompt[:limit] the store holds,
-// unit by unit (each unit's tokens compared), then the whole blocks of the
-// next unit a listed unit continuing the same prefix shares.
-func (c *Cache) findLocked(prompt []int, extra uint64, limit int) match {
-	var m match
-	if !c.sharing() || limit <= 0 {
-		return m
-	}
-	g := c.g
-	// The chain is worked out as the walk goes: a prompt the store does
-	// not hold costs one unit's hashing, not the whole prompt's.
-	ch := make([]uint64, 0, 16)
-	u := 0
-	for ; u < g.units; u++ {
-		start, end := g.keyTokens(u)
-		if end > limit || end > len(prompt) {
-			break
-		}
-		ch = chainTo(ch, prompt, extra, g.block, end/g.block)
-		su := c.ps.byKey[prefixKey(ch, prompt, extra, g.block, end)]
-		if su == nil || su.u != u || !slices.Equal(su.tokens, prompt[start:end]) {
-			break
-		}
-		m.units = append(m.units, su)
-	}
-	if b, copyNext, tokens := g.cut(u); b != u || copyNext {
-		// Contiguous: the first token past the match starts in unit b.
-		if copyNext {
-			m.partial = m.units[b]
-		}
-		m.units, m.tokens = m.units[:b], tokens
-		return m
-	}
-	start, _ := g.unitTokens(u)
-	m.tokens = start
-	if u == g.units || start >= len(prompt) {
-		return m
-	}
-	// The tokens the next unit holds whole (in the Contiguous layout its
-	// last may straddle into the unit after).
-	whole := g.roomIn(u + 1)
-	best := 0
-	ch = chainTo(ch, prompt, extra, g.block, start/g.block)
-	for _, su := range c.ps.children[prefixKey(ch, prompt, extra, g.block, start)] {
-		if su.u != u {
-			continue
-		}
-		n := 0
-		for n < len(su.tokens) && start+n < whole && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
-			n++
-		}
-		if (start+n)/g.block*g.block > start+best {
-			best, m.partial = (start+n)/g.block*g.block-start, su
-		}
-	}
-	if m.partial != nil {
-		m.tokens = start + best
-	}
-	return m
-}
-
 // matchLocked gives a new sequence (in its slot, nothing borrowed yet)
 // the prefix the store holds of its prompt.
-func (c *Cache) matchLocked(what func() string, s *Seq) error {
+// m is what the store holds of the prompt (the plan's).
+func (c *Cache) matchLocked(what func() string, s *Seq, m match) error {
 	if !c.sharing() {
 		return nil
 	}
-	_, err := c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, len(s.prompt)-1), true)
+	_, err := c.applyMatchLocked(what, s, m, true)
 	if err != nil {
 		return err
 	}
@@ -619,16 +579,15 @@ func (c *Cache) countMatchLocked(s *Seq) {
 }
 
 // rematchLocked borrows again, for a preempted sequence being resumed,
-// what the store holds of its first limit tokens; a partly shared unit is
-// copied only when copy (the bytes are not coming from host memory). It
-// returns the units it backed (for undoing).
-func (c *Cache) rematchLocked(what func() string, s *Seq, limit int, copy bool) ([]int, error) {
+// m, what the store holds of its first tokens (the plan's); a partly
+// shared unit is copied only when copy (the bytes are not coming from
+// host memory). It returns the units it backed (for undoing).
+func (c *Cache) rematchLocked(what func() string, s *Seq, m match, copy bool) ([]int, error) {
 	if !c.sharing() {
 		s.matched = 0
 		return nil, nil
 	}
-	// The tokens a match compares are its prompt's.
-	return c.applyMatchLocked(what, s, c.findLocked(s.prompt, s.extra, limit), copy)
+	return c.applyMatchLocked(what, s, m, copy)
 }
 
 // applyMatchLocked borrows m's units into s's slot (after giving back the

@@ -294,15 +294,14 @@ func TestContiguousStrides(t *testing.T) {
 // TestContiguousStraddleMatch: in the Contiguous layout (12 KiB tokens,
 // 64 KiB pages) a match that ends where a token straddles two pages
 // borrows the pages before the one that token starts in and copies that
-// one; with no room for the copy, it gives back the borrowed pages to the
-// last boundary no token straddles (every 3 pages) and matches the tokens
-// before it.
+// one; with no room for the copy and the prompt's other pages, Admit
+// refuses and changes nothing.
 func TestContiguousStraddleMatch(t *testing.T) {
 	for _, c := range []struct {
 		budget, matched, shared, copies int
 	}{
 		{11, 42, 7, 1}, // borrows pages 0-6, copies page 7 (token 42 starts in it)
-		{9, 32, 6, 0},  // the budget is full: pages 0-5, tokens 0-31
+		{9, 0, 0, 0},   // the budget is full: refused
 	} {
 		t.Run(fmt.Sprint(c.budget), func(t *testing.T) {
 			e := hostEnv(t, 64*units.MiB)
@@ -318,6 +317,17 @@ func TestContiguousStraddleMatch(t *testing.T) {
 			require.NoError(t, a.MarkWritten(46))
 			require.Equal(t, 9, cache.Stats().PagesCommitted, "46 tokens of 12 KiB: 8 5/8 pages")
 			prompt := append(family(0, 45), 7)
+			if c.budget == 9 {
+				before := cache.Stats()
+				_, err := cache.Admit(prompt, 0)
+				requireIs(t, err, driver.ErrOutOfMemory, "full")
+				before.FailedAdmits++ // counted, nothing else changed
+				require.Equal(t, before, cache.Stats())
+				require.NoError(t, cache.Check())
+				checkSeq(t, a, family(0, 46), 0, 0, 46)
+				require.NoError(t, a.Free())
+				return
+			}
 			b, err := cache.Admit(prompt, 0)
 			require.NoError(t, err)
 			require.Equal(t, c.matched, b.Matched())
@@ -339,4 +349,40 @@ func TestContiguousStraddleMatch(t *testing.T) {
 			require.NoError(t, cache.Check())
 		})
 	}
+}
+
+// TestContiguousTokenOverPage: in the Contiguous layout with a token
+// larger than a page (68 KiB over 64 KiB pages) some pages complete no
+// token; each store unit's key names its index too, so a prefix is still
+// shared page after page, and the bytes read back.
+func TestContiguousTokenOverPage(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(Contiguous, 64, 2)
+	cfg.Layers = 17 // 68 KiB a token
+	c := e.cache(t, cfg)
+	a, err := c.Admit(family(0, 40), 0)
+	require.NoError(t, err)
+	step, err := a.Append(family(0, 40))
+	require.NoError(t, err)
+	writeStep(t, step, family(0, 40), 0)
+	require.NoError(t, a.MarkWritten(40))
+	prompt := append(family(0, 39), 7)
+	b, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	// Token 38 is the last whole in the pages of tokens below 39 (the
+	// prompt's last is computed); a match ends where token 38 would
+	// straddle: 38*68/64 pages borrowed at most, the page token 38 starts
+	// in copied.
+	t.Logf("matched %d of %d tokens, %d units shared", b.Matched(), len(prompt), b.SharedUnits())
+	require.GreaterOrEqual(t, b.Matched(), 32, "the prefix is shared past the pages that complete no token")
+	require.NoError(t, c.Check())
+	checkSeq(t, b, prompt, 0, 0, b.Matched())
+	step, err = b.Append(prompt[b.Len():])
+	require.NoError(t, err)
+	writeStep(t, step, prompt, 0)
+	checkSeq(t, b, prompt, 0, 0, len(prompt))
+	checkSeq(t, a, family(0, 40), 0, 0, 40)
+	require.NoError(t, b.Free())
+	require.NoError(t, a.Free())
+	require.NoError(t, c.Check())
 }

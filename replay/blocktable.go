@@ -120,7 +120,11 @@ func NewBlockTable(cfg KVConfig) (*BlockTable, error) {
 }
 
 // Name is "paged (vLLM)".
-func (t *BlockTable) Name() string { return "paged (vLLM)" }
+func (t *BlockTable) Name() string { return PagedName }
+
+// PagedName is the paged scheme's Name, the column others are compared
+// with.
+const PagedName = "paged (vLLM)"
 
 // Blocks is the number of blocks in the budget.
 func (t *BlockTable) Blocks() int {

@@ -15,7 +15,6 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/internal/sentinel"
 )
 
 // hfConfig holds the fields of a config.json ModelFromConfig reads; a nil
@@ -105,6 +104,9 @@ var configDTypes = map[string]int{"bfloat16": 2, "float16": 2, "float32": 4}
 // says what to add; so is a value no model has (a zero or negative size,
 // heads that do not divide, an unknown dtype).
 func ModelFromConfig(name string, data []byte) (Model, error) {
+	if len(data) > MaxConfigBytes {
+		return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: %s: a config of %d bytes, more than %d (MaxConfigBytes)", name, len(data), MaxConfigBytes)
+	}
 	var c hfConfig
 	if err := json.Unmarshal(data, &c); err != nil {
 		return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: %s: not a config.json: %v", name, err)
@@ -338,7 +340,9 @@ func (r *configReader) count(p float64) int64 {
 // of a Hugging Face config.json, or of a directory holding one, read by
 // ModelFromConfig and labelled with its directory's name (a file of
 // another name: the name less ".json"). An arg that is neither is an
-// error marked driver.ErrInvalid listing the presets.
+// error marked driver.ErrInvalid listing the presets; so is a directory
+// without a config.json, a file that is not a regular one, and one of
+// more than MaxConfigBytes.
 func LoadModel(arg string) (Model, error) {
 	if m, ok := modelPresets[arg]; ok {
 		return m, nil
@@ -346,14 +350,18 @@ func LoadModel(arg string) (Model, error) {
 	path := arg
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		path = filepath.Join(path, "config.json")
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return Model{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "replay: model config: the directory %s has no config.json", arg),
+				"name a Hugging Face model directory (one holding config.json), the path of a config.json, or a preset")
+		}
 	}
-	data, err := os.ReadFile(path)
+	data, err := readRegular(path, "model config", MaxConfigBytes)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) && !strings.ContainsAny(arg, `/\`) && !strings.HasSuffix(arg, ".json") {
 			return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: no model preset %q, want one of %s, or the path of a Hugging Face config.json",
 				arg, strings.Join(ModelPresets(), ", "))
 		}
-		return Model{}, sentinel.Mark(errors.Wrapf(err, "replay: model config"), driver.ErrInvalid)
+		return Model{}, err
 	}
 	name := strings.TrimSuffix(filepath.Base(path), ".json")
 	if name == "config" {

@@ -42,6 +42,10 @@ type KVCacheOptions struct {
 	// prompt's room alone, as vLLM and the paged scheme do: more
 	// sequences start, and more are preempted when their outputs grow.
 	ExpectOutput bool
+	// NoMapAhead turns mapping ahead off: every page is committed by the
+	// call that needs it, on the step's path. The zero value maps ahead
+	// (see KVCache).
+	NoMapAhead bool
 }
 
 // KVCache is this library's KV cache (package kvcache) as a KV scheme: a
@@ -66,14 +70,20 @@ type KVCacheOptions struct {
 //     what a server knows, not the trace's output — the mean output
 //     length of the requests finished so far, rounded up (0 before the
 //     first finishes), less what the request has generated. A preempted
-//     request is not asked
-//     about: its Resume is the test (it commits its context's pages or
-//     fails with ErrOutOfMemory, changing nothing), since it keeps a slot
-//     of its own that kvcache's CanAdmit, which looks for a free one,
-//     does not know.
-//   - No mapping ahead: simulated steps do not run in wall time, so there
-//     is no background in which to map; every page is committed by the
-//     Append that needs it, and the run is deterministic.
+//     request, which keeps a slot of its own, is asked about with
+//     kvcache's CanResume, for its whole context (and the expected output
+//     left) as the paged scheme asks: the plan its Resume carries out, so
+//     that a Resume the simulation makes never fails, and one whose next
+//     chunk would preempt it again waits.
+//   - Mapping ahead, modelled rather than run: simulated steps do not run
+//     in wall time, so the cache's mapping-ahead goroutine is off
+//     (kvcache's MapAhead -1) and every page is committed by the Append
+//     that needs it, which keeps the run deterministic. Simulate counts
+//     the driver calls of each call (DriverCalls) and, unless NoMapAhead,
+//     prices those of a decode that only commit memory as the goroutine's,
+//     made during the step before (MapAhead is BlockTokens, kvcache's
+//     default window): see SimDriver. The cache's calls are the same
+//     either way, only whose path they are on differs.
 //
 // Stats, from kvcache.Stats: Stored is the bytes holding a running
 // sequence's token, each once however many sequences map it; Logical the
@@ -109,9 +119,12 @@ type KVCache struct {
 	finished int
 	outputs  int64
 	// prompt is the tokens of the last prompt CanAdmit was asked about (a
-	// request waits at the front of the queue, asked every step).
-	prompt   []int
-	promptOf int
+	// request waits at the front of the queue, asked every step), in
+	// spare's memory before: kvcache's CanAdmit remembers the last slice
+	// it was asked about, which must not change under it, so a new
+	// request's tokens go to the other buffer.
+	prompt, spare []int
+	promptOf      int
 	// step holds the tokens of one Append, reused: a decode step appends
 	// one token to every running sequence, and allocates nothing for it.
 	step []int
@@ -241,6 +254,24 @@ func (k *KVCache) closeDriver() error {
 	return errors.CombineErrors(errors.CombineErrors(k.space.Close(), k.mem.Close()), k.drv.Close())
 }
 
+// DriverCalls is every driver call the cache has made, as its sim driver
+// counts them.
+func (k *KVCache) DriverCalls() sim.Calls {
+	if k == nil || k.drv == nil {
+		return sim.Calls{}
+	}
+	return k.drv.Calls()
+}
+
+// MapAhead is the window of mapping ahead Simulate models, in tokens:
+// BlockTokens (kvcache's default), 0 with NoMapAhead.
+func (k *KVCache) MapAhead() int {
+	if k == nil || k.opts.NoMapAhead {
+		return 0
+	}
+	return k.cfg.BlockTokens
+}
+
 // Name is "this cache (LAYOUT)".
 func (k *KVCache) Name() string {
 	if k == nil {
@@ -315,19 +346,27 @@ func (k *KVCache) expectedOutput(generated int) int {
 // promptTokens is r's prompt, kept for the next call about r.
 func (k *KVCache) promptTokens(r *SimRequest) []int {
 	if k.promptOf != r.id {
-		k.prompt, k.promptOf = r.Tokens(k.prompt[:0], 0, r.Prompt()), r.id
+		k.prompt, k.spare = r.Tokens(k.spare[:0], 0, r.Prompt()), k.prompt
+		k.promptOf = r.id
 	}
 	return k.prompt
 }
 
 // CanAdmit asks kvcache's CanAdmit about a new request's prompt and
-// expected output; a preempted one is left to Resume (see KVCache).
+// expected output, and its CanResume about a preempted one (see KVCache).
 func (k *KVCache) CanAdmit(r *SimRequest) bool {
 	if k.usable("can admit", r) != nil {
 		return false
 	}
 	if cs := k.seqs[r.id]; cs != nil {
-		return cs.preempted
+		if !cs.preempted {
+			return false
+		}
+		// Room for its whole context, as the paged scheme asks: a resume
+		// whose next chunk would preempt it again waits.
+		more := r.Context() - cs.seq.Len() + k.expectedOutput(r.Context()-r.Prompt())
+		ok, err := cs.seq.CanResume(max(more, 0))
+		return err == nil && ok
 	}
 	if r.Prompt() < 1 {
 		return false

@@ -104,7 +104,7 @@ func TestKVCacheTraceSlices(t *testing.T) {
 				}
 				again, err := Simulate(reqs, newKVCache(t, cfg, KVCacheOptions{Layout: layout}), opts)
 				require.NoError(t, err)
-				again.WallTime = res.WallTime
+				again.WallTime, again.CPUTime = res.WallTime, res.CPUTime
 				require.Equal(t, res, again)
 			})
 		}
@@ -404,5 +404,53 @@ func TestKVCacheAutoLayout(t *testing.T) {
 		k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.AutoLayout})
 		require.Equal(t, c.want, k.cache.Config().Layout, c.model)
 		require.Equal(t, "this cache ("+c.want.String()+")", k.Name())
+	}
+}
+
+// TestKVCacheAsksBeforeItCalls serves a burst that preempts — 48
+// requests, each a system prompt of 4 blocks and a block of its own, and
+// a long output, in 2 GiB of llama3-8b; the first alone, the rest a
+// second later, once the first has computed (and so published) the
+// system prompt — and the Mooncake slice: the scheme asks kvcache's
+// CanAdmit and CanResume (for the whole context, as the paged scheme's
+// CanAdmit asks) before every Admit and Resume, so the cache refuses
+// none; and it preempts no more than the paged scheme does on the same
+// requests, budget and steps.
+func TestKVCacheAsksBeforeItCalls(t *testing.T) {
+	l3, err := ModelPreset("llama3-8b")
+	require.NoError(t, err)
+	n := 48
+	if invariants.Enabled || race.Enabled {
+		n = 16
+	}
+	var burst []Request
+	for i := range n {
+		burst = append(burst, Request{Arrival: time.Duration(min(i, 1)) * time.Second, Input: 5 * DefaultBlockTokens, Output: 1500 + 40*i,
+			Blocks: []int64{1, 2, 3, 4, int64(100 + i)}})
+	}
+	mooncake, err := ParseRequestsFile(filepath.Join("testdata", "requests", "mooncake_synthetic_trace.jsonl"))
+	require.NoError(t, err)
+	for i, reqs := range [][]Request{burst, mooncake[:n]} {
+		cfg := KVConfig{Model: l3, Budget: 2 * units.GiB, MaxSeqs: 64}
+		cfg.MaxContext = FitMaxContext(reqs, cfg)
+		opts := SimOptions{Config: cfg, CheckEvery: 61}
+		bt, err := NewBlockTable(cfg)
+		require.NoError(t, err)
+		paged, err := Simulate(reqs, bt, opts)
+		require.NoError(t, err)
+		k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor})
+		res, err := Simulate(reqs, k, opts)
+		require.NoError(t, err)
+		require.Equal(t, len(reqs), res.Finished+res.Refused)
+		require.Equal(t, paged.Finished, res.Finished)
+		st := k.cache.Stats()
+		t.Logf("this cache: %d preemptions, %d resumes; paged: %d preemptions", res.Preemptions, st.Resumes, paged.Preemptions)
+		require.Zero(t, st.FailedAdmits)
+		require.Zero(t, st.FailedResumes)
+		require.Equal(t, res.Preemptions, st.Resumes, "each preempted request resumed once")
+		require.LessOrEqual(t, res.Preemptions, paged.Preemptions)
+		if i == 0 {
+			require.Positive(t, res.Preemptions, "the burst preempts")
+		}
 	}
 }

@@ -112,7 +112,7 @@ func TestSimulateRecord(t *testing.T) {
 	require.Nil(t, plain.Timeline)
 	tl := res.Timeline
 	require.NotNil(t, tl)
-	res.Timeline, res.WallTime, plain.WallTime = nil, 0, 0
+	res.Timeline, res.WallTime, plain.WallTime, res.CPUTime, plain.CPUTime = nil, 0, 0, 0, 0
 	require.Equal(t, plain, res, "recording changes nothing")
 
 	require.Equal(t, float64(res.PeakSeqs), slices.Max(tl.Seqs.Y))

@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -113,6 +112,9 @@ func ParseAzure(r io.Reader) ([]Request, error) {
 	)
 	for lines.scan() {
 		line := lines.line
+		if len(reqs) == maxRequests {
+			return nil, malformed(line, "more than %d requests (MaxRequests)", maxRequests)
+		}
 		fields := strings.Split(lines.text, ",")
 		if len(fields) != 3 {
 			return nil, malformed(line, "%d fields, want 3 (%s)", len(fields), azureHeader)
@@ -224,9 +226,13 @@ func ParseMooncake(r io.Reader) ([]Request, error) {
 		// follows is, for each block id seen, the id before it in its
 		// prompt (or noBlock) and the line that first said so.
 		follows = map[int64]blockSeen{}
+		blocks  int // hash ids named so far
 	)
 	for lines.scan() {
 		line := lines.line
+		if len(reqs) == maxRequests {
+			return nil, malformed(line, "more than %d requests (MaxRequests)", maxRequests)
+		}
 		text := lines.text
 		if line == 1 {
 			text = strings.TrimPrefix(text, "\ufeff")
@@ -248,6 +254,9 @@ func ParseMooncake(r io.Reader) ([]Request, error) {
 		if want := (m.input + BlockTokens - 1) / BlockTokens; len(m.blocks) != want {
 			return nil, malformed(line, "%d hash_ids for input_length %d, want %d (one per %d tokens, the last one partial)",
 				len(m.blocks), m.input, want, BlockTokens)
+		}
+		if blocks += len(m.blocks); blocks > maxRequestBlocks {
+			return nil, malformed(line, "more than %d hash_ids in the trace (MaxRequestBlocks)", maxRequestBlocks)
 		}
 		for i, id := range m.blocks {
 			before := noBlock
@@ -458,7 +467,9 @@ func jsonError(err error) error {
 
 // ParseRequestsFile reads the request trace in the named file, by its
 // extension: .csv is an Azure trace (ParseAzure), .jsonl a Mooncake one
-// (ParseMooncake). Another extension is an error marked driver.ErrInvalid.
+// (ParseMooncake). Another extension is an error marked driver.ErrInvalid,
+// and so is a file that is not a regular one (a directory, a device, a
+// FIFO).
 func ParseRequestsFile(name string) ([]Request, error) {
 	var parse func(io.Reader) ([]Request, error)
 	switch ext := strings.ToLower(filepath.Ext(name)); ext {
@@ -470,9 +481,9 @@ func ParseRequestsFile(name string) ([]Request, error) {
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "replay: %s: no request trace format for extension %q", name, ext),
 			"name an Azure trace .csv or a Mooncake trace .jsonl")
 	}
-	f, err := os.Open(name)
+	f, err := openRegular(name, "request trace")
 	if err != nil {
-		return nil, errors.Wrap(err, "replay")
+		return nil, err
 	}
 	defer f.Close()
 	return parse(f)
@@ -504,7 +515,7 @@ type lineScanner struct {
 }
 
 func newLineScanner(r io.Reader) *lineScanner {
-	sc := bufio.NewScanner(r)
+	sc := bufio.NewScanner(&boundedReader{r: r, total: MaxTraceBytes})
 	// Room for a line, its CR and LF: bufio.Scanner refuses a token that
 	// fills its buffer.
 	sc.Buffer(make([]byte, 0, 64<<10), MaxRequestLineBytes+3)
@@ -532,6 +543,8 @@ func (s *lineScanner) scan() bool {
 		switch err := s.sc.Err(); {
 		case errors.Is(err, bufio.ErrTooLong):
 			s.err = malformed(s.line+1, "longer than %d bytes (MaxRequestLineBytes)", MaxRequestLineBytes)
+		case errors.Is(err, ErrMalformed): // a bound of boundedReader
+			s.err = err
 		case err != nil:
 			s.err = errors.Wrap(err, "replay: read")
 		}

@@ -4,12 +4,14 @@ package replay
 // scheme at a time.
 
 import (
+	"runtime"
 	"slices"
 	"time"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/isnil"
 )
 
@@ -29,6 +31,10 @@ type SimOptions struct {
 	MaxBatchedTokens int
 	// Steps prices the steps (the zero value: A100).
 	Steps StepModel
+	// Prices prices the driver calls of a scheme on the sim driver
+	// (SimResult.Driver); the zero value makes every call free (counted
+	// all the same). vmarena kv simulate prices by sim.A100, or sim.H100.
+	Prices sim.CallCosts
 	// Progress, if set, is called every ProgressSteps steps and once at the
 	// end, on Simulate's goroutine. A panic in it ends the simulation with
 	// an error (driver.ErrInvalid).
@@ -94,6 +100,29 @@ type SimResult struct {
 	OutputTokens int64
 	// Stats is the scheme's at the end.
 	Stats KVStats
+	// GPUTime is the steps' time as Steps prices them; SimTime is that,
+	// the idle gaps and the driver time the steps waited for
+	// (Driver.Exposed).
+	GPUTime time.Duration
+	// Driver is what the scheme's driver calls cost (see SimDriver).
+	Driver SimDriver
+	// CPUTime is the thread CPU time of the scheme's own calls (CanAdmit,
+	// Admit, Resume, Append, Computed, Preempt, Finish; not Stats or Check,
+	// which only the simulation asks for): its books' cost to an engine's
+	// scheduler, less what reading the clock costs (measured in the run,
+	// see clockCost). 0 where no thread clock is read (off Linux). On the
+	// sim driver it includes the driver's own books, which stand in for
+	// a real driver's CPU (priced in Driver.Time).
+	CPUTime time.Duration
+	// Admissions counts the Admit and Resume calls that succeeded;
+	// FailedAdmits and FailedResumes those CanAdmit agreed to that then
+	// failed for want of memory, in the call itself or in the Append of
+	// the first chunk (the request went back to the queue).
+	Admissions, FailedAdmits, FailedResumes int
+	// PrefillTime is, summed over admissions, the time a step of the
+	// admitted request's prompt (or recompute) alone takes, as Steps
+	// prices it: what Driver.Admission compares with.
+	PrefillTime time.Duration
 	// Timeline is what the scheme held over the simulation
 	// (SimOptions.Record only; nil otherwise).
 	Timeline *SimTimeline
@@ -145,7 +174,7 @@ func (o *SimOptions) defaults() {
 
 // Check refuses options no simulation can run with, with driver.ErrInvalid:
 // a Config that KVConfig.Check refuses, MaxBatchedTokens out of range, a
-// negative price or CheckEvery.
+// negative price (of a step or of a driver call) or CheckEvery.
 func (o SimOptions) Check() error {
 	o.defaults()
 	if err := o.Config.Check(); err != nil {
@@ -157,6 +186,9 @@ func (o SimOptions) Check() error {
 		return errors.Wrapf(driver.ErrInvalid, "replay: %d tokens a step, want 1 to %d", o.MaxBatchedTokens, maxBatchedTokens)
 	case !(s.PeakFLOPS >= 0) || !(s.Bandwidth >= 0) || s.StepOverhead < 0 || s.SeqOverhead < 0:
 		return errors.Wrapf(driver.ErrInvalid, "replay: step model %q: a negative or NaN price", s.Name)
+	case o.Prices.Reserve < 0 || o.Prices.Unreserve < 0 || o.Prices.Create < 0 || o.Prices.Release < 0 ||
+		o.Prices.Map < 0 || o.Prices.Unmap < 0 || o.Prices.SetAccess < 0:
+		return errors.Wrapf(driver.ErrInvalid, "replay: driver call prices %q: a negative price", o.Prices.Name)
 	case o.CheckEvery < 0:
 		return errors.Wrapf(driver.ErrInvalid, "replay: check every %d steps, want 0 (never) or more", o.CheckEvery)
 	}
@@ -184,7 +216,9 @@ func (o SimOptions) Check() error {
 //     first chunk fits; asking room for the whole context, as V0 did and
 //     kvcache's CanAdmit does, admits no sequence that its own prompt
 //     would have to preempt.)
-//  3. the step takes the time opts.Steps prices it at; then each sequence
+//  3. the step waits for the driver time it is exposed to (SimDriver:
+//     none for a baseline, nor with free Prices), then takes the time
+//     opts.Steps prices it at; then each sequence
 //     whose context is all computed produces a token (its first ends its
 //     time to first token), and one that produced its last finishes and is
 //     freed (its last token's KV is never computed: a request keeps at most
@@ -220,6 +254,15 @@ func Simulate(reqs []Request, scheme KVScheme, opts SimOptions) (SimResult, erro
 	for i, r := range reqs {
 		s.all[i] = SimRequest{id: i, req: r, context: r.Input}
 	}
+	if d, ok := scheme.(driverCounted); ok {
+		s.drv = d
+		s.res.Driver = SimDriver{Counted: true, Prices: opts.Prices.Name, MapAhead: max(d.MapAhead(), 0)}
+	}
+	// The thread clock charges the scheme's calls: they all run on this
+	// thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s.clockCost = clockCost()
 	if opts.Record {
 		s.rec = newSimRecorder()
 	}
@@ -252,6 +295,15 @@ type simulation struct {
 	done int
 	// batch is this step's sequences and their token counts.
 	batch []scheduled
+	// drv counts the scheme's driver calls (nil: a baseline). pendingFg
+	// and pendingBg are the driver time of the calls made since the last
+	// step, foreground and background (see SimDriver); slack is the time
+	// background calls hide behind: the last step's GPU time and any idle
+	// time since.
+	drv                         driverCounted
+	pendingFg, pendingBg, slack time.Duration
+	// clockCost is taken off each call's thread CPU time (see clockCost).
+	clockCost time.Duration
 
 	res SimResult
 	// The integrals over simulated time (in seconds) of the sequences
@@ -276,6 +328,7 @@ func (s *simulation) run() error {
 			}
 			gap := s.all[s.next].req.Arrival - s.now
 			s.sample(gap)
+			s.idle(gap)
 			s.now += gap
 			continue
 		}
@@ -287,7 +340,9 @@ func (s *simulation) run() error {
 			r := s.running[i]
 			n := min(r.context-r.computed, budget)
 			for {
+				m := s.enter()
 				err := s.scheme.Append(r, n)
+				s.appended(s.leave(m), n, false, r.context-r.computed > 1, err == nil)
 				if err == nil {
 					break
 				}
@@ -313,17 +368,23 @@ func (s *simulation) run() error {
 		}
 		for !preempted && len(s.waiting) > 0 && len(s.running) < cfg.MaxSeqs && budget > 0 {
 			r := s.waiting[0]
-			if !s.scheme.CanAdmit(r) {
+			m := s.enter()
+			can := s.scheme.CanAdmit(r)
+			s.foreground(s.leave(m), true)
+			if !can {
 				break
 			}
 			var held int
 			var err error
+			m = s.enter()
 			if r.preempted {
 				held, err = s.scheme.Resume(r)
 			} else {
 				held, err = s.scheme.Admit(r)
 			}
+			s.foreground(s.leave(m), true)
 			if errors.Is(err, driver.ErrOutOfMemory) {
+				s.failedAdmission(r)
 				break // CanAdmit agreed, the scheme did not: r waits
 			}
 			if err != nil {
@@ -334,15 +395,23 @@ func (s *simulation) run() error {
 					s.res.Scheme, held, r.id, r.context-1)
 			}
 			s.waiting = s.waiting[1:]
+			s.res.Admissions++
+			var prefill stepWork
+			prefill.add(cfg.Model, held, r.context-held)
+			s.res.PrefillTime += s.opts.Steps.time(cfg.Model, prefill)
 			r.state, r.computed = simRunning, held
 			s.running = append(s.running, r)
 			n := min(r.context-r.computed, budget)
-			if err := s.scheme.Append(r, n); err != nil {
+			m = s.enter()
+			err = s.scheme.Append(r, n)
+			s.appended(s.leave(m), n, true, true, err == nil)
+			if err != nil {
 				if !errors.Is(err, driver.ErrOutOfMemory) {
 					return err
 				}
 				// CanAdmit agreed, the scheme's Append did not: back to the
 				// queue, and no more admissions this step.
+				s.failedAdmission(r)
 				s.running = s.running[:len(s.running)-1]
 				if err := s.preempt(r); err != nil {
 					return err
@@ -361,7 +430,14 @@ func (s *simulation) run() error {
 			return errors.Wrapf(driver.ErrOutOfMemory, "replay: %s will not admit request %d (%d tokens of context) with nothing running: it can never run",
 				s.res.Scheme, r.id, r.context)
 		}
-		dt := s.opts.Steps.time(cfg.Model, work)
+		// The step waits for the driver time it is exposed to, then
+		// computes; background calls of the next one hide behind it.
+		gpu := s.opts.Steps.time(cfg.Model, work)
+		exposed := s.exposed()
+		s.res.Driver.Exposed += exposed
+		s.res.GPUTime += gpu
+		dt := exposed + gpu
+		s.slack = gpu
 		s.sample(dt)
 		s.now += dt
 		s.res.Steps++
@@ -404,7 +480,10 @@ func (s *simulation) arrive() {
 // preempt takes r, no longer in running, out of the scheme and puts it at
 // the front of the queue.
 func (s *simulation) preempt(r *SimRequest) error {
-	if _, err := s.scheme.Preempt(r); err != nil {
+	m := s.enter()
+	_, err := s.scheme.Preempt(r)
+	s.foreground(s.leave(m), true)
+	if err != nil {
 		return err
 	}
 	// What r still holds is what Resume will say; nothing is computed
@@ -422,7 +501,10 @@ func (s *simulation) advance() error {
 	for _, b := range s.batch {
 		r := b.r
 		if marks {
-			if err := marker.Computed(r); err != nil {
+			m := s.enter()
+			err := marker.Computed(r)
+			s.foreground(s.leave(m), false)
+			if err != nil {
 				return err
 			}
 		}
@@ -440,7 +522,10 @@ func (s *simulation) advance() error {
 			}
 		}
 		if r.generated == r.req.Output {
-			if err := s.scheme.Finish(r); err != nil {
+			m := s.enter()
+			err := s.scheme.Finish(r)
+			s.foreground(s.leave(m), true)
+			if err != nil {
 				return err
 			}
 			r.state = simFinished
@@ -472,6 +557,16 @@ func (s *simulation) sample(dt time.Duration) {
 	}
 }
 
+// failedAdmission counts an admission of r that CanAdmit agreed to and
+// the scheme then refused.
+func (s *simulation) failedAdmission(r *SimRequest) {
+	if r.preempted {
+		s.res.FailedResumes++
+	} else {
+		s.res.FailedAdmits++
+	}
+}
+
 func (s *simulation) progress() SimProgress {
 	return SimProgress{Scheme: s.res.Scheme, Done: s.done, Total: len(s.all), Now: s.now,
 		Running: len(s.running), Waiting: len(s.waiting), Steps: s.res.Steps}
@@ -482,6 +577,9 @@ func (s *simulation) progress() SimProgress {
 func (s *simulation) finish() error {
 	r := &s.res
 	r.SimTime = s.now
+	// The last frees: no step waits for them, but the engine's scheduler
+	// does, so they count as exposed (they are not in SimTime).
+	r.Driver.Exposed += s.exposed()
 	if secs := s.now.Seconds(); secs > 0 {
 		r.MeanSeqs = s.seqSecs / secs
 		r.MeanInUse = s.inUseSecs / secs

@@ -214,7 +214,7 @@ func TestSimulateTraceSlices(t *testing.T) {
 			require.NoError(t, err)
 			again, err := Simulate(reqs, tbl, opts)
 			require.NoError(t, err)
-			again.WallTime = paged.WallTime
+			again.WallTime, again.CPUTime = paged.WallTime, paged.CPUTime
 			require.Equal(t, paged, again)
 		})
 	}

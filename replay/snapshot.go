@@ -11,6 +11,7 @@ package replay
 import (
 	"fmt"
 	"io"
+	"math"
 	"strings"
 
 	"github.com/cockroachdb/errors"
@@ -26,22 +27,35 @@ const pickleProto = 0x80
 
 // ParseSnapshot reads a PyTorch memory snapshot (a pickle) into the
 // events the CSV made from it holds, one event per trace entry: devices
-// in order, each device's entries in order, Seq counting from 0 across
-// them all and Line being Seq+2, the entry's line in that CSV. Each alloc
-// gets the next alloc_id of its device, and each free the alloc_id of the
-// live allocation at its address — -1 when there is none (an allocation
-// made before recording) — the allocation ending at its free_completed.
-// Segment, oom and snapshot entries carry alloc_id -1.
+// in order, each device's entries in order, Seq counting from 0 on each
+// device (an entry's index in its device's trace, as PyTorch's
+// _memory_viz numbers them) and Line the entry's line in that CSV (2 for
+// the first entry of the first device, counting on across devices). Each
+// alloc gets the next alloc_id of its device, and each free the alloc_id
+// of the live allocation at its address — -1 when there is none (an
+// allocation made before recording) — the allocation ending at its
+// free_completed. Segment, oom and snapshot entries carry alloc_id -1.
 //
 // The pickle is decoded by a restricted unpickler (internal/pickle) that
 // builds plain data only and refuses anything that would construct an
-// object or call code. A problem is an error marked with ErrMalformed,
-// naming the entry (device_traces[device][index]).
+// object or call code, and builds at most pickle.BuiltPerByte bytes a byte
+// of input. The events are bounded by the input too: a snapshot of n bytes
+// holds at most n/MinEntryBytes+1 trace entries, since a memo reference
+// (two bytes) could otherwise repeat one entry into a hundred bytes of
+// Event. Ints are read as PyTorch writes them: addr, size and device_free
+// up to 2^64-1, time_us up to 2^63-1, and stream as a 64-bit identifier
+// (one from 2^63 up keeps its bits in Event.Stream, negative there).
+// A problem is an error marked with ErrMalformed, naming the entry
+// (device_traces[device][index]).
 func ParseSnapshot(r io.Reader) ([]Event, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "replay: parse: the reader is nil")
 	}
-	v, err := pickle.Read(r)
+	data, err := pickle.ReadInput(r, pickle.DefaultMaxInput)
+	if err != nil {
+		return nil, sentinel.Mark(errors.Wrap(err, "replay: reading the snapshot"), ErrMalformed)
+	}
+	v, err := pickle.Decode(data)
 	if err != nil {
 		return nil, sentinel.Mark(errors.Wrap(err, "replay: reading the snapshot"), ErrMalformed)
 	}
@@ -57,17 +71,29 @@ func ParseSnapshot(r io.Reader) ([]Event, error) {
 	if !ok {
 		return nil, snapshotError("device_traces is a %s, want a list of one list per device", pickle.TypeName(dt))
 	}
-	var events []Event
+	total := 0
 	for dev, t := range devices.Items {
 		entries, ok := t.(*pickle.List)
 		if !ok {
 			return nil, snapshotError("device_traces[%d] is a %s, want a list of trace entries", dev, pickle.TypeName(t))
 		}
+		total += len(entries.Items)
+	}
+	if total > maxTraceEvents {
+		return nil, snapshotError("%d trace entries, more than %d (MaxTraceEvents)", total, maxTraceEvents)
+	}
+	if most := len(data)/MinEntryBytes + 1; total > most {
+		return nil, snapshotError("%d trace entries in %d bytes, more than the %d a pickle of that size holds (a trace entry takes at least %d bytes): memo references repeating entries",
+			total, len(data), most, MinEntryBytes)
+	}
+	events := make([]Event, 0, total)
+	for dev, t := range devices.Items {
+		entries := t.(*pickle.List)
 		next := int64(0)           // the device's next alloc_id
 		live := map[uint64]int64{} // the alloc_id of the live allocation at each address
 		for i, e := range entries.Items {
-			seq := uint64(len(events))
-			ev, err := snapshotEvent(e, dev, seq)
+			seq := uint64(i)
+			ev, err := snapshotEvent(e, dev, seq, len(events))
 			if err != nil {
 				return nil, sentinel.Mark(errors.Wrapf(err, "replay: device_traces[%d][%d] (seq %d)", dev, i, seq), ErrMalformed)
 			}
@@ -92,9 +118,16 @@ func ParseSnapshot(r io.Reader) ([]Event, error) {
 	return events, nil
 }
 
-// snapshotEvent is the event of one trace entry, its AllocID -1.
-func snapshotEvent(e any, dev int, seq uint64) (Event, error) {
-	ev := Event{Line: int(min(seq, 1<<40)) + 2, Seq: seq, Device: dev, AllocID: -1}
+// MinEntryBytes is the fewest bytes of pickle a trace entry takes: a
+// dict of its action and size (a snapshot entry needs no more), each key
+// and value an opcode of two bytes at the least, and the dict's own two
+// (MARK and DICT).
+const MinEntryBytes = 10
+
+// snapshotEvent is the event of one trace entry, the index-th of the
+// whole snapshot, its AllocID -1.
+func snapshotEvent(e any, dev int, seq uint64, index int) (Event, error) {
+	ev := Event{Line: index + 2, Seq: seq, Device: dev, AllocID: -1}
 	d, ok := e.(*pickle.Dict)
 	if !ok {
 		return ev, errors.Newf("a %s, want a trace entry's dict", pickle.TypeName(e))
@@ -107,17 +140,22 @@ func snapshotEvent(e any, dev int, seq uint64) (Event, error) {
 	if ev.Op, ok = parseOp(action); !ok {
 		return ev, errors.Newf("unknown action %q, want one of %s", action, strings.Join(opNames[1:], ", "))
 	}
-	// number reads an int field of at least 0; a missing one is not there.
+	// number reads an int field from 0 to 2^64-1; a missing one is not
+	// there.
 	number := func(key string) (uint64, bool, error) {
 		v, ok := d.Get(key)
 		if !ok || v == nil {
 			return 0, false, nil
 		}
-		n, isInt := v.(int64)
-		if !isInt || n < 0 {
-			return 0, false, errors.Newf("%s is %s, want an integer of at least 0", key, describe(v, true))
+		switch n := v.(type) {
+		case int64:
+			if n >= 0 {
+				return uint64(n), true, nil
+			}
+		case uint64:
+			return n, true, nil
 		}
-		return uint64(n), true, nil
+		return 0, false, errors.Newf("%s is %s, want an integer from 0 to 2^64-1", key, describe(v, true))
 	}
 	var err error
 	if ev.Size, ok, err = number("size"); err != nil {
@@ -138,13 +176,19 @@ func snapshotEvent(e any, dev int, seq uint64) (Event, error) {
 	if t, ev.HasTime, err = number("time_us"); err != nil {
 		return ev, err
 	}
-	ev.TimeUS = int64(t) // number took an int64 of at least 0
+	if t > math.MaxInt64 {
+		return ev, errors.Newf("time_us is %d, more than 2^63-1 microseconds", t)
+	}
+	ev.TimeUS = int64(t)
 	if s, ok := d.Get("stream"); ok && s != nil {
-		n, isInt := s.(int64)
-		if !isInt {
-			return ev, errors.Newf("stream is %s, want an integer", describe(s, true))
+		switch n := s.(type) {
+		case int64:
+			ev.Stream = n
+		case uint64:
+			ev.Stream = int64(n) // an identifier: its 64 bits, kept
+		default:
+			return ev, errors.Newf("stream is %s, want an integer of 64 bits", describe(s, true))
 		}
-		ev.Stream = n
 	}
 	return ev, nil
 }
@@ -164,7 +208,7 @@ func describe(v any, present bool) string {
 		if len(x) <= 40 {
 			return fmt.Sprintf("%q", x)
 		}
-	case int64, bool, float64, nil:
+	case int64, uint64, bool, float64, nil:
 		return fmt.Sprintf("%v (%s)", v, pickle.TypeName(v))
 	}
 	return "a " + pickle.TypeName(v)

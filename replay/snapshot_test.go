@@ -2,6 +2,8 @@ package replay
 
 import (
 	"bytes"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,6 +71,14 @@ func pk(devices ...[]map[string]any) []byte {
 					for i := range 8 {
 						b.WriteByte(byte(uint64(x) >> (8 * i)))
 					}
+				case uint64: // as Python writes one of 2^63 and up: 9 bytes
+					b.Write([]byte{0x8a, 9})
+					for i := range 8 {
+						b.WriteByte(byte(x >> (8 * i)))
+					}
+					b.WriteByte(0)
+				case rawPickle:
+					b.Write(x)
 				case nil:
 					b.WriteByte('N')
 				}
@@ -80,6 +90,9 @@ func pk(devices ...[]map[string]any) []byte {
 	b.WriteString("s.")
 	return b.Bytes()
 }
+
+// rawPickle is a value pk writes as it is: opcodes that push one value.
+type rawPickle []byte
 
 func entry(action string, size, addr int) map[string]any {
 	return map[string]any{"action": action, "size": size, "addr": addr, "stream": 0, "time_us": 100 + addr}
@@ -94,7 +107,8 @@ func TestParseSnapshot(t *testing.T) {
 				{"action": "oom", "size": 1 << 20, "device_free": 1024, "stream": 0},
 				entry("free_completed", 512, 0), entry("alloc", 512, 0),
 			},
-			[]map[string]any{entry("segment_alloc", 2<<20, 0), entry("alloc", 512, 0)},
+			[]map[string]any{entry("segment_alloc", 2<<20, 0), entry("alloc", 512, 0),
+				{"action": "oom", "size": 4 << 20, "device_free": 1024, "stream": 0}},
 		)))
 		require.NoError(t, err)
 		require.Equal(t, []Event{
@@ -105,13 +119,43 @@ func TestParseSnapshot(t *testing.T) {
 			{Line: 6, Seq: 4, Op: OpOOM, Size: 1 << 20, AllocID: -1, DeviceFree: 1024, HasDeviceFree: true},
 			{Line: 7, Seq: 5, Op: OpFreeCompleted, Size: 512, HasAddr: true, AllocID: 0, TimeUS: 100, HasTime: true},
 			{Line: 8, Seq: 6, Op: OpAlloc, Size: 512, HasAddr: true, AllocID: 1, TimeUS: 100, HasTime: true},
-			{Line: 9, Seq: 7, Device: 1, Op: OpSegmentAlloc, Size: 2 << 20, HasAddr: true, AllocID: -1, TimeUS: 100, HasTime: true},
-			{Line: 10, Seq: 8, Device: 1, Op: OpAlloc, Size: 512, HasAddr: true, AllocID: 0, TimeUS: 100, HasTime: true},
+			// Seq counts from 0 on each device, as PyTorch numbers entries;
+			// Line counts on, as in the CSV of both devices.
+			{Line: 9, Seq: 0, Device: 1, Op: OpSegmentAlloc, Size: 2 << 20, HasAddr: true, AllocID: -1, TimeUS: 100, HasTime: true},
+			{Line: 10, Seq: 1, Device: 1, Op: OpAlloc, Size: 512, HasAddr: true, AllocID: 0, TimeUS: 100, HasTime: true},
+			{Line: 11, Seq: 2, Device: 1, Op: OpOOM, Size: 4 << 20, AllocID: -1, DeviceFree: 1024, HasDeviceFree: true},
 		}, events)
 		res, err := Replay(events, Options{CheckEvery: 1, Verify: true})
 		require.NoError(t, err)
 		require.Len(t, res.Devices, 2)
 		require.Equal(t, 1, res.Devices[0].Summary.Count(OpSnapshot))
+		require.Len(t, res.Devices[1].OOMs, 1)
+		require.Equal(t, uint64(2), res.Devices[1].OOMs[0].Seq, "the oom on device 1 is its third entry")
+		require.Equal(t, 11, res.Devices[1].OOMs[0].Line)
+	})
+	t.Run("ints PyTorch writes past 2^63: a frame's line of 2^64-1, addr, size, stream", func(t *testing.T) {
+		// A frames list of one frame whose line is 2^64-1, as PyTorch
+		// writes a frame it has no line for.
+		var frames bytes.Buffer
+		frames.WriteString("](}(")
+		frames.Write([]byte{0x8c, 4})
+		frames.WriteString("line")
+		frames.Write([]byte{0x8a, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0})
+		frames.Write([]byte{0x8c, 4})
+		frames.WriteString("name")
+		frames.Write([]byte{0x8c, 2})
+		frames.WriteString("??")
+		frames.WriteString("ue")
+		top := uint64(1<<64 - 4096)
+		events, err := Parse(bytes.NewReader(pk([]map[string]any{
+			{"action": "alloc", "size": 512, "addr": top, "stream": uint64(1 << 63), "time_us": 7, "frames": rawPickle(frames.Bytes())},
+			{"action": "free_completed", "size": 512, "addr": top, "stream": uint64(1 << 63), "time_us": 8, "frames": rawPickle(frames.Bytes())},
+		})))
+		require.NoError(t, err)
+		require.Equal(t, []Event{
+			{Line: 2, Seq: 0, Op: OpAlloc, Size: 512, Addr: top, HasAddr: true, AllocID: 0, Stream: math.MinInt64, TimeUS: 7, HasTime: true},
+			{Line: 3, Seq: 1, Op: OpFreeCompleted, Size: 512, Addr: top, HasAddr: true, AllocID: 0, Stream: math.MinInt64, TimeUS: 8, HasTime: true},
+		}, events)
 	})
 	for _, tc := range []struct {
 		name string
@@ -125,7 +169,10 @@ func TestParseSnapshot(t *testing.T) {
 		{"an unknown action", pk([]map[string]any{entry("teleport", 512, 0)}), `device_traces[0][0] (seq 0): unknown action "teleport"`},
 		{"no action", pk([]map[string]any{{"size": 1, "addr": 1}}), "action is missing"},
 		{"an action that is not a string", pk([]map[string]any{{"action": 3, "size": 1, "addr": 1}}), "action is 3 (int), want a string"},
-		{"a negative size", pk([]map[string]any{entry("alloc", -1, 0)}), "size is -1 (int), want an integer of at least 0"},
+		{"a negative size", pk([]map[string]any{entry("alloc", -1, 0)}), "size is -1 (int), want an integer from 0 to 2^64-1"},
+		{"a size of 2^64", pk([]map[string]any{{"action": "alloc", "size": rawPickle{0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1}, "addr": 0}}), "size is a int, want an integer from 0 to 2^64-1"},
+		{"a time_us past 2^63-1", pk([]map[string]any{{"action": "alloc", "size": 1, "addr": 0, "time_us": uint64(1 << 63)}}), "time_us is 9223372036854775808, more than 2^63-1"},
+		{"a stream of 2^64", pk([]map[string]any{{"action": "alloc", "size": 1, "addr": 0, "stream": rawPickle{0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1}}}), "stream is a int, want an integer of 64 bits"},
 		{"no size", pk([]map[string]any{{"action": "alloc", "addr": 1}}), "no size"},
 		{"an alloc with no addr", pk([]map[string]any{{"action": "alloc", "size": 1}}), "alloc with no addr"},
 		{"a stream that is not an int", pk([]map[string]any{{"action": "alloc", "size": 1, "addr": 0, "stream": "x"}}), `stream is "x", want an integer`},
@@ -139,6 +186,47 @@ func TestParseSnapshot(t *testing.T) {
 	}
 	_, err := ParseSnapshot(nil)
 	require.True(t, errors.Is(err, driver.ErrInvalid))
+}
+
+// TestSnapshotMemoEntries: a pickle whose trace repeats one entry by memo
+// references (2 bytes each, where a real entry takes a hundred or more)
+// is refused before any event is built: its events would outgrow it.
+func TestSnapshotMemoEntries(t *testing.T) {
+	memoTrace := func(refs int) []byte {
+		var b bytes.Buffer
+		b.Write([]byte{0x80, 2, '}', 0x8c, 13})
+		b.WriteString("device_traces")
+		b.WriteString("]](")    // device_traces, device 0's list, MARK
+		b.WriteString("}\x94(") // the entry, memoized as 0, and its MARK
+		str := func(s string) {
+			b.Write([]byte{0x8c, byte(len(s))})
+			b.WriteString(s)
+		}
+		str("action")
+		str("alloc")
+		str("size")
+		b.Write([]byte{'K', 1})
+		str("addr")
+		b.Write([]byte{'K', 1})
+		b.WriteByte('u')
+		for range refs {
+			b.Write([]byte{'h', 0}) // BINGET 0: the entry again
+		}
+		b.WriteString("ea") // APPENDS to device 0, APPEND it to device_traces
+		b.WriteString("s.")
+		return b.Bytes()
+	}
+	// A few repeats fit the bound (the pickle's own bytes pay for them);
+	// each is its own event.
+	events, err := Parse(bytes.NewReader(memoTrace(3)))
+	require.NoError(t, err)
+	require.Len(t, events, 4)
+
+	in := memoTrace(100_000)
+	_, err = Parse(bytes.NewReader(in))
+	require.True(t, errors.Is(err, ErrMalformed), "%v", err)
+	require.Contains(t, err.Error(), fmt.Sprintf("100001 trace entries in %d bytes, more than the %d a pickle of that size holds (a trace entry takes at least %d bytes)",
+		len(in), len(in)/MinEntryBytes+1, MinEntryBytes))
 }
 
 // TestParseSnapshotPrefixes: every cut of a real snapshot is an error,

@@ -5,7 +5,9 @@
 //
 // It owns the trace format and the replay, nothing else: it never touches
 // memory (the sim driver has none), and a malformed trace is an error naming
-// its line, never a panic. Each device a trace names is replayed on a sim
+// its line, never a panic. Every reader bounds what it reads and what it
+// builds from it (input.go: line lengths, totals, a config's size) and
+// opens regular files only. Each device a trace names is replayed on a sim
 // device of its own, by an allocator of its own, and summed up on its own.
 // allocator.go is the one file that knows vmarena's allocator (package
 // arena); the rest sees its figures as Figures.
@@ -52,7 +54,13 @@
 // static baselines are bookkeeping alone, with no memory behind them. The
 // model it serves (kvmodel.go) is a preset or read from a Hugging Face
 // config.json (hfconfig.go): its KV a token, its parameters for the price
-// of a step.
+// of a step. For a scheme on the sim driver (KVCache) it also counts and
+// prices the driver calls of each of the scheme's calls, splits them into
+// the time steps wait for and the time mapping ahead hides behind a step
+// (simcost.go, SimDriver), and charges each scheme the thread CPU time of
+// its own calls. RequestTrace generates request traces from a seed
+// (requestgen.go): long shared prefixes, bursts, long outputs that squeeze
+// the budget.
 package replay
 
 import (
@@ -60,7 +68,6 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
@@ -155,7 +162,9 @@ func parseOp(s string) (Op, bool) {
 type Event struct {
 	// Line is the event's line in the file (the header is line 1).
 	Line int
-	Seq  uint64
+	// Seq is the trace's own number for the event: a PyTorch snapshot
+	// numbers each device's entries from 0.
+	Seq uint64
 	// Device is the device index the event happened on.
 	Device int
 	Op     Op
@@ -193,6 +202,10 @@ const numColumns = 9 // len(Columns)
 //
 // Input that starts with a pickle's PROTO opcode (byte 0x80, which no CSV
 // text starts with) is read as a PyTorch snapshot instead (ParseSnapshot).
+//
+// What it reads is bounded: lines of at most MaxTraceLineBytes, at most
+// MaxTraceBytes in all and MaxTraceEvents events; past a bound is an error
+// marked ErrMalformed.
 func Parse(r io.Reader) ([]Event, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "replay: parse: the reader is nil")
@@ -201,7 +214,7 @@ func Parse(r io.Reader) ([]Event, error) {
 	if b, err := br.Peek(1); err == nil && b[0] == pickleProto {
 		return ParseSnapshot(br)
 	}
-	cr := csv.NewReader(br)
+	cr := csv.NewReader(&boundedReader{r: br, total: MaxTraceBytes, line: MaxTraceLineBytes})
 	cr.FieldsPerRecord = -1 // counted here, for a message that says what is wrong
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -227,6 +240,9 @@ func Parse(r io.Reader) ([]Event, error) {
 			return nil, csvError(err)
 		}
 		line := lineOf(cr)
+		if len(events) == maxTraceEvents {
+			return nil, malformed(line, "more than %d events (MaxTraceEvents)", maxTraceEvents)
+		}
 		if len(rec) != numColumns {
 			return nil, malformed(line, "%d fields, want %d (%s)", len(rec), len(Columns), strings.Join(Columns, ","))
 		}
@@ -257,11 +273,13 @@ type allocKey struct {
 	id     int64
 }
 
-// ParseFile reads the trace in the named file (Parse).
+// ParseFile reads the trace in the named file (Parse), which must be a
+// regular file: another (a directory, a device, a FIFO) is an error
+// marked driver.ErrInvalid.
 func ParseFile(name string) ([]Event, error) {
-	f, err := os.Open(name)
+	f, err := openRegular(name, "trace")
 	if err != nil {
-		return nil, errors.Wrap(err, "replay")
+		return nil, err
 	}
 	defer f.Close()
 	return Parse(f)
@@ -367,6 +385,9 @@ func malformed(line int, format string, args ...any) error {
 // csvError turns the csv reader's error (a bare quote, say) into ours; the
 // csv package's message already names the line.
 func csvError(err error) error {
+	if errors.Is(err, ErrMalformed) { // a bound of boundedReader
+		return err
+	}
 	var pe *csv.ParseError
 	if errors.As(err, &pe) {
 		return malformed(pe.StartLine, "%v", pe.Err)

@@ -134,6 +134,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(string(pk([]map[string]any{entry("alloc", 512, 0), entry("free_requested", 512, 0), entry("free_completed", 512, 0)},
 		[]map[string]any{{"action": "oom", "size": 1 << 20, "device_free": 0, "stream": 0}})))
 	f.Add(string(pk([]map[string]any{entry("free_completed", 512, 64), entry("snapshot", 0, 0)})))
+	f.Add(string(pk([]map[string]any{{"action": "alloc", "size": uint64(1 << 63), "addr": uint64(1<<64 - 1), "stream": uint64(1 << 63)}},
+		[]map[string]any{entry("alloc", 512, 0)})))
 	f.Fuzz(func(t *testing.T, s string) {
 		events, err := Parse(strings.NewReader(s))
 		if err != nil {
@@ -141,7 +143,12 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		last := 1
+		next := map[int]uint64{} // a snapshot's next seq on each device
 		for _, ev := range events {
+			if len(s) > 0 && s[0] == pickleProto {
+				require.Equal(t, next[ev.Device], ev.Seq, "a snapshot numbers each device's entries from 0")
+				next[ev.Device]++
+			}
 			require.Contains(t, Ops, ev.Op)
 			require.Greater(t, ev.Line, last)
 			require.True(t, ev.HasAddr || ev.Op == OpOOM || ev.Op == OpSnapshot, "only an oom or a snapshot may lack an address")

@@ -402,3 +402,20 @@ func TestRunFailedCommand(t *testing.T) {
 	require.Contains(t, string(md), "\nFailed: `go test ./bench -run '^$' -bench ReserveFree -benchtime bogus`: exit status ")
 	require.Contains(t, string(md), "0 of 1 targets met (1 not measured).")
 }
+
+// FuzzParse: any text parses or is refused, never a panic, and builds no
+// more results than it has lines.
+func FuzzParse(f *testing.F) {
+	data, err := os.ReadFile(savedOutput)
+	require.NoError(f, err)
+	f.Add(string(data[:min(len(data), 4096)]))
+	f.Add("BenchmarkX-8   \t 100\t 12.5 ns/op\t 3 B/op\n")
+	f.Add("cpu: AMD EPYC\nBenchmarkY\nBenchmarkY-2 1 x\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		out, err := parse(strings.NewReader(s))
+		if err != nil {
+			return
+		}
+		require.LessOrEqual(t, len(out.results), strings.Count(s, "\n")+1)
+	})
+}

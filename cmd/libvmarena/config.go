@@ -72,8 +72,8 @@ func configFrom(getenv func(string) string) (config, error) {
 			seen := map[int]bool{}
 			for _, f := range strings.Split(v, ",") {
 				n, err := strconv.Atoi(strings.TrimSpace(f))
-				if err != nil || n < 0 || seen[n] {
-					return c, bad(envDevices, v, "a comma-separated list of distinct device ordinals, e.g. 0,1")
+				if err != nil || n < 0 || n >= driver.MaxDevices || seen[n] {
+					return c, bad(envDevices, v, "a comma-separated list of distinct device ordinals below "+strconv.Itoa(driver.MaxDevices)+", e.g. 0,1")
 				}
 				seen[n] = true
 				c.Devices = append(c.Devices, n)

@@ -41,6 +41,8 @@ func TestConfigFrom(t *testing.T) {
 		{env: []string{envDevices, "0"}, err: `VMARENA_DEVICES="0"`},
 		{env: []string{envDriver, "acl", envDevices, "1,1"}, err: `VMARENA_DEVICES="1,1"`},
 		{env: []string{envDriver, "acl", envDevices, "1,-2"}, err: `VMARENA_DEVICES="1,-2"`},
+		{env: []string{envDriver, "cuda", envDevices, "0,32"}, err: `VMARENA_DEVICES="0,32"`},
+		{env: []string{envDriver, "cuda", envDevices, "9223372036854775807"}, err: `VMARENA_DEVICES="9223372036854775807"`},
 		{env: []string{envCapacity, "lots"}, err: `VMARENA_CAPACITY="lots"`},
 		{env: []string{envTagMax, "-1"}, err: `VMARENA_TAG_MAX="-1"`},
 		{env: []string{envHostCache, "2GiB"}, want: config{Driver: "host", HostCache: 2 * units.GiB}},
@@ -64,6 +66,29 @@ func TestConfigFrom(t *testing.T) {
 			require.Equal(t, tc.want, c)
 		})
 	}
+}
+
+// FuzzConfigFrom: any environment is a configuration of at most
+// driver.MaxDevices distinct devices below driver.MaxDevices, or an error
+// marked driver.ErrInvalid; never a panic.
+func FuzzConfigFrom(f *testing.F) {
+	f.Add("host", "3", "1GiB", "4096", "2GiB")
+	f.Add("cuda", "2, 3", "", "1GB", "")
+	f.Add("acl", "1,1", "lots", "-1", "some")
+	f.Fuzz(func(t *testing.T, drv, devices, capacity, tagMax, hostCache string) {
+		env := map[string]string{envDriver: drv, envDevices: devices, envCapacity: capacity, envTagMax: tagMax, envHostCache: hostCache}
+		c, err := configFrom(func(k string) string { return env[k] })
+		if err != nil {
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			return
+		}
+		require.LessOrEqual(t, len(c.Devices), driver.MaxDevices)
+		seen := map[int]bool{}
+		for _, d := range c.Devices {
+			require.True(t, d >= 0 && d < driver.MaxDevices && !seen[d], "%v", c.Devices)
+			seen[d] = true
+		}
+	})
 }
 
 func TestCodeOf(t *testing.T) {

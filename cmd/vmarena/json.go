@@ -396,6 +396,11 @@ type KVSimulateJSON struct {
 	MaxSeqs          int    `json:"max_seqs"`
 	MaxBatchedTokens int    `json:"max_batched_tokens"`
 	StepsPricedBy    string `json:"steps_priced_by"`
+	// DriverPricedBy names the table of driver call costs (--prices);
+	// MapAheadTokens is this cache's mapping-ahead window, 0 when off
+	// (--map-ahead=false).
+	DriverPricedBy string `json:"driver_priced_by"`
+	MapAheadTokens int    `json:"map_ahead_tokens"`
 	// Cache describes this cache (its layout and pages), which reserves
 	// CacheReservedBytes of address space; Preempt is its --preempt and
 	// Admit its --admit.
@@ -457,6 +462,55 @@ type KVSchemeJSON struct {
 	// simulation took to run (varies from run to run).
 	SimulatedSeconds float64 `json:"simulated_seconds"`
 	WallSeconds      float64 `json:"wall_seconds"`
+	// Admissions counts the admits and resumes that succeeded;
+	// FailedAdmits and FailedResumes those the scheme's CanAdmit agreed
+	// to that then found no room.
+	Admissions    int `json:"admissions"`
+	FailedAdmits  int `json:"failed_admits"`
+	FailedResumes int `json:"failed_resumes"`
+	// DriverCallsCounted says the scheme's driver calls were counted (this
+	// cache, on the sim driver); the baselines allocate their pool once
+	// before serving and make none while serving, all their driver
+	// figures 0.
+	DriverCallsCounted bool `json:"driver_calls_counted"`
+	// DriverCalls counts the driver calls by kind.
+	DriverCalls DriverCallsJSON `json:"driver_calls"`
+	// DriverSeconds is the calls priced by driver_priced_by;
+	// BackgroundDriverSeconds what of it mapping ahead ran during steps;
+	// ExposedDriverSeconds what steps waited for (in simulated_seconds),
+	// ExposedDriverShare that over GPUSeconds, the steps' own time.
+	DriverSeconds           float64 `json:"driver_seconds"`
+	BackgroundDriverSeconds float64 `json:"background_driver_seconds"`
+	ExposedDriverSeconds    float64 `json:"exposed_driver_seconds"`
+	GPUSeconds              float64 `json:"gpu_seconds"`
+	ExposedDriverShare      float64 `json:"exposed_driver_share"`
+	// AdmissionDriverSeconds is the driver time of admissions (admit,
+	// resume, prompt and recompute chunks, preempt, finish);
+	// PrefillSeconds the time their prompts take alone on the GPU;
+	// AdmissionDriverShare the one over the other.
+	AdmissionDriverSeconds float64 `json:"admission_driver_seconds"`
+	PrefillSeconds         float64 `json:"prefill_seconds"`
+	AdmissionDriverShare   float64 `json:"admission_driver_share"`
+	// CPUSeconds is the thread CPU time of the scheme's own calls (varies
+	// from run to run; 0 off Linux).
+	CPUSeconds float64 `json:"cpu_seconds"`
+}
+
+// DriverCallsJSON is driver calls by kind, and their total.
+type DriverCallsJSON struct {
+	Reserve   uint64 `json:"reserve"`
+	Unreserve uint64 `json:"unreserve"`
+	Create    uint64 `json:"create"`
+	Release   uint64 `json:"release"`
+	Map       uint64 `json:"map"`
+	Unmap     uint64 `json:"unmap"`
+	SetAccess uint64 `json:"set_access"`
+	Total     uint64 `json:"total"`
+}
+
+func driverCallsJSON(c sim.Calls) DriverCallsJSON {
+	return DriverCallsJSON{Reserve: c.Reserve, Unreserve: c.Unreserve, Create: c.Create, Release: c.Release,
+		Map: c.Map, Unmap: c.Unmap, SetAccess: c.SetAccess, Total: c.Total()}
 }
 
 // kvDocument is the document of a simulation of the requests summed up
@@ -485,7 +539,13 @@ func kvSchemesJSON(results []replay.SimResult) []KVSchemeJSON {
 			Commits: r.Stats.Commits, CommitsPerSecond: r.CommitsPerSecond(),
 			MeanTTFTSeconds: secs(r.MeanTTFT), MedianTTFTSeconds: secs(r.MedianTTFT), P99TTFTSeconds: secs(r.P99TTFT),
 			OutputTokens: r.OutputTokens, OutputTokensPerSecond: r.OutputPerSecond(), ComputedTokens: r.ComputedTokens,
-			Steps: r.Steps, SimulatedSeconds: secs(r.SimTime), WallSeconds: secs(r.WallTime)})
+			Steps: r.Steps, SimulatedSeconds: secs(r.SimTime), WallSeconds: secs(r.WallTime),
+			Admissions: r.Admissions, FailedAdmits: r.FailedAdmits, FailedResumes: r.FailedResumes,
+			DriverCallsCounted: r.Driver.Counted, DriverCalls: driverCallsJSON(r.Driver.Calls),
+			DriverSeconds: secs(r.Driver.Time), BackgroundDriverSeconds: secs(r.Driver.Background),
+			ExposedDriverSeconds: secs(r.Driver.Exposed), GPUSeconds: secs(r.GPUTime), ExposedDriverShare: r.ExposedShare(),
+			AdmissionDriverSeconds: secs(r.Driver.Admission), PrefillSeconds: secs(r.PrefillTime), AdmissionDriverShare: r.AdmissionShare(),
+			CPUSeconds: secs(r.CPUTime)})
 	}
 	return out
 }

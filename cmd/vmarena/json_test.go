@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver/sim"
 )
 
 // updateJSON rewrites the --json golden files: go test ./cmd/vmarena
@@ -120,12 +122,22 @@ func TestJSONReplayStopped(t *testing.T) {
 }
 
 // TestJSONKV: the first 12 requests of the Azure conversation trace;
-// the simulation's wall time varies, so it is blanked.
+// the simulation's wall time and CPU time vary, so they are blanked. The
+// driver figures hold together: the calls by kind add up to the total,
+// the priced time is the calls times the A100 table's prices, the time
+// steps waited for is at most all of it, and its share is of the GPU
+// time.
 func TestJSONKV(t *testing.T) {
 	checkJSON(t, "kv-simulate", &KVSimulateJSON{}, func(doc map[string]any) {
-		for _, s := range doc["schemes"].([]any) {
-			require.GreaterOrEqual(t, s.(map[string]any)["wall_seconds"], 0.0)
-			s.(map[string]any)["wall_seconds"] = 0
+		require.Equal(t, sim.A100.Name, doc["driver_priced_by"])
+		require.Equal(t, 16.0, doc["map_ahead_tokens"])
+		for i, s := range doc["schemes"].([]any) {
+			s := s.(map[string]any)
+			require.GreaterOrEqual(t, s["wall_seconds"], 0.0)
+			require.GreaterOrEqual(t, s["cpu_seconds"], 0.0)
+			s["wall_seconds"], s["cpu_seconds"] = 0, 0
+			checkDriverJSON(t, s, sim.A100)
+			require.Equal(t, i == 0, s["driver_calls_counted"], "this cache's calls are counted, the baselines make none")
 		}
 	}, "kv", "simulate", "--trace", filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv"),
 		"--model", "llama3-8b", "--memory", "4GiB", "--limit", "12", "--json")
@@ -198,4 +210,31 @@ func TestReplayWraps(t *testing.T) {
 	narrow := [][]string{{"trace", "a", "b"}, {"events", "1", "2"}}
 	printWrapped(&buf, narrow)
 	require.Equal(t, "trace   a  b\nevents  1  2\n", buf.String())
+}
+
+// checkDriverJSON checks one scheme's driver figures of kv simulate
+// --json against the table that priced them.
+func checkDriverJSON(t *testing.T, s map[string]any, costs sim.CallCosts) {
+	t.Helper()
+	calls := s["driver_calls"].(map[string]any)
+	var c sim.Calls
+	for k, p := range map[string]*uint64{"reserve": &c.Reserve, "unreserve": &c.Unreserve, "create": &c.Create,
+		"release": &c.Release, "map": &c.Map, "unmap": &c.Unmap, "set_access": &c.SetAccess} {
+		*p = uint64(calls[k].(float64))
+	}
+	require.Equal(t, float64(c.Total()), calls["total"], "the calls by kind add up to the total")
+	total := s["driver_seconds"].(float64)
+	require.InDelta(t, c.Time(costs).Seconds(), total, 1e-9, "priced time = calls x prices")
+	exposed, background := s["exposed_driver_seconds"].(float64), s["background_driver_seconds"].(float64)
+	require.LessOrEqual(t, exposed, total+1e-12)
+	require.LessOrEqual(t, background, total+1e-12)
+	require.LessOrEqual(t, s["admission_driver_seconds"].(float64), total+1e-12)
+	if gpu := s["gpu_seconds"].(float64); gpu > 0 {
+		require.InDelta(t, exposed/gpu, s["exposed_driver_share"], 1e-9)
+	}
+	require.LessOrEqual(t, s["gpu_seconds"], s["simulated_seconds"])
+	if s["driver_calls_counted"] == false {
+		require.Zero(t, total)
+		require.Zero(t, c.Total())
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/kvcache"
@@ -18,7 +19,7 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                            [--page-size 2MiB]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
-                           [--report FILE] [--json]
+                           [--prices a100|h100] [--map-ahead=false] [--report FILE] [--json]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -31,6 +32,15 @@ prefix caching, recompute preemption) and a static reservation of the maximum
 context for every sequence. --memory is the KV memory's budget. The max
 context defaults to the trace's longest request, as much as the budget holds
 for one sequence; longer requests are refused.
+
+Each scheme's driver calls are counted by kind and priced by --prices (the
+sim driver's table measured on an A100, or on an H100); with mapping ahead (on
+unless --map-ahead=false) this cache's decode commits run in the background
+during the step before and only what exceeds that step's GPU time is waited
+for. Steps wait for the exposed driver time, so TTFT and throughput pay for
+it. The paged and static schemes allocate their pool once before serving and
+make no driver call while they serve. The CPU time is the thread clock's
+around each scheme's own calls.
 
 --model is a preset (llama3.1-8b, llama3.3-70b, qwen2.5-7b, mistral-7b,
 deepseek-v3, ...: the flags of vmarena kv simulate -h list them all) or the
@@ -88,6 +98,8 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
 	maxBatched := fs.Int("max-batched-tokens", replay.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
 	report := fs.String("report", "", "also write an HTML report to `FILE`: each scheme's sequences, KV memory and waste over time, and the table")
+	prices := fs.String("prices", "a100", "the `TABLE` of driver call costs: "+strings.Join(sim.CostTableNames(), " or ")+" (measured per call on that GPU)")
+	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
 	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
 		return code
@@ -124,6 +136,10 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	case *maxBatched < 1 || *maxBatched > 1<<24:
 		return usageErr("--max-batched-tokens %d: want 1 to %d", *maxBatched, 1<<24)
 	}
+	costs, err := sim.CostTable(*prices)
+	if err != nil {
+		return usageErr("--prices %s: want %s", *prices, strings.Join(sim.CostTableNames(), " or "))
+	}
 	if err := checkReport(*report); err != nil {
 		return usageErr("--report %v", err)
 	}
@@ -138,7 +154,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--max-context %d: --memory %s holds at most %d tokens of %s for one sequence", *maxContext, units.Bytes(uint64(memory)), contextCap, m.Name)
 	}
 
-	reqs, err := replay.ParseRequestsFile(*trace)
+	reqs, err := loadRequests(*trace)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %s: %v\n", *trace, err)
 		return 1
@@ -153,7 +169,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if err := cfg.Check(); err != nil {
 		return usageErr("%v", err)
 	}
-	opts := replay.SimOptions{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: replay.A100, Record: *report != ""}
+	opts := replay.SimOptions{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: replay.A100, Prices: costs, Record: *report != ""}
 
 	// The schemes, each built from the same cfg: this cache's first.
 	lay, err := kvcache.ParseLayout(*layout)
@@ -164,7 +180,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *preempt == "swap" {
 		mode = kvcache.Swap
 	}
-	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output"})
+	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
@@ -228,9 +244,15 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	header = append(header, fmt.Sprintf("this cache: %s, reserving %s of address space; preempts by %s; %s",
 		cache, approx(cache.Reserved()), mode, admits))
+	ahead := "off: every page is committed on the step's path"
+	if cache.MapAhead() > 0 {
+		ahead = fmt.Sprintf("on: a decode's commits run during the step before, %d tokens ahead", cache.MapAhead())
+	}
+	header = append(header, fmt.Sprintf("driver calls priced by the %s; this cache's mapping ahead %s", costs.Name, ahead))
 	table := kvTable(results)
 	if *jsonOut {
 		doc := kvDocument(filepath.Base(*trace), sum, cfg, *maxBatched, opts.Steps.Name, cache, *preempt, *admit, results)
+		doc.DriverPricedBy, doc.MapAheadTokens = costs.Name, cache.MapAhead()
 		if err := writeJSON(stdout, doc); err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 			return 1
@@ -288,6 +310,37 @@ func kvTable(results []replay.SimResult) [][]string {
 	row("commit calls (per second)", func(r replay.SimResult) string {
 		return fmt.Sprintf("%d (%.1f/s)", r.Stats.Commits, r.CommitsPerSecond())
 	})
+	row("failed admits / resumes (CanAdmit agreed, then no room)", func(r replay.SimResult) string {
+		return fmt.Sprintf("%d / %d", r.FailedAdmits, r.FailedResumes)
+	})
+	driver := func(cell func(r replay.SimResult) string) func(r replay.SimResult) string {
+		return func(r replay.SimResult) string {
+			if !r.Driver.Counted {
+				return "none while serving"
+			}
+			return cell(r)
+		}
+	}
+	row("driver calls: create / release / map / unmap / set access", driver(func(r replay.SimResult) string {
+		c := r.Driver.Calls
+		return fmt.Sprintf("%d / %d / %d / %d / %d", c.Create, c.Release, c.Map, c.Unmap, c.SetAccess)
+	}))
+	row("driver time, all / in the background (mapping ahead)", driver(func(r replay.SimResult) string {
+		return seconds(r.Driver.Time) + " / " + seconds(r.Driver.Background)
+	}))
+	row("driver time steps waited for (of GPU time)", driver(func(r replay.SimResult) string {
+		return fmt.Sprintf("%s (%.3f%%)", seconds(r.Driver.Exposed), 100*r.ExposedShare())
+	}))
+	row("driver time per admission (of its prefill)", driver(func(r replay.SimResult) string {
+		return fmt.Sprintf("%.3f ms (%.3f%%)", 1e3*r.AdmissionDriverTime().Seconds(), 100*r.AdmissionShare())
+	}))
+	paged := slices.IndexFunc(results, func(r replay.SimResult) bool { return r.Scheme == replay.PagedName })
+	row("the scheme's own CPU time (thread clock), ÷ paged", func(r replay.SimResult) string {
+		if paged < 0 || results[paged].CPUTime <= 0 {
+			return seconds(r.CPUTime)
+		}
+		return fmt.Sprintf("%s (%.2f×)", seconds(r.CPUTime), r.CPUTime.Seconds()/results[paged].CPUTime.Seconds())
+	})
 	row("time to first token, mean", func(r replay.SimResult) string { return seconds(r.MeanTTFT) })
 	row("time to first token, median / p99", func(r replay.SimResult) string {
 		return seconds(r.MedianTTFT) + " / " + seconds(r.P99TTFT)
@@ -295,6 +348,7 @@ func kvTable(results []replay.SimResult) [][]string {
 	row("output tokens per second", func(r replay.SimResult) string { return fmt.Sprintf("%.0f", r.OutputPerSecond()) })
 	row("tokens computed (prompts, recomputes, decodes)", func(r replay.SimResult) string { return fmt.Sprint(r.ComputedTokens) })
 	row("steps", func(r replay.SimResult) string { return fmt.Sprint(r.Steps) })
+	row("GPU time of the steps", func(r replay.SimResult) string { return seconds(r.GPUTime) })
 	row("simulated time", func(r replay.SimResult) string { return seconds(r.SimTime) })
 	row("simulation wall time", func(r replay.SimResult) string { return seconds(r.WallTime) })
 	return table

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/race"
 )
 
@@ -72,7 +74,10 @@ func TestKVSimulate(t *testing.T) {
 				"KV in use by running sequences, peak", "KV in use by running sequences, mean", "KV waste, mean (of in use)", "KV waste, peak", "KV cached for reuse, mean / peak",
 				"saved by prefix sharing, mean / peak", "prefix cache: tokens found / looked up", "cached blocks evicted",
 				"preemptions", "commit calls (per second)", "time to first token, mean", "time to first token, median / p99",
-				"output tokens per second", "tokens computed (prompts, recomputes, decodes)", "steps", "simulated time", "simulation wall time"} {
+				"output tokens per second", "tokens computed (prompts, recomputes, decodes)", "steps", "simulated time", "simulation wall time",
+				"failed admits / resumes (CanAdmit agreed, then no room)", "driver calls: create / release / map / unmap / set access",
+				"driver time, all / in the background (mapping ahead)", "driver time steps waited for (of GPU time)",
+				"driver time per admission (of its prefill)", "the scheme's own CPU time (thread clock), ÷ paged", "GPU time of the steps"} {
 				require.Contains(t, flat, "\n"+row, row)
 			}
 			require.Empty(t, errOut, "off a terminal the run is quiet: no progress")
@@ -184,6 +189,7 @@ const modelsDir = "../../replay/testdata/models"
 func TestKVFlags(t *testing.T) {
 	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
 	noLayers := writeTrace(t, "config.json", `{"num_attention_heads": 32, "hidden_size": 4096, "torch_dtype": "bfloat16"}`)
+	emptyDir := t.TempDir() // a model directory without its config.json
 	code, out, _ := runKV(t, "simulate", "-h")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "usage: vmarena kv simulate")
@@ -202,6 +208,8 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "gpt2"},
 			`vmarena kv simulate: --model gpt2: replay: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, llama3-8b, llama3.1-70b, llama3.1-8b, llama3.3-70b, mistral-7b, qwen2.5-7b, or the path of a Hugging Face config.json`},
 		{[]string{"simulate", "--trace", small, "--model", "absent/config.json"}, "--model absent/config.json: replay: model config: open absent/config.json: no such file or directory"},
+		{[]string{"simulate", "--trace", small, "--model", "/dev/zero"}, "--model /dev/zero: replay: model config: /dev/zero is a character device, not a regular file"},
+		{[]string{"simulate", "--trace", small, "--model", emptyDir}, "--model " + emptyDir + ": replay: model config: the directory " + emptyDir + " has no config.json"},
 		{[]string{"simulate", "--trace", small, "--model", noLayers}, `: no "num_hidden_layers": add it, the number of decoder layers`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "extra"}, `unexpected argument "extra"`},
 		{[]string{"simulate", "--trace"}, "flag needs an argument: -trace"},
@@ -224,6 +232,9 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--max-context", "-5"}, "--max-context -5: want a number of tokens, or 0 to fit the trace"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--max-seqs", "0"}, "--max-seqs 0: want 1 to 1048576"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--max-batched-tokens", "0"}, "--max-batched-tokens 0: want 1 to 16777216"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--prices", "b200"}, "--prices b200: want a100 or h100"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--prices", ""}, "--prices : want a100 or h100"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--map-ahead=maybe"}, `invalid boolean value "maybe" for -map-ahead`},
 	} {
 		code, out, errOut := runKV(t, tc.args...)
 		require.Equal(t, 2, code, "%v", tc.args)
@@ -233,13 +244,55 @@ func TestKVFlags(t *testing.T) {
 	}
 }
 
+// TestKVPrices: --prices h100 prices this cache's calls by the H100
+// table, and --map-ahead=false puts every call on the steps' path, so
+// that they wait for more of it (idle gaps between requests still hide
+// what they can); the calls themselves are the same.
+func TestKVPrices(t *testing.T) {
+	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
+	doc := func(args ...string) KVSimulateJSON {
+		t.Helper()
+		code, out, errOut := runKV(t, append([]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "4GiB", "--limit", "12", "--json"}, args...)...)
+		require.Equal(t, 0, code, errOut)
+		var d KVSimulateJSON
+		require.NoError(t, json.Unmarshal([]byte(out), &d))
+		return d
+	}
+	a100, h100, off := doc(), doc("--prices", "h100"), doc("--prices", "h100", "--map-ahead=false")
+	require.Equal(t, sim.A100.Name, a100.DriverPricedBy)
+	require.Equal(t, sim.H100.Name, h100.DriverPricedBy)
+	require.Equal(t, 16, h100.MapAheadTokens)
+	require.Equal(t, 0, off.MapAheadTokens)
+	c := a100.Schemes[0].DriverCalls
+	calls := sim.Calls{Reserve: c.Reserve, Unreserve: c.Unreserve, Create: c.Create, Release: c.Release, Map: c.Map, Unmap: c.Unmap, SetAccess: c.SetAccess}
+	require.Positive(t, calls.Total())
+	require.Equal(t, a100.Schemes[0].DriverCalls, h100.Schemes[0].DriverCalls, "the prices change no call")
+	require.InDelta(t, calls.Time(sim.H100).Seconds(), h100.Schemes[0].DriverSeconds, 1e-9)
+	require.Equal(t, h100.Schemes[0].DriverCalls, off.Schemes[0].DriverCalls, "mapping ahead changes no call, only whose path it is on")
+	require.Zero(t, off.Schemes[0].BackgroundDriverSeconds)
+	require.LessOrEqual(t, off.Schemes[0].ExposedDriverSeconds, off.Schemes[0].DriverSeconds, "idle gaps hide what they can")
+	require.Positive(t, h100.Schemes[0].BackgroundDriverSeconds)
+	require.Less(t, h100.Schemes[0].ExposedDriverSeconds, off.Schemes[0].ExposedDriverSeconds)
+	for _, d := range []KVSimulateJSON{a100, h100, off} {
+		for _, s := range d.Schemes[1:] {
+			require.False(t, s.DriverCallsCounted, s.Scheme)
+			require.Zero(t, s.DriverSeconds, s.Scheme)
+		}
+	}
+}
+
 // TestKVFailures: a trace that cannot be read exits 1 with the file in
 // the message and prints no table.
 func TestKVFailures(t *testing.T) {
+	zero := filepath.Join(t.TempDir(), "zero.jsonl")
+	require.NoError(t, os.Symlink("/dev/zero", zero))
 	for _, tc := range []struct {
 		name, file, says string
 	}{
-		{"missing file", filepath.Join(t.TempDir(), "absent.csv"), "absent.csv: replay: open"},
+		{"missing file", filepath.Join(t.TempDir(), "absent.csv"), "absent.csv: replay: request trace: open"},
+		{"a header only", writeTrace(t, "empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"), "empty.csv: the trace holds no requests, nothing to simulate"},
+		{"an empty jsonl", writeTrace(t, "empty.jsonl", ""), "empty.jsonl: the trace holds no requests, nothing to simulate"},
+		{"a device", zero, "zero.jsonl: replay: request trace: " + zero + " is a character device, not a regular file"},
 		{"malformed", writeTrace(t, "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,1\n"),
 			`bad.csv: replay: line 2: ContextTokens "x" is not an integer`},
 		{"no format", writeTrace(t, "trace.txt", "hello\n"), `no request trace format for extension ".txt"`},

@@ -234,6 +234,7 @@ func TestReplayFailures(t *testing.T) {
 			[]string{"bad.csv: replay: line 3: column size: \"x\" is not an integer"}, "trace good"},
 		{"no header", []string{"--trace", write("nohdr.csv", "0,0,alloc,512,0,0,0,,\n")}, []string{"nohdr.csv: replay: line 1: header"}, ""},
 		{"empty file", []string{"--trace", write("empty.csv", "")}, []string{"empty.csv: replay: empty input"}, ""},
+		{"a device", []string{"--trace", "/dev/zero"}, []string{"/dev/zero: replay: trace: /dev/zero is a character device, not a regular file"}, ""},
 		{"a header alone", []string{"--trace", write("header.csv", header)},
 			[]string{"header.csv: the trace holds no events, nothing to replay: a CSV trace needs rows after its header"}, ""},
 		{"out of memory", []string{"--capacity", "2MiB", "--trace", good, "--trace", write("big.csv", header+"4,0,alloc,1024,0,0,0,,\n5,0,alloc,4194304,0,1,0,,\n6,0,alloc,512,0,2,0,,\n")},

@@ -49,6 +49,25 @@ func TestParseCPUList(t *testing.T) {
 	}
 }
 
+// FuzzParseCPUList: any text is a list of at most maxListed IDs, each at
+// least 0, or an error; never a panic.
+func FuzzParseCPUList(f *testing.F) {
+	for _, s := range []string{"", "0-3\n", "0-1,8,10-11\n", "3-1", "0-1000000", "0,,1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ids, err := parseCPUList(s)
+		if err != nil {
+			require.Nil(t, ids)
+			return
+		}
+		require.LessOrEqual(t, len(ids), maxListed)
+		for _, id := range ids {
+			require.GreaterOrEqual(t, id, 0)
+		}
+	})
+}
+
 func TestNUMANodes(t *testing.T) {
 	t.Run("one node", func(t *testing.T) {
 		nodes, err := numaNodes(fakeNodes(t, map[string]string{"node0": "0-7\n"}))

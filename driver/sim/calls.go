@@ -172,3 +172,34 @@ func (d *Driver) Tally() Tally {
 	defer d.calls.Unlock()
 	return Tally{Costs: d.costs, Space: d.calls.space, Devices: append([]Calls(nil), d.calls.devices...)}
 }
+
+// Calls is every call the driver counted, Tally's Total, without copying
+// the per-device counts: cheap enough to read around each call of a
+// caller's that it prices (replay's serving simulation does).
+func (d *Driver) Calls() Calls {
+	if d.unmade() {
+		return Calls{}
+	}
+	d.calls.Lock()
+	defer d.calls.Unlock()
+	sum := d.calls.space
+	for _, c := range d.calls.devices {
+		sum = sum.Add(c)
+	}
+	return sum
+}
+
+// costTables are the tables CostTable knows, by name.
+var costTables = map[string]CallCosts{"a100": A100, "h100": H100}
+
+// CostTableNames names the tables CostTable knows, sorted.
+func CostTableNames() []string { return []string{"a100", "h100"} }
+
+// CostTable is the table of that name: "a100" (A100) or "h100" (H100). Any
+// other name is an error marked driver.ErrInvalid that lists them.
+func CostTable(name string) (CallCosts, error) {
+	if c, ok := costTables[name]; ok {
+		return c, nil
+	}
+	return CallCosts{}, errors.Wrapf(driver.ErrInvalid, "sim: no table of call costs named %q: want a100 or h100", name)
+}

@@ -75,6 +75,7 @@ func TestTallyCountsEachCall(t *testing.T) {
 	}, tally.Devices)
 	require.Equal(t, sim.Calls{Reserve: 1, Unreserve: 1, Create: 3, Release: 3, Map: 3, Unmap: 3, SetAccess: 3}, tally.Total())
 	require.Equal(t, uint64(17), tally.Total().Total())
+	require.Equal(t, tally.Total(), drv.Calls(), "Calls is Tally's Total")
 
 	// Priced: counts times the table.
 	want := 1*sim.A100.Reserve + 3*sim.A100.Create + 3*sim.A100.Map + 3*sim.A100.Unmap + 3*sim.A100.SetAccess
@@ -197,4 +198,26 @@ func TestTallyConcurrent(t *testing.T) {
 	for dev, c := range tally.Devices {
 		require.Equal(t, sim.Calls{Create: rounds, Release: rounds, Map: rounds, Unmap: rounds, SetAccess: rounds}, c, "device %d", dev)
 	}
+}
+
+// TestCostTable: the tables by name, and an unknown name refused with an
+// error that lists the known ones.
+func TestCostTable(t *testing.T) {
+	for _, name := range sim.CostTableNames() {
+		c, err := sim.CostTable(name)
+		require.NoError(t, err)
+		require.NotEmpty(t, c.Name)
+	}
+	c, err := sim.CostTable("a100")
+	require.NoError(t, err)
+	require.Equal(t, sim.A100, c)
+	c, err = sim.CostTable("h100")
+	require.NoError(t, err)
+	require.Equal(t, sim.H100, c)
+	for _, bad := range []string{"", "A100", "b200", "h100 "} {
+		_, err := sim.CostTable(bad)
+		require.True(t, errors.Is(err, driver.ErrInvalid), "%q: %v", bad, err)
+		require.ErrorContains(t, err, "want a100 or h100")
+	}
+	require.Equal(t, sim.Calls{}, (&sim.Driver{}).Calls(), "an unmade driver counts nothing")
 }

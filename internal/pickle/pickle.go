@@ -3,23 +3,37 @@
 // else.
 //
 // It owns the decoding of a restricted set of opcodes (protocols 2 to 5):
-// framing, None, bools, ints (up to 64 bits), floats, strings, bytes,
+// framing, None, bools, ints (of any width), floats, strings, bytes,
 // tuples, lists, dicts, the memo and MARK-based collections. It must never
 // construct an object by name or call anything: GLOBAL, STACK_GLOBAL,
 // REDUCE, BUILD, INST, OBJ, NEWOBJ and persistent ids are refused, as is
 // every opcode a snapshot does not use. Hostile input gets an error marked
 // ErrMalformed, never a panic; memory stays bounded by Limits (the input's
 // size, the values pushed, the stack and the memo; every length is checked
-// against the bytes left).
+// against the bytes left) and by a budget on the bytes of values a decode
+// builds, proportional to the input (BuiltPerByte): a pickle cannot build
+// more than a stated multiple of its own size.
 //
 // Values decode to
 //
-//	None → nil, bool → bool, int → int64, float → float64,
+//	None → nil, bool → bool, float → float64,
+//	int → int64, or uint64 from 2^63 to 2^64-1, or *big.Int beyond,
 //	str → string, bytes → []byte, tuple → Tuple,
 //	list → *List, dict → *Dict
 //
+// An int takes the first of int64, uint64 and *big.Int that holds it, so
+// each value has one Go type. PyTorch writes uint64 values as Python ints:
+// a stack frame whose line is unknown has line 2^64-1 (PyCode_Addr2Line's
+// -1 cast to uint64_t in torch/csrc/profiler/python/combined_traceback.cpp,
+// written by py_symbolize as the frame's "line"), which a pickle holds as
+// a LONG1 of 9 bytes.
+//
 // Lists and dicts are pointers because the memo shares them: a pickle may
-// refer to one list from two places, or make a list that holds itself.
+// refer to one list from two places, or make a list that holds itself. A
+// memo reference costs the decoder one slot, not a copy; a consumer that
+// expands what it reads once per reference (one record per list item,
+// say) must bound what it builds against the input's size itself, as
+// replay's snapshot reader does.
 package pickle
 
 import (
@@ -28,6 +42,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/big"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/errors"
@@ -48,7 +63,8 @@ type List struct {
 }
 
 // Dict is a Python dict: its keys in insertion order, with their values.
-// Keys are hashable values only (nil, bool, int64, float64, string).
+// Keys are hashable values only (nil, bool, int64, uint64, float64,
+// string).
 type Dict struct {
 	keys   []any
 	values []any
@@ -111,11 +127,13 @@ func (d *Dict) Keys() []any {
 // set sets key to value, keeping the key's first position as Python does.
 func (d *Dict) set(key, value any) error {
 	switch k := key.(type) {
-	case nil, bool, int64, string:
+	case nil, bool, int64, uint64, string:
 	case float64:
 		if math.IsNaN(k) { // never equal to itself: Go's map would keep every one apart
 			return errors.New("a NaN dict key")
 		}
+	case *big.Int:
+		return errors.New("a dict key that is an int wider than 64 bits (a pointer here, which == cannot compare by value)")
 	default:
 		return errors.Newf("a dict key of type %s (only None, bools, ints, floats and strings are taken)", TypeName(key))
 	}
@@ -141,7 +159,7 @@ func (d *Dict) set(key, value any) error {
 // value with == could panic (a []byte) or never match.
 func hashable(key any) bool {
 	switch k := key.(type) {
-	case nil, bool, int64, string:
+	case nil, bool, int64, uint64, string:
 		return true
 	case float64:
 		return !math.IsNaN(k)
@@ -151,7 +169,8 @@ func hashable(key any) bool {
 
 // Limits bound what a decode may hold. Zero fields take the defaults.
 type Limits struct {
-	// MaxInput is the longest pickle taken, in bytes (default 1 GiB).
+	// MaxInput is the longest pickle taken, in bytes (default
+	// DefaultMaxInput).
 	MaxInput int
 	// MaxMemo is the most memo entries (default 1<<24) and the largest
 	// memo index a PUT may name.
@@ -164,11 +183,42 @@ type Limits struct {
 	// where a hostile pickle makes a value of every byte or two. The
 	// largest snapshot here (3.9 MB) pushes 0.94 million.
 	MaxValues int
+	// MaxBuilt is the most bytes of values a decode may build (default
+	// BuiltPerByte times the input's length, plus BuiltFloor): each
+	// value's slot, string and bytes payloads, collections' headers and
+	// item slots, memo entries, by the approximate costs in builtCosts.
+	MaxBuilt int64
 }
+
+// BuiltPerByte bounds what a decode builds per byte of input by default;
+// BuiltFloor is added so that a tiny pickle is never refused. The three
+// real snapshots of ../../testdata/alloc-traces/pickles build 5.3, 11.5
+// and 13.4 bytes per byte of input (TestBuiltPerByte); a list of one-byte
+// values (None, an empty tuple) builds 32; a hostile pickle of one-byte
+// opcodes that each make a collection would build 48 to 80.
+const (
+	BuiltPerByte = 40
+	BuiltFloor   = 1 << 20
+)
+
+// builtCosts are the bytes charged against MaxBuilt: close to what the Go
+// heap holds for each (a slice grows by doubling, so it may hold up to
+// twice its items' slots).
+const (
+	costSlot  = 16 // an any: a stack, list, tuple or dict slot
+	costList  = 32 // a List and its slice header
+	costDict  = 64 // a Dict's two slices and its index pointer
+	costIndex = 48 // a key in a Dict's index map
+	costMemo  = 48 // a memo map entry
+	costBig   = 32 // a big.Int's header
+)
+
+// DefaultMaxInput is the longest pickle taken by default: 1 GiB.
+const DefaultMaxInput = 1 << 30
 
 func (l *Limits) defaults() {
 	if l.MaxInput <= 0 {
-		l.MaxInput = 1 << 30
+		l.MaxInput = DefaultMaxInput
 	}
 	if l.MaxMemo <= 0 {
 		l.MaxMemo = 1 << 24
@@ -181,6 +231,15 @@ func (l *Limits) defaults() {
 	}
 }
 
+// budget is the MaxBuilt a decode of n bytes gets: lim's own, or the
+// default for n.
+func (l *Limits) budget(n int) int64 {
+	if l.MaxBuilt > 0 {
+		return l.MaxBuilt
+	}
+	return BuiltPerByte*int64(n) + BuiltFloor
+}
+
 // Decode decodes the pickle in data, which must end with its STOP opcode
 // (nothing may follow), with the default Limits.
 func Decode(data []byte) (any, error) {
@@ -190,16 +249,28 @@ func Decode(data []byte) (any, error) {
 // Read reads a whole pickle from r, at most the default Limits' MaxInput
 // bytes, and decodes it.
 func Read(r io.Reader) (any, error) {
+	data, err := ReadInput(r, DefaultMaxInput)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(data)
+}
+
+// ReadInput reads the whole of r, refusing more than most bytes (an
+// error marked ErrMalformed) after reading most+1: what Read decodes, for
+// a caller that also needs the input's size.
+func ReadInput(r io.Reader, most int) ([]byte, error) {
 	if r == nil {
 		return nil, sentinel.Mark(errors.New("pickle: the reader is nil"), ErrMalformed)
 	}
-	var l Limits
-	l.defaults()
-	data, err := io.ReadAll(io.LimitReader(r, int64(l.MaxInput)+1))
+	data, err := io.ReadAll(io.LimitReader(r, int64(most)+1))
 	if err != nil {
 		return nil, errors.Wrap(err, "pickle: read")
 	}
-	return DecodeLimits(data, l)
+	if len(data) > most {
+		return nil, sentinel.Mark(errors.Newf("pickle: more than %d bytes, the limit", most), ErrMalformed)
+	}
+	return data, nil
 }
 
 // DecodeLimits is Decode under the given limits.
@@ -208,7 +279,7 @@ func DecodeLimits(data []byte, lim Limits) (any, error) {
 	if len(data) > lim.MaxInput {
 		return nil, sentinel.Mark(errors.Newf("pickle: %d bytes, more than the limit of %d", len(data), lim.MaxInput), ErrMalformed)
 	}
-	d := decoder{data: data, lim: lim, memo: map[uint32]any{}}
+	d := decoder{data: data, lim: lim, memo: map[uint32]any{}, budget: lim.budget(len(data))}
 	v, err := d.run()
 	if err != nil {
 		return nil, sentinel.Mark(errors.Wrapf(err, "pickle: at byte %d", d.at), ErrMalformed)
@@ -228,6 +299,22 @@ type decoder struct {
 	marks   []int
 	memo    map[uint32]any
 	pushed  int // values pushed so far, at most lim.MaxValues
+	// built is the bytes of values built so far, at most budget.
+	built, budget int64
+}
+
+// build charges n bytes against the budget, or refuses them.
+func (d *decoder) build(n int64) error {
+	if n > d.budget-d.built {
+		how := "Limits.MaxBuilt"
+		if d.lim.MaxBuilt <= 0 {
+			how = fmt.Sprintf("%d a byte of input plus %d", BuiltPerByte, BuiltFloor)
+		}
+		return errors.Newf("more than %d bytes of values built from a pickle of %d bytes (the limit: %s): a pickle that builds far more than it holds",
+			d.budget, len(d.data), how)
+	}
+	d.built += n
+	return nil
 }
 
 // The opcodes taken, by their names in Python's pickletools.
@@ -399,8 +486,13 @@ func (d *decoder) value(op byte) error {
 		if err != nil {
 			return err
 		}
-		v, err := long(b)
-		return d.pushOr(v, err)
+		v := long(b)
+		if _, ok := v.(*big.Int); ok {
+			if err := d.build(costBig + int64(len(b))); err != nil {
+				return err
+			}
+		}
+		return d.push(v)
 	case opBinFloat:
 		b, err := d.bytes(8)
 		if err != nil {
@@ -415,10 +507,16 @@ func (d *decoder) value(op byte) error {
 		if !utf8.Valid(b) {
 			return errors.New("a string that is not UTF-8")
 		}
+		if err := d.build(int64(len(b))); err != nil {
+			return err
+		}
 		return d.push(string(b))
 	case opBinBytes, opShortBinBytes, opBinBytes8:
 		b, err := d.counted(op, opShortBinBytes, opBinBytes, opBinBytes8)
 		if err != nil {
+			return err
+		}
+		if err := d.build(int64(len(b))); err != nil {
 			return err
 		}
 		return d.push(bytes.Clone(b))
@@ -426,20 +524,35 @@ func (d *decoder) value(op byte) error {
 		return d.push(Tuple{})
 	case opTuple:
 		items, err := d.popMark()
-		return d.pushOr(Tuple(items), err)
+		if err != nil {
+			return err
+		}
+		return d.pushOr(Tuple(items), d.buildSlots(len(items)))
 	case opTuple1, opTuple2, opTuple3:
 		n := int(op-opTuple1) + 1
 		if err := d.need(n); err != nil {
+			return err
+		}
+		if err := d.buildSlots(n); err != nil {
 			return err
 		}
 		t := Tuple(append([]any(nil), d.stack[len(d.stack)-n:]...))
 		d.stack = d.stack[:len(d.stack)-n]
 		return d.push(t)
 	case opEmptyList:
+		if err := d.build(costList); err != nil {
+			return err
+		}
 		return d.push(&List{})
 	case opList:
 		items, err := d.popMark()
-		return d.pushOr(&List{Items: items}, err)
+		if err != nil {
+			return err
+		}
+		if err := d.build(costList); err != nil {
+			return err
+		}
+		return d.pushOr(&List{Items: items}, d.buildSlots(len(items)))
 	case opAppend, opAppends:
 		items, err := d.popItems(op == opAppend, 1)
 		if err != nil {
@@ -453,17 +566,26 @@ func (d *decoder) value(op byte) error {
 		if !ok {
 			return errors.Newf("%s onto a %s, want a list", opName(op), TypeName(top))
 		}
+		if err := d.buildSlots(len(items)); err != nil {
+			return err
+		}
 		l.Items = append(l.Items, items...)
 		return nil
 	case opEmptyDict:
+		if err := d.build(costDict); err != nil {
+			return err
+		}
 		return d.push(&Dict{})
 	case opDict:
 		items, err := d.popMark()
 		if err != nil {
 			return err
 		}
+		if err := d.build(costDict); err != nil {
+			return err
+		}
 		dict := &Dict{}
-		return d.pushOr(dict, setItems(dict, items))
+		return d.pushOr(dict, d.setItems(dict, items))
 	case opSetItem, opSetItems:
 		items, err := d.popItems(op == opSetItem, 2)
 		if err != nil {
@@ -477,7 +599,7 @@ func (d *decoder) value(op byte) error {
 		if !ok {
 			return errors.Newf("%s onto a %s, want a dict", opName(op), TypeName(top))
 		}
-		return setItems(dict, items)
+		return d.setItems(dict, items)
 	case opBinGet, opLongBinGet:
 		width := 1
 		if op == opLongBinGet {
@@ -517,16 +639,26 @@ func (d *decoder) put(i uint64) error {
 	if i >= uint64(d.lim.MaxMemo) {
 		return errors.Newf("memo index %d, past the limit of %d", i, d.lim.MaxMemo)
 	}
-	if _, ok := d.memo[uint32(i)]; !ok && len(d.memo) >= d.lim.MaxMemo {
-		return errors.Newf("more than %d memo entries", d.lim.MaxMemo)
+	if _, ok := d.memo[uint32(i)]; !ok {
+		if len(d.memo) >= d.lim.MaxMemo {
+			return errors.Newf("more than %d memo entries", d.lim.MaxMemo)
+		}
+		if err := d.build(costMemo); err != nil {
+			return err
+		}
 	}
 	d.memo[uint32(i)] = v
 	return nil
 }
 
-func setItems(dict *Dict, items []any) error {
+// setItems sets the key-value pairs in items, charging each pair the
+// most a new key costs (two slots and an index entry).
+func (d *decoder) setItems(dict *Dict, items []any) error {
 	if len(items)%2 != 0 {
 		return errors.Newf("%d values to set in a dict, want key-value pairs", len(items))
+	}
+	if err := d.build(int64(len(items)/2) * (2*costSlot + costIndex)); err != nil {
+		return err
 	}
 	for i := 0; i < len(items); i += 2 {
 		if err := dict.set(items[i], items[i+1]); err != nil {
@@ -536,23 +668,45 @@ func setItems(dict *Dict, items []any) error {
 	return nil
 }
 
-// long decodes a LONG1/LONG4 payload: little-endian two's complement.
-// Wider than 64 bits is refused: a snapshot's addresses and sizes fit.
-func long(b []byte) (int64, error) {
-	if len(b) > 8 {
-		// Python's encoder writes the fewest bytes, so a ninth byte means a
-		// value past int64 (or a sign byte for one past 2^63-1).
-		return 0, errors.Newf("an int of %d bytes: only ints of up to 64 bits are taken", len(b))
+// long decodes a LONG1/LONG4 payload, little-endian two's complement,
+// into the first of int64, uint64 and *big.Int that holds its value.
+// Python's encoder writes the fewest bytes, but any width is read: a
+// payload padded with sign bytes decodes to the same value.
+func long(b []byte) any {
+	negative := len(b) > 0 && b[len(b)-1]&0x80 != 0
+	// Drop the sign bytes that carry no value: 0x00 above a byte whose top
+	// bit is clear, 0xff above one whose top bit is set.
+	for len(b) > 1 {
+		top, next := b[len(b)-1], b[len(b)-2]
+		if (top == 0 && next&0x80 == 0) || (top == 0xff && next&0x80 != 0) {
+			b = b[:len(b)-1]
+			continue
+		}
+		break
 	}
-	if len(b) == 0 {
-		return 0, nil
+	switch {
+	case len(b) == 0:
+		return int64(0)
+	case len(b) <= 8:
+		var u uint64
+		for i := len(b) - 1; i >= 0; i-- {
+			u = u<<8 | uint64(b[i])
+		}
+		shift := 64 - 8*uint(len(b))
+		return int64(u<<shift) >> shift // sign-extend
+	case len(b) == 9 && !negative && b[8] == 0:
+		return binary.LittleEndian.Uint64(b) // 2^63 to 2^64-1
 	}
-	var u uint64
-	for i := len(b) - 1; i >= 0; i-- {
-		u = u<<8 | uint64(b[i])
+	// Wider: big-endian magnitude for big.Int, two's complement undone.
+	be := make([]byte, len(b))
+	for i := range b {
+		be[len(b)-1-i] = b[i]
 	}
-	shift := 64 - 8*uint(len(b))
-	return int64(u<<shift) >> shift, nil // sign-extend
+	v := new(big.Int).SetBytes(be)
+	if negative {
+		v.Sub(v, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+	}
+	return v
 }
 
 // counted reads the length-prefixed payload of a string or bytes opcode:
@@ -610,10 +764,16 @@ func (d *decoder) push(v any) error {
 	if d.pushed >= d.lim.MaxValues {
 		return errors.Newf("more than %d values", d.lim.MaxValues)
 	}
+	if err := d.build(costSlot); err != nil {
+		return err
+	}
 	d.pushed++
 	d.stack = append(d.stack, v)
 	return nil
 }
+
+// buildSlots charges n slots of a collection.
+func (d *decoder) buildSlots(n int) error { return d.build(int64(n) * costSlot) }
 
 // pushOr pushes v unless err is set, and returns err.
 func (d *decoder) pushOr(v any, err error) error {
@@ -708,7 +868,7 @@ func TypeName(v any) string {
 		return "None"
 	case bool:
 		return "bool"
-	case int64:
+	case int64, uint64, *big.Int:
 		return "int"
 	case float64:
 		return "float"

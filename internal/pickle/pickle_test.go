@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -172,7 +173,7 @@ func TestRefused(t *testing.T) {
 		{"a huge BINUNICODE8", p(o(opBinUnicode8, le64(math.MaxUint64)...)), "bytes with"},
 		{"a frame past the end", p(o(opFrame, le64(100)...)), "a frame of 100 bytes"},
 		{"not UTF-8", p(o(opShortBinUni, 1, 0xff)), "not UTF-8"},
-		{"an int wider than 64 bits", p(o(opLong1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1)), "64 bits"},
+		{"an int wider than 64 bits as a dict key", p(o(opEmptyDict), o(opLong1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1), o(opNone), o(opSetItem)), "wider than 64 bits"},
 		{"BINGET of an unset entry", p(o(opBinGet, 4)), "memo entry 4 is not set"},
 		{"BINPUT on an empty stack", p(o(opBinPut, 0)), "1 values wanted"},
 		{"APPEND onto a dict", p(o(opEmptyDict), o(opNone), o(opAppend)), "APPEND onto a dict"},
@@ -278,4 +279,116 @@ func FuzzUnpickle(f *testing.F) {
 			t.Fatalf("an error without the package's prefix: %v", err)
 		}
 	})
+}
+
+// TestInts: every int PyTorch writes decodes, to the first of int64,
+// uint64 and *big.Int that holds it: a stack frame's line of 2^64-1 is a
+// LONG1 of 9 bytes (ff x 8, then a sign byte 00).
+func TestInts(t *testing.T) {
+	ff8 := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	wide := new(big.Int).Lsh(big.NewInt(1), 64)
+	negWide := new(big.Int).Neg(new(big.Int).Lsh(big.NewInt(1), 72))
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want any
+	}{
+		{"2^64-1 (a line PyTorch could not find)", p(o(opLong1, append(append([]byte{9}, ff8...), 0)...)), uint64(math.MaxUint64)},
+		{"2^63", p(o(opLong1, 9, 0, 0, 0, 0, 0, 0, 0, 0x80, 0)), uint64(1 << 63)},
+		{"2^63-1", p(o(opLong1, 8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f)), int64(math.MaxInt64)},
+		{"-2^63", p(o(opLong1, 8, 0, 0, 0, 0, 0, 0, 0, 0x80)), int64(math.MinInt64)},
+		{"-1", p(o(opLong1, 1, 0xff)), int64(-1)},
+		{"-1 padded to 9 bytes", p(o(opLong1, append(append([]byte{9}, ff8...), 0xff)...)), int64(-1)},
+		{"5 padded to 3 bytes", p(o(opLong1, 3, 5, 0, 0)), int64(5)},
+		{"2^64", p(o(opLong1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1)), wide},
+		{"-2^72 in a LONG4", p(o(opLong4, append(le32(10), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff)...)), negWide},
+		{"a LONG4 of 2^63", p(o(opLong4, append(le32(9), 0, 0, 0, 0, 0, 0, 0, 0x80, 0)...)), uint64(1 << 63)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := Decode(tc.in)
+			require.NoError(t, err)
+			if w, ok := tc.want.(*big.Int); ok {
+				got, ok := v.(*big.Int)
+				require.True(t, ok, "%T", v)
+				require.Zero(t, w.Cmp(got), "%v", got)
+			} else {
+				require.Equal(t, tc.want, v)
+			}
+			require.Equal(t, "int", TypeName(v))
+		})
+	}
+	// A uint64 is a dict key, found by its value; an int64 of another
+	// value is not the same key.
+	max64 := o(opLong1, append(append([]byte{9}, ff8...), 0)...)
+	v, err := Decode(p(o(opEmptyDict), max64, str("line"), o(opSetItem), o(opBinInt1, 1), o(opNone), o(opSetItem)))
+	require.NoError(t, err)
+	got, ok := v.(*Dict).Get(uint64(math.MaxUint64))
+	require.True(t, ok)
+	require.Equal(t, "line", got)
+	_, ok = v.(*Dict).Get(int64(-1))
+	require.False(t, ok)
+}
+
+// TestBuiltBudget: a decode builds at most BuiltPerByte bytes a byte of
+// input (plus BuiltFloor), however its opcodes multiply what it holds.
+func TestBuiltBudget(t *testing.T) {
+	// Empty dicts appended to a list: 2 bytes of input, 96 of values each.
+	n := 1 << 16
+	ops := [][]byte{o(opEmptyList), o(opMark)}
+	for range n {
+		ops = append(ops, o(opEmptyDict))
+	}
+	ops = append(ops, o(opAppends))
+	in := p(ops...)
+	_, err := DecodeLimits(in, Limits{MaxBuilt: 1 << 20})
+	require.ErrorIs(t, err, ErrMalformed)
+	require.Contains(t, err.Error(), "more than 1048576 bytes of values built from a pickle of 65542 bytes (the limit: Limits.MaxBuilt)")
+	_, err = DecodeLimits(in, Limits{MaxBuilt: 1 << 30})
+	require.NoError(t, err)
+
+	// The default: past the floor, refused by the per-byte bound.
+	ops = [][]byte{o(opEmptyList), o(opMark)}
+	for range BuiltFloor / 16 {
+		ops = append(ops, o(opEmptyDict))
+	}
+	ops = append(ops, o(opAppends))
+	_, err = Decode(p(ops...))
+	require.ErrorIs(t, err, ErrMalformed)
+	require.Contains(t, err.Error(), "(the limit: 40 a byte of input plus 1048576)")
+
+	// A list of Nones (one byte each) is under the default.
+	ops = [][]byte{o(opEmptyList), o(opMark)}
+	for range 4 << 20 {
+		ops = append(ops, o(opNone))
+	}
+	ops = append(ops, o(opAppends))
+	v, err := Decode(p(ops...))
+	require.NoError(t, err)
+	require.Len(t, v.(*List).Items, 4<<20)
+
+	// A wide int is charged its bytes.
+	_, err = DecodeLimits(p(o(opLong4, append(le32(1<<12), make([]byte, 1<<12)...)...), o(opPop), o(opNone)), Limits{MaxBuilt: 4096})
+	require.NoError(t, err, "zeros pad to 0: nothing wide is built")
+	wideInt := append(le32(1<<12), make([]byte, 1<<12)...)
+	wideInt[len(wideInt)-1] = 1
+	_, err = DecodeLimits(p(o(opLong4, wideInt...)), Limits{MaxBuilt: 4096})
+	require.ErrorIs(t, err, ErrMalformed)
+	require.Contains(t, err.Error(), "bytes of values built")
+}
+
+// TestBuiltPerByte: the real snapshots build well under the default
+// budget (the figures BuiltPerByte's doc gives).
+func TestBuiltPerByte(t *testing.T) {
+	for _, name := range []string{"silmont2000_mem_snapshot", "select_n_snapshot_v1f2f548", "wedsonlin_medium_512_training"} {
+		data, err := os.ReadFile(filepath.Join("..", "..", "testdata", "alloc-traces", "pickles", name+".pickle"))
+		require.NoError(t, err)
+		var lim Limits
+		lim.defaults()
+		d := decoder{data: data, lim: lim, memo: map[uint32]any{}, budget: lim.budget(len(data))}
+		_, err = d.run()
+		require.NoError(t, err)
+		perByte := float64(d.built) / float64(len(data))
+		t.Logf("%s: %d bytes of pickle build %d bytes of values, %.1f a byte", name, len(data), d.built, perByte)
+		require.Less(t, perByte, float64(BuiltPerByte)/2)
+	}
 }

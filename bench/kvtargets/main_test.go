@@ -1,0 +1,51 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const mooncake = "../../replay/testdata/requests/mooncake_synthetic_trace.jsonl"
+
+// TestRun: a small matrix (8 requests a trace, one model) prints its
+// header, one row for each trace and budget, and the totals.
+func TestRun(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"-mooncake", mooncake, "-requests", "8", "-models", "llama3-8b"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	require.Empty(t, errOut.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Contains(t, lines[0], "kvtargets: 8 requests a trace (seed 1)")
+	require.Contains(t, lines[2], "preempt cache/paged")
+	for i, trace := range []string{"mooncake", "mooncake", "shared-prefix", "shared-prefix", "bursts", "bursts", "squeeze", "squeeze"} {
+		require.True(t, strings.HasPrefix(lines[3+i], trace+" "), lines[3+i])
+		require.Contains(t, lines[3+i], "llama3-8b")
+	}
+	require.Contains(t, lines[len(lines)-1], "8 cells in ")
+}
+
+// TestRunRefuses: flags it cannot use exit 2, saying why.
+func TestRunRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"-prices", "b200"}, "-prices b200: want a100 or h100"},
+		{[]string{"-requests", "0"}, "-requests 0: want at least 1"},
+		{[]string{"-traces", "azure"}, `-traces: no trace "azure", want mooncake or shared-prefix, bursts, squeeze`},
+		{[]string{"-models", "gpt2"}, `-models: replay: no model preset "gpt2"`},
+		{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"-mooncake", mooncake}, tc.args...), &out, &errOut)
+		require.Equal(t, 2, code, "%v", tc.args)
+		require.Contains(t, errOut.String(), tc.says, "%v", tc.args)
+	}
+	var out, errOut bytes.Buffer
+	require.Equal(t, 1, run([]string{"-mooncake", filepath.Join(t.TempDir(), "absent.jsonl")}, &out, &errOut))
+	require.Contains(t, errOut.String(), "absent.jsonl")
+}

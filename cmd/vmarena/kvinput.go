@@ -1,0 +1,23 @@
+package main
+
+import (
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/replay"
+)
+
+// loadRequests reads the request trace kv simulate serves: the file's
+// requests, by replay.ParseRequestsFile's rules and bounds, and at least
+// one of them, as replay refuses a trace of no events.
+func loadRequests(name string) ([]replay.Request, error) {
+	reqs, err := replay.ParseRequestsFile(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, errors.Wrap(driver.ErrInvalid,
+			"the trace holds no requests, nothing to simulate: an Azure trace needs rows after its header, a Mooncake trace a request a line")
+	}
+	return reqs, nil
+}

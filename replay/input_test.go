@@ -1,0 +1,191 @@
+package replay
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmarena/vmarena/driver"
+)
+
+// endless reads as the byte c forever, counting what it gave: a line that
+// never ends, as /dev/zero is.
+type endless struct {
+	c    byte
+	gave int64
+}
+
+func (e *endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = e.c
+	}
+	e.gave += int64(len(p))
+	return len(p), nil
+}
+
+// TestNotRegularFiles: every file a reader opens must be a regular one; a
+// device, a directory or a FIFO is refused before a byte is read.
+func TestNotRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "trace.jsonl")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	for _, tc := range []struct {
+		name string
+		read func() error
+		msg  string
+	}{
+		{"a trace of /dev/zero", func() error { _, err := ParseFile("/dev/zero"); return err }, "replay: trace: /dev/zero is a character device, not a regular file"},
+		{"a trace of a directory", func() error { _, err := ParseFile(dir); return err }, "is a directory, not a regular file"},
+		{"a request trace of a FIFO", func() error { _, err := ParseRequestsFile(fifo); return err }, "replay: request trace: " + fifo + " is a named pipe, not a regular file"},
+		{"a model of /dev/zero", func() error { _, err := LoadModel("/dev/zero"); return err }, "replay: model config: /dev/zero is a character device, not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.read()
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			require.ErrorContains(t, err, tc.msg)
+		})
+	}
+}
+
+// TestBoundedReads: a line with no end, a config too large, a trace past
+// its totals: each an error once the bound is passed, having read no more
+// than the bound (and a read buffer) of it.
+func TestBoundedReads(t *testing.T) {
+	t.Run("a CSV trace line with no end", func(t *testing.T) {
+		src := &endless{c: '1'}
+		_, err := Parse(io.MultiReader(strings.NewReader(header), src))
+		require.ErrorIs(t, err, ErrMalformed)
+		require.ErrorContains(t, err, "replay: line 2: longer than 65536 bytes (MaxTraceLineBytes)")
+		require.Less(t, src.gave, int64(MaxTraceLineBytes+64<<10), "read no more than the line's bound and a buffer")
+	})
+	t.Run("a CSV trace of zeros", func(t *testing.T) {
+		src := &endless{c: 0}
+		_, err := Parse(src)
+		require.ErrorIs(t, err, ErrMalformed)
+		require.ErrorContains(t, err, "replay: line 1: longer than 65536 bytes")
+	})
+	t.Run("a request trace line with no end", func(t *testing.T) {
+		src := &endless{c: '{'}
+		_, err := ParseMooncake(src)
+		require.ErrorIs(t, err, ErrMalformed)
+		require.ErrorContains(t, err, "replay: line 1: longer than 1048576 bytes (MaxRequestLineBytes)")
+		require.Less(t, src.gave, int64(MaxRequestLineBytes+128<<10))
+	})
+	t.Run("a stream past its total", func(t *testing.T) {
+		b := &boundedReader{r: strings.NewReader("ab\ncd\nef\n"), total: 6, line: 3}
+		data, err := io.ReadAll(b)
+		require.ErrorIs(t, err, ErrMalformed)
+		require.ErrorContains(t, err, "replay: more than 6 bytes (MaxTraceBytes)")
+		require.Equal(t, "ab\ncd\n", string(data))
+		_, err = b.Read(make([]byte, 4))
+		require.ErrorIs(t, err, ErrMalformed, "the error stays")
+
+		b = &boundedReader{r: strings.NewReader("ab\ncdef\n"), total: 100, line: 3}
+		data, err = io.ReadAll(b)
+		require.ErrorContains(t, err, "replay: line 2: longer than 3 bytes")
+		require.Equal(t, "ab\ncde", string(data))
+	})
+	t.Run("a config past MaxConfigBytes", func(t *testing.T) {
+		name := filepath.Join(t.TempDir(), "config.json")
+		require.NoError(t, os.WriteFile(name, bytes.Repeat([]byte(" "), MaxConfigBytes+1), 0o600))
+		_, err := LoadModel(name)
+		require.ErrorIs(t, err, driver.ErrInvalid)
+		require.ErrorContains(t, err, "is 4194305 bytes, more than the 4194304 a model config may have")
+		_, err = ModelFromConfig("big", make([]byte, MaxConfigBytes+1))
+		require.ErrorIs(t, err, driver.ErrInvalid)
+		require.ErrorContains(t, err, "replay: big: a config of 4194305 bytes, more than 4194304 (MaxConfigBytes)")
+	})
+	t.Run("a directory without config.json", func(t *testing.T) {
+		dir := t.TempDir()
+		_, err := LoadModel(dir)
+		require.ErrorIs(t, err, driver.ErrInvalid)
+		require.ErrorContains(t, err, "replay: model config: the directory "+dir+" has no config.json")
+		require.NotContains(t, err.Error(), "preset")
+	})
+}
+
+// TestTraceTotals: past MaxTraceEvents, MaxRequests or MaxRequestBlocks a
+// trace is refused (the bounds lowered here, to keep the test small).
+func TestTraceTotals(t *testing.T) {
+	defer func(e, r, b int) { maxTraceEvents, maxRequests, maxRequestBlocks = e, r, b }(maxTraceEvents, maxRequests, maxRequestBlocks)
+	maxTraceEvents, maxRequests, maxRequestBlocks = 3, 3, 4
+
+	csv := header + "0,0,alloc,512,0,0,0,,\n1,0,free_completed,512,0,0,0,,\n2,0,alloc,512,0,1,0,,\n"
+	events, err := Parse(strings.NewReader(csv))
+	require.NoError(t, err)
+	require.Len(t, events, 3)
+	_, err = Parse(strings.NewReader(csv + "3,0,free_completed,512,0,1,0,,\n"))
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorContains(t, err, "replay: line 5: more than 3 events (MaxTraceEvents)")
+
+	four := []map[string]any{entry("alloc", 512, 0), entry("free_completed", 512, 0), entry("alloc", 512, 0), entry("free_completed", 512, 0)}
+	_, err = Parse(bytes.NewReader(pk(four[:3])))
+	require.NoError(t, err)
+	_, err = Parse(bytes.NewReader(pk(four[:2], four[2:])))
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorContains(t, err, "replay: snapshot: 4 trace entries, more than 3 (MaxTraceEvents)")
+
+	azure := azureHead + strings.Repeat("2023-11-16 18:15:46.6805900,374,44\n", 3)
+	_, err = ParseAzure(strings.NewReader(azure))
+	require.NoError(t, err)
+	_, err = ParseAzure(strings.NewReader(azure + "2023-11-16 18:15:46.6805900,374,44\n"))
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorContains(t, err, "replay: line 5: more than 3 requests (MaxRequests)")
+
+	line := func(ts int, ids string, n int) string {
+		return `{"timestamp": ` + string(rune('0'+ts)) + `, "input_length": ` + string(rune('0'+n)) + `00, "output_length": 1, "hash_ids": [` + ids + "]}\n"
+	}
+	_, err = ParseMooncake(strings.NewReader(line(0, "0, 1", 6) + line(1, "0, 1", 6)))
+	require.NoError(t, err)
+	_, err = ParseMooncake(strings.NewReader(line(0, "0, 1", 6) + line(1, "0, 1", 6) + line(2, "2", 1)))
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorContains(t, err, "replay: line 3: more than 4 hash_ids in the trace (MaxRequestBlocks)")
+	require.False(t, errors.Is(err, driver.ErrInvalid))
+}
+
+// BenchmarkBoundedReader: what the bounds cost a CSV trace's read, beside
+// the parse they guard, both in this run: the largest real trace here
+// read through boundedReader alone, and parsed by Parse (which reads
+// through it). bound/parse is the share of the parse's time.
+func BenchmarkBoundedReader(b *testing.B) {
+	data, err := os.ReadFile(filepath.Join("..", "testdata", "alloc-traces", "wedsonlin_medium_512_training.csv"))
+	require.NoError(b, err)
+	// Thread CPU time, beside the wall time b reports: the machine may be
+	// loaded.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu := func() int64 {
+		var ts unix.Timespec
+		require.NoError(b, unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts))
+		return ts.Nano()
+	}
+	var bound, parse, boundCPU, parseCPU int64
+	for b.Loop() {
+		start, c := time.Now(), cpu()
+		n, err := io.Copy(io.Discard, &boundedReader{r: bytes.NewReader(data), total: MaxTraceBytes, line: MaxTraceLineBytes})
+		bound += int64(time.Since(start))
+		boundCPU += cpu() - c
+		require.NoError(b, err)
+		require.Equal(b, int64(len(data)), n)
+		start, c = time.Now(), cpu()
+		_, err = Parse(bytes.NewReader(data))
+		parse += int64(time.Since(start))
+		parseCPU += cpu() - c
+		require.NoError(b, err)
+	}
+	b.ReportMetric(float64(bound)/float64(b.N), "bound-ns/op")
+	b.ReportMetric(float64(parse)/float64(b.N), "parse-ns/op")
+	b.ReportMetric(float64(boundCPU)/float64(b.N), "bound-cpu-ns/op")
+	b.ReportMetric(float64(parseCPU)/float64(b.N), "parse-cpu-ns/op")
+	b.ReportMetric(float64(boundCPU)/float64(parseCPU), "bound/parse-cpu")
+}
