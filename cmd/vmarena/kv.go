@@ -15,8 +15,8 @@ import (
 	"github.com/vmarena/vmarena/replay"
 )
 
-const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.json [--memory 80GiB] [--layout auto|token-major|contiguous|per-layer]
-                           [--page-size 2MiB]
+const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.json [--memory 80GiB]
+                           [--layout auto|token-major|contiguous|per-layer] [--page-size 2MiB]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
                            [--prices a100|h100] [--map-ahead=false] [--report FILE] [--json]
@@ -26,8 +26,9 @@ Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 once for each way of holding the KV memory, with the same budget and the same
 step prices, and prints their figures side by side: this library's cache
 (package kvcache on the sim driver, its memory the budget, laid out as
---layout (auto: the layout of least worst-case waste per sequence for the model
-and --page-size, kvcache.PickLayout), its page --page-size, preempting as --preempt, admitting as --admit), a paged block table (vLLM: 16-token blocks,
+--layout — auto: kvcache.PickLayout's, the layout of least worst-case waste
+per sequence for the model and page — in pages of --page-size, preempting as
+--preempt, admitting as --admit), a paged block table (vLLM: 16-token blocks,
 prefix caching, recompute preemption) and a static reservation of the maximum
 context for every sequence. --memory is the KV memory's budget. The max
 context defaults to the trace's longest request, as much as the budget holds
