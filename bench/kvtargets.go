@@ -60,9 +60,10 @@ type KVTarget struct {
 	tokenBytes uint64
 }
 
-// KVTargetCell simulates one cell: this cache (token-major, mapping
-// ahead, drop preemption, admitting for the prompt, as vmarena kv
-// simulate runs it by default) and the paged scheme, steps priced by
+// KVTargetCell simulates one cell: this cache (the layout
+// kvcache.PickLayout picks for the model, mapping ahead, drop
+// preemption, admitting for the prompt, as vmarena kv simulate runs it by
+// default) and the paged scheme, steps priced by
 // replay.A100, driver calls by costs.
 func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) (KVTarget, error) {
 	m, err := replay.ModelPreset(model)
@@ -73,7 +74,7 @@ func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) 
 	cfg.MaxContext = replay.FitMaxContext(tr.Requests, cfg)
 	opts := replay.SimOptions{Config: cfg, Steps: replay.A100, Prices: costs}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
-	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: kvcache.TokenMajor})
+	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {
 		return cell, err
 	}

@@ -13,56 +13,125 @@ import (
 	"github.com/vmarena/vmarena/tensor"
 )
 
-// TestLayoutFigures: the figures the package doc gives for the two
-// layouts with 2 MiB pages, worked out by the cache's own geometry.
+// TestLayoutFigures: the figures the package doc and README give for
+// the layouts, worked out by the cache's own geometry: for each preset,
+// page size and layout, the tokens a page holds, the commit unit, the
+// internal waste (bytes of committed pages no token can use, per token),
+// the tail waste (the worst and the mean over lengths, per sequence) and,
+// where the tail holds more tokens than the paged scheme's 16-token
+// block, how much more it costs than a block's tail; the layout
+// PickLayout takes is marked.
 func TestLayoutFigures(t *testing.T) {
+	const maxCtx = 32768
+	for _, pg := range []uint64{2 * units.MiB, 64 * units.KiB} {
+		t.Logf("pages of %s, MaxContext %d; waste per token is internal, per sequence the tail (worst, mean over lengths); the paged scheme's block of 16 tokens wastes at worst 15 tokens, 7.5 on average", units.Bytes(pg), maxCtx)
+		t.Logf("%-12s %-12s %8s %6s %10s %22s %22s %10s", "model", "layout", "tok/page", "unit", "int./token", "tail worst (tokens)", "tail mean (tokens)", "÷ block")
+		for _, name := range Presets() {
+			if name == "tiny" {
+				continue
+			}
+			cfg, err := Preset(name)
+			require.NoError(t, err)
+			cfg.MaxContext, cfg.MaxSeqs, cfg.PageSize = maxCtx, 1, pg
+			pick, err := PickLayout(cfg)
+			require.NoError(t, err)
+			for _, l := range []Layout{PerLayer, TokenMajor, Contiguous} {
+				cfg.Layout = l
+				g, err := cfg.check([]driver.Device{{RecommendedGranularity: pg}}, pg)
+				require.NoError(t, err)
+				tb := g.tokenBytes()
+				// Internal waste: what a full unit leaves unused, per
+				// token it holds.
+				_, end := g.unitTokens(0)
+				full := uint64(g.unitPages()) * g.page
+				internal := 0.0
+				if l == TokenMajor {
+					internal = float64(full-uint64(g.tpg)*tb) / float64(g.tpg)
+				}
+				// Tail: committed past the tokens, over every length
+				// of one period of the layout (the mean) and the worst.
+				period := g.period
+				if l != Contiguous {
+					period = 1
+				}
+				var sum, worst uint64
+				lens := 0
+				for n := 1; n <= min(maxCtx, max(end, 1)*period*4); n++ {
+					w := uint64(g.unitsFor(n))*full - uint64(n)*tb
+					if l == TokenMajor {
+						w -= uint64(g.unitsFor(n)-1) * (full - uint64(g.tpg)*tb) // the internal part, counted apart
+					}
+					sum += w
+					worst = max(worst, w)
+					lens++
+				}
+				mean := float64(sum) / float64(lens)
+				block := 7.5 * float64(tb) // the paged scheme's mean tail
+				ratio := ""
+				if tpp := float64(g.page) / float64(tb); tpp > 16 {
+					ratio = fmt.Sprintf("%.1fx", mean/block)
+				}
+				mark := ""
+				if l == pick {
+					mark = " <- PickLayout"
+				}
+				t.Logf("%-12s %-12s %8.2f %3d pg %10s %13s (%6.1f) %13s (%6.1f) %10s%s", name, l, float64(g.page)/float64(tb),
+					g.unitPages(), units.Bytes(uint64(internal)), units.Bytes(worst), float64(worst)/float64(tb),
+					units.Bytes(uint64(mean)), mean/float64(tb), ratio, mark)
+				switch l {
+				case Contiguous:
+					require.Zero(t, internal, "%s: no byte of a page inside a sequence is unused", name)
+					require.Less(t, worst, g.page, "%s: the tail wastes less than a page", name)
+				case TokenMajor:
+					require.Less(t, worst, uint64(g.unitPages())*g.page, name)
+				}
+				ww, err := WorstWaste(cfg, l)
+				require.NoError(t, err)
+				require.GreaterOrEqual(t, ww, worst, "%s %s: WorstWaste bounds the tails seen", name, l)
+			}
+		}
+	}
+	// The figures the package doc quotes.
 	for _, c := range []struct {
-		preset             string
-		layout             Layout
-		tokensPerPage      int
-		commitPages        int
-		worstWaste         uint64
-		worstWasteInTokens int
+		preset string
+		pg     uint64
+		want   Layout
 	}{
-		{"llama-7b", PerLayer, 256, 64, 128 * units.MiB, 256},
-		{"llama-7b", TokenMajor, 4, 1, 2 * units.MiB, 4},
-		{"llama3-8b", PerLayer, 1024, 64, 128 * units.MiB, 1024},
-		{"llama3-8b", TokenMajor, 16, 1, 2 * units.MiB, 16},
+		{"llama3-8b", 2 * units.MiB, TokenMajor}, // 16 whole tokens a page: a tie, and whole tokens win
+		{"qwen2.5-7b", 2 * units.MiB, Contiguous},
+		{"deepseek-v3", 2 * units.MiB, Contiguous},
+		{"qwen2.5-7b", 64 * units.KiB, Contiguous},
+		{"llama3-8b", 64 * units.KiB, TokenMajor}, // a token is two pages
 	} {
 		cfg, err := Preset(c.preset)
 		require.NoError(t, err)
-		cfg.MaxContext, cfg.MaxSeqs, cfg.PageSize, cfg.Layout = 32768, 1, 2*units.MiB, c.layout
-		g, err := cfg.check([]driver.Device{{RecommendedGranularity: 2 * units.MiB}}, 2*units.MiB)
+		cfg.MaxContext, cfg.MaxSeqs, cfg.PageSize = maxCtx, 1, c.pg
+		l, err := PickLayout(cfg)
 		require.NoError(t, err)
-		tpp := int(g.page / g.row)
-		if c.layout == TokenMajor {
-			tpp = g.tpg
-		}
-		// The worst tail: one token into a fresh unit.
-		worst := uint64(g.unitPages())*g.page - g.usedBytes(0, 1)
-		t.Logf("%-10s %-12s tokens/page %5d  commit unit %2d pages  worst tail waste %s (%d tokens' worth)",
-			c.preset, c.layout, tpp, g.unitPages(), units.Bytes(worst), int(worst/g.tokenBytes()))
-		require.Equal(t, c.tokensPerPage, tpp)
-		require.Equal(t, c.commitPages, g.unitPages())
-		require.Equal(t, c.worstWaste, worst+g.usedBytes(0, 1), "a unit is the worst waste, give or take the one token")
-		require.Equal(t, c.worstWasteInTokens, int(uint64(c.commitPages)*g.page/g.tokenBytes()))
+		require.Equal(t, c.want, l, "%s at %s", c.preset, units.Bytes(c.pg))
 	}
 }
 
 // TestPresets: the presets fill the shape only; an unknown one is
 // ErrInvalid and lists the known.
 func TestPresets(t *testing.T) {
-	require.Equal(t, []string{"llama-7b", "llama3-8b", "tiny"}, Presets())
+	require.Equal(t, []string{"deepseek-v3", "llama-7b", "llama3-8b", "mistral-7b", "qwen2.5-7b", "tiny"}, Presets())
 	cfg, err := Preset("llama3-8b")
 	require.NoError(t, err)
 	require.Equal(t, Config{Layers: 32, KVHeads: 8, HeadDim: 128, DType: tensor.Float16}, cfg)
 	_, err = Preset("gpt-5")
-	drivertest.RequireIs(t, err, driver.ErrInvalid, "gpt-5", "llama-7b, llama3-8b, tiny")
-	l, err := ParseLayout("token-major")
-	require.NoError(t, err)
-	require.Equal(t, TokenMajor, l)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "gpt-5", "llama-7b, llama3-8b")
+	for _, l := range []Layout{PerLayer, TokenMajor, Contiguous, AutoLayout} {
+		got, err := ParseLayout(l.String())
+		require.NoError(t, err)
+		require.Equal(t, l, got)
+	}
 	_, err = ParseLayout("paged")
-	drivertest.RequireIs(t, err, driver.ErrInvalid, "per-layer")
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "per-layer", "contiguous", "auto")
+	_, err = WorstWaste(cfg, AutoLayout)
+	drivertest.RequireIs(t, err, driver.ErrInvalid)
+	_, err = PickLayout(Config{})
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "Layers")
 }
 
 // TestConfigRefusals: every config New cannot hold is refused with a

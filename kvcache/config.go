@@ -26,9 +26,21 @@ const (
 	// TokenMajor fills each page with a group of tokens for all layers,
 	// laid out [layer][K, V][token][head][dim]: layer l's K is a strided
 	// tensor [groups, tokens per group, KVHeads, HeadDim]. A sequence's
-	// tail wastes at most one group.
+	// tail wastes at most one group, and a page whose size is not a
+	// multiple of a token's bytes wastes the rest of it.
 	TokenMajor
+	// Contiguous lays a slot's tokens back to back, one uniform stride of
+	// 2*Layers*row bytes a token, [token][layer][K, V][head][dim], tokens
+	// straddling page boundaries: token t's layer l K lies at
+	// t*2*Layers*row + 2*l*row. Layer l's K is a strided tensor [tokens,
+	// KVHeads, HeadDim] (token stride 2*Layers*row/elt). No byte of a
+	// page inside a sequence is unused; the tail wastes less than one
+	// page.
+	Contiguous
 	numLayouts
+	// AutoLayout asks Config.check (New) for the layout PickLayout picks
+	// for the model and page.
+	AutoLayout Layout = 255
 )
 
 func (l Layout) String() string {
@@ -37,18 +49,35 @@ func (l Layout) String() string {
 		return "per-layer"
 	case TokenMajor:
 		return "token-major"
+	case Contiguous:
+		return "contiguous"
+	case AutoLayout:
+		return "auto"
 	}
 	return fmt.Sprintf("Layout(%d)", uint8(l))
 }
 
-// ParseLayout reads "per-layer" or "token-major" (as String writes them).
+// Layouts lists the layouts, as String writes them, in their order.
+func Layouts() []string {
+	out := make([]string, 0, numLayouts)
+	for l := Layout(0); l < numLayouts; l++ {
+		out = append(out, l.String())
+	}
+	return out
+}
+
+// ParseLayout reads a layout as String writes it: "per-layer",
+// "token-major", "contiguous", or "auto" (AutoLayout).
 func ParseLayout(s string) (Layout, error) {
 	for l := Layout(0); l < numLayouts; l++ {
 		if l.String() == s {
 			return l, nil
 		}
 	}
-	return 0, errors.Wrapf(driver.ErrInvalid, "kvcache: layout %q is neither %q nor %q", s, PerLayer, TokenMajor)
+	if s == AutoLayout.String() {
+		return AutoLayout, nil
+	}
+	return 0, errors.Wrapf(driver.ErrInvalid, "kvcache: layout %q is none of %s, or %q", s, strings.Join(Layouts(), ", "), AutoLayout)
 }
 
 // Config is the shape of a cache: the model's keys and values, the
@@ -70,7 +99,8 @@ type Config struct {
 	// PageSize is the unit of commit (default, 0: the device's recommended
 	// granularity); a multiple of the driver's granularity.
 	PageSize uint64
-	// Layout is PerLayer (the zero value) or TokenMajor.
+	// Layout is PerLayer (the zero value), TokenMajor, Contiguous, or
+	// AutoLayout: the one PickLayout picks for the shape and PageSize.
 	Layout Layout
 	// Device holds every page.
 	Device driver.DeviceID
@@ -98,6 +128,19 @@ var presets = map[string]Config{
 	"llama-7b": {Layers: 32, KVHeads: 32, HeadDim: 128, DType: tensor.Float16},
 	// LLaMA 3 8B: grouped-query attention (8 KV heads), fp16.
 	"llama3-8b": {Layers: 32, KVHeads: 8, HeadDim: 128, DType: tensor.Float16},
+	// Qwen2.5 7B: grouped-query attention (4 KV heads), 28 layers, bf16 (2
+	// bytes, kept as Float16): a token of 57,344 bytes, which no page of a
+	// power of two holds a whole number of.
+	"qwen2.5-7b": {Layers: 28, KVHeads: 4, HeadDim: 128, DType: tensor.Float16},
+	// Mistral 7B: grouped-query attention (8 KV heads), bf16.
+	"mistral-7b": {Layers: 32, KVHeads: 8, HeadDim: 128, DType: tensor.Float16},
+	// DeepSeek-V3: multi-head latent attention, one vector of 576
+	// elements (kv_lora_rank 512 + qk_rope_head_dim 64) a layer and a
+	// token, bf16, 61 layers. The cache keeps a key and a value a layer:
+	// the latent is kept as a "key" and a "value" of half of it each (the
+	// same bytes a token: 70,272), as package replay's kvcache scheme
+	// does.
+	"deepseek-v3": {Layers: 61, KVHeads: 1, HeadDim: 288, DType: tensor.Float16},
 	// A small float32 model for tests and examples.
 	"tiny": {Layers: 4, KVHeads: 8, HeadDim: 64, DType: tensor.Float32},
 }
@@ -128,10 +171,11 @@ func Preset(name string) (Config, error) {
 // A slot is regions side by side, each regionBytes long and made of units
 // of unitBytes: PerLayer has 2*Layers regions (region 2l is layer l's K,
 // 2l+1 its V) whose unit is one page; TokenMajor has one region whose unit
-// is a group of pages holding tpg tokens for all layers. Unit u of every
-// region together is the unit of commit for a sequence and the unit of
-// sharing in the prefix store: a store unit holds the same regions' unit u
-// side by side.
+// is a group of pages holding tpg tokens for all layers; Contiguous has
+// one region whose unit is one page, tokens stride bytes apart across
+// page boundaries. Unit u of every region together is the unit of commit
+// for a sequence and the unit of sharing in the prefix store: a store
+// unit holds the same regions' unit u side by side.
 type geometry struct {
 	layout      Layout
 	layers      int
@@ -144,6 +188,8 @@ type geometry struct {
 	unitBytes   uint64 // bytes of one unit in one region: a whole number of pages
 	units       int    // units per region
 	tpg         int    // TokenMajor: tokens per group (unit)
+	stride      uint64 // PerLayer, Contiguous: bytes from a token to the next in a region
+	period      int    // Contiguous: pages from one page boundary a token starts at to the next
 	regionBytes uint64
 	slotBytes   uint64
 	maxCtx      int
@@ -158,25 +204,25 @@ func (g *geometry) unitPages() int { return g.regions * int(g.unitBytes/g.page) 
 
 // unitsFor is the number of units (from unit 0) n tokens need.
 func (g *geometry) unitsFor(n int) int {
-	if g.layout == PerLayer {
-		return int((uint64(n)*g.row + g.page - 1) / g.page)
+	if g.layout != TokenMajor {
+		return int((uint64(n)*g.stride + g.page - 1) / g.page)
 	}
 	return (n + g.tpg - 1) / g.tpg
 }
 
 // unitTokens is [start, end): the tokens with bytes in unit u.
 func (g *geometry) unitTokens(u int) (start, end int) {
-	if g.layout == PerLayer {
+	if g.layout != TokenMajor {
 		lo, hi := uint64(u)*g.page, uint64(u+1)*g.page
-		return int(lo / g.row), int((hi + g.row - 1) / g.row)
+		return int(lo / g.stride), int((hi + g.stride - 1) / g.stride)
 	}
 	return u * g.tpg, (u + 1) * g.tpg
 }
 
 // usedBytes is the bytes of unit u (all regions) that hold tokens below n.
 func (g *geometry) usedBytes(u, n int) uint64 {
-	if g.layout == PerLayer {
-		b := uint64(n) * g.row
+	if g.layout != TokenMajor {
+		b := uint64(n) * g.stride
 		lo := uint64(u) * g.page
 		if b <= lo {
 			return 0
@@ -198,11 +244,56 @@ func (g *geometry) unitOff(r, u int) uint64 {
 // tokenOff is the offset in a slot of token t's K (kv 0) or V (kv 1) in
 // layer l.
 func (g *geometry) tokenOff(l, kv, t int) uint64 {
-	if g.layout == PerLayer {
+	switch g.layout {
+	case PerLayer:
 		return g.unitOff(2*l+kv, 0) + uint64(t)*g.row
+	case Contiguous:
+		return uint64(t)*g.stride + uint64(2*l+kv)*g.row
 	}
 	u, j := t/g.tpg, t%g.tpg
 	return g.unitOff(0, u) + uint64((2*l+kv)*g.tpg+j)*g.row
+}
+
+// keyTokens is [from, end): the tokens a store unit u is listed with —
+// those with bytes in it that the units before it have not (unitTokens
+// but the first, in the Contiguous layout, when a token straddles into it
+// from unit u-1). A chain of units lists each token once; its key is the
+// prefix hash at end, its parent's at from.
+func (g *geometry) keyTokens(u int) (from, end int) {
+	from, end = g.unitTokens(u)
+	if u > 0 && g.layout == Contiguous {
+		_, from = g.unitTokens(u - 1)
+	}
+	return from, end
+}
+
+// cut is what a sequence takes of a prefix the store holds as its first
+// u units: it borrows units [0, borrow), copies unit borrow from the
+// store's when copyNext (the unit a token straddles into from a borrowed
+// one would otherwise be written by the sequence, read-only), and has
+// tokens matched — the tokens that lie whole in units [0, u). Only in
+// the Contiguous layout can a token straddle a unit boundary (sharing in
+// PerLayer needs a page of whole rows): there borrow is the unit the
+// first unmatched token starts in, copied when the token starts inside
+// it.
+func (g *geometry) cut(u int) (borrow int, copyNext bool, tokens int) {
+	if g.layout != Contiguous {
+		start, _ := g.unitTokens(u)
+		return u, false, start
+	}
+	t := uint64(u) * g.page / g.stride
+	b := t * g.stride
+	return int(b / g.page), b%g.page != 0, int(t)
+}
+
+// cleanBelow is the largest k' <= k such that no token straddles the
+// boundary after unit k'-1: a match of units [0, k') leaves nothing of
+// the tokens past it in the borrowed units.
+func (g *geometry) cleanBelow(k int) int {
+	if g.layout != Contiguous {
+		return k
+	}
+	return k / g.period * g.period
 }
 
 // check validates cfg against the driver's devices and fills in its
@@ -225,8 +316,8 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 		return nil, bad("MaxSeqs %d must be at least 1", cfg.MaxSeqs)
 	case cfg.BlockTokens < 0:
 		return nil, bad("BlockTokens %d is negative", cfg.BlockTokens)
-	case cfg.Layout >= numLayouts:
-		return nil, bad("Layout %d is neither PerLayer (0) nor TokenMajor (1)", cfg.Layout)
+	case cfg.Layout >= numLayouts && cfg.Layout != AutoLayout:
+		return nil, bad("Layout %d is none of PerLayer (0), TokenMajor (1), Contiguous (2), AutoLayout (255)", cfg.Layout)
 	}
 	if err := driver.CheckDevice(what, cfg.Device, len(devs)); err != nil {
 		return nil, err
@@ -242,6 +333,13 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 	}
 	if err := driver.CheckSize(func() string { return what() + ": PageSize" }, cfg.PageSize, gran); err != nil {
 		return nil, err
+	}
+	if cfg.Layout == AutoLayout {
+		l, err := PickLayout(*cfg)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Layout = l
 	}
 	g := &geometry{layout: cfg.Layout, layers: cfg.Layers, heads: cfg.KVHeads, dim: cfg.HeadDim, dt: cfg.DType,
 		elt: cfg.DType.Size(), page: cfg.PageSize, maxCtx: cfg.MaxContext, block: cfg.BlockTokens}
@@ -269,10 +367,14 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 		return r, r >= x
 	}
 	switch cfg.Layout {
-	case PerLayer:
-		g.regions = 2 * cfg.Layers
+	case PerLayer, Contiguous:
+		g.regions, g.stride = 2*cfg.Layers, row
+		if cfg.Layout == Contiguous {
+			g.regions, g.stride = 1, perTok
+			g.period = int(perTok / gcd(perTok, g.page))
+		}
 		g.unitBytes = g.page
-		b, ok := mul(uint64(cfg.MaxContext), row)
+		b, ok := mul(uint64(cfg.MaxContext), g.stride)
 		if b, ok2 := roundUp(b); ok && ok2 {
 			g.regionBytes = b
 		} else {
@@ -308,12 +410,88 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 	return g, nil
 }
 
+// pickOrder is the layouts PickLayout weighs, the one it takes on a tie
+// first: TokenMajor's pages hold whole tokens (a prefix is shared at
+// every page, with no copy where it ends), Contiguous's need no page to
+// hold whole tokens, PerLayer's commit unit is a page in every region.
+var pickOrder = [...]Layout{TokenMajor, Contiguous, PerLayer}
+
+// PickLayout is the layout whose worst-case waste per sequence is the
+// lowest for cfg's shape, PageSize (0: 2 MiB, a GPU's granularity) and
+// MaxContext: the most bytes committed past a sequence's tokens, over
+// every length from 1 to MaxContext (WorstWaste). On a tie it takes
+// TokenMajor, then Contiguous, then PerLayer. A config New would refuse
+// is ErrInvalid, as New words it.
+func PickLayout(cfg Config) (Layout, error) {
+	best, worst := PerLayer, uint64(math.MaxUint64)
+	for _, l := range pickOrder {
+		w, err := WorstWaste(cfg, l)
+		if err != nil {
+			return 0, err
+		}
+		if w < worst {
+			best, worst = l, w
+		}
+	}
+	return best, nil
+}
+
+// WorstWaste is the most bytes a sequence of cfg's shape, in layout l,
+// with PageSize pages (0: 2 MiB), commits past its tokens' bytes, over
+// every length from 1 token to MaxContext: its tail and, in TokenMajor,
+// the rest of every page a whole number of tokens leaves.
+func WorstWaste(cfg Config, l Layout) (uint64, error) {
+	if l >= numLayouts {
+		return 0, errors.Wrapf(driver.ErrInvalid, "kvcache: worst waste: Layout %d is none of PerLayer, TokenMajor, Contiguous", l)
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = 2 * units.MiB
+	}
+	cfg.Layout, cfg.Device, cfg.MaxSeqs = l, 0, 1
+	g, err := cfg.check([]driver.Device{{RecommendedGranularity: cfg.PageSize}}, cfg.PageSize)
+	if err != nil {
+		return 0, err
+	}
+	return g.worstWaste(), nil
+}
+
+// worstWaste is WorstWaste of g.
+func (g *geometry) worstWaste() uint64 {
+	if g.layout == TokenMajor {
+		// The worst is one token into the last group MaxContext reaches.
+		n := 1 + (g.maxCtx-1)/g.tpg*g.tpg
+		return uint64(g.unitsFor(n))*g.unitBytes - uint64(n)*g.tokenBytes()
+	}
+	// Each region wastes (-n*stride) mod page: every multiple of
+	// gcd(stride, page) below the page once n has gone round.
+	d := gcd(g.stride, g.page)
+	if q := g.page / d; uint64(g.maxCtx) >= q {
+		return uint64(g.regions) * (g.page - d)
+	}
+	var worst uint64
+	for n := 1; n <= g.maxCtx; n++ {
+		worst = max(worst, (g.page-uint64(n)*g.stride%g.page)%g.page)
+	}
+	return uint64(g.regions) * worst
+}
+
 // String describes the geometry for messages: "per-layer, 64 regions of
 // 4 MiB (2 pages of 2 MiB) a slot".
 func (g *geometry) String() string {
-	if g.layout == PerLayer {
+	switch g.layout {
+	case PerLayer:
 		return fmt.Sprintf("%s, %d regions of %s (%d pages of %s) a slot", g.layout, g.regions,
 			units.Bytes(g.regionBytes), g.units, units.Bytes(g.page))
+	case Contiguous:
+		return fmt.Sprintf("%s, %d pages of %s a slot, a token every %s", g.layout, g.units,
+			units.Bytes(g.page), units.Bytes(g.stride))
 	}
 	return fmt.Sprintf("%s, %d groups of %d tokens in %s a slot", g.layout, g.units, g.tpg, units.Bytes(g.unitBytes))
+}
+
+func gcd(a, b uint64) uint64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }

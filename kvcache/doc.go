@@ -30,27 +30,53 @@
 //     a strided tensor [groups, tpg, KVHeads, HeadDim] with strides
 //     [PageSize/elt, KVHeads*HeadDim, HeadDim, 1] at element offset
 //     l*2*tpg*row/elt (V: tpg*row/elt further). The tail wastes at most one
-//     page. A token larger than a page takes a group of ceil(2*Layers*row /
-//     PageSize) pages of its own (tpg = 1; the first stride is the group).
+//     page; a page that is not a whole number of tokens wastes the rest of
+//     it, in every page. A token larger than a page takes a group of
+//     ceil(2*Layers*row / PageSize) pages of its own (tpg = 1; the first
+//     stride is the group).
+//   - Contiguous: a slot's tokens lie back to back, token t at
+//     t*2*Layers*row, laid out [token][layer][K, V][heads][dim], tokens
+//     straddling page boundaries. K(l) is a strided tensor [tokens,
+//     KVHeads, HeadDim] with strides [2*Layers*row/elt, HeadDim, 1] at
+//     element offset 2*l*row/elt (V: row/elt further): one uniform stride
+//     a token, no block table, the shape FlashAttention's
+//     flash_attn_with_kvcache takes for a cache without one. No byte of a
+//     page inside a sequence is unused; the tail wastes less than a page.
+//     The unit of commit is one page.
 //
-// The trade-off, in figures, with 2 MiB pages (go test ./kvcache -run
-// TestLayoutFigures -v prints them):
+// The figures, with 2 MiB pages and MaxContext 32768 (go test ./kvcache
+// -run TestLayoutFigures -v prints them, and at 64 KiB pages): internal
+// waste is per token, the tail per sequence (worst and mean over lengths;
+// the paged scheme's 16-token block wastes 7.5 tokens on average):
 //
-//	model       layout       tokens/page  commit unit  tail waste, worst  (avg)
-//	llama-7b    PerLayer     256          64 pages     128 MiB = 256 tok  (64 MiB)
-//	llama-7b    TokenMajor   4            1 page       2 MiB = 4 tok      (1 MiB)
-//	llama3-8b   PerLayer     1024         64 pages     128 MiB = 1024 tok (64 MiB)
-//	llama3-8b   TokenMajor   16           1 page       2 MiB = 16 tok     (1 MiB)
+//	model        layout       tokens/page  internal  tail worst  tail mean  ÷ a block's
+//	llama3-8b    PerLayer     16           0         127.9 MiB   63.9 MiB   (1024 rows a region's page)
+//	llama3-8b    TokenMajor   16           0         1.88 MiB    0.94 MiB   (16 a page: 1x)
+//	llama3-8b    Contiguous   16           0         1.88 MiB    0.94 MiB
+//	qwen2.5-7b   TokenMajor   36.57        910 B     1.95 MiB    0.99 MiB   2.4x
+//	qwen2.5-7b   Contiguous   36.57        0         1.99 MiB    1.00 MiB   2.4x
+//	deepseek-v3  TokenMajor   29.84        2043 B    1.93 MiB    0.99 MiB   2.0x
+//	deepseek-v3  Contiguous   29.84        0         2.00 MiB    1.00 MiB   2.0x
+//
+// PickLayout (and AutoLayout) takes the layout whose worst-case waste per
+// sequence, over every length up to MaxContext, is the least (WorstWaste):
+// TokenMajor where a page is a whole number of tokens (a tie with
+// Contiguous, which it wins: its pages hold whole tokens), Contiguous
+// where it is not (TokenMajor's internal waste grows with the length);
+// PerLayer, whose tail is a page in each of 2*Layers regions, never wins
+// on the presets.
 //
 // PerLayer hands attention kernels the same contiguous tensor a static
 // buffer would and commits rarely (64 map calls every 1024 tokens for
-// llama3-8b); TokenMajor wastes 64 times less per sequence and commits one
-// page every 16 tokens, and its kernels index [t/tpg, t%tpg] — address
-// arithmetic, no block table.
+// llama3-8b); TokenMajor and Contiguous waste 64 times less per sequence
+// and commit a page at a time; TokenMajor's kernels index [t/tpg, t%tpg],
+// Contiguous's [t] with a row stride — address arithmetic, no block
+// table.
 //
 // # The states of a slot's unit
 //
-// A unit is one page of every region (PerLayer) or one group (TokenMajor):
+// A unit is one page of every region (PerLayer), one group (TokenMajor)
+// or one page (Contiguous):
 //
 //	empty       reserved address space only
 //	owned       the slot's own pages, committed in the slot range
@@ -106,7 +132,15 @@
 // store unit's (recycled: no decommit, no commit); pages not so reused
 // are decommitted before anything else is committed. In the PerLayer layout sharing needs a page
 // to hold whole rows (PageSize a multiple of KVHeads*HeadDim*dtype size);
-// otherwise, or with NoPrefixSharing, every page is the slot's own.
+// otherwise, or with NoPrefixSharing, every page is the slot's own. In
+// the Contiguous layout a store unit is one page, listed with the tokens
+// it completes (those whose last byte lies in it); where a match ends at
+// a page boundary a token straddles, the sequence borrows the pages
+// before the one that token starts in and copies that page into its own,
+// so that it writes the token's rows in its own memory; if the budget has
+// no room for the copy, the borrowed pages back to the last boundary no
+// token straddles (every 2*Layers*row / gcd(2*Layers*row, PageSize)
+// pages) are given back too.
 //
 // # KV events
 //
@@ -249,7 +283,7 @@
 // # A sequence's units as bytes
 //
 // Seq.UnitBytes hands unit u of a sequence out as uint8 tensors, one per
-// contiguous extent (TokenMajor: the unit's page group; PerLayer: its
+// contiguous extent (TokenMajor: the unit's page group; Contiguous: its page; PerLayer: its
 // page of each of the 2*Layers regions), for a transfer engine to move a
 // sequence to another cache of the same shape (Layers, KVHeads, HeadDim,
 // DType, PageSize, Layout) — disaggregated prefill and decode, package

@@ -133,14 +133,16 @@ func (c *Cache) pushEventLocked(e Event) {
 }
 
 // storedLocked tells that su entered the index; units published by one
-// call one after another in a chain go in one event.
+// call one after another in a chain, of as many tokens each, go in one
+// event (in the Contiguous layout a unit lists the tokens it completes,
+// a number that varies from unit to unit by one).
 func (c *Cache) storedLocked(su *storeUnit) {
 	if !c.listening() {
 		return
 	}
 	if c.ev.open {
 		b := &c.ev.queue[len(c.ev.queue)-1]
-		if last, ok := b.Events[len(b.Events)-1].(*BlockStored); ok && last.BlockHashes[len(last.BlockHashes)-1] == su.parent && su.u > 0 {
+		if last, ok := b.Events[len(b.Events)-1].(*BlockStored); ok && last.BlockHashes[len(last.BlockHashes)-1] == su.parent && su.u > 0 && last.BlockSize == len(su.tokens) {
 			last.BlockHashes = append(last.BlockHashes, su.key)
 			last.TokenIDs = append(last.TokenIDs, su.tokens...)
 			return

@@ -111,10 +111,14 @@ func writeStep(t testing.TB, step Step, all []int, extra uint64) {
 		for _, r := range runs {
 			for kv, ten := range []*tensor.Tensor{r.K, r.V} {
 				sh := ten.Shape()
-				data, err := tensor.Data[float32](ten)
-				require.NoError(t, err)
-				i := 0
 				for p := r.Pos; p < r.Pos+sh[0]; p++ {
+					// A position at a time: the Contiguous layout's rows
+					// are a token's bytes apart.
+					row, err := ten.Narrow(0, p-r.Pos, 1)
+					require.NoError(t, err)
+					data, err := tensor.Data[float32](row)
+					require.NoError(t, err)
+					i := 0
 					for h := 0; h < sh[1]; h++ {
 						for d := 0; d < sh[2]; d++ {
 							data[i] = value(pre[p], l, kv, h, d)

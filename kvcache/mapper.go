@@ -241,8 +241,8 @@ func (c *Cache) mapOne() (found bool) {
 
 // roomIn is the tokens units [0, k) hold whole.
 func (g *geometry) roomIn(k int) int {
-	if g.layout == PerLayer {
-		return int(uint64(k) * g.page / g.row)
+	if g.layout != TokenMajor {
+		return int(uint64(k) * g.page / g.stride)
 	}
 	return k * g.tpg
 }

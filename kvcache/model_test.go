@@ -328,7 +328,7 @@ func (m *model) back(s *mseq, need int) ([]int, bool) {
 	for _, u := range todo {
 		m.drop(sl, u) // a kept page; nothing for an empty unit
 		if m.storeBound(s, u) {
-			start, end := m.g.unitTokens(u)
+			start, end := m.g.keyTokens(u)
 			sl.borrowed[u] = &munit{u: u, key: keyOf(s.extra, s.prompt[:end]), parent: keyOf(s.extra, s.prompt[:start]),
 				tokens: slices.Clone(s.prompt[start:end]), refs: 1, owner: s}
 		} else {
@@ -395,18 +395,26 @@ func (m *model) find(tokens, prompt []int, extra uint64, limit int) mmatch {
 		}
 		r.units = append(r.units, mu)
 	}
+	if b, copyNext, tokens := g.cut(u); b != u || copyNext {
+		if copyNext {
+			r.partial = r.units[b]
+		}
+		r.units, r.tokens = r.units[:b], tokens
+		return r
+	}
 	start, _ := g.unitTokens(u)
 	r.tokens = start
 	if u == g.units || start >= len(prompt) {
 		return r
 	}
+	whole := g.roomIn(u + 1)
 	parent, best := keyOf(extra, prompt[:start]), 0
 	for _, mu := range m.listed {
 		if mu.parent != parent || mu.u != u {
 			continue
 		}
 		n := 0
-		for n < len(mu.tokens) && start+n < limit && start+n < len(prompt) && mu.tokens[n] == tokens[start+n] {
+		for n < len(mu.tokens) && start+n < whole && start+n < limit && start+n < len(prompt) && mu.tokens[n] == tokens[start+n] {
 			n++
 		}
 		if (start+n)/g.block*g.block > start+best {
@@ -470,6 +478,12 @@ func (m *model) apply(s *mseq, r mmatch, copy bool) []int {
 		p.refs--
 		if p.refs == 0 {
 			m.lru = append(m.lru, p)
+		}
+		if a := m.g.cleanBelow(k); !ok && a < k {
+			for u := k - 1; u >= a; u-- {
+				m.drop(sl, u)
+			}
+			backed, k = backed[:a], a
 		}
 	}
 	if r.partial == nil {
@@ -630,8 +644,11 @@ func requireRefused(t *testing.T, err error, before, after books, failed [2]uint
 }
 
 // runModel runs data's ops against a cache on the host driver (or, when
-// the config byte says so, the sim driver) and the model.
-func runModel(t *testing.T, data []byte) (r modelRun) {
+// the config byte says so, the sim driver) and the model, in the layout
+// the config byte says — or, layout Contiguous, in that layout with 3
+// layers (a token of 12 KiB: 5 1/3 a 64 KiB page, so tokens straddle two
+// pages at two boundaries in three).
+func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 	cfgByte, ops := decode(data)
 	if len(ops) == 0 {
 		return r
@@ -639,10 +656,15 @@ func runModel(t *testing.T, data []byte) (r modelRun) {
 	if len(ops) > 200 {
 		ops = ops[:200]
 	}
-	layout := Layout(cfgByte % 2)
+	if layout == AutoLayout {
+		layout = Layout(cfgByte % 2)
+	}
 	onSim := cfgByte/2%4 == 0
 	budget := 24 + int(cfgByte/8%4)*16
 	cfg := tinyConfig(layout, 96, 3)
+	if layout == Contiguous {
+		cfg.Layers = 3
+	}
 	cfg.Budget = uint64(budget) * page
 	cfg.NoPrefixSharing = cfgByte/32%4 == 0
 	// Half the runs listen to the KV events and check, after each step,
@@ -1001,12 +1023,36 @@ func requireIs(t testing.TB, err, want error, step string) {
 	require.Truef(t, errors.Is(err, want), "%s: want an error marked %q, got %v", step, want, err)
 }
 
+// TestCacheModelContiguous runs random operation sequences against the
+// model in the Contiguous layout, tokens straddling pages: matches that
+// end where a token straddles copy the page it starts in.
+func TestCacheModelContiguous(t *testing.T) {
+	var total modelRun
+	for seed := uint64(0); seed < 24; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := runModel(t, randomInput(rand.New(rand.NewPCG(seed, 13)), 150), Contiguous)
+			total.appends += r.appends
+			total.preempts += r.preempts
+			total.resumes += r.resumes
+			total.hits += r.hits
+			total.copies += r.copies
+			total.ooms += r.ooms
+		})
+	}
+	t.Logf("%+v", total)
+	require.Greater(t, total.appends, 300)
+	require.Greater(t, total.preempts, 20)
+	require.Greater(t, total.resumes, 10)
+	require.Greater(t, total.hits, 200, "prompts of one family share prefixes")
+	require.Positive(t, total.copies, "matches ending where a token straddles copy a page")
+}
+
 // TestCacheModel runs random operation sequences against the model.
 func TestCacheModel(t *testing.T) {
 	var total modelRun
 	for seed := uint64(0); seed < 24; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			r := runModel(t, randomInput(rand.New(rand.NewPCG(seed, 11)), 150))
+			r := runModel(t, randomInput(rand.New(rand.NewPCG(seed, 11)), 150), AutoLayout)
 			total.admits += r.admits
 			total.appends += r.appends
 			total.frees += r.frees
@@ -1050,7 +1096,8 @@ func FuzzCacheModel(f *testing.F) {
 			require.Equal(t, cfg, c2)
 			require.Equal(t, ops, ops2, "encode is decode's inverse")
 		}
-		_ = runModel(t, data)
+		_ = runModel(t, data, AutoLayout)
+		_ = runModel(t, data, Contiguous)
 	})
 }
 

@@ -161,7 +161,7 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 	m.units = prev[:0]
 	u := 0
 	for ; u < g.units; u++ {
-		start, end := g.unitTokens(u)
+		start, end := g.keyTokens(u)
 		if end > limit || end > len(prompt) {
 			break
 		}
@@ -173,13 +173,22 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 			prev = prev[:u] // the rest is looked up afresh
 		}
 		ch = chainTo(ch, prompt, extra, g.block, end/g.block)
-		su := c.ps.byKey[prefixKey(ch, prompt, extra, g.block, end)]
+		su := c.ps.byKey[g.unitKey(ch, prompt, extra, end, u)]
 		if su == nil || su.u != u || !slices.Equal(su.tokens, prompt[start:end]) {
 			break
 		}
 		m.units = append(m.units, su)
 	}
 	clear(m.units[len(m.units):cap(m.units)]) // no stale unit kept alive
+	if b, copyNext, tokens := g.cut(u); b != u || copyNext {
+		// Contiguous: the first token past the match starts in unit b,
+		// which is copied when the token starts inside it (cut).
+		if copyNext {
+			m.partial = m.units[b]
+		}
+		m.units, m.tokens = m.units[:b], tokens
+		return m, ch
+	}
 	start, _ := g.unitTokens(u)
 	m.tokens = start
 	if u == g.units || start >= len(prompt) {
@@ -196,14 +205,17 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 func (c *Cache) partialLocked(prompt []int, extra uint64, limit int, ch []uint64, u int) (*storeUnit, int) {
 	g := c.g
 	start, _ := g.unitTokens(u)
+	// The tokens unit u holds whole (in the Contiguous layout its last
+	// may straddle into the unit after).
+	whole := g.roomIn(u + 1)
 	best := 0
 	var partial *storeUnit
-	for _, su := range c.ps.children[prefixKey(ch, prompt, extra, g.block, start)] {
+	for _, su := range c.ps.children[g.parentKey(ch, prompt, extra, start, u)] {
 		if su.u != u {
 			continue
 		}
 		n := 0
-		for n < len(su.tokens) && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
+		for n < len(su.tokens) && start+n < whole && start+n < limit && start+n < len(prompt) && su.tokens[n] == prompt[start+n] {
 			n++
 		}
 		if (start+n)/g.block*g.block > start+best {

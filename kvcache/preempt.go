@@ -106,8 +106,8 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 
 // swapRegionBytes is the bytes of each region a swap keeps for n tokens.
 func (g *geometry) swapRegionBytes(n int) uint64 {
-	if g.layout == PerLayer {
-		return uint64(n) * g.row
+	if g.layout != TokenMajor {
+		return uint64(n) * g.stride
 	}
 	return uint64(g.unitsFor(n)) * g.unitBytes
 }

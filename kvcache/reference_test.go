@@ -30,13 +30,18 @@ type seqKV struct {
 func (a *seqKV) Store(layer, pos int, k, v []float32) error {
 	for _, r := range a.step.Layers[layer] {
 		if n := r.K.Shape()[0]; pos >= r.Pos && pos < r.Pos+n {
-			w := len(k)
 			for dst, src := range map[*tensor.Tensor][]float32{r.K: k, r.V: v} {
-				d, err := tensor.Data[float32](dst)
+				// The position's row alone: Contiguous's rows are a
+				// token's bytes apart.
+				row, err := dst.Narrow(0, pos-r.Pos, 1)
 				if err != nil {
 					return err
 				}
-				copy(d[(pos-r.Pos)*w:(pos-r.Pos+1)*w], src)
+				d, err := tensor.Data[float32](row)
+				if err != nil {
+					return err
+				}
+				copy(d, src)
 			}
 			return nil
 		}
@@ -179,7 +184,7 @@ func TestReferenceModel(t *testing.T) {
 		t.Skip("a long one-goroutine computation; run without -race")
 	}
 	prompt, gen := 70, 12 // a prompt past 64 tokens: the second shares 64
-	for _, layout := range []Layout{PerLayer, TokenMajor} {
+	for _, layout := range []Layout{PerLayer, TokenMajor, Contiguous} {
 		t.Run(layout.String(), func(t *testing.T) {
 			e := hostEnv(t, 256*units.MiB)
 			cfg := tinyConfig(layout, 256, 3)

@@ -63,7 +63,9 @@ type Seq struct {
 }
 
 // Rows are the keys and values of one layer at the consecutive positions
-// [Pos, Pos+n): K and V are row-major tensors [n, KVHeads, HeadDim].
+// [Pos, Pos+n): K and V are tensors [n, KVHeads, HeadDim], row-major but
+// in the Contiguous layout, where one row follows the last a token's
+// bytes (all layers) further.
 type Rows struct {
 	Pos  int
 	K, V *tensor.Tensor
@@ -75,7 +77,8 @@ type Rows struct {
 type Step struct {
 	Pos, N int
 	// Layers[l] are layer l's rows at those positions, in position order:
-	// one run in the PerLayer layout; in TokenMajor one per page group
+	// one run in the PerLayer and Contiguous layouts (Contiguous: strided,
+	// a token's bytes from one row to the next); in TokenMajor one per page group
 	// the positions reach. Nil on a driver whose memory this process
 	// cannot address (the sim driver), and when N is 0.
 	Layers [][]Rows
@@ -524,9 +527,12 @@ func (c *Cache) stepLocked(s *Seq, pos, cnt int) (Step, error) {
 func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 	g := c.g
 	r, off := 0, g.tokenOff(l, kv, p)
-	if g.layout == PerLayer {
+	switch g.layout {
+	case PerLayer:
 		r = 2*l + kv
 		off -= g.unitOff(r, 0)
+	case Contiguous:
+		return c.strideRowsLocked(sl, l, kv, p, n)
 	}
 	v := sl.covers[r]
 	b, err := v.Bytes()
@@ -536,6 +542,31 @@ func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 	size := uint64(n) * g.row
 	return tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
 		c.sharedBytes(sl, off, size), g.dt, n, g.heads, g.dim)
+}
+
+// strideRowsLocked is, in the Contiguous layout, a tensor [n, KVHeads,
+// HeadDim] over positions [p, p+n) of layer l's K (kv 0) or V (kv 1):
+// strides [tokenBytes/elt, HeadDim, 1] over the bytes of tokens [p, p+n)
+// of the slot.
+func (c *Cache) strideRowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
+	g := c.g
+	v := sl.covers[0]
+	b, err := v.Bytes()
+	if err != nil {
+		return nil, errors.WithAssertionFailure(err)
+	}
+	off, size := uint64(p)*g.stride, uint64(n)*g.stride
+	elt := uint64(g.elt)
+	t, err := tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
+		c.sharedBytes(sl, off, size), g.dt, n, int(g.stride/elt))
+	if err != nil {
+		return nil, err
+	}
+	rowElts := int(g.row / elt)
+	if t, err = t.Narrow(1, (2*l+kv)*rowElts, rowElts); err != nil {
+		return nil, err
+	}
+	return t.Reshape(n, g.heads, g.dim)
 }
 
 // sharedBytes is how many bytes, from its start, of a tensor's memory at
@@ -638,6 +669,9 @@ func (s *Seq) Written() int {
 
 // K returns the keys of layer stored so far, over the cache's memory (no
 // copy). PerLayer: a row-major tensor [Len, KVHeads, HeadDim].
+// Contiguous: a strided tensor [Len, KVHeads, HeadDim] whose first
+// stride is a token's bytes over all layers (2*Layers*KVHeads*HeadDim
+// elements).
 // TokenMajor: a strided tensor [groups, TokensPerGroup, KVHeads, HeadDim]
 // whose strides step over whole page groups; position p is [p/tpg, p%tpg],
 // and the rows of the last group at and past Len hold no token (their
@@ -694,9 +728,15 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 			return nil, errors.WithAssertionFailure(err)
 		}
 	}
-	if g.layout == PerLayer {
+	switch g.layout {
+	case PerLayer:
 		size := uint64(s.n) * g.row
 		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, s.n, g.heads, g.dim)
+	case Contiguous:
+		if s.n == 0 {
+			return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:0], addr}, 0, g.dt, 0, g.heads, g.dim)
+		}
+		return c.strideRowsLocked(s.sl, layer, kv, 0, s.n)
 	}
 	elt := uint64(g.elt)
 	size := uint64(k) * g.unitBytes

@@ -39,7 +39,13 @@ import (
 // borrower gives it back.
 //
 // Sharing needs units that hold whole tokens: in the PerLayer layout a
-// page must be a whole number of rows, otherwise sharing is off.
+// page must be a whole number of rows, otherwise sharing is off. In the
+// Contiguous layout a token may straddle two pages: a store unit is one
+// page, keyed by the tokens with bytes in it, and a match that ends at a
+// page boundary a token straddles (the token's head in the last matched
+// page, its tail past it) borrows the pages before the one that token
+// starts in and copies that one into the sequence's own page, so the
+// sequence writes the token's rows in memory of its own (cut).
 
 // errNoStoreRoom says the prefix store has no unit to give: the unit is
 // then the slot's own. It never leaves the package.
@@ -56,8 +62,8 @@ type storeUnit struct {
 	idx       int
 	u         int    // the unit index it holds in every slot that maps it
 	key       uint64 // prefix hash at its end token
-	parent    uint64 // prefix hash at its start token
-	tokens    []int  // the tokens it holds
+	parent    uint64 // prefix hash at its first token (keyTokens)
+	tokens    []int  // the tokens it is listed with (keyTokens)
 	refs      int
 	owner     *Seq
 	published bool
@@ -176,6 +182,26 @@ func prefixKey(ch []uint64, tokens []int, extra uint64, block, e int) uint64 {
 		return ch[b]
 	}
 	return blockHash(ch[b], extra, tokens[b*block:e])
+}
+
+// unitKey is the key of a store unit u whose tokens end at e: the prefix
+// hash at e — and, where a token is larger than a page in the Contiguous
+// layout (so that pages may complete no token, and two units end at the
+// same token), the unit's index too. parentKey is the key of the unit
+// before u, whose tokens end at e (the prefix hash at e for unit 0).
+func (g *geometry) unitKey(ch []uint64, tokens []int, extra uint64, e, u int) uint64 {
+	k := prefixKey(ch, tokens, extra, g.block, e)
+	if g.layout == Contiguous && g.stride > g.page {
+		k = mix(k, uint64(u)<<1|1)
+	}
+	return k
+}
+
+func (g *geometry) parentKey(ch []uint64, tokens []int, extra uint64, e, u int) uint64 {
+	if u == 0 {
+		return prefixKey(ch, tokens, extra, g.block, e)
+	}
+	return g.unitKey(ch, tokens, extra, e, u-1)
 }
 
 // sharing reports whether the store is open.
@@ -298,10 +324,10 @@ func (c *Cache) backFromStoreLocked(s *Seq, u0, u1 int) (int, error) {
 	ch := s.chain
 	sus := make([]*storeUnit, len(took))
 	for i, t := range took {
-		start, end := g.unitTokens(u0 + i)
+		start, end := g.keyTokens(u0 + i)
 		sus[i] = &storeUnit{idx: t.idx, u: u0 + i, owner: s, lastUse: c.tick,
-			key:    prefixKey(ch, s.prompt, s.extra, g.block, end),
-			parent: prefixKey(ch, s.prompt, s.extra, g.block, start),
+			key:    g.unitKey(ch, s.prompt, s.extra, end, u0+i),
+			parent: g.parentKey(ch, s.prompt, s.extra, start, u0+i),
 			tokens: slices.Clone(s.prompt[start:end])}
 	}
 	n, err := c.borrowRunLocked(s.sl, u0, sus)
@@ -678,6 +704,17 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 			m.partial = nil
 		}
 		backed = append(backed, copied...)
+		if a := g.cleanBelow(k); copied == nil && a < k {
+			// A token straddles into unit k from the borrowed unit k-1
+			// and the copy that would have held it has no room: the
+			// borrowed units back to a boundary no token straddles go
+			// too, so the sequence writes no borrowed page.
+			if err := c.decommitUnitsLocked(sl, a, k); err != nil {
+				return undo(err)
+			}
+			backed = backed[:a]
+			sl.shared, k = a, a
+		}
 	}
 	if m.partial == nil {
 		m.tokens, _ = g.unitTokens(k)

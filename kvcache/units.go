@@ -28,7 +28,8 @@ func (c *Cache) UnitsFor(n int) int {
 // UnitTokens is [start, end): the positions with bytes in unit u. In the
 // TokenMajor layout a unit holds TokensPerGroup positions; in PerLayer a
 // page of every region, so a position whose row crosses a page lies in two
-// units. It is (0, 0) for a unit no slot has, and for a nil or zero cache.
+// units; in Contiguous one page, a position whose bytes cross its
+// boundary lying in two. It is (0, 0) for a unit no slot has, and for a nil or zero cache.
 func (c *Cache) UnitTokens(u int) (start, end int) {
 	if c == nil || c.g == nil || u < 0 || u >= c.g.units {
 		return 0, 0
@@ -58,7 +59,9 @@ func (s *Seq) SharedUnits() int {
 // UnitBytes returns unit u's memory as uint8 tensors over the cache's
 // memory (no copy), one per contiguous extent, in slot order: in the
 // TokenMajor layout one, the unit's page group ([layer][K, V][tokens]
-// rows); in PerLayer 2*Layers, the unit's page of layer 0's K, layer 0's
+// rows); in Contiguous one, the unit's page (the bytes of the tokens it
+// holds, [token][layer][K, V], the first and last possibly in part); in
+// PerLayer 2*Layers, the unit's page of layer 0's K, layer 0's
 // V, layer 1's K, and so on. What a transfer engine registers to move a
 // sequence's keys and values to another cache of the same shape, unit by
 // unit.

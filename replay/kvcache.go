@@ -22,7 +22,10 @@ import (
 // KVCacheOptions configure NewKVCache: what the baselines have no choice
 // of.
 type KVCacheOptions struct {
-	// Layout is the cache's layout (the zero value: kvcache.PerLayer).
+	// Layout is the cache's layout (the zero value: kvcache.PerLayer;
+	// kvcache.AutoLayout: the one kvcache.PickLayout picks for the model
+	// and PageSize, the layout of least worst-case waste per sequence —
+	// what vmarena kv simulate runs unless told).
 	Layout kvcache.Layout
 	// Preempt is what a preemption does with a sequence's KV: kvcache.Drop
 	// (the default, 0) loses it and the sequence is recomputed from its
@@ -32,7 +35,7 @@ type KVCacheOptions struct {
 	Preempt kvcache.PreemptMode
 	// PageSize is the cache's page, its unit of commit (0: 2 MiB, the
 	// sim driver's recommended granularity, as on a GPU); a power of two
-	// of at least 4 KiB.
+	// from 4 KiB to 1 GiB.
 	PageSize uint64
 	// ExpectOutput makes CanAdmit ask for room for an expected output as
 	// well as the prompt (see KVCache). The zero value asks for the
@@ -173,8 +176,8 @@ func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
 		opts.PageSize = 2 * units.MiB
 	}
 	page := opts.PageSize
-	if page&(page-1) != 0 || page < 4*units.KiB {
-		return nil, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: a page of %d bytes, want a power of two of at least 4 KiB", page)
+	if page&(page-1) != 0 || page < 4*units.KiB || page > units.GiB {
+		return nil, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: a page of %d bytes, want a power of two from 4 KiB to 1 GiB", page)
 	}
 	dt, err := elemDType(cfg.Model)
 	if err != nil {
@@ -273,6 +276,9 @@ func (k *KVCache) MapAhead() int {
 func (k *KVCache) Name() string {
 	if k == nil {
 		return "this cache"
+	}
+	if k.cache != nil && !k.cache.Closed() {
+		return fmt.Sprintf("this cache (%s)", k.cache.Config().Layout)
 	}
 	return fmt.Sprintf("this cache (%s)", k.opts.Layout)
 }

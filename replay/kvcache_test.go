@@ -66,7 +66,7 @@ func TestKVCacheTraceSlices(t *testing.T) {
 		require.NoError(t, err)
 		static, err := Simulate(reqs, st, opts)
 		require.NoError(t, err)
-		for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer} {
+		for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer, kvcache.Contiguous} {
 			t.Run(name+"/"+layout.String(), func(t *testing.T) {
 				k := newKVCache(t, cfg, KVCacheOptions{Layout: layout})
 				res, err := Simulate(reqs, k, opts)
@@ -124,7 +124,7 @@ var tinyPages = KVConfig{Model: tinyModel, Budget: 256 * units.KiB, MaxContext: 
 // token-major layout, one unit of 32 tokens in the per-layer one — and
 // computes only the rest. Shared tokens are stored once.
 func TestKVCacheSharesPrefixByHand(t *testing.T) {
-	for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer} {
+	for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer, kvcache.Contiguous} {
 		t.Run(layout.String(), func(t *testing.T) {
 			k := newKVCache(t, tinyPages, KVCacheOptions{Layout: layout, PageSize: 16 * units.KiB})
 			a, b, early := simReq(0, 40, 10, 7), simReq(1, 40, 10, 7), simReq(2, 40, 10, 7)
@@ -169,7 +169,7 @@ func TestKVCacheSharesPrefixByHand(t *testing.T) {
 			// own.
 			// Per-layer: a commits its prompt's unit in the store (one
 			// call), and a unit of its own (a call per region); b too.
-			commits := map[kvcache.Layout]int64{kvcache.TokenMajor: 1 + 1 + 1, kvcache.PerLayer: 1 + 2 + 2}[layout]
+			commits := map[kvcache.Layout]int64{kvcache.TokenMajor: 1 + 1 + 1, kvcache.Contiguous: 1 + 1 + 1, kvcache.PerLayer: 1 + 2 + 2}[layout] // contiguous: 16 whole tokens a page, as token-major
 			require.Equal(t, commits, ks.Commits)
 		})
 	}
@@ -244,8 +244,9 @@ func TestKVCacheBadInput(t *testing.T) {
 		says string
 	}{
 		{tinyPages, KVCacheOptions{Preempt: 9}, "preempt mode PreemptMode(9), want drop or swap"},
-		{tinyPages, KVCacheOptions{PageSize: 3000}, "a page of 3000 bytes, want a power of two of at least 4 KiB"},
-		{tinyPages, KVCacheOptions{Layout: 7}, "Layout 7 is neither PerLayer (0) nor TokenMajor (1)"},
+		{tinyPages, KVCacheOptions{PageSize: 3000}, "a page of 3000 bytes, want a power of two from 4 KiB to 1 GiB"},
+		{tinyPages, KVCacheOptions{PageSize: 2 * units.GiB}, "a page of 2147483648 bytes, want a power of two from 4 KiB to 1 GiB"},
+		{tinyPages, KVCacheOptions{Layout: 7}, "Layout 7 is none of PerLayer (0), TokenMajor (1), Contiguous (2), AutoLayout (255)"},
 		{KVConfig{}, KVCacheOptions{}, `model "": Layers 0`},
 		{KVConfig{Model: Model{Name: "odd", Layers: 1, KVHeads: 1, HeadDim: 1, ElemBytes: 3, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
 			KVCacheOptions{}, `model "odd" has 3-byte elements, want 1, 2, 4 or 8`},
@@ -364,6 +365,46 @@ func TestKVCacheLatentModel(t *testing.T) {
 	require.Equal(t, len(reqs), res.Finished)
 	require.Equal(t, len(reqs), paged.Finished)
 	require.Equal(t, paged.OutputTokens, res.OutputTokens)
+}
+
+// TestKVCachePresetsAgree: package kvcache's presets are the shapes this
+// package's model presets of the same name give the cache (cacheShape,
+// elemDType): a latent KV as a key and a value of half of it each.
+func TestKVCachePresetsAgree(t *testing.T) {
+	seen := 0
+	for _, name := range kvcache.Presets() {
+		m, err := ModelPreset(name)
+		if err != nil {
+			continue // tiny: a test shape, no model
+		}
+		want, err := kvcache.Preset(name)
+		require.NoError(t, err)
+		heads, dim, err := cacheShape(m)
+		require.NoError(t, err)
+		dt, err := elemDType(m)
+		require.NoError(t, err)
+		require.Equal(t, want, kvcache.Config{Layers: m.Layers, KVHeads: heads, HeadDim: dim, DType: dt}, name)
+		require.Equal(t, m.TokenBytes(), uint64(2*want.Layers*want.KVHeads*want.HeadDim*want.DType.Size()), name)
+		seen++
+	}
+	require.GreaterOrEqual(t, seen, 5)
+}
+
+// TestKVCacheAutoLayout: AutoLayout runs the layout kvcache.PickLayout
+// picks, and Name says which.
+func TestKVCacheAutoLayout(t *testing.T) {
+	for _, c := range []struct {
+		model string
+		want  kvcache.Layout
+	}{{"qwen2.5-7b", kvcache.Contiguous}, {"llama3-8b", kvcache.TokenMajor}} {
+		m, err := ModelPreset(c.model)
+		require.NoError(t, err)
+		cfg := KVConfig{Model: m, Budget: 64 * units.MiB, MaxSeqs: 4, BlockTokens: 16, MaxContext: 256}
+		require.NoError(t, cfg.Check())
+		k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.AutoLayout})
+		require.Equal(t, c.want, k.cache.Config().Layout, c.model)
+		require.Equal(t, "this cache ("+c.want.String()+")", k.Name())
+	}
 }
 
 // TestKVCacheAsksBeforeItCalls serves a burst that preempts — 48

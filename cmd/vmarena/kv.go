@@ -15,7 +15,8 @@ import (
 	"github.com/vmarena/vmarena/replay"
 )
 
-const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.json [--memory 80GiB] [--layout token-major|per-layer]
+const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.json [--memory 80GiB]
+                           [--layout auto|token-major|contiguous|per-layer] [--page-size 2MiB]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
                            [--prices a100|h100] [--map-ahead=false] [--report FILE] [--json]
@@ -25,7 +26,9 @@ Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 once for each way of holding the KV memory, with the same budget and the same
 step prices, and prints their figures side by side: this library's cache
 (package kvcache on the sim driver, its memory the budget, laid out as
---layout, preempting as --preempt, admitting as --admit), a paged block table (vLLM: 16-token blocks,
+--layout — auto: kvcache.PickLayout's, the layout of least worst-case waste
+per sequence for the model and page — in pages of --page-size, preempting as
+--preempt, admitting as --admit), a paged block table (vLLM: 16-token blocks,
 prefix caching, recompute preemption) and a static reservation of the maximum
 context for every sequence. --memory is the KV memory's budget. The max
 context defaults to the trace's longest request, as much as the budget holds
@@ -46,12 +49,20 @@ path of a Hugging Face config.json, or of the directory that holds one.
 `
 
 // kvLayouts are the layouts of this cache --layout accepts, the default
-// first: token-major wastes at most one page a sequence where per-layer
-// wastes up to one in each of 2*Layers regions (64 for the presets), and
-// shares prefixes a page of tokens at a time rather than a page of each
-// region's rows; per-layer's gain, a plain contiguous tensor a layer for
-// attention kernels, is not something the simulation prices.
-var kvLayouts = []string{"token-major", "per-layer"}
+// first: auto is kvcache.PickLayout's, the layout whose worst-case waste
+// per sequence is the least for the model and page (token-major where a
+// page holds whole tokens, contiguous where it does not); per-layer
+// wastes up to a page in each of 2*Layers regions, and its gain, a plain
+// contiguous tensor a layer for attention kernels, is not something the
+// simulation prices.
+var kvLayouts = []string{"auto", "token-major", "contiguous", "per-layer"}
+
+// kvPageMin and kvPageMax bound --page-size: the smallest granularity a
+// driver maps (4 KiB, some AMD GPUs) and a page no device maps in one.
+const (
+	kvPageMin = 4 * units.KiB
+	kvPageMax = 1 * units.GiB
+)
 
 // kvPreempts are the preemption modes --preempt accepts, the default
 // (vLLM's) first.
@@ -79,6 +90,8 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	model := fs.String("model", "", "the `MODEL`: a preset ("+strings.Join(replay.ModelPresets(), ", ")+") or the path of a Hugging Face config.json (or its directory)")
 	fs.Var(&memory, "memory", "the KV memory's budget, a `SIZE` such as 80GiB")
 	layout := fs.String("layout", kvLayouts[0], "this cache's `LAYOUT`: "+strings.Join(kvLayouts, " or ")+" (the baselines have none)")
+	pageSize := sizeFlag(2 * units.MiB)
+	fs.Var(&pageSize, "page-size", "this cache's page, its unit of commit, a `SIZE`: a power of two from 4KiB to 1GiB, a multiple of the driver's granularity (a GPU's 2MiB; the host and sim drivers' 64KiB; some AMD GPUs' 4KiB)")
 	preempt := fs.String("preempt", kvPreempts[0], "what this cache's preemption does with a sequence's KV, a `MODE`: drop (recompute it on resume, as vLLM) or swap (to host memory)")
 	admit := fs.String("admit", kvAdmits[0], "what room this cache's admission asks for, a `POLICY`: prompt (the prompt's, as vLLM) or expected-output (the prompt's and the mean output of the requests finished so far)")
 	limit := fs.Int("limit", 0, "serve only the trace's first `N` requests (0: all)")
@@ -108,6 +121,9 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	switch {
 	case !slices.Contains(kvLayouts, *layout):
 		return usageErr("--layout %s: want %s", *layout, strings.Join(kvLayouts, " or "))
+	case uint64(pageSize) < kvPageMin || uint64(pageSize) > kvPageMax || uint64(pageSize)&(uint64(pageSize)-1) != 0:
+		return usageErr("--page-size %s: want a power of two from %s (the smallest driver granularity) to %s",
+			units.Bytes(uint64(pageSize)), units.Bytes(kvPageMin), units.Bytes(kvPageMax))
 	case !slices.Contains(kvPreempts, *preempt):
 		return usageErr("--preempt %s: want %s", *preempt, strings.Join(kvPreempts, " or "))
 	case !slices.Contains(kvAdmits, *admit):
@@ -165,7 +181,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *preempt == "swap" {
 		mode = kvcache.Swap
 	}
-	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
+	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1

@@ -141,6 +141,15 @@ func TestKVSimulateHandmade(t *testing.T) {
 	require.Contains(t, flat, "\nscheme this cache (per-layer) paged (vLLM) static\n")
 	require.Regexp(t, `(?m)^peak concurrent sequences 2 2 2$`, flat)
 
+	// --layout auto (the default) takes the contiguous layout for a
+	// token that divides no page, at the page --page-size gives.
+	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "qwen2.5-7b", "--memory", "256MiB", "--max-context", "64",
+		"--page-size", "64KiB")
+	require.Equal(t, 0, code, errOut)
+	flat = flatten(out)
+	require.Contains(t, flat, "contiguous, 56 pages of 64 KiB a slot, a token every 56 KiB")
+	require.Contains(t, flat, "\nscheme this cache (contiguous) paged (vLLM) static\n")
+
 	// --admit expected-output says so in the header.
 	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--admit", "expected-output")
 	require.Equal(t, 0, code, errOut)
@@ -205,7 +214,11 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "extra"}, `unexpected argument "extra"`},
 		{[]string{"simulate", "--trace"}, "flag needs an argument: -trace"},
 		{[]string{"simulate", "--trace", small, "--bogus"}, "flag provided but not defined: -bogus"},
-		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--layout", "columnar"}, "--layout columnar: want token-major or per-layer"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--layout", "columnar"}, "--layout columnar: want auto or token-major or contiguous or per-layer"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--page-size", "0"}, `invalid value "0" for flag -page-size: "0" is zero`},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--page-size", "3000"}, "--page-size 3000 B: want a power of two from 4 KiB (the smallest driver granularity) to 1 GiB"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--page-size", "2KiB"}, "--page-size 2 KiB: want a power of two from 4 KiB"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--page-size", "4GiB"}, "--page-size 4 GiB: want a power of two from 4 KiB"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--preempt", "pause"}, "--preempt pause: want drop or swap"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--admit", "output"}, "--admit output: want prompt or expected-output"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "-1"}, "--limit -1: want a number of requests, or 0 for all"},
