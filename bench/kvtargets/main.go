@@ -92,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Fprintf(stdout, "kvtargets: %d requests a trace (seed %d), steps priced by the A100 roofline, driver calls by the %s; this cache token-major, mapping ahead\n\n",
+	fmt.Fprintf(stdout, "kvtargets: %d requests a trace (seed %d), steps priced by the A100 roofline, driver calls by the %s; this cache in the layout kv simulate picks (kvcache.AutoLayout), mapping ahead\n\n",
 		*requests, *seed, costs.Name)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(bench.KVTargetHeader, "\t"))
