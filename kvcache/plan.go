@@ -140,7 +140,8 @@ func (c *Cache) askLocked(what func() string, prompt []int, extra uint64) (match
 	return m, nil
 }
 
-// forgetAskedLocked drops what askLocked remembers (the cache closes).
+// forgetAskedLocked drops what askLocked remembers (Admit, which checks
+// afresh; Close).
 func (c *Cache) forgetAskedLocked() { c.asked = asked{} }
 
 // findFromLocked finds the longest prefix of prompt[:limit] the store

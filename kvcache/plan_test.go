@@ -110,3 +110,35 @@ func TestCanAdmitAskedAgain(t *testing.T) {
 	require.Equal(t, 256, n.Matched(), "a chain is evicted from its end: its first unit stayed")
 	require.NoError(t, c.Check())
 }
+
+// TestAdmitRechecksARewrittenSlice: a caller that rewrites its prompt
+// buffer in place between CanAdmit and Admit (engines reuse buffers) is
+// admitted for what the buffer holds then: no prefix of the old prompt is
+// borrowed, and a negative token written in is refused with nothing
+// changed.
+func TestAdmitRechecksARewrittenSlice(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := microConfig(TokenMajor, 4096, 4)
+	cfg.Budget = 6 * page
+	c := e.cache(t, cfg)
+	s := prefill(t, c, seqTokens(800, 800, 0), 0)
+	require.NoError(t, s.Free())
+	buf := seqTokens(1100, 1100, 0)
+	fits, err := c.CanAdmit(buf, 0, 0)
+	require.NoError(t, err)
+	require.True(t, fits)
+
+	buf[0] = -1
+	before := c.Stats()
+	_, err = c.Admit(buf, 0)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "token -1 at position 0 is negative")
+	require.Equal(t, before, c.Stats(), "a refused admission changes nothing")
+	require.NoError(t, c.Check())
+
+	copy(buf, seqTokens(1100, 0, 50_000))
+	n, err := c.Admit(buf, 0)
+	require.NoError(t, err)
+	require.Zero(t, n.Matched(), "the rewritten prompt shares nothing with the cached one")
+	require.NoError(t, c.Check())
+}

@@ -380,7 +380,9 @@ again: // planned again from here after every wait that let the lock go
 // token again but past the prefix the store held at the last call: the
 // cost of a request asked about every step is the prefix's units, not its
 // tokens. A caller that changes a slice's tokens in place between two
-// calls must pass another slice.
+// calls must pass another slice, or CanAdmit answers for the tokens it
+// saw; Admit checks and matches what the slice holds whatever CanAdmit
+// remembered.
 func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, error) {
 	what := func() string {
 		return fmt.Sprintf("kvcache: can a prompt of %d tokens and %d more be admitted", len(prompt), expectedOutput)

@@ -148,6 +148,12 @@ func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 	if err := c.usableLocked(what); err != nil {
 		return nil, err
 	}
+	// Admit trusts nothing CanAdmit remembered of this slice: a caller
+	// that rewrote it in place since would otherwise be served the old
+	// prompt's prefix pages, and its tokens go unchecked. Admission copies
+	// the prompt anyway, so checking and finding afresh costs it no more
+	// in order.
+	c.forgetAskedLocked()
 	m, err := c.askLocked(what, prompt, extra)
 	if err != nil {
 		return nil, err
