@@ -197,20 +197,12 @@ func runInitiator(kind string, in io.Reader, out io.Writer) (err error) {
 			if err == nil {
 				err = settled(goroutines, before)
 			}
-			if err != nil {
-				fmt.Fprintln(out, "err", strings.ReplaceAll(err.Error(), "\n", " "))
-			} else {
-				fmt.Fprintln(out, "ok")
-			}
+			answer(out, "", err)
 			return nil
 		default:
 			err = errors.Newf("unknown command %q", f[0])
 		}
-		if err != nil {
-			fmt.Fprintln(out, "err", strings.ReplaceAll(err.Error(), "\n", " "))
-		} else {
-			fmt.Fprintln(out, "ok", reply)
-		}
+		answer(out, reply, err)
 	}
 	return errors.CombineErrors(sc.Err(), closeAll())
 }

@@ -229,13 +229,19 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 		default:
 			err = errors.Newf("unknown command %q", f[0])
 		}
-		if err != nil {
-			fmt.Fprintln(out, "err", strings.ReplaceAll(err.Error(), "\n", " "))
-		} else {
-			fmt.Fprintln(out, "ok", reply)
-		}
+		answer(out, reply, err)
 	}
 	return sc.Err()
+}
+
+// answer writes a peer command's reply line: "err" and the error on one
+// line, or "ok" and reply.
+func answer(out io.Writer, reply string, err error) {
+	if err != nil {
+		fmt.Fprintln(out, "err", strings.ReplaceAll(err.Error(), "\n", " "))
+	} else {
+		fmt.Fprintln(out, "ok", reply)
+	}
 }
 
 // serveSocket is the benchmark's baseline: a plain socket moving the
