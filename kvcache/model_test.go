@@ -599,6 +599,24 @@ type modelRun struct {
 	steps, stepOOMs                      int
 }
 
+// add counts o's figures into r.
+func (r *modelRun) add(o modelRun) {
+	r.admits += o.admits
+	r.appends += o.appends
+	r.frees += o.frees
+	r.verified += o.verified
+	r.ooms += o.ooms
+	r.preempts += o.preempts
+	r.resumes += o.resumes
+	r.hits += o.hits
+	r.copies += o.copies
+	r.refusedAdmits += o.refusedAdmits
+	r.refusedResumes += o.refusedResumes
+	r.asked += o.asked
+	r.steps += o.steps
+	r.stepOOMs += o.stepOOMs
+}
+
 // books is every book of a cache a refused call must leave as it was:
 // its Stats (the failure counts aside), the layouts of its two ranges,
 // the memory committed, the store's LRU order and index, the KV events
@@ -1031,12 +1049,7 @@ func TestCacheModelContiguous(t *testing.T) {
 	for seed := uint64(0); seed < 24; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			r := runModel(t, randomInput(rand.New(rand.NewPCG(seed, 13)), 150), Contiguous)
-			total.appends += r.appends
-			total.preempts += r.preempts
-			total.resumes += r.resumes
-			total.hits += r.hits
-			total.copies += r.copies
-			total.ooms += r.ooms
+			total.add(r)
 		})
 	}
 	t.Logf("%+v", total)
@@ -1053,20 +1066,7 @@ func TestCacheModel(t *testing.T) {
 	for seed := uint64(0); seed < 24; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			r := runModel(t, randomInput(rand.New(rand.NewPCG(seed, 11)), 150), AutoLayout)
-			total.admits += r.admits
-			total.appends += r.appends
-			total.frees += r.frees
-			total.verified += r.verified
-			total.ooms += r.ooms
-			total.preempts += r.preempts
-			total.resumes += r.resumes
-			total.hits += r.hits
-			total.copies += r.copies
-			total.refusedAdmits += r.refusedAdmits
-			total.refusedResumes += r.refusedResumes
-			total.asked += r.asked
-			total.steps += r.steps
-			total.stepOOMs += r.stepOOMs
+			total.add(r)
 		})
 	}
 	t.Logf("%+v", total)
