@@ -218,9 +218,10 @@ func TestLinkChecker(t *testing.T) {
 }
 
 // history matches what a page must not say: the project's own issue and
-// branch names ("issue 19", "iss19-commit"), which a user cannot look up,
+// branch names ("issue 19", "iss19-commit", "this branch"), which a user
+// cannot look up,
 // and paths into the project's notes beside the repository (../shared).
-var history = regexp.MustCompile(`(?i)\bissues? \d+|\biss\d+[a-z]*-|\.\./shared`)
+var history = regexp.MustCompile(`(?i)\bissues? \d+|\biss\d+[a-z]*-|\bthis branch\b|\.\./shared`)
 
 // TestDocsStateHowThingsAre: the README and the docs/ pages name no issue
 // or branch of the project and point at nothing beside the repository; a
@@ -288,4 +289,15 @@ func stripFences(md string) string {
 func TestReadmeIsShort(t *testing.T) {
 	n := strings.Count(page(t, "README.md").text, "\n")
 	require.LessOrEqual(t, n, 300, "README.md has %d lines: move detail into docs/", n)
+}
+
+// TestHistoryPattern: what TestDocsStateHowThingsAre refuses, and what it
+// lets be: other projects' bug numbers, which a user can look up.
+func TestHistoryPattern(t *testing.T) {
+	for _, s := range []string{"before issue 19", "Issues 9 and 13", "branch iss19-commit", "see ../shared/DESIGN.md", "run before this branch"} {
+		require.NotEmpty(t, history.FindString(s), s)
+	}
+	for _, s := range []string{"vLLM #32714, tms #83", "an issue of its own", "the shared prefix", "tissue 3"} {
+		require.Empty(t, history.FindString(s), s)
+	}
 }
