@@ -11,14 +11,14 @@ import (
 	"github.com/vmarena/vmarena/metrics"
 )
 
-// TestReadmeListsEveryMetric: the README's Metrics section names every
+// TestDocsListEveryMetric: the Metrics section of docs/cli.md names every
 // metric a collector sends, in the paragraph of its kind (which begins
 // with the kind's prefix), and names none that no collector sends.
-func TestReadmeListsEveryMetric(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+func TestDocsListEveryMetric(t *testing.T) {
+	page, err := os.ReadFile("../docs/cli.md")
 	require.NoError(t, err)
-	_, section, ok := strings.Cut(string(readme), "\n## Metrics\n")
-	require.True(t, ok, "the README has a Metrics section")
+	_, section, ok := strings.Cut(string(page), "\n## Metrics\n")
+	require.True(t, ok, "docs/cli.md has a Metrics section")
 	section, _, _ = strings.Cut(section, "\n## ")
 
 	// The paragraph of each kind, by prefix.
@@ -49,7 +49,7 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 				sent[prefix+short] = true
 			}
 		}
-		require.True(t, found, "the README's Metrics section names %s in its kind's paragraph", name)
+		require.True(t, found, "the Metrics section of docs/cli.md names %s in its kind's paragraph", name)
 	}
 	for prefix, p := range paragraphs {
 		parts := strings.Split(p, "`")
@@ -62,7 +62,7 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 				short == "token_usage" || short == "num_preemptions" {
 				continue // vLLM's and SGLang's names
 			}
-			require.True(t, sent[prefix+short], "the README names %s%s, which no collector sends", prefix, short)
+			require.True(t, sent[prefix+short], "docs/cli.md names %s%s, which no collector sends", prefix, short)
 		}
 	}
 }

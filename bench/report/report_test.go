@@ -227,13 +227,13 @@ func svgText(t *testing.T, b []byte) []string {
 	return texts
 }
 
-// TestSuiteIsTheReadmes: every command the report runs is one the
-// README lists under Benchmarks, as it writes it.
-func TestSuiteIsTheReadmes(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// TestSuiteIsTheDocs: every command the report runs is one
+// docs/benchmarks.md lists, as it writes it.
+func TestSuiteIsTheDocs(t *testing.T) {
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "benchmarks.md"))
 	require.NoError(t, err)
 	var listed []string
-	for _, line := range strings.Split(string(readme), "\n") {
+	for _, line := range strings.Split(string(page), "\n") {
 		if cmd, ok := strings.CutPrefix(line, "    go test ./bench "); ok {
 			cmd, _, _ = strings.Cut(cmd, " #")
 			listed = append(listed, "go test ./bench "+strings.TrimSpace(cmd))

@@ -4,23 +4,20 @@ import (
 	"fmt"
 	"go/ast"
 	"go/token"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-// TestReadmeNamesEverySentinel: every exported Err variable of the module
-// appears in the README's Errors section, qualified by its package unless
-// it is one of the driver package's (the README once claimed every error
-// carried a driver sentinel while ipc.ErrProtocol was nowhere in it).
-func TestReadmeNamesEverySentinel(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	require.NoError(t, err)
-	_, section, ok := strings.Cut(string(readme), "\n## Errors\n")
-	require.True(t, ok, "the README has an Errors section")
+// TestDocsNameEverySentinel: every exported Err variable of the module
+// appears in the Errors section of docs/drivers.md, qualified by its
+// package unless it is one of the driver package's (the docs once claimed
+// every error carried a driver sentinel while ipc.ErrProtocol was nowhere
+// in them).
+func TestDocsNameEverySentinel(t *testing.T) {
+	_, section, ok := strings.Cut(page(t, "docs/drivers.md").text, "\n## Errors\n")
+	require.True(t, ok, "docs/drivers.md has an Errors section")
 	section, _, _ = strings.Cut(section, "\n## ")
 
 	var missing []string
@@ -52,7 +49,7 @@ func TestReadmeNamesEverySentinel(t *testing.T) {
 		}
 	}
 	require.Greater(t, n, 10, "the driver's sentinels alone are more")
-	require.Empty(t, missing, "sentinels the README's Errors section does not name")
+	require.Empty(t, missing, "sentinels the Errors section of docs/drivers.md does not name")
 }
 
 // TestNoCockroachMark: no code outside tests marks an error with

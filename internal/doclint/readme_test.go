@@ -112,21 +112,27 @@ func unmatchedBlocks(file, md string, exs []example) (bad []string, blocks int) 
 	return bad, blocks
 }
 
-// TestReadmeBlocksAreExamples: every Go block of the README is, white space
-// aside, an Example function of the module — whole or its body — which go
-// test compiles and runs and whose output it checks. (The README's first
-// block once did not compile.) Edit the example, then copy it here.
-func TestReadmeBlocksAreExamples(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	require.NoError(t, err)
-	bad, blocks := unmatchedBlocks("README.md", string(readme), examples(t))
-	require.Positive(t, blocks, "the README has Go blocks")
+// TestDocsBlocksAreExamples: every Go block of the README and of the
+// pages in docs/ is, white space aside, an Example function of the module
+// — whole or its body — which go test compiles and runs and whose output
+// it checks. (The README's first block once did not compile.) Edit the
+// example, then copy it here.
+func TestDocsBlocksAreExamples(t *testing.T) {
+	exs := examples(t)
+	var bad []string
+	for _, d := range docPages(t) {
+		b, blocks := unmatchedBlocks(d.name, d.text, exs)
+		bad = append(bad, b...)
+		if d.name == "README.md" {
+			require.Positive(t, blocks, "the README has Go blocks: the one-import example")
+		}
+	}
 	if len(bad) > 0 {
-		t.Errorf("README blocks that are not Examples:\n%s", strings.Join(bad, "\n"))
+		t.Errorf("blocks that are not Examples:\n%s", strings.Join(bad, "\n"))
 	}
 }
 
-// TestReadmeBlockMatcher: the matcher behind TestReadmeBlocksAreExamples
+// TestReadmeBlockMatcher: the matcher behind TestDocsBlocksAreExamples
 // accepts a block that is an Example's body or whole source however it is
 // indented, and names by line each block that is not: one changed token,
 // a Test function's body, an Example without output.
@@ -196,9 +202,9 @@ func TestSomething() {
 	require.False(t, ok, "an empty block matches nothing")
 }
 
-// issue14Packages must each have an Example that go test runs: the public
-// packages a user starts from (issue 14).
-var issue14Packages = []string{
+// startPackages must each have an Example that go test runs: the public
+// packages a user starts from.
+var startPackages = []string{
 	"vaspace", "physical", "mapping", "stream", "arena", "pool", "multidev",
 	"ipc", "tensor", "kvcache", "driver/host", "driver/sim", "driver/cuda",
 }
@@ -215,7 +221,7 @@ func TestPackagesHaveExamples(t *testing.T) {
 		}
 	}
 	var missing []string
-	for _, p := range issue14Packages {
+	for _, p := range startPackages {
 		if !have[p] {
 			missing = append(missing, p)
 		}
