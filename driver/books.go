@@ -24,4 +24,8 @@ type Books interface {
 	// ReservationAt is the size of the reservation that starts at base:
 	// ErrNotReserved where none does.
 	ReservationAt(base Addr) (uint64, error)
+	// Used is the bytes device dev's live chunks hold (created or
+	// imported there and not released): what the device has given out of
+	// its Capacity. 0 for a device the driver does not have.
+	Used(dev DeviceID) uint64
 }

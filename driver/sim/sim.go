@@ -17,6 +17,8 @@
 // on what it did (calls.go).
 package sim
 
+//go:generate go run ../internal/forward -docs forward.txt -out forward.go books=../internal/ledger:Ledger engine=../internal/queue:Engine
+
 import (
 	"fmt"
 	"sync"
@@ -172,25 +174,6 @@ func (d *Driver) Supports(f driver.Feature) bool {
 	return f == driver.FeatureShareable || f == driver.FeatureStreams
 }
 
-// Devices lists the simulated devices, Options.Devices of them, each with
-// Options.Capacity bytes and Options.Granularity as its minimum
-// granularity. The slice is a copy.
-func (d *Driver) Devices() []driver.Device {
-	if d.unmade() {
-		return nil
-	}
-	return d.books.Devices()
-}
-
-// Granularity is the unit of reservation sizes and addresses: the devices'
-// granularity, Options.Granularity.
-func (d *Driver) Granularity() uint64 {
-	if d.unmade() {
-		return *new(uint64)
-	}
-	return d.books.Granularity()
-}
-
 // Reserve holds size bytes of the simulated address space (no process can
 // dereference its addresses), aligned to align (0 means Granularity()). A
 // free hint, aligned so, is honoured; otherwise the range lands elsewhere.
@@ -338,73 +321,6 @@ func (d *Driver) notedDevice(op string) driver.DeviceID {
 		return 0
 	}
 	return d.backend.noted
-}
-
-// Access reports what device dev may do at addr. An address outside every
-// reservation is ErrNotReserved, one with nothing mapped ErrNotMapped, an
-// unknown device ErrNoDevice.
-func (d *Driver) Access(addr driver.Addr, dev driver.DeviceID) (driver.Access, error) {
-	if d.unmade() {
-		return *new(driver.Access), errUnmade("Access")
-	}
-	return d.books.Access(addr, dev)
-}
-
-// Used reports the bytes of device dev's capacity that chunks hold: those
-// created there and not yet given back. It is 0 for a device the driver
-// does not have.
-func (d *Driver) Used(dev driver.DeviceID) uint64 {
-	if d.unmade() {
-		return *new(uint64)
-	}
-	return d.books.Used(dev)
-}
-
-// ChunkInfo implements driver.Books: the device and size of the live
-// chunk h in the driver's record.
-func (d *Driver) ChunkInfo(h driver.Handle) (driver.DeviceID, uint64, error) {
-	if d.unmade() {
-		return 0, 0, errUnmade("ChunkInfo")
-	}
-	return d.books.ChunkInfo(h)
-}
-
-// MappingAt implements driver.Books: the handle and size of the mapping
-// that starts at addr in the driver's record.
-func (d *Driver) MappingAt(addr driver.Addr) (driver.Handle, uint64, error) {
-	if d.unmade() {
-		return 0, 0, errUnmade("MappingAt")
-	}
-	return d.books.MappingAt(addr)
-}
-
-// Mapped implements driver.Books: the mappings of the driver's record
-// that overlap [base, base+size).
-func (d *Driver) Mapped(base driver.Addr, size uint64) (int, uint64, error) {
-	if d.unmade() {
-		return 0, 0, errUnmade("Mapped")
-	}
-	return d.books.Mapped(base, size)
-}
-
-// ReservationAt implements driver.Books: the size of the reservation of
-// the driver's record that starts at base.
-func (d *Driver) ReservationAt(base driver.Addr) (uint64, error) {
-	if d.unmade() {
-		return 0, errUnmade("ReservationAt")
-	}
-	return d.books.ReservationAt(base)
-}
-
-// Check verifies the driver's record of reservations, chunks, mappings and
-// access against its invariants and returns every violation found, nil
-// when all hold. The conformance suite (drivertest) calls it after each of
-// its tests.
-func (d *Driver) Check() error {
-	if d.unmade() {
-		return errUnmade("Check")
-	}
-	return d.books.Check()
 }
 
 // Read is ErrUnsupported: the sim driver has no memory behind its

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"time"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -12,79 +11,6 @@ import (
 
 // The sim driver's streams run host functions, record and wait on events
 // like any driver's; copies and fills have no memory to touch.
-
-// CreateStream makes a stream of device dev (an unknown device is
-// ErrNoDevice): an ordered queue whose work runs on a goroutine of its own,
-// one operation at a time, in the order it was enqueued.
-func (d *Driver) CreateStream(dev driver.DeviceID) (driver.Stream, error) {
-	if d.unmade() {
-		return *new(driver.Stream), errUnmade("CreateStream")
-	}
-	return d.engine.CreateStream(dev)
-}
-
-// DestroyStream waits for the work enqueued on s, then destroys it; the
-// error is any failure of that work not yet reported. An unknown or
-// destroyed stream is ErrBadHandle. From a host function this would wait
-// for, it is refused with ErrBusy and changes nothing.
-func (d *Driver) DestroyStream(s driver.Stream) error {
-	if d.unmade() {
-		return errUnmade("DestroyStream")
-	}
-	return d.engine.DestroyStream(s)
-}
-
-// CreateEvent makes an event of device dev (an unknown device is
-// ErrNoDevice), to be recorded on that device's streams.
-func (d *Driver) CreateEvent(dev driver.DeviceID) (driver.Event, error) {
-	if d.unmade() {
-		return *new(driver.Event), errUnmade("CreateEvent")
-	}
-	return d.engine.CreateEvent(dev)
-}
-
-// DestroyEvent forgets the event e; an unknown or destroyed event is
-// ErrBadHandle. Work already waiting on it still waits for the point it
-// was recorded at.
-func (d *Driver) DestroyEvent(e driver.Event) error {
-	if d.unmade() {
-		return errUnmade("DestroyEvent")
-	}
-	return d.engine.DestroyEvent(e)
-}
-
-// RecordEvent marks the current end of stream s in e: e completes when the
-// work enqueued on s so far has. Recording it again moves it. The event and
-// the stream must be of the same device (ErrInvalid); an unknown event or
-// stream is ErrBadHandle.
-func (d *Driver) RecordEvent(e driver.Event, s driver.Stream) error {
-	if d.unmade() {
-		return errUnmade("RecordEvent")
-	}
-	return d.engine.RecordEvent(e, s)
-}
-
-// StreamWaitEvent makes the work enqueued on s from now on wait until e,
-// as last recorded, completes; an event never recorded is complete. A
-// stream of any device may wait on an event of any device.
-func (d *Driver) StreamWaitEvent(s driver.Stream, e driver.Event) error {
-	if d.unmade() {
-		return errUnmade("StreamWaitEvent")
-	}
-	return d.engine.StreamWaitEvent(s, e)
-}
-
-// SyncStream waits until the work enqueued on s so far has finished and
-// returns the first failure of it not yet reported, naming the operation
-// (later work was skipped until now). An unknown stream is ErrBadHandle;
-// from a host function this would wait for, it is refused at once with
-// ErrBusy.
-func (d *Driver) SyncStream(s driver.Stream) error {
-	if d.unmade() {
-		return errUnmade("SyncStream")
-	}
-	return d.engine.SyncStream(s)
-}
 
 // SyncDevice waits for the work queued at the call on every stream of
 // the driver (all its streams are its own: it waits for every device's,
@@ -102,73 +28,6 @@ func (d *Driver) SyncDevice(dev driver.DeviceID) error {
 		return err
 	}
 	return d.engine.Drain(what())
-}
-
-// QueryStream reports, without waiting, whether the work enqueued on s has
-// finished; once it has, the error is any failure not yet reported.
-func (d *Driver) QueryStream(s driver.Stream) (bool, error) {
-	if d.unmade() {
-		return false, errUnmade("QueryStream")
-	}
-	return d.engine.QueryStream(s)
-}
-
-// SyncEvent waits until e, as last recorded, has completed; an event never
-// recorded is complete. From a host function this would wait for, it is
-// refused at once with ErrBusy.
-func (d *Driver) SyncEvent(e driver.Event) error {
-	if d.unmade() {
-		return errUnmade("SyncEvent")
-	}
-	return d.engine.SyncEvent(e)
-}
-
-// QueryEvent reports, without waiting, whether e has completed.
-func (d *Driver) QueryEvent(e driver.Event) (bool, error) {
-	if d.unmade() {
-		return false, errUnmade("QueryEvent")
-	}
-	return d.engine.QueryEvent(e)
-}
-
-// ElapsedTime is the wall-clock time from the completion of start to that
-// of end. An event never recorded is ErrInvalid, one not yet completed
-// ErrBusy.
-func (d *Driver) ElapsedTime(start, end driver.Event) (time.Duration, error) {
-	if d.unmade() {
-		return *new(time.Duration), errUnmade("ElapsedTime")
-	}
-	return d.engine.ElapsedTime(start, end)
-}
-
-// LaunchHostFunc enqueues fn on s; it runs on the stream's goroutine after
-// the work enqueued before it. An error it returns or a panic (ErrInvalid)
-// is its failure, reported under name by the next SyncStream. A nil fn is
-// ErrInvalid.
-func (d *Driver) LaunchHostFunc(s driver.Stream, name string, fn func() error) error {
-	if d.unmade() {
-		return errUnmade("LaunchHostFunc")
-	}
-	return d.engine.LaunchHostFunc(s, name, fn)
-}
-
-// CanAccessPeer reports true for two different devices: every simulated
-// device may be allowed to reach every other's memory (EnablePeerAccess).
-func (d *Driver) CanAccessPeer(dev, peer driver.DeviceID) (bool, error) {
-	if d.unmade() {
-		return false, errUnmade("CanAccessPeer")
-	}
-	return d.engine.CanAccessPeer(dev, peer)
-}
-
-// EnablePeerAccess records that dev's streams may reach memory of peer;
-// enabling it again is harmless, and from a device to itself it is
-// ErrInvalid.
-func (d *Driver) EnablePeerAccess(dev, peer driver.DeviceID) error {
-	if d.unmade() {
-		return errUnmade("EnablePeerAccess")
-	}
-	return d.engine.EnablePeerAccess(dev, peer)
 }
 
 // unsupported is the answer of every call that would touch memory.

@@ -291,12 +291,12 @@ func (c *Core) Export(h driver.Handle) (driver.Shareable, error) {
 }
 
 // Import makes a chunk on dev of another process's shareable handle.
-func (c *Core) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle, error) {
+func (c *Core) Import(s driver.Shareable, dev driver.DeviceID) (driver.Handle, error) {
 	if !c.info.Shareable {
 		return 0, c.errf(driver.ErrUnsupported, "import: the runtime cannot share memory between processes")
 	}
-	return c.books.Import(dev, sh.Size, func(ch *ledger.Chunk) error {
-		mem, err := c.rt.Import(sh, dev)
+	return c.books.Import(dev, s.Size, func(ch *ledger.Chunk) error {
+		mem, err := c.rt.Import(s, dev)
 		if err != nil {
 			return err
 		}
