@@ -90,14 +90,15 @@ func (e *Engine) serve(c net.Conn) {
 		if err != nil {
 			return
 		}
-		_ = c.SetDeadline(time.Now().Add(e.cfg.LeaseTimeout))
+		deadline := time.Now().Add(e.cfg.LeaseTimeout)
+		_ = c.SetDeadline(deadline)
 		switch {
 		case q.kind == kindPut && e.worker == nil:
 			err = e.servePut(c, q)
 		case q.kind == kindGet && e.worker == nil:
 			err = e.serveGet(c, q)
 		case q.kind == kindBegin && e.worker != nil:
-			err = e.serveBegin(c, q)
+			err = e.serveBegin(c, q, deadline)
 		default:
 			return // a hello again, an end outside a begin, or another kind's op
 		}
