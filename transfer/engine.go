@@ -117,7 +117,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, regs: map[uint64]*Registration{}, peers: map[*Peer]struct{}{}, conns: map[net.Conn]struct{}{}}
 	if cfg.Kind == "ucx" {
-		w, err := ucx.NewWorker()
+		w, err := ucx.NewWorker(false) // no RMA: peers write only through the windows the target opens (ucx.go)
 		if err != nil {
 			return nil, errors.Wrapf(err, "%s", what())
 		}

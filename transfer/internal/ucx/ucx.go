@@ -24,10 +24,11 @@ static void vmx_ep_err(void *arg, ucp_ep_h ep, ucs_status_t status) {
 	}
 }
 
-// vmx_init makes a context (RMA, wakeup) from the UCX_* environment and a
-// single-threaded worker on it, and returns the worker's event fd. On
-// failure *call names the UCP call that failed and nothing is left.
-static ucs_status_t vmx_init(ucp_context_h *ctx, ucp_worker_h *w, int *efd, const char **call) {
+// vmx_init makes a context (active messages, wakeup, and RMA when rma is
+// set) from the UCX_* environment and a single-threaded worker on it, and
+// returns the worker's event fd. On failure *call names the UCP call that
+// failed and nothing is left.
+static ucs_status_t vmx_init(ucp_context_h *ctx, ucp_worker_h *w, int *efd, int rma, const char **call) {
 	ucp_config_t *cfg;
 	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) {
@@ -37,7 +38,7 @@ static ucs_status_t vmx_init(ucp_context_h *ctx, ucp_worker_h *w, int *efd, cons
 	ucp_params_t p;
 	memset(&p, 0, sizeof p);
 	p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-	p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+	p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA : 0);
 	p.mt_workers_shared = 0;
 	st = ucp_init(&p, cfg, ctx);
 	ucp_config_release(cfg);
@@ -316,6 +317,8 @@ type Worker struct {
 	// retries counts the Connect attempts that failed and were tried
 	// again (for tests and reports).
 	retries atomic.Uint64
+	// rma is NewWorker's: whether the context has UCX's RMA feature.
+	rma bool
 
 	// The goroutine's: the UCP handles, and what lives on them.
 	ctx    C.ucp_context_h
@@ -440,11 +443,16 @@ func (w *Worker) unmade() bool   { return w == nil || w.done == nil }
 func (m *Mem) unmade() bool      { return m == nil || m.w.unmade() }
 func (e *Endpoint) unmade() bool { return e == nil || e.w.unmade() }
 
-// NewWorker makes a UCP context (RMA and wakeup features, configured by
-// the UCX_* environment) and a worker on it, served by a new goroutine
-// locked to its OS thread.
-func NewWorker() (*Worker, error) {
+// NewWorker makes a UCP context (active messages, wakeup and, when rma is
+// set, RMA: configured by the UCX_* environment) and a worker on it,
+// served by a new goroutine locked to its OS thread. Without RMA the
+// worker neither puts nor gets (ErrUnsupported) nor serves a peer's: UCX
+// installs no handler of the messages that emulate them where the
+// transport has no RDMA (tcp), and drops them with a warning, so a peer
+// writes this process's memory only through its open windows.
+func NewWorker(rma bool) (*Worker, error) {
 	w := &Worker{
+		rma:     rma,
 		done:    make(chan struct{}),
 		eps:     map[*Endpoint]struct{}{},
 		mems:    map[*Mem]struct{}{},
@@ -468,7 +476,11 @@ func (w *Worker) serve(started chan<- error) {
 	// runs on a thread UCX may have kept state for.
 	defer close(w.done)
 	var call *C.char
-	if st := C.vmx_init(&w.ctx, &w.worker, &w.efd, &call); st != C.UCS_OK {
+	rma := C.int(0)
+	if w.rma {
+		rma = 1
+	}
+	if st := C.vmx_init(&w.ctx, &w.worker, &w.efd, rma, &call); st != C.UCS_OK {
 		started <- ucsError(C.GoString(call), st)
 		return
 	}
@@ -842,6 +854,9 @@ func (e *Endpoint) submit(op string, local uintptr, n uint64, remote uint64, rke
 	}
 	if remote+n < remote {
 		return errors.Wrapf(driver.ErrInvalid, "ucx: %s: %d bytes at remote address %#x wrap around", op, n, remote)
+	}
+	if !e.w.rma {
+		return errors.Wrapf(driver.ErrUnsupported, "ucx: %s: the worker was made without RMA (NewWorker(false)): use Send and Fetch", op)
 	}
 	return e.w.run("Endpoint."+op, func() error {
 		if e.ep == nil {

@@ -35,7 +35,7 @@ func unsupported(call string) error {
 }
 
 // NewWorker answers driver.ErrUnsupported.
-func NewWorker() (*Worker, error) { return nil, unsupported("NewWorker") }
+func NewWorker(rma bool) (*Worker, error) { return nil, unsupported("NewWorker") }
 
 // Address answers driver.ErrUnsupported.
 func (w *Worker) Address() ([]byte, error) { return nil, unsupported("Worker.Address") }

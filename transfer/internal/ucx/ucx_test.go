@@ -91,7 +91,7 @@ func (m *mapped) close() {
 // messages the worker dropped, and "quit" (or the end of stdin) closes
 // all and ends.
 func peerMain(in io.Reader, out io.Writer) error {
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	if err != nil {
 		return err
 	}
@@ -314,7 +314,7 @@ func skipUnsupported(t *testing.T, err error, what string) {
 // newWorker is NewWorker, the worker closed at the test's end.
 func newWorker(t *testing.T) *Worker {
 	t.Helper()
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
 	return w
@@ -454,7 +454,7 @@ func TestFlushDeadline(t *testing.T) {
 func TestConnectToClosedWorker(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	t.Setenv("UCX_NET_DEVICES", "lo")
-	gone, err := NewWorker()
+	gone, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	addr, err := gone.Address()
 	require.NoError(t, err)
@@ -560,7 +560,7 @@ func TestRKeyCacheBounded(t *testing.T) {
 func TestRefusals(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	t.Setenv("UCX_NET_DEVICES", "lo")
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	mem := newMappedT(t)
 	_, err = w.Register(0, memSize)
@@ -624,7 +624,7 @@ func TestCloseLeaksNothing(t *testing.T) {
 	mem := newMappedT(t)
 	goroutines := runtime.NumGoroutine()
 	life := func() {
-		w, err := NewWorker()
+		w, err := NewWorker(true)
 		skipUnsupported(t, err, "NewWorker")
 		reg, err := w.Register(mem.addr(), memSize)
 		require.NoError(t, err)
@@ -672,7 +672,7 @@ func TestCloseLeaksNothing(t *testing.T) {
 // span. Package transfer's doc states it.
 func TestMemSpan(t *testing.T) {
 	mem := newMappedT(t)
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	defer func() { require.NoError(t, w.Close()) }()
 	for _, c := range []struct{ off, n uint64 }{{0, memSize}, {100, 5000}, {4096, 4096}, {4095, 2}} {

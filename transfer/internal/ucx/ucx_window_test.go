@@ -211,7 +211,7 @@ func TestWindowChecks(t *testing.T) {
 func TestWindowRefusals(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	t.Setenv("UCX_NET_DEVICES", "lo")
-	w, err := NewWorker()
+	w, err := NewWorker(false)
 	skipUnsupported(t, err, "NewWorker")
 	mem := newMappedT(t)
 	for _, c := range []struct {
@@ -246,4 +246,53 @@ func TestWindowRefusals(t *testing.T) {
 	require.ErrorIs(t, err, driver.ErrClosed)
 	require.ErrorIs(t, e.Send(token, 0, mem.addr(), 8), driver.ErrClosed)
 	require.NoError(t, e.Close())
+}
+
+// TestNoRMATarget: a worker made without RMA (as package transfer's
+// engine makes its worker) refuses Put and Get (ErrUnsupported), and
+// serves none: a peer's one-sided put into its registered memory, with
+// the right remote key, is dropped by its UCX (which has no handler of
+// the messages that emulate it over tcp, and warns), so the put never
+// completes and no byte changes; the target lives and a write through a
+// window lands afterwards.
+func TestNoRMATarget(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	t.Setenv("UCX_NET_DEVICES", "lo")
+	target, err := NewWorker(false)
+	skipUnsupported(t, err, "NewWorker")
+	defer func() { require.NoError(t, target.Close()) }()
+	w := newWorker(t)
+	mem, local := newMappedT(t), newMappedT(t)
+	for i := range local.b {
+		local.b[i] = 0xa5
+	}
+	reg, err := target.Register(mem.addr(), memSize)
+	require.NoError(t, err)
+	rkey, err := reg.RKey()
+	require.NoError(t, err)
+	addr, err := target.Address()
+	require.NoError(t, err)
+	self, err := target.Connect(addr)
+	skipUnsupported(t, err, "Connect")
+	require.ErrorIs(t, self.Put(local.addr(), 8, uint64(mem.addr()), rkey), driver.ErrUnsupported)
+	require.ErrorIs(t, self.Get(local.addr(), 8, uint64(mem.addr()), rkey), driver.ErrUnsupported)
+	require.NoError(t, self.Close())
+
+	e, err := w.Connect(addr)
+	skipUnsupported(t, err, "Connect")
+	require.NoError(t, e.Put(local.addr(), 4096, uint64(mem.addr()), rkey))
+	// The put's completion never comes: the flush waits until its
+	// context ends (a bound of the wait, not of how fast anything is).
+	require.ErrorIs(t, flushWithin(t, e, 300*time.Millisecond), context.DeadlineExceeded)
+	require.Equal(t, make([]byte, memSize), mem.b, "no byte of the target changed")
+
+	x, token, err := target.Open(mem.addr(), 4096, true)
+	require.NoError(t, err)
+	// No flush: the put before never completes on this endpoint.
+	require.NoError(t, e.Send(token, 0, local.addr(), 4096))
+	require.NoError(t, waitWithin(x, replyWait))
+	require.Equal(t, local.b[:4096], mem.b[:4096], "a write through a window lands")
+	require.NoError(t, x.Close())
+	require.NoError(t, e.Close())
+	require.NoError(t, reg.Close())
 }
