@@ -638,9 +638,22 @@ func twoHosts(t *testing.T, n *netns, kind string) {
 				require.Equal(t, uint64(0), failed(l), mode)
 				require.NotEqual(t, "", target.do("check A %d %d", prev, seed))
 			default:
-				require.Equal(t, "ok 2", l, mode)
-				require.Equal(t, fmt.Sprintf("exact %d", seed+1), target.do("check A %d %d", seed+1, seed+1), mode)
-				prev = seed + 1
+				if l == "ok 2" {
+					require.Equal(t, fmt.Sprintf("exact %d", seed+1), target.do("check A %d %d", seed+1, seed+1), mode)
+					break
+				}
+				// These faults slow a put without stopping it, and it
+				// completes within LeaseTimeout (2 s) on an idle machine;
+				// on a loaded one (sliced writes cost CPU) it may not,
+				// and a failure within the bound is what the package
+				// promises too. Expecting success would be a timing
+				// assertion.
+				i := failed(l)
+				from := prev
+				if i > 0 {
+					from = seed + i - 1
+				}
+				require.NotEqual(t, "", target.do("check A %d %d", from, seed+i), mode)
 			}
 			in.do("close")
 			settle()

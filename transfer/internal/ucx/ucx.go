@@ -156,17 +156,15 @@ static ucs_status_ptr_t vmx_flush(ucp_ep_h ep) {
 	return ucp_ep_flush_nbx(ep, &p);
 }
 
-// Active messages: the ids of the three this binding sends, and the header
-// every one carries (the same 40 bytes for all three).
+// Active messages: the ids of the three this binding sends (amWrite,
+// amFetch and amData in message.go, which says what they carry), each
+// with a header of VMX_AM_HDR bytes (amHeaderSize).
 enum {
-	VMX_AM_WRITE = 1, // bytes for a window: token, off
-	VMX_AM_FETCH = 2, // a request for n bytes of a window at off, answered as VMX_AM_DATA for the window into at into_off; no data
-	VMX_AM_DATA  = 3  // fetched bytes for a window: token, off
+	VMX_AM_WRITE = 1,
+	VMX_AM_FETCH = 2,
+	VMX_AM_DATA  = 3,
+	VMX_AM_HDR   = 40
 };
-
-typedef struct {
-	uint64_t token, off, n, into, into_off;
-} vmx_am_hdr;
 
 // vmxAMRecv (Go, ucx_am.go) takes every active message the worker
 // receives, on the worker's thread, inside ucp_worker_progress.
@@ -225,7 +223,7 @@ static ucs_status_ptr_t vmx_am_send(ucp_ep_h ep, unsigned int id, const void *hd
 	memset(&p, 0, sizeof p);
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
 	p.flags = UCP_AM_SEND_FLAG_EAGER | (reply ? UCP_AM_SEND_FLAG_REPLY : 0);
-	return ucp_am_send_nbx(ep, id, hdr, sizeof(vmx_am_hdr), (const void *)data, n, &p);
+	return ucp_am_send_nbx(ep, id, hdr, VMX_AM_HDR, (const void *)data, n, &p);
 }
 
 // vmx_copy_in and vmx_copy_out copy between a message and memory the
@@ -1076,6 +1074,10 @@ func (w *Worker) shutdown() error {
 	return first
 }
 
+// The C side's message ids and header size are message.go's (an index
+// out of range, at compile time, if not).
+var _ = [1]struct{}{}[(C.VMX_AM_WRITE^amWrite)|(C.VMX_AM_FETCH^amFetch)|(C.VMX_AM_DATA^amData)|(C.VMX_AM_HDR^amHeaderSize)]
+
 // amChunk bounds the bytes of one active message: Send and a fetch's
 // answer split larger ranges, so that what UCX assembles for one message
 // on the receiving side stays this small.
@@ -1202,7 +1204,7 @@ func (e *Endpoint) Send(window, off uint64, local uintptr, n uint64) error {
 		}
 		for done := uint64(0); done < n; {
 			k := min(n-done, amChunk)
-			if err := e.am(C.VMX_AM_WRITE, C.vmx_am_hdr{token: C.uint64_t(window), off: C.uint64_t(off + done)}, local+uintptr(done), k, false); err != nil {
+			if err := e.am(amWrite, amHeader{token: window, off: off + done}, local+uintptr(done), k, false); err != nil {
 				return err
 			}
 			done += k
@@ -1230,21 +1232,19 @@ func (e *Endpoint) Fetch(window, off, n, into, intoOff uint64) error {
 		if err := e.failed(); err != nil {
 			return err
 		}
-		h := C.vmx_am_hdr{token: C.uint64_t(window), off: C.uint64_t(off), n: C.uint64_t(n), into: C.uint64_t(into), into_off: C.uint64_t(intoOff)}
-		return e.am(C.VMX_AM_FETCH, h, 0, 0, true)
+		return e.am(amFetch, amHeader{token: window, off: off, n: n, into: into, intoOff: intoOff}, 0, 0, true)
 	})
 }
 
 // am sends one active message on e with header h (copied to C memory,
 // kept until the send completes) and n bytes at data.
-func (e *Endpoint) am(id C.uint, h C.vmx_am_hdr, data uintptr, n uint64, reply bool) error {
-	buf := C.malloc(C.size_t(unsafe.Sizeof(h)))
-	*(*C.vmx_am_hdr)(buf) = h
+func (e *Endpoint) am(id int, h amHeader, data uintptr, n uint64, reply bool) error {
+	buf := cHeader(h, 0)
 	rep := C.int(0)
 	if reply {
 		rep = 1
 	}
-	st := keep(C.vmx_am_send(e.ep, id, buf, C.uintptr_t(data), C.size_t(n), rep), buf, &e.ops)
+	st := keep(C.vmx_am_send(e.ep, C.uint(id), buf, C.uintptr_t(data), C.size_t(n), rep), buf, &e.ops)
 	if st != C.UCS_OK {
 		return ucsError("ucp_am_send_nbx", st)
 	}
@@ -1269,28 +1269,25 @@ func keep(req C.ucs_status_ptr_t, buf unsafe.Pointer, reqs *[]sent) C.ucs_status
 // window it names, and its bytes copied into it (write, data) or a fetch
 // answered from it on the reply endpoint. Anything else is dropped.
 func (w *Worker) received(id C.uint, hdr unsafe.Pointer, hlen uintptr, data unsafe.Pointer, n uintptr, reply C.ucp_ep_h) {
-	var h C.vmx_am_hdr
-	if hlen != unsafe.Sizeof(h) {
+	var x *Window
+	look := func(token uint64) (windowView, bool) {
+		if x = w.windows[token]; x == nil || x.ended {
+			return windowView{}, false
+		}
+		return windowView{n: x.n, writable: x.writable}, true
+	}
+	v, h, k := admit(int(id), unsafe.Slice((*byte)(hdr), hlen), uint64(n), reply != nil, look)
+	switch v {
+	case dropped:
 		w.dropped.Add(1)
 		return
-	}
-	C.memcpy(unsafe.Pointer(&h), hdr, C.size_t(hlen)) // hdr may be unaligned
-	x := w.windows[uint64(h.token)]
-	off, k := uint64(h.off), uint64(n)
-	if id == C.VMX_AM_FETCH {
-		k = uint64(h.n)
-	}
-	switch {
-	case x == nil || x.ended || x.writable != (id != C.VMX_AM_FETCH) || (id == C.VMX_AM_FETCH && (n != 0 || reply == nil)):
+	case outside:
 		w.dropped.Add(1)
-		return
-	case k == 0 || off > x.n || k > x.n-off:
-		w.dropped.Add(1)
-		x.end(errors.Wrapf(driver.ErrInvalid, "ucx: Window: a message for %d bytes at %d of a window of %d", k, off, x.n))
+		x.end(errors.Wrapf(driver.ErrInvalid, "ucx: Window: a message for bytes at %d outside a window of %d", h.off, x.n))
 		return
 	}
-	src := uint64(x.addr) + off
-	if id != C.VMX_AM_FETCH {
+	src := uint64(x.addr) + h.off
+	if id != amFetch {
 		C.vmx_copy_in(C.uintptr_t(src), data, C.size_t(k))
 		x.count(k)
 		return
@@ -1299,11 +1296,10 @@ func (w *Worker) received(id C.uint, hdr unsafe.Pointer, hlen uintptr, data unsa
 	// read after the message), and sent in chunks on the reply endpoint.
 	for done := uint64(0); done < k; {
 		c := min(k-done, amChunk)
-		size := unsafe.Sizeof(h) + uintptr(c)
-		buf := C.malloc(C.size_t(size))
-		*(*C.vmx_am_hdr)(buf) = C.vmx_am_hdr{token: h.into, off: C.uint64_t(uint64(h.into_off) + done)}
-		C.vmx_copy_out(unsafe.Add(buf, unsafe.Sizeof(h)), C.uintptr_t(src+done), C.size_t(c))
-		req := C.vmx_am_send(reply, C.VMX_AM_DATA, buf, C.uintptr_t(uintptr(buf)+unsafe.Sizeof(h)), C.size_t(c), 0)
+		buf := cHeader(amHeader{token: h.into, off: h.intoOff + done}, c)
+		bytes := unsafe.Add(buf, amHeaderSize)
+		C.vmx_copy_out(bytes, C.uintptr_t(src+done), C.size_t(c))
+		req := C.vmx_am_send(reply, amData, buf, C.uintptr_t(uintptr(bytes)), C.size_t(c), 0)
 		if st := keep(req, buf, &w.replies); st != C.UCS_OK {
 			// The peer's connection failed: the fetch never fills there.
 			x.end(ucsError("ucp_am_send_nbx of fetched bytes", st))
@@ -1312,4 +1308,13 @@ func (w *Worker) received(id C.uint, hdr unsafe.Pointer, hlen uintptr, data unsa
 		done += c
 	}
 	x.count(k)
+}
+
+// cHeader is C memory holding h encoded, and room for extra bytes after
+// it; the caller frees it (keep does).
+func cHeader(h amHeader, extra uint64) unsafe.Pointer {
+	buf := C.malloc(C.size_t(amHeaderSize + extra))
+	b := h.encode()
+	C.memcpy(buf, unsafe.Pointer(&b[0]), amHeaderSize)
+	return buf
 }
