@@ -119,7 +119,7 @@ func (e *Engine) serveBegin(c net.Conn, q request, deadline time.Time) error {
 		}
 		if err == nil && q.write {
 			// The end comes on the control connection, the bytes on UCX's.
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			ctx, cancel := context.WithDeadline(e.closing, deadline)
 			err = x.Wait(ctx)
 			cancel()
 		}
