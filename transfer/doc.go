@@ -4,7 +4,8 @@
 // (Connect, Peer.Put, Peer.Get). It is the KV cache transfer of a
 // disaggregated prefill/decode deployment, over two kinds of engine:
 // "tcp", pure Go, every byte over the control connection; and "ucx",
-// UCX one-sided operations (a build with -tags ucx).
+// UCX active messages into windows the target checks (a build with
+// -tags ucx).
 //
 // # What it owns
 //

@@ -45,7 +45,8 @@ func (e *Engine) accept() {
 // Nothing of the peer's goes to UCX: the initiator's hello carries no
 // worker address (one that does is refused), and the target makes no
 // endpoint. The initiator makes its endpoint to the target's worker,
-// whose address the target sends; one-sided ops need none back.
+// whose address the target sends; the target answers a fetch on the
+// endpoint UCX made for the initiator's (its message's reply endpoint).
 func (e *Engine) serve(c net.Conn) {
 	defer func() {
 		_ = c.Close()
