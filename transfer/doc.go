@@ -4,7 +4,8 @@
 // (Connect, Peer.Put, Peer.Get). It is the KV cache transfer of a
 // disaggregated prefill/decode deployment, over two kinds of engine:
 // "tcp", pure Go, every byte over the control connection; and "ucx",
-// UCX one-sided operations (a build with -tags ucx).
+// UCX active messages into windows the target checks (a build with
+// -tags ucx).
 //
 // # What it owns
 //
@@ -43,9 +44,10 @@
 //     all inside a live, writable registration whose id and generation
 //     it names, and only under the tensor's access; a request that names
 //     anything else is refused (the payload of a refused put is drained)
-//     and changes no byte, registration or count but Stats.Refused. (On
-//     the ucx kind the peer's UCX moves the bytes: what it does outside
-//     begin and end is the peer's, see Trust.)
+//     and changes no byte, registration or count but Stats.Refused. On
+//     the ucx kind the target's UCX worker writes a put's bytes, each
+//     active message checked against the window the target opened over
+//     exactly the op's bytes, and closed before the access is let go.
 //   - Every goroutine the engine starts ends at Close; Close closes every
 //     connection, registration and (ucx) the worker.
 //
@@ -71,48 +73,44 @@
 //
 // The ucx kind hands UCX nothing a peer sent. Endpoints go one way: the
 // initiator makes one to the target's worker, whose address the target
-// answers in the hello; the target makes none (one-sided ops need none
-// back), and refuses a hello that carries a worker address. (Not through
-// UCX's own listener, ucp_listener_create: UCX 1.13's tcp connection
-// manager aborts the process on a few bytes of garbage from any TCP
-// peer, an assertion in tcp_sockcm_ep.c, where its tcp transport's
-// sockets drop them: TestGarbageHello.) The initiator moves bytes only
-// after the target answered its begin (which names the address and
-// length) with OK, at exactly that address and length.
+// answers in the hello; the target makes none, and refuses a hello that
+// carries a worker address. (Not through UCX's own listener,
+// ucp_listener_create: UCX 1.13's tcp connection manager aborts the
+// process on a few bytes of garbage from any TCP peer, an assertion in
+// tcp_sockcm_ep.c, where its tcp transport's sockets drop them:
+// TestGarbageHello.) Bytes move as UCX active messages, never UCX's
+// one-sided put and get: for each op the target opens a window over
+// exactly the bytes the begin named, once they passed the check, and
+// answers with the window's random 64-bit token; its worker writes a
+// message's bytes only inside an open window of the right direction
+// whose token it names, and drops anything else (a message outside the
+// window also fails the op). The window closes before the target lets
+// the access go, so bytes of a failed put that UCX's sockets still carry
+// (a link down and up again: the kernel retransmits them) are dropped,
+// never written. The engine's worker has no RMA (ucx.NewWorker(false)):
+// a peer's one-sided put or get is not served at all (UCX has no handler
+// of the messages that emulate them over tcp, and drops them with a
+// warning: TestNoRMATarget).
 //
 // What remains trusted, all of it on the ucx kind:
 //
-//   - The peer engine's honesty between begin and end. UCX moves the
-//     bytes without the target's CPU, so the target's check gates what an
-//     honest engine does, not what a dishonest one could: ucp_mem_map is
-//     passed exactly the registration's bytes, but with UCX 1.13 the
-//     transports without RDMA hardware (tcp, cma, sysv and posix shared
-//     memory) check no remote key at all, so a peer process that runs
-//     its own UCX code against the target's worker can write or read any
-//     address of the target, at any time; on RDMA hardware (ib), the key
-//     bounds it to what UCX registered, which Register makes exactly the
-//     tensor's bytes (a tensor UCX would register wider is refused:
-//     TestMemSpan, TestUCXRegisterExact). The tcp kind has no such limit:
-//     every byte is moved by the target's own code after the check.
-//   - Where a put's bytes are once an op failed. The target makes no
-//     endpoint, so it has none to cut off when an end does not come: it
-//     drops the control connection and lets go at LeaseTimeout, and
-//     bytes of the failed put that UCX's sockets still carry (a link
-//     down and up again: the kernel retransmits them) may land in the
-//     registered memory after that. TestTwoHosts waits, after each
-//     fault, until the target's UCX has closed its side (its file
-//     descriptors are back) before it checks the bytes or remaps
-//     anything; an owner that remaps memory at once after a peer's
-//     failure should close the registration and let LeaseTimeout pass
-//     first. The tcp kind moves no byte after the target let go.
+//   - RDMA hardware. On a transport with RDMA (ib), the registration's
+//     remote key in the descriptor lets its holder write and read the
+//     registered bytes with the NIC, whatever the target's windows: the
+//     key bounds it to what UCX registered, which Register makes exactly
+//     the tensor's bytes (a tensor UCX would register wider is refused:
+//     TestMemSpan, TestUCXRegisterExact). Over tcp and shared memory no
+//     key is served (a process allowed to ptrace the target, which cma
+//     uses, needs none).
 //   - The worker address in the target's hello answer: an initiator
 //     hands it to ucp_ep_create, whose unpacking aborts the process on
 //     garbage, so connect only to an engine you trust to be one.
 //   - UCX's own wire protocol on its transports' sockets (its wireup
-//     messages, which the target's worker parses as UCX does; a page of
-//     0xff or random bytes on each is dropped, TestGarbageHello, but
-//     nothing here proves more): restrict who can reach them with
-//     UCX_NET_DEVICES and the network.
+//     messages, and the framing of active messages, which the target's
+//     worker parses as UCX does, assembling a message of the length its
+//     first fragment claims; a page of 0xff or random bytes on each is
+//     dropped, TestGarbageHello, but nothing here proves more): restrict
+//     who can reach them with UCX_NET_DEVICES and the network.
 //
 // Use the ucx kind between engines that trust each other; the tcp kind
 // checks every byte on the receiving side.
@@ -121,8 +119,9 @@
 //
 // Every op completes byte-exact or fails with an error within its bound:
 // the engine's LeaseTimeout for one op on both sides (the initiator's
-// control connection deadline and, for ucx, its flush; the target's
-// hold), or the caller's context when sooner; a failed ucx op then
+// control connection deadline and, for ucx, its flush or its wait for a
+// get's bytes; the target's hold, with, for a ucx put, its wait for the
+// bytes), or the caller's context when sooner; a failed ucx op then
 // closes its endpoint, which waits up to 4 s more for UCX (twice the
 // binding's closeWait); Connect adds its DialRetries. After a failed op
 // the peer is closed (ErrClosed) and the bytes of the op's range are
@@ -134,16 +133,18 @@
 // stalls and sliced writes through a fault-injecting proxy; it needs
 // root and iproute2, skips without them and fails under CI.
 //
-// One fault the ucx kind does not survive: with UCX 1.13 over its tcp
-// transport, a link down past LeaseTimeout mid-put, on either host, can
-// abort the target inside UCX when the link comes back (ucp_put_handler:
-// "ucp_request.inl:346 Fatal: unexpected error: Endpoint timeout", in 2
-// to 4 runs of 10 of TestTwoHosts on a loaded 2-core machine, when the
-// initiator's bytes reach the target after the initiator gave up). The
-// engine cannot catch it (UCX aborts the process). TestTwoHosts runs that
-// case for ucx only with VMARENA_TRANSFER_UCX_LONG_FLAP=1. Over a network
-// that partitions, use the tcp kind, or a LeaseTimeout longer than the
-// partitions the deployment must survive.
+// A link down past LeaseTimeout mid-put is where the initiator's bytes
+// reach the target after the initiator gave up and closed its
+// connection (its kernel retransmits them once the link is up, then
+// resets the connection). UCX's one-sided put over tcp is emulated with
+// messages the target's UCX answers, and UCX 1.13 aborts the process
+// when such an answer cannot be sent (ucp_put_handler,
+// "ucp_request.inl:346 Fatal: unexpected error: Endpoint timeout"):
+// which is why the ucx kind does not use it. Its active messages need
+// no answer, a send that fails completes with an error, and the bytes
+// that come late find the target's window closed and are dropped.
+// TestTwoHosts runs that fault, on either end of the link, for both
+// kinds.
 //
 // # Errors
 //
