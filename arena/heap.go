@@ -275,7 +275,8 @@ func (h *heap) usedAt(p driver.Addr) bref {
 	return h.used.get(uint64(p) - h.base)
 }
 
-// release frees the used block r, merging it with free neighbours.
+// release frees the used block r, merging it with free neighbours, and
+// returns the free block it is now part of.
 func (h *heap) release(r bref) bref {
 	b := h.at(r)
 	b.req = 0
