@@ -11,6 +11,8 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/race"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -188,8 +190,8 @@ func BenchmarkSoak(b *testing.B) {
 // TestSoakSmall runs the soak for a few windows, checked: a test of the
 // benchmark's machinery, not a figure.
 func TestSoakSmall(t *testing.T) {
-	if testing.Short() {
-		t.Skip("replays 30,000 events")
+	if testing.Short() || race.Enabled || invariants.Enabled {
+		t.Skip("replays 30,000 events on one goroutine, where the race detector finds nothing and the invariants build checks every structure after every change")
 	}
 	r, err := soak(2, 3*soakWindow/10, 2*units.MiB)
 	if err != nil {
