@@ -43,6 +43,11 @@ import (
 //     left in pieces that double from edgeChunk, so that it costs a few
 //     creates, not one an edgeChunk.
 //   - The new chunks of a commit get their access in one call a device.
+//   - A request that lands on part of a free chunk larger than edgeChunk
+//     strands it (strand.go: no driver call) while the stranded chunks
+//     stay within the slack, and only past that splits it (gives it back
+//     and commits its own chunks: an unmap, a release, creates, a map and
+//     a grant).
 //
 // When a commit needs more than the budget allows and no free chunk can
 // move, the allocator stitches (stitch.go) when there is no hole with room
@@ -422,6 +427,9 @@ func (al *Allocator) serveLocked(h *heap, r bref, pl placement, fp, align, req u
 		return al.splitLocked(h, r, pl.pin, pl.start, fp, align, req)
 	}
 	al.held += fp
+	for _, c := range pl.strand[:pl.strands] {
+		al.strand(h, c)
+	}
 	return h.place(r, pl.start, fp, req), nil
 }
 

@@ -70,7 +70,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[multidev.Arena](),
 	reflect.TypeFor[physical.Chunk](), reflect.TypeFor[physical.Memory](),
 	reflect.TypeFor[pool.Attr](), reflect.TypeFor[pool.ImportHolder](), reflect.TypeFor[pool.Pool](),
-	reflect.TypeFor[replay.BlockTable](), reflect.TypeFor[replay.DeviceResult](), reflect.TypeFor[replay.Figures](),
+	reflect.TypeFor[replay.BlockTable](), reflect.TypeFor[replay.DeviceResult](), reflect.TypeFor[replay.DriverTimes](), reflect.TypeFor[replay.Figures](),
 	reflect.TypeFor[replay.KVCache](), reflect.TypeFor[replay.KVConfig](), reflect.TypeFor[replay.KVStats](),
 	reflect.TypeFor[replay.MapKind](), reflect.TypeFor[replay.Model](), reflect.TypeFor[replay.Op](),
 	reflect.TypeFor[replay.Options](), reflect.TypeFor[replay.Policy](), reflect.TypeFor[replay.RandomLifetimes](),
