@@ -5,11 +5,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/race"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/tensor"
@@ -466,8 +468,8 @@ func forkWork(k *Seq, shared []int, tok int, preempt bool) error {
 // end), in at most a quarter of that reference's memory: bytes counted,
 // not time.
 func TestBeamSearch(t *testing.T) {
-	if race.Enabled {
-		t.Skip("8,000 appends and 4,000 forks of ~50 pages: too slow under the race detector")
+	if race.Enabled || invariants.Enabled {
+		t.Skip("8,000 appends and 4,000 forks of ~50 pages: too slow under the race detector, or checking every structure after each (it checks the cache every 100 steps itself)")
 	}
 	const beams, steps = 8, 1000
 	e := hostEnv(t, 1*units.GiB)
@@ -561,4 +563,63 @@ func TestCacheModelForks(t *testing.T) {
 		require.Greater(t, total.cowCopies, 20, "copies on write")
 		require.Positive(t, total.refusedForks, "forks refused for lack of memory")
 	}
+}
+
+// BenchmarkFork weighs a fork of a sequence of 32,768 prompt tokens and
+// 1,024 generated (llama3-8b, TokenMajor, 2 MiB pages, sim driver: the
+// books and driver calls, no bytes) — Fork, the child's first Append (its
+// copy on write) and its Free — against what a second sequence of the
+// same tokens costs without it, in the same run: Admit of the same
+// tokens as a prompt (the prefix store lends the prompt's units), the
+// Append of the generated ones it must recompute, and its Free. Both
+// timed by wall clock and by the thread's CPU clock; the figures are the
+// fork's per op and its ratio to the admit's.
+func BenchmarkFork(b *testing.B) {
+	e := simEnv(b, 80*units.GiB, 2*units.MiB)
+	cfg, err := Preset("llama3-8b")
+	require.NoError(b, err)
+	cfg.MaxContext, cfg.MaxSeqs, cfg.Layout, cfg.MapAhead = 32768+1024+64, 3, TokenMajor, -1
+	c := e.cache(b, cfg)
+	prompt := seqTokens(32768, 32768, 0)
+	s, err := c.Admit(prompt, 0)
+	require.NoError(b, err)
+	_, err = s.Append(prompt)
+	require.NoError(b, err)
+	gen := make([]int, 1024-5) // a partly written last unit
+	for i := range gen {
+		gen[i] = 1_000_000 + i
+	}
+	_, err = s.Append(gen)
+	require.NoError(b, err)
+	require.NoError(b, s.MarkWritten(s.Len()))
+	all := s.Tokens()
+	var forkWall, forkCPU, admitWall, admitCPU time.Duration
+	b.ResetTimer()
+	for range b.N {
+		w, t0 := time.Now(), threadCPU()
+		k, err := s.Fork()
+		require.NoError(b, err)
+		_, err = k.Append([]int{7})
+		require.NoError(b, err)
+		require.NoError(b, k.Free())
+		forkCPU += threadCPU() - t0
+		forkWall += time.Since(w)
+
+		w, t0 = time.Now(), threadCPU()
+		a, err := c.Admit(all, 0)
+		require.NoError(b, err)
+		_, err = a.Append(all[a.Len():])
+		require.NoError(b, err)
+		_, err = a.Append([]int{7})
+		require.NoError(b, err)
+		require.NoError(b, a.Free())
+		admitCPU += threadCPU() - t0
+		admitWall += time.Since(w)
+	}
+	n := time.Duration(b.N)
+	b.ReportMetric(float64(forkWall/n), "fork-ns/op")
+	b.ReportMetric(float64(forkCPU/n), "fork-cpu-ns/op")
+	b.ReportMetric(float64(admitWall/n), "admit-ns/op")
+	b.ReportMetric(float64(admitCPU/n), "admit-cpu-ns/op")
+	b.ReportMetric(float64(forkCPU)/float64(admitCPU), "fork/admit-cpu")
 }
