@@ -43,8 +43,18 @@ import (
 // two ranges in one direction, as the KV cache does from its slots to its
 // store); s's and to's mu one after the other, never together.
 func (s *Sparse) HandOver(off, n uint64, to *Sparse, toOff uint64) error {
+	return s.HandOverEach([]uint64{off}, n, to, toOff)
+}
+
+// HandOverEach is HandOver of several spans of n bytes of s, from each of
+// offs, mapped side by side in to from toOff, in that order: all or none
+// (a KV cache unit of several regions, which lie apart in a slot and side
+// by side in the store, goes in one call). It refuses what HandOver
+// refuses of any span, no span at all (ErrInvalid), and spans that
+// overlap (ErrOverlap), changing nothing.
+func (s *Sparse) HandOverEach(offs []uint64, n uint64, to *Sparse, toOff uint64) error {
 	what := func() string {
-		return fmt.Sprintf("arena: hand [%#x, +%s) over to another range at offset %#x", off, units.Bytes(n), toOff)
+		return fmt.Sprintf("arena: hand %d span(s) of %s from %#x over to another range at offset %#x", len(offs), units.Bytes(n), offs, toOff)
 	}
 	if s == nil || s.res == nil || to == nil || to.res == nil {
 		return errors.Wrapf(driver.ErrInvalid, "%s: a range is nil or not made by NewSparse", what())
@@ -56,14 +66,14 @@ func (s *Sparse) HandOver(off, n uint64, to *Sparse, toOff uint64) error {
 	if to.mem != s.mem {
 		return errors.Wrapf(driver.ErrInvalid, "%s: the ranges are of different physical memory (or drivers)", what())
 	}
-	if n == 0 {
-		return errors.Wrapf(driver.ErrInvalid, "%s: size is zero", what())
+	if n == 0 || len(offs) == 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: nothing to hand over", what())
 	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	to.ops.Lock()
 	defer to.ops.Unlock()
-	given, err := s.handable(what, off, n, to.opts.ChunkSize)
+	given, err := s.handable(what, offs, n, to.opts.ChunkSize)
 	if err != nil {
 		return err
 	}
@@ -77,27 +87,49 @@ func (s *Sparse) HandOver(off, n uint64, to *Sparse, toOff uint64) error {
 		sl.lender, sl.lentFrom = to, taken[i]
 		taken[i].borrowers.Add(1)
 	}
-	s.owned -= n
-	s.borrowed += n
+	total := uint64(len(offs)) * n
+	s.owned -= total
+	s.borrowed += total
 	if invariants.Enabled {
 		invariants.Fail("arena: hand over", s.checkLocked())
 	}
 	return nil
 }
 
-// handable returns the slots of the chunks s owns in [off, off+n), for a
-// new owner whose chunk size is cs, or why they cannot be handed over.
-// The caller holds ops: they stay so until it lets go.
-func (s *Sparse) handable(what func() string, off, n, cs uint64) ([]*slot, error) {
+// handable returns the slots of the chunks s owns in the spans of n
+// bytes from each of offs, in order, for a new owner whose chunk size is
+// cs, or why they cannot be handed over. The caller holds ops: they stay
+// so until it lets go.
+func (s *Sparse) handable(what func() string, offs []uint64, n, cs uint64) ([]*slot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, s.errClosed("hand over")
 	}
-	lo, hi, err := s.chunksLocked(what, off, n)
-	if err != nil {
-		return nil, err
+	var given []*slot
+	seen := map[*slot]bool{}
+	for _, off := range offs {
+		lo, hi, err := s.chunksLocked(what, off, n)
+		if err != nil {
+			return nil, err
+		}
+		for i := lo; i < hi; i++ {
+			if seen[s.slots.At(i).Val] {
+				return nil, errors.Wrapf(driver.ErrOverlap, "%s: the spans overlap at %#x", what(), s.slots.At(i).Start)
+			}
+			seen[s.slots.At(i).Val] = true
+		}
+		g, err := s.handableRunLocked(what, lo, hi, cs)
+		if err != nil {
+			return nil, err
+		}
+		given = append(given, g...)
 	}
+	return given, nil
+}
+
+// handableRunLocked is handable's check of s's chunks [lo, hi).
+func (s *Sparse) handableRunLocked(what func() string, lo, hi int, cs uint64) ([]*slot, error) {
 	given := make([]*slot, 0, hi-lo)
 	for i := lo; i < hi; i++ {
 		it := s.slots.At(i)

@@ -107,3 +107,32 @@ func handOverBadInput(t *testing.T, d backend) {
 		require.NoError(t, s.Check())
 	}
 }
+
+// TestHandOverEach: spans apart in the giver go side by side in the new
+// owner in one call, all or none: a bad span, or spans that overlap,
+// change nothing.
+func TestHandOverEach(t *testing.T) { onEveryDriver(t, handOverEach) }
+
+func handOverEach(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
+	giver := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
+	owner := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g})
+	require.NoError(t, giver.Commit(0, g))
+	require.NoError(t, giver.Commit(4*g, g))
+	require.NoError(t, giver.Write(0, 4*g+3, []byte("far")))
+	before := fmt.Sprint(giver.Layout(), owner.Layout())
+	drivertest.RequireIs(t, giver.HandOverEach([]uint64{0, 2 * g}, g, owner, 0), driver.ErrNotMapped)
+	drivertest.RequireIs(t, giver.HandOverEach([]uint64{0, 0}, g, owner, 0), driver.ErrOverlap, "overlap")
+	drivertest.RequireIs(t, giver.HandOverEach(nil, g, owner, 0), driver.ErrInvalid, "nothing")
+	require.Equal(t, before, fmt.Sprint(giver.Layout(), owner.Layout()), "all or none")
+	require.NoError(t, giver.HandOverEach([]uint64{4 * g, 0}, g, owner, 2*g))
+	buf := make([]byte, 3)
+	require.NoError(t, owner.Read(0, 2*g+3, buf))
+	require.Equal(t, "far", string(buf), "in the order named")
+	require.Equal(t, []Extent{{2 * g, 2 * g, 0, false}}, owner.Layout())
+	require.Equal(t, []Extent{{0, g, 0, true}, {4 * g, g, 0, true}}, giver.Layout())
+	require.NoError(t, giver.Close(), "closing gives back too")
+	require.NoError(t, owner.Decommit(2*g, 2*g))
+	require.Zero(t, e.used(t, 0))
+	require.NoError(t, owner.Check())
+}

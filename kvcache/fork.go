@@ -248,21 +248,18 @@ func (c *Cache) forkLocked(what func() string, s *Seq, p forkPlan) (*Seq, error)
 }
 
 // handOverLocked makes unit u of sl, owned, a private store unit that sl
-// borrows: its pages handed over to the store, each region's in one arena
-// call, mapped where they were. A driver failure after the first region
-// leaves the pages handed over so far lost to the books (lostErr: Check
-// reports it).
+// borrows: its pages handed over to the store in one arena call (the
+// regions lie apart in the slot, side by side in the store unit), mapped
+// where they were. On failure nothing changed.
 func (c *Cache) handOverLocked(what func() string, sl *slot, u int) (*storeUnit, error) {
 	g := c.g
 	idx := c.ps.free[len(c.ps.free)-1]
-	for r := 0; r < g.regions; r++ {
-		if err := c.slots.HandOver(c.slotOff(sl, r, u), g.unitBytes, c.ps.s, c.storeOff(idx, r)); err != nil {
-			err = errors.Wrapf(err, "%s: hand unit %d of slot %d over to the prefix store", what(), u, sl.idx)
-			if r > 0 {
-				c.lostErr = errors.CombineErrors(c.lostErr, errors.WithAssertionFailure(err))
-			}
-			return nil, err
-		}
+	offs := make([]uint64, g.regions)
+	for r := range offs {
+		offs[r] = c.slotOff(sl, r, u)
+	}
+	if err := c.slots.HandOverEach(offs, g.unitBytes, c.ps.s, c.storeOff(idx, 0)); err != nil {
+		return nil, errors.Wrapf(err, "%s: hand unit %d of slot %d over to the prefix store", what(), u, sl.idx)
 	}
 	c.ps.free = c.ps.free[:len(c.ps.free)-1]
 	su := &storeUnit{idx: idx, u: u, lastUse: c.tick}
