@@ -162,9 +162,9 @@
 // (one more per page handed over) and at most one unit copied, never a
 // copy of the context; it is planned before any driver call, for itself
 // and that copy, and a refused one changes nothing. Freeing, preempting
-// or evicting either side never changes the other's bytes; the prefix
-// index, and its events, are untouched by forks (a prompt unit both map
-// leaves it only once no one maps it and it is evicted).
+// or evicting either side never changes the other's bytes; forks add
+// nothing of their own to the prefix index and its events (a prompt unit
+// both map leaves it only once no one maps it and it is evicted).
 //
 // # KV events
 //

@@ -35,9 +35,12 @@ import (
 // never changes the other's bytes, since no page anyone maps is written
 // or given back.
 //
-// The prefix index is not touched: the prompt units both map are listed
-// once and removed (BlockRemoved) only once no one maps them and they are
-// evicted; private units are never listed.
+// The prefix index gains nothing of the fork's and loses nothing: the
+// prompt units both map are listed once and removed (BlockRemoved) only
+// once no one maps them and they are evicted; private units are never
+// listed. (A fork publishes, as MarkWritten would, the written prompt
+// units a swapped-in sequence has not published yet: a unit the child
+// maps has no owner writing it.)
 
 // forkPlan is what a fork takes: the child's slot, the units the
 // parent's tokens reach (shared, the last partly written when partial),
