@@ -88,8 +88,8 @@
 //
 // Invariants (Check walks them all): a running sequence's units below
 // unitsFor(Len) are owned or borrowed; a preempted sequence's slot and an
-// idle slot borrow nothing; a slot's shared units (those a match mapped)
-// are borrowed, below its running sequence's tokens and mapped read-only
+// idle slot borrow nothing; a slot's shared units (those a match or a fork
+// mapped) are borrowed, below its running sequence's tokens and mapped read-only
 // (unless the driver cannot grant read-only access), and its other
 // borrowed units writable;
 // a store unit's borrower count is the number of slots mapping it, and a
@@ -141,6 +141,30 @@
 // no room for the copy, the borrowed pages back to the last boundary no
 // token straddles (every 2*Layers*row / gcd(2*Layers*row, PageSize)
 // pages) are given back too.
+//
+// # Forks
+//
+// Seq.Fork starts a second sequence holding the same tokens, keys and
+// values as a running one whose prompt is all appended and whose rows are
+// all marked written (parallel sampling, beam search, speculative
+// branches), without copying them: the child maps, at its own slot, the
+// same physical pages as the parent for every unit the parent's tokens
+// reach, read-only in both while shared (mapped read-only on the host
+// driver, CUDA and AscendCL; refused to the tensors' writes on every
+// driver). The pages go through the prefix store: a unit the parent
+// borrows is borrowed once more; a unit of its own slot is handed over to
+// the store first (arena.Sparse.HandOver: mapped where it was, owned by
+// the store, no byte copied) as a private store unit, in no index, freed
+// when its last mapper gives it back. The last unit, when partly written,
+// is copied on write: the first sharer to append there copies that one
+// unit into its own slot (Stats.CowCopies), and the last one left writes
+// there in place. A fork commits nothing and costs a map per shared page
+// (one more per page handed over) and at most one unit copied, never a
+// copy of the context; it is planned before any driver call, for itself
+// and that copy, and a refused one changes nothing. Freeing, preempting
+// or evicting either side never changes the other's bytes; forks add
+// nothing of their own to the prefix index and its events (a prompt unit
+// both map leaves it only once no one maps it and it is evicted).
 //
 // # KV events
 //
