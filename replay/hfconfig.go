@@ -355,7 +355,7 @@ func LoadModel(arg string) (Model, error) {
 				"name a Hugging Face model directory (one holding config.json), the path of a config.json, or a preset")
 		}
 	}
-	data, err := readRegular(path, "model config", MaxConfigBytes)
+	data, err := in.ReadFile(path, "model config", MaxConfigBytes)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) && !strings.ContainsAny(arg, `/\`) && !strings.HasSuffix(arg, ".json") {
 			return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: no model preset %q, want one of %s, or the path of a Hugging Face config.json",

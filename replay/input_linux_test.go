@@ -59,7 +59,7 @@ func BenchmarkBoundedReader(b *testing.B) {
 	var bound, parse, boundCPU, parseCPU int64
 	for b.Loop() {
 		start, c := time.Now(), cpu()
-		n, err := io.Copy(io.Discard, &boundedReader{r: bytes.NewReader(data), total: MaxTraceBytes, line: MaxTraceLineBytes})
+		n, err := io.Copy(io.Discard, in.Reader(bytes.NewReader(data), MaxTraceBytes, MaxTraceLineBytes))
 		bound += int64(time.Since(start))
 		boundCPU += cpu() - c
 		require.NoError(b, err)

@@ -481,7 +481,7 @@ func ParseRequestsFile(name string) ([]Request, error) {
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "replay: %s: no request trace format for extension %q", name, ext),
 			"name an Azure trace .csv or a Mooncake trace .jsonl")
 	}
-	f, err := openRegular(name, "request trace")
+	f, err := in.Open(name, "request trace")
 	if err != nil {
 		return nil, err
 	}
@@ -515,7 +515,7 @@ type lineScanner struct {
 }
 
 func newLineScanner(r io.Reader) *lineScanner {
-	sc := bufio.NewScanner(&boundedReader{r: r, total: MaxTraceBytes})
+	sc := bufio.NewScanner(in.Reader(r, MaxTraceBytes, 0))
 	// Room for a line, its CR and LF: bufio.Scanner refuses a token that
 	// fills its buffer.
 	sc.Buffer(make([]byte, 0, 64<<10), MaxRequestLineBytes+3)

@@ -74,12 +74,14 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/input"
 	"github.com/vmarena/vmarena/internal/isnil"
 	"github.com/vmarena/vmarena/internal/sentinel"
 )
 
-// ErrMalformed marks every error about the content of a trace.
-var ErrMalformed = errors.New("malformed trace")
+// ErrMalformed marks every error about the content of a trace (allocator
+// and request traces alike).
+var ErrMalformed = input.ErrMalformed
 
 // Op is what an event did.
 type Op uint8
@@ -214,7 +216,7 @@ func Parse(r io.Reader) ([]Event, error) {
 	if b, err := br.Peek(1); err == nil && b[0] == pickleProto {
 		return ParseSnapshot(br)
 	}
-	cr := csv.NewReader(&boundedReader{r: br, total: MaxTraceBytes, line: MaxTraceLineBytes})
+	cr := csv.NewReader(in.Reader(br, MaxTraceBytes, MaxTraceLineBytes))
 	cr.FieldsPerRecord = -1 // counted here, for a message that says what is wrong
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -277,7 +279,7 @@ type allocKey struct {
 // regular file: another (a directory, a device, a FIFO) is an error
 // marked driver.ErrInvalid.
 func ParseFile(name string) ([]Event, error) {
-	f, err := openRegular(name, "trace")
+	f, err := in.Open(name, "trace")
 	if err != nil {
 		return nil, err
 	}
@@ -371,16 +373,7 @@ func parseEvent(rec []string, col [numColumns]int, line int) (Event, error) {
 	return ev, nil
 }
 
-func rangeNote(err error) string {
-	if errors.Is(err, strconv.ErrRange) {
-		return " (out of range)"
-	}
-	return ""
-}
-
-func malformed(line int, format string, args ...any) error {
-	return sentinel.Mark(errors.Newf("replay: line %d: "+format, append([]any{line}, args...)...), ErrMalformed)
-}
+func rangeNote(err error) string { return input.RangeNote(err) }
 
 // csvError turns the csv reader's error (a bare quote, say) into ours; the
 // csv package's message already names the line.
