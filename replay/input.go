@@ -9,11 +9,8 @@ package replay
 import "github.com/vmarena/vmarena/internal/input"
 
 const (
-	// MaxConfigBytes bounds a model's config.json: the largest Hugging
-	// Face config in testdata/models is 4.6 KiB.
-	MaxConfigBytes = 4 << 20
-	// MaxTraceBytes bounds what one allocator or request trace may hold in
-	// all, read as a stream: the largest real trace here is 3.9 MB.
+	// MaxTraceBytes bounds what one allocator trace may hold in all, read
+	// as a stream: the largest real trace here is 3.9 MB.
 	MaxTraceBytes = 1 << 32
 	// MaxTraceLineBytes bounds a line of an allocator trace's CSV, its
 	// line ending included: nine numbers of 20 digits or less take 200.
@@ -22,20 +19,11 @@ const (
 	// snapshot): an Event is 112 bytes, so 1.9 GB at the most; the largest
 	// real trace here has 22,332.
 	MaxTraceEvents = 1 << 24
-	// MaxRequests bounds the requests of a request trace; the real traces
-	// here have at most 19,366 (an hour of Azure's chat service).
-	MaxRequests = 1 << 24
-	// MaxRequestBlocks bounds the hash ids a Mooncake trace names in all
-	// (8 bytes each); the real one names 94,112.
-	MaxRequestBlocks = 1 << 26
 )
 
-// The bounds the readers check, variables so that a test can lower them.
-var (
-	maxTraceEvents   = MaxTraceEvents
-	maxRequests      = MaxRequests
-	maxRequestBlocks = MaxRequestBlocks
-)
+// maxTraceEvents is the bound the readers check, a variable so that a test
+// can lower it.
+var maxTraceEvents = MaxTraceEvents
 
 // in starts this package's messages and reads its inputs.
 const in = input.Prefix("replay")

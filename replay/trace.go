@@ -45,22 +45,6 @@
 // expandable segment makes them (SegmentCalls). A trace that starts
 // mid-run does not show the segments made before recording, so PyTorch's
 // calls are undercounted there and the comparison is not made.
-//
-// It also reads LLM serving request traces (requests.go), Azure's CSV and
-// Mooncake's JSON lines, into Requests for a KV cache to replay, by the
-// same rules: a malformed trace is an ErrMalformed error naming its line.
-// Simulate serves such a trace with continuous batching (simulate.go),
-// holding the KV memory through a KVScheme (kvscheme.go): the paged and
-// static baselines are bookkeeping alone, with no memory behind them. The
-// model it serves (kvmodel.go) is a preset or read from a Hugging Face
-// config.json (hfconfig.go): its KV a token, its parameters for the price
-// of a step. For a scheme on the sim driver (KVCache) it also counts and
-// prices the driver calls of each of the scheme's calls, splits them into
-// the time steps wait for and the time mapping ahead hides behind a step
-// (simcost.go, SimDriver), and charges each scheme the thread CPU time of
-// its own calls. RequestTrace generates request traces from a seed
-// (requestgen.go): long shared prefixes, bursts, long outputs that squeeze
-// the budget.
 package replay
 
 import (

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-const mooncake = "../../replay/testdata/requests/mooncake_synthetic_trace.jsonl"
+const mooncake = "../../serving/testdata/requests/mooncake_synthetic_trace.jsonl"
 
 // TestRun: a small matrix (8 requests a trace, one model) prints its
 // header, one row for each trace and budget, and the totals.

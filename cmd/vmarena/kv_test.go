@@ -14,7 +14,7 @@ import (
 )
 
 // requestsDir holds the first 200 requests of each real request trace.
-const requestsDir = "../../replay/testdata/requests"
+const requestsDir = "../../serving/testdata/requests"
 
 func runKV(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -184,7 +184,7 @@ func TestKVSimulateModels(t *testing.T) {
 }
 
 // modelsDir holds config.json files of Hugging Face models.
-const modelsDir = "../../replay/testdata/models"
+const modelsDir = "../../serving/testdata/models"
 
 func TestKVFlags(t *testing.T) {
 	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")

@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // The model a serving simulation serves and the price of one of its steps:
 // the two things every KV scheme of a simulation shares, so that their

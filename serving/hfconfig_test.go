@@ -1,4 +1,4 @@
-package replay
+package serving
 
 import (
 	"encoding/json"

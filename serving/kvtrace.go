@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // What a request trace asks of a KV cache, before any scheme serves it.
 

@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // The paged baseline: vLLM's block table, as bookkeeping.
 

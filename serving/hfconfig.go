@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // A model read from a Hugging Face config.json: the KV shape, the element
 // size and an estimate of the parameters, from the fields transformers

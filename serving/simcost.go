@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // What a scheme costs an engine beyond memory: its driver calls, priced
 // and split into the time steps wait for and the time mapping ahead hides

@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // The serving simulation: continuous batching over a request trace, one KV
 // scheme at a time.

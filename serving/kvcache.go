@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // This file is the only one in the package that knows package kvcache:
 // the KV scheme the serving simulation runs this cache as, on the sim

@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // The static baseline: the maximum context reserved for every sequence.
 

@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // Request traces: the LLM serving requests a KV cache replays, as two
 // public traces record them. Both readers return the same Request, hold

@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // The contract between the serving simulation and a way of holding KV
 // memory (a KV scheme), and the request as both see it.

@@ -1,4 +1,4 @@
-package replay
+package serving
 
 // Generated request traces: serving workloads drawn from a seed, for the
 // shapes no bundled trace has — long shared prefixes, bursts, a budget
