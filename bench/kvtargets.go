@@ -55,7 +55,7 @@ func KVTargetTraces(mooncakePath string, n int, seed uint64) ([]KVTrace, error) 
 type KVTarget struct {
 	Trace, Model string
 	Budget       uint64
-	Cache, Paged serving.SimResult
+	Cache, Paged serving.Result
 	// tokenBytes is the model's KV a token.
 	tokenBytes uint64
 }
@@ -70,11 +70,11 @@ func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) 
 	if err != nil {
 		return KVTarget{}, err
 	}
-	cfg := serving.KVConfig{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: serving.DefaultBlockTokens}
+	cfg := serving.Config{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: serving.DefaultBlockTokens}
 	cfg.MaxContext = serving.FitMaxContext(tr.Requests, cfg)
-	opts := serving.SimOptions{Config: cfg, Steps: serving.A100, Prices: costs}
+	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
-	cache, err := serving.NewKVCache(cfg, serving.KVCacheOptions{Layout: kvcache.AutoLayout})
+	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {
 		return cell, err
 	}

@@ -16,7 +16,7 @@ import (
 // otherwise; Met counts each target a cell meets, by hand.
 func TestKVTargetsMet(t *testing.T) {
 	const mib = float64(units.MiB)
-	paged := serving.SimResult{Preemptions: 2, MeanInUse: 1000 * mib, MeanWaste: 10 * mib,
+	paged := serving.Result{Preemptions: 2, MeanInUse: 1000 * mib, MeanWaste: 10 * mib,
 		MeanTTFT: time.Second, OutputTokens: 100, SimTime: time.Second, CPUTime: time.Second}
 	cache := paged
 	cache.MeanSeqs = 10

@@ -61,8 +61,8 @@ type BlockTable struct {
 	// (a shared block once); logical the tokens of all running sequences;
 	// cachedFree the hashed free blocks.
 	inUse, stored, logical, cachedFree int
-	// counts holds KVStats' counts (Commits, Prefix*, Evictions).
-	counts KVStats
+	// counts holds Stats' counts (Commits, Prefix*, Evictions).
+	counts Stats
 }
 
 // none ends the free list.
@@ -90,8 +90,8 @@ const maxTableBlocks = 1<<31 - 1
 
 // NewBlockTable makes a paged scheme over cfg's budget: Budget /
 // (BlockTokens * Model.TokenBytes()) blocks, all free. cfg must pass
-// KVConfig.Check; a budget of more than 2^31-1 blocks is refused too.
-func NewBlockTable(cfg KVConfig) (*BlockTable, error) {
+// Config.Check; a budget of more than 2^31-1 blocks is refused too.
+func NewBlockTable(cfg Config) (*BlockTable, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func NewBlockTable(cfg KVConfig) (*BlockTable, error) {
 	tb := cfg.Model.TokenBytes()
 	n := cfg.Budget / (tb * uint64(cfg.BlockTokens))
 	if n > maxTableBlocks {
-		return nil, errors.Wrapf(driver.ErrInvalid, "replay: paged: a budget of %s is %d blocks of %d tokens, more than %d: give larger blocks",
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: paged: a budget of %s is %d blocks of %d tokens, more than %d: give larger blocks",
 			units.Bytes(cfg.Budget), n, cfg.BlockTokens, maxTableBlocks)
 	}
 	t := &BlockTable{
@@ -138,7 +138,7 @@ func (t *BlockTable) Blocks() int {
 // value).
 func (t *BlockTable) made(op string) error {
 	if t == nil || t.seqs == nil {
-		return errors.Wrapf(driver.ErrInvalid, "replay: paged: %s: the block table was not made by NewBlockTable", op)
+		return errors.Wrapf(driver.ErrInvalid, "serving: paged: %s: the block table was not made by NewBlockTable", op)
 	}
 	return nil
 }
@@ -216,7 +216,7 @@ func (t *BlockTable) start(op string, r *SimRequest) (int, error) {
 		return 0, err
 	}
 	if t.seqs[r.id] != nil {
-		return 0, errors.Wrapf(driver.ErrInvalid, "replay: paged: %s request %d: it is running already", op, r.id)
+		return 0, errors.Wrapf(driver.ErrInvalid, "serving: paged: %s request %d: it is running already", op, r.id)
 	}
 	hits, _ := t.match(r)
 	s := &pagedSeq{table: make([]int32, 0, t.blocksFor(r.context)), tokens: len(hits) * t.blockTokens, registered: len(hits)}
@@ -249,13 +249,13 @@ func (t *BlockTable) Append(r *SimRequest, n int) error {
 	s := t.seqs[r.id]
 	switch {
 	case s == nil:
-		return errors.Wrapf(driver.ErrInvalid, "replay: paged: append to request %d: it is not running", r.id)
+		return errors.Wrapf(driver.ErrInvalid, "serving: paged: append to request %d: it is not running", r.id)
 	case n < 0 || n > 2*MaxTokens-s.tokens:
-		return errors.Wrapf(driver.ErrInvalid, "replay: paged: append %d tokens to request %d: want 0 to %d", n, r.id, 2*MaxTokens-s.tokens)
+		return errors.Wrapf(driver.ErrInvalid, "serving: paged: append %d tokens to request %d: want 0 to %d", n, r.id, 2*MaxTokens-s.tokens)
 	}
 	need := t.blocksFor(s.tokens+n) - len(s.table)
 	if need > t.freeLen {
-		return errors.Wrapf(driver.ErrOutOfMemory, "replay: paged: append %d tokens to request %d (%d held): needs %d more blocks of %d tokens, %d of %d are free",
+		return errors.Wrapf(driver.ErrOutOfMemory, "serving: paged: append %d tokens to request %d (%d held): needs %d more blocks of %d tokens, %d of %d are free",
 			n, r.id, s.tokens, need, t.blockTokens, t.freeLen, len(t.blocks))
 	}
 	for range need {
@@ -319,7 +319,7 @@ func (t *BlockTable) release(op string, r *SimRequest) error {
 	}
 	s := t.seqs[r.id]
 	if s == nil {
-		return errors.Wrapf(driver.ErrInvalid, "replay: paged: %s request %d: it is not running", op, r.id)
+		return errors.Wrapf(driver.ErrInvalid, "serving: paged: %s request %d: it is not running", op, r.id)
 	}
 	for k := len(s.table) - 1; k >= 0; k-- {
 		b := s.table[k]
@@ -341,9 +341,9 @@ func (t *BlockTable) release(op string, r *SimRequest) error {
 }
 
 // Stats: InUse is the blocks in use, Cached the hashed free blocks.
-func (t *BlockTable) Stats() KVStats {
+func (t *BlockTable) Stats() Stats {
 	if t == nil {
-		return KVStats{}
+		return Stats{}
 	}
 	s := t.counts
 	bb := uint64(t.blockTokens) * t.tokenBytes
@@ -385,7 +385,7 @@ func (t *BlockTable) unlinkFree(b int32) {
 // checkAfter runs Check after a change, in builds with the invariants tag.
 func (t *BlockTable) checkAfter(op string) {
 	if invariants.Enabled {
-		invariants.Fail("replay: paged: "+op, t.Check())
+		invariants.Fail("serving: paged: "+op, t.Check())
 	}
 }
 
@@ -400,7 +400,7 @@ func (t *BlockTable) Check() error {
 	}
 	var errs error
 	fail := func(format string, args ...any) {
-		errs = errors.CombineErrors(errs, errors.AssertionFailedf("replay: paged: "+format, args...))
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("serving: paged: "+format, args...))
 	}
 	refs := make([]int32, len(t.blocks))
 	stored := make([]int, len(t.blocks))

@@ -16,8 +16,8 @@ import (
 // first).
 func TestBlockTableByHand(t *testing.T) {
 	const K = units.KiB
-	_, err := NewBlockTable(KVConfig{Model: tinyModel, Budget: 128 * units.KiB, MaxContext: 129, MaxSeqs: 4})
-	require.ErrorIs(t, err, driver.ErrInvalid, "KVConfig.Check refuses it")
+	_, err := NewBlockTable(Config{Model: tinyModel, Budget: 128 * units.KiB, MaxContext: 129, MaxSeqs: 4})
+	require.ErrorIs(t, err, driver.ErrInvalid, "Config.Check refuses it")
 	tbl, err := NewBlockTable(tinyConfig)
 	require.NoError(t, err)
 	require.Equal(t, 8, tbl.Blocks())
@@ -44,7 +44,7 @@ func TestBlockTableByHand(t *testing.T) {
 	a := simReq(0, 40, 10)
 	start(a, 0, false)
 	step(tbl.Append(a, 40))
-	require.Equal(t, KVStats{InUse: 48 * K, Stored: 40 * K, Logical: 40 * K, Commits: 3, PrefixQueried: 32}, tbl.Stats())
+	require.Equal(t, Stats{InUse: 48 * K, Stored: 40 * K, Logical: 40 * K, Commits: 3, PrefixQueried: 32}, tbl.Stats())
 
 	// b and c: the same 40 prompt tokens (hash id 7). b fills [3 4 5] and
 	// caches its two full blocks; c finds them (32 tokens: not the last
@@ -55,7 +55,7 @@ func TestBlockTableByHand(t *testing.T) {
 	start(c, 32, false)
 	step(tbl.Append(c, 8))
 	st := tbl.Stats()
-	require.Equal(t, KVStats{InUse: 112 * K, Stored: 88 * K, Logical: 120 * K, Commits: 7, PrefixQueried: 96, PrefixHit: 32}, st)
+	require.Equal(t, Stats{InUse: 112 * K, Stored: 88 * K, Logical: 120 * K, Commits: 7, PrefixQueried: 96, PrefixHit: 32}, st)
 	require.Equal(t, 24*K, st.Waste())
 	require.Equal(t, 32*K, st.Saved())
 
@@ -83,7 +83,7 @@ func TestBlockTableByHand(t *testing.T) {
 	recompute, err := tbl.Preempt(c)
 	step(err)
 	require.True(t, recompute)
-	require.Equal(t, KVStats{InUse: 64 * K, Stored: 49 * K, Logical: 49 * K, Cached: 48 * K, Commits: 9, PrefixQueried: 96, PrefixHit: 32}, tbl.Stats())
+	require.Equal(t, Stats{InUse: 64 * K, Stored: 49 * K, Logical: 49 * K, Cached: 48 * K, Commits: 9, PrefixQueried: 96, PrefixHit: 32}, tbl.Stats())
 	start(c, 32, true)
 	step(tbl.Append(c, 8))
 	require.Equal(t, int64(1), tbl.Stats().Evictions)
@@ -94,7 +94,7 @@ func TestBlockTableByHand(t *testing.T) {
 	// sequences see 49 + 40 + 40.
 	start(a, 32, false)
 	step(tbl.Append(a, 8))
-	require.Equal(t, KVStats{InUse: 128 * K, Stored: 97 * K, Logical: 129 * K, Commits: 11, PrefixQueried: 160, PrefixHit: 96, Evictions: 1}, tbl.Stats())
+	require.Equal(t, Stats{InUse: 128 * K, Stored: 97 * K, Logical: 129 * K, Commits: 11, PrefixQueried: 160, PrefixHit: 96, Evictions: 1}, tbl.Stats())
 	require.Equal(t, "paged: 8 blocks of 16 tokens: 8 in use (97 tokens stored), 0 free (0 cached), 3 sequences", tbl.String())
 
 	for _, r := range []*SimRequest{b, c, a} {

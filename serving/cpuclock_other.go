@@ -5,7 +5,7 @@ package serving
 import "time"
 
 // threadCPU is 0 off Linux: no thread CPU clock is read there, and
-// SimResult.CPUTime stays 0.
+// Result.CPUTime stays 0.
 func threadCPU() time.Duration { return 0 }
 
 // threadCPUMeasured says threadCPU reads no clock.

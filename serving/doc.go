@@ -2,7 +2,7 @@
 // traces (Azure's CSV and Mooncake's JSON lines, requests.go) or generates
 // them from a seed (requestgen.go), and serves them with continuous
 // batching (Simulate, simulate.go), holding the KV memory through a
-// KVScheme (kvscheme.go): vmarena's KV cache on the sim driver (KVCache),
+// Scheme (kvscheme.go): vmarena's KV cache on the sim driver (Cache),
 // and the paged and static baselines (BlockTable, StaticReservation),
 // bookkeeping alone with no memory behind them. The model it serves
 // (kvmodel.go) is a preset or read from a Hugging Face config.json
@@ -16,6 +16,6 @@
 // error (the same value as replay.ErrMalformed). For a scheme on the sim
 // driver it also counts and prices the driver calls of each of the
 // scheme's calls, splits them into the time steps wait for and the time
-// mapping ahead hides behind a step (simcost.go, SimDriver), and charges
+// mapping ahead hides behind a step (simcost.go, DriverCost), and charges
 // each scheme the thread CPU time of its own calls.
 package serving

@@ -105,16 +105,16 @@ var configDTypes = map[string]int{"bfloat16": 2, "float16": 2, "float32": 4}
 // heads that do not divide, an unknown dtype).
 func ModelFromConfig(name string, data []byte) (Model, error) {
 	if len(data) > MaxConfigBytes {
-		return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: %s: a config of %d bytes, more than %d (MaxConfigBytes)", name, len(data), MaxConfigBytes)
+		return Model{}, errors.Wrapf(driver.ErrInvalid, "serving: %s: a config of %d bytes, more than %d (MaxConfigBytes)", name, len(data), MaxConfigBytes)
 	}
 	var c hfConfig
 	if err := json.Unmarshal(data, &c); err != nil {
-		return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: %s: not a config.json: %v", name, err)
+		return Model{}, errors.Wrapf(driver.ErrInvalid, "serving: %s: not a config.json: %v", name, err)
 	}
 	if c.NumHiddenLayers == nil && len(c.TextConfig) > 0 {
 		var text hfConfig
 		if err := json.Unmarshal(c.TextConfig, &text); err != nil {
-			return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: %s: text_config: %v", name, err)
+			return Model{}, errors.Wrapf(driver.ErrInvalid, "serving: %s: text_config: %v", name, err)
 		}
 		if text.TorchDType == nil && text.DType == nil {
 			text.TorchDType, text.DType = c.TorchDType, c.DType
@@ -142,7 +142,7 @@ type configReader struct {
 // fail records the first error: the config's name, then format.
 func (r *configReader) fail(format string, args ...any) {
 	if r.err == nil {
-		r.err = errors.Wrapf(driver.ErrInvalid, "replay: %s: "+format, append([]any{r.name}, args...)...)
+		r.err = errors.Wrapf(driver.ErrInvalid, "serving: %s: "+format, append([]any{r.name}, args...)...)
 	}
 }
 
@@ -351,14 +351,14 @@ func LoadModel(arg string) (Model, error) {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		path = filepath.Join(path, "config.json")
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return Model{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "replay: model config: the directory %s has no config.json", arg),
+			return Model{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: model config: the directory %s has no config.json", arg),
 				"name a Hugging Face model directory (one holding config.json), the path of a config.json, or a preset")
 		}
 	}
 	data, err := in.ReadFile(path, "model config", MaxConfigBytes)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) && !strings.ContainsAny(arg, `/\`) && !strings.HasSuffix(arg, ".json") {
-			return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: no model preset %q, want one of %s, or the path of a Hugging Face config.json",
+			return Model{}, errors.Wrapf(driver.ErrInvalid, "serving: no model preset %q, want one of %s, or the path of a Hugging Face config.json",
 				arg, strings.Join(ModelPresets(), ", "))
 		}
 		return Model{}, err

@@ -228,13 +228,13 @@ func TestModelFromConfigRefused(t *testing.T) {
 			tc.edit(c)
 			m, err := fromMap(t, c)
 			require.ErrorIs(t, err, driver.ErrInvalid)
-			require.ErrorContains(t, err, "replay: test: "+tc.errMsg)
+			require.ErrorContains(t, err, "serving: test: "+tc.errMsg)
 			require.Equal(t, Model{}, m)
 		})
 	}
 	_, err := ModelFromConfig("test", []byte("{"))
 	require.ErrorIs(t, err, driver.ErrInvalid)
-	require.ErrorContains(t, err, "replay: test: not a config.json")
+	require.ErrorContains(t, err, "serving: test: not a config.json")
 }
 
 // TestModelFromConfigMoE counts a Mixtral-shaped mixture of experts:
@@ -261,14 +261,14 @@ func TestLoadModel(t *testing.T) {
 
 	_, err = LoadModel("gpt2")
 	require.ErrorIs(t, err, driver.ErrInvalid)
-	require.ErrorContains(t, err, `replay: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, `)
+	require.ErrorContains(t, err, `serving: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, `)
 	require.ErrorContains(t, err, "or the path of a Hugging Face config.json")
 
 	dir := t.TempDir()
 	_, err = LoadModel(filepath.Join(dir, "config.json"))
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	require.ErrorIs(t, err, os.ErrNotExist, "the file's error is kept")
-	require.ErrorContains(t, err, "replay: model config: open ")
+	require.ErrorContains(t, err, "serving: model config: open ")
 
 	_, err = LoadModel(dir) // a directory without a config.json
 	require.ErrorIs(t, err, driver.ErrInvalid)

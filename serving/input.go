@@ -42,7 +42,7 @@ var (
 var ErrMalformed = input.ErrMalformed
 
 // in starts this package's messages and reads its inputs.
-const in = input.Prefix("replay")
+const in = input.Prefix("serving")
 
 // malformed is an error marked ErrMalformed about line line of a trace.
 func malformed(line int, format string, args ...any) error {

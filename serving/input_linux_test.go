@@ -21,9 +21,9 @@ func TestNotRegularFiles(t *testing.T) {
 		read func() error
 		msg  string
 	}{
-		{"a request trace of a FIFO", func() error { _, err := ParseRequestsFile(fifo); return err }, "replay: request trace: " + fifo + " is a named pipe, not a regular file"},
-		{"a model of /dev/zero", func() error { _, err := LoadModel("/dev/zero"); return err }, "replay: model config: /dev/zero is a character device, not a regular file"},
-		{"a model of a FIFO", func() error { _, err := LoadModel(fifo); return err }, "replay: model config: " + fifo + " is a named pipe, not a regular file"},
+		{"a request trace of a FIFO", func() error { _, err := ParseRequestsFile(fifo); return err }, "serving: request trace: " + fifo + " is a named pipe, not a regular file"},
+		{"a model of /dev/zero", func() error { _, err := LoadModel("/dev/zero"); return err }, "serving: model config: /dev/zero is a character device, not a regular file"},
+		{"a model of a FIFO", func() error { _, err := LoadModel(fifo); return err }, "serving: model config: " + fifo + " is a named pipe, not a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.read()

@@ -36,7 +36,7 @@ func TestBoundedReads(t *testing.T) {
 		src := &endless{c: '{'}
 		_, err := ParseMooncake(src)
 		require.ErrorIs(t, err, ErrMalformed)
-		require.ErrorContains(t, err, "replay: line 1: longer than 1048576 bytes (MaxRequestLineBytes)")
+		require.ErrorContains(t, err, "serving: line 1: longer than 1048576 bytes (MaxRequestLineBytes)")
 		require.Less(t, src.gave, int64(MaxRequestLineBytes+128<<10))
 	})
 	t.Run("a config past MaxConfigBytes", func(t *testing.T) {
@@ -47,13 +47,13 @@ func TestBoundedReads(t *testing.T) {
 		require.ErrorContains(t, err, "is 4194305 bytes, more than the 4194304 a model config may have")
 		_, err = ModelFromConfig("big", make([]byte, MaxConfigBytes+1))
 		require.ErrorIs(t, err, driver.ErrInvalid)
-		require.ErrorContains(t, err, "replay: big: a config of 4194305 bytes, more than 4194304 (MaxConfigBytes)")
+		require.ErrorContains(t, err, "serving: big: a config of 4194305 bytes, more than 4194304 (MaxConfigBytes)")
 	})
 	t.Run("a directory without config.json", func(t *testing.T) {
 		dir := t.TempDir()
 		_, err := LoadModel(dir)
 		require.ErrorIs(t, err, driver.ErrInvalid)
-		require.ErrorContains(t, err, "replay: model config: the directory "+dir+" has no config.json")
+		require.ErrorContains(t, err, "serving: model config: the directory "+dir+" has no config.json")
 		require.NotContains(t, err.Error(), "preset")
 	})
 }
@@ -69,7 +69,7 @@ func TestTraceTotals(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ParseAzure(strings.NewReader(azure + "2023-11-16 18:15:46.6805900,374,44\n"))
 	require.ErrorIs(t, err, ErrMalformed)
-	require.ErrorContains(t, err, "replay: line 5: more than 3 requests (MaxRequests)")
+	require.ErrorContains(t, err, "serving: line 5: more than 3 requests (MaxRequests)")
 
 	line := func(ts int, ids string, n int) string {
 		return `{"timestamp": ` + string(rune('0'+ts)) + `, "input_length": ` + string(rune('0'+n)) + `00, "output_length": 1, "hash_ids": [` + ids + "]}\n"
@@ -78,6 +78,6 @@ func TestTraceTotals(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ParseMooncake(strings.NewReader(line(0, "0, 1", 6) + line(1, "0, 1", 6) + line(2, "2", 1)))
 	require.ErrorIs(t, err, ErrMalformed)
-	require.ErrorContains(t, err, "replay: line 3: more than 4 hash_ids in the trace (MaxRequestBlocks)")
+	require.ErrorContains(t, err, "serving: line 3: more than 4 hash_ids in the trace (MaxRequestBlocks)")
 	require.False(t, errors.Is(err, driver.ErrInvalid))
 }

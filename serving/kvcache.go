@@ -19,9 +19,9 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// KVCacheOptions configure NewKVCache: what the baselines have no choice
+// CacheOptions configure NewCache: what the baselines have no choice
 // of.
-type KVCacheOptions struct {
+type CacheOptions struct {
 	// Layout is the cache's layout (the zero value: kvcache.PerLayer;
 	// kvcache.AutoLayout: the one kvcache.PickLayout picks for the model
 	// and PageSize, the layout of least worst-case waste per sequence —
@@ -38,17 +38,17 @@ type KVCacheOptions struct {
 	// from 4 KiB to 1 GiB.
 	PageSize uint64
 	// ExpectOutput makes CanAdmit ask for room for an expected output as
-	// well as the prompt (see KVCache). The zero value asks for the
+	// well as the prompt (see Cache). The zero value asks for the
 	// prompt's room alone, as vLLM and the paged scheme do: more
 	// sequences start, and more are preempted when their outputs grow.
 	ExpectOutput bool
 	// NoMapAhead turns mapping ahead off: every page is committed by the
 	// call that needs it, on the step's path. The zero value maps ahead
-	// (see KVCache).
+	// (see Cache).
 	NoMapAhead bool
 }
 
-// KVCache is this library's KV cache (package kvcache) as a KV scheme: a
+// Cache is this library's KV cache (package kvcache) as a KV scheme: a
 // *kvcache.Cache on a sim driver whose one device holds the budget, and a
 // *kvcache.Seq for each request admitted and not yet finished. The cache
 // keeps every book (slots, pages, the prefix store, the budget) and hands
@@ -56,7 +56,7 @@ type KVCacheOptions struct {
 //
 // Its choices, where the simulation leaves one:
 //
-//   - Shape: the cache is built from the KVConfig the baselines are —
+//   - Shape: the cache is built from the Config the baselines are —
 //     Model's Layers, KVHeads, HeadDim and ElemBytes (a latent KV as a
 //     key and a value of half its elements each), BlockTokens (the unit
 //     of prefix hashing), MaxContext, MaxSeqs (its slots: a preempted
@@ -82,7 +82,7 @@ type KVCacheOptions struct {
 //     the driver calls of each call (DriverCalls) and, unless NoMapAhead,
 //     prices those of a decode that only commit memory as the goroutine's,
 //     made during the step before (MapAhead is BlockTokens, kvcache's
-//     default window): see SimDriver. The cache's calls are the same
+//     default window): see DriverCost. The cache's calls are the same
 //     either way, only whose path they are on differs.
 //
 // Stats, from kvcache.Stats: Stored is the bytes holding a running
@@ -103,9 +103,9 @@ type KVCacheOptions struct {
 // none for a store unit that reuses an evicted one's memory; borrowing a
 // store unit's pages is not one: it takes no memory). The prefix figures are the cache's, in tokens (whole blocks of
 // BlockTokens); Evictions counts the prefix store units evicted.
-type KVCache struct {
-	cfg  KVConfig
-	opts KVCacheOptions
+type Cache struct {
+	cfg  Config
+	opts CacheOptions
 
 	drv   *sim.Driver
 	space *vaspace.Space
@@ -157,11 +157,11 @@ func (cs *cacheSeq) markComputed() error {
 	return nil
 }
 
-// NewKVCache makes the scheme: a sim driver of one device holding
+// NewCache makes the scheme: a sim driver of one device holding
 // cfg.Budget (rounded up to the page), and a cache over it. cfg must pass
-// KVConfig.Check; options kvcache refuses (a bad layout, mode or page)
+// Config.Check; options kvcache refuses (a bad layout, mode or page)
 // are errors marked driver.ErrInvalid. Close releases it all.
-func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
+func NewCache(cfg Config, opts CacheOptions) (*Cache, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
@@ -170,14 +170,14 @@ func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
 		opts.Preempt = kvcache.Drop
 	}
 	if opts.Preempt != kvcache.Drop && opts.Preempt != kvcache.Swap {
-		return nil, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: preempt mode %s, want drop or swap", opts.Preempt)
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: preempt mode %s, want drop or swap", opts.Preempt)
 	}
 	if opts.PageSize == 0 {
 		opts.PageSize = 2 * units.MiB
 	}
 	page := opts.PageSize
 	if page&(page-1) != 0 || page < 4*units.KiB || page > units.GiB {
-		return nil, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: a page of %d bytes, want a power of two from 4 KiB to 1 GiB", page)
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: a page of %d bytes, want a power of two from 4 KiB to 1 GiB", page)
 	}
 	dt, err := elemDType(cfg.Model)
 	if err != nil {
@@ -190,9 +190,9 @@ func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
 	capacity := (cfg.Budget + page - 1) / page * page
 	drv, err := sim.New(sim.Options{Devices: 1, Capacity: capacity, Granularity: page})
 	if err != nil {
-		return nil, errors.Wrapf(err, "replay: kvcache: a sim device of %s", units.Bytes(capacity))
+		return nil, errors.Wrapf(err, "serving: kvcache: a sim device of %s", units.Bytes(capacity))
 	}
-	k := &KVCache{cfg: cfg, opts: opts, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
+	k := &Cache{cfg: cfg, opts: opts, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
 		seqs: map[int]*cacheSeq{}, promptOf: -1}
 	k.cache, err = kvcache.New(k.space, k.mem, kvcache.Config{
 		Layers: cfg.Model.Layers, KVHeads: kvHeads, HeadDim: headDim, DType: dt,
@@ -200,7 +200,7 @@ func NewKVCache(cfg KVConfig, opts KVCacheOptions) (*KVCache, error) {
 		Budget: cfg.Budget, PageSize: page, Layout: opts.Layout, MapAhead: -1,
 	})
 	if err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "replay: kvcache"), k.closeDriver())
+		return nil, errors.CombineErrors(errors.Wrapf(err, "serving: kvcache"), k.closeDriver())
 	}
 	return k, nil
 }
@@ -214,7 +214,7 @@ func cacheShape(m Model) (kvHeads, headDim int, err error) {
 		return m.KVHeads, m.HeadDim, nil
 	}
 	if m.HeadDim%2 != 0 {
-		return 0, 0, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: model %q has a latent KV of %d elements, an odd number this cache cannot keep as a key and a value of half each", m.Name, m.HeadDim)
+		return 0, 0, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: model %q has a latent KV of %d elements, an odd number this cache cannot keep as a key and a value of half each", m.Name, m.HeadDim)
 	}
 	return m.KVHeads, m.HeadDim / 2, nil
 }
@@ -232,31 +232,31 @@ func elemDType(m Model) (tensor.DType, error) {
 	case 8:
 		return tensor.Float64, nil
 	}
-	return 0, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: model %q has %d-byte elements, want 1, 2, 4 or 8", m.Name, m.ElemBytes)
+	return 0, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: model %q has %d-byte elements, want 1, 2, 4 or 8", m.Name, m.ElemBytes)
 }
 
 // Close ends every sequence and releases the cache, its address space,
 // its memory and the sim driver. Closing twice is an error marked
 // driver.ErrClosed.
-func (k *KVCache) Close() error {
+func (k *Cache) Close() error {
 	if err := k.made("close"); err != nil {
 		return err
 	}
 	if k.cache.Closed() {
-		return driver.Closed("replay: kvcache: close: closed already")
+		return driver.Closed("serving: kvcache: close: closed already")
 	}
 	err := k.cache.Close()
 	clear(k.seqs)
 	return errors.CombineErrors(err, k.closeDriver())
 }
 
-func (k *KVCache) closeDriver() error {
+func (k *Cache) closeDriver() error {
 	return errors.CombineErrors(errors.CombineErrors(k.space.Close(), k.mem.Close()), k.drv.Close())
 }
 
 // DriverCalls is every driver call the cache has made, as its sim driver
 // counts them.
-func (k *KVCache) DriverCalls() sim.Calls {
+func (k *Cache) DriverCalls() sim.Calls {
 	if k == nil || k.drv == nil {
 		return sim.Calls{}
 	}
@@ -265,7 +265,7 @@ func (k *KVCache) DriverCalls() sim.Calls {
 
 // MapAhead is the window of mapping ahead Simulate models, in tokens:
 // BlockTokens (kvcache's default), 0 with NoMapAhead.
-func (k *KVCache) MapAhead() int {
+func (k *Cache) MapAhead() int {
 	if k == nil || k.opts.NoMapAhead {
 		return 0
 	}
@@ -273,7 +273,7 @@ func (k *KVCache) MapAhead() int {
 }
 
 // Name is "this cache (LAYOUT)".
-func (k *KVCache) Name() string {
+func (k *Cache) Name() string {
 	if k == nil {
 		return "this cache"
 	}
@@ -284,31 +284,31 @@ func (k *KVCache) Name() string {
 }
 
 // String is the cache's shape in a line.
-func (k *KVCache) String() string {
+func (k *Cache) String() string {
 	if k == nil || k.cache == nil {
-		return "kvcache: not made by NewKVCache"
+		return "kvcache: not made by NewCache"
 	}
 	return k.cache.String()
 }
 
 // Reserved is the address space the cache's slots reserve: MaxSeqs slots
 // of MaxContext tokens each, committed only as tokens arrive.
-func (k *KVCache) Reserved() uint64 {
+func (k *Cache) Reserved() uint64 {
 	if k == nil || k.cache == nil {
 		return 0
 	}
 	return k.cache.SlotBytes() * uint64(k.cfg.MaxSeqs)
 }
 
-// made refuses a scheme NewKVCache did not make (nil, or the zero value).
-func (k *KVCache) made(op string) error {
+// made refuses a scheme NewCache did not make (nil, or the zero value).
+func (k *Cache) made(op string) error {
 	if k == nil || k.cache == nil {
-		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: %s: the scheme was not made by NewKVCache", op)
+		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: %s: the scheme was not made by NewCache", op)
 	}
 	return nil
 }
 
-func (k *KVCache) usable(op string, r *SimRequest) error {
+func (k *Cache) usable(op string, r *SimRequest) error {
 	if err := k.made(op); err != nil {
 		return err
 	}
@@ -317,16 +317,16 @@ func (k *KVCache) usable(op string, r *SimRequest) error {
 
 // live is r's sequence, which must be live and, unless preempted is
 // wanted, running.
-func (k *KVCache) live(op string, r *SimRequest, preempted bool) (*cacheSeq, error) {
+func (k *Cache) live(op string, r *SimRequest, preempted bool) (*cacheSeq, error) {
 	if err := k.usable(op, r); err != nil {
 		return nil, err
 	}
 	cs := k.seqs[r.id]
 	switch {
 	case cs == nil:
-		return nil, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: %s request %d: it is not admitted", op, r.id)
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: %s request %d: it is not admitted", op, r.id)
 	case cs.preempted != preempted:
-		return nil, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: %s request %d: it is %s", op, r.id,
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: %s request %d: it is %s", op, r.id,
 			map[bool]string{false: "running", true: "preempted"}[cs.preempted])
 	}
 	return cs, nil
@@ -335,7 +335,7 @@ func (k *KVCache) live(op string, r *SimRequest, preempted bool) (*cacheSeq, err
 // expectedOutput is the guess for a request that has generated generated
 // tokens: the mean output of the finished requests, rounded up, less
 // those; 0 unless the options ask for it.
-func (k *KVCache) expectedOutput(generated int) int {
+func (k *Cache) expectedOutput(generated int) int {
 	if !k.opts.ExpectOutput || k.finished == 0 {
 		return 0
 	}
@@ -344,7 +344,7 @@ func (k *KVCache) expectedOutput(generated int) int {
 }
 
 // promptTokens is r's prompt, kept for the next call about r.
-func (k *KVCache) promptTokens(r *SimRequest) []int {
+func (k *Cache) promptTokens(r *SimRequest) []int {
 	if k.promptOf != r.id {
 		k.prompt, k.spare = r.Tokens(k.spare[:0], 0, r.Prompt()), k.prompt
 		k.promptOf = r.id
@@ -353,8 +353,8 @@ func (k *KVCache) promptTokens(r *SimRequest) []int {
 }
 
 // CanAdmit asks kvcache's CanAdmit about a new request's prompt and
-// expected output, and its CanResume about a preempted one (see KVCache).
-func (k *KVCache) CanAdmit(r *SimRequest) bool {
+// expected output, and its CanResume about a preempted one (see Cache).
+func (k *Cache) CanAdmit(r *SimRequest) bool {
 	if k.usable("can admit", r) != nil {
 		return false
 	}
@@ -377,16 +377,16 @@ func (k *KVCache) CanAdmit(r *SimRequest) bool {
 
 // Admit admits r's prompt: the tokens the prefix store held of it are
 // held.
-func (k *KVCache) Admit(r *SimRequest) (int, error) {
+func (k *Cache) Admit(r *SimRequest) (int, error) {
 	if err := k.usable("admit", r); err != nil {
 		return 0, err
 	}
 	if k.seqs[r.id] != nil {
-		return 0, errors.Wrapf(driver.ErrInvalid, "replay: kvcache: admit request %d: it is admitted already", r.id)
+		return 0, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: admit request %d: it is admitted already", r.id)
 	}
 	seq, err := k.cache.Admit(k.promptTokens(r), 0)
 	if err != nil {
-		return 0, errors.Wrapf(err, "replay: kvcache: admit request %d", r.id)
+		return 0, errors.Wrapf(err, "serving: kvcache: admit request %d", r.id)
 	}
 	held := seq.Matched()
 	k.seqs[r.id] = &cacheSeq{seq: seq, next: held, marked: held}
@@ -396,20 +396,20 @@ func (k *KVCache) Admit(r *SimRequest) (int, error) {
 
 // Append appends r's tokens [next, next+n) to its sequence — those it
 // does not hold room for already.
-func (k *KVCache) Append(r *SimRequest, n int) error {
+func (k *Cache) Append(r *SimRequest, n int) error {
 	cs, err := k.live("append", r, false)
 	if err != nil {
 		return err
 	}
 	if n < 0 || n > r.context-cs.next {
-		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: append %d tokens to request %d at %d: want 0 to %d",
+		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: append %d tokens to request %d at %d: want 0 to %d",
 			n, r.id, cs.next, r.context-cs.next)
 	}
 	from, to := max(cs.next, cs.seq.Len()), cs.next+n
 	if from < to {
 		k.step = r.Tokens(k.step[:0], from, to)
 		if _, err := cs.seq.Append(k.step); err != nil {
-			return errors.Wrapf(err, "replay: kvcache: append to request %d", r.id)
+			return errors.Wrapf(err, "serving: kvcache: append to request %d", r.id)
 		}
 	}
 	cs.next = to
@@ -421,29 +421,29 @@ func (k *KVCache) Append(r *SimRequest, n int) error {
 // computed them in the step that just ended. A sequence preempted before
 // its step ended is not told, and its prefix store units of that step are
 // never shared.
-func (k *KVCache) Computed(r *SimRequest) error {
+func (k *Cache) Computed(r *SimRequest) error {
 	cs, err := k.live("mark computed", r, false)
 	if err != nil {
 		return err
 	}
 	if err := cs.markComputed(); err != nil {
-		return errors.Wrapf(err, "replay: kvcache: mark request %d computed", r.id)
+		return errors.Wrapf(err, "serving: kvcache: mark request %d computed", r.id)
 	}
 	return nil
 }
 
 // Finish frees r's sequence: its slot keeps its pages, its prompt's
 // store units stay cached. Its output counts in the expected output.
-func (k *KVCache) Finish(r *SimRequest) error {
+func (k *Cache) Finish(r *SimRequest) error {
 	if err := k.usable("finish", r); err != nil {
 		return err
 	}
 	cs := k.seqs[r.id]
 	if cs == nil {
-		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: finish request %d: it is not admitted", r.id)
+		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: finish request %d: it is not admitted", r.id)
 	}
 	if err := errors.CombineErrors(cs.markComputed(), cs.seq.Free()); err != nil {
-		return errors.Wrapf(err, "replay: kvcache: finish request %d", r.id)
+		return errors.Wrapf(err, "serving: kvcache: finish request %d", r.id)
 	}
 	delete(k.seqs, r.id)
 	k.finished++
@@ -454,13 +454,13 @@ func (k *KVCache) Finish(r *SimRequest) error {
 
 // Preempt preempts r's sequence with the scheme's mode: recompute with
 // Drop.
-func (k *KVCache) Preempt(r *SimRequest) (recompute bool, err error) {
+func (k *Cache) Preempt(r *SimRequest) (recompute bool, err error) {
 	cs, err := k.live("preempt", r, false)
 	if err != nil {
 		return false, err
 	}
 	if err := cs.seq.Preempt(k.opts.Preempt); err != nil {
-		return false, errors.Wrapf(err, "replay: kvcache: preempt request %d", r.id)
+		return false, errors.Wrapf(err, "serving: kvcache: preempt request %d", r.id)
 	}
 	cs.preempted = true
 	k.checkAfter("preempt")
@@ -470,14 +470,14 @@ func (k *KVCache) Preempt(r *SimRequest) (recompute bool, err error) {
 // Resume resumes r's sequence in its slot: after a swap it holds all its
 // tokens; after a drop, the prefix the store still held (Matched), and
 // pages for the rest, which Simulate recomputes.
-func (k *KVCache) Resume(r *SimRequest) (int, error) {
+func (k *Cache) Resume(r *SimRequest) (int, error) {
 	cs, err := k.live("resume", r, true)
 	if err != nil {
 		return 0, err
 	}
 	step, err := cs.seq.Resume()
 	if err != nil {
-		return 0, errors.Wrapf(err, "replay: kvcache: resume request %d", r.id)
+		return 0, errors.Wrapf(err, "serving: kvcache: resume request %d", r.id)
 	}
 	cs.preempted, cs.next = false, step.Pos
 	cs.marked = cs.seq.Written() // what a swap brought back, or the prefix matched again
@@ -485,16 +485,16 @@ func (k *KVCache) Resume(r *SimRequest) (int, error) {
 	return step.Pos, nil
 }
 
-// Stats maps the cache's figures (see KVCache).
-func (k *KVCache) Stats() KVStats {
+// Stats maps the cache's figures (see Cache).
+func (k *Cache) Stats() Stats {
 	if k == nil || k.cache == nil {
-		return KVStats{}
+		return Stats{}
 	}
 	st := k.cache.Stats()
 	page := k.cache.Config().PageSize
 	block := int64(k.cfg.BlockTokens)
 	cached := uint64(st.CachedPages+st.IdlePages+st.SurplusPages) * page
-	return KVStats{
+	return Stats{
 		InUse:         st.Committed - min(cached, st.Committed),
 		Stored:        st.UsedBytes,
 		Logical:       uint64(st.TokensStored) * k.cfg.Model.TokenBytes(),
@@ -509,15 +509,15 @@ func (k *KVCache) Stats() KVStats {
 // checkAfter checks the scheme's books against the cache's after a
 // change, in builds with the invariants tag (the cache checks its own
 // then).
-func (k *KVCache) checkAfter(op string) {
+func (k *Cache) checkAfter(op string) {
 	if invariants.Enabled {
-		invariants.Fail("replay: kvcache: "+op, k.checkSeqs())
+		invariants.Fail("serving: kvcache: "+op, k.checkSeqs())
 	}
 }
 
 // Check runs the cache's Check, and compares the scheme's sequences with
 // the cache's.
-func (k *KVCache) Check() error {
+func (k *Cache) Check() error {
 	if err := k.made("check"); err != nil {
 		return err
 	}
@@ -527,10 +527,10 @@ func (k *KVCache) Check() error {
 // checkSeqs reports every sequence of the scheme's that is not as the
 // cache has it: live in it, running or preempted as the scheme says, a
 // running one holding at least the tokens Simulate appended.
-func (k *KVCache) checkSeqs() error {
+func (k *Cache) checkSeqs() error {
 	var errs error
 	fail := func(format string, args ...any) {
-		errs = errors.CombineErrors(errs, errors.AssertionFailedf("replay: kvcache: "+format, args...))
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("serving: kvcache: "+format, args...))
 	}
 	running, preempted := 0, 0
 	for id, cs := range k.seqs {

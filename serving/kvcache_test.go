@@ -16,9 +16,9 @@ import (
 )
 
 // newKVCache makes the scheme and closes it when the test ends.
-func newKVCache(t *testing.T, cfg KVConfig, opts KVCacheOptions) *KVCache {
+func newKVCache(t *testing.T, cfg Config, opts CacheOptions) *Cache {
 	t.Helper()
-	k, err := NewKVCache(cfg, opts)
+	k, err := NewCache(cfg, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, k.Close()) })
 	return k
@@ -47,7 +47,7 @@ func TestKVCacheTraceSlices(t *testing.T) {
 	for _, name := range []string{"AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv", "mooncake_synthetic_trace.jsonl"} {
 		reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", name))
 		require.NoError(t, err)
-		cfg := KVConfig{Model: l3, Budget: 16 * units.GiB, MaxSeqs: 256}
+		cfg := Config{Model: l3, Budget: 16 * units.GiB, MaxSeqs: 256}
 		mooncake := len(reqs[0].Blocks) > 0
 		switch {
 		case short && mooncake:
@@ -61,14 +61,14 @@ func TestKVCacheTraceSlices(t *testing.T) {
 		}
 		cfg.MaxContext = FitMaxContext(reqs, cfg)
 		sum := SummarizeRequests(reqs)
-		opts := SimOptions{Config: cfg, CheckEvery: 97}
+		opts := Options{Config: cfg, CheckEvery: 97}
 		st, err := NewStaticReservation(cfg)
 		require.NoError(t, err)
 		static, err := Simulate(reqs, st, opts)
 		require.NoError(t, err)
 		for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer, kvcache.Contiguous} {
 			t.Run(name+"/"+layout.String(), func(t *testing.T) {
-				k := newKVCache(t, cfg, KVCacheOptions{Layout: layout})
+				k := newKVCache(t, cfg, CacheOptions{Layout: layout})
 				res, err := Simulate(reqs, k, opts)
 				require.NoError(t, err)
 				require.Equal(t, "this cache ("+layout.String()+")", res.Scheme)
@@ -102,7 +102,7 @@ func TestKVCacheTraceSlices(t *testing.T) {
 				if layout != kvcache.TokenMajor {
 					return
 				}
-				again, err := Simulate(reqs, newKVCache(t, cfg, KVCacheOptions{Layout: layout}), opts)
+				again, err := Simulate(reqs, newKVCache(t, cfg, CacheOptions{Layout: layout}), opts)
 				require.NoError(t, err)
 				again.WallTime, again.CPUTime = res.WallTime, res.CPUTime
 				require.Equal(t, res, again)
@@ -114,7 +114,7 @@ func TestKVCacheTraceSlices(t *testing.T) {
 // tinyPages is 16 pages of 16 KiB of tinyModel (1 KiB of KV a token): a
 // page holds 16 tokens, one block, in the token-major layout; in the
 // per-layer one, a page of each of its 2 regions holds 32 tokens' rows.
-var tinyPages = KVConfig{Model: tinyModel, Budget: 256 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+var tinyPages = Config{Model: tinyModel, Budget: 256 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 
 // TestKVCacheSharesPrefixByHand drives the scheme by hand: two requests
 // whose prompts are the same 40 tokens (Mooncake's hash_id 7). A's whole
@@ -126,7 +126,7 @@ var tinyPages = KVConfig{Model: tinyModel, Budget: 256 * units.KiB, MaxContext: 
 func TestKVCacheSharesPrefixByHand(t *testing.T) {
 	for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer, kvcache.Contiguous} {
 		t.Run(layout.String(), func(t *testing.T) {
-			k := newKVCache(t, tinyPages, KVCacheOptions{Layout: layout, PageSize: 16 * units.KiB})
+			k := newKVCache(t, tinyPages, CacheOptions{Layout: layout, PageSize: 16 * units.KiB})
 			a, b, early := simReq(0, 40, 10, 7), simReq(1, 40, 10, 7), simReq(2, 40, 10, 7)
 			require.True(t, k.CanAdmit(a))
 			held, err := k.Admit(a)
@@ -204,12 +204,12 @@ func TestKVCacheSharesPrefixByHand(t *testing.T) {
 // paged scheme takes blocks; nothing is evicted (idle pages go first). At
 // the end the two prompt pages are cached and B's slot keeps its two.
 func TestKVCachePreemptionByHand(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 16, Output: 20}, {Input: 16, Output: 20}}
-	opts := SimOptions{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, CheckEvery: 1}
+	opts := Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, CheckEvery: 1}
 	for _, mode := range []kvcache.PreemptMode{kvcache.Drop, kvcache.Swap} {
 		t.Run(mode.String(), func(t *testing.T) {
-			k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor, Preempt: mode, PageSize: 16 * units.KiB})
+			k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, Preempt: mode, PageSize: 16 * units.KiB})
 			res, err := Simulate(reqs, k, opts)
 			require.NoError(t, err)
 			require.Equal(t, 2, res.Finished)
@@ -226,7 +226,7 @@ func TestKVCachePreemptionByHand(t *testing.T) {
 			require.Equal(t, computed, res.ComputedTokens)
 			require.Equal(t, 64*units.KiB, res.PeakInUse)
 			require.Equal(t, 2*15*units.KiB, res.PeakWaste, "after step 2, A's and B's last pages hold a token of 16")
-			require.Equal(t, KVStats{Cached: 4 * 16 * units.KiB, Commits: 7, PrefixQueried: 48, PrefixHit: 16}, res.Stats)
+			require.Equal(t, Stats{Cached: 4 * 16 * units.KiB, Commits: 7, PrefixQueried: 48, PrefixHit: 16}, res.Stats)
 			st := k.cache.Stats()
 			require.Equal(t, [4]int{1, 1, 0, 2}, [4]int{st.Preemptions, st.Resumes, st.Evictions, st.IdlePages})
 			require.Equal(t, map[kvcache.PreemptMode]int{kvcache.Drop: 1}[mode], st.Drops)
@@ -239,26 +239,26 @@ func TestKVCachePreemptionByHand(t *testing.T) {
 // scheme refuses a second Close with driver.ErrClosed.
 func TestKVCacheBadInput(t *testing.T) {
 	for _, tc := range []struct {
-		cfg  KVConfig
-		opts KVCacheOptions
+		cfg  Config
+		opts CacheOptions
 		says string
 	}{
-		{tinyPages, KVCacheOptions{Preempt: 9}, "preempt mode PreemptMode(9), want drop or swap"},
-		{tinyPages, KVCacheOptions{PageSize: 3000}, "a page of 3000 bytes, want a power of two from 4 KiB to 1 GiB"},
-		{tinyPages, KVCacheOptions{PageSize: 2 * units.GiB}, "a page of 2147483648 bytes, want a power of two from 4 KiB to 1 GiB"},
-		{tinyPages, KVCacheOptions{Layout: 7}, "Layout 7 is none of PerLayer (0), TokenMajor (1), Contiguous (2), AutoLayout (255)"},
-		{KVConfig{}, KVCacheOptions{}, `model "": Layers 0`},
-		{KVConfig{Model: Model{Name: "odd", Layers: 1, KVHeads: 1, HeadDim: 1, ElemBytes: 3, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
-			KVCacheOptions{}, `model "odd" has 3-byte elements, want 1, 2, 4 or 8`},
-		{KVConfig{Model: Model{Name: "odd latent", Layers: 1, KVHeads: 1, HeadDim: 577, Latent: true, ElemBytes: 2, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
-			KVCacheOptions{}, `model "odd latent" has a latent KV of 577 elements, an odd number this cache cannot keep as a key and a value of half each`},
+		{tinyPages, CacheOptions{Preempt: 9}, "preempt mode PreemptMode(9), want drop or swap"},
+		{tinyPages, CacheOptions{PageSize: 3000}, "a page of 3000 bytes, want a power of two from 4 KiB to 1 GiB"},
+		{tinyPages, CacheOptions{PageSize: 2 * units.GiB}, "a page of 2147483648 bytes, want a power of two from 4 KiB to 1 GiB"},
+		{tinyPages, CacheOptions{Layout: 7}, "Layout 7 is none of PerLayer (0), TokenMajor (1), Contiguous (2), AutoLayout (255)"},
+		{Config{}, CacheOptions{}, `model "": Layers 0`},
+		{Config{Model: Model{Name: "odd", Layers: 1, KVHeads: 1, HeadDim: 1, ElemBytes: 3, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
+			CacheOptions{}, `model "odd" has 3-byte elements, want 1, 2, 4 or 8`},
+		{Config{Model: Model{Name: "odd latent", Layers: 1, KVHeads: 1, HeadDim: 577, Latent: true, ElemBytes: 2, QueryHeads: 1}, Budget: units.MiB, MaxContext: 16, MaxSeqs: 1},
+			CacheOptions{}, `model "odd latent" has a latent KV of 577 elements, an odd number this cache cannot keep as a key and a value of half each`},
 	} {
-		_, err := NewKVCache(tc.cfg, tc.opts)
+		_, err := NewCache(tc.cfg, tc.opts)
 		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
 		require.ErrorContains(t, err, tc.says)
 	}
 
-	k, err := NewKVCache(tinyPages, KVCacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+	k, err := NewCache(tinyPages, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
 	require.NoError(t, err)
 	a, b := simReq(0, 20, 5), simReq(1, 20, 5)
 	_, err = k.Admit(a)
@@ -309,10 +309,10 @@ func TestKVCacheBadInput(t *testing.T) {
 // b's prompt and 32 expected tokens, three pages, and says no. Asking
 // changes nothing.
 func TestKVCacheExpectOutput(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	for _, expect := range []bool{false, true} {
 		t.Run(fmt.Sprint("ExpectOutput=", expect), func(t *testing.T) {
-			k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, ExpectOutput: expect})
+			k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, ExpectOutput: expect})
 			a, b, c := simReq(0, 16, 32), simReq(1, 16, 32), simReq(2, 32, 8)
 			_, err := k.Admit(a)
 			require.NoError(t, err)
@@ -340,9 +340,9 @@ func TestKVCacheLatentModel(t *testing.T) {
 	reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", "AzureLLMInferenceTrace_conv.csv"))
 	require.NoError(t, err)
 	reqs = reqs[:12]
-	cfg := KVConfig{Model: m, Budget: 256 * units.MiB, MaxSeqs: 8}
+	cfg := Config{Model: m, Budget: 256 * units.MiB, MaxSeqs: 8}
 	cfg.MaxContext = FitMaxContext(reqs, cfg)
-	k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor})
+	k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor})
 	kc := k.cache.Config()
 	require.Equal(t, []int{27, 1, 288}, []int{kc.Layers, kc.KVHeads, kc.HeadDim})
 	require.Equal(t, m.TokenBytes(), uint64(2*kc.Layers*kc.KVHeads*kc.HeadDim*kc.DType.Size()))
@@ -355,7 +355,7 @@ func TestKVCacheLatentModel(t *testing.T) {
 	require.Equal(t, uint64(100*31104), k.Stats().Logical)
 	require.NoError(t, k.Finish(a))
 
-	opts := SimOptions{Config: cfg, CheckEvery: 7}
+	opts := Options{Config: cfg, CheckEvery: 7}
 	res, err := Simulate(reqs, k, opts)
 	require.NoError(t, err)
 	tbl, err := NewBlockTable(cfg)
@@ -399,9 +399,9 @@ func TestKVCacheAutoLayout(t *testing.T) {
 	}{{"qwen2.5-7b", kvcache.Contiguous}, {"llama3-8b", kvcache.TokenMajor}} {
 		m, err := ModelPreset(c.model)
 		require.NoError(t, err)
-		cfg := KVConfig{Model: m, Budget: 64 * units.MiB, MaxSeqs: 4, BlockTokens: 16, MaxContext: 256}
+		cfg := Config{Model: m, Budget: 64 * units.MiB, MaxSeqs: 4, BlockTokens: 16, MaxContext: 256}
 		require.NoError(t, cfg.Check())
-		k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.AutoLayout})
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.AutoLayout})
 		require.Equal(t, c.want, k.cache.Config().Layout, c.model)
 		require.Equal(t, "this cache ("+c.want.String()+")", k.Name())
 	}
@@ -431,14 +431,14 @@ func TestKVCacheAsksBeforeItCalls(t *testing.T) {
 	mooncake, err := ParseRequestsFile(filepath.Join("testdata", "requests", "mooncake_synthetic_trace.jsonl"))
 	require.NoError(t, err)
 	for i, reqs := range [][]Request{burst, mooncake[:n]} {
-		cfg := KVConfig{Model: l3, Budget: 2 * units.GiB, MaxSeqs: 64}
+		cfg := Config{Model: l3, Budget: 2 * units.GiB, MaxSeqs: 64}
 		cfg.MaxContext = FitMaxContext(reqs, cfg)
-		opts := SimOptions{Config: cfg, CheckEvery: 61}
+		opts := Options{Config: cfg, CheckEvery: 61}
 		bt, err := NewBlockTable(cfg)
 		require.NoError(t, err)
 		paged, err := Simulate(reqs, bt, opts)
 		require.NoError(t, err)
-		k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor})
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor})
 		res, err := Simulate(reqs, k, opts)
 		require.NoError(t, err)
 		require.Equal(t, len(reqs), res.Finished+res.Refused)

@@ -55,7 +55,7 @@ type Model struct {
 	// last SlidingWindow tokens (all of them for Mistral 7B; every other
 	// layer where a model alternates). The simulation does not model it:
 	// every scheme keeps each of a sequence's tokens in every layer, as
-	// full attention must, and KVConfig.WindowNote says so where the
+	// full attention must, and Config.WindowNote says so where the
 	// window would drop tokens.
 	SlidingWindow, WindowLayers int
 }
@@ -97,32 +97,32 @@ func (m Model) check() error {
 		v    int
 	}{{"Layers", m.Layers}, {"KVHeads", m.KVHeads}, {"HeadDim", m.HeadDim}, {"QueryHeads", m.QueryHeads}} {
 		if f.v < 1 || f.v > maxModelDim {
-			return errors.Wrapf(driver.ErrInvalid, "replay: model %q: %s %d, want 1 to %d", m.Name, f.name, f.v, maxModelDim)
+			return errors.Wrapf(driver.ErrInvalid, "serving: model %q: %s %d, want 1 to %d", m.Name, f.name, f.v, maxModelDim)
 		}
 	}
 	if m.ElemBytes < 1 || m.ElemBytes > maxModelElem {
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: ElemBytes %d, want 1 to %d", m.Name, m.ElemBytes, maxModelElem)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: ElemBytes %d, want 1 to %d", m.Name, m.ElemBytes, maxModelElem)
 	}
 	if m.Params < 0 || m.Params > maxModelParams {
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: Params %d, want 0 to %d", m.Name, m.Params, int64(maxModelParams))
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: Params %d, want 0 to %d", m.Name, m.Params, int64(maxModelParams))
 	}
 	switch {
 	case m.ActiveParams < 0 || m.ActiveParams > m.Params:
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: ActiveParams %d, want 0 (dense) to Params %d", m.Name, m.ActiveParams, m.Params)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: ActiveParams %d, want 0 (dense) to Params %d", m.Name, m.ActiveParams, m.Params)
 	case m.Experts < 0 || m.Experts > maxModelDim:
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: Experts %d, want 0 (dense) to %d", m.Name, m.Experts, maxModelDim)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: Experts %d, want 0 (dense) to %d", m.Name, m.Experts, maxModelDim)
 	case (m.Experts == 0) != (m.ExpertsPerToken == 0) || m.ExpertsPerToken < 0 || m.ExpertsPerToken > m.Experts:
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: ExpertsPerToken %d, want 1 to Experts %d (0 for a dense model)", m.Name, m.ExpertsPerToken, m.Experts)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: ExpertsPerToken %d, want 1 to Experts %d (0 for a dense model)", m.Name, m.ExpertsPerToken, m.Experts)
 	case m.Experts > 0 && m.ActiveParams == 0:
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: %d experts but no ActiveParams, want the parameters a token goes through", m.Name, m.Experts)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: %d experts but no ActiveParams, want the parameters a token goes through", m.Name, m.Experts)
 	case m.Latent && m.KVHeads != 1:
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: a latent KV has one vector a layer, KVHeads %d, want 1", m.Name, m.KVHeads)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: a latent KV has one vector a layer, KVHeads %d, want 1", m.Name, m.KVHeads)
 	case m.SlidingWindow < 0 || m.SlidingWindow > maxModelWindow:
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: SlidingWindow %d, want 0 (none) to %d tokens", m.Name, m.SlidingWindow, maxModelWindow)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: SlidingWindow %d, want 0 (none) to %d tokens", m.Name, m.SlidingWindow, maxModelWindow)
 	case m.SlidingWindow == 0 && m.WindowLayers != 0:
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: WindowLayers %d without a SlidingWindow, want 0", m.Name, m.WindowLayers)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: WindowLayers %d without a SlidingWindow, want 0", m.Name, m.WindowLayers)
 	case m.SlidingWindow > 0 && (m.WindowLayers < 1 || m.WindowLayers > m.Layers):
-		return errors.Wrapf(driver.ErrInvalid, "replay: model %q: WindowLayers %d, want 1 to Layers %d", m.Name, m.WindowLayers, m.Layers)
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: WindowLayers %d, want 1 to Layers %d", m.Name, m.WindowLayers, m.Layers)
 	}
 	return nil
 }
@@ -212,7 +212,7 @@ func ModelPresets() []string {
 func ModelPreset(name string) (Model, error) {
 	m, ok := modelPresets[name]
 	if !ok {
-		return Model{}, errors.Wrapf(driver.ErrInvalid, "replay: no model preset %q, want one of %s", name, strings.Join(ModelPresets(), ", "))
+		return Model{}, errors.Wrapf(driver.ErrInvalid, "serving: no model preset %q, want one of %s", name, strings.Join(ModelPresets(), ", "))
 	}
 	return m, nil
 }

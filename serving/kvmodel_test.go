@@ -75,7 +75,7 @@ func TestModelCheck(t *testing.T) {
 		tc.edit(&m)
 		err := m.check()
 		require.ErrorIs(t, err, driver.ErrInvalid)
-		require.ErrorContains(t, err, `replay: model "llama3-8b": `+tc.errMsg)
+		require.ErrorContains(t, err, `serving: model "llama3-8b": `+tc.errMsg)
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// KVScheme is one way of holding the KV memory of the sequences a server
+// Scheme is one way of holding the KV memory of the sequences a server
 // runs, driven by Simulate one call at a time (no scheme here is safe for
 // concurrent use, and none needs to be). A sequence's life, as Simulate
 // calls it:
@@ -27,13 +27,13 @@ import (
 // marked driver.ErrInvalid.
 //
 // The two baselines are BlockTable (vLLM's paged KV) and
-// StaticReservation; this library's cache is KVCache (package kvcache on
+// StaticReservation; this library's cache is Cache (package kvcache on
 // the sim driver with model-sized memory). All three are built from the
-// same KVConfig. KVCache's CanAdmit can ask for room for an expected
-// output too (KVCacheOptions.ExpectOutput): Simulate's requests carry the
+// same Config. Cache's CanAdmit can ask for room for an expected
+// output too (CacheOptions.ExpectOutput): Simulate's requests carry the
 // trace's output, which a server does not know, so it guesses from what
-// it has seen (see KVCache).
-type KVScheme interface {
+// it has seen (see Cache).
+type Scheme interface {
 	// Name labels the scheme's column ("paged (vLLM)").
 	Name() string
 	// CanAdmit says whether r, new or preempted, could start now: room
@@ -65,21 +65,21 @@ type KVScheme interface {
 	// Room is as for Admit.
 	Resume(r *SimRequest) (held int, err error)
 	// Stats is what the scheme holds now and has done so far.
-	Stats() KVStats
+	Stats() Stats
 	// Check walks the scheme's books and reports every inconsistency.
 	Check() error
 }
 
 // kvWriter is a scheme told when the tokens a step appended to a request
 // are computed — their keys and values written — at the step's end:
-// KVCache, whose prefix store shares only what a sequence wrote.
+// Cache, whose prefix store shares only what a sequence wrote.
 type kvWriter interface {
 	Computed(r *SimRequest) error
 }
 
-// KVStats is what a KV scheme holds at one moment (the bytes) and has done
+// Stats is what a KV scheme holds at one moment (the bytes) and has done
 // since it was made (the counts). Bytes are of KV memory.
-type KVStats struct {
+type Stats struct {
 	// InUse is the memory held for the running sequences: blocks in use
 	// (paged), reservations (static), the pages of live sequences' slots
 	// and the prefix store pages they map (this cache). It is not all the
@@ -110,27 +110,27 @@ type KVStats struct {
 }
 
 // Waste is the memory in use beyond the tokens stored in it.
-func (s KVStats) Waste() uint64 { return s.InUse - min(s.Stored, s.InUse) }
+func (s Stats) Waste() uint64 { return s.InUse - min(s.Stored, s.InUse) }
 
 // Saved is what sharing saves: the KV the sequences see less what is
 // stored.
-func (s KVStats) Saved() uint64 { return s.Logical - min(s.Stored, s.Logical) }
+func (s Stats) Saved() uint64 { return s.Logical - min(s.Stored, s.Logical) }
 
 // DefaultBlockTokens is the paged scheme's block: vLLM's default 16 tokens,
 // also the unit of its prefix hashing.
 const DefaultBlockTokens = 16
 
-// Bounds on a KVConfig, far past any model's: they keep token counts
+// Bounds on a Config, far past any model's: they keep token counts
 // within an int of any size and byte counts within 64 bits.
 const (
 	maxBlockTokens = 1 << 16
 	maxKVSeqs      = 1 << 20
 )
 
-// KVConfig is what every scheme of a simulation is built from, and the
+// Config is what every scheme of a simulation is built from, and the
 // simulation itself: the same model, budget and limits for each, so that
 // their figures compare.
-type KVConfig struct {
+type Config struct {
 	// Model is the model served.
 	Model Model
 	// Budget is the bytes of KV memory all sequences share.
@@ -147,7 +147,7 @@ type KVConfig struct {
 	BlockTokens int
 }
 
-func (c *KVConfig) defaults() {
+func (c *Config) defaults() {
 	if c.BlockTokens == 0 {
 		c.BlockTokens = DefaultBlockTokens
 	}
@@ -158,23 +158,23 @@ func (c *KVConfig) defaults() {
 // Model.check refuses, BlockTokens, MaxSeqs or MaxContext out of range, or
 // a budget that cannot hold one sequence of MaxContext tokens in whole
 // blocks (every scheme must be able to run the longest request alone).
-func (c KVConfig) Check() error {
+func (c Config) Check() error {
 	c.defaults()
 	if err := c.Model.check(); err != nil {
 		return err
 	}
 	switch {
 	case c.BlockTokens < 1 || c.BlockTokens > maxBlockTokens:
-		return errors.Wrapf(driver.ErrInvalid, "replay: block of %d tokens, want 1 to %d", c.BlockTokens, maxBlockTokens)
+		return errors.Wrapf(driver.ErrInvalid, "serving: block of %d tokens, want 1 to %d", c.BlockTokens, maxBlockTokens)
 	case c.MaxSeqs < 1 || c.MaxSeqs > maxKVSeqs:
-		return errors.Wrapf(driver.ErrInvalid, "replay: at most %d sequences, want 1 to %d", c.MaxSeqs, maxKVSeqs)
+		return errors.Wrapf(driver.ErrInvalid, "serving: at most %d sequences, want 1 to %d", c.MaxSeqs, maxKVSeqs)
 	case c.MaxContext < 1 || c.MaxContext > MaxTokens*2:
-		return errors.Wrapf(driver.ErrInvalid, "replay: max context of %d tokens, want 1 to %d", c.MaxContext, MaxTokens*2)
+		return errors.Wrapf(driver.ErrInvalid, "serving: max context of %d tokens, want 1 to %d", c.MaxContext, MaxTokens*2)
 	}
 	tb := c.Model.TokenBytes()
 	blocks := (uint64(c.MaxContext) + uint64(c.BlockTokens) - 1) / uint64(c.BlockTokens)
 	if need := blocks * uint64(c.BlockTokens) * tb; c.Budget < need {
-		return errors.Wrapf(driver.ErrInvalid, "replay: a budget of %s does not hold one sequence of %d tokens of %s (%s a token, in blocks of %d): want at least %s, or a shorter max context (at most %d tokens)",
+		return errors.Wrapf(driver.ErrInvalid, "serving: a budget of %s does not hold one sequence of %d tokens of %s (%s a token, in blocks of %d): want at least %s, or a shorter max context (at most %d tokens)",
 			units.Bytes(c.Budget), c.MaxContext, c.Model.Name, units.Bytes(tb), c.BlockTokens, units.Bytes(need), c.ContextCap())
 	}
 	return nil
@@ -186,7 +186,7 @@ func (c KVConfig) Check() error {
 // attention must. Where MaxContext is within the window that is exact (the
 // window drops nothing); past it the note says that the figures are full
 // attention's, more KV than the model needs for the longer sequences.
-func (c KVConfig) WindowNote() string {
+func (c Config) WindowNote() string {
 	m := c.Model
 	if m.SlidingWindow == 0 {
 		return ""
@@ -206,7 +206,7 @@ func (c KVConfig) WindowNote() string {
 
 // ContextCap is the longest context the budget holds for one sequence in
 // whole blocks: the most MaxContext may be.
-func (c KVConfig) ContextCap() int {
+func (c Config) ContextCap() int {
 	c.defaults()
 	tb := c.Model.TokenBytes()
 	if tb == 0 || c.BlockTokens < 1 {
@@ -219,7 +219,7 @@ func (c KVConfig) ContextCap() int {
 // FitMaxContext is the MaxContext that refuses no request of reqs if the
 // budget allows: the longest prompt plus output, rounded up to a whole
 // block, at most ContextCap. At least one block.
-func FitMaxContext(reqs []Request, c KVConfig) int {
+func FitMaxContext(reqs []Request, c Config) int {
 	c.defaults()
 	longest := 1
 	for _, r := range reqs {
@@ -329,7 +329,7 @@ func mix64(x uint64) uint64 {
 // checkRequest refuses a nil request, for a scheme's method op.
 func checkRequest(scheme, op string, r *SimRequest) error {
 	if r == nil {
-		return errors.Wrapf(driver.ErrInvalid, "replay: %s: %s: the request is nil", scheme, op)
+		return errors.Wrapf(driver.ErrInvalid, "serving: %s: %s: the request is nil", scheme, op)
 	}
 	return nil
 }

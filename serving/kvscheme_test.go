@@ -11,7 +11,7 @@ import (
 
 // tinyConfig is 8 blocks of 16 tokens of tinyModel (16 KiB each), or two
 // reservations of 64 tokens.
-var tinyConfig = KVConfig{Model: tinyModel, Budget: 128 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+var tinyConfig = Config{Model: tinyModel, Budget: 128 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 
 // simReq is request id of a trace, not yet served.
 func simReq(id, input, output int, blocks ...int64) *SimRequest {
@@ -56,17 +56,17 @@ func TestKVConfig(t *testing.T) {
 	require.NoError(t, cfg.Check())
 
 	for _, tc := range []struct {
-		change func(c *KVConfig)
+		change func(c *Config)
 		says   string
 	}{
-		{func(c *KVConfig) { c.MaxContext = 129 }, "a budget of 128 KiB does not hold one sequence of 129 tokens of tiny (1 KiB a token, in blocks of 16): want at least 144 KiB, or a shorter max context (at most 128 tokens)"},
-		{func(c *KVConfig) { c.MaxContext = 0 }, "max context of 0 tokens, want 1 to"},
-		{func(c *KVConfig) { c.MaxSeqs = 0 }, "at most 0 sequences, want 1 to"},
-		{func(c *KVConfig) { c.BlockTokens = -1 }, "block of -1 tokens"},
-		{func(c *KVConfig) { c.Model.HeadDim = 0 }, `model "tiny": HeadDim 0, want 1 to 65536`},
-		{func(c *KVConfig) { c.Model.ElemBytes = 16 }, `model "tiny": ElemBytes 16, want 1 to 8`},
-		{func(c *KVConfig) { c.Model.Params = -1 }, `model "tiny": Params -1`},
-		{func(c *KVConfig) { c.Model = Model{} }, `model "": Layers 0`},
+		{func(c *Config) { c.MaxContext = 129 }, "a budget of 128 KiB does not hold one sequence of 129 tokens of tiny (1 KiB a token, in blocks of 16): want at least 144 KiB, or a shorter max context (at most 128 tokens)"},
+		{func(c *Config) { c.MaxContext = 0 }, "max context of 0 tokens, want 1 to"},
+		{func(c *Config) { c.MaxSeqs = 0 }, "at most 0 sequences, want 1 to"},
+		{func(c *Config) { c.BlockTokens = -1 }, "block of -1 tokens"},
+		{func(c *Config) { c.Model.HeadDim = 0 }, `model "tiny": HeadDim 0, want 1 to 65536`},
+		{func(c *Config) { c.Model.ElemBytes = 16 }, `model "tiny": ElemBytes 16, want 1 to 8`},
+		{func(c *Config) { c.Model.Params = -1 }, `model "tiny": Params -1`},
+		{func(c *Config) { c.Model = Model{} }, `model "": Layers 0`},
 	} {
 		c := tinyConfig
 		tc.change(&c)
@@ -93,14 +93,14 @@ func TestKVConfig(t *testing.T) {
 func TestWindowNote(t *testing.T) {
 	l3, err := ModelPreset("llama3-8b")
 	require.NoError(t, err)
-	require.Empty(t, KVConfig{Model: l3, MaxContext: 1 << 20}.WindowNote())
+	require.Empty(t, Config{Model: l3, MaxContext: 1 << 20}.WindowNote())
 	mistral, err := ModelPreset("mistral-7b")
 	require.NoError(t, err)
 	require.Equal(t, "sliding window: all 32 layers of mistral-7b attend to the last 4096 tokens, no fewer than the max context of 4096, so the window drops no token and the figures are exact",
-		KVConfig{Model: mistral, MaxContext: 4096}.WindowNote())
+		Config{Model: mistral, MaxContext: 4096}.WindowNote())
 	require.Equal(t, "sliding window not modelled: all 32 layers of mistral-7b attend to the last 4096 tokens only, but every scheme keeps each token of a sequence in every layer; "+
 		"for sequences longer than 4096 tokens (the max context is 8192) the figures are full attention's, more KV than the model needs",
-		KVConfig{Model: mistral, MaxContext: 8192}.WindowNote())
+		Config{Model: mistral, MaxContext: 8192}.WindowNote())
 	mistral.WindowLayers = 16
-	require.Contains(t, KVConfig{Model: mistral, MaxContext: 8192}.WindowNote(), "not modelled: 16 of 32 layers of mistral-7b")
+	require.Contains(t, Config{Model: mistral, MaxContext: 8192}.WindowNote(), "not modelled: 16 of 32 layers of mistral-7b")
 }

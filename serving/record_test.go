@@ -16,10 +16,10 @@ import (
 // ends at the simulated time with nothing running; unrecorded, the result
 // is the same but for the timeline.
 func TestSimulateRecord(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 16, Output: 20}, {Input: 16, Output: 20}}
-	opts := SimOptions{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs}
-	run := func(record bool) SimResult {
+	opts := Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs}
+	run := func(record bool) Result {
 		tbl, err := NewBlockTable(cfg)
 		require.NoError(t, err)
 		opts.Record = record
@@ -49,12 +49,12 @@ func TestSimulateRecord(t *testing.T) {
 // simulation with an error (ErrInvalid) that says so, instead of unwinding
 // through it.
 func TestPanickingProgressHook(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 16, Output: 20}, {Input: 16, Output: 20}}
 	tbl, err := NewBlockTable(cfg)
 	require.NoError(t, err)
-	_, err = Simulate(reqs, tbl, SimOptions{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs,
-		Progress: func(SimProgress) { panic("bang") }})
+	_, err = Simulate(reqs, tbl, Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs,
+		Progress: func(Progress) { panic("bang") }})
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	require.ErrorContains(t, err, "the Progress hook panicked: bang")
 }

@@ -70,7 +70,7 @@ var shapeRates = map[string]float64{"shared-prefix": 2, "bursts": 2, "squeeze": 
 // requests or a rate out of range.
 func (g RequestTrace) Check() error {
 	invalid := func(format string, args ...any) error {
-		return errors.Wrapf(driver.ErrInvalid, "replay: generated requests: "+format, args...)
+		return errors.Wrapf(driver.ErrInvalid, "serving: generated requests: "+format, args...)
 	}
 	switch {
 	case !slices.Contains(RequestShapes, g.Shape):

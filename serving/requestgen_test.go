@@ -88,7 +88,7 @@ func TestRequestTraceRefuses(t *testing.T) {
 	} {
 		reqs, err := tc.g.Generate()
 		require.ErrorIs(t, err, driver.ErrInvalid, "%+v", tc.g)
-		require.ErrorContains(t, err, "replay: generated requests: "+tc.says)
+		require.ErrorContains(t, err, "serving: generated requests: "+tc.says)
 		require.Nil(t, reqs)
 		require.ErrorIs(t, tc.g.Check(), driver.ErrInvalid)
 	}

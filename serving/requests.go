@@ -93,7 +93,7 @@ const azureTimeLayout = "2006-01-02 15:04:05"
 // error marked ErrMalformed that names its line; the header is line 1.
 func ParseAzure(r io.Reader) ([]Request, error) {
 	if isnil.Is(r) {
-		return nil, errors.Wrap(driver.ErrInvalid, "replay: parse azure trace: the reader is nil")
+		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse azure trace: the reader is nil")
 	}
 	lines := newLineScanner(r)
 	if !lines.scan() {
@@ -217,7 +217,7 @@ func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 // error marked ErrMalformed that names its line, the first being line 1.
 func ParseMooncake(r io.Reader) ([]Request, error) {
 	if isnil.Is(r) {
-		return nil, errors.Wrap(driver.ErrInvalid, "replay: parse mooncake trace: the reader is nil")
+		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse mooncake trace: the reader is nil")
 	}
 	lines := newLineScanner(r)
 	var (
@@ -478,7 +478,7 @@ func ParseRequestsFile(name string) ([]Request, error) {
 	case ".jsonl":
 		parse = ParseMooncake
 	default:
-		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "replay: %s: no request trace format for extension %q", name, ext),
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: %s: no request trace format for extension %q", name, ext),
 			"name an Azure trace .csv or a Mooncake trace .jsonl")
 	}
 	f, err := in.Open(name, "request trace")
@@ -546,7 +546,7 @@ func (s *lineScanner) scan() bool {
 		case errors.Is(err, ErrMalformed): // a bound of boundedReader
 			s.err = err
 		case err != nil:
-			s.err = errors.Wrap(err, "replay: read")
+			s.err = errors.Wrap(err, "serving: read")
 		}
 		return false
 	}

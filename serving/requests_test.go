@@ -58,7 +58,7 @@ func TestParseAzure(t *testing.T) {
 // project marks), names line, and says what is wrong.
 func requireMalformed(t *testing.T, err error, line int, says string) {
 	t.Helper()
-	drivertest.RequireIs(t, err, ErrMalformed, fmt.Sprintf("replay: line %d: ", line), says)
+	drivertest.RequireIs(t, err, ErrMalformed, fmt.Sprintf("serving: line %d: ", line), says)
 }
 
 func TestParseAzureMalformed(t *testing.T) {
@@ -260,10 +260,10 @@ func (f failingReader) Read(p []byte) (int, error) {
 // malformed trace.
 func TestParseRequestsReadError(t *testing.T) {
 	_, err := ParseAzure(failingReader{strings.NewReader(azureHead)})
-	require.ErrorContains(t, err, "replay: read: disk on fire")
+	require.ErrorContains(t, err, "serving: read: disk on fire")
 	require.False(t, errors.Is(err, ErrMalformed))
 	_, err = ParseMooncake(failingReader{strings.NewReader("")})
-	require.ErrorContains(t, err, "replay: read: disk on fire")
+	require.ErrorContains(t, err, "serving: read: disk on fire")
 	require.False(t, errors.Is(err, ErrMalformed))
 }
 
@@ -398,7 +398,7 @@ func TestRequestsRoundTrip(t *testing.T) {
 	}
 }
 
-var lineOfError = regexp.MustCompile(`^replay: line ([0-9]+): `)
+var lineOfError = regexp.MustCompile(`^serving: line ([0-9]+): `)
 
 // fuzzRequests is the body of both fuzz targets: the reader never panics;
 // it fails with ErrMalformed naming a line of the input, or returns

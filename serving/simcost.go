@@ -12,7 +12,7 @@ import (
 )
 
 // driverCounted is a scheme whose memory a sim driver holds, which counts
-// its calls (KVCache). The baselines are not: they allocate their pool
+// its calls (Cache). The baselines are not: they allocate their pool
 // once, before serving, and make no driver call while they serve.
 type driverCounted interface {
 	// DriverCalls is every driver call the scheme has made so far.
@@ -22,8 +22,8 @@ type driverCounted interface {
 	MapAhead() int
 }
 
-// SimDriver is what a scheme's driver calls cost over a simulation,
-// priced by SimOptions.Prices. Every call is on the path of one step or
+// DriverCost is what a scheme's driver calls cost over a simulation,
+// priced by Options.Prices. Every call is on the path of one step or
 // another:
 //
 //   - background: an Append of a sequence that ran in the step before, of
@@ -41,7 +41,7 @@ type driverCounted interface {
 // Exposed is what steps waited for: it is added to the simulated clock
 // (each step takes its GPU time plus it), so TTFT and throughput pay for
 // it. Time = Background + the foreground's, and Exposed <= Time.
-type SimDriver struct {
+type DriverCost struct {
 	// Counted says the scheme's calls were counted (a scheme on the sim
 	// driver); false for the baselines, whose fields are all 0.
 	Counted bool
@@ -62,7 +62,7 @@ type SimDriver struct {
 }
 
 // ExposedShare is the exposed driver time over the steps' GPU time.
-func (r SimResult) ExposedShare() float64 {
+func (r Result) ExposedShare() float64 {
 	if r.GPUTime <= 0 {
 		return 0
 	}
@@ -72,7 +72,7 @@ func (r SimResult) ExposedShare() float64 {
 // AdmissionShare is the admissions' driver time over their prefill time
 // (PrefillTime): what an admission pays the driver for each second of
 // computing its prompt.
-func (r SimResult) AdmissionShare() float64 {
+func (r Result) AdmissionShare() float64 {
 	if r.PrefillTime <= 0 {
 		return 0
 	}
@@ -80,7 +80,7 @@ func (r SimResult) AdmissionShare() float64 {
 }
 
 // AdmissionDriverTime is the mean driver time of an admission.
-func (r SimResult) AdmissionDriverTime() time.Duration {
+func (r Result) AdmissionDriverTime() time.Duration {
 	if r.Admissions == 0 {
 		return 0
 	}
@@ -158,7 +158,7 @@ func (s *simulation) background(c sim.Calls) {
 }
 
 // appended accounts an Append of n tokens to r: background when mapping
-// ahead covers it (see SimDriver), foreground else. fresh says r was
+// ahead covers it (see DriverCost), foreground else. fresh says r was
 // admitted in this step; prefill that the tokens are a prompt chunk or a
 // recompute, not a decode.
 func (s *simulation) appended(c sim.Calls, n int, fresh, prefill, ok bool) {

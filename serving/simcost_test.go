@@ -19,7 +19,7 @@ import (
 // priced time is the calls times the prices, steps waited for at most
 // all of it, the background is a part of it, and the clock is the steps'
 // GPU time, the idle gaps and at most the exposed time.
-func checkDriver(t *testing.T, res SimResult, costs sim.CallCosts) {
+func checkDriver(t *testing.T, res Result, costs sim.CallCosts) {
 	t.Helper()
 	d := res.Driver
 	require.Equal(t, d.Calls.Time(costs), d.Time, "priced time = calls x prices")
@@ -29,7 +29,7 @@ func checkDriver(t *testing.T, res SimResult, costs sim.CallCosts) {
 	require.GreaterOrEqual(t, res.SimTime, res.GPUTime)
 	require.GreaterOrEqual(t, res.CPUTime, time.Duration(0))
 	if !d.Counted {
-		require.Equal(t, SimDriver{}, d, "a baseline makes no driver call while it serves")
+		require.Equal(t, DriverCost{}, d, "a baseline makes no driver call while it serves")
 	}
 	if d.MapAhead == 0 {
 		require.Zero(t, d.Background)
@@ -45,12 +45,12 @@ func checkDriver(t *testing.T, res SimResult, costs sim.CallCosts) {
 // when it costs more. Without mapping
 // ahead the step waits for it whole. The calls are the same every time.
 func TestSimulateDriverByHand(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 16, Output: 20}}
 	page := sim.Calls{Create: 1, Map: 1, SetAccess: 1}
-	run := func(costs sim.CallCosts, noAhead bool) SimResult {
-		k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, NoMapAhead: noAhead})
-		res, err := Simulate(reqs, k, SimOptions{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, Prices: costs, CheckEvery: 1})
+	run := func(costs sim.CallCosts, noAhead bool) Result {
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, NoMapAhead: noAhead})
+		res, err := Simulate(reqs, k, Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, Prices: costs, CheckEvery: 1})
 		require.NoError(t, err)
 		checkDriver(t, res, costs)
 		require.True(t, res.Driver.Counted)
@@ -108,12 +108,12 @@ func TestSimulateDriverTraceSlices(t *testing.T) {
 		n, seqs = 8, 32
 	}
 	reqs = reqs[:min(len(reqs), n)]
-	cfg := KVConfig{Model: mustPreset(t, "llama3-8b"), Budget: 16 * units.GiB, MaxSeqs: seqs}
+	cfg := Config{Model: mustPreset(t, "llama3-8b"), Budget: 16 * units.GiB, MaxSeqs: seqs}
 	cfg.MaxContext = FitMaxContext(reqs, cfg)
-	opts := SimOptions{Config: cfg, Prices: sim.A100}
-	var with, without SimResult
+	opts := Options{Config: cfg, Prices: sim.A100}
+	var with, without Result
 	for _, noAhead := range []bool{false, true} {
-		k := newKVCache(t, cfg, KVCacheOptions{Layout: kvcache.TokenMajor, NoMapAhead: noAhead})
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, NoMapAhead: noAhead})
 		res, err := Simulate(reqs, k, opts)
 		require.NoError(t, err)
 		checkDriver(t, res, sim.A100)
@@ -131,7 +131,7 @@ func TestSimulateDriverTraceSlices(t *testing.T) {
 	require.NoError(t, err)
 	st, err := NewStaticReservation(cfg)
 	require.NoError(t, err)
-	for _, sc := range []KVScheme{tbl, st} {
+	for _, sc := range []Scheme{tbl, st} {
 		res, err := Simulate(reqs, sc, opts)
 		require.NoError(t, err)
 		checkDriver(t, res, sim.A100)
@@ -142,13 +142,13 @@ func TestSimulateDriverTraceSlices(t *testing.T) {
 // TestSimulateBadPrices: a negative driver price is refused before
 // anything runs.
 func TestSimulateBadPrices(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	tbl, err := NewBlockTable(cfg)
 	require.NoError(t, err)
-	_, err = Simulate([]Request{{Input: 16, Output: 1}}, tbl, SimOptions{Config: cfg, Prices: sim.CallCosts{Name: "odd", Unmap: -1}})
+	_, err = Simulate([]Request{{Input: 16, Output: 1}}, tbl, Options{Config: cfg, Prices: sim.CallCosts{Name: "odd", Unmap: -1}})
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	require.ErrorContains(t, err, `driver call prices "odd": a negative price`)
-	require.Equal(t, KVStats{}, tbl.Stats(), "nothing ran")
+	require.Equal(t, Stats{}, tbl.Stats(), "nothing ran")
 }
 
 func mustPreset(t *testing.T, name string) Model {

@@ -19,40 +19,40 @@ import (
 // V1's max_num_batched_tokens for its OpenAI server on a large GPU.
 const DefaultMaxBatchedTokens = 8192
 
-// maxBatchedTokens bounds SimOptions.MaxBatchedTokens.
+// maxBatchedTokens bounds Options.MaxBatchedTokens.
 const maxBatchedTokens = 1 << 24
 
-// SimOptions configure Simulate.
-type SimOptions struct {
+// Options configure Simulate.
+type Options struct {
 	// Config is the model, budget and limits the scheme was built from.
-	Config KVConfig
+	Config Config
 	// MaxBatchedTokens is the most tokens a step computes, prompt chunks
 	// and decodes together (0: DefaultMaxBatchedTokens).
 	MaxBatchedTokens int
 	// Steps prices the steps (the zero value: A100).
 	Steps StepModel
 	// Prices prices the driver calls of a scheme on the sim driver
-	// (SimResult.Driver); the zero value makes every call free (counted
+	// (Result.Driver); the zero value makes every call free (counted
 	// all the same). vmarena kv simulate prices by sim.A100, or sim.H100.
 	Prices sim.CallCosts
 	// Progress, if set, is called every ProgressSteps steps and once at the
 	// end, on Simulate's goroutine. A panic in it ends the simulation with
 	// an error (driver.ErrInvalid).
-	Progress func(SimProgress)
+	Progress func(Progress)
 	// CheckEvery runs the scheme's Check every CheckEvery steps and at the
 	// end; 0 never does.
 	CheckEvery int
 	// Record keeps, for reports, what the scheme held at each step
-	// (SimResult.Timeline).
+	// (Result.Timeline).
 	Record bool
 }
 
 // ProgressSteps is how many steps pass between calls of
-// SimOptions.Progress.
+// Options.Progress.
 const ProgressSteps = 1 << 12
 
-// SimProgress is how far a simulation has got.
-type SimProgress struct {
+// Progress is how far a simulation has got.
+type Progress struct {
 	Scheme string
 	// Done counts the requests finished or refused, of Total.
 	Done, Total int
@@ -64,11 +64,11 @@ type SimProgress struct {
 	Steps int
 }
 
-// SimResult is what a simulation measured of one scheme. Means are over
+// Result is what a simulation measured of one scheme. Means are over
 // simulated time, from the first arrival to the end of the last step
 // (idle gaps between requests included, as the scheme holds them), peaks
 // are the largest value any step saw.
-type SimResult struct {
+type Result struct {
 	// Scheme is the scheme's Name.
 	Scheme string
 	// Requests is the trace's requests: Finished ran to their last output
@@ -84,7 +84,7 @@ type SimResult struct {
 	// PeakSeqs and MeanSeqs are the sequences running (holding KV) at once.
 	PeakSeqs int
 	MeanSeqs float64
-	// The scheme's KVStats over time: the memory in use by running
+	// The scheme's Stats over time: the memory in use by running
 	// sequences, its waste (InUse - Stored), what sharing saved (Logical -
 	// Stored) and the memory kept for reuse (Cached), in bytes.
 	PeakInUse, PeakWaste, PeakSaved, PeakCached uint64
@@ -99,13 +99,13 @@ type SimResult struct {
 	// OutputTokens counts the output tokens produced.
 	OutputTokens int64
 	// Stats is the scheme's at the end.
-	Stats KVStats
+	Stats Stats
 	// GPUTime is the steps' time as Steps prices them; SimTime is that,
 	// the idle gaps and the driver time the steps waited for
 	// (Driver.Exposed).
 	GPUTime time.Duration
-	// Driver is what the scheme's driver calls cost (see SimDriver).
-	Driver SimDriver
+	// Driver is what the scheme's driver calls cost (see DriverCost).
+	Driver DriverCost
 	// CPUTime is the thread CPU time of the scheme's own calls (CanAdmit,
 	// Admit, Resume, Append, Computed, Preempt, Finish; not Stats or Check,
 	// which only the simulation asks for): its books' cost to an engine's
@@ -124,13 +124,13 @@ type SimResult struct {
 	// prices it: what Driver.Admission compares with.
 	PrefillTime time.Duration
 	// Timeline is what the scheme held over the simulation
-	// (SimOptions.Record only; nil otherwise).
-	Timeline *SimTimeline
+	// (Options.Record only; nil otherwise).
+	Timeline *Timeline
 }
 
 // WasteFraction is the time-averaged waste over the time-averaged
 // memory in use: the share of the KV memory in use holding no token.
-func (r SimResult) WasteFraction() float64 {
+func (r Result) WasteFraction() float64 {
 	if r.MeanInUse == 0 {
 		return 0
 	}
@@ -138,7 +138,7 @@ func (r SimResult) WasteFraction() float64 {
 }
 
 // CommitsPerSecond is the scheme's commits over simulated time.
-func (r SimResult) CommitsPerSecond() float64 {
+func (r Result) CommitsPerSecond() float64 {
 	if r.SimTime <= 0 {
 		return 0
 	}
@@ -147,7 +147,7 @@ func (r SimResult) CommitsPerSecond() float64 {
 
 // PrefixHitFraction is the share of the tokens looked up in the prefix
 // cache that were found.
-func (r SimResult) PrefixHitFraction() float64 {
+func (r Result) PrefixHitFraction() float64 {
 	if r.Stats.PrefixQueried == 0 {
 		return 0
 	}
@@ -155,14 +155,14 @@ func (r SimResult) PrefixHitFraction() float64 {
 }
 
 // OutputPerSecond is output tokens over simulated time.
-func (r SimResult) OutputPerSecond() float64 {
+func (r Result) OutputPerSecond() float64 {
 	if r.SimTime <= 0 {
 		return 0
 	}
 	return float64(r.OutputTokens) / r.SimTime.Seconds()
 }
 
-func (o *SimOptions) defaults() {
+func (o *Options) defaults() {
 	o.Config.defaults()
 	if o.MaxBatchedTokens == 0 {
 		o.MaxBatchedTokens = DefaultMaxBatchedTokens
@@ -173,9 +173,9 @@ func (o *SimOptions) defaults() {
 }
 
 // Check refuses options no simulation can run with, with driver.ErrInvalid:
-// a Config that KVConfig.Check refuses, MaxBatchedTokens out of range, a
+// a Config that Config.Check refuses, MaxBatchedTokens out of range, a
 // negative price (of a step or of a driver call) or CheckEvery.
-func (o SimOptions) Check() error {
+func (o Options) Check() error {
 	o.defaults()
 	if err := o.Config.Check(); err != nil {
 		return err
@@ -183,14 +183,14 @@ func (o SimOptions) Check() error {
 	s := o.Steps
 	switch {
 	case o.MaxBatchedTokens < 1 || o.MaxBatchedTokens > maxBatchedTokens:
-		return errors.Wrapf(driver.ErrInvalid, "replay: %d tokens a step, want 1 to %d", o.MaxBatchedTokens, maxBatchedTokens)
+		return errors.Wrapf(driver.ErrInvalid, "serving: %d tokens a step, want 1 to %d", o.MaxBatchedTokens, maxBatchedTokens)
 	case !(s.PeakFLOPS >= 0) || !(s.Bandwidth >= 0) || s.StepOverhead < 0 || s.SeqOverhead < 0:
-		return errors.Wrapf(driver.ErrInvalid, "replay: step model %q: a negative or NaN price", s.Name)
+		return errors.Wrapf(driver.ErrInvalid, "serving: step model %q: a negative or NaN price", s.Name)
 	case o.Prices.Reserve < 0 || o.Prices.Unreserve < 0 || o.Prices.Create < 0 || o.Prices.Release < 0 ||
 		o.Prices.Map < 0 || o.Prices.Unmap < 0 || o.Prices.SetAccess < 0:
-		return errors.Wrapf(driver.ErrInvalid, "replay: driver call prices %q: a negative price", o.Prices.Name)
+		return errors.Wrapf(driver.ErrInvalid, "serving: driver call prices %q: a negative price", o.Prices.Name)
 	case o.CheckEvery < 0:
-		return errors.Wrapf(driver.ErrInvalid, "replay: check every %d steps, want 0 (never) or more", o.CheckEvery)
+		return errors.Wrapf(driver.ErrInvalid, "serving: check every %d steps, want 0 (never) or more", o.CheckEvery)
 	}
 	return nil
 }
@@ -216,7 +216,7 @@ func (o SimOptions) Check() error {
 //     first chunk fits; asking room for the whole context, as V0 did and
 //     kvcache's CanAdmit does, admits no sequence that its own prompt
 //     would have to preempt.)
-//  3. the step waits for the driver time it is exposed to (SimDriver:
+//  3. the step waits for the driver time it is exposed to (DriverCost:
 //     none for a baseline, nor with free Prices), then takes the time
 //     opts.Steps prices it at; then each sequence
 //     whose context is all computed produces a token (its first ends its
@@ -230,33 +230,33 @@ func (o SimOptions) Check() error {
 //
 // An error from the scheme other than driver.ErrOutOfMemory from Append,
 // Admit or Resume ends the simulation and is returned, as is a request the scheme will not
-// admit with nothing running (it could never run; KVConfig.Check keeps
+// admit with nothing running (it could never run; Config.Check keeps
 // the baselines from that). A nil scheme is an error marked
-// driver.ErrInvalid, as are options SimOptions.Check refuses; so is a
+// driver.ErrInvalid, as are options Options.Check refuses; so is a
 // scheme whose Check fails before it starts (a zero value).
-func Simulate(reqs []Request, scheme KVScheme, opts SimOptions) (SimResult, error) {
+func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	if isnil.Is(scheme) {
-		return SimResult{}, errors.Wrap(driver.ErrInvalid, "replay: simulate: the scheme is nil")
+		return Result{}, errors.Wrap(driver.ErrInvalid, "serving: simulate: the scheme is nil")
 	}
 	if err := opts.Check(); err != nil {
-		return SimResult{}, err
+		return Result{}, err
 	}
 	if err := scheme.Check(); err != nil {
-		return SimResult{}, errors.Wrapf(err, "replay: simulate %s: the scheme's books are wrong before it starts", scheme.Name())
+		return Result{}, errors.Wrapf(err, "serving: simulate %s: the scheme's books are wrong before it starts", scheme.Name())
 	}
 	opts.defaults()
 	s := &simulation{
 		opts:   opts,
 		scheme: scheme,
 		all:    make([]SimRequest, len(reqs)),
-		res:    SimResult{Scheme: scheme.Name(), Requests: len(reqs)},
+		res:    Result{Scheme: scheme.Name(), Requests: len(reqs)},
 	}
 	for i, r := range reqs {
 		s.all[i] = SimRequest{id: i, req: r, context: r.Input}
 	}
 	if d, ok := scheme.(driverCounted); ok {
 		s.drv = d
-		s.res.Driver = SimDriver{Counted: true, Prices: opts.Prices.Name, MapAhead: max(d.MapAhead(), 0)}
+		s.res.Driver = DriverCost{Counted: true, Prices: opts.Prices.Name, MapAhead: max(d.MapAhead(), 0)}
 	}
 	// The thread clock charges the scheme's calls: they all run on this
 	// thread.
@@ -264,24 +264,24 @@ func Simulate(reqs []Request, scheme KVScheme, opts SimOptions) (SimResult, erro
 	defer runtime.UnlockOSThread()
 	s.clockCost = clockCost()
 	if opts.Record {
-		s.rec = newSimRecorder()
+		s.rec = newRecorder()
 	}
 	start := time.Now()
 	err := s.run()
 	s.res.WallTime = time.Since(start)
 	if err != nil {
-		return s.res, errors.Wrapf(err, "replay: simulate %s at %v (step %d)", s.res.Scheme, s.now, s.res.Steps)
+		return s.res, errors.Wrapf(err, "serving: simulate %s at %v (step %d)", s.res.Scheme, s.now, s.res.Steps)
 	}
 	if err := s.finish(); err != nil {
-		return s.res, errors.Wrapf(err, "replay: simulate %s", s.res.Scheme)
+		return s.res, errors.Wrapf(err, "serving: simulate %s", s.res.Scheme)
 	}
 	return s.res, nil
 }
 
 // simulation is one run of Simulate.
 type simulation struct {
-	opts   SimOptions
-	scheme KVScheme
+	opts   Options
+	scheme Scheme
 	all    []SimRequest
 
 	now time.Duration
@@ -297,7 +297,7 @@ type simulation struct {
 	batch []scheduled
 	// drv counts the scheme's driver calls (nil: a baseline). pendingFg
 	// and pendingBg are the driver time of the calls made since the last
-	// step, foreground and background (see SimDriver); slack is the time
+	// step, foreground and background (see DriverCost); slack is the time
 	// background calls hide behind: the last step's GPU time and any idle
 	// time since.
 	drv                         driverCounted
@@ -305,12 +305,12 @@ type simulation struct {
 	// clockCost is taken off each call's thread CPU time (see clockCost).
 	clockCost time.Duration
 
-	res SimResult
+	res Result
 	// The integrals over simulated time (in seconds) of the sequences
 	// running and of the scheme's in-use, wasted, saved and cached bytes.
 	seqSecs, inUseSecs, wasteSecs, savedSecs, cachedSecs float64
 	ttft                                                 []time.Duration
-	rec                                                  *simRecorder // SimOptions.Record only
+	rec                                                  *recorder // Options.Record only
 }
 
 type scheduled struct {
@@ -391,7 +391,7 @@ func (s *simulation) run() error {
 				return err
 			}
 			if held < 0 || held >= r.context {
-				return errors.AssertionFailedf("replay: %s holds %d tokens of request %d at admission, want 0 to %d",
+				return errors.AssertionFailedf("serving: %s holds %d tokens of request %d at admission, want 0 to %d",
 					s.res.Scheme, held, r.id, r.context-1)
 			}
 			s.waiting = s.waiting[1:]
@@ -427,7 +427,7 @@ func (s *simulation) run() error {
 				continue // every sequence was preempted: admit afresh
 			}
 			r := s.waiting[0]
-			return errors.Wrapf(driver.ErrOutOfMemory, "replay: %s will not admit request %d (%d tokens of context) with nothing running: it can never run",
+			return errors.Wrapf(driver.ErrOutOfMemory, "serving: %s will not admit request %d (%d tokens of context) with nothing running: it can never run",
 				s.res.Scheme, r.id, r.context)
 		}
 		// The step waits for the driver time it is exposed to, then
@@ -567,8 +567,8 @@ func (s *simulation) failedAdmission(r *SimRequest) {
 	}
 }
 
-func (s *simulation) progress() SimProgress {
-	return SimProgress{Scheme: s.res.Scheme, Done: s.done, Total: len(s.all), Now: s.now,
+func (s *simulation) progress() Progress {
+	return Progress{Scheme: s.res.Scheme, Done: s.done, Total: len(s.all), Now: s.now,
 		Running: len(s.running), Waiting: len(s.waiting), Steps: s.res.Steps}
 }
 

@@ -36,9 +36,9 @@ var tenMs = StepModel{Name: "10 ms a step", StepOverhead: 10 * time.Millisecond}
 //
 // Blocks taken: 4 in steps 1-2, 1 in step 18, 2 in step 21.
 func TestSimulatePreemptionByHand(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 16, Output: 20}, {Input: 16, Output: 20}}
-	opts := SimOptions{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, CheckEvery: 1}
+	opts := Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, CheckEvery: 1}
 
 	tbl, err := NewBlockTable(cfg)
 	require.NoError(t, err)
@@ -55,7 +55,7 @@ func TestSimulatePreemptionByHand(t *testing.T) {
 	require.Equal(t, int64(40), res.OutputTokens)
 	require.Equal(t, int64(35+16+16+17+2), res.ComputedTokens, "A's 35; B's 16, 16 decoded, 17 recomputed, 2 decoded")
 	require.Equal(t, 64*units.KiB, res.PeakInUse)
-	require.Equal(t, KVStats{Cached: 3 * 16 * units.KiB, Commits: 7, PrefixQueried: 32, PrefixHit: 16, Evictions: 2}, res.Stats,
+	require.Equal(t, Stats{Cached: 3 * 16 * units.KiB, Commits: 7, PrefixQueried: 32, PrefixHit: 16, Evictions: 2}, res.Stats,
 		"at the end, B's two full blocks [1 3] and A's first [0] are cached; [2] held B's last 3 tokens")
 
 	// Static: one reservation of 64 tokens. B waits for A (200 ms), then
@@ -86,23 +86,23 @@ func TestSimulatePreemptionByHand(t *testing.T) {
 // the max context, or with an empty prompt, is refused when it arrives;
 // a request with no output finishes after its prompt.
 func TestSimulateArrivals(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{
 		{Arrival: 0, Input: 10, Output: 2},           // steps at 0 and 10 ms
 		{Arrival: time.Second, Input: 60, Output: 5}, // refused: 65 > 64
 		{Arrival: time.Second, Input: 0, Output: 5},  // refused: no prompt
 		{Arrival: 2 * time.Second, Input: 50, Output: 0},
 	}
-	var progress []SimProgress
-	for _, mk := range []func(KVConfig) (KVScheme, error){
-		func(c KVConfig) (KVScheme, error) { return NewBlockTable(c) },
-		func(c KVConfig) (KVScheme, error) { return NewStaticReservation(c) },
+	var progress []Progress
+	for _, mk := range []func(Config) (Scheme, error){
+		func(c Config) (Scheme, error) { return NewBlockTable(c) },
+		func(c Config) (Scheme, error) { return NewStaticReservation(c) },
 	} {
 		sc, err := mk(cfg)
 		require.NoError(t, err)
 		progress = progress[:0]
-		res, err := Simulate(reqs, sc, SimOptions{Config: cfg, Steps: tenMs, CheckEvery: 1,
-			Progress: func(p SimProgress) { progress = append(progress, p) }})
+		res, err := Simulate(reqs, sc, Options{Config: cfg, Steps: tenMs, CheckEvery: 1,
+			Progress: func(p Progress) { progress = append(progress, p) }})
 		require.NoError(t, err)
 		require.Equal(t, 2, res.Finished, sc.Name())
 		require.Equal(t, 2, res.Refused, sc.Name())
@@ -111,7 +111,7 @@ func TestSimulateArrivals(t *testing.T) {
 		require.Equal(t, 10*time.Millisecond, res.MeanTTFT, "only the first request produced a token")
 		require.Equal(t, int64(2), res.OutputTokens)
 		require.InDelta(t, 0.03/2.01, res.MeanSeqs, 1e-9, "one sequence in each of three steps")
-		require.Equal(t, []SimProgress{{Scheme: sc.Name(), Done: 4, Total: 4, Now: res.SimTime, Steps: 3}}, progress)
+		require.Equal(t, []Progress{{Scheme: sc.Name(), Done: 4, Total: 4, Now: res.SimTime, Steps: 3}}, progress)
 	}
 }
 
@@ -132,11 +132,11 @@ func (o overeager) CanAdmit(*SimRequest) bool { return !o.never }
 // 49th token takes the last block (step 2); A finishes, and B runs in
 // step 3.
 func TestSimulateSchemeDisagrees(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 48, Output: 2}, {Input: 32, Output: 1}}
 	tbl, err := NewBlockTable(cfg)
 	require.NoError(t, err)
-	res, err := Simulate(reqs, overeager{BlockTable: tbl}, SimOptions{Config: cfg, Steps: tenMs, CheckEvery: 1})
+	res, err := Simulate(reqs, overeager{BlockTable: tbl}, Options{Config: cfg, Steps: tenMs, CheckEvery: 1})
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Finished)
 	require.Equal(t, 2, res.Preemptions)
@@ -145,9 +145,9 @@ func TestSimulateSchemeDisagrees(t *testing.T) {
 
 	tbl, err = NewBlockTable(cfg)
 	require.NoError(t, err)
-	_, err = Simulate(reqs, overeager{BlockTable: tbl, never: true}, SimOptions{Config: cfg, Steps: tenMs})
+	_, err = Simulate(reqs, overeager{BlockTable: tbl, never: true}, Options{Config: cfg, Steps: tenMs})
 	require.ErrorIs(t, err, driver.ErrOutOfMemory)
-	require.ErrorContains(t, err, "replay: simulate paged (vLLM) at 0s (step 0): replay: paged (vLLM) will not admit request 0 (48 tokens of context) with nothing running: it can never run")
+	require.ErrorContains(t, err, "serving: simulate paged (vLLM) at 0s (step 0): serving: paged (vLLM) will not admit request 0 (48 tokens of context) with nothing running: it can never run")
 }
 
 // TestSimulateTraceSlices serves the first 200 requests of each real trace
@@ -170,11 +170,11 @@ func TestSimulateTraceSlices(t *testing.T) {
 				// minute.
 				reqs = reqs[:80]
 			}
-			cfg := KVConfig{Model: l3, Budget: 16 * units.GiB, MaxSeqs: 256}
+			cfg := Config{Model: l3, Budget: 16 * units.GiB, MaxSeqs: 256}
 			cfg.MaxContext = FitMaxContext(reqs, cfg)
 			sum := SummarizeRequests(reqs)
 			require.Equal(t, (sum.LongestContext+15)/16*16, cfg.MaxContext)
-			opts := SimOptions{Config: cfg, CheckEvery: 97}
+			opts := Options{Config: cfg, CheckEvery: 97}
 
 			tbl, err := NewBlockTable(cfg)
 			require.NoError(t, err)
@@ -185,7 +185,7 @@ func TestSimulateTraceSlices(t *testing.T) {
 			static, err := Simulate(reqs, st, opts)
 			require.NoError(t, err)
 
-			for _, res := range []SimResult{paged, static} {
+			for _, res := range []Result{paged, static} {
 				require.Equal(t, len(reqs), res.Finished, res.Scheme)
 				require.Zero(t, res.Refused)
 				require.Equal(t, sum.OutputTokens, res.OutputTokens)
@@ -223,42 +223,42 @@ func TestSimulateTraceSlices(t *testing.T) {
 // TestSimulateBadArguments: a nil or typed-nil scheme, a zero-valued one,
 // and options no simulation can run with are driver.ErrInvalid.
 func TestSimulateBadArguments(t *testing.T) {
-	cfg := KVConfig{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 10, Output: 2}}
 	tbl, err := NewBlockTable(cfg)
 	require.NoError(t, err)
 	for _, tc := range []struct {
-		scheme KVScheme
-		opts   SimOptions
+		scheme Scheme
+		opts   Options
 		says   string
 	}{
-		{nil, SimOptions{Config: cfg}, "the scheme is nil"},
-		{(*BlockTable)(nil), SimOptions{Config: cfg}, "the scheme is nil"},
-		{(*StaticReservation)(nil), SimOptions{Config: cfg}, "the scheme is nil"},
-		{&BlockTable{}, SimOptions{Config: cfg}, "the block table was not made by NewBlockTable"},
-		{&StaticReservation{}, SimOptions{Config: cfg}, "the scheme was not made by NewStaticReservation"},
-		{(*KVCache)(nil), SimOptions{Config: cfg}, "the scheme is nil"},
-		{&KVCache{}, SimOptions{Config: cfg}, "the scheme was not made by NewKVCache"},
-		{tbl, SimOptions{}, `model "": Layers 0`},
-		{tbl, SimOptions{Config: cfg, MaxBatchedTokens: -1}, "-1 tokens a step"},
-		{tbl, SimOptions{Config: cfg, Steps: StepModel{Name: "back", StepOverhead: -1}}, `step model "back": a negative or NaN price`},
-		{tbl, SimOptions{Config: cfg, CheckEvery: -1}, "check every -1 steps"},
+		{nil, Options{Config: cfg}, "the scheme is nil"},
+		{(*BlockTable)(nil), Options{Config: cfg}, "the scheme is nil"},
+		{(*StaticReservation)(nil), Options{Config: cfg}, "the scheme is nil"},
+		{&BlockTable{}, Options{Config: cfg}, "the block table was not made by NewBlockTable"},
+		{&StaticReservation{}, Options{Config: cfg}, "the scheme was not made by NewStaticReservation"},
+		{(*Cache)(nil), Options{Config: cfg}, "the scheme is nil"},
+		{&Cache{}, Options{Config: cfg}, "the scheme was not made by NewCache"},
+		{tbl, Options{}, `model "": Layers 0`},
+		{tbl, Options{Config: cfg, MaxBatchedTokens: -1}, "-1 tokens a step"},
+		{tbl, Options{Config: cfg, Steps: StepModel{Name: "back", StepOverhead: -1}}, `step model "back": a negative or NaN price`},
+		{tbl, Options{Config: cfg, CheckEvery: -1}, "check every -1 steps"},
 	} {
 		_, err := Simulate(reqs, tc.scheme, tc.opts)
 		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
 		require.ErrorContains(t, err, tc.says)
 	}
 	require.NoError(t, tbl.Check())
-	require.Equal(t, KVStats{}, tbl.Stats(), "the refusals left it untouched")
+	require.Equal(t, Stats{}, tbl.Stats(), "the refusals left it untouched")
 }
 
 // TestNilArguments: every method of a nil or zero-valued scheme is an
-// error marked driver.ErrInvalid (or false, or zero; KVCache's Close
+// error marked driver.ErrInvalid (or false, or zero; Cache's Close
 // too), and so is a nil request to every method of a working one; none
 // panics or changes anything.
 func TestNilArguments(t *testing.T) {
 	r := simReq(0, 10, 1)
-	for _, sc := range []KVScheme{(*BlockTable)(nil), &BlockTable{}, (*StaticReservation)(nil), &StaticReservation{}, (*KVCache)(nil), &KVCache{}} {
+	for _, sc := range []Scheme{(*BlockTable)(nil), &BlockTable{}, (*StaticReservation)(nil), &StaticReservation{}, (*Cache)(nil), &Cache{}} {
 		require.NotEmpty(t, sc.Name())
 		require.False(t, sc.CanAdmit(r))
 		_, err := sc.Admit(r)
@@ -270,14 +270,14 @@ func TestNilArguments(t *testing.T) {
 		_, err = sc.Preempt(r)
 		require.ErrorIs(t, err, driver.ErrInvalid)
 		require.ErrorIs(t, sc.Check(), driver.ErrInvalid)
-		require.Equal(t, KVStats{}, sc.Stats())
+		require.Equal(t, Stats{}, sc.Stats())
 	}
 	tbl, err := NewBlockTable(tinyConfig)
 	require.NoError(t, err)
 	st, err := NewStaticReservation(tinyConfig)
 	require.NoError(t, err)
-	k := newKVCache(t, tinyConfig, KVCacheOptions{PageSize: 16 * units.KiB})
-	for _, sc := range []KVScheme{tbl, st, k} {
+	k := newKVCache(t, tinyConfig, CacheOptions{PageSize: 16 * units.KiB})
+	for _, sc := range []Scheme{tbl, st, k} {
 		require.False(t, sc.CanAdmit(nil))
 		_, err := sc.Admit(nil)
 		require.ErrorIs(t, err, driver.ErrInvalid)
@@ -288,13 +288,13 @@ func TestNilArguments(t *testing.T) {
 		_, err = sc.Preempt(nil)
 		require.ErrorIs(t, err, driver.ErrInvalid)
 		require.NoError(t, sc.Check())
-		require.Equal(t, KVStats{}, sc.Stats())
+		require.Equal(t, Stats{}, sc.Stats())
 	}
-	_, err = Simulate(nil, nil, SimOptions{Config: tinyConfig})
+	_, err = Simulate(nil, nil, Options{Config: tinyConfig})
 	require.ErrorIs(t, err, driver.ErrInvalid)
-	for _, k := range []*KVCache{nil, {}} {
+	for _, k := range []*Cache{nil, {}} {
 		require.ErrorIs(t, k.Close(), driver.ErrInvalid)
-		require.Equal(t, "kvcache: not made by NewKVCache", k.String())
+		require.Equal(t, "kvcache: not made by NewCache", k.String())
 	}
 }
 

@@ -35,8 +35,8 @@ type StaticReservation struct {
 }
 
 // NewStaticReservation makes a static scheme over cfg's budget. cfg must
-// pass KVConfig.Check.
-func NewStaticReservation(cfg KVConfig) (*StaticReservation, error) {
+// pass Config.Check.
+func NewStaticReservation(cfg Config) (*StaticReservation, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (s *StaticReservation) Slots() int {
 
 func (s *StaticReservation) made(op string) error {
 	if s == nil || s.seqs == nil {
-		return errors.Wrapf(driver.ErrInvalid, "replay: static: %s: the scheme was not made by NewStaticReservation", op)
+		return errors.Wrapf(driver.ErrInvalid, "serving: static: %s: the scheme was not made by NewStaticReservation", op)
 	}
 	return nil
 }
@@ -95,10 +95,10 @@ func (s *StaticReservation) start(op string, r *SimRequest) (int, error) {
 		return 0, err
 	}
 	if _, running := s.seqs[r.id]; running {
-		return 0, errors.Wrapf(driver.ErrInvalid, "replay: static: %s request %d: it is running already", op, r.id)
+		return 0, errors.Wrapf(driver.ErrInvalid, "serving: static: %s request %d: it is running already", op, r.id)
 	}
 	if len(s.seqs) == s.slots {
-		return 0, errors.Wrapf(driver.ErrOutOfMemory, "replay: static: %s request %d: all %d reservations of %d tokens (%s) are taken",
+		return 0, errors.Wrapf(driver.ErrOutOfMemory, "serving: static: %s request %d: all %d reservations of %d tokens (%s) are taken",
 			op, r.id, s.slots, s.maxContext, units.Bytes(uint64(s.maxContext)*s.tokenBytes))
 	}
 	s.seqs[r.id] = 0
@@ -116,11 +116,11 @@ func (s *StaticReservation) Append(r *SimRequest, n int) error {
 	held, running := s.seqs[r.id]
 	switch {
 	case !running:
-		return errors.Wrapf(driver.ErrInvalid, "replay: static: append to request %d: it is not running", r.id)
+		return errors.Wrapf(driver.ErrInvalid, "serving: static: append to request %d: it is not running", r.id)
 	case n < 0:
-		return errors.Wrapf(driver.ErrInvalid, "replay: static: append %d tokens to request %d: want at least 0", n, r.id)
+		return errors.Wrapf(driver.ErrInvalid, "serving: static: append %d tokens to request %d: want at least 0", n, r.id)
 	case n > s.maxContext-held:
-		return errors.Wrapf(driver.ErrOutOfMemory, "replay: static: append %d tokens to request %d: %d held of its reservation of %d",
+		return errors.Wrapf(driver.ErrOutOfMemory, "serving: static: append %d tokens to request %d: %d held of its reservation of %d",
 			n, r.id, held, s.maxContext)
 	}
 	s.seqs[r.id] = held + n
@@ -153,7 +153,7 @@ func (s *StaticReservation) release(op string, r *SimRequest) error {
 	}
 	held, running := s.seqs[r.id]
 	if !running {
-		return errors.Wrapf(driver.ErrInvalid, "replay: static: %s request %d: it is not running", op, r.id)
+		return errors.Wrapf(driver.ErrInvalid, "serving: static: %s request %d: it is not running", op, r.id)
 	}
 	s.logical -= held
 	delete(s.seqs, r.id)
@@ -162,11 +162,11 @@ func (s *StaticReservation) release(op string, r *SimRequest) error {
 
 // Stats: InUse is the reservations taken, Stored and Logical the
 // tokens in them.
-func (s *StaticReservation) Stats() KVStats {
+func (s *StaticReservation) Stats() Stats {
 	if s == nil {
-		return KVStats{}
+		return Stats{}
 	}
-	return KVStats{
+	return Stats{
 		InUse:   uint64(len(s.seqs)) * uint64(s.maxContext) * s.tokenBytes,
 		Stored:  uint64(s.logical) * s.tokenBytes,
 		Logical: uint64(s.logical) * s.tokenBytes,
@@ -176,7 +176,7 @@ func (s *StaticReservation) Stats() KVStats {
 
 func (s *StaticReservation) checkAfter(op string) {
 	if invariants.Enabled {
-		invariants.Fail("replay: static: "+op, s.Check())
+		invariants.Fail("serving: static: "+op, s.Check())
 	}
 }
 
@@ -189,7 +189,7 @@ func (s *StaticReservation) Check() error {
 	}
 	var errs error
 	fail := func(format string, args ...any) {
-		errs = errors.CombineErrors(errs, errors.AssertionFailedf("replay: static: "+format, args...))
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("serving: static: "+format, args...))
 	}
 	if len(s.seqs) > s.slots {
 		fail("%d sequences hold %d reservations", len(s.seqs), s.slots)

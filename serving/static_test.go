@@ -14,8 +14,8 @@ import (
 // grows past its reservation.
 func TestStaticByHand(t *testing.T) {
 	const K = units.KiB
-	_, err := NewStaticReservation(KVConfig{Model: tinyModel, Budget: 128 * units.KiB, MaxContext: 129, MaxSeqs: 4})
-	require.ErrorIs(t, err, driver.ErrInvalid, "KVConfig.Check refuses it")
+	_, err := NewStaticReservation(Config{Model: tinyModel, Budget: 128 * units.KiB, MaxContext: 129, MaxSeqs: 4})
+	require.ErrorIs(t, err, driver.ErrInvalid, "Config.Check refuses it")
 	s, err := NewStaticReservation(tinyConfig)
 	require.NoError(t, err)
 	require.Equal(t, 2, s.Slots())
@@ -28,7 +28,7 @@ func TestStaticByHand(t *testing.T) {
 	}
 	require.NoError(t, s.Append(a, 40))
 	require.NoError(t, s.Append(b, 10))
-	require.Equal(t, KVStats{InUse: 128 * K, Stored: 50 * K, Logical: 50 * K, Commits: 2}, s.Stats())
+	require.Equal(t, Stats{InUse: 128 * K, Stored: 50 * K, Logical: 50 * K, Commits: 2}, s.Stats())
 	require.Equal(t, 78*K, s.Stats().Waste())
 
 	// The refusal: both reservations are taken.
@@ -36,7 +36,7 @@ func TestStaticByHand(t *testing.T) {
 	require.False(t, s.CanAdmit(c))
 	_, err = s.Admit(c)
 	require.ErrorIs(t, err, driver.ErrOutOfMemory)
-	require.ErrorContains(t, err, "replay: static: admit request 2: all 2 reservations of 64 tokens (64 KiB) are taken")
+	require.ErrorContains(t, err, "serving: static: admit request 2: all 2 reservations of 64 tokens (64 KiB) are taken")
 	require.Equal(t, before, s.String())
 
 	// a fills its reservation, and cannot go past it.
@@ -55,11 +55,11 @@ func TestStaticByHand(t *testing.T) {
 	recompute, err := s.Preempt(b)
 	require.NoError(t, err)
 	require.True(t, recompute)
-	require.Equal(t, KVStats{Commits: 2}, s.Stats())
+	require.Equal(t, Stats{Commits: 2}, s.Stats())
 	held, err := s.Resume(b)
 	require.NoError(t, err)
 	require.Zero(t, held)
-	require.Equal(t, KVStats{InUse: 64 * K, Commits: 3}, s.Stats())
+	require.Equal(t, Stats{InUse: 64 * K, Commits: 3}, s.Stats())
 	require.NoError(t, s.Check())
 
 	// Misuse changes nothing.

@@ -517,8 +517,8 @@ func driverCallsJSON(c sim.Calls) DriverCallsJSON {
 // kvDocument is the document of a simulation of the requests summed up
 // in sum, with cfg and the step limit maxBatched, steps priced by steps,
 // this cache being cache (preempting as preempt, admitting as admit).
-func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.KVConfig, maxBatched int, steps string,
-	cache *serving.KVCache, preempt, admit string, results []serving.SimResult) KVSimulateJSON {
+func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.Config, maxBatched int, steps string,
+	cache *serving.Cache, preempt, admit string, results []serving.Result) KVSimulateJSON {
 	return KVSimulateJSON{Trace: trace, Requests: sum.Requests, SpanSeconds: secs(sum.Span),
 		PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
 		PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,
@@ -528,7 +528,7 @@ func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.KVConfig,
 		Schemes: kvSchemesJSON(results)}
 }
 
-func kvSchemesJSON(results []serving.SimResult) []KVSchemeJSON {
+func kvSchemesJSON(results []serving.Result) []KVSchemeJSON {
 	out := []KVSchemeJSON{}
 	for _, r := range results {
 		out = append(out, KVSchemeJSON{Scheme: r.Scheme, Requests: r.Requests, Finished: r.Finished, Refused: r.Refused,

@@ -144,7 +144,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if err := checkReport(*report); err != nil {
 		return usageErr("--report %v", err)
 	}
-	cfg := serving.KVConfig{Model: m, Budget: uint64(memory), MaxSeqs: *maxSeqs, BlockTokens: serving.DefaultBlockTokens}
+	cfg := serving.Config{Model: m, Budget: uint64(memory), MaxSeqs: *maxSeqs, BlockTokens: serving.DefaultBlockTokens}
 	contextCap := cfg.ContextCap()
 	if contextCap == 0 {
 		block := uint64(cfg.BlockTokens) * m.TokenBytes()
@@ -170,7 +170,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if err := cfg.Check(); err != nil {
 		return usageErr("%v", err)
 	}
-	opts := serving.SimOptions{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != ""}
+	opts := serving.Options{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != ""}
 
 	// The schemes, each built from the same cfg: this cache's first.
 	lay, err := kvcache.ParseLayout(*layout)
@@ -181,7 +181,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *preempt == "swap" {
 		mode = kvcache.Swap
 	}
-	cache, err := serving.NewKVCache(cfg, serving.KVCacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
+	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
@@ -202,16 +202,16 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
 	}
-	schemes := []serving.KVScheme{cache, paged, static}
+	schemes := []serving.Scheme{cache, paged, static}
 
-	var results []serving.SimResult
+	var results []serving.Result
 	for _, sc := range schemes {
 		// On a terminal a bar counts each scheme's requests done; elsewhere
 		// (a log, a test) nothing is written.
 		bar := progress.New(stderr, int64(len(reqs)), "kv simulate: "+sc.Name())
 		opts.Progress = nil
 		if bar != nil {
-			opts.Progress = func(p serving.SimProgress) { bar.Set(int64(p.Done)) }
+			opts.Progress = func(p serving.Progress) { bar.Set(int64(p.Done)) }
 		}
 		res, err := serving.Simulate(reqs, sc, opts)
 		if err != nil {
@@ -274,84 +274,84 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 // kvTable is the table vmarena kv simulate prints (and its report
 // shows): one column per scheme, one row per figure, the first row naming
 // the schemes.
-func kvTable(results []serving.SimResult) [][]string {
+func kvTable(results []serving.Result) [][]string {
 	var table [][]string
-	row := func(label string, cell func(r serving.SimResult) string) {
+	row := func(label string, cell func(r serving.Result) string) {
 		cells := []string{label}
 		for _, r := range results {
 			cells = append(cells, cell(r))
 		}
 		table = append(table, cells)
 	}
-	row("scheme", func(r serving.SimResult) string { return r.Scheme })
-	row("requests finished", func(r serving.SimResult) string { return fmt.Sprintf("%d of %d", r.Finished, r.Requests) })
-	row("refused (longer than max context)", func(r serving.SimResult) string { return fmt.Sprint(r.Refused) })
-	row("peak concurrent sequences", func(r serving.SimResult) string { return fmt.Sprint(r.PeakSeqs) })
-	row("mean concurrent sequences", func(r serving.SimResult) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })
-	row("KV in use by running sequences, peak", func(r serving.SimResult) string { return approx(r.PeakInUse) })
-	row("KV in use by running sequences, mean", func(r serving.SimResult) string { return approx(uint64(r.MeanInUse)) })
-	row("KV waste, mean (of in use)", func(r serving.SimResult) string {
+	row("scheme", func(r serving.Result) string { return r.Scheme })
+	row("requests finished", func(r serving.Result) string { return fmt.Sprintf("%d of %d", r.Finished, r.Requests) })
+	row("refused (longer than max context)", func(r serving.Result) string { return fmt.Sprint(r.Refused) })
+	row("peak concurrent sequences", func(r serving.Result) string { return fmt.Sprint(r.PeakSeqs) })
+	row("mean concurrent sequences", func(r serving.Result) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })
+	row("KV in use by running sequences, peak", func(r serving.Result) string { return approx(r.PeakInUse) })
+	row("KV in use by running sequences, mean", func(r serving.Result) string { return approx(uint64(r.MeanInUse)) })
+	row("KV waste, mean (of in use)", func(r serving.Result) string {
 		return fmt.Sprintf("%s (%.2f%%)", approx(uint64(r.MeanWaste)), 100*r.WasteFraction())
 	})
-	row("KV waste, peak", func(r serving.SimResult) string { return approx(r.PeakWaste) })
-	row("KV cached for reuse, mean / peak", func(r serving.SimResult) string {
+	row("KV waste, peak", func(r serving.Result) string { return approx(r.PeakWaste) })
+	row("KV cached for reuse, mean / peak", func(r serving.Result) string {
 		return approx(uint64(r.MeanCached)) + " / " + approx(r.PeakCached)
 	})
-	row("saved by prefix sharing, mean / peak", func(r serving.SimResult) string {
+	row("saved by prefix sharing, mean / peak", func(r serving.Result) string {
 		return approx(uint64(r.MeanSaved)) + " / " + approx(r.PeakSaved)
 	})
-	row("prefix cache: tokens found / looked up", func(r serving.SimResult) string {
+	row("prefix cache: tokens found / looked up", func(r serving.Result) string {
 		if r.Stats.PrefixQueried == 0 {
 			return "—"
 		}
 		return fmt.Sprintf("%d / %d (%.1f%%)", r.Stats.PrefixHit, r.Stats.PrefixQueried, 100*r.PrefixHitFraction())
 	})
-	row("cached blocks evicted", func(r serving.SimResult) string { return fmt.Sprint(r.Stats.Evictions) })
-	row("preemptions", func(r serving.SimResult) string { return fmt.Sprint(r.Preemptions) })
-	row("commit calls (per second)", func(r serving.SimResult) string {
+	row("cached blocks evicted", func(r serving.Result) string { return fmt.Sprint(r.Stats.Evictions) })
+	row("preemptions", func(r serving.Result) string { return fmt.Sprint(r.Preemptions) })
+	row("commit calls (per second)", func(r serving.Result) string {
 		return fmt.Sprintf("%d (%.1f/s)", r.Stats.Commits, r.CommitsPerSecond())
 	})
-	row("failed admits / resumes (CanAdmit agreed, then no room)", func(r serving.SimResult) string {
+	row("failed admits / resumes (CanAdmit agreed, then no room)", func(r serving.Result) string {
 		return fmt.Sprintf("%d / %d", r.FailedAdmits, r.FailedResumes)
 	})
-	driver := func(cell func(r serving.SimResult) string) func(r serving.SimResult) string {
-		return func(r serving.SimResult) string {
+	driver := func(cell func(r serving.Result) string) func(r serving.Result) string {
+		return func(r serving.Result) string {
 			if !r.Driver.Counted {
 				return "none while serving"
 			}
 			return cell(r)
 		}
 	}
-	row("driver calls: create / release / map / unmap / set access", driver(func(r serving.SimResult) string {
+	row("driver calls: create / release / map / unmap / set access", driver(func(r serving.Result) string {
 		c := r.Driver.Calls
 		return fmt.Sprintf("%d / %d / %d / %d / %d", c.Create, c.Release, c.Map, c.Unmap, c.SetAccess)
 	}))
-	row("driver time, all / in the background (mapping ahead)", driver(func(r serving.SimResult) string {
+	row("driver time, all / in the background (mapping ahead)", driver(func(r serving.Result) string {
 		return seconds(r.Driver.Time) + " / " + seconds(r.Driver.Background)
 	}))
-	row("driver time steps waited for (of GPU time)", driver(func(r serving.SimResult) string {
+	row("driver time steps waited for (of GPU time)", driver(func(r serving.Result) string {
 		return fmt.Sprintf("%s (%.3f%%)", seconds(r.Driver.Exposed), 100*r.ExposedShare())
 	}))
-	row("driver time per admission (of its prefill)", driver(func(r serving.SimResult) string {
+	row("driver time per admission (of its prefill)", driver(func(r serving.Result) string {
 		return fmt.Sprintf("%.3f ms (%.3f%%)", 1e3*r.AdmissionDriverTime().Seconds(), 100*r.AdmissionShare())
 	}))
-	paged := slices.IndexFunc(results, func(r serving.SimResult) bool { return r.Scheme == serving.PagedName })
-	row("the scheme's own CPU time (thread clock), ÷ paged", func(r serving.SimResult) string {
+	paged := slices.IndexFunc(results, func(r serving.Result) bool { return r.Scheme == serving.PagedName })
+	row("the scheme's own CPU time (thread clock), ÷ paged", func(r serving.Result) string {
 		if paged < 0 || results[paged].CPUTime <= 0 {
 			return seconds(r.CPUTime)
 		}
 		return fmt.Sprintf("%s (%.2f×)", seconds(r.CPUTime), r.CPUTime.Seconds()/results[paged].CPUTime.Seconds())
 	})
-	row("time to first token, mean", func(r serving.SimResult) string { return seconds(r.MeanTTFT) })
-	row("time to first token, median / p99", func(r serving.SimResult) string {
+	row("time to first token, mean", func(r serving.Result) string { return seconds(r.MeanTTFT) })
+	row("time to first token, median / p99", func(r serving.Result) string {
 		return seconds(r.MedianTTFT) + " / " + seconds(r.P99TTFT)
 	})
-	row("output tokens per second", func(r serving.SimResult) string { return fmt.Sprintf("%.0f", r.OutputPerSecond()) })
-	row("tokens computed (prompts, recomputes, decodes)", func(r serving.SimResult) string { return fmt.Sprint(r.ComputedTokens) })
-	row("steps", func(r serving.SimResult) string { return fmt.Sprint(r.Steps) })
-	row("GPU time of the steps", func(r serving.SimResult) string { return seconds(r.GPUTime) })
-	row("simulated time", func(r serving.SimResult) string { return seconds(r.SimTime) })
-	row("simulation wall time", func(r serving.SimResult) string { return seconds(r.WallTime) })
+	row("output tokens per second", func(r serving.Result) string { return fmt.Sprintf("%.0f", r.OutputPerSecond()) })
+	row("tokens computed (prompts, recomputes, decodes)", func(r serving.Result) string { return fmt.Sprint(r.ComputedTokens) })
+	row("steps", func(r serving.Result) string { return fmt.Sprint(r.Steps) })
+	row("GPU time of the steps", func(r serving.Result) string { return seconds(r.GPUTime) })
+	row("simulated time", func(r serving.Result) string { return seconds(r.SimTime) })
+	row("simulation wall time", func(r serving.Result) string { return seconds(r.WallTime) })
 	return table
 }
 

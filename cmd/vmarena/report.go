@@ -205,7 +205,7 @@ func peakMap(label string, m *replay.PeakMap) report.MemoryMap {
 // than the next scheme's, drawn over it.
 const kvLineStep = 1.4
 
-func kvReport(header []string, results []serving.SimResult, table [][]string) report.Page {
+func kvReport(header []string, results []serving.Result, table [][]string) report.Page {
 	simTime := report.Axis{Label: "simulated time", Unit: report.Seconds}
 	charts := []report.LineChart{
 		{Title: "sequences running", X: simTime, Y: report.Axis{Label: "sequences", Unit: report.Count}},
