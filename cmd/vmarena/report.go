@@ -14,7 +14,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/vmarena/vmarena/internal/report"
+	"github.com/vmarena/vmarena/cmd/vmarena/internal/report"
 	"github.com/vmarena/vmarena/replay"
 	"github.com/vmarena/vmarena/serving"
 )

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/internal/report/reporttest"
+	"github.com/vmarena/vmarena/cmd/vmarena/internal/report/reporttest"
 )
 
 // examplePage has a chart of a long series in bytes and a short one, a

@@ -380,7 +380,7 @@ func TestBuiltBudget(t *testing.T) {
 // budget (the figures BuiltPerByte's doc gives).
 func TestBuiltPerByte(t *testing.T) {
 	for _, name := range []string{"silmont2000_mem_snapshot", "select_n_snapshot_v1f2f548", "wedsonlin_medium_512_training"} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "testdata", "alloc-traces", "pickles", name+".pickle"))
+		data, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "alloc-traces", "pickles", name+".pickle"))
 		require.NoError(t, err)
 		var lim Limits
 		lim.defaults()
