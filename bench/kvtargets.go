@@ -2,7 +2,7 @@ package bench
 
 // The KV cache's serving targets, side by side in one run: this cache
 // against the paged scheme on the same trace, model, budget and prices,
-// for every trace, model and budget of the matrix (issue 29's targets).
+// for every trace, model and budget of the matrix.
 
 import (
 	"fmt"

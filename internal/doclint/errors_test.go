@@ -14,8 +14,8 @@ import (
 
 // TestReadmeNamesEverySentinel: every exported Err variable of the module
 // appears in the README's Errors section, qualified by its package unless
-// it is one of the driver package's (the README once claimed every error
-// carried a driver sentinel while ipc.ErrProtocol was nowhere in it).
+// it is one of the driver package's: a reader learns every sentinel an
+// error may carry there.
 func TestReadmeNamesEverySentinel(t *testing.T) {
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	require.NoError(t, err)

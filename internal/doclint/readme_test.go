@@ -197,7 +197,7 @@ func TestSomething() {
 }
 
 // issue14Packages must each have an Example that go test runs: the public
-// packages a user starts from (issue 14).
+// packages a user starts from.
 var issue14Packages = []string{
 	"vaspace", "physical", "mapping", "stream", "arena", "pool", "multidev",
 	"ipc", "tensor", "kvcache", "driver/host", "driver/sim", "driver/cuda",
