@@ -35,7 +35,7 @@ func writeTrace(t *testing.T, name, body string) string {
 // checks the header (the longest of those requests, rounded up to a block,
 // is the max context; this cache's shape, token-major by default), the
 // table's rows, and that off a terminal it writes no progress; the figures
-// are replay's to test.
+// are serving's to test.
 func TestKVSimulate(t *testing.T) {
 	if race.Enabled {
 		// 100 s under the detector: three schemes simulated on one
@@ -85,11 +85,11 @@ func TestKVSimulate(t *testing.T) {
 	}
 }
 
-// TestKVSimulateHandmade: the two requests of replay's
+// TestKVSimulateHandmade: the two requests of serving's
 // TestSimulatePreemptionByHand (16-token prompts, 20 output tokens each,
 // arriving together) in 8 MiB of llama3-8b KV, four 16-token blocks or
 // pages, or one 64-token reservation: this cache and the paged scheme run
-// both and preempt one (replay's TestKVCachePreemptionByHand: the cache
+// both and preempt one (serving's TestKVCachePreemptionByHand: the cache
 // reclaims the idle pages of the finished one rather than evict, and its
 // resume looks its prompt up again), the static one runs one at a time;
 // and two Mooncake requests with the same hash id, the second finding the
