@@ -37,8 +37,9 @@ var (
 	maxRequestBlocks = MaxRequestBlocks
 )
 
-// ErrMalformed marks every error about the content of a request trace or
-// a model config (the same value as replay.ErrMalformed).
+// ErrMalformed marks every error about the content of a request trace
+// (the same value as replay.ErrMalformed); a model config's errors are
+// marked driver.ErrInvalid.
 var ErrMalformed = input.ErrMalformed
 
 // in starts this package's messages and reads its inputs.
