@@ -14,10 +14,11 @@
 // slot at Admit and keeps it — and its addresses — until Free, also while
 // preempted. Pages are committed only as tokens arrive (Append, Step). A
 // second arena.Sparse, the prefix store, holds the pages of prompts that
-// sequences share, borrowed into their slots read-only; both share one
-// arena.Pool of committed, unmapped pages. The cache also owns a goroutine
-// that maps ahead and a stream for its copies. Nothing else reserves or
-// commits: the arena does, the cache decides where.
+// sequences share, borrowed into their slots (read-only to all but the
+// sequence that wrote them); both share one arena.Pool of committed,
+// unmapped pages. The cache also owns a goroutine that maps ahead and a
+// stream for its copies. Nothing else reserves or commits: the arena
+// does, the cache decides where.
 //
 // # Invariants
 //
