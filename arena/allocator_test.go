@@ -1007,7 +1007,7 @@ func TestSyntheticWorkloads(t *testing.T) {
 // TestAllocFreePairMakesNoGoAllocations: once its records have grown to
 // the live set, an Alloc and a Free that a free block serves make no Go
 // heap allocation — the records live in a slab and a flat index, off the
-// collector's pointer graph (issue 13). (The invariants build checks after
+// collector's pointer graph. (The invariants build checks after
 // every change, which allocates: skipped there.)
 func TestAllocFreePairMakesNoGoAllocations(t *testing.T) {
 	if invariants.Enabled {

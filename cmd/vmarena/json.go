@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // With --json, devices, replay, kv simulate and demo print one JSON
@@ -553,8 +554,8 @@ func driverCallsJSON(c sim.Calls) DriverCallsJSON {
 // kvDocument is the document of a simulation of the requests summed up
 // in sum, with cfg and the step limit maxBatched, steps priced by steps,
 // this cache being cache (preempting as preempt, admitting as admit).
-func kvDocument(trace string, sum replay.RequestsSummary, cfg replay.KVConfig, maxBatched int, steps string,
-	cache *replay.KVCache, preempt, admit string, results []replay.SimResult) KVSimulateJSON {
+func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.Config, maxBatched int, steps string,
+	cache *serving.Cache, preempt, admit string, results []serving.Result) KVSimulateJSON {
 	return KVSimulateJSON{Trace: trace, Requests: sum.Requests, SpanSeconds: secs(sum.Span),
 		PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
 		PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,
@@ -564,7 +565,7 @@ func kvDocument(trace string, sum replay.RequestsSummary, cfg replay.KVConfig, m
 		Schemes: kvSchemesJSON(results)}
 }
 
-func kvSchemesJSON(results []replay.SimResult) []KVSchemeJSON {
+func kvSchemesJSON(results []serving.Result) []KVSchemeJSON {
 	out := []KVSchemeJSON{}
 	for _, r := range results {
 		out = append(out, KVSchemeJSON{Scheme: r.Scheme, Requests: r.Requests, Finished: r.Finished, Refused: r.Refused,

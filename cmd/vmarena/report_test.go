@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/internal/browsertest"
-	"github.com/vmarena/vmarena/internal/report/reporttest"
+	"github.com/vmarena/vmarena/cmd/vmarena/internal/browsertest"
+	"github.com/vmarena/vmarena/cmd/vmarena/internal/report/reporttest"
 )
 
 // printedTable is the table a command printed after its header: each

@@ -283,8 +283,8 @@ const closeWait = 2 * time.Second
 // (an unpacked key must outlive the ops that use it) it is emptied.
 const rkeyLimit = 256
 
-// connectAttempts and connectWait bound Connect. UCX 1.13 has been seen
-// (issue 22) to reset about one connection in ten during wireup, which
+// connectAttempts and connectWait bound Connect. UCX 1.13 resets about
+// one connection in ten during wireup (seen in the transfer tests), which
 // shows at the first flush, so Connect flushes each new endpoint and tries
 // again when that fails.
 const (
