@@ -1,0 +1,112 @@
+package kvcache
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
+)
+
+// TestReserveAhead: a reservation commits the pages of a prompt chunk
+// ahead (the prompt's whole units in the prefix store), the Append of
+// the chunk then makes no driver call and writes the same rows, and the
+// reservation stops at the free budget: it gives back no idle page and
+// evicts no cached unit to make room.
+func TestReserveAhead(t *testing.T) {
+	e := simEnv(t, 64<<20, page)
+	cfg := tinyConfig(TokenMajor, 96, 2) // 4 tokens a page
+	cfg.Budget = 12 * page
+	c := e.cache(t, cfg)
+	drv := e.drv.(*sim.Driver)
+	prompt := family(1, 40)
+	s, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	got, err := s.Reserve(8)
+	require.NoError(t, err)
+	require.Equal(t, 8, got)
+	require.Equal(t, 0, s.Len(), "a reservation appends nothing")
+	st := c.Stats()
+	require.Equal(t, 2, st.PagesCommitted)
+	require.Equal(t, 2, st.StorePages, "the prompt's whole units go to the store")
+	calls := drv.Tally().Total()
+	_, err = s.Append(prompt[:8])
+	require.NoError(t, err)
+	require.Equal(t, calls, drv.Tally().Total(), "the Append of what was reserved makes no driver call")
+	require.Zero(t, c.Stats().Waits, "nor waits")
+	// The budget's free pages bound it: 10 are left, the rest of the
+	// prompt needs 8, the 8 tokens after it 2 more, a third is not free.
+	got, err = s.Reserve(32 + 12)
+	require.NoError(t, err)
+	require.Equal(t, 40, got)
+	require.Equal(t, 12, c.Stats().PagesCommitted)
+	before := snapBooks(t, c, e)
+	got, err = s.Reserve(44)
+	require.NoError(t, err)
+	require.Equal(t, 40, got, "no room made")
+	require.Equal(t, before, snapBooks(t, c, e), "a reservation that fits nothing changes nothing")
+	require.NoError(t, c.Check())
+
+	// Cached units stay: once the first sequence is freed (its written
+	// units cached, the rest given back to the pool), a second one's
+	// reservation takes the free pages (the pool's) and stops there,
+	// evicting and reclaiming nothing.
+	require.NoError(t, s.MarkWritten(8))
+	require.NoError(t, s.Free())
+	s2, err := c.Admit(family(2, 20), 0)
+	require.NoError(t, err)
+	st0 := c.Stats()
+	lru := snapBooks(t, c, e).lru
+	got, err = s2.Reserve(60)
+	require.NoError(t, err)
+	st = c.Stats()
+	require.Less(t, got, 60)
+	require.Equal(t, 12, st.PagesCommitted, "the budget's free pages, all of them")
+	require.Zero(t, st.PooledPages)
+	require.Equal(t, st0.CachedPages, st.CachedPages)
+	require.Equal(t, st0.Evictions, st.Evictions)
+	require.Equal(t, st0.Reclaims, st.Reclaims)
+	// The LRU list and the index (the store's free places aside).
+	require.Equal(t, lru[:strings.LastIndexByte(lru, ' ')], snapBooks(t, c, e).lru[:strings.LastIndexByte(lru, ' ')], "the cached units stay, in their order")
+	require.NoError(t, c.Check())
+	require.NoError(t, s2.Free())
+}
+
+// TestReserveRefusals: a preempted sequence, a negative count and one
+// past MaxContext are refused (ErrInvalid), a freed sequence and a closed
+// cache too (ErrClosed), each changing no book and making no driver call.
+func TestReserveRefusals(t *testing.T) {
+	e := simEnv(t, 64<<20, page)
+	cfg := tinyConfig(TokenMajor, 32, 2)
+	cfg.Budget = 16 * page
+	c := e.cache(t, cfg)
+	s, err := c.Admit(family(0, 10), 0)
+	require.NoError(t, err)
+	_, err = s.Append(family(0, 10))
+	require.NoError(t, err)
+	for _, n := range []int{-1, 23} {
+		before := snapBooks(t, c, e)
+		_, err := s.Reserve(n)
+		requireIs(t, err, driver.ErrInvalid, "reserve")
+		require.Equal(t, before, snapBooks(t, c, e))
+	}
+	got, err := s.Reserve(22)
+	require.NoError(t, err)
+	require.Equal(t, 22, got, "up to MaxContext")
+	require.NoError(t, s.Preempt(Drop))
+	before := snapBooks(t, c, e)
+	_, err = s.Reserve(1)
+	requireIs(t, err, driver.ErrInvalid, "reserve while preempted")
+	require.Equal(t, before, snapBooks(t, c, e))
+	require.NoError(t, s.Free())
+	_, err = s.Reserve(1)
+	requireIs(t, err, driver.ErrClosed, "reserve after free")
+	require.NoError(t, c.Close())
+	_, err = s.Reserve(1)
+	requireIs(t, err, driver.ErrClosed, "reserve after close")
+	var zero Seq
+	_, err = zero.Reserve(1)
+	requireIs(t, err, driver.ErrInvalid, "a zero sequence")
+}
