@@ -72,7 +72,7 @@ func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) 
 	}
 	cfg := replay.KVConfig{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: replay.DefaultBlockTokens}
 	cfg.MaxContext = replay.FitMaxContext(tr.Requests, cfg)
-	opts := replay.SimOptions{Config: cfg, Steps: replay.A100, Prices: costs}
+	opts := replay.SimOptions{Config: cfg, Steps: replay.A100, Prices: costs, AdmitAhead: true}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
 	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {
