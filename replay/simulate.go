@@ -57,8 +57,10 @@ type SimOptions struct {
 	// step's end — before its sequences finish or publish what it
 	// computed — and their driver time is background, behind the step's
 	// GPU time (what exceeds it, with the next decodes' mapping ahead,
-	// is exposed). Both schemes run the same scheduler; the paged scheme
-	// reserves nothing (its blocks cost no driver call).
+	// is exposed). The requests that finish at a step's end are freed
+	// during the next step, behind its GPU time too. Both schemes run
+	// the same scheduler; the paged scheme reserves nothing (its blocks
+	// cost no driver call, and its pool is allocated before serving).
 	AdmitAhead bool
 }
 
@@ -316,8 +318,10 @@ type simulation struct {
 	// done counts the requests finished or refused.
 	done int
 	// freeing are the requests that finished at the last step's end and
-	// are freed during the next step (SimOptions.AdmitAhead), or before
-	// the scheduler needs their memory or nothing runs.
+	// are freed during the next step (SimOptions.AdmitAhead), or at once,
+	// on the step's path, when an Append needs memory or nothing runs. A
+	// request CanAdmit refuses waits for the next step rather than for
+	// them: the admission ahead during it sees their memory.
 	freeing []*SimRequest
 	// batch is this step's sequences and their token counts.
 	batch []scheduled
@@ -413,13 +417,6 @@ func (s *simulation) run() error {
 			m := s.enter()
 			can := s.scheme.CanAdmit(r)
 			s.foreground(s.leave(m), true)
-			if !can && len(s.freeing) > 0 {
-				// The finished requests' memory first, on the step's path.
-				if err := s.flush(-1); err != nil {
-					return err
-				}
-				continue
-			}
 			if !can {
 				break
 			}
