@@ -64,7 +64,8 @@ type KVTarget struct {
 // kvcache.PickLayout picks for the model, mapping ahead, drop
 // preemption, admitting for the prompt, as vmarena kv simulate runs it by
 // default) and the paged scheme, steps priced by
-// replay.A100, driver calls by costs.
+// replay.A100, driver calls by costs, both scheduled a step ahead
+// (replay.SimOptions.AdmitAhead).
 func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) (KVTarget, error) {
 	m, err := replay.ModelPreset(model)
 	if err != nil {
