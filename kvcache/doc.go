@@ -198,6 +198,13 @@
 // finds its page mapped. An Append that must still commit a page itself,
 // or wait for one in flight, counts in Stats.Waits. Close stops it.
 //
+// For prompt chunks, which mapping ahead leaves to Append, an engine that
+// schedules a step ahead calls Seq.Reserve while the step before
+// computes: the chunk's pages are committed within the free budget
+// (never reclaiming, evicting or preempting; Len unchanged) and its
+// Append finds them. Cache.Warm creates pages for the page pool ahead,
+// within the free budget, so that commits only map.
+//
 // # The step API
 //
 // Cache.Step takes a serving step's batch — a StepRequest per sequence,

@@ -39,6 +39,7 @@ const (
 	opSetBudget
 	opStep
 	opReserve
+	opWarm
 	numOpKinds
 )
 
@@ -644,7 +645,7 @@ type modelRun struct {
 	// refusedAdmits and refusedResumes are the calls their plans refused;
 	// asked the CanAdmit and CanResume answers checked against the calls.
 	refusedAdmits, refusedResumes, asked int
-	steps, stepOOMs, reserves            int
+	steps, stepOOMs, reserves, warms     int
 }
 
 // add counts o's figures into r.
@@ -664,6 +665,7 @@ func (r *modelRun) add(o modelRun) {
 	r.steps += o.steps
 	r.stepOOMs += o.stepOOMs
 	r.reserves += o.reserves
+	r.warms += o.warms
 }
 
 // books is every book of a cache a refused call must leave as it was:
@@ -992,6 +994,18 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				writeStep(t, out, s.tokens, s.extra)
 			}
 			r.appends++
+		case opWarm:
+			// The pool grows to n pages, within the free budget beside
+			// the pages in use and the pool.
+			n := o.n % 24
+			got, err := c.Warm(n)
+			require.NoError(t, err, step)
+			if add := min(n, m.budget-m.pages) - m.pooled; add > 0 {
+				m.pooled += add
+				m.created += add
+			}
+			require.Equal(t, m.pooled, got, step)
+			r.warms++
 		case opStep:
 			ok, oom := m.step(t, c, o, &fresh, cfg.MaxContext, onSim, step)
 			r.steps += b2i(ok)
@@ -1160,6 +1174,7 @@ func TestCacheModel(t *testing.T) {
 	require.Greater(t, total.steps, 20, "batched steps")
 	require.Positive(t, total.stepOOMs, "some steps do not fit")
 	require.Greater(t, total.reserves, 20, "reservations ahead")
+	require.Greater(t, total.warms, 20, "pools warmed")
 }
 
 // FuzzCacheModel fuzzes the decoder and the sequences it yields.

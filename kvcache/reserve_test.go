@@ -110,3 +110,39 @@ func TestReserveRefusals(t *testing.T) {
 	_, err = zero.Reserve(1)
 	requireIs(t, err, driver.ErrInvalid, "a zero sequence")
 }
+
+// TestWarm: Warm creates pool pages up to a count and the free budget, a
+// commit then maps them without a create, and a negative count and a
+// closed cache are refused, changing nothing.
+func TestWarm(t *testing.T) {
+	e := simEnv(t, 64<<20, page)
+	cfg := tinyConfig(TokenMajor, 96, 2)
+	cfg.Budget = 6 * page
+	c := e.cache(t, cfg)
+	drv := e.drv.(*sim.Driver)
+	before := snapBooks(t, c, e)
+	_, err := c.Warm(-1)
+	requireIs(t, err, driver.ErrInvalid, "warm -1")
+	require.Equal(t, before, snapBooks(t, c, e))
+	got, err := c.Warm(4)
+	require.NoError(t, err)
+	require.Equal(t, 4, got)
+	require.Equal(t, 4, c.Stats().PooledPages)
+	require.Equal(t, uint64(4*page), e.used(t), "warmed pages are committed memory")
+	got, err = c.Warm(10)
+	require.NoError(t, err)
+	require.Equal(t, 6, got, "the budget")
+	creates := drv.Tally().Total().Create
+	s, err := c.Admit(family(0, 16), 0)
+	require.NoError(t, err)
+	_, err = s.Append(family(0, 16))
+	require.NoError(t, err)
+	require.Equal(t, creates, drv.Tally().Total().Create, "the prompt's pages are the pool's: mapped, not created")
+	require.Equal(t, 2, c.Stats().PooledPages)
+	require.NoError(t, c.Check())
+	require.NoError(t, s.Free())
+	require.NoError(t, c.Close())
+	require.Zero(t, e.used(t))
+	_, err = c.Warm(1)
+	requireIs(t, err, driver.ErrClosed, "warm after close")
+}

@@ -446,6 +446,22 @@ func (k *KVCache) Reserve(r *SimRequest, n int) (int, error) {
 	return held + got, nil
 }
 
+// Warm fills the cache's page pool with the pages n tokens' KV takes
+// (kvcache's Cache.Warm: created ahead, within the free budget), so that
+// the commits of the next prompt chunks only map.
+func (k *KVCache) Warm(n int) error {
+	if err := k.made("warm"); err != nil {
+		return err
+	}
+	if n < 0 {
+		return errors.Wrapf(driver.ErrInvalid, "replay: kvcache: warm the pool for %d tokens", n)
+	}
+	page := k.cache.Config().PageSize
+	pages := (uint64(n)*k.cfg.Model.TokenBytes()+page-1)/page + 1 // a page a chunk straddles
+	_, err := k.cache.Warm(int(min(pages, uint64(1)<<30)))
+	return errors.Wrapf(err, "replay: kvcache: warm the pool")
+}
+
 // Computed marks the tokens appended to r's sequence written: Simulate
 // computed them in the step that just ended — or, scheduling a step
 // ahead (SimOptions.AdmitAhead), launched the step that computes them,

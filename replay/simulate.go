@@ -58,7 +58,9 @@ type SimOptions struct {
 	// computed — and their driver time is background, behind the step's
 	// GPU time (what exceeds it, with the next decodes' mapping ahead,
 	// is exposed). The requests that finish at a step's end are freed
-	// during the next step, behind its GPU time too. Both schemes run
+	// during the next step, behind its GPU time too, and such a scheme
+	// warms its page pool (KVCache.Warm) with a step's tokens' memory
+	// while the step's time, or an idle gap, lasts. Both schemes run
 	// the same scheduler; the paged scheme reserves nothing (its blocks
 	// cost no driver call, and its pool is allocated before serving).
 	AdmitAhead bool
@@ -366,6 +368,11 @@ func (s *simulation) run() error {
 				break
 			}
 			gap := s.all[s.next].req.Arrival - s.now
+			if s.opts.AdmitAhead {
+				if err := s.warm(gap, true); err != nil {
+					return err
+				}
+			}
 			s.sample(gap)
 			s.idle(gap)
 			s.now += gap
@@ -680,6 +687,9 @@ type kvReserver interface {
 	// preemption), for r's next n tokens past those appended, and returns
 	// how many of them have it.
 	Reserve(r *SimRequest, n int) (int, error)
+	// Warm creates ahead, within the free budget, the memory n tokens
+	// take, for the next commits to map.
+	Warm(n int) error
 }
 
 // ahead is SimOptions.AdmitAhead's work during a step whose batch is
@@ -754,7 +764,7 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 		if len(s.waiting) == 0 {
 			s.arriveBy(min(s.nextArrival(), end-1))
 			if len(s.waiting) == 0 {
-				return nil
+				break
 			}
 		}
 		r := s.waiting[0]
@@ -763,17 +773,55 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 		can := s.scheme.CanAdmit(r)
 		s.aheadCalls(s.leave(m), window, true)
 		if !can {
-			return nil
+			break
 		}
 		ok, err := s.admit(r, func(c sim.Calls) { s.aheadCalls(c, window, true) })
-		if err != nil || !ok {
+		if err != nil {
 			return err
+		}
+		if !ok {
+			break
 		}
 		n := min(r.context-r.computed, budget)
 		if err := reserve(r, n, window); err != nil {
 			return err
 		}
 		budget -= n
+	}
+	return s.warm(gpu, false)
+}
+
+// warm has a scheme that can reserve create ahead, for the next
+// admissions' first chunks to map, the memory of up to a step's tokens
+// (MaxBatchedTokens), an eighth at a time while the time the step (or
+// the idle gap) has left hides it: during a step, behind window of its
+// GPU time, the other calls made ahead first (pendingBg); in an idle
+// gap of window (idle: foreground, which the gap hides).
+func (s *simulation) warm(window time.Duration, idle bool) error {
+	res, ok := s.scheme.(kvReserver)
+	if !ok {
+		return nil
+	}
+	step := max(s.opts.MaxBatchedTokens/8, 1)
+	for n := step; n <= s.opts.MaxBatchedTokens; n += step {
+		pending := s.pendingBg
+		if idle {
+			pending = s.pendingFg
+		}
+		if pending >= window {
+			return nil
+		}
+		m := s.enter()
+		err := res.Warm(n)
+		c := s.leave(m)
+		if idle {
+			s.foreground(c, false)
+		} else {
+			s.aheadCalls(c, window, false)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
