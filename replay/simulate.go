@@ -596,15 +596,24 @@ func (s *simulation) free(r *SimRequest, window time.Duration) error {
 }
 
 // flush frees the requests that finished and are not freed yet
-// (SimOptions.AdmitAhead), foreground or behind window of a step.
+// (SimOptions.AdmitAhead): all of them on the step's path (window < 0),
+// or, during a step, in the order they finished while the calls made
+// during it hide behind window of its GPU time — the rest wait for the
+// next step (an engine frees lazily what no one waits for).
 func (s *simulation) flush(window time.Duration) error {
+	n := 0
 	for _, r := range s.freeing {
+		if window >= 0 && s.pendingBg >= window {
+			break
+		}
 		if err := s.free(r, window); err != nil {
 			return err
 		}
+		n++
 	}
-	clear(s.freeing)
-	s.freeing = s.freeing[:0]
+	rest := copy(s.freeing, s.freeing[n:])
+	clear(s.freeing[rest:])
+	s.freeing = s.freeing[:rest]
 	return nil
 }
 
