@@ -146,3 +146,32 @@ func TestWarm(t *testing.T) {
 	_, err = c.Warm(1)
 	requireIs(t, err, driver.ErrClosed, "warm after close")
 }
+
+// TestReserveBesideMapper: with mapping ahead on, reservations and the
+// mapper's commits of the same slot's units agree: a unit in flight ends
+// a reservation there, the books check after every call, and what both
+// committed comes back at Close (run it with -race).
+func TestReserveBesideMapper(t *testing.T) {
+	e := hostEnv(t, 64<<20)
+	cfg := tinyConfig(TokenMajor, 96, 2)
+	cfg.MapAhead = 4
+	cfg.Budget = 32 * page
+	c := e.cache(t, cfg)
+	s, err := c.Admit(family(3, 8), 0)
+	require.NoError(t, err)
+	_, err = s.Append(family(3, 8))
+	require.NoError(t, err)
+	for i := range 40 {
+		got, err := s.Reserve(min(6, cfg.MaxContext-s.Len()))
+		require.NoError(t, err)
+		require.LessOrEqual(t, got, 6)
+		if s.Len() < cfg.MaxContext {
+			_, err = s.Append([]int{90000 + i})
+			require.NoError(t, err)
+		}
+		require.NoError(t, c.Check())
+	}
+	require.NoError(t, s.Free())
+	require.NoError(t, c.Close())
+	require.Zero(t, e.used(t))
+}
