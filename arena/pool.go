@@ -52,10 +52,10 @@ type PoolStats struct {
 	// Bytes and Chunks are what the pool keeps now.
 	Bytes  uint64
 	Chunks int
-	// Kept counts chunks a decommit gave the pool, Reused those a commit
-	// took from it, Released those it released (past its limit, trimmed,
-	// closed).
-	Kept, Reused, Released int
+	// Kept counts chunks a decommit gave the pool, Filled those Fill
+	// created for it, Reused those a commit took from it, Released those
+	// it released (past its limit, trimmed, closed).
+	Kept, Filled, Reused, Released int
 }
 
 // NewPool makes a pool of mem's chunks that keeps at most limit bytes.
@@ -204,7 +204,10 @@ func (p *Pool) take(dev driver.DeviceID, size uint64) *physical.Chunk {
 
 // put keeps c, unmapped, if it fits under the limit; kept says whether it
 // did (the caller releases it otherwise).
-func (p *Pool) put(c *physical.Chunk) (kept bool) {
+func (p *Pool) put(c *physical.Chunk) (kept bool) { return p.keep(c, false) }
+
+// keep is put, of a chunk a decommit gives back or Fill created (filled).
+func (p *Pool) keep(c *physical.Chunk, filled bool) (kept bool) {
 	if p == nil || c.Shareable() || c.Mappings() > 0 {
 		return false
 	}
@@ -216,8 +219,49 @@ func (p *Pool) put(c *physical.Chunk) (kept bool) {
 	k := poolKey{c.Device(), c.Size()}
 	p.free[k] = append(p.free[k], c)
 	p.bytes += c.Size()
-	p.stats.Kept++
+	if filled {
+		p.stats.Filled++
+	} else {
+		p.stats.Kept++
+	}
 	return true
+}
+
+// Fill creates chunks of dev and size for the pool until it keeps n of
+// them, within its limit: the creates a later commit would make on its
+// path, made ahead (while a device computes, or idles) so that the
+// commit only maps. It returns how many chunks of dev and size the pool
+// keeps then. A create the driver refuses ends it with the error, the
+// chunks created before it kept (counted in PoolStats.Filled). It
+// refuses a size of 0 (ErrInvalid) and a closed pool (ErrClosed).
+func (p *Pool) Fill(dev driver.DeviceID, size uint64, n int) (int, error) {
+	if p.unmade() {
+		return 0, unmade("Pool.Fill", "NewPool")
+	}
+	if size == 0 {
+		return 0, errors.Wrap(driver.ErrInvalid, "arena: fill a pool with chunks of 0 bytes")
+	}
+	for {
+		p.mu.Lock()
+		have := len(p.free[poolKey{dev, size}])
+		full := p.bytes+size > p.limit || p.bytes+size < p.bytes
+		closed := p.closed
+		p.mu.Unlock()
+		switch {
+		case closed:
+			return have, driver.Closed("arena: fill a closed pool")
+		case have >= n || full:
+			return have, nil
+		}
+		// The create is made without the lock, which is a leaf.
+		c, err := p.mem.Create(dev, size, driver.ChunkOptions{})
+		if err != nil {
+			return have, errors.Wrapf(err, "arena: fill the pool")
+		}
+		if !p.keep(c, true) {
+			return have, errors.Wrapf(c.Release(), "arena: fill the pool: it filled meanwhile")
+		}
+	}
 }
 
 // Close releases every chunk the pool keeps; later decommits release

@@ -112,3 +112,41 @@ func poolFullDevice(t *testing.T, d backend) {
 	require.NoError(t, p.Close())
 	require.Zero(t, e.used(t, 0))
 }
+
+// TestPoolFill: Fill creates chunks into the pool up to a count and its
+// limit, which a commit then maps without a create; a size of 0 and a
+// closed pool are refused, changing nothing.
+func TestPoolFill(t *testing.T) { onEveryDriver(t, poolFill) }
+
+func poolFill(t *testing.T, d backend) {
+	e := d.env(t, 16*g)
+	p, err := NewPool(e.mem, 3*g)
+	require.NoError(t, err)
+	_, err = p.Fill(0, 0, 1)
+	drivertest.RequireIs(t, err, driver.ErrInvalid)
+	require.Zero(t, e.used(t, 0))
+	n, err := p.Fill(0, g, 2)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, 2*g, p.Bytes())
+	require.Equal(t, 2*g, e.used(t, 0), "filled chunks are committed memory")
+	n, err = p.Fill(0, g, 5)
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "the limit")
+	a := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Pool: p})
+	require.NoError(t, a.Commit(0, 2*g))
+	st := a.Stats()
+	require.Equal(t, 2, st.Reused)
+	require.Zero(t, st.Creates, "the commit only maps")
+	require.Equal(t, PoolStats{Bytes: g, Chunks: 1, Filled: 3, Reused: 2}, p.Stats())
+	require.NoError(t, p.Check())
+	require.NoError(t, a.Close())
+	require.NoError(t, p.Close())
+	before := e.used(t, 0)
+	_, err = p.Fill(0, g, 1)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	require.Equal(t, before, e.used(t, 0))
+	var zero Pool
+	_, err = zero.Fill(0, g, 1)
+	drivertest.RequireIs(t, err, driver.ErrInvalid)
+}

@@ -64,7 +64,8 @@ type KVTarget struct {
 // kvcache.PickLayout picks for the model, mapping ahead, drop
 // preemption, admitting for the prompt, as vmarena kv simulate runs it by
 // default) and the paged scheme, steps priced by
-// serving.A100, driver calls by costs.
+// serving.A100, driver calls by costs, both scheduled a step ahead
+// (serving.Options.AdmitAhead).
 func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) (KVTarget, error) {
 	m, err := serving.ModelPreset(model)
 	if err != nil {
@@ -72,7 +73,7 @@ func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) 
 	}
 	cfg := serving.Config{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: serving.DefaultBlockTokens}
 	cfg.MaxContext = serving.FitMaxContext(tr.Requests, cfg)
-	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs}
+	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs, AdmitAhead: true}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
 	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {

@@ -39,6 +39,8 @@ const (
 	opSetBudget
 	opStep
 	opFork
+	opReserve
+	opWarm
 	numOpKinds
 )
 
@@ -368,6 +370,53 @@ func (m *model) back(s *mseq, need int) ([]int, bool) {
 	return todo, true
 }
 
+// next is the cnt tokens of s after its first have: its prompt's, then
+// fresh ones.
+func (s *mseq) next(have, cnt int, fresh *int) []int {
+	more := make([]int, cnt)
+	for j := range more {
+		if p := have + j; p < len(s.prompt) {
+			more[j] = s.prompt[p]
+		} else {
+			more[j] = *fresh
+			*fresh++
+		}
+	}
+	return more
+}
+
+// reserve is the cache's Reserve: the units past s's tokens, up to those
+// n more tokens reach, that fit in the free budget are backed as back
+// backs them (no room made); it returns how many of the n tokens have
+// their pages then.
+func (m *model) reserve(s *mseq, n int) int {
+	sl := m.slots[s.slot]
+	have := len(s.tokens)
+	from, need := m.g.unitsFor(have), m.g.unitsFor(have+n)
+	free, k := m.free(), from
+	for ; k < need; k++ {
+		if !sl.owned[k] && sl.borrowed[k] == nil {
+			if free < m.up() {
+				break
+			}
+			free -= m.up()
+		}
+	}
+	if k > from {
+		if _, ok := m.back(s, k); !ok {
+			panic("model: a reservation that fits does not")
+		}
+	}
+	j := from
+	for j < len(sl.owned) && (sl.borrowed[j] != nil || (sl.owned[j] && !m.storeBound(s, j))) {
+		j++
+	}
+	if j == len(sl.owned) {
+		return n
+	}
+	return min(max(m.g.roomIn(j)-have, 0), n)
+}
+
 // publish makes s's written store units matchable.
 func (m *model) publish(s *mseq, upTo int) {
 	sl := m.slots[s.slot]
@@ -626,7 +675,7 @@ type modelRun struct {
 	// refusedAdmits and refusedResumes are the calls their plans refused;
 	// asked the CanAdmit and CanResume answers checked against the calls.
 	refusedAdmits, refusedResumes, asked int
-	steps, stepOOMs                      int
+	steps, stepOOMs, reserves, warms     int
 	forks, refusedForks, cowCopies       int
 }
 
@@ -649,6 +698,8 @@ func (r *modelRun) add(o modelRun) {
 	r.forks += o.forks
 	r.refusedForks += o.refusedForks
 	r.cowCopies += o.cowCopies
+	r.reserves += o.reserves
+	r.warms += o.warms
 }
 
 // books is every book of a cache a refused call must leave as it was:
@@ -825,15 +876,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			case o.kind == opAppendMore:
 				cnt = 1 + o.n%40
 			}
-			more := make([]int, cnt)
-			for j := range more {
-				if p := have + j; p < len(s.prompt) {
-					more[j] = s.prompt[p]
-				} else {
-					more[j] = fresh
-					fresh++
-				}
-			}
+			more := s.next(have, cnt, &fresh)
 			step += fmt.Sprintf(" (%d tokens onto %d)", cnt, have)
 			if s.preempted == 0 {
 				// What the last Append handed out was written (writeStep):
@@ -955,6 +998,54 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			r.resumes++
 		case opFork:
 			m.forkOp(t, c, e, s, o, &r, step)
+		case opReserve:
+			if s == nil {
+				break
+			}
+			have, n := len(s.tokens), o.n%48
+			before := snapBooks(t, c, e)
+			got, err := s.real.Reserve(n)
+			if s.preempted != 0 || have+n > cfg.MaxContext {
+				requireIs(t, err, driver.ErrInvalid, step)
+				require.Equal(t, before, snapBooks(t, c, e), step+": a refused Reserve changes no book and makes no driver call")
+				break
+			}
+			require.NoError(t, err, step)
+			require.Equal(t, m.reserve(s, n), got, step)
+			r.reserves++
+			if got == 0 || o.family%2 != 0 {
+				break
+			}
+			// The Append of what was reserved finds its pages: no
+			// driver call, no page committed.
+			require.NoError(t, s.real.MarkWritten(have), step)
+			m.publish(s, have)
+			more := s.next(have, got, &fresh)
+			mid := snapBooks(t, c, e)
+			out, err := s.real.Append(more)
+			require.NoError(t, err, step+": the Append of what was reserved")
+			after := snapBooks(t, c, e)
+			require.Equal(t, mid.calls, after.calls, step+": the Append of what was reserved makes no driver call")
+			require.Equal(t, mid.used, after.used, step+": and commits nothing")
+			_, ok := m.back(s, m.g.unitsFor(have+got))
+			require.True(t, ok, step)
+			s.tokens = append(s.tokens, more...)
+			if !onSim {
+				writeStep(t, out, s.tokens, s.extra)
+			}
+			r.appends++
+		case opWarm:
+			// The pool grows to n pages, within the free budget beside
+			// the pages in use and the pool.
+			n := o.n % 24
+			got, err := c.Warm(n)
+			require.NoError(t, err, step)
+			if add := min(n, m.budget-m.pages) - m.pooled; add > 0 {
+				m.pooled += add
+				m.created += add
+			}
+			require.Equal(t, m.pooled, got, step)
+			r.warms++
 		case opStep:
 			ok, oom := m.step(t, c, o, &fresh, cfg.MaxContext, onSim, step)
 			r.steps += b2i(ok)
@@ -1111,7 +1202,7 @@ func TestCacheModelContiguous(t *testing.T) {
 // TestCacheModel runs random operation sequences against the model.
 func TestCacheModel(t *testing.T) {
 	var total modelRun
-	for seed := uint64(0); seed < 24; seed++ {
+	for seed := uint64(0); seed < 40; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			r := runModel(t, randomInput(rand.New(rand.NewPCG(seed, 11)), 150), AutoLayout)
 			total.add(r)
@@ -1132,6 +1223,8 @@ func TestCacheModel(t *testing.T) {
 	require.Positive(t, total.stepOOMs, "some steps do not fit")
 	require.Greater(t, total.forks, 10, "forks")
 	require.Positive(t, total.cowCopies, "copies on write")
+	require.Greater(t, total.reserves, 20, "reservations ahead")
+	require.Greater(t, total.warms, 20, "pools warmed")
 }
 
 // FuzzCacheModel fuzzes the decoder and the sequences it yields.

@@ -1,7 +1,11 @@
 package kvcache
 
 import (
+	"fmt"
+
 	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
 )
 
 // The page pool: the slot range and the prefix store share an
@@ -43,4 +47,40 @@ func (c *Cache) checkPoolLocked(fail func(string, ...any)) {
 	if c.pages <= c.budgetPages() && uint64(c.pages)*c.g.page+c.pool.Bytes() > c.budget {
 		fail("%d pages in use and %d pooled exceed the budget of %d pages", c.pages, c.pooledPages(), c.budgetPages())
 	}
+}
+
+// Warm creates pages for the page pool until it keeps pages of them,
+// within the budget beside the pages in use (it gives nothing back to
+// make room): the creates the commits of the next prompt chunks would
+// make, made ahead — while a step computes, or the engine idles — so
+// that those commits only map. A warmed page is committed memory
+// (Stats.PooledPages), given back like any pooled page when the budget
+// is lowered, at Close, or taken by the next commit. It returns the pages
+// the pool keeps; a create the driver refuses ends it with the error, the
+// pages created before it kept. It refuses a negative count (ErrInvalid)
+// and a closed cache (ErrClosed).
+func (c *Cache) Warm(pages int) (int, error) {
+	what := func() string { return fmt.Sprintf("kvcache: warm the page pool to %d pages", pages) }
+	if err := c.made(what); err != nil {
+		return 0, err
+	}
+	if pages < 0 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
+	}
+	c.mu.Lock()
+	defer c.unlock()
+	if err := c.usableLocked(what); err != nil {
+		return 0, err
+	}
+	have := c.pooledPages()
+	want := min(pages, have+max(c.freePagesLocked()-have, 0))
+	if want <= have {
+		return have, nil
+	}
+	_, err := c.pool.Fill(c.cfg.Device, c.g.page, want)
+	c.checkAfter("warm")
+	if err != nil {
+		return c.pooledPages(), errors.Wrapf(err, "%s", what())
+	}
+	return c.pooledPages(), nil
 }

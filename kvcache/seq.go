@@ -656,6 +656,12 @@ func (s *Seq) Matched() int {
 // before it is marked, so a sequence cancelled or preempted before its
 // rows were computed never serves zeros to another. Rows once marked are
 // final: writing them again changes what the sequences sharing them read.
+// Written means written before any reader's kernels run: an engine whose
+// steps run in order on one stream may mark a step's rows once it has
+// enqueued the step (a sequence that matches them is computed by a later
+// step, which the stream runs after it), as vLLM's block table caches a
+// block when it schedules it — so that a request admitted a step ahead,
+// while that step computes, shares what it computes.
 //
 // n only grows, from Written() to Len(). It refuses n outside that range
 // and a preempted sequence (ErrInvalid: Resume it first; after Drop its

@@ -47,15 +47,7 @@ func (m *model) step(t *testing.T, c *Cache, o op, fresh *int, maxCtx int, onSim
 		if o.n/64 == 1 && have < len(s.prompt) {
 			cnt = len(s.prompt) - have
 		}
-		more := make([]int, cnt)
-		for j := range more {
-			if p := have + j; p < len(s.prompt) {
-				more[j] = s.prompt[p]
-			} else {
-				more[j] = *fresh
-				*fresh++
-			}
-		}
+		more := s.next(have, cnt, fresh)
 		tooLong = tooLong || have+cnt > maxCtx
 		if s.preempted == 0 {
 			require.NoError(t, s.real.MarkWritten(have), step)

@@ -75,6 +75,10 @@ type CacheOptions struct {
 //     left) as the paged scheme asks: the plan its Resume carries out, so
 //     that a Resume the simulation makes never fails, and one whose next
 //     chunk would preempt it again waits.
+//   - Scheduling a step ahead (Options.AdmitAhead): Reserve is
+//     kvcache's Seq.Reserve, which commits a prompt chunk's pages within
+//     the free budget while the step before computes; the Append of the
+//     chunk then finds them.
 //   - Mapping ahead, modelled rather than run: simulated steps do not run
 //     in wall time, so the cache's mapping-ahead goroutine is off
 //     (kvcache's MapAhead -1) and every page is committed by the Append
@@ -417,10 +421,53 @@ func (k *Cache) Append(r *SimRequest, n int) error {
 	return nil
 }
 
+// Reserve commits ahead the pages of r's next n tokens, those after the
+// ones appended (kvcache's Seq.Reserve: within the free budget, making no
+// room), and returns how many of them have their pages.
+func (k *Cache) Reserve(r *SimRequest, n int) (int, error) {
+	cs, err := k.live("reserve", r, false)
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 || n > r.context-cs.next {
+		return 0, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: reserve %d tokens of request %d at %d: want 0 to %d",
+			n, r.id, cs.next, r.context-cs.next)
+	}
+	// Tokens below Len have their pages already (a recompute resume's).
+	held := max(cs.seq.Len()-cs.next, 0)
+	if n <= held {
+		return n, nil
+	}
+	got, err := cs.seq.Reserve(n - held)
+	if err != nil {
+		return 0, errors.Wrapf(err, "serving: kvcache: reserve for request %d", r.id)
+	}
+	k.checkAfter("reserve")
+	return held + got, nil
+}
+
+// Warm fills the cache's page pool with the pages n tokens' KV takes
+// (kvcache's Cache.Warm: created ahead, within the free budget), so that
+// the commits of the next prompt chunks only map.
+func (k *Cache) Warm(n int) error {
+	if err := k.made("warm"); err != nil {
+		return err
+	}
+	if n < 0 {
+		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: warm the pool for %d tokens", n)
+	}
+	page := k.cache.Config().PageSize
+	pages := (uint64(n)*k.cfg.Model.TokenBytes()+page-1)/page + 1 // a page a chunk straddles
+	_, err := k.cache.Warm(int(min(pages, uint64(1)<<30)))
+	return errors.Wrapf(err, "serving: kvcache: warm the pool")
+}
+
 // Computed marks the tokens appended to r's sequence written: Simulate
-// computed them in the step that just ended. A sequence preempted before
-// its step ended is not told, and its prefix store units of that step are
-// never shared.
+// computed them in the step that just ended — or, scheduling a step
+// ahead (Options.AdmitAhead), launched the step that computes them,
+// which every later step follows on the stream (kvcache's MarkWritten).
+// A sequence preempted before then is not told, and its prefix store
+// units of that step are never shared.
 func (k *Cache) Computed(r *SimRequest) error {
 	cs, err := k.live("mark computed", r, false)
 	if err != nil {

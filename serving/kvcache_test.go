@@ -277,6 +277,9 @@ func TestKVCacheBadInput(t *testing.T) {
 		{func() error { _, err := k.Preempt(b); return err }, "preempt request 1: it is not admitted"},
 		{func() error { _, err := k.Resume(b); return err }, "resume request 1: it is not admitted"},
 		{func() error { return k.Finish(b) }, "finish request 1: it is not admitted"},
+		{func() error { _, err := k.Reserve(a, -1); return err }, "reserve -1 tokens of request 0 at 20: want 0 to 0"},
+		{func() error { _, err := k.Reserve(a, 1); return err }, "reserve 1 tokens of request 0 at 20: want 0 to 0"},
+		{func() error { _, err := k.Reserve(b, 1); return err }, "reserve request 1: it is not admitted"},
 	} {
 		err := tc.call()
 		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
@@ -288,6 +291,9 @@ func TestKVCacheBadInput(t *testing.T) {
 	_, err = k.Preempt(a)
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	require.ErrorContains(t, err, "preempt request 0: it is preempted")
+	_, err = k.Reserve(a, 0)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "reserve request 0: it is preempted")
 	require.True(t, k.CanAdmit(a), "preempted: Resume is the test")
 	require.NoError(t, k.Check())
 	require.Equal(t, before.Commits, k.Stats().Commits)

@@ -71,8 +71,10 @@ type Scheme interface {
 }
 
 // kvWriter is a scheme told when the tokens a step appended to a request
-// are computed — their keys and values written — at the step's end:
-// Cache, whose prefix store shares only what a sequence wrote.
+// are computed — their keys and values written — at the step's end (or,
+// with Options.AdmitAhead, once the step is launched: every later
+// step reads after it): Cache, whose prefix store shares only what a
+// sequence wrote.
 type kvWriter interface {
 	Computed(r *SimRequest) error
 }

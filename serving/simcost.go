@@ -57,8 +57,13 @@ type DriverCost struct {
 	// step; Exposed what steps waited for.
 	Background, Exposed time.Duration
 	// Admission is the time of the calls of admissions: Admit and Resume,
-	// the Appends of prompt chunks and recomputes, Preempt and Finish.
+	// the Appends of prompt chunks and recomputes, Preempt and Finish,
+	// and the calls made a step ahead.
 	Admission time.Duration
+	// Ahead is the time of the calls made a step ahead
+	// (Options.AdmitAhead): admissions during the step before and
+	// prompt chunks' reservations; in Background and Admission.
+	Ahead time.Duration
 }
 
 // ExposedShare is the exposed driver time over the steps' GPU time.
@@ -155,6 +160,26 @@ func (s *simulation) background(c sim.Calls) {
 	s.res.Driver.Time += t
 	s.res.Driver.Background += t
 	s.pendingBg += t
+}
+
+// aheadCalls prices calls made during the step being computed, for the
+// next (Options.AdmitAhead): admissions', reservations' and frees',
+// and the marks of what the step writes. They hide behind at most window
+// of the step's GPU time (all of it, or what is left of it after a
+// request's arrival), and share the step with the next step's mapping
+// ahead (pendingBg against slack); the rest is exposed. admission says
+// they are an admission's.
+func (s *simulation) aheadCalls(c sim.Calls, window time.Duration, admission bool) {
+	t := c.Time(s.opts.Prices)
+	hid := min(t, max(window, 0))
+	s.res.Driver.Time += t
+	s.res.Driver.Background += hid
+	s.pendingBg += hid
+	s.pendingFg += t - hid
+	s.res.Driver.Ahead += t
+	if admission {
+		s.res.Driver.Admission += t
+	}
 }
 
 // appended accounts an Append of n tokens to r: background when mapping

@@ -157,3 +157,58 @@ func mustPreset(t *testing.T, name string) Model {
 	require.NoError(t, err)
 	return m
 }
+
+// TestSimulateAdmitAhead: A's 32-token prompt takes two 16-token steps,
+// and B, queued behind it, gets its prompt in the third. Scheduling a
+// step ahead, A's second page is reserved during the first step and B is
+// admitted, its page reserved, during the second: those calls hide
+// behind the 10 ms steps and only A's first page, committed before
+// anything runs, is exposed. With every call dearer than a step, what
+// exceeds the step is exposed. The paged scheme, with no driver call,
+// runs the same schedule.
+func TestSimulateAdmitAhead(t *testing.T) {
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	reqs := []Request{{Input: 32, Output: 2, Blocks: []int64{1, 2}}, {Input: 16, Output: 2, Blocks: []int64{3}}}
+	run := func(costs sim.CallCosts, ahead bool) Result {
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+		res, err := Simulate(reqs, k, Options{Config: cfg, MaxBatchedTokens: 16, Steps: tenMs, Prices: costs, CheckEvery: 1, AdmitAhead: ahead})
+		require.NoError(t, err)
+		checkDriver(t, res, costs)
+		require.Equal(t, 2, res.Finished)
+		require.Equal(t, 2, res.Admissions)
+		return res
+	}
+	// Hidden time is behind GPU time: never more than there is of it (no
+	// idle gap here, both arrive at once).
+	hidden := func(res Result) {
+		t.Helper()
+		require.LessOrEqual(t, res.Driver.Time-res.Driver.Exposed, res.GPUTime)
+		require.LessOrEqual(t, res.SimTime, res.GPUTime+res.Driver.Exposed) // the last frees: after the last step
+	}
+	cheap := sim.CallCosts{Name: "1 ms a call", Create: time.Millisecond, Map: time.Millisecond, SetAccess: time.Millisecond, Unmap: time.Millisecond}
+	off, on := run(cheap, false), run(cheap, true)
+	hidden(off)
+	hidden(on)
+	require.Equal(t, off.Driver.Calls, on.Driver.Calls, "the same calls, on other paths")
+	require.Zero(t, off.Driver.Ahead)
+	require.Positive(t, on.Driver.Ahead)
+	require.LessOrEqual(t, on.Driver.Ahead, on.Driver.Admission)
+	require.Less(t, on.Driver.Exposed, off.Driver.Exposed)
+	require.Less(t, on.MeanTTFT, off.MeanTTFT)
+	require.Less(t, on.SimTime, off.SimTime)
+
+	dear := sim.CallCosts{Name: "20 ms a call", Create: 20 * time.Millisecond, Map: 20 * time.Millisecond, SetAccess: 20 * time.Millisecond, Unmap: 20 * time.Millisecond}
+	res := run(dear, true)
+	hidden(res)
+	require.Equal(t, on.Driver.Calls, res.Driver.Calls)
+	require.Greater(t, res.Driver.Exposed, res.Driver.Time-res.GPUTime-time.Nanosecond, "what the steps cannot hide is exposed")
+
+	bt, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	paged, err := Simulate(reqs, bt, Options{Config: cfg, MaxBatchedTokens: 16, Steps: tenMs, CheckEvery: 1, AdmitAhead: true})
+	require.NoError(t, err)
+	checkDriver(t, paged, sim.CallCosts{})
+	require.Equal(t, on.Steps, paged.Steps, "the same schedule")
+	require.Equal(t, on.GPUTime, paged.GPUTime)
+	require.Equal(t, paged.GPUTime, paged.SimTime)
+}

@@ -4,6 +4,7 @@ package serving
 // scheme at a time.
 
 import (
+	"math"
 	"runtime"
 	"slices"
 	"time"
@@ -45,6 +46,24 @@ type Options struct {
 	// Record keeps, for reports, what the scheme held at each step
 	// (Result.Timeline).
 	Record bool
+	// AdmitAhead schedules a step ahead, as an engine whose scheduler
+	// runs while the GPU computes (vLLM's async scheduling): when a
+	// step's token budget ran out with requests waiting, the request at
+	// the front of the queue is admitted (or resumed) during that step,
+	// if the scheme agrees, and scheduled from the next; and a scheme
+	// that can reserve (Cache: kvcache's Seq.Reserve) commits, during
+	// the step, the pages of the next prompt chunk of that request and of
+	// every sequence the step prefills. Those calls are made before the
+	// step's end — before its sequences finish or publish what it
+	// computed — and their driver time is background, behind the step's
+	// GPU time (what exceeds it, with the next decodes' mapping ahead,
+	// is exposed). The requests that finish at a step's end are freed
+	// during the next step, behind its GPU time too, and such a scheme
+	// warms its page pool (Cache.Warm) with a step's tokens' memory
+	// while the step's time, or an idle gap, lasts. Both schemes run
+	// the same scheduler; the paged scheme reserves nothing (its blocks
+	// cost no driver call, and its pool is allocated before serving).
+	AdmitAhead bool
 }
 
 // ProgressSteps is how many steps pass between calls of
@@ -89,6 +108,13 @@ type Result struct {
 	// Stored) and the memory kept for reuse (Cached), in bytes.
 	PeakInUse, PeakWaste, PeakSaved, PeakCached uint64
 	MeanInUse, MeanWaste, MeanSaved, MeanCached float64
+	// PeakAhead and MeanAhead are the bytes the calls made a step ahead
+	// (Options.AdmitAhead) committed during a step for the next one:
+	// the scheme's Stats are sampled as a step starts, so that memory is
+	// in the InUse of the step whose tokens it holds, not of the step
+	// during which it was committed; these say how much that was.
+	PeakAhead uint64
+	MeanAhead float64
 	// TTFT is each request's time to first token (arrival to the end of the
 	// step that produced it), for the requests that produced one: mean,
 	// median and 99th percentile.
@@ -293,6 +319,12 @@ type simulation struct {
 	running []*SimRequest
 	// done counts the requests finished or refused.
 	done int
+	// freeing are the requests that finished at the last step's end and
+	// are freed during the next step (Options.AdmitAhead), or at once,
+	// on the step's path, when an Append needs memory or nothing runs. A
+	// request CanAdmit refuses waits for the next step rather than for
+	// them: the admission ahead during it sees their memory.
+	freeing []*SimRequest
 	// batch is this step's sequences and their token counts.
 	batch []scheduled
 	// drv counts the scheme's driver calls (nil: a baseline). pendingFg
@@ -308,9 +340,9 @@ type simulation struct {
 	res Result
 	// The integrals over simulated time (in seconds) of the sequences
 	// running and of the scheme's in-use, wasted, saved and cached bytes.
-	seqSecs, inUseSecs, wasteSecs, savedSecs, cachedSecs float64
-	ttft                                                 []time.Duration
-	rec                                                  *recorder // Options.Record only
+	seqSecs, inUseSecs, wasteSecs, savedSecs, cachedSecs, aheadSecs float64
+	ttft                                                            []time.Duration
+	rec                                                             *recorder // Options.Record only
 }
 
 type scheduled struct {
@@ -320,13 +352,27 @@ type scheduled struct {
 
 func (s *simulation) run() error {
 	cfg := s.opts.Config
-	for s.done < len(s.all) {
+	for s.done < len(s.all) || len(s.freeing) > 0 {
 		s.arrive()
+		if len(s.running) == 0 && len(s.freeing) > 0 {
+			// Nothing runs: the engine frees now, before it schedules.
+			if err := s.flush(-1); err != nil {
+				return err
+			}
+		}
+		if s.done == len(s.all) {
+			break
+		}
 		if len(s.running) == 0 && len(s.waiting) == 0 {
 			if s.next == len(s.all) {
 				break
 			}
 			gap := s.all[s.next].req.Arrival - s.now
+			if s.opts.AdmitAhead {
+				if err := s.warm(gap, true); err != nil {
+					return err
+				}
+			}
 			s.sample(gap)
 			s.idle(gap)
 			s.now += gap
@@ -348,6 +394,13 @@ func (s *simulation) run() error {
 				}
 				if !errors.Is(err, driver.ErrOutOfMemory) {
 					return err
+				}
+				if len(s.freeing) > 0 {
+					// The finished requests' memory first, on the step's path.
+					if err := s.flush(-1); err != nil {
+						return err
+					}
+					continue
 				}
 				victim := s.running[len(s.running)-1]
 				s.running = s.running[:len(s.running)-1]
@@ -374,33 +427,13 @@ func (s *simulation) run() error {
 			if !can {
 				break
 			}
-			var held int
-			var err error
-			m = s.enter()
-			if r.preempted {
-				held, err = s.scheme.Resume(r)
-			} else {
-				held, err = s.scheme.Admit(r)
-			}
-			s.foreground(s.leave(m), true)
-			if errors.Is(err, driver.ErrOutOfMemory) {
-				s.failedAdmission(r)
-				break // CanAdmit agreed, the scheme did not: r waits
-			}
+			ok, err := s.admit(r, func(c sim.Calls) { s.foreground(c, true) })
 			if err != nil {
 				return err
 			}
-			if held < 0 || held >= r.context {
-				return errors.AssertionFailedf("serving: %s holds %d tokens of request %d at admission, want 0 to %d",
-					s.res.Scheme, held, r.id, r.context-1)
+			if !ok {
+				break // CanAdmit agreed, the scheme did not: r waits
 			}
-			s.waiting = s.waiting[1:]
-			s.res.Admissions++
-			var prefill stepWork
-			prefill.add(cfg.Model, held, r.context-held)
-			s.res.PrefillTime += s.opts.Steps.time(cfg.Model, prefill)
-			r.state, r.computed = simRunning, held
-			s.running = append(s.running, r)
 			n := min(r.context-r.computed, budget)
 			m = s.enter()
 			err = s.scheme.Append(r, n)
@@ -439,6 +472,16 @@ func (s *simulation) run() error {
 		dt := exposed + gpu
 		s.slack = gpu
 		s.sample(dt)
+		if s.opts.AdmitAhead {
+			before := s.scheme.Stats()
+			if err := s.ahead(preempted, exposed, gpu); err != nil {
+				return err
+			}
+			after := s.scheme.Stats()
+			ahead := max(after.InUse+after.Cached, before.InUse+before.Cached) - (before.InUse + before.Cached)
+			s.aheadSecs += float64(ahead) * dt.Seconds()
+			s.res.PeakAhead = max(s.res.PeakAhead, ahead)
+		}
 		s.now += dt
 		s.res.Steps++
 		if err := s.advance(); err != nil {
@@ -463,8 +506,11 @@ func (s *simulation) run() error {
 
 // arrive queues the requests that have arrived by now, refusing those no
 // sequence can hold.
-func (s *simulation) arrive() {
-	for s.next < len(s.all) && s.all[s.next].req.Arrival <= s.now {
+func (s *simulation) arrive() { s.arriveBy(s.now) }
+
+// arriveBy queues the requests that arrive by t.
+func (s *simulation) arriveBy(t time.Duration) {
+	for s.next < len(s.all) && s.all[s.next].req.Arrival <= t {
 		r := &s.all[s.next]
 		s.next++
 		if r.req.Input == 0 || r.req.Input+r.req.Output > s.opts.Config.MaxContext {
@@ -500,7 +546,7 @@ func (s *simulation) advance() error {
 	marker, marks := s.scheme.(kvWriter)
 	for _, b := range s.batch {
 		r := b.r
-		if marks {
+		if marks && !s.opts.AdmitAhead { // else marked as the step started (ahead)
 			m := s.enter()
 			err := marker.Computed(r)
 			s.foreground(s.leave(m), false)
@@ -522,10 +568,9 @@ func (s *simulation) advance() error {
 			}
 		}
 		if r.generated == r.req.Output {
-			m := s.enter()
-			err := s.scheme.Finish(r)
-			s.foreground(s.leave(m), true)
-			if err != nil {
+			if s.opts.AdmitAhead {
+				s.freeing = append(s.freeing, r) // freed during the next step
+			} else if err := s.free(r, -1); err != nil {
 				return err
 			}
 			r.state = simFinished
@@ -534,6 +579,41 @@ func (s *simulation) advance() error {
 		}
 	}
 	s.running = slices.DeleteFunc(s.running, func(r *SimRequest) bool { return r.state != simRunning })
+	return nil
+}
+
+// free finishes r in the scheme: its calls are foreground (window < 0)
+// or made during a step, behind window of its GPU time.
+func (s *simulation) free(r *SimRequest, window time.Duration) error {
+	m := s.enter()
+	err := s.scheme.Finish(r)
+	if c := s.leave(m); window < 0 {
+		s.foreground(c, true)
+	} else {
+		s.aheadCalls(c, window, true)
+	}
+	return err
+}
+
+// flush frees the requests that finished and are not freed yet
+// (Options.AdmitAhead): all of them on the step's path (window < 0),
+// or, during a step, in the order they finished while the calls made
+// during it hide behind window of its GPU time — the rest wait for the
+// next step (an engine frees lazily what no one waits for).
+func (s *simulation) flush(window time.Duration) error {
+	n := 0
+	for _, r := range s.freeing {
+		if window >= 0 && s.pendingBg >= window {
+			break
+		}
+		if err := s.free(r, window); err != nil {
+			return err
+		}
+		n++
+	}
+	rest := copy(s.freeing, s.freeing[n:])
+	clear(s.freeing[rest:])
+	s.freeing = s.freeing[:rest]
 	return nil
 }
 
@@ -586,6 +666,7 @@ func (s *simulation) finish() error {
 		r.MeanWaste = s.wasteSecs / secs
 		r.MeanSaved = s.savedSecs / secs
 		r.MeanCached = s.cachedSecs / secs
+		r.MeanAhead = s.aheadSecs / secs
 	}
 	if len(s.ttft) > 0 {
 		slices.Sort(s.ttft)
@@ -606,4 +687,194 @@ func (s *simulation) finish() error {
 		return hook("Progress", func() { s.opts.Progress(s.progress()) })
 	}
 	return nil
+}
+
+// kvReserver is a scheme that can commit a sequence's next tokens' memory
+// ahead of the Append that holds them (Cache): Options.AdmitAhead.
+type kvReserver interface {
+	// Reserve makes room, without making room (no reclaim, eviction or
+	// preemption), for r's next n tokens past those appended, and returns
+	// how many of them have it.
+	Reserve(r *SimRequest, n int) (int, error)
+	// Warm creates ahead, within the free budget, the memory n tokens
+	// take, for the next commits to map.
+	Warm(n int) error
+}
+
+// ahead is Options.AdmitAhead's work during a step whose batch is
+// made and priced (preempted says the step preempted a sequence; it
+// waits exposed, then computes for gpu), for the step after: that step's
+// tokens are handed out as it will hand them out — to the running
+// sequences in order, one to a decode (a sequence that finishes at this
+// step's end, which an engine cannot know, counted as one), the next
+// chunk to a prompt — and while budget and slots are left the front of
+// the queue is admitted (or resumed) and handed its first chunk, the
+// requests that arrive during the step too; every prompt chunk's pages
+// are reserved. An admission is as in the step's own loop, but made
+// before the step's end (with the prefix store as it stands during the
+// step). The calls are background behind the step's GPU time, from the
+// request's arrival on for one that arrives during the step; what they
+// cannot hide behind is exposed (see aheadCalls).
+func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
+	cfg := s.opts.Config
+	res, reserves := s.scheme.(kvReserver)
+	start, end := s.now+exposed, s.now+exposed+gpu
+	reserve := func(r *SimRequest, n int, window time.Duration) error {
+		if !reserves || n < 1 {
+			return nil
+		}
+		m := s.enter()
+		_, err := res.Reserve(r, n)
+		s.aheadCalls(s.leave(m), window, true)
+		return err
+	}
+	// The step is launched: its rows are written before any later step
+	// reads them (one stream), so they are marked now, and prefixes the
+	// step computes are matchable by the admissions below, as the paged
+	// scheme registers a block when it is scheduled. Then the requests
+	// that finished at the last step's end are freed.
+	if marker, marks := s.scheme.(kvWriter); marks {
+		for _, b := range s.batch {
+			if b.r.state != simRunning {
+				continue
+			}
+			m := s.enter()
+			err := marker.Computed(b.r)
+			s.aheadCalls(s.leave(m), gpu, false)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if err := s.flush(gpu); err != nil {
+		return err
+	}
+	budget := s.opts.MaxBatchedTokens
+	for i, b := 0, 0; i < len(s.running) && budget > 0; i++ {
+		r := s.running[i]
+		done := r.computed
+		for b < len(s.batch) && s.batch[b].r != r {
+			b++ // the batch is in running's order
+		}
+		if b < len(s.batch) {
+			done += s.batch[b].n
+		}
+		if done >= r.context {
+			budget-- // a decode: mapping ahead's
+			continue
+		}
+		n := min(r.context-done, budget)
+		if err := reserve(r, n, gpu); err != nil {
+			return err
+		}
+		budget -= n
+	}
+	for !preempted && budget > 0 && len(s.running) < cfg.MaxSeqs {
+		if len(s.waiting) == 0 {
+			s.arriveBy(min(s.nextArrival(), end-1))
+			if len(s.waiting) == 0 {
+				break
+			}
+		}
+		r := s.waiting[0]
+		window := end - max(start, r.req.Arrival)
+		m := s.enter()
+		can := s.scheme.CanAdmit(r)
+		s.aheadCalls(s.leave(m), window, true)
+		if !can {
+			break
+		}
+		ok, err := s.admit(r, func(c sim.Calls) { s.aheadCalls(c, window, true) })
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		n := min(r.context-r.computed, budget)
+		if err := reserve(r, n, window); err != nil {
+			return err
+		}
+		budget -= n
+	}
+	return s.warm(gpu, false)
+}
+
+// warm has a scheme that can reserve create ahead, for the next
+// admissions' first chunks to map, the memory of up to a step's tokens
+// (MaxBatchedTokens), an eighth at a time while the time the step (or
+// the idle gap) has left hides it: during a step, behind window of its
+// GPU time, the other calls made ahead first (pendingBg); in an idle
+// gap of window (idle: foreground, which the gap hides).
+func (s *simulation) warm(window time.Duration, idle bool) error {
+	res, ok := s.scheme.(kvReserver)
+	if !ok {
+		return nil
+	}
+	step := max(s.opts.MaxBatchedTokens/8, 1)
+	for n := step; n <= s.opts.MaxBatchedTokens; n += step {
+		pending := s.pendingBg
+		if idle {
+			pending = s.pendingFg
+		}
+		if pending >= window {
+			return nil
+		}
+		m := s.enter()
+		err := res.Warm(n)
+		c := s.leave(m)
+		if idle {
+			s.foreground(c, false)
+		} else {
+			s.aheadCalls(c, window, false)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// admit admits (or resumes) r, the front of the queue, which CanAdmit
+// agreed to, pricing the calls with price; false when the scheme
+// refused it for want of memory (r waits).
+func (s *simulation) admit(r *SimRequest, price func(sim.Calls)) (bool, error) {
+	var held int
+	var err error
+	m := s.enter()
+	if r.preempted {
+		held, err = s.scheme.Resume(r)
+	} else {
+		held, err = s.scheme.Admit(r)
+	}
+	price(s.leave(m))
+	if errors.Is(err, driver.ErrOutOfMemory) {
+		s.failedAdmission(r)
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if held < 0 || held >= r.context {
+		return false, errors.AssertionFailedf("serving: %s holds %d tokens of request %d at admission, want 0 to %d",
+			s.res.Scheme, held, r.id, r.context-1)
+	}
+	s.waiting = s.waiting[1:]
+	s.res.Admissions++
+	model := s.opts.Config.Model
+	var prefill stepWork
+	prefill.add(model, held, r.context-held)
+	s.res.PrefillTime += s.opts.Steps.time(model, prefill)
+	r.state, r.computed = simRunning, held
+	s.running = append(s.running, r)
+	return true, nil
+}
+
+// nextArrival is the arrival of the next request not yet queued (past
+// every time when there is none).
+func (s *simulation) nextArrival() time.Duration {
+	if s.next == len(s.all) {
+		return time.Duration(math.MaxInt64)
+	}
+	return s.all[s.next].req.Arrival
 }

@@ -7,6 +7,9 @@
 // preemptions and waste of both, this cache's TTFT, output rate and CPU
 // time as ratios to the paged scheme's, its failed resumes, exposed driver
 // time over GPU time and admissions' driver time over their prefill time.
+// Both schemes run the scheduler a step ahead (serving.Options.AdmitAhead:
+// vmarena kv simulate --admit-ahead), as an engine whose scheduler runs
+// while the GPU computes.
 //
 //	go run ./bench/kvtargets                      # 32 cells, 200 requests a trace
 //	go run ./bench/kvtargets -requests 50 -models llama3-8b -cpuprofile /tmp/kv.prof
@@ -92,7 +95,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Fprintf(stdout, "kvtargets: %d requests a trace (seed %d), steps priced by the A100 roofline, driver calls by the %s; this cache in the layout kv simulate picks (kvcache.AutoLayout), mapping ahead\n\n",
+	fmt.Fprintf(stdout, "kvtargets: %d requests a trace (seed %d), steps priced by the A100 roofline, driver calls by the %s; this cache in the layout kv simulate picks (kvcache.AutoLayout), mapping ahead; both schemes scheduled a step ahead (admissions, prompt chunks' reservations and frees during the step before: kv simulate --admit-ahead)\n\n",
 		*requests, *seed, costs.Name)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(bench.KVTargetHeader, "\t"))

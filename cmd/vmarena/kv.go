@@ -19,7 +19,8 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                            [--layout auto|token-major|contiguous|per-layer] [--page-size 2MiB]
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
-                           [--prices a100|h100] [--map-ahead=false] [--report FILE] [--json]
+                           [--prices a100|h100] [--map-ahead=false] [--admit-ahead]
+                           [--report FILE] [--json]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -39,7 +40,11 @@ sim driver's table measured on an A100, or on an H100); with mapping ahead (on
 unless --map-ahead=false) this cache's decode commits run in the background
 during the step before and only what exceeds that step's GPU time is waited
 for. Steps wait for the exposed driver time, so TTFT and throughput pay for
-it. The paged and static schemes allocate their pool once before serving and
+it. --admit-ahead schedules a step ahead, as an engine whose scheduler runs
+while the GPU computes: admissions, the next prompt chunks' pages (this
+cache's Seq.Reserve) and the last step's frees are made during a step, for
+every scheme, and only what exceeds its GPU time is waited for. The paged and
+static schemes allocate their pool once before serving and
 make no driver call while they serve. The CPU time is the thread clock's
 around each scheme's own calls.
 
@@ -101,6 +106,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	report := fs.String("report", "", "also write an HTML report to `FILE`: each scheme's sequences, KV memory and waste over time, and the table")
 	prices := fs.String("prices", "a100", "the `TABLE` of driver call costs: "+strings.Join(sim.CostTableNames(), " or ")+" (measured per call on that GPU)")
 	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
+	admitAhead := fs.Bool("admit-ahead", false, "schedule a step ahead: admit, reserve the next prompt chunks' pages and free the finished requests during a step, in the background of its GPU time (every scheme)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
 	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
 		return code
@@ -170,7 +176,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if err := cfg.Check(); err != nil {
 		return usageErr("%v", err)
 	}
-	opts := serving.Options{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != ""}
+	opts := serving.Options{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != "", AdmitAhead: *admitAhead}
 
 	// The schemes, each built from the same cfg: this cache's first.
 	lay, err := kvcache.ParseLayout(*layout)
@@ -248,6 +254,9 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	ahead := "off: every page is committed on the step's path"
 	if cache.MapAhead() > 0 {
 		ahead = fmt.Sprintf("on: a decode's commits run during the step before, %d tokens ahead", cache.MapAhead())
+	}
+	if *admitAhead {
+		ahead += "; scheduling a step ahead (admissions, prompt chunks' reservations and frees during the step before)"
 	}
 	header = append(header, fmt.Sprintf("driver calls priced by the %s; this cache's mapping ahead %s", costs.Name, ahead))
 	table := kvTable(results)

@@ -314,3 +314,23 @@ func TestKVFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestKVAdmitAhead: --admit-ahead schedules a step ahead for every
+// scheme: the header says so, every request still finishes, and the
+// paged scheme still makes no driver call.
+func TestKVAdmitAhead(t *testing.T) {
+	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
+	args := []string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "4GiB", "--limit", "12"}
+	code, out, errOut := runKV(t, append(args, "--admit-ahead")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "scheduling a step ahead")
+	code, out, errOut = runKV(t, append(args, "--admit-ahead", "--json")...)
+	require.Equal(t, 0, code, errOut)
+	var d KVSimulateJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	for _, s := range d.Schemes {
+		require.Equal(t, 12, s.Finished+s.Refused, s.Scheme)
+	}
+	require.False(t, d.Schemes[1].DriverCallsCounted)
+	require.LessOrEqual(t, d.Schemes[0].ExposedDriverSeconds, d.Schemes[0].DriverSeconds)
+}
