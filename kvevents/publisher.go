@@ -67,9 +67,10 @@ type Stats struct {
 	// Dropped counts messages not sent to a subscriber at its
 	// high-water mark (one a subscriber).
 	Dropped int
-	// Subscribers and ReplayClients are connected now; Refused counts
-	// connections closed for what they sent (see the package doc) or
-	// past maxPeers.
+	// Subscribers are the connected subscribers that take the topic now
+	// (their subscription is in); ReplayClients the replay clients
+	// connected now. Refused counts connections closed for what they
+	// sent (see the package doc) or past maxPeers.
 	Subscribers, ReplayClients, Refused int
 	// EncodeErrors counts batches Publish could not encode (not sent,
 	// no sequence number taken).
@@ -176,6 +177,13 @@ func New(opts Options) (*Publisher, error) {
 	return p, nil
 }
 
+// CheckEndpoint reports whether ep is an endpoint New listens on,
+// tcp://HOST:PORT: an error marked driver.ErrInvalid says why not.
+func CheckEndpoint(ep string) error {
+	_, err := listenAddr("endpoint", ep)
+	return err
+}
+
 // listenAddr is the HOST:PORT of ep, tcp://HOST:PORT, or an error.
 func listenAddr(what, ep string) (string, error) {
 	bad := func(why string) error {
@@ -203,13 +211,27 @@ func listenAddr(what, ep string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// made says whether p was made by New: the methods of a nil or zero
+// Publisher do nothing, and those that return an error say so.
+func (p *Publisher) made(op string) error {
+	if p == nil || p.peers == nil {
+		return errors.Wrapf(driver.ErrInvalid, "kvevents: %s: the publisher was not made by New", op)
+	}
+	return nil
+}
+
 // Addr is the address the PUB socket listens on (its port, where the
-// endpoint asked for 0).
-func (p *Publisher) Addr() net.Addr { return p.pubLn.Addr() }
+// endpoint asked for 0); nil for a publisher not made by New.
+func (p *Publisher) Addr() net.Addr {
+	if p.made("addr") != nil {
+		return nil
+	}
+	return p.pubLn.Addr()
+}
 
 // ReplayAddr is the replay socket's, nil without one.
 func (p *Publisher) ReplayAddr() net.Addr {
-	if p.repLn == nil {
+	if p.made("replay addr") != nil || p.repLn == nil {
 		return nil
 	}
 	return p.repLn.Addr()
@@ -387,6 +409,9 @@ func (p *Publisher) write(pe *peer) {
 // (Stats.EncodeErrors) and not sent; after Close, Publish does nothing.
 // It never waits for a subscriber.
 func (p *Publisher) Publish(b kvcache.EventBatch) {
+	if p.made("publish") != nil {
+		return
+	}
 	payload, err := EncodeBatch(b, p.opts.Rank, p.opts.Layout)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -423,10 +448,8 @@ func (p *Publisher) Publish(b kvcache.EventBatch) {
 	p.stats.Bytes += len(payload)
 }
 
-// subscribers is how many subscribers take the topic now.
-func (p *Publisher) subscribers() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// subscribersLocked is how many subscribers take the topic now.
+func (p *Publisher) subscribersLocked() int {
 	n := 0
 	for pe := range p.peers {
 		pe.mu.Lock()
@@ -465,10 +488,13 @@ func (p *Publisher) keepLocked(k kept) {
 
 // Stats is what the publisher did so far.
 func (p *Publisher) Stats() Stats {
+	if p.made("stats") != nil {
+		return Stats{}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.stats
-	s.Subscribers = p.countLocked(true)
+	s.Subscribers = p.subscribersLocked()
 	s.ReplayClients = p.countLocked(false)
 	return s
 }
@@ -550,6 +576,9 @@ func (p *Publisher) fromLocked(start int64) []kept {
 // waits for its goroutines; closing twice is an error marked
 // driver.ErrClosed.
 func (p *Publisher) Close() error {
+	if err := p.made("close"); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
