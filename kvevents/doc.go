@@ -29,7 +29,12 @@
 // parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
 // then the defaulted extra_keys, group_idx, kv_cache_spec_kind,
 // kv_cache_spec_sliding_window; BlockRemoved is block_hashes, medium,
-// then the defaulted group_idx; AllBlocksCleared has none. What this
+// then the defaulted group_idx; AllBlocksCleared has none. The array
+// forms are msgspec's for EventBatch and KVCacheEvent declared with
+// array_like=True, as at vLLM commit
+// b4e69e0af33f4698e157a262cc787fe61983cd3d (whose events had fewer
+// fields); the map form is msgspec's for KVCacheEvent without it, as
+// later vLLM declares it (its EventBatch stays array_like). What this
 // package writes in them: block hashes and the parent are the cache's
 // own prefix hashes (unsigned 64-bit integers; vLLM's ExternalBlockHash
 // is an int or bytes), not vLLM's hash of the tokens: a router that
@@ -45,11 +50,11 @@
 // # Replay
 //
 // With Options.ReplayEndpoint, a ROUTER socket answers a replay request
-// — frames identity, empty, start sequence number (8 bytes big-endian),
+// — frames empty, start sequence number (8 bytes big-endian),
 // as a DEALER sends it with an empty first frame or a REQ socket sends
 // the number alone — with one message per kept batch from that number
-// on (identity, empty, sequence number, payload) and then the end
-// marker (identity, empty, -1 as 8 bytes, an empty payload), as vLLM's.
+// on (empty, sequence number, payload) and then the end marker (empty,
+// -1 as 8 bytes, an empty payload), as vLLM's ROUTER sends them.
 // The publisher keeps the last Options.BufferSteps batches (10,000, as
 // vLLM) and at most Options.BufferBytes of them (256 MiB; vLLM bounds
 // the count only); past either, the oldest go. A request from a number
@@ -63,26 +68,32 @@
 //
 // # Bounds
 //
-// The PUB socket has a high-water mark (Options.HWM, 100,000 messages,
-// as vLLM): past it messages are dropped — for every subscriber at
-// once, for zmq4's PUB has one queue and one writer where libzmq has one
-// a subscriber — and a subscriber sees the gap in the sequence numbers
-// and asks the replay socket. zmq4 trusts its peers, so both sockets
-// listen through a transport of this package that reads what a peer
-// sends before zmq4 does and closes a connection that sends a frame over
-// 64 KiB, a message of more than 8 frames, or no handshake within 10 s,
-// and gives each write to a peer 30 s (a subscriber that takes in
-// nothing for that long is cut off, and reconnects and replays). What
-// is left of zmq4 v0.17.0 that this does not fix: a PUB subscriber's
-// connection goroutine that is handed more than 10 messages that are no
-// subscription blocks until the process ends (the guard does not tell
-// subscriptions from other messages).
+// Each subscriber has a queue of its own with a high-water mark
+// (Options.HWM, 100,000 messages, as vLLM's): past it, that
+// subscriber's messages are dropped (Stats.Dropped) until its writer
+// catches up; it sees the gap in the sequence numbers and asks the
+// replay socket. The ZMTP wire is spoken by github.com/go-zeromq/zmq4 at
+// the connection level only (zmq4.Open, Conn.SendMsg, Conn.RecvMsg): its
+// sockets trust their peers (a frame of whatever length a peer
+// announces is allocated, a handshake runs on the accept loop with no
+// deadline, a slow subscriber stops the one writer of all), so this
+// package runs the accept loops, the handshakes (a goroutine each), the
+// queues and the writers itself, and reads every connection through a
+// guard that closes it for what no subscriber or replay client sends: no
+// ZMTP 3 greeting, a frame over 64 KiB, a message of more than 8 frames,
+// a message before the handshake's READY, a handshake not done within
+// 10 s, a peer of a socket type that does not fit (a subscriber must be
+// SUB or XSUB, a replay client DEALER, REQ or ROUTER), a subscriber's
+// message that is no subscription, or more than 256 subscriptions. A
+// write that blocks 30 s cuts the peer off (a subscriber reconnects and
+// replays). At most 256 subscribers and 256 replay clients are
+// connected at once; Stats.Refused counts the connections closed.
 //
 // # What it never does
 //
 // It never blocks the cache: Publish encodes the batch on the caller's
-// goroutine (the cache calls it outside its lock) and queues it with
-// zmq4, which drops at the mark rather than wait. It never connects out
+// goroutine (the cache calls it outside its lock) and queues it for each
+// subscriber, dropping at the mark rather than wait. It never connects out
 // (vLLM's publisher connects to an endpoint that names no wildcard; this
 // one listens on every endpoint: a simulation is the stable end). It
 // never asks the cache for a resync: a subscriber that lost batches the

@@ -157,7 +157,7 @@ func TestNoLeaks(t *testing.T) {
 		require.NoError(t, err)
 		_, err = stalled.Write(append(append(greeting(), readyAs("SUB")...), 0x00, 1, 1)) // subscribe to ""
 		require.NoError(t, err)
-		for p.subscribers() < 2 {
+		for p.Stats().Subscribers < 2 {
 			time.Sleep(time.Millisecond)
 		}
 		p.Publish(makeBatch(0, 0))

@@ -249,7 +249,7 @@ func spawn(t *testing.T, p *Publisher, o subOpts) *child {
 	require.True(t, c.out.waitFor("subscribed", endedp), "the subscriber ended: %s", c.out)
 	// The PUB socket sends a batch only to the connections whose
 	// subscription it has read.
-	for p.subscribers() == 0 {
+	for p.Stats().Subscribers == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	return c
