@@ -57,7 +57,9 @@
 // -1 as 8 bytes, an empty payload), as vLLM's ROUTER sends them.
 // The publisher keeps the last Options.BufferSteps batches (10,000, as
 // vLLM) and at most Options.BufferBytes of them (256 MiB; vLLM bounds
-// the count only); past either, the oldest go. A request from a number
+// the count only); past either, the oldest go (a batch larger than
+// BufferBytes is sent but not kept, and leaves nothing kept before it).
+// A request from a number
 // no longer kept is answered with what is still kept and the end marker,
 // as vLLM's: the first number sent is then not the one asked for, and
 // the client knows it lost what lay between. A request from a number not

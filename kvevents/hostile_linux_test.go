@@ -2,7 +2,6 @@ package kvevents
 
 import (
 	"context"
-	"encoding/binary"
 	"io"
 	"net"
 	"runtime"
@@ -14,40 +13,6 @@ import (
 
 	"github.com/vmarena/vmarena/internal/leakcheck"
 )
-
-// replayFrom asks p's replay socket through d for the batches from the
-// 8-byte frames req, and returns the sequence numbers sent before the
-// end marker.
-func replayFrom(t *testing.T, d zmq4.Socket, frames ...[]byte) []int64 {
-	t.Helper()
-	require.NoError(t, d.SendMulti(zmq4.NewMsgFrom(frames...)))
-	var seqs []int64
-	for {
-		r, err := d.Recv()
-		require.NoError(t, err)
-		require.Len(t, r.Frames, 3)
-		s := int64(binary.BigEndian.Uint64(r.Frames[1]))
-		if s == EndSeq {
-			require.Empty(t, r.Frames[2])
-			return seqs
-		}
-		seqs = append(seqs, s)
-	}
-}
-
-func seq8(v int64) []byte {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], uint64(v))
-	return b[:]
-}
-
-// greeting is a ZMTP 3.0 greeting, NULL mechanism, as a client.
-func greeting() []byte {
-	g := make([]byte, 64)
-	g[0], g[9], g[10] = 0xff, 0x7f, 3
-	copy(g[12:], "NULL")
-	return g
-}
 
 // TestHostileReplayRequests: malformed requests (another frame count, a
 // delimiter with bytes, a number of 7 or 9 bytes), a negative number and
@@ -129,17 +94,6 @@ func TestHostileReplayRequests(t *testing.T) {
 	require.Equal(t, after.Batches, final.Batches)
 	require.GreaterOrEqual(t, final.Refused, 5, "each hostile connection refused")
 	require.NoError(t, p.Close())
-}
-
-// readyAs is a READY command for a socket of type typ.
-func readyAs(typ string) []byte {
-	body := []byte{5}
-	body = append(body, "READY"...)
-	body = append(body, byte(len("Socket-Type")))
-	body = append(body, "Socket-Type"...)
-	body = binary.BigEndian.AppendUint32(body, uint32(len(typ)))
-	body = append(body, typ...)
-	return append([]byte{0x04, byte(len(body))}, body...)
 }
 
 // TestNoLeaks: a publisher that served a subscriber and a replay and

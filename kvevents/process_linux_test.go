@@ -267,14 +267,6 @@ func (c *child) counts(t *testing.T) (gaps, replayed, live int) {
 	return gaps, replayed, live
 }
 
-func newPublisher(t *testing.T, o Options) *Publisher {
-	t.Helper()
-	o.Endpoint, o.ReplayEndpoint = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
-	p, err := New(o)
-	require.NoError(t, err)
-	return p
-}
-
 // TestSubscriberProcess: a subscriber in another process takes every
 // batch live and decodes it as vLLM's classes define the format, in
 // both layouts, with a topic and a rank or with neither.
