@@ -279,8 +279,10 @@ func TestSubscriberProcess(t *testing.T) {
 			p.Publish(makeBatch(i, 0))
 		}
 		require.NoError(t, <-c.done, c.out.String())
-		_, _, live := c.counts(t)
-		require.Positive(t, live)
+		gaps, _, live := c.counts(t)
+		require.Equal(t, o.n, live, "every batch live")
+		require.Zero(t, gaps)
+		require.Zero(t, p.Stats().Dropped)
 		require.NoError(t, p.Close())
 	}
 }
@@ -337,6 +339,7 @@ func TestSlowSubscriber(t *testing.T) {
 	gaps, replayed, _ := c.counts(t)
 	require.GreaterOrEqual(t, gaps, 1, "the PUB socket dropped nothing: %s", c.out)
 	require.Positive(t, replayed)
+	require.Positive(t, p.Stats().Dropped, "the subscriber's queue reached its mark")
 	require.NoError(t, p.Close())
 }
 
