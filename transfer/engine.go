@@ -65,6 +65,10 @@ type Engine struct {
 	ln     net.Listener
 	addr   string
 	worker *ucx.Worker // the ucx kind's; nil for tcp
+	// closing ends when Close starts: a served ucx put's wait for its
+	// bytes gives up then, as its read of the connection does.
+	closing context.Context
+	stop    context.CancelFunc
 
 	// mu guards the fields below it.
 	mu     lockrank.Mutex[lockrank.TransferEngine]
@@ -116,8 +120,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: LeaseTimeout %s and DialRetries %d may not be negative", what(), cfg.LeaseTimeout, cfg.DialRetries)
 	}
 	e := &Engine{cfg: cfg, regs: map[uint64]*Registration{}, peers: map[*Peer]struct{}{}, conns: map[net.Conn]struct{}{}}
+	e.closing, e.stop = context.WithCancel(context.Background())
 	if cfg.Kind == "ucx" {
-		w, err := ucx.NewWorker()
+		w, err := ucx.NewWorker(false) // no RMA: peers write only through the windows the target opens (ucx.go)
 		if err != nil {
 			return nil, errors.Wrapf(err, "%s", what())
 		}
@@ -183,6 +188,7 @@ func (e *Engine) Close() error {
 		return driver.Closed("transfer: close an engine: already closed")
 	}
 	e.closed = true
+	e.stop()
 	peers, conns := e.peers, e.conns
 	e.peers, e.conns = map[*Peer]struct{}{}, map[net.Conn]struct{}{}
 	e.mu.Unlock()
