@@ -46,6 +46,9 @@ type CacheOptions struct {
 	// call that needs it, on the step's path. The zero value maps ahead
 	// (see Cache).
 	NoMapAhead bool
+	// Events, when set, is the cache's kvcache.Config.Events: it is told
+	// the prefix index's changes as vLLM's KV events.
+	Events func(kvcache.EventBatch)
 }
 
 // Cache is this library's KV cache (package kvcache) as a KV scheme: a
@@ -201,7 +204,7 @@ func NewCache(cfg Config, opts CacheOptions) (*Cache, error) {
 	k.cache, err = kvcache.New(k.space, k.mem, kvcache.Config{
 		Layers: cfg.Model.Layers, KVHeads: kvHeads, HeadDim: headDim, DType: dt,
 		BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs,
-		Budget: cfg.Budget, PageSize: page, Layout: opts.Layout, MapAhead: -1,
+		Budget: cfg.Budget, PageSize: page, Layout: opts.Layout, MapAhead: -1, Events: opts.Events,
 	})
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrapf(err, "serving: kvcache"), k.closeDriver())

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/kvevents"
 	"github.com/vmarena/vmarena/serving"
 )
 
@@ -21,6 +23,9 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
                            [--prices a100|h100] [--map-ahead=false] [--admit-ahead]
                            [--report FILE] [--json]
+                           [--kv-events tcp://HOST:PORT [--kv-events-topic TOPIC]
+                            [--kv-events-replay tcp://HOST:PORT] [--kv-events-layout array|map]
+                            [--kv-events-linger 1s]]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -47,6 +52,15 @@ every scheme, and only what exceeds its GPU time is waited for. The paged and
 static schemes allocate their pool once before serving and
 make no driver call while they serve. The CPU time is the thread clock's
 around each scheme's own calls.
+
+With --kv-events, this cache's KV events (the prefix index's changes:
+BlockStored, BlockRemoved, AllBlocksCleared at the end) are published as
+vLLM publishes them, on a ZMQ PUB socket listening at that endpoint (port 0:
+a free one, named on stderr), each batch a message of topic
+(--kv-events-topic), sequence number and msgpack payload; --kv-events-replay
+listens for replay requests (a ROUTER socket, as vLLM's). The sockets stay
+open --kv-events-linger after the run, for subscribers to take the last
+batches or replay them.
 
 --model is a preset (llama3.1-8b, llama3.3-70b, qwen2.5-7b, mistral-7b,
 deepseek-v3, ...: the flags of vmarena kv simulate -h list them all) or the
@@ -108,6 +122,11 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
 	admitAhead := fs.Bool("admit-ahead", false, "schedule a step ahead: admit, reserve the next prompt chunks' pages and free the finished requests during a step, in the background of its GPU time (every scheme)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
+	events := fs.String("kv-events", "", "publish this cache's KV events as vLLM does, on a ZMQ PUB socket listening at `ENDPOINT` (tcp://HOST:PORT; HOST * for every interface, PORT 0 for a free one)")
+	eventsTopic := fs.String("kv-events-topic", "", "the `TOPIC`, every KV event message's first frame (default none, as vLLM)")
+	eventsReplay := fs.String("kv-events-replay", "", "listen for KV event replay requests (a ZMQ ROUTER socket, as vLLM's) at `ENDPOINT`")
+	eventsLayout := fs.String("kv-events-layout", "array", "each KV event's msgpack `LAYOUT`: array (msgspec array_like, tag first) or map (tagged map)")
+	eventsLinger := fs.Duration("kv-events-linger", time.Second, "how long the KV event sockets stay open after the run (`DURATION`), for subscribers to take the last batches")
 	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
 		return code
 	}
@@ -142,6 +161,24 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--max-seqs %d: want 1 to %d", *maxSeqs, 1<<20)
 	case *maxBatched < 1 || *maxBatched > 1<<24:
 		return usageErr("--max-batched-tokens %d: want 1 to %d", *maxBatched, 1<<24)
+	case *events == "" && (*eventsTopic != "" || *eventsReplay != "" || flagSet(fs, "kv-events-layout") || flagSet(fs, "kv-events-linger")):
+		return usageErr("--kv-events-topic, --kv-events-replay, --kv-events-layout and --kv-events-linger need --kv-events")
+	case *eventsLinger < 0:
+		return usageErr("--kv-events-linger %s: want 0 or more", *eventsLinger)
+	}
+	eventsOpts := kvevents.Options{Endpoint: *events, ReplayEndpoint: *eventsReplay, Topic: *eventsTopic, Rank: new(int)}
+	if *events != "" {
+		if eventsOpts.Layout, err = kvevents.ParseLayout(*eventsLayout); err != nil {
+			return usageErr("--kv-events-layout %s: want array or map", *eventsLayout)
+		}
+		for _, f := range []struct{ name, ep string }{{"kv-events", *events}, {"kv-events-replay", *eventsReplay}} {
+			if f.ep == "" {
+				continue
+			}
+			if err := kvevents.CheckEndpoint(f.ep); err != nil {
+				return usageErr("--%s %s: %v", f.name, f.ep, err)
+			}
+		}
 	}
 	costs, err := sim.CostTable(*prices)
 	if err != nil {
@@ -187,7 +224,31 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *preempt == "swap" {
 		mode = kvcache.Swap
 	}
-	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
+	var publish func(kvcache.EventBatch)
+	if *events != "" {
+		pub, err := kvevents.New(eventsOpts)
+		if err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: --kv-events: %v\n", err)
+			return 1
+		}
+		publish = pub.Publish
+		fmt.Fprintf(stderr, "vmarena kv simulate: publishing KV events on tcp://%s%s\n", pub.Addr(), replayNote(pub))
+		kvEventsHook.started(pub)
+		// Deferred before the cache's Close, so run after it: its
+		// AllBlocksCleared is published too.
+		defer func() {
+			kvEventsHook.linger(pub, *eventsLinger)
+			s := pub.Stats()
+			fmt.Fprintf(stderr, "vmarena kv simulate: KV events: %d batches, %d events, %s published; %d dropped at a subscriber's high-water mark, %d replay requests (%d refused)\n",
+				s.Batches, s.Events, units.Bytes(uint64(s.Bytes)), s.Dropped, s.Replays, s.ReplayRefused)
+			if err := pub.Close(); err != nil {
+				fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+				code = max(code, 1)
+			}
+		}()
+	}
+	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead,
+		Events: publish})
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
@@ -278,6 +339,30 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}
 	return 0
+}
+
+// kvEventsHook is what kv simulate does with its KV event publisher once
+// it listens (nothing) and after the run (hold the sockets open for the
+// linger); a test replaces both, to subscribe before the run and take
+// the events before the sockets close.
+var kvEventsHook = struct {
+	started func(*kvevents.Publisher)
+	linger  func(*kvevents.Publisher, time.Duration)
+}{func(*kvevents.Publisher) {}, func(_ *kvevents.Publisher, d time.Duration) { time.Sleep(d) }}
+
+// replayNote names the replay socket's address, if there is one.
+func replayNote(p *kvevents.Publisher) string {
+	if a := p.ReplayAddr(); a != nil {
+		return fmt.Sprintf(", replay requests on tcp://%s", a)
+	}
+	return ""
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // kvTable is the table vmarena kv simulate prints (and its report

@@ -235,6 +235,15 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--prices", "b200"}, "--prices b200: want a100 or h100"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--prices", ""}, "--prices : want a100 or h100"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--map-ahead=maybe"}, `invalid boolean value "maybe" for -map-ahead`},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events", "127.0.0.1:5557"},
+			`--kv-events 127.0.0.1:5557: kvevents: endpoint "127.0.0.1:5557": not a tcp:// endpoint (want tcp://HOST:PORT, HOST * for every interface, PORT 0 for a free one)`},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events", "tcp://127.0.0.1:99999"}, "the port is not a number from 0 to 65535"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "ipc:///tmp/r"},
+			`--kv-events-replay ipc:///tmp/r: kvevents: endpoint "ipc:///tmp/r": not a tcp:// endpoint`},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events", "tcp://127.0.0.1:0", "--kv-events-layout", "tuple"}, "--kv-events-layout tuple: want array or map"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events", "tcp://127.0.0.1:0", "--kv-events-linger", "-1s"}, "--kv-events-linger -1s: want 0 or more"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events-topic", "kv"}, "--kv-events-topic, --kv-events-replay, --kv-events-layout and --kv-events-linger need --kv-events"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events-layout", "map"}, "need --kv-events"},
 	} {
 		code, out, errOut := runKV(t, tc.args...)
 		require.Equal(t, 2, code, "%v", tc.args)

@@ -25,6 +25,7 @@ import (
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/ipc"
 	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/kvevents"
 	"github.com/vmarena/vmarena/mapping"
 	"github.com/vmarena/vmarena/metrics"
 	"github.com/vmarena/vmarena/multidev"
@@ -66,6 +67,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[kvcache.AllBlocksCleared](), reflect.TypeFor[kvcache.BlockRemoved](), reflect.TypeFor[kvcache.BlockStored](),
 	reflect.TypeFor[kvcache.Cache](), reflect.TypeFor[kvcache.EventWriter](), reflect.TypeFor[kvcache.Layout](), reflect.TypeFor[kvcache.PreemptMode](),
 	reflect.TypeFor[kvcache.Seq](), reflect.TypeFor[kvcache.SlotState](), reflect.TypeFor[kvcache.UnitState](),
+	reflect.TypeFor[kvevents.Layout](), reflect.TypeFor[kvevents.Publisher](),
 	reflect.TypeFor[mapping.State](), reflect.TypeFor[mapping.Table](),
 	reflect.TypeFor[metrics.Collector](),
 	reflect.TypeFor[multidev.Arena](),

@@ -1,0 +1,105 @@
+// Package kvevents owns the wire form of a kvcache's KV events: it
+// publishes the batches kvcache.Config.Events hands over as vLLM's
+// ZmqEventPublisher does (vllm/distributed/kv_events.py), so that a
+// router that subscribes to vLLM servers (llm-d's KV-cache indexer,
+// NVIDIA Dynamo) subscribes to this cache the same way.
+//
+// # The wire
+//
+// A ZMQ PUB socket sends each batch as one multipart message of three
+// frames: the topic (Options.Topic, "" by default), the batch's sequence
+// number (8 bytes, big-endian, from 0, one more each batch) and the
+// payload, msgpack of vLLM's KVEventBatch as msgspec encodes it
+// (array_like=True): an array of three — ts (float64 seconds since the
+// epoch), the events, data_parallel_rank (Options.Rank, or nil) — always
+// three, for strict decoders count them. Each event is a msgspec tagged
+// struct (tag=True, omit_defaults=True) in one of two layouts
+// (Options.Layout):
+//
+//   - Array (the default): an array, the tag first ("BlockStored",
+//     "BlockRemoved", "AllBlocksCleared"), then the fields in
+//     declaration order, trailing fields at their default left off, as
+//     vLLM's KVCacheEvent with array_like=True encodes;
+//   - Map: a map, "type" and the tag, then the fields by name, those
+//     with a default left off while at it, as vLLM's KVCacheEvent
+//     without array_like (its later form) encodes.
+//
+// The field order followed is vllm-project/vllm's at commit
+// 0181ea3173e53eea8cf04a86891488e3dc89bb34: BlockStored is block_hashes,
+// parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
+// then the defaulted extra_keys, group_idx, kv_cache_spec_kind,
+// kv_cache_spec_sliding_window; BlockRemoved is block_hashes, medium,
+// then the defaulted group_idx; AllBlocksCleared has none. The array
+// forms are msgspec's for EventBatch and KVCacheEvent declared with
+// array_like=True, as at vLLM commit
+// b4e69e0af33f4698e157a262cc787fe61983cd3d (whose events had fewer
+// fields); the map form is msgspec's for KVCacheEvent without it, as
+// later vLLM declares it (its EventBatch stays array_like). What this
+// package writes in them: block hashes and the parent are the cache's
+// own prefix hashes (unsigned 64-bit integers; vLLM's ExternalBlockHash
+// is an int or bytes), not vLLM's hash of the tokens: a router that
+// hashes prompts itself does not find these blocks, one that indexes
+// the hashes it is sent does. lora_id and lora_name are nil, extra_keys
+// nil (the cache's extra key, adapter or salt, is inside its hash),
+// medium "GPU", group_idx 0 and kv_cache_spec_kind "full_attention"
+// (the prefix index is one group of full attention); the sliding window
+// is nil, so it is left off. Fields vLLM added after that commit
+// (locality, ownership, session_id, the skipped_ ones) are defaulted
+// and left off in both layouts, which its decoders accept.
+//
+// # Replay
+//
+// With Options.ReplayEndpoint, a ROUTER socket answers a replay request
+// — frames empty, start sequence number (8 bytes big-endian),
+// as a DEALER sends it with an empty first frame or a REQ socket sends
+// the number alone — with one message per kept batch from that number
+// on (empty, sequence number, payload) and then the end marker (empty,
+// -1 as 8 bytes, an empty payload), as vLLM's ROUTER sends them.
+// The publisher keeps the last Options.BufferSteps batches (10,000, as
+// vLLM) and at most Options.BufferBytes of them (256 MiB; vLLM bounds
+// the count only); past either, the oldest go (a batch larger than
+// BufferBytes is sent but not kept, and leaves nothing kept before it).
+// A request from a number
+// no longer kept is answered with what is still kept and the end marker,
+// as vLLM's: the first number sent is then not the one asked for, and
+// the client knows it lost what lay between. A request from a number not
+// yet published gets the end marker alone. A malformed request (another
+// frame count, a non-empty delimiter, a number not of 8 bytes) or a
+// negative number is refused: counted (Stats.ReplayRefused) and
+// answered by the end marker alone; it changes nothing.
+//
+// # Bounds
+//
+// Each subscriber has a queue of its own with a high-water mark
+// (Options.HWM, 100,000 messages, as vLLM's): past it, that
+// subscriber's messages are dropped (Stats.Dropped) until its writer
+// catches up; it sees the gap in the sequence numbers and asks the
+// replay socket. The ZMTP wire is spoken by github.com/go-zeromq/zmq4 at
+// the connection level only (zmq4.Open, Conn.SendMsg, Conn.RecvMsg): its
+// sockets trust their peers (a frame of whatever length a peer
+// announces is allocated, a handshake runs on the accept loop with no
+// deadline, a slow subscriber stops the one writer of all), so this
+// package runs the accept loops, the handshakes (a goroutine each), the
+// queues and the writers itself, and reads every connection through a
+// guard that closes it for what no subscriber or replay client sends: no
+// ZMTP 3 greeting, a frame over 64 KiB, a message of more than 8 frames,
+// a message before the handshake's READY, a handshake not done within
+// 10 s, a peer of a socket type that does not fit (a subscriber must be
+// SUB or XSUB, a replay client DEALER, REQ or ROUTER), a subscriber's
+// message that is no subscription, or more than 256 subscriptions. A
+// write that blocks 30 s cuts the peer off (a subscriber reconnects and
+// replays). At most 256 subscribers and 256 replay clients are
+// connected at once; Stats.Refused counts the connections closed.
+//
+// # What it never does
+//
+// It never blocks the cache: Publish encodes the batch on the caller's
+// goroutine (the cache calls it outside its lock) and queues it for each
+// subscriber, dropping at the mark rather than wait. It never connects out
+// (vLLM's publisher connects to an endpoint that names no wildcard; this
+// one listens on every endpoint: a simulation is the stable end). It
+// never asks the cache for a resync: a subscriber that lost batches the
+// replay buffer no longer holds rebuilds its index from the next
+// AllBlocksCleared. The library proper (kvcache and below) never imports
+// this package, zmq4 or msgpack.
+package kvevents

@@ -1,0 +1,173 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors"
+)
+
+// zmq4's connection (v0.17.0) trusts its peer: it allocates a frame of
+// whatever length the peer announces and appends frames to a message
+// without end. Each connection the publisher accepts is read through a
+// guardConn, which follows the ZMTP framing of what the peer sends
+// before zmq4 sees it and refuses what no subscriber or replay client
+// sends: no ZMTP 3 greeting, a frame longer than maxFrame, a message of
+// more than maxFrames frames, a message before the handshake's READY,
+// a handshake not done within handshakeTimeout; and it gives each write
+// writeTimeout. A refused connection is closed; the others go on.
+const (
+	// maxFrame bounds a frame a peer sends: a subscription is the topic
+	// and a byte, a replay request three short frames, the handshake's
+	// READY command the socket type and identity.
+	maxFrame = 64 << 10
+	// maxFrames bounds the frames of one message (a replay request has
+	// three; one more lets a refusal say why).
+	maxFrames = 8
+	// handshakeTimeout is how long a new connection may take to greet
+	// and send its READY command.
+	handshakeTimeout = 10 * time.Second
+	// writeTimeout is how long one write to a peer may block: a
+	// subscriber that takes in none of a message's bytes for this long
+	// is cut off (it reconnects and asks the replay socket for the gap).
+	writeTimeout = 30 * time.Second
+	// greetingLen is a ZMTP 3 greeting's length.
+	greetingLen = 64
+)
+
+// errRefused says a peer sent what the guard refuses.
+var errRefused = errors.New("kvevents: a peer sent a frame or message past the bounds, or no handshake in time: connection closed")
+
+// guardConn is a connection whose reads are checked frame by frame.
+// zmq4 reads a connection from one goroutine, so its state needs no lock.
+type guardConn struct {
+	net.Conn
+	// timer closes the connection if its handshake is not done in time
+	// (zmq4 leaves a connection whose handshake failed open).
+	timer     *time.Timer
+	done      atomic.Bool // the handshake is done
+	refused   atomic.Bool // the guard closed the connection
+	sig       [11]byte    // the greeting's signature and major version
+	greet     int         // greeting bytes still to come
+	hdr       [9]byte     // the frame header read so far
+	hdrN      int
+	body      uint64 // body bytes of the current frame still to come
+	command   bool   // the current frame is a command
+	frames    int    // frames of the current message so far
+	handshook bool   // the peer's first command (READY) is in
+}
+
+func newGuardConn(c net.Conn) *guardConn {
+	g := &guardConn{Conn: c, greet: greetingLen}
+	g.timer = time.AfterFunc(handshakeTimeout, func() {
+		if !g.done.Load() {
+			g.refused.Store(true)
+			_ = c.Close()
+		}
+	})
+	return g
+}
+
+func (g *guardConn) Close() error {
+	g.timer.Stop()
+	return g.Conn.Close()
+}
+
+func (g *guardConn) Read(p []byte) (int, error) {
+	n, err := g.Conn.Read(p)
+	if serr := g.scan(p[:n]); serr != nil {
+		g.refused.Store(true)
+		_ = g.Close()
+		return 0, serr
+	}
+	if err != nil && !g.handshook {
+		_ = g.Close() // zmq4 does not close a connection whose handshake failed
+	}
+	return n, err
+}
+
+func (g *guardConn) Write(p []byte) (int, error) {
+	_ = g.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	return g.Conn.Write(p)
+}
+
+// scan follows the framing through p.
+func (g *guardConn) scan(p []byte) error {
+	for len(p) > 0 {
+		switch {
+		case g.greet > 0:
+			// The signature (0xff, 8 bytes, 0x7f) and a major version of
+			// 3 or more, else it is no ZMTP 3 peer.
+			at := greetingLen - g.greet
+			if at < len(g.sig) {
+				g.sig[at] = p[0]
+				if at == len(g.sig)-1 && (g.sig[0] != 0xff || g.sig[9] != 0x7f || g.sig[10] < 3) {
+					return errRefused
+				}
+				g.greet--
+				p = p[1:]
+				continue
+			}
+			k := min(g.greet, len(p))
+			g.greet -= k
+			p = p[k:]
+		case g.body > 0:
+			k := min(g.body, uint64(len(p)))
+			g.body -= k
+			p = p[k:]
+			if g.body == 0 {
+				g.frameDone()
+			}
+		default:
+			g.hdr[g.hdrN] = p[0]
+			g.hdrN++
+			p = p[1:]
+			want := 2
+			if g.hdr[0]&0x02 != 0 {
+				want = 9
+			}
+			if g.hdrN < want {
+				continue
+			}
+			size := uint64(g.hdr[1])
+			if want == 9 {
+				size = binary.BigEndian.Uint64(g.hdr[1:9])
+			}
+			flags := g.hdr[0]
+			g.hdrN = 0
+			if flags&^0x07 != 0 || size > maxFrame {
+				return errRefused
+			}
+			g.command = flags&0x04 != 0
+			if !g.command {
+				if !g.handshook {
+					return errRefused // a message before READY
+				}
+				g.frames++
+				if g.frames > maxFrames {
+					return errRefused
+				}
+				if flags&0x01 == 0 {
+					g.frames = 0
+				}
+			}
+			g.body = size
+			if size == 0 {
+				g.frameDone()
+			}
+		}
+	}
+	return nil
+}
+
+// frameDone notes a whole frame read: the first command ends the
+// handshake, and with it the read deadline.
+func (g *guardConn) frameDone() {
+	if g.command && !g.handshook {
+		g.handshook = true
+		g.done.Store(true)
+		g.timer.Stop()
+	}
+}

@@ -1,0 +1,144 @@
+package kvevents
+
+import (
+	"context"
+	"io"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/internal/leakcheck"
+)
+
+// TestHostileReplayRequests: malformed requests (another frame count, a
+// delimiter with bytes, a number of 7 or 9 bytes), a negative number and
+// one past the newest get the end marker alone and change nothing;
+// garbage in place of ZMTP, a frame announcing 1 GiB and a message of
+// many frames close their connection without the process allocating
+// them; a peer that connects and says nothing does not stop the next
+// one. Through all of it the publisher still replays every batch.
+func TestHostileReplayRequests(t *testing.T) {
+	p := newPublisher(t, Options{})
+	for i := range 20 {
+		p.Publish(makeBatch(i, 0))
+	}
+	all := make([]int64, 20)
+	for i := range all {
+		all[i] = int64(i)
+	}
+	d := zmq4.NewDealer(context.Background())
+	defer d.Close()
+	require.NoError(t, d.Dial("tcp://"+p.ReplayAddr().String()))
+	require.Equal(t, all, replayFrom(t, d, nil, seq8(0)))
+	before := p.Stats()
+
+	for _, frames := range [][][]byte{
+		{seq8(0)},                 // no delimiter
+		{nil, seq8(0), seq8(0)},   // four frames with the identity
+		{[]byte("x"), seq8(0)},    // a delimiter with bytes
+		{nil, seq8(0)[:7]},        // 7 bytes
+		{nil, append(seq8(0), 0)}, // 9 bytes
+		{nil, seq8(-1)},           // negative
+		{nil, seq8(-1 << 63)},     // the most negative
+	} {
+		require.Empty(t, replayFrom(t, d, frames...), "frames %x", frames)
+	}
+	require.Empty(t, replayFrom(t, d, nil, seq8(1<<62)), "past the newest")
+	require.Equal(t, all[15:], replayFrom(t, d, nil, seq8(15)))
+	after := p.Stats()
+	require.Equal(t, before.ReplayRefused+7, after.ReplayRefused)
+	require.Equal(t, before.Batches, after.Batches)
+
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	heap := ms.HeapAlloc
+	addr := p.ReplayAddr().String()
+	// Each connection is closed by the publisher: reading it ends.
+	closedByPeer := func(send ...[]byte) {
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer c.Close()
+		for _, s := range send {
+			if _, err := c.Write(s); err != nil {
+				return // closed already
+			}
+		}
+		_, _ = io.Copy(io.Discard, c) // ends at EOF or a reset: the publisher closed it
+	}
+	huge := append([]byte{0x02}, seq8(1<<30)...)
+	closedByPeer([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + string(make([]byte, 64))))
+	closedByPeer(greeting(), readyAs("DEALER"), huge)
+	closedByPeer(greeting(), readyAs("DEALER"), append([]byte{0x02}, seq8(-1)...)) // a negative length
+	many := []byte{}
+	for range 100 {
+		many = append(many, 0x01, 0) // empty frames, each with MORE
+	}
+	closedByPeer(greeting(), readyAs("DEALER"), many)
+	closedByPeer(greeting(), append([]byte{0x00, 1, 0}, readyAs("DEALER")...)) // a message before READY
+	silent, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer silent.Close()
+	d2 := zmq4.NewDealer(context.Background())
+	defer d2.Close()
+	require.NoError(t, d2.Dial("tcp://"+addr))
+	require.Equal(t, all, replayFrom(t, d2, nil, seq8(0)), "a silent peer stops no one")
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	require.Less(t, int64(ms.HeapAlloc)-int64(heap), int64(64<<20), "the heap grew by %d bytes", int64(ms.HeapAlloc)-int64(heap))
+	final := p.Stats()
+	require.Equal(t, after.Batches, final.Batches)
+	require.GreaterOrEqual(t, final.Refused, 5, "each hostile connection refused")
+	require.NoError(t, p.Close())
+}
+
+// TestNoLeaks: a publisher that served a subscriber and a replay and
+// closed, with a subscriber that never reads (a raw connection that
+// subscribed) still connected and batches still queued for it, leaves no
+// file descriptor, mapping or goroutine behind.
+func TestNoLeaks(t *testing.T) {
+	goroutines := runtime.NumGoroutine()
+	work := func() {
+		p := newPublisher(t, Options{})
+		sub := zmq4.NewSub(context.Background())
+		require.NoError(t, sub.Dial("tcp://"+p.Addr().String()))
+		require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
+		stalled, err := net.Dial("tcp", p.Addr().String())
+		require.NoError(t, err)
+		_, err = stalled.Write(append(append(greeting(), readyAs("SUB")...), 0x00, 1, 1)) // subscribe to ""
+		require.NoError(t, err)
+		for p.Stats().Subscribers < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		p.Publish(makeBatch(0, 0))
+		m, err := sub.Recv()
+		require.NoError(t, err)
+		require.NoError(t, checkPayload(m.Frames[2], 0, 0, nil, Array))
+		d := zmq4.NewDealer(context.Background())
+		require.NoError(t, d.Dial("tcp://"+p.ReplayAddr().String()))
+		require.Equal(t, []int64{0}, replayFrom(t, d, nil, seq8(0)))
+		for i := range 50 {
+			p.Publish(makeBatch(i, 64<<10)) // more than the stalled one's buffers take
+		}
+		for range 50 {
+			// zmq4's SUB leaks the reader goroutine of a connection that
+			// received messages no Recv took: take them all.
+			_, err := sub.Recv()
+			require.NoError(t, err)
+		}
+		require.NoError(t, sub.Close())
+		require.NoError(t, d.Close())
+		require.NoError(t, p.Close())
+		require.NoError(t, stalled.Close())
+	}
+	before, after, same, err := leakcheck.Compare(3, work)
+	require.NoError(t, err)
+	require.True(t, same, "before %s, after %s", before, after)
+	for runtime.NumGoroutine() > goroutines {
+		time.Sleep(5 * time.Millisecond) // a leak is left to go test's -timeout
+	}
+}

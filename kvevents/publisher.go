@@ -1,0 +1,608 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/kvcache"
+)
+
+// Defaults, vLLM's ZmqEventPublisher's.
+const (
+	// DefaultBufferSteps is how many batches the replay socket keeps.
+	DefaultBufferSteps = 10_000
+	// DefaultHWM is the PUB socket's high-water mark, in messages.
+	DefaultHWM = 100_000
+	// DefaultBufferBytes bounds the bytes of the batches kept for
+	// replay (vLLM bounds their number only; a resync batch lists the
+	// whole index).
+	DefaultBufferBytes = 256 << 20
+)
+
+// EndSeq is the sequence number of the replay socket's last reply to a
+// request: -1, eight bytes big-endian, with an empty payload (vLLM's
+// END_SEQ).
+const EndSeq = -1
+
+// Options configure a Publisher.
+type Options struct {
+	// Endpoint is the PUB socket's, tcp://HOST:PORT; the publisher
+	// listens there (HOST * is every interface, PORT 0 a free port:
+	// Addr says which).
+	Endpoint string
+	// ReplayEndpoint, when set, is the ROUTER socket's, tcp://HOST:PORT,
+	// where a subscriber asks for the batches from a sequence number on.
+	ReplayEndpoint string
+	// Topic is the first frame of every message ("" by default, as vLLM).
+	Topic string
+	// Rank is the batches' data_parallel_rank; nil writes nil. vLLM's
+	// publisher writes its rank, 0 unless data-parallel.
+	Rank *int
+	// Layout is the events' encoding (Array by default).
+	Layout Layout
+	// BufferSteps and BufferBytes bound the batches kept for replay
+	// (0: DefaultBufferSteps, DefaultBufferBytes); past either the
+	// oldest go.
+	BufferSteps, BufferBytes int
+	// HWM is the PUB socket's high-water mark in messages, a subscriber
+	// (0: DefaultHWM): past it, messages to that subscriber are dropped
+	// until it catches up (it sees a gap in the sequence numbers and
+	// asks the replay socket).
+	HWM int
+}
+
+// Stats count what a Publisher did.
+type Stats struct {
+	// Batches and Events were published; Bytes is their payloads'.
+	Batches, Events, Bytes int
+	// Dropped counts messages not sent to a subscriber at its
+	// high-water mark (one a subscriber).
+	Dropped int
+	// Subscribers are the connected subscribers that take the topic now
+	// (their subscription is in); ReplayClients the replay clients
+	// connected now. Refused counts connections closed for what they
+	// sent (see the package doc) or past maxPeers.
+	Subscribers, ReplayClients, Refused int
+	// EncodeErrors counts batches Publish could not encode (not sent,
+	// no sequence number taken).
+	EncodeErrors int
+	// Evicted counts batches that left the replay buffer, the oldest
+	// first, for room.
+	Evicted int
+	// Replays counts replay requests served; Replayed the batches they
+	// resent; ReplayRefused the requests refused (malformed, or a
+	// negative sequence number), each answered by the end marker alone.
+	Replays, Replayed, ReplayRefused int
+}
+
+// maxPeers bounds the connections a socket holds at once; maxTopics the
+// subscriptions of one subscriber.
+const (
+	maxPeers  = 256
+	maxTopics = 256
+)
+
+type kept struct {
+	seq     int64
+	payload []byte
+}
+
+// peer is one connection: a subscriber (its writer goroutine sends what
+// Publish queues) or a replay client (its reader goroutine answers).
+type peer struct {
+	c   *zmq4.Conn
+	raw net.Conn
+	sub bool
+
+	mu      sync.Mutex
+	topics  []string
+	match   bool   // a subscription is a prefix of the topic
+	pending []kept // queued for the writer, at most HWM
+	wake    chan struct{}
+	done    chan struct{}
+}
+
+// Publisher publishes a cache's event batches as vLLM's
+// ZmqEventPublisher does. Publish is the kvcache.Config.Events callback.
+// All methods are safe for concurrent use.
+type Publisher struct {
+	opts   Options
+	pubLn  net.Listener
+	repLn  net.Listener
+	topic  []byte
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	peers  map[*peer]struct{}
+	next   int64  // the next batch's sequence number
+	ring   []kept // the batches kept for replay, oldest at head
+	head   int
+	n      int // batches in ring
+	bytes  int // their payloads
+	stats  Stats
+}
+
+// New listens on opts.Endpoint (and opts.ReplayEndpoint) and returns a
+// publisher; a bad endpoint or option is an error marked
+// driver.ErrInvalid, one that cannot be listened on is an error too.
+func New(opts Options) (*Publisher, error) {
+	pubAddr, err := listenAddr("endpoint", opts.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	var replayAddr string
+	if opts.ReplayEndpoint != "" {
+		if replayAddr, err = listenAddr("replay endpoint", opts.ReplayEndpoint); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case opts.Layout != Array && opts.Layout != Map:
+		return nil, errors.Wrapf(driver.ErrInvalid, "kvevents: layout %d, want Array or Map", int(opts.Layout))
+	case opts.BufferSteps < 0 || opts.BufferBytes < 0 || opts.HWM < 0:
+		return nil, errors.Wrapf(driver.ErrInvalid, "kvevents: buffer of %d batches and %d bytes, HWM %d: want none negative", opts.BufferSteps, opts.BufferBytes, opts.HWM)
+	}
+	if opts.BufferSteps == 0 {
+		opts.BufferSteps = DefaultBufferSteps
+	}
+	if opts.BufferBytes == 0 {
+		opts.BufferBytes = DefaultBufferBytes
+	}
+	if opts.HWM == 0 {
+		opts.HWM = DefaultHWM
+	}
+	p := &Publisher{opts: opts, topic: []byte(opts.Topic), peers: map[*peer]struct{}{}}
+	if p.pubLn, err = net.Listen("tcp", pubAddr); err != nil {
+		return nil, errors.Wrapf(err, "kvevents: listen on %s", opts.Endpoint)
+	}
+	if replayAddr != "" {
+		if p.repLn, err = net.Listen("tcp", replayAddr); err != nil {
+			_ = p.pubLn.Close()
+			return nil, errors.Wrapf(err, "kvevents: listen for replay requests on %s", opts.ReplayEndpoint)
+		}
+		p.wg.Add(1)
+		go p.accept(p.repLn, false)
+	}
+	p.wg.Add(1)
+	go p.accept(p.pubLn, true)
+	return p, nil
+}
+
+// CheckEndpoint reports whether ep is an endpoint New listens on,
+// tcp://HOST:PORT: an error marked driver.ErrInvalid says why not.
+func CheckEndpoint(ep string) error {
+	_, err := listenAddr("endpoint", ep)
+	return err
+}
+
+// listenAddr is the HOST:PORT of ep, tcp://HOST:PORT, or an error.
+func listenAddr(what, ep string) (string, error) {
+	bad := func(why string) error {
+		return errors.Wrapf(driver.ErrInvalid, "kvevents: %s %q: %s (want tcp://HOST:PORT, HOST * for every interface, PORT 0 for a free one)", what, ep, why)
+	}
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return "", bad("not a tcp:// endpoint")
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return "", bad(err.Error())
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || strconv.FormatUint(n, 10) != port {
+		return "", bad("the port is not a number from 0 to 65535")
+	}
+	switch {
+	case host == "*":
+		host = ""
+	case host == "":
+		return "", bad("no host")
+	case net.ParseIP(host) == nil && strings.ContainsAny(host, "/?#@ []"):
+		return "", bad("the host is neither an address nor a name")
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// made says whether p was made by New: the methods of a nil or zero
+// Publisher do nothing, and those that return an error say so.
+func (p *Publisher) made(op string) error {
+	if p == nil || p.peers == nil {
+		return errors.Wrapf(driver.ErrInvalid, "kvevents: %s: the publisher was not made by New", op)
+	}
+	return nil
+}
+
+// Addr is the address the PUB socket listens on (its port, where the
+// endpoint asked for 0); nil for a publisher not made by New.
+func (p *Publisher) Addr() net.Addr {
+	if p.made("addr") != nil {
+		return nil
+	}
+	return p.pubLn.Addr()
+}
+
+// ReplayAddr is the replay socket's, nil without one.
+func (p *Publisher) ReplayAddr() net.Addr {
+	if p.made("replay addr") != nil || p.repLn == nil {
+		return nil
+	}
+	return p.repLn.Addr()
+}
+
+// accept takes connections on ln until Close, each served by a
+// goroutine of its own (a handshake that stalls stalls only itself).
+func (p *Publisher) accept(ln net.Listener, sub bool) {
+	defer p.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed {
+				return
+			}
+			continue
+		}
+		p.mu.Lock()
+		if p.closed || len(p.peers) >= 2*maxPeers || p.countLocked(sub) >= maxPeers {
+			if !p.closed {
+				p.stats.Refused++
+			}
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		pe := &peer{raw: newGuardConn(c), sub: sub, wake: make(chan struct{}, 1), done: make(chan struct{})}
+		p.peers[pe] = struct{}{}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go p.serve(pe)
+	}
+}
+
+func (p *Publisher) countLocked(sub bool) int {
+	n := 0
+	for pe := range p.peers {
+		if pe.sub == sub {
+			n++
+		}
+	}
+	return n
+}
+
+// serve runs pe's handshake, then reads it until it or Close ends it: a
+// subscriber's subscriptions (its writer goroutine sends), a replay
+// client's requests (answered here).
+func (p *Publisher) serve(pe *peer) {
+	defer p.wg.Done()
+	bad := false // pe sent what no subscriber or replay client sends
+	defer func() {
+		if g, ok := pe.raw.(*guardConn); bad || ok && g.refused.Load() {
+			p.refused()
+		}
+		p.drop(pe)
+	}()
+	kind, want := zmq4.Router, []string{"DEALER", "REQ", "ROUTER"}
+	if pe.sub {
+		kind, want = zmq4.Pub, []string{"SUB", "XSUB"}
+	}
+	c, err := zmq4.Open(pe.raw, null.Security(), kind, nil, true, nil)
+	if err != nil {
+		bad = true
+		return
+	}
+	if !slices.Contains(want, c.Peer.Meta["Socket-Type"]) {
+		bad = true
+		return
+	}
+	pe.mu.Lock()
+	pe.c = c
+	pe.mu.Unlock()
+	if pe.sub {
+		p.wg.Add(1)
+		go p.write(pe)
+	}
+	for {
+		msg, err := c.RecvMsg()
+		if err != nil {
+			return
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue // PING is answered by zmq4; no other command matters
+		}
+		if pe.sub {
+			if !p.subscribe(pe, msg.Frames) {
+				bad = true
+				return
+			}
+			continue
+		}
+		if !p.replay(pe, msg.Frames) {
+			return
+		}
+	}
+}
+
+func (p *Publisher) refused() {
+	p.mu.Lock()
+	p.stats.Refused++
+	p.mu.Unlock()
+}
+
+// drop forgets pe and closes it; its writer goroutine ends.
+func (p *Publisher) drop(pe *peer) {
+	p.mu.Lock()
+	delete(p.peers, pe)
+	p.mu.Unlock()
+	_ = pe.raw.Close()
+	pe.mu.Lock()
+	select {
+	case <-pe.done:
+	default:
+		close(pe.done)
+	}
+	pe.pending = nil
+	pe.mu.Unlock()
+}
+
+// subscribe applies a subscription message (one frame: 1 or 0, then
+// the topic) and reports whether it was one; other messages a SUB never
+// sends, and are refused.
+func (p *Publisher) subscribe(pe *peer, frames [][]byte) bool {
+	if len(frames) != 1 || len(frames[0]) == 0 || frames[0][0] > 1 {
+		return false
+	}
+	t := string(frames[0][1:])
+	pe.mu.Lock()
+	defer pe.mu.Unlock()
+	if frames[0][0] == 1 {
+		if !slices.Contains(pe.topics, t) {
+			if len(pe.topics) >= maxTopics {
+				return false
+			}
+			pe.topics = append(pe.topics, t)
+		}
+	} else if i := slices.Index(pe.topics, t); i >= 0 {
+		pe.topics = slices.Delete(pe.topics, i, i+1)
+	}
+	pe.match = slices.ContainsFunc(pe.topics, func(s string) bool { return strings.HasPrefix(p.opts.Topic, s) })
+	return true
+}
+
+// write sends what Publish queued for pe, until pe ends.
+func (p *Publisher) write(pe *peer) {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-pe.done:
+			return
+		case <-pe.wake:
+		}
+		pe.mu.Lock()
+		batch := pe.pending
+		pe.pending = nil
+		pe.mu.Unlock()
+		for _, k := range batch {
+			var seqb [8]byte
+			binary.BigEndian.PutUint64(seqb[:], uint64(k.seq))
+			if pe.c.SendMsg(zmq4.NewMsgFrom(p.topic, seqb[:], k.payload)) != nil {
+				_ = pe.raw.Close() // its reader ends, and drops it
+				return
+			}
+		}
+	}
+}
+
+// Publish sends b as the next message: topic, its sequence number (8
+// bytes, big-endian, from 0), its payload (EncodeBatch), to each
+// subscriber whose subscription is a prefix of the topic, and keeps it
+// for replay. A batch that cannot be encoded is counted
+// (Stats.EncodeErrors) and not sent; after Close, Publish does nothing.
+// It never waits for a subscriber.
+func (p *Publisher) Publish(b kvcache.EventBatch) {
+	if p.made("publish") != nil {
+		return
+	}
+	payload, err := EncodeBatch(b, p.opts.Rank, p.opts.Layout)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	if err != nil {
+		p.stats.EncodeErrors++
+		return
+	}
+	k := kept{seq: p.next, payload: payload}
+	p.next++
+	for pe := range p.peers {
+		if !pe.sub {
+			continue
+		}
+		pe.mu.Lock()
+		switch {
+		case !pe.match || pe.c == nil:
+		case len(pe.pending) >= p.opts.HWM:
+			p.stats.Dropped++
+		default:
+			pe.pending = append(pe.pending, k)
+			select {
+			case pe.wake <- struct{}{}:
+			default:
+			}
+		}
+		pe.mu.Unlock()
+	}
+	p.keepLocked(k)
+	p.stats.Batches++
+	p.stats.Events += len(b.Events)
+	p.stats.Bytes += len(payload)
+}
+
+// subscribersLocked is how many subscribers take the topic now.
+func (p *Publisher) subscribersLocked() int {
+	n := 0
+	for pe := range p.peers {
+		pe.mu.Lock()
+		if pe.sub && pe.match && pe.c != nil {
+			n++
+		}
+		pe.mu.Unlock()
+	}
+	return n
+}
+
+// keepLocked appends k to the ring, evicting the oldest past the bounds.
+func (p *Publisher) keepLocked(k kept) {
+	for p.n > 0 && (p.n >= p.opts.BufferSteps || p.bytes+len(k.payload) > p.opts.BufferBytes) {
+		p.bytes -= len(p.ring[p.head].payload)
+		p.ring[p.head] = kept{}
+		p.head = (p.head + 1) % len(p.ring)
+		p.n--
+		p.stats.Evicted++
+	}
+	if len(k.payload) > p.opts.BufferBytes {
+		p.stats.Evicted++ // sent, but larger than the whole buffer
+		return
+	}
+	if p.n == len(p.ring) { // grow: unwrap into a larger slice
+		grown := make([]kept, min(max(2*p.n, 16), p.opts.BufferSteps))
+		for i := range p.n {
+			grown[i] = p.ring[(p.head+i)%p.n]
+		}
+		p.ring, p.head = grown, 0
+	}
+	p.ring[(p.head+p.n)%len(p.ring)] = k
+	p.n++
+	p.bytes += len(k.payload)
+}
+
+// Stats is what the publisher did so far.
+func (p *Publisher) Stats() Stats {
+	if p.made("stats") != nil {
+		return Stats{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats
+	s.Subscribers = p.subscribersLocked()
+	s.ReplayClients = p.countLocked(false)
+	return s
+}
+
+// ParseReplayRequest is the sequence number a replay request asks from:
+// its frames as the client sent them through a DEALER (a REQ socket adds
+// the first itself) — an empty delimiter, the start sequence number as 8
+// bytes big-endian. A number below 0 and any other shape are refused
+// (driver.ErrInvalid).
+func ParseReplayRequest(frames [][]byte) (int64, error) {
+	if len(frames) != 2 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "kvevents: a replay request of %d frames, want 2 (empty, sequence number)", len(frames))
+	}
+	if len(frames[0]) != 0 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "kvevents: a replay request whose first frame has %d bytes, want the empty delimiter", len(frames[0]))
+	}
+	if len(frames[1]) != 8 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "kvevents: a replay request's sequence number of %d bytes, want 8 (big-endian)", len(frames[1]))
+	}
+	seq := int64(binary.BigEndian.Uint64(frames[1]))
+	if seq < 0 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "kvevents: a replay request from sequence number %d, want 0 or more", seq)
+	}
+	return seq, nil
+}
+
+// replay answers one request of pe's: every batch kept from the number
+// asked on (from the oldest kept, if that one is gone: the client sees
+// the first number is not the one it asked for), then the end marker; a
+// refused request gets the end marker alone. It reports whether pe can
+// still be written to.
+func (p *Publisher) replay(pe *peer, frames [][]byte) bool {
+	start, err := ParseReplayRequest(frames)
+	var batches []kept
+	p.mu.Lock()
+	if err != nil {
+		p.stats.ReplayRefused++
+	} else {
+		p.stats.Replays++
+		batches = p.fromLocked(start)
+		p.stats.Replayed += len(batches)
+	}
+	p.mu.Unlock()
+	for _, k := range batches {
+		var seqb [8]byte
+		binary.BigEndian.PutUint64(seqb[:], uint64(k.seq))
+		if pe.c.SendMsg(zmq4.NewMsgFrom(nil, seqb[:], k.payload)) != nil {
+			return false
+		}
+	}
+	var end [8]byte
+	endSeq := int64(EndSeq)
+	binary.BigEndian.PutUint64(end[:], uint64(endSeq))
+	return pe.c.SendMsg(zmq4.NewMsgFrom(nil, end[:], nil)) == nil
+}
+
+// fromLocked is the kept batches from sequence number start on: an index
+// into the ring (sequence numbers are consecutive), no search.
+func (p *Publisher) fromLocked(start int64) []kept {
+	if p.n == 0 {
+		return nil
+	}
+	oldest := p.ring[p.head].seq
+	skip := int64(0)
+	if start > oldest {
+		skip = start - oldest
+	}
+	if skip >= int64(p.n) {
+		return nil
+	}
+	out := make([]kept, 0, int64(p.n)-skip)
+	for i := skip; i < int64(p.n); i++ {
+		out = append(out, p.ring[(p.head+int(i))%len(p.ring)])
+	}
+	return out
+}
+
+// Close stops publishing, closes both sockets and every connection, and
+// waits for its goroutines; closing twice is an error marked
+// driver.ErrClosed.
+func (p *Publisher) Close() error {
+	if err := p.made("close"); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return driver.Closed("kvevents: close: closed already")
+	}
+	p.closed = true
+	peers := make([]*peer, 0, len(p.peers))
+	for pe := range p.peers {
+		peers = append(peers, pe)
+	}
+	p.mu.Unlock()
+	err := p.pubLn.Close()
+	if p.repLn != nil {
+		err = errors.CombineErrors(err, p.repLn.Close())
+	}
+	for _, pe := range peers {
+		_ = pe.raw.Close() // its goroutines end
+	}
+	p.wg.Wait()
+	p.mu.Lock()
+	p.ring, p.n, p.bytes = nil, 0, 0
+	p.mu.Unlock()
+	if err != nil {
+		return errors.Wrapf(err, "kvevents: close")
+	}
+	return nil
+}
