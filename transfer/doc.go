@@ -10,15 +10,19 @@
 //
 // Its listener, the control connections it makes and serves (one
 // goroutine per served connection, one for the accept loop), its
-// registrations' books (id, generation, length, writability) and, for
-// ucx, the UCX worker, endpoints and memory registrations. Never the
+// registrations' books (id, generation, length, writability), for ucx
+// the UCX worker, endpoints and memory registrations, and, with
+// Config.Staging, one pinned host buffer and two streams of the driver
+// (see Device memory). Never the
 // memory: a Registration holds a tensor, and the tensor's owner (an arena
 // view's holder, a KV cache) keeps the memory and may take it back.
 //
 // # Invalidation: leases, not push events
 //
 // Every byte moved into or out of registered memory is moved while
-// holding the tensor's access (tensor.Access), on both sides. A KV cache
+// holding the tensor's access (tensor.Access, or tensor.AccessDevice for
+// a device tensor: one hold for the whole op, all its pieces), on both
+// sides. A KV cache
 // revokes a sequence's lease before Preempt, Free, SetBudget or Close
 // unmap or remap its pages, a sleep.Manager revokes an allocation's
 // (Manager.Tensor) before Sleep backs up and unmaps its tag and before
@@ -47,7 +51,8 @@
 //     the ucx kind the peer's UCX moves the bytes: what it does outside
 //     begin and end is the peer's, see Trust.)
 //   - Every goroutine the engine starts ends at Close; Close closes every
-//     connection, registration and (ucx) the worker.
+//     connection, registration and (ucx) the worker, and gives the
+//     staging buffer and its streams back to the driver.
 //
 // # What it never does
 //
@@ -145,6 +150,47 @@
 // that partitions, use the tcp kind, or a LeaseTimeout longer than the
 // partitions the deployment must survive.
 //
+// # Device memory
+//
+// A device tensor (memory the process cannot address: a CUDA or
+// AscendCL device's, the sim driver's; tensor.Tensor.Addressable false)
+// registers on a tcp engine made with Config.Staging, which names the
+// driver, the device whose streams run the copies and the size of one
+// pinned host buffer (stream.NewHostBuffer, default 8 MiB), made at New
+// and given back at Close. The buffer is halved: one half for the ops
+// the engine issues, one for those it serves, so an op never waits for
+// one of the same engine (an engine putting to itself, or two engines
+// putting to each other, would deadlock on one shared piece). An op
+// moves in pieces of a half, in order, under one hold of the tensor
+// (tensor.AccessDevice) for the whole op and the half's lock for each
+// piece: a leaving piece is copied device to host on the half's stream
+// and synced, then sent; an arriving piece is read from the socket, then
+// copied host to device and synced before the next is read, so every
+// byte is in device memory before the op is answered. Concurrent ops of
+// one engine take turns per piece (a lock per half, not a ring of slots:
+// while one piece is on the wire the half is busy; a ring would overlap
+// one op's copy with another's send, at the cost of more pinned memory).
+// The wire protocol is the same as for host memory, and so is the
+// target's check: an op is refused against the registration's address,
+// length, id, generation and writability before a byte moves, and the
+// driver checks each copy against its mappings and access. A copy the
+// driver refuses after part of a payload moved fails the op: a target
+// reads away the rest of a put and answers the error, and drops the
+// connection of a get whose first bytes went; an initiator drops the
+// connection (the peer is closed, ErrClosed).
+//
+// The ucx kind refuses device tensors and Config.Staging
+// (ErrUnsupported): it registers host memory with ucp_mem_map and lets
+// UCX move it. A UCX built with CUDA (its cuda_copy, cuda_ipc and
+// gdr_copy transports) would need no staging: ucp_mem_map of the device
+// range with memory type UCS_MEMORY_TYPE_CUDA, remote keys packed over
+// device memory, and ucp_put_nbx/ucp_get_nbx moving it by GPUDirect RDMA,
+// CUDA IPC between processes of one machine, or UCX's own pipelined
+// staging; the target's check would stay what it is for host memory
+// (the registration's bounds, Trust), and the hold would cover the op
+// between begin and end as now. This build's UCX (1.13, no CUDA) has
+// none of those transports, and nothing here tests them.
+//
 // # Errors
 //
 // Every error is marked with a sentinel of the driver package and starts
@@ -152,6 +198,7 @@
 // frame; ErrClosed for a closed engine, peer or registration, a stale
 // registration, or a connection that failed (the peer is then closed);
 // ErrAccessDenied for a write to a read-only registration, local or
-// remote; ErrUnsupported for the ucx kind without UCX. A target's refusal
+// remote; ErrUnsupported for the ucx kind without UCX, and for a device
+// tensor on an engine without staging or of the ucx kind. A target's refusal
 // reaches the initiator marked with the same sentinel.
 package transfer
