@@ -553,3 +553,70 @@ func TestDeviceTwoProcesses(t *testing.T) {
 	require.Equal(t, sha(want), peer.hash("KV"))
 	require.Equal(t, fmt.Sprintf("2 1 %d %d 0", size, size+5000), peer.do("stats"))
 }
+
+// TestDeviceCopyFaults: a staging copy the driver refuses in the middle
+// of an op fails the op with the driver's error, never a wrong byte
+// outside the op's range, and leaves the engines as they were: a target
+// whose host→device copy fails mid-put reads away the rest of the
+// payload and answers the error (the connection stays good); one whose
+// device→host copy fails mid-get, after its first bytes went, drops the
+// connection (the initiator's peer is closed, ErrClosed); an initiator
+// whose device→host copy fails mid-put drops its connection. After each,
+// a new op through the same registrations lands byte-exact.
+func TestDeviceCopyFaults(t *testing.T) {
+	drv, lib := cudatest.Open(t, devStandin(), cuda.Options{})
+	const size = 20000 // 10 pieces of 2 KiB
+	m0, m1 := mustDevMem(t, drv, 0, 64*gran), mustDevMem(t, drv, 1, 64*gran)
+	e0 := mustEngine(t, transfer.Config{Staging: devStaging(drv, 0)})
+	e1 := mustEngine(t, transfer.Config{Staging: devStaging(drv, 1)})
+	x, y := mustDevTensor(t, m0, size, 1), mustDevTensor(t, m1, size, 2)
+	rx, _ := mustRegister(t, e0, x)
+	_, dy := mustRegister(t, e1, y)
+	h := mustHostMem(t, 16<<20)
+	host, err := newRegion(h.a, size, 3)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, host.end()) }()
+	eh := mustEngine(t, transfer.Config{})
+	rh, dh := mustRegister(t, eh, host.t)
+	ctx := context.Background()
+	op := transfer.Op{Local: rh, Remote: dy, Len: size}
+
+	// The target's host→device copy fails at the third piece of a put
+	// from the host engine: only e1 copies.
+	ph := connect(t, eh, e1.Addr())
+	defer func() { require.NoError(t, ph.Close()) }()
+	lib.Fail("cuMemcpyHtoDAsync_v2", 3, 1, 1)
+	drivertest.RequireIs(t, ph.Put(ctx, op), driver.ErrInvalid, "staging: copy", "CUDA_ERROR_INVALID_VALUE")
+	lib.Fail("cuMemcpyHtoDAsync_v2", 0, 0, 0)
+	theirs := seeded(size, 2)
+	copy(theirs[:4096], seeded(size, 3)[:4096]) // the two pieces before the failed one landed
+	require.Equal(t, sha(theirs), sha(mustRead(t, m1, y)), "the pieces before the failure, and nothing after")
+	require.NoError(t, ph.Put(ctx, op), "the connection is still good")
+	require.Equal(t, sha(seeded(size, 3)), sha(mustRead(t, m1, y)))
+
+	// The target's device→host copy fails at the second piece of a get:
+	// its first bytes went, so it drops the connection.
+	lib.Fail("cuMemcpyDtoHAsync_v2", 2, 1, 1)
+	drivertest.RequireIs(t, ph.Get(ctx, transfer.Op{Local: rh, Remote: dy, Len: size}), driver.ErrClosed, "connection")
+	lib.Fail("cuMemcpyDtoHAsync_v2", 0, 0, 0)
+	ph2 := connect(t, eh, e1.Addr())
+	defer func() { require.NoError(t, ph2.Close()) }()
+	require.NoError(t, ph2.Get(ctx, transfer.Op{Local: rh, Remote: dy, Len: size}))
+
+	// The initiator's device→host copy fails at the fourth piece of a
+	// put to the host engine: only e0 copies.
+	p0 := connect(t, e0, eh.Addr())
+	defer func() { require.NoError(t, p0.Close()) }()
+	lib.Fail("cuMemcpyDtoHAsync_v2", 4, 1, 1)
+	drivertest.RequireIs(t, p0.Put(ctx, transfer.Op{Local: rx, Remote: dh, Len: size}), driver.ErrClosed, "connection")
+	lib.Fail("cuMemcpyDtoHAsync_v2", 0, 0, 0)
+	p1 := connect(t, e0, eh.Addr())
+	defer func() { require.NoError(t, p1.Close()) }()
+	require.NoError(t, p1.Put(ctx, transfer.Op{Local: rx, Remote: dh, Len: size}))
+	got, err := host.bytes()
+	require.NoError(t, err)
+	require.Equal(t, sha(seeded(size, 1)), sha(got))
+	for _, e := range []*transfer.Engine{e0, e1, eh} {
+		require.NoError(t, e.Check())
+	}
+}

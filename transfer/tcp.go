@@ -57,7 +57,10 @@ func (p *Peer) tcpOp(op *Op, put bool) error {
 	var ce connError
 	var rf refusal
 	if err != nil && moved && !errors.As(err, &ce) && !errors.As(err, &rf) {
-		return connError{err}
+		// A staging copy failed mid-payload: the connection is what
+		// failed for the caller (ErrClosed); the driver's error is kept
+		// for the message, not its sentinel.
+		return connError{errors.Handled(err)}
 	}
 	return err
 }
