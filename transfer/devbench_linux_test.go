@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/cuda"
 	"github.com/vmarena/vmarena/driver/cuda/cudatest"
 	"github.com/vmarena/vmarena/internal/units"
@@ -42,13 +43,32 @@ func BenchmarkDevicePut(b *testing.B) {
 }
 
 func benchDevicePut(b *testing.B, staging uint64) {
-	const size = 4 << 20
 	cfg := devStandin()
 	cfg.Capacity = 256 << 20
 	drv, _ := cudatest.Open(b, cfg, cuda.Options{})
-	m0, m1 := mustDevMem(b, drv, 0, 16<<20), mustDevMem(b, drv, 1, 16<<20)
-	e0 := mustEngine(b, transfer.Config{Staging: transfer.Staging{Driver: drv, Device: 0, Size: staging}})
-	e1 := mustEngine(b, transfer.Config{Staging: transfer.Staging{Driver: drv, Device: 1, Size: staging}})
+	benchDevicePutOn(b, drv, 0, 1, staging)
+}
+
+// BenchmarkDevicePutHardware is BenchmarkDevicePut on the machine's
+// first GPU (both engines staging through it: a device-to-device put of
+// one GPU), with pinned host memory and real DMA copies; it skips where
+// the CUDA driver cannot be opened.
+func BenchmarkDevicePutHardware(b *testing.B) {
+	drv, err := cuda.Open(cuda.Options{})
+	if err != nil {
+		b.Skipf("no usable GPU on this machine: %v", err)
+	}
+	defer func() { require.NoError(b, drv.Close()) }()
+	for _, staging := range []uint64{transfer.DefaultStagingSize, units.MiB} {
+		b.Run(fmt.Sprintf("staging=%s", units.Bytes(staging)), func(b *testing.B) { benchDevicePutOn(b, drv, 0, 0, staging) })
+	}
+}
+
+func benchDevicePutOn(b *testing.B, drv driver.Driver, dev0, dev1 driver.DeviceID, staging uint64) {
+	const size = 4 << 20
+	m0, m1 := mustDevMem(b, drv, dev0, 16<<20), mustDevMem(b, drv, dev1, 16<<20)
+	e0 := mustEngine(b, transfer.Config{Staging: transfer.Staging{Driver: drv, Device: dev0, Size: staging}})
+	e1 := mustEngine(b, transfer.Config{Staging: transfer.Staging{Driver: drv, Device: dev1, Size: staging}})
 	rx, _ := mustRegister(b, e0, mustDevTensor(b, m0, size, 1))
 	_, dy := mustRegister(b, e1, mustDevTensor(b, m1, size, 2))
 	pd := connect(b, e0, e1.Addr())

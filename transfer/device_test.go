@@ -52,8 +52,9 @@ type devMem struct {
 	hb *stream.HostBuffer
 }
 
-func newDevMem(d driver.Driver, dev driver.DeviceID, max uint64) (*devMem, error) {
-	a, err := arena.New(vaspace.New(d), physical.New(d), arena.Options{Device: dev, Max: max, ChunkSize: gran})
+func newDevMem(d driver.Driver, dev driver.DeviceID, limit uint64) (*devMem, error) {
+	chunk := max(gran, d.Devices()[dev].MinGranularity) // 2 MiB on a GPU
+	a, err := arena.New(vaspace.New(d), physical.New(d), arena.Options{Device: dev, Max: max(limit, chunk), ChunkSize: chunk})
 	if err != nil {
 		return nil, err
 	}
