@@ -773,8 +773,10 @@ func (p *Peer) check(op *Op, put bool) error {
 
 // Check verifies the engine's books and reports every inconsistency: each
 // live registration is under its own id, no higher than the last id
-// given, this engine's, open, with a generation and bytes; each peer kept
-// is this engine's, and a closed engine keeps none.
+// given, this engine's, open, with a generation and bytes, a device
+// tensor's only on an engine that stages; each peer kept is this
+// engine's, and a closed engine keeps none; the staging halves are equal
+// and aligned.
 func (e *Engine) Check() error {
 	if e.unmade() {
 		return unmade("Engine.Check")
@@ -797,6 +799,8 @@ func (e *Engine) Check() error {
 			fail("registration %d has generation %#x and %d bytes", id, r.gen, r.n)
 		case r.using.Load() < 0:
 			fail("registration %d counts %d ops in flight", id, r.using.Load())
+		case r.dev && (e.staging == nil || e.worker != nil):
+			fail("registration %d is a device tensor's, on an engine that cannot stage it", id)
 		}
 	}
 	for p := range e.peers {
@@ -806,6 +810,11 @@ func (e *Engine) Check() error {
 	}
 	if e.closed && len(e.peers) != 0 {
 		fail("closed, with %d peers kept", len(e.peers))
+	}
+	if st := e.staging; st != nil {
+		if n := len(st.issued.b); n == 0 || n%stagingAlign != 0 || len(st.served.b) != n {
+			fail("staging halves of %d and %d bytes (want equal, non-zero, multiples of %d)", n, len(st.served.b), stagingAlign)
+		}
 	}
 	return errs
 }
