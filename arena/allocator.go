@@ -44,7 +44,10 @@ import (
 // budget of the live set (grow.go). Whole free chunks elsewhere move into
 // the hole first (relocate.go: an unmap and a map, no create); what must
 // be created is cut so that a large request's interior is one chunk of its
-// own; free chunks beyond the budget go back. Only when no hole has room
+// own; free chunks beyond the budget go back. A request that a free block
+// serves on part of a large free chunk strands that chunk, within the
+// budget's slack, rather than give it back and create its own
+// (strand.go). Only when no hole has room
 // for the request does it stitch whole free chunks into a third range
 // (stitch.go). When a commit fails for lack of memory it gives back every
 // wholly free chunk and tries once more before it reports out of memory.
@@ -53,7 +56,8 @@ import (
 // The allocator owns its ranges exclusively: nothing it exposes lets a
 // caller grow, shrink, decommit, close or place anything in them.
 //
-// Invariants (checked by Check): each heap's (heap.go); every lent block
+// Invariants (checked by Check): each heap's (heap.go); the stranded
+// chunks' (strand.go); every lent block
 // belongs to exactly one live stitch, which lends exactly its parts;
 // Allocated is the sum of the live requests and held the bytes of used
 // blocks and stitched allocations; no more than Max is committed.
@@ -68,8 +72,13 @@ type Allocator struct {
 	max       uint64 // the most memory committed at once
 	threshold uint64 // 0: automatic, held/slackDiv (see budget)
 	slackDiv  uint64
-	held      uint64               // bytes of used blocks and stitched allocations: the live set
-	stitches  map[uint64]*stitched // by offset in the stitch range
+	held      uint64 // bytes of used blocks and stitched allocations: the live set
+	// strands are the chunks over edgeChunk that live blocks cover in
+	// part (strand.go): at most maxStrands, of at most the slack in all.
+	strands  [maxStrands]stranded
+	nstrands int
+	stranded uint64               // their bytes
+	stitches map[uint64]*stitched // by offset in the stitch range
 	// owned are the live allocations a handle owns (AllocOwned), by
 	// address: Free refuses them, only the handle's Release frees them.
 	owned  map[driver.Addr]*Owned
@@ -163,6 +172,13 @@ type AllocStats struct {
 	// much larger than themselves, which was given back and the request's
 	// own chunks committed instead.
 	Splits int
+	// Strands counts requests that covered such a chunk in part and
+	// stranded it instead (strand.go: no driver call, the chunk's free
+	// rest stays committed and served until it is wholly free again), and
+	// Stranded is the bytes of the chunks stranded now, at most the
+	// slack beyond the live set.
+	Strands  int
+	Stranded uint64
 	// Creates and Releases count the chunks created and released, and
 	// Grants the access grants of new mappings (one a device and map
 	// event): with ChunkMaps and ChunkUnmaps, the driver calls behind the
@@ -240,6 +256,7 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 	al.max = alignDown(opts.Max, al.cs)
 	for _, h := range al.distinct() {
 		h.held, h.max = &al.held, al.max
+		h.strandRoom = al.strandRoom
 	}
 	if !opts.NoStitch && !opts.Shareable {
 		if al.st, err = NewSparse(space, mem, SparseOptions{Max: al.max, ChunkSize: al.cs, Device: opts.Device, Access: opts.Access}); err != nil {
@@ -482,7 +499,7 @@ func (al *Allocator) freeLocked(p driver.Addr) error {
 			b := h.at(r)
 			al.stats.Allocated -= b.req
 			al.held -= b.size
-			h.release(r)
+			al.unstrand(h, h.release(r))
 			al.checkAfter("free")
 			return nil
 		}
@@ -725,6 +742,7 @@ func (al *Allocator) Stats() AllocStats {
 		st.Grants += ss.Grants
 	}
 	st.Live = al.live()
+	st.Stranded = al.stranded
 	for _, h := range al.distinct() {
 		st.LargestFree = max(st.LargestFree, h.free.largest(&h.slab))
 	}
@@ -810,6 +828,7 @@ func (al *Allocator) checkLocked(deep bool) error {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf(format, args...))
 	}
 	var held, allocated uint64
+	errs = errors.CombineErrors(errs, al.checkStrands())
 	lent := map[uint64]int{} // blocks lent, by stitch offset
 	for _, h := range al.distinct() {
 		hh, ha, hl := h.check(fail)

@@ -466,6 +466,75 @@ func split(t *testing.T, d backend) {
 	}
 }
 
+// TestStrand: with room in the slack, a request that would cover a large
+// free chunk in part strands it instead of splitting it — no driver call,
+// the chunk stays committed and serves what comes after — and once the
+// stranded chunks would pass the slack, the next splits. A stranded chunk
+// wholly free again can go back.
+func TestStrand(t *testing.T) { onEveryDriver(t, strand) }
+
+func strand(t *testing.T, d backend) {
+	e := d.env(t, 64*g)
+	al := e.fine(t, 64*g, PolicyDefault, func(o *AllocatorOptions) { o.ReleaseThreshold = 16 * g })
+	a, err := al.Alloc(12*g, 0)
+	require.NoError(t, err)
+	b, err := al.Alloc(g, 0)
+	require.NoError(t, err)
+	// What the commits put ahead of need is taken, so that a's chunk is
+	// the only free memory once a is freed.
+	fill := []driver.Addr{b}
+	for n := 0; al.Stats().LargestFree > 0; n++ {
+		require.Less(t, n, 64)
+		x, err := al.Alloc(al.Stats().LargestFree, 0)
+		require.NoError(t, err)
+		fill = append(fill, x)
+	}
+	require.NoError(t, al.Free(a))
+	st := al.Stats()
+	require.Equal(t, 12*g, st.LargestFree)
+	p, err := al.Alloc(3*g, 0)
+	require.NoError(t, err)
+	require.True(t, p >= a && p+driver.Addr(3*g) <= a+driver.Addr(12*g), "in the free chunk")
+	after := al.Stats()
+	require.Zero(t, after.Splits)
+	require.Equal(t, st.Creates, after.Creates, "no driver call")
+	require.Equal(t, st.Releases, after.Releases)
+	require.Equal(t, st.Committed, after.Committed)
+	require.Positive(t, al.nstrands, "the chunks it covers in part are stranded")
+	require.LessOrEqual(t, al.stranded, 16*g, "within the slack")
+	stranded := al.stranded
+	e.setByte(t, al, p, 3*g-1, 7)
+	q, err := al.Alloc(3*g, 0)
+	require.NoError(t, err)
+	require.True(t, q >= a && q+driver.Addr(3*g) <= a+driver.Addr(12*g), "the next like it goes in the stranded chunk's free rest")
+	require.LessOrEqual(t, al.stranded, 16*g, "within the slack")
+	require.GreaterOrEqual(t, al.stranded, stranded)
+	require.Equal(t, st.Creates, al.Stats().Creates)
+	require.NoError(t, al.Check())
+
+	// More requests never strand past the slack of 16 chunks: past it
+	// they split.
+	var more []driver.Addr
+	for range 8 {
+		x, err := al.Alloc(5*g, 0)
+		require.NoError(t, err)
+		more = append(more, x)
+		require.LessOrEqual(t, al.stranded, 16*g)
+		require.NoError(t, al.Check())
+	}
+
+	// Freed, the stranded chunks are whole and free again: they can go
+	// back.
+	for _, x := range append(append(more, p, q), fill...) {
+		require.NoError(t, al.Free(x))
+	}
+	require.Zero(t, al.nstrands)
+	require.Zero(t, al.stranded)
+	require.NoError(t, al.Trim())
+	require.NoError(t, al.Check())
+	require.Zero(t, al.Stats().Committed)
+}
+
 // TestFreeTailAndChunksRegression: the old allocator's hybrid stitch
 // computed "need := n - have" with n below have (an Alloc of 4352 KiB with
 // a 4608 KiB free tail asked to grow by 2^64 - 256 KiB and left the arena
@@ -661,7 +730,7 @@ func TestAllocatorOwnsItsRanges(t *testing.T) {
 // Max and matches the device's usage, and the invariants hold.
 func TestAllocatorModel(t *testing.T) {
 	onEveryDriver(t, func(t *testing.T, d backend) {
-		var stitches, decommits, relocations, splits int
+		var stitches, decommits, relocations, splits, strands int
 		for seed := range uint64(d.Seeds(10)) {
 			t.Run(fmt.Sprint(seed), func(t *testing.T) {
 				r := runAllocatorModel(t, d, arenaOps(rand.New(rand.NewPCG(seed, 11)), 300))
@@ -670,19 +739,21 @@ func TestAllocatorModel(t *testing.T) {
 				decommits += r.decommits
 				relocations += r.relocations
 				splits += r.splits
+				strands += r.strands
 			})
 		}
 		// Stitching is the fallback when no hole has room (TestStitch,
 		// TestMemoryMap and the fault sweeps reach it); the sequences
 		// count it where they reach it.
-		t.Logf("stitched %d, moved free chunks %d times, split %d chunks", stitches, relocations, splits)
+		t.Logf("stitched %d, moved free chunks %d times, split %d chunks, stranded %d", stitches, relocations, splits, strands)
 		require.Positive(t, relocations, "the sequences move free chunks")
 		require.Positive(t, splits, "the sequences split large free chunks")
+		require.Positive(t, strands, "the sequences strand large free chunks")
 		require.Greater(t, decommits, 10, "the sequences give memory back")
 	})
 }
 
-type allocRun struct{ allocs, stitches, decommits, relocations, splits int }
+type allocRun struct{ allocs, stitches, decommits, relocations, splits, strands int }
 
 func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 	e := d.env(t, 24*g)
@@ -784,7 +855,7 @@ func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 			require.LessOrEqual(t, ivs[k-1].hi, ivs[k].lo, "%s: live allocations overlap", step)
 		}
 		require.NoError(t, al.Check(), step)
-		r.stitches, r.decommits, r.relocations, r.splits = st.Stitches, st.Decommits, st.Relocations, st.Splits
+		r.stitches, r.decommits, r.relocations, r.splits, r.strands = st.Stitches, st.Decommits, st.Relocations, st.Splits, st.Strands
 	}
 	for p := range model {
 		require.NoError(t, al.Free(p))
@@ -922,8 +993,10 @@ func TestSyntheticWorkloads(t *testing.T) {
 		t.Run(w.name, func(t *testing.T) {
 			r, err := runWorkload(w, AllocatorOptions{SlackDivisor: *slackDivisor}, 0)
 			require.NoError(t, err)
-			t.Logf("%-14s %7d events  peak allocated %6.2f GiB  ratio %.4f  map events %5d  unmap events %5d  stitches %4d  OOM retries %d",
-				w.name, len(w.events), float64(r.peakAllocated)/float64(units.GiB), r.ratio(), r.stats.MapEvents, r.stats.UnmapEvents, r.stats.Stitches, r.stats.OOMRetries)
+			c := r.calls
+			t.Logf("%-14s %7d events  peak allocated %6.2f GiB  ratio %.4f  map events %5d  unmap events %5d  stitches %4d  OOM retries %d  splits %4d  strands %4d  driver calls create/map/set access/unmap/release %d/%d/%d/%d/%d  modelled %.1f ms (A100) %.1f ms (H100)",
+				w.name, len(w.events), float64(r.peakAllocated)/float64(units.GiB), r.ratio(), r.stats.MapEvents, r.stats.UnmapEvents, r.stats.Stitches, r.stats.OOMRetries,
+				r.stats.Splits, r.stats.Strands, c.Create, c.Map, c.SetAccess, c.Unmap, c.Release, 1e3*c.Time(sim.A100).Seconds(), 1e3*c.Time(sim.H100).Seconds())
 			if *slackDivisor == 0 {
 				require.LessOrEqual(t, r.ratio(), 1.01)
 			}
@@ -934,7 +1007,7 @@ func TestSyntheticWorkloads(t *testing.T) {
 // TestAllocFreePairMakesNoGoAllocations: once its records have grown to
 // the live set, an Alloc and a Free that a free block serves make no Go
 // heap allocation — the records live in a slab and a flat index, off the
-// collector's pointer graph (issue 13). (The invariants build checks after
+// collector's pointer graph. (The invariants build checks after
 // every change, which allocates: skipped there.)
 func TestAllocFreePairMakesNoGoAllocations(t *testing.T) {
 	if invariants.Enabled {

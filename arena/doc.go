@@ -48,27 +48,13 @@
 // # What a live view pins
 //
 // Memory that a live view covers is never unmapped, made unwritable or
-// moved out from under it: its bytes (View.Bytes, a tensor's At and Set)
-// must never fault. While a view lives, its chunks cannot be decommitted
-// (nor the arena shrunk under it), moved to another device (Move: its
-// unmap-then-map would leave a window where a store faults), or left
-// writable by no device (SetAccess, Grant: on the host driver the pages'
-// protection is the widest access any device has); each is refused with
-// ErrBusy naming the chunk, and nothing changes. Bytes are handed out only
-// over memory some device may write (ErrAccessDenied otherwise; read
-// read-only memory with Read or a read-only view), and Append refuses such
-// memory before it grows.
-//
-// A read-only view (ViewReadOnly) is for memory that may be, or become,
-// read-only — the KV cache's shared prefix pages, mapped read-only to
-// every sequence that shares them. It pins its chunks in the same way but
-// for write access: their access may drop to read-only while it lives,
-// but not to none (ErrBusy), and its bytes need only be readable. A store
-// through them to a read-only page faults: the caller guards its writes
-// (tensor.NewLeasedReadOnly refuses them). An allocator's live allocations pin the same way: SetAccess may
-// not take write access from them, and an allocation a handle owns
-// (AllocOwned, what tensor.Empty uses) is freed only by its Release — Free
-// of its address is ErrBusy.
+// moved out from under it: while a view lives, decommit, shrink, Move and
+// a SetAccess or Grant that would leave its chunks writable by no device
+// are refused with ErrBusy naming the chunk, and nothing changes. A
+// read-only view (ViewReadOnly) pins the same way but lets the access drop
+// to read-only. An allocator's live allocations pin the same way, and an
+// allocation a handle owns (AllocOwned) is freed only by its Release.
+// docs/arena.md has the rules in full.
 //
 // # Ownership
 //

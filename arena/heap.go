@@ -67,6 +67,9 @@ type heap struct {
 	// lock guards held.
 	held *uint64
 	max  uint64
+	// strandRoom says whether the allocator may strand n more chunks of
+	// bytes in all (placeAt; nil: never).
+	strandRoom func(n int, bytes uint64) bool
 }
 
 type blockState uint8
@@ -161,6 +164,10 @@ type placement struct {
 	pinned uint64 // bytes of whole free chunks the request touches
 	split  bool   // it would cover a large chunk (over edgeChunk) in part
 	pin    span   // the whole free chunks it touches
+	// strand are the chunks over edgeChunk it covers in part without
+	// splitting them (at most two: the first and the last it touches).
+	strand  [2]span
+	strands int
 }
 
 // better reports whether p is a better placement than q: one that splits
@@ -185,11 +192,27 @@ func (h *heap) placeAt(b *block, s, fp uint64) placement {
 	}
 	first, last := h.s.chunksAt(lo, hi-1)
 	p.pin, p.pinned = span{first.start, last.end}, last.end-first.start
-	// A chunk larger than edgeChunk must lie in the request's interior:
-	// one allocation covers it whole, or none (grow.go says why).
+	// A chunk larger than edgeChunk should lie in the request's
+	// interior: one allocation covers it whole, or none (grow.go says
+	// why). One the request covers in part is stranded — its free rest
+	// is still served, but it cannot go back until it is wholly free
+	// again — and the allocator lets a bounded amount be (strandRoom):
+	// past that the request splits the chunk, giving it back and
+	// committing its own.
 	in := span{alignUp(s, h.cs), alignDown(s+fp, h.cs)}
 	edge := h.edgeChunk()
-	p.split = first.size() > edge && first.start < in.start || last.size() > edge && last.end > in.end
+	var bytes uint64
+	if first.size() > edge && (first.start < in.start || first == last && first.end > in.end) {
+		p.strand[p.strands], bytes = first, first.size()
+		p.strands++
+	}
+	if last != first && last.size() > edge && last.end > in.end {
+		p.strand[p.strands], bytes = last, bytes+last.size()
+		p.strands++
+	}
+	if p.strands > 0 && (h.strandRoom == nil || !h.strandRoom(p.strands, bytes)) {
+		p.split, p.strands = true, 0
+	}
 	return p
 }
 
@@ -252,12 +275,15 @@ func (h *heap) usedAt(p driver.Addr) bref {
 	return h.used.get(uint64(p) - h.base)
 }
 
-// release frees the used block r, merging it with free neighbours.
-func (h *heap) release(r bref) {
+// release frees the used block r, merging it with free neighbours, and
+// returns the free block it is now part of.
+func (h *heap) release(r bref) bref {
 	b := h.at(r)
 	b.req = 0
 	h.used.del(b.off)
-	h.addFree(h.coalesce(r, blockFree))
+	m := h.coalesce(r, blockFree)
+	h.addFree(m)
+	return m
 }
 
 // carve shrinks r, which is on no list, to [lo, hi) inside it; what lay

@@ -53,8 +53,8 @@ func touchLoop(b []byte) (stop func() int) {
 // SetAccess or Grant that would leave them writable by no device are
 // refused (ErrBusy, naming the views), and the range is as it was: stats,
 // layout, access, bytes. Changes that leave some device write access go
-// through. (Before the fix Move unmapped the chunk under the view and the
-// revokes were accepted: the next store faulted.)
+// through. (Were the view not to pin them, Move would unmap the chunk
+// under it and the revokes would be accepted: the next store would fault.)
 func TestViewPinsAgainstMoveAndRevoke(t *testing.T) {
 	e := newEnv(t, 16*g)
 	s := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Access: []driver.DeviceID{0, 1}})

@@ -160,45 +160,63 @@ func (s *Sparse) mapRelocated(what func() string, off uint64, moved []relocated)
 	if holes := s.holesLocked(off, off+total); len(holes) != 1 || holes[0] != (span{off, off + total}) {
 		return 0, errors.AssertionFailedf("%s: [%#x, +%s) is not wholly uncommitted", what(), off, units.Bytes(total))
 	}
-	undo := func(cause error, mapped int) error {
-		at := off
-		for _, m := range moved[:mapped] {
-			cause = errors.CombineErrors(cause, s.tab.Unmap(s.Base()+driver.Addr(at)))
-			s.stats.ChunkUnmaps++
-			at += m.sl.c.Size()
-		}
-		return errors.Wrapf(cause, "%s", what())
-	}
-	at := off
+	cs := make([]*physical.Chunk, len(moved))
 	for i, m := range moved {
-		if err := s.tab.Map(s.Base()+driver.Addr(at), m.sl.c); err != nil {
-			return 0, undo(err, i)
-		}
-		s.stats.ChunkMaps++
-		at += m.sl.c.Size()
+		cs[i] = m.sl.c
 	}
-	if err := s.grantNewLocked(span{off, off + total}); err != nil {
-		return 0, undo(err, len(moved))
+	if _, err := s.adoptLocked(what, off, total, cs); err != nil {
+		return 0, err
 	}
-	run := make([]ranges.Item[uint64, *slot], len(moved))
-	at = off
-	for i, m := range moved {
-		sl := &slot{c: m.sl.c, access: slices.Clone(s.access)}
-		run[i] = ranges.Item[uint64, *slot]{Start: at, End: at + sl.c.Size(), Val: sl}
-		at += sl.c.Size()
-	}
-	if _, ok := s.slots.InsertRun(run); !ok {
-		return 0, errors.AssertionFailedf("%s: the relocated chunks overlap the range's", what())
-	}
-	s.owned += total
-	s.stats.PeakCommitted = max(s.stats.PeakCommitted, s.owned)
-	s.stats.MapEvents++
 	s.stats.Relocations++
 	s.stats.RelocatedBytes += total
 	if invariants.Enabled {
 		invariants.Fail("arena: relocate in", s.checkLocked())
 	}
 	return total, nil
+}
+
+// adoptLocked maps chunks cs (total bytes in all) side by side from off,
+// which the caller has checked is wholly uncommitted, grants the range's
+// access over them and lists them as owned (one map event); it returns
+// their slots. On failure it unmaps what it mapped and nothing changed.
+// Relocation and HandOver bring chunks in this way. The caller holds ops
+// and mu.
+func (s *Sparse) adoptLocked(what func() string, off, total uint64, cs []*physical.Chunk) ([]*slot, error) {
+	undo := func(cause error, mapped int) error {
+		at := off
+		for _, c := range cs[:mapped] {
+			cause = errors.CombineErrors(cause, s.tab.Unmap(s.Base()+driver.Addr(at)))
+			s.stats.ChunkUnmaps++
+			at += c.Size()
+		}
+		return errors.Wrapf(cause, "%s", what())
+	}
+	at := off
+	for i, c := range cs {
+		if err := s.tab.Map(s.Base()+driver.Addr(at), c); err != nil {
+			return nil, undo(err, i)
+		}
+		s.stats.ChunkMaps++
+		at += c.Size()
+	}
+	if err := s.grantNewLocked(span{off, off + total}); err != nil {
+		return nil, undo(err, len(cs))
+	}
+	run := make([]ranges.Item[uint64, *slot], len(cs))
+	slots := make([]*slot, len(cs))
+	at = off
+	for i, c := range cs {
+		slots[i] = &slot{c: c, access: slices.Clone(s.access)}
+		run[i] = ranges.Item[uint64, *slot]{Start: at, End: at + c.Size(), Val: slots[i]}
+		at += c.Size()
+	}
+	if _, ok := s.slots.InsertRun(run); !ok {
+		return nil, errors.AssertionFailedf("%s: the chunks brought in overlap the range's", what())
+	}
+	s.owned += total
+	s.stats.PeakCommitted = max(s.stats.PeakCommitted, s.owned)
+	s.stats.MapEvents++
+	return slots, nil
 }
 
 // mapBack returns chunks that unmapForRelocation took but another range

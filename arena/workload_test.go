@@ -171,6 +171,7 @@ func syntheticWorkloads() []workload {
 type wlResult struct {
 	peakAllocated, peakCommitted uint64
 	stats                        AllocStats
+	calls                        sim.Calls // the driver calls, as the sim driver counted them
 }
 
 func (r wlResult) ratio() float64 { return float64(r.peakCommitted) / float64(r.peakAllocated) }
@@ -219,6 +220,7 @@ func runWorkload(w workload, opts AllocatorOptions, checkEvery int) (wlResult, e
 	}
 	r.stats = al.Stats()
 	r.peakCommitted = r.stats.PeakCommitted
+	r.calls = drv.Tally().Devices[0]
 	for _, p := range addrs {
 		if err := al.Free(p); err != nil {
 			return r, err

@@ -18,7 +18,7 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// The arena benchmarks of issue 3. Each returns a Pair whose Lib is the
+// The arena benchmarks. Each returns a Pair whose Lib is the
 // arena and whose Bare is the baseline named in its doc, both timed in the
 // same loop; only the operation named is timed, not the setup around it.
 //

@@ -44,7 +44,7 @@ func BenchmarkArenaGrowOneChunk(b *testing.B) {
 // BenchmarkArenaGrowStep: one 2 MiB Grow of an arena already holding
 // 2 MiB, 64 MiB, 1 GiB and 4 GiB, beside the system calls that step makes
 // done bare (fallocate, mmap, mprotect, madvise populate) in the same loop.
-// Reports step-ns/op, bare-ns/op and lib/bare. Target (issue 13): at most
+// Reports step-ns/op, bare-ns/op and lib/bare. Target: at most
 // 1.10, the same at every size; reported, never asserted.
 func BenchmarkArenaGrowStep(b *testing.B) {
 	b.ReportAllocs()
@@ -66,8 +66,8 @@ func BenchmarkArenaGrowStep(b *testing.B) {
 
 // BenchmarkGrowTo1GiB: growth to 1 GiB in 2 MiB steps through an arena,
 // beside append of 2 MiB at a time to a []byte (copying) in the same loop.
-// Reports arena-ms, append-ms and speedup (append over arena). Target
-// (issue 3): a speedup of at least 20; reported, never asserted.
+// Reports arena-ms, append-ms and speedup (append over arena). Target: a
+// speedup of at least 20; reported, never asserted.
 func BenchmarkGrowTo1GiB(b *testing.B) {
 	b.ReportAllocs()
 	p, err := GrowTo(b.Loop, units.GiB)

@@ -34,7 +34,7 @@ var decodeShapes = []struct {
 // shuffled in a pool, through a block table, vLLM's layout — in the same
 // loop, same numbers, bit-identical outputs. Reports contiguous-ns/token,
 // paged-ns/token and x-contiguous-vs-paged (paged time over contiguous:
-// above 1, contiguous is faster). Target (issue 11): at least 1.1;
+// above 1, contiguous is faster). Target: at least 1.1;
 // reported, never asserted. llama-7b at 16k commits 1 GiB.
 func BenchmarkDecodeAttention(b *testing.B) {
 	b.ReportAllocs()

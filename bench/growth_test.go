@@ -30,8 +30,8 @@ var growthShape = SequenceShape{Layers: 4, KVHeads: 8, HeadDim: 128, Tokens: 32 
 // Reports cache-ms, copying-ms, x-cache-vs-copying (copying time over the
 // cache's), copied-MiB (what the copying side moved in a round), the
 // cache's Appends that waited on mapping in a round (waits; the rest found
-// their page mapped ahead) and each side's peak committed memory. Target
-// (issue 11): at least 10; reported, never asserted. Commits up to about
+// their page mapped ahead) and each side's peak committed memory. Target:
+// at least 10; reported, never asserted. Commits up to about
 // 2.5 GiB (warm).
 func BenchmarkSequenceGrowth(b *testing.B) {
 	b.ReportAllocs()

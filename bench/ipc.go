@@ -245,7 +245,7 @@ func (s *ipcSharer) close() (err error) {
 // the producer's 1 GiB of writes leave them before a 1 GiB one, so that
 // the ratio of the two measures the share and not what ran before it —
 // without it every step of the share, even sendmsg of one descriptor, ran
-// 1.5 to 4 times slower after the larger write; see the note on issue 13),
+// 1.5 to 4 times slower after the larger write),
 // then times its export, send, import into r,
 // map, grant and HostBytes. Afterwards r reads the byte of each page back,
 // checking the sum — touch is that read, for the lazy receiver. Both

@@ -27,7 +27,7 @@ var kvAppendContexts = []int{1 << 10, 32 << 10, 128 << 10}
 // either layout, so the pages committed are a steady decode's). Reports
 // append-ns at each context (pages included), plain-ns (the Appends that
 // committed no page: the cache's own bookkeeping) and append-128k/1k,
-// the ratio of the first. Target (issue 19): at most 1.5 — an Append
+// the ratio of the first. Target: at most 1.5 — an Append
 // costs what it changes, not the context. Never asserted.
 func BenchmarkKVAppend(b *testing.B) {
 	for _, layout := range kvLayouts {
@@ -60,8 +60,8 @@ var kvDecodeContexts = []int{1 << 10, 32 << 10}
 // re-admitted every 128 steps (8 units: a steady decode's pages, 16 a
 // step on average). Reports step-us at each context (the pages the step
 // commits included: the cache's CPU, on one goroutine), step-32k/1k,
-// their ratio, and step-32k/50us, the 32k step over its budget. Targets
-// (issue 19): both ratios at most 1.5 and 1. Never asserted.
+// their ratio, and step-32k/50us, the 32k step over its budget. Targets:
+// both ratios at most 1.5 and 1. Never asserted.
 func BenchmarkKVDecodeStep(b *testing.B) {
 	layout := kvcache.TokenMajor
 	for _, ahead := range []bool{true, false} {

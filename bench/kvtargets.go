@@ -2,7 +2,7 @@ package bench
 
 // The KV cache's serving targets, side by side in one run: this cache
 // against the paged scheme on the same trace, model, budget and prices,
-// for every trace, model and budget of the matrix (issue 29's targets).
+// for every trace, model and budget of the matrix.
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/kvcache"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // KVTargetModels and KVTargetBudgets are the matrix's models and budgets.
@@ -26,23 +26,23 @@ var (
 // KVTrace is one trace of the matrix: its name and requests.
 type KVTrace struct {
 	Name     string
-	Requests []replay.Request
+	Requests []serving.Request
 }
 
 // KVTargetTraces are the matrix's traces: mooncake (its first n
 // requests, from the file at mooncakePath) and each generated shape of
-// replay.RequestShapes, n requests drawn from seed.
+// serving.RequestShapes, n requests drawn from seed.
 func KVTargetTraces(mooncakePath string, n int, seed uint64) ([]KVTrace, error) {
 	if n < 1 {
 		return nil, errors.Wrapf(driver.ErrInvalid, "bench: kv targets: %d requests a trace, want at least 1", n)
 	}
-	reqs, err := replay.ParseRequestsFile(mooncakePath)
+	reqs, err := serving.ParseRequestsFile(mooncakePath)
 	if err != nil {
 		return nil, err
 	}
 	traces := []KVTrace{{Name: "mooncake", Requests: reqs[:min(n, len(reqs))]}}
-	for _, shape := range replay.RequestShapes {
-		reqs, err := replay.RequestTrace{Shape: shape, Seed: seed, Requests: n}.Generate()
+	for _, shape := range serving.RequestShapes {
+		reqs, err := serving.RequestTrace{Shape: shape, Seed: seed, Requests: n}.Generate()
 		if err != nil {
 			return nil, err
 		}
@@ -55,7 +55,7 @@ func KVTargetTraces(mooncakePath string, n int, seed uint64) ([]KVTrace, error) 
 type KVTarget struct {
 	Trace, Model string
 	Budget       uint64
-	Cache, Paged replay.SimResult
+	Cache, Paged serving.Result
 	// tokenBytes is the model's KV a token.
 	tokenBytes uint64
 }
@@ -64,29 +64,29 @@ type KVTarget struct {
 // kvcache.PickLayout picks for the model, mapping ahead, drop
 // preemption, admitting for the prompt, as vmarena kv simulate runs it by
 // default) and the paged scheme, steps priced by
-// replay.A100, driver calls by costs.
+// serving.A100, driver calls by costs.
 func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) (KVTarget, error) {
-	m, err := replay.ModelPreset(model)
+	m, err := serving.ModelPreset(model)
 	if err != nil {
 		return KVTarget{}, err
 	}
-	cfg := replay.KVConfig{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: replay.DefaultBlockTokens}
-	cfg.MaxContext = replay.FitMaxContext(tr.Requests, cfg)
-	opts := replay.SimOptions{Config: cfg, Steps: replay.A100, Prices: costs}
+	cfg := serving.Config{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: serving.DefaultBlockTokens}
+	cfg.MaxContext = serving.FitMaxContext(tr.Requests, cfg)
+	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
-	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: kvcache.AutoLayout})
+	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {
 		return cell, err
 	}
-	cell.Cache, err = replay.Simulate(tr.Requests, cache, opts)
+	cell.Cache, err = serving.Simulate(tr.Requests, cache, opts)
 	if err = errors.CombineErrors(err, cache.Close()); err != nil {
 		return cell, errors.Wrapf(err, "bench: kv targets: %s, %s, %s", tr.Name, model, units.Bytes(budget))
 	}
-	paged, err := replay.NewBlockTable(cfg)
+	paged, err := serving.NewBlockTable(cfg)
 	if err != nil {
 		return cell, err
 	}
-	cell.Paged, err = replay.Simulate(tr.Requests, paged, opts)
+	cell.Paged, err = serving.Simulate(tr.Requests, paged, opts)
 	return cell, errors.Wrapf(err, "bench: kv targets: %s, %s, %s", tr.Name, model, units.Bytes(budget))
 }
 
@@ -121,7 +121,7 @@ const kvTargetPage = 2 * units.MiB
 // the cache's mean memory in use.
 func (k KVTarget) WasteTarget() float64 {
 	c, p := k.Cache, k.Paged
-	if k.tokenBytes == 0 || kvTargetPage/k.tokenBytes <= replay.DefaultBlockTokens || c.MeanInUse == 0 {
+	if k.tokenBytes == 0 || kvTargetPage/k.tokenBytes <= serving.DefaultBlockTokens || c.MeanInUse == 0 {
 		return p.WasteFraction()
 	}
 	return p.WasteFraction() + 0.5*float64(kvTargetPage)*c.MeanSeqs/c.MeanInUse

@@ -8,7 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // TestKVTargetsMet: the waste target is the paged scheme's where a page
@@ -16,7 +16,7 @@ import (
 // otherwise; Met counts each target a cell meets, by hand.
 func TestKVTargetsMet(t *testing.T) {
 	const mib = float64(units.MiB)
-	paged := replay.SimResult{Preemptions: 2, MeanInUse: 1000 * mib, MeanWaste: 10 * mib,
+	paged := serving.Result{Preemptions: 2, MeanInUse: 1000 * mib, MeanWaste: 10 * mib,
 		MeanTTFT: time.Second, OutputTokens: 100, SimTime: time.Second, CPUTime: time.Second}
 	cache := paged
 	cache.MeanSeqs = 10
@@ -42,13 +42,13 @@ func TestKVTargetsMet(t *testing.T) {
 // TestKVTargetTracesRefuses: no requests is driver.ErrInvalid; a missing
 // Mooncake file is the reader's error.
 func TestKVTargetTracesRefuses(t *testing.T) {
-	_, err := KVTargetTraces("../replay/testdata/requests/mooncake_synthetic_trace.jsonl", 0, 1)
+	_, err := KVTargetTraces("../serving/testdata/requests/mooncake_synthetic_trace.jsonl", 0, 1)
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	_, err = KVTargetTraces("absent.jsonl", 1, 1)
 	require.ErrorContains(t, err, "absent.jsonl")
-	traces, err := KVTargetTraces("../replay/testdata/requests/mooncake_synthetic_trace.jsonl", 5, 1)
+	traces, err := KVTargetTraces("../serving/testdata/requests/mooncake_synthetic_trace.jsonl", 5, 1)
 	require.NoError(t, err)
-	require.Len(t, traces, 1+len(replay.RequestShapes))
+	require.Len(t, traces, 1+len(serving.RequestShapes))
 	for _, tr := range traces {
 		require.Len(t, tr.Requests, 5, tr.Name)
 	}

@@ -38,8 +38,8 @@ func BenchmarkPoolAllocFree(b *testing.B) {
 			b.ReportMetric(float64(p.Pool)/float64(p.Make), "pool/make")
 			if streams > 1 {
 				// The same rounds on one stream, in this process: what
-				// spreading the pairs over streams costs (issue 13's
-				// target: at most 1.2).
+				// spreading the pairs over streams costs (the target:
+				// at most 1.2).
 				one, err := PoolAllocFree(Rounds(p.N/allocBatch), 1, 1000)
 				if err != nil {
 					b.Fatal(err)

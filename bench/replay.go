@@ -12,8 +12,8 @@ import (
 // Replay budgets: how long a timed replay runs before it is stopped. The
 // bundled traces and the synthetic workload replay in under a second at
 // either granularity; the budget is the guard for a trace or a change
-// that makes one run away (before issue 19 a replay at 64 KiB of the
-// synthetic workload ran for hours). A replay is stopped between events
+// that makes one run away (a replay at 64 KiB of the synthetic workload
+// whose cost grew with what is live would run for hours). A replay is stopped between events
 // (replay.Options.Deadline), so the event in flight at the budget
 // finishes first, and then what it made is freed and closed. The budget
 // is a lower bound of the time the whole replay takes: a replay stopped

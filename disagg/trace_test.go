@@ -8,11 +8,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kvcache"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // The Mooncake trace scaled to the test model. A Mooncake hash id names a
-// block of replay.BlockTokens (512) prompt tokens, equal ids equal
+// block of serving.BlockTokens (512) prompt tokens, equal ids equal
 // content; here a block becomes one cache unit of positions (8 in the
 // TokenMajor layout of the test model), so the trace's sharing — which
 // prompts start with which blocks — is kept whole at the granularity the
@@ -44,13 +44,13 @@ func loadTrace(t testing.TB, n int) []traceRequest {
 	f, err := os.Open("testdata/mooncake_synthetic_trace.jsonl")
 	require.NoError(t, err)
 	defer f.Close()
-	reqs, err := replay.ParseMooncake(f)
+	reqs, err := serving.ParseMooncake(f)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(reqs), n)
 	tpu := unitTokensOf(traceLayout)
 	out := make([]traceRequest, n)
 	for i, r := range reqs[:n] {
-		length := min((r.Input*tpu+replay.BlockTokens-1)/replay.BlockTokens, traceUnits*tpu)
+		length := min((r.Input*tpu+serving.BlockTokens-1)/serving.BlockTokens, traceUnits*tpu)
 		prompt := make([]int, max(length, 1))
 		for p := range prompt {
 			id := uint64(r.Blocks[p/tpu])

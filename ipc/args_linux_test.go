@@ -278,8 +278,8 @@ func TestNilArguments(t *testing.T) {
 // call with ErrClosed naming what is closed, and changes nothing — no
 // message sent, no import counted, no descriptor — while what is meant to
 // work after Close (PeerExited, ReleaseIfGone, Holds, Check) still does.
-// (A second Conn.Close once ran its release of the peer's imports again,
-// and a send on a closed connection was marked with no sentinel.)
+// (A second Conn.Close does not run its release of the peer's imports
+// again, and a send on a closed connection is marked with ErrClosed.)
 func TestClosedObjects(t *testing.T) {
 	p, err := newProc()
 	require.NoError(t, err)

@@ -181,6 +181,8 @@ type counters struct {
 	mapperCommits                      int
 	copiedBytes, swappedBytes          uint64
 	failedAdmits, failedResumes        uint64
+	forks, cowCopies                   int
+	failedForks, cowBytes              uint64
 }
 
 // New makes a cache of cfg's shape on space and mem: it reserves the

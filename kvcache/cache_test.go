@@ -411,6 +411,8 @@ func TestNilArguments(t *testing.T) {
 			drivertest.RequireIs(t, s.Preempt(Swap), driver.ErrInvalid, "not a sequence")
 			_, err = s.Resume()
 			drivertest.RequireIs(t, err, driver.ErrInvalid, "not a sequence")
+			_, err = s.Fork()
+			drivertest.RequireIs(t, err, driver.ErrInvalid, "not a sequence")
 			require.Zero(t, s.Len())
 			require.Zero(t, s.Matched())
 			require.Equal(t, -1, s.Slot())

@@ -138,7 +138,7 @@ var presets = map[string]Config{
 	// elements (kv_lora_rank 512 + qk_rope_head_dim 64) a layer and a
 	// token, bf16, 61 layers. The cache keeps a key and a value a layer:
 	// the latent is kept as a "key" and a "value" of half of it each (the
-	// same bytes a token: 70,272), as package replay's kvcache scheme
+	// same bytes a token: 70,272), as package serving's Cache scheme
 	// does.
 	"deepseek-v3": {Layers: 61, KVHeads: 1, HeadDim: 288, DType: tensor.Float16},
 	// A small float32 model for tests and examples.

@@ -15,7 +15,7 @@ import (
 // TestNoLeaks: a cache that admitted, appended, swapped and resumed,
 // freed and reused slots in both layouts, mapping ahead, then closed
 // (with a sequence still swapped out), and one that shared prefixes and
-// closed with a borrower live, leave the
+// forked and closed with a borrower and a fork live, leave the
 // process's descriptors, mappings and resident memory as they were, and
 // its device with nothing committed.
 func TestNoLeaks(t *testing.T) {
@@ -60,6 +60,12 @@ func TestNoLeaks(t *testing.T) {
 		require.NoError(t, err)
 		b := prefill(t, c, seqTokens(800, 600, 50_000), 0)
 		require.Equal(t, 256+336, b.Matched())
+		// A fork: its parent's own pages handed over to the store, a
+		// page copied on write, fork and parent live at Close.
+		f, err := b.Fork()
+		require.NoError(t, err)
+		_, err = f.Append([]int{2})
+		require.NoError(t, err)
 		require.NoError(t, a.Free())
 		require.NoError(t, c.Close())
 		require.Empty(t, space.Reservations())

@@ -38,6 +38,7 @@ const (
 	opResume
 	opSetBudget
 	opStep
+	opFork
 	numOpKinds
 )
 
@@ -84,10 +85,13 @@ func randomInput(rng *rand.Rand, n int) []byte {
 	for i := range b {
 		b[i] = byte(rng.UintN(256))
 	}
-	// Admit more often than the bytes alone would.
+	// Admit, and fork, more often than the bytes alone would.
 	for i := 1; i < len(b); i += opBytes {
-		if rng.UintN(4) == 0 {
+		switch rng.UintN(12) {
+		case 0, 1, 2:
 			b[i] = byte(opAdmit)
+		case 3:
+			b[i] = byte(opFork)
 		}
 	}
 	return b
@@ -111,6 +115,10 @@ type mseq struct {
 	admitted  int
 	preempted PreemptMode // 0 while running
 	matched   int
+	// forked says the slot's shared units are a fork's (forkShared of
+	// them: fork_test.go) rather than what its match found.
+	forked     bool
+	forkShared int
 }
 
 type munit struct {
@@ -120,6 +128,7 @@ type munit struct {
 	refs              int
 	owner             *mseq
 	published, listed bool
+	private           bool // a fork's: never listed, freed when let go
 }
 
 type model struct {
@@ -140,6 +149,8 @@ type model struct {
 	listed  []*munit
 	lru     []*munit
 	copies  int
+	// forks and cowCopies count Seq.Fork's children and copies on write.
+	forks, cowCopies int
 }
 
 // keyOf is the model's exact key of a prefix.
@@ -164,6 +175,18 @@ func (m *model) take(n int) {
 
 // trim is SetBudget's: the pool fits beside the pages in use.
 func (m *model) trim() { m.pooled = min(m.pooled, max(m.budget-m.pages, 0)) }
+
+// pickSlot is the cache's pickSlotLocked: the free slot with the most
+// pages kept (the lowest of those), or -1.
+func (m *model) pickSlot() int {
+	pick := -1
+	for k, sl := range m.slots {
+		if sl.seq == nil && (pick < 0 || m.ownedFrom(sl, 0) > m.ownedFrom(m.slots[pick], 0)) {
+			pick = k
+		}
+	}
+	return pick
+}
 
 // ownedFrom counts the units of sl from u on that it owns.
 func (m *model) ownedFrom(sl *mslot, u int) (n int) {
@@ -232,6 +255,16 @@ func (m *model) makeRoom(need int, keep *mslot, keepUnits int) bool {
 	if need <= m.free() {
 		return true
 	}
+	if m.room(keep, keepUnits) < need {
+		return false
+	}
+	m.reclaim(need, keep, keepUnits)
+	return true
+}
+
+// room is what makeRoom can give: free, idle, cached and surplus pages,
+// keep's below keepUnits aside.
+func (m *model) room(keep *mslot, keepUnits int) int {
 	idle, surplus := 0, 0
 	for _, sl := range m.slots {
 		if sl.seq == nil {
@@ -242,11 +275,7 @@ func (m *model) makeRoom(need int, keep *mslot, keepUnits int) bool {
 		}
 		surplus += m.ownedFrom(sl, m.surplusFrom(sl, keep, keepUnits)) * m.up()
 	}
-	if m.free()+idle+len(m.lru)*m.up()+surplus < need {
-		return false
-	}
-	m.reclaim(need, keep, keepUnits)
-	return true
+	return m.free() + idle + len(m.lru)*m.up() + surplus
 }
 
 // reclaim gives back idle slots' pages (longest idle first), cached units
@@ -579,6 +608,7 @@ func (m *model) preempt(s *mseq, mode PreemptMode) {
 		m.drop(sl, u)
 	}
 	s.preempted = mode
+	s.forked = false // resumed, its shared units are what its match finds
 }
 
 // family returns the first n tokens of prompt family f: prompts of one
@@ -597,6 +627,7 @@ type modelRun struct {
 	// asked the CanAdmit and CanResume answers checked against the calls.
 	refusedAdmits, refusedResumes, asked int
 	steps, stepOOMs                      int
+	forks, refusedForks, cowCopies       int
 }
 
 // add counts o's figures into r.
@@ -615,6 +646,9 @@ func (r *modelRun) add(o modelRun) {
 	r.asked += o.asked
 	r.steps += o.steps
 	r.stepOOMs += o.stepOOMs
+	r.forks += o.forks
+	r.refusedForks += o.refusedForks
+	r.cowCopies += o.cowCopies
 }
 
 // books is every book of a cache a refused call must leave as it was:
@@ -632,7 +666,7 @@ type books struct {
 func snapBooks(t *testing.T, c *Cache, e *env) books {
 	t.Helper()
 	st := c.Stats()
-	st.FailedAdmits, st.FailedResumes = 0, 0
+	st.FailedAdmits, st.FailedResumes, st.FailedForks = 0, 0, 0
 	b := books{st: st, slots: fmt.Sprint(c.slots.Layout()), used: e.used(t)}
 	c.mu.Lock()
 	if c.ps.s != nil {
@@ -745,12 +779,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				// region, however many units match.
 				require.LessOrEqual(t, sd.Tally().Total().SetAccess-grants0, uint64(2*c.g.regions+1), step)
 			}
-			pick := -1
-			for k, sl := range m.slots {
-				if sl.seq == nil && (pick < 0 || m.ownedFrom(sl, 0) > m.ownedFrom(m.slots[pick], 0)) {
-					pick = k
-				}
-			}
+			pick := m.pickSlot()
 			if pick < 0 {
 				requireIs(t, err, driver.ErrBusy, step)
 				require.False(t, admits, step)
@@ -821,6 +850,11 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				requireIs(t, err, driver.ErrInvalid, step)
 				break
 			}
+			if !m.cow(s, m.g.unitsFor(have+cnt)) {
+				requireIs(t, err, driver.ErrOutOfMemory, step)
+				r.ooms++
+				break
+			}
 			if _, ok := m.back(s, m.g.unitsFor(have+cnt)); !ok {
 				requireIs(t, err, driver.ErrOutOfMemory, step)
 				r.ooms++
@@ -859,7 +893,11 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				break
 			}
 			checkSeq(t, s.real, s.tokens, s.extra, 0, len(s.tokens))
-			checkUnits(t, c, s.real, s.tokens, s.extra, s.matched, step)
+			shared := -1 // what its match found
+			if s.forked {
+				shared = s.forkShared
+			}
+			checkUnits(t, c, s.real, s.tokens, s.extra, s.matched, shared, step)
 			r.verified++
 		case opPreempt:
 			if s == nil {
@@ -915,6 +953,8 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			}
 			s.preempted = 0
 			r.resumes++
+		case opFork:
+			m.forkOp(t, c, e, s, o, &r, step)
 		case opStep:
 			ok, oom := m.step(t, c, o, &fresh, cfg.MaxContext, onSim, step)
 			r.steps += b2i(ok)
@@ -966,6 +1006,8 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 		require.Equal(t, uint64(m.pages+m.pooled)*page, e.used(t), step)
 		require.Equal(t, len(m.lru)*m.up(), st.CachedPages, step)
 		require.Equal(t, m.copies, st.Copies, step)
+		require.Equal(t, m.forks, st.Forks, step)
+		require.Equal(t, m.cowCopies, st.CowCopies, step)
 		idle, surplus, tokens := 0, 0, 0
 		for _, sl := range m.slots {
 			switch {
@@ -1024,8 +1066,12 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 		require.Equal(t, saved, st.SavedBytes, step)
 		require.Equal(t, len(m.seqs), st.Sequences, step)
 		evs.check(t, c, step)
+		if !onSim {
+			m.crossCheck(t, step)
+		}
 	}
 	r.copies = m.copies
+	r.cowCopies = m.cowCopies
 	for _, ms := range m.seqs {
 		require.NoError(t, ms.real.Free())
 	}
@@ -1058,6 +1104,8 @@ func TestCacheModelContiguous(t *testing.T) {
 	require.Greater(t, total.resumes, 10)
 	require.Greater(t, total.hits, 200, "prompts of one family share prefixes")
 	require.Positive(t, total.copies, "matches ending where a token straddles copy a page")
+	require.Greater(t, total.forks, 10, "forks")
+	require.Positive(t, total.cowCopies, "copies on write")
 }
 
 // TestCacheModel runs random operation sequences against the model.
@@ -1082,6 +1130,8 @@ func TestCacheModel(t *testing.T) {
 	require.Positive(t, total.copies, "some partly shared units are copied")
 	require.Greater(t, total.steps, 20, "batched steps")
 	require.Positive(t, total.stepOOMs, "some steps do not fit")
+	require.Greater(t, total.forks, 10, "forks")
+	require.Positive(t, total.cowCopies, "copies on write")
 }
 
 // FuzzCacheModel fuzzes the decoder and the sequences it yields.

@@ -60,6 +60,9 @@ type Seq struct {
 	// found is the store units the last find of its prompt matched
 	// (findSeqLocked), where the next one starts.
 	found []*storeUnit
+	// forked bounds the units a fork made it share (fork.go): borrowed
+	// units lie below it or below its prompt's end.
+	forked int
 }
 
 // Rows are the keys and values of one layer at the consecutive positions
@@ -276,13 +279,30 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	}
 	check := func() error { return c.appendableLocked(what, s, tokens) }
 	// A unit the mapper is committing is waited for; the lock goes
-	// meanwhile, so everything is checked again after.
-	waited, err := c.settleLocked(s, func() int { return c.g.unitsFor(s.n + len(tokens)) }, check)
-	if err != nil {
-		return Step{}, err
+	// meanwhile, so everything is checked again after. A fork's shared
+	// last unit copied on write revokes the tensors: no access through
+	// them may be in flight then either (fork.go).
+	waited := false
+	for {
+		if c.cowCopyPendingLocked(s) {
+			if err := c.quiesceLocked(s, check); err != nil {
+				return Step{}, err
+			}
+		}
+		w, err := c.settleLocked(s, func() int { return c.g.unitsFor(s.n + len(tokens)) }, check)
+		if err != nil {
+			return Step{}, err
+		}
+		waited = waited || w
+		if !w || !c.cowCopyPendingLocked(s) {
+			break
+		}
 	}
 	pos, cnt := s.n, len(tokens)
 	need := c.g.unitsFor(pos + cnt)
+	if err := c.cowLocked(what, s, need, c.emptyPagesLocked(s.sl, c.g.unitsFor(pos), need)); err != nil {
+		return Step{}, err
+	}
 	// The units below the sequence's tokens are committed (a running
 	// sequence's invariant): only those the new tokens reach are looked at.
 	var room [2]int // a decode step's Append backs one unit at most
@@ -790,11 +810,11 @@ func (c *Cache) endLocked(s *Seq) error {
 	sl.revokeLocked()
 	errs := c.releaseCoversLocked(sl)
 	// Last to first, as decommitUnitsLocked: the chain's end is evicted
-	// first. Borrowed units are whole units of the prompt: the walk starts
-	// at the prompt's end and stops at the last one. A run of borrowed
-	// units goes in one decommit (decommitUnitsLocked gives them back
-	// last first too).
-	for u := min(sl.hi, c.g.unitsFor(len(s.prompt))) - 1; u >= 0 && sl.borrowed > 0; u-- {
+	// first. Borrowed units are whole units of the prompt, or units a fork
+	// shares: the walk starts at the end of both and stops at the last
+	// one. A run of borrowed units goes in one decommit
+	// (decommitUnitsLocked gives them back last first too).
+	for u := min(sl.hi, max(c.g.unitsFor(len(s.prompt)), s.forked)) - 1; u >= 0 && sl.borrowed > 0; u-- {
 		if sl.units[u].state != unitBorrowed {
 			continue
 		}
@@ -806,7 +826,7 @@ func (c *Cache) endLocked(s *Seq) error {
 		u = lo
 	}
 	if sl.borrowed > 0 {
-		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: slot %d borrows %d units past its prompt", sl.idx, sl.borrowed))
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: slot %d borrows %d units past its prompt and its forks' units", sl.idx, sl.borrowed))
 	}
 	errs = errors.CombineErrors(errs, c.dropSwapLocked(s))
 	c.setStateLocked(s, seqFreed)

@@ -65,6 +65,13 @@ type Stats struct {
 	// queue full (a slow callback) or after a panic: a resync replaced
 	// them (events.go).
 	EventPanics, EventsDropped int
+	// Forks are the sequences Seq.Fork made, FailedForks those it refused
+	// for lack of memory; CowCopies are the pages copied on write: a
+	// fork's partly written last unit, copied by the first of its sharers
+	// to write there (CowBytes).
+	Forks, CowCopies int
+	FailedForks      uint64
+	CowBytes         uint64
 }
 
 // Stats returns the cache's figures (zero for a nil or zero cache).
@@ -93,9 +100,10 @@ func (c *Cache) statsLocked() Stats {
 	st.TokensStored = c.runningTokens
 	// Each running sequence's tokens lie in its units below
 	// unitsFor(Len), its own or borrowed; a store unit mapped by k
-	// sequences counts once, not k times, and every one of them holds it
-	// whole (a unit is shared only once its owner has written it all).
-	st.UsedBytes = uint64(c.runningTokens)*g.tokenBytes() - uint64(c.ps.extraRefs)*g.fullUnitBytes()
+	// sequences counts once, not k times, and every one of them holds the
+	// same tokens in it (a unit is shared whole once its owner has written
+	// it all, or, a fork's last unit, at the one length they share).
+	st.UsedBytes = uint64(c.runningTokens)*g.tokenBytes() - c.ps.extraBytes
 	st.SharedPages = c.ps.sharedUnits * up
 	st.SavedBytes = uint64(c.ps.extraRefs*up) * g.page
 	st.CachedPages = c.evictablePagesLocked()
@@ -115,7 +123,8 @@ func (c *Cache) cumulativeLocked() Stats {
 		Evictions: k.evictions, EvictedPages: k.evictedPages, Reclaims: k.reclaims, ReclaimedPages: k.reclaimedPages,
 		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes,
 		FailedAdmits: k.failedAdmits, FailedResumes: k.failedResumes,
-		EventPanics: c.ev.panics, EventsDropped: c.ev.dropped}
+		EventPanics: c.ev.panics, EventsDropped: c.ev.dropped,
+		Forks: k.forks, CowCopies: k.cowCopies, FailedForks: k.failedForks, CowBytes: k.cowBytes}
 }
 
 // fullUnitBytes is the bytes of one unit (all regions) that hold tokens

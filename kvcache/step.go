@@ -73,7 +73,8 @@ type stepPlan struct {
 	pos      int   // its length before the step
 	from     int   // unitsFor(pos): the units below are committed
 	need     int   // unitsFor(pos+len(tokens))
-	pages    int   // pages its empty units in [from, need) take
+	pages    int   // pages its empty units in [from, need) take, and its copy on write
+	cow      int   // pages of its copy on write (fork.go)
 	reserved int   // its owned units in [from, need): surplus the step keeps
 	backed   []int // the units the step backed for it
 	done     bool  // its length and tokens are the step's
@@ -126,6 +127,9 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 				what(), min(plan[k].i, plan[k-1].i), max(plan[k].i, plan[k-1].i), plan[k].s.sl.idx)
 		}
 	}
+	if err := c.quiesceCowLocked(what, plan); err != nil {
+		return nil, err
+	}
 	waited, err := c.settleStepLocked(what, plan)
 	if err != nil {
 		return nil, err
@@ -138,6 +142,9 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 		s := p.s
 		pwhat := func() string {
 			return fmt.Sprintf("%s: request %d, %d tokens to the sequence of %d in slot %d", what(), p.i, len(p.tokens), p.pos, s.sl.idx)
+		}
+		if err := c.cowLocked(pwhat, s, p.need, p.pages-p.cow); err != nil {
+			return nil, errors.CombineErrors(err, c.undoStepLocked(plan[:k]))
 		}
 		if p.from < p.need {
 			p.backed, err = c.backIntoLocked(pwhat, s, p.from, p.need, nil)
@@ -234,6 +241,8 @@ func (c *Cache) planStepLocked(what func() string, plan []stepPlan) error {
 				p.reserved++
 			}
 		}
+		p.cow = c.cowPagesLocked(p.s)
+		p.pages += p.cow
 		total += p.pages
 		reserved += p.reserved
 	}

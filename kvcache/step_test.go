@@ -84,6 +84,9 @@ func (m *model) step(t *testing.T, c *Cache, o op, fresh *int, maxCtx int, onSim
 				total += m.up()
 			}
 		}
+		if _, mu := m.cowUnit(s); mu != nil && mu.refs > 1 {
+			total += m.up() // its copy on write
+		}
 	}
 	can := m.free() + len(m.lru)*m.up()
 	for _, sl := range m.slots {
@@ -105,6 +108,7 @@ func (m *model) step(t *testing.T, c *Cache, o op, fresh *int, maxCtx int, onSim
 	for _, s := range order {
 		k := slices.Index(batch, s)
 		have := len(s.tokens)
+		require.True(t, m.cow(s, m.g.unitsFor(have+len(reqs[k].Tokens))), "%s: the model cannot copy on write what the step did", step)
 		_, fits := m.back(s, m.g.unitsFor(have+len(reqs[k].Tokens)))
 		require.True(t, fits, "%s: the model cannot back what the step did", step)
 		s.tokens = append(s.tokens, reqs[k].Tokens...)

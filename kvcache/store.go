@@ -70,13 +70,28 @@ type storeUnit struct {
 	listed    bool
 	lastUse   uint64
 	elem      *list.Element
+	// used is the bytes of the unit that hold tokens, when not all of
+	// them do (0: all): a fork's last unit, shared while partly written
+	// (fork.go). Set only while one slot maps it.
+	used uint64
+}
+
+// usedBytes is the bytes of su that hold tokens: what each mapping of it
+// past the first spares.
+func (su *storeUnit) usedBytes(g *geometry) uint64 {
+	if su.used != 0 {
+		return su.used
+	}
+	return g.fullUnitBytes()
 }
 
 // prefixStore is the cache's store books (mu guards them).
 //
 // Invariants: sharedUnits counts the units mapped by two or more slots,
 // extraRefs the mappings past each unit's first (the sum of refs-1 over
-// them): what Stats' SharedPages, SavedBytes and UsedBytes read.
+// them), extraBytes those mappings' bytes that hold tokens (the sum of
+// (refs-1)*usedBytes): what Stats' SharedPages, SavedBytes and UsedBytes
+// read.
 type prefixStore struct {
 	s        *arena.Sparse // nil when sharing is off
 	units    []*storeUnit  // by idx; nil where free
@@ -97,13 +112,17 @@ type prefixStore struct {
 	recycle int
 
 	sharedUnits, extraRefs int
+	extraBytes             uint64
 }
 
 // refLocked adds d to su's borrowers, keeping the sharing counters.
 func (c *Cache) refLocked(su *storeUnit, d int) {
 	before := su.refs
 	su.refs += d
-	c.ps.extraRefs += max(su.refs-1, 0) - max(before-1, 0)
+	extra := max(su.refs-1, 0) - max(before-1, 0)
+	c.ps.extraRefs += extra
+	// One more mapping or one fewer: unsigned arithmetic wraps exactly.
+	c.ps.extraBytes += uint64(extra) * su.usedBytes(c.g)
 	c.ps.sharedUnits += b2i(su.refs > 1) - b2i(before > 1)
 }
 
@@ -778,9 +797,15 @@ func (c *Cache) letGoLocked(su *storeUnit) {
 // copyUnitLocked copies store unit from, region by region, into unit u
 // of sl: the partly shared page, copied once.
 func (c *Cache) copyUnitLocked(what func() string, from *storeUnit, sl *slot, u int) error {
-	g := c.g
 	c.counts.copies++
-	c.counts.copiedBytes += g.storeUnitBytes()
+	c.counts.copiedBytes += c.g.storeUnitBytes()
+	return c.copyStoreUnitLocked(what, from, sl, u)
+}
+
+// copyStoreUnitLocked copies the bytes of store unit from into unit u of
+// sl (nothing on a driver without bytes), counting nothing.
+func (c *Cache) copyStoreUnitLocked(what func() string, from *storeUnit, sl *slot, u int) error {
+	g := c.g
 	if !c.bytes {
 		return nil
 	}
@@ -892,17 +917,20 @@ func (c *Cache) checkStoreLocked(fail func(string, ...any)) int {
 		fail("%d store units live, %d pages counted", live, c.ps.pages)
 	}
 	shared, extra, owned := 0, 0, map[*Seq]int{}
+	var extraBytes uint64
 	for _, su := range c.ps.units {
 		if su != nil {
 			shared += b2i(su.refs > 1)
 			extra += max(su.refs-1, 0)
+			extraBytes += uint64(max(su.refs-1, 0)) * su.usedBytes(c.g)
 			if su.owner != nil {
 				owned[su.owner]++
 			}
 		}
 	}
-	if shared != c.ps.sharedUnits || extra != c.ps.extraRefs {
-		fail("%d store units are shared by %d extra mappings, counted %d by %d", shared, extra, c.ps.sharedUnits, c.ps.extraRefs)
+	if shared != c.ps.sharedUnits || extra != c.ps.extraRefs || extraBytes != c.ps.extraBytes {
+		fail("%d store units are shared by %d extra mappings of %d bytes, counted %d by %d of %d",
+			shared, extra, extraBytes, c.ps.sharedUnits, c.ps.extraRefs, c.ps.extraBytes)
 	}
 	for s := range c.seqs {
 		last, n := -1, 0

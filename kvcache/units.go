@@ -39,11 +39,14 @@ func (c *Cache) UnitTokens(u int) (start, end int) {
 }
 
 // SharedUnits is how many of the sequence's first units it maps from the
-// prefix store because Admit (or the last Resume) matched them: other
-// sequences read them too, so they are read-only here (K, V, Append's rows
-// and UnitBytes refuse writes to them). Their tokens are below Matched;
-// the unit after them may hold matched tokens copied into the sequence's
-// own page. 0 for a nil, zero, freed or preempted sequence.
+// prefix store because Admit (or the last Resume) matched them, or a fork
+// shares them (Fork): other sequences read them too, so they are
+// read-only here (K, V, Append's rows and UnitBytes refuse writes to
+// them). A match's tokens are below Matched; the unit after them may hold
+// matched tokens copied into the sequence's own page. A fork's are every
+// unit the tokens reach at the fork, until an Append copies (or, the last
+// sharer, takes back) the partly written last one. 0 for a nil, zero,
+// freed or preempted sequence.
 func (s *Seq) SharedUnits() int {
 	if s == nil || s.c == nil {
 		return 0

@@ -70,3 +70,50 @@ func (d DeviceResult) DriverTimeTarget() Verdict {
 	}
 	return NotMet
 }
+
+// PriceTables are the tables of per-call costs a replay's driver calls
+// are given in, both sides priced by each: the A100's published figures
+// and the H100's measured ones weigh a create against a grant or an unmap
+// differently (sim.H100), so a change that trades one for the other shows
+// in one of them.
+var PriceTables = []sim.CallCosts{sim.A100, sim.H100}
+
+// DriverTimes are both sides' driver calls on a device priced by one
+// table.
+type DriverTimes struct {
+	// Costs is the table.
+	Costs sim.CallCosts
+	// VMArena is vmarena's calls priced, when Priced (the replay ran on
+	// a sim driver, which counted them).
+	VMArena time.Duration
+	Priced  bool
+	// PyTorch is the calls of the trace's segment events priced, when
+	// PyTorchKnown: the trace has segment events. Without them what
+	// PyTorch did with the driver is unknown, not nothing.
+	PyTorch      time.Duration
+	PyTorchKnown bool
+	// MidRun says the trace starts mid-run: its segment events leave out
+	// the segments made before recording, so PyTorch's time is a part.
+	MidRun bool
+}
+
+// Ratio is vmarena's time over PyTorch's; ok only when both are known,
+// PyTorch's is whole (not MidRun) and not zero.
+func (t DriverTimes) Ratio() (ratio float64, ok bool) {
+	if !t.Priced || !t.PyTorchKnown || t.MidRun || t.PyTorch == 0 {
+		return 0, false
+	}
+	return float64(t.VMArena) / float64(t.PyTorch), true
+}
+
+// DriverTimesBy prices both sides' calls on the device by costs.
+func (d DeviceResult) DriverTimesBy(costs sim.CallCosts) DriverTimes {
+	t := DriverTimes{Costs: costs, Priced: d.Priced, PyTorchKnown: d.Summary.SegmentEvents > 0, MidRun: d.Summary.MidRun()}
+	if t.Priced {
+		t.VMArena = d.DriverCalls.Time(costs)
+	}
+	if t.PyTorchKnown {
+		t.PyTorch = d.Summary.SegmentCalls.Time(costs)
+	}
+	return t
+}

@@ -177,3 +177,44 @@ func TestDriverTimeTarget(t *testing.T) {
 	require.Equal(t, NA, d.DriverTimeTarget(), "not priced")
 	require.Zero(t, DeviceResult{}.DriverTime())
 }
+
+// TestDriverTimesBy: both sides priced by each table; PyTorch's unknown
+// without segment events (not zero), the ratio only where both are known
+// and the trace starts from nothing.
+func TestDriverTimesBy(t *testing.T) {
+	d := DeviceResult{Priced: true, CallCosts: sim.A100,
+		Summary:     Summary{SegmentEvents: 2, SegmentCalls: sim.Calls{Create: 10, Map: 10, SetAccess: 2}},
+		DriverCalls: sim.Calls{Create: 5, Map: 10, SetAccess: 2, Unmap: 3, Release: 3}}
+	for _, costs := range PriceTables {
+		dt := d.DriverTimesBy(costs)
+		require.Equal(t, d.DriverCalls.Time(costs), dt.VMArena)
+		require.Equal(t, d.Summary.SegmentCalls.Time(costs), dt.PyTorch)
+		x, ok := dt.Ratio()
+		require.True(t, ok)
+		require.InDelta(t, float64(dt.VMArena)/float64(dt.PyTorch), x, 1e-12)
+	}
+	require.Equal(t, d.DriverTime(), d.DriverTimesBy(d.CallCosts).VMArena, "the driver's own table prices the same")
+
+	mid := d
+	mid.Summary.FreedBeforeRecording = 1
+	dt := mid.DriverTimesBy(sim.H100)
+	require.True(t, dt.PyTorchKnown)
+	_, ok := dt.Ratio()
+	require.False(t, ok, "mid-run: PyTorch's time is a part")
+
+	none := d
+	none.Summary = Summary{}
+	dt = none.DriverTimesBy(sim.A100)
+	require.False(t, dt.PyTorchKnown)
+	require.Zero(t, dt.PyTorch)
+	_, ok = dt.Ratio()
+	require.False(t, ok, "no segment events: unknown")
+
+	off := d
+	off.Priced, off.DriverCalls = false, sim.Calls{}
+	dt = off.DriverTimesBy(sim.A100)
+	require.False(t, dt.Priced)
+	require.True(t, dt.PyTorchKnown, "PyTorch's calls are the trace's, priced on any driver")
+	_, ok = dt.Ratio()
+	require.False(t, ok)
+}

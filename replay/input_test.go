@@ -3,15 +3,10 @@ package replay
 import (
 	"bytes"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
-
-	"github.com/vmarena/vmarena/driver"
 )
 
 // endless reads as the byte c forever, counting what it gave: a line that
@@ -29,9 +24,9 @@ func (e *endless) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestBoundedReads: a line with no end, a config too large, a trace past
-// its totals: each an error once the bound is passed, having read no more
-// than the bound (and a read buffer) of it.
+// TestBoundedReads: a line with no end is an error once the bound is
+// passed, having read no more than the bound (and a read buffer) of it
+// (internal/input's tests check the reader's totals).
 func TestBoundedReads(t *testing.T) {
 	t.Run("a CSV trace line with no end", func(t *testing.T) {
 		src := &endless{c: '1'}
@@ -46,51 +41,13 @@ func TestBoundedReads(t *testing.T) {
 		require.ErrorIs(t, err, ErrMalformed)
 		require.ErrorContains(t, err, "replay: line 1: longer than 65536 bytes")
 	})
-	t.Run("a request trace line with no end", func(t *testing.T) {
-		src := &endless{c: '{'}
-		_, err := ParseMooncake(src)
-		require.ErrorIs(t, err, ErrMalformed)
-		require.ErrorContains(t, err, "replay: line 1: longer than 1048576 bytes (MaxRequestLineBytes)")
-		require.Less(t, src.gave, int64(MaxRequestLineBytes+128<<10))
-	})
-	t.Run("a stream past its total", func(t *testing.T) {
-		b := &boundedReader{r: strings.NewReader("ab\ncd\nef\n"), total: 6, line: 3}
-		data, err := io.ReadAll(b)
-		require.ErrorIs(t, err, ErrMalformed)
-		require.ErrorContains(t, err, "replay: more than 6 bytes (MaxTraceBytes)")
-		require.Equal(t, "ab\ncd\n", string(data))
-		_, err = b.Read(make([]byte, 4))
-		require.ErrorIs(t, err, ErrMalformed, "the error stays")
-
-		b = &boundedReader{r: strings.NewReader("ab\ncdef\n"), total: 100, line: 3}
-		data, err = io.ReadAll(b)
-		require.ErrorContains(t, err, "replay: line 2: longer than 3 bytes")
-		require.Equal(t, "ab\ncde", string(data))
-	})
-	t.Run("a config past MaxConfigBytes", func(t *testing.T) {
-		name := filepath.Join(t.TempDir(), "config.json")
-		require.NoError(t, os.WriteFile(name, bytes.Repeat([]byte(" "), MaxConfigBytes+1), 0o600))
-		_, err := LoadModel(name)
-		require.ErrorIs(t, err, driver.ErrInvalid)
-		require.ErrorContains(t, err, "is 4194305 bytes, more than the 4194304 a model config may have")
-		_, err = ModelFromConfig("big", make([]byte, MaxConfigBytes+1))
-		require.ErrorIs(t, err, driver.ErrInvalid)
-		require.ErrorContains(t, err, "replay: big: a config of 4194305 bytes, more than 4194304 (MaxConfigBytes)")
-	})
-	t.Run("a directory without config.json", func(t *testing.T) {
-		dir := t.TempDir()
-		_, err := LoadModel(dir)
-		require.ErrorIs(t, err, driver.ErrInvalid)
-		require.ErrorContains(t, err, "replay: model config: the directory "+dir+" has no config.json")
-		require.NotContains(t, err.Error(), "preset")
-	})
 }
 
-// TestTraceTotals: past MaxTraceEvents, MaxRequests or MaxRequestBlocks a
-// trace is refused (the bounds lowered here, to keep the test small).
+// TestTraceTotals: past MaxTraceEvents a trace is refused (the bound
+// lowered here, to keep the test small).
 func TestTraceTotals(t *testing.T) {
-	defer func(e, r, b int) { maxTraceEvents, maxRequests, maxRequestBlocks = e, r, b }(maxTraceEvents, maxRequests, maxRequestBlocks)
-	maxTraceEvents, maxRequests, maxRequestBlocks = 3, 3, 4
+	defer func(e int) { maxTraceEvents = e }(maxTraceEvents)
+	maxTraceEvents = 3
 
 	csv := header + "0,0,alloc,512,0,0,0,,\n1,0,free_completed,512,0,0,0,,\n2,0,alloc,512,0,1,0,,\n"
 	events, err := Parse(strings.NewReader(csv))
@@ -106,21 +63,4 @@ func TestTraceTotals(t *testing.T) {
 	_, err = Parse(bytes.NewReader(pk(four[:2], four[2:])))
 	require.ErrorIs(t, err, ErrMalformed)
 	require.ErrorContains(t, err, "replay: snapshot: 4 trace entries, more than 3 (MaxTraceEvents)")
-
-	azure := azureHead + strings.Repeat("2023-11-16 18:15:46.6805900,374,44\n", 3)
-	_, err = ParseAzure(strings.NewReader(azure))
-	require.NoError(t, err)
-	_, err = ParseAzure(strings.NewReader(azure + "2023-11-16 18:15:46.6805900,374,44\n"))
-	require.ErrorIs(t, err, ErrMalformed)
-	require.ErrorContains(t, err, "replay: line 5: more than 3 requests (MaxRequests)")
-
-	line := func(ts int, ids string, n int) string {
-		return `{"timestamp": ` + string(rune('0'+ts)) + `, "input_length": ` + string(rune('0'+n)) + `00, "output_length": 1, "hash_ids": [` + ids + "]}\n"
-	}
-	_, err = ParseMooncake(strings.NewReader(line(0, "0, 1", 6) + line(1, "0, 1", 6)))
-	require.NoError(t, err)
-	_, err = ParseMooncake(strings.NewReader(line(0, "0, 1", 6) + line(1, "0, 1", 6) + line(2, "2", 1)))
-	require.ErrorIs(t, err, ErrMalformed)
-	require.ErrorContains(t, err, "replay: line 3: more than 4 hash_ids in the trace (MaxRequestBlocks)")
-	require.False(t, errors.Is(err, driver.ErrInvalid))
 }

@@ -1,9 +1,8 @@
 package replay
 
 // Recording for reports: what a replay's devices held after each event,
-// and the allocator's memory map at the trace's peak (Options.Record);
-// what a simulation's scheme held at each step (SimOptions.Record). Off,
-// it costs a nil check an event or a step.
+// and the allocator's memory map at the trace's peak (Options.Record).
+// Off, it costs a nil check an event.
 
 import (
 	"fmt"
@@ -17,14 +16,7 @@ import (
 const RecordPoints = 2000
 
 // Series is a recorded series: Y[i] at X[i], X never decreasing.
-type Series struct {
-	X, Y []float64
-}
-
-func seriesOf(t *series.Thinned) Series {
-	x, y := t.Points()
-	return Series{X: x, Y: y}
-}
+type Series = series.Series
 
 // Timeline is a device's memory after each of its events, X numbering the
 // device's events from 1 in trace order, Y in bytes.
@@ -125,41 +117,11 @@ func (r *recorder) record(d *device, ev Event) {
 
 // finish puts what was recorded into the device's result.
 func (r *recorder) finish(d *device) {
-	d.res.Timeline = &Timeline{Allocated: seriesOf(r.allocated), Committed: seriesOf(r.committed), Reserved: seriesOf(r.reserved)}
+	d.res.Timeline = &Timeline{Allocated: r.allocated.Series(), Committed: r.committed.Series(), Reserved: r.reserved.Series()}
 	if r.peak == nil {
 		r.peak = d.al.memoryMap()
 		r.peak.Event = r.events
 		r.peak.Allocated, r.peak.Committed = d.al.usage()
 	}
 	d.res.PeakMap = r.peak
-}
-
-// SimTimeline is what a scheme held over a simulation, X in simulated
-// seconds: each point is the state from then to the next point, the last
-// the state at the end.
-type SimTimeline struct {
-	// Seqs is the sequences running (holding KV).
-	Seqs Series
-	// InUse is the scheme's KV memory in use by running sequences
-	// (KVStats.InUse) and Waste the part of it holding no token, in bytes.
-	InUse, Waste Series
-}
-
-// simRecorder records a simulation's steps.
-type simRecorder struct {
-	seqs, inUse, waste *series.Thinned
-}
-
-func newSimRecorder() *simRecorder {
-	return &simRecorder{seqs: series.New(RecordPoints), inUse: series.New(RecordPoints), waste: series.New(RecordPoints)}
-}
-
-func (r *simRecorder) add(now float64, running int, st KVStats) {
-	r.seqs.Add(now, float64(running))
-	r.inUse.Add(now, float64(st.InUse))
-	r.waste.Add(now, float64(st.Waste()))
-}
-
-func (r *simRecorder) timeline() *SimTimeline {
-	return &SimTimeline{Seqs: seriesOf(r.seqs), InUse: seriesOf(r.inUse), Waste: seriesOf(r.waste)}
 }

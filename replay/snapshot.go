@@ -18,8 +18,8 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/isnil"
-	"github.com/vmarena/vmarena/internal/pickle"
 	"github.com/vmarena/vmarena/internal/sentinel"
+	"github.com/vmarena/vmarena/replay/internal/pickle"
 )
 
 // pickleProto is the first byte of every pickle of protocol 2 or later.
@@ -36,7 +36,7 @@ const pickleProto = 0x80
 // allocation made before recording) — the allocation ending at its
 // free_completed. Segment, oom and snapshot entries carry alloc_id -1.
 //
-// The pickle is decoded by a restricted unpickler (internal/pickle) that
+// The pickle is decoded by a restricted unpickler (replay/internal/pickle) that
 // builds plain data only and refuses anything that would construct an
 // object or call code, and builds at most pickle.BuiltPerByte bytes a byte
 // of input. The events are bounded by the input too: a snapshot of n bytes

@@ -45,22 +45,6 @@
 // expandable segment makes them (SegmentCalls). A trace that starts
 // mid-run does not show the segments made before recording, so PyTorch's
 // calls are undercounted there and the comparison is not made.
-//
-// It also reads LLM serving request traces (requests.go), Azure's CSV and
-// Mooncake's JSON lines, into Requests for a KV cache to replay, by the
-// same rules: a malformed trace is an ErrMalformed error naming its line.
-// Simulate serves such a trace with continuous batching (simulate.go),
-// holding the KV memory through a KVScheme (kvscheme.go): the paged and
-// static baselines are bookkeeping alone, with no memory behind them. The
-// model it serves (kvmodel.go) is a preset or read from a Hugging Face
-// config.json (hfconfig.go): its KV a token, its parameters for the price
-// of a step. For a scheme on the sim driver (KVCache) it also counts and
-// prices the driver calls of each of the scheme's calls, splits them into
-// the time steps wait for and the time mapping ahead hides behind a step
-// (simcost.go, SimDriver), and charges each scheme the thread CPU time of
-// its own calls. RequestTrace generates request traces from a seed
-// (requestgen.go): long shared prefixes, bursts, long outputs that squeeze
-// the budget.
 package replay
 
 import (
@@ -74,12 +58,14 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/input"
 	"github.com/vmarena/vmarena/internal/isnil"
 	"github.com/vmarena/vmarena/internal/sentinel"
 )
 
-// ErrMalformed marks every error about the content of a trace.
-var ErrMalformed = errors.New("malformed trace")
+// ErrMalformed marks every error about the content of a trace (allocator
+// and request traces alike).
+var ErrMalformed = input.ErrMalformed
 
 // Op is what an event did.
 type Op uint8
@@ -214,7 +200,7 @@ func Parse(r io.Reader) ([]Event, error) {
 	if b, err := br.Peek(1); err == nil && b[0] == pickleProto {
 		return ParseSnapshot(br)
 	}
-	cr := csv.NewReader(&boundedReader{r: br, total: MaxTraceBytes, line: MaxTraceLineBytes})
+	cr := csv.NewReader(in.Reader(br, MaxTraceBytes, MaxTraceLineBytes))
 	cr.FieldsPerRecord = -1 // counted here, for a message that says what is wrong
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -277,7 +263,7 @@ type allocKey struct {
 // regular file: another (a directory, a device, a FIFO) is an error
 // marked driver.ErrInvalid.
 func ParseFile(name string) ([]Event, error) {
-	f, err := openRegular(name, "trace")
+	f, err := in.Open(name, "trace")
 	if err != nil {
 		return nil, err
 	}
@@ -371,16 +357,7 @@ func parseEvent(rec []string, col [numColumns]int, line int) (Event, error) {
 	return ev, nil
 }
 
-func rangeNote(err error) string {
-	if errors.Is(err, strconv.ErrRange) {
-		return " (out of range)"
-	}
-	return ""
-}
-
-func malformed(line int, format string, args ...any) error {
-	return sentinel.Mark(errors.Newf("replay: line %d: "+format, append([]any{line}, args...)...), ErrMalformed)
-}
+func rangeNote(err error) string { return input.RangeNote(err) }
 
 // csvError turns the csv reader's error (a bare quote, say) into ours; the
 // csv package's message already names the line.

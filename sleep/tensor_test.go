@@ -46,7 +46,7 @@ func holdAccess(t *testing.T, tt *tensor.Tensor, patch []byte) *heldAccess {
 }
 
 // waitRevoked waits until tt's lease is revoked (the revoke has begun and
-// now waits for the accesses in flight).
+// waits for the accesses in flight).
 func waitRevoked(t *testing.T, tt *tensor.Tensor) {
 	t.Helper()
 	deadline := time.Now().Add(hangGuard)

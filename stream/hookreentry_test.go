@@ -16,8 +16,8 @@ import (
 // until the stack overflowed (a fatal error no recover catches). The
 // synchronize inside the hook is refused (ErrInvalid, pointing at
 // Event.WaitDone) and the hooks run once; the outer synchronize succeeds.
-// The hook here recurses at most once, so the old code fails the test
-// rather than crash.
+// The hook here recurses at most once, so a synchronize that ran the hooks
+// again would fail the test rather than crash it.
 func TestSynchronizeInHookRefused(t *testing.T) {
 	d := newHost(t)
 	ss := newStreams(t, d, 2)
@@ -35,7 +35,7 @@ func TestSynchronizeInHookRefused(t *testing.T) {
 			deepest.Store(n)
 		}
 		if n > 1 {
-			return // the old code recursed: stop at one level
+			return // a synchronize that runs the hooks again recurses: stop at one level
 		}
 		inner = append(inner, ss[0].Synchronize(), ss[1].Synchronize(), ev.Synchronize())
 	})

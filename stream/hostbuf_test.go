@@ -35,12 +35,11 @@ func mappedGranule(t *testing.T, d driver.Driver, fill byte) driver.Addr {
 	return base
 }
 
-// TestHostBufferFreeWaitsForQueuedCopy (issue 20): a host buffer freed
-// while a copy into it is still queued. Free used to return at once, the
-// next NewHostBuffer got the same address, and the copy landed in the new
-// owner's buffer with Synchronize saying nil. Free now waits for the work
-// queued before it, as cudaFreeHost synchronizes: the copy lands in the
-// old buffer before it goes, and the new one is never written.
+// TestHostBufferFreeWaitsForQueuedCopy: a host buffer freed while a copy
+// into it is still queued. Free waits for the work queued before it, as
+// cudaFreeHost synchronizes: the copy lands in the old buffer before it
+// goes, and the next NewHostBuffer, which may get the same address, is
+// never written.
 func TestHostBufferFreeWaitsForQueuedCopy(t *testing.T) {
 	d := newHost(t)
 	s := newStreams(t, d, 1)[0]
@@ -75,9 +74,9 @@ func TestHostBufferFreeWaitsForQueuedCopy(t *testing.T) {
 			r.err = errors.CombineErrors(err, r.err)
 			freed <- r
 		}()
-		// Free used to return here at once, and the next buffer took the
-		// freed address; now Free waits for the gate. The pause only gives
-		// the old behaviour time to show: it decides nothing.
+		// Free waits here for the gate; a Free that returned at once
+		// would let the next buffer take the freed address. The pause
+		// only gives that fault time to show: it decides nothing.
 		var r result
 		early := false
 		select {
@@ -128,10 +127,9 @@ func TestHostBufferFreeFromHostFunction(t *testing.T) {
 	drivertest.RequireIs(t, hb.Free(), driver.ErrClosed)
 }
 
-// TestHostBufferBytesRacesFree (issue 20): Bytes and Free from two
-// goroutines used to race on the buffer's slice (-race saw it). Bytes
-// returns the live memory or, once Free has begun, nil: never memory
-// about to be given back.
+// TestHostBufferBytesRacesFree: Bytes and Free from two goroutines do not
+// race on the buffer's slice (under -race). Bytes returns the live memory
+// or, once Free has begun, nil: never memory about to be given back.
 func TestHostBufferBytesRacesFree(t *testing.T) {
 	d := newHost(t)
 	for round := 0; round < 100; round++ {

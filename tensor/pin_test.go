@@ -59,9 +59,9 @@ func hammer(t *testing.T, x *tensor.Tensor) (stop func() int) {
 // of a live OnArena tensor, while another goroutine reads and writes it
 // with At and Set, are refused with ErrBusy naming the view, and leave
 // the arena as it was (stats, layout, access, bytes); nothing faults. Once
-// the tensor is released they go through. (Before the fix: Move unmapped
-// the old chunk before mapping the new one under the tensor, and
-// SetAccess to none or read was accepted, so the next At or Set faulted.)
+// the tensor is released they go through. (Unpinned, Move would unmap the
+// old chunk before mapping the new one under the tensor, and SetAccess to
+// none or read would be accepted, so the next At or Set would fault.)
 func TestArenaTensorPinsItsMemory(t *testing.T) {
 	s := newStack(t)
 	a, err := arena.New(s.space, s.mem, arena.Options{Max: 8 * gran, ChunkSize: gran, MaxChunk: gran})
@@ -168,8 +168,8 @@ func TestAllocatorTensorPinsItsMemory(t *testing.T) {
 // TestFreeOfATensorsAllocation: freeing the allocation of a live Empty
 // tensor by its address is refused (ErrBusy: the tensor owns it), and
 // nothing changes; the tensor's Release frees exactly its own allocation.
-// (Before the fix the Free went through, a new allocation reused the
-// address, and the tensor's Release freed that one.)
+// (Were the Free to go through, a new allocation could reuse the address,
+// and the tensor's Release would free that one.)
 func TestFreeOfATensorsAllocation(t *testing.T) {
 	al := newAllocator(t, 8*gran)
 	x, err := tensor.Empty(al, tensor.Float32, 64)
@@ -200,8 +200,8 @@ func TestFreeOfATensorsAllocation(t *testing.T) {
 // Growable's) never hand out the same bytes: every row tensor and every
 // appended view are disjoint, and an AppendRows that finds the arena
 // grown by someone else is refused (ErrBusy) with the Growable unchanged.
-// (Before the fix AppendRows read Len, then grew, so an Append in between
-// got the bytes of its rows.)
+// (An AppendRows that read Len, then grew, would let an Append in between
+// get the bytes of its rows.)
 func TestAppendRowsAgainstArenaAppend(t *testing.T) {
 	const rowBytes = 256
 	for round := range 40 {

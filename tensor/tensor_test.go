@@ -329,7 +329,7 @@ func TestAtSetIndices(t *testing.T) {
 // from its memory is refused (ErrBusy, naming the live mappings) and
 // changes nothing: every tensor still reads its values. Once the tensors
 // are released and their arena and allocator closed, the driver closes.
-// (It used to close, unmap everything, and leave At to fault.)
+// (Closed under them, it would unmap everything and leave At to fault.)
 func TestDriverCloseUnderLiveTensors(t *testing.T) {
 	s := newStack(t)
 	a, err := arena.New(s.space, s.mem, arena.Options{Max: 16 * gran, ChunkSize: gran})

@@ -88,7 +88,7 @@ func TestSlice(t *testing.T) {
 		{name: "one element keeps the stride", op: slice(2, 1, 4, 3), shape: []int{2, 3, 1}, strides: []int{12, 4, 1}, offset: 1},
 		{name: "step past the end", op: slice(0, 0, 2, 5), shape: []int{1, 3, 4}, strides: []int{12, 4, 1}, contig: true},
 		{name: "empty", op: slice(2, 2, 2, 3), shape: []int{2, 3, 0}, strides: []int{12, 4, 1}, offset: 2, contig: true},
-		// Steps near MaxInt: end-start+step-1 used to wrap, giving an empty view.
+		// Steps near MaxInt: end-start+step-1 would wrap in int, giving an empty view.
 		{name: "step MaxInt", op: slice(2, 0, 4, math.MaxInt), shape: []int{2, 3, 1}, strides: []int{12, 4, 1}},
 		{name: "step MaxInt from 3", op: slice(2, 3, 4, math.MaxInt), shape: []int{2, 3, 1}, strides: []int{12, 4, 1}, offset: 3},
 		{name: "step MaxInt-1 over the dim", op: slice(0, 0, 2, math.MaxInt-1), shape: []int{1, 3, 4}, strides: []int{12, 4, 1}, contig: true},

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +23,9 @@ import (
 // under the same tensor access). It reports engine÷socket (the time of
 // a put and a get through the engine over the socket's: the engine's
 // overhead; target ≤ 1.2) and each one's GB/s (bytes moved both ways over
-// the time). The ucx kind runs when the build has UCX, with UCX_TLS=tcp
+// the time), and engine-cpu÷socket-cpu: the CPU time (user and system)
+// of both processes together, the engine's over the socket's. The ucx
+// kind runs when the build has UCX, with UCX_TLS=tcp
 // and UCX_TLS=sm,tcp for both processes. (sm,self alone cannot connect:
 // the engine's endpoints ask for peer error handling, which UCX 1.13's
 // shared-memory transports lack — "no peer failure handler" — so tcp
@@ -86,27 +90,45 @@ func benchLoopback(b *testing.B, kind string, env ...string) {
 	}
 	viaEngine() // warm both paths: page faults, socket buffers
 	viaSocket()
-	var engine, socket time.Duration
+	var engine, socket, engineCPU, socketCPU time.Duration
+	peerCPU := func() time.Duration {
+		ns, err := strconv.ParseInt(peer.do("cpu"), 10, 64)
+		require.NoError(b, err)
+		return time.Duration(ns)
+	}
 	b.ResetTimer()
-	timed := func(f func()) time.Duration {
+	timed := func(f func(), cpu *time.Duration) time.Duration {
+		c0, p0 := cpuTime(), peerCPU()
 		t0 := time.Now()
 		f()
-		return time.Since(t0)
+		d := time.Since(t0)
+		*cpu += cpuTime() - c0 + peerCPU() - p0
+		return d
 	}
 	for i := 0; i < b.N; i++ {
 		// Alternate which goes first, so neither gets the other's
 		// leftovers (warm caches, a drained socket buffer) every time.
 		if i%2 == 0 {
-			engine += timed(viaEngine)
-			socket += timed(viaSocket)
+			engine += timed(viaEngine, &engineCPU)
+			socket += timed(viaSocket, &socketCPU)
 		} else {
-			socket += timed(viaSocket)
-			engine += timed(viaEngine)
+			socket += timed(viaSocket, &socketCPU)
+			engine += timed(viaEngine, &engineCPU)
 		}
 	}
 	b.StopTimer()
 	moved := float64(2 * size * b.N)
 	b.ReportMetric(float64(engine)/float64(socket), "engine/socket")
+	b.ReportMetric(float64(engineCPU)/float64(socketCPU), "engine-cpu/socket-cpu")
 	b.ReportMetric(moved/engine.Seconds()/1e9, "engine-GB/s")
 	b.ReportMetric(moved/socket.Seconds()/1e9, "socket-GB/s")
+}
+
+// cpuTime is the process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var u syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
+		return 0
+	}
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }

@@ -70,6 +70,10 @@ type Engine struct {
 	worker *ucx.Worker // the ucx kind's; nil for tcp
 	// staging moves device tensors' bytes; nil without Config.Staging.
 	staging *staging
+	// closing ends when Close starts: a served ucx put's wait for its
+	// bytes gives up then, as its read of the connection does.
+	closing context.Context
+	stop    context.CancelFunc
 
 	// mu guards the fields below it.
 	mu     lockrank.Mutex[lockrank.TransferEngine]
@@ -134,8 +138,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
 	e.staging = st
+	e.closing, e.stop = context.WithCancel(context.Background())
 	if cfg.Kind == "ucx" {
-		w, err := ucx.NewWorker()
+		w, err := ucx.NewWorker(false) // no RMA: peers write only through the windows the target opens (ucx.go)
 		if err != nil {
 			return nil, errors.Wrapf(err, "%s", what())
 		}
@@ -201,6 +206,7 @@ func (e *Engine) Close() error {
 		return driver.Closed("transfer: close an engine: already closed")
 	}
 	e.closed = true
+	e.stop()
 	peers, conns := e.peers, e.conns
 	e.peers, e.conns = map[*Peer]struct{}{}, map[net.Conn]struct{}{}
 	e.mu.Unlock()

@@ -59,7 +59,9 @@ const (
 	maxOp = 1 << 40
 	// protocolVersion is a hello's id. Version 2: ops name the target's
 	// address, not an offset; the initiator's hello has no worker address.
-	protocolVersion = 2
+	// Version 3: the ucx kind's begin is answered with the token of the
+	// window the op's bytes move through (active messages, not RMA).
+	protocolVersion = 3
 )
 
 // Request kinds.

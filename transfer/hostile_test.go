@@ -169,12 +169,15 @@ func rawConn(t *testing.T, e *transfer.Engine) net.Conn {
 	c, err := net.Dial("tcp", e.Addr())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
-	_, err = c.Write(helloFrame(2, "tcp"))
+	_, err = c.Write(helloFrame(wireVersion, "tcp"))
 	require.NoError(t, err)
 	status, _ := readResp(t, c)
 	require.Zero(t, status)
 	return c
 }
+
+// wireVersion is the protocol version of frame.go (protocolVersion).
+const wireVersion = 3
 
 func helloFrame(version uint64, kind string) []byte {
 	blob := binary.BigEndian.AppendUint16(nil, 0)
@@ -231,7 +234,7 @@ func TestMalformedFrames(t *testing.T) {
 		{"flags on a put", append(header(2, 1, id, gen, a, 8), payload[:8]...)},
 		{"reserved set", func() []byte { h := header(2, 0, id, gen, a, 8); h[5] = 1; return append(h, payload[:8]...) }()},
 		{"past the largest op", header(2, 0, id, gen, a, 1<<41)},
-		{"a second hello", helloFrame(2, "tcp")},
+		{"a second hello", helloFrame(wireVersion, "tcp")},
 		{"end outside a begin", header(5, 0, 0, 0, 0, 0)},
 		{"begin on tcp", header(4, 1, id, gen, a, 8)},
 		{"cut short", header(2, 0, id, gen, a, 8)[:20]},
@@ -299,7 +302,7 @@ func TestMalformedFrames(t *testing.T) {
 	require.Equal(t, want[:16], got)
 
 	// Hellos the target refuses are answered, then dropped.
-	for _, h := range [][]byte{helloFrame(1, "tcp"), helloFrame(2, "ucx")} {
+	for _, h := range [][]byte{helloFrame(1, "tcp"), helloFrame(wireVersion, "ucx")} {
 		c, err := net.Dial("tcp", l.e.Addr())
 		require.NoError(t, err)
 		_, err = c.Write(h)

@@ -33,9 +33,6 @@ const (
 	// Config.LeaseTimeout (a time.ParseDuration string).
 	listenEnv = "VMARENA_TRANSFER_LISTEN"
 	leaseEnv  = "VMARENA_TRANSFER_LEASE"
-	// flapEnv, set, makes TestTwoHosts keep a link down past
-	// LeaseTimeout mid-put for the ucx kind too (see there).
-	flapEnv = "VMARENA_TRANSFER_UCX_LONG_FLAP"
 )
 
 // idle reports the process's goroutines and open file descriptors, after
@@ -561,18 +558,15 @@ func twoHosts(t *testing.T, n *netns, kind string) {
 	// The link down mid-put and up again, on the initiator's end of the
 	// veth pair, then the target's: for 300 ms (TCP retransmits within
 	// LeaseTimeout: the puts go on), then until the put in flight failed
-	// (past LeaseTimeout). With UCX 1.13 over its tcp transport, the
-	// long one can abort the target inside UCX, in about one run in
-	// five on this machine: ucp_put_handler, "ucp_request.inl:346 Fatal:
-	// unexpected error: Endpoint timeout", when the initiator's bytes
-	// reach it after the initiator gave up. It runs for ucx only with
-	// flapEnv set.
+	// (past LeaseTimeout). The long one is where the initiator's bytes
+	// can reach the target after the initiator gave up and its
+	// connection was reset: with UCX's one-sided put over its tcp
+	// transport, UCX 1.13 aborted the target then (ucp_put_handler,
+	// "ucp_request.inl:346 Fatal: unexpected error: Endpoint timeout");
+	// the engine's active messages need no answer from the target's UCX,
+	// and a window closed at the target drops what comes late.
 	for k, side := range [][2]string{{n.b, n.devB}, {n.a, n.devA}} {
 		for _, long := range []bool{false, true} {
-			if long && kind == "ucx" && os.Getenv(flapEnv) == "" {
-				t.Logf("a link down past LeaseTimeout mid-put is not run for ucx (UCX 1.13 may abort the target); set %s=1 to run it", flapEnv)
-				continue
-			}
 			seed, count := 200+100*uint64(k), 12
 			if long {
 				seed, count = seed+50, 1000
@@ -644,9 +638,22 @@ func twoHosts(t *testing.T, n *netns, kind string) {
 				require.Equal(t, uint64(0), failed(l), mode)
 				require.NotEqual(t, "", target.do("check A %d %d", prev, seed))
 			default:
-				require.Equal(t, "ok 2", l, mode)
-				require.Equal(t, fmt.Sprintf("exact %d", seed+1), target.do("check A %d %d", seed+1, seed+1), mode)
-				prev = seed + 1
+				if l == "ok 2" {
+					require.Equal(t, fmt.Sprintf("exact %d", seed+1), target.do("check A %d %d", seed+1, seed+1), mode)
+					break
+				}
+				// These faults slow a put without stopping it, and it
+				// completes within LeaseTimeout (2 s) on an idle machine;
+				// on a loaded one (sliced writes cost CPU) it may not,
+				// and a failure within the bound is what the package
+				// promises too. Expecting success would be a timing
+				// assertion.
+				i := failed(l)
+				from := prev
+				if i > 0 {
+					from = seed + i - 1
+				}
+				require.NotEqual(t, "", target.do("check A %d %d", from, seed+i), mode)
 			}
 			in.do("close")
 			settle()

@@ -41,6 +41,7 @@ import (
 //	idle                   ok GOROUTINES FDS (after a GC), once the engine's Check passes
 //	ucxports               ok PORT...: the TCP ports this process listens on but the engine's control port (UCX's own)
 //	stats                  ok PUTS GETS BYTESOUT BYTESIN REFUSED
+//	cpu                    ok NANOSECONDS: the process's CPU time so far (user and system)
 //	sock NAME              serve a plain TCP socket over NAME's memory (the benchmark's baseline): ok ADDR
 //	quit                   close everything and exit
 const peerEnv = "VMARENA_TRANSFER_PEER"
@@ -219,6 +220,8 @@ func runPeer(kind string, in io.Reader, out io.Writer) (err error) {
 			if err = e.Check(); err == nil {
 				reply, err = idle()
 			}
+		case "cpu":
+			reply = fmt.Sprint(cpuTime().Nanoseconds())
 		case "stats":
 			s := e.Stats()
 			reply = fmt.Sprintf("%d %d %d %d %d", s.Puts, s.Gets, s.BytesOut, s.BytesIn, s.Refused)

@@ -45,7 +45,8 @@ func (e *Engine) accept() {
 // Nothing of the peer's goes to UCX: the initiator's hello carries no
 // worker address (one that does is refused), and the target makes no
 // endpoint. The initiator makes its endpoint to the target's worker,
-// whose address the target sends; one-sided ops need none back.
+// whose address the target sends; the target answers a fetch on the
+// endpoint UCX made for the initiator's (its message's reply endpoint).
 func (e *Engine) serve(c net.Conn) {
 	defer func() {
 		_ = c.Close()
@@ -90,14 +91,15 @@ func (e *Engine) serve(c net.Conn) {
 		if err != nil {
 			return
 		}
-		_ = c.SetDeadline(time.Now().Add(e.cfg.LeaseTimeout))
+		deadline := time.Now().Add(e.cfg.LeaseTimeout)
+		_ = c.SetDeadline(deadline)
 		switch {
 		case q.kind == kindPut && e.worker == nil:
 			err = e.servePut(c, q)
 		case q.kind == kindGet && e.worker == nil:
 			err = e.serveGet(c, q)
 		case q.kind == kindBegin && e.worker != nil:
-			err = e.serveBegin(c, q)
+			err = e.serveBegin(c, q, deadline)
 		default:
 			return // a hello again, an end outside a begin, or another kind's op
 		}

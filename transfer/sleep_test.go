@@ -59,8 +59,8 @@ func (s *sleepMem) register(t *testing.T, e *transfer.Engine) (*transfer.Registr
 	return reg, d
 }
 
-// TestTransferRefusedAfterSleep (issue 22: a transfer into memory that
-// slept is an error): a peer engine puts into and gets from a
+// TestTransferRefusedAfterSleep (a transfer into memory that slept is an
+// error): a peer engine puts into and gets from a
 // registration over a sleep.Manager's tensor; once the tag sleeps, and
 // still after it wakes, every op through that registration is refused
 // (ErrClosed) and the woken bytes are what the sleep kept, untouched; a

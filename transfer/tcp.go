@@ -68,22 +68,34 @@ func (p *Peer) tcpOp(op *Op, put bool) error {
 // ask sends q's header and payload and reads the target's answer: nil for
 // OK, the target's refusal, or a connError when the connection broke.
 func (p *Peer) ask(q request, payload []byte) error {
+	_, err := p.askBody(q, payload)
+	return err
+}
+
+// askBody is ask, answering the body of the target's OK too.
+func (p *Peer) askBody(q request, payload []byte) ([]byte, error) {
 	h := q.encode()
 	if _, err := (&net.Buffers{h[:], payload}).WriteTo(p.conn); err != nil {
-		return connError{err}
+		return nil, connError{err}
 	}
-	return p.answer()
+	return p.answerBody()
 }
 
 // answer reads the target's answer to the op sent: nil for OK, the
 // target's refusal, or a connError when the connection broke.
 func (p *Peer) answer() error {
+	_, err := p.answerBody()
+	return err
+}
+
+// answerBody is answer, answering the body of the target's OK too.
+func (p *Peer) answerBody() ([]byte, error) {
 	status, body, err := readResponse(p.conn)
 	if err != nil {
-		return connError{err}
+		return nil, connError{err}
 	}
 	if status != statusOK {
-		return p.remoteError(status, body)
+		return nil, p.remoteError(status, body)
 	}
-	return nil
+	return body, nil
 }

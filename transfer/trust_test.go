@@ -25,7 +25,7 @@ func helloWith(addr, kind string, worker []byte) []byte {
 		blob = append(blob, s...)
 	}
 	blob = append(blob, worker...)
-	return append(header(1, 0, 2, 0, 0, uint64(len(blob))), blob...)
+	return append(header(1, 0, wireVersion, 0, 0, uint64(len(blob))), blob...)
 }
 
 // initiatorTo makes an engine of kind in this process, a region of n

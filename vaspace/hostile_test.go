@@ -22,8 +22,8 @@ func bigRange(r Range) (lo, hi *big.Int) {
 
 // TestRangeNearTheTop compares every Range predicate with arithmetic on
 // unbounded integers, for ranges at and across the top of the address
-// space: they used to compute Base+Size in 64 bits, which wraps (a range
-// running past 2^64 then contained nothing and overlapped nothing).
+// space: Base+Size computed in 64 bits wraps (a range running past 2^64
+// would then contain nothing and overlap nothing).
 func TestRangeNearTheTop(t *testing.T) {
 	const top = math.MaxUint64
 	edges := []uint64{0, 1, gran - 1, gran, 1 << 47, 1 << 63, top - 2*gran, top - gran, top - gran + 1, top - 1, top}
@@ -58,7 +58,7 @@ func TestRangeNearTheTop(t *testing.T) {
 		require.Equal(t, overlaps, r.Overlaps(o), "%s overlaps %s", r, o)
 		require.Equal(t, overlaps, o.Overlaps(r), "%s overlaps %s", o, r)
 	}
-	// The cases that used to wrap.
+	// The cases where Base+Size wraps.
 	r := Range{top - gran + 1, gran}
 	require.False(t, r.Valid())
 	require.True(t, r.Contains(top))
@@ -143,8 +143,8 @@ type sliceOccupant []Use
 func (s sliceOccupant) Occupied() []Use { return s }
 
 // TestCheckComparesWithDriver: a range unreserved through the driver
-// behind the space's back fails Check (it used to pass, and the
-// reservation could then never be freed nor the space closed); Free then
+// behind the space's back fails Check (were it to pass, the reservation
+// could never be freed nor the space closed); Free then
 // lets it go with driver.ErrNotReserved, after which the books agree with
 // the driver again.
 func TestCheckComparesWithDriver(t *testing.T) {

@@ -1,7 +1,7 @@
 // Command kvtargets runs the KV cache's serving targets side by side in
 // one run: this cache against the paged scheme (vLLM's block table) in
 // vmarena kv simulate's simulation, on the bundled Mooncake slice and on
-// generated traces (replay.RequestShapes: long shared prefixes, bursts, a
+// generated traces (serving.RequestShapes: long shared prefixes, bursts, a
 // budget squeezed by long outputs), at 16 GiB and 80 GiB, for llama3-8b,
 // qwen2.5-7b, mistral-7b and deepseek-v3, and prints one row per cell:
 // preemptions and waste of both, this cache's TTFT, output rate and CPU
@@ -12,7 +12,7 @@
 //	go run ./bench/kvtargets -requests 50 -models llama3-8b -cpuprofile /tmp/kv.prof
 //
 // Run it from the repository root (the Mooncake slice is
-// replay/testdata/requests/mooncake_synthetic_trace.jsonl, or -mooncake
+// serving/testdata/requests/mooncake_synthetic_trace.jsonl, or -mooncake
 // FILE). Its cost on a loaded machine is bounded by -requests, each
 // trace's first requests. Exit status 1 when a simulation failed, 2 for a
 // flag it cannot use; a missed target is a figure, not a failure.
@@ -31,7 +31,7 @@ import (
 
 	"github.com/vmarena/vmarena/bench"
 	"github.com/vmarena/vmarena/driver/sim"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -39,7 +39,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvtargets", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mooncake := fs.String("mooncake", "replay/testdata/requests/mooncake_synthetic_trace.jsonl", "the Mooncake trace `FILE`")
+	mooncake := fs.String("mooncake", "serving/testdata/requests/mooncake_synthetic_trace.jsonl", "the Mooncake trace `FILE`")
 	requests := fs.Int("requests", 200, "each trace's first `N` requests")
 	seed := fs.Uint64("seed", 1, "the `SEED` of the generated traces")
 	models := fs.String("models", strings.Join(bench.KVTargetModels, ","), "the model presets, a comma-separated `LIST`")
@@ -67,14 +67,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		want := strings.Split(*traces, ",")
 		for _, name := range want {
 			if !slices.ContainsFunc(all, func(tr bench.KVTrace) bool { return tr.Name == name }) {
-				fmt.Fprintf(stderr, "kvtargets: -traces: no trace %q, want mooncake or %s\n", name, strings.Join(replay.RequestShapes, ", "))
+				fmt.Fprintf(stderr, "kvtargets: -traces: no trace %q, want mooncake or %s\n", name, strings.Join(serving.RequestShapes, ", "))
 				return 2
 			}
 		}
 		all = slices.DeleteFunc(all, func(tr bench.KVTrace) bool { return !slices.Contains(want, tr.Name) })
 	}
 	for _, model := range strings.Split(*models, ",") {
-		if _, err := replay.ModelPreset(model); err != nil {
+		if _, err := serving.ModelPreset(model); err != nil {
 			fmt.Fprintf(stderr, "kvtargets: -models: %v\n", err)
 			return 2
 		}

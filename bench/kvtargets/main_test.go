@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-const mooncake = "../../replay/testdata/requests/mooncake_synthetic_trace.jsonl"
+const mooncake = "../../serving/testdata/requests/mooncake_synthetic_trace.jsonl"
 
 // TestRun: a small matrix (8 requests a trace, one model) prints its
 // header, one row for each trace and budget, and the totals.
@@ -37,7 +37,7 @@ func TestRunRefuses(t *testing.T) {
 		{[]string{"-prices", "b200"}, "-prices b200: want a100 or h100"},
 		{[]string{"-requests", "0"}, "-requests 0: want at least 1"},
 		{[]string{"-traces", "azure"}, `-traces: no trace "azure", want mooncake or shared-prefix, bursts, squeeze`},
-		{[]string{"-models", "gpt2"}, `-models: replay: no model preset "gpt2"`},
+		{[]string{"-models", "gpt2"}, `-models: serving: no model preset "gpt2"`},
 		{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
 	} {
 		var out, errOut bytes.Buffer

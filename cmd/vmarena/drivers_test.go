@@ -292,8 +292,10 @@ func TestReplayOnDevices(t *testing.T) {
 			"\ndriver calls (vmarena): create / map / set access / unmap / release n/a n/a\n",
 			"\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release 3 / 3 / 3 / 1 / 1 4 / 4 / 4 / 1 / 1\n",
 			"\naddress reserves / frees (vmarena, all the trace's devices) n/a n/a\n",
-			"\nmodelled driver time (vmarena) n/a n/a\n",
-			"\nmodelled driver time (PyTorch) n/a n/a\n",
+			"\nmodelled driver time on A100 (vmarena) n/a n/a\n",
+			"\nmodelled driver time on A100 (PyTorch) 717.91 µs 948.67 µs\n",
+			"\nmodelled driver time on A100, vmarena ÷ PyTorch n/a n/a\n",
+			"\nmodelled driver time on H100 (vmarena) n/a n/a\n",
 			"\ntarget: modelled driver time ≤ PyTorch's n/a n/a\n",
 		} {
 			require.Contains(t, flat, want)

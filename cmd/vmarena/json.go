@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // With --json, devices, replay, kv simulate and demo print one JSON
@@ -250,6 +251,9 @@ type ReplayDeviceJSON struct {
 	// unless priced; PyTorch's also null without segment events).
 	DriverSeconds        *float64 `json:"driver_seconds"`
 	PyTorchDriverSeconds *float64 `json:"pytorch_driver_seconds"`
+	// DriverTimes are both sides' calls priced by each of
+	// replay.PriceTables (A100, H100), whatever the driver.
+	DriverTimes []DriverTimesJSON `json:"driver_times"`
 	// The targets: "met", "not met" or "n/a" (does not apply).
 	RatioTarget      string `json:"ratio_target"`
 	MapEventsTarget  string `json:"map_events_target"`
@@ -292,6 +296,39 @@ type ReplayOOMJSON struct {
 	Served bool   `json:"served"`
 }
 
+// DriverTimesJSON is both sides' driver calls on a device priced by one
+// table (Table names it): vmarena's seconds (null unless priced: on the
+// sim driver), PyTorch's (null when the trace has no segment events:
+// unknown), and vmarena's over PyTorch's (null unless both are known and
+// the trace does not start mid-run).
+type DriverTimesJSON struct {
+	Table              string   `json:"table"`
+	VMArenaSeconds     *float64 `json:"vmarena_seconds"`
+	PyTorchSeconds     *float64 `json:"pytorch_seconds"`
+	VMArenaOverPyTorch *float64 `json:"vmarena_over_pytorch"`
+}
+
+func driverTimesJSON(d replay.DeviceResult) []DriverTimesJSON {
+	out := []DriverTimesJSON{}
+	for _, costs := range replay.PriceTables {
+		dt := d.DriverTimesBy(costs)
+		j := DriverTimesJSON{Table: costs.Name}
+		if dt.Priced {
+			v := secs(dt.VMArena)
+			j.VMArenaSeconds = &v
+		}
+		if dt.PyTorchKnown {
+			p := secs(dt.PyTorch)
+			j.PyTorchSeconds = &p
+		}
+		if x, ok := dt.Ratio(); ok {
+			j.VMArenaOverPyTorch = &x
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
 // CallsJSON counts driver calls of each kind.
 type CallsJSON struct {
 	Create    uint64 `json:"create"`
@@ -328,7 +365,8 @@ func replayDocument(drv, devices string, opts replay.Options, cols []column) Rep
 			ChunkMaps: d.Figures.ChunkMaps, ChunkUnmaps: d.Figures.ChunkUnmaps, Decommits: d.Figures.Decommits,
 			DecommittedBytes: d.Figures.DecommittedBytes, Stitches: d.Figures.Stitches, Grows: d.Figures.Grows,
 			OOMRetries: d.Figures.OOMRetries, RatioTarget: string(d.RatioTarget()),
-			MapEventsTarget: string(d.MapEventsTarget()), DriverTimeTarget: string(d.DriverTimeTarget())}
+			MapEventsTarget: string(d.MapEventsTarget()), DriverTimeTarget: string(d.DriverTimeTarget()),
+			DriverTimes: driverTimesJSON(d)}
 		for _, o := range d.OOMs {
 			j.OOMs = append(j.OOMs, ReplayOOMJSON{Line: o.Line, Seq: o.Seq, Served: o.Served})
 		}
@@ -516,8 +554,8 @@ func driverCallsJSON(c sim.Calls) DriverCallsJSON {
 // kvDocument is the document of a simulation of the requests summed up
 // in sum, with cfg and the step limit maxBatched, steps priced by steps,
 // this cache being cache (preempting as preempt, admitting as admit).
-func kvDocument(trace string, sum replay.RequestsSummary, cfg replay.KVConfig, maxBatched int, steps string,
-	cache *replay.KVCache, preempt, admit string, results []replay.SimResult) KVSimulateJSON {
+func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.Config, maxBatched int, steps string,
+	cache *serving.Cache, preempt, admit string, results []serving.Result) KVSimulateJSON {
 	return KVSimulateJSON{Trace: trace, Requests: sum.Requests, SpanSeconds: secs(sum.Span),
 		PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
 		PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,
@@ -527,7 +565,7 @@ func kvDocument(trace string, sum replay.RequestsSummary, cfg replay.KVConfig, m
 		Schemes: kvSchemesJSON(results)}
 }
 
-func kvSchemesJSON(results []replay.SimResult) []KVSchemeJSON {
+func kvSchemesJSON(results []serving.Result) []KVSchemeJSON {
 	out := []KVSchemeJSON{}
 	for _, r := range results {
 		out = append(out, KVSchemeJSON{Scheme: r.Scheme, Requests: r.Requests, Finished: r.Finished, Refused: r.Refused,

@@ -12,7 +12,7 @@ import (
 	"github.com/vmarena/vmarena/internal/progress"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/kvcache"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.json [--memory 80GiB]
@@ -87,7 +87,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	fs := newFlags("kv simulate", stderr)
 	memory := sizeFlag(80 * units.GiB)
 	trace := fs.String("trace", "", "the request trace `FILE`: an Azure trace .csv or a Mooncake trace .jsonl")
-	model := fs.String("model", "", "the `MODEL`: a preset ("+strings.Join(replay.ModelPresets(), ", ")+") or the path of a Hugging Face config.json (or its directory)")
+	model := fs.String("model", "", "the `MODEL`: a preset ("+strings.Join(serving.ModelPresets(), ", ")+") or the path of a Hugging Face config.json (or its directory)")
 	fs.Var(&memory, "memory", "the KV memory's budget, a `SIZE` such as 80GiB")
 	layout := fs.String("layout", kvLayouts[0], "this cache's `LAYOUT`: "+strings.Join(kvLayouts, " or ")+" (the baselines have none)")
 	pageSize := sizeFlag(2 * units.MiB)
@@ -97,7 +97,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	limit := fs.Int("limit", 0, "serve only the trace's first `N` requests (0: all)")
 	maxContext := fs.Int("max-context", 0, "the most `TOKENS` a sequence holds, prompt and output (0: the trace's longest request, as much as the budget holds)")
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
-	maxBatched := fs.Int("max-batched-tokens", replay.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
+	maxBatched := fs.Int("max-batched-tokens", serving.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
 	report := fs.String("report", "", "also write an HTML report to `FILE`: each scheme's sequences, KV memory and waste over time, and the table")
 	prices := fs.String("prices", "a100", "the `TABLE` of driver call costs: "+strings.Join(sim.CostTableNames(), " or ")+" (measured per call on that GPU)")
 	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
@@ -112,9 +112,9 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	case *trace == "":
 		return usageErr("no trace given: want --trace FILE, an Azure trace .csv or a Mooncake trace .jsonl")
 	case *model == "":
-		return usageErr("no model given: want --model and a preset (%s) or the path of a Hugging Face config.json", strings.Join(replay.ModelPresets(), ", "))
+		return usageErr("no model given: want --model and a preset (%s) or the path of a Hugging Face config.json", strings.Join(serving.ModelPresets(), ", "))
 	}
-	m, err := replay.LoadModel(*model)
+	m, err := serving.LoadModel(*model)
 	if err != nil {
 		return usageErr("--model %s: %v", *model, err)
 	}
@@ -144,7 +144,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if err := checkReport(*report); err != nil {
 		return usageErr("--report %v", err)
 	}
-	cfg := replay.KVConfig{Model: m, Budget: uint64(memory), MaxSeqs: *maxSeqs, BlockTokens: replay.DefaultBlockTokens}
+	cfg := serving.Config{Model: m, Budget: uint64(memory), MaxSeqs: *maxSeqs, BlockTokens: serving.DefaultBlockTokens}
 	contextCap := cfg.ContextCap()
 	if contextCap == 0 {
 		block := uint64(cfg.BlockTokens) * m.TokenBytes()
@@ -165,12 +165,12 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	cfg.MaxContext = *maxContext
 	if cfg.MaxContext == 0 {
-		cfg.MaxContext = replay.FitMaxContext(reqs, cfg)
+		cfg.MaxContext = serving.FitMaxContext(reqs, cfg)
 	}
 	if err := cfg.Check(); err != nil {
 		return usageErr("%v", err)
 	}
-	opts := replay.SimOptions{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: replay.A100, Prices: costs, Record: *report != ""}
+	opts := serving.Options{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != ""}
 
 	// The schemes, each built from the same cfg: this cache's first.
 	lay, err := kvcache.ParseLayout(*layout)
@@ -181,7 +181,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *preempt == "swap" {
 		mode = kvcache.Swap
 	}
-	cache, err := replay.NewKVCache(cfg, replay.KVCacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
+	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead})
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
@@ -192,28 +192,28 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 			code = max(code, 1)
 		}
 	}()
-	paged, err := replay.NewBlockTable(cfg)
+	paged, err := serving.NewBlockTable(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
 	}
-	static, err := replay.NewStaticReservation(cfg)
+	static, err := serving.NewStaticReservation(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 		return 1
 	}
-	schemes := []replay.KVScheme{cache, paged, static}
+	schemes := []serving.Scheme{cache, paged, static}
 
-	var results []replay.SimResult
+	var results []serving.Result
 	for _, sc := range schemes {
 		// On a terminal a bar counts each scheme's requests done; elsewhere
 		// (a log, a test) nothing is written.
 		bar := progress.New(stderr, int64(len(reqs)), "kv simulate: "+sc.Name())
 		opts.Progress = nil
 		if bar != nil {
-			opts.Progress = func(p replay.SimProgress) { bar.Set(int64(p.Done)) }
+			opts.Progress = func(p serving.Progress) { bar.Set(int64(p.Done)) }
 		}
-		res, err := replay.Simulate(reqs, sc, opts)
+		res, err := serving.Simulate(reqs, sc, opts)
 		if err != nil {
 			bar.Close()
 			fmt.Fprintf(stderr, "vmarena kv simulate: %s: %v\n", *trace, err)
@@ -223,7 +223,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		results = append(results, res)
 	}
 
-	sum := replay.SummarizeRequests(reqs)
+	sum := serving.SummarizeRequests(reqs)
 	header := []string{
 		fmt.Sprintf("vmarena kv simulate: %s, %d requests over %s (prompts %.0f tokens on average, outputs %.0f; the longest %d tokens)",
 			filepath.Base(*trace), sum.Requests, seconds(sum.Span), mean(sum.PromptTokens, sum.Requests), mean(sum.OutputTokens, sum.Requests), sum.LongestContext),
@@ -235,7 +235,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if sum.Blocks > 0 {
 		header = append(header, fmt.Sprintf("prompt blocks (hash_ids of %d tokens): %d, %d named before by an earlier request, holding %.1f%% of prompt tokens",
-			replay.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction()))
+			serving.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction()))
 	} else {
 		header = append(header, "prompt blocks: the trace names none, so no two requests share content")
 	}
@@ -274,84 +274,84 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 // kvTable is the table vmarena kv simulate prints (and its report
 // shows): one column per scheme, one row per figure, the first row naming
 // the schemes.
-func kvTable(results []replay.SimResult) [][]string {
+func kvTable(results []serving.Result) [][]string {
 	var table [][]string
-	row := func(label string, cell func(r replay.SimResult) string) {
+	row := func(label string, cell func(r serving.Result) string) {
 		cells := []string{label}
 		for _, r := range results {
 			cells = append(cells, cell(r))
 		}
 		table = append(table, cells)
 	}
-	row("scheme", func(r replay.SimResult) string { return r.Scheme })
-	row("requests finished", func(r replay.SimResult) string { return fmt.Sprintf("%d of %d", r.Finished, r.Requests) })
-	row("refused (longer than max context)", func(r replay.SimResult) string { return fmt.Sprint(r.Refused) })
-	row("peak concurrent sequences", func(r replay.SimResult) string { return fmt.Sprint(r.PeakSeqs) })
-	row("mean concurrent sequences", func(r replay.SimResult) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })
-	row("KV in use by running sequences, peak", func(r replay.SimResult) string { return approx(r.PeakInUse) })
-	row("KV in use by running sequences, mean", func(r replay.SimResult) string { return approx(uint64(r.MeanInUse)) })
-	row("KV waste, mean (of in use)", func(r replay.SimResult) string {
+	row("scheme", func(r serving.Result) string { return r.Scheme })
+	row("requests finished", func(r serving.Result) string { return fmt.Sprintf("%d of %d", r.Finished, r.Requests) })
+	row("refused (longer than max context)", func(r serving.Result) string { return fmt.Sprint(r.Refused) })
+	row("peak concurrent sequences", func(r serving.Result) string { return fmt.Sprint(r.PeakSeqs) })
+	row("mean concurrent sequences", func(r serving.Result) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })
+	row("KV in use by running sequences, peak", func(r serving.Result) string { return approx(r.PeakInUse) })
+	row("KV in use by running sequences, mean", func(r serving.Result) string { return approx(uint64(r.MeanInUse)) })
+	row("KV waste, mean (of in use)", func(r serving.Result) string {
 		return fmt.Sprintf("%s (%.2f%%)", approx(uint64(r.MeanWaste)), 100*r.WasteFraction())
 	})
-	row("KV waste, peak", func(r replay.SimResult) string { return approx(r.PeakWaste) })
-	row("KV cached for reuse, mean / peak", func(r replay.SimResult) string {
+	row("KV waste, peak", func(r serving.Result) string { return approx(r.PeakWaste) })
+	row("KV cached for reuse, mean / peak", func(r serving.Result) string {
 		return approx(uint64(r.MeanCached)) + " / " + approx(r.PeakCached)
 	})
-	row("saved by prefix sharing, mean / peak", func(r replay.SimResult) string {
+	row("saved by prefix sharing, mean / peak", func(r serving.Result) string {
 		return approx(uint64(r.MeanSaved)) + " / " + approx(r.PeakSaved)
 	})
-	row("prefix cache: tokens found / looked up", func(r replay.SimResult) string {
+	row("prefix cache: tokens found / looked up", func(r serving.Result) string {
 		if r.Stats.PrefixQueried == 0 {
 			return "—"
 		}
 		return fmt.Sprintf("%d / %d (%.1f%%)", r.Stats.PrefixHit, r.Stats.PrefixQueried, 100*r.PrefixHitFraction())
 	})
-	row("cached blocks evicted", func(r replay.SimResult) string { return fmt.Sprint(r.Stats.Evictions) })
-	row("preemptions", func(r replay.SimResult) string { return fmt.Sprint(r.Preemptions) })
-	row("commit calls (per second)", func(r replay.SimResult) string {
+	row("cached blocks evicted", func(r serving.Result) string { return fmt.Sprint(r.Stats.Evictions) })
+	row("preemptions", func(r serving.Result) string { return fmt.Sprint(r.Preemptions) })
+	row("commit calls (per second)", func(r serving.Result) string {
 		return fmt.Sprintf("%d (%.1f/s)", r.Stats.Commits, r.CommitsPerSecond())
 	})
-	row("failed admits / resumes (CanAdmit agreed, then no room)", func(r replay.SimResult) string {
+	row("failed admits / resumes (CanAdmit agreed, then no room)", func(r serving.Result) string {
 		return fmt.Sprintf("%d / %d", r.FailedAdmits, r.FailedResumes)
 	})
-	driver := func(cell func(r replay.SimResult) string) func(r replay.SimResult) string {
-		return func(r replay.SimResult) string {
+	driver := func(cell func(r serving.Result) string) func(r serving.Result) string {
+		return func(r serving.Result) string {
 			if !r.Driver.Counted {
 				return "none while serving"
 			}
 			return cell(r)
 		}
 	}
-	row("driver calls: create / release / map / unmap / set access", driver(func(r replay.SimResult) string {
+	row("driver calls: create / release / map / unmap / set access", driver(func(r serving.Result) string {
 		c := r.Driver.Calls
 		return fmt.Sprintf("%d / %d / %d / %d / %d", c.Create, c.Release, c.Map, c.Unmap, c.SetAccess)
 	}))
-	row("driver time, all / in the background (mapping ahead)", driver(func(r replay.SimResult) string {
+	row("driver time, all / in the background (mapping ahead)", driver(func(r serving.Result) string {
 		return seconds(r.Driver.Time) + " / " + seconds(r.Driver.Background)
 	}))
-	row("driver time steps waited for (of GPU time)", driver(func(r replay.SimResult) string {
+	row("driver time steps waited for (of GPU time)", driver(func(r serving.Result) string {
 		return fmt.Sprintf("%s (%.3f%%)", seconds(r.Driver.Exposed), 100*r.ExposedShare())
 	}))
-	row("driver time per admission (of its prefill)", driver(func(r replay.SimResult) string {
+	row("driver time per admission (of its prefill)", driver(func(r serving.Result) string {
 		return fmt.Sprintf("%.3f ms (%.3f%%)", 1e3*r.AdmissionDriverTime().Seconds(), 100*r.AdmissionShare())
 	}))
-	paged := slices.IndexFunc(results, func(r replay.SimResult) bool { return r.Scheme == replay.PagedName })
-	row("the scheme's own CPU time (thread clock), ÷ paged", func(r replay.SimResult) string {
+	paged := slices.IndexFunc(results, func(r serving.Result) bool { return r.Scheme == serving.PagedName })
+	row("the scheme's own CPU time (thread clock), ÷ paged", func(r serving.Result) string {
 		if paged < 0 || results[paged].CPUTime <= 0 {
 			return seconds(r.CPUTime)
 		}
 		return fmt.Sprintf("%s (%.2f×)", seconds(r.CPUTime), r.CPUTime.Seconds()/results[paged].CPUTime.Seconds())
 	})
-	row("time to first token, mean", func(r replay.SimResult) string { return seconds(r.MeanTTFT) })
-	row("time to first token, median / p99", func(r replay.SimResult) string {
+	row("time to first token, mean", func(r serving.Result) string { return seconds(r.MeanTTFT) })
+	row("time to first token, median / p99", func(r serving.Result) string {
 		return seconds(r.MedianTTFT) + " / " + seconds(r.P99TTFT)
 	})
-	row("output tokens per second", func(r replay.SimResult) string { return fmt.Sprintf("%.0f", r.OutputPerSecond()) })
-	row("tokens computed (prompts, recomputes, decodes)", func(r replay.SimResult) string { return fmt.Sprint(r.ComputedTokens) })
-	row("steps", func(r replay.SimResult) string { return fmt.Sprint(r.Steps) })
-	row("GPU time of the steps", func(r replay.SimResult) string { return seconds(r.GPUTime) })
-	row("simulated time", func(r replay.SimResult) string { return seconds(r.SimTime) })
-	row("simulation wall time", func(r replay.SimResult) string { return seconds(r.WallTime) })
+	row("output tokens per second", func(r serving.Result) string { return fmt.Sprintf("%.0f", r.OutputPerSecond()) })
+	row("tokens computed (prompts, recomputes, decodes)", func(r serving.Result) string { return fmt.Sprint(r.ComputedTokens) })
+	row("steps", func(r serving.Result) string { return fmt.Sprint(r.Steps) })
+	row("GPU time of the steps", func(r serving.Result) string { return seconds(r.GPUTime) })
+	row("simulated time", func(r serving.Result) string { return seconds(r.SimTime) })
+	row("simulation wall time", func(r serving.Result) string { return seconds(r.WallTime) })
 	return table
 }
 

@@ -14,7 +14,7 @@ import (
 )
 
 // requestsDir holds the first 200 requests of each real request trace.
-const requestsDir = "../../replay/testdata/requests"
+const requestsDir = "../../serving/testdata/requests"
 
 func runKV(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -35,7 +35,7 @@ func writeTrace(t *testing.T, name, body string) string {
 // checks the header (the longest of those requests, rounded up to a block,
 // is the max context; this cache's shape, token-major by default), the
 // table's rows, and that off a terminal it writes no progress; the figures
-// are replay's to test.
+// are serving's to test.
 func TestKVSimulate(t *testing.T) {
 	if race.Enabled {
 		// 100 s under the detector: three schemes simulated on one
@@ -85,11 +85,11 @@ func TestKVSimulate(t *testing.T) {
 	}
 }
 
-// TestKVSimulateHandmade: the two requests of replay's
+// TestKVSimulateHandmade: the two requests of serving's
 // TestSimulatePreemptionByHand (16-token prompts, 20 output tokens each,
 // arriving together) in 8 MiB of llama3-8b KV, four 16-token blocks or
 // pages, or one 64-token reservation: this cache and the paged scheme run
-// both and preempt one (replay's TestKVCachePreemptionByHand: the cache
+// both and preempt one (serving's TestKVCachePreemptionByHand: the cache
 // reclaims the idle pages of the finished one rather than evict, and its
 // resume looks its prompt up again), the static one runs one at a time;
 // and two Mooncake requests with the same hash id, the second finding the
@@ -132,7 +132,7 @@ func TestKVSimulateHandmade(t *testing.T) {
 	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--layout", "per-layer")
 	require.Equal(t, 1, code)
 	require.Empty(t, out)
-	require.Contains(t, errOut, "replay: this cache (per-layer) will not admit request 0 (16 tokens of context) with nothing running: it can never run")
+	require.Contains(t, errOut, "serving: this cache (per-layer) will not admit request 0 (16 tokens of context) with nothing running: it can never run")
 	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "256MiB", "--max-context", "64",
 		"--layout", "per-layer", "--preempt", "swap")
 	require.Equal(t, 0, code, errOut)
@@ -184,7 +184,7 @@ func TestKVSimulateModels(t *testing.T) {
 }
 
 // modelsDir holds config.json files of Hugging Face models.
-const modelsDir = "../../replay/testdata/models"
+const modelsDir = "../../serving/testdata/models"
 
 func TestKVFlags(t *testing.T) {
 	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
@@ -206,10 +206,10 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate"}, "no trace given: want --trace FILE, an Azure trace .csv or a Mooncake trace .jsonl"},
 		{[]string{"simulate", "--trace", small}, "no model given: want --model and a preset (deepseek-v2-lite, deepseek-v3, llama-7b, "},
 		{[]string{"simulate", "--trace", small, "--model", "gpt2"},
-			`vmarena kv simulate: --model gpt2: replay: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, llama3-8b, llama3.1-70b, llama3.1-8b, llama3.3-70b, mistral-7b, qwen2.5-7b, or the path of a Hugging Face config.json`},
-		{[]string{"simulate", "--trace", small, "--model", "absent/config.json"}, "--model absent/config.json: replay: model config: open absent/config.json: no such file or directory"},
-		{[]string{"simulate", "--trace", small, "--model", "/dev/zero"}, "--model /dev/zero: replay: model config: /dev/zero is a character device, not a regular file"},
-		{[]string{"simulate", "--trace", small, "--model", emptyDir}, "--model " + emptyDir + ": replay: model config: the directory " + emptyDir + " has no config.json"},
+			`vmarena kv simulate: --model gpt2: serving: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, llama3-8b, llama3.1-70b, llama3.1-8b, llama3.3-70b, mistral-7b, qwen2.5-7b, or the path of a Hugging Face config.json`},
+		{[]string{"simulate", "--trace", small, "--model", "absent/config.json"}, "--model absent/config.json: serving: model config: open absent/config.json: no such file or directory"},
+		{[]string{"simulate", "--trace", small, "--model", "/dev/zero"}, "--model /dev/zero: serving: model config: /dev/zero is a character device, not a regular file"},
+		{[]string{"simulate", "--trace", small, "--model", emptyDir}, "--model " + emptyDir + ": serving: model config: the directory " + emptyDir + " has no config.json"},
 		{[]string{"simulate", "--trace", small, "--model", noLayers}, `: no "num_hidden_layers": add it, the number of decoder layers`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "extra"}, `unexpected argument "extra"`},
 		{[]string{"simulate", "--trace"}, "flag needs an argument: -trace"},
@@ -297,12 +297,12 @@ func TestKVFailures(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, says string
 	}{
-		{"missing file", filepath.Join(t.TempDir(), "absent.csv"), "absent.csv: replay: request trace: open"},
+		{"missing file", filepath.Join(t.TempDir(), "absent.csv"), "absent.csv: serving: request trace: open"},
 		{"a header only", writeTrace(t, "empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"), "empty.csv: the trace holds no requests, nothing to simulate"},
 		{"an empty jsonl", writeTrace(t, "empty.jsonl", ""), "empty.jsonl: the trace holds no requests, nothing to simulate"},
-		{"a device", zero, "zero.jsonl: replay: request trace: " + zero + " is a character device, not a regular file"},
+		{"a device", zero, "zero.jsonl: serving: request trace: " + zero + " is a character device, not a regular file"},
 		{"malformed", writeTrace(t, "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,1\n"),
-			`bad.csv: replay: line 2: ContextTokens "x" is not an integer`},
+			`bad.csv: serving: line 2: ContextTokens "x" is not an integer`},
 		{"no format", writeTrace(t, "trace.txt", "hello\n"), `no request trace format for extension ".txt"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,14 +4,14 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // loadRequests reads the request trace kv simulate serves: the file's
-// requests, by replay.ParseRequestsFile's rules and bounds, and at least
+// requests, by serving.ParseRequestsFile's rules and bounds, and at least
 // one of them, as replay refuses a trace of no events.
-func loadRequests(name string) ([]replay.Request, error) {
-	reqs, err := replay.ParseRequestsFile(name)
+func loadRequests(name string) ([]serving.Request, error) {
+	reqs, err := serving.ParseRequestsFile(name)
 	if err != nil {
 		return nil, err
 	}

@@ -38,13 +38,18 @@ the traces or alone: --events allocs and frees (100,000) of sizes log-uniform
 from 512 B to 4 GiB with random lifetimes, about 56 GiB live and never more
 than 80 GiB.
 
-On the sim driver the table prices the driver calls of both sides per call
-with published A100 figures (cuMemCreate 193.32 µs, cuMemMap 1.45 µs,
-cuMemSetAccess 35.99 µs, cuMemUnmap 25.63 µs; cuMemRelease unpriced):
-vmarena's as the sim driver counted them, PyTorch's from the trace's segment
-events as expandable segments make them (2 MiB pages for a segment of at most
-2 MiB, else 20 MiB pages, one access grant an event). A trace that starts
-mid-run does not show the segments made before recording.
+The table prices the driver calls of both sides per call by two tables:
+published A100 figures (cuMemCreate 193.32 µs, cuMemMap 1.45 µs,
+cuMemSetAccess 35.99 µs, cuMemUnmap 25.63 µs; cuMemRelease unpriced) and
+figures measured on an H100 (cuMemCreate 16.71 µs, cuMemMap 4.02 µs,
+cuMemSetAccess 31.29 µs, cuMemUnmap 22.25 µs, cuMemRelease 16.39 µs), and
+gives vmarena's time over PyTorch's for each: vmarena's calls as the sim
+driver counted them (n/a on another driver), PyTorch's from the trace's
+segment events as expandable segments make them (2 MiB pages for a segment
+of at most 2 MiB, else 20 MiB pages, one access grant an event). A trace
+without segment events says nothing of PyTorch's calls: "unknown". A trace
+that starts mid-run does not show the segments made before recording: its
+ratio is n/a.
 
 With --driver host, cuda or acl the trace's devices are real ones (the host
 driver's logical devices, GPUs, NPUs) and their memory is committed: each
@@ -467,7 +472,7 @@ func replayTable(cols []column, onDriver string) [][]string {
 		case d.Summary.MidRun():
 			return "n/a"
 		}
-		return "—"
+		return "unknown"
 	})
 	row("segment events (PyTorch)", func(d replay.DeviceResult) string { return count(d.Summary.SegmentEvents) })
 	row("map events (vmarena)", func(d replay.DeviceResult) string { return count(d.Figures.MapEvents) })
@@ -488,7 +493,7 @@ func replayTable(cols []column, onDriver string) [][]string {
 	})
 	row("driver calls (PyTorch, modelled): "+callKinds, func(d replay.DeviceResult) string {
 		if d.Summary.SegmentEvents == 0 {
-			return "—"
+			return "unknown"
 		}
 		return calls(d.Summary.SegmentCalls)
 	})
@@ -501,26 +506,49 @@ func replayTable(cols []column, onDriver string) [][]string {
 		spaceCells = append(spaceCells, cell)
 	}
 	table = append(table, spaceCells)
-	row("modelled driver time (vmarena)", func(d replay.DeviceResult) string {
-		if !d.Priced {
+	for _, costs := range replay.PriceTables {
+		table := tableName(costs)
+		row("modelled driver time on "+table+" (vmarena)", func(d replay.DeviceResult) string {
+			if dt := d.DriverTimesBy(costs); dt.Priced {
+				return duration(dt.VMArena)
+			}
 			return "n/a"
-		}
-		return duration(d.DriverTime())
-	})
-	row("modelled driver time (PyTorch)", func(d replay.DeviceResult) string {
-		switch {
-		case !d.Priced:
+		})
+		row("modelled driver time on "+table+" (PyTorch)", func(d replay.DeviceResult) string {
+			if dt := d.DriverTimesBy(costs); dt.PyTorchKnown {
+				return duration(dt.PyTorch)
+			}
+			return "unknown"
+		})
+		row("modelled driver time on "+table+", vmarena ÷ PyTorch", func(d replay.DeviceResult) string {
+			dt := d.DriverTimesBy(costs)
+			if x, ok := dt.Ratio(); ok {
+				return fmt.Sprintf("%.2f", x)
+			}
+			switch {
+			case !dt.Priced:
+				return "n/a"
+			case !dt.PyTorchKnown:
+				return "unknown"
+			case dt.MidRun:
+				return "n/a (mid-run)"
+			}
 			return "n/a"
-		case d.Summary.SegmentEvents == 0:
-			return "—"
-		}
-		return duration(d.PyTorchDriverTime())
-	})
+		})
+	}
 	row(fmt.Sprintf("target: committed / allocated ≤ %.2f at %s", replay.TargetRatio, units.Bytes(replay.TargetGranularity)),
 		func(d replay.DeviceResult) string { return string(d.RatioTarget()) })
 	row("target: map + unmap events ≤ segment events", func(d replay.DeviceResult) string { return string(d.MapEventsTarget()) })
 	row("target: modelled driver time ≤ PyTorch's", func(d replay.DeviceResult) string { return string(d.DriverTimeTarget()) })
 	return table
+}
+
+// tableName is a table of call costs by its first word (A100, H100).
+func tableName(c sim.CallCosts) string {
+	if f := strings.Fields(c.Name); len(f) > 0 {
+		return f[0]
+	}
+	return "unnamed table"
 }
 
 // callKinds names the counts calls writes, in its order.
@@ -543,11 +571,11 @@ func duration(d time.Duration) string {
 	return fmt.Sprintf("%.2f µs", float64(d)/float64(time.Microsecond))
 }
 
-// reservedCell is PyTorch's peak reserved memory, or — for a trace
-// without segment events.
+// reservedCell is PyTorch's peak reserved memory, or "unknown" for a
+// trace without segment events.
 func reservedCell(d replay.DeviceResult) string {
 	if d.Summary.SegmentEvents == 0 {
-		return "—"
+		return "unknown"
 	}
 	return approx(d.Summary.PeakReserved)
 }

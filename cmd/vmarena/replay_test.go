@@ -98,12 +98,13 @@ func TestReplay(t *testing.T) {
 		"\nPyTorch out of memory at (vmarena) none line 20 (seq 18): not served line 19 (seq 17): served none\n",
 		"\npeak allocated (trace) 1018.85 MiB 16.00 MiB 30.00 MiB 11.99 GiB\n",
 		"\nreserved / allocated (PyTorch) 1.333 n/a 1.200 n/a\n",
-		"\npeak reserved (PyTorch) 1.33 GiB 32.00 MiB 36.00 MiB —\n",
+		"\npeak reserved (PyTorch) 1.33 GiB 32.00 MiB 36.00 MiB unknown\n",
 		"\nsegment events (PyTorch) 13 4 5 0\n",
 		// PyTorch's calls, from the segment events alone (replay's
 		// TestSummarySegmentCalls), priced by the A100 table.
-		"\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release 72 / 72 / 13 / 0 / 0 3 / 3 / 3 / 1 / 1 4 / 4 / 4 / 1 / 1 —\n",
-		"\nmodelled driver time (PyTorch) 14.49 ms 717.91 µs 948.67 µs —\n",
+		"\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release 72 / 72 / 13 / 0 / 0 3 / 3 / 3 / 1 / 1 4 / 4 / 4 / 1 / 1 unknown\n",
+		"\nmodelled driver time on A100 (PyTorch) 14.49 ms 717.91 µs 948.67 µs unknown\n",
+		"\nmodelled driver time on H100 (PyTorch) 1.90 ms 194.70 µs 246.72 µs unknown\n",
 	} {
 		require.Contains(t, flat, want)
 	}
@@ -125,7 +126,10 @@ func TestReplay(t *testing.T) {
 		"target: map \\+ unmap events ≤ segment events (met|not met) n/a not met n/a",
 		"driver calls \\(vmarena\\): create / map / set access / unmap / release" + strings.Repeat(` \d+ / \d+ / \d+ / \d+ / \d+`, 4),
 		"address reserves / frees \\(vmarena, all the trace's devices\\) 3 / 0 6 / 0 6 / 0 3 / 0",
-		"modelled driver time \\(vmarena\\)" + strings.Repeat(` [0-9.]+ (s|ms|µs)`, 4),
+		"modelled driver time on A100 \\(vmarena\\)" + strings.Repeat(` [0-9.]+ (s|ms|µs)`, 4),
+		"modelled driver time on H100 \\(vmarena\\)" + strings.Repeat(` [0-9.]+ (s|ms|µs)`, 4),
+		"modelled driver time on A100, vmarena ÷ PyTorch [0-9.]+ n/a \\(mid-run\\) [0-9.]+ unknown",
+		"modelled driver time on H100, vmarena ÷ PyTorch [0-9.]+ n/a \\(mid-run\\) [0-9.]+ unknown",
 		"target: modelled driver time ≤ PyTorch's (met|not met) n/a (met|not met) n/a",
 	} {
 		require.Regexp(t, `(?m)^`+want+`$`, flat)
@@ -320,7 +324,8 @@ func TestReplaySynthetic(t *testing.T) {
 	require.Contains(t, flat, "\nevents 150\n")
 	require.Contains(t, flat, "\nstarts mid-run no\n")
 	require.Contains(t, flat, "\nsegment events (PyTorch) 0\n")
-	require.Contains(t, flat, "\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release —\n")
+	require.Contains(t, flat, "\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release unknown\n")
+	require.Contains(t, flat, "\nmodelled driver time on H100 (PyTorch) unknown\n")
 	require.Contains(t, flat, "\ntarget: modelled driver time ≤ PyTorch's n/a\n")
 	require.Regexp(t, `(?m)^driver calls \(vmarena\): create / map / set access / unmap / release [1-9]\d* / [1-9]\d* / [1-9]\d* / \d+ / \d+$`, flat)
 

@@ -14,8 +14,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/vmarena/vmarena/internal/report"
+	"github.com/vmarena/vmarena/cmd/vmarena/internal/report"
 	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // printTable prints rows of cells in padded columns.
@@ -204,7 +205,7 @@ func peakMap(label string, m *replay.PeakMap) report.MemoryMap {
 // than the next scheme's, drawn over it.
 const kvLineStep = 1.4
 
-func kvReport(header []string, results []replay.SimResult, table [][]string) report.Page {
+func kvReport(header []string, results []serving.Result, table [][]string) report.Page {
 	simTime := report.Axis{Label: "simulated time", Unit: report.Seconds}
 	charts := []report.LineChart{
 		{Title: "sequences running", X: simTime, Y: report.Axis{Label: "sequences", Unit: report.Count}},
@@ -221,7 +222,7 @@ func kvReport(header []string, results []replay.SimResult, table [][]string) rep
 			continue
 		}
 		width := report.DefaultWidth + kvLineStep*float64(len(results)-1-k)
-		for i, s := range []replay.Series{tl.Seqs, tl.InUse, tl.Waste} {
+		for i, s := range []serving.Series{tl.Seqs, tl.InUse, tl.Waste} {
 			charts[i].Series = append(charts[i].Series, report.Series{Name: r.Scheme, X: s.X, Y: s.Y, Steps: true, Width: width})
 		}
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/internal/browsertest"
-	"github.com/vmarena/vmarena/internal/report/reporttest"
+	"github.com/vmarena/vmarena/cmd/vmarena/internal/browsertest"
+	"github.com/vmarena/vmarena/cmd/vmarena/internal/report/reporttest"
 )
 
 // printedTable is the table a command printed after its header: each
@@ -88,8 +88,8 @@ func TestReplayReport(t *testing.T) {
 	labels := printed[0][1:]
 	require.Equal(t, []string{"handmade_two_devices [dev 0]", "handmade_two_devices [dev 1]", "silmont2000_mem_snapshot"}, labels)
 	// The driver calls priced, PyTorch's beside vmarena's, and their target.
-	require.Equal(t, "948.67 µs", cell(t, printed, "modelled driver time (PyTorch)", 2))
-	require.Regexp(t, `^[0-9.]+ (s|ms|µs)$`, cell(t, printed, "modelled driver time (vmarena)", 3))
+	require.Equal(t, "948.67 µs", cell(t, printed, "modelled driver time on A100 (PyTorch)", 2))
+	require.Regexp(t, `^[0-9.]+ (s|ms|µs)$`, cell(t, printed, "modelled driver time on H100 (vmarena)", 3))
 	require.Equal(t, "n/a", cell(t, printed, "target: modelled driver time ≤ PyTorch's", 1), "mid-run")
 	for i, label := range labels {
 		s := page.Section(t, label)

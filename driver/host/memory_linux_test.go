@@ -32,10 +32,10 @@ func writeFiles(t testing.TB, root string, files map[string]string) {
 	}
 }
 
-// TestCapacityBeyondTheMachine (issue 20): New used to take any capacity
-// (1 PiB was accepted), and a Create the machine could not back was ended
-// by the kernel's OOM killer. New now refuses capacities that together
-// exceed MemTotal + SwapTotal, naming the figure. The real machine is
+// TestCapacityBeyondTheMachine: New refuses capacities that together
+// exceed MemTotal + SwapTotal, naming the figure (1 PiB is refused), so
+// that no Create the machine cannot back is ended by the kernel's OOM
+// killer. The real machine is
 // asked only for its MemTotal, a figure that does not move.
 func TestCapacityBeyondTheMachine(t *testing.T) {
 	_, err := New(Options{Capacity: 1024 * units.TiB})
@@ -66,7 +66,7 @@ func TestCapacityBeyondTheMachine(t *testing.T) {
 	}
 }
 
-// TestCreateBeyondAvailable (issue 20): a chunk larger than the memory
+// TestCreateBeyondAvailable: a chunk larger than the memory
 // available now (MemAvailable + SwapFree, from the test's own meminfo) is
 // refused at Create with ErrOutOfMemory instead of being committed into
 // the OOM killer, and changes nothing; one that fits is committed. A

@@ -141,11 +141,10 @@ func TestNoPeerAccess(t *testing.T) {
 	require.True(t, ok)
 }
 
-// TestHostFreeWaitsForQueuedCopy (issue 20): HostFree of a buffer a
-// queued copy still writes used to unmap it at once; the next HostAlloc
-// got the same address and the copy landed there. HostFree now waits for
-// the work queued on every stream before it, as cuMemFreeHost does: the
-// copy runs into the old buffer first, the new one is never written.
+// TestHostFreeWaitsForQueuedCopy: HostFree of a buffer a queued copy
+// still writes waits for the work queued on every stream before it, as
+// cuMemFreeHost does: the copy runs into the old buffer first, and the
+// next HostAlloc, which may get the same address, is never written.
 func TestHostFreeWaitsForQueuedCopy(t *testing.T) {
 	d := newTest(t, small())
 	g := d.Granularity()
@@ -182,7 +181,7 @@ func TestHostFreeWaitsForQueuedCopy(t *testing.T) {
 			freed <- r
 		}()
 		var r result
-		select { // the pause only lets the old behaviour show
+		select { // the pause only lets a Free that does not wait show
 		case r = <-freed:
 		case <-time.After(50 * time.Millisecond):
 			open()

@@ -175,7 +175,7 @@ func (d *Driver) Tally() Tally {
 
 // Calls is every call the driver counted, Tally's Total, without copying
 // the per-device counts: cheap enough to read around each call of a
-// caller's that it prices (replay's serving simulation does).
+// caller's that it prices (package serving's simulation does).
 func (d *Driver) Calls() Calls {
 	if d.unmade() {
 		return Calls{}

@@ -44,7 +44,7 @@ func TestRun(t *testing.T) {
 
 // TestFlags: a flag the example cannot use is one line on stderr (no
 // stack, no doubled "grow: grow:" prefix) and exit status 2; -h is the
-// usage and status 0. (-rows 0 used to print a stack dump, status 1.)
+// usage and status 0 (-rows 0 included: an error line, not a stack dump).
 func TestFlags(t *testing.T) {
 	for _, c := range []struct {
 		args []string

@@ -72,7 +72,7 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/kvcache"
 	"github.com/vmarena/vmarena/physical"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/vaspace"
 )
@@ -133,7 +133,7 @@ func main() { os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr)) }
 // realMain parses args, runs, and returns the exit status: 2 for a flag
 // it cannot use, 1 for a failure.
 func realMain(args []string, stdout, stderr io.Writer) int {
-	trace, err := replay.ParseAzure(bytes.NewReader(traceCSV))
+	trace, err := serving.ParseAzure(bytes.NewReader(traceCSV))
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: the embedded trace: %v\n", err)
 		return 1
@@ -185,7 +185,7 @@ func (cfg config) check(traceRequests int) error {
 // request is one request of the trace as the example serves it.
 type request struct {
 	id     int // its index in the trace, from 0
-	trace  replay.Request
+	trace  serving.Request
 	prompt []int
 	output int // tokens to generate
 	capped bool
@@ -206,7 +206,7 @@ type request struct {
 // output lengths: a system prompt, then the request's own tokens, as many
 // as the trace's prompt divided by scale, and an output of the trace's
 // divided by scale.
-func makeRequests(trace []replay.Request, n, scale int) []*request {
+func makeRequests(trace []serving.Request, n, scale int) []*request {
 	system := make([][]int, systemPrompts)
 	for i := range system {
 		system[i] = randomTokens(rand.New(rand.NewPCG(uint64(i), 0x5957e3)), systemTokens)
@@ -388,7 +388,7 @@ type server struct {
 }
 
 func run(w io.Writer, cfg config) (err error) {
-	trace, err := replay.ParseAzure(bytes.NewReader(traceCSV))
+	trace, err := serving.ParseAzure(bytes.NewReader(traceCSV))
 	if err != nil {
 		return errors.Wrap(err, "the embedded trace")
 	}

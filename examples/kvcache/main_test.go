@@ -13,7 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/internal/race"
 	"github.com/vmarena/vmarena/kvcache"
-	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 )
 
 // snapshotLine is a line of the memory map: step, done, running, swapped,
@@ -107,14 +107,14 @@ func TestRunSmall(t *testing.T) {
 }
 
 // TestTrace: the embedded trace is the header and 300 requests, and its
-// first lines are replay's copy of the same file, byte for byte.
+// first lines are serving's copy of the same file, byte for byte.
 func TestTrace(t *testing.T) {
-	reqs, err := replay.ParseAzure(bytes.NewReader(traceCSV))
+	reqs, err := serving.ParseAzure(bytes.NewReader(traceCSV))
 	require.NoError(t, err)
 	require.Len(t, reqs, 300)
-	theirs, err := os.ReadFile("../../replay/testdata/requests/AzureLLMInferenceTrace_conv.csv")
+	theirs, err := os.ReadFile("../../serving/testdata/requests/AzureLLMInferenceTrace_conv.csv")
 	require.NoError(t, err)
-	require.True(t, bytes.HasPrefix(traceCSV, theirs), "replay's 200 lines begin ours")
+	require.True(t, bytes.HasPrefix(traceCSV, theirs), "serving's 200 lines begin ours")
 }
 
 // TestFlags: a flag the example cannot use is one line on stderr and

@@ -31,6 +31,7 @@ import (
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/pool"
 	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 	"github.com/vmarena/vmarena/sleep"
 	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/tensor"
@@ -70,12 +71,13 @@ var exported = []reflect.Type{
 	reflect.TypeFor[multidev.Arena](),
 	reflect.TypeFor[physical.Chunk](), reflect.TypeFor[physical.Memory](),
 	reflect.TypeFor[pool.Attr](), reflect.TypeFor[pool.ImportHolder](), reflect.TypeFor[pool.Pool](),
-	reflect.TypeFor[replay.BlockTable](), reflect.TypeFor[replay.DeviceResult](), reflect.TypeFor[replay.Figures](),
-	reflect.TypeFor[replay.KVCache](), reflect.TypeFor[replay.KVConfig](), reflect.TypeFor[replay.KVStats](),
-	reflect.TypeFor[replay.MapKind](), reflect.TypeFor[replay.Model](), reflect.TypeFor[replay.Op](),
-	reflect.TypeFor[replay.Options](), reflect.TypeFor[replay.Policy](), reflect.TypeFor[replay.RandomLifetimes](),
-	reflect.TypeFor[replay.RequestsSummary](), reflect.TypeFor[replay.RequestTrace](), reflect.TypeFor[replay.SimOptions](), reflect.TypeFor[replay.SimRequest](),
-	reflect.TypeFor[replay.SimResult](), reflect.TypeFor[replay.StaticReservation](), reflect.TypeFor[replay.Summary](),
+	reflect.TypeFor[replay.DeviceResult](), reflect.TypeFor[replay.DriverTimes](), reflect.TypeFor[replay.Figures](), reflect.TypeFor[replay.MapKind](),
+	reflect.TypeFor[replay.Op](), reflect.TypeFor[replay.Options](), reflect.TypeFor[replay.Policy](),
+	reflect.TypeFor[replay.RandomLifetimes](), reflect.TypeFor[replay.Summary](),
+	reflect.TypeFor[serving.BlockTable](), reflect.TypeFor[serving.Cache](), reflect.TypeFor[serving.Config](),
+	reflect.TypeFor[serving.Stats](), reflect.TypeFor[serving.Model](), reflect.TypeFor[serving.RequestTrace](),
+	reflect.TypeFor[serving.RequestsSummary](), reflect.TypeFor[serving.Options](), reflect.TypeFor[serving.SimRequest](),
+	reflect.TypeFor[serving.Result](), reflect.TypeFor[serving.StaticReservation](),
 	reflect.TypeFor[sleep.Manager](), reflect.TypeFor[sleep.Mode](),
 	reflect.TypeFor[stream.Event](), reflect.TypeFor[stream.HostBuffer](), reflect.TypeFor[stream.Stream](),
 	reflect.TypeFor[tensor.BF16](), reflect.TypeFor[tensor.DType](), reflect.TypeFor[tensor.F16](),

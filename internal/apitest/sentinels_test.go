@@ -22,6 +22,7 @@ import (
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/pool"
 	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/serving"
 	"github.com/vmarena/vmarena/stream"
 	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/vaspace"
@@ -79,6 +80,8 @@ func TestSentinelsSeenByBothIs(t *testing.T) {
 		{"replay parse of nothing", replay.ErrMalformed, func() error { _, err := replay.Parse(strings.NewReader("")); return err }},
 		{"replay granularity 3", driver.ErrInvalid, func() error { return replay.Options{Granularity: 3}.Check() }},
 		{"replay random lifetimes of -1 events", driver.ErrInvalid, func() error { return replay.RandomLifetimes{Events: -1}.Check() }},
+		{"serving parse of nothing", serving.ErrMalformed, func() error { _, err := serving.ParseAzure(strings.NewReader("")); return err }},
+		{"serving config of an empty model", driver.ErrInvalid, func() error { _, err := serving.NewBlockTable(serving.Config{}); return err }},
 		{"ipc receive from a closed peer", driver.ErrClosed, func() error { _, err := client.RecvChunk(mem, 0); return err }},
 		{"ipc receive on a closed conn", driver.ErrClosed, func() error { _, err := server.RecvChunk(mem, 0); return err }},
 	}

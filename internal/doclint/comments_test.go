@@ -52,8 +52,8 @@ func goFiles(t *testing.T) map[string]*ast.File {
 }
 
 // TestCommentsSpeakToUsers: no comment names the what() closure that
-// builds error messages in prose (a rename left "Usage reports what()
-// device dev holds" eight times in godoc), and none points at the
+// builds error messages in prose ("Usage reports what() device dev
+// holds" in godoc tells a user nothing), and none points at the
 // project's internal notes ("seed 002") where the CUDA or AscendCL call
 // names belong.
 func TestCommentsSpeakToUsers(t *testing.T) {

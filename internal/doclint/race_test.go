@@ -14,8 +14,8 @@ import (
 // TestRaceSkipsRunWithoutRace: a test that skips (or shrinks) itself when
 // the race detector is on — a long computation on one goroutine, where the
 // detector multiplies the time and can find nothing — must be run whole
-// somewhere: scripts/test's run without -race names it. Three such tests
-// once ran nowhere in CI (every run of their packages there had -race).
+// somewhere: scripts/test's run without -race names it (a test skipped
+// under -race in every run of its package runs nowhere in CI).
 func TestRaceSkipsRunWithoutRace(t *testing.T) {
 	script, err := os.ReadFile(filepath.Join(root, "scripts", "test"))
 	require.NoError(t, err)

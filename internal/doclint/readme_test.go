@@ -202,11 +202,11 @@ func TestSomething() {
 	require.False(t, ok, "an empty block matches nothing")
 }
 
-// startPackages must each have an Example that go test runs: the public
+// starterPackages must each have an Example that go test runs: the public
 // packages a user starts from.
-var startPackages = []string{
+var starterPackages = []string{
 	"vaspace", "physical", "mapping", "stream", "arena", "pool", "multidev",
-	"ipc", "tensor", "kvcache", "driver/host", "driver/sim", "driver/cuda",
+	"ipc", "tensor", "kvcache", "serving", "driver/host", "driver/sim", "driver/cuda",
 }
 
 // TestPackagesHaveExamples: each of those packages has, in its own
@@ -221,7 +221,7 @@ func TestPackagesHaveExamples(t *testing.T) {
 		}
 	}
 	var missing []string
-	for _, p := range startPackages {
+	for _, p := range starterPackages {
 		if !have[p] {
 			missing = append(missing, p)
 		}

@@ -133,8 +133,8 @@ func TestModel(t *testing.T) {
 	}
 }
 
-// sliceModel is the reference the tree is compared with: the sorted slice
-// the list used to be.
+// sliceModel is the reference the tree is compared with: a plain sorted
+// slice.
 type sliceModel []Item[uint64, int]
 
 func (m sliceModel) search(x uint64) int {

@@ -141,6 +141,18 @@ func (t *Thinned) Points() (xs, ys []float64) {
 	return xs, ys
 }
 
+// Series is a recorded series: Y[i] at X[i], X never decreasing; replay
+// and serving hand it out as their Series.
+type Series struct {
+	X, Y []float64
+}
+
+// Series returns the kept samples (Points) as a Series.
+func (t *Thinned) Series() Series {
+	x, y := t.Points()
+	return Series{X: x, Y: y}
+}
+
 // Thin returns the series (xs[i], ys[i]) as at most max points, as
 // Thinned keeps them; a series of at most max points comes back as it is.
 // xs and ys must have the same length.

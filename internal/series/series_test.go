@@ -29,6 +29,7 @@ func TestThinnedKeepsPeaks(t *testing.T) {
 			require.Equal(t, n, tt.Len())
 			px, py := tt.Points()
 			require.Len(t, py, len(px))
+			require.Equal(t, Series{X: px, Y: py}, tt.Series())
 			require.LessOrEqual(t, len(px), max, "max %d, %d samples", max, n)
 			if n == 0 {
 				require.Empty(t, px)

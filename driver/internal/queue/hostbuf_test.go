@@ -34,7 +34,7 @@ func TestHostBuffers(t *testing.T) {
 	require.True(t, errors.Is(h.Remove("test", e, b), driver.ErrClosed))
 }
 
-// TestHostBuffersRemoveWaits (issue 20): Remove gives a buffer up only
+// TestHostBuffersRemoveWaits: Remove gives a buffer up only
 // once the work queued before it has run, on every stream, so a copy
 // queued on the buffer lands before the memory goes; a Remove from a host
 // function that work waits for is refused (ErrBusy) and the buffer stays

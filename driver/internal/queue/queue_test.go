@@ -418,10 +418,10 @@ func TestNoGoroutineLeak(t *testing.T) {
 
 // TestCreateStreamDuringClose checks a stream created while Close waits for
 // the others: it must be refused with ErrClosed, or be stopped by Close like
-// the rest. Today neither holds: Close ranges over e.streams while
-// syncLocked releases e.mu, CreateStream once did not see that Close had
-// begun and added a stream the range might not visit, whose goroutine then
-// waited for ever; Close now sets closing first.
+// the rest. Close ranges over e.streams while syncLocked releases e.mu,
+// so a CreateStream that did not see Close had begun would add a stream
+// the range might not visit, whose goroutine would wait for ever; Close
+// sets closing first.
 func TestCreateStreamDuringClose(t *testing.T) {
 	for round := range 50 {
 		e := New("test", 1, func(_, _ driver.DeviceID) bool { return true })

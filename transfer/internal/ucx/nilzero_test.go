@@ -6,13 +6,13 @@ import (
 	"testing"
 )
 
-// TestNilAndZeroReceivers calls every exported method of Worker, Mem and
-// Endpoint on a nil pointer and on a pointer to the zero value, every
+// TestNilAndZeroReceivers calls every exported method of Worker, Mem,
+// Endpoint and Window on a nil pointer and on a pointer to the zero value, every
 // argument its zero value (internal/apitest's test, which cannot import an
 // internal package of transfer): none may panic or hang, and each must
 // answer an error.
 func TestNilAndZeroReceivers(t *testing.T) {
-	for _, typ := range []reflect.Type{reflect.TypeFor[Worker](), reflect.TypeFor[Mem](), reflect.TypeFor[Endpoint]()} {
+	for _, typ := range []reflect.Type{reflect.TypeFor[Worker](), reflect.TypeFor[Mem](), reflect.TypeFor[Endpoint](), reflect.TypeFor[Window]()} {
 		ptr := reflect.PointerTo(typ)
 		for i := range ptr.NumMethod() {
 			m := ptr.Method(i)

@@ -14,7 +14,7 @@ import (
 // answers ErrUnsupported.
 func TestUnavailable(t *testing.T) {
 	require.False(t, Available)
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	require.ErrorIs(t, err, driver.ErrUnsupported)
 	require.Nil(t, w)
 	require.Contains(t, err.Error(), "ucx: NewWorker")

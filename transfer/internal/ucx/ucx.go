@@ -24,10 +24,11 @@ static void vmx_ep_err(void *arg, ucp_ep_h ep, ucs_status_t status) {
 	}
 }
 
-// vmx_init makes a context (RMA, wakeup) from the UCX_* environment and a
-// single-threaded worker on it, and returns the worker's event fd. On
-// failure *call names the UCP call that failed and nothing is left.
-static ucs_status_t vmx_init(ucp_context_h *ctx, ucp_worker_h *w, int *efd, const char **call) {
+// vmx_init makes a context (active messages, wakeup, and RMA when rma is
+// set) from the UCX_* environment and a single-threaded worker on it, and
+// returns the worker's event fd. On failure *call names the UCP call that
+// failed and nothing is left.
+static ucs_status_t vmx_init(ucp_context_h *ctx, ucp_worker_h *w, int *efd, int rma, const char **call) {
 	ucp_config_t *cfg;
 	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) {
@@ -37,7 +38,7 @@ static ucs_status_t vmx_init(ucp_context_h *ctx, ucp_worker_h *w, int *efd, cons
 	ucp_params_t p;
 	memset(&p, 0, sizeof p);
 	p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-	p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+	p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA : 0);
 	p.mt_workers_shared = 0;
 	st = ucp_init(&p, cfg, ctx);
 	ucp_config_release(cfg);
@@ -155,6 +156,86 @@ static ucs_status_ptr_t vmx_flush(ucp_ep_h ep) {
 	return ucp_ep_flush_nbx(ep, &p);
 }
 
+// Active messages: the ids of the three this binding sends (amWrite,
+// amFetch and amData in message.go, which says what they carry), each
+// with a header of VMX_AM_HDR bytes (amHeaderSize).
+enum {
+	VMX_AM_WRITE = 1,
+	VMX_AM_FETCH = 2,
+	VMX_AM_DATA  = 3,
+	VMX_AM_HDR   = 40
+};
+
+// vmxAMRecv (Go, ucx_am.go) takes every active message the worker
+// receives, on the worker's thread, inside ucp_worker_progress.
+extern void vmxAMRecv(uintptr_t w, unsigned int id, void *hdr, size_t hlen, void *data, size_t n, ucp_ep_h reply);
+
+static ucs_status_t vmx_am_recv(unsigned int id, void *arg, const void *hdr, size_t hlen, void *data, size_t n,
+                                const ucp_am_recv_param_t *p) {
+	if (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+		// This binding sends eager messages only: a rendezvous is not
+		// ours, and its data is never fetched.
+		return UCS_OK;
+	}
+	ucp_ep_h reply = (p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? p->reply_ep : NULL;
+	vmxAMRecv((uintptr_t)arg, id, (void *)hdr, hlen, data, n, reply);
+	return UCS_OK; // the data is copied: UCX may release it
+}
+
+static ucs_status_t vmx_am_write(void *arg, const void *h, size_t hl, void *d, size_t n, const ucp_am_recv_param_t *p) {
+	return vmx_am_recv(VMX_AM_WRITE, arg, h, hl, d, n, p);
+}
+
+static ucs_status_t vmx_am_fetch(void *arg, const void *h, size_t hl, void *d, size_t n, const ucp_am_recv_param_t *p) {
+	return vmx_am_recv(VMX_AM_FETCH, arg, h, hl, d, n, p);
+}
+
+static ucs_status_t vmx_am_data(void *arg, const void *h, size_t hl, void *d, size_t n, const ucp_am_recv_param_t *p) {
+	return vmx_am_recv(VMX_AM_DATA, arg, h, hl, d, n, p);
+}
+
+// vmx_set_am sets the worker's handlers of the three ids, each called
+// with arg and with the whole message.
+static ucs_status_t vmx_set_am(ucp_worker_h w, uintptr_t arg) {
+	ucp_am_recv_callback_t cbs[3] = {vmx_am_write, vmx_am_fetch, vmx_am_data};
+	for (unsigned int i = 0; i < 3; i++) {
+		ucp_am_handler_param_t p;
+		memset(&p, 0, sizeof p);
+		p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+		               UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+		p.id = VMX_AM_WRITE + i;
+		p.flags = UCP_AM_FLAG_WHOLE_MSG;
+		p.cb = cbs[i];
+		p.arg = (void *)arg;
+		ucs_status_t st = ucp_worker_set_am_recv_handler(w, &p);
+		if (st != UCS_OK) {
+			return st;
+		}
+	}
+	return UCS_OK;
+}
+
+// vmx_am_send sends an eager active message (never rendezvous: its
+// receiver fetches nothing), with the reply endpoint when reply is set.
+// hdr and data must stay until the request completes.
+static ucs_status_ptr_t vmx_am_send(ucp_ep_h ep, unsigned int id, const void *hdr, uintptr_t data, size_t n, int reply) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.flags = UCP_AM_SEND_FLAG_EAGER | (reply ? UCP_AM_SEND_FLAG_REPLY : 0);
+	return ucp_am_send_nbx(ep, id, hdr, VMX_AM_HDR, (const void *)data, n, &p);
+}
+
+// vmx_copy_in and vmx_copy_out copy between a message and memory the
+// caller mapped, named by its address as a number.
+static void vmx_copy_in(uintptr_t dst, const void *src, size_t n) {
+	memcpy((void *)dst, src, n);
+}
+
+static void vmx_copy_out(void *dst, uintptr_t src, size_t n) {
+	memcpy(dst, (const void *)src, n);
+}
+
 static ucs_status_ptr_t vmx_close(ucp_ep_h ep, int force) {
 	ucp_request_param_t p;
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -166,8 +247,11 @@ import "C"
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"runtime"
+	"runtime/cgo"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -199,8 +283,8 @@ const closeWait = 2 * time.Second
 // (an unpacked key must outlive the ops that use it) it is emptied.
 const rkeyLimit = 256
 
-// connectAttempts and connectWait bound Connect. UCX 1.13 has been seen
-// (issue 22) to reset about one connection in ten during wireup, which
+// connectAttempts and connectWait bound Connect. UCX 1.13 resets about
+// one connection in ten during wireup (seen in the transfer tests), which
 // shows at the first flush, so Connect flushes each new endpoint and tries
 // again when that fails.
 const (
@@ -231,6 +315,8 @@ type Worker struct {
 	// retries counts the Connect attempts that failed and were tried
 	// again (for tests and reports).
 	retries atomic.Uint64
+	// rma is NewWorker's: whether the context has UCX's RMA feature.
+	rma bool
 
 	// The goroutine's: the UCP handles, and what lives on them.
 	ctx    C.ucp_context_h
@@ -241,6 +327,48 @@ type Worker struct {
 	// states are error-callback records of endpoints whose close did not
 	// complete: freed after ucp_worker_destroy, when no callback can run.
 	states []*C.vmx_ep_state
+	// handle names the worker to the active-message callback (its arg):
+	// an integer, not a Go pointer; deleted after ucp_worker_destroy.
+	handle cgo.Handle
+	// windows are the open windows by token; replies are the sends of
+	// fetched bytes in flight (on UCX's reply endpoints, not this
+	// worker's Endpoints); leftovers are C buffers of sends whose
+	// endpoint was closed while they were in flight, freed after
+	// ucp_worker_destroy.
+	windows   map[uint64]*Window
+	replies   []sent
+	leftovers []unsafe.Pointer
+	// dropped counts the active messages dropped: for no open window, or
+	// outside the one they name (read by Dropped from any goroutine).
+	dropped atomic.Uint64
+}
+
+// sent is a request in flight and the C buffer (a header, and for a
+// reply its bytes) it reads until it completes; buf is nil for RMA.
+type sent struct {
+	req C.ucs_status_ptr_t
+	buf unsafe.Pointer
+}
+
+// Window is memory of this process that peers' active messages may write
+// (Endpoint.Send, and the answers of Endpoint.Fetch) or fetch from, named
+// to them by its token, until Close. The worker checks every message
+// against it: bytes go only inside the window, and a message for a
+// closed or unknown token is dropped.
+type Window struct {
+	w        *Worker
+	token    uint64
+	addr     uintptr
+	n        uint64
+	writable bool
+	// done is closed once the window is full (every byte written, or
+	// handed to UCX for a fetch), failed, or closed; err is then its
+	// error, set before.
+	done chan struct{}
+	err  error
+	// The worker goroutine's.
+	got           uint64
+	ended, closed bool
 }
 
 // Mem is a registration (ucp_mem_map) of memory the caller mapped.
@@ -262,7 +390,7 @@ type Endpoint struct {
 	rkeyLimit int
 	// ops are the put and get requests in flight; err is the first error
 	// of one since the last Flush answered.
-	ops []C.ucs_status_ptr_t
+	ops []sent
 	err error
 	// flushes are the flushes in flight, in the order they were asked.
 	flushes []*flush
@@ -313,14 +441,20 @@ func (w *Worker) unmade() bool   { return w == nil || w.done == nil }
 func (m *Mem) unmade() bool      { return m == nil || m.w.unmade() }
 func (e *Endpoint) unmade() bool { return e == nil || e.w.unmade() }
 
-// NewWorker makes a UCP context (RMA and wakeup features, configured by
-// the UCX_* environment) and a worker on it, served by a new goroutine
-// locked to its OS thread.
-func NewWorker() (*Worker, error) {
+// NewWorker makes a UCP context (active messages, wakeup and, when rma is
+// set, RMA: configured by the UCX_* environment) and a worker on it,
+// served by a new goroutine locked to its OS thread. Without RMA the
+// worker neither puts nor gets (ErrUnsupported) nor serves a peer's: UCX
+// installs no handler of the messages that emulate them where the
+// transport has no RDMA (tcp), and drops them with a warning, so a peer
+// writes this process's memory only through its open windows.
+func NewWorker(rma bool) (*Worker, error) {
 	w := &Worker{
-		done: make(chan struct{}),
-		eps:  map[*Endpoint]struct{}{},
-		mems: map[*Mem]struct{}{},
+		rma:     rma,
+		done:    make(chan struct{}),
+		eps:     map[*Endpoint]struct{}{},
+		mems:    map[*Mem]struct{}{},
+		windows: map[uint64]*Window{},
 	}
 	started := make(chan error, 1)
 	go w.serve(started)
@@ -340,8 +474,20 @@ func (w *Worker) serve(started chan<- error) {
 	// runs on a thread UCX may have kept state for.
 	defer close(w.done)
 	var call *C.char
-	if st := C.vmx_init(&w.ctx, &w.worker, &w.efd, &call); st != C.UCS_OK {
+	rma := C.int(0)
+	if w.rma {
+		rma = 1
+	}
+	if st := C.vmx_init(&w.ctx, &w.worker, &w.efd, rma, &call); st != C.UCS_OK {
 		started <- ucsError(C.GoString(call), st)
+		return
+	}
+	w.handle = cgo.NewHandle(w)
+	if st := C.vmx_set_am(w.worker, C.uintptr_t(w.handle)); st != C.UCS_OK {
+		C.ucp_worker_destroy(w.worker)
+		C.ucp_cleanup(w.ctx)
+		w.handle.Delete()
+		started <- ucsError("ucp_worker_set_am_recv_handler", st)
 		return
 	}
 	w.sig = w.worker
@@ -394,6 +540,9 @@ func (w *Worker) isClosed() bool {
 // inFlight reports whether some request is outstanding that the goroutine
 // must progress without sleeping.
 func (w *Worker) inFlight() bool {
+	if len(w.replies) > 0 {
+		return true
+	}
 	for e := range w.eps {
 		if len(e.ops) > 0 {
 			return true
@@ -412,25 +561,34 @@ func (w *Worker) reap() {
 	for e := range w.eps {
 		e.reap()
 	}
+	w.replies = reapSent(w.replies, nil)
+}
+
+// reapSent frees the completed requests of reqs and their buffers, and
+// returns those still in flight; the first error of one is kept in *err
+// (when err is not nil and *err is nil).
+func reapSent(reqs []sent, err *error) []sent {
+	kept := reqs[:0]
+	for _, r := range reqs {
+		st := C.ucp_request_check_status(unsafe.Pointer(r.req))
+		if st == C.UCS_INPROGRESS {
+			kept = append(kept, r)
+			continue
+		}
+		C.ucp_request_free(unsafe.Pointer(r.req))
+		C.free(r.buf) // nil for RMA: free(NULL) does nothing
+		if st != C.UCS_OK && err != nil && *err == nil {
+			*err = ucsError("a put, get or send of the endpoint", st)
+		}
+	}
+	clear(reqs[len(kept):])
+	return kept
 }
 
 // reap frees e's completed requests, keeps the first error of its ops,
 // and answers the flushes that are done.
 func (e *Endpoint) reap() {
-	kept := e.ops[:0]
-	for _, r := range e.ops {
-		st := C.ucp_request_check_status(unsafe.Pointer(r))
-		if st == C.UCS_INPROGRESS {
-			kept = append(kept, r)
-			continue
-		}
-		C.ucp_request_free(unsafe.Pointer(r))
-		if st != C.UCS_OK && e.err == nil {
-			e.err = ucsError("ucp_put_nbx/ucp_get_nbx", st)
-		}
-	}
-	clear(e.ops[len(kept):])
-	e.ops = kept
+	e.ops = reapSent(e.ops, &e.err)
 	for len(e.flushes) > 0 {
 		f := e.flushes[0]
 		st := C.ucp_request_check_status(unsafe.Pointer(f.req))
@@ -695,6 +853,9 @@ func (e *Endpoint) submit(op string, local uintptr, n uint64, remote uint64, rke
 	if remote+n < remote {
 		return errors.Wrapf(driver.ErrInvalid, "ucx: %s: %d bytes at remote address %#x wrap around", op, n, remote)
 	}
+	if !e.w.rma {
+		return errors.Wrapf(driver.ErrUnsupported, "ucx: %s: the worker was made without RMA (NewWorker(false)): use Send and Fetch", op)
+	}
 	return e.w.run("Endpoint."+op, func() error {
 		if e.ep == nil {
 			return driver.Closed("ucx: Endpoint." + op + " after the endpoint's Close")
@@ -717,7 +878,7 @@ func (e *Endpoint) submit(op string, local uintptr, n uint64, remote uint64, rke
 		switch st := C.vmx_ptr_status(req); st {
 		case C.UCS_OK:
 		case C.UCS_INPROGRESS:
-			e.ops = append(e.ops, req)
+			e.ops = append(e.ops, sent{req: req})
 		default:
 			return ucsError(call, st)
 		}
@@ -825,7 +986,11 @@ func (w *Worker) closeEndpoint(e *Endpoint) error {
 	// when it completes), and then the remote keys: ucp_rkey_destroy needs
 	// the worker, not the endpoint, and no op in flight that uses the key.
 	for _, r := range e.ops {
-		C.ucp_request_free(unsafe.Pointer(r))
+		C.ucp_request_free(unsafe.Pointer(r.req))
+		if r.buf != nil {
+			// UCX may still read it: freed after the worker is destroyed.
+			w.leftovers = append(w.leftovers, r.buf)
+		}
 	}
 	e.ops = nil
 	for _, f := range e.flushes {
@@ -885,11 +1050,271 @@ func (w *Worker) shutdown() error {
 			first = err
 		}
 	}
+	for _, x := range w.windows {
+		x.end(driver.Closed("ucx: Window: the worker was closed"))
+		x.closed = true
+	}
+	clear(w.windows)
 	C.ucp_worker_destroy(w.worker)
 	C.ucp_cleanup(w.ctx)
+	w.handle.Delete()
 	for _, s := range w.states {
 		C.free(unsafe.Pointer(s))
 	}
 	w.states = nil
+	// The worker's requests went with it: their buffers are free now.
+	for _, r := range w.replies {
+		C.free(r.buf)
+	}
+	w.replies = nil
+	for _, b := range w.leftovers {
+		C.free(b)
+	}
+	w.leftovers = nil
 	return first
+}
+
+// The C side's message ids and header size are message.go's (an index
+// out of range, at compile time, if not).
+var _ = [1]struct{}{}[(C.VMX_AM_WRITE^amWrite)|(C.VMX_AM_FETCH^amFetch)|(C.VMX_AM_DATA^amData)|(C.VMX_AM_HDR^amHeaderSize)]
+
+// amChunk bounds the bytes of one active message: Send and a fetch's
+// answer split larger ranges, so that what UCX assembles for one message
+// on the receiving side stays this small.
+const amChunk = 256 << 10
+
+// Open makes a window over n bytes at addr, memory the caller mapped (not
+// Go memory) and keeps mapped until the window is closed: peers may write
+// into it (writable) or fetch from it, at the token it answers, until
+// Close. A window is full once its n bytes were written, or handed to UCX
+// for fetches (copied: the memory is not read after that).
+func (w *Worker) Open(addr uintptr, n uint64, writable bool) (*Window, uint64, error) {
+	if w.unmade() {
+		return nil, 0, unmade("Worker.Open")
+	}
+	if addr == 0 || n == 0 || uint64(addr)+n < uint64(addr) {
+		return nil, 0, errors.Wrapf(driver.ErrInvalid, "ucx: Open: address %#x, %d bytes (both non-zero, no wrap)", addr, n)
+	}
+	x := &Window{w: w, addr: addr, n: n, writable: writable, done: make(chan struct{})}
+	err := w.run("Open", func() error {
+		var b [8]byte
+		for x.token == 0 || w.windows[x.token] != nil {
+			_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+			x.token = binary.LittleEndian.Uint64(b[:])
+		}
+		w.windows[x.token] = x
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return x, x.token, nil
+}
+
+func (x *Window) unmade() bool { return x == nil || x.w.unmade() }
+
+// Wait waits until the window is full and answers nil, or answers the
+// reason it never will be: a message for it outside its bytes, more bytes
+// than it holds, its Close, or ctx's end (wrapped).
+func (x *Window) Wait(ctx context.Context) error {
+	if x.unmade() {
+		return unmade("Window.Wait")
+	}
+	if ctx == nil {
+		return errors.Wrapf(driver.ErrInvalid, "ucx: Window.Wait: the context is nil")
+	}
+	select {
+	case <-x.done:
+		return x.err
+	case <-ctx.Done():
+		return errors.Wrap(ctx.Err(), "ucx: Window.Wait")
+	}
+}
+
+// Close closes the window: messages for it are dropped from then on, and
+// its memory is not touched again. Closing twice, or after the worker's
+// Close, is nil.
+func (x *Window) Close() error {
+	if x.unmade() {
+		return unmade("Window.Close")
+	}
+	err := x.w.run("Window.Close", func() error {
+		if !x.closed {
+			x.closed = true
+			delete(x.w.windows, x.token)
+			x.end(driver.Closed("ucx: Window: it was closed before it was full"))
+		}
+		return nil
+	})
+	if err != nil && x.w.isClosed() && errors.Is(err, driver.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// end answers the window's waiters with err (nil: full), once.
+func (x *Window) end(err error) {
+	if !x.ended {
+		x.ended, x.err = true, err
+		close(x.done)
+	}
+}
+
+// count adds k bytes to what the window got, and ends it when full.
+func (x *Window) count(k uint64) {
+	x.got += k
+	switch {
+	case x.got > x.n:
+		x.end(errors.Wrapf(driver.ErrDeviceFault, "ucx: Window: %d bytes came for a window of %d", x.got, x.n))
+	case x.got == x.n:
+		x.end(nil)
+	}
+}
+
+// Dropped is the number of active messages the worker dropped so far:
+// for a window that is not open, of the wrong direction, or outside the
+// window's bytes.
+func (w *Worker) Dropped() (uint64, error) {
+	if w.unmade() {
+		return 0, unmade("Worker.Dropped")
+	}
+	return w.dropped.Load(), nil
+}
+
+// Send submits a write of n bytes from local into the peer's window at
+// off, as eager active messages of at most amChunk bytes each. local must
+// be memory the caller mapped, not Go memory, left alone until Flush
+// answers. The peer's worker checks each message against its window and
+// drops what is outside it; an error of a send itself shows at the next
+// Flush.
+func (e *Endpoint) Send(window, off uint64, local uintptr, n uint64) error {
+	if e.unmade() {
+		return unmade("Endpoint.Send")
+	}
+	if window == 0 || local == 0 || n == 0 || off+n < off {
+		return errors.Wrapf(driver.ErrInvalid, "ucx: Send: window %#x, local address %#x, %d bytes at %d (window, address and length non-zero, no wrap)",
+			window, local, n, off)
+	}
+	return e.w.run("Endpoint.Send", func() error {
+		if e.ep == nil {
+			return driver.Closed("ucx: Endpoint.Send after the endpoint's Close")
+		}
+		if err := e.failed(); err != nil {
+			return err
+		}
+		for done := uint64(0); done < n; {
+			k := min(n-done, amChunk)
+			if err := e.am(amWrite, amHeader{token: window, off: off + done}, local+uintptr(done), k, false); err != nil {
+				return err
+			}
+			done += k
+		}
+		return nil
+	})
+}
+
+// Fetch asks the peer for n bytes of its window at off, to be written
+// into this worker's window into at intoOff: into fills (Window.Wait) as
+// they come. The peer's worker checks the request against its window and
+// drops one outside it.
+func (e *Endpoint) Fetch(window, off, n, into, intoOff uint64) error {
+	if e.unmade() {
+		return unmade("Endpoint.Fetch")
+	}
+	if window == 0 || into == 0 || n == 0 || off+n < off || intoOff+n < intoOff {
+		return errors.Wrapf(driver.ErrInvalid, "ucx: Fetch: %d bytes at %d of window %#x into %d of window %#x (windows and length non-zero, no wrap)",
+			n, off, window, intoOff, into)
+	}
+	return e.w.run("Endpoint.Fetch", func() error {
+		if e.ep == nil {
+			return driver.Closed("ucx: Endpoint.Fetch after the endpoint's Close")
+		}
+		if err := e.failed(); err != nil {
+			return err
+		}
+		return e.am(amFetch, amHeader{token: window, off: off, n: n, into: into, intoOff: intoOff}, 0, 0, true)
+	})
+}
+
+// am sends one active message on e with header h (copied to C memory,
+// kept until the send completes) and n bytes at data.
+func (e *Endpoint) am(id int, h amHeader, data uintptr, n uint64, reply bool) error {
+	buf := cHeader(h, 0)
+	rep := C.int(0)
+	if reply {
+		rep = 1
+	}
+	st := keep(C.vmx_am_send(e.ep, C.uint(id), buf, C.uintptr_t(data), C.size_t(n), rep), buf, &e.ops)
+	if st != C.UCS_OK {
+		return ucsError("ucp_am_send_nbx", st)
+	}
+	return nil
+}
+
+// keep files the request of a send that reads buf: kept in *reqs with buf
+// while in flight (UCS_OK), else buf is freed and the send's status
+// answered (UCS_OK: it completed at once).
+func keep(req C.ucs_status_ptr_t, buf unsafe.Pointer, reqs *[]sent) C.ucs_status_t {
+	st := C.vmx_ptr_status(req)
+	if st == C.UCS_INPROGRESS {
+		*reqs = append(*reqs, sent{req: req, buf: buf})
+		return C.UCS_OK
+	}
+	C.free(buf)
+	return st
+}
+
+// received is an active message the worker got (vmxAMRecv), on the
+// worker goroutine inside ucp_worker_progress: it is checked against the
+// window it names, and its bytes copied into it (write, data) or a fetch
+// answered from it on the reply endpoint. Anything else is dropped.
+func (w *Worker) received(id C.uint, hdr unsafe.Pointer, hlen uintptr, data unsafe.Pointer, n uintptr, reply C.ucp_ep_h) {
+	var x *Window
+	look := func(token uint64) (windowView, bool) {
+		if x = w.windows[token]; x == nil || x.ended {
+			return windowView{}, false
+		}
+		return windowView{n: x.n, writable: x.writable}, true
+	}
+	v, h, k := admit(int(id), unsafe.Slice((*byte)(hdr), hlen), uint64(n), reply != nil, look)
+	switch v {
+	case dropped:
+		w.dropped.Add(1)
+		return
+	case outside:
+		w.dropped.Add(1)
+		x.end(errors.Wrapf(driver.ErrInvalid, "ucx: Window: a message for bytes at %d outside a window of %d", h.off, x.n))
+		return
+	}
+	src := uint64(x.addr) + h.off
+	if id != amFetch {
+		C.vmx_copy_in(C.uintptr_t(src), data, C.size_t(k))
+		x.count(k)
+		return
+	}
+	// A fetch: the bytes are copied out now (the window's memory is not
+	// read after the message), and sent in chunks on the reply endpoint.
+	for done := uint64(0); done < k; {
+		c := min(k-done, amChunk)
+		buf := cHeader(amHeader{token: h.into, off: h.intoOff + done}, c)
+		bytes := unsafe.Add(buf, amHeaderSize)
+		C.vmx_copy_out(bytes, C.uintptr_t(src+done), C.size_t(c))
+		req := C.vmx_am_send(reply, amData, buf, C.uintptr_t(uintptr(bytes)), C.size_t(c), 0)
+		if st := keep(req, buf, &w.replies); st != C.UCS_OK {
+			// The peer's connection failed: the fetch never fills there.
+			x.end(ucsError("ucp_am_send_nbx of fetched bytes", st))
+			return
+		}
+		done += c
+	}
+	x.count(k)
+}
+
+// cHeader is C memory holding h encoded, and room for extra bytes after
+// it; the caller frees it (keep does).
+func cHeader(h amHeader, extra uint64) unsafe.Pointer {
+	buf := C.malloc(C.size_t(amHeaderSize + extra))
+	b := h.encode()
+	C.memcpy(buf, unsafe.Pointer(&b[0]), amHeaderSize)
+	return buf
 }

@@ -25,6 +25,9 @@ type Mem struct{}
 // Endpoint stands for a UCP endpoint in a build without UCX.
 type Endpoint struct{}
 
+// Window stands for a window of active messages in a build without UCX.
+type Window struct{}
+
 // unsupported is the error of every call in a build without UCX.
 func unsupported(call string) error {
 	return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "ucx: %s: this build has no UCX", call),
@@ -32,7 +35,7 @@ func unsupported(call string) error {
 }
 
 // NewWorker answers driver.ErrUnsupported.
-func NewWorker() (*Worker, error) { return nil, unsupported("NewWorker") }
+func NewWorker(rma bool) (*Worker, error) { return nil, unsupported("NewWorker") }
 
 // Address answers driver.ErrUnsupported.
 func (w *Worker) Address() ([]byte, error) { return nil, unsupported("Worker.Address") }
@@ -74,3 +77,27 @@ func (e *Endpoint) Flush(ctx context.Context) error { return unsupported("Endpoi
 
 // Close answers driver.ErrUnsupported.
 func (e *Endpoint) Close() error { return unsupported("Endpoint.Close") }
+
+// Open answers driver.ErrUnsupported.
+func (w *Worker) Open(addr uintptr, n uint64, writable bool) (*Window, uint64, error) {
+	return nil, 0, unsupported("Worker.Open")
+}
+
+// Dropped answers driver.ErrUnsupported.
+func (w *Worker) Dropped() (uint64, error) { return 0, unsupported("Worker.Dropped") }
+
+// Wait answers driver.ErrUnsupported.
+func (x *Window) Wait(ctx context.Context) error { return unsupported("Window.Wait") }
+
+// Close answers driver.ErrUnsupported.
+func (x *Window) Close() error { return unsupported("Window.Close") }
+
+// Send answers driver.ErrUnsupported.
+func (e *Endpoint) Send(window, off uint64, local uintptr, n uint64) error {
+	return unsupported("Endpoint.Send")
+}
+
+// Fetch answers driver.ErrUnsupported.
+func (e *Endpoint) Fetch(window, off, n, into, intoOff uint64) error {
+	return unsupported("Endpoint.Fetch")
+}

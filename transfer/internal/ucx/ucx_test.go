@@ -84,10 +84,14 @@ func (m *mapped) close() {
 // peerMain is the peer: a worker, memSize bytes of memfd memory registered
 // on it, and a line announcing "worker-address base rkey" in hex. Then
 // "read OFF N" answers the N bytes at OFF in hex, "write OFF HEX" stores
-// them and answers "ok", and "quit" (or the end of stdin) closes all and
-// ends.
+// them and answers "ok", "open OFF N W" opens a window over N bytes at
+// OFF (writable when W is 1) and answers its token in hex, "wait TOKEN"
+// answers "ok" once it is full or "err MESSAGE" (within replyWait),
+// "shut TOKEN" closes it and answers "ok", "dropped" answers the count of
+// messages the worker dropped, and "quit" (or the end of stdin) closes
+// all and ends.
 func peerMain(in io.Reader, out io.Writer) error {
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	if err != nil {
 		return err
 	}
@@ -111,6 +115,7 @@ func peerMain(in io.Reader, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "%x %x %x\n", addr, mem.addr(), rkey)
+	windows := map[string]*Window{}
 	r := bufio.NewReader(in)
 	for {
 		line, err := r.ReadString('\n')
@@ -134,6 +139,35 @@ func peerMain(in io.Reader, out io.Writer) error {
 			}
 			copy(mem.b[off:], b)
 			fmt.Fprintln(out, "ok")
+		case len(f) == 4 && f[0] == "open":
+			off, _ := strconv.Atoi(f[1])
+			n, _ := strconv.Atoi(f[2])
+			x, token, err := w.Open(mem.addr()+uintptr(off), uint64(n), f[3] == "1")
+			if err != nil {
+				return err
+			}
+			windows[fmt.Sprintf("%x", token)] = x
+			fmt.Fprintf(out, "%x\n", token)
+		case len(f) == 2 && f[0] == "wait":
+			ctx, cancel := context.WithTimeout(context.Background(), replyWait)
+			err := windows[f[1]].Wait(ctx)
+			cancel()
+			if err != nil {
+				fmt.Fprintln(out, "err", strings.ReplaceAll(err.Error(), "\n", " "))
+			} else {
+				fmt.Fprintln(out, "ok")
+			}
+		case len(f) == 2 && f[0] == "shut":
+			if err := windows[f[1]].Close(); err != nil {
+				return err
+			}
+			fmt.Fprintln(out, "ok")
+		case len(f) == 1 && f[0] == "dropped":
+			n, err := w.Dropped()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(out, n)
 		case len(f) == 1 && f[0] == "quit":
 			return nil
 		default:
@@ -280,7 +314,7 @@ func skipUnsupported(t *testing.T, err error, what string) {
 // newWorker is NewWorker, the worker closed at the test's end.
 func newWorker(t *testing.T) *Worker {
 	t.Helper()
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
 	return w
@@ -420,7 +454,7 @@ func TestFlushDeadline(t *testing.T) {
 func TestConnectToClosedWorker(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	t.Setenv("UCX_NET_DEVICES", "lo")
-	gone, err := NewWorker()
+	gone, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	addr, err := gone.Address()
 	require.NoError(t, err)
@@ -526,7 +560,7 @@ func TestRKeyCacheBounded(t *testing.T) {
 func TestRefusals(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	t.Setenv("UCX_NET_DEVICES", "lo")
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	mem := newMappedT(t)
 	_, err = w.Register(0, memSize)
@@ -590,7 +624,7 @@ func TestCloseLeaksNothing(t *testing.T) {
 	mem := newMappedT(t)
 	goroutines := runtime.NumGoroutine()
 	life := func() {
-		w, err := NewWorker()
+		w, err := NewWorker(true)
 		skipUnsupported(t, err, "NewWorker")
 		reg, err := w.Register(mem.addr(), memSize)
 		require.NoError(t, err)
@@ -603,6 +637,21 @@ func TestCloseLeaksNothing(t *testing.T) {
 		require.NoError(t, e.Put(mem.addr(), 4096, uint64(mem.addr())+8192, rkey))
 		require.NoError(t, e.Get(mem.addr()+16384, 4096, uint64(mem.addr()), rkey))
 		require.NoError(t, flushWithin(t, e, replyWait))
+		// Active messages through windows: a write, and a fetch.
+		into, intoToken, err := w.Open(mem.addr()+8192, 4096, true)
+		require.NoError(t, err)
+		require.NoError(t, e.Send(intoToken, 0, mem.addr(), 4096))
+		require.NoError(t, flushWithin(t, e, replyWait))
+		require.NoError(t, waitWithin(into, replyWait))
+		from, fromToken, err := w.Open(mem.addr(), 4096, false)
+		require.NoError(t, err)
+		back, backToken, err := w.Open(mem.addr()+16384, 4096, true)
+		require.NoError(t, err)
+		require.NoError(t, e.Fetch(fromToken, 0, 4096, backToken, 0))
+		require.NoError(t, waitWithin(back, replyWait))
+		for _, x := range []*Window{into, from, back} {
+			require.NoError(t, x.Close())
+		}
 		require.NoError(t, e.Close())
 		require.NoError(t, reg.Close())
 		require.NoError(t, w.Close())
@@ -623,7 +672,7 @@ func TestCloseLeaksNothing(t *testing.T) {
 // span. Package transfer's doc states it.
 func TestMemSpan(t *testing.T) {
 	mem := newMappedT(t)
-	w, err := NewWorker()
+	w, err := NewWorker(true)
 	skipUnsupported(t, err, "NewWorker")
 	defer func() { require.NoError(t, w.Close()) }()
 	for _, c := range []struct{ off, n uint64 }{{0, memSize}, {100, 5000}, {4096, 4096}, {4095, 2}} {

@@ -1,0 +1,305 @@
+package serving
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+)
+
+// presetConfigs are the testdata/models directories (config.json files
+// written from the Hugging Face repositories testdata/models/README.md
+// names) whose model each preset is.
+var presetConfigs = map[string]string{
+	"llama-7b":         "llama-7b",
+	"llama3-8b":        "Meta-Llama-3-8B",
+	"llama3.1-8b":      "Llama-3.1-8B",
+	"llama3.1-70b":     "Llama-3.3-70B-Instruct",
+	"llama3.3-70b":     "Llama-3.3-70B-Instruct",
+	"qwen2.5-7b":       "Qwen2.5-7B-Instruct",
+	"mistral-7b":       "Mistral-7B-v0.1",
+	"deepseek-v2-lite": "DeepSeek-V2-Lite",
+	"deepseek-v3":      "DeepSeek-V3",
+}
+
+// TestPresetsAreTheirConfigs reads each preset's config.json and requires
+// the preset's Model, parameter estimate included.
+func TestPresetsAreTheirConfigs(t *testing.T) {
+	require.Len(t, presetConfigs, len(modelPresets))
+	for preset, dir := range presetConfigs {
+		want, err := ModelPreset(preset)
+		require.NoError(t, err, preset)
+		got, err := LoadModel(filepath.Join("testdata", "models", dir))
+		require.NoError(t, err, dir)
+		require.Equal(t, dir, got.Name, "a directory's model is named after it")
+		got.Name = preset
+		require.Equal(t, want, got, preset)
+	}
+}
+
+// TestPresetParams are the published parameter counts the estimate meets
+// exactly (the checkpoints' tensors summed), and the MoE models' totals to
+// the model cards' precision.
+func TestPresetParams(t *testing.T) {
+	for preset, want := range map[string]int64{
+		"llama-7b":     6_738_415_616,
+		"llama3-8b":    8_030_261_248,
+		"llama3.3-70b": 70_553_706_496,
+		"qwen2.5-7b":   7_615_616_512,
+		"mistral-7b":   7_241_732_096,
+	} {
+		m, err := ModelPreset(preset)
+		require.NoError(t, err)
+		require.Equal(t, want, m.Params, preset)
+		require.Zero(t, m.ActiveParams, preset)
+	}
+	v2, err := ModelPreset("deepseek-v2-lite")
+	require.NoError(t, err)
+	require.InDelta(t, 15.7e9, float64(v2.Params), 0.05e9)
+	v3, err := ModelPreset("deepseek-v3")
+	require.NoError(t, err)
+	require.InDelta(t, 671e9, float64(v3.Params), 0.5e9)
+	require.InDelta(t, 37e9, float64(v3.ActiveParams), 1e9)
+}
+
+// llama31 is Llama-3.1-8B's config.json as a map, to take fields from.
+func llama31(t *testing.T) map[string]any {
+	data, err := os.ReadFile("testdata/models/Llama-3.1-8B/config.json")
+	require.NoError(t, err)
+	var c map[string]any
+	require.NoError(t, json.Unmarshal(data, &c))
+	return c
+}
+
+func fromMap(t *testing.T, c map[string]any) (Model, error) {
+	data, err := json.Marshal(c)
+	require.NoError(t, err)
+	return ModelFromConfig("test", data)
+}
+
+func TestModelFromConfigFields(t *testing.T) {
+	// Without num_key_value_heads: multi-head attention.
+	c := llama31(t)
+	delete(c, "num_key_value_heads")
+	m, err := fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 32, m.KVHeads)
+	require.Equal(t, uint64(2*32*32*128*2), m.TokenBytes())
+
+	// null is absent too.
+	c["num_key_value_heads"] = nil
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 32, m.KVHeads)
+
+	// head_dim wins over hidden_size / num_attention_heads (Gemma's 256
+	// over 3072/16 = 192), and dtype over torch_dtype; float32 is 4 bytes.
+	c = llama31(t)
+	c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"] = 3072, 16, 16, 256
+	delete(c, "torch_dtype")
+	c["dtype"] = "float32"
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 256, m.HeadDim)
+	require.Equal(t, 4, m.ElemBytes)
+	require.Equal(t, uint64(2*32*16*256*4), m.TokenBytes())
+
+	// A multimodal model's language model is its text_config.
+	outer := map[string]any{"model_type": "llava", "torch_dtype": "bfloat16", "text_config": llama31(t)}
+	delete(outer["text_config"].(map[string]any), "torch_dtype")
+	m, err = fromMap(t, outer)
+	require.NoError(t, err)
+	l31, err := ModelPreset("llama3.1-8b")
+	require.NoError(t, err)
+	l31.Name = "test"
+	require.Equal(t, l31, m)
+}
+
+func TestModelFromConfigWindow(t *testing.T) {
+	// Mistral 7B v0.1: every layer.
+	m, err := LoadModel("testdata/models/Mistral-7B-v0.1/config.json")
+	require.NoError(t, err)
+	require.Equal(t, "Mistral-7B-v0.1", m.Name)
+	require.Equal(t, 4096, m.SlidingWindow)
+	require.Equal(t, 32, m.WindowLayers)
+	require.Equal(t, uint64(2*32*8*128*2), m.TokenBytes(), "the window does not change what a token keeps")
+
+	// Qwen2.5 gives a window it does not use.
+	m, err = LoadModel("testdata/models/Qwen2.5-7B-Instruct")
+	require.NoError(t, err)
+	require.Zero(t, m.SlidingWindow)
+	require.Zero(t, m.WindowLayers)
+	require.Equal(t, uint64(2*28*4*128*2), m.TokenBytes())
+
+	// Alternating layers, as layer_types says (Gemma 2, gpt-oss).
+	c := llama31(t)
+	c["sliding_window"] = 4096
+	types := make([]string, 32)
+	for i := range types {
+		types[i] = "full_attention"
+		if i%2 == 0 {
+			types[i] = "sliding_attention"
+		}
+	}
+	c["layer_types"] = types
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 4096, m.SlidingWindow)
+	require.Equal(t, 16, m.WindowLayers)
+
+	// layer_types without a sliding layer: no window, whatever
+	// sliding_window says.
+	for i := range types {
+		types[i] = "full_attention"
+	}
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Zero(t, m.SlidingWindow)
+
+	// A null window is none.
+	c = llama31(t)
+	c["sliding_window"] = nil
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Zero(t, m.SlidingWindow)
+}
+
+func TestModelFromConfigLatent(t *testing.T) {
+	m, err := LoadModel("testdata/models/DeepSeek-V2-Lite")
+	require.NoError(t, err)
+	require.True(t, m.Latent)
+	require.Equal(t, 1, m.KVHeads)
+	require.Equal(t, 512+64, m.HeadDim)
+	require.Equal(t, 16, m.QueryHeads)
+	// One latent a layer, not a key and a value of 16 heads: 27 * 576 * 2.
+	require.Equal(t, uint64(27*576*2), m.TokenBytes())
+	require.Equal(t, uint64(31104), m.TokenBytes())
+	m, err = LoadModel("testdata/models/DeepSeek-V3")
+	require.NoError(t, err)
+	require.Equal(t, uint64(61*576*2), m.TokenBytes())
+}
+
+// TestModelFromConfigRefused: a missing field is named with what to add;
+// a value no model has is refused.
+func TestModelFromConfigRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		edit   func(c map[string]any)
+		errMsg string
+	}{
+		{"no layers", func(c map[string]any) { delete(c, "num_hidden_layers") }, `no "num_hidden_layers": add it, the number of decoder layers`},
+		{"no heads", func(c map[string]any) { delete(c, "num_attention_heads") }, `no "num_attention_heads": add it`},
+		{"no hidden", func(c map[string]any) { delete(c, "hidden_size") }, `no "hidden_size": add it`},
+		{"no dtype", func(c map[string]any) { delete(c, "torch_dtype") }, `no "torch_dtype" (or "dtype"): add`},
+		{"no vocab", func(c map[string]any) { delete(c, "vocab_size") }, `no "vocab_size": add it`},
+		{"no mlp", func(c map[string]any) { delete(c, "intermediate_size") }, `no "intermediate_size": add it, the width of the MLP`},
+		{"zero layers", func(c map[string]any) { c["num_hidden_layers"] = 0 }, `"num_hidden_layers" is 0, want 1 to 65536`},
+		{"negative heads", func(c map[string]any) { c["num_key_value_heads"] = -8 }, `"num_key_value_heads" is -8, want 1 to 65536`},
+		{"huge head", func(c map[string]any) { c["head_dim"] = 1 << 20 }, `"head_dim" is 1048576, want 1 to 65536`},
+		{"fractional layers", func(c map[string]any) { c["num_hidden_layers"] = 32.5 }, "not a config.json"},
+		{"layers as text", func(c map[string]any) { c["num_hidden_layers"] = "32" }, "not a config.json"},
+		{"heads that do not divide", func(c map[string]any) { c["num_key_value_heads"] = 7 }, "num_attention_heads 32 is not a multiple of num_key_value_heads 7"},
+		{"width that does not divide", func(c map[string]any) { c["hidden_size"] = 4097 }, `hidden_size 4097 is not a multiple of num_attention_heads 32: add "head_dim"`},
+		{"int8", func(c map[string]any) { c["torch_dtype"] = "int8" }, `dtype "int8", want bfloat16, float16 or float32`},
+		{"negative window", func(c map[string]any) { c["sliding_window"] = -1 }, `"sliding_window" is -1`},
+		{"layer_types too short", func(c map[string]any) { c["layer_types"] = []string{"sliding_attention"} }, "layer_types has 1 entries for 32 num_hidden_layers"},
+		{"layer_types without a window", func(c map[string]any) {
+			types := make([]string, 32)
+			for i := range types {
+				types[i] = "sliding_attention"
+			}
+			c["layer_types"] = types
+		}, `layer_types names 32 "sliding_attention" layers but there is no "sliding_window": add the window in tokens`},
+		{"too many parameters", func(c map[string]any) { c["vocab_size"] = 1 << 24; c["hidden_size"] = 1 << 20; c["head_dim"] = 128 }, "an estimated 3.697e+13 parameters, more than the 1.759e+13 a model may have"},
+		{"latent without rope", func(c map[string]any) { c["kv_lora_rank"] = 512 }, `no "qk_rope_head_dim": add it`},
+		{"experts without routing", func(c map[string]any) { c["num_local_experts"] = 8 }, `no "num_experts_per_tok": add it`},
+		{"negative experts", func(c map[string]any) { c["num_local_experts"] = -8 }, `"num_local_experts" is -8, want 1 to 16384`},
+		{"routed to more than there are", func(c map[string]any) { c["num_local_experts"] = 8; c["num_experts_per_tok"] = 9 }, `"num_experts_per_tok" is 9, want 1 to 8`},
+		{"more dense layers than layers", func(c map[string]any) {
+			c["n_routed_experts"], c["num_experts_per_tok"], c["first_k_dense_replace"] = 8, 2, 33
+		}, "first_k_dense_replace is 33, want 0 to num_hidden_layers 32"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := llama31(t)
+			tc.edit(c)
+			m, err := fromMap(t, c)
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			require.ErrorContains(t, err, "serving: test: "+tc.errMsg)
+			require.Equal(t, Model{}, m)
+		})
+	}
+	_, err := ModelFromConfig("test", []byte("{"))
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "serving: test: not a config.json")
+}
+
+// TestModelFromConfigMoE counts a Mixtral-shaped mixture of experts:
+// every layer's MLP is 8 experts of which a token goes through 2.
+func TestModelFromConfigMoE(t *testing.T) {
+	c := llama31(t)
+	c["vocab_size"], c["num_local_experts"], c["num_experts_per_tok"] = 32000, 8, 2
+	m, err := fromMap(t, c)
+	require.NoError(t, err)
+	embed := int64(2 * 32000 * 4096)
+	attn := int64(2*4096*4096 + 2*4096*1024)
+	expert := int64(3 * 4096 * 14336)
+	common := embed + 32*(attn+2*4096+8*4096) + 4096
+	require.Equal(t, common+32*8*expert, m.Params)
+	require.Equal(t, common+32*2*expert, m.ActiveParams)
+	require.Equal(t, []int{8, 2}, []int{m.Experts, m.ExpertsPerToken})
+	require.InDelta(t, 46.7e9, float64(m.Params), 0.1e9, "Mixtral 8x7B's published 46.7 B")
+}
+
+func TestLoadModel(t *testing.T) {
+	m, err := LoadModel("llama3-8b")
+	require.NoError(t, err)
+	require.Equal(t, "llama3-8b", m.Name)
+
+	_, err = LoadModel("gpt2")
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, `serving: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, `)
+	require.ErrorContains(t, err, "or the path of a Hugging Face config.json")
+
+	dir := t.TempDir()
+	_, err = LoadModel(filepath.Join(dir, "config.json"))
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorIs(t, err, os.ErrNotExist, "the file's error is kept")
+	require.ErrorContains(t, err, "serving: model config: open ")
+
+	_, err = LoadModel(dir) // a directory without a config.json
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "config.json")
+
+	other := filepath.Join(dir, "mymodel.json")
+	data, err := os.ReadFile("testdata/models/Mistral-7B-v0.1/config.json")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(other, data, 0o600))
+	m, err = LoadModel(other)
+	require.NoError(t, err)
+	require.Equal(t, "mymodel", m.Name)
+	require.Equal(t, 4096, m.SlidingWindow)
+}
+
+// FuzzModelFromConfig: any input is a model check accepts or an error
+// marked driver.ErrInvalid, never a panic.
+func FuzzModelFromConfig(f *testing.F) {
+	for _, dir := range presetConfigs {
+		data, err := os.ReadFile(filepath.Join("testdata", "models", dir, "config.json"))
+		require.NoError(f, err)
+		f.Add(data)
+	}
+	f.Add([]byte(`{"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 1, "intermediate_size": 1, "vocab_size": 1, "dtype": "float32", "kv_lora_rank": -1, "qk_rope_head_dim": 1, "qk_nope_head_dim": 1, "v_head_dim": 1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := ModelFromConfig("fuzz", data)
+		if err != nil {
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			return
+		}
+		require.NoError(t, m.check())
+		require.NotZero(t, m.TokenBytes())
+	})
+}

@@ -1,0 +1,577 @@
+package serving
+
+// Request traces: the LLM serving requests a KV cache replays, as two
+// public traces record them. Both readers return the same Request, hold
+// every trace to the same rules (Request's invariants), and refuse what
+// breaks them with an ErrMalformed error that names the line.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/isnil"
+)
+
+// Bounds on what a request trace may say. Each refuses only values no
+// real trace has (the largest prompt in the Azure and Mooncake traces is
+// 191,378 tokens, the longest line 2,698 bytes, the longest trace an
+// hour), so that a corrupt file is an error and never an allocation of
+// its own making.
+const (
+	// MaxTokens bounds a request's prompt and its output, in tokens.
+	MaxTokens = 1 << 24
+	// MaxRequestLineBytes bounds a line of a request trace, not counting
+	// its line ending: room for MaxTokens/BlockTokens hash ids of 20
+	// characters each, as the Mooncake trace writes them.
+	MaxRequestLineBytes = 1 << 20
+	// MaxArrival bounds a request's arrival after the trace's first.
+	MaxArrival = 365 * 24 * time.Hour
+)
+
+// BlockTokens is the number of prompt tokens a Mooncake hash id names: a
+// prompt of n tokens is ceil(n/BlockTokens) blocks, the last one partial.
+const BlockTokens = 512
+
+// Request is one request of an LLM serving trace: a prompt of Input tokens
+// that arrives at Arrival and generates Output tokens.
+//
+// In a trace the readers return, Arrival starts at 0 (the first request)
+// and never decreases, Arrival <= MaxArrival, and 0 <= Input, Output <=
+// MaxTokens.
+type Request struct {
+	// Arrival is the time since the trace's first request arrived.
+	Arrival time.Duration
+	// Input is the prompt's length in tokens (context tokens).
+	Input int
+	// Output is the number of tokens the request generated.
+	Output int
+	// Blocks names the prompt's blocks of BlockTokens tokens, first to
+	// last, when the trace names them (Mooncake's hash_ids; nil for an
+	// Azure trace, never nil for a Mooncake one). Equal ids are equal
+	// content and equal prefixes: across a trace, an id always follows the
+	// same id, or always starts the prompt; so no id appears twice in one
+	// request. A Mooncake request has ceil(Input/BlockTokens) blocks.
+	Blocks []int64
+}
+
+// azureHeader is the header line of an Azure LLM inference trace.
+const azureHeader = "TIMESTAMP,ContextTokens,GeneratedTokens"
+
+// azureTimeLayout is how an Azure trace writes a TIMESTAMP, before its
+// fraction of a second.
+const azureTimeLayout = "2006-01-02 15:04:05"
+
+// ParseAzure reads an Azure LLM inference trace (Azure/AzurePublicDataset,
+// AzureLLMInferenceTrace_*.csv): the header
+//
+//	TIMESTAMP,ContextTokens,GeneratedTokens
+//
+// then one request a line, such as
+//
+//	2023-11-16 18:15:46.6805900,374,44
+//
+// The TIMESTAMP is a date and time of day with a fraction of a second of up
+// to 9 digits (the traces write 7), read as UTC, since the traces name no
+// zone and a local zone's daylight-saving change would bend the gaps
+// between requests; a request's Arrival is its TIMESTAMP less the first
+// request's, to the nanosecond. ContextTokens is Input, GeneratedTokens is
+// Output, both decimal integers. Fields are separated by commas alone (no
+// spaces, no quotes); lines end in LF or CRLF, and no line is empty.
+// Requests must come in arrival order, as they do in the real traces.
+//
+// A nil reader is an error marked driver.ErrInvalid. The first problem in
+// the content (Request's rules, a line over MaxRequestLineBytes) is an
+// error marked ErrMalformed that names its line; the header is line 1.
+func ParseAzure(r io.Reader) ([]Request, error) {
+	if isnil.Is(r) {
+		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse azure trace: the reader is nil")
+	}
+	lines := newLineScanner(r)
+	if !lines.scan() {
+		if lines.err != nil {
+			return nil, lines.err
+		}
+		return nil, malformed(1, "empty input, want the header line %s", azureHeader)
+	}
+	if h := strings.TrimPrefix(lines.text, "\ufeff"); h != azureHeader {
+		return nil, malformed(1, "header %s, want %s", quote(h), azureHeader)
+	}
+	var (
+		reqs  []Request
+		first time.Time
+		prev  time.Time
+	)
+	for lines.scan() {
+		line := lines.line
+		if len(reqs) == maxRequests {
+			return nil, malformed(line, "more than %d requests (MaxRequests)", maxRequests)
+		}
+		fields := strings.Split(lines.text, ",")
+		if len(fields) != 3 {
+			return nil, malformed(line, "%d fields, want 3 (%s)", len(fields), azureHeader)
+		}
+		t, err := parseAzureTime(fields[0])
+		if err != nil {
+			return nil, malformed(line, "TIMESTAMP %s: %v", quote(fields[0]), err)
+		}
+		if len(reqs) == 0 {
+			first = t
+		} else if t.Before(prev) {
+			return nil, malformed(line, "TIMESTAMP %s is before the previous line's %s: requests must come in arrival order",
+				fields[0], prev.Format(azureTimeLayout+".0000000"))
+		}
+		prev = t
+		arrival := t.Sub(first) // saturates at the largest Duration, over MaxArrival
+		if arrival > MaxArrival {
+			return nil, malformed(line, "TIMESTAMP %s is %v after the first request's, more than MaxArrival (%v)", fields[0], arrival, MaxArrival)
+		}
+		in, err := parseTokens(fields[1])
+		if err != nil {
+			return nil, malformed(line, "ContextTokens %s %v", quote(fields[1]), err)
+		}
+		out, err := parseTokens(fields[2])
+		if err != nil {
+			return nil, malformed(line, "GeneratedTokens %s %v", quote(fields[2]), err)
+		}
+		reqs = append(reqs, Request{Arrival: arrival, Input: in, Output: out})
+	}
+	if lines.err != nil {
+		return nil, lines.err
+	}
+	return reqs, nil
+}
+
+// parseAzureTime reads a TIMESTAMP: exactly "YYYY-MM-DD hh:mm:ss" in
+// digits, then optionally "." and 1 to 9 digits, in UTC.
+func parseAzureTime(s string) (time.Time, error) {
+	const want = "want a time such as 2023-11-16 18:15:46.6805900"
+	base, frac, hasFrac := strings.Cut(s, ".")
+	if len(base) != len(azureTimeLayout) {
+		return time.Time{}, errors.New(want)
+	}
+	// time.Parse alone would take a one-digit hour or a signed year.
+	for i := range len(base) {
+		ok := base[i] == azureTimeLayout[i]
+		if isDigit(azureTimeLayout[i]) {
+			ok = isDigit(base[i])
+		}
+		if !ok {
+			return time.Time{}, errors.New(want)
+		}
+	}
+	t, err := time.Parse(azureTimeLayout, base)
+	if err != nil {
+		var pe *time.ParseError
+		if errors.As(err, &pe) && pe.Message != "" {
+			return time.Time{}, errors.New(strings.TrimPrefix(pe.Message, ": ")) // "month out of range"
+		}
+		return time.Time{}, errors.New(want)
+	}
+	if !hasFrac {
+		return t, nil
+	}
+	if len(frac) == 0 || len(frac) > 9 {
+		return time.Time{}, errors.Newf("%d digits after the seconds' point, want 1 to 9", len(frac))
+	}
+	ns := 0
+	for i := range 9 {
+		ns *= 10
+		if i < len(frac) {
+			if !isDigit(frac[i]) {
+				return time.Time{}, errors.New("the fraction of a second is not all digits")
+			}
+			ns += int(frac[i] - '0')
+		}
+	}
+	return t.Add(time.Duration(ns)), nil
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// ParseMooncake reads a Mooncake trace (kvcache-ai/Mooncake,
+// FAST25-release/traces): one JSON object a line, such as
+//
+//	{"timestamp": 0, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}
+//
+// timestamp is in milliseconds; a request's Arrival is its timestamp less
+// the first request's. input_length is Input, output_length Output, and
+// hash_ids Blocks. Each object has these four fields, once each and no
+// other (a misspelt field would otherwise go missing without a word);
+// every number is a decimal integer (no fraction, no exponent), the
+// timestamp and lengths at least 0. Lines end in LF or CRLF, and no line
+// is empty. Requests must come in arrival order, as they do in the real
+// trace, and hash_ids must name ceil(input_length/BlockTokens) blocks that
+// keep Request's rule on Blocks, as the real trace does.
+//
+// A nil reader is an error marked driver.ErrInvalid. The first problem in
+// the content (Request's rules, a line over MaxRequestLineBytes) is an
+// error marked ErrMalformed that names its line, the first being line 1.
+func ParseMooncake(r io.Reader) ([]Request, error) {
+	if isnil.Is(r) {
+		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse mooncake trace: the reader is nil")
+	}
+	lines := newLineScanner(r)
+	var (
+		reqs        []Request
+		first, prev int64 // timestamps, in ms
+		// follows is, for each block id seen, the id before it in its
+		// prompt (or noBlock) and the line that first said so.
+		follows = map[int64]blockSeen{}
+		blocks  int // hash ids named so far
+	)
+	for lines.scan() {
+		line := lines.line
+		if len(reqs) == maxRequests {
+			return nil, malformed(line, "more than %d requests (MaxRequests)", maxRequests)
+		}
+		text := lines.text
+		if line == 1 {
+			text = strings.TrimPrefix(text, "\ufeff")
+		}
+		m, err := decodeMooncakeLine(text)
+		if err != nil {
+			return nil, malformed(line, "%v", err)
+		}
+		if len(reqs) == 0 {
+			first = m.timestamp
+		} else if m.timestamp < prev {
+			return nil, malformed(line, "timestamp %d is before the previous line's %d: requests must come in arrival order", m.timestamp, prev)
+		}
+		prev = m.timestamp
+		if d := m.timestamp - first; d > int64(MaxArrival/time.Millisecond) {
+			return nil, malformed(line, "timestamp %d is %v after the first request's, more than MaxArrival (%v)",
+				m.timestamp, time.Duration(d)*time.Millisecond, MaxArrival)
+		}
+		if want := (m.input + BlockTokens - 1) / BlockTokens; len(m.blocks) != want {
+			return nil, malformed(line, "%d hash_ids for input_length %d, want %d (one per %d tokens, the last one partial)",
+				len(m.blocks), m.input, want, BlockTokens)
+		}
+		if blocks += len(m.blocks); blocks > maxRequestBlocks {
+			return nil, malformed(line, "more than %d hash_ids in the trace (MaxRequestBlocks)", maxRequestBlocks)
+		}
+		for i, id := range m.blocks {
+			before := noBlock
+			if i > 0 {
+				before = blockSeen{id: m.blocks[i-1]}
+			}
+			seen, ok := follows[id]
+			if !ok {
+				before.line = line
+				follows[id] = before
+				continue
+			}
+			if seen.id != before.id || seen.first != before.first {
+				return nil, malformed(line, "hash_ids[%d] is %d %s here but %s on line %d: equal ids must name equal prefixes",
+					i, id, before.describe(), seen.describe(), seen.line)
+			}
+		}
+		reqs = append(reqs, Request{
+			Arrival: time.Duration(m.timestamp-first) * time.Millisecond,
+			Input:   m.input,
+			Output:  m.output,
+			Blocks:  m.blocks,
+		})
+	}
+	if lines.err != nil {
+		return nil, lines.err
+	}
+	return reqs, nil
+}
+
+// blockSeen is what precedes a block id in its prompt: the id before it,
+// or nothing when first is set.
+type blockSeen struct {
+	id    int64
+	first bool
+	line  int
+}
+
+var noBlock = blockSeen{first: true}
+
+func (b blockSeen) describe() string {
+	if b.first {
+		return "starting the prompt"
+	}
+	return "after " + strconv.FormatInt(b.id, 10)
+}
+
+// mooncakeRequest is one line of a Mooncake trace, decoded.
+type mooncakeRequest struct {
+	timestamp     int64
+	input, output int
+	blocks        []int64
+}
+
+var mooncakeFields = []string{"timestamp", "input_length", "output_length", "hash_ids"}
+
+// decodeMooncakeLine reads one JSON object token by token, for exact field
+// names (encoding/json matches them without regard to case), each field
+// once, and integers as written.
+func decodeMooncakeLine(text string) (mooncakeRequest, error) {
+	var m mooncakeRequest
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.UseNumber()
+	if err := wantDelim(dec, '{', "a JSON object"); err != nil {
+		return m, err
+	}
+	var have [4]bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return m, jsonError(err)
+		}
+		key, _ := tok.(string) // inside an object, a key is a string
+		k := -1
+		for i, f := range mooncakeFields {
+			if f == key {
+				k = i
+			}
+		}
+		switch {
+		case k < 0:
+			return m, errors.Newf("unknown field %s, want the fields %s", quote(key), strings.Join(mooncakeFields, ", "))
+		case have[k]:
+			return m, errors.Newf("field %s twice", key)
+		}
+		have[k] = true
+		switch k {
+		case 0:
+			m.timestamp, err = nonNegative(dec, key, 1<<63-1)
+		case 1:
+			var n int64
+			n, err = nonNegative(dec, key, MaxTokens)
+			m.input = int(n)
+		case 2:
+			var n int64
+			n, err = nonNegative(dec, key, MaxTokens)
+			m.output = int(n)
+		case 3:
+			m.blocks, err = blockIDs(dec)
+		}
+		if err != nil {
+			return m, err
+		}
+	}
+	if err := wantDelim(dec, '}', "the object's end"); err != nil {
+		return m, err
+	}
+	for k, ok := range have {
+		if !ok {
+			return m, errors.Newf("no field %s (a request has the fields %s)", mooncakeFields[k], strings.Join(mooncakeFields, ", "))
+		}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return m, errors.New("more after the object's end: want one object a line")
+	}
+	return m, nil
+}
+
+// nonNegative reads an integer from 0 to max.
+func nonNegative(dec *json.Decoder, key string, max int64) (int64, error) {
+	n, err := wantNumber(dec, key)
+	if err != nil {
+		return 0, err
+	}
+	v, perr := strconv.ParseInt(n.String(), 10, 64)
+	switch {
+	case perr != nil && !errors.Is(perr, strconv.ErrRange):
+		return 0, errors.Newf("%s %s is not an integer", key, quote(n.String()))
+	case v < 0: // ParseInt's answer out of range is the bound of the number's sign
+		return 0, errors.Newf("%s %s is negative", key, quote(n.String()))
+	case perr != nil || v > max:
+		return 0, errors.Newf("%s %s is over %d", key, quote(n.String()), max)
+	}
+	return v, nil
+}
+
+// blockIDs reads the array of hash_ids, each an int64.
+func blockIDs(dec *json.Decoder) ([]int64, error) {
+	if err := wantDelim(dec, '[', "hash_ids as an array of integers"); err != nil {
+		return nil, err
+	}
+	ids := []int64{}
+	for dec.More() {
+		if len(ids) == MaxTokens/BlockTokens {
+			return nil, errors.Newf("more than %d hash_ids (MaxTokens/BlockTokens)", MaxTokens/BlockTokens)
+		}
+		n, err := wantNumber(dec, "hash_ids["+strconv.Itoa(len(ids))+"]")
+		if err != nil {
+			return nil, err
+		}
+		id, perr := strconv.ParseInt(n.String(), 10, 64)
+		if perr != nil {
+			return nil, errors.Newf("hash_ids[%d] %s is not an integer%s", len(ids), quote(n.String()), rangeNote(perr))
+		}
+		ids = append(ids, id)
+	}
+	return ids, wantDelim(dec, ']', "the end of hash_ids")
+}
+
+func wantNumber(dec *json.Decoder, what string) (json.Number, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return "", jsonError(err)
+	}
+	n, ok := tok.(json.Number)
+	if !ok {
+		return "", errors.Newf("%s is %s, want an integer", what, describeToken(tok))
+	}
+	return n, nil
+}
+
+func wantDelim(dec *json.Decoder, d json.Delim, what string) error {
+	tok, err := dec.Token()
+	if err == io.EOF {
+		return errors.Newf("the line ends where %s belongs", what)
+	}
+	if err != nil {
+		return jsonError(err)
+	}
+	if tok != d {
+		return errors.Newf("%s where %s belongs", describeToken(tok), what)
+	}
+	return nil
+}
+
+func describeToken(tok json.Token) string {
+	switch v := tok.(type) {
+	case json.Delim:
+		return "'" + v.String() + "'"
+	case string:
+		return "the string " + quote(v)
+	case json.Number:
+		return "the number " + quote(v.String())
+	case nil:
+		return "null"
+	}
+	return strconv.FormatBool(tok.(bool))
+}
+
+// jsonError says what encoding/json found wrong; io.ErrUnexpectedEOF is a
+// line that ends mid-object.
+func jsonError(err error) error {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return errors.New("the line ends inside the object")
+	}
+	return errors.Newf("not JSON: %v", err)
+}
+
+// ParseRequestsFile reads the request trace in the named file, by its
+// extension: .csv is an Azure trace (ParseAzure), .jsonl a Mooncake one
+// (ParseMooncake). Another extension is an error marked driver.ErrInvalid,
+// and so is a file that is not a regular one (a directory, a device, a
+// FIFO).
+func ParseRequestsFile(name string) ([]Request, error) {
+	var parse func(io.Reader) ([]Request, error)
+	switch ext := strings.ToLower(filepath.Ext(name)); ext {
+	case ".csv":
+		parse = ParseAzure
+	case ".jsonl":
+		parse = ParseMooncake
+	default:
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: %s: no request trace format for extension %q", name, ext),
+			"name an Azure trace .csv or a Mooncake trace .jsonl")
+	}
+	f, err := in.Open(name, "request trace")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parse(f)
+}
+
+// parseTokens reads a token count: a decimal integer from 0 to MaxTokens.
+// Its error completes a sentence that starts with the field's name.
+func parseTokens(s string) (int, error) {
+	v, err := strconv.ParseUint(s, 10, 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return 0, errors.New("is not an integer of at least 0")
+	case err != nil || v > MaxTokens:
+		return 0, errors.Newf("is over MaxTokens (%d)", MaxTokens)
+	}
+	return int(v), nil
+}
+
+// lineScanner reads a request trace line by line, with lines no longer
+// than MaxRequestLineBytes and none empty.
+type lineScanner struct {
+	sc *bufio.Scanner
+	// line is the number of the line in text, from 1.
+	line int
+	text string
+	// err is the first problem found, reading or in a line; scan returns
+	// false from then on.
+	err error
+}
+
+func newLineScanner(r io.Reader) *lineScanner {
+	sc := bufio.NewScanner(in.Reader(r, MaxTraceBytes, 0))
+	// Room for a line, its CR and LF: bufio.Scanner refuses a token that
+	// fills its buffer.
+	sc.Buffer(make([]byte, 0, 64<<10), MaxRequestLineBytes+3)
+	sc.Split(scanLines)
+	return &lineScanner{sc: sc}
+}
+
+// scanLines is bufio.ScanLines but for dropping the CR of a CRLF: it keeps
+// the line ending, for scan to tell an empty line and a line's length.
+func scanLines(data []byte, atEOF bool) (advance int, token []byte, err error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, data[:i+1], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
+}
+
+func (s *lineScanner) scan() bool {
+	if s.err != nil {
+		return false
+	}
+	if !s.sc.Scan() {
+		switch err := s.sc.Err(); {
+		case errors.Is(err, bufio.ErrTooLong):
+			s.err = malformed(s.line+1, "longer than %d bytes (MaxRequestLineBytes)", MaxRequestLineBytes)
+		case errors.Is(err, ErrMalformed): // a bound of boundedReader
+			s.err = err
+		case err != nil:
+			s.err = errors.Wrap(err, "serving: read")
+		}
+		return false
+	}
+	s.line++
+	b := s.sc.Bytes()
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	b = bytes.TrimSuffix(b, []byte("\r"))
+	switch {
+	case len(b) > MaxRequestLineBytes:
+		s.err = malformed(s.line, "longer than %d bytes (MaxRequestLineBytes)", MaxRequestLineBytes)
+		return false
+	case len(b) == 0:
+		s.err = malformed(s.line, "empty line")
+		return false
+	}
+	s.text = string(b)
+	return true
+}
+
+// quote is s quoted for an error message, cut short past 40 bytes: a line
+// may be a megabyte long.
+func quote(s string) string {
+	const most = 40
+	if len(s) <= most {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:most]) + "..."
+}

@@ -1,0 +1,459 @@
+package serving
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+)
+
+const azureHead = azureHeader + "\n"
+
+func TestParseAzure(t *testing.T) {
+	reqs, err := ParseAzure(strings.NewReader(azureHead +
+		"2023-11-16 18:15:46.6805900,374,44\n" +
+		"2023-11-16 18:15:50.9951690,396,109\n" +
+		"2023-11-16 18:15:50.9951690,0,0\n" + // the same time: arrival order holds
+		"2023-11-16 18:16:00,16777216,1\n" + // no fraction; MaxTokens
+		"2023-11-17 00:00:00.000000001,1,2")) // past midnight, to the nanosecond, no final LF
+	require.NoError(t, err)
+	require.Equal(t, []Request{
+		{Arrival: 0, Input: 374, Output: 44},
+		{Arrival: 4314579 * time.Microsecond, Input: 396, Output: 109},
+		{Arrival: 4314579 * time.Microsecond, Input: 0, Output: 0},
+		{Arrival: 13*time.Second + 319410*time.Microsecond, Input: MaxTokens, Output: 1},
+		{Arrival: 5*time.Hour + 44*time.Minute + 13*time.Second + 319410*time.Microsecond + time.Nanosecond, Input: 1, Output: 2},
+	}, reqs)
+
+	t.Run("header only", func(t *testing.T) {
+		reqs, err := ParseAzure(strings.NewReader(azureHead))
+		require.NoError(t, err)
+		require.Empty(t, reqs)
+	})
+	t.Run("CRLF and a byte-order mark", func(t *testing.T) {
+		reqs, err := ParseAzure(strings.NewReader("\ufeff" + azureHeader + "\r\n2023-11-16 18:15:46.5,1,2\r\n2023-11-16 18:15:47.25,3,4\r\n"))
+		require.NoError(t, err)
+		require.Equal(t, []Request{{Input: 1, Output: 2}, {Arrival: 750 * time.Millisecond, Input: 3, Output: 4}}, reqs)
+	})
+	t.Run("read as UTC: no daylight-saving hour", func(t *testing.T) {
+		// Europe's clocks went back an hour at 01:00 UTC on 2023-10-29.
+		reqs, err := ParseAzure(strings.NewReader(azureHead + "2023-10-29 00:30:00,1,1\n2023-10-29 03:30:00,1,1\n"))
+		require.NoError(t, err)
+		require.Equal(t, 3*time.Hour, reqs[1].Arrival)
+	})
+}
+
+// requireMalformed: err is marked ErrMalformed (and nothing else the
+// project marks), names line, and says what is wrong.
+func requireMalformed(t *testing.T, err error, line int, says string) {
+	t.Helper()
+	drivertest.RequireIs(t, err, ErrMalformed, fmt.Sprintf("serving: line %d: ", line), says)
+}
+
+func TestParseAzureMalformed(t *testing.T) {
+	good := "2023-11-16 18:15:46.6805900,374,44\n"
+	for _, tc := range []struct {
+		name, input string
+		line        int
+		says        string
+	}{
+		{"empty input", "", 1, "empty input, want the header line TIMESTAMP,ContextTokens,GeneratedTokens"},
+		{"no header", good, 1, `header "2023-11-16 18:15:46.6805900,374,44", want TIMESTAMP`},
+		{"header in lower case", "timestamp,contexttokens,generatedtokens\n", 1, "header"},
+		{"header with spaces", "TIMESTAMP, ContextTokens, GeneratedTokens\n", 1, "header"},
+		{"empty line", azureHead + good + "\n" + good, 3, "empty line"},
+		{"blank last line", azureHead + good + "\r\n", 3, "empty line"},
+		{"too few fields", azureHead + good + "2023-11-16 18:15:47,374\n", 3, "2 fields, want 3"},
+		{"too many fields", azureHead + "2023-11-16 18:15:47,374,44,1\n", 2, "4 fields, want 3"},
+		{"quoted field", azureHead + `"2023-11-16 18:15:47",374,44` + "\n", 2, `TIMESTAMP "\"2023-11-16 18:15:47\"": want a time such as`},
+		{"date only", azureHead + "2023-11-16,374,44\n", 2, "want a time such as"},
+		{"T between date and time", azureHead + "2023-11-16T18:15:47,374,44\n", 2, "want a time such as"},
+		{"one-digit hour", azureHead + "2023-11-16 8:15:47.12,374,44\n", 2, "want a time such as"},
+		{"signed year", azureHead + "+023-11-16 18:15:47,374,44\n", 2, "want a time such as"},
+		{"month out of range", azureHead + "2023-13-16 18:15:47,374,44\n", 2, "month out of range"},
+		{"no such day", azureHead + "2023-11-31 18:15:47,374,44\n", 2, "day out of range"},
+		{"leap second", azureHead + "2023-12-31 23:59:60,374,44\n", 2, "second out of range"},
+		{"point and no digits", azureHead + "2023-11-16 18:15:47.,374,44\n", 2, "0 digits after the seconds' point, want 1 to 9"},
+		{"ten digits", azureHead + "2023-11-16 18:15:47.1234567891,374,44\n", 2, "10 digits after the seconds' point"},
+		{"fraction not digits", azureHead + "2023-11-16 18:15:47.12x,374,44\n", 2, "not all digits"},
+		{"two points", azureHead + "2023-11-16 18:15:47.1.2,374,44\n", 2, "not all digits"},
+		{"backwards", azureHead + good + "2023-11-16 18:15:46.6805899,1,1\n", 3,
+			`TIMESTAMP 2023-11-16 18:15:46.6805899 is before the previous line's 2023-11-16 18:15:46.6805900: requests must come in arrival order`},
+		{"after MaxArrival", azureHead + good + "2024-11-16 18:15:46.6805900,1,1\n", 3, "is 8784h0m0s after the first request's, more than MaxArrival (8760h0m0s)"},
+		{"years apart", azureHead + "0001-01-01 00:00:00,1,1\n9999-12-31 23:59:59,1,1\n", 3, "more than MaxArrival"},
+		{"negative context", azureHead + "2023-11-16 18:15:47,-1,44\n", 2, `ContextTokens "-1" is not an integer of at least 0`},
+		{"context with a space", azureHead + "2023-11-16 18:15:47, 374,44\n", 2, `ContextTokens " 374" is not an integer`},
+		{"empty generated", azureHead + "2023-11-16 18:15:47,374,\n", 2, `GeneratedTokens "" is not an integer`},
+		{"fractional generated", azureHead + "2023-11-16 18:15:47,374,4.5\n", 2, `GeneratedTokens "4.5" is not an integer`},
+		{"context over MaxTokens", azureHead + "2023-11-16 18:15:47,16777217,44\n", 2, `ContextTokens "16777217" is over MaxTokens (16777216)`},
+		{"generated out of range", azureHead + "2023-11-16 18:15:47,1,99999999999999999999999\n", 2, "is over MaxTokens"},
+		{"lone CR", azureHead + "2023-11-16 18:15:47,1,2\r3\n", 2, `GeneratedTokens "2\r3"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs, err := ParseAzure(strings.NewReader(tc.input))
+			require.Nil(t, reqs)
+			requireMalformed(t, err, tc.line, tc.says)
+		})
+	}
+}
+
+func TestParseMooncake(t *testing.T) {
+	reqs, err := ParseMooncake(strings.NewReader(
+		`{"timestamp": 5, "input_length": 1025, "output_length": 6, "hash_ids": [0, 1, 2]}` + "\n" +
+			`{"timestamp": 5, "input_length": 512, "output_length": 0, "hash_ids": [0]}` + "\n" + // the first block again
+			`{"hash_ids":[0,1,7,-9223372036854775808],"output_length":1,"input_length":1537,"timestamp":1040}` + "\n" + // any order, no spaces
+			` { "timestamp" : 1041 , "input_length" : 0 , "output_length" : 16777216 , "hash_ids" : [ ] } ` + "\n" +
+			`{"timestamp": 1041, "input_length": 1, "output_length": 1, "hash_ids": [9223372036854775807]}`))
+	require.NoError(t, err)
+	require.Equal(t, []Request{
+		{Arrival: 0, Input: 1025, Output: 6, Blocks: []int64{0, 1, 2}},
+		{Arrival: 0, Input: 512, Output: 0, Blocks: []int64{0}},
+		{Arrival: 1035 * time.Millisecond, Input: 1537, Output: 1, Blocks: []int64{0, 1, 7, -1 << 63}},
+		{Arrival: 1036 * time.Millisecond, Input: 0, Output: MaxTokens, Blocks: []int64{}},
+		{Arrival: 1036 * time.Millisecond, Input: 1, Output: 1, Blocks: []int64{1<<63 - 1}},
+	}, reqs)
+	require.NotNil(t, reqs[3].Blocks, "a Mooncake request always has Blocks, empty for an empty prompt")
+
+	t.Run("empty input", func(t *testing.T) {
+		reqs, err := ParseMooncake(strings.NewReader(""))
+		require.NoError(t, err)
+		require.Empty(t, reqs)
+	})
+	t.Run("CRLF and a byte-order mark", func(t *testing.T) {
+		reqs, err := ParseMooncake(strings.NewReader("\ufeff" + `{"timestamp": 0, "input_length": 1, "output_length": 2, "hash_ids": [3]}` + "\r\n"))
+		require.NoError(t, err)
+		require.Equal(t, []Request{{Input: 1, Output: 2, Blocks: []int64{3}}}, reqs)
+	})
+}
+
+func TestParseMooncakeMalformed(t *testing.T) {
+	good := `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}` + "\n"
+	line := func(ts, in, out, ids string) string {
+		return `{"timestamp": ` + ts + `, "input_length": ` + in + `, "output_length": ` + out + `, "hash_ids": ` + ids + "}\n"
+	}
+	for _, tc := range []struct {
+		name, input string
+		line        int
+		says        string
+	}{
+		{"empty line", good + "\n" + good, 2, "empty line"},
+		{"blank last line", good + "\n", 2, "empty line"},
+		{"spaces only", good + "   \n", 2, "the line ends where a JSON object belongs"},
+		{"not JSON", good + "timestamp=1\n", 2, "not JSON: invalid character 'i'"},
+		{"an array", "[1, 2]\n", 1, "'[' where a JSON object belongs"},
+		{"a string", `"x"` + "\n", 1, `the string "x" where a JSON object belongs`},
+		{"unterminated", `{"timestamp": 10, "input_length": 600` + "\n", 1, "the line ends where the object's end belongs"},
+		{"unterminated after a key", `{"timestamp": 10, "input_length"` + "\n", 1, "the line ends inside the object"},
+		{"unterminated array", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, ` + "\n", 1, "the line ends inside the object"},
+		{"unknown field", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "model": "x"}` + "\n", 1,
+			`unknown field "model", want the fields timestamp, input_length, output_length, hash_ids`},
+		{"field in another case", `{"Timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}` + "\n", 1, `unknown field "Timestamp"`},
+		{"missing field", `{"timestamp": 10, "input_length": 600, "hash_ids": [0, 1]}` + "\n", 1, "no field output_length"},
+		{"field twice", `{"timestamp": 10, "timestamp": 11, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}` + "\n", 1, "field timestamp twice"},
+		{"two objects", good[:len(good)-1] + good, 1, "more after the object's end"},
+		{"trailing comma", good[:len(good)-1] + ",\n", 1, "more after the object's end"},
+		{"fractional timestamp", line("10.5", "600", "6", "[0, 1]"), 1, `timestamp "10.5" is not an integer`},
+		{"exponent", line("1e3", "600", "6", "[0, 1]"), 1, `timestamp "1e3" is not an integer`},
+		{"timestamp as a string", line(`"10"`, "600", "6", "[0, 1]"), 1, `timestamp is the string "10", want an integer`},
+		{"null length", line("10", "null", "6", "[0, 1]"), 1, "input_length is null, want an integer"},
+		{"bool length", line("10", "600", "true", "[0, 1]"), 1, "output_length is true, want an integer"},
+		{"negative timestamp", line("-1", "600", "6", "[0, 1]"), 1, `timestamp "-1" is negative`},
+		{"negative length", line("10", "-600", "6", "[0, 1]"), 1, `input_length "-600" is negative`},
+		{"hugely negative length", line("10", "600", "-99999999999999999999", "[0, 1]"), 1, `output_length "-99999999999999999999" is negative`},
+		{"input over MaxTokens", line("10", "16777217", "6", "[0, 1]"), 1, `input_length "16777217" is over 16777216`},
+		{"timestamp out of range", line("9223372036854775808", "600", "6", "[0, 1]"), 1, "is over 9223372036854775807"},
+		{"hash_ids null", line("10", "600", "6", "null"), 1, "null where hash_ids as an array of integers belongs"},
+		{"hash_ids an object", line("10", "600", "6", "{}"), 1, "'{' where hash_ids as an array of integers belongs"},
+		{"hash id a string", line("10", "600", "6", `[0, "1"]`), 1, `hash_ids[1] is the string "1", want an integer`},
+		{"hash id fractional", line("10", "600", "6", `[0.5, 1]`), 1, `hash_ids[0] "0.5" is not an integer`},
+		{"hash id out of range", line("10", "600", "6", `[0, 9223372036854775808]`), 1, `hash_ids[1] "9223372036854775808" is not an integer (out of range)`},
+		{"nested hash ids", line("10", "600", "6", `[[0], 1]`), 1, "hash_ids[0] is '[', want an integer"},
+		{"too few hash ids", good + line("10", "1025", "6", "[0, 1]"), 2, "2 hash_ids for input_length 1025, want 3 (one per 512 tokens, the last one partial)"},
+		{"too many hash ids", line("10", "512", "6", "[0, 1]"), 1, "2 hash_ids for input_length 512, want 1"},
+		{"hash ids for no prompt", line("10", "0", "6", "[0]"), 1, "1 hash_ids for input_length 0, want 0"},
+		{"an id twice in a request", line("10", "1024", "6", "[4, 4]"), 1, "hash_ids[1] is 4 after 4 here but starting the prompt on line 1"},
+		{"an id after another prefix", good + line("11", "1536", "6", "[2, 0, 1]"), 2, "hash_ids[1] is 0 after 2 here but starting the prompt on line 1"},
+		{"an id starting a prompt it did not start", good + line("11", "512", "6", "[1]"), 2, "hash_ids[0] is 1 starting the prompt here but after 0 on line 1"},
+		{"backwards", good + line("9", "600", "6", "[0, 1]"), 2, "timestamp 9 is before the previous line's 10: requests must come in arrival order"},
+		{"after MaxArrival", good + line("31536000011", "600", "6", "[0, 1]"), 2, "timestamp 31536000011 is 8760h0m0.001s after the first request's, more than MaxArrival"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs, err := ParseMooncake(strings.NewReader(tc.input))
+			require.Nil(t, reqs)
+			requireMalformed(t, err, tc.line, tc.says)
+		})
+	}
+}
+
+// TestRequestLineBound: a line of MaxRequestLineBytes is read, with either
+// line ending; one byte more is an error naming its line, however long.
+func TestRequestLineBound(t *testing.T) {
+	const head = `{"timestamp": 0, "input_length": 0, "output_length": 0, "hash_ids": []`
+	padded := func(n int) string { return head + strings.Repeat(" ", n-len(head)-1) + "}" }
+	good := `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}` + "\n"
+	for _, end := range []string{"\n", "\r\n", ""} {
+		reqs, err := ParseMooncake(strings.NewReader(good + padded(MaxRequestLineBytes) + end))
+		require.NoError(t, err)
+		require.Len(t, reqs, 2)
+		for _, n := range []int{MaxRequestLineBytes + 1, MaxRequestLineBytes + 2, 3 * MaxRequestLineBytes} {
+			reqs, err := ParseMooncake(strings.NewReader(good + padded(n) + end + good))
+			require.Nil(t, reqs)
+			requireMalformed(t, err, 2, "longer than 1048576 bytes (MaxRequestLineBytes)")
+		}
+	}
+	reqs, err := ParseAzure(strings.NewReader(azureHead + strings.Repeat("9", MaxRequestLineBytes+1)))
+	require.Nil(t, reqs)
+	requireMalformed(t, err, 2, "longer than")
+
+	t.Run("the largest request fits", func(t *testing.T) {
+		// MaxTokens of prompt in blocks whose ids take 20 characters.
+		var b strings.Builder
+		b.WriteString(`{"timestamp": 0, "input_length": 16777216, "output_length": 16777216, "hash_ids": [`)
+		for i := range MaxTokens / BlockTokens {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.FormatInt(-1<<63+int64(i), 10))
+		}
+		b.WriteString("]}\n")
+		require.LessOrEqual(t, b.Len(), MaxRequestLineBytes)
+		reqs, err := ParseMooncake(strings.NewReader(b.String()))
+		require.NoError(t, err)
+		require.Len(t, reqs[0].Blocks, MaxTokens/BlockTokens)
+	})
+}
+
+// TestParseRequestsNilReader: a nil (or typed-nil) reader is
+// driver.ErrInvalid, not a panic.
+func TestParseRequestsNilReader(t *testing.T) {
+	for _, r := range []io.Reader{nil, (*strings.Reader)(nil), (*os.File)(nil)} {
+		_, err := ParseAzure(r)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
+		_, err = ParseMooncake(r)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
+	}
+}
+
+// failingReader fails after its content.
+type failingReader struct{ r io.Reader }
+
+func (f failingReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err == io.EOF {
+		return n, errors.New("disk on fire")
+	}
+	return n, err
+}
+
+// TestParseRequestsReadError: a reader's failure is its own error, not a
+// malformed trace.
+func TestParseRequestsReadError(t *testing.T) {
+	_, err := ParseAzure(failingReader{strings.NewReader(azureHead)})
+	require.ErrorContains(t, err, "serving: read: disk on fire")
+	require.False(t, errors.Is(err, ErrMalformed))
+	_, err = ParseMooncake(failingReader{strings.NewReader("")})
+	require.ErrorContains(t, err, "serving: read: disk on fire")
+	require.False(t, errors.Is(err, ErrMalformed))
+}
+
+// TestParseRequestsFile reads the slices of the real traces in
+// testdata/requests and checks figures worked out from the files with awk:
+//
+//	awk -F, 'NR>1 {n++; c+=$2; g+=$3}' AzureLLMInferenceTrace_*.csv
+//	awk -F'[:,]' '{n++; i+=$4; o+=$6; ts=$2}' mooncake_synthetic_trace.jsonl
+//
+// and, for the hash ids, the count and the distinct count of the ids
+// between each line's brackets.
+func TestParseRequestsFile(t *testing.T) {
+	for _, tc := range []struct {
+		file                    string
+		requests, input, output int
+		last                    time.Duration
+		blocks, distinct        int
+	}{
+		{"AzureLLMInferenceTrace_conv.csv", 199, 179552, 46641, 61*time.Second + 145266*time.Microsecond, 0, 0}, // 18:15:46.6805900 to 18:16:47.8258560
+		{"AzureLLMInferenceTrace_code.csv", 199, 414150, 4897, 3*time.Minute + 19073379*time.Microsecond, 0, 0}, // 18:17:03.9799600 to 18:20:23.0533390
+		{"mooncake_synthetic_trace.jsonl", 200, 2663480, 38364, 58501 * time.Millisecond, 5330, 5007},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", tc.file))
+			require.NoError(t, err)
+			require.Len(t, reqs, tc.requests)
+			checkRequests(t, reqs, tc.blocks > 0)
+			var input, output, blocks int
+			distinct := map[int64]bool{}
+			for _, r := range reqs {
+				input += r.Input
+				output += r.Output
+				blocks += len(r.Blocks)
+				for _, id := range r.Blocks {
+					distinct[id] = true
+				}
+			}
+			require.Equal(t, tc.input, input)
+			require.Equal(t, tc.output, output)
+			require.Equal(t, tc.last, reqs[len(reqs)-1].Arrival)
+			require.Equal(t, tc.blocks, blocks)
+			require.Len(t, distinct, tc.distinct)
+		})
+	}
+	t.Run("another extension", func(t *testing.T) {
+		_, err := ParseRequestsFile(filepath.Join("testdata", "requests", "README.md"))
+		drivertest.RequireIs(t, err, driver.ErrInvalid, `no request trace format for extension ".md"`)
+		require.Contains(t, errors.FlattenHints(err), ".csv")
+	})
+	t.Run("no such file", func(t *testing.T) {
+		_, err := ParseRequestsFile(filepath.Join(t.TempDir(), "none.jsonl"))
+		require.ErrorIs(t, err, os.ErrNotExist)
+	})
+	t.Run("extension in capitals", func(t *testing.T) {
+		name := filepath.Join(t.TempDir(), "trace.CSV")
+		require.NoError(t, os.WriteFile(name, []byte(azureHead+"2023-11-16 18:15:46,1,2\n"), 0o600))
+		reqs, err := ParseRequestsFile(name)
+		require.NoError(t, err)
+		require.Equal(t, []Request{{Input: 1, Output: 2}}, reqs)
+	})
+}
+
+// checkRequests: the invariants Request documents, checked apart from the
+// readers' own bookkeeping: prefixes are compared whole.
+func checkRequests(t *testing.T, reqs []Request, mooncake bool) {
+	t.Helper()
+	prefix := map[int64]string{} // each id's prompt before it
+	for i, r := range reqs {
+		if i == 0 {
+			require.Zero(t, r.Arrival, "the first request arrives at 0")
+		} else {
+			require.GreaterOrEqual(t, r.Arrival, reqs[i-1].Arrival, "request %d arrives before the one before", i)
+		}
+		require.LessOrEqual(t, r.Arrival, MaxArrival)
+		require.True(t, 0 <= r.Input && r.Input <= MaxTokens, "request %d: input %d", i, r.Input)
+		require.True(t, 0 <= r.Output && r.Output <= MaxTokens, "request %d: output %d", i, r.Output)
+		if !mooncake {
+			require.Nil(t, r.Blocks)
+			continue
+		}
+		require.NotNil(t, r.Blocks)
+		require.Len(t, r.Blocks, (r.Input+BlockTokens-1)/BlockTokens)
+		for j, id := range r.Blocks {
+			p := fmt.Sprint(r.Blocks[:j])
+			if q, ok := prefix[id]; ok {
+				require.Equal(t, q, p, "request %d: block %d", i, id)
+			}
+			prefix[id] = p
+		}
+	}
+}
+
+// encodeAzure writes reqs as an Azure trace, from an arbitrary first time.
+func encodeAzure(reqs []Request) string {
+	start := time.Date(2023, 11, 16, 18, 15, 46, 680590000, time.UTC)
+	var b strings.Builder
+	b.WriteString(azureHead)
+	for _, r := range reqs {
+		fmt.Fprintf(&b, "%s,%d,%d\n", start.Add(r.Arrival).Format(azureTimeLayout+".000000000"), r.Input, r.Output)
+	}
+	return b.String()
+}
+
+// encodeMooncake writes reqs as a Mooncake trace, as the real one is
+// written.
+func encodeMooncake(reqs []Request) string {
+	var b strings.Builder
+	for _, r := range reqs {
+		ids := make([]string, len(r.Blocks))
+		for i, id := range r.Blocks {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%s]}`+"\n",
+			r.Arrival/time.Millisecond, r.Input, r.Output, strings.Join(ids, ", "))
+	}
+	return b.String()
+}
+
+// TestRequestsRoundTrip: the slices of the real traces, written again and
+// read again, are the same requests.
+func TestRequestsRoundTrip(t *testing.T) {
+	for _, name := range []string{"AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv", "mooncake_synthetic_trace.jsonl"} {
+		reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", name))
+		require.NoError(t, err)
+		parse, encode := ParseAzure, encodeAzure
+		if strings.HasSuffix(name, ".jsonl") {
+			parse, encode = ParseMooncake, encodeMooncake
+		}
+		again, err := parse(strings.NewReader(encode(reqs)))
+		require.NoError(t, err)
+		require.Equal(t, reqs, again, name)
+	}
+}
+
+var lineOfError = regexp.MustCompile(`^serving: line ([0-9]+): `)
+
+// fuzzRequests is the body of both fuzz targets: the reader never panics;
+// it fails with ErrMalformed naming a line of the input, or returns
+// requests that keep Request's invariants and survive being written and
+// read again.
+func fuzzRequests(t *testing.T, s string, parse func(io.Reader) ([]Request, error), encode func([]Request) string, mooncake bool) {
+	reqs, err := parse(strings.NewReader(s))
+	if err != nil {
+		require.Nil(t, reqs)
+		require.True(t, errors.Is(err, ErrMalformed), "%v", err)
+		m := lineOfError.FindStringSubmatch(err.Error())
+		require.NotNil(t, m, "the error names no line: %v", err)
+		line, _ := strconv.Atoi(m[1])
+		require.True(t, 1 <= line && line <= strings.Count(s, "\n")+1, "line %d of an input of %d lines: %v", line, strings.Count(s, "\n")+1, err)
+		return
+	}
+	checkRequests(t, reqs, mooncake)
+	again, err := parse(strings.NewReader(encode(reqs)))
+	require.NoError(t, err)
+	require.Equal(t, reqs, again)
+}
+
+// FuzzParseAzure: see fuzzRequests; the seeds are in
+// testdata/fuzz/FuzzParseAzure.
+func FuzzParseAzure(f *testing.F) {
+	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseAzure, encodeAzure, false) })
+}
+
+// FuzzParseMooncake: see fuzzRequests; the seeds are in
+// testdata/fuzz/FuzzParseMooncake.
+func FuzzParseMooncake(f *testing.F) {
+	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseMooncake, encodeMooncake, true) })
+}
+
+// TestRequestFuzzSeeds: the seed corpus says what its names say: the
+// seeds named valid_* parse, every other one is malformed.
+func TestRequestFuzzSeeds(t *testing.T) {
+	for fuzz, parse := range map[string]func(io.Reader) ([]Request, error){"FuzzParseAzure": ParseAzure, "FuzzParseMooncake": ParseMooncake} {
+		dir := filepath.Join("testdata", "fuzz", fuzz)
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.NotEmpty(t, entries)
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			require.NoError(t, err)
+			quoted, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "go test fuzz v1\nstring(")
+			require.True(t, ok, "%s/%s is not a seed of one string", fuzz, e.Name())
+			s, err := strconv.Unquote(strings.TrimSuffix(quoted, ")"))
+			require.NoError(t, err, "%s/%s", fuzz, e.Name())
+			_, err = parse(strings.NewReader(s))
+			if strings.HasPrefix(e.Name(), "valid_") {
+				require.NoError(t, err, "%s/%s", fuzz, e.Name())
+			} else {
+				require.True(t, errors.Is(err, ErrMalformed), "%s/%s: %v", fuzz, e.Name(), err)
+			}
+		}
+	}
+}

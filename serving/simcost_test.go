@@ -1,0 +1,159 @@
+package serving
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/race"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/kvcache"
+)
+
+// checkDriver checks what must hold of any result's driver figures: the
+// priced time is the calls times the prices, steps waited for at most
+// all of it, the background is a part of it, and the clock is the steps'
+// GPU time, the idle gaps and at most the exposed time.
+func checkDriver(t *testing.T, res Result, costs sim.CallCosts) {
+	t.Helper()
+	d := res.Driver
+	require.Equal(t, d.Calls.Time(costs), d.Time, "priced time = calls x prices")
+	require.LessOrEqual(t, d.Exposed, d.Time)
+	require.LessOrEqual(t, d.Background, d.Time)
+	require.LessOrEqual(t, d.Admission, d.Time)
+	require.GreaterOrEqual(t, res.SimTime, res.GPUTime)
+	require.GreaterOrEqual(t, res.CPUTime, time.Duration(0))
+	if !d.Counted {
+		require.Equal(t, DriverCost{}, d, "a baseline makes no driver call while it serves")
+	}
+	if d.MapAhead == 0 {
+		require.Zero(t, d.Background)
+	}
+}
+
+// TestSimulateDriverByHand: one request, a 16-token prompt and 20 output
+// tokens (35 of KV, three pages), on this cache with 16-token pages,
+// every step 10 ms. The prompt's page is committed by the Append of its
+// admission, on the step's path; the decode's pages (tokens 17 and 33)
+// only commit memory, so with mapping ahead each is made during the step
+// before and hidden when it costs less than the step, its excess exposed
+// when it costs more. Without mapping
+// ahead the step waits for it whole. The calls are the same every time.
+func TestSimulateDriverByHand(t *testing.T) {
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	reqs := []Request{{Input: 16, Output: 20}}
+	page := sim.Calls{Create: 1, Map: 1, SetAccess: 1}
+	run := func(costs sim.CallCosts, noAhead bool) Result {
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, NoMapAhead: noAhead})
+		res, err := Simulate(reqs, k, Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, Prices: costs, CheckEvery: 1})
+		require.NoError(t, err)
+		checkDriver(t, res, costs)
+		require.True(t, res.Driver.Counted)
+		require.Equal(t, 20, res.Steps)
+		require.Equal(t, 200*time.Millisecond, res.GPUTime)
+		require.Equal(t, 1, res.Admissions)
+		require.Equal(t, [2]int{0, 0}, [2]int{res.FailedAdmits, res.FailedResumes})
+		return res
+	}
+	cheap := sim.CallCosts{Name: "1 ms a call", Create: time.Millisecond, Map: time.Millisecond, SetAccess: time.Millisecond}
+	dear := sim.CallCosts{Name: "5 ms a call", Create: 5 * time.Millisecond, Map: 5 * time.Millisecond, SetAccess: 5 * time.Millisecond}
+
+	res := run(cheap, false)
+	calls := res.Driver.Calls
+	require.Equal(t, uint64(3), calls.Create, "three pages: the prompt's and the decode's two")
+	require.Equal(t, 2*page.Time(cheap), res.Driver.Background, "the decode's pages, during steps 1 and 17")
+	require.Equal(t, res.Driver.Time-res.Driver.Background, res.Driver.Exposed, "hidden behind the 10 ms step")
+	require.Equal(t, res.Driver.Exposed, res.Driver.Admission, "the admission's page")
+	require.Equal(t, res.GPUTime+res.Driver.Exposed, res.SimTime)
+	require.Equal(t, res.Driver.Exposed, res.MeanTTFT-10*time.Millisecond, "the first step waits for the prompt's page")
+	require.Equal(t, tenMs.time(tinyModel, stepWork{seqs: 1}), res.PrefillTime)
+
+	res = run(dear, false)
+	require.Equal(t, calls, res.Driver.Calls)
+	require.Equal(t, 2*page.Time(dear), res.Driver.Background)
+	require.Equal(t, res.Driver.Time-res.Driver.Background+2*(page.Time(dear)-10*time.Millisecond), res.Driver.Exposed,
+		"twice 15 ms of background behind a 10 ms step: 5 ms exposed each")
+	require.Equal(t, res.GPUTime+res.Driver.Exposed, res.SimTime)
+
+	res = run(dear, true)
+	require.Equal(t, calls, res.Driver.Calls)
+	require.Zero(t, res.Driver.MapAhead)
+	require.Equal(t, res.Driver.Time, res.Driver.Exposed, "no mapping ahead: every call waited for")
+	require.Equal(t, res.GPUTime+res.Driver.Exposed, res.SimTime)
+
+	res = run(sim.CallCosts{}, false)
+	require.Equal(t, calls, res.Driver.Calls, "free prices: counted all the same")
+	require.Zero(t, res.Driver.Time)
+	require.Equal(t, 200*time.Millisecond, res.SimTime)
+}
+
+// TestSimulateDriverTraceSlices: the first 100 requests (8 in 32 slots
+// under the race detector or the invariants tag) of the Mooncake
+// slice, llama3-8b in 16 GiB, A100 prices: whatever the figures, they
+// hold together (checkDriver), mapping ahead changes no call and exposes
+// no more than without it, and the baselines make no driver call.
+func TestSimulateDriverTraceSlices(t *testing.T) {
+	reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", "mooncake_synthetic_trace.jsonl"))
+	require.NoError(t, err)
+	// Every change checks every slot under the invariants tag, and the
+	// race detector slows the arena's books twentyfold (one goroutine:
+	// it has nothing to find): a few requests in 32 slots there.
+	n, seqs := 100, 256
+	if race.Enabled || invariants.Enabled {
+		n, seqs = 8, 32
+	}
+	reqs = reqs[:min(len(reqs), n)]
+	cfg := Config{Model: mustPreset(t, "llama3-8b"), Budget: 16 * units.GiB, MaxSeqs: seqs}
+	cfg.MaxContext = FitMaxContext(reqs, cfg)
+	opts := Options{Config: cfg, Prices: sim.A100}
+	var with, without Result
+	for _, noAhead := range []bool{false, true} {
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, NoMapAhead: noAhead})
+		res, err := Simulate(reqs, k, opts)
+		require.NoError(t, err)
+		checkDriver(t, res, sim.A100)
+		require.Positive(t, res.Driver.Calls.Total())
+		if noAhead {
+			without = res
+		} else {
+			with = res
+		}
+	}
+	require.Equal(t, with.Driver.Calls, without.Driver.Calls)
+	require.Positive(t, with.Driver.Background)
+	require.LessOrEqual(t, with.Driver.Exposed, without.Driver.Exposed)
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	st, err := NewStaticReservation(cfg)
+	require.NoError(t, err)
+	for _, sc := range []Scheme{tbl, st} {
+		res, err := Simulate(reqs, sc, opts)
+		require.NoError(t, err)
+		checkDriver(t, res, sim.A100)
+		require.False(t, res.Driver.Counted)
+	}
+}
+
+// TestSimulateBadPrices: a negative driver price is refused before
+// anything runs.
+func TestSimulateBadPrices(t *testing.T) {
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	_, err = Simulate([]Request{{Input: 16, Output: 1}}, tbl, Options{Config: cfg, Prices: sim.CallCosts{Name: "odd", Unmap: -1}})
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, `driver call prices "odd": a negative price`)
+	require.Equal(t, Stats{}, tbl.Stats(), "nothing ran")
+}
+
+func mustPreset(t *testing.T, name string) Model {
+	t.Helper()
+	m, err := ModelPreset(name)
+	require.NoError(t, err)
+	return m
+}
