@@ -45,6 +45,9 @@ func (t *Tensor) At(idx ...int) (float64, error) {
 		return 0, err
 	}
 	defer t.st.exit()
+	if err := t.hostBytes(what); err != nil {
+		return 0, err
+	}
 	off, err := t.index(what, idx)
 	if err != nil {
 		return 0, err
@@ -62,6 +65,9 @@ func (t *Tensor) Set(v float64, idx ...int) error {
 		return err
 	}
 	defer t.st.exit()
+	if err := t.hostBytes(what); err != nil {
+		return err
+	}
 	off, err := t.index(what, idx)
 	if err != nil {
 		return err
@@ -160,6 +166,9 @@ func Data[T Element](t *Tensor) ([]T, error) {
 	want := DTypeOf[T]()
 	what := func() string { return fmt.Sprintf("tensor: data as []%T of %s", z, t) }
 	if err := t.live(what); err != nil {
+		return nil, err
+	}
+	if err := t.hostBytes(what); err != nil {
 		return nil, err
 	}
 	if t.dt != want {

@@ -23,6 +23,9 @@ const AllocAlign = 256
 // (SetAccess), while the tensor's memory is live; memory no device may
 // write is refused (ErrAccessDenied).
 //
+// On an allocator whose memory the process cannot address the tensor is
+// a device tensor, as OnArena makes.
+//
 // An empty shape allocates nothing (Release is then a no-op). If the
 // allocator cannot serve the request its error is returned and nothing
 // changes.
@@ -50,11 +53,14 @@ func Empty(al *arena.Allocator, dt DType, shape ...int) (*Tensor, error) {
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s", what())
 	}
-	b, err := o.Bytes()
-	if err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), o.Release())
+	st := &storage{addr: o.Addr(), release: o.Release}
+	if al.HostAddressable() {
+		if st.bytes, err = o.Bytes(); err != nil {
+			return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), o.Release())
+		}
+	} else {
+		st.unaddressable, st.size = true, n*dt.Size() // a device tensor (OnArena)
 	}
-	st := &storage{bytes: b, addr: o.Addr(), release: o.Release}
 	t, err := newOn(st, dt, shape, what)
 	if err != nil {
 		return nil, errors.CombineErrors(err, o.Release())

@@ -14,6 +14,10 @@ import (
 // either. Shapes and dtypes must match exactly (ErrInvalid otherwise: Copy
 // never converts or broadcasts).
 //
+// Device tensors (memory the process cannot address) are refused
+// (ErrUnsupported): move their bytes with the driver's copies under
+// AccessDevice.
+//
 // Overlap: when the byte ranges the two tensors' elements lie in overlap
 // (views of the same storage, or of buffers over the same memory), Copy
 // reads all of src into a temporary first, so dst ends up holding what src
@@ -33,6 +37,12 @@ func Copy(dst, src *Tensor) error {
 		return err
 	}
 	defer dst.st.exit()
+	if err := src.hostBytes(what); err != nil {
+		return err
+	}
+	if err := dst.hostBytes(what); err != nil {
+		return err
+	}
 	if dst.dt != src.dt {
 		return errors.Wrapf(driver.ErrInvalid, "%s: the dtypes differ (%s into %s); Copy does not convert", what(), src.dt, dst.dt)
 	}

@@ -59,6 +59,15 @@
 // address) rather than Go memory, the only kind handed to C for
 // asynchronous use.
 //
+// A device tensor lies over memory the process cannot address (OnArena
+// or Empty over a CUDA or AscendCL device, or the sim driver): it has a
+// device address and a length, and no bytes. Its metadata and views work
+// as for any tensor; At, Set, Data, Copy and Access refuse it
+// (ErrUnsupported) rather than touch host memory that is not its own;
+// AccessDevice holds it as Access does and hands out its device address
+// and length, for the driver's copies (which the driver checks against
+// its mappings and access). Addressable tells the two kinds apart.
+//
 // Metadata calls (Shape, Strides, Narrow, ...) are safe from any goroutine.
 // Element reads and writes are plain memory accesses: concurrent writes to
 // the same elements race exactly as they would on a Go slice.
@@ -73,8 +82,8 @@
 // that does not start at a multiple of the element size; ErrClosed for a
 // released storage (or a revoked lease); ErrAccessDenied for a write to
 // bytes its owner made read-only (NewLeasedReadOnly). Errors from the arena or allocator keep their own
-// sentinel; Access refuses memory the process cannot address (an empty
-// tensor on the sim driver) with ErrUnsupported. A call that fails
+// sentinel; At, Set, Data, Copy and Access refuse a device tensor with
+// ErrUnsupported. A call that fails
 // changes nothing: no view is made, no byte is written, no arena grows.
 //
 // # What it never does

@@ -112,11 +112,11 @@ func NewLeased(l *Lease, buf Buffer, dt DType, shape ...int) (*Tensor, error) {
 	if isnil.Is(buf) {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the buffer is nil", what())
 	}
-	b, addr, err := bufferBytes(buf)
+	b, addr, dev, n, err := bufferBytes(buf)
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s: the buffer's bytes", what())
 	}
-	st := &storage{bytes: b, addr: addr, holder: "the lease's holder", lease: l}
+	st := &storage{bytes: b, addr: addr, unaddressable: dev, size: n, holder: "the lease's holder", lease: l}
 	return newOn(st, dt, shape, what)
 }
 
@@ -134,8 +134,8 @@ func NewLeasedReadOnly(l *Lease, buf Buffer, readOnly int, dt DType, shape ...in
 	if err != nil {
 		return nil, err
 	}
-	if readOnly < 0 || readOnly > len(t.st.bytes) {
-		return nil, errors.Wrapf(driver.ErrInvalid, "tensor: new leased %s tensor: %d read-only bytes of a buffer of %d", dt, readOnly, len(t.st.bytes))
+	if readOnly < 0 || readOnly > t.st.length() {
+		return nil, errors.Wrapf(driver.ErrInvalid, "tensor: new leased %s tensor: %d read-only bytes of a buffer of %d", dt, readOnly, t.st.length())
 	}
 	t.st.readOnly = readOnly
 	return t, nil

@@ -49,10 +49,31 @@ type storage struct {
 	// len(bytes).
 	readOnly int
 	// unaddressable is set for a storage over memory the process cannot
-	// address (an empty tensor on a sim driver's arena or allocator):
-	// Access refuses it (ErrUnsupported) rather than hand out no bytes
-	// as if they were the memory.
+	// address (a GPU's, an NPU's, the sim driver's: a device tensor):
+	// bytes is nil and size is the memory's length; every accessor of
+	// bytes (At, Set, Data, Copy, Access) refuses it (ErrUnsupported)
+	// rather than index nil, and AccessDevice hands out addr instead.
 	unaddressable bool
+	size          int
+}
+
+// length is the storage's memory in bytes: its bytes', or a device
+// storage's size.
+func (st *storage) length() int {
+	if st.unaddressable {
+		return st.size
+	}
+	return len(st.bytes)
+}
+
+// hostBytes refuses (ErrUnsupported) an access to the bytes of a tensor
+// over memory the process cannot address.
+func (t *Tensor) hostBytes(what func() string) error {
+	if t.st.unaddressable {
+		return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: its memory is not addressable from this process", what()),
+			"move its bytes with the driver's copies (AccessDevice gives its device address), or over transfer")
+	}
+	return nil
 }
 
 // gone reports whether the storage's memory may no longer be touched:
@@ -134,6 +155,10 @@ func numElements(shape []int) (int, error) {
 // a multiple of the element size. A shape of no dims is a scalar (one
 // element); a zero dim makes an empty tensor, which fits any buffer.
 //
+// A buffer over memory the process cannot address (an arena view on a
+// CUDA or AscendCL device: its Bytes is ErrUnsupported, and it has Addr
+// and Len) makes a device tensor (see OnArena).
+//
 // The tensor does not own buf: the caller keeps it live for as long as the
 // tensor and its views are used, and ends it itself.
 func New(buf Buffer, dt DType, shape ...int) (*Tensor, error) {
@@ -141,29 +166,43 @@ func New(buf Buffer, dt DType, shape ...int) (*Tensor, error) {
 	if isnil.Is(buf) {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the buffer is nil", what())
 	}
-	b, addr, err := bufferBytes(buf)
+	b, addr, dev, n, err := bufferBytes(buf)
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s: the buffer's bytes", what())
 	}
-	st := &storage{bytes: b, addr: addr, holder: "the caller, who made it with New"}
+	st := &storage{bytes: b, addr: addr, unaddressable: dev, size: n, holder: "the caller, who made it with New"}
 	return newOn(st, dt, shape, what)
 }
 
-// bufferBytes asks buf for its bytes and, if it has one, its address. buf
-// is the caller's code: a panic in it becomes an error (ErrInvalid).
-func bufferBytes(buf Buffer) (b []byte, addr driver.Addr, err error) {
+// deviceBuffer is a buffer over device memory that knows its length
+// (*arena.View over a driver whose memory the process cannot address,
+// whose Bytes is ErrUnsupported).
+type deviceBuffer interface {
+	Addr() driver.Addr
+	Len() uint64
+}
+
+// bufferBytes asks buf for its bytes and, if it has one, its address. A
+// buffer with an address and a length whose Bytes is ErrUnsupported is
+// device memory: dev is set, with n its length and b nil. buf is the
+// caller's code: a panic in it becomes an error (ErrInvalid).
+func bufferBytes(buf Buffer) (b []byte, addr driver.Addr, dev bool, n int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			b, addr, err = nil, 0, errors.Wrapf(driver.ErrInvalid, "the %T buffer panicked: %v", buf, r)
+			b, addr, dev, n, err = nil, 0, false, 0, errors.Wrapf(driver.ErrInvalid, "the %T buffer panicked: %v", buf, r)
 		}
 	}()
 	if b, err = buf.Bytes(); err != nil {
-		return nil, 0, err
+		d, ok := buf.(deviceBuffer)
+		if !ok || !errors.Is(err, driver.ErrUnsupported) || d.Len() > math.MaxInt {
+			return nil, 0, false, 0, err
+		}
+		return nil, d.Addr(), true, int(d.Len()), nil
 	}
 	if a, ok := buf.(addresser); ok {
 		addr = a.Addr()
 	}
-	return b, addr, nil
+	return b, addr, false, len(b), nil
 }
 
 // newOn makes a row-major tensor at offset 0 of st, checking everything.
@@ -175,13 +214,14 @@ func newOn(st *storage, dt DType, shape []int, what func() string) (*Tensor, err
 	if err != nil {
 		return nil, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
 	}
-	if n > len(st.bytes)/dt.Size() {
+	if n > st.length()/dt.Size() {
 		return nil, errors.WithHint(
 			errors.Wrapf(driver.ErrInvalid, "%s: needs %d bytes (%d elements of %d), the buffer holds %s (%d bytes)",
-				what(), n*dt.Size(), n, dt.Size(), units.Bytes(uint64(len(st.bytes))), len(st.bytes)),
+				what(), n*dt.Size(), n, dt.Size(), units.Bytes(uint64(st.length())), st.length()),
 			"give it a larger buffer, or a smaller shape")
 	}
-	if len(st.bytes) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(st.bytes)))%uintptr(dt.Size()) != 0 {
+	if st.unaddressable && st.size > 0 && uint64(st.addr)%uint64(dt.Size()) != 0 ||
+		len(st.bytes) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(st.bytes)))%uintptr(dt.Size()) != 0 {
 		return nil, errors.Wrapf(driver.ErrMisaligned, "%s: the buffer does not start at a multiple of the %s element size, %d bytes",
 			what(), dt, dt.Size())
 	}
@@ -204,9 +244,12 @@ func newOn(st *storage, dt DType, shape []int, what func() string) (*Tensor, err
 // arena's error is returned and the arena is as it was.
 //
 // The bytes come from arena.Append, which grows and hands them over in one
-// step, so other users may grow the same arena at the same time. An arena
-// whose memory the process cannot address (the sim driver) is refused
-// before anything grows (ErrUnsupported).
+// step, so other users may grow the same arena at the same time. On an
+// arena whose memory the process cannot address (a CUDA or AscendCL
+// device's, the sim driver's) the tensor is a device tensor: it has a
+// device address and a length but no bytes, so At, Set, Data, Copy and
+// Access refuse it (ErrUnsupported), and its bytes move with the
+// driver's copies under AccessDevice (package transfer stages them).
 func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
 	what := func() string { return fmt.Sprintf("tensor: %s tensor of shape %v on an arena", dt, shape) }
 	if a == nil {
@@ -227,9 +270,6 @@ func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
 		}
 		return t, err
 	}
-	if !a.HostAddressable() {
-		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the arena's memory is not addressable from this process", what())
-	}
 	size := uint64(n * dt.Size())
 	v, err := a.Append(size, uint64(dt.Size()))
 	if err != nil {
@@ -238,11 +278,14 @@ func OnArena(a *arena.Arena, dt DType, shape ...int) (*Tensor, error) {
 	// Past Append the bytes are ours alone; a failure leaves them as
 	// padding in the arena rather than shrink under other users.
 	undo := func(err error, v *arena.View) error { return errors.CombineErrors(err, v.Release()) }
-	b, err := v.Bytes()
-	if err != nil {
-		return nil, undo(errors.Wrapf(err, "%s", what()), v)
+	st := &storage{addr: v.Addr(), release: v.Release}
+	if a.HostAddressable() {
+		if st.bytes, err = v.Bytes(); err != nil {
+			return nil, undo(errors.Wrapf(err, "%s", what()), v)
+		}
+	} else {
+		st.unaddressable, st.size = true, int(size)
 	}
-	st := &storage{bytes: b, addr: v.Addr(), release: v.Release}
 	t, err := newOn(st, dt, shape, what)
 	if err != nil {
 		return nil, undo(err, v)
@@ -477,8 +520,11 @@ func (t *Tensor) Check() error {
 			fail("negative stride in dim %d", d)
 		}
 	}
-	if _, hi := t.span(); hi > len(t.st.bytes) {
-		fail("elements reach byte %d, the storage holds %d", hi, len(t.st.bytes))
+	if _, hi := t.span(); hi > t.st.length() {
+		fail("elements reach byte %d, the storage holds %d", hi, t.st.length())
+	}
+	if t.st.unaddressable && t.st.bytes != nil {
+		fail("a device storage has %d host bytes", len(t.st.bytes))
 	}
 	if len(t.st.bytes) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(t.st.bytes)))%uintptr(t.dt.Size()) != 0 {
 		fail("storage not aligned to the element size")

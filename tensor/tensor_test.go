@@ -9,10 +9,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
-	"github.com/vmarena/vmarena/driver/sim"
-	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/tensor"
-	"github.com/vmarena/vmarena/vaspace"
 )
 
 func TestNew(t *testing.T) {
@@ -326,23 +323,6 @@ func TestAtSetIndices(t *testing.T) {
 	require.Equal(t, 2.5, v)
 	_, err = s.At(0)
 	drivertest.RequireIs(t, err, driver.ErrInvalid, "1 indices for 0 dims")
-}
-
-// TestOnArenaSim: the sim driver has no memory behind its arenas, so a
-// tensor cannot be laid over one; it is refused before the arena grows.
-func TestOnArenaSim(t *testing.T) {
-	drv, err := sim.New(sim.Options{Granularity: gran})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, drv.Close()) }()
-	a, err := arena.New(vaspace.New(drv), physical.New(drv), arena.Options{Max: 4 * gran, ChunkSize: gran})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, a.Close()) }()
-	x, err := tensor.OnArena(a, tensor.Float32, 8)
-	drivertest.RequireIs(t, err, driver.ErrUnsupported, "tensor: float32 tensor of shape [8] on an arena", "not addressable from this process")
-	require.Nil(t, x)
-	require.Zero(t, a.Len())
-	require.Zero(t, a.Committed(), "nothing was committed for it")
-	require.Zero(t, a.Stats().Views)
 }
 
 // TestDriverCloseUnderLiveTensors: closing the driver while tensors hang

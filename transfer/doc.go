@@ -11,15 +11,19 @@
 //
 // Its listener, the control connections it makes and serves (one
 // goroutine per served connection, one for the accept loop), its
-// registrations' books (id, generation, length, writability) and, for
-// ucx, the UCX worker, endpoints and memory registrations. Never the
+// registrations' books (id, generation, length, writability), for ucx
+// the UCX worker, endpoints and memory registrations, and, with
+// Config.Staging, one pinned host buffer and two streams of the driver
+// (see Device memory). Never the
 // memory: a Registration holds a tensor, and the tensor's owner (an arena
 // view's holder, a KV cache) keeps the memory and may take it back.
 //
 // # Invalidation
 //
 // Every byte moved into or out of registered memory is moved while
-// holding the tensor's access (tensor.Access), on both sides, and an
+// holding the tensor's access (tensor.Access, or tensor.AccessDevice for
+// a device tensor: one hold for the whole op, all its pieces), on both
+// sides, and an
 // owner revokes that access (or its view pins the memory) before it
 // unmaps or remaps: a remap waits for the transfer in flight or is
 // refused while it runs, and after it every transfer through the old
@@ -41,7 +45,8 @@
 //     active message checked against the window the target opened over
 //     exactly the op's bytes, and closed before the access is let go.
 //   - Every goroutine the engine starts ends at Close; Close closes every
-//     connection, registration and (ucx) the worker.
+//     connection, registration and (ucx) the worker, and gives the
+//     staging buffer and its streams back to the driver.
 //
 // # What it never does
 //
@@ -71,6 +76,33 @@
 // docs/transfer.md says how the windows work and which faults between
 // hosts are tested (TestTwoHosts).
 //
+// # Device memory
+//
+// A device tensor (tensor.Tensor.Addressable false: a CUDA or AscendCL
+// device's memory, the sim driver's) registers on a tcp engine made with
+// Config.Staging: one pinned host buffer of the driver, made at New and
+// given back at Close, halved between the ops the engine issues and those
+// it serves (so an engine never waits on itself, or two engines on each
+// other). An op moves in pieces of a half, in order, under one
+// tensor.AccessDevice hold for the whole op and the half's lock for each
+// piece: a leaving piece is copied device to host and synced, then sent;
+// an arriving piece is read, then copied host to device and synced before
+// the next, so every byte is on the device before the op is answered.
+// Concurrent ops take turns per piece (a lock per half, not a ring of
+// slots). The wire protocol and the target's check are those of host
+// memory; a copy the driver refuses mid-op fails the op (a target answers
+// it after reading away the rest of a put; otherwise the connection is
+// dropped).
+//
+// The ucx kind refuses device tensors and Config.Staging
+// (ErrUnsupported): its windows are host memory its worker writes. A UCX
+// built with CUDA (the cuda_copy, cuda_ipc and gdr_copy transports) would
+// need no staging: the target's window or ucp_mem_map over the device
+// range with UCS_MEMORY_TYPE_CUDA, remote keys over device memory, and
+// UCX moving the bytes by GPUDirect RDMA, CUDA IPC on one machine, or its
+// own pipelined staging; the target's check and the hold would stay as
+// they are. The UCX here (1.13) has no CUDA; nothing here tests that.
+//
 // # Errors
 //
 // Every error is marked with a sentinel of the driver package and starts
@@ -78,6 +110,7 @@
 // frame; ErrClosed for a closed engine, peer or registration, a stale
 // registration, or a connection that failed (the peer is then closed);
 // ErrAccessDenied for a write to a read-only registration, local or
-// remote; ErrUnsupported for the ucx kind without UCX. A target's refusal
+// remote; ErrUnsupported for the ucx kind without UCX, and for a device
+// tensor on an engine without staging or of the ucx kind. A target's refusal
 // reaches the initiator marked with the same sentinel.
 package transfer

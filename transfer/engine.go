@@ -32,6 +32,9 @@ type Config struct {
 	// DialRetries bounds Connect's tries after the first (UCX 1.13
 	// resets about one connect in ten); default 5.
 	DialRetries int
+	// Staging, with a Driver, lets the tcp kind register device tensors
+	// (see Staging); the ucx kind refuses it (ErrUnsupported).
+	Staging Staging
 }
 
 // Stats counts what an engine did, as initiator (issued) and as target
@@ -65,6 +68,8 @@ type Engine struct {
 	ln     net.Listener
 	addr   string
 	worker *ucx.Worker // the ucx kind's; nil for tcp
+	// staging moves device tensors' bytes; nil without Config.Staging.
+	staging *staging
 	// closing ends when Close starts: a served ucx put's wait for its
 	// bytes gives up then, as its read of the connection does.
 	closing context.Context
@@ -98,7 +103,9 @@ func Kinds() []string {
 
 // New makes an engine of cfg.Kind listening at cfg.Listen. It refuses
 // (ErrInvalid) an unknown kind or a negative duration or count, and
-// (ErrUnsupported) the ucx kind in a build without UCX.
+// (ErrUnsupported) the ucx kind in a build without UCX, or with Staging.
+// With Staging.Driver it makes the staging buffer and its streams, which
+// Close gives back.
 func New(cfg Config) (*Engine, error) {
 	what := func() string { return fmt.Sprintf("transfer: new %q engine", cfg.Kind) }
 	if cfg.Kind == "" {
@@ -113,13 +120,24 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.DialRetries == 0 {
 		cfg.DialRetries = 5
 	}
+	if cfg.Staging.Driver != nil && cfg.Staging.Size == 0 {
+		cfg.Staging.Size = DefaultStagingSize
+	}
 	switch {
 	case cfg.Kind != "tcp" && cfg.Kind != "ucx":
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the kinds are \"tcp\" and \"ucx\"", what())
 	case cfg.LeaseTimeout < 0 || cfg.DialRetries < 0:
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: LeaseTimeout %s and DialRetries %d may not be negative", what(), cfg.LeaseTimeout, cfg.DialRetries)
+	case cfg.Kind == "ucx" && cfg.Staging.Driver != nil:
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: the ucx kind moves host memory only, and stages nothing", what()),
+			"use the tcp kind for device tensors (see the package doc, Device memory)")
 	}
 	e := &Engine{cfg: cfg, regs: map[uint64]*Registration{}, peers: map[*Peer]struct{}{}, conns: map[net.Conn]struct{}{}}
+	st, err := newStaging(cfg.Staging)
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s", what())
+	}
+	e.staging = st
 	e.closing, e.stop = context.WithCancel(context.Background())
 	if cfg.Kind == "ucx" {
 		w, err := ucx.NewWorker(false) // no RMA: peers write only through the windows the target opens (ucx.go)
@@ -133,7 +151,7 @@ func New(cfg Config) (*Engine, error) {
 		if e.worker != nil {
 			err = errors.CombineErrors(err, e.worker.Close())
 		}
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: listen at %s: %v", what(), cfg.Listen, err)
+		return nil, errors.CombineErrors(errors.Wrapf(driver.ErrInvalid, "%s: listen at %s: %v", what(), cfg.Listen, err), e.staging.close())
 	}
 	e.ln, e.addr = ln, ln.Addr().String()
 	e.wg.Add(1)
@@ -176,8 +194,8 @@ func (e *Engine) Stats() Stats {
 
 // Close closes the peers, the served connections (an op in flight fails),
 // the listener and the registrations, waits for every goroutine of the
-// engine to end, then closes the UCX worker. The tensors stay their
-// owners'. Closing twice is ErrClosed.
+// engine to end, then closes the UCX worker and gives the staging buffer
+// and its streams back. The tensors stay their owners'. Closing twice is ErrClosed.
 func (e *Engine) Close() error {
 	if e.unmade() {
 		return unmade("Engine.Close")
@@ -210,6 +228,7 @@ func (e *Engine) Close() error {
 	if e.worker != nil {
 		err = errors.CombineErrors(err, e.worker.Close())
 	}
+	err = errors.CombineErrors(err, e.staging.close())
 	return errors.Wrapf(err, "transfer: close an engine")
 }
 
@@ -224,6 +243,7 @@ type Registration struct {
 	addr     uint64 // the address of the tensor's first byte, as a number: only ever sent, never dereferenced
 	n        uint64
 	writable bool
+	dev      bool     // a device tensor: its bytes move through the engine's staging
 	mem      *ucx.Mem // the ucx kind's; nil for tcp
 	key      []byte
 
@@ -255,9 +275,11 @@ func (r *Registration) enter() bool {
 func (r *Registration) exit() { r.using.Add(-1) }
 
 // Register makes t's memory reachable by peers. t must be contiguous
-// (ErrInvalid), live (ErrClosed), not empty (ErrInvalid), a driver's
-// mapping (Mapped: Go memory is refused, ErrInvalid) and addressable by
-// this process (ErrUnsupported on the sim driver); for the ucx kind, UCX
+// (ErrInvalid), live (ErrClosed), not empty (ErrInvalid) and a driver's
+// mapping (Mapped: Go memory is refused, ErrInvalid). A device tensor
+// (memory the process cannot address: a CUDA or AscendCL device's, the
+// sim driver's) needs a tcp engine with Staging (ErrUnsupported
+// otherwise): its bytes move through the staging buffer. For the ucx kind, UCX
 // must register exactly its bytes, no more (ErrInvalid otherwise: with
 // UCX 1.13, address and length multiples of 16), so that the remote key
 // names the tensor's bytes alone. Peers may write it
@@ -275,6 +297,9 @@ func (e *Engine) Register(t *tensor.Tensor) (*Registration, error) {
 	if !t.Mapped() {
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: its memory is Go memory, not a driver's mapping", what()),
 			"lay the tensor over an arena (tensor.OnArena) or a KV cache's memory")
+	}
+	if !t.Addressable() {
+		return e.registerDevice(t, what)
 	}
 	r := &Registration{e: e, t: t}
 	err := t.Access(false, func(b []byte) error {
@@ -314,6 +339,38 @@ func (e *Engine) Register(t *tensor.Tensor) (*Registration, error) {
 	case !errors.Is(err, driver.ErrAccessDenied):
 		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), r.closeMem())
 	}
+	return e.add(r, what)
+}
+
+// registerDevice registers a device tensor (see Register).
+func (e *Engine) registerDevice(t *tensor.Tensor, what func() string) (*Registration, error) {
+	switch {
+	case e.worker != nil:
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: the ucx kind registers host memory only; this tensor's is a device's", what()),
+			"use a tcp engine with Config.Staging (see the package doc, Device memory)")
+	case e.staging == nil:
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: its memory is a device's, and the engine has no staging buffer", what()),
+			"make the engine with Config.Staging naming the device's driver")
+	}
+	r := &Registration{e: e, t: t, dev: true}
+	if err := t.AccessDevice(false, func(addr driver.Addr, n uint64) error { r.addr, r.n = uint64(addr), n; return nil }); err != nil {
+		return nil, errors.Wrapf(err, "%s", what())
+	}
+	if r.n == 0 {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: it has no bytes", what())
+	}
+	switch err := t.AccessDevice(true, func(driver.Addr, uint64) error { return nil }); {
+	case err == nil:
+		r.writable = true
+	case !errors.Is(err, driver.ErrAccessDenied):
+		return nil, errors.Wrapf(err, "%s", what())
+	}
+	return e.add(r, what)
+}
+
+// add gives r a generation and an id and keeps it, unless the engine is
+// closed.
+func (e *Engine) add(r *Registration, what func() string) (*Registration, error) {
 	var g [8]byte
 	for r.gen == 0 {
 		_, _ = rand.Read(g[:]) // never fails (crypto/rand)
@@ -400,27 +457,14 @@ func (r *Registration) closeMem() error {
 	return m.Close()
 }
 
-// access runs fn with bytes [off, off+n) of the registration's tensor,
-// held as tensor.Access holds them, and counted in flight (Close waits).
-// The range was checked by the caller.
+// access runs fn with bytes [off, off+n) of a host registration's
+// tensor, held as tensor.Access holds them, and counted in flight (Close
+// waits): move with one piece. The range was checked by the caller.
 func (r *Registration) access(write bool, off, n uint64, fn func(b []byte) error) error {
-	if !r.enter() {
-		return driver.Closed(fmt.Sprintf("transfer: registration %d is closed", r.id))
-	}
-	defer r.exit()
-	called := false
-	err := r.t.Access(write, func(b []byte) error {
-		called = true
-		if uint64(len(b)) != r.n {
-			return errors.AssertionFailedf("transfer: registration %d: the tensor has %d bytes, %d were registered", r.id, len(b), r.n)
-		}
-		return fn(b[off : off+n : off+n])
-	})
-	if !called && errors.Is(err, driver.ErrClosed) {
-		return errors.Wrapf(err, "transfer: registration %d is stale: its owner took the memory back", r.id)
-	}
-	return err
+	return r.move(write, off, n, nil, nop, fn, nop)
 }
+
+func nop() error { return nil }
 
 // Peer is a control connection to another engine, through which Put and
 // Get move bytes between this engine's registrations and that engine's.
@@ -735,8 +779,10 @@ func (p *Peer) check(op *Op, put bool) error {
 
 // Check verifies the engine's books and reports every inconsistency: each
 // live registration is under its own id, no higher than the last id
-// given, this engine's, open, with a generation and bytes; each peer kept
-// is this engine's, and a closed engine keeps none.
+// given, this engine's, open, with a generation and bytes, a device
+// tensor's only on an engine that stages; each peer kept is this
+// engine's, and a closed engine keeps none; the staging halves are equal
+// and aligned.
 func (e *Engine) Check() error {
 	if e.unmade() {
 		return unmade("Engine.Check")
@@ -759,6 +805,8 @@ func (e *Engine) Check() error {
 			fail("registration %d has generation %#x and %d bytes", id, r.gen, r.n)
 		case r.using.Load() < 0:
 			fail("registration %d counts %d ops in flight", id, r.using.Load())
+		case r.dev && (e.staging == nil || e.worker != nil):
+			fail("registration %d is a device tensor's, on an engine that cannot stage it", id)
 		}
 	}
 	for p := range e.peers {
@@ -768,6 +816,11 @@ func (e *Engine) Check() error {
 	}
 	if e.closed && len(e.peers) != 0 {
 		fail("closed, with %d peers kept", len(e.peers))
+	}
+	if st := e.staging; st != nil {
+		if n := len(st.issued.b); n == 0 || n%stagingAlign != 0 || len(st.served.b) != n {
+			fail("staging halves of %d and %d bytes (want equal, non-zero, multiples of %d)", n, len(st.served.b), stagingAlign)
+		}
 	}
 	return errs
 }

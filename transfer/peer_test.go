@@ -54,6 +54,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if path := os.Getenv(devPeerEnv); path != "" {
+		if err := runDevicePeer(path, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "device peer:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if kind := os.Getenv(peerEnv); kind != "" {
 		if err := runPeer(kind, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "peer:", err)

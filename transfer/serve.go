@@ -109,12 +109,11 @@ func (e *Engine) serve(c net.Conn) {
 	}
 }
 
-// servedOp runs fn with the bytes op q names, under the registration's
-// and its tensor's access (write: for writing), after checking q against
-// the live registrations: its id and generation, its bytes [addr,
-// addr+n) all inside the registration's, and writability. The error of a
-// refusal is marked with its sentinel; fn's own is returned as it is.
-func (e *Engine) servedOp(q request, write bool, fn func(b []byte) error) error {
+// servedReg checks q against the live registrations: its id and
+// generation, its bytes [addr, addr+n) all inside the registration's,
+// and writability (write). The error of a refusal is marked with its
+// sentinel.
+func (e *Engine) servedReg(q request, write bool) (*Registration, error) {
 	what := func() string {
 		return fmt.Sprintf("transfer: %d bytes at %#x of registration %d gen %#x (write %t)", q.n, q.addr, q.id, q.gen, write)
 	}
@@ -123,15 +122,26 @@ func (e *Engine) servedOp(q request, write bool, fn func(b []byte) error) error 
 	e.mu.Unlock()
 	switch {
 	case r == nil && (q.id == 0 || q.id > last):
-		return errors.Wrapf(driver.ErrInvalid, "%s: no registration of that id was made here", what())
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: no registration of that id was made here", what())
 	case r == nil:
-		return driver.Closed(what() + ": that registration is closed")
+		return nil, driver.Closed(what() + ": that registration is closed")
 	case q.gen != r.gen:
-		return driver.Closed(what() + ": stale: the generation is not the registration's")
+		return nil, driver.Closed(what() + ": stale: the generation is not the registration's")
 	case q.n == 0 || q.addr < r.addr || q.addr-r.addr > r.n || q.n > r.n-(q.addr-r.addr):
-		return errors.Wrapf(driver.ErrInvalid, "%s: outside the registration, which has %d bytes at %#x", what(), r.n, r.addr)
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: outside the registration, which has %d bytes at %#x", what(), r.n, r.addr)
 	case write && !r.writable:
-		return errors.Wrapf(driver.ErrAccessDenied, "%s: the registration is read-only", what())
+		return nil, errors.Wrapf(driver.ErrAccessDenied, "%s: the registration is read-only", what())
+	}
+	return r, nil
+}
+
+// servedOp runs fn with the bytes op q names, under the registration's
+// and its tensor's access (write: for writing), after checking q
+// (servedReg); fn's own error is returned as it is.
+func (e *Engine) servedOp(q request, write bool, fn func(b []byte) error) error {
+	r, err := e.servedReg(q, write)
+	if err != nil {
+		return err
 	}
 	return r.access(write, q.addr-r.addr, q.n, fn)
 }
@@ -146,17 +156,24 @@ func respond(c net.Conn, err error) error {
 	return werr
 }
 
-// servePut reads a put's payload straight into the registered memory,
-// or, refused, drains it, and answers. Its error is the connection's.
+// servePut reads a put's payload straight into the registered memory
+// (a device registration's a piece at a time through the staging half,
+// each copied to the device before the next is read), or, refused,
+// drains what is left of it, and answers. Its error is the connection's.
 func (e *Engine) servePut(c net.Conn, q request) error {
-	err := e.servedOp(q, true, func(b []byte) error {
-		if _, err := io.ReadFull(c, b); err != nil {
-			return connError{err}
-		}
-		return nil
-	})
+	r, err := e.servedReg(q, true)
+	read := uint64(0)
+	if err == nil {
+		err = r.move(true, q.addr-r.addr, q.n, e.stage(true), nop, func(b []byte) error {
+			if _, err := io.ReadFull(c, b); err != nil {
+				return connError{err}
+			}
+			read += uint64(len(b))
+			return nil
+		}, nop)
+	}
 	if err != nil {
-		return e.refuse(c, err, q.n)
+		return e.refuse(c, err, q.n-read)
 	}
 	e.puts.Add(1)
 	e.bytesIn.Add(q.n)
@@ -164,26 +181,44 @@ func (e *Engine) servePut(c net.Conn, q request) error {
 }
 
 // serveGet answers a get: OK and the bytes, written from the registered
-// memory under its access, or the refusal. Its error is the connection's.
+// memory under its access (a device registration's a piece at a time
+// through the staging half), or the refusal. Its error is the
+// connection's: a failure once the first bytes went drops it.
 func (e *Engine) serveGet(c net.Conn, q request) error {
-	err := e.servedOp(q, false, func(b []byte) error {
-		// Counted before the bytes go: the initiator may see them, and
-		// return, before this goroutine runs again. A failed write takes
-		// the count back (and drops the connection).
-		e.gets.Add(1)
-		e.bytesOut.Add(q.n)
-		ok := appendResponse(nil, statusOK, nil)
-		if _, err := (&net.Buffers{ok, b}).WriteTo(c); err != nil {
-			e.gets.Add(^uint64(0))
-			e.bytesOut.Add(-q.n)
-			return connError{err}
-		}
-		return nil
-	})
-	if err != nil {
-		return e.refuse(c, err, 0)
+	r, err := e.servedReg(q, false)
+	sent := false
+	if err == nil {
+		err = r.move(false, q.addr-r.addr, q.n, e.stage(true), nop, func(b []byte) error {
+			var ok []byte
+			if !sent {
+				// Counted before the bytes go: the initiator may see
+				// them, and return, before this goroutine runs again. A
+				// failure afterwards takes the count back (and drops the
+				// connection).
+				sent = true
+				e.gets.Add(1)
+				e.bytesOut.Add(q.n)
+				ok = appendResponse(nil, statusOK, nil)
+			}
+			if _, err := (&net.Buffers{ok, b}).WriteTo(c); err != nil {
+				return connError{err}
+			}
+			return nil
+		}, nop)
 	}
-	return nil
+	switch {
+	case err == nil:
+		return nil
+	case sent:
+		e.gets.Add(^uint64(0))
+		e.bytesOut.Add(-q.n)
+		var ce connError
+		if errors.As(err, &ce) {
+			return ce.err
+		}
+		return err
+	}
+	return e.refuse(c, err, 0)
 }
 
 // refuse ends a served op that servedOp failed with err, and returns the

@@ -3,6 +3,8 @@ package transfer
 import (
 	"io"
 	"net"
+
+	"github.com/cockroachdb/errors"
 )
 
 // The tcp kind moves every byte over the control connection: a put's
@@ -13,23 +15,54 @@ import (
 // write only inside the range of a live, writable registration.
 
 // tcpOp moves one checked op over the connection. A connError says the
-// connection is broken.
+// connection is broken. A device registration's bytes go through the
+// engine's staging half for issued ops, a piece at a time (move): a put
+// sends its header with the first piece and the rest after it, a get
+// reads the payload a piece at a time, all under one hold of the local
+// tensor; once part of a payload has moved, any failure breaks the
+// connection (the other side's count of bytes is unknown).
 func (p *Peer) tcpOp(op *Op, put bool) error {
 	q := request{id: op.Remote.ID, gen: op.Remote.Gen, addr: op.Remote.Addr + op.RemoteOff, n: op.Len}
+	st := p.e.stage(false)
+	moved := false
+	var err error
 	if put {
 		q.kind = kindPut
-		return op.Local.access(false, op.LocalOff, op.Len, func(b []byte) error { return p.ask(q, b) })
+		h := q.encode()
+		err = op.Local.move(false, op.LocalOff, op.Len, st, nop, func(b []byte) error {
+			var hb []byte
+			if !moved {
+				hb, moved = h[:], true
+			}
+			if _, err := (&net.Buffers{hb, b}).WriteTo(p.conn); err != nil {
+				return connError{err}
+			}
+			return nil
+		}, p.answer)
+	} else {
+		q.kind = kindGet
+		err = op.Local.move(true, op.LocalOff, op.Len, st, func() error {
+			if err := p.ask(q, nil); err != nil {
+				return err
+			}
+			moved = true
+			return nil
+		}, func(b []byte) error {
+			if _, err := io.ReadFull(p.conn, b); err != nil {
+				return connError{err}
+			}
+			return nil
+		}, nop)
 	}
-	q.kind = kindGet
-	return op.Local.access(true, op.LocalOff, op.Len, func(b []byte) error {
-		if err := p.ask(q, nil); err != nil {
-			return err
-		}
-		if _, err := io.ReadFull(p.conn, b); err != nil {
-			return connError{err}
-		}
-		return nil
-	})
+	var ce connError
+	var rf refusal
+	if err != nil && moved && !errors.As(err, &ce) && !errors.As(err, &rf) {
+		// A staging copy failed mid-payload: the connection is what
+		// failed for the caller (ErrClosed); the driver's error is kept
+		// for the message, not its sentinel.
+		return connError{errors.Handled(err)}
+	}
+	return err
 }
 
 // ask sends q's header and payload and reads the target's answer: nil for
@@ -45,6 +78,18 @@ func (p *Peer) askBody(q request, payload []byte) ([]byte, error) {
 	if _, err := (&net.Buffers{h[:], payload}).WriteTo(p.conn); err != nil {
 		return nil, connError{err}
 	}
+	return p.answerBody()
+}
+
+// answer reads the target's answer to the op sent: nil for OK, the
+// target's refusal, or a connError when the connection broke.
+func (p *Peer) answer() error {
+	_, err := p.answerBody()
+	return err
+}
+
+// answerBody is answer, answering the body of the target's OK too.
+func (p *Peer) answerBody() ([]byte, error) {
 	status, body, err := readResponse(p.conn)
 	if err != nil {
 		return nil, connError{err}

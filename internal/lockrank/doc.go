@@ -47,6 +47,8 @@
 //	PoolRegistry      pool's registry.mu: a leaf (slice and map operations only).
 //	TransferPeer      transfer.Peer.mu: held across one op's network I/O and the registration's
 //	                  tensor access (tensor.Lease takes no lock); takes TransferEngine.
+//	TransferStaging   a half of transfer.Engine's staging buffer: held across one piece of a
+//	                  device op (the driver's stream copy and sync, the piece's network I/O).
 //	TransferEngine    transfer.Engine.mu: a leaf (the maps of peers, connections, registrations).
 //
 // The driver's own books (driver/internal/ledger) and the other locks of

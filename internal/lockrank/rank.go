@@ -26,6 +26,7 @@ const (
 	rankSleepTagDriver
 	rankPoolRegistry
 	rankTransferPeer
+	rankTransferStaging
 	rankTransferEngine
 	rankTest // tests only: above every other
 )
@@ -36,7 +37,7 @@ var names = [...]string{
 	rankArenaAllocator: "ArenaAllocator", rankArena: "Arena",
 	rankSparseMu: "SparseMu",
 	rankMapping:  "Mapping", rankPhysical: "Physical", rankSleepTagDriver: "SleepTagDriver",
-	rankPoolRegistry: "PoolRegistry", rankTransferPeer: "TransferPeer", rankTransferEngine: "TransferEngine",
+	rankPoolRegistry: "PoolRegistry", rankTransferPeer: "TransferPeer", rankTransferStaging: "TransferStaging", rankTransferEngine: "TransferEngine",
 	rankTest: "Test",
 }
 
@@ -52,36 +53,38 @@ type ranker interface{ rank() Rank }
 
 // The ranks as types, one per lock of the order.
 type (
-	SleepManager   struct{}
-	KVCache        struct{}
-	TensorGrowable struct{}
-	PoolCreating   struct{}
-	Pool           struct{}
-	ArenaAllocator struct{}
-	Arena          struct{}
-	SparseMu       struct{}
-	Mapping        struct{}
-	Physical       struct{}
-	SleepTagDriver struct{}
-	PoolRegistry   struct{}
-	TransferPeer   struct{}
-	TransferEngine struct{}
+	SleepManager    struct{}
+	KVCache         struct{}
+	TensorGrowable  struct{}
+	PoolCreating    struct{}
+	Pool            struct{}
+	ArenaAllocator  struct{}
+	Arena           struct{}
+	SparseMu        struct{}
+	Mapping         struct{}
+	Physical        struct{}
+	SleepTagDriver  struct{}
+	PoolRegistry    struct{}
+	TransferPeer    struct{}
+	TransferStaging struct{}
+	TransferEngine  struct{}
 )
 
-func (SleepManager) rank() Rank   { return rankSleepManager }
-func (KVCache) rank() Rank        { return rankKVCache }
-func (TensorGrowable) rank() Rank { return rankTensorGrowable }
-func (PoolCreating) rank() Rank   { return rankPoolCreating }
-func (Pool) rank() Rank           { return rankPool }
-func (ArenaAllocator) rank() Rank { return rankArenaAllocator }
-func (Arena) rank() Rank          { return rankArena }
-func (SparseMu) rank() Rank       { return rankSparseMu }
-func (Mapping) rank() Rank        { return rankMapping }
-func (Physical) rank() Rank       { return rankPhysical }
-func (SleepTagDriver) rank() Rank { return rankSleepTagDriver }
-func (PoolRegistry) rank() Rank   { return rankPoolRegistry }
-func (TransferPeer) rank() Rank   { return rankTransferPeer }
-func (TransferEngine) rank() Rank { return rankTransferEngine }
+func (SleepManager) rank() Rank    { return rankSleepManager }
+func (KVCache) rank() Rank         { return rankKVCache }
+func (TensorGrowable) rank() Rank  { return rankTensorGrowable }
+func (PoolCreating) rank() Rank    { return rankPoolCreating }
+func (Pool) rank() Rank            { return rankPool }
+func (ArenaAllocator) rank() Rank  { return rankArenaAllocator }
+func (Arena) rank() Rank           { return rankArena }
+func (SparseMu) rank() Rank        { return rankSparseMu }
+func (Mapping) rank() Rank         { return rankMapping }
+func (Physical) rank() Rank        { return rankPhysical }
+func (SleepTagDriver) rank() Rank  { return rankSleepTagDriver }
+func (PoolRegistry) rank() Rank    { return rankPoolRegistry }
+func (TransferPeer) rank() Rank    { return rankTransferPeer }
+func (TransferStaging) rank() Rank { return rankTransferStaging }
+func (TransferEngine) rank() Rank  { return rankTransferEngine }
 
 // Mutex is a sync.Mutex of rank R. In builds with the invariants tag its
 // Lock panics when the goroutine holds a lock of a higher rank.

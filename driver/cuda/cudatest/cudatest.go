@@ -61,3 +61,21 @@ func RequireEmpty(t testing.TB, lib *Lib) {
 	t.Helper()
 	lib.RequireEmpty(t)
 }
+
+// OpenFile loads the stand-in file a test built (Lib.Path), configured as
+// cfg, and opens the CUDA driver over it: for a child process that a test
+// starts, which has no testing.TB (its stand-in is its own instance, with
+// its own devices, as another process's GPU view is). The caller closes
+// the driver.
+func OpenFile(path string, cfg Config, opts cuda.Options) (*cuda.Driver, *Lib, error) {
+	lib, err := standin.OpenPath(path, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.Library = path
+	d, err := cuda.Open(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, lib, nil
+}
