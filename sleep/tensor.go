@@ -28,8 +28,8 @@ import (
 // Alloc does; in a tag a Sleep or Wake is busy with, Tensor waits for it.
 // p not a live allocation of this Manager is ErrNotAllocated; memory the
 // process cannot address (a driver that is no driver.HostMapper: the sim
-// driver, as for tensor.OnArena, and device memory of cuda and acl)
-// ErrUnsupported. A refusal changes nothing.
+// driver, and device memory of cuda and acl) is ErrUnsupported: Tensor
+// hands out tensors over host bytes only. A refusal changes nothing.
 func (m *Manager) Tensor(p driver.Addr) (*tensor.Tensor, error) {
 	if err := m.begin("Tensor"); err != nil {
 		return nil, err
