@@ -62,6 +62,8 @@
 //	SleepTagDriver     sleep's tagDriver.mu: taken under the tag allocator's locks (the allocator
 //	                   calls in); held across the real driver's calls only.
 //	PoolRegistry       pool's registry.mu: a leaf (slice and map operations only).
+//	SleepHostCache     sleep's hostCache.mu: a leaf (the kept pinned buffers); the driver's HostAlloc
+//	                   and HostFree run without it.
 //	TransferPeer       transfer.Peer.mu: held across one op's network I/O and the registration's
 //	                   tensor access (tensor.Lease takes no lock); takes TransferEngine.
 //	TransferEngine     transfer.Engine.mu: a leaf (the maps of peers, connections, registrations).

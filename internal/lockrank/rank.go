@@ -36,6 +36,7 @@ const (
 	rankStreamHostBuffer
 	rankSleepTagDriver
 	rankPoolRegistry
+	rankSleepHostCache
 	rankTransferPeer
 	rankTransferEngine
 	rankIPCExportedPool
@@ -75,6 +76,7 @@ var names = [...]string{
 	rankStreamHostBuffer:   "StreamHostBuffer",
 	rankSleepTagDriver:     "SleepTagDriver",
 	rankPoolRegistry:       "PoolRegistry",
+	rankSleepHostCache:     "SleepHostCache",
 	rankTransferPeer:       "TransferPeer",
 	rankTransferEngine:     "TransferEngine",
 	rankIPCExportedPool:    "IPCExportedPool",
@@ -124,6 +126,7 @@ type (
 	StreamHostBuffer   struct{}
 	SleepTagDriver     struct{}
 	PoolRegistry       struct{}
+	SleepHostCache     struct{}
 	TransferPeer       struct{}
 	TransferEngine     struct{}
 	IPCExportedPool    struct{}
@@ -159,6 +162,7 @@ func (StreamEvent) rank() Rank        { return rankStreamEvent }
 func (Stream) rank() Rank             { return rankStream }
 func (StreamHostBuffer) rank() Rank   { return rankStreamHostBuffer }
 func (SleepTagDriver) rank() Rank     { return rankSleepTagDriver }
+func (SleepHostCache) rank() Rank     { return rankSleepHostCache }
 func (PoolRegistry) rank() Rank       { return rankPoolRegistry }
 func (TransferPeer) rank() Rank       { return rankTransferPeer }
 func (TransferEngine) rank() Rank     { return rankTransferEngine }
