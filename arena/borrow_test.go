@@ -1,11 +1,8 @@
 package arena
 
 import (
-	"fmt"
-	"runtime"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
@@ -155,11 +152,6 @@ func borrowEachOther(t *testing.T, d backend) {
 		rounds = 50
 	}
 	done := make(chan struct{})
-	watchdog := time.AfterFunc(20*time.Second, func() {
-		buf := make([]byte, 1<<20)
-		panic(fmt.Sprintf("TestBorrowEachOther did not finish in 20s; goroutines:\n%s", buf[:runtime.Stack(buf, true)]))
-	})
-	defer watchdog.Stop()
 	var wg sync.WaitGroup
 	for _, pair := range [][2]*Sparse{{a, b}, {b, a}} {
 		borrower, lender := pair[0], pair[1]
@@ -203,11 +195,6 @@ func moveAndBorrowRace(t *testing.T, d backend) {
 	require.NoError(t, s.Commit(0, g))
 	require.NoError(t, s.Write(0, 0, []byte("kept")))
 	rounds := 100
-	watchdog := time.AfterFunc(20*time.Second, func() {
-		buf := make([]byte, 1<<20)
-		panic(fmt.Sprintf("TestMoveAndBorrowRace did not finish in 20s; goroutines:\n%s", buf[:runtime.Stack(buf, true)]))
-	})
-	defer watchdog.Stop()
 	var wg sync.WaitGroup
 	var borrowed int
 	wg.Add(2)

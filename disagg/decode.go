@@ -3,11 +3,11 @@ package disagg
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/transformer"
 	"github.com/vmarena/vmarena/kvcache"
 	"github.com/vmarena/vmarena/tensor"
@@ -48,7 +48,7 @@ type Decode struct {
 	tpg   int
 
 	// mu guards stats.
-	mu    sync.Mutex
+	mu    lockrank.Mutex[lockrank.DisaggDecode]
 	stats DecodeStats
 }
 

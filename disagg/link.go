@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/tensor"
 )
 
@@ -45,7 +46,7 @@ type Fetcher interface {
 // ready to use; it is safe for concurrent use.
 type Local struct {
 	// mu guards the fields below.
-	mu sync.Mutex
+	mu lockrank.Mutex[lockrank.DisaggLocal]
 	// exported are the tensors exported and not released, by id; ids are
 	// handed out from 1 up and never reused, so an id below next that is
 	// not here was released.

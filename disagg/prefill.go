@@ -3,11 +3,11 @@ package disagg
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/transformer"
 	"github.com/vmarena/vmarena/kvcache"
 	"github.com/vmarena/vmarena/tensor"
@@ -79,7 +79,7 @@ type Prefill struct {
 	tpg   int
 
 	// mu guards the fields below.
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.DisaggPrefill]
 	next   uint64
 	held   map[uint64]*held
 	closed bool

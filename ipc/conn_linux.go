@@ -6,13 +6,13 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/pool"
 )
@@ -120,7 +120,7 @@ func ended(err error) bool {
 type peerProc struct {
 	pid int
 	// mu guards pidfd: polls read it, closing writes it.
-	mu    sync.RWMutex
+	mu    lockrank.RWMutex[lockrank.IPCPeerProc]
 	pidfd int // -1: none, or closed
 }
 

@@ -37,12 +37,12 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
@@ -187,7 +187,7 @@ type Conn struct {
 
 	// mu guards the fields below. It is taken before an exported pool's
 	// own lock (ReleaseImportFor), never after.
-	mu   sync.Mutex
+	mu   lockrank.Mutex[lockrank.IPCConn]
 	sent map[uint64]map[uint64]sentChunk // pool id -> offset -> the chunk sent there on this connection
 	// holds counts the imports the peer holds: pool pointers sent with
 	// SendPointer and not yet released (RecvRelease); each is one import

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
@@ -64,7 +64,7 @@ var poolIDs atomic.Uint64
 type ExportedPool struct {
 	p     *pool.Pool
 	id    uint64
-	mu    sync.Mutex
+	mu    lockrank.Mutex[lockrank.IPCExportedPool]
 	allow []int
 }
 
@@ -493,8 +493,12 @@ type ImportedPool struct {
 	tab  *mapping.Table
 	conn *Conn
 
+	// recv is held by a RecvPointer from its first message to its last,
+	// across the waits for the peer; it guards no field, and is taken
+	// before mu, which each message takes once it has arrived.
+	recv lockrank.Mutex[lockrank.IPCReceive]
 	// mu guards the fields below and the page table's mappings.
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.IPCImportedPool]
 	chunks ranges.List[uint64, importedChunk] // by offset
 	ptrs   map[driver.Addr]importedPtr        // imported pointers
 	closed bool
@@ -582,23 +586,44 @@ func (c *Conn) RecvPointer(ip *ImportedPool) (driver.Addr, error) {
 			errors.Wrapf(driver.ErrInvalid, "ipc: receive pointer on %s: the imported pool came on another connection", c.path),
 			"receive a pool's pointers on the connection RecvPool received it on")
 	}
-	ip.mu.Lock()
-	defer ip.mu.Unlock()
-	defer ip.checkAfter("recvPointer")
-	if ip.closed {
+	// The wait for the peer's messages holds only recv, which keeps one
+	// receiver's messages together: ip.mu is taken for each message
+	// once it is in, so a stalled exporter stops no other call on ip.
+	ip.recv.Lock()
+	defer ip.recv.Unlock()
+	if ip.isClosed() {
 		return 0, driver.Closed("ipc: receive pointer into a closed imported pool")
 	}
 	for {
+		if recvWaiting != nil {
+			recvWaiting()
+		}
 		m, err := c.recv()
 		if err != nil {
 			return 0, err
 		}
-		ptr, done, err := ip.take(m)
+		ptr, done, err := ip.takeOne(m)
 		closeAll(m.fds)
 		if err != nil || done {
 			return ptr, err
 		}
 	}
+}
+
+// recvWaiting, when set (tests), is called by RecvPointer just before it
+// waits for the peer's next message.
+var recvWaiting func()
+
+// takeOne handles one message of a pointer transfer under ip.mu; an
+// imported pool closed while the message was awaited takes nothing.
+func (ip *ImportedPool) takeOne(m *message) (driver.Addr, bool, error) {
+	ip.mu.Lock()
+	defer ip.mu.Unlock()
+	defer ip.checkAfter("recvPointer")
+	if ip.closed {
+		return 0, true, driver.Closed("ipc: receive pointer into an imported pool closed while it waited")
+	}
+	return ip.take(m)
 }
 
 // take handles one message of a pointer transfer.

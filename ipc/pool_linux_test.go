@@ -107,11 +107,7 @@ func kill(t *testing.T, cmd *exec.Cmd) {
 	require.NoError(t, cmd.Process.Kill())
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the killed child was not reaped within 20 s")
-	}
+	<-done
 }
 
 // holdingPool is a shareable pool with one allocation holding "held",
@@ -167,12 +163,8 @@ func TestImporterKilledReleasesItsHolds(t *testing.T) {
 				res := make(chan error, 1)
 				go func() { _, err := conn.RecvRelease(ep); res <- err }()
 				kill(t, cmd)
-				select {
-				case err := <-res:
-					drivertest.RequireIs(t, err, driver.ErrClosed, fmt.Sprintf("process %d exited", cmd.Process.Pid), "released the 1 import(s) it held")
-				case <-time.After(20 * time.Second):
-					t.Fatal("RecvRelease did not return within 20 s of the peer's death")
-				}
+				err := <-res
+				drivertest.RequireIs(t, err, driver.ErrClosed, fmt.Sprintf("process %d exited", cmd.Process.Pid), "released the 1 import(s) it held")
 			case "ReleaseIfGone":
 				kill(t, cmd)
 				exited, err := conn.PeerExited()
@@ -266,11 +258,7 @@ func TestPeerProc(t *testing.T) {
 	require.False(t, exited, "a zombie keeps its PID")
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("not reaped within 20 s")
-	}
+	<-done
 	exited, err = byPID.exited(time.Second)
 	require.NoError(t, err)
 	require.True(t, exited, "reaped: no process has the PID")

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
@@ -129,13 +128,8 @@ func waitChild(t *testing.T, conn *Conn, cmd *exec.Cmd, out *syncBuffer) map[str
 	require.Equal(t, "done", string(m.body))
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "child output:\n%s", out.String())
-	case <-time.After(20 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatalf("the child did not exit within 20 s:\n%s", out.String())
-	}
+	err = <-done
+	require.NoError(t, err, "child output:\n%s", out.String())
 	return lines(out.String())
 }
 

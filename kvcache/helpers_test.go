@@ -1,10 +1,7 @@
 package kvcache
 
 import (
-	"fmt"
-	"runtime"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -186,16 +183,14 @@ func firstAddr(t testing.TB, s *Seq, l int) driver.Addr {
 	return k.Addr() + driver.Addr(k.Offset()*k.DType().Size())
 }
 
-// bounded runs call under a watchdog: a call that does not return in 10s
-// fails the test binary with every goroutine's stack.
+// bounded runs call, a wait that must end (what names it for a reader),
+// and returns what it returns. It sets no clock of its own: a loaded
+// machine is slow, not broken, and a call that never returns is bounded
+// by go test's -timeout, which fails the binary with every goroutine's
+// stack.
 func bounded[T any](t testing.TB, what string, call func() T) T {
 	t.Helper()
-	name := t.Name()
-	watchdog := time.AfterFunc(10*time.Second, func() {
-		buf := make([]byte, 1<<20)
-		panic(fmt.Sprintf("%s: %s did not return within 10s; goroutines:\n%s", name, what, buf[:runtime.Stack(buf, true)]))
-	})
-	defer watchdog.Stop()
+	_ = what
 	return call()
 }
 

@@ -3,13 +3,13 @@ package multidev
 import (
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
@@ -46,7 +46,7 @@ type Arena struct {
 	// reachability against the layout and then change grants or the
 	// layout — so no chunk moves between a check and its use. It is taken
 	// before the arena's locks.
-	grants sync.Mutex
+	grants lockrank.Mutex[lockrank.MultidevGrants]
 }
 
 // New reserves opts.Max of address space for an arena whose chunks are

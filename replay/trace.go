@@ -52,6 +52,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 
@@ -60,6 +61,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/input"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/replay/internal/pickle"
 	"github.com/vmarena/vmarena/internal/sentinel"
 )
 
@@ -268,7 +270,34 @@ func ParseFile(name string) ([]Event, error) {
 		return nil, err
 	}
 	defer f.Close()
+	if err := checkTraceSize(f, name); err != nil {
+		return nil, err
+	}
 	return Parse(f)
+}
+
+// checkTraceSize refuses, before anything is read past its first byte, a
+// trace file larger than its kind may be: a snapshot over the pickle
+// decoder's input limit, a CSV over MaxTraceBytes. Parse would read that
+// much before it saw the bound passed (a gigabyte held for a snapshot).
+func checkTraceSize(f *os.File, name string) error {
+	st, err := f.Stat()
+	if err != nil {
+		return sentinel.Mark(errors.Wrap(err, "replay: trace"), driver.ErrInvalid)
+	}
+	var first [1]byte
+	n, err := f.ReadAt(first[:], 0)
+	if n == 0 && err != nil && err != io.EOF {
+		return sentinel.Mark(errors.Wrap(err, "replay: trace"), driver.ErrInvalid)
+	}
+	most, kind := int64(MaxTraceBytes), "a CSV trace (MaxTraceBytes)"
+	if n == 1 && first[0] == pickleProto {
+		most, kind = pickle.DefaultMaxInput, "a snapshot pickle (the decoder's input limit)"
+	}
+	if st.Size() > most {
+		return sentinel.Mark(errors.Newf("replay: trace %s is %d bytes, more than the %d %s may have", name, st.Size(), most, kind), ErrMalformed)
+	}
+	return nil
 }
 
 // parseHeader returns the index of each of Columns in the header.

@@ -71,12 +71,8 @@ func TestSleepSyncsCUDADevice(t *testing.T) {
 	}()
 	time.Sleep(20 * time.Millisecond) // a chance to return early, were it wrong
 	lib.Release()
-	select {
-	case n := <-held:
-		require.Equal(t, uint64(1), n, "Sleep returned before the work on the device's other stream ran")
-	case <-time.After(20 * time.Second):
-		t.Fatal("Sleep did not return after the held work was released")
-	}
+	n := <-held
+	require.Equal(t, uint64(1), n, "Sleep returned before the work on the device's other stream ran")
 	require.Equal(t, uint64(1), lib.Calls("cuCtxSynchronize"))
 	require.True(t, stats(t, m, "weights").Asleep)
 	require.NoError(t, m.Wake())

@@ -1,11 +1,10 @@
 package sleep
 
 import (
-	"sync"
-
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 )
 
 // pinnedMin is the smallest backup given a pinned buffer of its own:
@@ -32,7 +31,9 @@ type hostCache struct {
 	d     driver.Driver
 	limit uint64
 
-	mu    sync.Mutex
+	// mu guards bytes and kept; a leaf: the driver's HostAlloc and
+	// HostFree (which waits for the streams' work) run without it.
+	mu    lockrank.Mutex[lockrank.SleepHostCache]
 	bytes uint64
 	kept  map[uint64][][]byte // by length
 }
@@ -94,19 +95,22 @@ func (c *hostCache) held() uint64 {
 	return c.bytes
 }
 
-// close gives every kept buffer back to the driver.
+// close gives every kept buffer back to the driver. It takes them out of
+// the cache first and frees them without mu: a HostFree waits for the
+// work on the driver's streams, which may be a host function that
+// allocates here.
 func (c *hostCache) close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	kept := c.kept
+	c.kept, c.bytes = map[uint64][][]byte{}, 0
+	c.mu.Unlock()
 	var errs error
-	for n, bufs := range c.kept {
+	for n, bufs := range kept {
 		for _, b := range bufs {
 			if err := c.d.(driver.Streams).HostFree(b); err != nil {
 				errs = errors.CombineErrors(errs, errors.Wrapf(err, "sleep: give back a kept host buffer of %d bytes", n))
 			}
 		}
-		delete(c.kept, n)
 	}
-	c.bytes = 0
 	return errs
 }

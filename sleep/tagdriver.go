@@ -54,6 +54,9 @@ type tagDriver struct {
 	refused  []driver.Handle // real chunks whose release was refused, retried by sleep, wake and close
 	awakeMem uint64          // bytes of real chunks held now
 	asleepB  uint64          // bytes of chunks given back by sleep, committed again by wake
+	// reserved are the reservations made through the tag, by base: its
+	// books (driver.Books) answer for them, asleep as awake.
+	reserved map[driver.Addr]uint64
 }
 
 // A vchunk is one of the allocator's chunks: real names the real chunk
@@ -75,7 +78,8 @@ type vmap struct {
 }
 
 func newTagDriver(d driver.Driver, tag string) *tagDriver {
-	return &tagDriver{d: d, tag: tag, chunks: map[driver.Handle]*vchunk{}, maps: map[driver.Addr]*vmap{}}
+	return &tagDriver{d: d, tag: tag, chunks: map[driver.Handle]*vchunk{}, maps: map[driver.Addr]*vmap{},
+		reserved: map[driver.Addr]uint64{}}
 }
 
 func (t *tagDriver) busy(op string) error {
@@ -91,11 +95,96 @@ func (t *tagDriver) Supports(f driver.Feature) bool {
 }
 
 func (t *tagDriver) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, error) {
-	return t.d.Reserve(size, align, hint)
+	base, err := t.d.Reserve(size, align, hint)
+	if err != nil {
+		return 0, err
+	}
+	t.mu.Lock()
+	t.reserved[base] = size
+	t.mu.Unlock()
+	return base, nil
 }
 
 func (t *tagDriver) Unreserve(base driver.Addr, size uint64) error {
-	return t.d.Unreserve(base, size)
+	if err := t.d.Unreserve(base, size); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	delete(t.reserved, base)
+	t.mu.Unlock()
+	return nil
+}
+
+// The tag's books (driver.Books) are its records — the chunks, mappings
+// and reservations the allocator made through it — asleep as awake: what
+// physical's, mapping's and vaspace's Checks compare theirs with. check
+// compares them with the real driver's while awake.
+var _ driver.Books = (*tagDriver)(nil)
+
+// ChunkInfo is the device and size of the tag's live chunk h.
+func (t *tagDriver) ChunkInfo(h driver.Handle) (driver.DeviceID, uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, err := t.chunk("chunk info", h)
+	if err != nil {
+		return 0, 0, err
+	}
+	return c.dev, c.size, nil
+}
+
+// MappingAt is the handle and size of the tag's mapping that starts at
+// addr.
+func (t *tagDriver) MappingAt(addr driver.Addr) (driver.Handle, uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m := t.maps[addr]; m != nil {
+		return m.h, m.size, nil
+	}
+	for base, size := range t.reserved {
+		if addr >= base && uint64(addr-base) < size {
+			return 0, 0, errors.Wrapf(driver.ErrNotMapped, "sleep: mapping at %s in tag %q: none starts there", addr, t.tag)
+		}
+	}
+	return 0, 0, errors.Wrapf(driver.ErrNotReserved, "sleep: mapping at %s in tag %q: outside every reservation of the tag", addr, t.tag)
+}
+
+// Mapped is how many of the tag's mappings overlap [base, base+size) and
+// their bytes.
+func (t *tagDriver) Mapped(base driver.Addr, size uint64) (int, uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n, bytes := 0, uint64(0)
+	for a, m := range t.maps {
+		if a < base+driver.Addr(size) && base < a+driver.Addr(m.size) {
+			n, bytes = n+1, bytes+m.size
+		}
+	}
+	return n, bytes, nil
+}
+
+// ReservationAt is the size of the tag's reservation that starts at base.
+func (t *tagDriver) ReservationAt(base driver.Addr) (uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	size, ok := t.reserved[base]
+	if !ok {
+		return 0, errors.Wrapf(driver.ErrNotReserved, "sleep: reservation at %s in tag %q: none starts there", base, t.tag)
+	}
+	return size, nil
+}
+
+// Used is the bytes of the tag's real chunks on dev held now: 0 while the
+// tag sleeps (its chunks given back). A walk over the tag's chunks.
+func (t *tagDriver) Used(dev driver.DeviceID) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var n uint64
+	for _, c := range t.chunks {
+		if c.dev == dev && c.real != 0 {
+			n += c.size
+		}
+	}
+	return n
 }
 
 func (t *tagDriver) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptions) (driver.Handle, error) {
@@ -505,6 +594,26 @@ func (t *tagDriver) check() error {
 			got, err := t.d.Access(a, driver.DeviceID(dev))
 			if err != nil || got != m.access[dev] {
 				fail("sleep: tag %q: the driver gives device %d %s at %s, the record says %s (%v)", t.tag, dev, got, a, m.access[dev], err)
+			}
+		}
+	}
+	if b, ok := t.d.(driver.Books); ok && !t.asleep {
+		for h, c := range t.chunks {
+			if c.released {
+				continue // the real driver holds it for its mappings
+			}
+			if dev, size, err := b.ChunkInfo(c.real); err != nil || dev != c.dev || size != c.size {
+				fail("sleep: tag %q: chunk %d is real handle %d, %s on device %d; the driver says %s on device %d (%v): released behind the tag's back",
+					t.tag, h, c.real, units.Bytes(c.size), c.dev, units.Bytes(size), dev, err)
+			}
+		}
+		for a, m := range t.maps {
+			c := t.chunks[m.h]
+			if c == nil {
+				continue // reported above
+			}
+			if h, size, err := b.MappingAt(a); err != nil || h != c.real || size != m.size {
+				fail("sleep: tag %q: the mapping at %s is of real handle %d, the driver's of %d, %s (%v)", t.tag, a, c.real, h, units.Bytes(size), err)
 			}
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -37,11 +36,7 @@ func holdAccess(t *testing.T, tt *tensor.Tensor, patch []byte) *heldAccess {
 			return nil
 		})
 	}()
-	select {
-	case <-h.entered:
-	case <-time.After(hangGuard):
-		t.Fatal("the access did not start")
-	}
+	<-h.entered
 	return h
 }
 
@@ -49,11 +44,7 @@ func holdAccess(t *testing.T, tt *tensor.Tensor, patch []byte) *heldAccess {
 // waits for the accesses in flight).
 func waitRevoked(t *testing.T, tt *tensor.Tensor) {
 	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !tt.Released() {
-		if time.Now().After(deadline) {
-			t.Fatal("the tensor's lease was never revoked")
-		}
+	for !tt.Released() { // one never revoked is go test -timeout's
 		runtime.Gosched()
 	}
 }

@@ -28,13 +28,13 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 )
 
 // Stream is an ordered queue of work on one device. Safe for concurrent
@@ -46,7 +46,7 @@ type Stream struct {
 	id  driver.Stream
 	dev driver.DeviceID
 
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.Stream]
 	pos    uint64
 	clock  map[*Stream]uint64
 	closed bool
@@ -432,7 +432,7 @@ type Event struct {
 	id  driver.Event
 	dev driver.DeviceID
 
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.StreamEvent]
 	src    *Stream
 	clock  map[*Stream]uint64
 	closed bool
@@ -561,7 +561,7 @@ func Elapsed(start, end *Event) (time.Duration, error) {
 // and a hook that always synchronizes would recurse until the stack
 // overflowed, a fatal error. It is refused instead (inHook).
 var hooks struct {
-	mu       sync.Mutex
+	mu       lockrank.Mutex[lockrank.StreamHooks]
 	next     int
 	fns      map[driver.Driver]map[int]func()
 	running  map[uint64]int
@@ -697,7 +697,7 @@ type HostBuffer struct {
 
 	// mu guards bytes and freeing. It is not held while Free waits for
 	// the driver: a host function queued before the Free may call Bytes.
-	mu      sync.Mutex
+	mu      lockrank.Mutex[lockrank.StreamHostBuffer]
 	bytes   []byte // nil once freed
 	freeing bool   // a Free is under way: Bytes answers nil
 }

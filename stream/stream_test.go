@@ -3,7 +3,6 @@ package stream_test
 import (
 	"bytes"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -257,11 +256,7 @@ func TestHostFuncCallsOnItsOwnStream(t *testing.T) {
 	gate := make(chan struct{})
 	var errs []error
 	require.NoError(t, s.Launch("calls its stream", func() error {
-		select {
-		case <-gate:
-		case <-time.After(5 * time.Second):
-			return errors.New("the gate never opened")
-		}
+		<-gate
 		errs = append(errs, s.Synchronize(), s.Destroy(), ev.Synchronize())
 		return nil
 	}))
@@ -294,11 +289,7 @@ func TestDestroyWhileHostFuncEnqueues(t *testing.T) {
 	gate := make(chan struct{})
 	var launchErr error
 	require.NoError(t, s.Launch("enqueues", func() error {
-		select {
-		case <-gate:
-		case <-time.After(5 * time.Second):
-			return errors.New("the gate never opened")
-		}
+		<-gate
 		launchErr = s.Launch("more", func() error { return nil })
 		return nil
 	}))
@@ -307,19 +298,13 @@ func TestDestroyWhileHostFuncEnqueues(t *testing.T) {
 	drivertest.RequireIs(t, launchErr, driver.ErrClosed, "destroyed")
 }
 
-// bounded returns what call returns. If it has not returned within 5
-// seconds a timer ends the test binary with every goroutine's stack: a
-// deadlock fails instead of hanging. A plain test failure would not do,
-// nor a panic on the test's goroutine: the testing package runs the
-// cleanups (Destroy, Close) first, and they wait for the same wedged work.
+// bounded returns what call, a wait that must end (what names it for a
+// reader), returns. It sets no clock of its own: a loaded machine is slow,
+// not broken, and a deadlock is bounded by go test's -timeout, which ends
+// the binary with every goroutine's stack.
 func bounded(t *testing.T, what string, call func() error) error {
 	t.Helper()
-	name := t.Name()
-	watchdog := time.AfterFunc(5*time.Second, func() {
-		buf := make([]byte, 1<<20)
-		panic(fmt.Sprintf("%s: %s did not return within 5s; goroutines:\n%s", name, what, buf[:runtime.Stack(buf, true)]))
-	})
-	defer watchdog.Stop()
+	_ = what
 	return call()
 }
 

@@ -113,11 +113,7 @@ func TestAccessPanicLetsGo(t *testing.T) {
 	})
 	done := make(chan struct{})
 	go func() { l.Revoke(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Revoke still waits for an access that panicked")
-	}
+	<-done
 	drivertest.RequireIs(t, x.Access(false, func([]byte) error { return nil }), driver.ErrClosed)
 }
 

@@ -200,8 +200,7 @@ func header(kind, flags byte, id, gen, off, n uint64) []byte {
 // connection ended instead (it was dropped).
 func readResp(t *testing.T, c net.Conn) (byte, string) {
 	t.Helper()
-	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
-	var h [8]byte
+	var h [8]byte // a target that neither answers nor drops is go test -timeout's
 	if _, err := io.ReadFull(c, h[:]); err != nil {
 		var ne net.Error
 		require.False(t, errorsAs(err, &ne) && ne.Timeout(), "the target neither answered nor dropped the connection")
@@ -453,11 +452,7 @@ func TestStalledPut(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // most likely inside the access now; either way the test holds
 	revoked := make(chan struct{})
 	go func() { r.lease.Revoke(); close(revoked) }()
-	select {
-	case <-revoked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a stalled put held the memory past LeaseTimeout")
-	}
+	<-revoked
 	status, _ := readResp(t, c)
 	require.Equal(t, byte(255), status, "the connection is dropped")
 	require.Equal(t, transfer.Stats{}, e.Stats())
@@ -518,12 +513,8 @@ func TestRemapUnderLoad(t *testing.T) {
 	require.NoError(t, target.remap(3))
 	require.NoError(t, tr.Close())
 	for range 4 {
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("an op neither ended nor failed")
-		}
+		err := <-done
+		require.NoError(t, err)
 	}
 	got, err := target.bytes()
 	require.NoError(t, err)

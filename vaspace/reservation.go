@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/internal/extent"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -73,7 +74,7 @@ type Reservation struct {
 	// under a callback.
 	hold sync.RWMutex
 
-	mu sync.Mutex
+	mu lockrank.Mutex[lockrank.VaspaceReservation]
 	// freed is set, with hold, space.mu and mu all held, once the driver
 	// has unreserved the range; free and carved are then empty.
 	freed bool

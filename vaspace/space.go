@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/isnil"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -22,7 +22,7 @@ type Space struct {
 	d    driver.Driver
 	gran uint64 // d.Granularity(), fixed for the driver's life
 
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.VaspaceSpace]
 	closed bool
 	// rs holds the live reservations by their ranges. A reservation leaves
 	// rs in the same critical section that marks it freed.

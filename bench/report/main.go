@@ -278,7 +278,7 @@ func runLines(ctx context.Context, dir string, args []string, each func(string))
 		_ = pw.Close() // the reader below sees the end of the output
 		done <- err
 	}()
-	sc := bufio.NewScanner(pr)
+	sc := bufio.NewScanner(&boundedOutput{r: pr})
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		each(sc.Text())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"regexp"
 	"strconv"
@@ -57,12 +58,41 @@ var procsSuffix = regexp.MustCompile(`-[0-9]+$`)
 // benchmark's name printed alone before its logs.
 func parse(r io.Reader) (output, error) {
 	var out output
-	sc := bufio.NewScanner(r)
+	br := &boundedOutput{r: r}
+	sc := bufio.NewScanner(br)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		out.line(sc.Text())
 	}
-	return out, sc.Err()
+	if err := sc.Err(); err != nil {
+		return output{}, err
+	}
+	return out, nil
+}
+
+// maxOutput bounds the benchmark output the report reads in all, from a
+// file or from the suite it runs (a variable so that a test can lower
+// it): the suite's whole output is about 8 KB (testdata/bench-output.txt),
+// a run with -count 10 and verbose logs a few MB. The results it builds
+// are bounded with it: each takes a line of at least a name and a figure.
+var maxOutput int64 = 64 << 20
+
+// boundedOutput reads r, failing once more than maxOutput bytes would
+// have been read.
+type boundedOutput struct {
+	r    io.Reader
+	read int64
+}
+
+func (b *boundedOutput) Read(p []byte) (int, error) {
+	if left := maxOutput - b.read + 1; int64(len(p)) > left {
+		p = p[:left] // one past the bound: enough to see it passed
+	}
+	n, err := b.r.Read(p)
+	if b.read += int64(n); b.read > maxOutput {
+		return n, fmt.Errorf("report: more than %d bytes of benchmark output (maxOutput)", maxOutput)
+	}
+	return n, err
 }
 
 // line takes in one line of output, and returns the result it is, if

@@ -419,3 +419,31 @@ func FuzzParse(f *testing.F) {
 		require.LessOrEqual(t, len(out.results), strings.Count(s, "\n")+1)
 	})
 }
+
+// endless is output that never ends: one result line over and over.
+type endless struct{ at int }
+
+func (e *endless) Read(p []byte) (int, error) {
+	const line = "BenchmarkX-8   \t 100\t 12.5 ns/op\n"
+	for i := range p {
+		p[i] = line[e.at%len(line)]
+		e.at++
+	}
+	return len(p), nil
+}
+
+// TestParseIsBounded: output past maxOutput bytes — a file that never
+// ends, here — is refused with an error naming the bound, and no results
+// come back; output just within it parses whole.
+func TestParseIsBounded(t *testing.T) {
+	defer func(m int64) { maxOutput = m }(maxOutput)
+	maxOutput = 1 << 20
+	out, err := parse(&endless{})
+	require.ErrorContains(t, err, "more than 1048576 bytes of benchmark output")
+	require.Empty(t, out.results)
+	const line = "BenchmarkX-8   \t 100\t 12.5 ns/op\n"
+	n := int(maxOutput) / len(line)
+	out, err = parse(strings.NewReader(strings.Repeat(line, n)))
+	require.NoError(t, err)
+	require.Len(t, out.results, n)
+}

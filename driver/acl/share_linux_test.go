@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
@@ -193,29 +192,20 @@ func (p *proc) send(line string) {
 // expect waits for the child's next line, which must be want.
 func (p *proc) expect(want string) {
 	p.t.Helper()
-	select {
-	case got, ok := <-p.lines:
-		require.True(p.t, ok, "the %s child ended before saying %q", p.role, want)
-		require.Equal(p.t, want, got, "the %s child", p.role)
-	case <-time.After(30 * time.Second):
-		p.t.Fatalf("the %s child did not say %q in 30s", p.role, want)
-	}
+	got, ok := <-p.lines
+	require.True(p.t, ok, "the %s child ended before saying %q", p.role, want)
+	require.Equal(p.t, want, got, "the %s child", p.role)
 }
 
 // hostPID reads the host process ID the child says it has (HostPID).
 func (p *proc) hostPID() int {
 	p.t.Helper()
-	select {
-	case got, ok := <-p.lines:
-		require.True(p.t, ok, "the %s child ended before saying its process ID", p.role)
-		var pid int
-		_, err := fmt.Sscanf(got, "pid %d", &pid)
-		require.NoError(p.t, err, "the %s child said %q", p.role, got)
-		return pid
-	case <-time.After(30 * time.Second):
-		p.t.Fatalf("the %s child did not say its process ID in 30s", p.role)
-		return 0
-	}
+	got, ok := <-p.lines
+	require.True(p.t, ok, "the %s child ended before saying its process ID", p.role)
+	var pid int
+	_, err := fmt.Sscanf(got, "pid %d", &pid)
+	require.NoError(p.t, err, "the %s child said %q", p.role, got)
+	return pid
 }
 
 // done waits for the child to exit, successfully.

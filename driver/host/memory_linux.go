@@ -3,6 +3,7 @@ package host
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"math"
 	"math/bits"
 	"os"
@@ -71,16 +72,54 @@ type meminfoFigures struct {
 	memTotal, memAvailable, swapTotal, swapFree uint64
 }
 
+// The bounds on what the driver reads of the kernel's files (a test's
+// stand-ins included), far above what a kernel writes: /proc/meminfo is
+// about 60 lines of under 40 bytes; /proc/self/cgroup a line per
+// hierarchy (13 in cgroup v1), each a path of at most PATH_MAX (4 KiB);
+// memory.stat about 50 lines; a limit or usage file one number of at most
+// 20 digits and a newline.
+const (
+	maxMeminfoBytes     = 64 << 10
+	maxProcCgroupBytes  = 64 << 10
+	maxCgroupStatBytes  = 64 << 10
+	maxCgroupLimitBytes = 64
+)
+
+// readBounded reads the whole of path, refusing one of more than most
+// bytes: procfs and sysfs files say size 0, so the bound is on what is
+// read, not on a stat (a test's /dev/zero would never end).
+func readBounded(path string, most int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, most+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > most {
+		return nil, errors.Wrapf(driver.ErrInvalid, "host: %s holds more than the %d bytes it may have", path, most)
+	}
+	return b, nil
+}
+
 // readMeminfo reads path (/proc/meminfo when empty). A figure missing from
 // the file is 0; MemTotal missing is an error.
 func readMeminfo(path string) (meminfoFigures, error) {
 	if path == "" {
 		path = "/proc/meminfo"
 	}
-	text, err := os.ReadFile(path)
+	text, err := readBounded(path, maxMeminfoBytes)
 	if err != nil {
 		return meminfoFigures{}, errors.Wrap(err, "host: reading the machine's memory")
 	}
+	return parseMeminfo(path, text)
+}
+
+// parseMeminfo reads the figures of a meminfo file's text (path names it
+// in errors).
+func parseMeminfo(path string, text []byte) (meminfoFigures, error) {
 	var m meminfoFigures
 	found := map[string]bool{}
 	for _, line := range strings.Split(string(text), "\n") {
@@ -103,7 +142,7 @@ func readMeminfo(path string) (meminfoFigures, error) {
 		}
 		kb, err := strconv.ParseUint(fields[1], 10, 64)
 		if err != nil || kb > math.MaxUint64/units.KiB {
-			return meminfoFigures{}, errors.Newf("host: %s: cannot read %q", path, line)
+			return meminfoFigures{}, errors.Newf("host: %s: cannot read %.80q", path, line)
 		}
 		*dst = kb * units.KiB
 		found[fields[0]] = true
@@ -150,7 +189,7 @@ const unlimited = 1 << 62
 // limited or none can be read: a machine without cgroups is limited by
 // its memory alone.
 func findCgroupMemory(procCgroup, root string) *cgroupMemory {
-	text, err := os.ReadFile(procCgroup)
+	text, err := readBounded(procCgroup, maxProcCgroupBytes)
 	if err != nil {
 		return nil
 	}
@@ -173,6 +212,29 @@ func findCgroupMemory(procCgroup, root string) *cgroupMemory {
 			dir = filepath.Dir(dir)
 		}
 	}
+	for _, e := range parseProcCgroup(text) {
+		if e.v2 {
+			consider(filepath.Join(root, e.path), root, "memory.max", "memory.current", "inactive_file")
+		} else {
+			base := filepath.Join(root, "memory")
+			consider(filepath.Join(base, e.path), base, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+		}
+	}
+	return best
+}
+
+// cgroupEntry is a line of /proc/self/cgroup that names a memory cgroup:
+// the unified hierarchy's (v2) or the memory controller's (v1).
+type cgroupEntry struct {
+	v2   bool
+	path string
+}
+
+// parseProcCgroup returns the memory cgroups /proc/self/cgroup's text
+// names ("id:controllers:path" lines), in its order; other lines are
+// skipped.
+func parseProcCgroup(text []byte) []cgroupEntry {
+	var es []cgroupEntry
 	for _, line := range strings.Split(string(text), "\n") {
 		id, rest, ok := strings.Cut(line, ":")
 		if !ok {
@@ -183,14 +245,13 @@ func findCgroupMemory(procCgroup, root string) *cgroupMemory {
 			continue
 		}
 		switch {
-		case id == "0" && controllers == "": // v2, unified
-			consider(filepath.Join(root, path), root, "memory.max", "memory.current", "inactive_file")
-		case hasController(controllers, "memory"): // v1
-			base := filepath.Join(root, "memory")
-			consider(filepath.Join(base, path), base, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+		case id == "0" && controllers == "":
+			es = append(es, cgroupEntry{v2: true, path: path})
+		case hasController(controllers, "memory"):
+			es = append(es, cgroupEntry{path: path})
 		}
 	}
-	return best
+	return es
 }
 
 func hasController(list, name string) bool {
@@ -204,10 +265,15 @@ func hasController(list, name string) bool {
 
 // readCgroupLimit reads a limit file: a number of bytes, or "max" (none).
 func readCgroupLimit(path string) (uint64, bool) {
-	b, err := os.ReadFile(path)
+	b, err := readBounded(path, maxCgroupLimitBytes)
 	if err != nil {
 		return 0, false
 	}
+	return parseCgroupLimit(b)
+}
+
+// parseCgroupLimit reads a limit or usage file's text.
+func parseCgroupLimit(b []byte) (uint64, bool) {
 	s := string(bytes.TrimSpace(b))
 	if s == "max" {
 		return math.MaxUint64, true
@@ -321,7 +387,7 @@ func (cg *cgroupMemory) inactiveFile() uint64 {
 		return 0
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(io.LimitReader(f, maxCgroupStatBytes))
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), " ")
 		if ok && k == cg.inactive {

@@ -19,6 +19,10 @@ import (
 // sysNodeRoot is where Linux lists the machine's NUMA nodes.
 const sysNodeRoot = "/sys/devices/system/node"
 
+// maxCPUListBytes bounds a cpulist or has_memory file: sysfs writes at
+// most a page (4 KiB) per attribute.
+const maxCPUListBytes = 64 << 10
+
 // numaNode is one NUMA node as sysfs lists it: root/node<ID>, whose cpulist
 // names its CPUs (none for a node of memory only).
 type numaNode struct {
@@ -41,7 +45,7 @@ func numaNodes(root string) ([]numaNode, error) {
 		return nil, errors.Wrap(err, "host: listing NUMA nodes")
 	}
 	var withMemory []int
-	if b, err := os.ReadFile(filepath.Join(root, "has_memory")); err == nil {
+	if b, err := readBounded(filepath.Join(root, "has_memory"), maxCPUListBytes); err == nil {
 		if withMemory, err = parseCPUList(string(b)); err != nil {
 			withMemory = nil // unreadable: do not filter
 		}
@@ -59,7 +63,7 @@ func numaNodes(root string) ([]numaNode, error) {
 		if withMemory != nil && !slices.Contains(withMemory, id) {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(root, e.Name(), "cpulist"))
+		b, err := readBounded(filepath.Join(root, e.Name(), "cpulist"), maxCPUListBytes)
 		if err != nil {
 			continue
 		}

@@ -185,11 +185,7 @@ func TestHostFreeWaitsForQueuedCopy(t *testing.T) {
 		case r = <-freed:
 		case <-time.After(50 * time.Millisecond):
 			open()
-			select {
-			case r = <-freed:
-			case <-time.After(5 * time.Second):
-				t.Fatal("HostFree did not return within 5s of the gate opening")
-			}
+			r = <-freed
 		}
 		open()
 		require.NoError(t, d.SyncStream(st))

@@ -21,7 +21,6 @@ package sim
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
@@ -30,6 +29,7 @@ import (
 	"github.com/vmarena/vmarena/driver/internal/queue"
 	"github.com/vmarena/vmarena/internal/extent"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -73,7 +73,7 @@ type Driver struct {
 	// take; the backend, which runs under the ledger's lock, never takes
 	// calls.
 	calls struct {
-		sync.Mutex
+		lockrank.Mutex[lockrank.SimCalls]
 		space   Calls   // Reserve and Unreserve
 		devices []Calls // the rest, indexed by DeviceID
 	}

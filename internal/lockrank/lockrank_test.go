@@ -149,3 +149,32 @@ func BenchmarkMutex(b *testing.B) {
 	b.ReportMetric(float64(ts.Nanoseconds())/float64(b.N*batch), "sync-ns/lock")
 	b.ReportMetric(float64(tm)/float64(ts), "x-sync")
 }
+
+// TestViolation: Violation returns the report of an out-of-order Lock
+// (nothing without the tag, and nothing for one in order), lets both
+// locks go, and lets any other panic go on.
+func TestViolation(t *testing.T) {
+	var a Mutex[outer]
+	var b Mutex[inner]
+	got := Violation(&b, &a)
+	if Enabled {
+		require.Regexp(t, `^lockrank: KVCache \(rank \d+\) taken while holding Test \(rank \d+\)`, got)
+		require.Empty(t, heldBy(goid()))
+	} else {
+		require.Empty(t, got)
+	}
+	require.Empty(t, Violation(&a, &b))
+	require.True(t, a.TryLock())
+	require.True(t, b.TryLock())
+	b.Unlock()
+	a.Unlock()
+	require.PanicsWithValue(t, "other", func() { Violation(&a, panicker{}) })
+	require.True(t, a.TryLock(), "let go after another panic too")
+	a.Unlock()
+}
+
+// panicker is a Locker whose Lock panics with "other".
+type panicker struct{}
+
+func (panicker) Lock()   { panic("other") }
+func (panicker) Unlock() {}

@@ -2,6 +2,7 @@ package lockrank
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -13,32 +14,84 @@ type Rank uint8
 // it is held across).
 const (
 	rankNone Rank = iota
+	rankDisaggPrefill
 	rankSleepManager
 	rankKVCache
 	rankTensorGrowable
+	rankIPCConn
+	rankIPCReceive
 	rankPoolCreating
 	rankPool
+	rankIPCImportedPool
 	rankArenaAllocator
+	rankMultidevGrants
 	rankArena
 	rankSparseMu
 	rankMapping
 	rankPhysical
+	rankVaspaceSpace
+	rankVaspaceReservation
+	rankStreamEvent
+	rankStream
+	rankStreamHostBuffer
 	rankSleepTagDriver
 	rankPoolRegistry
+	rankSleepHostCache
 	rankTransferPeer
 	rankTransferStaging
 	rankTransferEngine
+	rankIPCExportedPool
+	rankIPCPeerProc
+	rankDisaggDecode
+	rankDisaggLocal
+	rankStreamHooks
+	rankSimCalls
+	rankLedger
+	rankQueueEngine
+	rankAccelStreams
+	rankHostBuffers
 	rankTest // tests only: above every other
 )
 
 var names = [...]string{
-	rankNone: "none", rankSleepManager: "SleepManager", rankKVCache: "KVCache",
-	rankTensorGrowable: "TensorGrowable", rankPoolCreating: "PoolCreating", rankPool: "Pool",
-	rankArenaAllocator: "ArenaAllocator", rankArena: "Arena",
-	rankSparseMu: "SparseMu",
-	rankMapping:  "Mapping", rankPhysical: "Physical", rankSleepTagDriver: "SleepTagDriver",
-	rankPoolRegistry: "PoolRegistry", rankTransferPeer: "TransferPeer", rankTransferStaging: "TransferStaging", rankTransferEngine: "TransferEngine",
-	rankTest: "Test",
+	rankNone:               "none",
+	rankDisaggPrefill:      "DisaggPrefill",
+	rankSleepManager:       "SleepManager",
+	rankKVCache:            "KVCache",
+	rankTensorGrowable:     "TensorGrowable",
+	rankIPCConn:            "IPCConn",
+	rankIPCReceive:         "IPCReceive",
+	rankPoolCreating:       "PoolCreating",
+	rankPool:               "Pool",
+	rankIPCImportedPool:    "IPCImportedPool",
+	rankArenaAllocator:     "ArenaAllocator",
+	rankMultidevGrants:     "MultidevGrants",
+	rankArena:              "Arena",
+	rankSparseMu:           "SparseMu",
+	rankMapping:            "Mapping",
+	rankPhysical:           "Physical",
+	rankVaspaceSpace:       "VaspaceSpace",
+	rankVaspaceReservation: "VaspaceReservation",
+	rankStreamEvent:        "StreamEvent",
+	rankStream:             "Stream",
+	rankStreamHostBuffer:   "StreamHostBuffer",
+	rankSleepTagDriver:     "SleepTagDriver",
+	rankPoolRegistry:       "PoolRegistry",
+	rankSleepHostCache:     "SleepHostCache",
+	rankTransferPeer:       "TransferPeer",
+	rankTransferStaging:    "TransferStaging",
+	rankTransferEngine:     "TransferEngine",
+	rankIPCExportedPool:    "IPCExportedPool",
+	rankIPCPeerProc:        "IPCPeerProc",
+	rankDisaggDecode:       "DisaggDecode",
+	rankDisaggLocal:        "DisaggLocal",
+	rankStreamHooks:        "StreamHooks",
+	rankSimCalls:           "SimCalls",
+	rankLedger:             "Ledger",
+	rankQueueEngine:        "QueueEngine",
+	rankAccelStreams:       "AccelStreams",
+	rankHostBuffers:        "HostBuffers",
+	rankTest:               "Test",
 }
 
 func (r Rank) String() string {
@@ -53,38 +106,80 @@ type ranker interface{ rank() Rank }
 
 // The ranks as types, one per lock of the order.
 type (
-	SleepManager    struct{}
-	KVCache         struct{}
-	TensorGrowable  struct{}
-	PoolCreating    struct{}
-	Pool            struct{}
-	ArenaAllocator  struct{}
-	Arena           struct{}
-	SparseMu        struct{}
-	Mapping         struct{}
-	Physical        struct{}
-	SleepTagDriver  struct{}
-	PoolRegistry    struct{}
-	TransferPeer    struct{}
-	TransferStaging struct{}
-	TransferEngine  struct{}
+	DisaggPrefill      struct{}
+	SleepManager       struct{}
+	KVCache            struct{}
+	TensorGrowable     struct{}
+	IPCConn            struct{}
+	IPCReceive         struct{}
+	PoolCreating       struct{}
+	Pool               struct{}
+	IPCImportedPool    struct{}
+	ArenaAllocator     struct{}
+	MultidevGrants     struct{}
+	Arena              struct{}
+	SparseMu           struct{}
+	Mapping            struct{}
+	Physical           struct{}
+	VaspaceSpace       struct{}
+	VaspaceReservation struct{}
+	StreamEvent        struct{}
+	Stream             struct{}
+	StreamHostBuffer   struct{}
+	SleepTagDriver     struct{}
+	PoolRegistry       struct{}
+	SleepHostCache     struct{}
+	TransferPeer       struct{}
+	TransferStaging    struct{}
+	TransferEngine     struct{}
+	IPCExportedPool    struct{}
+	IPCPeerProc        struct{}
+	DisaggDecode       struct{}
+	DisaggLocal        struct{}
+	StreamHooks        struct{}
+	SimCalls           struct{}
+	Ledger             struct{}
+	QueueEngine        struct{}
+	AccelStreams       struct{}
+	HostBuffers        struct{}
 )
 
-func (SleepManager) rank() Rank    { return rankSleepManager }
-func (KVCache) rank() Rank         { return rankKVCache }
-func (TensorGrowable) rank() Rank  { return rankTensorGrowable }
-func (PoolCreating) rank() Rank    { return rankPoolCreating }
-func (Pool) rank() Rank            { return rankPool }
-func (ArenaAllocator) rank() Rank  { return rankArenaAllocator }
-func (Arena) rank() Rank           { return rankArena }
-func (SparseMu) rank() Rank        { return rankSparseMu }
-func (Mapping) rank() Rank         { return rankMapping }
-func (Physical) rank() Rank        { return rankPhysical }
-func (SleepTagDriver) rank() Rank  { return rankSleepTagDriver }
-func (PoolRegistry) rank() Rank    { return rankPoolRegistry }
-func (TransferPeer) rank() Rank    { return rankTransferPeer }
-func (TransferStaging) rank() Rank { return rankTransferStaging }
-func (TransferEngine) rank() Rank  { return rankTransferEngine }
+func (DisaggPrefill) rank() Rank      { return rankDisaggPrefill }
+func (SleepManager) rank() Rank       { return rankSleepManager }
+func (KVCache) rank() Rank            { return rankKVCache }
+func (TensorGrowable) rank() Rank     { return rankTensorGrowable }
+func (IPCConn) rank() Rank            { return rankIPCConn }
+func (IPCReceive) rank() Rank         { return rankIPCReceive }
+func (PoolCreating) rank() Rank       { return rankPoolCreating }
+func (Pool) rank() Rank               { return rankPool }
+func (IPCImportedPool) rank() Rank    { return rankIPCImportedPool }
+func (ArenaAllocator) rank() Rank     { return rankArenaAllocator }
+func (MultidevGrants) rank() Rank     { return rankMultidevGrants }
+func (Arena) rank() Rank              { return rankArena }
+func (SparseMu) rank() Rank           { return rankSparseMu }
+func (Mapping) rank() Rank            { return rankMapping }
+func (Physical) rank() Rank           { return rankPhysical }
+func (VaspaceSpace) rank() Rank       { return rankVaspaceSpace }
+func (VaspaceReservation) rank() Rank { return rankVaspaceReservation }
+func (StreamEvent) rank() Rank        { return rankStreamEvent }
+func (Stream) rank() Rank             { return rankStream }
+func (StreamHostBuffer) rank() Rank   { return rankStreamHostBuffer }
+func (SleepTagDriver) rank() Rank     { return rankSleepTagDriver }
+func (SleepHostCache) rank() Rank     { return rankSleepHostCache }
+func (PoolRegistry) rank() Rank       { return rankPoolRegistry }
+func (TransferPeer) rank() Rank       { return rankTransferPeer }
+func (TransferStaging) rank() Rank    { return rankTransferStaging }
+func (TransferEngine) rank() Rank     { return rankTransferEngine }
+func (IPCExportedPool) rank() Rank    { return rankIPCExportedPool }
+func (IPCPeerProc) rank() Rank        { return rankIPCPeerProc }
+func (DisaggDecode) rank() Rank       { return rankDisaggDecode }
+func (DisaggLocal) rank() Rank        { return rankDisaggLocal }
+func (StreamHooks) rank() Rank        { return rankStreamHooks }
+func (SimCalls) rank() Rank           { return rankSimCalls }
+func (Ledger) rank() Rank             { return rankLedger }
+func (QueueEngine) rank() Rank        { return rankQueueEngine }
+func (AccelStreams) rank() Rank       { return rankAccelStreams }
+func (HostBuffers) rank() Rank        { return rankHostBuffers }
 
 // Mutex is a sync.Mutex of rank R. In builds with the invariants tag its
 // Lock panics when the goroutine holds a lock of a higher rank.
@@ -185,4 +280,26 @@ func (rw *RWMutex[R]) TryRLock() bool {
 		acquired(goid(), r.rank())
 	}
 	return ok
+}
+
+// Violation takes held, then take, lets both go and returns the report
+// take's Lock panicked with when it was out of order ("" when it was
+// not, and always without the invariants tag): for the tests of each
+// package that show its locks are checked. Only a lockrank report is
+// caught; any other panic goes on.
+func Violation(held, take sync.Locker) (report string) {
+	held.Lock()
+	defer held.Unlock()
+	defer func() {
+		if r := recover(); r != nil {
+			s, ok := r.(string)
+			if !ok || !strings.HasPrefix(s, "lockrank: ") {
+				panic(r)
+			}
+			report = s
+		}
+	}()
+	take.Lock()
+	take.Unlock()
+	return ""
 }

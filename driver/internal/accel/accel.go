@@ -32,7 +32,6 @@ package accel
 
 import (
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
@@ -40,6 +39,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/internal/ledger"
 	"github.com/vmarena/vmarena/driver/internal/queue"
+	"github.com/vmarena/vmarena/internal/lockrank"
 )
 
 // Runtime is one vendor runtime's calls, as the Core needs them. Every
@@ -149,7 +149,7 @@ type Core struct {
 	engine *queue.Engine
 
 	// mu guards streams; it is a leaf: nothing is called under it.
-	mu sync.Mutex
+	mu lockrank.Mutex[lockrank.AccelStreams]
 	// streams holds, for each live engine stream, its runtime stream.
 	streams map[driver.Stream]any
 	// host are the pinned buffers HostAlloc handed out.

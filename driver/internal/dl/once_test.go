@@ -31,12 +31,7 @@ func TestOnceBlockedLoad(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 3, v)
 	}()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		close(release)
-		t.Fatal("a load of another path waited for the blocked one")
-	}
+	<-done
 
 	close(release)
 	v, err := o.Load("stuck", time.Minute, blocked)

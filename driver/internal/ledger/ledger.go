@@ -33,12 +33,12 @@ package ledger
 import (
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/lockrank"
 	"github.com/vmarena/vmarena/internal/ranges"
 	"github.com/vmarena/vmarena/internal/runs"
 	"github.com/vmarena/vmarena/internal/units"
@@ -181,7 +181,7 @@ type Ledger struct {
 	gran      uint64
 	share     bool
 
-	mu           sync.RWMutex
+	mu           lockrank.RWMutex[lockrank.Ledger]
 	closed       bool
 	reservations ranges.List[driver.Addr, *Region]
 	chunks       handles // by handle

@@ -1,12 +1,12 @@
 package queue
 
 import (
-	"sync"
 	"unsafe"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 )
 
 // HostBuffers are the host buffers a driver's HostAlloc handed out and
@@ -16,7 +16,7 @@ import (
 // its tear-down takes them all back (Close). The zero value is ready; a
 // closed one takes no more buffers.
 type HostBuffers struct {
-	mu     sync.Mutex
+	mu     lockrank.Mutex[lockrank.HostBuffers]
 	bufs   map[*byte]uint64
 	closed bool
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
@@ -154,11 +153,11 @@ func TestDrain(t *testing.T) {
 	require.NoError(t, e.Enqueue(a, "gate", waitA3))
 	require.NoError(t, e.Enqueue(a, "drains", func() error { waiting = e.Drain("drain"); return nil }))
 	require.NoError(t, e.Enqueue(b, "syncs a", func() error { return e.SyncStream(a) }))
-	require.Eventually(t, func() bool {
+	until(func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.streams[b].blocked != nil
-	}, patience, time.Millisecond)
+	})
 	openA3()
 	require.NoError(t, within(t, "sync b", func() error { return e.SyncStream(b) }))
 	require.True(t, errors.Is(waiting, driver.ErrBusy), "%v", waiting)
@@ -188,11 +187,11 @@ func TestDrainWaitsForDestroyedStream(t *testing.T) {
 	require.NoError(t, e.Enqueue(a, "destroys gone", func() error { destroyed <- e.DestroyStream(gone); return nil }))
 	require.NoError(t, e.Enqueue(a, "gate", waitA))
 	require.NoError(t, e.RecordEvent(ev, a)) // behind the host function
-	require.Eventually(t, func() bool {
+	until(func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.streams[a].blocked != nil
-	}, patience, time.Millisecond)
+	})
 	require.NoError(t, e.StreamWaitEvent(gone, ev))
 	var ran atomic.Bool
 	require.NoError(t, e.Enqueue(gone, "after the wait", func() error { ran.Store(true); return nil }))

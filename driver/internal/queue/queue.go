@@ -33,6 +33,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/lockrank"
 )
 
 type op struct {
@@ -91,7 +92,7 @@ type Engine struct {
 	ndev    int
 	canPeer func(dev, peer driver.DeviceID) bool
 
-	mu      sync.Mutex
+	mu      lockrank.Mutex[lockrank.QueueEngine]
 	cond    *sync.Cond // broadcast whenever an operation finishes
 	streams map[driver.Stream]*stream
 	events  map[driver.Event]*event

@@ -14,39 +14,27 @@ import (
 	"github.com/vmarena/vmarena/driver"
 )
 
-// patience bounds every wait for something that must happen, so a broken
-// engine fails a test instead of hanging it.
-const patience = 5 * time.Second
-
 func newEngine(t *testing.T, ndev int) *Engine {
 	t.Helper()
 	e := New("test", ndev, func(_, _ driver.DeviceID) bool { return true })
-	t.Cleanup(func() {
-		// Bounded: after a failed test the work Close waits for may be
-		// wedged.
-		closed := make(chan struct{})
-		go func() { _ = e.Close(); close(closed) }()
-		select {
-		case <-closed:
-		case <-time.After(patience):
-			t.Errorf("Close did not return within %s", patience)
-		}
-	})
+	t.Cleanup(func() { _ = e.Close() })
 	return e
 }
 
-// within fails t unless call returns within patience, and returns its
-// error.
+// within returns call's error; what names the wait for a reader. It sets
+// no clock: a call that never returns is bounded by go test's -timeout,
+// which prints every goroutine's stack.
 func within(t *testing.T, what string, call func() error) error {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- call() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(patience):
-		t.Fatalf("%s did not return within %s", what, patience)
-		return nil
+	_ = what
+	return call()
+}
+
+// until polls cond until it holds: a wait that ends on a condition, never
+// on the clock (go test's -timeout bounds one that never holds).
+func until(cond func() bool) {
+	for !cond() {
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -97,17 +85,13 @@ func check(e *Engine) error {
 	return errs
 }
 
-// gate is a channel that an operation waits on (for at most patience).
+// gate is a channel that an operation waits on.
 func gate() (wait func() error, open func()) {
 	ch := make(chan struct{})
 	var once sync.Once
 	return func() error {
-			select {
-			case <-ch:
-				return nil
-			case <-time.After(patience):
-				return errors.New("the gate never opened")
-			}
+			<-ch
+			return nil
 		}, func() {
 			once.Do(func() { close(ch) })
 		}
@@ -180,12 +164,8 @@ func TestStreamsOverlap(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, e.Enqueue(ids[i], "meet", func() error {
 			started.Done()
-			select {
-			case <-all:
-				return nil
-			case <-time.After(patience):
-				return errors.New("the other streams never started")
-			}
+			<-all
+			return nil
 		}))
 	}
 	for _, id := range ids {
@@ -334,12 +314,8 @@ func TestWaitOnEventOfDestroyedStream(t *testing.T) {
 	default:
 	}
 	open()
-	select {
-	case err := <-destroyed:
-		require.NoError(t, err)
-	case <-time.After(patience):
-		t.Fatal("DestroyStream did not return")
-	}
+	err = <-destroyed
+	require.NoError(t, err)
 	require.NoError(t, within(t, "sync b", func() error { return e.SyncStream(b) }))
 	require.True(t, ran.Load())
 	require.NoError(t, check(e))
@@ -361,15 +337,11 @@ func TestSyncEventReturnsOnClose(t *testing.T) {
 	go func() { synced <- e.SyncEvent(ev) }()
 	time.AfterFunc(10*time.Millisecond, open)
 	require.NoError(t, within(t, "close", e.Close))
-	select {
-	case err := <-synced:
-		// It returns either way; a SyncEvent that only started once Close
-		// had begun is refused, as every call after Close is.
-		if err != nil {
-			require.True(t, errors.Is(err, driver.ErrClosed), "%v", err)
-		}
-	case <-time.After(patience):
-		t.Fatal("SyncEvent did not return after Close")
+	err = <-synced
+	// It returns either way; a SyncEvent that only started once Close
+	// had begun is refused, as every call after Close is.
+	if err != nil {
+		require.True(t, errors.Is(err, driver.ErrClosed), "%v", err)
 	}
 }
 
@@ -444,11 +416,7 @@ func TestCreateStreamDuringClose(t *testing.T) {
 		open()
 		require.NoError(t, within(t, "close", func() error { return <-closed }))
 		if st != nil {
-			select {
-			case <-st.finished:
-			case <-time.After(time.Second):
-				t.Fatalf("round %d: the stream created during Close was never stopped", round)
-			}
+			<-st.finished
 		}
 	}
 }
@@ -543,18 +511,18 @@ func TestDestroyFromHostFuncDoesNotDrainIntoItself(t *testing.T) {
 	require.NoError(t, e.Enqueue(a, "destroys b", func() error { destroyed <- e.DestroyStream(b); return nil }))
 	require.NoError(t, e.RecordEvent(ev, a)) // behind the host function
 	// Once the host function waits for b, b gets a wait for that record.
-	require.Eventually(t, func() bool {
+	until(func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.streams[a].blocked != nil
-	}, patience, time.Millisecond)
+	})
 	require.NoError(t, e.StreamWaitEvent(b, ev))
 	var ran atomic.Bool
 	require.NoError(t, e.Enqueue(b, "after wait", func() error { ran.Store(true); return nil }))
 	open()
 	require.NoError(t, within(t, "the host function's destroy", func() error { return <-destroyed }))
 	require.NoError(t, within(t, "sync a", func() error { return e.SyncStream(a) }))
-	require.Eventually(t, ran.Load, patience, time.Millisecond, "b drains after it is destroyed")
+	until(ran.Load) // b drains after it is destroyed
 	require.NoError(t, check(e))
 	require.NoError(t, within(t, "close", e.Close))
 	require.LessOrEqual(t, goroutines(before), before, "goroutines left")

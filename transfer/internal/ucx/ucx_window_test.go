@@ -16,10 +16,20 @@ import (
 	"github.com/vmarena/vmarena/driver"
 )
 
+// waitWithin and flushWithin wait with a deadline that is the behaviour
+// under test: a window nothing fills, a flush to a stopped peer, each
+// ending in context.DeadlineExceeded.
 func waitWithin(x *Window, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return x.Wait(ctx)
+}
+
+func flushWithin(t *testing.T, e *Endpoint, d time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return e.Flush(ctx)
 }
 
 // open opens a window over n bytes at off of the peer's memory and
@@ -98,7 +108,7 @@ func TestWindowsByteExact(t *testing.T) {
 				}
 				token := p.open(roff, n, true)
 				require.NoError(t, e.Send(token, 0, local.addr()+uintptr(loff), uint64(n)))
-				require.NoError(t, flushWithin(t, e, replyWait))
+				require.NoError(t, flushed(t, e))
 				require.Equal(t, "ok", p.wait(token), "round %d: a write of %d bytes", i, n)
 				p.shut(token)
 				after := p.read(lo, hi-lo)
@@ -118,7 +128,7 @@ func TestWindowsByteExact(t *testing.T) {
 				into, intoToken, err := w.Open(local.addr()+uintptr(loff), uint64(n), true)
 				require.NoError(t, err)
 				require.NoError(t, e.Fetch(token, 0, uint64(n), intoToken, 0))
-				require.NoError(t, waitWithin(into, replyWait), "round %d: a fetch of %d bytes", i, n)
+				require.NoError(t, into.Wait(context.Background()), "round %d: a fetch of %d bytes", i, n)
 				require.NoError(t, into.Close())
 				p.shut(token)
 				require.True(t, bytes.Equal(want, local.b[loff:loff+n]), "round %d: fetched %d bytes", i, n)
@@ -162,31 +172,31 @@ func TestWindowChecks(t *testing.T) {
 	closed := p.open(4096, 4096, true)
 	p.shut(closed)
 	require.NoError(t, e.Send(closed, 0, local.addr(), 4096))
-	require.NoError(t, flushWithin(t, e, replyWait))
+	require.NoError(t, flushed(t, e))
 	same("a write to a closed window")
 
 	readOnly := p.open(4096, 4096, false)
 	require.NoError(t, e.Send(readOnly, 0, local.addr(), 4096))
-	require.NoError(t, flushWithin(t, e, replyWait))
+	require.NoError(t, flushed(t, e))
 	same("a write to a window for fetches")
 
 	small := p.open(4096, 64, true)
 	require.NoError(t, e.Send(small, 0, local.addr(), 65))
-	require.NoError(t, flushWithin(t, e, replyWait))
+	require.NoError(t, flushed(t, e))
 	same("a write past the window's end")
 	require.True(t, strings.HasPrefix(p.wait(small), "err "), "the window failed")
 	require.NoError(t, e.Send(small, 60, local.addr(), 8))
-	require.NoError(t, flushWithin(t, e, replyWait))
+	require.NoError(t, flushed(t, e))
 	same("a write that straddles the window's end")
 
 	into, intoToken, err := w.Open(local.addr(), 4096, true)
 	require.NoError(t, err)
 	writable := p.open(8192, 4096, true)
 	require.NoError(t, e.Fetch(writable, 0, 4096, intoToken, 0))
-	require.NoError(t, flushWithin(t, e, replyWait))
+	require.NoError(t, flushed(t, e))
 	same("a fetch of a writable window")
 	require.NoError(t, e.Fetch(readOnly, 1, 4096, intoToken, 0))
-	require.NoError(t, flushWithin(t, e, replyWait))
+	require.NoError(t, flushed(t, e))
 	same("a fetch past the window's end")
 	require.ErrorIs(t, waitWithin(into, 100*time.Millisecond), context.DeadlineExceeded, "nothing came for the local window")
 	require.NoError(t, into.Close())
@@ -196,7 +206,7 @@ func TestWindowChecks(t *testing.T) {
 
 	good := p.open(0, 4096, true)
 	require.NoError(t, e.Send(good, 0, local.addr(), 4096))
-	require.NoError(t, flushWithin(t, e, replyWait))
+	require.NoError(t, flushed(t, e))
 	require.Equal(t, "ok", p.wait(good))
 	require.True(t, bytes.Equal(local.b[:4096], p.read(0, 4096)), "a good write lands")
 	p.shut(good)
@@ -290,7 +300,7 @@ func TestNoRMATarget(t *testing.T) {
 	require.NoError(t, err)
 	// No flush: the put before never completes on this endpoint.
 	require.NoError(t, e.Send(token, 0, local.addr(), 4096))
-	require.NoError(t, waitWithin(x, replyWait))
+	require.NoError(t, x.Wait(context.Background()))
 	require.Equal(t, local.b[:4096], mem.b[:4096], "a write through a window lands")
 	require.NoError(t, x.Close())
 	require.NoError(t, e.Close())
