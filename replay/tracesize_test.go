@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver/drivertest"
-	"github.com/vmarena/vmarena/internal/pickle"
+	"github.com/vmarena/vmarena/replay/internal/pickle"
 )
 
 // TestParseFileRefusesBySize: a trace file over its kind's bound — a
