@@ -19,10 +19,12 @@ import (
 func TestRaceSkipsRunWithoutRace(t *testing.T) {
 	script, err := os.ReadFile(filepath.Join(root, "scripts", "test"))
 	require.NoError(t, err)
-	// The run without -race: the go test line whose -run names the tests.
+	// The run without -race: the go test line (after the variables it
+	// sets, CGO_ENABLED=0) whose -run names the tests.
+	goTest := regexp.MustCompile(`^([A-Z_]+=[^ ]* )*go test `)
 	var pattern string
 	for _, line := range strings.Split(string(script), "\n") {
-		if strings.HasPrefix(line, "go test") && !strings.Contains(line, "-race") && strings.Contains(line, "-run") {
+		if goTest.MatchString(line) && !strings.Contains(line, "-race") && strings.Contains(line, "-run") {
 			pattern = line
 		}
 	}
