@@ -13,7 +13,7 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// The allocator from the README: memory committed where an allocation
+// The allocator of docs/arena.md: memory committed where an allocation
 // lies, kept after Free for the next Alloc, and given back by Trim from
 // wherever it lies.
 func ExampleAllocator() {

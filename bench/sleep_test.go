@@ -13,8 +13,8 @@ import (
 // GiB out to a pinned host buffer and back into the memory, which stays
 // committed (HostAlloc, Read, Write, HostFree) — what the backup alone
 // costs. Reports sleepwake-ms/op (and its sleep-ms/op and wake-ms/op),
-// copy-ms/op and sleepwake/copy (issue
-// 21's target: ≤ 1.2); the rest of the ratio is giving the memory back
+// copy-ms/op and sleepwake/copy (target
+// ≤ 1.2, docs/benchmarks.md); the rest of the ratio is giving the memory back
 // and committing, mapping and granting it again. Host driver, default
 // capacity; skipped when it cannot hold 3 GiB.
 func BenchmarkSleepWake1GiB(b *testing.B) {
@@ -34,8 +34,8 @@ func BenchmarkSleepWake1GiB(b *testing.B) {
 // small tag (three allocations, 120 KiB) per op, after 200 that warm up.
 // Reports the growth per cycle of the device's used bytes, of the backup
 // bytes a woken tag holds, of the process's file descriptors and of its
-// mappings (/proc/self/maps), each measured over every thousand (issue
-// 21's target: 0 each), and the time of one cycle. The mappings are the
+// mappings (/proc/self/maps), each measured over every thousand (target
+// 0 each, docs/benchmarks.md), and the time of one cycle. The mappings are the
 // whole process's: one the Go runtime adds while the cycles run counts
 // (TestThousandCycles in package sleep tells the runtime's from a leak,
 // which shows in every round).

@@ -17,7 +17,7 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// Sharing a chunk, from the README: a producer and a consumer — two
+// Sharing a chunk, as docs/sharing.md shows it: a producer and a consumer — two
 // processes in life, one here, each with a host driver of its own —
 // connect over a Unix socket; the producer exports a chunk to the
 // consumer's process ID and sends it, the consumer maps it, and each reads

@@ -26,7 +26,7 @@ func requireOSError(t *testing.T, err, target error, path string) {
 	require.Contains(t, err.Error(), path, "the message names the socket's path")
 }
 
-// TestSocketErrorsKeepTheOSError: what the README promises of ipc.Listen,
+// TestSocketErrorsKeepTheOSError: what docs/drivers.md's Errors section promises of ipc.Listen,
 // Dial, Accept and a send to a peer that has gone — the operating
 // system's error stays inside ours and the message names the socket's
 // path — and that a peer closing the connection while we wait for a

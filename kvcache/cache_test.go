@@ -13,7 +13,7 @@ import (
 	"github.com/vmarena/vmarena/tensor"
 )
 
-// TestLayoutFigures: the figures the package doc and README give for
+// TestLayoutFigures: the figures docs/kvcache.md's Layouts section gives for
 // the layouts, worked out by the cache's own geometry: for each preset,
 // page size and layout, the tokens a page holds, the commit unit, the
 // internal waste (bytes of committed pages no token can use, per token),

@@ -13,7 +13,7 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// The session from the README: reserve, create, map, grant one device, see
+// The session of docs/drivers.md: reserve, create, map, grant one device, see
 // the other refused, and close in order (the driver refuses to close while
 // anything is mapped).
 func Example() {

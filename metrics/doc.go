@@ -27,8 +27,8 @@
 // engines publish: vmarena_kvcache_usage_ratio (vLLM's kv_cache_usage_perc,
 // SGLang's token_usage), the prefix cache's queried and hit tokens (vLLM's
 // prefix_cache_queries and prefix_cache_hits) and hit ratio (SGLang's
-// cache_hit_rate), and preemptions (vLLM's num_preemptions). The README's
-// Metrics section lists them all.
+// cache_hit_rate), and preemptions (vLLM's num_preemptions). The Metrics
+// section of docs/cli.md lists them all.
 //
 // # Invariants
 //

@@ -8,7 +8,7 @@ import (
 	"github.com/vmarena/vmarena/stream"
 )
 
-// Stream-ordered allocation from the README: memory from the device's
+// Stream-ordered allocation of docs/streams-pools.md: memory from the device's
 // default pool, a copy and a host function in stream order, the memory
 // freed in stream order and the stream synchronized.
 func ExampleMallocAsync() {

@@ -53,7 +53,7 @@ func writeChart(w io.Writer, es []entry) error {
 	}
 	slices.Reverse(shown) // the first entry at the top
 
-	// Sans serif, as the README's page around it. (The SVG names the
+	// Sans serif, as the docs page around it. (The SVG names the
 	// font rather than embedding it, which would add half a megabyte.)
 	plot.DefaultFont = font.Font{Typeface: "Liberation", Variant: "Sans"}
 	p := plot.New()

@@ -1,6 +1,6 @@
-// Command report runs the README's benchmarks and writes what they
+// Command report runs the benchmarks of docs/benchmarks.md and writes what they
 // measured against their targets: DIR/benchmarks.md, a table of every
-// ratio the README holds to a target (path, benchmark, metric, measured,
+// ratio docs/benchmarks.md holds to a target (path, benchmark, metric, measured,
 // target, met?), and DIR/benchmarks.svg, a chart of each ratio beside its
 // target. A run also keeps go test's output in DIR/bench-output.txt, from
 // which -from draws the report again without running anything.
@@ -61,7 +61,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	var cfg config
 	fs.StringVar(&cfg.out, "out", "", "the `DIR` to write benchmarks.md, benchmarks.svg and bench-output.txt in (required)")
 	fs.StringVar(&cfg.filter, "bench-filter", "", "run only the commands with a benchmark this `REGEXP` matches, each with -bench REGEXP in place of its own")
-	fs.StringVar(&cfg.benchtime, "benchtime", "", "the -benchtime `D` of every command, in place of the README's (such as 50x)")
+	fs.StringVar(&cfg.benchtime, "benchtime", "", "the -benchtime `D` of every command, in place of docs/benchmarks.md's (such as 50x)")
 	fs.StringVar(&cfg.from, "from", "", "build the report from this saved go test -bench output `FILE` instead of running the benchmarks")
 	fs.BoolVar(&cfg.verbose, "v", false, "copy go test's output to standard error as it comes")
 	if err := fs.Parse(args); err != nil {
@@ -104,9 +104,9 @@ func report(ctx context.Context, cfg config, cmds []command, stdout, stderr io.W
 	}
 	var out output
 	var failed []string
-	src := source{intro: "The commands it ran (the README's, under Benchmarks" + overrides(cfg) + "):"}
+	src := source{intro: "The commands it ran (docs/benchmarks.md's, under The commands" + overrides(cfg) + "):"}
 	if cfg.from != "" {
-		src.intro = fmt.Sprintf("From the saved output `%s` of the README's commands:", cfg.from)
+		src.intro = fmt.Sprintf("From the saved output `%s` of docs/benchmarks.md's commands:", cfg.from)
 		for _, c := range cmds {
 			src.commands = append(src.commands, c.String())
 		}
@@ -177,7 +177,7 @@ func report(ctx context.Context, cfg config, cmds []command, stdout, stderr io.W
 	return nil
 }
 
-// overrides says what the flags changed in the README's commands.
+// overrides says what the flags changed in docs/benchmarks.md's commands.
 func overrides(cfg config) string {
 	var o []string
 	if cfg.filter != "" {
@@ -193,7 +193,7 @@ func overrides(cfg config) string {
 }
 
 // moduleRoot is the directory of the main module's go.mod, where the
-// README's commands run.
+// benchmark commands run.
 func moduleRoot(ctx context.Context) (string, error) {
 	b, err := exec.CommandContext(ctx, goCommand, "env", "GOMOD").Output()
 	if err != nil {

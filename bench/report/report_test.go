@@ -309,8 +309,8 @@ func TestFrom(t *testing.T) {
 	require.Equal(t, "report: 6 of 36 targets met; wrote "+filepath.Join(dir, tableFile)+" and "+filepath.Join(dir, chartFile)+"\n", stdout.String())
 	md, err := os.ReadFile(filepath.Join(dir, tableFile))
 	require.NoError(t, err)
-	require.Contains(t, string(md), "| reserve + free 1 TiB ÷ bare | `ReserveFree1TiB` | `lib/bare` | 1.146 | ≤ 1.05 (issue 13) | no |\n")
-	require.Contains(t, string(md), "\nFrom the saved output `"+savedOutput+"` of the README's commands:\n\n")
+	require.Contains(t, string(md), "| reserve + free 1 TiB ÷ bare | `ReserveFree1TiB` | `lib/bare` | 1.146 | ≤ 1.05 (docs/benchmarks.md) | no |\n")
+	require.Contains(t, string(md), "\nFrom the saved output `"+savedOutput+"` of docs/benchmarks.md's commands:\n\n")
 	for _, c := range suite {
 		require.Contains(t, string(md), "\n    "+c.String()+"\n")
 	}
@@ -377,9 +377,9 @@ func TestRunOneBenchmark(t *testing.T) {
 
 	md, err := os.ReadFile(filepath.Join(dir, tableFile))
 	require.NoError(t, err)
-	require.Contains(t, string(md), "The commands it ran (the README's, under Benchmarks, with -bench ReserveFree and -benchtime 50x):\n\n"+
+	require.Contains(t, string(md), "The commands it ran (docs/benchmarks.md's, under The commands, with -bench ReserveFree and -benchtime 50x):\n\n"+
 		"    go test ./bench -run '^$' -bench ReserveFree -benchtime 50x\n\n")
-	require.Contains(t, string(md), "| reserve + free 1 TiB ÷ bare | `ReserveFree1TiB` | `lib/bare` | 1.146 | ≤ 1.05 (issue 13) | no |\n")
+	require.Contains(t, string(md), "| reserve + free 1 TiB ÷ bare | `ReserveFree1TiB` | `lib/bare` | 1.146 | ≤ 1.05 (docs/benchmarks.md) | no |\n")
 	require.NotContains(t, string(md), "MapAccessUnmap", "a row the filter does not run is not in the report")
 	svg, err := os.ReadFile(filepath.Join(dir, chartFile))
 	require.NoError(t, err)

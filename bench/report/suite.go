@@ -8,62 +8,61 @@ import (
 	"github.com/cockroachdb/errors"
 )
 
-// suite is the README's benchmark commands, in the README's order, each
-// with the rows of the report its output fills: the one list of what a
-// full run runs and what it is held to. TestSuiteIsTheReadmes checks that
-// every command here is one the README lists.
+// suite is the benchmark commands of docs/benchmarks.md, in that page's
+// order, each with the rows of the report its output fills: the one list
+// of what a full run runs and what it is held to.
 var suite = []command{
 	{bench: "MapAccess|CreateRelease|ReserveFree", benchtime: "3000x", rows: []row{
-		{path: "map + access + unmap 2 MiB, no populate ÷ bare", bench: "BenchmarkMapAccessUnmap", sub: "no-populate", metric: "lib/bare", target: 1.05, source: "issue 13"},
-		{path: "reserve + free 1 TiB ÷ bare", bench: "BenchmarkReserveFree1TiB", metric: "lib/bare", target: 1.05, source: "issue 13"},
+		{path: "map + access + unmap 2 MiB, no populate ÷ bare", bench: "BenchmarkMapAccessUnmap", sub: "no-populate", metric: "lib/bare", target: 1.05, source: "docs/benchmarks.md"},
+		{path: "reserve + free 1 TiB ÷ bare", bench: "BenchmarkReserveFree1TiB", metric: "lib/bare", target: 1.05, source: "docs/benchmarks.md"},
 	}},
 	{bench: "Arena|GrowTo|^BenchmarkAllocFree$", rows: []row{
-		{path: "Alloc+Free at 1 M live ÷ Go make", bench: "BenchmarkAllocFree", sub: "1M", metric: "vmarena/go", target: 0.25, source: "issue 13"},
-		{path: "Alloc+Free at 1 K live ÷ Go make", bench: "BenchmarkAllocFree", sub: "1K", metric: "vmarena/go", target: 0.25, source: "issue 13"},
-		{path: "one growth step ÷ its bare calls", bench: "BenchmarkArenaGrowStep", sub: anySub, metric: "lib/bare", target: 1.10, source: "issue 13"},
-		{path: "growth to 1 GiB: Go append ÷ arena", bench: "BenchmarkGrowTo1GiB", metric: "speedup", target: 20, atLeast: true, source: "issue 3"},
+		{path: "Alloc+Free at 1 M live ÷ Go make", bench: "BenchmarkAllocFree", sub: "1M", metric: "vmarena/go", target: 0.25, source: "docs/benchmarks.md"},
+		{path: "Alloc+Free at 1 K live ÷ Go make", bench: "BenchmarkAllocFree", sub: "1K", metric: "vmarena/go", target: 0.25, source: "docs/benchmarks.md"},
+		{path: "one growth step ÷ its bare calls", bench: "BenchmarkArenaGrowStep", sub: anySub, metric: "lib/bare", target: 1.10, source: "docs/benchmarks.md"},
+		{path: "growth to 1 GiB: Go append ÷ arena", bench: "BenchmarkGrowTo1GiB", metric: "speedup", target: 20, atLeast: true, source: "docs/benchmarks.md"},
 	}},
 	{bench: "Scale", benchtime: "200x", rows: []row{
-		{path: "alloc + free, 10³ to 10⁶ live: largest ÷ smallest", bench: "BenchmarkScale", sub: "alloc-free", metric: "largest/smallest", target: 1.5, source: "issue 19"},
-		{path: "the same, freeing at random", bench: "BenchmarkScale", sub: "alloc-free-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
-		{path: "map + unmap, 10³ to 10⁶ mapped: largest ÷ smallest", bench: "BenchmarkScale", sub: "map-unmap", metric: "largest/smallest", target: 1.5, source: "issue 19"},
-		{path: "the same, at random places", bench: "BenchmarkScale", sub: "map-unmap-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
-		{path: "commit + decommit, 10³ to 10⁶ committed: largest ÷ smallest", bench: "BenchmarkScale", sub: "commit-decommit", metric: "largest/smallest", target: 1.5, source: "issue 19"},
-		{path: "the same, at random places", bench: "BenchmarkScale", sub: "commit-decommit-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
-		{path: "the floor of the random rows: Go's map at random places, 10³ to 10⁶ keys", bench: "BenchmarkScale", sub: "hash-floor-random", metric: "largest/smallest", target: 1.5, source: "issue 19"},
+		{path: "alloc + free, 10³ to 10⁶ live: largest ÷ smallest", bench: "BenchmarkScale", sub: "alloc-free", metric: "largest/smallest", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "the same, freeing at random", bench: "BenchmarkScale", sub: "alloc-free-random", metric: "largest/smallest", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "map + unmap, 10³ to 10⁶ mapped: largest ÷ smallest", bench: "BenchmarkScale", sub: "map-unmap", metric: "largest/smallest", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "the same, at random places", bench: "BenchmarkScale", sub: "map-unmap-random", metric: "largest/smallest", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "commit + decommit, 10³ to 10⁶ committed: largest ÷ smallest", bench: "BenchmarkScale", sub: "commit-decommit", metric: "largest/smallest", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "the same, at random places", bench: "BenchmarkScale", sub: "commit-decommit-random", metric: "largest/smallest", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "the floor of the random rows: Go's map at random places, 10³ to 10⁶ keys", bench: "BenchmarkScale", sub: "hash-floor-random", metric: "largest/smallest", target: 1.5, source: "docs/benchmarks.md"},
 	}},
 	{bench: "Replay", benchtime: "1x", rows: []row{
-		{path: "replay: committed ÷ allocated", bench: "BenchmarkReplay", sub: anySub, metric: "committed/allocated", target: 1.01, source: "issue 9"},
-		{path: "replay: modelled driver time ÷ PyTorch's", bench: "BenchmarkReplay", sub: anySub, metric: "driver/pytorch", target: 1, source: "issue 19", where: true},
-		{path: "replay at 64 KiB: seconds", bench: "BenchmarkReplay64KiB", sub: anySub, metric: "replay-s", target: 5, source: "issue 19"},
-		{path: "replay at 64 KiB: modelled driver time ÷ PyTorch's", bench: "BenchmarkReplay64KiB", sub: anySub, metric: "driver/pytorch", target: 1, source: "issue 19", where: true},
-		{path: "random-lifetimes replay at 2 MiB: seconds", bench: "BenchmarkReplaySynthetic", sub: "random-lifetimes/2_MiB", metric: "replay-s", target: 2, source: "issue 19"},
-		{path: "random-lifetimes replay at 64 KiB: seconds", bench: "BenchmarkReplaySynthetic", sub: "random-lifetimes/64_KiB", metric: "replay-s", target: 20, source: "issue 19"},
-		{path: "random-lifetimes at 2 MiB: committed ÷ allocated", bench: "BenchmarkReplaySynthetic", sub: "random-lifetimes/2_MiB", metric: "committed/allocated", target: 1.01, source: "issue 19"},
+		{path: "replay: committed ÷ allocated", bench: "BenchmarkReplay", sub: anySub, metric: "committed/allocated", target: 1.01, source: "docs/benchmarks.md"},
+		{path: "replay: modelled driver time ÷ PyTorch's", bench: "BenchmarkReplay", sub: anySub, metric: "driver/pytorch", target: 1, source: "docs/benchmarks.md", where: true},
+		{path: "replay at 64 KiB: seconds", bench: "BenchmarkReplay64KiB", sub: anySub, metric: "replay-s", target: 5, source: "docs/benchmarks.md"},
+		{path: "replay at 64 KiB: modelled driver time ÷ PyTorch's", bench: "BenchmarkReplay64KiB", sub: anySub, metric: "driver/pytorch", target: 1, source: "docs/benchmarks.md", where: true},
+		{path: "random-lifetimes replay at 2 MiB: seconds", bench: "BenchmarkReplaySynthetic", sub: "random-lifetimes/2_MiB", metric: "replay-s", target: 2, source: "docs/benchmarks.md"},
+		{path: "random-lifetimes replay at 64 KiB: seconds", bench: "BenchmarkReplaySynthetic", sub: "random-lifetimes/64_KiB", metric: "replay-s", target: 20, source: "docs/benchmarks.md"},
+		{path: "random-lifetimes at 2 MiB: committed ÷ allocated", bench: "BenchmarkReplaySynthetic", sub: "random-lifetimes/2_MiB", metric: "committed/allocated", target: 1.01, source: "docs/benchmarks.md"},
 	}},
 	{bench: "Pool", benchtime: "2000x", rows: []row{
-		{path: "pool pairs on four streams ÷ on one", bench: "BenchmarkPoolAllocFree", sub: "4-streams", metric: "streams/one", target: 1.2, source: "issue 13"},
+		{path: "pool pairs on four streams ÷ on one", bench: "BenchmarkPoolAllocFree", sub: "4-streams", metric: "streams/one", target: 1.2, source: "docs/benchmarks.md"},
 	}},
 	{bench: "IPC", benchtime: "10x", rows: []row{
-		{path: "IPC share of 1 GiB ÷ of 2 MiB", bench: "BenchmarkIPCShare", sub: "1_GiB", metric: "share-to-2MiB", target: 1.2, source: "issue 13"},
+		{path: "IPC share of 1 GiB ÷ of 2 MiB", bench: "BenchmarkIPCShare", sub: "1_GiB", metric: "share-to-2MiB", target: 1.2, source: "docs/benchmarks.md"},
 	}},
 	{bench: "Migrate", benchtime: "3x", rows: []row{
-		{path: "migrate 1 GiB ÷ copy into a new arena", bench: "BenchmarkMigrate1GiB", metric: "migrate/copy", target: 1.15, source: "issue 13"},
+		{path: "migrate 1 GiB ÷ copy into a new arena", bench: "BenchmarkMigrate1GiB", metric: "migrate/copy", target: 1.15, source: "docs/benchmarks.md"},
 	}},
 	{bench: "DecodeAttention|SequenceGrowth", benchtime: "10x", rows: []row{
-		{path: "decode attention: paged ÷ contiguous", bench: "BenchmarkDecodeAttention", sub: anySub, metric: "x-contiguous-vs-paged", target: 1.1, atLeast: true, source: "issue 11"},
-		{path: "sequence growth to 32k: copying ÷ cache", bench: "BenchmarkSequenceGrowth", sub: anySub, metric: "x-cache-vs-copying", target: 10, atLeast: true, source: "issue 11"},
+		{path: "decode attention: paged ÷ contiguous", bench: "BenchmarkDecodeAttention", sub: anySub, metric: "x-contiguous-vs-paged", target: 1.1, atLeast: true, source: "docs/benchmarks.md"},
+		{path: "sequence growth to 32k: copying ÷ cache", bench: "BenchmarkSequenceGrowth", sub: anySub, metric: "x-cache-vs-copying", target: 10, atLeast: true, source: "docs/benchmarks.md"},
 	}},
 	{bench: "KVAppend|KVDecodeStep", benchtime: "1024x", rows: []row{
-		{path: "KV Append of one token: 128k ÷ 1k context", bench: "BenchmarkKVAppend", sub: anySub, metric: "append-128k/1k", target: 1.5, source: "issue 19"},
-		{path: "KV decode step of 256 sequences: 32k ÷ 1k context", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/1k", target: 1.5, source: "issue 19"},
-		{path: "KV decode step of 256 sequences at 32k ÷ 50 µs", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/50us", target: 1, source: "issue 19"},
+		{path: "KV Append of one token: 128k ÷ 1k context", bench: "BenchmarkKVAppend", sub: anySub, metric: "append-128k/1k", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "KV decode step of 256 sequences: 32k ÷ 1k context", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/1k", target: 1.5, source: "docs/benchmarks.md"},
+		{path: "KV decode step of 256 sequences at 32k ÷ 50 µs", bench: "BenchmarkKVDecodeStep", sub: anySub, metric: "step-32k/50us", target: 1, source: "docs/benchmarks.md"},
 	}},
 	{bench: "SleepWake", benchtime: "3x", rows: []row{
-		{path: "sleep + wake of 1 GiB, Host mode ÷ a copy out and back", bench: "BenchmarkSleepWake1GiB", metric: "sleepwake/copy", target: 1.2, source: "issue 21"},
-		{path: "sleep/wake cycles: device and backup bytes grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "bytes-growth/cycle", target: 0, source: "issue 21"},
-		{path: "sleep/wake cycles: descriptors grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "fds-growth/cycle", target: 0, source: "issue 21"},
-		{path: "sleep/wake cycles: mappings grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "maps-growth/cycle", target: 0, source: "issue 21"},
+		{path: "sleep + wake of 1 GiB, Host mode ÷ a copy out and back", bench: "BenchmarkSleepWake1GiB", metric: "sleepwake/copy", target: 1.2, source: "docs/benchmarks.md"},
+		{path: "sleep/wake cycles: device and backup bytes grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "bytes-growth/cycle", target: 0, source: "docs/benchmarks.md"},
+		{path: "sleep/wake cycles: descriptors grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "fds-growth/cycle", target: 0, source: "docs/benchmarks.md"},
+		{path: "sleep/wake cycles: mappings grown a cycle", bench: "BenchmarkSleepWakeCycles", metric: "maps-growth/cycle", target: 0, source: "docs/benchmarks.md"},
 	}},
 }
 
@@ -96,11 +95,11 @@ func (c command) args(bench, benchtime string) []string {
 	return a
 }
 
-// String is c as the README writes it, quoted for a shell.
+// String is c as docs/benchmarks.md writes it, quoted for a shell.
 func (c command) String() string { return "go " + shellJoin(c.args("", "")) }
 
 // shellJoin quotes each argument that a shell would otherwise read
-// differently, the README's way: in single quotes.
+// differently, docs/benchmarks.md's way: in single quotes.
 func shellJoin(args []string) string {
 	q := make([]string, len(args))
 	for i, a := range args {
@@ -116,7 +115,7 @@ var plainWord = regexp.MustCompile(`^[A-Za-z0-9_./=:-]+$`)
 
 // row is one ratio of one benchmark and the target it is held to.
 type row struct {
-	// path is what the ratio measures, in the README's words.
+	// path is what the ratio measures, in docs/benchmarks.md's words.
 	path string
 	// bench is the benchmark's top-level name; sub its sub-benchmark
 	// ("" for none, anySub for each), as go test names it.
@@ -128,7 +127,7 @@ type row struct {
 	// when atLeast.
 	target  float64
 	atLeast bool
-	// source is where the target was set ("issue 13").
+	// source is the docs page that states the target ("docs/benchmarks.md").
 	source string
 	// where says the benchmark reports the metric only where the target
 	// applies (an anySub row's sub-benchmarks that lack it are left out,
@@ -160,7 +159,7 @@ func (r row) met(v float64) bool {
 	return v <= r.target
 }
 
-// bound is r's target as the report writes it, as the README does: "≤
+// bound is r's target as the report writes it, as docs/benchmarks.md does: "≤
 // 1.05", "≤ 1.10", "≥ 20".
 func (r row) bound() string {
 	t := formatFloat(r.target, -1)

@@ -653,4 +653,4 @@ type DemoUsageJSON struct {
 }
 
 // jsonHelp is the --json flag's help.
-const jsonHelp = "print one JSON document on stdout instead of text: sizes in bytes, times in seconds (the fields: README, section \"Machine-readable output\")"
+const jsonHelp = "print one JSON document on stdout instead of text: sizes in bytes, times in seconds (the fields: docs/cli.md, section \"Machine-readable output\")"

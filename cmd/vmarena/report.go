@@ -139,8 +139,8 @@ func replaySection(c column) report.Section {
 			chart.Caption = "The trace has no segment events: PyTorch's reserved memory is not drawn."
 		case d.Summary.MidRun():
 			// The reserved sum starts at zero with the first event and
-			// leaves out what was held before recording (the README says
-			// so): drawn, it would mislead.
+			// leaves out what was held before recording (docs/replay.md,
+			// Mid-run traces, says so): drawn, it would mislead.
 			chart.Caption = "The trace starts mid-run (" + midRun(d) + "): PyTorch's reserved memory is not drawn."
 		default:
 			chart.Series = append(chart.Series, report.Series{Name: "reserved (PyTorch)", X: tl.Reserved.X, Y: tl.Reserved.Y})

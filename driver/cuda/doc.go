@@ -76,8 +76,9 @@
 // libcuda.so.1 that the tests build (driver/internal/standin), through the
 // same loading, calling convention, structs and codes.
 // TestHardwareConformance and TestHardwareSmoke run wherever a GPU is, and
-// the README says how; an H100 (CUDA 13.0) has run them, which is how the
-// whole-mapping rule above was found.
+// docs/drivers.md (Running on a GPU or NPU machine) says how; an H100
+// (CUDA 13.0) has run them, which is how the whole-mapping rule above was
+// found.
 //
 // The driver never touches device memory from Go, never hands out a host
 // slice over it (it is not a driver.HostMapper), and never unloads

@@ -9,8 +9,8 @@
 // of a grow) and see each layer roll back.
 //
 // What the stand-in cannot prove is how real GPUs time and order their
-// work, or any rule NVIDIA does not document; the README says what has
-// run on hardware.
+// work, or any rule NVIDIA does not document; docs/drivers.md (What has
+// been proven where) says what has run on hardware.
 package cudatest
 
 import (
