@@ -1017,16 +1017,27 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				break
 			}
 			// The Append of what was reserved finds its pages: no
-			// driver call, no page committed.
+			// driver call, no page committed — but for a fork's shared
+			// last unit, which the Append copies on write (Reserve
+			// reserves past it).
 			require.NoError(t, s.real.MarkWritten(have), step)
 			m.publish(s, have)
 			more := s.next(have, got, &fresh)
+			_, mu := m.cowUnit(s)
+			copies := mu != nil && mu.refs > 1
 			mid := snapBooks(t, c, e)
 			out, err := s.real.Append(more)
+			if !m.cow(s, m.g.unitsFor(have+got)) {
+				requireIs(t, err, driver.ErrOutOfMemory, step+": the copy on write of a reserved Append")
+				r.ooms++
+				break
+			}
 			require.NoError(t, err, step+": the Append of what was reserved")
 			after := snapBooks(t, c, e)
-			require.Equal(t, mid.calls, after.calls, step+": the Append of what was reserved makes no driver call")
-			require.Equal(t, mid.used, after.used, step+": and commits nothing")
+			if !copies {
+				require.Equal(t, mid.calls, after.calls, step+": the Append of what was reserved makes no driver call")
+				require.Equal(t, mid.used, after.used, step+": and commits nothing")
+			}
 			_, ok := m.back(s, m.g.unitsFor(have+got))
 			require.True(t, ok, step)
 			s.tokens = append(s.tokens, more...)
@@ -1218,7 +1229,10 @@ func TestCacheModel(t *testing.T) {
 	require.Greater(t, total.preempts, 50)
 	require.Greater(t, total.resumes, 30)
 	require.Greater(t, total.hits, 200, "prompts of one family share prefixes")
-	require.Positive(t, total.copies, "some partly shared units are copied")
+	// A match ending in a partly shared unit (Stats.Copies) is rare in this
+	// mix of twelve kinds of op (0 to 2 in 40 runs): every step compares
+	// the model's count with the cache's, and TestPartialUnitCopiedOnce and
+	// TestCacheModelContiguous make one for sure.
 	require.Greater(t, total.steps, 20, "batched steps")
 	require.Positive(t, total.stepOOMs, "some steps do not fit")
 	require.Greater(t, total.forks, 10, "forks")
