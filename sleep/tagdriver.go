@@ -173,14 +173,16 @@ func (t *tagDriver) ReservationAt(base driver.Addr) (uint64, error) {
 	return size, nil
 }
 
-// Used is the bytes of the tag's real chunks on dev held now: 0 while the
-// tag sleeps (its chunks given back). A walk over the tag's chunks.
+// Used is the bytes of the tag's chunks on dev, as the allocator over it
+// sees them: those created and not yet gone (a released chunk lives on
+// while mapped), asleep as awake — the real memory a sleeping tag gave
+// back is the real driver's books'. A walk over the tag's chunks.
 func (t *tagDriver) Used(dev driver.DeviceID) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var n uint64
 	for _, c := range t.chunks {
-		if c.dev == dev && c.real != 0 {
+		if c.dev == dev {
 			n += c.size
 		}
 	}
