@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -124,11 +123,3 @@ func benchLoopback(b *testing.B, kind string, env ...string) {
 	b.ReportMetric(moved/socket.Seconds()/1e9, "socket-GB/s")
 }
 
-// cpuTime is the process's CPU time so far, user and system.
-func cpuTime() time.Duration {
-	var u syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
-		return 0
-	}
-	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
-}

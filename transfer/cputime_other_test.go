@@ -1,0 +1,9 @@
+//go:build !unix
+
+package transfer_test
+
+import "time"
+
+// cpuTime is 0 where the process's CPU time is not read (the benchmarks
+// that print it run on Linux).
+func cpuTime() time.Duration { return 0 }
