@@ -1017,14 +1017,15 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				break
 			}
 			// The Append of what was reserved finds its pages: no
-			// driver call, no page committed — but for a fork's shared
-			// last unit, which the Append copies on write (Reserve
-			// reserves past it).
+			// driver call, no page committed — but for a fork's last
+			// unit, still shared read-only, which the Append copies on
+			// write or, its slot the last to map it, grants write
+			// access to in place (Reserve reserves past it).
 			require.NoError(t, s.real.MarkWritten(have), step)
 			m.publish(s, have)
 			more := s.next(have, got, &fresh)
 			_, mu := m.cowUnit(s)
-			copies := mu != nil && mu.refs > 1
+			copies := mu != nil
 			mid := snapBooks(t, c, e)
 			out, err := s.real.Append(more)
 			if !m.cow(s, m.g.unitsFor(have+got)) {

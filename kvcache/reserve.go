@@ -36,9 +36,10 @@ import (
 // changes nothing. A unit the mapping-ahead goroutine is committing ends
 // the reservation there.
 //
-// A fork's partly written last unit, still shared, is not reserved: the
-// Append that writes there copies it on write (fork.go), one unit
-// committed then; Reserve commits the units past it.
+// A fork's partly written last unit, still shared read-only, is not
+// reserved: the Append that writes there copies it on write, or grants
+// its slot write access in place when no other maps it (fork.go);
+// Reserve commits the units past it.
 func (s *Seq) Reserve(n int) (int, error) {
 	what := func() string { return fmt.Sprintf("kvcache: reserve %d tokens ahead", n) }
 	c, err := s.lock(what)
