@@ -55,6 +55,11 @@
 //	                   a reservation's mu. (A reservation's hold, a reader-writer gate held while a
 //	                   Hold callback runs, is no lock of this list: it comes before everything.)
 //	VaspaceReservation vaspace.Reservation.mu: held across the driver's calls on the range.
+//	TransferPeer       transfer.Peer.mu: held across one op's network I/O and the registration's
+//	                   tensor access (tensor.Lease takes no lock); takes TransferEngine.
+//	TransferStaging    a half of transfer.Engine's staging buffer: held across one piece of a
+//	                   device op (its stream's copy and sync, the piece's network I/O): before
+//	                   the stream package's locks.
 //	StreamEvent        stream.Event.mu: held across the driver's record and destroy of the event and
 //	                   the recording stream's enqueue.
 //	Stream             stream.Stream.mu: held across one enqueue into the driver (never a wait).
@@ -64,10 +69,6 @@
 //	PoolRegistry       pool's registry.mu: a leaf (slice and map operations only).
 //	SleepHostCache     sleep's hostCache.mu: a leaf (the kept pinned buffers); the driver's HostAlloc
 //	                   and HostFree run without it.
-//	TransferPeer       transfer.Peer.mu: held across one op's network I/O and the registration's
-//	                   tensor access (tensor.Lease takes no lock); takes TransferEngine.
-//	TransferStaging    a half of transfer.Engine's staging buffer: held across one piece of a
-//	                   device op (the driver's stream copy and sync, the piece's network I/O).
 //	TransferEngine     transfer.Engine.mu: a leaf (the maps of peers, connections, registrations).
 //	IPCExportedPool    ipc.ExportedPool.mu: a leaf (the allow-list).
 //	IPCPeerProc        ipc's peerProc.mu (RW): held for reading across a poll of the peer's pidfd,

@@ -31,14 +31,14 @@ const (
 	rankPhysical
 	rankVaspaceSpace
 	rankVaspaceReservation
+	rankTransferPeer
+	rankTransferStaging
 	rankStreamEvent
 	rankStream
 	rankStreamHostBuffer
 	rankSleepTagDriver
 	rankPoolRegistry
 	rankSleepHostCache
-	rankTransferPeer
-	rankTransferStaging
 	rankTransferEngine
 	rankIPCExportedPool
 	rankIPCPeerProc
