@@ -61,8 +61,8 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/input"
 	"github.com/vmarena/vmarena/internal/isnil"
-	"github.com/vmarena/vmarena/replay/internal/pickle"
 	"github.com/vmarena/vmarena/internal/sentinel"
+	"github.com/vmarena/vmarena/replay/internal/pickle"
 )
 
 // ErrMalformed marks every error about the content of a trace (allocator

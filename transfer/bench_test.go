@@ -122,4 +122,3 @@ func benchLoopback(b *testing.B, kind string, env ...string) {
 	b.ReportMetric(moved/engine.Seconds()/1e9, "engine-GB/s")
 	b.ReportMetric(moved/socket.Seconds()/1e9, "socket-GB/s")
 }
-
