@@ -1,12 +1,12 @@
 package replay
 
 // The bounds on every file and stream this package reads, and the one
-// place that opens a file (through internal/input): what a reader may take
+// place that opens a file (through replay/input): what a reader may take
 // in, line by line and in all, so that a corrupt or hostile input
 // (/dev/zero, a line with no end, a trace of a billion rows) is a clear
 // error, never memory of its own making.
 
-import "github.com/vmarena/vmarena/internal/input"
+import "github.com/vmarena/vmarena/replay/input"
 
 const (
 	// MaxTraceBytes bounds what one allocator trace may hold in all, read

@@ -26,7 +26,7 @@ func (e *endless) Read(p []byte) (int, error) {
 
 // TestBoundedReads: a line with no end is an error once the bound is
 // passed, having read no more than the bound (and a read buffer) of it
-// (internal/input's tests check the reader's totals).
+// (replay/input's tests check the reader's totals).
 func TestBoundedReads(t *testing.T) {
 	t.Run("a CSV trace line with no end", func(t *testing.T) {
 		src := &endless{c: '1'}

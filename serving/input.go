@@ -1,7 +1,7 @@
 package serving
 
 // The bounds on every file and stream this package reads, and the one
-// place that opens a file (through internal/input): what a reader may take
+// place that opens a file (through replay/input): what a reader may take
 // in, line by line and in all, so that a corrupt or hostile input
 // (/dev/zero, a line with no end, a trace of a billion rows) is a clear
 // error, never memory of its own making.
@@ -13,7 +13,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/internal/input"
+	"github.com/vmarena/vmarena/replay/input"
 )
 
 const (

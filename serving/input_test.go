@@ -30,7 +30,7 @@ func (e *endless) Read(p []byte) (int, error) {
 
 // TestBoundedReads: a line with no end, a config too large: each an error
 // once the bound is passed, having read no more than the bound (and a read
-// buffer) of it (internal/input's tests check the reader's totals).
+// buffer) of it (replay/input's tests check the reader's totals).
 func TestBoundedReads(t *testing.T) {
 	t.Run("a request trace line with no end", func(t *testing.T) {
 		src := &endless{c: '{'}

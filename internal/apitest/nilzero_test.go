@@ -32,6 +32,7 @@ import (
 	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/pool"
 	"github.com/vmarena/vmarena/replay"
+	"github.com/vmarena/vmarena/replay/input"
 	"github.com/vmarena/vmarena/serving"
 	"github.com/vmarena/vmarena/sleep"
 	"github.com/vmarena/vmarena/stream"
@@ -73,7 +74,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[multidev.Arena](),
 	reflect.TypeFor[physical.Chunk](), reflect.TypeFor[physical.Memory](),
 	reflect.TypeFor[pool.Attr](), reflect.TypeFor[pool.ImportHolder](), reflect.TypeFor[pool.Pool](),
-	reflect.TypeFor[replay.DeviceResult](), reflect.TypeFor[replay.DriverTimes](), reflect.TypeFor[replay.Figures](), reflect.TypeFor[replay.MapKind](),
+	reflect.TypeFor[replay.DeviceResult](), reflect.TypeFor[replay.DriverTimes](), reflect.TypeFor[input.Prefix](), reflect.TypeFor[replay.Figures](), reflect.TypeFor[replay.MapKind](),
 	reflect.TypeFor[replay.Op](), reflect.TypeFor[replay.Options](), reflect.TypeFor[replay.Policy](),
 	reflect.TypeFor[replay.RandomLifetimes](), reflect.TypeFor[replay.Summary](),
 	reflect.TypeFor[serving.BlockTable](), reflect.TypeFor[serving.Cache](), reflect.TypeFor[serving.Config](),
