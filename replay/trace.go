@@ -59,9 +59,9 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
-	"github.com/vmarena/vmarena/replay/input"
 	"github.com/vmarena/vmarena/internal/isnil"
 	"github.com/vmarena/vmarena/internal/sentinel"
+	"github.com/vmarena/vmarena/replay/input"
 	"github.com/vmarena/vmarena/replay/internal/pickle"
 )
 
