@@ -171,3 +171,23 @@ func FuzzParseReplayRequest(f *testing.F) {
 		require.Equal(t, uint64(seq), binary.BigEndian.Uint64(frames[1]))
 	})
 }
+
+// FuzzOffsetEndpoint: any endpoint and rank give an endpoint or an error
+// marked driver.ErrInvalid, never a panic, and an endpoint given back
+// parses to itself at rank 0.
+func FuzzOffsetEndpoint(f *testing.F) {
+	for _, ep := range []string{"tcp://*:5557", "tcp://127.0.0.1:0", "tcp://[::1]:65535", "ipc:///tmp/kv", "ipc://@kv", "inproc://x", "tcp://a:b:c", ""} {
+		f.Add(ep, 0)
+		f.Add(ep, 3)
+	}
+	f.Fuzz(func(t *testing.T, ep string, rank int) {
+		got, err := OffsetEndpoint(ep, rank)
+		if err != nil {
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			return
+		}
+		again, err := OffsetEndpoint(got, 0)
+		require.NoError(t, err, "%q from %q rank %d", got, ep, rank)
+		require.Equal(t, got, again)
+	})
+}
