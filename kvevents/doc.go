@@ -6,6 +6,10 @@
 //
 // # The wire
 //
+// The sockets listen on tcp://HOST:PORT or ipc://PATH (a Unix socket, as
+// ZeroMQ's ipc transport), offset for a data-parallel rank above 0 as
+// vLLM's offset_endpoint_port does (OffsetEndpoint).
+//
 // A ZMQ PUB socket sends each batch as one multipart message of three
 // frames: the topic (Options.Topic, "" by default), the batch's sequence
 // number (8 bytes, big-endian, from 0, one more each batch) and the
@@ -95,7 +99,8 @@
 //
 // It never blocks the cache: Publish encodes the batch on the caller's
 // goroutine (the cache calls it outside its lock) and queues it for each
-// subscriber, dropping at the mark rather than wait. It never connects out
+// subscriber, dropping at the mark rather than wait. It never removes a
+// file at an ipc:// path but a socket no one listens on. It never connects out
 // (vLLM's publisher connects to an endpoint that names no wildcard; this
 // one listens on every endpoint: a simulation is the stable end). It
 // never asks the cache for a resync: a subscriber that lost batches the

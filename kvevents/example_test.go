@@ -15,7 +15,7 @@ import (
 // PUB socket for every batch, a ROUTER socket for replays.
 func Example() {
 	pub, err := kvevents.New(kvevents.Options{
-		Endpoint:       "tcp://127.0.0.1:0", // PUB: every batch (port 0: a free one, pub.Addr())
+		Endpoint:       "tcp://127.0.0.1:0", // PUB: every batch (port 0: a free one, pub.Endpoint())
 		ReplayEndpoint: "tcp://127.0.0.1:0", // ROUTER: resends from a sequence number
 		Topic:          "kv",
 		Rank:           new(int), // data_parallel_rank 0, as vLLM's publisher

@@ -71,17 +71,17 @@ func subscriber() error {
 		rank = &v
 	}
 	topic := env("TOPIC")
-	scheme := "tcp"
+	pub := env("PUB")
 	if env("WAIT") != "" {
 		if err := zmq4.RegisterTransport("smallbuf", smallRcvBuf{transport.New("tcp")}); err != nil {
 			return err
 		}
-		scheme = "smallbuf"
+		pub = "smallbuf://" + strings.TrimPrefix(pub, "tcp://")
 	}
 	ctx := context.Background()
 	sub := zmq4.NewSub(ctx)
 	defer sub.Close()
-	if err := sub.Dial(scheme + "://" + env("PUB")); err != nil {
+	if err := sub.Dial(pub); err != nil {
 		return err
 	}
 	if err := sub.SetOption(zmq4.OptionSubscribe, topic); err != nil {
@@ -89,7 +89,7 @@ func subscriber() error {
 	}
 	dealer := zmq4.NewDealer(ctx)
 	defer dealer.Close()
-	if err := dealer.Dial("tcp://" + env("REPLAY")); err != nil {
+	if err := dealer.Dial(env("REPLAY")); err != nil {
 		return err
 	}
 	fmt.Println("subscribed")
@@ -208,6 +208,7 @@ type subOpts struct {
 	rank      *int
 	topic     string
 	wait      bool
+	ipc       bool // the publisher listens on ipc:// endpoints
 }
 
 // spawn starts a subscriber of p's and waits until p has its
@@ -217,7 +218,7 @@ func spawn(t *testing.T, p *Publisher, o subOpts) *child {
 	ctx, cancel := testexec.Context(t)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	env := []string{"VMARENA_KVEVENTS_CHILD=subscriber", "VMARENA_KVEVENTS_PUB=" + p.Addr().String(), "VMARENA_KVEVENTS_REPLAY=" + p.ReplayAddr().String(),
+	env := []string{"VMARENA_KVEVENTS_CHILD=subscriber", "VMARENA_KVEVENTS_PUB=" + p.Endpoint(), "VMARENA_KVEVENTS_REPLAY=" + p.ReplayEndpoint(),
 		"VMARENA_KVEVENTS_N=" + strconv.Itoa(o.n), "VMARENA_KVEVENTS_TOKENS=" + strconv.Itoa(o.tokens), "VMARENA_KVEVENTS_LAYOUT=" + o.layout.String(),
 		"VMARENA_KVEVENTS_TOPIC=" + o.topic}
 	if o.rank != nil {
@@ -269,11 +270,21 @@ func (c *child) counts(t *testing.T) (gaps, replayed, live int) {
 
 // TestSubscriberProcess: a subscriber in another process takes every
 // batch live and decodes it as vLLM's classes define the format, in
-// both layouts, with a topic and a rank or with neither.
+// both layouts, with a topic and a rank or with neither, over tcp and
+// over ipc endpoints (offset by the rank).
 func TestSubscriberProcess(t *testing.T) {
-	two := 2
-	for _, o := range []subOpts{{n: 300, layout: Array, rank: &two, topic: "kv@node-1"}, {n: 300, layout: Map}} {
-		p := newPublisher(t, Options{Layout: o.layout, Rank: o.rank, Topic: o.topic})
+	two, one := 2, 1
+	for _, o := range []subOpts{{n: 300, layout: Array, rank: &two, topic: "kv@node-1"}, {n: 300, layout: Map}, {n: 300, layout: Array, rank: &one, ipc: true}} {
+		var p *Publisher
+		if o.ipc {
+			dir := shortDir(t)
+			var err error
+			p, err = New(Options{Endpoint: "ipc://" + dir + "/pub", ReplayEndpoint: "ipc://" + dir + "/replay", Layout: o.layout, Rank: o.rank})
+			require.NoError(t, err)
+			require.Equal(t, "ipc://"+dir+"/pub_dp1", p.Endpoint())
+		} else {
+			p = newPublisher(t, Options{Layout: o.layout, Rank: o.rank, Topic: o.topic})
+		}
 		c := spawn(t, p, o)
 		for i := range o.n {
 			p.Publish(makeBatch(i, 0))

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -35,17 +34,20 @@ const EndSeq = -1
 
 // Options configure a Publisher.
 type Options struct {
-	// Endpoint is the PUB socket's, tcp://HOST:PORT; the publisher
-	// listens there (HOST * is every interface, PORT 0 a free port:
-	// Addr says which).
+	// Endpoint is the PUB socket's, tcp://HOST:PORT or ipc://PATH; the
+	// publisher listens there (HOST * is every interface, PORT 0 a free
+	// port: Endpoint and Addr say which; PATH a Unix socket's, @NAME
+	// Linux's abstract namespace, as ZMQ's ipc transport).
 	Endpoint string
-	// ReplayEndpoint, when set, is the ROUTER socket's, tcp://HOST:PORT,
+	// ReplayEndpoint, when set, is the ROUTER socket's (the same forms),
 	// where a subscriber asks for the batches from a sequence number on.
 	ReplayEndpoint string
 	// Topic is the first frame of every message ("" by default, as vLLM).
 	Topic string
 	// Rank is the batches' data_parallel_rank; nil writes nil. vLLM's
-	// publisher writes its rank, 0 unless data-parallel.
+	// publisher writes its rank, 0 unless data-parallel. A rank above 0
+	// also offsets both endpoints as vLLM's does (OffsetEndpoint), so
+	// every rank of a data-parallel engine is given the same endpoints.
 	Rank *int
 	// Layout is the events' encoding (Array by default).
 	Layout Layout
@@ -131,18 +133,29 @@ type Publisher struct {
 	stats  Stats
 }
 
-// New listens on opts.Endpoint (and opts.ReplayEndpoint) and returns a
-// publisher; a bad endpoint or option is an error marked
-// driver.ErrInvalid, one that cannot be listened on is an error too.
+// New listens on opts.Endpoint (and opts.ReplayEndpoint), each offset
+// by opts.Rank (OffsetEndpoint), and returns a publisher; a bad endpoint
+// or option is an error marked driver.ErrInvalid, an ipc:// path a live
+// socket listens on one marked driver.ErrBusy, one that cannot be
+// listened on otherwise an error too.
 func New(opts Options) (*Publisher, error) {
-	pubAddr, err := listenAddr("endpoint", opts.Endpoint)
+	rank := 0
+	if opts.Rank != nil {
+		if rank = *opts.Rank; rank < 0 {
+			return nil, errors.Wrapf(driver.ErrInvalid, "kvevents: data-parallel rank %d: want 0 or more", rank)
+		}
+	}
+	pub, err := parseEndpoint("endpoint", opts.Endpoint, rank)
 	if err != nil {
 		return nil, err
 	}
-	var replayAddr string
+	var rep endpoint
 	if opts.ReplayEndpoint != "" {
-		if replayAddr, err = listenAddr("replay endpoint", opts.ReplayEndpoint); err != nil {
+		if rep, err = parseEndpoint("replay endpoint", opts.ReplayEndpoint, rank); err != nil {
 			return nil, err
+		}
+		if rep.network == pub.network && rep.address == pub.address && (pub.network == "unix" || !strings.HasSuffix(pub.address, ":0")) {
+			return nil, errors.Wrapf(driver.ErrInvalid, "kvevents: endpoint and replay endpoint are both %s", pub.url())
 		}
 	}
 	switch {
@@ -161,13 +174,13 @@ func New(opts Options) (*Publisher, error) {
 		opts.HWM = DefaultHWM
 	}
 	p := &Publisher{opts: opts, topic: []byte(opts.Topic), peers: map[*peer]struct{}{}}
-	if p.pubLn, err = net.Listen("tcp", pubAddr); err != nil {
-		return nil, errors.Wrapf(err, "kvevents: listen on %s", opts.Endpoint)
+	if p.pubLn, err = pub.listen(); err != nil {
+		return nil, errors.Wrapf(err, "kvevents: listen on %s", pub.url())
 	}
-	if replayAddr != "" {
-		if p.repLn, err = net.Listen("tcp", replayAddr); err != nil {
+	if opts.ReplayEndpoint != "" {
+		if p.repLn, err = rep.listen(); err != nil {
 			_ = p.pubLn.Close()
-			return nil, errors.Wrapf(err, "kvevents: listen for replay requests on %s", opts.ReplayEndpoint)
+			return nil, errors.Wrapf(err, "kvevents: listen for replay requests on %s", rep.url())
 		}
 		p.wg.Add(1)
 		go p.accept(p.repLn, false)
@@ -178,37 +191,11 @@ func New(opts Options) (*Publisher, error) {
 }
 
 // CheckEndpoint reports whether ep is an endpoint New listens on,
-// tcp://HOST:PORT: an error marked driver.ErrInvalid says why not.
+// tcp://HOST:PORT or ipc://PATH: an error marked driver.ErrInvalid says
+// why not.
 func CheckEndpoint(ep string) error {
-	_, err := listenAddr("endpoint", ep)
+	_, err := parseEndpoint("endpoint", ep, 0)
 	return err
-}
-
-// listenAddr is the HOST:PORT of ep, tcp://HOST:PORT, or an error.
-func listenAddr(what, ep string) (string, error) {
-	bad := func(why string) error {
-		return errors.Wrapf(driver.ErrInvalid, "kvevents: %s %q: %s (want tcp://HOST:PORT, HOST * for every interface, PORT 0 for a free one)", what, ep, why)
-	}
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	if !ok {
-		return "", bad("not a tcp:// endpoint")
-	}
-	host, port, err := net.SplitHostPort(rest)
-	if err != nil {
-		return "", bad(err.Error())
-	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || strconv.FormatUint(n, 10) != port {
-		return "", bad("the port is not a number from 0 to 65535")
-	}
-	switch {
-	case host == "*":
-		host = ""
-	case host == "":
-		return "", bad("no host")
-	case net.ParseIP(host) == nil && strings.ContainsAny(host, "/?#@ []"):
-		return "", bad("the host is neither an address nor a name")
-	}
-	return net.JoinHostPort(host, port), nil
 }
 
 // made says whether p was made by New: the methods of a nil or zero
@@ -235,6 +222,24 @@ func (p *Publisher) ReplayAddr() net.Addr {
 		return nil
 	}
 	return p.repLn.Addr()
+}
+
+// Endpoint is the endpoint the PUB socket listens on as a subscriber
+// dials it (tcp://HOST:PORT with the port taken where 0 was asked for,
+// or ipc://PATH); "" for a publisher not made by New.
+func (p *Publisher) Endpoint() string {
+	if p.made("endpoint") != nil {
+		return ""
+	}
+	return urlOf(p.pubLn.Addr())
+}
+
+// ReplayEndpoint is the replay socket's, as Endpoint; "" without one.
+func (p *Publisher) ReplayEndpoint() string {
+	if p.made("replay endpoint") != nil || p.repLn == nil {
+		return ""
+	}
+	return urlOf(p.repLn.Addr())
 }
 
 // accept takes connections on ln until Close, each served by a

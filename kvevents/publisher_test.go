@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,11 +13,13 @@ import (
 	"github.com/vmarena/vmarena/kvcache"
 )
 
-// TestBadOptions: endpoints that are not tcp://HOST:PORT, and options out
+// TestBadOptions: endpoints that are neither tcp://HOST:PORT nor
+// ipc://PATH, and options out
 // of range, are errors marked driver.ErrInvalid that name the endpoint;
 // nothing is left listening.
 func TestBadOptions(t *testing.T) {
-	for _, ep := range []string{"", "127.0.0.1:5557", "udp://127.0.0.1:5557", "ipc:///tmp/x", "tcp://127.0.0.1", "tcp://127.0.0.1:65536",
+	for _, ep := range []string{"", "127.0.0.1:5557", "udp://127.0.0.1:5557", "inproc://x", "ipc://", "ipc://@", "ipc:///tmp/a\x00b",
+		"ipc:///" + strings.Repeat("x", maxIPCPath), "tcp://127.0.0.1", "tcp://127.0.0.1:65536",
 		"tcp://127.0.0.1:-1", "tcp://127.0.0.1:0x10", "tcp://:5557", "tcp://[::1:5557", "tcp://a/b:5557", "tcp://127.0.0.1:5557/x"} {
 		_, err := New(Options{Endpoint: ep})
 		require.ErrorIs(t, err, driver.ErrInvalid, "endpoint %q", ep)
@@ -30,7 +33,8 @@ func TestBadOptions(t *testing.T) {
 			require.NoError(t, q.Close())
 		}
 	}
-	for _, o := range []Options{{Layout: 7}, {BufferSteps: -1}, {BufferBytes: -1}, {HWM: -1}} {
+	minus := -1
+	for _, o := range []Options{{Layout: 7}, {BufferSteps: -1}, {BufferBytes: -1}, {HWM: -1}, {Rank: &minus}} {
 		o.Endpoint = "tcp://127.0.0.1:0"
 		_, err := New(o)
 		require.ErrorIs(t, err, driver.ErrInvalid)
@@ -165,5 +169,25 @@ func FuzzParseReplayRequest(f *testing.F) {
 		require.Len(t, frames[1], 8)
 		require.GreaterOrEqual(t, seq, int64(0))
 		require.Equal(t, uint64(seq), binary.BigEndian.Uint64(frames[1]))
+	})
+}
+
+// FuzzOffsetEndpoint: any endpoint and rank give an endpoint or an error
+// marked driver.ErrInvalid, never a panic, and an endpoint given back
+// parses to itself at rank 0.
+func FuzzOffsetEndpoint(f *testing.F) {
+	for _, ep := range []string{"tcp://*:5557", "tcp://127.0.0.1:0", "tcp://[::1]:65535", "ipc:///tmp/kv", "ipc://@kv", "inproc://x", "tcp://a:b:c", ""} {
+		f.Add(ep, 0)
+		f.Add(ep, 3)
+	}
+	f.Fuzz(func(t *testing.T, ep string, rank int) {
+		got, err := OffsetEndpoint(ep, rank)
+		if err != nil {
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			return
+		}
+		again, err := OffsetEndpoint(got, 0)
+		require.NoError(t, err, "%q from %q rank %d", got, ep, rank)
+		require.Equal(t, got, again)
 	})
 }

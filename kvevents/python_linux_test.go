@@ -19,17 +19,30 @@ import (
 // TestPythonSubscriber: a subscriber on libzmq (pyzmq) and Python's
 // msgpack — what routers in Python run — takes the stream live and
 // through the replay socket, and decodes each batch to what this
-// package's own decoding of the payload says, in both layouts. It skips
+// package's own decoding of the payload says, in both layouts, over tcp
+// and over ipc endpoints. It skips
 // where /usr/bin/python3 lacks zmq or msgpack (Debian's python3-zmq and
 // python3-msgpack have them).
 func TestPythonSubscriber(t *testing.T) {
 	if err := exec.Command("/usr/bin/python3", "-c", "import zmq, msgpack").Run(); err != nil {
 		t.Skip("no python3 with zmq and msgpack (apt-get install python3-zmq python3-msgpack)")
 	}
-	for _, layout := range []Layout{Array, Map} {
+	for _, c := range []struct {
+		layout Layout
+		ipc    bool
+	}{{Array, false}, {Map, false}, {Array, true}} {
+		layout := c.layout
 		const n = 120
 		two := 2
-		p := newPublisher(t, Options{Layout: layout, Topic: "kv", Rank: &two})
+		var p *Publisher
+		if c.ipc {
+			dir := shortDir(t)
+			var err error
+			p, err = New(Options{Endpoint: "ipc://" + dir + "/pub", ReplayEndpoint: "ipc://" + dir + "/replay", Layout: layout, Topic: "kv", Rank: &two})
+			require.NoError(t, err)
+		} else {
+			p = newPublisher(t, Options{Layout: layout, Topic: "kv", Rank: &two})
+		}
 		var payloads [][]byte
 		publish := func(i int) {
 			b := makeBatch(i, 0)
@@ -42,7 +55,7 @@ func TestPythonSubscriber(t *testing.T) {
 			publish(i) // before it connects: replayed
 		}
 		ctx, cancel := testexec.Context(t)
-		cmd := exec.CommandContext(ctx, "/usr/bin/python3", "testdata/pysub.py", p.Addr().String(), p.ReplayAddr().String(), "kv", strconv.Itoa(n))
+		cmd := exec.CommandContext(ctx, "/usr/bin/python3", "testdata/pysub.py", p.Endpoint(), p.ReplayEndpoint(), "kv", strconv.Itoa(n))
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr strings.Builder

@@ -23,9 +23,9 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
                            [--prices a100|h100] [--map-ahead=false] [--admit-ahead]
                            [--report FILE] [--json]
-                           [--kv-events tcp://HOST:PORT [--kv-events-topic TOPIC]
-                            [--kv-events-replay tcp://HOST:PORT] [--kv-events-layout array|map]
-                            [--kv-events-linger 1s]]
+                           [--kv-events tcp://HOST:PORT|ipc://PATH [--kv-events-topic TOPIC]
+                            [--kv-events-replay ENDPOINT] [--kv-events-layout array|map]
+                            [--kv-events-dp-rank 0] [--kv-events-linger 1s]]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -55,10 +55,13 @@ around each scheme's own calls.
 
 With --kv-events, this cache's KV events (the prefix index's changes:
 BlockStored, BlockRemoved, AllBlocksCleared at the end) are published as
-vLLM publishes them, on a ZMQ PUB socket listening at that endpoint (port 0:
-a free one, named on stderr), each batch a message of topic
-(--kv-events-topic), sequence number and msgpack payload; --kv-events-replay
-listens for replay requests (a ROUTER socket, as vLLM's). The sockets stay
+vLLM publishes them, on a ZMQ PUB socket listening at that endpoint (tcp,
+port 0: a free one, named on stderr; or ipc, a Unix socket), each batch a
+message of topic (--kv-events-topic), sequence number and msgpack payload;
+--kv-events-replay listens for replay requests (a ROUTER socket, as vLLM's).
+--kv-events-dp-rank is the data-parallel rank each batch carries; above 0 it
+offsets both endpoints as vLLM's publisher does (tcp: the port plus the rank;
+ipc: the path with _dpRANK appended). The sockets stay
 open --kv-events-linger after the run, for subscribers to take the last
 batches or replay them.
 
@@ -122,10 +125,11 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
 	admitAhead := fs.Bool("admit-ahead", false, "schedule a step ahead: admit, reserve the next prompt chunks' pages and free the finished requests during a step, in the background of its GPU time (every scheme)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
-	events := fs.String("kv-events", "", "publish this cache's KV events as vLLM does, on a ZMQ PUB socket listening at `ENDPOINT` (tcp://HOST:PORT; HOST * for every interface, PORT 0 for a free one)")
+	events := fs.String("kv-events", "", "publish this cache's KV events as vLLM does, on a ZMQ PUB socket listening at `ENDPOINT` (tcp://HOST:PORT, HOST * for every interface, PORT 0 for a free one; or ipc://PATH)")
 	eventsTopic := fs.String("kv-events-topic", "", "the `TOPIC`, every KV event message's first frame (default none, as vLLM)")
 	eventsReplay := fs.String("kv-events-replay", "", "listen for KV event replay requests (a ZMQ ROUTER socket, as vLLM's) at `ENDPOINT`")
 	eventsLayout := fs.String("kv-events-layout", "array", "each KV event's msgpack `LAYOUT`: array (msgspec array_like, tag first) or map (tagged map)")
+	eventsRank := fs.Int("kv-events-dp-rank", 0, "the data-parallel `RANK` the batches carry; above 0 it offsets both endpoints as vLLM's publisher does (a tcp port by the rank, an ipc path by _dpRANK)")
 	eventsLinger := fs.Duration("kv-events-linger", time.Second, "how long the KV event sockets stay open after the run (`DURATION`), for subscribers to take the last batches")
 	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
 		return code
@@ -161,12 +165,14 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--max-seqs %d: want 1 to %d", *maxSeqs, 1<<20)
 	case *maxBatched < 1 || *maxBatched > 1<<24:
 		return usageErr("--max-batched-tokens %d: want 1 to %d", *maxBatched, 1<<24)
-	case *events == "" && (*eventsTopic != "" || *eventsReplay != "" || flagSet(fs, "kv-events-layout") || flagSet(fs, "kv-events-linger")):
-		return usageErr("--kv-events-topic, --kv-events-replay, --kv-events-layout and --kv-events-linger need --kv-events")
+	case *events == "" && (*eventsTopic != "" || *eventsReplay != "" || flagSet(fs, "kv-events-layout") || flagSet(fs, "kv-events-linger") || flagSet(fs, "kv-events-dp-rank")):
+		return usageErr("--kv-events-topic, --kv-events-replay, --kv-events-layout, --kv-events-dp-rank and --kv-events-linger need --kv-events")
+	case *eventsRank < 0 || *eventsRank > 65535:
+		return usageErr("--kv-events-dp-rank %d: want 0 to 65535", *eventsRank)
 	case *eventsLinger < 0:
 		return usageErr("--kv-events-linger %s: want 0 or more", *eventsLinger)
 	}
-	eventsOpts := kvevents.Options{Endpoint: *events, ReplayEndpoint: *eventsReplay, Topic: *eventsTopic, Rank: new(int)}
+	eventsOpts := kvevents.Options{Endpoint: *events, ReplayEndpoint: *eventsReplay, Topic: *eventsTopic, Rank: eventsRank}
 	if *events != "" {
 		if eventsOpts.Layout, err = kvevents.ParseLayout(*eventsLayout); err != nil {
 			return usageErr("--kv-events-layout %s: want array or map", *eventsLayout)
@@ -175,7 +181,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 			if f.ep == "" {
 				continue
 			}
-			if err := kvevents.CheckEndpoint(f.ep); err != nil {
+			if _, err := kvevents.OffsetEndpoint(f.ep, *eventsRank); err != nil {
 				return usageErr("--%s %s: %v", f.name, f.ep, err)
 			}
 		}
@@ -232,7 +238,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 			return 1
 		}
 		publish = pub.Publish
-		fmt.Fprintf(stderr, "vmarena kv simulate: publishing KV events on tcp://%s%s\n", pub.Addr(), replayNote(pub))
+		fmt.Fprintf(stderr, "vmarena kv simulate: publishing KV events on %s%s\n", pub.Endpoint(), replayNote(pub))
 		kvEventsHook.started(pub)
 		// Deferred before the cache's Close, so run after it: its
 		// AllBlocksCleared is published too.
@@ -352,8 +358,8 @@ var kvEventsHook = struct {
 
 // replayNote names the replay socket's address, if there is one.
 func replayNote(p *kvevents.Publisher) string {
-	if a := p.ReplayAddr(); a != nil {
-		return fmt.Sprintf(", replay requests on tcp://%s", a)
+	if ep := p.ReplayEndpoint(); ep != "" {
+		return ", replay requests on " + ep
 	}
 	return ""
 }

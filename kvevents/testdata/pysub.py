@@ -2,17 +2,18 @@
 # Python would be: it subscribes, takes batches 0 to N-1 live, asks the
 # replay socket (a DEALER: an empty frame, then the number) for what it
 # missed, and prints each batch decoded, as canonical JSON, one line a
-# sequence number. Run by TestPythonSubscriber, which skips without it.
+# sequence number. PUB and REPLAY are ZMQ endpoints (tcp:// or ipc://).
+# Run by TestPythonSubscriber, which skips without it.
 import json, sys
 import msgpack, zmq
 
 pub, replay, topic, n = sys.argv[1], sys.argv[2], sys.argv[3].encode(), int(sys.argv[4])
 ctx = zmq.Context()
 sub = ctx.socket(zmq.SUB)
-sub.connect("tcp://" + pub)
+sub.connect(pub)
 sub.setsockopt(zmq.SUBSCRIBE, topic)
 dealer = ctx.socket(zmq.DEALER)
-dealer.connect("tcp://" + replay)
+dealer.connect(replay)
 print("subscribed", flush=True)
 got = {}
 def take(seq, payload):
