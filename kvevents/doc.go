@@ -41,9 +41,9 @@
 // later vLLM declares it (its EventBatch stays array_like). What this
 // package writes in them: block hashes and the parent are the cache's
 // own prefix hashes (unsigned 64-bit integers; vLLM's ExternalBlockHash
-// is an int or bytes), not vLLM's hash of the tokens: a router that
-// hashes prompts itself does not find these blocks, one that indexes
-// the hashes it is sent does. lora_id and lora_name are nil, extra_keys
+// is an int or bytes), or with Options.VLLMHashSeed the hash vLLM gives
+// the block's tokens (VLLMHasher says how), so that a router that hashes
+// prompts itself finds these blocks too. lora_id and lora_name are nil, extra_keys
 // nil (the cache's extra key, adapter or salt, is inside its hash),
 // medium "GPU", group_idx 0 and kv_cache_spec_kind "full_attention"
 // (the prefix index is one group of full attention); the sliding window

@@ -55,6 +55,11 @@ type Options struct {
 	// (0: DefaultBufferSteps, DefaultBufferBytes); past either the
 	// oldest go.
 	BufferSteps, BufferBytes int
+	// VLLMHashSeed, when set, names every block by the hash vLLM gives
+	// its tokens (VLLMHasher) with PYTHONHASHSEED set to it, instead of
+	// by the cache's own prefix hash, so that a router that hashes
+	// prompts itself finds this cache's blocks.
+	VLLMHashSeed *string
 	// HWM is the PUB socket's high-water mark in messages, a subscriber
 	// (0: DefaultHWM): past it, messages to that subscriber are dropped
 	// until it catches up (it sees a gap in the sequence numbers and
@@ -84,6 +89,8 @@ type Stats struct {
 	// resent; ReplayRefused the requests refused (malformed, or a
 	// negative sequence number), each answered by the end marker alone.
 	Replays, Replayed, ReplayRefused int
+	// Hash counts the vLLM hasher's work (zero without VLLMHashSeed).
+	Hash HashStats
 }
 
 // maxPeers bounds the connections a socket holds at once; maxTopics the
@@ -117,10 +124,15 @@ type peer struct {
 // ZmqEventPublisher does. Publish is the kvcache.Config.Events callback.
 // All methods are safe for concurrent use.
 type Publisher struct {
-	opts   Options
-	pubLn  net.Listener
-	repLn  net.Listener
-	topic  []byte
+	opts  Options
+	pubLn net.Listener
+	repLn net.Listener
+	topic []byte
+	// hasher, with VLLMHashSeed, renames blocks; hmu serializes
+	// Publish around it, so batches are numbered in the order it saw
+	// them (it comes before mu).
+	hasher *VLLMHasher
+	hmu    sync.Mutex
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	closed bool
@@ -174,6 +186,9 @@ func New(opts Options) (*Publisher, error) {
 		opts.HWM = DefaultHWM
 	}
 	p := &Publisher{opts: opts, topic: []byte(opts.Topic), peers: map[*peer]struct{}{}}
+	if opts.VLLMHashSeed != nil {
+		p.hasher = NewVLLMHasher(*opts.VLLMHashSeed)
+	}
 	if p.pubLn, err = pub.listen(); err != nil {
 		return nil, errors.Wrapf(err, "kvevents: listen on %s", pub.url())
 	}
@@ -417,6 +432,11 @@ func (p *Publisher) Publish(b kvcache.EventBatch) {
 	if p.made("publish") != nil {
 		return
 	}
+	if p.hasher != nil {
+		p.hmu.Lock()
+		defer p.hmu.Unlock()
+		b = p.hasher.Translate(b)
+	}
 	payload, err := EncodeBatch(b, p.opts.Rank, p.opts.Layout)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -496,9 +516,16 @@ func (p *Publisher) Stats() Stats {
 	if p.made("stats") != nil {
 		return Stats{}
 	}
+	var hs HashStats
+	if p.hasher != nil {
+		p.hmu.Lock()
+		hs = p.hasher.Stats()
+		p.hmu.Unlock()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.stats
+	s.Hash = hs
 	s.Subscribers = p.subscribersLocked()
 	s.ReplayClients = p.countLocked(false)
 	return s

@@ -25,7 +25,8 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                            [--report FILE] [--json]
                            [--kv-events tcp://HOST:PORT|ipc://PATH [--kv-events-topic TOPIC]
                             [--kv-events-replay ENDPOINT] [--kv-events-layout array|map]
-                            [--kv-events-dp-rank 0] [--kv-events-linger 1s]]
+                            [--kv-events-dp-rank 0] [--kv-events-vllm-hash-seed SEED]
+                            [--kv-events-linger 1s]]
 
 Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
 .jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
@@ -61,7 +62,10 @@ message of topic (--kv-events-topic), sequence number and msgpack payload;
 --kv-events-replay listens for replay requests (a ROUTER socket, as vLLM's).
 --kv-events-dp-rank is the data-parallel rank each batch carries; above 0 it
 offsets both endpoints as vLLM's publisher does (tcp: the port plus the rank;
-ipc: the path with _dpRANK appended). The sockets stay
+ipc: the path with _dpRANK appended). --kv-events-vllm-hash-seed names every
+block by the hash vLLM gives its tokens (sha256_cbor, with PYTHONHASHSEED
+set to SEED) instead of by this cache's own prefix hash, so that a router
+that hashes prompts itself finds these blocks. The sockets stay
 open --kv-events-linger after the run, for subscribers to take the last
 batches or replay them.
 
@@ -130,6 +134,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	eventsReplay := fs.String("kv-events-replay", "", "listen for KV event replay requests (a ZMQ ROUTER socket, as vLLM's) at `ENDPOINT`")
 	eventsLayout := fs.String("kv-events-layout", "array", "each KV event's msgpack `LAYOUT`: array (msgspec array_like, tag first) or map (tagged map)")
 	eventsRank := fs.Int("kv-events-dp-rank", 0, "the data-parallel `RANK` the batches carry; above 0 it offsets both endpoints as vLLM's publisher does (a tcp port by the rank, an ipc path by _dpRANK)")
+	eventsSeed := fs.String("kv-events-vllm-hash-seed", "", "name blocks by vLLM's sha256_cbor block hash with PYTHONHASHSEED=`SEED` (as the routers that hash prompts themselves do), not by this cache's own")
 	eventsLinger := fs.Duration("kv-events-linger", time.Second, "how long the KV event sockets stay open after the run (`DURATION`), for subscribers to take the last batches")
 	if code, ok := parseFlags(fs, "kv simulate", kvUsage, args, stdout, stderr); !ok {
 		return code
@@ -165,14 +170,17 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--max-seqs %d: want 1 to %d", *maxSeqs, 1<<20)
 	case *maxBatched < 1 || *maxBatched > 1<<24:
 		return usageErr("--max-batched-tokens %d: want 1 to %d", *maxBatched, 1<<24)
-	case *events == "" && (*eventsTopic != "" || *eventsReplay != "" || flagSet(fs, "kv-events-layout") || flagSet(fs, "kv-events-linger") || flagSet(fs, "kv-events-dp-rank")):
-		return usageErr("--kv-events-topic, --kv-events-replay, --kv-events-layout, --kv-events-dp-rank and --kv-events-linger need --kv-events")
+	case *events == "" && (*eventsTopic != "" || *eventsReplay != "" || flagSet(fs, "kv-events-layout") || flagSet(fs, "kv-events-linger") || flagSet(fs, "kv-events-dp-rank") || flagSet(fs, "kv-events-vllm-hash-seed")):
+		return usageErr("--kv-events-topic, --kv-events-replay, --kv-events-layout, --kv-events-dp-rank, --kv-events-vllm-hash-seed and --kv-events-linger need --kv-events")
 	case *eventsRank < 0 || *eventsRank > 65535:
 		return usageErr("--kv-events-dp-rank %d: want 0 to 65535", *eventsRank)
 	case *eventsLinger < 0:
 		return usageErr("--kv-events-linger %s: want 0 or more", *eventsLinger)
 	}
 	eventsOpts := kvevents.Options{Endpoint: *events, ReplayEndpoint: *eventsReplay, Topic: *eventsTopic, Rank: eventsRank}
+	if flagSet(fs, "kv-events-vllm-hash-seed") {
+		eventsOpts.VLLMHashSeed = eventsSeed
+	}
 	if *events != "" {
 		if eventsOpts.Layout, err = kvevents.ParseLayout(*eventsLayout); err != nil {
 			return usageErr("--kv-events-layout %s: want array or map", *eventsLayout)
@@ -247,6 +255,10 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 			s := pub.Stats()
 			fmt.Fprintf(stderr, "vmarena kv simulate: KV events: %d batches, %d events, %s published; %d dropped at a subscriber's high-water mark, %d replay requests (%d refused)\n",
 				s.Batches, s.Events, units.Bytes(uint64(s.Bytes)), s.Dropped, s.Replays, s.ReplayRefused)
+			if eventsOpts.VLLMHashSeed != nil {
+				fmt.Fprintf(stderr, "vmarena kv simulate: KV events: %d blocks stored under vLLM's hashes, %d merged into a vLLM block stored already, %d left out (an unknown parent)\n",
+					s.Hash.Translated, s.Hash.Merged, s.Hash.Untranslated)
+			}
 			if err := pub.Close(); err != nil {
 				fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 				code = max(code, 1)

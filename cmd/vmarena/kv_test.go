@@ -246,7 +246,8 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events-dp-rank", "1"}, "need --kv-events"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events", "tcp://127.0.0.1:0", "--kv-events-layout", "tuple"}, "--kv-events-layout tuple: want array or map"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events", "tcp://127.0.0.1:0", "--kv-events-linger", "-1s"}, "--kv-events-linger -1s: want 0 or more"},
-		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events-topic", "kv"}, "--kv-events-topic, --kv-events-replay, --kv-events-layout, --kv-events-dp-rank and --kv-events-linger need --kv-events"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events-topic", "kv"}, "--kv-events-topic, --kv-events-replay, --kv-events-layout, --kv-events-dp-rank, --kv-events-vllm-hash-seed and --kv-events-linger need --kv-events"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events-vllm-hash-seed", "0"}, "need --kv-events"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--kv-events-layout", "map"}, "need --kv-events"},
 	} {
 		code, out, errOut := runKV(t, tc.args...)

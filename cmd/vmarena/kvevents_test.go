@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -181,4 +182,19 @@ func TestKVSimulateEventsPortInUse(t *testing.T) {
 	require.Empty(t, out)
 	require.Contains(t, errOut, "vmarena kv simulate: --kv-events: kvevents: listen on "+ep+": ")
 	require.Contains(t, errOut, "address already in use")
+}
+
+// TestKVSimulateEventsIPCAndVLLMHashes: a run publishing on an ipc://
+// endpoint, offset by its data-parallel rank, under vLLM's block hashes,
+// says so and leaves no block out.
+func TestKVSimulateEventsIPCAndVLLMHashes(t *testing.T) {
+	dir, err := os.MkdirTemp("/tmp", "kvsim")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	code, _, errOut := runKV(t, "simulate", "--trace", filepath.Join(requestsDir, "mooncake_synthetic_trace.jsonl"), "--model", "llama3-8b",
+		"--memory", "2GiB", "--limit", "30", "--kv-events", "ipc://"+dir+"/kv", "--kv-events-dp-rank", "3", "--kv-events-vllm-hash-seed", "0", "--kv-events-linger", "0s")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "publishing KV events on ipc://"+dir+"/kv_dp3\n")
+	require.Regexp(t, `KV events: [1-9]\d* blocks stored under vLLM's hashes, \d+ merged into a vLLM block stored already, 0 left out`, errOut)
+	require.NoFileExists(t, dir+"/kv_dp3", "the socket file is removed at the end")
 }
