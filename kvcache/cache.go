@@ -42,9 +42,11 @@ type unitInfo struct {
 // slot holds at most one sequence (seq), and a running sequence's units
 // below unitsFor(Len) are all owned or borrowed; an idle slot (seq nil)
 // or a preempted sequence's slot borrows nothing; covers are live
-// read-only views (arena.Sparse.ViewReadOnly) of units [0, coverUnits) of
-// every region, and coverUnits never exceeds the units its sequence's
-// tokens fill.
+// read-only views (arena.Sparse.ViewReadOnly) of units [coverLo,
+// coverUnits) of every region, and coverUnits never exceeds the units its
+// sequence's tokens fill. In a window cache (Config.Window) the units
+// below lo lie wholly behind its running sequence's window and are empty
+// (window.go); lo is 0 in every other slot.
 type slot struct {
 	idx                      int
 	units                    []unitInfo
@@ -68,6 +70,10 @@ type slot struct {
 	shared     int
 	covers     []*arena.View
 	coverUnits int
+	coverLo    int
+	// lo is the first unit a window sequence holds: those below were
+	// released behind its window (window.go).
+	lo int
 	// lease ends every tensor handed out over the slot's memory (Append's
 	// rows, K, V) when that memory is about to go: revoked before the
 	// covers are released for a decommit, at the end of the sequence and
@@ -138,6 +144,9 @@ type Cache struct {
 	counts   counters
 	// The counters of books.go, kept as units, lengths and states change.
 	ownedUnits, idleUnits, surplusUnits int
+	// behindUnits is the units released behind running sequences'
+	// windows: the sum of their slots' lo (window.go).
+	behindUnits int
 	running, runningTokens              int
 	// idleHead and idleTail are the idle list (books.go): the slots
 	// holding no sequence that own units, longest idle first.
@@ -183,6 +192,7 @@ type counters struct {
 	failedAdmits, failedResumes        uint64
 	forks, cowCopies                   int
 	failedForks, cowBytes              uint64
+	windowReleases, windowUnits        int
 }
 
 // New makes a cache of cfg's shape on space and mem: it reserves the
@@ -206,8 +216,8 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Window > 0 {
-		return nil, errors.Wrapf(driver.ErrUnsupported, "kvcache: new cache: a Window of %d tokens: sliding-window caches are not built yet", cfg.Window)
+	if cfg.Ring {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "kvcache: new cache: a Ring over a Window of %d tokens: the double-mapped ring is not built yet", cfg.Window)
 	}
 	u, err := mem.Usage(cfg.Device)
 	if err != nil {
@@ -385,25 +395,27 @@ func (c *Cache) releaseCoversLocked(sl *slot) error {
 	for _, v := range sl.covers {
 		errs = errors.CombineErrors(errs, v.Release())
 	}
-	sl.covers, sl.coverUnits = sl.covers[:0], 0
+	sl.covers, sl.coverUnits, sl.coverLo = sl.covers[:0], 0, 0
 	if errs != nil {
 		return errors.WithAssertionFailure(errors.Wrapf(errs, "kvcache: release the views of slot %d", sl.idx))
 	}
 	return nil
 }
 
-// coverLocked makes sl's covers reach at least k units of every region:
-// read-only views, since the shared units below sl.shared are mapped
-// read-only (protectSharedLocked grants that before the covers exist).
+// coverLocked makes sl's covers reach at least k units of every region,
+// from its first held unit (sl.lo): read-only views, since the shared
+// units below sl.shared are mapped read-only (protectSharedLocked grants
+// that before the covers exist).
 func (c *Cache) coverLocked(sl *slot, k int) error {
-	if !c.addressable || k <= sl.coverUnits {
+	if !c.addressable || k <= sl.coverUnits || k <= sl.lo {
 		return nil
 	}
 	if err := c.releaseCoversLocked(sl); err != nil {
 		return err
 	}
+	sl.coverLo = sl.lo
 	for r := 0; r < c.g.regions; r++ {
-		v, err := c.slots.ViewReadOnly(c.slotOff(sl, r, 0), uint64(k)*c.g.unitBytes)
+		v, err := c.slots.ViewReadOnly(c.slotOff(sl, r, sl.lo), uint64(k-sl.lo)*c.g.unitBytes)
 		if err != nil {
 			return errors.CombineErrors(errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: view of slot %d's region %d", sl.idx, r)),
 				c.releaseCoversLocked(sl))
@@ -792,10 +804,13 @@ func (c *Cache) checkLocked() error {
 			switch s.state {
 			case seqRunning:
 				for u := 0; u < g.unitsFor(s.n); u++ {
-					if st := sl.units[u].state; st != unitOwned && st != unitBorrowed {
+					if st := sl.units[u].state; u >= sl.lo && st != unitOwned && st != unitBorrowed {
 						fail("running sequence in slot %d has %d tokens, but unit %d is not committed", i, s.n, u)
+					} else if u < sl.lo && st != unitEmpty {
+						fail("running sequence in slot %d holds unit %d, behind its window's first unit %d", i, u, sl.lo)
 					}
 				}
+				c.checkWindowLocked(fail, sl)
 				if sl.coverUnits > g.unitsFor(s.n) {
 					fail("slot %d's views cover %d units, its %d tokens fill %d", i, sl.coverUnits, s.n, g.unitsFor(s.n))
 				}
@@ -817,6 +832,9 @@ func (c *Cache) checkLocked() error {
 			}
 		} else if len(sl.covers) > 0 {
 			fail("idle slot %d keeps views", i)
+		}
+		if sl.lo != 0 && (sl.seq == nil || sl.seq.state != seqRunning) {
+			fail("slot %d starts at unit %d without a running sequence", i, sl.lo)
 		}
 		if len(sl.covers) != 0 && len(sl.covers) != g.regions {
 			fail("slot %d has %d views, not one per region", i, len(sl.covers))
@@ -940,7 +958,7 @@ func (c *Cache) checkSharedLocked(fail func(string, ...any), sl *slot) {
 		fail("slot %d shares %d units, its %d tokens fill %d", sl.idx, sl.shared, sl.seq.n, c.g.unitsFor(sl.seq.n))
 		return
 	}
-	for u := 0; u < sl.hi; u++ {
+	for u := sl.lo; u < sl.hi; u++ {
 		if u < sl.shared && sl.units[u].state != unitBorrowed {
 			fail("slot %d's shared unit %d is not borrowed", sl.idx, u)
 			continue

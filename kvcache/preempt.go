@@ -84,6 +84,10 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 		return errors.AssertionFailedf("%s: %s is being committed", what(), c.mapping)
 	}
 	if mode == Swap {
+		if sl.lo > 0 {
+			return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: its first %d units are released behind its window; a swap keeps whole sequences only", what(), sl.lo),
+				"preempt it with Drop: Resume then asks for its recomputation")
+		}
 		if err := c.swapOutLocked(what, s); err != nil {
 			return err
 		}
@@ -91,6 +95,7 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
 		return errors.CombineErrors(err, c.dropSwapLocked(s))
 	}
+	c.setLoLocked(sl, 0)
 	s.unpublished = s.unpublished[:0] // each given back, unwritten
 	if mode == Swap {
 		c.setStateLocked(s, seqSwapped)

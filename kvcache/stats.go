@@ -72,6 +72,11 @@ type Stats struct {
 	Forks, CowCopies int
 	FailedForks      uint64
 	CowBytes         uint64
+	// WindowReleases are the Appends (and a Step's requests) that gave
+	// back units behind a sliding window (Config.Window), WindowUnits the
+	// units they gave back: the slot's own decommitted, the prefix
+	// store's unborrowed (cached there).
+	WindowReleases, WindowUnits int
 }
 
 // Stats returns the cache's figures (zero for a nil or zero cache).
@@ -103,7 +108,8 @@ func (c *Cache) statsLocked() Stats {
 	// sequences counts once, not k times, and every one of them holds the
 	// same tokens in it (a unit is shared whole once its owner has written
 	// it all, or, a fork's last unit, at the one length they share).
-	st.UsedBytes = uint64(c.runningTokens)*g.tokenBytes() - c.ps.extraBytes
+	// Units behind a window hold none of them any more.
+	st.UsedBytes = uint64(c.runningTokens)*g.tokenBytes() - c.ps.extraBytes - uint64(c.behindUnits)*g.fullUnitBytes()
 	st.SharedPages = c.ps.sharedUnits * up
 	st.SavedBytes = uint64(c.ps.extraRefs*up) * g.page
 	st.CachedPages = c.evictablePagesLocked()
@@ -124,7 +130,8 @@ func (c *Cache) cumulativeLocked() Stats {
 		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes,
 		FailedAdmits: k.failedAdmits, FailedResumes: k.failedResumes,
 		EventPanics: c.ev.panics, EventsDropped: c.ev.dropped,
-		Forks: k.forks, CowCopies: k.cowCopies, FailedForks: k.failedForks, CowBytes: k.cowBytes}
+		Forks: k.forks, CowCopies: k.cowCopies, FailedForks: k.failedForks, CowBytes: k.cowBytes,
+		WindowReleases: k.windowReleases, WindowUnits: k.windowUnits}
 }
 
 // fullUnitBytes is the bytes of one unit (all regions) that hold tokens

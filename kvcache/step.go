@@ -134,6 +134,13 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Each sequence's units behind its next token's window go first, as
+	// in Append (window.go).
+	for k := range plan {
+		if err := c.releaseBehindLocked(what, plan[k].s); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.planStepLocked(what, plan); err != nil {
 		return nil, err
 	}
