@@ -146,8 +146,8 @@ type Cache struct {
 	ownedUnits, idleUnits, surplusUnits int
 	// behindUnits is the units released behind running sequences'
 	// windows: the sum of their slots' lo (window.go).
-	behindUnits int
-	running, runningTokens              int
+	behindUnits            int
+	running, runningTokens int
 	// idleHead and idleTail are the idle list (books.go): the slots
 	// holding no sequence that own units, longest idle first.
 	idleHead, idleTail *slot
