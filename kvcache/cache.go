@@ -74,6 +74,8 @@ type slot struct {
 	// lo is the first unit a window sequence holds: those below were
 	// released behind its window (window.go).
 	lo int
+	// ring says the slot's rings are committed and mapped (ring.go).
+	ring bool
 	// lease ends every tensor handed out over the slot's memory (Append's
 	// rows, K, V) when that memory is about to go: revoked before the
 	// covers are released for a decommit, at the end of the sequence and
@@ -146,7 +148,11 @@ type Cache struct {
 	ownedUnits, idleUnits, surplusUnits int
 	// behindUnits is the units released behind running sequences'
 	// windows: the sum of their slots' lo (window.go).
-	behindUnits            int
+	behindUnits int
+	// ringPages are the pages of the slots' rings (ring.go), counted in
+	// pages; ringExcess the tokens of running ring sequences past their
+	// last Window (what the rings hold no more).
+	ringPages, ringExcess int
 	running, runningTokens int
 	// idleHead and idleTail are the idle list (books.go): the slots
 	// holding no sequence that own units, longest idle first.
@@ -168,6 +174,9 @@ type Cache struct {
 	str *stream.Stream
 	// ps is the prefix store (see store.go).
 	ps prefixStore
+	// ring owns the pages of the slots' rings (ring.go); nil without
+	// Config.Ring.
+	ring *arena.Sparse
 	// ev is the KV events queued for Config.Events (events.go).
 	ev eventQueue
 	// asked is the prompt CanAdmit was last asked about (plan.go).
@@ -216,8 +225,13 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Ring {
-		return nil, errors.Wrapf(driver.ErrUnsupported, "kvcache: new cache: a Ring over a Window of %d tokens: the double-mapped ring is not built yet", cfg.Window)
+	if cfg.Ring && cfg.Layout != PerLayer {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "kvcache: new cache: a Ring in the %s layout: only PerLayer gives each layer's K and V a region of its own to make a ring of", cfg.Layout),
+			"Layout: kvcache.PerLayer (or AutoLayout)")
+	}
+	if cfg.Ring && !cfg.NoPrefixSharing {
+		return nil, errors.WithHint(errors.Wrap(driver.ErrUnsupported, "kvcache: new cache: a Ring with prefix sharing on: a ring's pages are written over as it wraps, so no page stays one prompt's to share (set NoPrefixSharing)"),
+			"set NoPrefixSharing with Ring")
 	}
 	u, err := mem.Usage(cfg.Device)
 	if err != nil {
@@ -243,6 +257,9 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, errors.CombineErrors(slots.Close(), pool.Close()))
 	}
+	if err := c.openRing(); err != nil {
+		return nil, errors.CombineErrors(err, errors.CombineErrors(slots.Close(), pool.Close()))
+	}
 	c.slotList = make([]*slot, cfg.MaxSeqs)
 	for i := range c.slotList {
 		c.slotList[i] = &slot{idx: i, units: make([]unitInfo, g.units)}
@@ -252,6 +269,9 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 			err = errors.CombineErrors(errors.Wrap(err, "kvcache: new cache: a stream for copies"), slots.Close())
 			if c.ps.s != nil {
 				err = errors.CombineErrors(err, c.ps.s.Close())
+			}
+			if c.ring != nil {
+				err = errors.CombineErrors(err, c.ring.Close())
 			}
 			return nil, errors.CombineErrors(err, pool.Close())
 		}
@@ -688,6 +708,9 @@ func (c *Cache) Close() error {
 		c.clearedLocked()
 	}
 	errs = errors.CombineErrors(errs, c.slots.Close())
+	if c.ring != nil {
+		errs = errors.CombineErrors(errs, c.ring.Close())
+	}
 	errs = errors.CombineErrors(errs, c.pool.Close())
 	if c.str != nil {
 		errs = errors.CombineErrors(errs, c.str.Destroy())
@@ -787,6 +810,9 @@ func (c *Cache) checkLocked() error {
 			fail("slot %d counts %d owned units, holds %d", i, sl.owned, owned)
 		}
 		ownedPages += owned * up
+		for r := 0; sl.ring && r < g.regions; r++ {
+			want = append(want, ext{c.slotOff(sl, r, 0), 2 * uint64(g.ring) * g.page, true})
+		}
 		for r := 0; r < g.regions; r++ {
 			for u, ui := range sl.units {
 				if ui.state == unitOwned || ui.state == unitBorrowed {
@@ -803,7 +829,7 @@ func (c *Cache) checkLocked() error {
 			}
 			switch s.state {
 			case seqRunning:
-				for u := 0; u < g.unitsFor(s.n); u++ {
+				for u := 0; g.ring == 0 && u < g.unitsFor(s.n); u++ {
 					if st := sl.units[u].state; u >= sl.lo && st != unitOwned && st != unitBorrowed {
 						fail("running sequence in slot %d has %d tokens, but unit %d is not committed", i, s.n, u)
 					} else if u < sl.lo && st != unitEmpty {
@@ -811,7 +837,7 @@ func (c *Cache) checkLocked() error {
 					}
 				}
 				c.checkWindowLocked(fail, sl)
-				if sl.coverUnits > g.unitsFor(s.n) {
+				if g.ring == 0 && sl.coverUnits > g.unitsFor(s.n) {
 					fail("slot %d's views cover %d units, its %d tokens fill %d", i, sl.coverUnits, s.n, g.unitsFor(s.n))
 				}
 			case seqSwapped, seqDropped:
@@ -857,8 +883,9 @@ func (c *Cache) checkLocked() error {
 	c.checkAheadLocked(fail)
 	c.checkPoolLocked(fail)
 	storePages := c.checkStoreLocked(fail)
-	if ownedPages+storePages != c.pages {
-		fail("%d slot pages and %d store pages are committed, %d counted", ownedPages, storePages, c.pages)
+	ringPages := c.checkRingLocked(fail)
+	if ownedPages+storePages+ringPages != c.pages {
+		fail("%d slot pages, %d store pages and %d ring pages are committed, %d counted", ownedPages, storePages, ringPages, c.pages)
 	}
 	if c.inflight == 0 {
 		if got := c.slots.Committed(); got != uint64(ownedPages)*g.page {

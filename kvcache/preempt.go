@@ -62,6 +62,9 @@ func (s *Seq) Preempt(mode PreemptMode) error {
 	if err := checkMode(what, mode); err != nil {
 		return err
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return err
+	}
 	check := func() error {
 		if err := s.liveLocked(what); err != nil {
 			return err
@@ -82,6 +85,9 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 	sl := s.sl
 	if c.mapping.sl == sl {
 		return errors.AssertionFailedf("%s: %s is being committed", what(), c.mapping)
+	}
+	if err := c.ringUnsupported(what); err != nil {
+		return err // SetBudget's preemption
 	}
 	if mode == Swap {
 		if sl.lo > 0 {

@@ -63,6 +63,9 @@ type Seq struct {
 	// forked bounds the units a fork made it share (fork.go): borrowed
 	// units lie below it or below its prompt's end.
 	forked int
+	// ringFrom is, in a ring cache, the first position its last Append's
+	// first token attends to (ring.go).
+	ringFrom int
 }
 
 // Rows are the keys and values of one layer at the consecutive positions
@@ -278,6 +281,12 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 		return fmt.Sprintf("kvcache: append %d tokens to a sequence of %d in slot %d", len(tokens), s.n, s.sl.idx)
 	}
 	check := func() error { return c.appendableLocked(what, s, tokens) }
+	if c.g.ring > 0 {
+		if err := check(); err != nil {
+			return Step{}, err
+		}
+		return c.ringAppendLocked(what, s, tokens)
+	}
 	// A unit the mapper is committing is waited for; the lock goes
 	// meanwhile, so everything is checked again after. A fork's shared
 	// last unit copied on write revokes the tensors: no access through
@@ -755,6 +764,9 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver's memory is not addressable from this process (the cache keeps the books only)",
 			what(), c.slots.Driver().Name())
 	}
+	if g.ring > 0 {
+		return c.ringStoredLocked(s, layer, kv)
+	}
 	k := g.unitsFor(s.n)
 	if err := c.coverLocked(s.sl, k); err != nil {
 		return nil, err
@@ -850,6 +862,7 @@ func (c *Cache) endLocked(s *Seq) error {
 	}
 	errs = errors.CombineErrors(errs, c.dropSwapLocked(s))
 	c.setLoLocked(sl, 0) // the units behind its window are empty
+	errs = errors.CombineErrors(errs, c.releaseRingLocked(sl))
 	if sl.borrowed == 0 {
 		sl.shared = 0 // the last decommit kept those below it: behind a window, none
 	}

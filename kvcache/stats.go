@@ -77,6 +77,10 @@ type Stats struct {
 	// units they gave back: the slot's own decommitted, the prefix
 	// store's unborrowed (cached there).
 	WindowReleases, WindowUnits int
+	// RingPages are the pages of the running sequences' rings
+	// (Config.Ring), each mapped twice: beside SlotPages and StorePages
+	// in PagesCommitted.
+	RingPages int
 }
 
 // Stats returns the cache's figures (zero for a nil or zero cache).
@@ -96,7 +100,8 @@ func (c *Cache) statsLocked() Stats {
 	up := g.unitPages()
 	st := c.cumulativeLocked()
 	st.SlotPages = c.ownedUnits * up
-	st.StorePages = c.pages - st.SlotPages
+	st.RingPages = c.ringPages
+	st.StorePages = c.pages - st.SlotPages - st.RingPages
 	st.IdlePages = c.idleUnits * up
 	st.SurplusPages = c.surplusUnits * up
 	st.Sequences = len(c.seqs)
@@ -109,7 +114,8 @@ func (c *Cache) statsLocked() Stats {
 	// same tokens in it (a unit is shared whole once its owner has written
 	// it all, or, a fork's last unit, at the one length they share).
 	// Units behind a window hold none of them any more.
-	st.UsedBytes = uint64(c.runningTokens)*g.tokenBytes() - c.ps.extraBytes - uint64(c.behindUnits)*g.fullUnitBytes()
+	// A ring holds its sequence's last Window tokens.
+	st.UsedBytes = uint64(c.runningTokens-c.ringExcess)*g.tokenBytes() - c.ps.extraBytes - uint64(c.behindUnits)*g.fullUnitBytes()
 	st.SharedPages = c.ps.sharedUnits * up
 	st.SavedBytes = uint64(c.ps.extraRefs*up) * g.page
 	st.CachedPages = c.evictablePagesLocked()
@@ -163,6 +169,12 @@ func (c *Cache) walkStatsLocked() Stats {
 		}
 		st.Running++
 		st.TokensStored += s.n
+		if sl.ring {
+			st.RingPages += g.ringPages()
+		}
+		if g.ring > 0 {
+			st.UsedBytes += uint64(min(s.n, c.cfg.Window)) * g.tokenBytes()
+		}
 		filled := g.unitsFor(s.n)
 		for u, ui := range sl.units {
 			switch ui.state {
@@ -177,7 +189,7 @@ func (c *Cache) walkStatsLocked() Stats {
 			}
 		}
 	}
-	st.StorePages = c.pages - st.SlotPages
+	st.StorePages = c.pages - st.SlotPages - st.RingPages
 	for su, n := range shared {
 		st.UsedBytes += g.usedBytes(su.u, n)
 		if su.refs > 1 {

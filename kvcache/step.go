@@ -105,6 +105,9 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	if c.closed {
 		return nil, errCacheClosed(what)
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return nil, errors.WithHint(err, "append to each sequence (Seq.Append)")
+	}
 	plan := slices.Grow(c.stepPlan[:0], len(batch))[:len(batch)]
 	defer func() {
 		clear(plan) // no sequence or token kept alive by the scratch

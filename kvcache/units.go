@@ -90,6 +90,9 @@ func (s *Seq) UnitBytes(u int) ([]*tensor.Tensor, error) {
 	if err := s.runningLocked(what); err != nil {
 		return nil, err
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return nil, err
+	}
 	g := c.g
 	k := g.unitsFor(s.n)
 	if u < s.sl.lo || u >= k {

@@ -123,6 +123,9 @@ func (s *Seq) WindowStart() int {
 	if s.state != seqRunning || s.sl == nil || s.sl.seq != s {
 		return 0
 	}
+	if s.c.g.ring > 0 {
+		return s.c.ringStartLocked(s)
+	}
 	return s.c.windowStartLocked(s)
 }
 
@@ -131,6 +134,8 @@ func (s *Seq) WindowStart() int {
 func (c *Cache) checkWindowLocked(fail func(string, ...any), sl *slot) {
 	s := sl.seq
 	switch {
+	case c.g.ring > 0 && sl.lo != 0:
+		fail("slot %d of a ring cache starts at unit %d", sl.idx, sl.lo)
 	case c.cfg.Window == 0 && sl.lo != 0:
 		fail("slot %d starts at unit %d in a cache without a window", sl.idx, sl.lo)
 	case sl.lo > c.g.unitsBehind(s.n+1-c.cfg.Window):
