@@ -152,7 +152,7 @@ type Cache struct {
 	// ringPages are the pages of the slots' rings (ring.go), counted in
 	// pages; ringExcess the tokens of running ring sequences past their
 	// last Window (what the rings hold no more).
-	ringPages, ringExcess int
+	ringPages, ringExcess  int
 	running, runningTokens int
 	// idleHead and idleTail are the idle list (books.go): the slots
 	// holding no sequence that own units, longest idle first.
