@@ -351,3 +351,65 @@ func checkWindow(t testing.TB, s *Seq, tokens []int, extra uint64) {
 		}
 	}
 }
+
+// TestWindowMemory32k prints (and bounds) the memory one 32k-token
+// sequence of mistral-7b's shape holds, 2 MiB pages on the sim driver,
+// with full attention, a sliding window of 1,024 tokens, and the same
+// window as a double-mapped ring: a 4,096-token prompt in Appends of 512,
+// then one token an Append to 32,768. The window holds the pages of its
+// last 1,024 tokens (and the last Append's) in each of the 64 regions;
+// the ring holds R = 2 pages a region, each mapped twice, committed once.
+func TestWindowMemory32k(t *testing.T) {
+	const total, prompt, chunk, window = 32768, 4096, 512, 1024
+	type figures struct {
+		peak, end                        int
+		commits, decommits, borrows, rel int
+	}
+	run := func(w int, ring bool) figures {
+		e := simEnv(t, 16*units.GiB, 0)
+		cfg, err := Preset("mistral-7b")
+		require.NoError(t, err)
+		cfg.MaxContext, cfg.MaxSeqs, cfg.Layout, cfg.MapAhead = total, 1, PerLayer, -1
+		cfg.Window, cfg.Ring, cfg.NoPrefixSharing = w, ring, true
+		c := e.cache(t, cfg)
+		tokens := make([]int, total)
+		for i := range tokens {
+			tokens[i] = i % 30000
+		}
+		s, err := c.Admit(tokens[:prompt], 0)
+		require.NoError(t, err)
+		var f figures
+		for n := 0; n < total; {
+			cnt := 1
+			if n < prompt {
+				cnt = chunk
+			}
+			_, err := s.Append(tokens[n : n+cnt])
+			require.NoError(t, err)
+			n += cnt
+			f.peak = max(f.peak, c.Stats().PagesCommitted)
+		}
+		st := c.Stats()
+		f.end, f.commits, f.decommits, f.borrows, f.rel = st.PagesCommitted, st.Commits, st.Decommits, st.Borrows, st.WindowUnits
+		require.NoError(t, c.Check())
+		return f
+	}
+	full, win, ring := run(0, false), run(window, false), run(window, true)
+	for _, r := range []struct {
+		name string
+		f    figures
+	}{{"full attention", full}, {"window 1024", win}, {"ring 1024", ring}} {
+		t.Logf("%-15s peak %4d pages (%5d MiB), at 32k %4d; %5d commits, %5d decommits, %3d maps of a ring; %5d units released behind the window",
+			r.name, r.f.peak, r.f.peak*2, r.f.end, r.f.commits, r.f.decommits, r.f.borrows, r.f.rel)
+	}
+	const regions = 64
+	require.Equal(t, regions*32, full.peak, "full attention: 32 pages of 1,024 rows a region")
+	// A window of 1,024 rows of 2 KiB is one page; the Append's first
+	// token's window and its tokens reach 3 pages at most in a region
+	// (2 once decoding).
+	require.LessOrEqual(t, win.peak, regions*3)
+	require.LessOrEqual(t, win.end, regions*2)
+	require.Equal(t, regions*2, ring.peak, "R = 2 pages hold 1,024 + 16 rows")
+	require.Equal(t, regions*2, ring.borrows, "each ring mapped twice, once")
+	require.Equal(t, regions, ring.commits)
+}
