@@ -64,7 +64,7 @@ type windowRun struct {
 // tokens), the first unit it holds (exactly the units wholly behind the
 // window of its last Append's first token are released), that it holds
 // nothing else below its tokens' end, Stats against the model and Check.
-func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
+func runWindowModel(t *testing.T, data []byte, layout Layout, ring bool) (r windowRun) {
 	cfgByte, ops := decode(data)
 	e := hostEnv(t, 64*units.MiB)
 	cfg := tinyConfig(layout, 512, 3)
@@ -76,8 +76,19 @@ func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
 	if cfgByte/64%2 == 1 {
 		cfg.Budget = 48 * page // small enough to refuse now and then
 	}
+	if ring {
+		// A ring of each region's window: no prefix sharing, no
+		// preemption, no batched step (TestRingRefusals).
+		cfg.Layout, cfg.Ring, cfg.NoPrefixSharing = PerLayer, true, true
+		cfg.Budget = 0
+	}
 	c := e.cache(t, cfg)
 	g := c.g
+	unsupported := func(err error, before books, step string) {
+		t.Helper()
+		requireIs(t, err, driver.ErrUnsupported, step)
+		require.Equal(t, before, snapBooks(t, c, e), step)
+	}
 	var seqs []*wseq
 	running := func() []*wseq {
 		var out []*wseq
@@ -133,12 +144,17 @@ func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
 			if o.kind == opAppendMore {
 				n = 1 + o.n%80
 			}
+			if ring {
+				n = min(n, g.ringCap-cfg.Window+1)
+			}
 			toks := more(s, min(n, cfg.MaxContext-len(s.tokens)))
 			pos := len(s.tokens)
 			st, err := s.real.Append(toks)
 			if errors.Is(err, driver.ErrOutOfMemory) {
 				r.ooms++
-				s.lastPos = max(s.lastPos, pos) // the release stays done
+				if !ring {
+					s.lastPos = max(s.lastPos, pos) // the release stays done
+				}
 				continue
 			}
 			require.NoError(t, err, step)
@@ -157,6 +173,12 @@ func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
 				}
 			}
 			if len(batch) == 0 {
+				continue
+			}
+			if ring {
+				before := snapBooks(t, c, e)
+				_, err := c.Step(batch, nil)
+				unsupported(err, before, step)
 				continue
 			}
 			out, err := c.Step(batch, nil)
@@ -186,6 +208,11 @@ func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
 		case opPreempt:
 			s := pick(o, true)
 			if s == nil {
+				continue
+			}
+			if ring {
+				before := snapBooks(t, c, e)
+				unsupported(s.real.Preempt(Drop), before, step)
 				continue
 			}
 			before := c.Stats()
@@ -229,6 +256,8 @@ func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
 			before := snapBooks(t, c, e)
 			f, err := s.real.Fork()
 			switch {
+			case ring:
+				unsupported(err, before, step)
 			case s.real.sl.lo > 0:
 				require.Error(t, err, step)
 				if len(s.tokens) >= len(s.real.prompt) {
@@ -248,11 +277,18 @@ func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
 		for _, s := range running() {
 			n := len(s.tokens)
 			require.Equal(t, n, s.real.Len(), step)
+			sl := s.real.sl
+			if ring {
+				require.Zero(t, sl.lo, step)
+				require.Equal(t, min(max(s.lastPos+1-cfg.Window, 0), n), s.real.WindowStart(), step)
+				require.Equal(t, b2i(s.lastPos >= 0)*g.ringPages(), b2i(sl.ring)*g.ringPages(), "%s: the rings are committed at the first Append", step)
+				checkWindow(t, s.real, s.tokens, s.extra)
+				continue
+			}
 			lo := 0
 			if s.lastPos >= 0 {
 				lo = g.unitsBehind(s.lastPos + 1 - cfg.Window)
 			}
-			sl := s.real.sl
 			require.Equal(t, lo, sl.lo, "%s: the units released behind the window of the sequence in slot %d (%d tokens, last append at %d)", step, sl.idx, n, s.lastPos)
 			released += lo
 			held := 0
@@ -277,13 +313,17 @@ func runWindowModel(t *testing.T, data []byte, layout Layout) (r windowRun) {
 }
 
 // TestWindowModel runs random operation sequences on window caches of
-// every layout against the model.
+// every layout, and on ring caches, against the model.
 func TestWindowModel(t *testing.T) {
 	var total windowRun
-	for _, layout := range []Layout{PerLayer, TokenMajor, Contiguous} {
+	for _, kind := range []struct {
+		layout Layout
+		ring   bool
+	}{{PerLayer, false}, {TokenMajor, false}, {Contiguous, false}, {PerLayer, true}} {
+		layout := kind.layout
 		for seed := uint64(0); seed < 12; seed++ {
-			t.Run(fmt.Sprint(layout, "/", seed), func(t *testing.T) {
-				r := runWindowModel(t, randomInput(rand.New(rand.NewPCG(seed, 31)), 120), layout)
+			t.Run(fmt.Sprint(layout, "/ring=", kind.ring, "/", seed), func(t *testing.T) {
+				r := runWindowModel(t, randomInput(rand.New(rand.NewPCG(seed, 31)), 120), layout, kind.ring)
 				total.appends += r.appends
 				total.steps += r.steps
 				total.releases += r.releases
@@ -309,8 +349,9 @@ func FuzzWindowModel(f *testing.F) {
 		f.Add(randomInput(rand.New(rand.NewPCG(seed, 37)), 40))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_ = runWindowModel(t, data, PerLayer)
-		_ = runWindowModel(t, data, Contiguous)
+		_ = runWindowModel(t, data, PerLayer, false)
+		_ = runWindowModel(t, data, Contiguous, false)
+		_ = runWindowModel(t, data, PerLayer, true)
 	})
 }
 
