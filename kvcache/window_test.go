@@ -12,8 +12,12 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/leakcheck"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/tensor"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 // TestWindowConfigRefusals: a Window or Ring New cannot hold is refused
@@ -453,4 +457,170 @@ func TestWindowMemory32k(t *testing.T) {
 	require.Equal(t, regions*2, ring.peak, "R = 2 pages hold 1,024 + 16 rows")
 	require.Equal(t, regions*2, ring.borrows, "each ring mapped twice, once")
 	require.Equal(t, regions, ring.commits)
+}
+
+// TestWindowFork: a fork of a window sequence made before any unit left
+// its window shares the parent's units; both then grow apart, each
+// releasing its own and the shared units behind its window, and each
+// reads its own tokens' bytes at every step. Once units are released, a
+// fork is refused (ErrUnsupported) with nothing changed.
+func TestWindowFork(t *testing.T) {
+	for _, layout := range []Layout{PerLayer, TokenMajor, Contiguous} {
+		t.Run(layout.String(), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			cfg := tinyConfig(layout, 512, 3)
+			cfg.Window = 40
+			c := e.cache(t, cfg)
+			prompt := family(0, 20)
+			p, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			st, err := p.Append(prompt)
+			require.NoError(t, err)
+			writeStep(t, st, prompt, 0)
+			require.NoError(t, p.MarkWritten(len(prompt)))
+			f, err := p.Fork()
+			require.NoError(t, err)
+			toks := map[*Seq][]int{p: slices.Clone(prompt), f: slices.Clone(prompt)}
+			for i := 0; i < 200; i++ {
+				for k, s := range []*Seq{p, f} {
+					tok := 5000 + 2*i + k
+					st, err := s.Append([]int{tok})
+					require.NoError(t, err)
+					toks[s] = append(toks[s], tok)
+					writeStep(t, st, toks[s], 0)
+					require.NoError(t, s.MarkWritten(len(toks[s])))
+				}
+				for _, s := range []*Seq{p, f} {
+					checkWindow(t, s, toks[s], 0)
+				}
+				require.NoError(t, c.Check())
+			}
+			require.Positive(t, p.sl.lo)
+			require.Positive(t, f.sl.lo)
+			before := snapBooks(t, c, e)
+			_, err = p.Fork()
+			drivertest.RequireIs(t, err, driver.ErrUnsupported, "behind its window")
+			require.Equal(t, before, snapBooks(t, c, e))
+			st2 := c.Stats()
+			t.Logf("%+v", st2)
+			require.Positive(t, st2.WindowUnits)
+			require.NoError(t, p.Free())
+			require.NoError(t, f.Free())
+			require.NoError(t, c.Check())
+		})
+	}
+}
+
+// TestWindowRace: window caches mapping ahead (the goroutine commits the
+// next unit while sequences append and release behind their windows),
+// sequences appended, read, freed and admitted again from several
+// goroutines, Check and Stats beside them: under -race.
+func TestWindowRace(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(PerLayer, 512, 4)
+	cfg.Window, cfg.MapAhead = 48, 8
+	c := e.cache(t, cfg)
+	done := make(chan error, 4)
+	for w := 0; w < 3; w++ {
+		go func() {
+			done <- func() error {
+				for round := 0; round < 3; round++ {
+					prompt := family(w, 10+round)
+					s, err := c.Admit(prompt, uint64(w))
+					if err != nil {
+						return err
+					}
+					toks := append([]int(nil), prompt[:s.Len()]...)
+					for s.Len() < 300 {
+						next := []int{7 + s.Len()}
+						if s.Len() < len(prompt) {
+							next = prompt[s.Len():]
+						}
+						if _, err := s.Append(next); err != nil {
+							return err
+						}
+						toks = append(toks, next...)
+						if err := s.MarkWritten(len(toks)); err != nil {
+							return err
+						}
+						if _, err := s.K(round % cfg.Layers); err != nil {
+							return err
+						}
+					}
+					if err := s.Free(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	stop := make(chan struct{})
+	go func() {
+		var err error
+		for err == nil {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			_ = c.Stats()
+			err = c.Check()
+		}
+		done <- err
+	}()
+	for w := 0; w < 3; w++ {
+		require.NoError(t, <-done)
+	}
+	close(stop)
+	require.NoError(t, <-done)
+	c.waitMapperIdle()
+	require.NoError(t, c.Check())
+	st := c.Stats()
+	require.Positive(t, st.WindowUnits)
+	require.Positive(t, st.MapperCommits, "the goroutine mapped ahead")
+}
+
+// TestWindowNoLeaks: window caches of every layout and a ring cache,
+// grown far past their windows, mapping ahead, freed and closed with a
+// sequence live, leave the process's descriptors, mappings and resident
+// memory as they were, and the device with nothing committed.
+func TestWindowNoLeaks(t *testing.T) {
+	work := func() {
+		drv, err := host.New(host.Options{Devices: 1, Capacity: 64 * units.MiB, Granularity: page})
+		require.NoError(t, err)
+		space, mem := vaspace.New(drv), physical.New(drv)
+		for _, ring := range []bool{false, true} {
+			cfg := tinyConfig(PerLayer, 512, 2)
+			cfg.Window, cfg.MapAhead = 40, 8
+			cfg.Ring, cfg.NoPrefixSharing = ring, ring
+			c, err := New(space, mem, cfg)
+			require.NoError(t, err)
+			for k := 0; k < 2; k++ {
+				s, err := c.Admit([]int{1, 2, 3}, 0)
+				require.NoError(t, err)
+				_, err = s.Append([]int{1, 2, 3})
+				require.NoError(t, err)
+				for s.Len() < 300 {
+					_, err := s.Append([]int{4})
+					require.NoError(t, err)
+					_, err = s.K(1)
+					require.NoError(t, err)
+				}
+				if k == 0 {
+					require.NoError(t, s.Free())
+				}
+			}
+			require.NoError(t, c.Close())
+			u, err := mem.Usage(0)
+			require.NoError(t, err)
+			require.Zero(t, u.Used, "committed back to where it started")
+		}
+		require.Empty(t, space.Reservations())
+		require.NoError(t, drv.Close())
+	}
+	before, after, same, err := leakcheck.Compare(3, work)
+	require.NoError(t, err)
+	require.True(t, same, "%v before, %v after", before, after)
 }
