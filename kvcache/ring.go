@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/errors"
 
@@ -33,7 +34,7 @@ import (
 // A slot's units stay empty: a ring holds no unit of the slot range's
 // own, shares nothing through the prefix store (NoPrefixSharing is
 // needed), and is given back whole when its sequence ends. Preempt,
-// Fork, Reserve, UnitBytes and Step refuse a ring cache
+// Fork, Reserve and UnitBytes refuse a ring cache
 // (ErrUnsupported).
 
 // ringGeometry sets g's ring for a window of w tokens: R the fewest
@@ -277,4 +278,73 @@ func (c *Cache) checkRingLocked(fail func(string, ...any)) int {
 		}
 	}
 	return n
+}
+
+// ringStepBatchLocked is Step on a ring cache: every request checked as
+// Append checks it, the rings of the sequences that have none yet
+// committed (the budget is asked for all of them first: a refusal
+// changes nothing), then each request's rows handed out at their ring
+// offsets.
+func (c *Cache) ringStepBatchLocked(what func() string, batch []StepRequest, plan []stepPlan, into []SeqStep) ([]SeqStep, error) {
+	fresh := 0
+	for k := range plan {
+		p := &plan[k]
+		s := p.s
+		pwhat := func() string {
+			return fmt.Sprintf("%s: request %d, %d tokens to the sequence of %d in slot %d", what(), p.i, len(p.tokens), s.n, s.sl.idx)
+		}
+		if err := c.appendableLocked(pwhat, s, p.tokens); err != nil {
+			return nil, err
+		}
+		if err := c.ringAppendableLocked(pwhat, len(p.tokens)); err != nil {
+			return nil, err
+		}
+		fresh += b2i(!s.sl.ring)
+	}
+	need := fresh * c.g.ringPages()
+	idle, surplus := c.reclaimableLocked(nil, 0)
+	if can := c.freePagesLocked() + idle + surplus + c.evictablePagesLocked(); need > can {
+		return nil, errors.WithHint(
+			errors.Wrapf(driver.ErrOutOfMemory, "%s: the rings of its %d sequences without one need %d pages of %s; the budget of %s can give %d",
+				what(), fresh, need, units.Bytes(c.g.page), units.Bytes(c.budget), can),
+			"step fewer sequences, free some, or raise the budget (SetBudget)")
+	}
+	for k := range plan {
+		p := &plan[k]
+		if p.done = !p.s.sl.ring; !p.done {
+			continue
+		}
+		if err := c.ensureRingLocked(what, p.s.sl); err != nil {
+			for q := k - 1; q >= 0; q-- {
+				if plan[q].done {
+					err = errors.CombineErrors(err, c.releaseRingLocked(plan[q].s.sl))
+					plan[q].done = false
+				}
+			}
+			return nil, err
+		}
+	}
+	out := slices.Grow(into[:0], len(batch))[:len(batch)]
+	for k := range plan {
+		p := &plan[k]
+		s := p.s
+		p.pos = s.n
+		s.generated.append(p.tokens[min(max(len(s.prompt)-p.pos, 0), len(p.tokens)):])
+		c.setLenLocked(s, p.pos+len(p.tokens))
+		s.ringFrom = max(p.pos+1-c.cfg.Window, 0)
+		st := Step{Pos: p.pos, N: len(p.tokens)}
+		if batch[p.i].Views && c.addressable {
+			var err error
+			if st, err = c.ringStepLocked(s, p.pos, len(p.tokens)); err != nil {
+				return nil, errors.WithAssertionFailure(errors.Wrapf(err, "%s: request %d", what(), p.i))
+			}
+		}
+		out[p.i] = SeqStep{Seq: s, Base: c.slots.Base() + driver.Addr(c.slotOff(s.sl, 0, 0)), Len: s.n, Step: st}
+		c.counts.steps++
+		if p.done {
+			c.counts.waits++ // its rings were committed by the step
+		}
+	}
+	c.checkAfter("step")
+	return out, nil
 }

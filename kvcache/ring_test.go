@@ -131,8 +131,8 @@ func slicesEqualBits(a, b []float32) bool {
 
 // TestRingRefusals: a ring in a layout other than PerLayer, or with
 // prefix sharing, is ErrUnsupported at New; on a ring cache, the calls
-// rings have not (Preempt, Step, Reserve, UnitBytes, Fork) refuse with
-// nothing changed, and an Append that would overwrite what its first
+// rings have not (Preempt, Reserve, UnitBytes, Fork) refuse with nothing
+// changed, and an Append or Step that would overwrite what its first
 // token attends to is ErrInvalid.
 func TestRingRefusals(t *testing.T) {
 	e := hostEnv(t, 16*units.MiB)
@@ -164,8 +164,8 @@ func TestRingRefusals(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrInvalid, fmt.Sprintf("at most %d tokens", most))
 	drivertest.RequireIs(t, s.Preempt(Drop), driver.ErrUnsupported, "ring")
 	drivertest.RequireIs(t, s.Preempt(Swap), driver.ErrUnsupported, "ring")
-	_, err = c.Step([]StepRequest{{Seq: s, Tokens: []int{4}}}, nil)
-	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
+	_, err = c.Step([]StepRequest{{Seq: s, Tokens: make([]int, most+1)}}, nil)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, fmt.Sprintf("at most %d tokens", most))
 	_, err = s.Reserve(4)
 	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
 	_, err = s.UnitBytes(0)

@@ -105,9 +105,6 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	if c.closed {
 		return nil, errCacheClosed(what)
 	}
-	if err := c.ringUnsupported(what); err != nil {
-		return nil, errors.WithHint(err, "append to each sequence (Seq.Append)")
-	}
 	plan := slices.Grow(c.stepPlan[:0], len(batch))[:len(batch)]
 	defer func() {
 		clear(plan) // no sequence or token kept alive by the scratch
@@ -129,6 +126,9 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 			return nil, errors.Wrapf(driver.ErrInvalid, "%s: requests %d and %d are of the same sequence (slot %d): one request a sequence",
 				what(), min(plan[k].i, plan[k-1].i), max(plan[k].i, plan[k-1].i), plan[k].s.sl.idx)
 		}
+	}
+	if c.g.ring > 0 {
+		return c.ringStepBatchLocked(what, batch, plan, into)
 	}
 	if err := c.quiesceCowLocked(what, plan); err != nil {
 		return nil, err
