@@ -9,9 +9,12 @@ import (
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/testdrivers"
 	"github.com/vmarena/vmarena/internal/attention"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/tensor"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 // ringConfig is a ring cache of window w over the tiny preset's shape,
@@ -178,4 +181,46 @@ func TestRingRefusals(t *testing.T) {
 	_, err = s.Append(make([]int, most))
 	require.NoError(t, err, "the most an Append takes")
 	require.NoError(t, c.Check())
+}
+
+// TestRingOnEveryDriver: on the host driver and the CUDA and AscendCL
+// drivers over their stand-ins, a ring's pages are one memory mapped at
+// two addresses: bytes written at ring offset x of every region read back
+// at x + R*page, the mirror, and a write across the ring's end (a row
+// that straddles it) lands at the ring's start. Check agrees; Free gives
+// the pages back.
+func TestRingOnEveryDriver(t *testing.T) {
+	testdrivers.Each(t, func(t *testing.T, b testdrivers.Backend) {
+		drv := b.Open(t, testdrivers.Machine{Devices: 1, Capacity: 64 * units.MiB, Granularity: page})
+		cfg := ringConfig(8, 64, 40, 256)
+		c, err := New(vaspace.New(drv), physical.New(drv), cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := c.Admit([]int{1, 2}, 0)
+		require.NoError(t, err)
+		_, err = s.Append([]int{1, 2})
+		require.NoError(t, err)
+		require.NoError(t, c.Check())
+		g := c.g
+		ringBytes := uint64(g.ring) * g.page
+		for r := 0; r < g.regions; r++ {
+			base := c.Base() + driver.Addr(c.slotOff(s.sl, r, 0))
+			want := []byte(fmt.Sprintf("region %d's row", r))
+			x := driver.Addr(uint64(r)*g.row + 100)
+			require.NoError(t, drv.Write(base+x, want))
+			got := make([]byte, len(want))
+			require.NoError(t, drv.Read(base+driver.Addr(ringBytes)+x, got))
+			require.Equal(t, want, got, "region %d: the mirror reads the ring", r)
+			// Across the ring's end: the bytes past it are the ring's first.
+			end := base + driver.Addr(ringBytes) - 4
+			require.NoError(t, drv.Write(end, []byte("wrapped!")))
+			require.NoError(t, drv.Read(base, got[:4]))
+			require.Equal(t, []byte("ped!"), got[:4])
+		}
+		require.Equal(t, g.ringPages(), c.Stats().RingPages)
+		require.NoError(t, s.Free())
+		require.Zero(t, c.Stats().PagesCommitted)
+		require.NoError(t, c.Check())
+		require.NoError(t, c.Close())
+	})
 }
