@@ -86,7 +86,12 @@ func (c *Cache) planResumeLocked(s *Seq, total int) plan {
 		m.partial = nil
 	}
 	sl := s.sl
-	need := (c.g.unitsFor(max(total, s.n)) - len(m.units)) * c.g.unitPages()
+	lo := len(m.units)
+	if s.state == seqSwapped && s.swapLo > 0 {
+		// A window's swap: its units from swapLo on come back, none below.
+		m, lo = match{}, s.swapLo
+	}
+	need := (c.g.unitsFor(max(total, s.n)) - lo) * c.g.unitPages()
 	idle, surplus := c.reclaimableLocked(sl, len(sl.units))
 	room := c.freePagesLocked() + idle + surplus + c.evictablePagesLocked() - c.cachedIn(m)
 	return plan{sl: sl, m: m, need: need, room: room}

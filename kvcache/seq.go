@@ -47,6 +47,10 @@ type Seq struct {
 	// other, each swapRegion bytes); nil on a driver with no bytes.
 	swap       *stream.HostBuffer
 	swapRegion uint64
+	// swapLo is the first unit a swap kept, in a window cache: the units
+	// below were behind its window (window.go); Resume brings back the
+	// rest.
+	swapLo int
 	// matched is how many of its first tokens Admit (or the last Resume)
 	// found in the prefix store.
 	matched int
