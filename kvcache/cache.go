@@ -933,7 +933,7 @@ func (c *Cache) String() string {
 	return fmt.Sprintf("kvcache: %d slots of %s, %s", c.cfg.MaxSeqs, units.Bytes(c.g.slotBytes), c.g)
 }
 
-// protectSharedLocked makes units [0, k) of sl — just borrowed from the
+// protectSharedLocked makes units [sl.lo, k) of sl — just borrowed from the
 // prefix store for a match, before any view covers them — its shared
 // units: mapped read-only in every region when the cache protects them
 // (c.protects). On failure nothing changed. Nothing grants them back:
@@ -946,9 +946,10 @@ func (c *Cache) protectSharedLocked(what func() string, sl *slot, k int) error {
 	if sl.coverUnits > 0 {
 		return errors.AssertionFailedf("%s: slot %d's views cover %d units while shared units are mapped", what(), sl.idx, sl.coverUnits)
 	}
-	n := uint64(k) * c.g.unitBytes
+	lo := sl.lo // 0 but in a window's fork: the units below are behind it
+	n := uint64(k-lo) * c.g.unitBytes
 	for r := 0; c.protects && r < c.g.regions; r++ {
-		err := c.slots.Grant(c.cfg.Device, c.slotOff(sl, r, 0), n, driver.AccessRead)
+		err := c.slots.Grant(c.cfg.Device, c.slotOff(sl, r, lo), n, driver.AccessRead)
 		if err == nil {
 			continue
 		}
@@ -958,7 +959,7 @@ func (c *Cache) protectSharedLocked(what func() string, sl *slot, k int) error {
 		}
 		var undo error
 		for q := 0; q < r; q++ {
-			undo = errors.CombineErrors(undo, c.slots.Grant(c.cfg.Device, c.slotOff(sl, q, 0), n, driver.AccessReadWrite))
+			undo = errors.CombineErrors(undo, c.slots.Grant(c.cfg.Device, c.slotOff(sl, q, lo), n, driver.AccessReadWrite))
 		}
 		if undo != nil {
 			err = errors.CombineErrors(err, errors.WithAssertionFailure(undo))

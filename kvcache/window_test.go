@@ -256,16 +256,10 @@ func runWindowModel(t *testing.T, data []byte, layout Layout, ring bool) (r wind
 			switch {
 			case ring:
 				unsupported(err, before, step)
-			case s.real.sl.lo > 0:
-				require.Error(t, err, step)
-				if len(s.tokens) >= len(s.real.prompt) {
-					requireIs(t, err, driver.ErrUnsupported, step)
-				}
-				require.Equal(t, before, snapBooks(t, c, e), step)
 			case errors.Is(err, driver.ErrBusy) || errors.Is(err, driver.ErrOutOfMemory) || errors.Is(err, driver.ErrUnsupported) || errors.Is(err, driver.ErrInvalid):
 			default:
 				require.NoError(t, err, step)
-				seqs = append(seqs, &wseq{real: f, tokens: slices.Clone(s.tokens), extra: s.extra, lastPos: -1})
+				seqs = append(seqs, &wseq{real: f, tokens: slices.Clone(s.tokens), extra: s.extra, lastPos: s.lastPos})
 				r.forks++
 			}
 		case opVerify, opSetBudget:
@@ -458,8 +452,8 @@ func TestWindowMemory32k(t *testing.T) {
 // TestWindowFork: a fork of a window sequence made before any unit left
 // its window shares the parent's units; both then grow apart, each
 // releasing its own and the shared units behind its window, and each
-// reads its own tokens' bytes at every step. Once units are released, a
-// fork is refused (ErrUnsupported) with nothing changed.
+// reads its own tokens' bytes at every step. A fork made once units are
+// released shares the window's units only, and all three grow on.
 func TestWindowFork(t *testing.T) {
 	for _, layout := range []Layout{PerLayer, TokenMajor, Contiguous} {
 		t.Run(layout.String(), func(t *testing.T) {
@@ -493,15 +487,37 @@ func TestWindowFork(t *testing.T) {
 			}
 			require.Positive(t, p.sl.lo)
 			require.Positive(t, f.sl.lo)
-			before := snapBooks(t, c, e)
-			_, err = p.Fork()
-			drivertest.RequireIs(t, err, driver.ErrUnsupported, "behind its window")
-			require.Equal(t, before, snapBooks(t, c, e))
+			// A fork now shares the window's units only: a map for each
+			// unit the parent holds, none behind its window.
+			before := c.Stats()
+			h, err := p.Fork()
+			require.NoError(t, err)
+			require.Equal(t, p.sl.lo, h.sl.lo)
+			require.Equal(t, p.WindowStart(), h.WindowStart())
+			held := c.g.unitsFor(p.Len()) - p.sl.lo
+			require.Equal(t, held, h.sl.borrowed, "the child maps the units the parent holds, none behind its window")
+			require.Equal(t, before.Forks+1, c.Stats().Forks)
+			toks[h] = slices.Clone(toks[p])
+			for i := 0; i < 100; i++ {
+				for k, s := range []*Seq{p, f, h} {
+					tok := 9000 + 3*i + k
+					st, err := s.Append([]int{tok})
+					require.NoError(t, err)
+					toks[s] = append(toks[s], tok)
+					writeStep(t, st, toks[s], 0)
+					require.NoError(t, s.MarkWritten(len(toks[s])))
+				}
+				for _, s := range []*Seq{p, f, h} {
+					checkWindow(t, s, toks[s], 0)
+				}
+				require.NoError(t, c.Check())
+			}
 			st2 := c.Stats()
 			t.Logf("%+v", st2)
 			require.Positive(t, st2.WindowUnits)
 			require.NoError(t, p.Free())
 			require.NoError(t, f.Free())
+			require.NoError(t, h.Free())
 			require.NoError(t, c.Check())
 		})
 	}
