@@ -636,3 +636,22 @@ func TestWindowNoLeaks(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, same, "%v before, %v after", before, after)
 }
+
+// TestWindowEvents: in a window cache, the KV events told, applied in
+// order, are the prefix index after every call (prompt units released
+// behind the window stay listed while cached, BlockRemoved once
+// evicted), and AllBlocksCleared empties it at Close.
+func TestWindowEvents(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	x := newEventIndex()
+	cfg := eventsConfig()
+	cfg.Window = 300
+	cfg.Events = x.apply
+	c := e.cache(t, cfg)
+	eventOps(t, c, func(step string) { x.check(t, c, step) })
+	st := c.Stats()
+	require.Positive(t, st.WindowUnits, "units released behind the window")
+	require.Positive(t, st.Evictions, "the budget is small enough to evict")
+	require.Zero(t, st.EventsDropped)
+	x.closeChecked(t, c)
+}
