@@ -102,6 +102,15 @@ type Config struct {
 	// Layout is PerLayer (the zero value), TokenMajor, Contiguous, or
 	// AutoLayout: the one PickLayout picks for the shape and PageSize.
 	Layout Layout
+	// Window is the tokens each layer attends to: a sequence keeps the
+	// last Window tokens, and the units wholly behind them go back to the
+	// budget as it grows (0: full attention, every token kept). At most
+	// MaxContext.
+	Window int // tokens each layer attends to (0: full attention)
+	// Ring maps each layer's window pages twice back to back, so that the
+	// last Window tokens are one contiguous slice of the layer's K (and
+	// V) region with one row stride. Needs Window.
+	Ring bool // window pages mapped twice back to back: the last Window tokens are one contiguous slice
 	// Device holds every page.
 	Device driver.DeviceID
 	// MapAhead is the mapping-ahead watermark in tokens: when fewer remain
@@ -194,6 +203,10 @@ type geometry struct {
 	slotBytes   uint64
 	maxCtx      int
 	block       int
+	// ring is, with Config.Ring, the pages R of each region's ring (a
+	// region is then 2R pages: the ring and its mirror), ringCap the
+	// whole rows they hold (ring.go); 0 otherwise.
+	ring, ringCap int
 }
 
 // tokenBytes is the memory of one token: keys and values of all layers.
@@ -318,6 +331,12 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 		return nil, bad("BlockTokens %d is negative", cfg.BlockTokens)
 	case cfg.Layout >= numLayouts && cfg.Layout != AutoLayout:
 		return nil, bad("Layout %d is none of PerLayer (0), TokenMajor (1), Contiguous (2), AutoLayout (255)", cfg.Layout)
+	case cfg.Window < 0:
+		return nil, bad("Window %d is negative (0 is full attention)", cfg.Window)
+	case cfg.Window > cfg.MaxContext:
+		return nil, bad("Window %d is more than MaxContext %d", cfg.Window, cfg.MaxContext)
+	case cfg.Ring && cfg.Window == 0:
+		return nil, bad("Ring needs a Window (0 is full attention)")
 	}
 	if err := driver.CheckDevice(what, cfg.Device, len(devs)); err != nil {
 		return nil, err
@@ -333,6 +352,12 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 	}
 	if err := driver.CheckSize(func() string { return what() + ": PageSize" }, cfg.PageSize, gran); err != nil {
 		return nil, err
+	}
+	if cfg.Layout == AutoLayout && cfg.Ring {
+		cfg.Layout = PerLayer // the one layout a ring has (ring.go)
+	}
+	if cfg.Ring {
+		cfg.MapAhead = -1 // a ring's pages are all committed at its first Append
 	}
 	if cfg.Layout == AutoLayout {
 		l, err := PickLayout(*cfg)
@@ -381,6 +406,11 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 			return nil, tooBig("a region")
 		}
 		g.units = int(g.regionBytes / g.page)
+		if cfg.Ring && cfg.Layout == PerLayer {
+			if err := g.ringGeometry(cfg.Window); err != nil {
+				return nil, bad("%v", err)
+			}
+		}
 	case TokenMajor:
 		g.regions = 1
 		if perTok <= g.page {

@@ -28,8 +28,9 @@
 // Check walks them all:
 //
 //   - a running sequence's units below unitsFor(Len) are owned or
-//     borrowed; a preempted sequence's slot and an idle slot borrow
-//     nothing;
+//     borrowed, but those wholly behind its window (Config.Window),
+//     which are empty; a preempted sequence's slot and an idle slot
+//     borrow nothing;
 //   - a slot's shared units (those a match mapped) are borrowed, below
 //     its running sequence's tokens and mapped read-only (unless the
 //     driver cannot grant read-only access); its other borrowed units are
@@ -53,6 +54,14 @@
 // handed over without a copy); only a partly written last unit is copied,
 // on the first write of either side. A fork costs a map per shared page
 // and at most one unit copied, never a copy of the context.
+//
+// With a Window, an Append first gives back the units wholly behind the
+// window of its first token, at the same addresses (window.go): a
+// sequence holds O(Window). With a Ring (PerLayer only, no prefix
+// sharing) each layer's K and V is a ring of pages of a range of its own,
+// mapped twice back to back in the slot, so the last Window tokens are
+// one contiguous slice (ring.go); the ring's pages are committed at the
+// first Append and never again.
 //
 // # What it never does
 //

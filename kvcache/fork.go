@@ -47,6 +47,7 @@ import (
 // and how many of them the parent owns (handed over to the store).
 type forkPlan struct {
 	sl      *slot
+	lo      int // the parent's first unit: those below are behind its window
 	shared  int
 	partial bool
 	own     int
@@ -153,9 +154,9 @@ func (c *Cache) planForkLocked(what func() string, s *Seq) (forkPlan, error) {
 		return forkPlan{}, errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: all %d slots hold sequences", what(), c.cfg.MaxSeqs),
 			"free or finish a sequence first (MaxSeqs sets the slots)")
 	}
-	p := forkPlan{sl: sl, shared: g.unitsFor(s.n)}
+	p := forkPlan{sl: sl, lo: s.sl.lo, shared: g.unitsFor(s.n)}
 	p.partial = g.wholeUnits(s.n) < p.shared
-	p.own = s.sl.ownedIn(0, p.shared)
+	p.own = s.sl.ownedIn(p.lo, p.shared)
 	if p.own > len(c.ps.free) {
 		c.counts.failedForks++
 		return forkPlan{}, errors.Wrapf(driver.ErrOutOfMemory, "%s: %d of its units are its slot's own, and the prefix store has room for %d",
@@ -187,23 +188,25 @@ func (c *Cache) forkLocked(what func() string, s *Seq, p forkPlan) (*Seq, error)
 	// sequence's units wait for the next one): a unit the child maps has
 	// no owner writing it.
 	c.publishLocked(s, s.written)
-	sus := make([]*storeUnit, p.shared)
-	for u := range sus {
+	// A window's fork shares the units from the window's first (p.lo) on.
+	sus := make([]*storeUnit, p.shared-p.lo)
+	for i := range sus {
+		u := p.lo + i
 		switch ui := psl.units[u]; ui.state {
 		case unitBorrowed:
-			sus[u] = ui.su
+			sus[i] = ui.su
 		case unitOwned:
 			su, err := c.handOverLocked(what, psl, u)
 			if err != nil {
 				return nil, err
 			}
-			sus[u] = su
+			sus[i] = su
 		default:
 			return nil, errors.AssertionFailedf("%s: unit %d of its %d is not committed", what(), u, p.shared)
 		}
 		// Mapped by the parent alone, a unit holds the tokens it holds now;
 		// its sharers all hold the same ones in it.
-		if su := sus[u]; su.refs == 1 {
+		if su := sus[i]; su.refs == 1 {
 			su.used = 0
 			if used := g.usedBytes(u, s.n); used != g.fullUnitBytes() {
 				su.used = used
@@ -218,6 +221,7 @@ func (c *Cache) forkLocked(what func() string, s *Seq, p forkPlan) (*Seq, error)
 	csl.admitting = true
 	c.refileIdleLocked(csl)
 	fail := func(err error) (*Seq, error) {
+		c.setLoLocked(csl, 0)
 		csl.admitting = false
 		c.refileIdleLocked(csl)
 		return nil, err
@@ -228,14 +232,15 @@ func (c *Cache) forkLocked(what func() string, s *Seq, p forkPlan) (*Seq, error)
 		}
 		c.counts.reclaimedPages += kept * g.unitPages()
 	}
+	c.setLoLocked(csl, p.lo)
 	n, readOnly, err := c.borrowSharedLocked(csl, sus)
 	if err != nil {
-		return fail(errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.decommitUnitsLocked(csl, 0, n)))
+		return fail(errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.decommitUnitsLocked(csl, p.lo, p.lo+n)))
 	}
 	if readOnly {
 		csl.shared = p.shared
 	} else if err := c.protectSharedLocked(what, csl, p.shared); err != nil {
-		return fail(errors.CombineErrors(err, c.decommitUnitsLocked(csl, 0, p.shared)))
+		return fail(errors.CombineErrors(err, c.decommitUnitsLocked(csl, p.lo, p.shared)))
 	}
 	c.tick++
 	child := &Seq{c: c, sl: csl, prompt: s.prompt, extra: s.extra, admitted: c.tick,
@@ -414,7 +419,7 @@ func (c *Cache) quiesceCowLocked(what func() string, plan []stepPlan) error {
 		quiet := true
 		for k := range plan {
 			s := plan[k].s
-			if s.state != seqRunning || !c.cowCopyPendingLocked(s) {
+			if s.state != seqRunning || !c.revokePendingLocked(s) {
 				continue
 			}
 			if l := s.sl.lease; (l == nil || (l.Revoked() && l.Idle())) && c.mapping.sl != s.sl {

@@ -53,6 +53,9 @@ func (c *Cache) planAdmitLocked(m match, total int) plan {
 	k := len(m.units)
 	last := max(c.g.unitsFor(total), k)
 	need := (last - k - sl.ownedIn(k, last)) * up
+	if c.g.ring > 0 {
+		need = c.g.ringPages() // its rings, whatever the prompt's length
+	}
 	idle, surplus := c.reclaimableLocked(sl, len(sl.units))
 	room := c.freePagesLocked() + sl.ownedIn(0, k)*up + idle + surplus + sl.ownedIn(last, sl.hi)*up +
 		c.evictablePagesLocked() - c.cachedIn(m)
@@ -83,7 +86,12 @@ func (c *Cache) planResumeLocked(s *Seq, total int) plan {
 		m.partial = nil
 	}
 	sl := s.sl
-	need := (c.g.unitsFor(max(total, s.n)) - len(m.units)) * c.g.unitPages()
+	lo := len(m.units)
+	if s.state == seqSwapped && s.swapLo > 0 {
+		// A window's swap: its units from swapLo on come back, none below.
+		m, lo = match{}, s.swapLo
+	}
+	need := (c.g.unitsFor(max(total, s.n)) - lo) * c.g.unitPages()
 	idle, surplus := c.reclaimableLocked(sl, len(sl.units))
 	room := c.freePagesLocked() + idle + surplus + c.evictablePagesLocked() - c.cachedIn(m)
 	return plan{sl: sl, m: m, need: need, room: room}

@@ -62,6 +62,9 @@ func (s *Seq) Preempt(mode PreemptMode) error {
 	if err := checkMode(what, mode); err != nil {
 		return err
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return err
+	}
 	check := func() error {
 		if err := s.liveLocked(what); err != nil {
 			return err
@@ -83,6 +86,9 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 	if c.mapping.sl == sl {
 		return errors.AssertionFailedf("%s: %s is being committed", what(), c.mapping)
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return err // SetBudget's preemption
+	}
 	if mode == Swap {
 		if err := c.swapOutLocked(what, s); err != nil {
 			return err
@@ -91,6 +97,7 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
 		return errors.CombineErrors(err, c.dropSwapLocked(s))
 	}
+	c.setLoLocked(sl, 0)
 	s.unpublished = s.unpublished[:0] // each given back, unwritten
 	if mode == Swap {
 		c.setStateLocked(s, seqSwapped)
@@ -116,8 +123,9 @@ func (g *geometry) swapRegionBytes(n int) uint64 {
 // without bytes: the bytes are counted only). On failure nothing changed.
 func (c *Cache) swapOutLocked(what func() string, s *Seq) error {
 	ru := c.g.swapRegionBytes(s.n)
-	size := ru * uint64(c.g.regions)
-	s.swapRegion = ru
+	lo := uint64(s.sl.lo) * c.g.unitBytes // what is behind a window stays behind
+	size := (ru - lo) * uint64(c.g.regions)
+	s.swapRegion, s.swapLo = ru, s.sl.lo
 	if !c.bytes || size == 0 {
 		c.counts.swappedBytes += size
 		return nil
@@ -131,8 +139,8 @@ func (c *Cache) swapOutLocked(what func() string, s *Seq) error {
 	}
 	b := hb.Bytes()
 	for r := 0; r < c.g.regions; r++ {
-		src := c.slots.Base() + driver.Addr(c.slotOff(s.sl, r, 0))
-		if err := c.str.CopyDtoHSync(b[uint64(r)*ru:uint64(r+1)*ru], src); err != nil {
+		src := c.slots.Base() + driver.Addr(c.slotOff(s.sl, r, 0)+lo)
+		if err := c.str.CopyDtoHSync(b[uint64(r)*(ru-lo):uint64(r+1)*(ru-lo)], src); err != nil {
 			return errors.CombineErrors(errors.Wrapf(err, "%s: copy to host", what()), hb.Free())
 		}
 	}
@@ -202,8 +210,16 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	// back on failure (an arena's: the plan fits).
 	prev, prevMatched := s.state, s.matched
 	c.setStateLocked(s, seqRunning)
+	// A swap of a window sequence brings back the units from its window's
+	// first on (swapLo); the store lends none below.
+	from := 0
+	if swapped {
+		from = s.swapLo
+	}
+	c.setLoLocked(sl, from)
 	fail := func(err error, backed []int) (Step, error) {
 		err = errors.CombineErrors(err, c.unbackLocked(sl, backed))
+		c.setLoLocked(sl, 0)
 		c.setStateLocked(s, prev)
 		s.matched = prevMatched
 		return Step{}, err
@@ -212,12 +228,12 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	if err != nil {
 		return fail(err, nil)
 	}
-	backed, err := c.backLocked(what, s, 0, need)
+	backed, err := c.backLocked(what, s, from, need)
 	if err != nil {
 		return fail(err, matchedUnits)
 	}
 	backed = append(matchedUnits, backed...)
-	from := s.matched
+	from = s.matched
 	if swapped {
 		if err := c.swapInLocked(what, s, len(matchedUnits)); err != nil {
 			return fail(err, backed)
@@ -236,6 +252,7 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	} else {
 		s.written = from // the matched rows; the caller recomputes the rest
 	}
+	s.swapLo = 0
 	c.countMatchLocked(s)
 	c.counts.resumes++
 	c.wantAheadLocked(sl)
@@ -251,15 +268,17 @@ func (c *Cache) swapInLocked(what func() string, s *Seq, skip int) error {
 	}
 	g, sl := c.g, s.sl
 	b, ru := s.swap.Bytes(), s.swapRegion
+	base := uint64(s.swapLo) * g.unitBytes // the buffer starts there in each region
 	for r := 0; r < g.regions; r++ {
-		for u := skip; u < g.unitsFor(s.n); {
+		for u := max(skip, s.swapLo); u < g.unitsFor(s.n); {
 			v := u + 1
 			for v < g.unitsFor(s.n) && sl.units[v].state == sl.units[u].state {
 				v++
 			}
 			lo, hi := uint64(u)*g.unitBytes, min(uint64(v)*g.unitBytes, ru)
 			dst := c.slots.Base() + driver.Addr(c.slotOff(sl, r, 0)+lo)
-			if err := c.str.CopyHtoDSync(dst, b[uint64(r)*ru+lo:uint64(r)*ru+hi]); err != nil {
+			off := uint64(r) * (ru - base)
+			if err := c.str.CopyHtoDSync(dst, b[off+lo-base:off+hi-base]); err != nil {
 				return errors.Wrapf(err, "%s: copy from host", what())
 			}
 			u = v

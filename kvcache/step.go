@@ -127,12 +127,22 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 				what(), min(plan[k].i, plan[k-1].i), max(plan[k].i, plan[k-1].i), plan[k].s.sl.idx)
 		}
 	}
+	if c.g.ring > 0 {
+		return c.ringStepBatchLocked(what, batch, plan, into)
+	}
 	if err := c.quiesceCowLocked(what, plan); err != nil {
 		return nil, err
 	}
 	waited, err := c.settleStepLocked(what, plan)
 	if err != nil {
 		return nil, err
+	}
+	// Each sequence's units behind its next token's window go first, as
+	// in Append (window.go).
+	for k := range plan {
+		if err := c.releaseBehindLocked(what, plan[k].s); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.planStepLocked(what, plan); err != nil {
 		return nil, err

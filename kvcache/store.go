@@ -428,13 +428,13 @@ func (c *Cache) dropSpareLocked() error {
 // asking: protectSharedLocked's fallback).
 func (c *Cache) borrowSharedLocked(sl *slot, sus []*storeUnit) (n int, readOnly bool, err error) {
 	if c.protects && len(sus) > 0 {
-		n, err = c.borrowEachLocked(sl, 0, sus, driver.AccessRead)
+		n, err = c.borrowEachLocked(sl, sl.lo, sus, driver.AccessRead)
 		if !errors.Is(err, driver.ErrUnsupported) {
 			return n, err == nil, err
 		}
 		c.protects = false // nothing was mapped
 	}
-	n, err = c.borrowRunLocked(sl, 0, sus)
+	n, err = c.borrowRunLocked(sl, sl.lo, sus)
 	return n, false, err
 }
 
