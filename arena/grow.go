@@ -367,9 +367,10 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 			}
 		}
 		// A request that would split a large free chunk beside the hole
-		// splits it now, before the plan commits: given back after the
-		// commit, it would add to the peak in between.
-		for n := 0; n < 2 && g.need() > 0 && try < drained; n++ {
+		// splits it now, before a plan that passes the budget commits:
+		// given back after the commit, it would add to the peak in
+		// between.
+		for n := 0; n < 2 && g.need() > 0 && try < drained && al.committed()+g.need() > al.budget(al.held+fp); n++ {
 			gave, err := al.splitFirst(h, g, fp)
 			if err != nil {
 				return 0, err
