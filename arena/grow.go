@@ -366,6 +366,22 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 				}
 			}
 		}
+		// A request that would split a large free chunk beside the hole
+		// splits it now, before a plan that passes the budget commits:
+		// given back after the commit, it would add to the peak in
+		// between.
+		for n := 0; n < 2 && g.need() > 0 && try < drained && al.committed()+g.need() > al.budget(al.held+fp); n++ {
+			gave, err := al.splitFirst(h, g, fp)
+			if err != nil {
+				return 0, err
+			}
+			if !gave {
+				break
+			}
+			if g, ok = h.planGrow(fp, align); !ok {
+				return 0, errors.AssertionFailedf("arena: no plan for %d bytes after giving back a chunk beside the hole of one", fp)
+			}
+		}
 		budget := al.budget(al.held + fp)
 		committed := al.committed()
 		if over := committed + g.need(); over > budget && try < drained {
@@ -449,7 +465,8 @@ func (al *Allocator) splitLocked(h *heap, r bref, pin span, start, fp, align, re
 	}
 	// Room for one more request like this one stays committed after it,
 	// cut for it: where the next of a run of equal requests packs, as it
-	// would have in the chunk given back (the rest of it goes).
+	// would have in the chunk given back (the rest of it goes) — as far as
+	// the budget allows, as any commit ahead of need.
 	g.hi = min(pin.end, g.hi+alignUp(fp, h.cs))
 	b, err := h.commitPlan(g, fp)
 	if err != nil {
@@ -457,6 +474,33 @@ func (al *Allocator) splitLocked(h *heap, r bref, pin span, start, fp, align, re
 	}
 	al.held += fp
 	return h.place(b, start, fp, req), nil
+}
+
+// splitFirst gives back the whole free chunks of a free block beside the
+// plan's hole that the plan's request would cover in part and so split
+// (placeAt says which: a chunk larger than edgeChunk, past what may be
+// stranded), as splitLocked would once the request is placed; it reports
+// whether it gave any back, after which the plan must be made again (the
+// hole has changed).
+func (al *Allocator) splitFirst(h *heap, g growPlan, fp uint64) (bool, error) {
+	hole := h.at(g.hole)
+	for _, r := range [2]bref{hole.prev, hole.next} {
+		if r == 0 {
+			continue
+		}
+		b := h.at(r)
+		if b.state != blockFree || max(b.wlo, g.start) >= min(b.whi, g.start+fp) {
+			continue
+		}
+		if pl := h.placeAt(b, g.start, fp); pl.split {
+			if err := h.decommit(r, pl.pin.start, pl.pin.end); err != nil {
+				return false, err
+			}
+			al.stats.Splits++
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // take is whole free chunks [lo, hi) at the high end of the free block b

@@ -156,6 +156,43 @@ func randomWorkload(seed uint64, n int, maxSize, limit uint64) workload {
 	return workload{fmt.Sprintf("random/%d", seed), ev}
 }
 
+// bimodalWorkload: small requests (512 B to 1 MiB, log-uniform) with a
+// large one (64 MiB to 1 GiB) one time in twenty, each freed after a random
+// time, the live set kept under limit by freeing the oldest first: small
+// tensors' chunks among huge ones', which a large request coming back to
+// a freed huge chunk covers in part.
+func bimodalWorkload(seed uint64, n int, limit uint64) workload {
+	rng := rand.New(rand.NewPCG(seed, 404))
+	var ev []wlEvent
+	type liveAlloc struct {
+		id   int
+		size uint64
+	}
+	var live []liveAlloc
+	var total uint64
+	for id := 1; id <= n; id++ {
+		size := logUniform(rng, 512, units.MiB)
+		if rng.IntN(20) == 0 {
+			size = logUniform(rng, 64*units.MiB, units.GiB)
+		}
+		for total+size > limit && len(live) > 0 {
+			ev = append(ev, wlEvent{live[0].id, 0})
+			total -= live[0].size
+			live = live[1:]
+		}
+		ev = append(ev, wlEvent{id, size})
+		live = append(live, liveAlloc{id, size})
+		total += size
+		for len(live) > 0 && rng.IntN(3) == 0 {
+			k := rng.IntN(len(live))
+			ev = append(ev, wlEvent{live[k].id, 0})
+			total -= live[k].size
+			live = slices.Delete(live, k, k+1)
+		}
+	}
+	return workload{fmt.Sprintf("bimodal/%d", seed), ev}
+}
+
 // syntheticWorkloads is the sweep: each shape at a few seeds and scales.
 func syntheticWorkloads() []workload {
 	var ws []workload
@@ -163,6 +200,7 @@ func syntheticWorkloads() []workload {
 		ws = append(ws, trainingWorkload(seed, 24+8*int(seed), 3, 512*units.MiB))
 		ws = append(ws, kvWorkload(seed, 400, 64, 2*units.MiB+uint64(seed)*320*units.KiB))
 		ws = append(ws, randomWorkload(seed, 3000, 4*units.GiB, 48*units.GiB))
+		ws = append(ws, bimodalWorkload(seed, 20000, 8*units.GiB))
 	}
 	return ws
 }
