@@ -219,6 +219,9 @@ func (b *Book) sweepLocked(s *state) bool {
 // update runs fn on the books under both locks and writes them when fn
 // asks to (and returns no error).
 func (b *Book) update(what func() string, sweep bool, fn func(s *state) (write bool, err error)) error {
+	if b == nil || b.path == "" {
+		return b.usable(what)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.usable(what); err != nil {
@@ -296,6 +299,9 @@ func (b *Book) SetLimits(name string, floor, ceiling uint64) error {
 // members joined through it are live; a second Close answers ErrClosed.
 func (b *Book) Close() error {
 	what := func() string { return "budget: close the book" }
+	if b == nil || b.path == "" {
+		return b.usable(what)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.usable(what); err != nil {
@@ -667,6 +673,9 @@ func (m *Member) SetIdle(n uint64) error {
 // goroutine ends. A second Close answers ErrClosed.
 func (m *Member) Close() error {
 	what := func() string { return fmt.Sprintf("budget: %s leaves", m.Name()) }
+	if m == nil || m.b == nil {
+		return m.usable(what)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.usable(what); err != nil {
