@@ -16,6 +16,11 @@
 //	vmarena kv        simulate LLM serving over a request trace with each
 //	                  way of holding KV memory, and print their figures side
 //	                  by side
+//	vmarena top       show the members of a device budget shared by
+//	                  processes, live
+//	vmarena budget    change a member's floor or ceiling (set), or run two
+//	                  servers on a static half each and on one elastic
+//	                  budget (simulate)
 //	vmarena version   print the version (also vmarena --version)
 //
 // Each command prints its usage and flags to stdout with --help or -h
@@ -38,13 +43,18 @@ commands:
   demo      walk through reserve, map, access, aliasing and release: vmarena demo [--driver host|sim|cuda|acl]
   replay    replay allocator traces: vmarena replay --trace FILE|DIR|--synthetic random-lifetimes [--driver sim|host|cuda|acl]
   kv        simulate LLM serving over a request trace: vmarena kv simulate --trace FILE --model PRESET
+  top       show a shared device budget's members, live: vmarena top --book PATH
+  budget    change a member's limits or simulate an elastic budget: vmarena budget set|simulate
   version   print the version (also vmarena --version)
 
-devices, demo, replay and kv simulate take --json: one JSON document on stdout instead of text
+devices, demo, replay, kv simulate, top and budget simulate take --json: one JSON document on stdout instead of text
 run 'vmarena COMMAND --help' (or vmarena help COMMAND) for a command's usage and flags
 `
 
 func main() {
+	if os.Getenv(serverEnv) != "" {
+		os.Exit(serveBudget(os.Stdin, os.Stdout)) // one server of budget simulate
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -62,6 +72,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return replayCmd(args[1:], stdout, stderr)
 	case "kv":
 		return kvCmd(args[1:], stdout, stderr)
+	case "top":
+		return topCmd(args[1:], stdout, stderr)
+	case "budget":
+		return budgetCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		return versionCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":

@@ -84,6 +84,9 @@
 //	                   waits are a sync.Cond's, which let it go; operations run without it.
 //	AccelStreams       driver/internal/accel's Core.mu: a leaf (the runtime streams).
 //	HostBuffers        driver/internal/queue's HostBuffers.mu: a leaf (the pinned buffers).
+//	BudgetBook         budget.Book.mu: held across the book file's lock, read and write (system
+//	                   calls and a copy of a few KiB); never across a member's GiveBack callback
+//	                   nor an asker's wait for one, so a callback may take any lock.
 //
 // Every object-wide lock of the library is on this list but the range's
 // own ordering locks (SparseMu's line), a reservation's hold (VaspaceSpace's

@@ -50,6 +50,7 @@ const (
 	rankQueueEngine
 	rankAccelStreams
 	rankHostBuffers
+	rankBudgetBook
 	rankTest // tests only: above every other
 )
 
@@ -91,6 +92,7 @@ var names = [...]string{
 	rankQueueEngine:        "QueueEngine",
 	rankAccelStreams:       "AccelStreams",
 	rankHostBuffers:        "HostBuffers",
+	rankBudgetBook:         "BudgetBook",
 	rankTest:               "Test",
 }
 
@@ -142,6 +144,7 @@ type (
 	QueueEngine        struct{}
 	AccelStreams       struct{}
 	HostBuffers        struct{}
+	BudgetBook         struct{}
 )
 
 func (DisaggPrefill) rank() Rank      { return rankDisaggPrefill }
@@ -180,6 +183,7 @@ func (Ledger) rank() Rank             { return rankLedger }
 func (QueueEngine) rank() Rank        { return rankQueueEngine }
 func (AccelStreams) rank() Rank       { return rankAccelStreams }
 func (HostBuffers) rank() Rank        { return rankHostBuffers }
+func (BudgetBook) rank() Rank         { return rankBudgetBook }
 
 // Mutex is a sync.Mutex of rank R. In builds with the invariants tag its
 // Lock panics when the goroutine holds a lock of a higher rank.
