@@ -16,6 +16,7 @@ const (
 	rankNone Rank = iota
 	rankDisaggPrefill
 	rankSleepManager
+	rankKVHybrid
 	rankKVCache
 	rankTensorGrowable
 	rankIPCConn
@@ -57,6 +58,7 @@ var names = [...]string{
 	rankNone:               "none",
 	rankDisaggPrefill:      "DisaggPrefill",
 	rankSleepManager:       "SleepManager",
+	rankKVHybrid:           "KVHybrid",
 	rankKVCache:            "KVCache",
 	rankTensorGrowable:     "TensorGrowable",
 	rankIPCConn:            "IPCConn",
@@ -108,6 +110,7 @@ type ranker interface{ rank() Rank }
 type (
 	DisaggPrefill      struct{}
 	SleepManager       struct{}
+	KVHybrid           struct{}
 	KVCache            struct{}
 	TensorGrowable     struct{}
 	IPCConn            struct{}
@@ -146,6 +149,7 @@ type (
 
 func (DisaggPrefill) rank() Rank      { return rankDisaggPrefill }
 func (SleepManager) rank() Rank       { return rankSleepManager }
+func (KVHybrid) rank() Rank           { return rankKVHybrid }
 func (KVCache) rank() Rank            { return rankKVCache }
 func (TensorGrowable) rank() Rank     { return rankTensorGrowable }
 func (IPCConn) rank() Rank            { return rankIPCConn }
