@@ -206,6 +206,9 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Window > 0 {
+		return nil, errors.Wrapf(driver.ErrUnsupported, "kvcache: new cache: a Window of %d tokens: sliding-window caches are not built yet", cfg.Window)
+	}
 	u, err := mem.Usage(cfg.Device)
 	if err != nil {
 		return nil, errors.Wrapf(err, "kvcache: new cache")

@@ -102,6 +102,15 @@ type Config struct {
 	// Layout is PerLayer (the zero value), TokenMajor, Contiguous, or
 	// AutoLayout: the one PickLayout picks for the shape and PageSize.
 	Layout Layout
+	// Window is the tokens each layer attends to: a sequence keeps the
+	// last Window tokens, and the units wholly behind them go back to the
+	// budget as it grows (0: full attention, every token kept). At most
+	// MaxContext.
+	Window int // tokens each layer attends to (0: full attention)
+	// Ring maps each layer's window pages twice back to back, so that the
+	// last Window tokens are one contiguous slice of the layer's K (and
+	// V) region with one row stride. Needs Window.
+	Ring bool // window pages mapped twice back to back: the last Window tokens are one contiguous slice
 	// Device holds every page.
 	Device driver.DeviceID
 	// MapAhead is the mapping-ahead watermark in tokens: when fewer remain
@@ -318,6 +327,12 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 		return nil, bad("BlockTokens %d is negative", cfg.BlockTokens)
 	case cfg.Layout >= numLayouts && cfg.Layout != AutoLayout:
 		return nil, bad("Layout %d is none of PerLayer (0), TokenMajor (1), Contiguous (2), AutoLayout (255)", cfg.Layout)
+	case cfg.Window < 0:
+		return nil, bad("Window %d is negative (0 is full attention)", cfg.Window)
+	case cfg.Window > cfg.MaxContext:
+		return nil, bad("Window %d is more than MaxContext %d", cfg.Window, cfg.MaxContext)
+	case cfg.Ring && cfg.Window == 0:
+		return nil, bad("Ring needs a Window (0 is full attention)")
 	}
 	if err := driver.CheckDevice(what, cfg.Device, len(devs)); err != nil {
 		return nil, err
