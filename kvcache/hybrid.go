@@ -272,12 +272,18 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 			cc.HeadDim, cc.Layout = g.HeadDim/2, Contiguous
 		}
 		if cfg.Events != nil {
-			idx, events := i, cfg.Events
+			idx, events, kind := i, cfg.Events, ""
+			switch g.Kind {
+			case SlidingWindow:
+				kind = "sliding_window"
+			case Latent:
+				kind = "mla_attention"
+			}
 			cc.Events = func(b EventBatch) {
 				for _, e := range b.Events {
 					switch e := e.(type) {
 					case *BlockStored:
-						e.GroupIdx = idx
+						e.GroupIdx, e.SpecKind, e.SlidingWindow = idx, kind, g.Window
 					case *BlockRemoved:
 						e.GroupIdx = idx
 					}
