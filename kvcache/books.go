@@ -79,6 +79,9 @@ func (c *Cache) setLenLocked(s *Seq, n int) {
 		c.surplusUnits += d
 		if s.state == seqRunning {
 			c.runningTokens += n - s.n
+			if c.g.ring > 0 {
+				c.ringExcess += max(n-c.cfg.Window, 0) - max(s.n-c.cfg.Window, 0)
+			}
 		}
 	}
 	s.n = n
@@ -91,6 +94,9 @@ func (c *Cache) setStateLocked(s *Seq, st seqState) {
 		d := b2i(st == seqRunning) - b2i(s.state == seqRunning)
 		c.running += d
 		c.runningTokens += d * s.n
+		if c.g.ring > 0 {
+			c.ringExcess += d * max(s.n-c.cfg.Window, 0)
+		}
 	}
 	s.state = st
 }
@@ -109,6 +115,9 @@ func (c *Cache) attachLocked(sl *slot, s *Seq) {
 	if s.state == seqRunning {
 		c.running++
 		c.runningTokens += s.n
+		if c.g.ring > 0 {
+			c.ringExcess += max(s.n-c.cfg.Window, 0)
+		}
 	}
 }
 
@@ -120,6 +129,9 @@ func (c *Cache) detachLocked(sl *slot) {
 	if s.state == seqRunning {
 		c.running--
 		c.runningTokens -= s.n
+		if c.g.ring > 0 {
+			c.ringExcess -= max(s.n-c.cfg.Window, 0)
+		}
 	}
 	c.surplusUnits -= sl.surplus
 	sl.surplus = 0

@@ -42,9 +42,11 @@ type unitInfo struct {
 // slot holds at most one sequence (seq), and a running sequence's units
 // below unitsFor(Len) are all owned or borrowed; an idle slot (seq nil)
 // or a preempted sequence's slot borrows nothing; covers are live
-// read-only views (arena.Sparse.ViewReadOnly) of units [0, coverUnits) of
-// every region, and coverUnits never exceeds the units its sequence's
-// tokens fill.
+// read-only views (arena.Sparse.ViewReadOnly) of units [coverLo,
+// coverUnits) of every region, and coverUnits never exceeds the units its
+// sequence's tokens fill. In a window cache (Config.Window) the units
+// below lo lie wholly behind its running sequence's window and are empty
+// (window.go); lo is 0 in every other slot.
 type slot struct {
 	idx                      int
 	units                    []unitInfo
@@ -68,6 +70,12 @@ type slot struct {
 	shared     int
 	covers     []*arena.View
 	coverUnits int
+	coverLo    int
+	// lo is the first unit a window sequence holds: those below were
+	// released behind its window (window.go).
+	lo int
+	// ring says the slot's rings are committed and mapped (ring.go).
+	ring bool
 	// lease ends every tensor handed out over the slot's memory (Append's
 	// rows, K, V) when that memory is about to go: revoked before the
 	// covers are released for a decommit, at the end of the sequence and
@@ -138,7 +146,14 @@ type Cache struct {
 	counts   counters
 	// The counters of books.go, kept as units, lengths and states change.
 	ownedUnits, idleUnits, surplusUnits int
-	running, runningTokens              int
+	// behindUnits is the units released behind running sequences'
+	// windows: the sum of their slots' lo (window.go).
+	behindUnits int
+	// ringPages are the pages of the slots' rings (ring.go), counted in
+	// pages; ringExcess the tokens of running ring sequences past their
+	// last Window (what the rings hold no more).
+	ringPages, ringExcess  int
+	running, runningTokens int
 	// idleHead and idleTail are the idle list (books.go): the slots
 	// holding no sequence that own units, longest idle first.
 	idleHead, idleTail *slot
@@ -159,6 +174,9 @@ type Cache struct {
 	str *stream.Stream
 	// ps is the prefix store (see store.go).
 	ps prefixStore
+	// ring owns the pages of the slots' rings (ring.go); nil without
+	// Config.Ring.
+	ring *arena.Sparse
 	// ev is the KV events queued for Config.Events (events.go).
 	ev eventQueue
 	// asked is the prompt CanAdmit was last asked about (plan.go).
@@ -183,6 +201,7 @@ type counters struct {
 	failedAdmits, failedResumes        uint64
 	forks, cowCopies                   int
 	failedForks, cowBytes              uint64
+	windowReleases, windowUnits        int
 }
 
 // New makes a cache of cfg's shape on space and mem: it reserves the
@@ -206,8 +225,13 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Window > 0 {
-		return nil, errors.Wrapf(driver.ErrUnsupported, "kvcache: new cache: a Window of %d tokens: sliding-window caches are not built yet", cfg.Window)
+	if cfg.Ring && cfg.Layout != PerLayer {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "kvcache: new cache: a Ring in the %s layout: only PerLayer gives each layer's K and V a region of its own to make a ring of", cfg.Layout),
+			"Layout: kvcache.PerLayer (or AutoLayout)")
+	}
+	if cfg.Ring && !cfg.NoPrefixSharing {
+		return nil, errors.WithHint(errors.Wrap(driver.ErrUnsupported, "kvcache: new cache: a Ring with prefix sharing on: a ring's pages are written over as it wraps, so no page stays one prompt's to share (set NoPrefixSharing)"),
+			"set NoPrefixSharing with Ring")
 	}
 	u, err := mem.Usage(cfg.Device)
 	if err != nil {
@@ -233,6 +257,9 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, errors.CombineErrors(slots.Close(), pool.Close()))
 	}
+	if err := c.openRing(); err != nil {
+		return nil, errors.CombineErrors(err, errors.CombineErrors(slots.Close(), pool.Close()))
+	}
 	c.slotList = make([]*slot, cfg.MaxSeqs)
 	for i := range c.slotList {
 		c.slotList[i] = &slot{idx: i, units: make([]unitInfo, g.units)}
@@ -242,6 +269,9 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 			err = errors.CombineErrors(errors.Wrap(err, "kvcache: new cache: a stream for copies"), slots.Close())
 			if c.ps.s != nil {
 				err = errors.CombineErrors(err, c.ps.s.Close())
+			}
+			if c.ring != nil {
+				err = errors.CombineErrors(err, c.ring.Close())
 			}
 			return nil, errors.CombineErrors(err, pool.Close())
 		}
@@ -385,25 +415,27 @@ func (c *Cache) releaseCoversLocked(sl *slot) error {
 	for _, v := range sl.covers {
 		errs = errors.CombineErrors(errs, v.Release())
 	}
-	sl.covers, sl.coverUnits = sl.covers[:0], 0
+	sl.covers, sl.coverUnits, sl.coverLo = sl.covers[:0], 0, 0
 	if errs != nil {
 		return errors.WithAssertionFailure(errors.Wrapf(errs, "kvcache: release the views of slot %d", sl.idx))
 	}
 	return nil
 }
 
-// coverLocked makes sl's covers reach at least k units of every region:
-// read-only views, since the shared units below sl.shared are mapped
-// read-only (protectSharedLocked grants that before the covers exist).
+// coverLocked makes sl's covers reach at least k units of every region,
+// from its first held unit (sl.lo): read-only views, since the shared
+// units below sl.shared are mapped read-only (protectSharedLocked grants
+// that before the covers exist).
 func (c *Cache) coverLocked(sl *slot, k int) error {
-	if !c.addressable || k <= sl.coverUnits {
+	if !c.addressable || k <= sl.coverUnits || k <= sl.lo {
 		return nil
 	}
 	if err := c.releaseCoversLocked(sl); err != nil {
 		return err
 	}
+	sl.coverLo = sl.lo
 	for r := 0; r < c.g.regions; r++ {
-		v, err := c.slots.ViewReadOnly(c.slotOff(sl, r, 0), uint64(k)*c.g.unitBytes)
+		v, err := c.slots.ViewReadOnly(c.slotOff(sl, r, sl.lo), uint64(k-sl.lo)*c.g.unitBytes)
 		if err != nil {
 			return errors.CombineErrors(errors.WithAssertionFailure(errors.Wrapf(err, "kvcache: view of slot %d's region %d", sl.idx, r)),
 				c.releaseCoversLocked(sl))
@@ -676,6 +708,9 @@ func (c *Cache) Close() error {
 		c.clearedLocked()
 	}
 	errs = errors.CombineErrors(errs, c.slots.Close())
+	if c.ring != nil {
+		errs = errors.CombineErrors(errs, c.ring.Close())
+	}
 	errs = errors.CombineErrors(errs, c.pool.Close())
 	if c.str != nil {
 		errs = errors.CombineErrors(errs, c.str.Destroy())
@@ -775,6 +810,9 @@ func (c *Cache) checkLocked() error {
 			fail("slot %d counts %d owned units, holds %d", i, sl.owned, owned)
 		}
 		ownedPages += owned * up
+		for r := 0; sl.ring && r < g.regions; r++ {
+			want = append(want, ext{c.slotOff(sl, r, 0), 2 * uint64(g.ring) * g.page, true})
+		}
 		for r := 0; r < g.regions; r++ {
 			for u, ui := range sl.units {
 				if ui.state == unitOwned || ui.state == unitBorrowed {
@@ -791,12 +829,15 @@ func (c *Cache) checkLocked() error {
 			}
 			switch s.state {
 			case seqRunning:
-				for u := 0; u < g.unitsFor(s.n); u++ {
-					if st := sl.units[u].state; st != unitOwned && st != unitBorrowed {
+				for u := 0; g.ring == 0 && u < g.unitsFor(s.n); u++ {
+					if st := sl.units[u].state; u >= sl.lo && st != unitOwned && st != unitBorrowed {
 						fail("running sequence in slot %d has %d tokens, but unit %d is not committed", i, s.n, u)
+					} else if u < sl.lo && st != unitEmpty {
+						fail("running sequence in slot %d holds unit %d, behind its window's first unit %d", i, u, sl.lo)
 					}
 				}
-				if sl.coverUnits > g.unitsFor(s.n) {
+				c.checkWindowLocked(fail, sl)
+				if g.ring == 0 && sl.coverUnits > g.unitsFor(s.n) {
 					fail("slot %d's views cover %d units, its %d tokens fill %d", i, sl.coverUnits, s.n, g.unitsFor(s.n))
 				}
 			case seqSwapped, seqDropped:
@@ -817,6 +858,9 @@ func (c *Cache) checkLocked() error {
 			}
 		} else if len(sl.covers) > 0 {
 			fail("idle slot %d keeps views", i)
+		}
+		if sl.lo != 0 && (sl.seq == nil || sl.seq.state != seqRunning) {
+			fail("slot %d starts at unit %d without a running sequence", i, sl.lo)
 		}
 		if len(sl.covers) != 0 && len(sl.covers) != g.regions {
 			fail("slot %d has %d views, not one per region", i, len(sl.covers))
@@ -839,8 +883,9 @@ func (c *Cache) checkLocked() error {
 	c.checkAheadLocked(fail)
 	c.checkPoolLocked(fail)
 	storePages := c.checkStoreLocked(fail)
-	if ownedPages+storePages != c.pages {
-		fail("%d slot pages and %d store pages are committed, %d counted", ownedPages, storePages, c.pages)
+	ringPages := c.checkRingLocked(fail)
+	if ownedPages+storePages+ringPages != c.pages {
+		fail("%d slot pages, %d store pages and %d ring pages are committed, %d counted", ownedPages, storePages, ringPages, c.pages)
 	}
 	if c.inflight == 0 {
 		if got := c.slots.Committed(); got != uint64(ownedPages)*g.page {
@@ -940,7 +985,7 @@ func (c *Cache) checkSharedLocked(fail func(string, ...any), sl *slot) {
 		fail("slot %d shares %d units, its %d tokens fill %d", sl.idx, sl.shared, sl.seq.n, c.g.unitsFor(sl.seq.n))
 		return
 	}
-	for u := 0; u < sl.hi; u++ {
+	for u := sl.lo; u < sl.hi; u++ {
 		if u < sl.shared && sl.units[u].state != unitBorrowed {
 			fail("slot %d's shared unit %d is not borrowed", sl.idx, u)
 			continue

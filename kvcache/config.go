@@ -203,6 +203,10 @@ type geometry struct {
 	slotBytes   uint64
 	maxCtx      int
 	block       int
+	// ring is, with Config.Ring, the pages R of each region's ring (a
+	// region is then 2R pages: the ring and its mirror), ringCap the
+	// whole rows they hold (ring.go); 0 otherwise.
+	ring, ringCap int
 }
 
 // tokenBytes is the memory of one token: keys and values of all layers.
@@ -349,6 +353,12 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 	if err := driver.CheckSize(func() string { return what() + ": PageSize" }, cfg.PageSize, gran); err != nil {
 		return nil, err
 	}
+	if cfg.Layout == AutoLayout && cfg.Ring {
+		cfg.Layout = PerLayer // the one layout a ring has (ring.go)
+	}
+	if cfg.Ring {
+		cfg.MapAhead = -1 // a ring's pages are all committed at its first Append
+	}
 	if cfg.Layout == AutoLayout {
 		l, err := PickLayout(*cfg)
 		if err != nil {
@@ -396,6 +406,11 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 			return nil, tooBig("a region")
 		}
 		g.units = int(g.regionBytes / g.page)
+		if cfg.Ring && cfg.Layout == PerLayer {
+			if err := g.ringGeometry(cfg.Window); err != nil {
+				return nil, bad("%v", err)
+			}
+		}
 	case TokenMajor:
 		g.regions = 1
 		if perTok <= g.page {

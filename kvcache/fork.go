@@ -137,6 +137,9 @@ func (c *Cache) forkableLocked(what func() string, s *Seq) error {
 		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: %d of its rows are marked written", what(), s.written),
 			"a fork shares written rows only: MarkWritten(Len()) first")
 	}
+	if s.sl.lo > 0 {
+		return errors.Wrapf(driver.ErrUnsupported, "%s: its first %d units are released behind its window; a fork shares whole sequences only", what(), s.sl.lo)
+	}
 	return nil
 }
 
@@ -414,7 +417,7 @@ func (c *Cache) quiesceCowLocked(what func() string, plan []stepPlan) error {
 		quiet := true
 		for k := range plan {
 			s := plan[k].s
-			if s.state != seqRunning || !c.cowCopyPendingLocked(s) {
+			if s.state != seqRunning || !c.revokePendingLocked(s) {
 				continue
 			}
 			if l := s.sl.lease; (l == nil || (l.Revoked() && l.Idle())) && c.mapping.sl != s.sl {

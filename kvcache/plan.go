@@ -53,6 +53,9 @@ func (c *Cache) planAdmitLocked(m match, total int) plan {
 	k := len(m.units)
 	last := max(c.g.unitsFor(total), k)
 	need := (last - k - sl.ownedIn(k, last)) * up
+	if c.g.ring > 0 {
+		need = c.g.ringPages() // its rings, whatever the prompt's length
+	}
 	idle, surplus := c.reclaimableLocked(sl, len(sl.units))
 	room := c.freePagesLocked() + sl.ownedIn(0, k)*up + idle + surplus + sl.ownedIn(last, sl.hi)*up +
 		c.evictablePagesLocked() - c.cachedIn(m)

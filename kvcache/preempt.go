@@ -62,6 +62,9 @@ func (s *Seq) Preempt(mode PreemptMode) error {
 	if err := checkMode(what, mode); err != nil {
 		return err
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return err
+	}
 	check := func() error {
 		if err := s.liveLocked(what); err != nil {
 			return err
@@ -83,7 +86,14 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 	if c.mapping.sl == sl {
 		return errors.AssertionFailedf("%s: %s is being committed", what(), c.mapping)
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return err // SetBudget's preemption
+	}
 	if mode == Swap {
+		if sl.lo > 0 {
+			return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: its first %d units are released behind its window; a swap keeps whole sequences only", what(), sl.lo),
+				"preempt it with Drop: Resume then asks for its recomputation")
+		}
 		if err := c.swapOutLocked(what, s); err != nil {
 			return err
 		}
@@ -91,6 +101,7 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
 		return errors.CombineErrors(err, c.dropSwapLocked(s))
 	}
+	c.setLoLocked(sl, 0)
 	s.unpublished = s.unpublished[:0] // each given back, unwritten
 	if mode == Swap {
 		c.setStateLocked(s, seqSwapped)

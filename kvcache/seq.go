@@ -63,6 +63,9 @@ type Seq struct {
 	// forked bounds the units a fork made it share (fork.go): borrowed
 	// units lie below it or below its prompt's end.
 	forked int
+	// ringFrom is, in a ring cache, the first position its last Append's
+	// first token attends to (ring.go).
+	ringFrom int
 }
 
 // Rows are the keys and values of one layer at the consecutive positions
@@ -278,13 +281,19 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 		return fmt.Sprintf("kvcache: append %d tokens to a sequence of %d in slot %d", len(tokens), s.n, s.sl.idx)
 	}
 	check := func() error { return c.appendableLocked(what, s, tokens) }
+	if c.g.ring > 0 {
+		if err := check(); err != nil {
+			return Step{}, err
+		}
+		return c.ringAppendLocked(what, s, tokens)
+	}
 	// A unit the mapper is committing is waited for; the lock goes
 	// meanwhile, so everything is checked again after. A fork's shared
 	// last unit copied on write revokes the tensors: no access through
 	// them may be in flight then either (fork.go).
 	waited := false
 	for {
-		if c.cowCopyPendingLocked(s) {
+		if c.revokePendingLocked(s) {
 			if err := c.quiesceLocked(s, check); err != nil {
 				return Step{}, err
 			}
@@ -294,9 +303,14 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 			return Step{}, err
 		}
 		waited = waited || w
-		if !w || !c.cowCopyPendingLocked(s) {
+		if !w || !c.revokePendingLocked(s) {
 			break
 		}
+	}
+	// The units behind the window of the first token appended go first
+	// (window.go): no token from here on attends to them.
+	if err := c.releaseBehindLocked(what, s); err != nil {
+		return Step{}, err
 	}
 	pos, cnt := s.n, len(tokens)
 	need := c.g.unitsFor(pos + cnt)
@@ -560,6 +574,7 @@ func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 	case Contiguous:
 		return c.strideRowsLocked(sl, l, kv, p, n)
 	}
+	off -= uint64(sl.coverLo) * g.unitBytes
 	v := sl.covers[r]
 	b, err := v.Bytes()
 	if err != nil {
@@ -581,7 +596,7 @@ func (c *Cache) strideRowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, err
 	if err != nil {
 		return nil, errors.WithAssertionFailure(err)
 	}
-	off, size := uint64(p)*g.stride, uint64(n)*g.stride
+	off, size := uint64(p)*g.stride-uint64(sl.coverLo)*g.unitBytes, uint64(n)*g.stride
 	elt := uint64(g.elt)
 	t, err := tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
 		c.sharedBytes(sl, off, size), g.dt, n, int(g.stride/elt))
@@ -596,10 +611,14 @@ func (c *Cache) strideRowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, err
 }
 
 // sharedBytes is how many bytes, from its start, of a tensor's memory at
-// offset off (in its region) and size long lie in sl's shared units: read
-// only (a prefix, since the shared units are the first).
+// offset off (in its region's covered part, from unit coverLo) and size
+// long lie in sl's shared units: read only (a prefix, since the shared
+// units are the first held).
 func (c *Cache) sharedBytes(sl *slot, off, size uint64) int {
-	end := uint64(sl.shared) * c.g.unitBytes
+	if sl.shared <= sl.coverLo {
+		return 0
+	}
+	end := uint64(sl.shared-sl.coverLo) * c.g.unitBytes
 	if end <= off {
 		return 0
 	}
@@ -745,6 +764,9 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver's memory is not addressable from this process (the cache keeps the books only)",
 			what(), c.slots.Driver().Name())
 	}
+	if g.ring > 0 {
+		return c.ringStoredLocked(s, layer, kv)
+	}
 	k := g.unitsFor(s.n)
 	if err := c.coverLocked(s.sl, k); err != nil {
 		return nil, err
@@ -754,25 +776,29 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 	if g.layout == PerLayer {
 		r = 2*layer + kv
 	}
-	addr := c.slots.Base() + driver.Addr(c.slotOff(s.sl, r, 0))
-	if k > 0 {
+	lo := s.sl.lo // the first unit held: 0 but behind a window
+	addr := c.slots.Base() + driver.Addr(c.slotOff(s.sl, r, lo))
+	if k > lo {
 		if b, err = s.sl.covers[r].Bytes(); err != nil {
 			return nil, errors.WithAssertionFailure(err)
 		}
 	}
+	start := c.windowStartLocked(s) // 0 but behind a window
 	switch g.layout {
 	case PerLayer:
-		size := uint64(s.n) * g.row
-		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, s.n, g.heads, g.dim)
+		off := uint64(start)*g.row - uint64(lo)*g.unitBytes
+		size := uint64(s.n-start) * g.row
+		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[off : off+size], addr + driver.Addr(off)}, c.sharedBytes(s.sl, off, size),
+			g.dt, s.n-start, g.heads, g.dim)
 	case Contiguous:
-		if s.n == 0 {
+		if s.n == start {
 			return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:0], addr}, 0, g.dt, 0, g.heads, g.dim)
 		}
-		return c.strideRowsLocked(s.sl, layer, kv, 0, s.n)
+		return c.strideRowsLocked(s.sl, layer, kv, start, s.n-start)
 	}
 	elt := uint64(g.elt)
-	size := uint64(k) * g.unitBytes
-	t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, k, int(g.unitBytes/elt))
+	size := uint64(k-lo) * g.unitBytes
+	t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, k-lo, int(g.unitBytes/elt))
 	if err != nil {
 		return nil, err
 	}
@@ -780,7 +806,7 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 	if t, err = t.Narrow(1, (2*layer+kv)*g.tpg*rowElts, g.tpg*rowElts); err != nil {
 		return nil, err
 	}
-	return t.Reshape(k, g.tpg, g.heads, g.dim)
+	return t.Reshape(k-lo, g.tpg, g.heads, g.dim)
 }
 
 // Free ends the sequence: what it borrowed from the prefix store is given
@@ -835,6 +861,11 @@ func (c *Cache) endLocked(s *Seq) error {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: slot %d borrows %d units past its prompt and its forks' units", sl.idx, sl.borrowed))
 	}
 	errs = errors.CombineErrors(errs, c.dropSwapLocked(s))
+	c.setLoLocked(sl, 0) // the units behind its window are empty
+	errs = errors.CombineErrors(errs, c.releaseRingLocked(sl))
+	if sl.borrowed == 0 {
+		sl.shared = 0 // the last decommit kept those below it: behind a window, none
+	}
 	c.setStateLocked(s, seqFreed)
 	s.unpublished = nil
 	c.detachLocked(sl)

@@ -72,6 +72,15 @@ type Stats struct {
 	Forks, CowCopies int
 	FailedForks      uint64
 	CowBytes         uint64
+	// WindowReleases are the Appends (and a Step's requests) that gave
+	// back units behind a sliding window (Config.Window), WindowUnits the
+	// units they gave back: the slot's own decommitted, the prefix
+	// store's unborrowed (cached there).
+	WindowReleases, WindowUnits int
+	// RingPages are the pages of the running sequences' rings
+	// (Config.Ring), each mapped twice: beside SlotPages and StorePages
+	// in PagesCommitted.
+	RingPages int
 }
 
 // Stats returns the cache's figures (zero for a nil or zero cache).
@@ -91,7 +100,8 @@ func (c *Cache) statsLocked() Stats {
 	up := g.unitPages()
 	st := c.cumulativeLocked()
 	st.SlotPages = c.ownedUnits * up
-	st.StorePages = c.pages - st.SlotPages
+	st.RingPages = c.ringPages
+	st.StorePages = c.pages - st.SlotPages - st.RingPages
 	st.IdlePages = c.idleUnits * up
 	st.SurplusPages = c.surplusUnits * up
 	st.Sequences = len(c.seqs)
@@ -103,7 +113,9 @@ func (c *Cache) statsLocked() Stats {
 	// sequences counts once, not k times, and every one of them holds the
 	// same tokens in it (a unit is shared whole once its owner has written
 	// it all, or, a fork's last unit, at the one length they share).
-	st.UsedBytes = uint64(c.runningTokens)*g.tokenBytes() - c.ps.extraBytes
+	// Units behind a window hold none of them any more.
+	// A ring holds its sequence's last Window tokens.
+	st.UsedBytes = uint64(c.runningTokens-c.ringExcess)*g.tokenBytes() - c.ps.extraBytes - uint64(c.behindUnits)*g.fullUnitBytes()
 	st.SharedPages = c.ps.sharedUnits * up
 	st.SavedBytes = uint64(c.ps.extraRefs*up) * g.page
 	st.CachedPages = c.evictablePagesLocked()
@@ -124,7 +136,8 @@ func (c *Cache) cumulativeLocked() Stats {
 		Preemptions: k.preemptions, Swaps: k.swaps, Drops: k.drops, Resumes: k.resumes, SwappedBytes: k.swappedBytes,
 		FailedAdmits: k.failedAdmits, FailedResumes: k.failedResumes,
 		EventPanics: c.ev.panics, EventsDropped: c.ev.dropped,
-		Forks: k.forks, CowCopies: k.cowCopies, FailedForks: k.failedForks, CowBytes: k.cowBytes}
+		Forks: k.forks, CowCopies: k.cowCopies, FailedForks: k.failedForks, CowBytes: k.cowBytes,
+		WindowReleases: k.windowReleases, WindowUnits: k.windowUnits}
 }
 
 // fullUnitBytes is the bytes of one unit (all regions) that hold tokens
@@ -156,6 +169,12 @@ func (c *Cache) walkStatsLocked() Stats {
 		}
 		st.Running++
 		st.TokensStored += s.n
+		if sl.ring {
+			st.RingPages += g.ringPages()
+		}
+		if g.ring > 0 {
+			st.UsedBytes += uint64(min(s.n, c.cfg.Window)) * g.tokenBytes()
+		}
 		filled := g.unitsFor(s.n)
 		for u, ui := range sl.units {
 			switch ui.state {
@@ -170,7 +189,7 @@ func (c *Cache) walkStatsLocked() Stats {
 			}
 		}
 	}
-	st.StorePages = c.pages - st.SlotPages
+	st.StorePages = c.pages - st.SlotPages - st.RingPages
 	for su, n := range shared {
 		st.UsedBytes += g.usedBytes(su.u, n)
 		if su.refs > 1 {

@@ -105,6 +105,9 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	if c.closed {
 		return nil, errCacheClosed(what)
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return nil, errors.WithHint(err, "append to each sequence (Seq.Append)")
+	}
 	plan := slices.Grow(c.stepPlan[:0], len(batch))[:len(batch)]
 	defer func() {
 		clear(plan) // no sequence or token kept alive by the scratch
@@ -133,6 +136,13 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	waited, err := c.settleStepLocked(what, plan)
 	if err != nil {
 		return nil, err
+	}
+	// Each sequence's units behind its next token's window go first, as
+	// in Append (window.go).
+	for k := range plan {
+		if err := c.releaseBehindLocked(what, plan[k].s); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.planStepLocked(what, plan); err != nil {
 		return nil, err

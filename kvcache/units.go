@@ -90,11 +90,14 @@ func (s *Seq) UnitBytes(u int) ([]*tensor.Tensor, error) {
 	if err := s.runningLocked(what); err != nil {
 		return nil, err
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return nil, err
+	}
 	g := c.g
 	k := g.unitsFor(s.n)
-	if u < 0 || u >= k {
-		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the sequence of %d tokens in slot %d holds units 0 to %d",
-			what(), s.n, s.sl.idx, k-1), "UnitsFor(Len()) is the number of units a sequence holds")
+	if u < s.sl.lo || u >= k {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the sequence of %d tokens in slot %d holds units %d to %d",
+			what(), s.n, s.sl.idx, s.sl.lo, k-1), "UnitsFor(Len()) is the number of units a sequence holds; a window's start at WindowStart()")
 	}
 	if !c.addressable {
 		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver's memory is not addressable from this process (the cache keeps the books only)",
@@ -103,7 +106,7 @@ func (s *Seq) UnitBytes(u int) ([]*tensor.Tensor, error) {
 	if err := c.coverLocked(s.sl, k); err != nil {
 		return nil, err
 	}
-	off, size := uint64(u)*g.unitBytes, g.unitBytes
+	off, size := uint64(u-s.sl.coverLo)*g.unitBytes, g.unitBytes
 	out := make([]*tensor.Tensor, g.regions)
 	for r := range out {
 		v := s.sl.covers[r]

@@ -1,0 +1,181 @@
+package kvcache
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/internal/attention"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/tensor"
+)
+
+// ringConfig is a ring cache of window w over the tiny preset's shape,
+// heads KV heads of dim elements (float32).
+func ringConfig(heads, dim, w, maxCtx int) Config {
+	cfg := tinyConfig(PerLayer, maxCtx, 2)
+	cfg.KVHeads, cfg.HeadDim = heads, dim
+	cfg.Window, cfg.Ring, cfg.NoPrefixSharing = w, true, true
+	return cfg
+}
+
+// TestRingAttention: decode attention over a ring's contiguous window
+// slice (K and V as the cache hands them out, no copy) equals, bit for
+// bit, attention over a copy of the last Window tokens' keys and values,
+// at every position across ten wraps of the ring, in every layer — with
+// rows that divide the page and rows that straddle the ring's end into
+// its mirror. The slice's address is the ring's base plus (p*row) mod
+// (R*page) for its first position p.
+func TestRingAttention(t *testing.T) {
+	for _, shape := range []struct{ heads, dim, w int }{{8, 64, 40}, {3, 40, 150}} {
+		t.Run(fmt.Sprintf("%dx%d/window-%d", shape.heads, shape.dim, shape.w), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			cfg := ringConfig(shape.heads, shape.dim, shape.w, 1<<14)
+			c := e.cache(t, cfg)
+			g := c.g
+			ringBytes := uint64(g.ring) * g.page
+			wraps := 10
+			total := wraps*g.ringCap + g.ringCap/2
+			require.LessOrEqual(t, total, cfg.MaxContext)
+			tokens := make([]int, total)
+			for i := range tokens {
+				tokens[i] = 3 + i%1000
+			}
+			s, err := c.Admit(tokens[:20], 0)
+			require.NoError(t, err)
+			sh := attention.Shape{Heads: 2 * shape.heads, KVHeads: shape.heads, HeadDim: shape.dim}
+			q := make([]float32, sh.Heads*sh.HeadDim)
+			out, want := make([]float32, len(q)), make([]float32, len(q))
+			scores := make([]float32, sh.ScoresLen(cfg.Window))
+			kCopy := make([]float32, cfg.Window*sh.RowLen())
+			vCopy := make([]float32, len(kCopy))
+			pre := prefixes(tokens, 0)
+			first := c.Stats()
+			for n := 0; n < total; {
+				cnt := 1
+				if n == 0 {
+					cnt = 20 // the prompt, in one Append
+				}
+				st, err := s.Append(tokens[n : n+cnt])
+				require.NoError(t, err)
+				writeStep(t, st, tokens, 0)
+				n += cnt
+				if n == cnt {
+					first = c.Stats()
+				}
+				from := max(n-cfg.Window, 0)
+				require.Equal(t, from, s.WindowStart(), "after a one-token Append the window is the last Window tokens")
+				w := n - from
+				for l := 0; l < cfg.Layers; l++ {
+					k, err := s.K(l)
+					require.NoError(t, err)
+					v, err := s.V(l)
+					require.NoError(t, err)
+					require.Equal(t, []int{w, shape.heads, shape.dim}, k.Shape())
+					base := c.Base() + driver.Addr(c.slotOff(s.sl, 2*l, 0))
+					require.Equal(t, base+driver.Addr(uint64(from)*g.row%ringBytes), k.Addr()+driver.Addr(k.Offset()*4), "position %d's row", from)
+					kd, err := tensor.Data[float32](k)
+					require.NoError(t, err)
+					vd, err := tensor.Data[float32](v)
+					require.NoError(t, err)
+					// The copy: the rows writeStep wrote, from the reference.
+					for p := from; p < n; p++ {
+						for h := 0; h < shape.heads; h++ {
+							for d := 0; d < shape.dim; d++ {
+								i := ((p-from)*shape.heads+h)*shape.dim + d
+								kCopy[i], vCopy[i] = value(pre[p], l, 0, h, d), value(pre[p], l, 1, h, d)
+							}
+						}
+					}
+					for i := range q {
+						q[i] = float32(math.Sin(float64(i*7+n*13+l))) / 4
+					}
+					require.NoError(t, attention.Contiguous(sh, out, q, kd, vd, w, scores))
+					require.NoError(t, attention.Contiguous(sh, want, q, kCopy, vCopy, w, scores))
+					if !slicesEqualBits(out, want) {
+						require.Equal(t, want, out, "layer %d at %d tokens (window from %d)", l, n, from)
+					}
+				}
+			}
+			st := c.Stats()
+			t.Logf("%d tokens, %d wraps of a ring of %d pages (%d rows): %d pages committed, %d commits, %d borrows (first Append: %d, %d, %d)",
+				total, wraps, g.ring, g.ringCap, st.PagesCommitted, st.Commits, st.Borrows, first.PagesCommitted, first.Commits, first.Borrows)
+			require.Equal(t, g.ringPages(), st.RingPages)
+			require.Equal(t, g.ringPages(), st.PagesCommitted, "the rings and nothing else")
+			require.Equal(t, first.Commits, st.Commits, "no page committed after the first Append")
+			require.Equal(t, first.Borrows, st.Borrows, "no map after the first Append")
+			require.Equal(t, 2*g.regions, st.Borrows, "each ring mapped twice")
+			require.NoError(t, c.Check())
+			require.NoError(t, s.Free())
+			require.Zero(t, c.Stats().PagesCommitted, "a ring is given back with its sequence")
+			require.NoError(t, c.Check())
+		})
+	}
+}
+
+func slicesEqualBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestRingRefusals: a ring in a layout other than PerLayer, or with
+// prefix sharing, is ErrUnsupported at New; on a ring cache, the calls
+// rings have not (Preempt, Step, Reserve, UnitBytes, Fork) refuse with
+// nothing changed, and an Append that would overwrite what its first
+// token attends to is ErrInvalid.
+func TestRingRefusals(t *testing.T) {
+	e := hostEnv(t, 16*units.MiB)
+	for _, l := range []Layout{TokenMajor, Contiguous} {
+		cfg := ringConfig(8, 64, 40, 256)
+		cfg.Layout = l
+		_, err := New(e.space, e.mem, cfg)
+		drivertest.RequireIs(t, err, driver.ErrUnsupported, "PerLayer")
+	}
+	cfg := ringConfig(8, 64, 40, 256)
+	cfg.NoPrefixSharing = false
+	_, err := New(e.space, e.mem, cfg)
+	drivertest.RequireIs(t, err, driver.ErrUnsupported, "NoPrefixSharing")
+	require.Empty(t, e.space.Reservations())
+
+	cfg = ringConfig(8, 64, 40, 256)
+	cfg.Layout = AutoLayout
+	c := e.cache(t, cfg)
+	require.Equal(t, PerLayer, c.Config().Layout, "AutoLayout picks PerLayer for a ring")
+	s, err := c.Admit([]int{1, 2, 3}, 0)
+	require.NoError(t, err)
+	st, err := s.Append([]int{1, 2, 3})
+	require.NoError(t, err)
+	writeStep(t, st, []int{1, 2, 3}, 0)
+	require.NoError(t, s.MarkWritten(3))
+	before := snapBooks(t, c, e)
+	most := c.g.ringCap - cfg.Window + 1
+	_, err = s.Append(make([]int, most+1))
+	drivertest.RequireIs(t, err, driver.ErrInvalid, fmt.Sprintf("at most %d tokens", most))
+	drivertest.RequireIs(t, s.Preempt(Drop), driver.ErrUnsupported, "ring")
+	drivertest.RequireIs(t, s.Preempt(Swap), driver.ErrUnsupported, "ring")
+	_, err = c.Step([]StepRequest{{Seq: s, Tokens: []int{4}}}, nil)
+	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
+	_, err = s.Reserve(4)
+	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
+	_, err = s.UnitBytes(0)
+	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
+	_, err = s.Fork()
+	drivertest.RequireIs(t, err, driver.ErrUnsupported)
+	require.Equal(t, before, snapBooks(t, c, e))
+	require.Equal(t, 3, s.Len())
+	checkWindow(t, s, []int{1, 2, 3}, 0)
+	_, err = s.Append(make([]int, most))
+	require.NoError(t, err, "the most an Append takes")
+	require.NoError(t, c.Check())
+}

@@ -1,0 +1,144 @@
+package kvcache
+
+import (
+	"github.com/cockroachdb/errors"
+)
+
+// Sliding windows (Config.Window = W): every layer of the cache attends
+// to the last W tokens, so a sequence keeps only the units those reach.
+// When an Append (or a Step) of tokens from position pos comes, the units
+// wholly behind pos+1-W — tokens no token from pos on attends to — are
+// given back at the same addresses: the slot's own decommitted (their
+// pages back to the budget), the prefix store's unborrowed (cached there,
+// evicted least recently used first as any other). The slot's lo is the
+// first unit it still holds; units below lo are empty, and its running
+// sequence's units [lo, unitsFor(Len)) are committed. A sequence thus
+// holds at most the units of W-1 tokens, the tokens appended by the last
+// call, and a unit at either end — O(W), whatever its length. Addresses
+// never move: token p stays at the offset it would have in a full cache.
+//
+// The release is done before the Append commits anything, and stays done
+// when the Append is then refused (ErrOutOfMemory): the units behind the
+// next token's window are never read again, and their pages are what the
+// budget needs for the next ones.
+
+// unitsBehind is how many units, from unit 0, hold only tokens below t:
+// the units a window whose first token is t no longer needs.
+func (g *geometry) unitsBehind(t int) int {
+	if t <= 0 {
+		return 0
+	}
+	if g.layout == TokenMajor {
+		return t / g.tpg
+	}
+	return int(uint64(t) * g.stride / g.page)
+}
+
+// firstWhole is the first token whose bytes lie wholly at or past unit
+// lo: the first a slot that holds units from lo on holds whole.
+func (g *geometry) firstWhole(lo int) int {
+	if lo == 0 {
+		return 0
+	}
+	if g.layout == TokenMajor {
+		return lo * g.tpg
+	}
+	b := uint64(lo) * g.page
+	return int((b + g.stride - 1) / g.stride)
+}
+
+// windowFirstLocked is the first unit s's next Append keeps: the unit of
+// the first token the next token's window reaches.
+func (c *Cache) windowFirstLocked(s *Seq) int {
+	if c.cfg.Window == 0 {
+		return 0
+	}
+	return c.g.unitsBehind(s.n + 1 - c.cfg.Window)
+}
+
+// releasePendingLocked says whether s's next Append releases units
+// behind its window: that revokes its tensors, so no access through them
+// may be in flight (the caller quiesces s first).
+func (c *Cache) releasePendingLocked(s *Seq) bool {
+	return c.cfg.Window > 0 && s.state == seqRunning && c.windowFirstLocked(s) > s.sl.lo
+}
+
+// revokePendingLocked says whether s's next Append revokes its tensors:
+// a copy on write of a fork's last unit, or a release behind its window.
+func (c *Cache) revokePendingLocked(s *Seq) bool {
+	return c.cowCopyPendingLocked(s) || c.releasePendingLocked(s)
+}
+
+// releaseBehindLocked gives back the units of s (running, quiesced) wholly
+// behind the window of its next token: one decommit per region.
+func (c *Cache) releaseBehindLocked(what func() string, s *Seq) error {
+	sl := s.sl
+	lo := c.windowFirstLocked(s)
+	if c.cfg.Window == 0 || lo <= sl.lo {
+		return nil
+	}
+	if c.mapping.sl == sl && c.mapping.u < lo {
+		return errors.AssertionFailedf("%s: unit %d behind the window is being committed", what(), c.mapping.u)
+	}
+	shared := sl.shared
+	if err := c.decommitUnitsLocked(sl, sl.lo, lo); err != nil {
+		return err
+	}
+	// decommitUnitsLocked keeps the shared units below the ones it gives
+	// back; those past them are shared still.
+	if shared > lo {
+		sl.shared = shared
+	} else {
+		sl.shared = 0
+	}
+	c.counts.windowReleases++
+	c.counts.windowUnits += lo - sl.lo
+	c.setLoLocked(sl, lo)
+	return nil
+}
+
+// setLoLocked sets sl's first held unit, keeping behindUnits.
+func (c *Cache) setLoLocked(sl *slot, lo int) {
+	c.behindUnits += lo - sl.lo
+	sl.lo = lo
+}
+
+// windowStartLocked is the first position of s whose keys and values the
+// cache still holds whole: 0 but in a window cache.
+func (c *Cache) windowStartLocked(s *Seq) int {
+	return min(c.g.firstWhole(s.sl.lo), s.n)
+}
+
+// WindowStart is the first position whose keys and values the sequence
+// still holds: 0 without a Window; with one, at most Len()+1-Window once
+// the sequence has grown past it (the tokens the last Append's first
+// token attends to, and those it appended). K and V start there. 0 for
+// a nil, zero or preempted sequence.
+func (s *Seq) WindowStart() int {
+	if s == nil || s.c == nil {
+		return 0
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.state != seqRunning || s.sl == nil || s.sl.seq != s {
+		return 0
+	}
+	if s.c.g.ring > 0 {
+		return s.c.ringStartLocked(s)
+	}
+	return s.c.windowStartLocked(s)
+}
+
+// checkWindowLocked checks sl's window: lo is 0 without one, and never
+// past the units its sequence's next token needs.
+func (c *Cache) checkWindowLocked(fail func(string, ...any), sl *slot) {
+	s := sl.seq
+	switch {
+	case c.g.ring > 0 && sl.lo != 0:
+		fail("slot %d of a ring cache starts at unit %d", sl.idx, sl.lo)
+	case c.cfg.Window == 0 && sl.lo != 0:
+		fail("slot %d starts at unit %d in a cache without a window", sl.idx, sl.lo)
+	case sl.lo > c.g.unitsBehind(s.n+1-c.cfg.Window):
+		fail("slot %d starts at unit %d, past the window of its sequence of %d tokens", sl.idx, sl.lo, s.n)
+	}
+}
