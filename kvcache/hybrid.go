@@ -293,6 +293,12 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 		}
 		if g.Kind == SlidingWindow {
 			cc.Window, cc.Ring = g.Window, cfg.Ring
+			if cfg.Ring {
+				// A ring is PerLayer, and shares nothing (its pages are
+				// written over as it wraps): with it no prefix is shared
+				// in any group.
+				cc.Layout, cc.NoPrefixSharing = PerLayer, true
+			}
 		}
 		c, err := New(space, mem, cc)
 		if g.Kind == SlidingWindow && errors.Is(err, driver.ErrUnsupported) {
@@ -781,7 +787,14 @@ func (h *Hybrid) SetBudget(budget uint64, mode PreemptMode) ([]*HybridSeq, error
 		if h.heldLocked() <= budget {
 			break
 		}
-		if err := s.preemptLocked(what, mode); err != nil {
+		m := mode
+		if m == Swap && s.preemptableLocked(what, Swap) != nil {
+			m = Drop // a window group released units: only a drop preempts it
+		}
+		if s.preemptableLocked(what, m) != nil {
+			continue // a ring keeps no preempted sequence
+		}
+		if err := s.preemptLocked(what, m); err != nil {
 			return preempted, err
 		}
 		preempted = append(preempted, s)
@@ -1131,8 +1144,28 @@ func (s *HybridSeq) Preempt(mode PreemptMode) error {
 	return s.preemptLocked(what, mode)
 }
 
+// preemptableLocked says why a group would refuse to preempt s in mode
+// (a ring; a swap of a window group's sequence with units released).
+func (s *HybridSeq) preemptableLocked(what func() string, mode PreemptMode) error {
+	for i, gs := range s.seqs {
+		if gs == nil {
+			continue
+		}
+		gs.c.mu.Lock()
+		err := gs.c.preemptableLocked(what, gs, mode)
+		gs.c.mu.Unlock()
+		if err != nil {
+			return errors.Wrapf(err, "group %d", i)
+		}
+	}
+	return nil
+}
+
 func (s *HybridSeq) preemptLocked(what func() string, mode PreemptMode) error {
 	h := s.h
+	if err := s.preemptableLocked(what, mode); err != nil {
+		return err
+	}
 	var errs error
 	for i, gs := range s.seqs {
 		if gs == nil {

@@ -136,7 +136,7 @@ func (m *hybridModel) compare() {
 		}
 		for i := range m.h.groups {
 			if gs := q.s.Group(i); gs != nil {
-				checkSeq(m.t, gs, q.tokens, uint64(i), 0, len(q.tokens))
+				checkWindowed(m.t, gs, q.tokens, uint64(i))
 			}
 		}
 		if m.h.rec != nil {
@@ -251,7 +251,7 @@ func (m *hybridModel) step(op, a, b byte) {
 		before := m.h.Stats()
 		c, err := q.s.Fork()
 		if err != nil {
-			m.refuse(err, before, driver.ErrOutOfMemory, driver.ErrBusy)
+			m.refuse(err, before, driver.ErrOutOfMemory, driver.ErrBusy, driver.ErrUnsupported)
 			return
 		}
 		m.forks++
@@ -265,7 +265,12 @@ func (m *hybridModel) step(op, a, b byte) {
 		if op%8 == 4 {
 			mode = Drop
 		}
-		require.NoError(t, q.s.Preempt(mode))
+		before := m.h.Stats()
+		if err := q.s.Preempt(mode); err != nil {
+			// A window group's sequence with units released swaps no more.
+			m.refuse(err, before, driver.ErrUnsupported)
+			return
+		}
 		q.running = false
 		if mode == Drop {
 			m.drops++
@@ -318,7 +323,9 @@ func (m *hybridModel) step(op, a, b byte) {
 // on a host-driver Hybrid of tinyHybrid's groups.
 func runHybridModel(t testing.TB, data []byte) *hybridModel {
 	e := hostEnv(t, 64*units.MiB)
-	h := e.hybrid(t, tinyHybrid(480, 4, 24*units.MiB))
+	cfg := tinyHybrid(480, 4, 24*units.MiB)
+	cfg.Groups[1].Window = 128
+	h := e.hybrid(t, cfg)
 	m := &hybridModel{t: t, h: h, bytes: true}
 	for i := 0; i+2 < len(data) && i < 3*200; i += 3 {
 		m.step(data[i], data[i+1], data[i+2])
@@ -375,4 +382,47 @@ func FuzzHybridModel(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_ = runHybridModel(t, data)
 	})
+}
+
+// checkWindowed is checkSeq of every position s still holds: from its
+// WindowStart (0 but in a sliding-window group), where its K and V start.
+func checkWindowed(t testing.TB, s *Seq, tokens []int, extra uint64) {
+	t.Helper()
+	ws, w := s.WindowStart(), s.c.cfg.Window
+	if w == 0 || ws == 0 {
+		checkSeq(t, s, tokens, extra, 0, len(tokens))
+		return
+	}
+	require.LessOrEqual(t, ws, len(tokens)+1-w, "a window holds at least its last Window tokens")
+	pre := prefixes(tokens, extra)
+	cfg := s.c.cfg
+	for l := 0; l < cfg.Layers; l++ {
+		for kv, get := range []func(int) (*tensor.Tensor, error){s.K, s.V} {
+			ten, err := get(l)
+			require.NoError(t, err)
+			sh := ten.Shape()
+			for p := ws; p < len(tokens); p++ {
+				var row *tensor.Tensor
+				if len(sh) == 3 {
+					require.Equal(t, len(tokens)-ws, sh[0], "K and V start at WindowStart")
+					row, err = ten.Narrow(0, p-ws, 1)
+				} else {
+					// TokenMajor: groups from the one WindowStart starts.
+					row, err = ten.Narrow(0, p/sh[1]-ws/sh[1], 1)
+					require.NoError(t, err)
+					row, err = row.Narrow(1, p%sh[1], 1)
+				}
+				require.NoError(t, err)
+				data, err := tensor.Data[float32](row)
+				require.NoError(t, err)
+				for h := 0; h < cfg.KVHeads; h++ {
+					for d := 0; d < cfg.HeadDim; d++ {
+						if got, want := data[h*cfg.HeadDim+d], value(pre[p], l, kv, h, d); got != want {
+							require.Equal(t, want, got, "layer %d %s position %d head %d dim %d", l, [2]string{"K", "V"}[kv], p, h, d)
+						}
+					}
+				}
+			}
+		}
+	}
 }

@@ -111,7 +111,14 @@ func (c *Cache) appendPlanLocked(s *Seq, k int) (need, room int) {
 		return 0, 0
 	}
 	to := c.g.unitsFor(min(s.n+k, c.cfg.MaxContext))
-	need = c.emptyPagesLocked(s.sl, c.g.unitsFor(s.n), to) + c.cowPagesLocked(s)
+	if c.g.ring > 0 {
+		// A ring is committed whole at the first Append, in a range of
+		// its own.
+		need = b2i(!s.sl.ring) * c.g.ringPages()
+		to = 0
+	} else {
+		need = c.emptyPagesLocked(s.sl, c.g.unitsFor(s.n), to) + c.cowPagesLocked(s)
+	}
 	idle, surplus := c.reclaimableLocked(s.sl, to)
 	return need, c.freePagesLocked() + idle + surplus + c.evictablePagesLocked()
 }
@@ -187,4 +194,18 @@ func (c *Cache) forkNeedLocked(what func() string, s *Seq) (need, room int, err 
 		need = g.unitPages()
 	}
 	return need, room, nil
+}
+
+// preemptableLocked refuses, as Preempt would, to preempt s in mode: a
+// ring cache keeps no preempted sequence, and a swap keeps whole
+// sequences only (none with units released behind its window).
+func (c *Cache) preemptableLocked(what func() string, s *Seq, mode PreemptMode) error {
+	if err := c.ringUnsupported(what); err != nil {
+		return err
+	}
+	if mode == Swap && s.sl.lo > 0 {
+		return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: its first %d units are released behind its window; a swap keeps whole sequences only", what(), s.sl.lo),
+			"preempt it with Drop: Resume then asks for its recomputation")
+	}
+	return nil
 }

@@ -16,11 +16,13 @@ import (
 )
 
 // tinyHybrid is a small hybrid model on 64 KiB pages: a full-attention
-// group, a sliding-window group, a latent group and a recurrent group.
+// group, a sliding-window group (its window all of MaxContext: tests of
+// released units set a smaller one), a latent group and a recurrent
+// group.
 func tinyHybrid(maxCtx, maxSeqs int, budget uint64) HybridConfig {
 	return HybridConfig{Groups: []Group{
 		{Kind: FullAttention, Layers: 2, KVHeads: 2, HeadDim: 64},
-		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: 32},
+		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: maxCtx},
 		{Kind: Latent, Layers: 2, KVHeads: 1, HeadDim: 96},
 		{Kind: Recurrent, Layers: 2, StateBytes: 40 * units.KiB},
 	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: maxCtx, MaxSeqs: maxSeqs, PageSize: page, Budget: budget}
@@ -138,6 +140,7 @@ func TestHybridEvents(t *testing.T) {
 	e := hostEnv(t, 64*units.MiB)
 	var batches []EventBatch
 	cfg := tinyHybrid(512, 2, 32*units.MiB)
+	cfg.Groups[1].Window = 32
 	cfg.Events = func(b EventBatch) { batches = append(batches, b) }
 	h := e.hybrid(t, cfg)
 	a := hybridPrefill(t, h, seqTokens(300, 300, 1))
