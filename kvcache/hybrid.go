@@ -455,24 +455,6 @@ func (h *Hybrid) makeFreeLocked(want uint64, skip int, spare []uint64, keepCkpt 
 	return nil
 }
 
-// sparesLocked is, as needs of nothing, what every group can give back
-// without touching a running sequence's tokens.
-func (h *Hybrid) sparesLocked() []need {
-	needs := make([]need, len(h.groups))
-	for i, g := range h.groups {
-		if g.c == nil {
-			continue
-		}
-		c := g.c
-		c.mu.Lock()
-		idle, surplus := c.reclaimableLocked(nil, 0)
-		room := c.freePagesLocked() + idle + surplus + c.evictablePagesLocked()
-		c.mu.Unlock()
-		needs[i] = need{0, uint64(max(room, 0)) * c.g.page}
-	}
-	return needs
-}
-
 // spares is what each group can give beyond its own need.
 func spares(needs []need) []uint64 {
 	out := make([]uint64, len(needs))
