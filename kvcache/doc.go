@@ -84,6 +84,27 @@
 // answer ErrClosed once revoked and ErrAccessDenied to a write into rows
 // shared through the prefix store.
 //
+// # Hybrid models
+//
+// A Hybrid (hybrid.go) holds a model whose layers are of several kinds:
+// one Cache per attention group (FullAttention; SlidingWindow with
+// Config.Window, or its Ring; Latent, one row of HeadDim a token and a
+// layer, kept as a K and a V of half of it each side by side in the
+// Contiguous layout) and one recurrent state store (recurrent.go: a slot
+// of every recurrent layer's StateBytes a sequence, in an arena.Sparse of
+// its own, and copied checkpoints at unit boundaries). All draw on one
+// budget (hybrid_share.go): between calls each group's budget is what it
+// holds; a call into a group is granted the free memory, and the other
+// groups give back for it, stage by stage, pooled pages, cached prefix
+// units and checkpoints, idle and surplus pages — never a running
+// sequence's tokens. Its lock (lockrank KVHybrid) is taken before any
+// group's. A hybrid prompt starts from the longest prefix every group
+// serves, at a recurrent checkpoint when there are recurrent groups;
+// Admit, Append, Fork and Resume plan every group before any driver call.
+// Fork copies the recurrent state (it is rewritten whole every step, so
+// sharing it would copy at the next step anyway); Swap keeps it in its
+// slot, Drop gives it back and Resume restarts from a checkpoint.
+//
 // # Use
 //
 //	c, err := kvcache.New(space, mem, cfg) // cfg from kvcache.Preset, then MaxContext, MaxSeqs

@@ -60,12 +60,22 @@ type BlockStored struct {
 	// extra key, which is in the hash.
 	LoRAID *int
 	Medium string
+	// GroupIdx is the layer group the blocks belong to (vLLM's
+	// group_idx): 0 in a Cache, the group's index in a Hybrid.
+	GroupIdx int
+	// SpecKind is the group's kind as vLLM's KVCacheSpecKind names it
+	// ("" is "full_attention"; a Hybrid's groups say "sliding_window" or
+	// "mla_attention"), and SlidingWindow its window in tokens (0: none).
+	SpecKind      string
+	SlidingWindow int
 }
 
 // BlockRemoved says blocks left the prefix index.
 type BlockRemoved struct {
 	BlockHashes []uint64
 	Medium      string
+	// GroupIdx is as BlockStored's.
+	GroupIdx int
 }
 
 // AllBlocksCleared says every block left the index.

@@ -257,9 +257,16 @@ func expected(b kvcache.EventBatch, rank *int, layout Layout) wireBatch {
 		switch e := e.(type) {
 		case *kvcache.BlockStored:
 			x := wireEvent{Tag: "BlockStored", Fields: 10, BlockHashes: slices.Clone(e.BlockHashes), BlockSize: i64(int64(e.BlockSize)),
-				GroupIdx: i64(0), SpecKind: str("full_attention")}
+				GroupIdx: i64(int64(e.GroupIdx)), SpecKind: str("full_attention")}
+			if e.SpecKind != "" {
+				x.SpecKind = str(e.SpecKind)
+			}
+			if e.SlidingWindow > 0 {
+				x.SlidingWindow = i64(int64(e.SlidingWindow))
+				x.Fields++
+			}
 			if layout == Map {
-				x.Fields = 9 // extra_keys, None, is named only when set
+				x.Fields-- // extra_keys, None, is named only when set
 			}
 			if e.ParentBlockHash != nil {
 				p := *e.ParentBlockHash
@@ -273,7 +280,7 @@ func expected(b kvcache.EventBatch, rank *int, layout Layout) wireBatch {
 			}
 			w.Events = append(w.Events, x)
 		case *kvcache.BlockRemoved:
-			x := wireEvent{Tag: "BlockRemoved", Fields: 3, BlockHashes: slices.Clone(e.BlockHashes), GroupIdx: i64(0)}
+			x := wireEvent{Tag: "BlockRemoved", Fields: 3, BlockHashes: slices.Clone(e.BlockHashes), GroupIdx: i64(int64(e.GroupIdx))}
 			if e.Medium != "" {
 				x.Medium = str(e.Medium)
 			}

@@ -45,9 +45,11 @@
 // the block's tokens (VLLMHasher says how), so that a router that hashes
 // prompts itself finds these blocks too. lora_id and lora_name are nil, extra_keys
 // nil (the cache's extra key, adapter or salt, is inside its hash),
-// medium "GPU", group_idx 0 and kv_cache_spec_kind "full_attention"
-// (the prefix index is one group of full attention); the sliding window
-// is nil, so it is left off. Fields vLLM added after that commit
+// medium "GPU"; group_idx, kv_cache_spec_kind and
+// kv_cache_spec_sliding_window are the event's GroupIdx, SpecKind ("" is
+// "full_attention": a Cache's prefix index is one group of full
+// attention) and SlidingWindow (0 is None, left off) — a kvcache.Hybrid
+// names each group's index, kind and window. Fields vLLM added after that commit
 // (locality, ownership, session_id, the skipped_ ones) are defaulted
 // and left off in both layouts, which its decoders accept.
 //

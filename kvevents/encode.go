@@ -48,12 +48,10 @@ func ParseLayout(s string) (Layout, error) {
 	return 0, errors.Wrapf(driver.ErrInvalid, "kvevents: layout %q, want array or map", s)
 }
 
-// The cache-spec fields every event names: the cache's prefix index is
-// one group (group_idx 0) of full attention, vLLM's FullAttentionSpec.
-const (
-	groupIdx = 0
-	specKind = "full_attention"
-)
+// specKind is the kv_cache_spec_kind of an event that names none: a
+// Cache's prefix index is one group of full attention, vLLM's
+// FullAttentionSpec.
+const specKind = "full_attention"
 
 // The fields of vLLM's event classes in declaration order (the tag
 // aside); required counts those without a default.
@@ -159,13 +157,15 @@ func (w *writer) hashes(h []uint64) {
 }
 
 // stored writes e: in Array, the seven required fields, then extra_keys
-// (nil: the cache's extra key is inside its hash), group_idx and
-// kv_cache_spec_kind (the sliding window, None, is trailing and left
-// off); in Map, the required fields, group_idx and kv_cache_spec_kind.
+// (nil: the cache's extra key is inside its hash), group_idx,
+// kv_cache_spec_kind and, when e has one, the sliding window (None
+// otherwise, trailing and left off); in Map, the required fields,
+// group_idx, kv_cache_spec_kind and the window when set.
 func (w *writer) stored(e *kvcache.BlockStored, l Layout) {
-	n := storedRequired + 3 // Array: extra_keys, group_idx, kind
+	window := e.SlidingWindow > 0
+	n := storedRequired + 3 + b2i(window) // Array: extra_keys, group_idx, kind, window
 	if l == Map {
-		n = storedRequired + 2
+		n = storedRequired + 2 + b2i(window)
 	}
 	w.event(l, e.Type(), n)
 	w.key(l, "block_hashes")
@@ -197,9 +197,24 @@ func (w *writer) stored(e *kvcache.BlockStored, l Layout) {
 		w.nil() // extra_keys
 	}
 	w.key(l, "group_idx")
-	w.int(groupIdx)
+	w.int(int64(e.GroupIdx))
 	w.key(l, "kv_cache_spec_kind")
-	w.str(specKind)
+	if e.SpecKind == "" {
+		w.str(specKind)
+	} else {
+		w.str(e.SpecKind)
+	}
+	if window {
+		w.key(l, "kv_cache_spec_sliding_window")
+		w.int(int64(e.SlidingWindow))
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // removed writes e: block_hashes, medium, group_idx.
@@ -210,5 +225,5 @@ func (w *writer) removed(e *kvcache.BlockRemoved, l Layout) {
 	w.key(l, "medium")
 	w.optStr(e.Medium)
 	w.key(l, "group_idx")
-	w.int(groupIdx)
+	w.int(int64(e.GroupIdx))
 }

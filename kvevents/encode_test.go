@@ -88,3 +88,28 @@ func TestEncodeRefuses(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Map, l)
 }
+
+// TestEncodeGroups: a hybrid cache's events carry their group, kind and
+// sliding window (vLLM's group_idx, kv_cache_spec_kind,
+// kv_cache_spec_sliding_window), decoded strictly in both layouts.
+func TestEncodeGroups(t *testing.T) {
+	b := kvcache.EventBatch{TS: time.Unix(3, 0), Events: []kvcache.Event{
+		&kvcache.BlockStored{BlockHashes: []uint64{9}, TokenIDs: []int{1, 2}, BlockSize: 2, Medium: "GPU",
+			GroupIdx: 1, SpecKind: "sliding_window", SlidingWindow: 1024},
+		&kvcache.BlockStored{BlockHashes: []uint64{8}, TokenIDs: []int{1, 2}, BlockSize: 2, Medium: "GPU",
+			GroupIdx: 2, SpecKind: "mla_attention"},
+		&kvcache.BlockRemoved{BlockHashes: []uint64{9}, Medium: "GPU", GroupIdx: 1},
+	}}
+	for _, layout := range []Layout{Array, Map} {
+		payload, err := EncodeBatch(b, nil, layout)
+		require.NoError(t, err)
+		got, err := decodeBatch(payload, layout)
+		require.NoError(t, err, "layout %s", layout)
+		require.Equal(t, deref(expected(b, nil, layout)), deref(got), "layout %s", layout)
+		require.Equal(t, int64(1), *got.Events[0].GroupIdx)
+		require.Equal(t, int64(1024), *got.Events[0].SlidingWindow)
+		require.Equal(t, "mla_attention", *got.Events[1].SpecKind)
+		require.Nil(t, got.Events[1].SlidingWindow)
+		require.Equal(t, int64(1), *got.Events[2].GroupIdx)
+	}
+}

@@ -28,6 +28,9 @@
 //	                   registration's bookkeeping, no I/O); never across the cache's Admit or the model.
 //	SleepManager       sleep.Manager.mu: Free lets it go while a lease's Revoke waits, Sleep and Wake
 //	                   while they copy; it is held across the tags' arena.Allocator calls.
+//	KVHybrid           kvcache.Hybrid.mu: held across its groups' Cache calls (each takes KVCache)
+//	                   and its recurrent state range's arena.Sparse calls; the groups' budgets move
+//	                   under it.
 //	KVCache            kvcache.Cache.mu: held across the slot range's arena.Sparse calls and the
 //	                   prefix store's; never across a wait for a tensor access (drainLocked lets it go)
 //	                   nor across KV event delivery (events.go).

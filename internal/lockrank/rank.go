@@ -16,6 +16,7 @@ const (
 	rankNone Rank = iota
 	rankDisaggPrefill
 	rankSleepManager
+	rankKVHybrid
 	rankKVCache
 	rankTensorGrowable
 	rankIPCConn
@@ -58,6 +59,7 @@ var names = [...]string{
 	rankNone:               "none",
 	rankDisaggPrefill:      "DisaggPrefill",
 	rankSleepManager:       "SleepManager",
+	rankKVHybrid:           "KVHybrid",
 	rankKVCache:            "KVCache",
 	rankTensorGrowable:     "TensorGrowable",
 	rankIPCConn:            "IPCConn",
@@ -110,6 +112,7 @@ type ranker interface{ rank() Rank }
 type (
 	DisaggPrefill      struct{}
 	SleepManager       struct{}
+	KVHybrid           struct{}
 	KVCache            struct{}
 	TensorGrowable     struct{}
 	IPCConn            struct{}
@@ -149,6 +152,7 @@ type (
 
 func (DisaggPrefill) rank() Rank      { return rankDisaggPrefill }
 func (SleepManager) rank() Rank       { return rankSleepManager }
+func (KVHybrid) rank() Rank           { return rankKVHybrid }
 func (KVCache) rank() Rank            { return rankKVCache }
 func (TensorGrowable) rank() Rank     { return rankTensorGrowable }
 func (IPCConn) rank() Rank            { return rankIPCConn }

@@ -1,0 +1,82 @@
+package kvcache
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// TestHybridGemmaHeld is the figure of docs/kvcache.md's hybrid section:
+// Gemma-3-27b (10 full-attention layers, 52 sliding-window layers of
+// 1,024 tokens, 2 MiB pages, sim driver), one 32k-token sequence and a
+// batch of 8 more (1k to 8k tokens), each prefilled in 2,048-token
+// chunks and then decoded 64 tokens: the KV memory the sequences hold
+// (the groups' pages but cached prefix pages, which no sequence maps and
+// any growth takes first; pooled pages apart) against the exact need —
+// every full layer's rows of every token, every window layer's rows of
+// its last 1,024 — target at most 1.02; and, with prefix sharing off (no
+// cached pages), everything committed against the same need.
+func TestHybridGemmaHeld(t *testing.T) {
+	for _, sharing := range []bool{true, false} {
+		ratio := gemmaHeld(t, sharing)
+		require.LessOrEqual(t, ratio, 1.02)
+	}
+}
+
+func gemmaHeld(t *testing.T, sharing bool) float64 {
+	e := simEnv(t, 80*units.GiB, 0)
+	cfg, err := HybridPreset("gemma-3-27b")
+	require.NoError(t, err)
+	cfg.MaxContext, cfg.MaxSeqs, cfg.NoPrefixSharing = 32768+64, 9, !sharing
+	h := e.hybrid(t, cfg)
+	full, win := cfg.Groups[0], cfg.Groups[1]
+	rowBytes := func(g Group) uint64 { return 2 * uint64(g.Layers*g.KVHeads*g.HeadDim) * 2 }
+	lens := []int{32768, 1024, 2048, 3000, 4096, 5000, 6144, 7000, 8192}
+	var seqs []*HybridSeq
+	for i, n := range lens {
+		prompt := make([]int, n)
+		for p := range prompt {
+			prompt[p] = i*100_000 + p
+		}
+		s, err := h.Admit(prompt)
+		require.NoError(t, err)
+		for s.Len() < n {
+			end := min(s.Len()+2048, n)
+			_, err := s.Append(prompt[s.Len():end])
+			require.NoError(t, err)
+			require.NoError(t, s.MarkWritten(end))
+		}
+		for range 64 {
+			_, err := s.Append([]int{1})
+			require.NoError(t, err)
+		}
+		seqs = append(seqs, s)
+	}
+	require.NoError(t, h.Check())
+	st := h.Stats()
+	var need uint64
+	for _, n := range lens {
+		n += 64
+		need += uint64(n)*rowBytes(full) + uint64(min(n, win.Window))*rowBytes(win)
+	}
+	var inUse, pooled, cached uint64
+	for _, g := range st.Groups {
+		inUse += g.Committed
+		pooled += uint64(g.PooledPages) * (2 * units.MiB)
+		cached += uint64(g.CachedPages) * (2 * units.MiB)
+	}
+	ratio := float64(inUse-cached) / float64(need)
+	t.Logf("gemma-3-27b, 9 sequences (32k and 1k-8k, +64 decoded), 2 MiB pages, prefix sharing %v: need %s; committed %s, of it cached %s; held by the sequences %s (%.4f of the need); pooled %s more; layouts: full %s, window %s",
+		sharing, units.Bytes(need), units.Bytes(inUse), units.Bytes(cached), units.Bytes(inUse-cached), ratio, units.Bytes(pooled),
+		h.groups[0].c.cfg.Layout, h.groups[1].c.cfg.Layout)
+	require.True(t, st.WindowHeld[1], "the window group keeps its window")
+	if !sharing {
+		require.Zero(t, cached)
+	}
+	for _, s := range seqs {
+		require.NoError(t, s.Free())
+	}
+	return ratio
+}

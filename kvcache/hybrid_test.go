@@ -1,0 +1,278 @@
+package kvcache
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/internal/leakcheck"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/tensor"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// tinyHybrid is a small hybrid model on 64 KiB pages: a full-attention
+// group, a sliding-window group (its window all of MaxContext: tests of
+// released units set a smaller one), a latent group and a recurrent
+// group.
+func tinyHybrid(maxCtx, maxSeqs int, budget uint64) HybridConfig {
+	return HybridConfig{Groups: []Group{
+		{Kind: FullAttention, Layers: 2, KVHeads: 2, HeadDim: 64},
+		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: maxCtx},
+		{Kind: Latent, Layers: 2, KVHeads: 1, HeadDim: 96},
+		{Kind: Recurrent, Layers: 2, StateBytes: 40 * units.KiB},
+	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: maxCtx, MaxSeqs: maxSeqs, PageSize: page, Budget: budget}
+}
+
+func (e *env) hybrid(t testing.TB, cfg HybridConfig) *Hybrid {
+	t.Helper()
+	h, err := NewHybrid(e.space, e.mem, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+// hybridPrefill admits prompt and appends and marks it written in chunks
+// of a unit (BlockTokens), so that a checkpoint is left at each.
+func hybridPrefill(t testing.TB, h *Hybrid, prompt []int) *HybridSeq {
+	t.Helper()
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	b := h.Config().BlockTokens
+	for s.Len() < len(prompt) {
+		end := min((s.Len()/b+1)*b, len(prompt))
+		_, err := s.Append(prompt[s.Len():end])
+		require.NoError(t, err)
+		require.NoError(t, s.MarkWritten(end))
+	}
+	require.NoError(t, h.Check())
+	return s
+}
+
+func TestHybridBasics(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, tinyHybrid(512, 4, 32*units.MiB))
+	prompt := seqTokens(300, 300, 1)
+	a := hybridPrefill(t, h, prompt)
+	require.Equal(t, 300, a.Len())
+	st := h.Stats()
+	require.Equal(t, 1, st.Running)
+	require.Equal(t, 18, st.Checkpoints, "one at 16, 32, ..., 288")
+	b, err := h.Admit(prompt)
+	require.NoError(t, err)
+	require.Equal(t, 256, b.Matched(), "every group serves 256 tokens (the latent group's third page ends there), and a checkpoint")
+	require.Equal(t, 1, h.Stats().CheckpointHits)
+	step, err := b.Append(prompt[256:])
+	require.NoError(t, err)
+	require.Equal(t, 256, step.Pos)
+	require.NoError(t, b.MarkWritten(300))
+	c, err := b.Fork()
+	require.NoError(t, err)
+	require.Equal(t, 300, c.Len())
+	_, err = c.Append([]int{5})
+	require.NoError(t, err)
+	_, err = b.Append([]int{6})
+	require.NoError(t, err)
+	require.NoError(t, h.Check())
+	require.NoError(t, a.Preempt(Drop))
+	require.NoError(t, h.Check())
+	rs, err := a.Resume()
+	require.NoError(t, err)
+	require.Equal(t, 256, rs.Pos, "recomputed from the checkpoint at 256")
+	require.NoError(t, h.Check())
+	require.NoError(t, c.Preempt(Swap))
+	rs, err = c.Resume()
+	require.NoError(t, err)
+	require.Equal(t, 301, rs.Pos)
+	require.Zero(t, rs.N)
+	for _, s := range []*HybridSeq{a, b, c} {
+		require.NoError(t, s.Free())
+	}
+	require.NoError(t, h.Check())
+	require.ErrorIs(t, a.Free(), driver.ErrClosed)
+}
+
+// TestHybridForkWriteRead: after a fork, what one side writes (its new
+// tokens' rows in every group, its recurrent state) the other never
+// reads, and both read their own shared prefix.
+func TestHybridForkWriteRead(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, tinyHybrid(512, 4, 32*units.MiB))
+	m := &hybridModel{t: t, h: h, bytes: true}
+	prompt := seqTokens(200, 200, 1)
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	p := &hmSeq{s: s, prompt: prompt, running: true}
+	m.seqs = append(m.seqs, p)
+	m.prefill(p, HybridStep{})
+	m.compare()
+	for round := range 6 {
+		c, err := p.s.Fork()
+		require.NoError(t, err)
+		q := &hmSeq{s: c, tokens: p.tokens[:len(p.tokens):len(p.tokens)], prompt: prompt, running: true}
+		m.seqs = append(m.seqs, q)
+		m.compare()
+		// Each side appends its own tokens; the other's bytes stay.
+		for i, x := range []*hmSeq{q, p} {
+			tokens := []int{5000 + 10*round + i, 6000 + round}
+			step, err := x.s.Append(tokens)
+			require.NoError(t, err)
+			x.tokens = append(x.tokens[:len(x.tokens):len(x.tokens)], tokens...)
+			m.write(x, step)
+			m.compare()
+		}
+		if round%2 == 0 {
+			require.NoError(t, q.s.Free())
+			m.remove(q)
+			m.compare()
+		}
+	}
+	require.Equal(t, 6, h.Stats().Forks)
+}
+
+// TestHybridEvents: each group's BlockStored and BlockRemoved name it,
+// with its kind and window.
+func TestHybridEvents(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	var batches []EventBatch
+	cfg := tinyHybrid(512, 2, 32*units.MiB)
+	cfg.Groups[1].Window = 32
+	cfg.Events = func(b EventBatch) { batches = append(batches, b) }
+	h := e.hybrid(t, cfg)
+	a := hybridPrefill(t, h, seqTokens(300, 300, 1))
+	require.NoError(t, a.Free())
+	_, err := h.SetBudget(2*units.MiB, Drop) // evicts the cached units
+	require.NoError(t, err)
+	stored, removed := map[int]bool{}, map[int]bool{}
+	for _, b := range batches {
+		for _, ev := range b.Events {
+			switch ev := ev.(type) {
+			case *BlockStored:
+				stored[ev.GroupIdx] = true
+				want := map[int]string{0: "", 1: "sliding_window", 2: "mla_attention"}[ev.GroupIdx]
+				require.Equal(t, want, ev.SpecKind)
+				require.Equal(t, map[int]int{1: 32}[ev.GroupIdx], ev.SlidingWindow)
+			case *BlockRemoved:
+				removed[ev.GroupIdx] = true
+			}
+		}
+	}
+	require.Equal(t, map[int]bool{0: true, 1: true, 2: true}, stored)
+	require.Equal(t, map[int]bool{0: true, 1: true, 2: true}, removed)
+}
+
+// TestHybridRefusals: bad configs and calls are ErrInvalid (or
+// ErrClosed) and change nothing.
+func TestHybridRefusals(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	for _, groups := range [][]Group{
+		nil,
+		{{Kind: Recurrent, Layers: 1, StateBytes: 8}},
+		{{Kind: FullAttention, Layers: 0, KVHeads: 1, HeadDim: 8}},
+		{{Kind: SlidingWindow, Layers: 1, KVHeads: 1, HeadDim: 8}},
+		{{Kind: Latent, Layers: 1, KVHeads: 2, HeadDim: 8}},
+		{{Kind: Latent, Layers: 1, KVHeads: 1, HeadDim: 7}},
+		{{Kind: FullAttention, Layers: 1, KVHeads: 1, HeadDim: 8, Window: 4}},
+		{{Kind: FullAttention, Layers: 1, KVHeads: 1, HeadDim: 8}, {Kind: Recurrent, Layers: 1}},
+		{{Kind: 9, Layers: 1}},
+	} {
+		cfg := tinyHybrid(64, 2, 0)
+		cfg.Groups = groups
+		_, err := NewHybrid(e.space, e.mem, cfg)
+		require.ErrorIs(t, err, driver.ErrInvalid, "%v", groups)
+	}
+	h := e.hybrid(t, tinyHybrid(64, 2, 16*units.MiB))
+	before := h.Stats()
+	for _, p := range [][]int{nil, make([]int, 65), {1, -1}} {
+		_, err := h.Admit(p)
+		require.ErrorIs(t, err, driver.ErrInvalid)
+	}
+	require.Equal(t, before.Committed, h.Stats().Committed)
+	s, err := h.Admit([]int{1, 2, 3})
+	require.NoError(t, err)
+	before = h.Stats()
+	_, err = s.Append([]int{1, 9})
+	require.ErrorIs(t, err, driver.ErrInvalid, "not the prompt's tokens")
+	_, err = s.State(99)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	_, err = s.Resume()
+	require.ErrorIs(t, err, driver.ErrInvalid, "running")
+	_, err = h.SetBudget(0, Drop)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.Equal(t, before.Committed, h.Stats().Committed)
+	require.NoError(t, s.Free())
+	require.NoError(t, h.Close())
+	_, err = h.Admit([]int{1})
+	require.ErrorIs(t, err, driver.ErrClosed)
+	require.ErrorIs(t, h.Close(), driver.ErrClosed)
+}
+
+// TestHybridNoLeaks: a hybrid cache that shared, forked, preempted and
+// closed with sequences live leaves descriptors, mappings and resident
+// memory as they were, and nothing committed.
+func TestHybridNoLeaks(t *testing.T) {
+	work := func() {
+		drv, err := host.New(host.Options{Devices: 1, Capacity: 64 * units.MiB, Granularity: page})
+		require.NoError(t, err)
+		space, mem := vaspace.New(drv), physical.New(drv)
+		h, err := NewHybrid(space, mem, tinyHybrid(512, 4, 32*units.MiB))
+		require.NoError(t, err)
+		a := hybridPrefill(t, h, seqTokens(300, 300, 1))
+		b := hybridPrefill(t, h, seqTokens(300, 300, 1))
+		_, err = b.State(1)
+		require.NoError(t, err)
+		c, err := b.Fork()
+		require.NoError(t, err)
+		_, err = c.Append([]int{7})
+		require.NoError(t, err)
+		require.NoError(t, a.Preempt(Swap))
+		require.NoError(t, b.Preempt(Drop))
+		require.NoError(t, h.Close())
+		u, err := mem.Usage(0)
+		require.NoError(t, err)
+		require.Zero(t, u.Used)
+		require.Empty(t, space.Reservations())
+		require.NoError(t, drv.Close())
+	}
+	before, after, same, err := leakcheck.Compare(3, work)
+	require.NoError(t, err)
+	require.True(t, same, "%v before, %v after", before, after)
+}
+
+// TestHybridRace: sequences admitted, appended, forked, preempted,
+// resumed and freed from several goroutines at once (go test -race).
+func TestHybridRace(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, tinyHybrid(512, 8, 32*units.MiB))
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				s, err := h.Admit(seqTokens(40+i, 40, g))
+				if err != nil {
+					continue
+				}
+				if _, err := s.Append(seqTokens(40+i, 40, g)[s.Len():]); err == nil {
+					_ = s.MarkWritten(s.Len())
+					if c, err := s.Fork(); err == nil {
+						_, _ = c.Append([]int{1})
+						_ = c.Free()
+					}
+					if s.Preempt(Swap) == nil {
+						_, _ = s.Resume()
+					}
+				}
+				_ = s.Free()
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, h.Check())
+	require.Zero(t, h.Stats().Sequences)
+}
