@@ -212,11 +212,23 @@ func buildKey(cc []string, v Vendor, omit []string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:24], nil
 }
 
-// built remembers this process's builds by key.
+// built remembers this process's builds by key; each key has its own
+// lock, so that builds of different variants run side by side.
 var built struct {
 	sync.Mutex
-	path map[string]string
+	keys map[string]*build
 }
+
+type build struct {
+	sync.Mutex
+	path string
+	out  []byte
+}
+
+// outputName is the file beside a build holding what the compiler printed
+// making it, so that a later test reads the compiler's warnings from the
+// cache instead of compiling the variant again.
+const outputName = "compiler-output"
 
 // Build compiles v's library without the omit groups and returns its path,
 // under os.TempDir()/vmarena-standin/<hash>/. A build is made once per
@@ -224,47 +236,91 @@ var built struct {
 // binary: it is written under a temporary name and renamed into place, so
 // parallel test binaries never see half a file.
 func Build(v Vendor, omit []string) (string, error) {
+	path, _, err := buildOutput(v, omit)
+	return path, err
+}
+
+// buildOutput is Build, also returning what the compiler printed when it
+// made the build (kept beside it, compiler-output): its warnings. A build
+// without that file (made before the file was kept) is made again.
+func buildOutput(v Vendor, omit []string) (string, []byte, error) {
 	cc, err := compilerCommand()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	omit, err = normaliseOmit(omit)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	key, err := buildKey(cc, v, omit)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	built.Lock()
-	defer built.Unlock()
-	if p, ok := built.path[key]; ok {
-		return p, nil
+	b, ok := built.keys[key]
+	if !ok {
+		if built.keys == nil {
+			built.keys = map[string]*build{}
+		}
+		b = &build{}
+		built.keys[key] = b
+	}
+	built.Unlock()
+	b.Lock()
+	defer b.Unlock()
+	if b.path != "" {
+		return b.path, b.out, nil
 	}
 	dir := filepath.Join(os.TempDir(), "vmarena-standin", key)
 	path := filepath.Join(dir, v.FileName())
-	if _, err := os.Stat(path); err != nil {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return "", errors.Wrap(err, "standin")
-		}
-		tmp, err := os.CreateTemp(dir, ".build-*.so")
-		if err != nil {
-			return "", errors.Wrap(err, "standin")
-		}
-		tmp.Close()
-		defer os.Remove(tmp.Name())
-		if _, err := compile(cc, v, omit, tmp.Name()); err != nil {
-			return "", err
-		}
-		if err := os.Rename(tmp.Name(), path); err != nil {
-			return "", errors.Wrap(err, "standin")
+	outPath := filepath.Join(dir, outputName)
+	_, err = os.Stat(path)
+	out, oerr := os.ReadFile(outPath)
+	if err != nil || oerr != nil {
+		if out, err = buildInto(cc, v, omit, dir, path, outPath); err != nil {
+			return "", nil, err
 		}
 	}
-	if built.path == nil {
-		built.path = map[string]string{}
+	b.path, b.out = path, out
+	return path, out, nil
+}
+
+// buildInto compiles into dir and renames the compiler's output, then the
+// library, into place: a library in the cache always has its output beside
+// it.
+func buildInto(cc []string, v Vendor, omit []string, dir, path, outPath string) ([]byte, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, errors.Wrap(err, "standin")
 	}
-	built.path[key] = path
-	return path, nil
+	tmp, err := os.CreateTemp(dir, ".build-*.so")
+	if err != nil {
+		return nil, errors.Wrap(err, "standin")
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	out, err := compile(cc, v, omit, tmp.Name())
+	if err != nil {
+		return nil, err
+	}
+	tmpOut, err := os.CreateTemp(dir, ".output-*")
+	if err != nil {
+		return nil, errors.Wrap(err, "standin")
+	}
+	defer os.Remove(tmpOut.Name())
+	_, werr := tmpOut.Write(out)
+	if cerr := tmpOut.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		return nil, errors.Wrap(werr, "standin")
+	}
+	if err := os.Rename(tmpOut.Name(), outPath); err != nil {
+		return nil, errors.Wrap(err, "standin")
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return nil, errors.Wrap(err, "standin")
+	}
+	return out, nil
 }
 
 // requireEnv, set to 1, turns a missing compiler from a skip into a

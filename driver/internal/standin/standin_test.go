@@ -392,15 +392,15 @@ func TestBuildIsCachedAndExportsOnlyItsInterface(t *testing.T) {
 	require.ErrorContains(t, err, "no front-end")
 }
 
-// TestCompilesWithoutWarnings builds every variant of both front-ends
-// afresh (the cache would hide the compiler's output): not with -short.
+// TestCompilesWithoutWarnings builds every variant of both front-ends and
+// checks the compiler printed nothing making each: the build cache keeps
+// what the compiler printed beside each build (a variant another test
+// built is read back, not compiled again). Not with -short.
 func TestCompilesWithoutWarnings(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles twenty variants")
 	}
 	needCompiler(t)
-	cc, err := compilerCommand()
-	require.NoError(t, err)
 	variants := [][]string{nil, OmitGroups}
 	for _, g := range OmitGroups {
 		variants = append(variants, []string{g})
@@ -409,12 +409,50 @@ func TestCompilesWithoutWarnings(t *testing.T) {
 		for _, omit := range variants {
 			t.Run(string(v)+"/"+strings.Join(append([]string{"omit"}, omit...), "-"), func(t *testing.T) {
 				t.Parallel()
-				out, err := compile(cc, v, omit, filepath.Join(t.TempDir(), "lib.so"))
+				_, out, err := buildOutput(v, omit)
 				require.NoError(t, err)
 				require.Empty(t, string(out), "compiler output for %s with omit %v", v, omit)
 			})
 		}
 	}
+}
+
+// TestCachedOutputIsTheCompilers checks that the output the cache keeps
+// beside a build is what the compiler printed: a warning compiled into a
+// variant is read back from the cache by the next build of it.
+func TestCachedOutputIsTheCompilers(t *testing.T) {
+	needCompiler(t)
+	t.Setenv("TMPDIR", t.TempDir())
+	cc, err := compilerCommand()
+	require.NoError(t, err)
+	// The stand-in compiles clean, so $CC is wrapped to print a line to
+	// stderr before compiling, as a warning would.
+	wrapper := filepath.Join(t.TempDir(), "cc")
+	script := "#!/bin/sh\necho 'warning: from the wrapper' >&2\nexec " + strings.Join(cc, " ") + " \"$@\"\n"
+	require.NoError(t, os.WriteFile(wrapper, []byte(script), 0o755))
+	t.Setenv("CC", wrapper)
+	p1, out1, err := buildOutput(CUDA, []string{OmitGroups[0]})
+	require.NoError(t, err)
+	require.Contains(t, string(out1), "warning: from the wrapper")
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(p1), outputName))
+	require.NoError(t, err)
+	require.Equal(t, out1, b)
+	// Another process reads it back: forget this one's record.
+	built.Lock()
+	built.keys = nil
+	built.Unlock()
+	p2, out2, err := buildOutput(CUDA, []string{OmitGroups[0]})
+	require.NoError(t, err)
+	require.Equal(t, p1, p2)
+	require.Equal(t, out1, out2)
+	// A build without its output beside it is made again.
+	require.NoError(t, os.Remove(filepath.Join(filepath.Dir(p1), outputName)))
+	built.Lock()
+	built.keys = nil
+	built.Unlock()
+	_, out3, err := buildOutput(CUDA, []string{OmitGroups[0]})
+	require.NoError(t, err)
+	require.Equal(t, out1, out3)
 }
 
 func TestOmitGroupRemovesExactlyItsSymbols(t *testing.T) {
