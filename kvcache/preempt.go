@@ -88,7 +88,15 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 			return err
 		}
 	}
-	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
+	// Its views go first (they pin the memory); its own pages go, the
+	// listed store units it borrowed stay mapped for its resume (kept.go).
+	if sl.coverUnits > 0 {
+		sl.revokeLocked()
+		if err := c.releaseCoversLocked(sl); err != nil {
+			return errors.CombineErrors(err, c.dropSwapLocked(s))
+		}
+	}
+	if err := c.leaveLocked(sl, len(sl.units), false); err != nil {
 		return errors.CombineErrors(err, c.dropSwapLocked(s))
 	}
 	s.unpublished = s.unpublished[:0] // each given back, unwritten
