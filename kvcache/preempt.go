@@ -45,7 +45,8 @@ func checkMode(what func() string, m PreemptMode) error {
 // addresses and its tokens: with Swap its bytes go to pinned host memory
 // first, with Drop they are lost (Resume then asks for recomputation).
 // What it borrowed from the prefix store is given back (the store keeps
-// it cached); the prompt units it made that MarkWritten did not cover are
+// it cached) but stays mapped in its slot, kept for its Resume (no
+// unmap); the prompt units it made that MarkWritten did not cover are
 // given back unpublished. The tensors handed out for it answer ErrClosed
 // from then on; Resume hands out new ones.
 //

@@ -789,7 +789,9 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 }
 
 // Free ends the sequence: what it borrowed from the prefix store is given
-// back (the store keeps it cached), its slot's own pages stay committed
+// back (the store keeps it cached) but stays mapped in its slot, kept for
+// the slot's next sequence (no unmap; see Stats.KeptUnits), its slot's
+// own pages stay committed
 // for the next sequence put in the slot until memory is needed elsewhere
 // (deferred reclaim). It publishes nothing: the whole prompt units that
 // MarkWritten covered are matchable already, and the ones it did not
