@@ -41,6 +41,9 @@ func (c *Cache) setUnitLocked(sl *slot, u int, st unitState, su *storeUnit) {
 		sl.hi = u + 1
 	}
 	sl.borrowed += b2i(st == unitBorrowed) - b2i(old == unitBorrowed)
+	dk := b2i(st == unitKept) - b2i(old == unitKept)
+	sl.kept += dk
+	c.keptUnits += dk
 	d := b2i(st == unitOwned) - b2i(old == unitOwned)
 	if d == 0 {
 		return
@@ -194,9 +197,9 @@ func (c *Cache) refileIdleLocked(sl *slot) {
 // checkBooksLocked recomputes every counter of this file, and the idle
 // list, by walking, and reports each that differs.
 func (c *Cache) checkBooksLocked(fail func(string, ...any)) {
-	owned, idle, surplus, running, tokens := 0, 0, 0, 0, 0
+	owned, idle, surplus, running, tokens, kept := 0, 0, 0, 0, 0, 0
 	for i, sl := range c.slotList {
-		o, b, s, top := 0, 0, 0, 0
+		o, b, s, top, k := 0, 0, 0, 0, 0
 		for u, ui := range sl.units {
 			switch ui.state {
 			case unitOwned:
@@ -206,6 +209,8 @@ func (c *Cache) checkBooksLocked(fail func(string, ...any)) {
 				}
 			case unitBorrowed:
 				b++
+			case unitKept:
+				k++
 			}
 			if ui.state != unitEmpty {
 				top = u + 1
@@ -214,6 +219,10 @@ func (c *Cache) checkBooksLocked(fail func(string, ...any)) {
 		if b != sl.borrowed || s != sl.surplus {
 			fail("slot %d counts %d borrowed and %d surplus units, holds %d and %d", i, sl.borrowed, sl.surplus, b, s)
 		}
+		if k != sl.kept {
+			fail("slot %d counts %d kept units, holds %d", i, sl.kept, k)
+		}
+		kept += k
 		if top > sl.hi {
 			fail("slot %d uses units up to %d, its bound says %d", i, top, sl.hi)
 		}
@@ -234,6 +243,9 @@ func (c *Cache) checkBooksLocked(fail func(string, ...any)) {
 	}
 	if owned != c.ownedUnits || idle != c.idleUnits || surplus != c.surplusUnits {
 		fail("the slots own %d units (%d idle, %d surplus), counted %d (%d, %d)", owned, idle, surplus, c.ownedUnits, c.idleUnits, c.surplusUnits)
+	}
+	if kept != c.keptUnits {
+		fail("the slots keep %d units, counted %d", kept, c.keptUnits)
 	}
 	if running != c.running || tokens != c.runningTokens {
 		fail("%d sequences run with %d tokens, counted %d with %d", running, tokens, c.running, c.runningTokens)

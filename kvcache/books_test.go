@@ -142,7 +142,7 @@ func TestIdleListKeepsFreeOrder(t *testing.T) {
 	// one that fails puts it back in its place (done here by hand, as
 	// Admit does).
 	c.mu.Lock()
-	sl := c.pickSlotLocked()
+	sl := c.pickSlotLocked(nil)
 	sl.admitting = true
 	c.refileIdleLocked(sl)
 	sl.admitting = false

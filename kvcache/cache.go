@@ -27,12 +27,21 @@ const (
 	unitOwned                       // the slot's own pages, committed in the slot range
 	unitBorrowed                    // a prefix store unit's pages, mapped here
 	unitCommitting                  // being committed by the mapper, pages counted in flight
+	// unitKept is a store unit's pages left mapped where a sequence that
+	// ended or was preempted borrowed them (kept.go): no page of the
+	// slot's, reused by the slot's next sequence if its match holds the
+	// same unit there, unmapped otherwise.
+	unitKept
 )
 
 // unitInfo is one unit of a slot: all its regions' pages together.
 type unitInfo struct {
 	state unitState
-	su    *storeUnit // the store unit mapped here, when borrowed
+	su    *storeUnit // the store unit mapped here, when borrowed or kept
+	// ro says a kept unit is mapped read-only; ki is its place in
+	// su.keptIn (kept.go).
+	ro bool
+	ki int32
 }
 
 // slot is one of MaxSeqs stretches of the slot range, each g.slotBytes
@@ -51,6 +60,7 @@ type slot struct {
 	idx                      int
 	units                    []unitInfo
 	owned, borrowed, surplus int
+	kept                     int // units in state kept (kept.go)
 	hi                       int
 	seq                      *Seq
 	freedAt                  uint64 // tick of the last Free, for reclaiming idle slots oldest first
@@ -154,6 +164,7 @@ type Cache struct {
 	// last Window (what the rings hold no more).
 	ringPages, ringExcess  int
 	running, runningTokens int
+	keptUnits              int // the slots' kept units (kept.go)
 	// idleHead and idleTail are the idle list (books.go): the slots
 	// holding no sequence that own units, longest idle first.
 	idleHead, idleTail *slot
@@ -202,6 +213,7 @@ type counters struct {
 	forks, cowCopies                   int
 	failedForks, cowBytes              uint64
 	windowReleases, windowUnits        int
+	keptReused, keptDropped            int
 }
 
 // New makes a cache of cfg's shape on space and mem: it reserves the
@@ -368,7 +380,7 @@ func (c *Cache) decommitUnitsLocked(sl *slot, u0, u1 int) error {
 	any := false
 	for u := u0; u < u1; u++ {
 		switch sl.units[u].state {
-		case unitOwned, unitBorrowed:
+		case unitOwned, unitBorrowed, unitKept:
 			any = true
 		case unitCommitting:
 			return errors.AssertionFailedf("kvcache: decommit of slot %d's unit %d while it is being committed", sl.idx, u)
@@ -397,6 +409,10 @@ func (c *Cache) decommitUnitsLocked(sl *slot, u0, u1 int) error {
 	// is found only through every unit before it.
 	for u := u1 - 1; u >= u0; u-- {
 		ui := sl.units[u]
+		if ui.state == unitKept {
+			c.unkeepLocked(sl, u)
+			c.counts.keptDropped++
+		}
 		c.setUnitLocked(sl, u, unitEmpty, nil)
 		switch ui.state {
 		case unitOwned:
@@ -614,7 +630,8 @@ func (c *Cache) reclaimFromLocked(sl *slot, from, need int) error {
 	}
 	before := c.pages
 	committing := c.mapping.sl == sl && c.mapping.u >= from
-	if c.freePagesLocked()+owned*up <= need && !committing {
+	// Kept units hold no page: a slot given back whole keeps them.
+	if c.freePagesLocked()+owned*up <= need && !committing && sl.kept == 0 {
 		if err := c.decommitUnitsLocked(sl, from, len(sl.units)); err != nil {
 			return err
 		}
@@ -815,8 +832,8 @@ func (c *Cache) checkLocked() error {
 		}
 		for r := 0; r < g.regions; r++ {
 			for u, ui := range sl.units {
-				if ui.state == unitOwned || ui.state == unitBorrowed {
-					add(c.slotOff(sl, r, u), ui.state == unitBorrowed)
+				if ui.state == unitOwned || ui.state == unitBorrowed || ui.state == unitKept {
+					add(c.slotOff(sl, r, u), ui.state != unitOwned)
 				}
 			}
 		}
@@ -841,7 +858,7 @@ func (c *Cache) checkLocked() error {
 					fail("slot %d's views cover %d units, its %d tokens fill %d", i, sl.coverUnits, s.n, g.unitsFor(s.n))
 				}
 			case seqSwapped, seqDropped:
-				if slices.ContainsFunc(sl.units, func(u unitInfo) bool { return u.state != unitEmpty }) || len(sl.covers) > 0 {
+				if slices.ContainsFunc(sl.units, func(u unitInfo) bool { return u.state != unitEmpty && u.state != unitKept }) || len(sl.covers) > 0 {
 					fail("preempted sequence's slot %d keeps pages", i)
 				}
 			default:
@@ -880,6 +897,7 @@ func (c *Cache) checkLocked() error {
 		fail("%d units are being committed; the mapper's unit in flight is %v", committing, m)
 	}
 	c.checkBooksLocked(fail)
+	c.checkKeptLocked(fail)
 	c.checkAheadLocked(fail)
 	c.checkPoolLocked(fail)
 	storePages := c.checkStoreLocked(fail)
@@ -991,11 +1009,12 @@ func (c *Cache) checkSharedLocked(fail func(string, ...any), sl *slot) {
 			fail("slot %d's shared unit %d is not borrowed", sl.idx, u)
 			continue
 		}
-		if sl.units[u].state != unitBorrowed {
+		st := sl.units[u].state
+		if st != unitBorrowed && st != unitKept {
 			continue
 		}
 		want := driver.AccessReadWrite
-		if u < sl.shared && c.protects {
+		if (st == unitBorrowed && u < sl.shared && c.protects) || (st == unitKept && sl.units[u].ro) {
 			want = driver.AccessRead
 		}
 		for r := 0; r < c.g.regions; r++ {

@@ -15,10 +15,11 @@ import (
 
 // TestDriverCalls counts the driver calls, by kind, of admitting a
 // sequence whose prompt's whole units the prefix store holds, of its
-// Free, and of a preemption: a map and an unmap a page (one call a
-// mapping on CUDA and AscendCL), access granted once a region and run
-// (the shared units' read-only borrow, a commit's), and no release or
-// create where the page pool serves.
+// Free, and of a preemption: a map a page (one call a mapping on CUDA
+// and AscendCL) but where the slot keeps the unit mapped from its last
+// sequence (kept.go: then none, and a Free unmaps none), access granted
+// once a region and run (the shared units' read-only borrow, a
+// commit's), and no release or create where the page pool serves.
 func TestDriverCalls(t *testing.T) {
 	for _, layout := range []Layout{PerLayer, TokenMajor} {
 		t.Run(layout.String(), func(t *testing.T) {
@@ -40,18 +41,33 @@ func TestDriverCalls(t *testing.T) {
 			_, err = b.Append(append(prompt, 1, 2, 3)[b.Len():])
 			require.NoError(t, err)
 			t1 := at()
-			t.Logf("admit, %d tokens borrowed: %+v", b.Matched(), t1.Sub(t0))
+			t.Logf("admit into the slot that keeps a's mappings, %d tokens borrowed: %+v", b.Matched(), t1.Sub(t0))
 			regions := uint64(c.g.regions)
 			shared := uint64(c.UnitsFor(b.Matched()))
 			require.Positive(t, shared)
-			require.GreaterOrEqual(t, t1.Sub(t0).Map, shared*regions, "a map a page")
+			require.Equal(t, a.Slot(), b.Slot(), "the slot keeping the prompt's units")
+			require.Equal(t, int(shared), c.Stats().KeptReused, "every shared unit kept in place")
+			require.Zero(t, t1.Sub(t0).Unmap, "nothing kept differs")
+			require.Less(t, t1.Sub(t0).Map, shared*regions, "the kept units are not mapped again")
 			require.LessOrEqual(t, t1.Sub(t0).SetAccess, 2*regions, "access once a region and run, not a page")
+			// A second sequence of the same prompt beside b: no slot keeps
+			// its units, so they are mapped, a map a page.
+			d, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			td := at()
+			t.Logf("admit beside it, %d tokens borrowed: %+v", d.Matched(), td.Sub(t1))
+			require.NotEqual(t, b.Slot(), d.Slot())
+			require.GreaterOrEqual(t, td.Sub(t1).Map, uint64(c.UnitsFor(d.Matched()))*regions, "a map a page")
+			require.LessOrEqual(t, td.Sub(t1).SetAccess, 2*regions, "access once a region and run, not a page")
+			require.NoError(t, d.Free())
+			t1 = at()
 			require.NoError(t, b.MarkWritten(b.Len()))
 			require.NoError(t, b.Free())
 			t2 := at()
 			t.Logf("free: %+v", t2.Sub(t1))
 			require.Zero(t, t2.Sub(t1).Release)
 			require.Zero(t, t2.Sub(t1).SetAccess)
+			require.Zero(t, t2.Sub(t1).Unmap, "the borrowed units stay mapped, kept")
 			s, err := c.Admit(append(prompt, 4, 5), 0)
 			require.NoError(t, err)
 			_, err = s.Append(append(prompt, 4, 5)[s.Len():])

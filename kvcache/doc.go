@@ -24,20 +24,24 @@
 //
 // A slot's unit (a page of every region, a group or a page, by layout) is
 // empty, owned (committed in the slot range), borrowed (a store unit's
-// pages mapped here) or committing (by the mapping-ahead goroutine).
+// pages mapped here), committing (by the mapping-ahead goroutine) or kept
+// (a listed store unit's pages its last sequence borrowed, left mapped
+// for the next one: kept.go).
 // Check walks them all:
 //
 //   - a running sequence's units below unitsFor(Len) are owned or
 //     borrowed, but those wholly behind its window (Config.Window),
-//     which are empty; a preempted sequence's slot and an idle slot
-//     borrow nothing;
+//     which are empty, and its slot keeps none; a preempted sequence's
+//     slot and an idle slot borrow nothing (they may keep units);
 //   - a slot's shared units (those a match mapped) are borrowed, below
 //     its running sequence's tokens and mapped read-only (unless the
 //     driver cannot grant read-only access); its other borrowed units are
 //     writable;
-//   - a store unit's borrower count is the number of slots mapping it; a
-//     store unit no one maps is cached, in the LRU list; a unit is
-//     matchable only once its owner marked its rows written;
+//   - a store unit's borrower count is the number of slots borrowing it,
+//     its kept list the slots keeping it; a store unit no one borrows is
+//     cached, in the LRU list, and its eviction unmaps its kept mappings
+//     first; a unit is matchable only once its owner marked its rows
+//     written;
 //   - the pages counted committed are the slots' owned units plus the
 //     store's pages, and with the pooled pages (counted apart) never
 //     exceed the budget but by pages a lowered budget has not yet

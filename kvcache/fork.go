@@ -149,7 +149,7 @@ func (c *Cache) forkableLocked(what func() string, s *Seq) error {
 // every slot (to choose one), nothing else.
 func (c *Cache) planForkLocked(what func() string, s *Seq) (forkPlan, error) {
 	g := c.g
-	sl := c.pickSlotLocked()
+	sl := c.pickSlotLocked(nil)
 	if sl == nil {
 		return forkPlan{}, errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: all %d slots hold sequences", what(), c.cfg.MaxSeqs),
 			"free or finish a sequence first (MaxSeqs sets the slots)")
@@ -180,6 +180,9 @@ func (c *Cache) planForkLocked(what func() string, s *Seq) (forkPlan, error) {
 // units, its shared units read-only, and the child maps them all.
 func (c *Cache) forkLocked(what func() string, s *Seq, p forkPlan) (*Seq, error) {
 	g, psl, csl := c.g, s.sl, p.sl
+	if err := c.dropKeptLocked(csl); err != nil {
+		return nil, err
+	}
 	psl.revokeLocked()
 	if err := c.releaseCoversLocked(psl); err != nil {
 		return nil, err
@@ -233,7 +236,7 @@ func (c *Cache) forkLocked(what func() string, s *Seq, p forkPlan) (*Seq, error)
 		c.counts.reclaimedPages += kept * g.unitPages()
 	}
 	c.setLoLocked(csl, p.lo)
-	n, readOnly, err := c.borrowSharedLocked(csl, sus)
+	n, readOnly, err := c.borrowSharedLocked(csl, p.lo, sus)
 	if err != nil {
 		return fail(errors.CombineErrors(errors.Wrapf(err, "%s", what()), c.decommitUnitsLocked(csl, p.lo, p.lo+n)))
 	}

@@ -97,7 +97,7 @@ func (m *model) forkOp(t *testing.T, c *Cache, e *env, s *mseq, o op, r *modelRu
 		requireIs(t, err, driver.ErrInvalid, step)
 		return
 	}
-	pick := m.pickSlot()
+	pick := m.pickSlot(nil)
 	if pick < 0 {
 		requireIs(t, err, driver.ErrBusy, step)
 		require.Equal(t, before, snapBooks(t, c, e), step)
@@ -112,6 +112,7 @@ func (m *model) forkOp(t *testing.T, c *Cache, e *env, s *mseq, o op, r *modelRu
 	}
 	require.NoError(t, err, step)
 	psl, csl := m.slots[s.slot], m.slots[pick]
+	m.takeKept(csl, nil)
 	for u := 0; u < shared; u++ {
 		if csl.owned[u] {
 			m.drop(csl, u)

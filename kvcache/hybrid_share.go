@@ -180,7 +180,7 @@ func (c *Cache) forkNeedLocked(what func() string, s *Seq) (need, room int, err 
 		return 0, 0, err
 	}
 	g := c.g
-	if c.pickSlotLocked() == nil {
+	if c.pickSlotLocked(nil) == nil {
 		return 0, 0, errors.Wrapf(driver.ErrBusy, "%s: all %d slots hold sequences", what(), c.cfg.MaxSeqs)
 	}
 	shared := g.unitsFor(s.n)

@@ -104,8 +104,11 @@ func randomInput(rng *rand.Rand, n int) []byte {
 type mslot struct {
 	owned    []bool
 	borrowed []*munit
-	seq      *mseq
-	freedAt  int
+	// kept are the store units left mapped by the slot's last sequence
+	// (kept.go), by unit.
+	kept    []*munit
+	seq     *mseq
+	freedAt int
 }
 
 type mseq struct {
@@ -153,6 +156,9 @@ type model struct {
 	copies  int
 	// forks and cowCopies count Seq.Fork's children and copies on write.
 	forks, cowCopies int
+	// keptReused and keptDropped count kept mappings borrowed again and
+	// unmapped.
+	keptReused, keptDropped int
 }
 
 // keyOf is the model's exact key of a prefix.
@@ -178,16 +184,82 @@ func (m *model) take(n int) {
 // trim is SetBudget's: the pool fits beside the pages in use.
 func (m *model) trim() { m.pooled = min(m.pooled, max(m.budget-m.pages, 0)) }
 
-// pickSlot is the cache's pickSlotLocked: the free slot with the most
-// pages kept (the lowest of those), or -1.
-func (m *model) pickSlot() int {
+// pickSlot is the cache's pickSlotLocked for a match of units: the
+// lowest free slot keeping the deepest of units the probes (the last,
+// then halfway down, to the first) find; else the free slot with the
+// most pages kept, then the fewest units kept mapped (the lowest of
+// those), or -1.
+func (m *model) pickSlot(units []*munit) int {
+	for i := len(units) - 1; i >= 0; i /= 2 {
+		for k, sl := range m.slots {
+			if sl.seq == nil && sl.kept[i] == units[i] {
+				return k
+			}
+		}
+		if i == 0 {
+			break
+		}
+	}
 	pick := -1
 	for k, sl := range m.slots {
-		if sl.seq == nil && (pick < 0 || m.ownedFrom(sl, 0) > m.ownedFrom(m.slots[pick], 0)) {
+		if sl.seq != nil {
+			continue
+		}
+		if pick < 0 {
+			pick = k
+			continue
+		}
+		o, po := m.ownedFrom(sl, 0), m.ownedFrom(m.slots[pick], 0)
+		if o > po || (o == po && m.keptIn(sl) < m.keptIn(m.slots[pick])) {
 			pick = k
 		}
 	}
 	return pick
+}
+
+// keptIn counts the units sl keeps mapped.
+func (m *model) keptIn(sl *mslot) (n int) {
+	for _, mu := range sl.kept {
+		n += b2i(mu != nil)
+	}
+	return n
+}
+
+// leave is Free's (keepOwned) and Preempt's give-back of sl: from its
+// last unit down, a borrowed listed unit is kept mapped, any other
+// borrowed unit given back, an owned one decommitted unless keepOwned.
+func (m *model) leave(sl *mslot, keepOwned bool) {
+	for u := len(sl.owned) - 1; u >= 0; u-- {
+		if mu := sl.borrowed[u]; mu != nil && mu.listed {
+			sl.borrowed[u] = nil
+			sl.kept[u] = mu
+			mu.refs--
+			if mu.refs == 0 {
+				m.lru = append(m.lru, mu)
+			}
+			continue
+		}
+		if sl.borrowed[u] != nil || (sl.owned[u] && !keepOwned) {
+			m.drop(sl, u)
+		}
+	}
+}
+
+// takeKept is the cache's takeKeptLocked: sl's kept units that hold
+// units' at their place are borrowed again (apply books the borrow),
+// the rest unmapped.
+func (m *model) takeKept(sl *mslot, units []*munit) {
+	for u, mu := range sl.kept {
+		if mu == nil {
+			continue
+		}
+		sl.kept[u] = nil
+		if u < len(units) && units[u] == mu {
+			m.keptReused++
+		} else {
+			m.keptDropped++
+		}
+	}
 }
 
 // ownedFrom counts the units of sl from u on that it owns.
@@ -313,6 +385,12 @@ func (m *model) evict(need int) {
 		mu := m.lru[0]
 		m.lru = m.lru[1:]
 		m.unlist(mu)
+		for _, sl := range m.slots {
+			if sl.kept[mu.u] == mu {
+				sl.kept[mu.u] = nil
+				m.keptDropped++
+			}
+		}
 		m.release(m.up())
 	}
 }
@@ -513,6 +591,7 @@ func (m *model) apply(s *mseq, r mmatch, copy bool) []int {
 	if !copy {
 		r.partial = nil
 	}
+	m.takeKept(sl, r.units)
 	if k == 0 && r.partial == nil {
 		return nil
 	}
@@ -580,17 +659,13 @@ func (m *model) canAdmit(prompt []int, extra uint64, out, maxCtx int) bool {
 	if len(prompt) > maxCtx {
 		return false
 	}
-	var sl *mslot
-	for _, x := range m.slots {
-		if x.seq == nil && (sl == nil || m.ownedFrom(x, 0) > m.ownedFrom(sl, 0)) {
-			sl = x
-		}
-	}
-	if sl == nil {
+	shared := m.find(prompt, prompt, extra, len(prompt)-1).units
+	pick := m.pickSlot(shared)
+	if pick < 0 {
 		return false
 	}
+	sl := m.slots[pick]
 	total := min(len(prompt)+out, maxCtx)
-	shared := m.find(prompt, prompt, extra, len(prompt)-1).units
 	need, room := 0, m.free()
 	for u := range shared {
 		if sl.owned[u] {
@@ -652,10 +727,7 @@ func (m *model) canResume(s *mseq, more, maxCtx int) bool {
 
 // preempt takes s's pages (its units not marked written go unpublished).
 func (m *model) preempt(s *mseq, mode PreemptMode) {
-	sl := m.slots[s.slot]
-	for u := len(sl.owned) - 1; u >= 0; u-- {
-		m.drop(sl, u)
-	}
+	m.leave(m.slots[s.slot], false)
 	s.preempted = mode
 	s.forked = false // resumed, its shared units are what its match finds
 }
@@ -786,7 +858,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 	c := e.cache(t, cfg)
 	m := &model{g: c.g, budget: budget, sharing: !cfg.NoPrefixSharing, byKey: map[string]*munit{}}
 	for range cfg.MaxSeqs {
-		m.slots = append(m.slots, &mslot{owned: make([]bool, c.g.units), borrowed: make([]*munit, c.g.units)})
+		m.slots = append(m.slots, &mslot{owned: make([]bool, c.g.units), borrowed: make([]*munit, c.g.units), kept: make([]*munit, c.g.units)})
 	}
 	fresh := 50_000
 	for i, o := range ops {
@@ -830,7 +902,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				// region, however many units match.
 				require.LessOrEqual(t, sd.Tally().Total().SetAccess-grants0, uint64(2*c.g.regions+1), step)
 			}
-			pick := m.pickSlot()
+			pick := m.pickSlot(m.find(prompt, prompt, o.extra, len(prompt)-1).units)
 			if pick < 0 {
 				requireIs(t, err, driver.ErrBusy, step)
 				require.False(t, admits, step)
@@ -917,11 +989,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			require.NoError(t, s.real.Free(), step)
 			m.tick++
 			sl := m.slots[s.slot]
-			for u := len(sl.borrowed) - 1; u >= 0; u-- {
-				if sl.borrowed[u] != nil {
-					m.drop(sl, u)
-				}
-			}
+			m.leave(sl, true)
 			sl.seq = nil
 			sl.freedAt = m.tick
 			m.seqs = slices.DeleteFunc(m.seqs, func(x *mseq) bool { return x == s })
@@ -1052,6 +1120,24 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			n := o.n % 24
 			got, err := c.Warm(n)
 			require.NoError(t, err, step)
+			// The cached units commits of n pages would evict lose their
+			// kept mappings.
+			idle := 0
+			for _, sl := range m.slots {
+				if sl.seq == nil {
+					idle += m.ownedFrom(sl, 0) * m.up()
+				}
+			}
+			short := n - max(m.free(), 0) - idle
+			for i := 0; i < len(m.lru) && short > 0; i++ {
+				for _, sl := range m.slots {
+					if mu := m.lru[i]; sl.kept[mu.u] == mu {
+						sl.kept[mu.u] = nil
+						m.keptDropped++
+					}
+				}
+				short -= m.up()
+			}
 			if add := min(n, m.budget-m.pages) - m.pooled; add > 0 {
 				m.pooled += add
 				m.created += add
@@ -1111,6 +1197,13 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 		require.Equal(t, m.copies, st.Copies, step)
 		require.Equal(t, m.forks, st.Forks, step)
 		require.Equal(t, m.cowCopies, st.CowCopies, step)
+		kept := 0
+		for _, sl := range m.slots {
+			kept += m.keptIn(sl)
+		}
+		require.Equal(t, kept, st.KeptUnits, step)
+		require.Equal(t, m.keptReused, st.KeptReused, step)
+		require.Equal(t, m.keptDropped, st.KeptDropped, step)
 		idle, surplus, tokens := 0, 0, 0
 		for _, sl := range m.slots {
 			switch {

@@ -18,6 +18,10 @@ const (
 	UnitBorrowed
 	// UnitCommitting is being committed by the mapping-ahead goroutine.
 	UnitCommitting
+	// UnitKept is a prefix store unit's pages left mapped by the slot's
+	// last sequence (ended or preempted), for the next one to reuse if
+	// its prompt shares them: no page of the slot's.
+	UnitKept
 )
 
 func (u UnitState) String() string {
@@ -30,6 +34,8 @@ func (u UnitState) String() string {
 		return "borrowed"
 	case UnitCommitting:
 		return "committing"
+	case UnitKept:
+		return "kept"
 	}
 	return fmt.Sprintf("UnitState(%d)", uint8(u))
 }
@@ -111,6 +117,8 @@ func (c *Cache) Occupancy() []SlotOccupancy {
 				o.BorrowedPages += up
 			case unitCommitting:
 				o.Units[u] = UnitCommitting
+			case unitKept:
+				o.Units[u] = UnitKept
 			}
 		}
 		out[i] = o

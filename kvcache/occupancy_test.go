@@ -22,6 +22,7 @@ func TestOccupancy(t *testing.T) {
 		E = UnitEmpty
 		O = UnitOwned
 		B = UnitBorrowed
+		K = UnitKept
 	)
 	units8 := func(head ...UnitState) []UnitState {
 		return append(head, slices.Repeat([]UnitState{E}, 8-len(head))...)
@@ -80,12 +81,13 @@ func TestOccupancy(t *testing.T) {
 
 	require.NoError(t, a.Free())
 	occ = agree()
-	require.Equal(t, SlotOccupancy{Slot: a.Slot(), Units: units8(E, E, O), OwnedPages: up}, occ[a.Slot()],
-		"the freed slot keeps its own unit, gives back the borrowed ones")
+	require.Equal(t, SlotOccupancy{Slot: a.Slot(), Units: units8(K, K, O), OwnedPages: up}, occ[a.Slot()],
+		"the freed slot keeps its own unit, and the borrowed ones mapped (no page of its own)")
 
 	require.NoError(t, b.Preempt(Drop))
 	occ = agree()
-	require.Equal(t, SlotOccupancy{Slot: b.Slot(), State: SlotPreempted, Tokens: 67, Units: units8()}, occ[b.Slot()])
+	require.Equal(t, SlotOccupancy{Slot: b.Slot(), State: SlotPreempted, Tokens: 67, Units: units8(K, K)}, occ[b.Slot()],
+		"a preempted slot's own page goes, its borrowed units stay mapped for its resume")
 
 	require.NoError(t, c.Close())
 	require.Nil(t, c.Occupancy())

@@ -45,7 +45,7 @@ func (c *Cache) cachedIn(m match) int {
 // pages past total's units (surplus once its sequence is in); and the
 // cached store units but those it borrows.
 func (c *Cache) planAdmitLocked(m match, total int) plan {
-	sl := c.pickSlotLocked()
+	sl := c.pickSlotLocked(m.units)
 	if sl == nil {
 		return plan{}
 	}

@@ -72,6 +72,12 @@ func (c *Cache) Warm(pages int) (int, error) {
 	if err := c.usableLocked(what); err != nil {
 		return 0, err
 	}
+	// The pages the free budget cannot give will come from idle slots'
+	// pages and then from evicting cached store units: the kept mappings
+	// of those units go now, ahead, not under the commit that evicts them.
+	if err := c.unmapKeptAheadLocked(pages); err != nil {
+		return c.pooledPages(), errors.Wrapf(err, "%s", what())
+	}
 	have := c.pooledPages()
 	want := min(pages, have+max(c.freePagesLocked()-have, 0))
 	if want <= have {

@@ -45,7 +45,8 @@ func checkMode(what func() string, m PreemptMode) error {
 // addresses and its tokens: with Swap its bytes go to pinned host memory
 // first, with Drop they are lost (Resume then asks for recomputation).
 // What it borrowed from the prefix store is given back (the store keeps
-// it cached); the prompt units it made that MarkWritten did not cover are
+// it cached) but stays mapped in its slot, kept for its Resume (no
+// unmap); the prompt units it made that MarkWritten did not cover are
 // given back unpublished. The tensors handed out for it answer ErrClosed
 // from then on; Resume hands out new ones.
 //
@@ -94,7 +95,15 @@ func (c *Cache) preemptLocked(what func() string, s *Seq, mode PreemptMode) erro
 			return err
 		}
 	}
-	if err := c.decommitUnitsLocked(sl, 0, len(sl.units)); err != nil {
+	// Its views go first (they pin the memory); its own pages go, the
+	// listed store units it borrowed stay mapped for its resume (kept.go).
+	if sl.coverUnits > 0 {
+		sl.revokeLocked()
+		if err := c.releaseCoversLocked(sl); err != nil {
+			return errors.CombineErrors(err, c.dropSwapLocked(s))
+		}
+	}
+	if err := c.leaveLocked(sl, len(sl.units), false); err != nil {
 		return errors.CombineErrors(err, c.dropSwapLocked(s))
 	}
 	c.setLoLocked(sl, 0)

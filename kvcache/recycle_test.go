@@ -46,7 +46,10 @@ func TestEvictedUnitsAreRecycled(t *testing.T) {
 			require.Equal(t, st0.Evictions+2, st1.Evictions)
 			require.Equal(t, st0.EvictedPages+2*up, st1.EvictedPages)
 			require.Equal(t, st0.Commits+1, st1.Commits, "one store commit (layouts alike): the unit the free room holds")
-			require.Equal(t, st0.Decommits, st1.Decommits, "the evicted memory was reused, not given back")
+			// a's slot kept a's three units mapped (kept.go): b's prompt
+			// differs, so they are unmapped, one call a region.
+			require.Equal(t, 3, st1.KeptDropped)
+			require.Equal(t, st0.Decommits+c.g.regions, st1.Decommits, "the evicted memory was reused, not given back")
 			require.Equal(t, up, st1.CachedPages, "a's first unit")
 			require.Equal(t, budget, st1.Committed)
 			require.Equal(t, before+budget, e.used(t), "the device holds what the books count")
@@ -75,9 +78,9 @@ func TestEvictedUnitsAreRecycled(t *testing.T) {
 	}
 }
 
-// TestRunsGoInOneCall: the prompt units a sequence borrowed go back at
-// Free in one decommit per run, still last first (the LRU list takes a
-// chain from its end, so eviction does too), and new store units that
+// TestRunsGoInOneCall: the prompt units a sequence borrowed stay mapped
+// at Free (kept) and are cached last first (the LRU list takes a chain
+// from its end, so eviction does too), and new store units that
 // recycle evicted ones are borrowed in the store's order, side by side:
 // one call for memory that two chains, evicted one after the other, left.
 func TestRunsGoInOneCall(t *testing.T) {
@@ -97,7 +100,8 @@ func TestRunsGoInOneCall(t *testing.T) {
 	require.NoError(t, a1.Free())
 	require.NoError(t, a2.Free())
 	st1 := c.Stats()
-	require.Equal(t, st0.Decommits+2, st1.Decommits, "each sequence's two borrowed units go in one decommit")
+	require.Equal(t, st0.Decommits, st1.Decommits, "each sequence's two borrowed units stay mapped, kept (kept.go)")
+	require.Equal(t, 4, st1.KeptUnits)
 	require.Equal(t, 4, st1.CachedPages)
 	var order []int
 	for el := c.ps.lru.Front(); el != nil; el = el.Next() {
@@ -115,7 +119,10 @@ func TestRunsGoInOneCall(t *testing.T) {
 	st2 := c.Stats()
 	require.Equal(t, st1.Evictions+4, st2.Evictions)
 	require.Equal(t, st1.Commits, st2.Commits, "all four recycled")
-	require.Equal(t, st1.Decommits, st2.Decommits)
+	// The kept mappings go: a1's two in b's slot in one call, a2's two
+	// as their units are evicted, one each.
+	require.Equal(t, st1.Decommits+3, st2.Decommits)
+	require.Equal(t, 4, st2.KeptDropped)
 	require.Equal(t, st1.Borrows+1, st2.Borrows, "one borrow for the run")
 	for u := range 4 {
 		require.Equal(t, u, b.sl.units[u].su.idx)

@@ -201,12 +201,17 @@ func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 	return s, nil
 }
 
-// pickSlotLocked is the free slot a new sequence takes: the one with the
-// most pages kept (the lowest of those), or nil.
-func (c *Cache) pickSlotLocked() *slot {
+// pickSlotLocked is the free slot a new sequence whose match is sus
+// takes: one that keeps the deepest of sus mapped (kept.go), else the
+// one with the most pages kept, then the fewest units kept mapped (the
+// lowest of those), or nil.
+func (c *Cache) pickSlotLocked(sus []*storeUnit) *slot {
+	if sl := c.keptSlotLocked(sus); sl != nil {
+		return sl
+	}
 	var sl *slot
 	for _, x := range c.slotList {
-		if x.seq == nil && (sl == nil || x.owned > sl.owned) {
+		if x.seq == nil && (sl == nil || x.owned > sl.owned || (x.owned == sl.owned && x.kept < sl.kept)) {
 			sl = x
 		}
 	}
@@ -814,7 +819,9 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 }
 
 // Free ends the sequence: what it borrowed from the prefix store is given
-// back (the store keeps it cached), its slot's own pages stay committed
+// back (the store keeps it cached) but stays mapped in its slot, kept for
+// the slot's next sequence (no unmap; see Stats.KeptUnits), its slot's
+// own pages stay committed
 // for the next sequence put in the slot until memory is needed elsewhere
 // (deferred reclaim). It publishes nothing: the whole prompt units that
 // MarkWritten covered are matchable already, and the ones it did not
@@ -845,22 +852,12 @@ func (c *Cache) endLocked(s *Seq) error {
 	sl := s.sl
 	sl.revokeLocked()
 	errs := c.releaseCoversLocked(sl)
-	// Last to first, as decommitUnitsLocked: the chain's end is evicted
+	// Its borrowed units of listed store units stay mapped, kept for the
+	// slot's next sequence (kept.go); the others go, last to first, as
+	// decommitUnitsLocked gives them back: the chain's end is evicted
 	// first. Borrowed units are whole units of the prompt, or units a fork
-	// shares: the walk starts at the end of both and stops at the last
-	// one. A run of borrowed units goes in one decommit
-	// (decommitUnitsLocked gives them back last first too).
-	for u := min(sl.hi, max(c.g.unitsFor(len(s.prompt)), s.forked)) - 1; u >= 0 && sl.borrowed > 0; u-- {
-		if sl.units[u].state != unitBorrowed {
-			continue
-		}
-		lo := u
-		for lo > 0 && sl.units[lo-1].state == unitBorrowed {
-			lo--
-		}
-		errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, lo, u+1))
-		u = lo
-	}
+	// shares: the walk starts at the end of both.
+	errs = errors.CombineErrors(errs, c.leaveLocked(sl, max(c.g.unitsFor(len(s.prompt)), s.forked), true))
 	if sl.borrowed > 0 {
 		errs = errors.CombineErrors(errs, errors.AssertionFailedf("kvcache: slot %d borrows %d units past its prompt and its forks' units", sl.idx, sl.borrowed))
 	}

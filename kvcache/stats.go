@@ -81,6 +81,14 @@ type Stats struct {
 	// (Config.Ring), each mapped twice: beside SlotPages and StorePages
 	// in PagesCommitted.
 	RingPages int
+	// KeptUnits are the prefix store units left mapped in slots whose
+	// sequence ended or was preempted, for the slot's next sequence
+	// (mappings, not pages: the store's pages count once, in
+	// StorePages). KeptReused are those an admission or a resume found
+	// holding the unit its match wanted there (no map, no unmap);
+	// KeptDropped those unmapped since: unlike what a new sequence
+	// matched, or their store unit evicted.
+	KeptUnits, KeptReused, KeptDropped int
 }
 
 // Stats returns the cache's figures (zero for a nil or zero cache).
@@ -104,6 +112,7 @@ func (c *Cache) statsLocked() Stats {
 	st.StorePages = c.pages - st.SlotPages - st.RingPages
 	st.IdlePages = c.idleUnits * up
 	st.SurplusPages = c.surplusUnits * up
+	st.KeptUnits = c.keptUnits
 	st.Sequences = len(c.seqs)
 	st.Running = c.running
 	st.Preempted = st.Sequences - st.Running
@@ -137,7 +146,8 @@ func (c *Cache) cumulativeLocked() Stats {
 		FailedAdmits: k.failedAdmits, FailedResumes: k.failedResumes,
 		EventPanics: c.ev.panics, EventsDropped: c.ev.dropped,
 		Forks: k.forks, CowCopies: k.cowCopies, FailedForks: k.failedForks, CowBytes: k.cowBytes,
-		WindowReleases: k.windowReleases, WindowUnits: k.windowUnits}
+		WindowReleases: k.windowReleases, WindowUnits: k.windowUnits,
+		KeptReused: k.keptReused, KeptDropped: k.keptDropped}
 }
 
 // fullUnitBytes is the bytes of one unit (all regions) that hold tokens
@@ -157,6 +167,9 @@ func (c *Cache) walkStatsLocked() Stats {
 	shared := map[*storeUnit]int{}
 	for _, sl := range c.slotList {
 		st.SlotPages += sl.owned * up
+		for _, ui := range sl.units {
+			st.KeptUnits += b2i(ui.state == unitKept)
+		}
 		s := sl.seq
 		if s == nil {
 			st.IdlePages += sl.owned * up

@@ -74,6 +74,8 @@ type storeUnit struct {
 	// them do (0: all): a fork's last unit, shared while partly written
 	// (fork.go). Set only while one slot maps it.
 	used uint64
+	// keptIn is the slots that keep it mapped at unit u (kept.go).
+	keptIn []*slot
 }
 
 // usedBytes is the bytes of su that hold tokens: what each mapping of it
@@ -420,21 +422,21 @@ func (c *Cache) dropSpareLocked() error {
 	return errs
 }
 
-// borrowSharedLocked maps a match's store units sus at units 0, 1, ...
-// of sl, read-only where the cache protects shared units — in the
+// borrowSharedLocked maps a match's store units sus at units u0, u0+1,
+// ... of sl, read-only where the cache protects shared units — in the
 // borrow's own grant, one driver call a region, not a borrow and then a
 // read-only grant — and reports whether it did. A driver that cannot
 // grant read-only access gets them writable (and the cache stops
 // asking: protectSharedLocked's fallback).
-func (c *Cache) borrowSharedLocked(sl *slot, sus []*storeUnit) (n int, readOnly bool, err error) {
+func (c *Cache) borrowSharedLocked(sl *slot, u0 int, sus []*storeUnit) (n int, readOnly bool, err error) {
 	if c.protects && len(sus) > 0 {
-		n, err = c.borrowEachLocked(sl, sl.lo, sus, driver.AccessRead)
+		n, err = c.borrowEachLocked(sl, u0, sus, driver.AccessRead)
 		if !errors.Is(err, driver.ErrUnsupported) {
 			return n, err == nil, err
 		}
 		c.protects = false // nothing was mapped
 	}
-	n, err = c.borrowRunLocked(sl, sl.lo, sus)
+	n, err = c.borrowRunLocked(sl, u0, sus)
 	return n, false, err
 }
 
@@ -611,6 +613,9 @@ func (c *Cache) evictOneLocked() error {
 	su := c.ps.lru.Remove(c.ps.lru.Front()).(*storeUnit)
 	su.elem = nil
 	c.unlistLocked(su)
+	if err := c.unmapKeptOfLocked(su); err != nil {
+		return err
+	}
 	if err := c.freeStoreUnitLocked(su); err != nil {
 		return err
 	}
@@ -679,6 +684,10 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 	if !copy {
 		m.partial = nil
 	}
+	writable, err := c.takeKeptLocked(sl, m.units)
+	if err != nil {
+		return nil, errors.Wrapf(err, "%s", what())
+	}
 	if k == 0 && m.partial == nil {
 		return nil, nil
 	}
@@ -697,15 +706,31 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 	}
 	// Borrowed, the units are no longer cached: making room for the
 	// copy below cannot evict them. Other sequences read them: they are
-	// read-only to this one.
-	n, readOnly, err := c.borrowSharedLocked(sl, m.units)
-	for u := range n {
-		backed = append(backed, u)
+	// read-only to this one. The units the slot kept mapped and the match
+	// reuses are borrowed already (takeKeptLocked); the rest are mapped
+	// in runs.
+	readOnly := !writable
+	for a := 0; a < k; {
+		if sl.units[a].state == unitBorrowed {
+			backed = append(backed, a)
+			a++
+			continue
+		}
+		b := a + 1
+		for b < k && sl.units[b].state != unitBorrowed {
+			b++
+		}
+		n, ro, err := c.borrowSharedLocked(sl, a, m.units[a:b])
+		for u := a; u < a+n; u++ {
+			backed = append(backed, u)
+		}
+		if err != nil {
+			return undo(errors.Wrapf(err, "%s", what()))
+		}
+		readOnly = readOnly && ro
+		a = b
 	}
-	if err != nil {
-		return undo(errors.Wrapf(err, "%s", what()))
-	}
-	if readOnly {
+	if readOnly && c.protects {
 		sl.shared = k // mapped read-only as they were borrowed
 	} else if err := c.protectSharedLocked(what, sl, k); err != nil {
 		return undo(err)

@@ -189,7 +189,13 @@ func TestSimulateAdmitAhead(t *testing.T) {
 	off, on := run(cheap, false), run(cheap, true)
 	hidden(off)
 	hidden(on)
-	require.Equal(t, off.Driver.Calls, on.Driver.Calls, "the same calls, on other paths")
+	// The same calls, on other paths — but for the kept mappings (of
+	// the prefix store units freed slots leave mapped) that the pool's
+	// warming a step ahead unmaps before an eviction would need it to.
+	offCalls, onCalls := off.Driver.Calls, on.Driver.Calls
+	require.GreaterOrEqual(t, onCalls.Unmap, offCalls.Unmap)
+	offCalls.Unmap, onCalls.Unmap = 0, 0
+	require.Equal(t, offCalls, onCalls, "the same calls, on other paths")
 	require.Zero(t, off.Driver.Ahead)
 	require.Positive(t, on.Driver.Ahead)
 	require.LessOrEqual(t, on.Driver.Ahead, on.Driver.Admission)

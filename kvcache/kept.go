@@ -1,0 +1,234 @@
+package kvcache
+
+import "github.com/cockroachdb/errors"
+
+// Kept mappings. A sequence that ends (Free) or is preempted leaves the
+// listed prefix store units it borrowed mapped where they are, in state
+// kept, rather than unmapping them: the slot's address space is reserved
+// anyway, and the next sequence admitted into the slot (or the preempted
+// one resumed there) reuses every kept unit its match holds at the same
+// unit index — prompts sharing a system prompt or a conversation's
+// earlier turns — with no driver call but, for a unit it had mapped
+// writable (the store unit its last sequence wrote), one read-only grant
+// over the shared units. What differs is unmapped then.
+//
+// The books: a kept unit holds no page of the slot's (the store unit's
+// pages are counted once, in the store); it is no borrower (refs), so a
+// store unit only kept somewhere is cached, in the LRU list, and evicting
+// it unmaps its kept mappings first (su.keptIn lists the slots keeping
+// it, each at unit su.u). Memory pressure thus reclaims kept mappings
+// before it preempts anyone, with the cached units they map. Only listed
+// units are kept (an unpublished or unlisted unit's bytes are nobody
+// else's: it goes as before); a running sequence's slot keeps nothing —
+// an admission or a resume settles every kept unit of its slot first
+// (takeKeptLocked) — so that Append, Step, Reserve and the mapper see
+// only empty, owned, borrowed and committing units.
+//
+// Picking a slot for an admission (pickSlotLocked) looks for the slot
+// that keeps the deepest unit of the match it can find in a few probes:
+// the slots keeping the match's last unit, then the unit halfway, and so
+// on down to its first — the lowest idle one at the first probe that
+// finds any. A slot's kept units are a prefix chain of its last match
+// (eviction takes a chain from its end), so the deepest unit kept stands
+// for all below it. The cost is the probes (log of the match's units)
+// times the slots keeping each, never a walk over every slot.
+
+// keepable reports whether a borrowed su may stay mapped once its
+// borrower ends: listed (published, matchable) and whole.
+func keepable(su *storeUnit) bool { return su.listed && su.owner == nil && su.used == 0 }
+
+// keepLocked turns unit u of sl, borrowed from a keepable store unit, into
+// a kept one (ro: mapped read-only): no driver call. The store unit loses
+// a borrower and is cached when no one else maps it, as a give-back makes
+// it.
+func (c *Cache) keepLocked(sl *slot, u int, ro bool) {
+	su := sl.units[u].su
+	c.refLocked(su, -1)
+	if su.refs == 0 {
+		su.lastUse = c.tick
+		su.elem = c.ps.lru.PushBack(su)
+	}
+	c.setUnitLocked(sl, u, unitKept, su)
+	sl.units[u].ro = ro
+	sl.units[u].ki = int32(len(su.keptIn))
+	su.keptIn = append(su.keptIn, sl)
+}
+
+// unkeepLocked takes kept unit u of sl out of its store unit's list (the
+// caller unmaps it or borrows it again).
+func (c *Cache) unkeepLocked(sl *slot, u int) {
+	ui := sl.units[u]
+	su := ui.su
+	last := len(su.keptIn) - 1
+	if moved := su.keptIn[last]; int(ui.ki) != last {
+		su.keptIn[ui.ki] = moved
+		moved.units[su.u].ki = ui.ki
+	}
+	su.keptIn[last] = nil
+	su.keptIn = su.keptIn[:last]
+}
+
+// leaveLocked gives back what sl's sequence (ending or preempted, its
+// views gone) holds in its units below to: its borrowed units of listed
+// store units are kept, its other borrowed units given back, and its own
+// units decommitted unless keepOwned (Free: deferred reclaim) — last to
+// first, in one arena call a region for each run given back, so that
+// cached units join the LRU list from a chain's end.
+func (c *Cache) leaveLocked(sl *slot, to int, keepOwned bool) error {
+	ro := func(u int) bool { return u < sl.shared && c.protects }
+	goes := func(u int) bool {
+		switch ui := sl.units[u]; ui.state {
+		case unitBorrowed:
+			return !keepable(ui.su)
+		case unitOwned:
+			return !keepOwned
+		}
+		return false
+	}
+	var errs error
+	for u := min(to, sl.hi) - 1; u >= 0; u-- {
+		if ui := sl.units[u]; ui.state == unitBorrowed && keepable(ui.su) {
+			c.keepLocked(sl, u, ro(u))
+			continue
+		}
+		if !goes(u) {
+			continue
+		}
+		lo := u
+		for lo > 0 && goes(lo-1) {
+			lo--
+		}
+		// decommitUnitsLocked lowers shared to lo, which leaves ro of
+		// the units below as it was.
+		errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, lo, u+1))
+		u = lo
+	}
+	sl.shared = 0
+	return errs
+}
+
+// takeKeptLocked settles sl's kept units for a sequence about to borrow
+// sus at units 0, 1, ...: each kept unit that holds sus's unit at its
+// place is borrowed again (no driver call), every other is unmapped, in
+// one arena call a region for each run. It reports whether a unit
+// borrowed again is mapped writable (the caller grants the shared units
+// read-only). On failure those not yet settled stay kept.
+func (c *Cache) takeKeptLocked(sl *slot, sus []*storeUnit) (writable bool, err error) {
+	if sl.kept == 0 {
+		return false, nil
+	}
+	reuse := func(u int) bool { return u < len(sus) && sl.units[u].su == sus[u] }
+	for u := sl.hi - 1; u >= 0 && sl.kept > 0; u-- {
+		if sl.units[u].state != unitKept {
+			continue
+		}
+		if reuse(u) {
+			writable = writable || !sl.units[u].ro
+			c.unkeepLocked(sl, u)
+			c.setUnitLocked(sl, u, unitEmpty, nil)
+			c.borrowedLocked(sl, u, sus[u])
+			c.counts.keptReused++
+			continue
+		}
+		lo := u
+		for lo > 0 && sl.units[lo-1].state == unitKept && !reuse(lo-1) {
+			lo--
+		}
+		if err := c.decommitUnitsLocked(sl, lo, u+1); err != nil {
+			return writable, err
+		}
+		u = lo
+	}
+	return writable, nil
+}
+
+// dropKeptLocked unmaps every unit sl keeps (a fork's child slot).
+func (c *Cache) dropKeptLocked(sl *slot) error {
+	_, err := c.takeKeptLocked(sl, nil)
+	return err
+}
+
+// unmapKeptOfLocked unmaps every kept mapping of su, which is being
+// evicted.
+func (c *Cache) unmapKeptOfLocked(su *storeUnit) error {
+	for len(su.keptIn) > 0 {
+		sl := su.keptIn[len(su.keptIn)-1]
+		if err := c.decommitUnitsLocked(sl, su.u, su.u+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keptSlotLocked is the idle slot that keeps the deepest unit of sus a
+// few probes find (see the top of this file), or nil.
+func (c *Cache) keptSlotLocked(sus []*storeUnit) *slot {
+	for i := len(sus) - 1; i >= 0; i /= 2 {
+		var best *slot
+		for _, sl := range sus[i].keptIn {
+			if sl.seq == nil && (best == nil || sl.idx < best.idx) {
+				best = sl
+			}
+		}
+		if best != nil || i == 0 {
+			return best
+		}
+	}
+	return nil
+}
+
+// checkKeptLocked checks every kept unit of the slots against its store
+// unit's list, and each list against the slots.
+func (c *Cache) checkKeptLocked(fail func(string, ...any)) {
+	for _, sl := range c.slotList {
+		for u, ui := range sl.units {
+			if ui.state != unitKept {
+				continue
+			}
+			su := ui.su
+			switch {
+			case su == nil:
+				fail("slot %d keeps unit %d of no store unit", sl.idx, u)
+				continue
+			case su.u != u:
+				fail("slot %d keeps store unit %d at unit %d, which belongs at unit %d", sl.idx, su.idx, u, su.u)
+			case !c.sharing() || c.ps.units[su.idx] != su || !su.listed:
+				fail("slot %d keeps store unit %d, which is not a listed unit of the store", sl.idx, su.idx)
+			case sl.seq != nil && sl.seq.state == seqRunning:
+				fail("slot %d keeps unit %d under a running sequence", sl.idx, u)
+			}
+			if int(ui.ki) >= len(su.keptIn) || su.keptIn[ui.ki] != sl {
+				fail("slot %d's kept unit %d is not in its store unit's list at %d", sl.idx, u, ui.ki)
+			}
+		}
+	}
+	for _, su := range c.ps.units {
+		if su == nil {
+			continue
+		}
+		for i, sl := range su.keptIn {
+			if ui := sl.units[su.u]; ui.state != unitKept || ui.su != su || int(ui.ki) != i {
+				fail("store unit %d lists slot %d as keeping it at unit %d, which is not", su.idx, sl.idx, su.u)
+			}
+		}
+	}
+}
+
+// unmapKeptAheadLocked unmaps the kept mappings of the cached store units
+// that committing pages more pages would evict: past the free budget and
+// the idle slots' pages, as many units from the LRU list's front. Its
+// cost is those units and their mappings.
+func (c *Cache) unmapKeptAheadLocked(pages int) error {
+	if c.keptUnits == 0 {
+		return nil
+	}
+	short := pages - max(c.freePagesLocked(), 0) - c.idleUnits*c.g.unitPages()
+	up := c.g.unitPages()
+	for el := c.ps.lru.Front(); el != nil && short > 0; el = el.Next() {
+		if err := c.unmapKeptOfLocked(el.Value.(*storeUnit)); err != nil {
+			return err
+		}
+		short -= up
+	}
+	return nil
+}
