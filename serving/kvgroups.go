@@ -96,3 +96,49 @@ func (m Model) ExactNeed(tokens int) uint64 {
 	}
 	return need
 }
+
+// PagedHybridHeld is the KV memory vLLM's hybrid KV cache manager holds
+// for one sequence of tokens tokens of m, in blocks of blockTokens, and
+// what each of m.Groups holds of it. It is the arithmetic of the paged
+// baseline for a hybrid model, not a scheme (no simulation serves it):
+//
+//   - vLLM (vllm/v1/core/kv_cache_utils.py, the uniform page size case)
+//     cuts each kind's layers into KV cache groups of groupSize layers,
+//     the fewest layers any kind has, so that every block of its one pool
+//     is groupSize layers of blockTokens tokens, whichever group takes it;
+//     a kind's last group, short of groupSize layers, still takes whole
+//     blocks.
+//   - A full (or latent) group holds ceil(tokens/blockTokens) blocks; a
+//     window group (vllm/v1/core/single_type_kv_cache_manager.py,
+//     SlidingWindowManager) frees the blocks wholly behind the window:
+//     the first (tokens - Window + 1) / blockTokens of them.
+//   - A recurrent group holds one block a sequence, of groupSize states
+//     (vLLM pads the attention block to the state's size; that padding is
+//     not counted here).
+func (m Model) PagedHybridHeld(tokens, blockTokens int) (held uint64, perGroup []uint64) {
+	gs := m.Groups()
+	if len(gs) == 0 || tokens < 0 || blockTokens < 1 {
+		return 0, nil
+	}
+	size := gs[0].Layers
+	for _, g := range gs {
+		size = min(size, g.Layers)
+	}
+	perLayer := m.LayerTokenBytes() * uint64(blockTokens) * uint64(size) // a block's bytes
+	blocks := (tokens + blockTokens - 1) / blockTokens
+	perGroup = make([]uint64, len(gs))
+	for i, g := range gs {
+		groups := uint64((g.Layers + size - 1) / size)
+		switch g.Kind {
+		case SlidingWindow:
+			skipped := max(tokens-g.Window+1, 0) / blockTokens
+			perGroup[i] = groups * uint64(blocks-skipped) * perLayer
+		case Recurrent:
+			perGroup[i] = groups * uint64(size) * (g.StateBytes / uint64(g.Layers))
+		default:
+			perGroup[i] = groups * uint64(blocks) * perLayer
+		}
+		held += perGroup[i]
+	}
+	return held, perGroup
+}
