@@ -103,8 +103,10 @@ func (m Model) ExactNeed(tokens int) uint64 {
 // baseline for a hybrid model, not a scheme (no simulation serves it):
 //
 //   - vLLM (vllm/v1/core/kv_cache_utils.py, the uniform page size case)
-//     cuts each kind's layers into KV cache groups of groupSize layers,
-//     the fewest layers any kind has, so that every block of its one pool
+//     cuts each kind's layers into KV cache groups of groupSize layers
+//     (_get_kv_cache_groups_uniform_page_size): the fewest layers any
+//     kind has, or the most where that is under 1.5 times the fewest, so
+//     that every block of its one pool
 //     is groupSize layers of blockTokens tokens, whichever group takes it;
 //     a kind's last group, short of groupSize layers, still takes whole
 //     blocks.
@@ -120,9 +122,12 @@ func (m Model) PagedHybridHeld(tokens, blockTokens int) (held uint64, perGroup [
 	if len(gs) == 0 || tokens < 0 || blockTokens < 1 {
 		return 0, nil
 	}
-	size := gs[0].Layers
+	size, most := gs[0].Layers, gs[0].Layers
 	for _, g := range gs {
-		size = min(size, g.Layers)
+		size, most = min(size, g.Layers), max(most, g.Layers)
+	}
+	if 2*most < 3*size {
+		size = most // vLLM's heuristic: fewer padding layers where the kinds are near even
 	}
 	perLayer := m.LayerTokenBytes() * uint64(blockTokens) * uint64(size) // a block's bytes
 	blocks := (tokens + blockTokens - 1) / blockTokens

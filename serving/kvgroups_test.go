@@ -149,6 +149,11 @@ func TestPagedHybridHeld(t *testing.T) {
 	held, _ = l.PagedHybridHeld(1000, 16)
 	require.Equal(t, uint64(63*16)*l.TokenBytes(), held)
 
+	// 12 full and 13 window layers: groups of 13, the full one padded.
+	w := Model{Name: "w", Layers: 25, KVHeads: 1, HeadDim: 64, ElemBytes: 2, QueryHeads: 1, SlidingWindow: 32, WindowLayers: 13}
+	_, per = w.PagedHybridHeld(64, 16)
+	require.Equal(t, []uint64{4 * 16 * 13 * w.LayerTokenBytes(), 2 * 16 * 13 * w.LayerTokenBytes()}, per) // blocks 2 and 3: tokens 33 to 63 are in the window
+
 	q, err := ModelPreset("qwen3-next-80b-a3b")
 	require.NoError(t, err)
 	held, per = q.PagedHybridHeld(32768, 16)
