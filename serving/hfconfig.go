@@ -36,6 +36,31 @@ type hfConfig struct {
 	SlidingWindow    *int     `json:"sliding_window"`
 	UseSlidingWindow *bool    `json:"use_sliding_window"`
 	LayerTypes       []string `json:"layer_types"`
+	// Gemma 3: every sliding_window_pattern-th layer is full attention.
+	SlidingWindowPattern *int `json:"sliding_window_pattern"`
+
+	// Linear attention (Qwen3-Next's Gated DeltaNet): every
+	// full_attention_interval-th layer is full attention where layer_types
+	// does not say.
+	FullAttentionInterval *int `json:"full_attention_interval"`
+	LinearNumKeyHeads     *int `json:"linear_num_key_heads"`
+	LinearNumValueHeads   *int `json:"linear_num_value_heads"`
+	LinearKeyHeadDim      *int `json:"linear_key_head_dim"`
+	LinearValueHeadDim    *int `json:"linear_value_head_dim"`
+	LinearConvKernelDim   *int `json:"linear_conv_kernel_dim"`
+
+	// Mamba layers: Granite 4's Mamba-2 (mamba_n_heads, mamba_d_head,
+	// mamba_n_groups; layer_types "mamba") and Jamba's Mamba
+	// (mamba_expand; attention every attn_layer_period-th layer from
+	// attn_layer_offset).
+	MambaDState     *int `json:"mamba_d_state"`
+	MambaDConv      *int `json:"mamba_d_conv"`
+	MambaExpand     *int `json:"mamba_expand"`
+	MambaNHeads     *int `json:"mamba_n_heads"`
+	MambaDHead      *int `json:"mamba_d_head"`
+	MambaNGroups    *int `json:"mamba_n_groups"`
+	AttnLayerPeriod *int `json:"attn_layer_period"`
+	AttnLayerOffset *int `json:"attn_layer_offset"`
 
 	// Multi-head latent attention (DeepSeek-V2, V3).
 	KVLoraRank    *int `json:"kv_lora_rank"`
@@ -211,37 +236,167 @@ func (r *configReader) model(c *hfConfig) Model {
 		}
 	}
 
-	r.window(c, &m)
+	r.layers(c, &m, hidden)
 	if r.err == nil {
 		r.params(c, &m, hidden)
 	}
 	return m
 }
 
-// window reads the sliding window into m.
-func (r *configReader) window(c *hfConfig, m *Model) {
-	windowed := m.Layers
-	if c.LayerTypes != nil {
+// Layer kinds a config's layer_types names: attention of every token,
+// of a window, and recurrent (linear attention, Mamba).
+const (
+	layerFull = iota
+	layerWindow
+	layerRecurrent
+)
+
+// layerTypeKinds are the layer_types entries the reader knows.
+var layerTypeKinds = map[string]int{
+	"full_attention": layerFull, "attention": layerFull, "sliding_attention": layerWindow,
+	"linear_attention": layerRecurrent, "mamba": layerRecurrent,
+}
+
+// gemma3Defaults are Gemma3TextConfig's defaults for what Gemma 3's
+// text_config leaves out: a full layer every 6th, and the vocabulary.
+const (
+	gemma3Pattern = 6
+	gemma3Vocab   = 262_208
+)
+
+// layers reads which layers are full, windowed and recurrent into m: from
+// layer_types where the config has it; else Gemma 3's
+// sliding_window_pattern, Qwen3-Next's full_attention_interval or
+// Jamba's attn_layer_period and attn_layer_offset; else every layer is
+// windowed where there is a window (Mistral 7B v0.1) and full otherwise.
+// The recurrent layers' state is read from their fields (recurrentState).
+func (r *configReader) layers(c *hfConfig, m *Model, hidden int) {
+	kinds := make([]int, m.Layers)
+	windowed := c.SlidingWindow != nil && (c.UseSlidingWindow == nil || *c.UseSlidingWindow)
+	every := func(field string, v *int, offset int) {
+		n := r.within(field, *v, m.Layers)
+		for i := range kinds {
+			if (i+1-offset)%n != 0 {
+				kinds[i] = layerWindow
+			}
+		}
+	}
+	switch {
+	case c.LayerTypes != nil:
 		if len(c.LayerTypes) != m.Layers {
 			r.fail("layer_types has %d entries for %d num_hidden_layers", len(c.LayerTypes), m.Layers)
 			return
 		}
-		windowed = 0
-		for _, t := range c.LayerTypes {
-			if t == "sliding_attention" {
-				windowed++
+		for i, t := range c.LayerTypes {
+			k, ok := layerTypeKinds[t]
+			if !ok {
+				r.fail("layer_types[%d] is %.40q, want full_attention, sliding_attention, linear_attention, attention or mamba", i, t)
+				return
+			}
+			kinds[i] = k
+		}
+	case c.SlidingWindowPattern != nil || (c.ModelType == "gemma3_text" && windowed):
+		pattern := gemma3Pattern
+		if c.SlidingWindowPattern != nil {
+			pattern = r.within("sliding_window_pattern", *c.SlidingWindowPattern, m.Layers)
+		}
+		every("sliding_window_pattern", &pattern, 0)
+	case c.FullAttentionInterval != nil:
+		every("full_attention_interval", c.FullAttentionInterval, 0)
+		for i := range kinds {
+			if kinds[i] == layerWindow {
+				kinds[i] = layerRecurrent
 			}
 		}
-		if windowed > 0 && c.SlidingWindow == nil {
-			r.fail(`layer_types names %d "sliding_attention" layers but there is no "sliding_window": add the window in tokens`, windowed)
+	case c.AttnLayerPeriod != nil:
+		period := r.within("attn_layer_period", *c.AttnLayerPeriod, m.Layers)
+		offset := orDefault(c.AttnLayerOffset, 0)
+		if offset < 0 || offset >= period {
+			r.fail("attn_layer_offset is %d, want 0 to attn_layer_period-1 (%d)", offset, period-1)
 			return
 		}
+		for i := range kinds {
+			if i%period != offset {
+				kinds[i] = layerRecurrent
+			}
+		}
+	case windowed:
+		for i := range kinds {
+			kinds[i] = layerWindow
+		}
 	}
-	if c.SlidingWindow == nil || windowed == 0 || (c.UseSlidingWindow != nil && !*c.UseSlidingWindow) {
+	if r.err != nil {
 		return
 	}
-	m.SlidingWindow = r.within("sliding_window", *c.SlidingWindow, maxModelWindow)
-	m.WindowLayers = windowed
+	counts := [3]int{}
+	for _, k := range kinds {
+		counts[k]++
+	}
+	if counts[layerWindow] > 0 && windowed {
+		m.SlidingWindow = r.within("sliding_window", *c.SlidingWindow, maxModelWindow)
+		m.WindowLayers = counts[layerWindow]
+	} else if counts[layerWindow] > 0 && c.SlidingWindow == nil && c.LayerTypes != nil {
+		r.fail(`layer_types names %d "sliding_attention" layers but there is no "sliding_window": add the window in tokens`, counts[layerWindow])
+		return
+	}
+	if counts[layerRecurrent] > 0 {
+		if counts[layerRecurrent] == m.Layers {
+			r.fail("every one of the %d layers is recurrent: want at least one attention layer", m.Layers)
+			return
+		}
+		m.RecurrentLayers = counts[layerRecurrent]
+		m.StateBytes = r.recurrentState(c, hidden, m.ElemBytes)
+	}
+}
+
+// recurrentState is the bytes of one recurrent layer's state a sequence,
+// in the model's dtype, as vLLM sizes it (its MambaStateShapeCalculator,
+// vllm/model_executor/layers/mamba/mamba_utils.py): a convolution state of
+// kernel-1 columns of the convolved channels, and the recurrent state.
+//
+//   - Gated DeltaNet (linear_*): conv channels 2*keyHeads*keyDim +
+//     valueHeads*valueDim, state valueHeads*keyDim*valueDim.
+//   - Mamba-2 (mamba_n_heads): inner mamba_n_heads*mamba_d_head, conv
+//     channels inner + 2*mamba_n_groups*mamba_d_state, state
+//     mamba_n_heads*mamba_d_head*mamba_d_state.
+//   - Mamba (Jamba's): inner mamba_expand*hidden_size, conv channels
+//     inner, state inner*mamba_d_state.
+func (r *configReader) recurrentState(c *hfConfig, hidden, elem int) uint64 {
+	var conv, kernel, state uint64
+	switch {
+	case c.LinearNumValueHeads != nil || c.LinearNumKeyHeads != nil:
+		nk := uint64(r.need("linear_num_key_heads", c.LinearNumKeyHeads, maxModelDim, "the linear attention's key heads"))
+		nv := uint64(r.need("linear_num_value_heads", c.LinearNumValueHeads, maxModelDim, "the linear attention's value heads"))
+		dk := uint64(r.need("linear_key_head_dim", c.LinearKeyHeadDim, maxModelDim, "the linear attention's key head size"))
+		dv := uint64(r.need("linear_value_head_dim", c.LinearValueHeadDim, maxModelDim, "the linear attention's value head size"))
+		kernel = uint64(r.need("linear_conv_kernel_dim", c.LinearConvKernelDim, maxModelDim, "the linear attention's convolution width"))
+		conv, state = 2*nk*dk+nv*dv, nv*dk*dv
+	case c.MambaNHeads != nil:
+		nh := uint64(r.within("mamba_n_heads", *c.MambaNHeads, maxModelDim))
+		dh := uint64(r.need("mamba_d_head", c.MambaDHead, maxModelDim, "the size of a Mamba-2 head"))
+		ds := uint64(r.need("mamba_d_state", c.MambaDState, maxModelDim, "the Mamba state's size"))
+		ng := uint64(r.within("mamba_n_groups", orDefault(c.MambaNGroups, 1), maxModelDim))
+		kernel = uint64(r.need("mamba_d_conv", c.MambaDConv, maxModelDim, "the Mamba convolution's width"))
+		conv, state = nh*dh+2*ng*ds, nh*dh*ds
+	case c.MambaExpand != nil:
+		inner := uint64(r.within("mamba_expand", *c.MambaExpand, maxModelDim)) * uint64(hidden)
+		ds := uint64(r.need("mamba_d_state", c.MambaDState, maxModelDim, "the Mamba state's size"))
+		kernel = uint64(r.need("mamba_d_conv", c.MambaDConv, maxModelDim, "the Mamba convolution's width"))
+		conv, state = inner, inner*ds
+	default:
+		r.fail("recurrent layers but no state fields: add linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim and linear_conv_kernel_dim (linear attention), or the mamba_* fields")
+		return 1
+	}
+	if kernel < 2 {
+		r.fail("a convolution of width %d, want at least 2", kernel)
+		return 1
+	}
+	b := ((kernel-1)*conv + state) * uint64(elem)
+	if b > maxModelState {
+		r.fail("a recurrent state of %d bytes a layer, more than %d", b, uint64(maxModelState))
+		return 1
+	}
+	return b
 }
 
 // params estimates m.Params and, for a mixture of experts, m.ActiveParams
@@ -249,9 +404,20 @@ func (r *configReader) window(c *hfConfig, m *Model) {
 // impossible config overflows nothing before check refuses it.
 func (r *configReader) params(c *hfConfig, m *Model, hidden int) {
 	h := float64(hidden)
-	vocab := float64(r.need("vocab_size", c.VocabSize, maxConfigVocab, "the number of tokens of the vocabulary"))
+	vocabSize, tied := c.VocabSize, c.TieWordEmbeddings
+	if c.ModelType == "gemma3_text" {
+		if vocabSize == nil {
+			vocabSize = new(int)
+			*vocabSize = gemma3Vocab
+		}
+		if tied == nil {
+			tied = new(bool)
+			*tied = true
+		}
+	}
+	vocab := float64(r.need("vocab_size", vocabSize, maxConfigVocab, "the number of tokens of the vocabulary"))
 	embed := vocab * h
-	if c.TieWordEmbeddings == nil || !*c.TieWordEmbeddings {
+	if tied == nil || !*tied {
 		embed *= 2 // the output projection, lm_head
 	}
 	heads := float64(m.QueryHeads)
@@ -282,6 +448,9 @@ func (r *configReader) params(c *hfConfig, m *Model, hidden int) {
 		}
 	}
 	norms := 2 * h
+	// The recurrent layers have their own mixer in place of attention.
+	attnLayers, recLayers := float64(m.AttentionLayers()), float64(m.RecurrentLayers)
+	attnAll := attnLayers*attn + recLayers*r.recurrentParams(c, hidden)
 
 	experts, expertsField := c.NRoutedExperts, "n_routed_experts"
 	for _, f := range []struct {
@@ -295,7 +464,7 @@ func (r *configReader) params(c *hfConfig, m *Model, hidden int) {
 	layers := float64(m.Layers)
 	if experts == nil || *experts == 0 {
 		inter := float64(r.need("intermediate_size", c.IntermediateSize, maxConfigWidth, "the width of the MLP"))
-		m.Params = r.count(embed + layers*(attn+norms+3*h*inter) + h)
+		m.Params = r.count(embed + attnAll + layers*(norms+3*h*inter) + h)
 		return
 	}
 	e := float64(r.within(expertsField, *experts, maxConfigExperts))
@@ -319,11 +488,35 @@ func (r *configReader) params(c *hfConfig, m *Model, hidden int) {
 	if dense > 0 {
 		denseMLP = 3 * h * float64(r.need("intermediate_size", c.IntermediateSize, maxConfigWidth, "the width of the dense layers' MLP"))
 	}
-	common := embed + layers*(attn+norms) + dense*denseMLP + h
+	common := embed + attnAll + layers*norms + dense*denseMLP + h
 	sparse := layers - dense
 	m.Params = r.count(common + sparse*(e*expert+shared+router))
 	m.ActiveParams = r.count(common + sparse*(perTok*expert+shared+router))
 	m.Experts, m.ExpertsPerToken = int(e), int(perTok)
+}
+
+// recurrentParams estimates one recurrent layer's mixer (0 without
+// recurrent layers): a Gated DeltaNet's input projections (q, k, v, the
+// output gate z, b and a), convolution and output projection; a Mamba's
+// input projection, convolution and output projection. Small terms (the
+// norms, dt and A vectors) are left out.
+func (r *configReader) recurrentParams(c *hfConfig, hidden int) float64 {
+	h := float64(hidden)
+	switch {
+	case c.LinearNumKeyHeads != nil && c.LinearNumValueHeads != nil && c.LinearKeyHeadDim != nil && c.LinearValueHeadDim != nil && c.LinearConvKernelDim != nil:
+		key := float64(*c.LinearNumKeyHeads) * float64(*c.LinearKeyHeadDim)
+		value := float64(*c.LinearNumValueHeads) * float64(*c.LinearValueHeadDim)
+		return h*(2*key+2*value) + h*2*float64(*c.LinearNumValueHeads) + (2*key+value)*float64(*c.LinearConvKernelDim) + value*h
+	case c.MambaNHeads != nil && c.MambaDHead != nil && c.MambaDState != nil && c.MambaDConv != nil:
+		inner := float64(*c.MambaNHeads) * float64(*c.MambaDHead)
+		groups := float64(orDefault(c.MambaNGroups, 1)) * float64(*c.MambaDState)
+		return h*(2*inner+2*groups+float64(*c.MambaNHeads)) + (inner+2*groups)*float64(*c.MambaDConv) + inner*h
+	case c.MambaExpand != nil && c.MambaDState != nil && c.MambaDConv != nil:
+		inner := float64(*c.MambaExpand) * h
+		rank := math.Ceil(h / 16)
+		return h*2*inner + inner*float64(*c.MambaDConv) + inner*(rank+2*float64(*c.MambaDState)) + rank*inner + inner*h
+	}
+	return 0
 }
 
 // count is an estimate as a parameter count, refused past what check

@@ -15,15 +15,18 @@ import (
 // written from the Hugging Face repositories testdata/models/README.md
 // names) whose model each preset is.
 var presetConfigs = map[string]string{
-	"llama-7b":         "llama-7b",
-	"llama3-8b":        "Meta-Llama-3-8B",
-	"llama3.1-8b":      "Llama-3.1-8B",
-	"llama3.1-70b":     "Llama-3.3-70B-Instruct",
-	"llama3.3-70b":     "Llama-3.3-70B-Instruct",
-	"qwen2.5-7b":       "Qwen2.5-7B-Instruct",
-	"mistral-7b":       "Mistral-7B-v0.1",
-	"deepseek-v2-lite": "DeepSeek-V2-Lite",
-	"deepseek-v3":      "DeepSeek-V3",
+	"llama-7b":           "llama-7b",
+	"llama3-8b":          "Meta-Llama-3-8B",
+	"llama3.1-8b":        "Llama-3.1-8B",
+	"llama3.1-70b":       "Llama-3.3-70B-Instruct",
+	"llama3.3-70b":       "Llama-3.3-70B-Instruct",
+	"qwen2.5-7b":         "Qwen2.5-7B-Instruct",
+	"mistral-7b":         "Mistral-7B-v0.1",
+	"deepseek-v2-lite":   "DeepSeek-V2-Lite",
+	"deepseek-v3":        "DeepSeek-V3",
+	"gemma-3-27b":        "gemma-3-27b-it",
+	"gpt-oss-120b":       "gpt-oss-120b",
+	"qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B-Instruct",
 }
 
 // TestPresetsAreTheirConfigs reads each preset's config.json and requires
@@ -261,7 +264,7 @@ func TestLoadModel(t *testing.T) {
 
 	_, err = LoadModel("gpt2")
 	require.ErrorIs(t, err, driver.ErrInvalid)
-	require.ErrorContains(t, err, `serving: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, `)
+	require.ErrorContains(t, err, `serving: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, gemma-3-27b, `)
 	require.ErrorContains(t, err, "or the path of a Hugging Face config.json")
 
 	dir := t.TempDir()
@@ -293,6 +296,8 @@ func FuzzModelFromConfig(f *testing.F) {
 		f.Add(data)
 	}
 	f.Add([]byte(`{"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 1, "intermediate_size": 1, "vocab_size": 1, "dtype": "float32", "kv_lora_rank": -1, "qk_rope_head_dim": 1, "qk_nope_head_dim": 1, "v_head_dim": 1}`))
+	f.Add([]byte(`{"num_hidden_layers": 4, "num_attention_heads": 2, "hidden_size": 8, "intermediate_size": 8, "vocab_size": 8, "dtype": "bfloat16", "layer_types": ["mamba", "attention", "mamba", "sliding_attention"], "sliding_window": 4, "mamba_n_heads": 2, "mamba_d_head": 4, "mamba_d_state": 8, "mamba_d_conv": 4}`))
+	f.Add([]byte(`{"text_config": {"model_type": "gemma3_text", "num_hidden_layers": 7, "num_attention_heads": 2, "hidden_size": 8, "intermediate_size": 8, "sliding_window": 16}, "torch_dtype": "bfloat16"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ModelFromConfig("fuzz", data)
 		if err != nil {

@@ -56,19 +56,39 @@ type Model struct {
 	// layer where a model alternates). The simulation does not model it:
 	// every scheme keeps each of a sequence's tokens in every layer, as
 	// full attention must, and Config.WindowNote says so where the
-	// window would drop tokens.
+	// window would drop tokens. The hybrid schemes (HybridBlockTable,
+	// HybridCache) model it: see Groups.
 	SlidingWindow, WindowLayers int
+	// RecurrentLayers is how many of the Layers keep no KV but a state of
+	// StateBytes a sequence each, whatever its length: the linear-attention
+	// (Gated DeltaNet) layers of Qwen3-Next, the Mamba layers of Jamba and
+	// Granite 4. 0 for a transformer. The KV of a token (TokenBytes) is
+	// the other layers'.
+	RecurrentLayers int
+	StateBytes      uint64
 }
 
-// TokenBytes is the KV one token keeps: a key and a value in each layer,
-// 2 * Layers * KVHeads * HeadDim * ElemBytes, or one latent vector,
-// Layers * HeadDim * ElemBytes.
+// AttentionLayers is the layers that keep KV a token: Layers less the
+// recurrent ones.
+func (m Model) AttentionLayers() int { return m.Layers - m.RecurrentLayers }
+
+// TokenBytes is the KV one token keeps: a key and a value in each
+// attention layer, 2 * AttentionLayers * KVHeads * HeadDim * ElemBytes, or
+// one latent vector, AttentionLayers * HeadDim * ElemBytes.
 func (m Model) TokenBytes() uint64 {
 	vectors := uint64(2)
 	if m.Latent {
 		vectors = 1
 	}
-	return vectors * uint64(m.Layers) * uint64(m.KVHeads) * uint64(m.HeadDim) * uint64(m.ElemBytes)
+	return vectors * uint64(m.AttentionLayers()) * uint64(m.KVHeads) * uint64(m.HeadDim) * uint64(m.ElemBytes)
+}
+
+// LayerTokenBytes is the KV one token keeps in one attention layer.
+func (m Model) LayerTokenBytes() uint64 {
+	if m.AttentionLayers() < 1 {
+		return 0
+	}
+	return m.TokenBytes() / uint64(m.AttentionLayers())
 }
 
 // activeParams is what one token's matrix products go through.
@@ -87,6 +107,7 @@ const (
 	maxModelElem   = 8       // bytes an element
 	maxModelParams = 1 << 44 // parameters
 	maxModelWindow = 1 << 24 // tokens of a sliding window
+	maxModelState  = 1 << 34 // bytes of one recurrent layer's state
 )
 
 // check refuses a model shape no step can be priced for, with
@@ -123,6 +144,14 @@ func (m Model) check() error {
 		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: WindowLayers %d without a SlidingWindow, want 0", m.Name, m.WindowLayers)
 	case m.SlidingWindow > 0 && (m.WindowLayers < 1 || m.WindowLayers > m.Layers):
 		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: WindowLayers %d, want 1 to Layers %d", m.Name, m.WindowLayers, m.Layers)
+	case m.RecurrentLayers < 0 || (m.RecurrentLayers > 0 && m.RecurrentLayers+m.WindowLayers >= m.Layers):
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: RecurrentLayers %d and WindowLayers %d of %d layers, want at least one full attention layer beside the recurrent ones",
+			m.Name, m.RecurrentLayers, m.WindowLayers, m.Layers)
+	case (m.RecurrentLayers == 0) != (m.StateBytes == 0) || m.StateBytes > maxModelState:
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: StateBytes %d for %d recurrent layers, want 1 to %d with recurrent layers, 0 without",
+			m.Name, m.StateBytes, m.RecurrentLayers, uint64(maxModelState))
+	case m.Latent && m.RecurrentLayers > 0:
+		return errors.Wrapf(driver.ErrInvalid, "serving: model %q: a latent KV and recurrent layers: no model has both", m.Name)
 	}
 	return nil
 }
@@ -193,6 +222,40 @@ var modelPresets = map[string]Model{
 	// prediction module, 14 B more, is not counted).
 	"deepseek-v3": {Name: "deepseek-v3", Layers: 61, KVHeads: 1, HeadDim: 576, Latent: true, ElemBytes: 2, QueryHeads: 128,
 		Params: 671_026_404_352, ActiveParams: 37_552_282_624, Experts: 256, ExpertsPerToken: 8},
+	// Gemma 3 27B: 5 sliding-window layers to 1 of full attention.
+	// google/gemma-3-27b-it, its text_config: num_hidden_layers 62,
+	// num_attention_heads 32, num_key_value_heads 16, head_dim 128,
+	// hidden_size 5376, intermediate_size 21504, sliding_window 1024,
+	// model_type gemma3_text (Gemma3TextConfig's sliding_window_pattern 6:
+	// layers 5, 11, ..., 59 full, the other 52 windowed; its vocab_size
+	// 262208, tied embeddings), bfloat16; 27 B parameters (model card,
+	// with the vision tower's 0.4 B).
+	"gemma-3-27b": {Name: "gemma-3-27b", Layers: 62, KVHeads: 16, HeadDim: 128, ElemBytes: 2, QueryHeads: 32, Params: 27_008_663_808,
+		SlidingWindow: 1024, WindowLayers: 52},
+	// gpt-oss-120b: alternating windowed and full layers and a mixture of
+	// experts. openai/gpt-oss-120b: num_hidden_layers 36, layer_types
+	// sliding_attention and full_attention in turn, sliding_window 128,
+	// num_attention_heads 64, num_key_value_heads 8, head_dim 64,
+	// hidden_size 2880, intermediate_size 2880, num_local_experts 128,
+	// num_experts_per_tok 4, vocab_size 201088, attention_bias true,
+	// bfloat16 (the experts' weights are stored in MXFP4; the KV is bf16);
+	// 116.8 B parameters, 5.1 B active (model card).
+	"gpt-oss-120b": {Name: "gpt-oss-120b", Layers: 36, KVHeads: 8, HeadDim: 64, ElemBytes: 2, QueryHeads: 64,
+		Params: 116_789_336_640, ActiveParams: 5_710_731_840, Experts: 128, ExpertsPerToken: 4, SlidingWindow: 128, WindowLayers: 18},
+	// Qwen3-Next 80B-A3B: 3 Gated DeltaNet (linear attention) layers to 1
+	// of full attention. Qwen/Qwen3-Next-80B-A3B-Instruct:
+	// num_hidden_layers 48, layer_types (full_attention_interval 4: layers
+	// 3, 7, ..., 47 full, 36 linear_attention), num_attention_heads 16,
+	// num_key_value_heads 2, head_dim 256, linear_num_key_heads 16,
+	// linear_num_value_heads 32, linear_key_head_dim 128,
+	// linear_value_head_dim 128, linear_conv_kernel_dim 4 (a state of
+	// 3 x 8192 + 32 x 128 x 128 elements a layer, 1,097,728 bytes in
+	// bf16), hidden_size 2048, num_experts 512, num_experts_per_tok 10,
+	// moe_intermediate_size 512, shared_expert_intermediate_size 512,
+	// vocab_size 151936, bfloat16; 80 B parameters, 3 B active (model
+	// card).
+	"qwen3-next-80b-a3b": {Name: "qwen3-next-80b-a3b", Layers: 48, KVHeads: 2, HeadDim: 256, ElemBytes: 2, QueryHeads: 16,
+		Params: 79_573_616_640, ActiveParams: 3_774_154_752, Experts: 512, ExpertsPerToken: 10, RecurrentLayers: 36, StateBytes: 1_097_728},
 }
 
 // ModelPresets names the presets ModelPreset knows, sorted.
@@ -294,7 +357,7 @@ func (w *stepWork) add(m Model, s, n int) {
 	w.seqs++
 	w.tokens += n
 	w.flops += 2*float64(m.activeParams())*fn +
-		4*float64(m.Layers)*float64(m.QueryHeads)*float64(m.HeadDim)*(fn*fs+fn*(fn+1)/2)
+		4*float64(m.AttentionLayers())*float64(m.QueryHeads)*float64(m.HeadDim)*(fn*fs+fn*(fn+1)/2)
 	w.bytes += float64(m.TokenBytes()) * (fs + 2*fn)
 }
 

@@ -15,21 +15,24 @@ import (
 var tinyModel = Model{Name: "tiny", Layers: 1, KVHeads: 1, HeadDim: 256, ElemBytes: 2, QueryHeads: 1}
 
 func TestModelPresets(t *testing.T) {
-	require.Equal(t, []string{"deepseek-v2-lite", "deepseek-v3", "llama-7b", "llama3-8b", "llama3.1-70b", "llama3.1-8b",
-		"llama3.3-70b", "mistral-7b", "qwen2.5-7b"}, ModelPresets())
+	require.Equal(t, []string{"deepseek-v2-lite", "deepseek-v3", "gemma-3-27b", "gpt-oss-120b", "llama-7b", "llama3-8b", "llama3.1-70b", "llama3.1-8b",
+		"llama3.3-70b", "mistral-7b", "qwen2.5-7b", "qwen3-next-80b-a3b"}, ModelPresets())
 	// Each preset's KV a token, by hand: a key and a value (2) x layers x
 	// KV heads x head dim x 2 bytes, or for a latent one vector of
 	// kv_lora_rank + qk_rope_head_dim x layers x 2 bytes.
 	for name, want := range map[string]uint64{
-		"llama-7b":         2 * 32 * 32 * 128 * 2, // 512 KiB
-		"llama3-8b":        2 * 32 * 8 * 128 * 2,  // 128 KiB
-		"llama3.1-8b":      2 * 32 * 8 * 128 * 2,  // 128 KiB
-		"llama3.1-70b":     2 * 80 * 8 * 128 * 2,  // 320 KiB
-		"llama3.3-70b":     2 * 80 * 8 * 128 * 2,  // 320 KiB
-		"qwen2.5-7b":       2 * 28 * 4 * 128 * 2,  // 56 KiB
-		"mistral-7b":       2 * 32 * 8 * 128 * 2,  // 128 KiB
-		"deepseek-v2-lite": 27 * (512 + 64) * 2,   // 30.4 KiB
-		"deepseek-v3":      61 * (512 + 64) * 2,   // 68.6 KiB
+		"llama-7b":           2 * 32 * 32 * 128 * 2, // 512 KiB
+		"llama3-8b":          2 * 32 * 8 * 128 * 2,  // 128 KiB
+		"llama3.1-8b":        2 * 32 * 8 * 128 * 2,  // 128 KiB
+		"llama3.1-70b":       2 * 80 * 8 * 128 * 2,  // 320 KiB
+		"llama3.3-70b":       2 * 80 * 8 * 128 * 2,  // 320 KiB
+		"qwen2.5-7b":         2 * 28 * 4 * 128 * 2,  // 56 KiB
+		"mistral-7b":         2 * 32 * 8 * 128 * 2,  // 128 KiB
+		"deepseek-v2-lite":   27 * (512 + 64) * 2,   // 30.4 KiB
+		"deepseek-v3":        61 * (512 + 64) * 2,   // 68.6 KiB
+		"gemma-3-27b":        2 * 62 * 16 * 128 * 2, // 496 KiB, 416 of it in window layers
+		"gpt-oss-120b":       2 * 36 * 8 * 64 * 2,   // 72 KiB, half in window layers
+		"qwen3-next-80b-a3b": 2 * 12 * 2 * 256 * 2,  // 24 KiB in the 12 attention layers
 	} {
 		m, err := ModelPreset(name)
 		require.NoError(t, err)
@@ -48,7 +51,7 @@ func TestModelPresets(t *testing.T) {
 
 	_, err = ModelPreset("gpt2")
 	require.ErrorIs(t, err, driver.ErrInvalid)
-	require.ErrorContains(t, err, `no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, llama-7b, llama3-8b, llama3.1-70b,`)
+	require.ErrorContains(t, err, `no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, gemma-3-27b, gpt-oss-120b, llama-7b,`)
 }
 
 // TestModelCheck refuses the new fields' nonsense.
