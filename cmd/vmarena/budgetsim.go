@@ -39,8 +39,8 @@ type simConfig struct {
 	PageBytes  uint64 `json:"page_bytes"`       // one page
 	TTFTBound  int    `json:"ttft_bound_steps"` // a request not started within it is not served
 	StepMillis int    `json:"step_ms"`          // a step's simulated time
-	HighRate   float64
-	LowRate    float64
+	HighRate   float64 `json:"high_rate"`
+	LowRate    float64 `json:"low_rate"`
 }
 
 func defaultSim() simConfig {
