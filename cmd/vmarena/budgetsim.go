@@ -32,13 +32,13 @@ const serverEnv = "VMARENA_BUDGET_SERVER"
 
 // simConfig is one simulation.
 type simConfig struct {
-	Seed       uint64 `json:"seed"`
-	Steps      int    `json:"steps"`
-	Phase      int    `json:"phase_steps"`      // steps between the peaks' turns
-	Pages      int    `json:"capacity_pages"`   // the device, in KV pages
-	PageBytes  uint64 `json:"page_bytes"`       // one page
-	TTFTBound  int    `json:"ttft_bound_steps"` // a request not started within it is not served
-	StepMillis int    `json:"step_ms"`          // a step's simulated time
+	Seed       uint64  `json:"seed"`
+	Steps      int     `json:"steps"`
+	Phase      int     `json:"phase_steps"`      // steps between the peaks' turns
+	Pages      int     `json:"capacity_pages"`   // the device, in KV pages
+	PageBytes  uint64  `json:"page_bytes"`       // one page
+	TTFTBound  int     `json:"ttft_bound_steps"` // a request not started within it is not served
+	StepMillis int     `json:"step_ms"`          // a step's simulated time
 	HighRate   float64 `json:"high_rate"`
 	LowRate    float64 `json:"low_rate"`
 }
