@@ -435,7 +435,7 @@ func (p *Publisher) Publish(b kvcache.EventBatch) {
 	if p.hasher != nil {
 		p.hmu.Lock()
 		defer p.hmu.Unlock()
-		b = p.hasher.Translate(b)
+		b, _ = p.hasher.Translate(b) // made by New: no error
 	}
 	payload, err := EncodeBatch(b, p.opts.Rank, p.opts.Layout)
 	p.mu.Lock()

@@ -4,6 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/kvcache"
 )
 
@@ -65,15 +68,41 @@ func NewVLLMHasher(seed string) *VLLMHasher {
 	return &VLLMHasher{none: sha256.Sum256(e.b), ours: map[uint64][32]byte{}, refs: map[[32]byte]int{}}
 }
 
-// NoneHash is vLLM's NONE_HASH for the seed.
-func (h *VLLMHasher) NoneHash() [32]byte { return h.none }
+// made says whether h was made by NewVLLMHasher: a nil or zero hasher
+// has no seed, and hashing with none would name blocks wrongly.
+func (h *VLLMHasher) made(op string) error {
+	if h == nil || h.ours == nil {
+		return errors.Wrapf(driver.ErrInvalid, "kvevents: %s: the hasher was not made by NewVLLMHasher", op)
+	}
+	return nil
+}
 
-// Stats reads the counts.
-func (h *VLLMHasher) Stats() HashStats { return h.stats }
+// NoneHash is vLLM's NONE_HASH for the seed.
+func (h *VLLMHasher) NoneHash() ([32]byte, error) {
+	if err := h.made("none hash"); err != nil {
+		return [32]byte{}, err
+	}
+	return h.none, nil
+}
+
+// Stats reads the counts (zero for a hasher not made by NewVLLMHasher).
+func (h *VLLMHasher) Stats() HashStats {
+	if h.made("stats") != nil {
+		return HashStats{}
+	}
+	return h.stats
+}
 
 // BlockHash is vLLM's hash of a block of tokens after parent (nil for a
 // prompt's first block).
-func (h *VLLMHasher) BlockHash(parent *[32]byte, tokens []int) [32]byte {
+func (h *VLLMHasher) BlockHash(parent *[32]byte, tokens []int) ([32]byte, error) {
+	if err := h.made("block hash"); err != nil {
+		return [32]byte{}, err
+	}
+	return h.blockHash(parent, tokens), nil
+}
+
+func (h *VLLMHasher) blockHash(parent *[32]byte, tokens []int) [32]byte {
 	if parent == nil {
 		parent = &h.none
 	}
@@ -93,8 +122,12 @@ func EventHash(v [32]byte) uint64 { return binary.BigEndian.Uint64(v[24:]) }
 
 // Translate returns b with every block named by vLLM's hash; events it
 // has nothing left of are dropped (a batch may come back empty). b is
-// not changed.
-func (h *VLLMHasher) Translate(b kvcache.EventBatch) kvcache.EventBatch {
+// not changed. A hasher not made by NewVLLMHasher is an error marked
+// driver.ErrInvalid.
+func (h *VLLMHasher) Translate(b kvcache.EventBatch) (kvcache.EventBatch, error) {
+	if err := h.made("translate"); err != nil {
+		return kvcache.EventBatch{}, err
+	}
 	out := kvcache.EventBatch{TS: b.TS, Events: make([]kvcache.Event, 0, len(b.Events))}
 	for _, e := range b.Events {
 		switch e := e.(type) {
@@ -112,7 +145,7 @@ func (h *VLLMHasher) Translate(b kvcache.EventBatch) kvcache.EventBatch {
 			out.Events = append(out.Events, e) // EncodeBatch refuses it
 		}
 	}
-	return out
+	return out, nil
 }
 
 // stored appends e's blocks under vLLM's hashes: one event per run of
@@ -142,7 +175,7 @@ func (h *VLLMHasher) stored(events []kvcache.Event, e *kvcache.BlockStored) []kv
 				h.stats.Untranslated += len(e.BlockHashes) - i
 				return events
 			}
-			v = h.BlockHash(parent, tokens)
+			v = h.blockHash(parent, tokens)
 			h.ours[ours] = v
 			h.refs[v]++
 		}

@@ -44,18 +44,21 @@ func TestVLLMHashVectors(t *testing.T) {
 	require.NotEmpty(t, vs)
 	for _, v := range vs {
 		h := NewVLLMHasher(v.Seed)
-		none := h.NoneHash()
+		none, err := h.NoneHash()
+		require.NoError(t, err)
 		require.Equal(t, v.NoneHash, hex.EncodeToString(none[:]), "seed %q", v.Seed)
 		var parent *[32]byte
 		for i, b := range v.Blocks {
-			got := h.BlockHash(parent, b.Tokens)
+			got, err := h.BlockHash(parent, b.Tokens)
+			require.NoError(t, err)
 			require.Equal(t, b.Hash, hex.EncodeToString(got[:]), "seed %q block %d", v.Seed, i)
 			require.Equal(t, b.Event, EventHash(got))
 			parent = &got
 		}
 	}
 
-	none := NewVLLMHasher("0").NoneHash()
+	none, err := NewVLLMHasher("0").NoneHash()
+	require.NoError(t, err)
 	require.Equal(t, "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e", hex.EncodeToString(none[:]))
 	withEmptyExtra := func(tokens ...int) string {
 		var e cborEnc
@@ -106,13 +109,13 @@ func seqTokens(from, n int) []int {
 // forgets everything; the batch handed in is not changed.
 func TestVLLMHasherTranslates(t *testing.T) {
 	h := NewVLLMHasher("0")
-	b0 := h.BlockHash(nil, seqTokens(0, 4))
-	b1 := h.BlockHash(&b0, seqTokens(4, 4))
-	b2 := h.BlockHash(&b1, seqTokens(8, 4))
+	b0 := h.blockHash(nil, seqTokens(0, 4))
+	b1 := h.blockHash(&b0, seqTokens(4, 4))
+	b2 := h.blockHash(&b1, seqTokens(8, 4))
 	ts := time.Unix(1, 0)
 
 	in := kvcache.EventBatch{TS: ts, Events: []kvcache.Event{stored(nil, 4, []uint64{10, 11}, seqTokens(0, 8))}}
-	out := h.Translate(in)
+	out := translate(t, h, in)
 	require.Equal(t, []uint64{10, 11}, in.Events[0].(*kvcache.BlockStored).BlockHashes, "the input is unchanged")
 	require.Len(t, out.Events, 1)
 	e := out.Events[0].(*kvcache.BlockStored)
@@ -124,7 +127,7 @@ func TestVLLMHasherTranslates(t *testing.T) {
 	// The same first block under another extra key (cache hash 20): no
 	// event; its child 21 is new to vLLM's index only if its tokens differ.
 	p11 := uint64(11)
-	out = h.Translate(kvcache.EventBatch{Events: []kvcache.Event{
+	out = translate(t, h, kvcache.EventBatch{Events: []kvcache.Event{
 		stored(nil, 4, []uint64{20, 21}, append(seqTokens(0, 4), seqTokens(4, 4)...)),
 		stored(&p11, 4, []uint64{12}, seqTokens(8, 4)),
 	}})
@@ -135,23 +138,23 @@ func TestVLLMHasherTranslates(t *testing.T) {
 	require.Equal(t, HashStats{Translated: 3, Merged: 2}, h.Stats())
 
 	// Removing 10 leaves b0 held by 20: no event; removing 20 too does.
-	out = h.Translate(kvcache.EventBatch{Events: []kvcache.Event{&kvcache.BlockRemoved{BlockHashes: []uint64{10}, Medium: "GPU"}}})
+	out = translate(t, h, kvcache.EventBatch{Events: []kvcache.Event{&kvcache.BlockRemoved{BlockHashes: []uint64{10}, Medium: "GPU"}}})
 	require.Empty(t, out.Events)
-	out = h.Translate(kvcache.EventBatch{Events: []kvcache.Event{&kvcache.BlockRemoved{BlockHashes: []uint64{20, 99}, Medium: "GPU"}}})
+	out = translate(t, h, kvcache.EventBatch{Events: []kvcache.Event{&kvcache.BlockRemoved{BlockHashes: []uint64{20, 99}, Medium: "GPU"}}})
 	require.Len(t, out.Events, 1)
 	require.Equal(t, []uint64{EventHash(b0)}, out.Events[0].(*kvcache.BlockRemoved).BlockHashes)
 	require.Equal(t, "GPU", out.Events[0].(*kvcache.BlockRemoved).Medium)
 
 	// An unknown parent: left out, counted.
 	unknown := uint64(777)
-	out = h.Translate(kvcache.EventBatch{Events: []kvcache.Event{stored(&unknown, 4, []uint64{30, 31}, seqTokens(0, 8))}})
+	out = translate(t, h, kvcache.EventBatch{Events: []kvcache.Event{stored(&unknown, 4, []uint64{30, 31}, seqTokens(0, 8))}})
 	require.Empty(t, out.Events)
 	require.Equal(t, 2, h.Stats().Untranslated)
 	// Tokens that do not fill the blocks: left out.
-	out = h.Translate(kvcache.EventBatch{Events: []kvcache.Event{stored(nil, 4, []uint64{40}, seqTokens(0, 3))}})
+	out = translate(t, h, kvcache.EventBatch{Events: []kvcache.Event{stored(nil, 4, []uint64{40}, seqTokens(0, 3))}})
 	require.Empty(t, out.Events)
 
-	out = h.Translate(kvcache.EventBatch{Events: []kvcache.Event{&kvcache.AllBlocksCleared{}}})
+	out = translate(t, h, kvcache.EventBatch{Events: []kvcache.Event{&kvcache.AllBlocksCleared{}}})
 	require.Len(t, out.Events, 1)
 	require.Empty(t, h.ours)
 	require.Empty(t, h.refs)
@@ -187,7 +190,7 @@ func TestPublisherVLLMHashes(t *testing.T) {
 	chains := map[uint64][32]byte{} // event hash -> full hash
 	live := map[uint64]bool{}
 	for _, b := range got {
-		for _, e := range h.Translate(b).Events {
+		for _, e := range translate(t, h, b).Events {
 			switch e := e.(type) {
 			case *kvcache.BlockStored:
 				var parent *[32]byte
@@ -197,7 +200,7 @@ func TestPublisherVLLMHashes(t *testing.T) {
 					parent = &ph
 				}
 				for i, eh := range e.BlockHashes {
-					v := h.BlockHash(parent, e.TokenIDs[i*e.BlockSize:(i+1)*e.BlockSize])
+					v := h.blockHash(parent, e.TokenIDs[i*e.BlockSize:(i+1)*e.BlockSize])
 					require.Equal(t, EventHash(v), eh)
 					chains[eh] = v
 					require.False(t, live[eh], "stored twice without a removal")
@@ -290,7 +293,7 @@ func FuzzVLLMHasher(f *testing.F) {
 			default:
 				e = (*kvcache.BlockStored)(nil)
 			}
-			for _, o := range h.Translate(kvcache.EventBatch{Events: []kvcache.Event{e}}).Events {
+			for _, o := range translate(t, h, kvcache.EventBatch{Events: []kvcache.Event{e}}).Events {
 				switch o := o.(type) {
 				case *kvcache.BlockStored:
 					for _, x := range o.BlockHashes {
@@ -316,4 +319,12 @@ func FuzzVLLMHasher(f *testing.F) {
 			require.Len(t, live, len(h.refs))
 		}
 	})
+}
+
+// translate is h.Translate, which must not fail.
+func translate(t *testing.T, h *VLLMHasher, b kvcache.EventBatch) kvcache.EventBatch {
+	t.Helper()
+	out, err := h.Translate(b)
+	require.NoError(t, err)
+	return out
 }

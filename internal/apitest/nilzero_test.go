@@ -71,7 +71,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[kvcache.Cache](), reflect.TypeFor[kvcache.EventWriter](), reflect.TypeFor[kvcache.GroupKind](),
 	reflect.TypeFor[kvcache.Hybrid](), reflect.TypeFor[kvcache.HybridSeq](), reflect.TypeFor[kvcache.Layout](), reflect.TypeFor[kvcache.PreemptMode](),
 	reflect.TypeFor[kvcache.Seq](), reflect.TypeFor[kvcache.SlotState](), reflect.TypeFor[kvcache.UnitState](),
-	reflect.TypeFor[kvevents.Layout](), reflect.TypeFor[kvevents.Publisher](),
+	reflect.TypeFor[kvevents.Layout](), reflect.TypeFor[kvevents.Publisher](), reflect.TypeFor[kvevents.VLLMHasher](),
 	reflect.TypeFor[mapping.State](), reflect.TypeFor[mapping.Table](),
 	reflect.TypeFor[metrics.Collector](),
 	reflect.TypeFor[multidev.Arena](),
