@@ -146,21 +146,7 @@ func (c *Cache) admitUpTo(prompt []int, limit, total int) (*Seq, error) {
 		return nil, errors.Wrapf(driver.ErrOutOfMemory, "%s: its pages need %d of %s; the budget of %s has %d free or to give back",
 			what(), p.need, units.Bytes(c.g.page), units.Bytes(c.budget), p.room)
 	}
-	c.tick++
-	s := &Seq{c: c, sl: sl, prompt: append([]int(nil), prompt...), admitted: c.tick}
-	sl.admitting = true
-	c.refileIdleLocked(sl)
-	if err := c.matchLocked(what, s, m); err != nil {
-		sl.admitting = false
-		c.refileIdleLocked(sl)
-		return nil, err
-	}
-	c.attachLocked(sl, s)
-	c.seqs[s] = struct{}{}
-	c.counts.admits++
-	c.wantAheadLocked(sl)
-	c.checkAfter("admit")
-	return s, nil
+	return c.admitIntoLocked(what, sl, prompt, 0, m)
 }
 
 // matchTokensLocked is how many of prompt's first tokens (at most limit)

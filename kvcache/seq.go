@@ -181,6 +181,13 @@ func (c *Cache) Admit(prompt []int, extra uint64) (*Seq, error) {
 				what(), p.need, units.Bytes(c.g.page), units.Bytes(c.budget), p.room),
 			"ask CanAdmit first; free or preempt sequences, or raise the budget (SetBudget)")
 	}
+	return c.admitIntoLocked(what, sl, prompt, extra, m)
+}
+
+// admitIntoLocked makes the sequence of prompt (and extra) in slot sl,
+// its admission planned and found to fit: it applies match m and files
+// the sequence in.
+func (c *Cache) admitIntoLocked(what func() string, sl *slot, prompt []int, extra uint64, m match) (*Seq, error) {
 	c.tick++
 	s := &Seq{c: c, sl: sl, prompt: append([]int(nil), prompt...), extra: extra, admitted: c.tick}
 	// Out of the idle list while the match gives back the slot's pages
