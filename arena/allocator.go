@@ -73,6 +73,11 @@ type Allocator struct {
 	threshold uint64 // 0: automatic, held/slackDiv (see budget)
 	slackDiv  uint64
 	held      uint64 // bytes of used blocks and stitched allocations: the live set
+	// high is the live set's high-water mark, decaying towards held by
+	// 1/2^keepDecayShift of the distance each Alloc and Free: free chunks
+	// are kept committed up to a share of high − held (keepBudget).
+	high    uint64
+	keepDiv uint64 // keepDivisor; 0 keeps no share (tests compare)
 	// strands are the chunks over edgeChunk that live blocks cover in
 	// part (strand.go): at most maxStrands, of at most the slack in all.
 	strands  [maxStrands]stranded
@@ -230,7 +235,7 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 		opts.SlackDivisor = 256
 	}
 	al := &Allocator{policy: opts.Policy, q: opts.Policy.Quantum(), threshold: opts.ReleaseThreshold, slackDiv: opts.SlackDivisor,
-		stitches: map[uint64]*stitched{}}
+		keepDiv: keepDivisor, stitches: map[uint64]*stitched{}}
 	var err error
 	fail := func(err error) (*Allocator, error) {
 		for _, h := range al.distinct() {
@@ -466,6 +471,7 @@ func (al *Allocator) allocLocked(what func() string, size, align, fp uint64) (dr
 	}
 	al.stats.Allocated += size
 	al.stats.PeakAllocated = max(al.stats.PeakAllocated, al.stats.Allocated)
+	al.noteHeld()
 	al.checkAfter("alloc")
 	return p, nil
 }
@@ -500,6 +506,7 @@ func (al *Allocator) freeLocked(p driver.Addr) error {
 			al.stats.Allocated -= b.req
 			al.held -= b.size
 			al.unstrand(h, h.release(r))
+			al.noteHeld()
 			al.checkAfter("free")
 			return nil
 		}
@@ -508,6 +515,7 @@ func (al *Allocator) freeLocked(p driver.Addr) error {
 		if err := al.unstitchLocked(st); err != nil {
 			return err
 		}
+		al.noteHeld()
 		al.checkAfter("free")
 		return nil
 	}
@@ -863,6 +871,9 @@ func (al *Allocator) checkLocked(deep bool) error {
 	}
 	if c := al.committed(); c > al.max {
 		fail("arena: %d bytes committed, above the allocator's maximum %d", c, al.max)
+	}
+	if al.high < al.held || al.high > al.max {
+		fail("arena: the live set's high-water mark %d is below the live set %d or above the maximum %d", al.high, al.held, al.max)
 	}
 	if deep {
 		for _, s := range al.ranges() {

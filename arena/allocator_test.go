@@ -795,6 +795,13 @@ func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 			p, err := al.Alloc(size, align)
 			if err != nil {
 				requireStep(t, err, driver.ErrOutOfMemory, step)
+				if !full && allocated+size+uint64(len(model)+1)*8*units.KiB <= al.Max() {
+					// Refused with room for the live set under Max: every free
+					// chunk, kept for reuse or not, went back first.
+					before := al.Stats().Committed
+					require.NoError(t, al.Trim(), step)
+					require.Equal(t, before, al.Stats().Committed, "%s: refused while free chunks were kept", step)
+				}
 				break
 			}
 			q := max(align, policy.Quantum())

@@ -75,6 +75,56 @@ func (al *Allocator) budget(held uint64) uint64 {
 	return satAdd(held, max(al.cs, held/al.slackDiv))
 }
 
+// Free chunks kept for reuse. Free gives nothing back, and a commit gives
+// back free chunks down to a budget; the budget of that give-back is
+// keepBudget, which is budget plus a share of the distance from the live
+// set to its high-water mark:
+//
+//	keepBudget(held) = budget(held) + (high − held)/keepDivisor
+//
+// So after a peak, while the live set is below it, a commit elsewhere
+// gives back fewer of the chunks just freed, and a request of the size of
+// one freed later finds it mapped: no create, no unmap, no release. At the
+// high-water mark the share is nothing, so what is kept adds nothing to
+// the bound on peak committed (held plus slack at the peak). Only the
+// give-back reads it: the commit ahead of need, stranding and splitting go
+// by budget, so the kept share never commits memory. high decays towards
+// the live set by 1/2^keepDecayShift of the distance each Alloc and Free,
+// so a peak long past stops holding memory; and when memory runs out
+// (the device, or Max) every free chunk, kept or not, goes back before a
+// request is refused (growLocked's drained try).
+//
+// keepDivisor: a sweep over the bundled traces and the synthetic workloads
+// (go test ./arena -run TestSyntheticWorkloads): 1/1 and 1/2 keep enough
+// whole free chunks lying about that requests split them (a 1 GiB trace
+// went from 66 creates to 111 at 1/2), 1/8 keeps what is cheap to keep
+// without that; docs/incoming/iss32-driver.md has the figures.
+const (
+	keepDivisor    = 8
+	keepDecayShift = 16
+)
+
+// keepBudget is the most the allocator keeps committed, when it must
+// commit more for a live set of held bytes, before it gives free chunks
+// back: budget plus a share of the distance to the high-water mark.
+func (al *Allocator) keepBudget(held uint64) uint64 {
+	b := al.budget(held)
+	if al.high > held && al.keepDiv > 0 {
+		b = satAdd(b, (al.high-held)/al.keepDiv)
+	}
+	return b
+}
+
+// noteHeld moves the high-water mark after a change of the live set: up to
+// it, or a step of the distance down towards it.
+func (al *Allocator) noteHeld() {
+	if al.held >= al.high {
+		al.high = al.held
+		return
+	}
+	al.high -= (al.high - al.held) >> keepDecayShift
+}
+
 // growPlan is where a request that no free block fits goes: at start, in
 // the hole, whose chunks [lo, hi) are committed for it (none when the
 // request fits the free blocks beside the hole after all).
@@ -384,10 +434,11 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 		}
 		budget := al.budget(al.held + fp)
 		committed := al.committed()
-		if over := committed + g.need(); over > budget && try < drained {
-			// What could not move goes back, down to the budget: whole free
-			// chunks too large to move here, or lying in the way.
-			gave, err := al.releaseLocked(over-budget, h, g.uses(fp))
+		if over, keep := committed+g.need(), al.keepBudget(al.held+fp); over > keep && try < drained {
+			// What could not move goes back, down to the budget and the
+			// share kept for reuse: whole free chunks too large to move
+			// here, or lying in the way.
+			gave, err := al.releaseLocked(over-keep, h, g.uses(fp))
 			if err != nil {
 				return 0, err
 			}
