@@ -33,6 +33,7 @@ import (
 type Device struct {
 	d   driver.Driver
 	b   driver.Books
+	mi  memInfo // nil when the driver cannot say what is free
 	m   *Member
 	dev driver.DeviceID
 
@@ -47,6 +48,12 @@ type devChunk struct {
 	size     uint64
 	maps     int
 	released bool
+}
+
+// memInfo is a driver that says how much of a device's memory is free,
+// every process's use counted (cuda.Driver.MemInfo: cuMemGetInfo).
+type memInfo interface {
+	MemInfo(dev driver.DeviceID) (free, total uint64, err error)
 }
 
 // deviceHost is a Device over a driver whose memory this process
@@ -65,6 +72,13 @@ func (d *deviceHost) HostBytes(addr driver.Addr, size uint64) ([]byte, error) {
 // memory directly (driver.HostMapper), a driver that also does. A nil
 // driver or member, a device d has not, or a driver without books is
 // refused (ErrInvalid).
+//
+// A driver that says how much of the device is free with every process's
+// use counted (the CUDA driver's MemInfo, over cuMemGetInfo) is asked at
+// NewDevice, which refuses a book larger than the device (ErrInvalid),
+// and before each chunk: memory taken outside the book (a process that
+// is no member) leaves Create an ErrOutOfMemory naming what the device
+// has free, the book's hold given back.
 func NewDevice(d driver.Driver, dev driver.DeviceID, m *Member) (driver.Driver, error) {
 	what := func() string { return fmt.Sprintf("budget: share device %d through the book", dev) }
 	if d == nil || m == nil {
@@ -78,6 +92,19 @@ func NewDevice(d driver.Driver, dev driver.DeviceID, m *Member) (driver.Driver, 
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the %s driver does not answer its books (driver.Books)", what(), d.Name())
 	}
 	w := &Device{d: d, b: b, m: m, dev: dev, chunks: map[driver.Handle]*devChunk{}, maps: map[driver.Addr]driver.Handle{}}
+	if mi, ok := d.(memInfo); ok {
+		_, total, err := mi.MemInfo(dev)
+		switch {
+		case errors.Is(err, driver.ErrUnsupported):
+		case err != nil:
+			return nil, errors.Wrapf(err, "%s", what())
+		case m.bookCapacity() > total:
+			return nil, errors.Wrapf(driver.ErrInvalid, "%s: the book's capacity %s is over the device's %s",
+				what(), units.Bytes(m.bookCapacity()), units.Bytes(total))
+		default:
+			w.mi = mi
+		}
+	}
 	if hm, ok := d.(driver.HostMapper); ok {
 		return &deviceHost{Device: w, hm: hm}, nil
 	}
@@ -167,6 +194,17 @@ func (w *Device) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.mi != nil {
+		free, _, err := w.mi.MemInfo(dev)
+		if err == nil && free < size {
+			err = errors.WithHint(errors.Wrapf(driver.ErrOutOfMemory,
+				"budget: create a chunk of %s on device %d: the device has %s free, the rest taken outside the book", units.Bytes(size), dev, units.Bytes(free)),
+				"every process on the device should join the book")
+		}
+		if err != nil {
+			return 0, errors.CombineErrors(err, w.m.Release(size))
+		}
+	}
 	h, err := w.d.Create(dev, size, opts)
 	if err != nil {
 		return 0, errors.CombineErrors(err, w.m.Release(size))

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/cuda"
+	"github.com/vmarena/vmarena/driver/cuda/cudatest"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/driver/sim"
@@ -302,4 +304,51 @@ func TestDeviceConformance(t *testing.T) {
 		})
 		return w
 	})
+}
+
+// TestDeviceCUDA: over the CUDA driver (its C stand-in), the device's
+// own count of free memory (cuMemGetInfo) is asked too: memory taken
+// outside the book is not promised again, and a book larger than the
+// device is refused.
+func TestDeviceCUDA(t *testing.T) {
+	cfg := cudatest.Small()
+	g := cfg.MinGranularity
+	d, _ := cudatest.Open(t, cfg, cuda.Options{})
+
+	big := open(t, bookPath(t), 2*cfg.Capacity)
+	bm, err := big.Join("big", 0, 2*cfg.Capacity, nil)
+	require.NoError(t, err)
+	_, err = NewDevice(d, 0, bm)
+	require.True(t, errors.Is(err, driver.ErrInvalid), "%v", err)
+	require.Contains(t, err.Error(), "over the device's")
+	require.NoError(t, bm.Close())
+	require.NoError(t, big.Close())
+
+	b := open(t, bookPath(t), cfg.Capacity)
+	defer b.Close()
+	m, err := b.Join("m", 0, cfg.Capacity, nil)
+	require.NoError(t, err)
+	defer m.Close()
+	w, err := NewDevice(d, 0, m)
+	require.NoError(t, err)
+	h, err := w.Create(0, 4*g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	// Another user of the device, outside the book, takes 56 granules.
+	out, err := d.Create(0, 56*g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	_, err = w.Create(0, 8*g, driver.ChunkOptions{})
+	require.True(t, errors.Is(err, driver.ErrOutOfMemory), "%v", err)
+	require.Contains(t, err.Error(), "taken outside the book")
+	in, err := m.Info()
+	require.NoError(t, err)
+	require.Equal(t, 4*g, in.Committed, "the hold as it was")
+	h2, err := w.Create(0, 4*g, driver.ChunkOptions{})
+	require.NoError(t, err, "what the device has left")
+	require.NoError(t, d.Release(out))
+	require.NoError(t, w.Release(h))
+	require.NoError(t, w.Release(h2))
+	in, err = m.Info()
+	require.NoError(t, err)
+	require.Zero(t, in.Committed)
+	require.NoError(t, w.Close())
 }
