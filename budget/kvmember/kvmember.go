@@ -202,7 +202,10 @@ func (k *Member) Grow(n uint64) error {
 // cannot (kvcache.Cache.CanAdmit): by the pages the whole sequence takes,
 // less what the cache has spare. As kvcache.Cache.Admit, the sequence
 // starts with the prefix the store held (Len); the caller appends the
-// rest of the prompt, with no other call between, in the room planned. If the cache still cannot admit it, what
+// rest of the prompt, with no other call between, in the room planned.
+// The growth is spare until the admission takes it: a give-back another
+// member asks for in between may take it back, and the admission then
+// answers ErrOutOfMemory. If the cache still cannot admit it, what
 // was grown is given back and the answer is ErrOutOfMemory; a growth the
 // book refuses is its error. Nothing changes on an error.
 func (k *Member) Admit(prompt []int, extra uint64, expectedOutput int) (*kvcache.Seq, error) {
