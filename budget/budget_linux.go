@@ -497,6 +497,15 @@ func (m *Member) Name() string {
 	return m.name
 }
 
+// bookCapacity is the capacity of the member's book (0 for a nil or zero
+// member).
+func (m *Member) bookCapacity() uint64 {
+	if m == nil || m.b == nil {
+		return 0
+	}
+	return m.b.capacity
+}
+
 // Info returns the member's line of the books.
 func (m *Member) Info() (Info, error) {
 	what := func() string { return fmt.Sprintf("budget: %s's line", m.Name()) }

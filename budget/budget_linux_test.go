@@ -45,6 +45,9 @@ func TestMain(m *testing.M) {
 // be killed; "giver" joins as "giver", acquires 48 MiB all idle and gives
 // back what it is asked, until its stdin closes.
 func child(role, path string) error {
+	if role == "device" {
+		return deviceChild(path, os.Getenv("VMARENA_BUDGET_NAME"))
+	}
 	b, err := Open(path, Options{})
 	if err != nil {
 		return err
@@ -82,12 +85,12 @@ func child(role, path string) error {
 }
 
 // startChild runs a role and waits for its "ready".
-func startChild(t *testing.T, role, path string) (*exec.Cmd, *os.File, *bufio.Reader) {
+func startChild(t *testing.T, role, path string, env ...string) (*exec.Cmd, *os.File, *bufio.Reader) {
 	t.Helper()
 	ctx, cancel := testexec.Context(t)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "VMARENA_BUDGET_CHILD="+role, "VMARENA_BUDGET_BOOK="+path)
+	cmd.Env = append(append(os.Environ(), env...), "VMARENA_BUDGET_CHILD="+role, "VMARENA_BUDGET_BOOK="+path)
 	stdin, w, err := os.Pipe()
 	require.NoError(t, err)
 	cmd.Stdin = stdin

@@ -58,3 +58,5 @@ func (m *Member) SetIdle(n uint64) error { return unsupported("set idle") }
 
 // Close answers ErrUnsupported.
 func (m *Member) Close() error { return unsupported("leave") }
+
+func (m *Member) bookCapacity() uint64 { return 0 }

@@ -67,7 +67,11 @@
 //
 // It owns the books and the asking, nothing else: it never commits or
 // frees device memory (the members do, after Acquire and before
-// Release), and it imports only driver and internal packages; a
-// kvcache.Cache or a sleep.Manager joins through its own GiveBack
-// callback. Linux only: elsewhere Open answers ErrUnsupported.
+// Release), and it imports only driver and internal packages. A
+// kvcache.Cache joins through package budget/kvmember, whose give-back
+// lowers the cache's budget by what it can spare; a driver's device
+// through NewDevice, whose chunks are acquired from a member as they are
+// created and given back as their memory returns to the device, so that
+// processes each with a driver of their own never over-commit the device
+// they share. Linux only: elsewhere Open answers ErrUnsupported.
 package budget

@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -36,15 +38,17 @@ member holds, or a floor the others leave no room for, is refused and
 nothing changes.
 `
 
-const budgetSimUsage = `usage: vmarena budget simulate [--steps N] [--seed N] [--json]
+const budgetSimUsage = `usage: vmarena budget simulate [--steps N] [--seed N] [--floor PAGES] [--floors LIST] [--json]
 
-Runs two serving processes (this program re-executed) whose request
-rates peak in turn, in lock step, twice: with a static half of the device
-each, then joined to one elastic budget (floor an eighth, ceiling all of
-it), where one takes the other's cached pages when its peak needs them.
+Runs two serving processes (this program re-executed), each a KV cache
+(kvcache.Cache on a sim driver of the whole device) joined to one book,
+whose request rates peak in turn, in lock step: with a static half of
+the device each, then on one elastic budget (ceiling all of it, floor
+--floor pages, 0 by default), where one takes the other's cached and idle
+pages when its peak needs them; then again at each floor of --floors.
 Prints the requests each configuration served within the same TTFT bound,
 their ratio, the servers' CPU time beside the wall time, and whether the
-books were ever over-committed.
+books or a device were ever over-committed.
 `
 
 // topDocument is vmarena top --json.
@@ -225,6 +229,18 @@ type simDocument struct {
 	Elastic          simResult `json:"elastic"`
 	ServedRatio      float64   `json:"served_ratio"`
 	TTFTBoundSeconds float64   `json:"ttft_bound_s"`
+	// Floors are the elastic budget at each floor of --floors (the
+	// same ceiling, the same traces), beside the static halves.
+	Floors []floorResult `json:"floors"`
+}
+
+// floorResult is the elastic budget at one floor.
+type floorResult struct {
+	Floor       int     `json:"floor_pages"`
+	Served      int     `json:"served"`
+	ServedRatio float64 `json:"served_ratio"` // to the static halves
+	OverCommits int     `json:"over_commits"`
+	PeakPages   int     `json:"peak_committed_pages"`
 }
 
 func budgetSimulate(args []string, stdout, stderr io.Writer) int {
@@ -233,6 +249,8 @@ func budgetSimulate(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags(name, stderr)
 	steps := fs.Int("steps", cfg.Steps, "the simulation's steps")
 	seed := fs.Uint64("seed", cfg.Seed, "the traces' seed")
+	floor := fs.Int("floor", cfg.Floor, "the elastic budget's floor of each server, in pages")
+	floors := fs.String("floors", "0,8,16", "the floors, in pages, to run the elastic budget at besides (a comma-separated `LIST`; empty: none)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
 	if code, ok := parseFlags(fs, name, budgetSimUsage, args, stdout, stderr); !ok {
 		return code
@@ -243,7 +261,18 @@ func budgetSimulate(args []string, stdout, stderr io.Writer) int {
 	if *steps <= 0 || *steps > 1_000_000 {
 		return usageError(stderr, name, "--steps %d: 1 to 1000000", *steps)
 	}
-	cfg.Steps, cfg.Seed = *steps, *seed
+	if *floor < 0 || *floor > cfg.Pages/2 {
+		return usageError(stderr, name, "--floor %d: 0 to %d pages (half the device)", *floor, cfg.Pages/2)
+	}
+	cfg.Floors = nil
+	for _, f := range strings.FieldsFunc(*floors, func(r rune) bool { return r == ',' }) {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 || n > cfg.Pages/2 {
+			return usageError(stderr, name, "--floors %q: %q is not 0 to %d pages", *floors, f, cfg.Pages/2)
+		}
+		cfg.Floors = append(cfg.Floors, n)
+	}
+	cfg.Steps, cfg.Seed, cfg.Floor = *steps, *seed, *floor
 	doc, err := simulateBoth(cfg, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena %s: %v\n", name, err)
@@ -271,11 +300,25 @@ func simulateBoth(cfg simConfig, env []string) (simDocument, error) {
 	if doc.Static, err = runSim(cfg, "static half each", half, half, self, env); err != nil {
 		return doc, err
 	}
-	if doc.Elastic, err = runSim(cfg, "elastic budget", cfg.Pages/8, cfg.Pages, self, env); err != nil {
+	if doc.Elastic, err = runSim(cfg, "elastic budget", cfg.Floor, cfg.Pages, self, env); err != nil {
 		return doc, err
 	}
-	if doc.Static.Served > 0 {
-		doc.ServedRatio = float64(doc.Elastic.Served) / float64(doc.Static.Served)
+	ratio := func(r simResult) float64 {
+		if doc.Static.Served == 0 {
+			return 0
+		}
+		return float64(r.Served) / float64(doc.Static.Served)
+	}
+	doc.ServedRatio = ratio(doc.Elastic)
+	for _, f := range cfg.Floors {
+		r := doc.Elastic
+		if f != cfg.Floor {
+			if r, err = runSim(cfg, "elastic budget", f, cfg.Pages, self, env); err != nil {
+				return doc, err
+			}
+		}
+		doc.Floors = append(doc.Floors, floorResult{Floor: f, Served: r.Served, ServedRatio: ratio(r), OverCommits: r.OverCommits,
+			PeakPages: r.PeakPages})
 	}
 	return doc, nil
 }
@@ -299,5 +342,9 @@ func printSim(w io.Writer, doc simDocument) {
 			r.PeakPages, r.OverCommits, asks, pages, maxWall, over, r.WallSec, r.CPUSec)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\nelastic / static requests served: %.2f×\n", doc.ServedRatio)
+	fmt.Fprintf(w, "\nelastic / static requests served: %.2f× (floor %d pages)\n", doc.ServedRatio, doc.Config.Floor)
+	for _, f := range doc.Floors {
+		fmt.Fprintf(w, "  at a floor of %3d pages: %d served, %.2f×, peak committed %d pages, %d over-commits\n",
+			f.Floor, f.Served, f.ServedRatio, f.PeakPages, f.OverCommits)
+	}
 }

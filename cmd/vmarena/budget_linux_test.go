@@ -67,6 +67,8 @@ func TestTopAndBudgetSet(t *testing.T) {
 		{[]string{"budget"}, 2, "no subcommand"},
 		{[]string{"budget", "grow"}, 2, `unknown subcommand "grow"`},
 		{[]string{"budget", "simulate", "--steps", "0"}, 2, "--steps 0"},
+		{[]string{"budget", "simulate", "--floor", "65"}, 2, "--floor 65"},
+		{[]string{"budget", "simulate", "--floors", "0,x"}, 2, `"x" is not`},
 		{[]string{"top"}, 2, "no book given"},
 		{[]string{"top", "--book", path, "--interval", "0s"}, 2, "not positive"},
 		{[]string{"top", "--book", path, "--count", "-1"}, 2, "negative"},
@@ -85,7 +87,8 @@ func TestTopAndBudgetSet(t *testing.T) {
 
 // TestBudgetSimulate: the simulation runs both configurations in one
 // run, its servers this test binary re-executed; neither over-commits
-// and the elastic budget serves at least as many as the static halves.
+// and the elastic budget serves at least as many as the static halves;
+// the servers are kvcache.Cache members, which never preempt to give back.
 // (The figure itself is the CLI's: vmarena budget simulate.)
 func TestBudgetSimulate(t *testing.T) {
 	code, out, errOut := runCmd(t, "budget", "simulate", "--steps", "300", "--json")
@@ -97,5 +100,15 @@ func TestBudgetSimulate(t *testing.T) {
 	require.Equal(t, doc.Static.Arrived, doc.Elastic.Arrived, "the same trace")
 	require.GreaterOrEqual(t, doc.Elastic.Served, doc.Static.Served)
 	require.LessOrEqual(t, doc.Elastic.PeakPages, doc.Config.Pages)
+	for _, r := range []simResult{doc.Static, doc.Elastic} {
+		for _, s := range r.Servers {
+			require.Zero(t, s.Preemptions, "a give-back never preempts")
+			require.LessOrEqual(t, s.PeakPages, doc.Config.Pages)
+		}
+	}
+	require.Len(t, doc.Floors, 3)
+	for _, f := range doc.Floors {
+		require.Zero(t, f.OverCommits, "floor %d", f.Floor)
+	}
 	t.Logf("served static %d, elastic %d of %d (ratio %.2f)", doc.Static.Served, doc.Elastic.Served, doc.Elastic.Arrived, doc.ServedRatio)
 }

@@ -13,10 +13,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/cockroachdb/errors"
+
 	"github.com/vmarena/vmarena/budget"
+	"github.com/vmarena/vmarena/budget/kvmember"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 // The shared-budget simulation: two serving processes on one device,
@@ -41,11 +48,13 @@ type simConfig struct {
 	StepMillis int     `json:"step_ms"`          // a step's simulated time
 	HighRate   float64 `json:"high_rate"`
 	LowRate    float64 `json:"low_rate"`
+	Floor      int     `json:"floor_pages"` // the elastic budget's floor of each server
+	Floors     []int   `json:"floors_pages"`
 }
 
 func defaultSim() simConfig {
 	return simConfig{Seed: 1, Steps: 800, Phase: 100, Pages: 128, PageBytes: 2 << 20, TTFTBound: 10, StepMillis: 50,
-		HighRate: 0.7, LowRate: 0.05}
+		HighRate: 0.7, LowRate: 0.05, Floor: 0, Floors: []int{0, 8, 16}}
 }
 
 // simRequest is one request of a server's trace.
@@ -77,113 +86,175 @@ type serverStats struct {
 	Served         int     `json:"served"`
 	Dropped        int     `json:"dropped"`
 	MeanTTFTSteps  float64 `json:"mean_ttft_steps"`
-	PeakPages      int     `json:"peak_pages"`
-	Asks           int     `json:"asked"` // requests to give back it answered
-	GaveBackPages  int     `json:"gave_back_pages"`
-	MaxAskWallSec  float64 `json:"max_acquire_wall_s"`
+	PeakPages      int     `json:"peak_pages"`         // the most the cache committed, pooled pages included
+	Asks           int     `json:"asked"`              // requests to give back it answered
+	GaveBackPages  int     `json:"gave_back_pages"`    // what it gave back for them
+	Grows          int     `json:"grows"`              // admissions that grew the member's hold
+	Preemptions    int     `json:"preemptions"`        // the cache's: a give-back never preempts
+	MaxAskWallSec  float64 `json:"max_acquire_wall_s"` // the longest admission that grew
 	MeanStepWall   float64 `json:"mean_step_wall_s"`
-	AsksOverOneStp int     `json:"acquires_over_one_step"` // Acquires whose wall passed a step's simulated time
+	AsksOverOneStp int     `json:"acquires_over_one_step"` // growing admissions whose wall passed a step's simulated time
 }
 
-// server is one simulated serving process.
+// simTokensPerPage is the tokens one KV page holds in the servers' caches:
+// the tiny preset (16 KiB of KV a token, TokenMajor) on 2 MiB pages.
+const simTokensPerPage = 128
+
+// server is one simulated serving process: a kvcache.Cache on a sim
+// driver of the device's capacity, a member of the book through kvmember.
 type server struct {
 	cfg   simConfig
-	m     *budget.Member
-	mu    sync.Mutex
+	k     int
+	drv   *sim.Driver
+	mem   *physical.Memory
+	c     *kvcache.Cache
+	m     *kvmember.Member
 	trace []simRequest
 	next  int
-	queue []simRequest
-	run   []int // end step of each running request, beside its pages
-	runPg []int
-	used  int // pages of running requests
-	idle  int // pages cached after their requests finished (prefix cache)
-	held  int // pages acquired from the budget: used + idle
+	queue []int // indexes into trace
+	run   []simRunning
 	st    serverStats
 	ttft  int
 	steps time.Duration
 }
 
-// giveBack drops cached pages for another member.
-func (s *server) giveBack(want uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := min(int((want+s.cfg.PageBytes-1)/s.cfg.PageBytes), s.idle)
-	if n == 0 {
-		return
+// simRunning is a running request: its sequence and the step it ends.
+type simRunning struct {
+	seq *kvcache.Seq
+	end int
+}
+
+// newServer makes server k's cache. A request of p pages has a prompt
+// of p-1 pages and half of one, and appends a token a step while it
+// runs (at most 30 steps): its p pages hold it to the end.
+func newServer(cfg simConfig, k int) (*server, error) {
+	if cfg.PageBytes != 2<<20 {
+		return nil, fmt.Errorf("budget simulate: pages of %d bytes, the servers' caches take 2 MiB", cfg.PageBytes)
 	}
-	if err := s.m.Release(uint64(n) * s.cfg.PageBytes); err != nil {
-		return
+	drv, err := sim.New(sim.Options{Devices: 1, Capacity: uint64(cfg.Pages) * cfg.PageBytes, Granularity: cfg.PageBytes})
+	if err != nil {
+		return nil, err
 	}
-	s.idle -= n
-	s.held -= n
-	s.st.GaveBackPages += n
-	_ = s.m.SetIdle(uint64(s.idle) * s.cfg.PageBytes)
+	kc, err := kvcache.Preset("tiny")
+	if err != nil {
+		return nil, errors.CombineErrors(err, drv.Close())
+	}
+	kc.Layout, kc.PageSize, kc.MapAhead = kvcache.TokenMajor, cfg.PageBytes, -1
+	kc.MaxContext, kc.MaxSeqs = 12*simTokensPerPage, cfg.Pages/4+1
+	mem := physical.New(drv)
+	c, err := kvcache.New(vaspace.New(drv), mem, kc)
+	if err != nil {
+		return nil, errors.CombineErrors(err, drv.Close())
+	}
+	return &server{cfg: cfg, k: k, drv: drv, mem: mem, c: c, trace: cfg.trace(k)}, nil
+}
+
+// prompt is request i's tokens: none another request has, so that no
+// prefix is shared and each takes the pages the trace says.
+func (s *server) prompt(i int) []int {
+	r := s.trace[i]
+	out := make([]int, (r.Pages-1)*simTokensPerPage+simTokensPerPage/2)
+	base := (s.k*len(s.trace) + i) << 16
+	for j := range out {
+		out[j] = base + j
+	}
+	return out
 }
 
 // step runs step t.
 func (s *server) step(t int) error {
 	start := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	// Finished requests leave their pages cached.
+	// Running requests decode a token; finished ones leave their pages
+	// cached (the prefix store) and idle (their slots).
 	for i := 0; i < len(s.run); {
-		if s.run[i] <= t {
-			s.used -= s.runPg[i]
-			s.idle += s.runPg[i]
+		if r := s.run[i]; r.end <= t {
+			if err := r.seq.Free(); err != nil {
+				return err
+			}
 			s.run = slices.Delete(s.run, i, i+1)
-			s.runPg = slices.Delete(s.runPg, i, i+1)
 			continue
+		}
+		if _, err := s.run[i].seq.Append([]int{1}); err != nil {
+			return fmt.Errorf("server %d at step %d: a decode: %w", s.k, t, err)
 		}
 		i++
 	}
 	for s.next < len(s.trace) && s.trace[s.next].Arrive <= t {
-		s.queue = append(s.queue, s.trace[s.next])
+		s.queue = append(s.queue, s.next)
 		s.st.Arrived++
 		s.next++
 	}
 	// Requests past the TTFT bound are not served.
-	for len(s.queue) > 0 && t-s.queue[0].Arrive > s.cfg.TTFTBound {
+	for len(s.queue) > 0 && t-s.trace[s.queue[0]].Arrive > s.cfg.TTFTBound {
 		s.queue = s.queue[1:]
 		s.st.Dropped++
 	}
 	for len(s.queue) > 0 {
-		r := s.queue[0]
-		need := r.Pages
-		fromIdle := min(need, s.idle)
-		if more := need - fromIdle; more > 0 {
-			// Lock step: the other server waits for the driver, so only
-			// this Acquire's asks run its give-back now.
-			t0 := time.Now()
-			err := s.m.Acquire(uint64(more) * s.cfg.PageBytes)
-			d := time.Since(t0)
+		i := s.queue[0]
+		r := s.trace[i]
+		prompt := s.prompt(i)
+		asked := s.m.Stats().Hold
+		// Lock step: the other server waits for the driver, so only
+		// this admission's asks run its give-back now.
+		t0 := time.Now()
+		seq, err := s.m.Admit(prompt, 0, r.Steps)
+		d := time.Since(t0)
+		if s.m.Stats().Hold > asked {
+			s.st.Grows++
 			s.st.MaxAskWallSec = max(s.st.MaxAskWallSec, d.Seconds())
 			if d > time.Duration(s.cfg.StepMillis)*time.Millisecond {
 				s.st.AsksOverOneStp++
 			}
-			if err != nil {
-				break
-			}
-			s.held += more
 		}
-		s.idle -= fromIdle
-		s.used += need
+		if errors.Is(err, driver.ErrOutOfMemory) || errors.Is(err, driver.ErrBusy) {
+			break // the head waits for room
+		} else if err != nil {
+			return err
+		}
+		if _, err := seq.Append(prompt[seq.Len():]); err != nil {
+			return fmt.Errorf("server %d at step %d: the prompt of an admitted request: %w", s.k, t, err)
+		}
 		s.queue = s.queue[1:]
-		s.run = append(s.run, t+r.Steps)
-		s.runPg = append(s.runPg, need)
+		s.run = append(s.run, simRunning{seq: seq, end: t + r.Steps})
 		s.st.Served++
 		s.ttft += t - r.Arrive
 	}
-	s.st.PeakPages = max(s.st.PeakPages, s.used+s.idle)
-	if err := s.m.SetIdle(uint64(s.idle) * s.cfg.PageBytes); err != nil {
+	if err := s.m.Sync(); err != nil {
 		return err
 	}
+	s.st.PeakPages = max(s.st.PeakPages, int(s.used()/s.cfg.PageBytes))
 	s.steps += time.Since(start)
 	return nil
 }
 
+// used is what the server's device has committed (the driver's count).
+func (s *server) used() uint64 {
+	u, err := s.mem.Usage(0)
+	if err != nil {
+		return 0
+	}
+	return u.Used
+}
+
+// close frees every sequence, closes the cache, leaves the book and
+// closes the driver.
+func (s *server) close() error {
+	var err error
+	for _, r := range s.run {
+		err = errors.CombineErrors(err, r.seq.Free())
+	}
+	s.run = nil
+	err = errors.CombineErrors(err, s.c.Close())
+	if s.m != nil {
+		err = errors.CombineErrors(err, s.m.Close())
+	}
+	return errors.CombineErrors(err, s.drv.Close())
+}
+
 // serveBudget is a re-executed vmarena's life as one server: it reads its
-// configuration and steps from stdin, answers each on stdout, and ends
-// with its stats.
+// configuration and steps from stdin, answers each on stdout with the
+// pages its device has committed and the pages it holds, and ends with
+// its stats.
 func serveBudget(stdin io.Reader, stdout io.Writer) int {
 	in := bufio.NewScanner(stdin)
 	fail := func(err error) int { fmt.Fprintf(stdout, "error %v\n", err); return 1 }
@@ -204,10 +275,13 @@ func serveBudget(stdin io.Reader, stdout io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	s := &server{cfg: hello.Config, trace: hello.Config.trace(hello.K)}
+	s, err := newServer(hello.Config, hello.K)
+	if err != nil {
+		return fail(errors.CombineErrors(err, b.Close()))
+	}
 	pb := hello.Config.PageBytes
-	if s.m, err = b.Join(fmt.Sprintf("server-%d", hello.K), uint64(hello.Floor)*pb, uint64(hello.Ceil)*pb, s.giveBack); err != nil {
-		return fail(err)
+	if s.m, err = kvmember.Join(b, fmt.Sprintf("server-%d", hello.K), uint64(hello.Floor)*pb, uint64(hello.Ceil)*pb, s.c); err != nil {
+		return fail(errors.CombineErrors(err, s.close()))
 	}
 	fmt.Fprintln(stdout, "ready")
 	for in.Scan() {
@@ -222,11 +296,8 @@ func serveBudget(stdin io.Reader, stdout io.Writer) int {
 		if err := s.step(t); err != nil {
 			return fail(err)
 		}
-		s.mu.Lock()
-		fmt.Fprintf(stdout, "ok %d %d\n", s.used, s.held)
-		s.mu.Unlock()
+		fmt.Fprintf(stdout, "ok %d %d\n", s.used(), s.m.Stats().Hold)
 	}
-	s.mu.Lock()
 	if s.st.Served > 0 {
 		s.st.MeanTTFTSteps = float64(s.ttft) / float64(s.st.Served)
 	}
@@ -234,12 +305,11 @@ func serveBudget(stdin io.Reader, stdout io.Writer) int {
 		s.st.MeanStepWall = s.steps.Seconds() / float64(n)
 	}
 	st := s.st
-	s.mu.Unlock()
-	if in, err := s.m.Info(); err == nil {
-		st.Asks = int(in.Asked)
-	}
+	ms := s.m.Stats()
+	st.Asks, st.GaveBackPages = ms.Asked, int(ms.GivenBack/pb)
+	st.Preemptions = s.c.Stats().Preemptions
 	// The other server may still ask this one while it ends: leave first.
-	if err := s.m.Close(); err != nil {
+	if err := s.close(); err != nil {
 		return fail(err)
 	}
 	if err := b.Close(); err != nil {
@@ -326,9 +396,9 @@ func runSim(cfg simConfig, name string, floor, ceiling int, self string, env []s
 			if err != nil || !strings.HasPrefix(line, "ok ") {
 				return res, fmt.Errorf("server %d at step %d: %q %v", k, t, line, err)
 			}
-			var used, held int
+			var used, held uint64
 			if _, err := fmt.Sscanf(line, "ok %d %d", &used, &held); err != nil || used > held {
-				res.OverCommits++ // a server using more than it holds
+				res.OverCommits++ // a server's device committing more than it holds
 			}
 		}
 		in, err := book.Members()

@@ -412,6 +412,19 @@ func (d *Driver) SyncDevice(dev driver.DeviceID) error {
 	return d.core.SyncDevice(dev)
 }
 
+// MemInfo is GPU dev's free and total memory as libcuda counts them
+// (cuMemGetInfo_v2, with dev's primary context current on this OS
+// thread): every process's memory on the device, not only this driver's.
+// budget.NewDevice reads it before each chunk it creates, so that memory
+// taken outside a shared budget is not promised again. A libcuda lacking
+// cuMemGetInfo_v2 answers ErrUnsupported; an unknown dev is ErrNoDevice.
+func (d *Driver) MemInfo(dev driver.DeviceID) (uint64, uint64, error) {
+	if d.unmade() {
+		return *new(uint64), *new(uint64), errUnmade("MemInfo")
+	}
+	return d.core.MemInfo(dev)
+}
+
 // EnablePeerAccess lets dev's streams reach peer's memory
 // (cuCtxEnablePeerAccess); enabling it again is harmless. From a device to
 // itself it is ErrInvalid, and where CanAccessPeer is false

@@ -84,6 +84,9 @@ type lib struct {
 
 	// Waiting for a whole context's work (SyncDevice).
 	cuCtxSynchronize func() cuResult
+
+	// A device's free and total memory (MemInfo).
+	cuMemGetInfo func(free, total *uint64) cuResult
 }
 
 // A group is a set of symbols that one feature needs, all or none.
@@ -100,10 +103,11 @@ const (
 	groupPeer
 	groupErrorNames
 	groupDevSync
+	groupMemInfo
 	groups
 )
 
-var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "host functions", "events", "peers", "error names", "device synchronization"}
+var groupTitles = [groups]string{"core", "virtual memory management", "sharing", "synchronous copies", "streams", "host functions", "events", "peers", "error names", "device synchronization", "memory information"}
 
 // symbols lists every symbol lib binds, with its group. Names with a _v2
 // suffix are how libcuda exports the calls whose signatures changed in
@@ -161,6 +165,8 @@ func (l *lib) symbols() []dl.Symbol {
 		{Name: "cuGetErrorName", Fn: &l.cuGetErrorName, Group: int(groupErrorNames)},
 
 		{Name: "cuCtxSynchronize", Fn: &l.cuCtxSynchronize, Group: int(groupDevSync)},
+
+		{Name: "cuMemGetInfo_v2", Fn: &l.cuMemGetInfo, Group: int(groupMemInfo)},
 	}
 }
 

@@ -361,6 +361,19 @@ func (c *cu) SyncDevice(dev driver.DeviceID) error {
 
 var _ accel.DeviceSyncer = (*cu)(nil)
 
+// MemInfo is dev's free and total memory (cuMemGetInfo_v2, with dev's
+// primary context current on this OS thread): every process's chunks
+// counted, as the device sees them.
+func (c *cu) MemInfo(dev driver.DeviceID) (free, total uint64, err error) {
+	if c.l.cuMemGetInfo == nil {
+		return 0, 0, errors.Wrapf(driver.ErrUnsupported, "cuda: %s lacks cuMemGetInfo_v2", c.l.path)
+	}
+	err = c.on(dev, "cuMemGetInfo_v2", func() cuResult { return c.l.cuMemGetInfo(&free, &total) })
+	return free, total, err
+}
+
+var _ accel.MemInfoer = (*cu)(nil)
+
 func (c *cu) EnablePeerAccess(dev, peer driver.DeviceID) error {
 	const alreadyEnabled = 704
 	return c.on(dev, "cuCtxEnablePeerAccess", func() cuResult {

@@ -18,6 +18,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/bench"
 	"github.com/vmarena/vmarena/budget"
+	"github.com/vmarena/vmarena/budget/kvmember"
 	"github.com/vmarena/vmarena/disagg"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/acl"
@@ -66,7 +67,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[sim.Calls](), reflect.TypeFor[sim.Driver](), reflect.TypeFor[sim.Tally](),
 	reflect.TypeFor[ipc.Conn](), reflect.TypeFor[ipc.ExportedPool](), reflect.TypeFor[ipc.ImportedPool](),
 	reflect.TypeFor[ipc.Kind](), reflect.TypeFor[ipc.Listener](),
-	reflect.TypeFor[budget.Book](), reflect.TypeFor[budget.Member](),
+	reflect.TypeFor[budget.Book](), reflect.TypeFor[budget.Member](), reflect.TypeFor[budget.Device](), reflect.TypeFor[kvmember.Member](),
 	reflect.TypeFor[kvcache.AllBlocksCleared](), reflect.TypeFor[kvcache.BlockRemoved](), reflect.TypeFor[kvcache.BlockStored](),
 	reflect.TypeFor[kvcache.Cache](), reflect.TypeFor[kvcache.EventWriter](), reflect.TypeFor[kvcache.GroupKind](),
 	reflect.TypeFor[kvcache.Hybrid](), reflect.TypeFor[kvcache.HybridSeq](), reflect.TypeFor[kvcache.Layout](), reflect.TypeFor[kvcache.PreemptMode](),

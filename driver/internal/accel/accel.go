@@ -428,6 +428,28 @@ type DeviceSyncer interface {
 	SyncDevice(dev driver.DeviceID) error
 }
 
+// MemInfoer is a Runtime that can say how much of a device's memory is
+// free, every process's use counted (cuMemGetInfo).
+type MemInfoer interface {
+	MemInfo(dev driver.DeviceID) (free, total uint64, err error)
+}
+
+// MemInfo is device dev's free and total memory as the vendor library
+// counts them (every process's chunks). A runtime without the call, or a
+// library lacking it, is ErrUnsupported; an unknown dev ErrNoDevice.
+func (c *Core) MemInfo(dev driver.DeviceID) (free, total uint64, err error) {
+	what := fmt.Sprintf("%s: the free memory of device %d", c.info.Name, dev)
+	if err := driver.CheckDevice(func() string { return what }, dev, len(c.info.Devices)); err != nil {
+		return 0, 0, err
+	}
+	mi, ok := c.rt.(MemInfoer)
+	if !ok {
+		return 0, 0, c.errf(driver.ErrUnsupported, "the free memory of device %d: the runtime cannot say", dev)
+	}
+	free, total, err = mi.MemInfo(dev)
+	return free, total, errors.Wrapf(err, "%s", what)
+}
+
 // SyncDevice waits for the work the Core's streams had queued at the call
 // (on every device: its engine drains whole), then for all the work on
 // device dev, other streams than the Core's included (the runtime's

@@ -591,6 +591,25 @@ API CUresult cuCtxSynchronize(void)
 }
 #endif /* VMSTANDIN_OMIT_DEVSYNC */
 
+#ifndef VMSTANDIN_OMIT_MEMINFO
+/* cuMemGetInfo_v2 answers for the current context's device: its capacity,
+ * and what its live chunks leave of it. A real GPU counts every process's
+ * memory (and its own reserve); each process's stand-in counts its own. */
+API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	vdev_ctx *ctx;
+	ENTER(NULL);
+	NEED_CTX(ctx);
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t cap = vdev_config()->capacity;
+	uint64_t used = vmstandin_used(vdev_ctx_device(ctx));
+	*total = cap;
+	*free_bytes = used < cap ? cap - used : 0;
+	return CUDA_SUCCESS;
+}
+#endif /* VMSTANDIN_OMIT_MEMINFO */
+
 /* ===== streams and asynchronous copies ===================================== */
 #ifndef VMSTANDIN_OMIT_STREAMS
 

@@ -1,0 +1,359 @@
+// Package kvmember makes a kvcache.Cache a member of a shared device
+// budget (package budget): the cache's budget is the member's hold, raised
+// by acquiring from the book before an admission needs more, and lowered
+// when another member asks for memory back — by what the cache can give
+// without touching a running sequence's tokens (kvcache.Cache.GiveBack:
+// the budget not committed and the pooled pages, idle slots' pages, cached
+// prefix store units, surplus pages; never a preemption).
+//
+// The invariant: the cache's budget is at most the member's hold, always,
+// so the cache never commits more than the book gave it. Between the
+// calls of this package it is exactly the hold; inside one, the hold
+// rises before the budget (Grow acquires, then raises the budget) and the
+// budget falls before the hold (a give-back lowers the budget, then
+// releases). Every change of the cache's budget goes through a Member; a
+// caller that calls the cache's SetBudget itself breaks the invariant
+// (Check reports it).
+//
+// Lock order: Member.mu → the cache's locks → the book's. Member.mu is
+// never held across an Acquire, which may wait for another member to
+// give back: two members of one process asking each other cannot wait on
+// each other's lock.
+package kvmember
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/budget"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/kvcache"
+)
+
+// Member is a kvcache.Cache's share of a budget.
+type Member struct {
+	c    *kvcache.Cache
+	m    *budget.Member
+	page uint64
+
+	mu      sync.Mutex // see the package doc
+	pending uint64     // bytes acquired whose budget is not raised yet
+	given   uint64     // bytes given back when asked, in all
+	asked   int        // requests to give back answered
+}
+
+// Stats are a member's figures.
+type Stats struct {
+	// Hold is what the member holds of the book; Budget the cache's
+	// budget (equal between calls); Committed the cache's committed
+	// memory, pooled pages included.
+	Hold, Budget, Committed uint64
+	// Asked counts the requests to give back it answered, GivenBack the
+	// bytes it gave back for them.
+	Asked     int
+	GivenBack uint64
+}
+
+// Join adds the cache c to the book b as the member name, with a floor and
+// a ceiling in bytes. Its hold starts at the floor, or at what the cache
+// has committed if more (pooled pages included), in whole pages of the
+// cache, at least one page; the cache's budget is set to that hold,
+// lowered without preempting (the cache's spare given back first). A nil
+// book or cache, a ceiling below one page, or anything the book refuses
+// (budget.Book.Join, Acquire) is refused, with the cache's budget and the
+// book as they were.
+func Join(b *budget.Book, name string, floor, ceiling uint64, c *kvcache.Cache) (*Member, error) {
+	what := func() string {
+		return fmt.Sprintf("kvmember: join %q with floor %s and ceiling %s", name, units.Bytes(floor), units.Bytes(ceiling))
+	}
+	if b == nil || c == nil || c.Closed() || c.Config().PageSize == 0 {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the book or the cache is nil, or the cache is closed", what())
+	}
+	page := c.Config().PageSize
+	if ceiling < page {
+		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the ceiling is under one page of the cache (%s)", what(), units.Bytes(page))
+	}
+	k := &Member{c: c, page: page}
+	m, err := b.Join(name, floor, ceiling, k.giveBack)
+	if err != nil {
+		return nil, errors.Wrapf(err, "kvmember")
+	}
+	k.m = m
+	fail := func(err error) (*Member, error) {
+		return nil, errors.CombineErrors(errors.Wrapf(err, "%s", what()), m.Close())
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	st := c.Stats()
+	orig := st.Budget
+	hold := k.pages(max(floor, st.Committed+uint64(st.PooledPages)*page, page))
+	if hold > ceiling {
+		hold -= page // the floor rounded up past the ceiling
+	}
+	if hold < st.Committed+uint64(st.PooledPages)*page {
+		return fail(errors.Wrapf(driver.ErrOutOfMemory, "the cache has %s committed, over the ceiling", units.Bytes(st.Committed)))
+	}
+	if err := m.Acquire(hold); err != nil {
+		return fail(err)
+	}
+	if orig > hold {
+		if _, err := c.GiveBack(orig - hold); err != nil {
+			return fail(errors.CombineErrors(err, k.restore(orig)))
+		}
+		if now := c.Stats().Budget; now > hold {
+			// Less was spare than the floor leaves room for: hold the rest.
+			if err := m.Acquire(now - hold); err != nil {
+				return fail(errors.CombineErrors(err, k.restore(orig)))
+			}
+			hold = now
+		}
+	}
+	if err := k.setBudget(hold); err != nil {
+		return fail(errors.CombineErrors(err, k.restore(orig)))
+	}
+	if err := k.syncLocked(); err != nil {
+		return fail(errors.CombineErrors(err, k.restore(orig)))
+	}
+	return k, nil
+}
+
+// restore puts the cache's budget back after a failed Join.
+func (k *Member) restore(budget uint64) error {
+	if budget == 0 {
+		return nil
+	}
+	_, err := k.c.SetBudget(budget, kvcache.Drop)
+	return err
+}
+
+// setBudget raises the cache's budget (or keeps it): never a lowering,
+// which could preempt.
+func (k *Member) setBudget(n uint64) error {
+	if cur := k.c.Stats().Budget; n < cur {
+		return errors.AssertionFailedf("kvmember: the budget would fall from %s to %s outside a give-back", units.Bytes(cur), units.Bytes(n))
+	} else if n == cur {
+		return nil
+	}
+	pre, err := k.c.SetBudget(n, kvcache.Drop)
+	if err == nil && len(pre) > 0 {
+		err = errors.AssertionFailedf("kvmember: raising the budget preempted %d sequences", len(pre))
+	}
+	return err
+}
+
+// pages rounds n up to whole pages.
+func (k *Member) pages(n uint64) uint64 { return (n + k.page - 1) / k.page * k.page }
+
+func (k *Member) usable(what func() string) error {
+	if k == nil || k.m == nil {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the member is nil or was not made by kvmember.Join", what())
+	}
+	return nil
+}
+
+// Name is the member's name in the book.
+func (k *Member) Name() string {
+	if k == nil || k.m == nil {
+		return ""
+	}
+	return k.m.Name()
+}
+
+// Cache is the member's cache.
+func (k *Member) Cache() *kvcache.Cache {
+	if k == nil {
+		return nil
+	}
+	return k.c
+}
+
+// Grow raises the member's hold and the cache's budget by n bytes (whole
+// pages), asking the other members to give back when the book has not
+// that much free (budget.Member.Acquire). A zero n is refused
+// (ErrInvalid); one the book cannot give is its ErrOutOfMemory, naming
+// who holds what; either way nothing changed.
+func (k *Member) Grow(n uint64) error {
+	what := func() string { return fmt.Sprintf("kvmember: %s grows by %s", k.Name(), units.Bytes(n)) }
+	if err := k.usable(what); err != nil {
+		return err
+	}
+	if n == 0 || n > budget.MaxCapacity {
+		return errors.Wrapf(driver.ErrInvalid, "%s: the size is zero or over %s", what(), units.Bytes(budget.MaxCapacity))
+	}
+	n = k.pages(n)
+	if err := k.m.Acquire(n); err != nil {
+		return errors.Wrapf(err, "kvmember")
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.pending += n
+	defer func() { k.pending -= n }()
+	if err := k.setBudget(k.c.Stats().Budget + n); err != nil {
+		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), k.m.Release(n))
+	}
+	return k.syncLocked()
+}
+
+// Admit admits prompt (under extra) into the cache with room for
+// expectedOutput more tokens, growing the member first when the cache
+// cannot (kvcache.Cache.CanAdmit): by the pages the whole sequence takes,
+// less what the cache has spare. As kvcache.Cache.Admit, the sequence
+// starts with the prefix the store held (Len); the caller appends the
+// rest of the prompt, with no other call between, in the room planned.
+// The growth is spare until the admission takes it: a give-back another
+// member asks for in between may take it back, and the admission then
+// answers ErrOutOfMemory. If the cache still cannot admit it, what
+// was grown is given back and the answer is ErrOutOfMemory; a growth the
+// book refuses is its error. Nothing changes on an error.
+func (k *Member) Admit(prompt []int, extra uint64, expectedOutput int) (*kvcache.Seq, error) {
+	what := func() string {
+		return fmt.Sprintf("kvmember: %s admits a prompt of %d tokens and %d more", k.Name(), len(prompt), expectedOutput)
+	}
+	if err := k.usable(what); err != nil {
+		return nil, err
+	}
+	ok, err := k.c.CanAdmit(prompt, extra, expectedOutput)
+	if err != nil {
+		return nil, errors.Wrapf(err, "kvmember")
+	}
+	if st := k.c.Stats(); !ok && st.Sequences < st.Slots {
+		total := min(len(prompt)+expectedOutput, k.c.Config().MaxContext)
+		need := k.SeqBytes(total)
+		spare := k.c.Spare()
+		grow := k.pages(max(need-min(need, spare), k.page))
+		if err := k.Grow(grow); err != nil {
+			return nil, err
+		}
+		if ok, err = k.c.CanAdmit(prompt, extra, expectedOutput); err != nil || !ok {
+			k.mu.Lock()
+			back, gerr := k.c.GiveBack(grow)
+			if back > 0 {
+				gerr = errors.CombineErrors(gerr, k.m.Release(back))
+			}
+			gerr = errors.CombineErrors(gerr, k.syncLocked())
+			k.mu.Unlock()
+			if err == nil {
+				err = errors.Wrapf(driver.ErrOutOfMemory, "%s: grown by %s, the cache still cannot admit it (%v)", what(), units.Bytes(grow), k.c)
+			}
+			return nil, errors.CombineErrors(err, gerr)
+		}
+	}
+	s, err := k.c.Admit(prompt, extra)
+	if err != nil {
+		return nil, errors.Wrapf(err, "kvmember")
+	}
+	return s, nil
+}
+
+// SeqBytes is the memory a sequence of n tokens takes in the cache, in
+// whole pages of every region (its units', the last one whole).
+func (k *Member) SeqBytes(n int) uint64 {
+	if k == nil || k.c == nil || n <= 0 {
+		return 0
+	}
+	cfg := k.c.Config()
+	per := k.c.SlotBytes() / uint64(max(k.c.UnitsFor(cfg.MaxContext), 1))
+	return k.pages(uint64(k.c.UnitsFor(min(n, cfg.MaxContext))) * per)
+}
+
+// Sync tells the book how much of the hold the cache could give back
+// now (kvcache.Cache.Spare): the engine calls it after each step, so that
+// an asker counts on what is there.
+func (k *Member) Sync() error {
+	what := func() string { return fmt.Sprintf("kvmember: %s says what is idle", k.Name()) }
+	if err := k.usable(what); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.syncLocked()
+}
+
+func (k *Member) syncLocked() error {
+	in, err := k.m.Info()
+	if err != nil {
+		return errors.Wrapf(err, "kvmember")
+	}
+	spare := min(k.c.Spare()+k.pending, in.Committed)
+	return errors.Wrapf(k.m.SetIdle(spare), "kvmember")
+}
+
+// giveBack answers a request to give back want bytes: the cache gives
+// what it can spare above the floor, and the member releases it.
+func (k *Member) giveBack(want uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.asked++
+	in, err := k.m.Info()
+	if err != nil || in.Committed <= in.Floor {
+		return
+	}
+	// Whole pages, above the floor.
+	want = min(k.pages(want), (in.Committed-in.Floor)/k.page*k.page)
+	if want == 0 {
+		return
+	}
+	got, err := k.c.GiveBack(want)
+	if got > 0 {
+		if err := k.m.Release(got); err == nil {
+			k.given += got
+		}
+	}
+	_ = k.syncLocked()
+}
+
+// Stats returns the member's figures (zero for a nil or zero member).
+func (k *Member) Stats() Stats {
+	if k == nil || k.m == nil {
+		return Stats{}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	st := k.c.Stats()
+	out := Stats{Budget: st.Budget, Committed: st.Committed + uint64(st.PooledPages)*k.page, Asked: k.asked, GivenBack: k.given}
+	if in, err := k.m.Info(); err == nil {
+		out.Hold = in.Committed
+	}
+	return out
+}
+
+// Check reports a broken invariant: the cache's budget above the hold, or
+// its committed memory above its budget; and the cache's own Check.
+func (k *Member) Check() error {
+	what := func() string { return fmt.Sprintf("kvmember: check %s", k.Name()) }
+	if err := k.usable(what); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	in, err := k.m.Info()
+	if err != nil {
+		return errors.Wrapf(err, "kvmember")
+	}
+	st := k.c.Stats()
+	switch {
+	case st.Budget > in.Committed:
+		return errors.AssertionFailedf("%s: the cache's budget %s is over the hold %s", what(), units.Bytes(st.Budget), units.Bytes(in.Committed))
+	case st.Committed+uint64(st.PooledPages)*k.page > st.Budget:
+		return errors.AssertionFailedf("%s: the cache commits %s over its budget %s", what(),
+			units.Bytes(st.Committed+uint64(st.PooledPages)*k.page), units.Bytes(st.Budget))
+	}
+	return k.c.Check()
+}
+
+// Close leaves the book: the hold returns to it. The cache must be closed
+// first (ErrBusy otherwise: its memory is the hold's); a second Close is
+// the book's ErrClosed.
+func (k *Member) Close() error {
+	what := func() string { return fmt.Sprintf("kvmember: %s leaves", k.Name()) }
+	if err := k.usable(what); err != nil {
+		return err
+	}
+	if !k.c.Closed() {
+		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: its cache is open, holding memory the book gave", what()), "close the cache first")
+	}
+	return errors.Wrapf(k.m.Close(), "kvmember")
+}
