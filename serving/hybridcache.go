@@ -44,7 +44,10 @@ const HybridCacheName = "this cache (hybrid)"
 // Logical is the exact need of the running sequences (Model.ExactNeed of
 // each), Stored that less what sharing spares (the groups' SavedBytes),
 // so that InUse - Stored is the waste beyond the exact need, as
-// HybridBlockTable counts it. Commits counts the groups' commit calls.
+// HybridBlockTable counts it. Commits counts the groups' commit calls,
+// Evictions their prefix store units evicted; the prefix figures are the
+// tokens each Admit and Resume looked up (whole blocks of the context but
+// its last token) and found, as the paged scheme's.
 type HybridCache struct {
 	cfg  Config
 	page uint64
@@ -57,8 +60,12 @@ type HybridCache struct {
 	seqs map[int]*hybridCacheSeq
 	// kinds are the model's groups, for the exact need.
 	kinds []LayerGroup
-	// logical is the running sequences' exact need.
-	logical uint64
+	// logical is the running sequences' exact need; queried and hit the
+	// prefix tokens looked up and found by every Admit and Resume (whole
+	// blocks, as the paged scheme counts them: the match every group and a
+	// checkpoint agree on, not each group's own).
+	logical      uint64
+	queried, hit int64
 	// prompt is the tokens of the last prompt CanAdmit was asked about,
 	// of request promptOf; step the tokens of one Append, reused.
 	prompt   []int
@@ -99,7 +106,7 @@ func NewHybridCache(cfg Config, pageSize uint64) (*HybridCache, error) {
 	if err != nil {
 		return nil, err
 	}
-	groups, err := hybridGroups(cfg.Model)
+	groups, err := hybridGroups(cfg.Model, cfg.MaxContext)
 	if err != nil {
 		return nil, err
 	}
@@ -118,8 +125,10 @@ func NewHybridCache(cfg Config, pageSize uint64) (*HybridCache, error) {
 	return k, nil
 }
 
-// hybridGroups is m's groups as kvcache's.
-func hybridGroups(m Model) ([]kvcache.Group, error) {
+// hybridGroups is m's groups as kvcache's, for sequences of at most
+// maxContext tokens: a window that holds them all (a group that never
+// drops a token) is kept as full attention.
+func hybridGroups(m Model, maxContext int) ([]kvcache.Group, error) {
 	var out []kvcache.Group
 	for _, g := range m.Groups() {
 		switch g.Kind {
@@ -131,6 +140,10 @@ func hybridGroups(m Model) ([]kvcache.Group, error) {
 			}
 			out = append(out, kvcache.Group{Kind: kvcache.Latent, Layers: g.Layers, KVHeads: 1, HeadDim: m.HeadDim})
 		case SlidingWindow:
+			if g.Window >= maxContext {
+				out = append(out, kvcache.Group{Kind: kvcache.FullAttention, Layers: g.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim})
+				continue
+			}
 			out = append(out, kvcache.Group{Kind: kvcache.SlidingWindow, Layers: g.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim, Window: g.Window})
 		case Recurrent:
 			out = append(out, kvcache.Group{Kind: kvcache.Recurrent, Layers: g.Layers, StateBytes: m.StateBytes})
@@ -286,6 +299,7 @@ func (k *HybridCache) Admit(r *SimRequest) (int, error) {
 		return 0, errors.Wrapf(err, "serving: hybrid cache: admit request %d", r.id)
 	}
 	held := seq.Matched()
+	k.countMatch(r, held)
 	cs := &hybridCacheSeq{seq: seq, next: held, marked: held}
 	k.setNeed(cs, held)
 	k.seqs[r.id] = cs
@@ -388,9 +402,18 @@ func (k *HybridCache) Resume(r *SimRequest) (int, error) {
 		return 0, errors.Wrapf(err, "serving: hybrid cache: resume request %d", r.id)
 	}
 	cs.preempted, cs.next, cs.marked, cs.last = false, step.Pos, step.Pos, 0
+	k.countMatch(r, step.Pos)
 	k.setNeed(cs, cs.seq.Len())
 	k.checkAfter("resume")
 	return step.Pos, nil
+}
+
+// countMatch counts an admission's lookup of r's prompt that found held
+// tokens.
+func (k *HybridCache) countMatch(r *SimRequest, held int) {
+	bt := k.cfg.BlockTokens
+	k.queried += int64(max(r.context-1, 0) / bt * bt)
+	k.hit += int64(held)
 }
 
 // Stats maps the cache's figures (see HybridCache).
@@ -405,8 +428,6 @@ func (k *HybridCache) Stats() Stats {
 		cached += uint64(g.CachedPages+g.IdlePages+g.SurplusPages+g.PooledPages) * k.page
 		saved += g.SavedBytes
 		s.Commits += int64(g.Commits)
-		s.PrefixQueried += int64(g.PrefixQueries) * int64(k.cfg.BlockTokens)
-		s.PrefixHit += int64(g.PrefixHits) * int64(k.cfg.BlockTokens)
 		s.Evictions += int64(g.Evictions)
 	}
 	if n := st.StateSlots + st.Checkpoints; n > 0 {
@@ -415,6 +436,7 @@ func (k *HybridCache) Stats() Stats {
 	s.Cached = min(cached, st.Committed)
 	s.InUse = st.Committed - s.Cached
 	s.Logical = k.logical
+	s.PrefixQueried, s.PrefixHit = k.queried, k.hit
 	s.Stored = k.logical - min(saved, k.logical)
 	return s
 }
