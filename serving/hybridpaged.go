@@ -473,7 +473,8 @@ func (t *HybridBlockTable) take() int32 {
 
 // Append frees each window group's blocks behind the window of the
 // tokens r holds (computed), then takes blocks for n more tokens in every
-// attention group, and registers the blocks they fill in the cache.
+// attention group, and registers the blocks they fill in the cache. An
+// Append of no token changes nothing.
 func (t *HybridBlockTable) Append(r *SimRequest, n int) error {
 	if err := t.usable("append", r); err != nil {
 		return err
@@ -484,6 +485,9 @@ func (t *HybridBlockTable) Append(r *SimRequest, n int) error {
 		return errors.Wrapf(driver.ErrInvalid, "serving: paged hybrid: append to request %d: it is not running", r.id)
 	case n < 0 || n > 2*MaxTokens-s.tokens:
 		return errors.Wrapf(driver.ErrInvalid, "serving: paged hybrid: append %d tokens to request %d: want 0 to %d", n, r.id, 2*MaxTokens-s.tokens)
+	}
+	if n == 0 {
+		return nil // nothing computed: the windows stay where they are
 	}
 	end := t.blocksFor(s.tokens + n)
 	need, freed := 0, 0
@@ -524,9 +528,7 @@ func (t *HybridBlockTable) Append(r *SimRequest, n int) error {
 		}
 	}
 	s.tokens += n
-	if n > 0 {
-		s.last = n
-	}
+	s.last = n
 	t.logical -= s.need
 	s.need = t.need(s.tokens, s.last)
 	t.logical += s.need
