@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -89,18 +90,23 @@ func TestHybridSchemesBadConfig(t *testing.T) {
 // TestHybridSchemesAccounting: on a small trace that fits without
 // preemption and shares nothing, both hybrid schemes (and the plain
 // paged one) finish every request, compute the same tokens and produce
-// the same output; each holds at least the exact need, and both report
-// the same exact need at the end (none: all finished).
+// the same output, scheduling a step ahead or not; each holds at least
+// the exact need, and both report the same exact need at the end (none:
+// all finished).
 func TestHybridSchemesAccounting(t *testing.T) {
-	for _, m := range []Model{windowModel, recurrentModel} {
-		t.Run(m.Name, func(t *testing.T) {
+	for _, tc := range []struct {
+		m     Model
+		ahead bool
+	}{{windowModel, false}, {recurrentModel, false}, {windowModel, true}, {recurrentModel, true}} {
+		m := tc.m
+		t.Run(fmt.Sprintf("%s/ahead=%v", m.Name, tc.ahead), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(3, 4))
 			var reqs []Request
 			for i := range 24 {
 				reqs = append(reqs, Request{Arrival: time.Duration(i) * 20 * time.Millisecond, Input: 1 + rng.IntN(300), Output: 1 + rng.IntN(100)})
 			}
 			cfg := Config{Model: m, Budget: 64 * units.MiB, MaxContext: 512, MaxSeqs: 32}
-			opts := Options{Config: cfg, MaxBatchedTokens: 256, CheckEvery: 7}
+			opts := Options{Config: cfg, MaxBatchedTokens: 256, CheckEvery: 7, AdmitAhead: tc.ahead}
 			hc, err := NewHybridCache(cfg, 64*units.KiB)
 			require.NoError(t, err)
 			defer func() { require.NoError(t, hc.Close()) }()
