@@ -38,18 +38,9 @@ type BlockTable struct {
 	blockTokens int
 	tokenBytes  uint64
 
-	// blocks are every block of the budget, by id. A block is in use (ref
-	// > 0, by ref running sequences) or free (ref == 0) and then on the
-	// free list. A full block may be hashed: then cached[hash] is its id,
-	// and its content stays findable while it is free (it is cached).
-	blocks []pagedBlock
-	// free is the list of free blocks, least recently freed at its head:
-	// blocks[].prev/next link it, none marks its ends, and freeLen counts
-	// it.
-	freeHead, freeTail int32
-	freeLen            int
-	// cached maps a hash to the one block registered under it.
-	cached map[uint64]int32
+	// blockPool is every block of the budget, its free list and the
+	// cache of hashed blocks.
+	blockPool
 	// seqs are the running sequences, by request ID.
 	seqs map[int]*pagedSeq
 	// chains are each request's block hashes, its context's full blocks
@@ -105,16 +96,9 @@ func NewBlockTable(cfg Config) (*BlockTable, error) {
 	t := &BlockTable{
 		blockTokens: cfg.BlockTokens,
 		tokenBytes:  tb,
-		blocks:      make([]pagedBlock, n),
-		freeHead:    none,
-		freeTail:    none,
-		cached:      map[uint64]int32{},
+		blockPool:   newBlockPool(int(n)),
 		seqs:        map[int]*pagedSeq{},
 		chains:      map[int][]uint64{},
-	}
-	for b := range t.blocks {
-		t.blocks[b].prev, t.blocks[b].next = none, none
-		t.pushFree(int32(b))
 	}
 	return t, nil
 }
@@ -155,17 +139,7 @@ func (t *BlockTable) blocksFor(n int) int { return (n + t.blockTokens - 1) / t.b
 
 // chain is r's block hashes, extended to its first n blocks.
 func (t *BlockTable) chain(r *SimRequest, n int) []uint64 {
-	c := t.chains[r.id]
-	for k := len(c); k < n; k++ {
-		h := uint64(0x6b76_6361_6368_6531) // the first block's parent
-		if k > 0 {
-			h = c[k-1]
-		}
-		for i := k * t.blockTokens; i < (k+1)*t.blockTokens; i++ {
-			h = mix64(h ^ uint64(r.Token(i)))
-		}
-		c = append(c, h)
-	}
+	c := extendChain(t.chains[r.id], r, n, t.blockTokens)
 	t.chains[r.id] = c
 	return c
 }
@@ -352,34 +326,6 @@ func (t *BlockTable) Stats() Stats {
 	s.Logical = uint64(t.logical) * t.tokenBytes
 	s.Cached = uint64(t.cachedFree) * bb
 	return s
-}
-
-func (t *BlockTable) pushFree(b int32) {
-	blk := &t.blocks[b]
-	blk.prev, blk.next = t.freeTail, none
-	if t.freeTail == none {
-		t.freeHead = b
-	} else {
-		t.blocks[t.freeTail].next = b
-	}
-	t.freeTail = b
-	t.freeLen++
-}
-
-func (t *BlockTable) unlinkFree(b int32) {
-	blk := &t.blocks[b]
-	if blk.prev == none {
-		t.freeHead = blk.next
-	} else {
-		t.blocks[blk.prev].next = blk.next
-	}
-	if blk.next == none {
-		t.freeTail = blk.prev
-	} else {
-		t.blocks[blk.next].prev = blk.prev
-	}
-	blk.prev, blk.next = none, none
-	t.freeLen--
 }
 
 // checkAfter runs Check after a change, in builds with the invariants tag.

@@ -82,12 +82,17 @@ func (m Model) Hybrid() bool { return m.WindowLayers > 0 || m.RecurrentLayers > 
 // every token in the full (or latent) layers, the last Window tokens (all
 // of them, when fewer) in the window layers, and the recurrent layers'
 // state. It is what a scheme that wasted nothing would hold.
-func (m Model) ExactNeed(tokens int) uint64 {
+func (m Model) ExactNeed(tokens int) uint64 { return exactNeed(m.Groups(), tokens, 1) }
+
+// exactNeed is ExactNeed of a model of groups gs while a chunk of its
+// last chunk tokens is computed (1: a decode): its window layers read
+// the last Window tokens before each of them, the last Window-1+chunk.
+func exactNeed(gs []LayerGroup, tokens, chunk int) uint64 {
 	var need uint64
-	for _, g := range m.Groups() {
+	for _, g := range gs {
 		switch g.Kind {
 		case SlidingWindow:
-			need += g.TokenBytes * uint64(min(tokens, g.Window))
+			need += g.TokenBytes * uint64(min(tokens, g.Window-1+max(chunk, 1)))
 		case Recurrent:
 			need += g.StateBytes
 		default:
@@ -122,13 +127,7 @@ func (m Model) PagedHybridHeld(tokens, blockTokens int) (held uint64, perGroup [
 	if len(gs) == 0 || tokens < 0 || blockTokens < 1 {
 		return 0, nil
 	}
-	size, most := gs[0].Layers, gs[0].Layers
-	for _, g := range gs {
-		size, most = min(size, g.Layers), max(most, g.Layers)
-	}
-	if 2*most < 3*size {
-		size = most // vLLM's heuristic: fewer padding layers where the kinds are near even
-	}
+	size := pagedGroupSize(gs)
 	perLayer := m.LayerTokenBytes() * uint64(blockTokens) * uint64(size) // a block's bytes
 	blocks := (tokens + blockTokens - 1) / blockTokens
 	perGroup = make([]uint64, len(gs))

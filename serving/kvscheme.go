@@ -182,10 +182,11 @@ func (c Config) Check() error {
 	return nil
 }
 
-// WindowNote says, for a simulation's header, what it makes of the
-// model's sliding window: "" for a model without one. No scheme models the
-// window: each keeps every token of a sequence in every layer, as full
-// attention must. Where MaxContext is within the window that is exact (the
+// WindowNote says, for a simulation's header, what the uniform schemes
+// make of the model's sliding window: "" for a model without one. They do
+// not model the window (the hybrid schemes, HybridBlockTable and
+// HybridCache, do): each keeps every token of a sequence in every layer,
+// as full attention must. Where MaxContext is within the window that is exact (the
 // window drops nothing); past it the note says that the figures are full
 // attention's, more KV than the model needs for the longer sequences.
 func (c Config) WindowNote() string {

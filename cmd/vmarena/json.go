@@ -555,7 +555,10 @@ func driverCallsJSON(c sim.Calls) DriverCallsJSON {
 // in sum, with cfg and the step limit maxBatched, steps priced by steps,
 // this cache being cache (preempting as preempt, admitting as admit).
 func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.Config, maxBatched int, steps string,
-	cache *serving.Cache, preempt, admit string, results []serving.Result) KVSimulateJSON {
+	cache interface {
+		String() string
+		Reserved() uint64
+	}, preempt, admit string, results []serving.Result) KVSimulateJSON {
 	return KVSimulateJSON{Trace: trace, Requests: sum.Requests, SpanSeconds: secs(sum.Span),
 		PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
 		PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,

@@ -22,7 +22,7 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
                            [--prices a100|h100] [--map-ahead=false] [--admit-ahead]
-                           [--report FILE] [--json]
+                           [--scheme auto|uniform|hybrid] [--report FILE] [--json]
                            [--kv-events tcp://HOST:PORT|ipc://PATH [--kv-events-topic TOPIC]
                             [--kv-events-replay ENDPOINT] [--kv-events-layout array|map]
                             [--kv-events-dp-rank 0] [--kv-events-vllm-hash-seed SEED]
@@ -69,6 +69,17 @@ that hashes prompts itself finds these blocks. The sockets stay
 open --kv-events-linger after the run, for subscribers to take the last
 batches or replay them.
 
+--scheme picks the schemes: uniform (the three above, every layer keeping
+every token), hybrid (this library's hybrid cache, kvcache.Hybrid: a cache a
+layer group, sliding windows holding their window, recurrent states a
+sequence; and vLLM's hybrid paged manager: one pool of uniform-page blocks
+cut among KV cache groups, window blocks freed behind the window, a
+recurrent block a sequence) or auto (hybrid for a model with sliding-window
+or recurrent layers, uniform else). The hybrid schemes report the KV in use
+over the exact need (full layers' tokens, window layers' last window, the
+recurrent states); --layout, --preempt, --admit, --map-ahead and --kv-events
+are the uniform cache's.
+
 --model is a preset (llama3.1-8b, llama3.3-70b, qwen2.5-7b, mistral-7b,
 deepseek-v3, ...: the flags of vmarena kv simulate -h list them all) or the
 path of a Hugging Face config.json, or of the directory that holds one.
@@ -97,6 +108,19 @@ var kvPreempts = []string{"drop", "swap"}
 // kvAdmits are what --admit accepts, the default (vLLM's) first: room
 // for the prompt alone, or for the prompt and an expected output.
 var kvAdmits = []string{"prompt", "expected-output"}
+
+// kvSchemeSets are what --scheme accepts, the default first.
+var kvSchemeSets = []string{"auto", "uniform", "hybrid"}
+
+// kvCacheScheme is this library's cache as kv simulate runs it: Cache
+// (uniform) or HybridCache.
+type kvCacheScheme interface {
+	serving.Scheme
+	String() string
+	Reserved() uint64
+	MapAhead() int
+	Close() error
+}
 
 // kvCmd runs `vmarena kv`: its one subcommand is simulate.
 func kvCmd(args []string, stdout, stderr io.Writer) int {
@@ -129,6 +153,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
 	admitAhead := fs.Bool("admit-ahead", false, "schedule a step ahead: admit, reserve the next prompt chunks' pages and free the finished requests during a step, in the background of its GPU time (every scheme)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
+	schemeSet := fs.String("scheme", kvSchemeSets[0], "the `SCHEMES` compared: auto (hybrid for a model with sliding-window or recurrent layers), uniform (this cache, paged, static) or hybrid (this library's hybrid cache and vLLM's hybrid paged manager)")
 	events := fs.String("kv-events", "", "publish this cache's KV events as vLLM does, on a ZMQ PUB socket listening at `ENDPOINT` (tcp://HOST:PORT, HOST * for every interface, PORT 0 for a free one; or ipc://PATH)")
 	eventsTopic := fs.String("kv-events-topic", "", "the `TOPIC`, every KV event message's first frame (default none, as vLLM)")
 	eventsReplay := fs.String("kv-events-replay", "", "listen for KV event replay requests (a ZMQ ROUTER socket, as vLLM's) at `ENDPOINT`")
@@ -162,6 +187,8 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--preempt %s: want %s", *preempt, strings.Join(kvPreempts, " or "))
 	case !slices.Contains(kvAdmits, *admit):
 		return usageErr("--admit %s: want %s", *admit, strings.Join(kvAdmits, " or "))
+	case !slices.Contains(kvSchemeSets, *schemeSet):
+		return usageErr("--scheme %s: want %s", *schemeSet, strings.Join(kvSchemeSets, " or "))
 	case *limit < 0:
 		return usageErr("--limit %d: want a number of requests, or 0 for all", *limit)
 	case *maxContext < 0:
@@ -176,6 +203,14 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--kv-events-dp-rank %d: want 0 to 65535", *eventsRank)
 	case *eventsLinger < 0:
 		return usageErr("--kv-events-linger %s: want 0 or more", *eventsLinger)
+	}
+	hybrid := *schemeSet == "hybrid" || (*schemeSet == "auto" && m.Hybrid())
+	if hybrid {
+		for _, f := range []string{"layout", "preempt", "admit", "map-ahead", "kv-events"} {
+			if flagSet(fs, f) {
+				return usageErr("--%s is the uniform cache's: the hybrid schemes (--scheme %s, model %s) have none; give --scheme uniform", f, *schemeSet, m.Name)
+			}
+		}
 	}
 	eventsOpts := kvevents.Options{Endpoint: *events, ReplayEndpoint: *eventsReplay, Topic: *eventsTopic, Rank: eventsRank}
 	if flagSet(fs, "kv-events-vllm-hash-seed") {
@@ -265,29 +300,42 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 			}
 		}()
 	}
-	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead,
-		Events: publish})
-	if err != nil {
-		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
-		return 1
-	}
-	defer func() {
-		if err := cache.Close(); err != nil {
+	var cache kvCacheScheme
+	var schemes []serving.Scheme
+	var hybridPaged *serving.HybridBlockTable
+	if hybrid {
+		hc, err := serving.NewHybridCache(cfg, uint64(pageSize))
+		if err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
-			code = max(code, 1)
+			return 1
 		}
-	}()
-	paged, err := serving.NewBlockTable(cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
-		return 1
+		cache = hc
+		if hybridPaged, err = serving.NewHybridBlockTable(cfg); err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			return max(1, closeCache(hc, stderr))
+		}
+		schemes = []serving.Scheme{hc, hybridPaged}
+	} else {
+		c, err := serving.NewCache(cfg, serving.CacheOptions{Layout: lay, PageSize: uint64(pageSize), Preempt: mode, ExpectOutput: *admit == "expected-output", NoMapAhead: !*mapAhead,
+			Events: publish})
+		if err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			return 1
+		}
+		cache = c
+		paged, err := serving.NewBlockTable(cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			return max(1, closeCache(c, stderr))
+		}
+		static, err := serving.NewStaticReservation(cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+			return max(1, closeCache(c, stderr))
+		}
+		schemes = []serving.Scheme{c, paged, static}
 	}
-	static, err := serving.NewStaticReservation(cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
-		return 1
-	}
-	schemes := []serving.Scheme{cache, paged, static}
+	defer func() { code = max(code, closeCache(cache, stderr)) }()
 
 	var results []serving.Result
 	for _, sc := range schemes {
@@ -315,8 +363,22 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Sprintf("model %s (%s of KV a token), KV budget %s, max context %d tokens, at most %d sequences and %d tokens a step; steps priced by the %s",
 			m.Name, units.Bytes(m.TokenBytes()), units.Bytes(cfg.Budget), cfg.MaxContext, cfg.MaxSeqs, *maxBatched, opts.Steps.Name),
 	}
-	if note := cfg.WindowNote(); note != "" {
+	if note := cfg.WindowNote(); note != "" && !hybrid {
 		header = append(header, note)
+	}
+	if hybrid {
+		var need []string
+		for _, g := range m.Groups() {
+			switch g.Kind {
+			case serving.SlidingWindow:
+				need = append(need, fmt.Sprintf("%d window layers' last %d tokens (%d-1+n while a chunk of n is computed)", g.Layers, g.Window, g.Window))
+			case serving.Recurrent:
+				need = append(need, fmt.Sprintf("%d recurrent layers' states (%s a sequence)", g.Layers, units.Bytes(g.StateBytes)))
+			default:
+				need = append(need, fmt.Sprintf("%d %s layers' tokens", g.Layers, g.Kind))
+			}
+		}
+		header = append(header, fmt.Sprintf("hybrid schemes: the exact need of a sequence is its %s; %s", strings.Join(need, ", "), hybridPaged))
 	}
 	if sum.Blocks > 0 {
 		header = append(header, fmt.Sprintf("prompt blocks (hash_ids of %d tokens): %d, %d named before by an earlier request, holding %.1f%% of prompt tokens",
@@ -328,8 +390,12 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *admit == "expected-output" {
 		admits = "admits with room for the prompt and an expected output, the mean of the requests finished so far"
 	}
-	header = append(header, fmt.Sprintf("this cache: %s, reserving %s of address space; preempts by %s; %s",
-		cache, approx(cache.Reserved()), mode, admits))
+	if hybrid {
+		header = append(header, fmt.Sprintf("this cache: %s; preempts by drop; admits with room for the prompt", cache))
+	} else {
+		header = append(header, fmt.Sprintf("this cache: %s, reserving %s of address space; preempts by %s; %s",
+			cache, approx(cache.Reserved()), mode, admits))
+	}
 	ahead := "off: every page is committed on the step's path"
 	if cache.MapAhead() > 0 {
 		ahead = fmt.Sprintf("on: a decode's commits run during the step before, %d tokens ahead", cache.MapAhead())
@@ -339,6 +405,9 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	header = append(header, fmt.Sprintf("driver calls priced by the %s; this cache's mapping ahead %s", costs.Name, ahead))
 	table := kvTable(results)
+	if hybrid {
+		table = kvNeedRow(table, results)
+	}
 	if *jsonOut {
 		doc := kvDocument(filepath.Base(*trace), sum, cfg, *maxBatched, opts.Steps.Name, cache, *preempt, *admit, results)
 		doc.DriverPricedBy, doc.MapAheadTokens = costs.Name, cache.MapAhead()
@@ -447,7 +516,9 @@ func kvTable(results []serving.Result) [][]string {
 	row("driver time per admission (of its prefill)", driver(func(r serving.Result) string {
 		return fmt.Sprintf("%.3f ms (%.3f%%)", 1e3*r.AdmissionDriverTime().Seconds(), 100*r.AdmissionShare())
 	}))
-	paged := slices.IndexFunc(results, func(r serving.Result) bool { return r.Scheme == serving.PagedName })
+	paged := slices.IndexFunc(results, func(r serving.Result) bool {
+		return r.Scheme == serving.PagedName || r.Scheme == serving.HybridPagedName
+	})
 	row("the scheme's own CPU time (thread clock), ÷ paged", func(r serving.Result) string {
 		if paged < 0 || results[paged].CPUTime <= 0 {
 			return seconds(r.CPUTime)
@@ -465,6 +536,32 @@ func kvTable(results []serving.Result) [][]string {
 	row("simulated time", func(r serving.Result) string { return seconds(r.SimTime) })
 	row("simulation wall time", func(r serving.Result) string { return seconds(r.WallTime) })
 	return table
+}
+
+// kvNeedRow adds to table, after the waste's rows, the KV in use over
+// the exact need, time-averaged: what the hybrid schemes' Stored is.
+func kvNeedRow(table [][]string, results []serving.Result) [][]string {
+	cells := []string{"KV in use ÷ exact need, mean"}
+	for _, r := range results {
+		need := r.MeanInUse - r.MeanWaste
+		if need <= 0 {
+			cells = append(cells, "—")
+			continue
+		}
+		cells = append(cells, fmt.Sprintf("%.4f×", r.MeanInUse/need))
+	}
+	at := slices.IndexFunc(table, func(row []string) bool { return row[0] == "KV waste, peak" }) + 1
+	return slices.Insert(table, at, cells)
+}
+
+// closeCache closes this cache's scheme: 1 (and the error on stderr)
+// if that fails, 0 else.
+func closeCache(c kvCacheScheme, stderr io.Writer) int {
+	if err := c.Close(); err != nil {
+		fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 // seconds formats d in seconds to three decimals.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -158,25 +159,43 @@ func TestKVSimulateHandmade(t *testing.T) {
 
 // TestKVSimulateModels: --model takes a preset or a Hugging Face
 // config.json (its path, or its directory's), and the header says the
-// model's KV a token and what is made of a sliding window.
+// model's KV a token and what is made of a sliding window; a model of
+// sliding-window or recurrent layers is served by the hybrid schemes
+// unless --scheme uniform, a full-attention one by the uniform schemes
+// unless --scheme hybrid.
 func TestKVSimulateModels(t *testing.T) {
 	azure := writeTrace(t, "two.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"+
 		"2023-11-16 18:15:46.0000000,16,20\n2023-11-16 18:15:46.0000000,16,20\n")
 	for _, tc := range []struct {
 		model, memory, maxContext string
 		says                      []string
+		scheme                    string
 	}{
-		{"deepseek-v3", "64MiB", "64", []string{"model deepseek-v3 (70272 B of KV a token)"}},
-		{modelsDir + "/DeepSeek-V2-Lite/config.json", "64MiB", "64", []string{"model DeepSeek-V2-Lite (31104 B of KV a token)"}},
-		{modelsDir + "/Qwen2.5-7B-Instruct", "64MiB", "64", []string{"model Qwen2.5-7B-Instruct (56 KiB of KV a token)"}},
+		{"deepseek-v3", "64MiB", "64", []string{"model deepseek-v3 (70272 B of KV a token)"}, ""},
+		{modelsDir + "/DeepSeek-V2-Lite/config.json", "64MiB", "64", []string{"model DeepSeek-V2-Lite (31104 B of KV a token)"}, ""},
+		{modelsDir + "/Qwen2.5-7B-Instruct", "64MiB", "64", []string{"model Qwen2.5-7B-Instruct (56 KiB of KV a token)"}, ""},
 		{"mistral-7b", "64MiB", "64", []string{"model mistral-7b (128 KiB of KV a token)",
-			"\nsliding window: all 32 layers of mistral-7b attend to the last 4096 tokens, no fewer than the max context of 64, so the window drops no token and the figures are exact\n"}},
+			"\nsliding window: all 32 layers of mistral-7b attend to the last 4096 tokens, no fewer than the max context of 64, so the window drops no token and the figures are exact\n"}, "uniform"},
 		{modelsDir + "/Mistral-7B-v0.1", "2GiB", "8192", []string{"model Mistral-7B-v0.1 (128 KiB of KV a token)",
-			"\nsliding window not modelled: all 32 layers of Mistral-7B-v0.1 attend to the last 4096 tokens only,"}},
+			"\nsliding window not modelled: all 32 layers of Mistral-7B-v0.1 attend to the last 4096 tokens only,"}, "uniform"},
+		{"gemma-3-27b", "2GiB", "2048", []string{"\nhybrid schemes: the exact need of a sequence is its 10 full attention layers' tokens, 52 window layers' last 1024 tokens",
+			"\nthis cache: kvcache.Hybrid of 2 groups (full 10 layers, window 52 layers holding their last 1024 tokens) in pages of 2 MiB;",
+			"this cache (hybrid)", "paged (vLLM hybrid)", "\nKV in use ÷ exact need, mean "}, ""},
+		{"qwen3-next-80b-a3b", "256MiB", "64", []string{"36 recurrent layers' states (38592 KiB a sequence)",
+			"paged hybrid: 20 blocks of 544 tokens in 4 KV cache groups of 12 layers (13056 KiB a block)"}, ""},
+		{"deepseek-v3", "64MiB", "64", []string{"kvcache.Hybrid of 1 groups (latent 61 layers)", "paged (vLLM hybrid)"}, "hybrid"},
 	} {
-		code, out, errOut := runKV(t, "simulate", "--trace", azure, "--model", tc.model, "--memory", tc.memory, "--max-context", tc.maxContext, "--max-seqs", "4")
+		args := []string{"simulate", "--trace", azure, "--model", tc.model, "--memory", tc.memory, "--max-context", tc.maxContext, "--max-seqs", "4"}
+		if tc.scheme != "" {
+			args = append(args, "--scheme", tc.scheme)
+		}
+		code, out, errOut := runKV(t, args...)
 		require.Equal(t, 0, code, errOut)
-		require.Regexp(t, `(?m)^requests finished 2 of 2 2 of 2 2 of 2$`, flatten(out), tc.model)
+		finished := `(?m)^requests finished 2 of 2 2 of 2 2 of 2$`
+		if strings.Contains(out, "paged (vLLM hybrid)") {
+			finished = `(?m)^requests finished 2 of 2 2 of 2$`
+		}
+		require.Regexp(t, finished, flatten(out), tc.model)
 		for _, s := range tc.says {
 			require.Contains(t, out, s, tc.model)
 		}
@@ -221,6 +240,10 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--page-size", "4GiB"}, "--page-size 4 GiB: want a power of two from 4 KiB"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--preempt", "pause"}, "--preempt pause: want drop or swap"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--admit", "output"}, "--admit output: want prompt or expected-output"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "paged"}, "--scheme paged: want auto or uniform or hybrid"},
+		{[]string{"simulate", "--trace", small, "--model", "gemma-3-27b", "--layout", "per-layer"},
+			"--layout is the uniform cache's: the hybrid schemes (--scheme auto, model gemma-3-27b) have none; give --scheme uniform"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "hybrid", "--preempt", "swap"}, "--preempt is the uniform cache's"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "-1"}, "--limit -1: want a number of requests, or 0 for all"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "many"}, `invalid value "many" for flag -limit`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "0"}, `invalid value "0" for flag -memory: "0" is zero`},

@@ -1,0 +1,61 @@
+package kvcache
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/tensor"
+)
+
+// TestHybridCanResume: CanResume answers what Resume then does, changes
+// nothing, and refuses a running sequence, a negative count and a freed
+// sequence.
+func TestHybridCanResume(t *testing.T) {
+	e := simEnv(t, 64*units.MiB, 0)
+	h := e.hybrid(t, HybridConfig{Groups: []Group{
+		{Kind: FullAttention, Layers: 2, KVHeads: 2, HeadDim: 64},
+		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: 64},
+		{Kind: Recurrent, Layers: 2, StateBytes: 4096},
+	}, DType: tensor.Float16, MaxContext: 4096, MaxSeqs: 2, NoPrefixSharing: true})
+	prompt := make([]int, 1000)
+	for i := range prompt {
+		prompt[i] = i + 1
+	}
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	_, err = s.Append(prompt)
+	require.NoError(t, err)
+	_, err = s.CanResume(0)
+	require.ErrorIs(t, err, driver.ErrInvalid, "running")
+	require.NoError(t, s.Preempt(Drop))
+	_, err = s.CanResume(-1)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	before := h.Stats()
+	ok, err := s.CanResume(0)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, before, h.Stats(), "it changes nothing")
+	ok, err = s.CanResume(1 << 20)
+	require.NoError(t, err)
+	require.True(t, ok, "more is capped at MaxContext, which fits")
+	_, err = h.SetBudget(units.MiB, Drop)
+	require.NoError(t, err)
+	ok, err = s.CanResume(0)
+	require.NoError(t, err)
+	require.False(t, ok, "a budget of 1 MiB does not hold its pages")
+	_, err = s.Resume()
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	_, err = h.SetBudget(64*units.MiB, Drop)
+	require.NoError(t, err)
+	_, err = s.Resume()
+	require.NoError(t, err)
+	require.NoError(t, s.Free())
+	_, err = s.CanResume(0)
+	require.ErrorIs(t, err, driver.ErrClosed)
+	var zero HybridSeq
+	_, err = zero.CanResume(0)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+}

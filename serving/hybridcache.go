@@ -1,0 +1,493 @@
+package serving
+
+// This library's cache of a hybrid model (kvcache.Hybrid) as a KV
+// scheme, on the sim driver with model-sized memory.
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/invariants"
+	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/vaspace"
+)
+
+// HybridCacheName is the hybrid cache scheme's Name.
+const HybridCacheName = "this cache (hybrid)"
+
+// HybridCache is this library's cache of a model of several kinds of
+// layers (package kvcache's Hybrid: a Cache a group, sliding windows
+// holding their window, recurrent states in a store of their own, one
+// budget) as a KV scheme: a *kvcache.Hybrid on a sim driver whose one
+// device holds the budget, and a *kvcache.HybridSeq for each request
+// admitted and not yet finished.
+//
+// Its choices, where the simulation leaves one: the groups are
+// Model.Groups (a latent KV a kvcache.Latent group); BlockTokens is the
+// unit of prefix hashing and of recurrent checkpoints; pages of
+// PageSize (0: 2 MiB); preemption drops (recompute, as vLLM and the
+// hybrid paged scheme: a window group that gave units back cannot swap);
+// CanAdmit asks kvcache's CanAdmit for a new request's prompt (no
+// expected output, as the paged schemes) and CanResume for a preempted
+// one's whole context. kvcache.Hybrid maps nothing ahead: every commit is
+// on the step's path (MapAhead 0), and it reserves nothing ahead.
+//
+// Stats: InUse is what the groups and the state store hold committed,
+// less what they keep for reuse (Cached: cached prefix store pages, idle
+// slots' and surplus pages, the page pools, recurrent checkpoints);
+// Logical is the exact need of the running sequences (Model.ExactNeed of
+// each), Stored that less what sharing spares (the groups' SavedBytes),
+// so that InUse - Stored is the waste beyond the exact need, as
+// HybridBlockTable counts it. Commits counts the groups' commit calls,
+// Evictions their prefix store units evicted; the prefix figures are the
+// tokens each Admit and Resume looked up (whole blocks of the context but
+// its last token) and found, as the paged scheme's.
+type HybridCache struct {
+	cfg  Config
+	page uint64
+
+	drv   *sim.Driver
+	space *vaspace.Space
+	mem   *physical.Memory
+	h     *kvcache.Hybrid
+
+	seqs map[int]*hybridCacheSeq
+	// kinds are the model's groups, for the exact need.
+	kinds []LayerGroup
+	// logical is the running sequences' exact need; queried and hit the
+	// prefix tokens looked up and found by every Admit and Resume (whole
+	// blocks, as the paged scheme counts them: the match every group and a
+	// checkpoint agree on, not each group's own).
+	logical      uint64
+	queried, hit int64
+	// prompt is the tokens of the last prompt CanAdmit was asked about,
+	// of request promptOf; step the tokens of one Append, reused.
+	prompt   []int
+	promptOf int
+	step     []int
+}
+
+// hybridCacheSeq is a live sequence (see cacheSeq).
+type hybridCacheSeq struct {
+	seq       *kvcache.HybridSeq
+	preempted bool
+	next      int
+	marked    int
+	// last is the tokens of the last Append (0 before the first), need
+	// the exact need (see exactNeed).
+	last int
+	need uint64
+}
+
+// NewHybridCache makes the scheme: a sim driver of one device holding
+// cfg.Budget (rounded up to the page), and a kvcache.Hybrid of the
+// model's groups over it. cfg must pass Config.Check; a page that is not
+// a power of two from 4 KiB to 1 GiB, and a model kvcache refuses (an
+// odd latent, an element size it has no dtype of), are errors marked
+// driver.ErrInvalid. Close releases it all.
+func NewHybridCache(cfg Config, pageSize uint64) (*HybridCache, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	cfg.defaults()
+	if pageSize == 0 {
+		pageSize = 2 * units.MiB
+	}
+	if pageSize&(pageSize-1) != 0 || pageSize < 4*units.KiB || pageSize > units.GiB {
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: a page of %d bytes, want a power of two from 4 KiB to 1 GiB", pageSize)
+	}
+	dt, err := elemDType(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	groups, err := hybridGroups(cfg.Model, cfg.MaxContext)
+	if err != nil {
+		return nil, err
+	}
+	capacity := (cfg.Budget + pageSize - 1) / pageSize * pageSize
+	drv, err := sim.New(sim.Options{Devices: 1, Capacity: capacity, Granularity: pageSize})
+	if err != nil {
+		return nil, errors.Wrapf(err, "serving: hybrid cache: a sim device of %s", units.Bytes(capacity))
+	}
+	k := &HybridCache{cfg: cfg, page: pageSize, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
+		seqs: map[int]*hybridCacheSeq{}, kinds: cfg.Model.Groups(), promptOf: -1}
+	k.h, err = kvcache.NewHybrid(k.space, k.mem, kvcache.HybridConfig{Groups: groups, DType: dt,
+		BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs, Budget: cfg.Budget, PageSize: pageSize})
+	if err != nil {
+		return nil, errors.CombineErrors(errors.Wrapf(err, "serving: hybrid cache"), k.closeDriver())
+	}
+	return k, nil
+}
+
+// hybridGroups is m's groups as kvcache's, for sequences of at most
+// maxContext tokens: a window that holds them all (a group that never
+// drops a token) is kept as full attention.
+func hybridGroups(m Model, maxContext int) ([]kvcache.Group, error) {
+	var out []kvcache.Group
+	for _, g := range m.Groups() {
+		switch g.Kind {
+		case FullAttention:
+			out = append(out, kvcache.Group{Kind: kvcache.FullAttention, Layers: g.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim})
+		case LatentAttention:
+			if m.HeadDim%2 != 0 {
+				return nil, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: model %q has a latent KV of %d elements, an odd number this cache cannot keep as two halves", m.Name, m.HeadDim)
+			}
+			out = append(out, kvcache.Group{Kind: kvcache.Latent, Layers: g.Layers, KVHeads: 1, HeadDim: m.HeadDim})
+		case SlidingWindow:
+			if g.Window >= maxContext {
+				out = append(out, kvcache.Group{Kind: kvcache.FullAttention, Layers: g.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim})
+				continue
+			}
+			out = append(out, kvcache.Group{Kind: kvcache.SlidingWindow, Layers: g.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim, Window: g.Window})
+		case Recurrent:
+			out = append(out, kvcache.Group{Kind: kvcache.Recurrent, Layers: g.Layers, StateBytes: m.StateBytes})
+		}
+	}
+	return out, nil
+}
+
+func (k *HybridCache) closeDriver() error {
+	return errors.CombineErrors(errors.CombineErrors(k.space.Close(), k.mem.Close()), k.drv.Close())
+}
+
+// Close ends every sequence and releases the cache, its address space,
+// its memory and the sim driver. Closing twice is an error marked
+// driver.ErrClosed.
+func (k *HybridCache) Close() error {
+	if err := k.made("close"); err != nil {
+		return err
+	}
+	if k.seqs == nil {
+		return driver.Closed("serving: hybrid cache: close: closed already")
+	}
+	err := k.h.Close()
+	k.seqs = nil
+	return errors.CombineErrors(err, k.closeDriver())
+}
+
+// Name is HybridCacheName.
+func (k *HybridCache) Name() string { return HybridCacheName }
+
+// String is the cache's groups in a line.
+func (k *HybridCache) String() string {
+	if k == nil || k.h == nil {
+		return "hybrid cache: not made by NewHybridCache"
+	}
+	st := k.h.Stats()
+	var parts []string
+	for i, g := range k.h.Config().Groups {
+		p := fmt.Sprintf("%s %d layers", g.Kind, g.Layers)
+		switch {
+		case g.Kind == kvcache.SlidingWindow && i < len(st.WindowHeld) && st.WindowHeld[i]:
+			p += fmt.Sprintf(" holding their last %d tokens", g.Window)
+		case g.Kind == kvcache.SlidingWindow:
+			p += " holding every token (windows not built)"
+		case g.Kind == kvcache.Recurrent:
+			p += fmt.Sprintf(" of %s state each", units.Bytes(g.StateBytes))
+		}
+		parts = append(parts, p)
+	}
+	return fmt.Sprintf("kvcache.Hybrid of %d groups (%s) in pages of %s", len(parts), strings.Join(parts, ", "), units.Bytes(k.page))
+}
+
+// Reserved is 0: kvcache.Hybrid does not report its groups' address
+// space.
+func (k *HybridCache) Reserved() uint64 { return 0 }
+
+// DriverCalls is every driver call the cache has made, as its sim driver
+// counts them.
+func (k *HybridCache) DriverCalls() sim.Calls {
+	if k == nil || k.drv == nil {
+		return sim.Calls{}
+	}
+	return k.drv.Calls()
+}
+
+// MapAhead is 0: kvcache.Hybrid maps nothing ahead.
+func (k *HybridCache) MapAhead() int { return 0 }
+
+func (k *HybridCache) made(op string) error {
+	if k == nil || k.h == nil {
+		return errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: %s: the scheme was not made by NewHybridCache", op)
+	}
+	return nil
+}
+
+func (k *HybridCache) usable(op string, r *SimRequest) error {
+	if err := k.made(op); err != nil {
+		return err
+	}
+	if k.seqs == nil {
+		return driver.Closed("serving: hybrid cache: " + op + ": closed")
+	}
+	return checkRequest("hybrid cache", op, r)
+}
+
+func (k *HybridCache) live(op string, r *SimRequest, preempted bool) (*hybridCacheSeq, error) {
+	if err := k.usable(op, r); err != nil {
+		return nil, err
+	}
+	cs := k.seqs[r.id]
+	switch {
+	case cs == nil:
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: %s request %d: it is not admitted", op, r.id)
+	case cs.preempted != preempted:
+		return nil, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: %s request %d: it is %s", op, r.id,
+			map[bool]string{false: "running", true: "preempted"}[cs.preempted])
+	}
+	return cs, nil
+}
+
+// promptTokens is r's prompt, kept for the next call about r (kvcache's
+// Admit keeps a copy of its own).
+func (k *HybridCache) promptTokens(r *SimRequest) []int {
+	if k.promptOf != r.id {
+		k.prompt = r.Tokens(k.prompt[:0], 0, r.Prompt())
+		k.promptOf = r.id
+	}
+	return k.prompt
+}
+
+// setNeed makes cs's exact need that of tokens tokens (-1: not
+// running), its last chunk computed in the step.
+func (k *HybridCache) setNeed(cs *hybridCacheSeq, tokens int) {
+	k.logical -= cs.need
+	cs.need = 0
+	if tokens >= 0 {
+		cs.need = exactNeed(k.kinds, tokens, cs.last)
+	}
+	k.logical += cs.need
+}
+
+// CanAdmit asks kvcache's CanAdmit about a new request's prompt, and its
+// CanResume about a preempted one's whole context.
+func (k *HybridCache) CanAdmit(r *SimRequest) bool {
+	if k.usable("can admit", r) != nil {
+		return false
+	}
+	if cs := k.seqs[r.id]; cs != nil {
+		if !cs.preempted {
+			return false
+		}
+		ok, err := cs.seq.CanResume(max(r.Context()-cs.seq.Len(), 0))
+		return err == nil && ok
+	}
+	if r.Prompt() < 1 {
+		return false
+	}
+	ok, err := k.h.CanAdmit(k.promptTokens(r), 0)
+	return err == nil && ok
+}
+
+// Admit admits r's prompt: the tokens every group (and a recurrent
+// checkpoint) held of it are held.
+func (k *HybridCache) Admit(r *SimRequest) (int, error) {
+	if err := k.usable("admit", r); err != nil {
+		return 0, err
+	}
+	if k.seqs[r.id] != nil {
+		return 0, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: admit request %d: it is admitted already", r.id)
+	}
+	seq, err := k.h.Admit(k.promptTokens(r))
+	if err != nil {
+		return 0, errors.Wrapf(err, "serving: hybrid cache: admit request %d", r.id)
+	}
+	held := seq.Matched()
+	k.countMatch(r, held)
+	cs := &hybridCacheSeq{seq: seq, next: held, marked: held}
+	k.setNeed(cs, held)
+	k.seqs[r.id] = cs
+	k.checkAfter("admit")
+	return held, nil
+}
+
+// Append appends r's tokens [next, next+n) to its sequence, those it
+// does not hold already (after a recompute resume).
+func (k *HybridCache) Append(r *SimRequest, n int) error {
+	cs, err := k.live("append", r, false)
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > r.context-cs.next {
+		return errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: append %d tokens to request %d at %d: want 0 to %d",
+			n, r.id, cs.next, r.context-cs.next)
+	}
+	from, to := max(cs.next, cs.seq.Len()), cs.next+n
+	if from < to {
+		k.step = r.Tokens(k.step[:0], from, to)
+		if _, err := cs.seq.Append(k.step); err != nil {
+			return errors.Wrapf(err, "serving: hybrid cache: append to request %d", r.id)
+		}
+	}
+	cs.next = to
+	if n > 0 {
+		cs.last = n
+	}
+	k.setNeed(cs, cs.seq.Len())
+	k.checkAfter("append")
+	return nil
+}
+
+// Computed marks the tokens appended to r written (kvcache's
+// MarkWritten: whole prompt units shareable, a recurrent checkpoint at a
+// unit boundary).
+func (k *HybridCache) Computed(r *SimRequest) error {
+	cs, err := k.live("mark computed", r, false)
+	if err != nil {
+		return err
+	}
+	return errors.Wrapf(k.markComputed(cs), "serving: hybrid cache: mark request %d computed", r.id)
+}
+
+func (k *HybridCache) markComputed(cs *hybridCacheSeq) error {
+	if cs.preempted || cs.next <= cs.marked {
+		return nil
+	}
+	if err := cs.seq.MarkWritten(cs.next); err != nil {
+		return err
+	}
+	cs.marked = cs.next
+	return nil
+}
+
+// Finish frees r's sequence in every group.
+func (k *HybridCache) Finish(r *SimRequest) error {
+	if err := k.usable("finish", r); err != nil {
+		return err
+	}
+	cs := k.seqs[r.id]
+	if cs == nil {
+		return errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: finish request %d: it is not admitted", r.id)
+	}
+	if err := errors.CombineErrors(k.markComputed(cs), cs.seq.Free()); err != nil {
+		return errors.Wrapf(err, "serving: hybrid cache: finish request %d", r.id)
+	}
+	k.setNeed(cs, -1)
+	delete(k.seqs, r.id)
+	k.checkAfter("finish")
+	return nil
+}
+
+// Preempt drops r's sequence in every group: it is recomputed.
+func (k *HybridCache) Preempt(r *SimRequest) (recompute bool, err error) {
+	cs, err := k.live("preempt", r, false)
+	if err != nil {
+		return false, err
+	}
+	if err := cs.seq.Preempt(kvcache.Drop); err != nil {
+		return false, errors.Wrapf(err, "serving: hybrid cache: preempt request %d", r.id)
+	}
+	cs.preempted = true
+	k.setNeed(cs, -1)
+	k.checkAfter("preempt")
+	return true, nil
+}
+
+// Resume resumes r's sequence: it holds the prefix every group and a
+// recurrent checkpoint still hold, and pages for the rest, which
+// Simulate recomputes.
+func (k *HybridCache) Resume(r *SimRequest) (int, error) {
+	cs, err := k.live("resume", r, true)
+	if err != nil {
+		return 0, err
+	}
+	step, err := cs.seq.Resume()
+	if err != nil {
+		return 0, errors.Wrapf(err, "serving: hybrid cache: resume request %d", r.id)
+	}
+	cs.preempted, cs.next, cs.marked, cs.last = false, step.Pos, step.Pos, 0
+	k.countMatch(r, step.Pos)
+	k.setNeed(cs, cs.seq.Len())
+	k.checkAfter("resume")
+	return step.Pos, nil
+}
+
+// countMatch counts an admission's lookup of r's prompt that found held
+// tokens.
+func (k *HybridCache) countMatch(r *SimRequest, held int) {
+	bt := k.cfg.BlockTokens
+	k.queried += int64(max(r.context-1, 0) / bt * bt)
+	k.hit += int64(held)
+}
+
+// Stats maps the cache's figures (see HybridCache).
+func (k *HybridCache) Stats() Stats {
+	if k == nil || k.h == nil || k.seqs == nil {
+		return Stats{}
+	}
+	st := k.h.Stats()
+	var cached, saved uint64
+	var s Stats
+	for _, g := range st.Groups {
+		cached += uint64(g.CachedPages+g.IdlePages+g.SurplusPages+g.PooledPages) * k.page
+		saved += g.SavedBytes
+		s.Commits += int64(g.Commits)
+		s.Evictions += int64(g.Evictions)
+	}
+	if n := st.StateSlots + st.Checkpoints; n > 0 {
+		cached += st.StateBytes / uint64(n) * uint64(st.Checkpoints)
+	}
+	s.Cached = min(cached, st.Committed)
+	s.InUse = st.Committed - s.Cached
+	s.Logical = k.logical
+	s.PrefixQueried, s.PrefixHit = k.queried, k.hit
+	s.Stored = k.logical - min(saved, k.logical)
+	return s
+}
+
+func (k *HybridCache) checkAfter(op string) {
+	if invariants.Enabled {
+		invariants.Fail("serving: hybrid cache: "+op, k.checkSeqs())
+	}
+}
+
+// Check runs the cache's Check and compares the scheme's sequences and
+// exact need with the cache's.
+func (k *HybridCache) Check() error {
+	if err := k.made("check"); err != nil {
+		return err
+	}
+	if k.seqs == nil {
+		return driver.Closed("serving: hybrid cache: check: closed")
+	}
+	return errors.CombineErrors(k.h.Check(), k.checkSeqs())
+}
+
+func (k *HybridCache) checkSeqs() error {
+	var errs error
+	fail := func(format string, args ...any) {
+		errs = errors.CombineErrors(errs, errors.AssertionFailedf("serving: hybrid cache: "+format, args...))
+	}
+	running := 0
+	var logical uint64
+	for id, cs := range k.seqs {
+		if cs.preempted {
+			if cs.need != 0 {
+				fail("preempted request %d needs %d bytes", id, cs.need)
+			}
+			continue
+		}
+		running++
+		n := cs.seq.Len()
+		if n < cs.next {
+			fail("request %d is at token %d, its sequence holds %d", id, cs.next, n)
+		}
+		if want := exactNeed(k.kinds, n, cs.last); cs.need != want {
+			fail("request %d of %d tokens needs %d bytes, counted %d", id, n, want, cs.need)
+		}
+		logical += cs.need
+	}
+	if st := k.h.Stats(); st.Running != running || st.Sequences != len(k.seqs) {
+		fail("%d sequences live and %d running, the cache has %d and %d", len(k.seqs), running, st.Sequences, st.Running)
+	}
+	if logical != k.logical {
+		fail("the running sequences need %d bytes, counted %d", logical, k.logical)
+	}
+	return errs
+}
