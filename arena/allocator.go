@@ -251,6 +251,7 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 			return fail(err)
 		}
 		al.heaps[i] = newHeap(s, al.q)
+		al.heaps[i].bins.on = i == small && binsFor(al.q, s.ChunkSize(), opts.Shareable)
 	}
 	al.cs = al.heaps[0].cs
 	al.max = alignDown(opts.Max, al.cs)
@@ -453,21 +454,29 @@ func (al *Allocator) checkRequest(what func() string, size, align uint64) (uint6
 func (al *Allocator) allocLocked(what func() string, size, align, fp uint64) (driver.Addr, error) {
 	h := al.heapFor(fp)
 	var p driver.Addr
-	if r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q); r != 0 {
-		var err error
-		if p, err = al.serveLocked(h, r, h.startIn(h.at(r), fp, align), fp, align, size); err != nil {
-			return 0, errors.Wrapf(err, "%s", what())
-		}
+	var err error
+	if c := h.bins.class(fp, align); c != 0 {
+		p, err = al.binAllocLocked(h, c, size)
 	} else {
-		var err error
-		if p, err = al.growLocked(h, fp, align, size); err != nil {
-			return 0, errors.Wrapf(err, "%s", what())
-		}
+		p, err = al.placeLocked(h, fp, align, size)
+	}
+	if err != nil {
+		return 0, errors.Wrapf(err, "%s", what())
 	}
 	al.stats.Allocated += size
 	al.stats.PeakAllocated = max(al.stats.PeakAllocated, al.stats.Allocated)
 	al.checkAfter("alloc")
 	return p, nil
+}
+
+// placeLocked places a block of fp bytes aligned to align for a request
+// of req bytes in the heap h: in a free block that fits, else where
+// committing it costs least (growLocked).
+func (al *Allocator) placeLocked(h *heap, fp, align, req uint64) (driver.Addr, error) {
+	if r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q); r != 0 {
+		return al.serveLocked(h, r, h.startIn(h.at(r), fp, align), fp, align, req)
+	}
+	return al.growLocked(h, fp, align, req)
 }
 
 // Free ends the allocation at p. A pointer that is not the start of a live
@@ -495,6 +504,13 @@ func (al *Allocator) Free(p driver.Addr) error {
 // freeLocked ends the allocation at p; the caller holds mu.
 func (al *Allocator) freeLocked(p driver.Addr) error {
 	if h := al.heapOf(p); h != nil {
+		if id := h.bins.find(uint64(p) - h.base); id != 0 {
+			if !al.binFreeLocked(h, id, uint64(p)-h.base) {
+				return al.notAllocated(p)
+			}
+			al.checkAfter("free")
+			return nil
+		}
 		if r := h.usedAt(p); r != 0 {
 			b := h.at(r)
 			al.stats.Allocated -= b.req
@@ -518,6 +534,9 @@ func (al *Allocator) freeLocked(p driver.Addr) error {
 func (al *Allocator) notAllocated(p driver.Addr) error {
 	what := fmt.Sprintf("arena: free %s", p)
 	if h := al.heapOf(p); h != nil {
+		if id := h.bins.find(uint64(p) - h.base); id != 0 {
+			return h.bins.notAllocated(h.base, what, id, uint64(p)-h.base)
+		}
 		return h.notAllocated(what, uint64(p-h.s.Base()))
 	}
 	if al.st != nil && al.st.Range().Contains(p) {
@@ -546,8 +565,8 @@ func (al *Allocator) Size(p driver.Addr) (uint64, error) {
 		return 0, al.errClosed("size")
 	}
 	if h := al.heapOf(p); h != nil {
-		if r := h.usedAt(p); r != 0 {
-			return h.at(r).req, nil
+		if _, req, ok := h.liveAt(p); ok {
+			return req, nil
 		}
 	}
 	if st := al.stitchAt(p); st != nil {
@@ -580,8 +599,8 @@ func (al *Allocator) bytesLocked(p driver.Addr) ([]byte, error) {
 	var s *Sparse
 	var off, n uint64
 	if h := al.heapOf(p); h != nil {
-		if r := h.usedAt(p); r != 0 {
-			s, off, n = h.s, h.at(r).off, h.at(r).req
+		if o, req, ok := h.liveAt(p); ok {
+			s, off, n = h.s, o, req
 		}
 	}
 	if st := al.stitchAt(p); st != nil {
@@ -794,7 +813,7 @@ func (al *Allocator) Close() error {
 func (al *Allocator) live() int {
 	n := len(al.stitches)
 	for _, h := range al.distinct() {
-		n += h.used.len()
+		n += h.used.len() - h.bins.n + h.bins.live
 	}
 	return n
 }
@@ -833,7 +852,7 @@ func (al *Allocator) checkLocked(deep bool) error {
 	for _, h := range al.distinct() {
 		hh, ha, hl := h.check(fail)
 		held += hh
-		allocated += ha
+		allocated += ha + h.bins.check(h, fail)
 		for st, n := range hl {
 			lent[st] += n
 		}
@@ -851,8 +870,10 @@ func (al *Allocator) checkLocked(deep bool) error {
 	}
 	for p, o := range al.owned {
 		live := al.stitchAt(p) != nil
-		if h := al.heapOf(p); h != nil && h.usedAt(p) != 0 {
-			live = true
+		if h := al.heapOf(p); h != nil {
+			if _, _, ok := h.liveAt(p); ok {
+				live = true
+			}
 		}
 		if o.p != p || o.al != al || !live {
 			fail("arena: the owned allocation %s is recorded at %s, or is not live", o.p, p)
