@@ -36,8 +36,11 @@ import (
 // — device memory is not the allocator's to write, and the sim driver has
 // none — and off the garbage collector's pointer graph: a slab of blocks
 // that name each other by slot, and a flat index from offset to used block
-// (heap.go, offindex.go). An Alloc that a free block serves, and a Free,
-// make no Go allocation.
+// (heap.go, offindex.go). Requests of the default policy of at most 4 KiB
+// are served from bins (bins.go): 64 KiB blocks of the small heap cut into
+// slots of one size class, whose alloc and free touch the bin's one-line
+// record and a byte, not the block records. An Alloc that a free block or
+// a bin's free slot serves, and a Free, make no Go allocation.
 //
 // When no free block fits, the allocator commits the chunks of a hole next
 // to the free bytes that waste least, keeping committed memory within a
