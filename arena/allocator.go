@@ -36,8 +36,11 @@ import (
 // — device memory is not the allocator's to write, and the sim driver has
 // none — and off the garbage collector's pointer graph: a slab of blocks
 // that name each other by slot, and a flat index from offset to used block
-// (heap.go, offindex.go). An Alloc that a free block serves, and a Free,
-// make no Go allocation.
+// (heap.go, offindex.go). Requests of the default policy of at most 4 KiB
+// are served from bins (bins.go): 64 KiB blocks of the small heap cut into
+// slots of one size class, whose alloc and free touch the bin's one-line
+// record and a byte, not the block records. An Alloc that a free block or
+// a bin's free slot serves, and a Free, make no Go allocation.
 //
 // When no free block fits, the allocator commits the chunks of a hole next
 // to the free bytes that waste least, keeping committed memory within a
@@ -256,6 +259,7 @@ func NewAllocator(space *vaspace.Space, mem *physical.Memory, opts AllocatorOpti
 			return fail(err)
 		}
 		al.heaps[i] = newHeap(s, al.q)
+		al.heaps[i].bins.on = i == small && binsFor(al.q, s.ChunkSize(), opts.Shareable)
 	}
 	al.cs = al.heaps[0].cs
 	al.max = alignDown(opts.Max, al.cs)
@@ -458,22 +462,30 @@ func (al *Allocator) checkRequest(what func() string, size, align uint64) (uint6
 func (al *Allocator) allocLocked(what func() string, size, align, fp uint64) (driver.Addr, error) {
 	h := al.heapFor(fp)
 	var p driver.Addr
-	if r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q); r != 0 {
-		var err error
-		if p, err = al.serveLocked(h, r, h.startIn(h.at(r), fp, align), fp, align, size); err != nil {
-			return 0, errors.Wrapf(err, "%s", what())
-		}
+	var err error
+	if c := h.bins.class(fp, align); c != 0 {
+		p, err = al.binAllocLocked(h, c, size)
 	} else {
-		var err error
-		if p, err = al.growLocked(h, fp, align, size); err != nil {
-			return 0, errors.Wrapf(err, "%s", what())
-		}
+		p, err = al.placeLocked(h, fp, align, size)
+	}
+	if err != nil {
+		return 0, errors.Wrapf(err, "%s", what())
 	}
 	al.stats.Allocated += size
 	al.stats.PeakAllocated = max(al.stats.PeakAllocated, al.stats.Allocated)
 	al.noteHeld()
 	al.checkAfter("alloc")
 	return p, nil
+}
+
+// placeLocked places a block of fp bytes aligned to align for a request
+// of req bytes in the heap h: in a free block that fits, else where
+// committing it costs least (growLocked).
+func (al *Allocator) placeLocked(h *heap, fp, align, req uint64) (driver.Addr, error) {
+	if r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q); r != 0 {
+		return al.serveLocked(h, r, h.startIn(h.at(r), fp, align), fp, align, req)
+	}
+	return al.growLocked(h, fp, align, req)
 }
 
 // Free ends the allocation at p. A pointer that is not the start of a live
@@ -501,6 +513,13 @@ func (al *Allocator) Free(p driver.Addr) error {
 // freeLocked ends the allocation at p; the caller holds mu.
 func (al *Allocator) freeLocked(p driver.Addr) error {
 	if h := al.heapOf(p); h != nil {
+		if id := h.bins.find(uint64(p) - h.base); id != 0 {
+			if !al.binFreeLocked(h, id, uint64(p)-h.base) {
+				return al.notAllocated(p)
+			}
+			al.checkAfter("free")
+			return nil
+		}
 		if r := h.usedAt(p); r != 0 {
 			b := h.at(r)
 			al.stats.Allocated -= b.req
@@ -526,6 +545,9 @@ func (al *Allocator) freeLocked(p driver.Addr) error {
 func (al *Allocator) notAllocated(p driver.Addr) error {
 	what := fmt.Sprintf("arena: free %s", p)
 	if h := al.heapOf(p); h != nil {
+		if id := h.bins.find(uint64(p) - h.base); id != 0 {
+			return h.bins.notAllocated(h.base, what, id, uint64(p)-h.base)
+		}
 		return h.notAllocated(what, uint64(p-h.s.Base()))
 	}
 	if al.st != nil && al.st.Range().Contains(p) {
@@ -554,8 +576,8 @@ func (al *Allocator) Size(p driver.Addr) (uint64, error) {
 		return 0, al.errClosed("size")
 	}
 	if h := al.heapOf(p); h != nil {
-		if r := h.usedAt(p); r != 0 {
-			return h.at(r).req, nil
+		if _, req, ok := h.liveAt(p); ok {
+			return req, nil
 		}
 	}
 	if st := al.stitchAt(p); st != nil {
@@ -588,8 +610,8 @@ func (al *Allocator) bytesLocked(p driver.Addr) ([]byte, error) {
 	var s *Sparse
 	var off, n uint64
 	if h := al.heapOf(p); h != nil {
-		if r := h.usedAt(p); r != 0 {
-			s, off, n = h.s, h.at(r).off, h.at(r).req
+		if o, req, ok := h.liveAt(p); ok {
+			s, off, n = h.s, o, req
 		}
 	}
 	if st := al.stitchAt(p); st != nil {
@@ -802,7 +824,7 @@ func (al *Allocator) Close() error {
 func (al *Allocator) live() int {
 	n := len(al.stitches)
 	for _, h := range al.distinct() {
-		n += h.used.len()
+		n += h.used.len() - h.bins.n + h.bins.live
 	}
 	return n
 }
@@ -841,7 +863,7 @@ func (al *Allocator) checkLocked(deep bool) error {
 	for _, h := range al.distinct() {
 		hh, ha, hl := h.check(fail)
 		held += hh
-		allocated += ha
+		allocated += ha + h.bins.check(h, fail)
 		for st, n := range hl {
 			lent[st] += n
 		}
@@ -859,8 +881,10 @@ func (al *Allocator) checkLocked(deep bool) error {
 	}
 	for p, o := range al.owned {
 		live := al.stitchAt(p) != nil
-		if h := al.heapOf(p); h != nil && h.usedAt(p) != 0 {
-			live = true
+		if h := al.heapOf(p); h != nil {
+			if _, _, ok := h.liveAt(p); ok {
+				live = true
+			}
 		}
 		if o.p != p || o.al != al || !live {
 			fail("arena: the owned allocation %s is recorded at %s, or is not live", o.p, p)

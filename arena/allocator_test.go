@@ -753,23 +753,55 @@ func TestAllocatorModel(t *testing.T) {
 	})
 }
 
-type allocRun struct{ allocs, stitches, decommits, relocations, splits, strands int }
+type allocRun struct{ allocs, stitches, decommits, relocations, splits, strands, binned, bins int }
+
+// TestAllocatorModelBins runs the allocator model where small requests
+// are served from bins (the default policy, chunks of four bins or more):
+// random allocs and frees of small sizes among the rest, compared with the
+// model after each step, with Check verifying the bins' books.
+func TestAllocatorModelBins(t *testing.T) {
+	onEveryDriver(t, func(t *testing.T, d backend) {
+		var binned, bins int
+		for seed := range uint64(d.Seeds(10)) {
+			t.Run(fmt.Sprint(seed), func(t *testing.T) {
+				data := arenaOps(rand.New(rand.NewPCG(seed, 12)), 300)
+				data[0] = 0x42 + 3*(data[0]%20) // the default policy, chunks of 4g, not full
+				for i := 1; i+3 <= len(data); i += 3 {
+					if data[i]%9 < 3 {
+						data[i+2] %= 16 // a small alloc: at most 4 KiB, most of them binned
+					}
+				}
+				r := runAllocatorModel(t, d, data)
+				binned = max(binned, r.binned)
+				bins += r.bins
+			})
+		}
+		t.Logf("at most %d allocations in bins at once; bins live at %d steps", binned, bins)
+		require.Greater(t, binned, 10, "the sequences allocate from bins")
+	})
+}
 
 func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
-	e := d.env(t, 24*g)
+	// Chunks of 4g (when data[0] says so), where small requests of the
+	// default policy are served from bins, on a machine of as many chunks.
+	cs, scale := uint64(g), uint64(1)
+	if len(data) > 0 && data[0]&0x40 != 0 {
+		cs, scale = 4*g, 4
+	}
+	e := d.env(t, 24*g*scale)
 	policy, threshold := Policy(0), uint64(0)
 	if len(data) > 0 {
 		policy = Policy(data[0] % 3)
 		threshold = []uint64{0, 1, 3 * g, NoRelease}[data[0]/3%4]
 	}
 	full := len(data) > 0 && data[0]&0x80 != 0
-	al := e.fine(t, 20*g, policy, func(o *AllocatorOptions) {
-		o.ReleaseThreshold = threshold
+	al := e.fine(t, 20*g*scale, policy, func(o *AllocatorOptions) {
+		o.ReleaseThreshold, o.ChunkSize = threshold, cs
 		if full {
 			// A small allocator with no more address space than memory,
 			// all of it committed at once and kept: no hole ever has room,
 			// and a request no free block fits is stitched.
-			o.Max, o.AddressSpace, o.ReleaseThreshold = 8*g, 8*g, NoRelease
+			o.Max, o.AddressSpace, o.ReleaseThreshold = 8*g*scale, 8*g*scale, NoRelease
 		}
 	})
 	type live struct {
@@ -863,6 +895,12 @@ func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 		}
 		require.NoError(t, al.Check(), step)
 		r.stitches, r.decommits, r.relocations, r.splits, r.strands = st.Stitches, st.Decommits, st.Relocations, st.Splits, st.Strands
+		if bs := &al.heaps[small].bins; bs.on {
+			r.binned = max(r.binned, bs.live)
+			if bs.n > 0 {
+				r.bins++ // steps with bins live
+			}
+		}
 	}
 	for p := range model {
 		require.NoError(t, al.Free(p))

@@ -21,7 +21,7 @@ func closeAllocator(t testing.TB, al *Allocator) {
 	var live []driver.Addr
 	if !closed {
 		for _, h := range al.distinct() {
-			h.used.all(func(off uint64, _ bref) {
+			h.allLive(func(off uint64) {
 				live = append(live, h.s.Base()+driver.Addr(off))
 			})
 		}

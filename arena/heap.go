@@ -62,6 +62,7 @@ type heap struct {
 	chunky     sizeList                  // free blocks with whole chunks, by their bytes
 	edges      sizeList                  // free blocks beside a hole, by size
 	used       offIndex
+	bins       bins // the bins small requests are served from (bins.go)
 	// held is the allocator's live set and max its Max, which size the
 	// chunks a commit lets allocations share (edgeChunk); the allocator's
 	// lock guards held.
@@ -97,6 +98,7 @@ type block struct {
 	prev, next   bref       // address order
 	fprev, fnext bref       // the free list
 	links        [2][2]bref // the chunky and edge indexes: prev, next
+	bin          uint32     // used blocks that are bins: the bin (bins.go)
 	state        blockState
 	listed       [2]bool // in the chunky, the edge index
 }
@@ -267,12 +269,16 @@ func (h *heap) place(r bref, start, fp, req uint64) driver.Addr {
 	return driver.Addr(h.base + b.off)
 }
 
-// usedAt returns the used block starting at p, or 0.
+// usedAt returns the used block starting at p, or 0; a bin is no
+// allocation's block (liveAt finds those in bins).
 func (h *heap) usedAt(p driver.Addr) bref {
 	if uint64(p) < h.base {
 		return 0
 	}
-	return h.used.get(uint64(p) - h.base)
+	if r := h.used.get(uint64(p) - h.base); r != 0 && h.at(r).bin == 0 {
+		return r
+	}
+	return 0
 }
 
 // release frees the used block r, merging it with free neighbours, and
@@ -378,6 +384,9 @@ func (h *heap) check(fail func(format string, args ...any)) (held, allocated uin
 				fail("arena: lent block at %#x belongs to no stitch, or is not whole chunks", b.off)
 			}
 			lent[b.lent-1]++
+		}
+		if b.state != blockUsed && b.bin != 0 {
+			fail("arena: %s block at %#x is marked a bin", b.state, b.off)
 		}
 		if b.state != blockLent && b.lent != 0 {
 			fail("arena: %s block at %#x is marked lent", b.state, b.off)

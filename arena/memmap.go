@@ -78,6 +78,9 @@ func (al *Allocator) MemoryMap() []MapBlock {
 			switch b.state {
 			case blockUsed:
 				mb.Kind, mb.Requested = BlockUsed, b.req
+				if b.bin != 0 {
+					mb.Requested = uint64(h.bins.slabs[b.bin].reqs)
+				}
 			case blockFree:
 				mb.Kind = BlockFree
 			case blockHole:
