@@ -284,7 +284,10 @@ func (s *Sparse) mapBorrowedLocked(what func() string, off uint64, lender *Spars
 		}
 		s.stats.ChunkMaps++
 		made = append(made, at)
-		slots[i] = &slot{c: c, lender: lender, lentFrom: l, access: slices.Clone(access)}
+		sl := newSlot(c, len(access)) // slot and access row in one allocation
+		copy(sl.access, access)
+		sl.lender, sl.lentFrom = lender, l
+		slots[i] = sl
 		at += c.Size()
 	}
 	// The access over the whole run, one call a device.

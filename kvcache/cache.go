@@ -898,6 +898,9 @@ func (c *Cache) checkLocked() error {
 	}
 	c.checkBooksLocked(fail)
 	c.checkKeptLocked(fail)
+	if c.sharing() {
+		c.checkClearLocked(fail)
+	}
 	c.checkAheadLocked(fail)
 	c.checkPoolLocked(fail)
 	storePages := c.checkStoreLocked(fail)

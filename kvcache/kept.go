@@ -46,7 +46,7 @@ func (c *Cache) keepLocked(sl *slot, u int, ro bool) {
 	c.refLocked(su, -1)
 	if su.refs == 0 {
 		su.lastUse = c.tick
-		su.elem = c.ps.lru.PushBack(su)
+		c.lruPushLocked(su)
 	}
 	c.setUnitLocked(sl, u, unitKept, su)
 	sl.units[u].ro = ro
@@ -216,19 +216,46 @@ func (c *Cache) checkKeptLocked(fail func(string, ...any)) {
 
 // unmapKeptAheadLocked unmaps the kept mappings of the cached store units
 // that committing pages more pages would evict: past the free budget and
-// the idle slots' pages, as many units from the LRU list's front. Its
-// cost is those units and their mappings.
+// the idle slots' pages, as many units from the LRU list's front. The
+// units at the front known to keep nothing (clearN) are skipped, not
+// walked: its cost is the units it clears and their mappings.
 func (c *Cache) unmapKeptAheadLocked(pages int) error {
 	if c.keptUnits == 0 {
 		return nil
 	}
-	short := pages - max(c.freePagesLocked(), 0) - c.idleUnits*c.g.unitPages()
 	up := c.g.unitPages()
-	for el := c.ps.lru.Front(); el != nil && short > 0; el = el.Next() {
-		if err := c.unmapKeptOfLocked(el.Value.(*storeUnit)); err != nil {
+	short := pages - max(c.freePagesLocked(), 0) - c.idleUnits*up - c.ps.clearN*up
+	for el := c.ps.clearEnd; el != nil && short > 0; el = c.ps.clearEnd {
+		su := el.Value.(*storeUnit)
+		if err := c.unmapKeptOfLocked(su); err != nil {
 			return err
 		}
+		// It keeps nothing now, and is the front's next: the clear
+		// prefix grows by one.
+		su.clear = true
+		c.ps.clearN++
+		c.ps.clearEnd = el.Next()
 		short -= up
 	}
 	return nil
+}
+
+// checkClearLocked checks the LRU list's clear prefix (clearN, clearEnd).
+func (c *Cache) checkClearLocked(fail func(string, ...any)) {
+	i := 0
+	for el := c.ps.lru.Front(); el != nil; el = el.Next() {
+		su := el.Value.(*storeUnit)
+		switch {
+		case i == c.ps.clearN && el != c.ps.clearEnd:
+			fail("the LRU list's clear prefix of %d units does not end at store unit %d, its next", c.ps.clearN, su.idx)
+		case i < c.ps.clearN && (!su.clear || len(su.keptIn) > 0):
+			fail("store unit %d, at %d in the LRU list's clear prefix of %d, is flagged %t and kept in %d slots", su.idx, i, c.ps.clearN, su.clear, len(su.keptIn))
+		case i >= c.ps.clearN && su.clear:
+			fail("store unit %d, at %d in the LRU list past its clear prefix of %d, is flagged clear", su.idx, i, c.ps.clearN)
+		}
+		i++
+	}
+	if c.ps.clearN > i || (c.ps.clearN == i && c.ps.clearEnd != nil) {
+		fail("the LRU list's clear prefix is %d units of %d, ending at %v", c.ps.clearN, i, c.ps.clearEnd != nil)
+	}
 }

@@ -175,7 +175,8 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 			break
 		}
 		if u < len(prev) {
-			if su := prev[u]; su.listed && su.u == u && c.ps.byKey[su.key] == su {
+			// A listed unit is its key's (checkStoreLocked): no lookup.
+			if su := prev[u]; su.listed && su.u == u {
 				m.units = append(m.units, su)
 				continue
 			}
@@ -219,7 +220,7 @@ func (c *Cache) partialLocked(prompt []int, extra uint64, limit int, ch []uint64
 	whole := g.roomIn(u + 1)
 	best := 0
 	var partial *storeUnit
-	for _, su := range c.ps.children[g.parentKey(ch, prompt, extra, start, u)] {
+	for su := c.ps.children[g.parentKey(ch, prompt, extra, start, u)].first; su != nil; su = su.nextKid {
 		if su.u != u {
 			continue
 		}

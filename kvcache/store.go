@@ -76,6 +76,51 @@ type storeUnit struct {
 	used uint64
 	// keptIn is the slots that keep it mapped at unit u (kept.go).
 	keptIn []*slot
+	// clear says it is one of the cached units at the LRU list's front
+	// that keep no mapping (prefixStore.clearN).
+	clear bool
+	// prevKid and nextKid link the listed units of its parent key
+	// (prefixStore.children).
+	prevKid, nextKid *storeUnit
+}
+
+// kids is the listed units of one parent key, linked through prevKid and
+// nextKid from first to last: listing and unlisting a unit touch its
+// neighbours, never the others, and allocate nothing.
+type kids struct{ first, last *storeUnit }
+
+// addKidLocked lists su under its parent key, last.
+func (c *Cache) addKidLocked(su *storeUnit) {
+	k := c.ps.children[su.parent]
+	su.prevKid, su.nextKid = k.last, nil
+	if k.last != nil {
+		k.last.nextKid = su
+	} else {
+		k.first = su
+	}
+	k.last = su
+	c.ps.children[su.parent] = k
+}
+
+// dropKidLocked takes su out of its parent key's list.
+func (c *Cache) dropKidLocked(su *storeUnit) {
+	k := c.ps.children[su.parent]
+	if su.prevKid != nil {
+		su.prevKid.nextKid = su.nextKid
+	} else {
+		k.first = su.nextKid
+	}
+	if su.nextKid != nil {
+		su.nextKid.prevKid = su.prevKid
+	} else {
+		k.last = su.prevKid
+	}
+	su.prevKid, su.nextKid = nil, nil
+	if k.first == nil {
+		delete(c.ps.children, su.parent)
+		return
+	}
+	c.ps.children[su.parent] = k
 }
 
 // usedBytes is the bytes of su that hold tokens: what each mapping of it
@@ -99,9 +144,18 @@ type prefixStore struct {
 	units    []*storeUnit  // by idx; nil where free
 	free     []int         // free idx, a stack
 	byKey    map[uint64]*storeUnit
-	children map[uint64][]*storeUnit // listed units by parent key
-	lru      *list.List              // cached units (no borrower), least recently used first
+	children map[uint64]kids // listed units by parent key, in the order listed
+	lru      *list.List      // cached units (no borrower), least recently used first
 	pages    int
+
+	// clearN is how many cached units at the LRU list's front are known
+	// to keep no mapping anywhere (each flagged clear), and clearEnd the
+	// element after them (nil when they are the whole list): a cached
+	// unit never gains a kept mapping (only a borrowed one is kept, and
+	// it joins the list's end then), so unmapKeptAheadLocked starts past
+	// them instead of walking them again on every call.
+	clearN   int
+	clearEnd *list.Element
 
 	// spare is the idx of units evicted by the backLocked running now
 	// whose memory stays committed for the store units it backs next
@@ -128,11 +182,34 @@ func (c *Cache) refLocked(su *storeUnit, d int) {
 	c.ps.sharedUnits += b2i(su.refs > 1) - b2i(before > 1)
 }
 
+// lruPushLocked caches su, borrowed by no one: it joins the LRU list's
+// end.
+func (c *Cache) lruPushLocked(su *storeUnit) {
+	su.elem = c.ps.lru.PushBack(su)
+	su.clear = false
+	if c.ps.clearEnd == nil {
+		c.ps.clearEnd = su.elem
+	}
+}
+
+// lruRemoveLocked takes su, cached, out of the LRU list.
+func (c *Cache) lruRemoveLocked(su *storeUnit) {
+	if su.elem == c.ps.clearEnd {
+		c.ps.clearEnd = su.elem.Next()
+	}
+	if su.clear {
+		su.clear = false
+		c.ps.clearN--
+	}
+	c.ps.lru.Remove(su.elem)
+	su.elem = nil
+}
+
 // openStore reserves the prefix store: as many units as the device could
 // hold. Sharing stays off when turned off, or when units straddle tokens.
 func (c *Cache) openStore(capacity uint64) error {
 	g := c.g
-	c.ps = prefixStore{byKey: map[uint64]*storeUnit{}, children: map[uint64][]*storeUnit{}, lru: list.New()}
+	c.ps = prefixStore{byKey: map[uint64]*storeUnit{}, children: map[uint64]kids{}, lru: list.New()}
 	if c.cfg.NoPrefixSharing || (g.layout == PerLayer && g.page%g.row != 0) {
 		return nil
 	}
@@ -494,8 +571,7 @@ func (c *Cache) borrowLocked(sl *slot, u int, su *storeUnit) error {
 // borrowedLocked books su as mapped at unit u of sl.
 func (c *Cache) borrowedLocked(sl *slot, u int, su *storeUnit) {
 	if su.elem != nil {
-		c.ps.lru.Remove(su.elem)
-		su.elem = nil
+		c.lruRemoveLocked(su)
 	}
 	c.refLocked(su, 1)
 	su.lastUse = c.tick
@@ -543,7 +619,7 @@ func (c *Cache) giveBackLocked(su *storeUnit) {
 	}
 	su.lastUse = c.tick
 	if su.listed {
-		su.elem = c.ps.lru.PushBack(su)
+		c.lruPushLocked(su)
 		return
 	}
 	if err := c.freeStoreUnitLocked(su); err != nil {
@@ -567,7 +643,7 @@ func (c *Cache) publishLocked(s *Seq, upTo int) {
 		if _, taken := c.ps.byKey[su.key]; !taken {
 			su.listed = true
 			c.ps.byKey[su.key] = su
-			c.ps.children[su.parent] = append(c.ps.children[su.parent], su)
+			c.addKidLocked(su)
 			c.storedLocked(su)
 		}
 	}
@@ -586,12 +662,7 @@ func (c *Cache) unlistLocked(su *storeUnit) {
 	su.listed = false
 	c.removedLocked(su)
 	delete(c.ps.byKey, su.key)
-	kids := slices.DeleteFunc(c.ps.children[su.parent], func(x *storeUnit) bool { return x == su })
-	if len(kids) == 0 {
-		delete(c.ps.children, su.parent)
-	} else {
-		c.ps.children[su.parent] = kids
-	}
+	c.dropKidLocked(su)
 }
 
 // evictablePagesLocked is the pages of cached units.
@@ -610,8 +681,8 @@ func (c *Cache) evictLocked(need int) error {
 
 // evictOneLocked evicts the least recently used cached unit.
 func (c *Cache) evictOneLocked() error {
-	su := c.ps.lru.Remove(c.ps.lru.Front()).(*storeUnit)
-	su.elem = nil
+	su := c.ps.lru.Front().Value.(*storeUnit)
+	c.lruRemoveLocked(su)
 	c.unlistLocked(su)
 	if err := c.unmapKeptOfLocked(su); err != nil {
 		return err
@@ -805,8 +876,7 @@ func (c *Cache) copyPartialLocked(what func() string, s *Seq, p *storeUnit, k in
 // used last.
 func (c *Cache) holdLocked(su *storeUnit) {
 	if su.elem != nil {
-		c.ps.lru.Remove(su.elem)
-		su.elem = nil
+		c.lruRemoveLocked(su)
 	}
 	c.refLocked(su, 1)
 }
@@ -815,7 +885,7 @@ func (c *Cache) letGoLocked(su *storeUnit) {
 	c.refLocked(su, -1)
 	su.lastUse = c.tick
 	if su.refs == 0 {
-		su.elem = c.ps.lru.PushBack(su)
+		c.lruPushLocked(su)
 	}
 }
 
@@ -925,12 +995,25 @@ func (c *Cache) checkStoreLocked(fail func(string, ...any)) int {
 			fail("the prefix index lists a unit under %#x that is not there", key)
 		}
 	}
-	kids := 0
-	for _, l := range c.ps.children {
-		kids += len(l)
+	byParent := 0
+	for parent, l := range c.ps.children {
+		var prev *storeUnit
+		for su := l.first; su != nil; prev, su = su, su.nextKid {
+			byParent++
+			if su.prevKid != prev || su.parent != parent || !su.listed {
+				fail("prefix store unit %d is listed under parent key %#x out of its place (parent %#x, listed %t)", su.idx, parent, su.parent, su.listed)
+				break
+			}
+			if byParent > len(c.ps.byKey) {
+				break // a cycle: reported below
+			}
+		}
+		if prev != l.last {
+			fail("the units listed under parent key %#x do not end at its last", parent)
+		}
 	}
-	if kids != len(c.ps.byKey) {
-		fail("%d units listed by key, %d by parent", len(c.ps.byKey), kids)
+	if byParent != len(c.ps.byKey) {
+		fail("%d units listed by key, %d by parent", len(c.ps.byKey), byParent)
 	}
 	if len(c.ps.spare) != 0 || c.ps.recycle != 0 {
 		fail("%d spare store units and %d to recycle outside a commit", len(c.ps.spare), c.ps.recycle)
