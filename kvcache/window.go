@@ -97,6 +97,31 @@ func (c *Cache) releaseBehindLocked(what func() string, s *Seq) error {
 	return nil
 }
 
+// windowPoolPages is the most pages a window cache's page pool keeps
+// across calls: the pages of the units the next BlockTokens tokens of a
+// decode reach (one unit more for the one they start in). What a release
+// behind a window gives back past that — a prefill chunk's worth, left
+// when the next call only decodes — is committed memory no sequence
+// holds, so it goes back to the driver at the next Append or Step
+// (boundWindowPoolLocked); within one call, a release's pages still serve
+// the same call's commits.
+func (c *Cache) windowPoolPages() int {
+	return (c.g.unitsFor(c.g.block) + 1) * c.g.unitPages()
+}
+
+// boundWindowPoolLocked releases pooled pages of a window cache down to
+// windowPoolPages, before an Append or a Step releases behind its
+// windows. A release the driver refuses is recorded for Check, as
+// trimPoolLocked does.
+func (c *Cache) boundWindowPoolLocked() {
+	if c.cfg.Window == 0 || c.g.ring > 0 {
+		return
+	}
+	if err := c.pool.Trim(uint64(c.windowPoolPages()) * c.g.page); err != nil {
+		c.lostErr = errors.CombineErrors(c.lostErr, errors.WithAssertionFailure(errors.Wrap(err, "kvcache: bound a window cache's page pool")))
+	}
+}
+
 // setLoLocked sets sl's first held unit, keeping behindUnits.
 func (c *Cache) setLoLocked(sl *slot, lo int) {
 	c.behindUnits += lo - sl.lo
