@@ -31,13 +31,17 @@ func TestHybridGemmaHeld(t *testing.T) {
 	for _, sharing := range []bool{true, false} {
 		held, all := gemmaHeld(t, sharing)
 		require.LessOrEqual(t, held, 1.02)
-		if !sharing {
-			// Everything committed: the sequences' pages and the pool,
-			// bounded in the window group (boundWindowPoolLocked). With
-			// sharing on, the window group's store still caches every
-			// prompt unit behind the windows (a hit needs a prompt's
-			// whole chain of units), so only the sequences' share is
-			// held to the target there.
+		// Everything committed: the sequences' pages, the pool (bounded
+		// in the window group: boundWindowPoolLocked) and the cached
+		// store units. With sharing on, the window group's store keeps
+		// of each prompt the units of its last window (what a hit of it
+		// borrows: windowLo) and drops those before (dropBehindLocked);
+		// the 64 decoded tokens moved each window past 64 of them, the
+		// 0.026 of the need over the exact that a repeat of each prompt
+		// hits in.
+		if sharing {
+			require.LessOrEqual(t, all, 1.03)
+		} else {
 			require.LessOrEqual(t, all, 1.02)
 		}
 	}
