@@ -610,7 +610,12 @@ func (c *Cache) evictLocked(need int) error {
 
 // evictOneLocked evicts the least recently used cached unit.
 func (c *Cache) evictOneLocked() error {
-	su := c.ps.lru.Remove(c.ps.lru.Front()).(*storeUnit)
+	return c.evictUnitLocked(c.ps.lru.Front().Value.(*storeUnit))
+}
+
+// evictUnitLocked evicts su, a cached unit.
+func (c *Cache) evictUnitLocked(su *storeUnit) error {
+	c.ps.lru.Remove(su.elem)
 	su.elem = nil
 	c.unlistLocked(su)
 	if err := c.unmapKeptOfLocked(su); err != nil {

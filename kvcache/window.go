@@ -160,17 +160,9 @@ func (c *Cache) dropBehindLocked(s *Seq, given []*storeUnit) error {
 		if su.refs > 0 || su.elem == nil || su.u >= keep || c.ps.units[su.idx] != su {
 			continue
 		}
-		c.ps.lru.Remove(su.elem)
-		su.elem = nil
-		c.unlistLocked(su)
-		if err := c.unmapKeptOfLocked(su); err != nil {
+		if err := c.evictUnitLocked(su); err != nil {
 			return err
 		}
-		if err := c.freeStoreUnitLocked(su); err != nil {
-			return err
-		}
-		c.counts.evictions++
-		c.counts.evictedPages += c.g.unitPages()
 	}
 	return nil
 }
