@@ -29,12 +29,28 @@ func TestHybridGemmaHeld(t *testing.T) {
 		t.Skip("a figure: run without the invariants tag (the race step runs it)")
 	}
 	for _, sharing := range []bool{true, false} {
-		ratio := gemmaHeld(t, sharing)
-		require.LessOrEqual(t, ratio, 1.02)
+		held, all := gemmaHeld(t, sharing)
+		require.LessOrEqual(t, held, 1.02)
+		// Everything committed: the sequences' pages, the pool (bounded
+		// in the window group: boundWindowPoolLocked) and the cached
+		// store units. With sharing on, the window group's store keeps
+		// of each prompt the units of its last window (what a hit of it
+		// borrows: windowLo) and drops those before (dropBehindLocked);
+		// the 64 decoded tokens moved each window past 64 of them, the
+		// 0.026 of the need over the exact that a repeat of each prompt
+		// hits in.
+		if sharing {
+			require.LessOrEqual(t, all, 1.03)
+		} else {
+			require.LessOrEqual(t, all, 1.02)
+		}
 	}
 }
 
-func gemmaHeld(t *testing.T, sharing bool) float64 {
+// gemmaHeld returns the memory the sequences hold and everything the
+// groups keep committed (cached and pooled pages too), each over the
+// exact need.
+func gemmaHeld(t *testing.T, sharing bool) (held, all float64) {
 	e := simEnv(t, 80*units.GiB, 0)
 	cfg, err := HybridPreset("gemma-3-27b")
 	require.NoError(t, err)
@@ -76,10 +92,11 @@ func gemmaHeld(t *testing.T, sharing bool) float64 {
 		pooled += uint64(g.PooledPages) * (2 * units.MiB)
 		cached += uint64(g.CachedPages) * (2 * units.MiB)
 	}
-	ratio := float64(inUse-cached) / float64(need)
-	t.Logf("gemma-3-27b, 9 sequences (32k and 1k-8k, +64 decoded), 2 MiB pages, prefix sharing %v: need %s; committed %s, of it cached %s; held by the sequences %s (%.4f of the need); pooled %s more; layouts: full %s, window %s",
-		sharing, units.Bytes(need), units.Bytes(inUse), units.Bytes(cached), units.Bytes(inUse-cached), ratio, units.Bytes(pooled),
-		h.groups[0].c.cfg.Layout, h.groups[1].c.cfg.Layout)
+	held = float64(inUse-cached) / float64(need)
+	all = float64(inUse+pooled) / float64(need)
+	t.Logf("gemma-3-27b, 9 sequences (32k and 1k-8k, +64 decoded), 2 MiB pages, prefix sharing %v: need %s; committed %s, of it cached %s; held by the sequences %s (%.4f of the need); pooled %s more; all committed %s (%.4f of the need); layouts: full %s, window %s",
+		sharing, units.Bytes(need), units.Bytes(inUse), units.Bytes(cached), units.Bytes(inUse-cached), held, units.Bytes(pooled),
+		units.Bytes(inUse+pooled), all, h.groups[0].c.cfg.Layout, h.groups[1].c.cfg.Layout)
 	require.True(t, st.WindowHeld[1], "the window group keeps its window")
 	if !sharing {
 		require.Zero(t, cached)
@@ -87,5 +104,5 @@ func gemmaHeld(t *testing.T, sharing bool) float64 {
 	for _, s := range seqs {
 		require.NoError(t, s.Free())
 	}
-	return ratio
+	return held, all
 }

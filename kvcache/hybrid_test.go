@@ -276,3 +276,42 @@ func TestHybridRace(t *testing.T) {
 	require.NoError(t, h.Check())
 	require.Zero(t, h.Stats().Sequences)
 }
+
+// TestHybridWindowHit: a hybrid's window group hits by the sliding-window
+// rule: once the first sequence's window passed its prompt's early units
+// (dropped from the window group's store), a second admission of the
+// prompt still matches what the full group holds, its window group's
+// sequence borrowing the window's units only.
+func TestHybridWindowHit(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := HybridConfig{Groups: []Group{
+		{Kind: FullAttention, Layers: 2, KVHeads: 2, HeadDim: 64},
+		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: 64},
+	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: 1024, MaxSeqs: 2, PageSize: page, Budget: 32 * units.MiB}
+	h := e.hybrid(t, cfg)
+	prompt := seqTokens(600, 600, 1)
+	a := hybridPrefill(t, h, prompt)
+	for i := range 8 {
+		_, err := a.Append([]int{50_000 + i})
+		require.NoError(t, err)
+	}
+	require.NoError(t, a.MarkWritten(a.Len()))
+	win := h.groups[1].c
+	evicted := win.Stats().Evictions
+	require.Positive(t, evicted, "the window group's units before the prompt's last window are dropped")
+	require.NoError(t, a.Free())
+	require.NoError(t, h.Check())
+	b, err := h.Admit(prompt)
+	require.NoError(t, err)
+	m := b.Matched()
+	require.Greater(t, m, 600-64, "the full group's match, which the window group serves")
+	require.Positive(t, b.Group(1).sl.lo, "the window group's match starts past the units behind its window")
+	require.Equal(t, m, b.Group(0).Matched())
+	require.Equal(t, m, b.Group(1).Matched())
+	_, err = b.Append(prompt[m:])
+	require.NoError(t, err)
+	require.NoError(t, b.MarkWritten(600))
+	require.NoError(t, h.Check())
+	require.NoError(t, b.Free())
+	require.NoError(t, h.Check())
+}

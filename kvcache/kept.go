@@ -165,6 +165,9 @@ func (c *Cache) unmapKeptOfLocked(su *storeUnit) error {
 func (c *Cache) keptSlotLocked(sus []*storeUnit) *slot {
 	for i := len(sus) - 1; i >= 0; i /= 2 {
 		var best *slot
+		if sus[i] == nil {
+			return nil // behind a window (findFromLocked), and all below it
+		}
 		for _, sl := range sus[i].keptIn {
 			if sl.seq == nil && (best == nil || sl.idx < best.idx) {
 				best = sl

@@ -26,7 +26,7 @@ func (p plan) fits() bool { return p.sl != nil && p.need <= p.room }
 func (c *Cache) cachedIn(m match) int {
 	n := 0
 	for _, su := range m.units {
-		n += b2i(su.refs == 0)
+		n += b2i(su != nil && su.refs == 0) // nil: behind a window (findFromLocked)
 	}
 	return n * c.g.unitPages()
 }
@@ -87,8 +87,9 @@ func (c *Cache) planResumeLocked(s *Seq, total int) plan {
 	}
 	sl := s.sl
 	lo := len(m.units)
-	if s.state == seqSwapped && s.swapLo > 0 {
-		// A window's swap: its units from swapLo on come back, none below.
+	if s.state == seqSwapped && (s.swapLo > 0 || len(m.units) > 0 && m.units[0] == nil) {
+		// A window's swap: its units from swapLo on come back, none
+		// below; a match of a window's units alone lends none.
 		m, lo = match{}, s.swapLo
 	}
 	need := (c.g.unitsFor(max(total, s.n)) - lo) * c.g.unitPages()
@@ -168,6 +169,10 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 	}
 	g := c.g
 	m.units = prev[:0]
+	window := c.cfg.Window > 0 && g.ring == 0
+	// In a window cache a unit missing from the store ends a run, not
+	// the walk (windowHitLocked); best is the longest match so far.
+	run, best := 0, 0
 	u := 0
 	for ; u < g.units; u++ {
 		start, end := g.keyTokens(u)
@@ -176,8 +181,11 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 		}
 		if u < len(prev) {
 			// A listed unit is its key's (checkStoreLocked): no lookup.
-			if su := prev[u]; su.listed && su.u == u {
+			if su := prev[u]; su != nil && su.listed && su.u == u {
 				m.units = append(m.units, su)
+				if window && c.windowHit(u+1, run) {
+					best = u + 1
+				}
 				continue
 			}
 			prev = prev[:u] // the rest is looked up afresh
@@ -185,16 +193,30 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 		ch = chainTo(ch, prompt, extra, g.block, end/g.block)
 		su := c.ps.byKey[g.unitKey(ch, prompt, extra, end, u)]
 		if su == nil || su.u != u || !slices.Equal(su.tokens, prompt[start:end]) {
-			break
+			if !window {
+				break
+			}
+			m.units = append(m.units, nil)
+			run = u + 1
+			continue
 		}
 		m.units = append(m.units, su)
+		if window && c.windowHit(u+1, run) {
+			best = u + 1
+		}
+	}
+	if window {
+		// The longest hit, its units behind the first token's window
+		// not borrowed (nil).
+		m.units, u = m.units[:best], best
+		clear(m.units[:c.windowLo(best)])
 	}
 	clear(m.units[len(m.units):cap(m.units)]) // no stale unit kept alive
 	if b, copyNext, tokens := g.cut(u); b != u || copyNext {
 		// Contiguous: the first token past the match starts in unit b,
 		// which is copied when the token starts inside it (cut).
 		if copyNext {
-			m.partial = m.units[b]
+			m.partial = m.units[b] // nil when behind a window of 1
 		}
 		m.units, m.tokens = m.units[:b], tokens
 		return m, ch

@@ -237,6 +237,7 @@ func (c *Cache) resumeLocked(what func() string, s *Seq) (Step, error) {
 	if err != nil {
 		return fail(err, nil)
 	}
+	from = max(from, sl.lo) // a window's match starts past the units behind it
 	backed, err := c.backLocked(what, s, from, need)
 	if err != nil {
 		return fail(err, matchedUnits)

@@ -50,12 +50,12 @@ func (s *Seq) Reserve(n int) (int, error) {
 	if err := s.runningLocked(what); err != nil {
 		return 0, err
 	}
-	if err := c.ringUnsupported(what); err != nil {
-		return 0, err
-	}
 	if n < 0 || n > c.cfg.MaxContext-s.n {
 		return 0, errors.Wrapf(driver.ErrInvalid, "%s: a sequence of %d tokens takes 0 to %d more (MaxContext %d)",
 			what(), s.n, c.cfg.MaxContext-s.n, c.cfg.MaxContext)
+	}
+	if c.g.ring > 0 {
+		return c.ringReserveLocked(what, s, n)
 	}
 	from, need := c.g.unitsFor(s.n), c.g.unitsFor(s.n+n)
 	k := c.reserveUnitsLocked(s, from, need)

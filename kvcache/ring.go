@@ -33,9 +33,9 @@ import (
 // handle and an address, as the prefix store's borrowing already uses).
 // A slot's units stay empty: a ring holds no unit of the slot range's
 // own, shares nothing through the prefix store (NoPrefixSharing is
-// needed), and is given back whole when its sequence ends. Preempt,
-// Fork, Reserve and UnitBytes refuse a ring cache
-// (ErrUnsupported).
+// needed), and is given back whole when its sequence ends. Reserve
+// commits the rings ahead of the first Append (ringReserveLocked);
+// Preempt, Fork and UnitBytes refuse a ring cache (ErrUnsupported).
 
 // ringGeometry sets g's ring for a window of w tokens: R the fewest
 // pages that hold w + BlockTokens rows, each region two rings long.
@@ -239,6 +239,24 @@ func (c *Cache) ringStoredLocked(s *Seq, layer, kv int) (*tensor.Tensor, error) 
 		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{nil, c.slots.Base() + driver.Addr(c.slotOff(s.sl, 2*layer+kv, 0))}, 0, c.g.dt, 0, c.g.heads, c.g.dim)
 	}
 	return c.ringRowsLocked(s.sl, layer, kv, start, s.n-start)
+}
+
+// ringReserveLocked is Reserve on a ring cache: a sequence's rings hold
+// the rows of every token it will append (they wrap), so once they are
+// committed every token has its pages; before its first Append they are
+// committed here if the budget's free pages hold them (no room is made:
+// 0 tokens reserved otherwise, nothing changed).
+func (c *Cache) ringReserveLocked(what func() string, s *Seq, n int) (int, error) {
+	if !s.sl.ring {
+		if n == 0 || c.freePagesLocked() < c.g.ringPages() {
+			return 0, nil
+		}
+		if err := c.ensureRingLocked(what, s.sl); err != nil {
+			return 0, err
+		}
+		c.checkAfter("reserve")
+	}
+	return n, nil
 }
 
 // ringUnsupported refuses, for a ring cache, a call rings do not have.

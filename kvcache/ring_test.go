@@ -134,9 +134,10 @@ func slicesEqualBits(a, b []float32) bool {
 
 // TestRingRefusals: a ring in a layout other than PerLayer, or with
 // prefix sharing, is ErrUnsupported at New; on a ring cache, the calls
-// rings have not (Preempt, Reserve, UnitBytes, Fork) refuse with nothing
-// changed, and an Append or Step that would overwrite what its first
-// token attends to is ErrInvalid.
+// rings have not (Preempt, UnitBytes, Fork) refuse with nothing
+// changed (Reserve, whose rings are committed, reserves every token),
+// and an Append or Step that would overwrite what its first token
+// attends to is ErrInvalid.
 func TestRingRefusals(t *testing.T) {
 	e := hostEnv(t, 16*units.MiB)
 	for _, l := range []Layout{TokenMajor, Contiguous} {
@@ -169,8 +170,9 @@ func TestRingRefusals(t *testing.T) {
 	drivertest.RequireIs(t, s.Preempt(Swap), driver.ErrUnsupported, "ring")
 	_, err = c.Step([]StepRequest{{Seq: s, Tokens: make([]int, most+1)}}, nil)
 	drivertest.RequireIs(t, err, driver.ErrInvalid, fmt.Sprintf("at most %d tokens", most))
-	_, err = s.Reserve(4)
-	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
+	got, err := s.Reserve(4)
+	require.NoError(t, err)
+	require.Equal(t, 4, got, "the rings hold every token's rows")
 	_, err = s.UnitBytes(0)
 	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
 	_, err = s.Fork()
@@ -223,4 +225,37 @@ func TestRingOnEveryDriver(t *testing.T) {
 		require.NoError(t, c.Check())
 		require.NoError(t, c.Close())
 	})
+}
+
+// TestRingReserve: Reserve before a ring sequence's first Append commits
+// its rings (within the budget's free pages, or nothing), and the Append
+// then commits nothing; a bad count is refused with nothing changed.
+func TestRingReserve(t *testing.T) {
+	e := hostEnv(t, 16*units.MiB)
+	c := e.cache(t, ringConfig(8, 64, 40, 256))
+	s, err := c.Admit([]int{1, 2, 3}, 0)
+	require.NoError(t, err)
+	before := snapBooks(t, c, e)
+	_, err = s.Reserve(-1)
+	drivertest.RequireIs(t, err, driver.ErrInvalid)
+	require.Equal(t, before, snapBooks(t, c, e))
+	got, err := s.Reserve(0)
+	require.NoError(t, err)
+	require.Zero(t, got)
+	require.Equal(t, before, snapBooks(t, c, e))
+	pages := c.Stats().PagesCommitted
+	got, err = s.Reserve(10)
+	require.NoError(t, err)
+	require.Equal(t, 10, got)
+	require.Equal(t, pages+c.g.ringPages(), c.Stats().PagesCommitted, "the rings, committed ahead")
+	commits := c.Stats().Commits
+	st, err := s.Append([]int{1, 2, 3})
+	require.NoError(t, err)
+	require.Equal(t, commits, c.Stats().Commits, "the Append commits nothing")
+	writeStep(t, st, []int{1, 2, 3}, 0)
+	require.NoError(t, s.MarkWritten(3))
+	checkWindow(t, s, []int{1, 2, 3}, 0)
+	require.NoError(t, c.Check())
+	require.NoError(t, s.Free())
+	require.NoError(t, c.Check())
 }

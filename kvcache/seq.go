@@ -324,7 +324,9 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 		}
 	}
 	// The units behind the window of the first token appended go first
-	// (window.go): no token from here on attends to them.
+	// (window.go): no token from here on attends to them. What earlier
+	// releases left pooled past the window pool's bound goes before.
+	c.boundWindowPoolLocked()
 	if err := c.releaseBehindLocked(what, s); err != nil {
 		return Step{}, err
 	}

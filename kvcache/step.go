@@ -138,7 +138,8 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 		return nil, err
 	}
 	// Each sequence's units behind its next token's window go first, as
-	// in Append (window.go).
+	// in Append (window.go), the pool bounded before.
+	c.boundWindowPoolLocked()
 	for k := range plan {
 		if err := c.releaseBehindLocked(what, plan[k].s); err != nil {
 			return nil, err

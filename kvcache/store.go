@@ -681,7 +681,11 @@ func (c *Cache) evictLocked(need int) error {
 
 // evictOneLocked evicts the least recently used cached unit.
 func (c *Cache) evictOneLocked() error {
-	su := c.ps.lru.Front().Value.(*storeUnit)
+	return c.evictUnitLocked(c.ps.lru.Front().Value.(*storeUnit))
+}
+
+// evictUnitLocked evicts su, a cached unit.
+func (c *Cache) evictUnitLocked(su *storeUnit) error {
 	c.lruRemoveLocked(su)
 	c.unlistLocked(su)
 	if err := c.unmapKeptOfLocked(su); err != nil {
@@ -771,9 +775,20 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 			c.counts.reclaimedPages += g.unitPages()
 		}
 	}
+	// A window cache's match leaves the units behind the window of its
+	// first token past it unborrowed (nil): the slot starts past them.
+	lo0, lo := sl.lo, 0
+	for lo < k && m.units[lo] == nil {
+		lo++
+	}
+	if lo > sl.lo {
+		c.setLoLocked(sl, lo)
+	}
 	var backed []int
 	undo := func(err error) ([]int, error) {
-		return nil, errors.CombineErrors(err, c.unbackLocked(sl, backed))
+		err = errors.CombineErrors(err, c.unbackLocked(sl, backed))
+		c.setLoLocked(sl, lo0)
+		return nil, err
 	}
 	// Borrowed, the units are no longer cached: making room for the
 	// copy below cannot evict them. Other sequences read them: they are
@@ -781,7 +796,7 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 	// reuses are borrowed already (takeKeptLocked); the rest are mapped
 	// in runs.
 	readOnly := !writable
-	for a := 0; a < k; {
+	for a := sl.lo; a < k; {
 		if sl.units[a].state == unitBorrowed {
 			backed = append(backed, a)
 			a++
@@ -824,11 +839,20 @@ func (c *Cache) applyMatchLocked(what func() string, s *Seq, m match, copy bool)
 			// and the copy that would have held it has no room: the
 			// borrowed units back to a boundary no token straddles go
 			// too, so the sequence writes no borrowed page.
+			if t, _ := g.unitTokens(a); sl.lo > 0 && (a < sl.lo || g.unitsBehind(t+1-c.cfg.Window) < sl.lo) {
+				// A window's match: the units [sl.lo, a) would not
+				// hold the window of the token past them; none is kept.
+				a = sl.lo
+			}
 			if err := c.decommitUnitsLocked(sl, a, k); err != nil {
 				return undo(err)
 			}
-			backed = backed[:a]
+			backed = backed[:a-sl.lo]
 			sl.shared, k = a, a
+			if a == sl.lo {
+				c.setLoLocked(sl, lo0)
+				sl.shared, k = 0, 0
+			}
 		}
 	}
 	if m.partial == nil {

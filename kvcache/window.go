@@ -81,7 +81,18 @@ func (c *Cache) releaseBehindLocked(what func() string, s *Seq) error {
 		return errors.AssertionFailedf("%s: unit %d behind the window is being committed", what(), c.mapping.u)
 	}
 	shared := sl.shared
+	// The store units given back: those no hit can use are dropped
+	// after (dropBehindLocked).
+	var given []*storeUnit
+	for u := sl.lo; u < min(lo, sl.hi); u++ {
+		if ui := sl.units[u]; ui.state == unitBorrowed {
+			given = append(given, ui.su)
+		}
+	}
 	if err := c.decommitUnitsLocked(sl, sl.lo, lo); err != nil {
+		return err
+	}
+	if err := c.dropBehindLocked(s, given); err != nil {
 		return err
 	}
 	// decommitUnitsLocked keeps the shared units below the ones it gives
@@ -95,6 +106,90 @@ func (c *Cache) releaseBehindLocked(what func() string, s *Seq) error {
 	c.counts.windowUnits += lo - sl.lo
 	c.setLoLocked(sl, lo)
 	return nil
+}
+
+// Prefix hits in a window cache follow vLLM's sliding-window rule
+// (SlidingWindowManager.find_longest_cache_hit): a match of a prompt's
+// first units [0, k) needs in the store only the units the window of the
+// first token past the match reaches — those from unitsBehind(M+1-W)
+// on, M the tokens matched — not the units wholly behind it, which may
+// have been evicted or never kept. The longest such k wins; the match's
+// units behind the window are not borrowed (nil in match.units), the
+// slot's lo starts past them (applyMatchLocked), and the next Append
+// finds nothing to release there.
+
+// windowLo is the first unit a match of units [0, k) (k > 0) of a
+// window cache borrows: the first the window of the first token past it
+// reaches, and at most k-1 — a match borrows a unit at least, so that a
+// window of one token, whose match reaches no unit, still holds what it
+// matched (the next Append releases it).
+func (c *Cache) windowLo(k int) int {
+	if k == 0 {
+		return 0
+	}
+	_, _, t := c.g.cut(k)
+	return min(c.g.unitsBehind(t+1-c.cfg.Window), k-1)
+}
+
+// windowHit says whether a match of units [0, k), all units of [from, k)
+// in the store, serves the window of the first token past it.
+func (c *Cache) windowHit(k, from int) bool { return from <= c.windowLo(k) }
+
+// What a window cache's store keeps: a store unit that a release behind
+// a window leaves cached (no slot maps it) is dropped — unlisted, its
+// BlockRemoved sent, freed, counted as an eviction — when no hit of the
+// releasing sequence's prompt can use it: when it lies before the units
+// the longest match of that prompt borrows (windowLo of the prompt's
+// whole units but its last token). The store so keeps, of each prompt's
+// chain, about its last window, not every unit behind it. A prompt that
+// shares only a shorter prefix of such a chain finds the units behind
+// the chain's last window gone, and misses in the window cache.
+
+// keepFromLocked is the first unit of s's prompt chain a hit can use:
+// the first the longest match of its prompt borrows.
+func (c *Cache) keepFromLocked(s *Seq) int {
+	return c.windowLo(max(c.g.unitsBehind(len(s.prompt)-1), 0))
+}
+
+// dropBehindLocked drops the store units of given (just given back by
+// s's release behind its window) that are cached and lie before
+// keepFromLocked(s).
+func (c *Cache) dropBehindLocked(s *Seq, given []*storeUnit) error {
+	keep := c.keepFromLocked(s)
+	for _, su := range given {
+		if su.refs > 0 || su.elem == nil || su.u >= keep || c.ps.units[su.idx] != su {
+			continue
+		}
+		if err := c.evictUnitLocked(su); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// windowPoolPages is the most pages a window cache's page pool keeps
+// across calls: the pages of the units the next BlockTokens tokens of a
+// decode reach (one unit more for the one they start in). What a release
+// behind a window gives back past that — a prefill chunk's worth, left
+// when the next call only decodes — is committed memory no sequence
+// holds, so it goes back to the driver at the next Append or Step
+// (boundWindowPoolLocked); within one call, a release's pages still serve
+// the same call's commits.
+func (c *Cache) windowPoolPages() int {
+	return (c.g.unitsFor(c.g.block) + 1) * c.g.unitPages()
+}
+
+// boundWindowPoolLocked releases pooled pages of a window cache down to
+// windowPoolPages, before an Append or a Step releases behind its
+// windows. A release the driver refuses is recorded for Check, as
+// trimPoolLocked does.
+func (c *Cache) boundWindowPoolLocked() {
+	if c.cfg.Window == 0 || c.g.ring > 0 {
+		return
+	}
+	if err := c.pool.Trim(uint64(c.windowPoolPages()) * c.g.page); err != nil {
+		c.lostErr = errors.CombineErrors(c.lostErr, errors.WithAssertionFailure(errors.Wrap(err, "kvcache: bound a window cache's page pool")))
+	}
 }
 
 // setLoLocked sets sl's first held unit, keeping behindUnits.

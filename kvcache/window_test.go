@@ -53,13 +53,33 @@ type wseq struct {
 	tokens  []int
 	extra   uint64
 	lastPos int
+	matchLo int  // the first unit its admission's (or drop's resume's) match borrowed: past the units behind the window
 	dropped bool // preempted
 	swapped bool // with Swap: its window's units come back
+}
+
+// windowMatchLo is the first unit s (just admitted, or resumed after a
+// drop) holds, checked against the sliding-window hit rule: 0 without a
+// match; else at most the first unit the window of the first token past
+// the match reaches, with every unit from there to the match's end held.
+func windowMatchLo(t *testing.T, c *Cache, s *Seq, step string) int {
+	t.Helper()
+	lo, m := s.sl.lo, s.Len()
+	if m == 0 || c.g.ring > 0 {
+		require.Zero(t, lo, step)
+		return lo
+	}
+	require.LessOrEqual(t, lo, max(c.g.unitsBehind(m+1-c.cfg.Window), 0), "%s: a match of %d tokens starts at unit %d", step, m, lo)
+	for u := lo; u < c.g.unitsFor(m); u++ {
+		require.NotEqual(t, unitEmpty, s.sl.units[u].state, "%s: unit %d of a match of %d tokens from unit %d", step, u, m, lo)
+	}
+	return lo
 }
 
 // windowRun counts what a window model run did.
 type windowRun struct {
 	appends, steps, releases, frees, preempts, resumes, forks, ooms, hits int
+	windowHits                                                            int // matches that start past units behind the window
 	windowSwaps                                                           int // swaps of sequences with units released
 }
 
@@ -140,6 +160,8 @@ func runWindowModel(t *testing.T, data []byte, layout Layout, ring bool) (r wind
 			require.NoError(t, err, step)
 			ws := &wseq{real: s, tokens: append([]int(nil), prompt[:s.Len()]...), extra: o.extra, lastPos: -1}
 			r.hits += b2i(s.Len() > 0)
+			ws.matchLo = windowMatchLo(t, c, s, step)
+			r.windowHits += b2i(ws.matchLo > 0)
 			seqs = append(seqs, ws)
 		case opAppend, opAppendMore, opReserve:
 			s := pick(o, true)
@@ -242,7 +264,9 @@ func runWindowModel(t *testing.T, data []byte, layout Layout, ring bool) (r wind
 			writeStep(t, st, s.tokens, s.extra)
 			require.NoError(t, s.real.MarkWritten(len(s.tokens)), step)
 			if !s.swapped {
-				s.lastPos = -1 // recomputed whole: nothing behind its window released yet
+				s.lastPos = -1 // recomputed from its match: nothing behind its window released yet
+				s.matchLo = windowMatchLo(t, c, s.real, step)
+				r.windowHits += b2i(s.matchLo > 0)
 			}
 			s.dropped, s.swapped = false, false
 			r.resumes++
@@ -259,7 +283,7 @@ func runWindowModel(t *testing.T, data []byte, layout Layout, ring bool) (r wind
 			case errors.Is(err, driver.ErrBusy) || errors.Is(err, driver.ErrOutOfMemory) || errors.Is(err, driver.ErrUnsupported) || errors.Is(err, driver.ErrInvalid):
 			default:
 				require.NoError(t, err, step)
-				seqs = append(seqs, &wseq{real: f, tokens: slices.Clone(s.tokens), extra: s.extra, lastPos: s.lastPos})
+				seqs = append(seqs, &wseq{real: f, tokens: slices.Clone(s.tokens), extra: s.extra, lastPos: s.lastPos, matchLo: s.matchLo})
 				r.forks++
 			}
 		case opVerify, opSetBudget:
@@ -277,9 +301,9 @@ func runWindowModel(t *testing.T, data []byte, layout Layout, ring bool) (r wind
 				checkWindow(t, s.real, s.tokens, s.extra)
 				continue
 			}
-			lo := 0
+			lo := s.matchLo
 			if s.lastPos >= 0 {
-				lo = g.unitsBehind(s.lastPos + 1 - cfg.Window)
+				lo = max(lo, g.unitsBehind(s.lastPos+1-cfg.Window))
 			}
 			require.Equal(t, lo, sl.lo, "%s: the units released behind the window of the sequence in slot %d (%d tokens, last append at %d)", step, sl.idx, n, s.lastPos)
 			released += lo
@@ -324,6 +348,7 @@ func TestWindowModel(t *testing.T) {
 				total.forks += r.forks
 				total.ooms += r.ooms
 				total.hits += r.hits
+				total.windowHits += r.windowHits
 				total.windowSwaps += r.windowSwaps
 			})
 		}
@@ -331,6 +356,7 @@ func TestWindowModel(t *testing.T) {
 	t.Logf("%+v", total)
 	require.Greater(t, total.appends, 300)
 	require.Greater(t, total.releases, 100, "units are released behind windows")
+	require.Positive(t, total.windowHits, "matches start past the units behind the window")
 	require.Positive(t, total.resumes)
 	require.Positive(t, total.windowSwaps, "swaps of sequences with units behind their windows")
 	require.Positive(t, total.forks)
@@ -654,4 +680,77 @@ func TestWindowEvents(t *testing.T) {
 	require.Positive(t, st.Evictions, "the budget is small enough to evict")
 	require.Zero(t, st.EventsDropped)
 	x.closeChecked(t, c)
+}
+
+// TestWindowPrefixHit: vLLM's sliding-window hit rule. A prompt prefilled
+// in chunks and decoded on has its units behind its window released; the
+// store drops those before the prompt's last window (no hit can use
+// them), keeps the last window's, and a second admission of the prompt
+// matches through the window's units alone: it borrows those, holds none
+// behind its window, and reads its window's tokens' bytes. Events stay
+// the index throughout.
+func TestWindowPrefixHit(t *testing.T) {
+	const n, window, chunk = 4000, 300, 512
+	for _, layout := range []Layout{TokenMajor, PerLayer, Contiguous} {
+		t.Run(layout.String(), func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			x := newEventIndex()
+			cfg := microConfig(layout, 8192, 2)
+			cfg.Window, cfg.Events = window, x.apply
+			c := e.cache(t, cfg)
+			prompt := seqTokens(n, n, 0)
+			a, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			for a.Len() < n {
+				end := min(a.Len()+chunk, n)
+				step, err := a.Append(prompt[a.Len():end])
+				require.NoError(t, err)
+				writeStep(t, step, prompt, 0)
+				require.NoError(t, a.MarkWritten(end))
+				x.check(t, c, "prefill")
+			}
+			all := slices.Clone(prompt)
+			for i := range 8 {
+				all = append(all, 50_000+i)
+				step, err := a.Append(all[len(all)-1:])
+				require.NoError(t, err)
+				writeStep(t, step, all, 0)
+				require.NoError(t, a.MarkWritten(len(all)))
+			}
+			x.check(t, c, "decoded")
+			require.NoError(t, c.Check())
+			st := c.Stats()
+			require.Positive(t, st.Evictions, "the units before the prompt's last window are dropped")
+			require.NoError(t, a.Free())
+			keep := 0
+			c.mu.Lock()
+			keep = c.keepFromLocked(a)
+			for _, su := range c.ps.units {
+				if su != nil {
+					require.GreaterOrEqual(t, su.u, keep, "the store keeps the prompt's last window only")
+				}
+			}
+			c.mu.Unlock()
+			require.Positive(t, keep)
+
+			b, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			m := b.Matched()
+			first, _ := c.g.unitTokens(keep)
+			require.Greater(t, m, first, "the match reaches past the units dropped")
+			require.Less(t, m, n)
+			require.Equal(t, keep, b.sl.lo, "the match borrows from the window of its first token on")
+			require.Equal(t, st.Evictions, c.Stats().Evictions, "the admission evicts nothing")
+			step, err := b.Append(prompt[m:])
+			require.NoError(t, err)
+			require.Equal(t, m, step.Pos)
+			writeStep(t, step, prompt, 0)
+			require.NoError(t, b.MarkWritten(n))
+			checkWindowed(t, b, prompt, 0)
+			x.check(t, c, "hit")
+			require.NoError(t, c.Check())
+			require.NoError(t, b.Free())
+			x.closeChecked(t, c)
+		})
+	}
 }

@@ -56,8 +56,8 @@ type Model struct {
 	// layer where a model alternates). The simulation does not model it:
 	// every scheme keeps each of a sequence's tokens in every layer, as
 	// full attention must, and Config.WindowNote says so where the
-	// window would drop tokens. The hybrid schemes (HybridBlockTable,
-	// HybridCache) model it: see Groups.
+	// window would drop tokens. Groups cuts the layers by kind, and
+	// ExactNeed and PagedHybridHeld count what each group holds.
 	SlidingWindow, WindowLayers int
 	// RecurrentLayers is how many of the Layers keep no KV but a state of
 	// StateBytes a sequence each, whatever its length: the linear-attention
