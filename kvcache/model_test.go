@@ -187,7 +187,7 @@ func (m *model) trim() { m.pooled = min(m.pooled, max(m.budget-m.pages, 0)) }
 // pickSlot is the cache's pickSlotLocked for a match of units: the
 // lowest free slot keeping the deepest of units the probes (the last,
 // then halfway down, to the first) find; else the free slot with the
-// most pages kept, then the fewest units kept mapped (the lowest of
+// fewest units kept mapped, then the most pages kept (the lowest of
 // those), or -1.
 func (m *model) pickSlot(units []*munit) int {
 	for i := len(units) - 1; i >= 0; i /= 2 {
@@ -210,7 +210,7 @@ func (m *model) pickSlot(units []*munit) int {
 			continue
 		}
 		o, po := m.ownedFrom(sl, 0), m.ownedFrom(m.slots[pick], 0)
-		if o > po || (o == po && m.keptIn(sl) < m.keptIn(m.slots[pick])) {
+		if n, pn := m.keptIn(sl), m.keptIn(m.slots[pick]); n < pn || (n == pn && o > po) {
 			pick = k
 		}
 	}

@@ -33,15 +33,23 @@ func TestEvictedUnitsAreRecycled(t *testing.T) {
 			// kept by its slot once freed; its units are cached.
 			pa := seqTokens(3*unit+1, 0, 100000)
 			a := prefill(t, c, pa, 0)
+			aSlot := a.Slot()
 			require.NoError(t, a.Free())
 			st0 := c.Stats()
 			require.Equal(t, 3*up, st0.CachedPages)
 
-			// b, another prompt, in a's slot: one unit of room is free, two
-			// come from evicting a's last two units, whose memory b's
-			// units take over.
+			// b, another prompt, in a's slot (the other slot is taken by a
+			// sequence admitted and never appended to, which holds no
+			// page: a prompt matching nothing would take the slot keeping
+			// nothing mapped): one unit of room is free, two come from
+			// evicting a's last two units, whose memory b's units take over.
+			holder, err := c.Admit([]int{7}, 0)
+			require.NoError(t, err)
+			require.NotEqual(t, aSlot, holder.Slot(), "the slot keeping nothing mapped")
 			pb := seqTokens(3*unit+1, 0, 200000)
 			b := prefill(t, c, pb, 0)
+			require.Equal(t, aSlot, b.Slot())
+			require.NoError(t, holder.Free())
 			st1 := c.Stats()
 			require.Equal(t, st0.Evictions+2, st1.Evictions)
 			require.Equal(t, st0.EvictedPages+2*up, st1.EvictedPages)

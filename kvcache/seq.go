@@ -210,15 +210,19 @@ func (c *Cache) admitIntoLocked(what func() string, sl *slot, prompt []int, extr
 
 // pickSlotLocked is the free slot a new sequence whose match is sus
 // takes: one that keeps the deepest of sus mapped (kept.go), else the
-// one with the most pages kept, then the fewest units kept mapped (the
-// lowest of those), or nil.
+// one with the fewest units kept mapped, then the most pages kept (the
+// lowest of those), or nil. Fewest kept first: every unit the slot keeps
+// that the match does not reuse is unmapped on the admission's path, the
+// dearest call a commit makes once the page pool is warm (sim.A100:
+// 25.6 µs an unmap, 1.45 µs a map), while a page the slot kept saves
+// only the map of a pooled page.
 func (c *Cache) pickSlotLocked(sus []*storeUnit) *slot {
 	if sl := c.keptSlotLocked(sus); sl != nil {
 		return sl
 	}
 	var sl *slot
 	for _, x := range c.slotList {
-		if x.seq == nil && (sl == nil || x.owned > sl.owned || (x.owned == sl.owned && x.kept < sl.kept)) {
+		if x.seq == nil && (sl == nil || x.kept < sl.kept || (x.kept == sl.kept && x.owned > sl.owned)) {
 			sl = x
 		}
 	}
