@@ -556,8 +556,8 @@ func forkInput(rng *rand.Rand, n int) []byte {
 // sequence read through the others (crossCheck).
 func TestCacheModelForks(t *testing.T) {
 	seeds := uint64(32)
-	if invariants.Enabled {
-		seeds = 4 // every structure checked after each change: 8 times slower a run
+	if invariants.Enabled || race.Enabled {
+		seeds = 4 // every structure checked after each change, or the detector on one goroutine: 8 times slower a run
 	}
 	var all modelRun
 	for _, layout := range []Layout{AutoLayout, Contiguous} {

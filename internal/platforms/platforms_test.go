@@ -170,20 +170,23 @@ func vetSet(t *testing.T, gocmd, root string, base, target struct{ goos, goarch 
 	return pkgs
 }
 
-// invariantPackages lists internal/invariants and the module's packages
-// that import it (tests included), the only ones the invariants tag
-// changes, as go list names them.
+// invariantPackages lists internal/invariants, internal/lockrank (the
+// other package with files under the tag) and the module's packages that
+// import internal/invariants (tests included), the only ones the
+// invariants tag changes, as go list names them. This vet is the one of
+// the tag's files: scripts/test's invariants step runs with -vet=off.
 func invariantPackages(t *testing.T, gocmd, root string) []string {
 	t.Helper()
 	const inv = "github.com/vmarena/vmarena/internal/invariants"
+	const lockrank = "github.com/vmarena/vmarena/internal/lockrank"
 	cmd := exec.Command(gocmd, "list", "-f", `{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, "./...")
 	cmd.Dir = root
 	out, err := cmd.Output()
 	require.NoError(t, err, "go list")
-	pkgs := []string{inv}
+	pkgs := []string{inv, lockrank}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 0 && f[0] != inv && slices.Contains(f[1:], inv) {
+		if len(f) > 0 && f[0] != inv && f[0] != lockrank && slices.Contains(f[1:], inv) {
 			pkgs = append(pkgs, f[0])
 		}
 	}
