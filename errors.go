@@ -1,6 +1,9 @@
 package vmarena
 
-import "github.com/vmarena/vmarena/driver"
+import (
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/errors"
+)
 
 // The sentinel errors of package driver, which every error of the library
 // is marked with: errors.Is(err, vmarena.ErrOutOfMemory). They are the
@@ -28,3 +31,9 @@ type (
 	Addr     = driver.Addr
 	DeviceID = driver.DeviceID
 )
+
+// Hints returns the hints err carries, innermost first, each once: what
+// to do about a refusal (release the tensor first, call Close again),
+// apart from the message, which says what was asked and why it failed.
+// Nil for an error without hints or a nil error.
+func Hints(err error) []string { return errors.GetAllHints(err) }

@@ -77,3 +77,9 @@ func TestFirstRefusalsSayWhatToDo(t *testing.T) {
 	require.NoError(t, v.Release())
 	require.NoError(t, m.Close())
 }
+
+// TestHintsOfPlainErrors: an error without hints, and no error, have none.
+func TestHintsOfPlainErrors(t *testing.T) {
+	require.Nil(t, vmarena.Hints(nil))
+	require.Nil(t, vmarena.Hints(vmarena.ErrInvalid))
+}

@@ -3,9 +3,9 @@ package vmarena_test
 import (
 	"cmp"
 	stderrors "errors"
+	"strings"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena"
@@ -21,7 +21,7 @@ var small = kvcache.Config{Layers: 2, KVHeads: 1, HeadDim: 16, DType: tensor.Flo
 	MapAhead: -1}
 
 // hint is err's hints, flattened.
-func hint(err error) string { return errors.FlattenHints(err) }
+func hint(err error) string { return strings.Join(vmarena.Hints(err), "\n--\n") }
 
 // TestOpen: each of host and sim opens with its defaults and with devices
 // and a capacity given; the allocator draws from Options.Device; Close

@@ -1,10 +1,9 @@
 package arena_test
 
 import (
+	"errors"
 	"fmt"
 	"log"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"

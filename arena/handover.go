@@ -3,7 +3,7 @@ package arena
 import (
 	"fmt"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"

@@ -3,7 +3,7 @@ package arena
 import (
 	"fmt"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 	"math/rand/v2"
 	"slices"
 	"testing"

@@ -1,7 +1,7 @@
 package arena
 
 import (
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // Stranded chunks: a chunk larger than edgeChunk that a live block covers

@@ -6,7 +6,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 	"golang.org/x/sys/unix"
 )
 

@@ -1,7 +1,7 @@
 package disagg
 
 import (
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/internal/transformer"
 	"github.com/vmarena/vmarena/kvcache"

@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"unsafe"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -12,8 +12,8 @@ import (
 // Sentinel errors, one per class of failure. Every error a driver or a
 // layer above it returns is marked with exactly one of them, wrapped with a
 // message that says what was asked and why it failed. Test for them with
-// errors.Is, the standard library's or github.com/cockroachdb/errors': both
-// find every sentinel.
+// errors.Is (the standard library's; any package whose Is walks Unwrap,
+// github.com/cockroachdb/errors' among them, finds them too).
 var (
 	// ErrInvalid: an argument no call could accept (zero size, an
 	// alignment that is not a power of two, an unknown access value).

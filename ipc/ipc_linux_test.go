@@ -14,8 +14,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"

@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 )
 
 // requireOSError checks that err keeps the operating system's error
-// target — for errors.Is of cockroachdb/errors and of the standard
+// target — for errors.Is of internal/errors and of the standard
 // library alike — and that its message names path.
 func requireOSError(t *testing.T, err, target error, path string) {
 	t.Helper()

@@ -1,6 +1,6 @@
 package kvcache
 
-import "github.com/cockroachdb/errors"
+import "github.com/vmarena/vmarena/internal/errors"
 
 // Kept mappings. A sequence that ends (Free) or is preempted leaves the
 // listed prefix store units it borrowed mapped where they are, in state

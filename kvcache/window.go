@@ -1,7 +1,7 @@
 package kvcache
 
 import (
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // Sliding windows (Config.Window = W): every layer of the cache attends

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/stretchr/testify/require"
 

@@ -3,7 +3,7 @@ package kvevents
 import (
 	"bytes"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/vmarena/vmarena/driver"

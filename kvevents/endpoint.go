@@ -7,7 +7,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
 )

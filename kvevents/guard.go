@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // zmq4's connection (v0.17.0) trusts its peer: it allocates a frame of

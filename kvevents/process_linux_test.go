@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/internal/testexec"
 )

@@ -1,10 +1,9 @@
 package physical_test
 
 import (
+	"errors"
 	"fmt"
 	"log"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"

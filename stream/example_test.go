@@ -1,10 +1,9 @@
 package stream_test
 
 import (
+	"errors"
 	"fmt"
 	"log"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/host"

@@ -2,9 +2,8 @@ package transfer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"

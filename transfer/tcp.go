@@ -4,7 +4,7 @@ import (
 	"io"
 	"net"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // The tcp kind moves every byte over the control connection: a put's

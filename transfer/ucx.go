@@ -7,7 +7,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/transfer/internal/ucx"
 )

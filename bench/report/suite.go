@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // suite is the benchmark commands of docs/benchmarks.md, in that page's

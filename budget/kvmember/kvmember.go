@@ -25,7 +25,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/budget"
 	"github.com/vmarena/vmarena/driver"

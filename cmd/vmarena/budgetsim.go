@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/budget"
 	"github.com/vmarena/vmarena/budget/kvmember"

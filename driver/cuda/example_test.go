@@ -1,9 +1,8 @@
 package cuda_test
 
 import (
+	"errors"
 	"fmt"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"

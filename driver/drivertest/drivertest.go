@@ -8,7 +8,7 @@
 // The suite owns the executable form of the contract. It talks to a driver
 // only through the driver.Driver interface, never through a backend's
 // internals; for every call it refuses it checks both the sentinel error
-// (with errors.Is from cockroachdb/errors, and that no second sentinel is
+// (with errors.Is, and that no second sentinel is
 // marked) and that the refused call changed nothing. It never relaxes a rule
 // for one backend: a backend that lacks an optional part says so through
 // Supports, and the suite then checks the ErrUnsupported answer instead.

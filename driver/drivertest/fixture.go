@@ -5,8 +5,8 @@ import (
 	stderrors "errors"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
@@ -61,8 +61,7 @@ var sentinels = []error{
 // RequireIs fails t unless err is marked with want and with no other
 // sentinel, and its message contains every fragment. The layers above the
 // driver use it too: their errors follow the same one-sentinel rule. Both
-// the standard library's errors.Is and cockroachdb's must find want: Go
-// users reach for the former.
+// the standard library's errors.Is and internal/errors' must find want.
 func RequireIs(t testing.TB, err, want error, fragments ...string) {
 	t.Helper()
 	require.Errorf(t, err, "want an error marked %q, got none", want)

@@ -3,7 +3,7 @@ package host
 import (
 	"runtime/debug"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
 )

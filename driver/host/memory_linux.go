@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"

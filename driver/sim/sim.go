@@ -22,7 +22,7 @@ package sim
 import (
 	"fmt"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/internal/ledger"

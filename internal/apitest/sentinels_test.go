@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
@@ -30,10 +30,7 @@ import (
 
 // TestSentinelsSeenByBothIs: failing calls of every package that returns
 // sentinels, each error tested with the standard library's errors.Is and
-// cockroachdb's. Errors marked with cockroachdb's errors.Mark were seen by
-// the latter alone: errors.Is(err, driver.ErrInvalid) from the standard
-// library was false for tensor.Empty(al, tensor.Float32, -1), for the host
-// driver's out-of-memory, for replay's and ipc's own sentinels.
+// internal/errors': both must find the one sentinel of every call.
 func TestSentinelsSeenByBothIs(t *testing.T) {
 	drv, err := host.New(host.Options{Capacity: 64 << 20})
 	require.NoError(t, err)
@@ -88,7 +85,7 @@ func TestSentinelsSeenByBothIs(t *testing.T) {
 	for _, c := range calls {
 		err := c.run()
 		require.Errorf(t, err, "%s: no error", c.name)
-		require.Truef(t, errors.Is(err, c.want), "%s: cockroachdb's errors.Is misses %q in %v", c.name, c.want, err)
+		require.Truef(t, errors.Is(err, c.want), "%s: internal/errors' Is misses %q in %v", c.name, c.want, err)
 		require.Truef(t, stderrors.Is(err, c.want), "%s: the standard library's errors.Is misses %q in %v", c.name, c.want, err)
 	}
 }

@@ -34,7 +34,7 @@ package attention
 import (
 	"math"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // ErrInvalid marks every error about a bad argument: a shape, a slice too

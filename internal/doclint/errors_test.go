@@ -53,10 +53,8 @@ func TestDocsNameEverySentinel(t *testing.T) {
 }
 
 // TestNoCockroachMark: no code outside tests marks an error with
-// cockroachdb's errors.Mark. Its marks are seen by cockroachdb's errors.Is
-// alone: errors.Is from the standard library, the one Go users reach
-// for, answered false for driver.ErrInvalid on tensor.Empty(al, Float32,
-// -1). internal/sentinel's Mark is seen by both.
+// errors.Mark: code marks with internal/sentinel's Mark, one way for the
+// whole module (internal/errors' Mark, the same mark, is for tests).
 func TestNoCockroachMark(t *testing.T) {
 	var bad []string
 	for p, f := range goFiles(t) {

@@ -4,8 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 func TestAllocFreeCoalesce(t *testing.T) {

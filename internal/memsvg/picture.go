@@ -19,7 +19,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // State is the state of a granule, as the driver package names them.

@@ -15,10 +15,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 )
 
@@ -32,16 +32,22 @@ type Options struct {
 	Throttle time.Duration
 }
 
+// width is the bar's width in cells.
+const width = 30
+
 // Bar is a progress bar on one writer. A nil *Bar shows nothing.
 type Bar struct {
-	// mu guards ended; the bar below has a lock of its own.
-	mu    sync.Mutex
-	ended bool // Done or Close has ended the bar's line
-	bar   *progressbar.ProgressBar
-	// spinner says the total is unknown: the library then redraws from a
-	// goroutine of its own until the bar is finished, so Close finishes
-	// it rather than leave that goroutine running.
-	spinner bool
+	mu          sync.Mutex // guards everything below
+	w           io.Writer
+	total       int64 // -1: unknown (a spinner)
+	n           int64
+	description string
+	throttle    time.Duration
+	start       time.Time
+	drawn       time.Time // the last redraw; zero before the first
+	ended       bool      // Done or Close has ended the bar's line
+	spins       int
+	line        int // the width of the last line drawn, to blank its rest
 }
 
 // IsTerminal says whether w is an *os.File on a terminal.
@@ -69,19 +75,10 @@ func NewWithOptions(w io.Writer, total int64, description string, opts Options) 
 	if opts.Throttle <= 0 {
 		opts.Throttle = 100 * time.Millisecond
 	}
-	b := &Bar{spinner: total < 0}
-	b.bar = progressbar.NewOptions64(total,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription(description),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionShowCount(),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionThrottle(opts.Throttle),
-		progressbar.OptionSetRenderBlankState(true),
-		// The bar ends its own line when it reaches its total; Close ends
-		// it where it stands otherwise.
-		progressbar.OptionOnCompletion(func() { fmt.Fprintln(w) }),
-	)
+	b := &Bar{w: w, total: total, description: description, throttle: opts.Throttle, start: time.Now()}
+	b.mu.Lock()
+	b.drawLocked(true)
+	b.mu.Unlock()
 	return b
 }
 
@@ -90,7 +87,9 @@ func (b *Bar) Set(n int64) {
 	if b == nil {
 		return
 	}
-	_ = b.bar.Set64(n) // a bar that cannot draw changes nothing else
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.moveLocked(n)
 }
 
 // Add moves the bar on by n.
@@ -98,7 +97,9 @@ func (b *Bar) Add(n int64) {
 	if b == nil {
 		return
 	}
-	_ = b.bar.Add64(n)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.moveLocked(b.n + n)
 }
 
 // Describe changes the bar's label.
@@ -106,43 +107,129 @@ func (b *Bar) Describe(description string) {
 	if b == nil {
 		return
 	}
-	b.bar.Describe(description)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return
+	}
+	b.description = description
+	b.drawLocked(false)
 }
 
 // Done fills the bar to its total and ends its line. Once Done or Close
 // has run, the bar shows nothing more.
 func (b *Bar) Done() {
-	if b == nil || !b.end() {
+	if b == nil {
 		return
 	}
-	if !b.bar.IsFinished() {
-		_ = b.bar.Finish() // draws at 100% and ends the line
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return
 	}
+	if b.total > 0 {
+		b.n = b.total
+	}
+	b.drawLocked(true)
+	b.endLocked()
 }
 
 // Close ends the bar's line where the bar stands (work that stopped
 // early: an error is about to follow on the same writer). After Done it
 // does nothing, so `defer bar.Close()` beside a Done is safe.
 func (b *Bar) Close() {
-	if b == nil || !b.end() {
+	if b == nil {
 		return
 	}
-	switch {
-	case b.bar.IsFinished():
-	case b.spinner:
-		_ = b.bar.Finish() // stops the library's redrawing goroutine
-	default:
-		_ = b.bar.Exit() // ends the line, keeping what it showed
-	}
-}
-
-// end marks the bar ended, and says whether this call did.
-func (b *Bar) end() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ended {
-		return false
+		return
 	}
+	b.drawLocked(true)
+	b.endLocked()
+}
+
+// moveLocked sets the count to n (at most the total) and redraws; a bar
+// that reaches its total ends its line.
+func (b *Bar) moveLocked(n int64) {
+	if b.ended {
+		return
+	}
+	if b.total > 0 && n >= b.total {
+		b.n = b.total
+		b.drawLocked(true)
+		b.endLocked()
+		return
+	}
+	b.n = max(n, 0)
+	b.drawLocked(false)
+}
+
+// endLocked ends the bar's line.
+func (b *Bar) endLocked() {
 	b.ended = true
-	return true
+	_, _ = io.WriteString(b.w, "\n") // a bar that cannot draw changes nothing else
+}
+
+// drawLocked redraws the line, unless the last redraw is more recent
+// than the throttle and force is not set.
+func (b *Bar) drawLocked(force bool) {
+	now := time.Now()
+	if !force && !b.drawn.IsZero() && now.Sub(b.drawn) < b.throttle {
+		return
+	}
+	b.drawn = now
+	elapsed := now.Sub(b.start)
+	var sb strings.Builder
+	sb.WriteString("\r")
+	sb.WriteString(b.description)
+	if b.total > 0 {
+		pct := int(b.n * 100 / b.total)
+		filled := int(b.n * width / b.total)
+		fmt.Fprintf(&sb, " %3d%% |%s%s| (%d/%d, %s/s) [%s:%s]", pct,
+			strings.Repeat("█", filled), strings.Repeat(" ", width-filled),
+			b.n, b.total, rate(b.n, elapsed), round(elapsed), eta(b.n, b.total, elapsed))
+	} else {
+		b.spins++
+		fmt.Fprintf(&sb, " %c (%d, %s/s) [%s]", `|/-\`[b.spins%4], b.n, rate(b.n, elapsed), round(elapsed))
+	}
+	n := sb.Len()
+	if pad := b.line - n; pad > 0 {
+		sb.WriteString(strings.Repeat(" ", pad))
+	}
+	b.line = n
+	_, _ = io.WriteString(b.w, sb.String())
+}
+
+// rate formats n items over d per second.
+func rate(n int64, d time.Duration) string {
+	if d <= 0 {
+		return "0"
+	}
+	r := float64(n) / d.Seconds()
+	switch {
+	case r >= 100:
+		return fmt.Sprintf("%.0f", r)
+	case r >= 10:
+		return fmt.Sprintf("%.1f", r)
+	default:
+		return fmt.Sprintf("%.2f", r)
+	}
+}
+
+// eta is the time left at the rate so far, "?" before any progress.
+func eta(n, total int64, elapsed time.Duration) string {
+	if n <= 0 {
+		return "?"
+	}
+	return round(time.Duration(float64(elapsed) * float64(total-n) / float64(n))).String()
+}
+
+// round rounds d to the second (to the tenth below ten seconds).
+func round(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
 }

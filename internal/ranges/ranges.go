@@ -26,7 +26,7 @@ import (
 	"iter"
 	"slices"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // Item is one range [Start, End) and its value. Start < End always.

@@ -13,7 +13,7 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // List is n units, each holding a W. A list that has only ever been one

@@ -1,8 +1,7 @@
-// Package sentinel marks an error with a sentinel so that both the
-// standard library's errors.Is and github.com/cockroachdb/errors' Is find
-// it. The cockroachdb package's errors.Mark is seen by its own Is only: a
-// caller testing errors.Is(err, driver.ErrInvalid) with the standard
-// library got false. Mark keeps the marked error's message and its chain
+// Package sentinel marks an error with a sentinel so that errors.Is finds
+// it, the standard library's and any other that walks Unwrap and asks an
+// error's Is method (internal/errors', github.com/cockroachdb/errors' in a
+// user's program). Mark keeps the marked error's message and its chain
 // (a system call's errno stays reachable with errors.Is and errors.As);
 // the sentinel is matched by an Is method, which both packages call.
 package sentinel
@@ -27,8 +26,7 @@ type marked struct {
 
 func (m *marked) Error() string { return m.err.Error() }
 
-// Unwrap keeps err's chain walkable by errors.Is, errors.As and
-// cockroachdb's Cause.
+// Unwrap keeps err's chain walkable by errors.Is and errors.As.
 func (m *marked) Unwrap() error { return m.err }
 
 // Is reports whether target is the sentinel: both errors packages ask an

@@ -1,7 +1,7 @@
 package transformer
 
 import (
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // ErrInvalid marks every error about a bad argument: a configuration New

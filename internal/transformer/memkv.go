@@ -1,7 +1,7 @@
 package transformer
 
 import (
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // MemKV is the simplest KV: Go slices, grown as positions arrive. Tests

@@ -3,7 +3,7 @@ package transformer
 import (
 	"math"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/internal/attention"
 )

@@ -6,8 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // tolerance is the largest absolute difference allowed between a logit

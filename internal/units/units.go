@@ -8,7 +8,7 @@ import (
 	"math/big"
 	"strings"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 const (

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 func TestBytes(t *testing.T) {

@@ -3,8 +3,8 @@
 package dl
 
 import (
-	"github.com/cockroachdb/errors"
 	"github.com/ebitengine/purego"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // Open loads the library at path (a path, or a soname the dynamic loader

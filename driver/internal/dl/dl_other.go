@@ -2,7 +2,7 @@
 
 package dl
 
-import "github.com/cockroachdb/errors"
+import "github.com/vmarena/vmarena/internal/errors"
 
 // Open answers that loading vendor libraries needs Linux: the accelerator
 // drivers are built everywhere (so the packages above them compile) but

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver/internal/dl"
 )

@@ -45,7 +45,7 @@ import (
 	"math/big"
 	"unicode/utf8"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/internal/sentinel"
 )

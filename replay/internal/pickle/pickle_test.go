@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cockroachdb/errors"
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // p builds a protocol-4 pickle of the opcodes given, with STOP after them.

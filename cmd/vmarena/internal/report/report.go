@@ -22,7 +22,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/cockroachdb/errors"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // Page is one report.
