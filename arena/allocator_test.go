@@ -753,6 +753,26 @@ func TestAllocatorModel(t *testing.T) {
 	})
 }
 
+// TestAllocatorModelFewChunks runs the allocator model with chunks of
+// 4g on a machine of few of them, where moving a free chunk to the
+// request can fill its hole whole: the request is then served in the
+// free block the move made, not refused by a planner that finds no hole.
+func TestAllocatorModelFewChunks(t *testing.T) {
+	onEveryDriver(t, func(t *testing.T, d backend) {
+		relocations := 0
+		for seed := range uint64(d.Seeds(10)) {
+			t.Run(fmt.Sprint(seed), func(t *testing.T) {
+				data := arenaOps(rand.New(rand.NewPCG(seed, 11)), 300)
+				data[0] = data[0]&0x9f | 0x60
+				r := runAllocatorModel(t, d, data)
+				require.Greater(t, r.allocs, 30, "successful allocations")
+				relocations += r.relocations
+			})
+		}
+		require.Positive(t, relocations, "the sequences move free chunks")
+	})
+}
+
 type allocRun struct{ allocs, stitches, decommits, relocations, splits, strands, binned, bins int }
 
 // TestAllocatorModelBins runs the allocator model where small requests
@@ -783,10 +803,15 @@ func TestAllocatorModelBins(t *testing.T) {
 
 func runAllocatorModel(t *testing.T, d backend, data []byte) allocRun {
 	// Chunks of 4g (when data[0] says so), where small requests of the
-	// default policy are served from bins, on a machine of as many chunks.
+	// default policy are served from bins, on a machine of as many chunks
+	// or (0x20 too) on the same machine, where five chunks fill Max and
+	// two the full allocator's address space: few holes, each a chunk.
 	cs, scale := uint64(g), uint64(1)
 	if len(data) > 0 && data[0]&0x40 != 0 {
 		cs, scale = 4*g, 4
+		if data[0]&0x20 != 0 {
+			scale = 1
+		}
 	}
 	e := d.env(t, 24*g*scale)
 	policy, threshold := Policy(0), uint64(0)

@@ -347,6 +347,37 @@ func (h *heap) commitPlan(g growPlan, fp uint64) (bref, error) {
 	return h.filled(g.hole, g.lo, g.hi), nil
 }
 
+// serveMovedLocked serves fp bytes in a free block that moving chunks
+// made, after giving back free chunks down to the budget and the share
+// kept for reuse, leaving the request's own; it reports false when no free
+// block holds the request.
+func (al *Allocator) serveMovedLocked(h *heap, fp, align, req uint64) (driver.Addr, bool, error) {
+	find := func() (bref, placement) {
+		r := h.free.find(&h.slab, (fp+align-al.q)/al.q, al.q)
+		if r == 0 {
+			return 0, placement{}
+		}
+		return r, h.startIn(h.at(r), fp, align)
+	}
+	r, pl := find()
+	if r == 0 {
+		return 0, false, nil
+	}
+	if over, keep := al.committed(), al.keepBudget(al.held+fp); over > keep {
+		gave, err := al.releaseLocked(over-keep, h, span{alignDown(pl.start, h.cs), alignUp(pl.start+fp, h.cs)})
+		if err != nil {
+			return 0, false, err
+		}
+		if gave > 0 {
+			if r, pl = find(); r == 0 {
+				return 0, false, nil
+			}
+		}
+	}
+	p, err := al.serveLocked(h, r, pl, fp, align, req)
+	return p, err == nil, err
+}
+
 // filled turns [lo, hi) of the hole r, now committed, into free memory
 // merged with the free blocks beside it, and returns that free block.
 func (h *heap) filled(r bref, lo, hi uint64) bref {
@@ -412,7 +443,15 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 			}
 			if moved > 0 {
 				if g, ok = h.planGrow(fp, align); !ok {
-					return 0, errors.AssertionFailedf("arena: no plan for %d bytes after moving %d bytes where one was", fp, moved)
+					// What moved filled the hole whole (chunks large
+					// beside the address space leave few holes): merged
+					// with the plan's free block, it holds the request.
+					// What could not move goes back first, as below.
+					if p, ok, err := al.serveMovedLocked(h, fp, align, req); err != nil || ok {
+						return p, err
+					}
+					try-- // plan again at this try, as if no hole had room
+					continue
 				}
 			}
 		}
