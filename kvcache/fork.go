@@ -126,6 +126,9 @@ func (c *Cache) forkableLocked(what func() string, s *Seq) error {
 	if err := s.runningLocked(what); err != nil {
 		return err
 	}
+	if err := c.ringUnsupported(what); err != nil {
+		return err
+	}
 	if !c.sharing() {
 		return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: forks share pages through the prefix store, which this cache has not (NoPrefixSharing, or a PerLayer page that is not whole rows)", what()),
 			"turn prefix sharing on; in the PerLayer layout, a PageSize that is a multiple of KVHeads*HeadDim*dtype size")

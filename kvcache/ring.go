@@ -35,7 +35,8 @@ import (
 // own, shares nothing through the prefix store (NoPrefixSharing is
 // needed), and is given back whole when its sequence ends. Reserve
 // commits the rings ahead of the first Append (ringReserveLocked);
-// Preempt, Fork and UnitBytes refuse a ring cache (ErrUnsupported).
+// Preempt, Fork and UnitBytes refuse a ring cache (ErrUnsupported, with
+// ringHint's reason).
 
 // ringGeometry sets g's ring for a window of w tokens: R the fewest
 // pages that hold w + BlockTokens rows, each region two rings long.
@@ -264,8 +265,17 @@ func (c *Cache) ringUnsupported(what func() string) error {
 	if c.g.ring == 0 {
 		return nil
 	}
-	return errors.Wrapf(driver.ErrUnsupported, "%s: a ring cache (Config.Ring) keeps each sequence's window in its rings only", what())
+	return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: a ring cache (Config.Ring) keeps each sequence's window in its rings only", what()), ringHint)
 }
+
+// ringHint says why a ring refuses what needs units, and what to do: a
+// swap copies units out and back; a recompute keeps them in the prefix
+// store for Resume; a fork shares whole pages with its parent. A ring has
+// no unit and no store, and its pages are written over as it wraps, so a
+// page shared with a fork would change under the other side.
+const ringHint = "a ring holds no units: swap preemption copies units, recompute keeps them in the prefix store, " +
+	"a fork shares pages the ring writes over as it wraps; free the sequence and admit its tokens again " +
+	"(what a recompute costs), or use Config.Window without Ring"
 
 // checkRingLocked checks the rings: a slot has them only while it holds a
 // running sequence that appended, and the pages counted are theirs; it

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
@@ -184,7 +185,10 @@ func TestRingRefusals(t *testing.T) {
 	_, err = s.UnitBytes(0)
 	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
 	_, err = s.Fork()
-	drivertest.RequireIs(t, err, driver.ErrUnsupported)
+	drivertest.RequireIs(t, err, driver.ErrUnsupported, "ring")
+	for _, err := range []error{s.Preempt(Drop), err} {
+		require.Contains(t, errors.FlattenHints(err), "writes over as it wraps", "the hint says why")
+	}
 	require.Equal(t, before, snapBooks(t, c, e))
 	require.Equal(t, 3, s.Len())
 	checkWindow(t, s, []int{1, 2, 3}, 0)
