@@ -35,6 +35,9 @@ const (
 	MaxRequestLineBytes = 1 << 20
 	// MaxArrival bounds a request's arrival after the trace's first.
 	MaxArrival = 365 * 24 * time.Hour
+	// MaxN bounds a request's parallel samples (Request.N), as vLLM's
+	// SamplingParams.n: far more than any serving workload asks for.
+	MaxN = 256
 )
 
 // BlockTokens is the number of prompt tokens a Mooncake hash id names: a
@@ -61,7 +64,15 @@ type Request struct {
 	// same id, or always starts the prompt; so no id appears twice in one
 	// request. A Mooncake request has ceil(Input/BlockTokens) blocks.
 	Blocks []int64
+	// N is the number of sequences the request samples from its one prompt
+	// (vLLM's SamplingParams.n), each generating Output tokens of its own.
+	// 0 and 1 both mean one sequence; a trace reader returns 0
+	// where the trace does not say, and otherwise 1 to MaxN.
+	N int
 }
+
+// seqs is the number of sequences r samples: N, or 1 where N is 0.
+func seqs(r Request) int { return max(r.N, 1) }
 
 // azureHeader is the header line of an Azure LLM inference trace.
 const azureHeader = "TIMESTAMP,ContextTokens,GeneratedTokens"
@@ -210,7 +221,9 @@ func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 // timestamp and lengths at least 0. Lines end in LF or CRLF, and no line
 // is empty. Requests must come in arrival order, as they do in the real
 // trace, and hash_ids must name ceil(input_length/BlockTokens) blocks that
-// keep Request's rule on Blocks, as the real trace does.
+// keep Request's rule on Blocks, as the real trace does. An object may
+// also have the field n, once, an integer from 1 to MaxN: Request.N (the
+// real trace has none; absent, N is 0, one sequence).
 //
 // A nil reader is an error marked driver.ErrInvalid. The first problem in
 // the content (Request's rules, a line over MaxRequestLineBytes) is an
@@ -279,6 +292,7 @@ func ParseMooncake(r io.Reader) ([]Request, error) {
 			Input:   m.input,
 			Output:  m.output,
 			Blocks:  m.blocks,
+			N:       m.n,
 		})
 	}
 	if lines.err != nil {
@@ -309,6 +323,7 @@ type mooncakeRequest struct {
 	timestamp     int64
 	input, output int
 	blocks        []int64
+	n             int // 0 where the line has no n
 }
 
 var mooncakeFields = []string{"timestamp", "input_length", "output_length", "hash_ids"}
@@ -330,6 +345,20 @@ func decodeMooncakeLine(text string) (mooncakeRequest, error) {
 			return m, jsonError(err)
 		}
 		key, _ := tok.(string) // inside an object, a key is a string
+		if key == "n" {
+			if m.n != 0 {
+				return m, errors.New("field n twice")
+			}
+			var n int64
+			if n, err = nonNegative(dec, key, MaxN); err != nil {
+				return m, err
+			}
+			if n == 0 {
+				return m, errors.Newf("n 0 is under 1: a request samples at least one sequence")
+			}
+			m.n = int(n)
+			continue
+		}
 		k := -1
 		for i, f := range mooncakeFields {
 			if f == key {
@@ -338,7 +367,7 @@ func decodeMooncakeLine(text string) (mooncakeRequest, error) {
 		}
 		switch {
 		case k < 0:
-			return m, errors.Newf("unknown field %s, want the fields %s", quote(key), strings.Join(mooncakeFields, ", "))
+			return m, errors.Newf("unknown field %s, want the fields %s (and optionally n)", quote(key), strings.Join(mooncakeFields, ", "))
 		case have[k]:
 			return m, errors.Newf("field %s twice", key)
 		}

@@ -137,6 +137,19 @@ func TestParseMooncake(t *testing.T) {
 	})
 }
 
+// TestParseMooncakeN: the optional field n is Request.N, 1 to MaxN, in
+// any place in the object; without it N is 0, one sequence.
+func TestParseMooncakeN(t *testing.T) {
+	reqs, err := ParseMooncake(strings.NewReader(
+		`{"timestamp": 0, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "n": 4}` + "\n" +
+			`{"n": 256, "timestamp": 1, "input_length": 1, "output_length": 2, "hash_ids": [3]}` + "\n" +
+			`{"timestamp": 2, "input_length": 1, "output_length": 2, "hash_ids": [3]}` + "\n"))
+	require.NoError(t, err)
+	require.Len(t, reqs, 3)
+	require.Equal(t, []int{4, 256, 0}, []int{reqs[0].N, reqs[1].N, reqs[2].N})
+	require.Equal(t, []int{4, 256, 1}, []int{seqs(reqs[0]), seqs(reqs[1]), seqs(reqs[2])})
+}
+
 func TestParseMooncakeMalformed(t *testing.T) {
 	good := `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}` + "\n"
 	line := func(ts, in, out, ids string) string {
@@ -157,7 +170,7 @@ func TestParseMooncakeMalformed(t *testing.T) {
 		{"unterminated after a key", `{"timestamp": 10, "input_length"` + "\n", 1, "the line ends inside the object"},
 		{"unterminated array", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, ` + "\n", 1, "the line ends inside the object"},
 		{"unknown field", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "model": "x"}` + "\n", 1,
-			`unknown field "model", want the fields timestamp, input_length, output_length, hash_ids`},
+			`unknown field "model", want the fields timestamp, input_length, output_length, hash_ids (and optionally n)`},
 		{"field in another case", `{"Timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}` + "\n", 1, `unknown field "Timestamp"`},
 		{"missing field", `{"timestamp": 10, "input_length": 600, "hash_ids": [0, 1]}` + "\n", 1, "no field output_length"},
 		{"field twice", `{"timestamp": 10, "timestamp": 11, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}` + "\n", 1, "field timestamp twice"},
@@ -186,6 +199,11 @@ func TestParseMooncakeMalformed(t *testing.T) {
 		{"an id after another prefix", good + line("11", "1536", "6", "[2, 0, 1]"), 2, "hash_ids[1] is 0 after 2 here but starting the prompt on line 1"},
 		{"an id starting a prompt it did not start", good + line("11", "512", "6", "[1]"), 2, "hash_ids[0] is 1 starting the prompt here but after 0 on line 1"},
 		{"backwards", good + line("9", "600", "6", "[0, 1]"), 2, "timestamp 9 is before the previous line's 10: requests must come in arrival order"},
+		{"n zero", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "n": 0}` + "\n", 1, "n 0 is under 1"},
+		{"n negative", `{"n": -2, "timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1]}` + "\n", 1, `n "-2" is negative`},
+		{"n over MaxN", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "n": 257}` + "\n", 1, `n "257" is over 256`},
+		{"n twice", `{"timestamp": 10, "n": 2, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "n": 3}` + "\n", 1, "field n twice"},
+		{"n fractional", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "n": 1.5}` + "\n", 1, `n "1.5" is not an integer`},
 		{"after MaxArrival", good + line("31536000011", "600", "6", "[0, 1]"), 2, "timestamp 31536000011 is 8760h0m0.001s after the first request's, more than MaxArrival"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -376,8 +394,12 @@ func encodeMooncake(reqs []Request) string {
 		for i, id := range r.Blocks {
 			ids[i] = strconv.FormatInt(id, 10)
 		}
-		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%s]}`+"\n",
-			r.Arrival/time.Millisecond, r.Input, r.Output, strings.Join(ids, ", "))
+		n := ""
+		if r.N != 0 {
+			n = fmt.Sprintf(`, "n": %d`, r.N)
+		}
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%s]%s}`+"\n",
+			r.Arrival/time.Millisecond, r.Input, r.Output, strings.Join(ids, ", "), n)
 	}
 	return b.String()
 }

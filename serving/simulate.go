@@ -259,7 +259,10 @@ func (o Options) Check() error {
 // admit with nothing running (it could never run; Config.Check keeps
 // the baselines from that). A nil scheme is an error marked
 // driver.ErrInvalid, as are options Options.Check refuses; so is a
-// scheme whose Check fails before it starts (a zero value).
+// scheme whose Check fails before it starts (a zero value). So is a
+// request of more than one sequence (Request.N over 1): no scheme forks
+// yet, and the simulation refuses it before it starts rather than
+// simulate one sequence where the trace asks for several.
 func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	if isnil.Is(scheme) {
 		return Result{}, errors.Wrap(driver.ErrInvalid, "serving: simulate: the scheme is nil")
@@ -269,6 +272,16 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	}
 	if err := scheme.Check(); err != nil {
 		return Result{}, errors.Wrapf(err, "serving: simulate %s: the scheme's books are wrong before it starts", scheme.Name())
+	}
+	for i, r := range reqs {
+		if r.N < 0 || r.N > MaxN {
+			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d has n %d, want 0 to %d",
+				scheme.Name(), i, r.N, MaxN), "n is the request's parallel samples; 0 and 1 mean one sequence")
+		}
+		if seqs(r) > 1 {
+			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d samples %d sequences (n %d), and no scheme forks a request yet",
+				scheme.Name(), i, seqs(r), r.N), "drop the requests' n field, or give each sample a request of its own")
+		}
 	}
 	opts.defaults()
 	s := &simulation{

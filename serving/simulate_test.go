@@ -310,3 +310,29 @@ func TestSummarizeRequests(t *testing.T) {
 	require.InDelta(t, 1536.0/2220, s.ReusedFraction(), 1e-12)
 	require.Equal(t, RequestsSummary{}, SummarizeRequests(nil))
 }
+
+// TestSimulateRefusesForks: a request of more than one sequence, or of an
+// n out of range, is driver.ErrInvalid before the simulation starts, and
+// the scheme is left untouched.
+func TestSimulateRefusesForks(t *testing.T) {
+	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		n    int
+		says string
+	}{
+		{4, "request 1 samples 4 sequences (n 4), and no scheme forks a request yet"},
+		{-1, "request 1 has n -1, want 0 to 256"},
+		{MaxN + 1, "request 1 has n 257, want 0 to 256"},
+	} {
+		reqs := []Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2, N: tc.n}}
+		_, err := Simulate(reqs, tbl, Options{Config: cfg})
+		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
+		require.ErrorContains(t, err, tc.says)
+		require.NoError(t, tbl.Check())
+		require.Equal(t, Stats{}, tbl.Stats(), "the refusal left it untouched")
+	}
+	_, err = Simulate([]Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2}}, tbl, Options{Config: cfg})
+	require.NoError(t, err, "n 1 and n 0 are one sequence each")
+}
