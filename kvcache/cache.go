@@ -129,9 +129,13 @@ type Cache struct {
 	// slots is the slot range: slot i is [i*slotBytes, (i+1)*slotBytes).
 	// Only the cache commits, borrows or decommits in it.
 	slots *arena.Sparse
-	// addressable says tensors can be handed out (the process addresses
-	// the memory); bytes says there are bytes at all (not the sim driver).
-	addressable, bytes bool
+	// addressable says the process addresses the memory; bytes says there
+	// are bytes at all (not the sim driver); views says tensors are handed
+	// out: host tensors where the memory is addressable, device tensors
+	// (an address and a length, bytes moved by the driver's copies) where
+	// it is not (CUDA, AscendCL), none on the sim driver (bytes false:
+	// the cache keeps the books only).
+	addressable, bytes, views bool
 	// protects says a slot's shared units are mapped read-only (Grant of
 	// AccessRead): on every driver until one answers ErrUnsupported. The
 	// slot's covers are read-only views (arena.Sparse.ViewReadOnly), which
@@ -265,6 +269,7 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots, pool: pool,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
 		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true, ev: eventQueue{max: maxQueuedEvents}}
+	c.views = c.bytes
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {
 		return nil, errors.CombineErrors(err, errors.CombineErrors(slots.Close(), pool.Close()))
@@ -443,7 +448,7 @@ func (c *Cache) releaseCoversLocked(sl *slot) error {
 // units below sl.shared are mapped read-only (protectSharedLocked grants
 // that before the covers exist).
 func (c *Cache) coverLocked(sl *slot, k int) error {
-	if !c.addressable || k <= sl.coverUnits || k <= sl.lo {
+	if !c.views || k <= sl.coverUnits || k <= sl.lo {
 		return nil
 	}
 	if err := c.releaseCoversLocked(sl); err != nil {

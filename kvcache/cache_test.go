@@ -251,7 +251,7 @@ func TestSimBookkeeping(t *testing.T) {
 			require.Nil(t, step.Layers)
 			require.Equal(t, 3000, step.N)
 			_, err = s.K(0)
-			drivertest.RequireIs(t, err, driver.ErrUnsupported, "not addressable")
+			drivertest.RequireIs(t, err, driver.ErrUnsupported, "no memory to hand out")
 			st := c.Stats()
 			tokenBytes := uint64(2 * 32 * 8 * 128 * 2)
 			require.Equal(t, uint64(3000)*tokenBytes, st.UsedBytes)

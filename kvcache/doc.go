@@ -73,8 +73,10 @@
 // addresses, never touches memory itself (the arena maps, tensors are
 // views), never commits past the budget, never lets a tensor outlive the
 // memory under it (revoked views answer ErrClosed), and never changes
-// anything in a call that fails. On the sim driver it keeps every book
-// but hands out no tensors.
+// anything in a call that fails. On the CUDA and AscendCL drivers its
+// tensors are device tensors (an address and a length; the driver's
+// copies move their bytes). On the sim driver it keeps every book but
+// hands out no tensors.
 //
 // # Errors
 //

@@ -247,7 +247,7 @@ func (r *recurrentStore) tensor(st *stateSlot, layer int) (*tensor.Tensor, error
 		return nil, errors.WithAssertionFailure(err)
 	}
 	off, n := r.layerOff[layer], r.layerBytes[layer]
-	return tensor.NewLeased(st.lease, &memory{b[off : off+n], st.view.Addr() + driver.Addr(off)}, tensor.Uint8, int(n))
+	return tensor.NewLeased(st.lease, &memory{b: b[off : off+n], addr: st.view.Addr() + driver.Addr(off), n: n}, tensor.Uint8, int(n))
 }
 
 // drop ends st's tensors and view and gives its slot back.

@@ -181,7 +181,7 @@ func (c *Cache) ringAppendLocked(what func() string, s *Seq, tokens []int) (Step
 	prevFrom := s.ringFrom
 	s.ringFrom = max(pos+1-c.cfg.Window, 0)
 	step := Step{Pos: pos, N: cnt}
-	if c.addressable {
+	if c.views {
 		var err error
 		if step, err = c.ringStepLocked(s, pos, cnt); err != nil {
 			s.ringFrom = prevFrom
@@ -221,15 +221,13 @@ func (c *Cache) ringRowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error
 	if err := c.coverLocked(sl, g.units); err != nil {
 		return nil, err
 	}
-	r := 2*l + kv
-	v := sl.covers[r]
-	b, err := v.Bytes()
-	if err != nil {
-		return nil, errors.WithAssertionFailure(err)
-	}
 	off := uint64(p) * g.row % (uint64(g.ring) * g.page)
 	size := uint64(n) * g.row
-	return tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)}, 0, g.dt, n, g.heads, g.dim)
+	m, err := c.viewMem(sl.covers[2*l+kv], off, size)
+	if err != nil {
+		return nil, err
+	}
+	return tensor.NewLeasedReadOnly(sl.leaseLocked(), m, 0, g.dt, n, g.heads, g.dim)
 }
 
 // ringStoredLocked is K or V of layer in a ring cache: positions
@@ -237,7 +235,7 @@ func (c *Cache) ringRowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error
 func (c *Cache) ringStoredLocked(s *Seq, layer, kv int) (*tensor.Tensor, error) {
 	start := c.ringStartLocked(s)
 	if !s.sl.ring {
-		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{nil, c.slots.Base() + driver.Addr(c.slotOff(s.sl, 2*layer+kv, 0))}, 0, c.g.dt, 0, c.g.heads, c.g.dim)
+		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), c.emptyMem(c.slots.Base()+driver.Addr(c.slotOff(s.sl, 2*layer+kv, 0))), 0, c.g.dt, 0, c.g.heads, c.g.dim)
 	}
 	return c.ringRowsLocked(s.sl, layer, kv, start, s.n-start)
 }
@@ -361,7 +359,7 @@ func (c *Cache) ringStepBatchLocked(what func() string, batch []StepRequest, pla
 		c.setLenLocked(s, p.pos+len(p.tokens))
 		s.ringFrom = max(p.pos+1-c.cfg.Window, 0)
 		st := Step{Pos: p.pos, N: len(p.tokens)}
-		if batch[p.i].Views && c.addressable {
+		if batch[p.i].Views && c.views {
 			var err error
 			if st, err = c.ringStepLocked(s, p.pos, len(p.tokens)); err != nil {
 				return nil, errors.WithAssertionFailure(errors.Wrapf(err, "%s: request %d", what(), p.i))

@@ -5,6 +5,7 @@ import (
 
 	"github.com/vmarena/vmarena/internal/errors"
 
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/stream"
@@ -89,8 +90,11 @@ type Step struct {
 	// Layers[l] are layer l's rows at those positions, in position order:
 	// one run in the PerLayer and Contiguous layouts (Contiguous: strided,
 	// a token's bytes from one row to the next); in TokenMajor one per page group
-	// the positions reach. Nil on a driver whose memory this process
-	// cannot address (the sim driver), and when N is 0.
+	// the positions reach. On the CUDA and AscendCL drivers, whose memory
+	// this process does not address, they are device tensors (an address
+	// for kernels, bytes moved by the driver's copies under
+	// tensor.AccessDevice). Nil on the sim driver, which has no memory,
+	// and when N is 0.
 	Layers [][]Rows
 }
 
@@ -99,10 +103,50 @@ type Step struct {
 type memory struct {
 	b    []byte
 	addr driver.Addr
+	// n is the length; dev marks device memory, which this process does
+	// not address: b is nil, Bytes is ErrUnsupported, and the tensor over
+	// it is a device tensor (address and length, bytes moved by the
+	// driver's copies under AccessDevice).
+	n   uint64
+	dev bool
 }
 
-func (m *memory) Bytes() ([]byte, error) { return m.b, nil }
-func (m *memory) Addr() driver.Addr      { return m.addr }
+func (m *memory) Bytes() ([]byte, error) {
+	if m.dev {
+		return nil, errors.Wrap(driver.ErrUnsupported, "kvcache: device memory has no bytes in this process")
+	}
+	return m.b, nil
+}
+func (m *memory) Addr() driver.Addr { return m.addr }
+func (m *memory) Len() uint64       { return m.n }
+
+// viewMem is [off, off+size) of cover v as a tensor's memory: its bytes
+// where the process addresses the cache's memory, device memory where it
+// does not (CUDA, AscendCL).
+func (c *Cache) viewMem(v *arena.View, off, size uint64) (*memory, error) {
+	addr := v.Addr() + driver.Addr(off)
+	if !c.addressable {
+		return &memory{addr: addr, n: size, dev: true}, nil
+	}
+	b, err := v.Bytes()
+	if err != nil {
+		return nil, errors.WithAssertionFailure(err)
+	}
+	return &memory{b: b[off : off+size], addr: addr, n: size}, nil
+}
+
+// noViews is the refusal of a tensor on a driver with no memory to
+// view (the sim driver).
+func (c *Cache) noViews(what func() string) error {
+	return errors.WithHint(errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver has no memory to hand out (the cache keeps the books only)",
+		what(), c.slots.Driver().Name()), "a simulation marks rows written with MarkWritten; tensors need the host, CUDA or AscendCL driver")
+}
+
+// emptyMem is no bytes at addr, for an empty tensor: device memory where
+// the process does not address the cache's.
+func (c *Cache) emptyMem(addr driver.Addr) *memory {
+	return &memory{addr: addr, dev: !c.addressable}
+}
 
 // checkTokens refuses negative tokens.
 func checkTokens(what func() string, tokens []int, from int) error {
@@ -348,7 +392,7 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 	}
 	s.generated.append(tokens[min(max(len(s.prompt)-pos, 0), cnt):])
 	c.setLenLocked(s, pos+cnt)
-	if c.addressable {
+	if c.views {
 		step, err := c.stepLocked(s, pos, cnt)
 		if err != nil {
 			s.generated.truncate(max(pos-len(s.prompt), 0))
@@ -358,7 +402,7 @@ func (s *Seq) Append(tokens []int) (Step, error) {
 		c.appendedLocked(s, waited || len(backed) > 0)
 		return step, nil
 	}
-	// No views to make (the sim driver): the step is its positions.
+	// No memory to view (the sim driver): the step is its positions.
 	c.appendedLocked(s, waited || len(backed) > 0)
 	return Step{Pos: pos, N: cnt}, nil
 }
@@ -554,7 +598,7 @@ func (c *Cache) unbackLocked(sl *slot, backed []int) error {
 // stepLocked makes the views of positions [pos, pos+cnt) of s.
 func (c *Cache) stepLocked(s *Seq, pos, cnt int) (Step, error) {
 	step := Step{Pos: pos, N: cnt}
-	if !c.addressable || cnt == 0 {
+	if !c.views || cnt == 0 {
 		return step, nil
 	}
 	if err := c.coverLocked(s.sl, c.g.unitsFor(pos+cnt)); err != nil {
@@ -597,14 +641,12 @@ func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 		return c.strideRowsLocked(sl, l, kv, p, n)
 	}
 	off -= uint64(sl.coverLo) * g.unitBytes
-	v := sl.covers[r]
-	b, err := v.Bytes()
-	if err != nil {
-		return nil, errors.WithAssertionFailure(err)
-	}
 	size := uint64(n) * g.row
-	return tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
-		c.sharedBytes(sl, off, size), g.dt, n, g.heads, g.dim)
+	m, err := c.viewMem(sl.covers[r], off, size)
+	if err != nil {
+		return nil, err
+	}
+	return tensor.NewLeasedReadOnly(sl.leaseLocked(), m, c.sharedBytes(sl, off, size), g.dt, n, g.heads, g.dim)
 }
 
 // strideRowsLocked is, in the Contiguous layout, a tensor [n, KVHeads,
@@ -613,15 +655,13 @@ func (c *Cache) rowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 // of the slot.
 func (c *Cache) strideRowsLocked(sl *slot, l, kv, p, n int) (*tensor.Tensor, error) {
 	g := c.g
-	v := sl.covers[0]
-	b, err := v.Bytes()
-	if err != nil {
-		return nil, errors.WithAssertionFailure(err)
-	}
 	off, size := uint64(p)*g.stride-uint64(sl.coverLo)*g.unitBytes, uint64(n)*g.stride
+	m, err := c.viewMem(sl.covers[0], off, size)
+	if err != nil {
+		return nil, err
+	}
 	elt := uint64(g.elt)
-	t, err := tensor.NewLeasedReadOnly(sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
-		c.sharedBytes(sl, off, size), g.dt, n, int(g.stride/elt))
+	t, err := tensor.NewLeasedReadOnly(sl.leaseLocked(), m, c.sharedBytes(sl, off, size), g.dt, n, int(g.stride/elt))
 	if err != nil {
 		return nil, err
 	}
@@ -760,8 +800,9 @@ func (s *Seq) Written() int {
 // The tensor, like Append's views, is valid while the sequence runs: once
 // it is preempted or freed, or the cache closed, it and its views answer
 // ErrClosed (the memory may be given back; see Lifetimes in the package
-// doc). It refuses a bad layer (ErrInvalid), a preempted sequence
-// (ErrInvalid) and a driver whose memory this process cannot address
+// doc). On the CUDA and AscendCL drivers it is a device tensor, as
+// Append's rows are. It refuses a bad layer (ErrInvalid), a preempted
+// sequence (ErrInvalid) and the sim driver, which has no memory
 // (ErrUnsupported).
 func (s *Seq) K(layer int) (*tensor.Tensor, error) { return s.stored(layer, 0) }
 
@@ -782,9 +823,8 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 	if layer < 0 || layer >= g.layers {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the model has layers 0 to %d", what(), g.layers-1)
 	}
-	if !c.addressable {
-		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver's memory is not addressable from this process (the cache keeps the books only)",
-			what(), c.slots.Driver().Name())
+	if !c.views {
+		return nil, c.noViews(what)
 	}
 	if g.ring > 0 {
 		return c.ringStoredLocked(s, layer, kv)
@@ -793,34 +833,43 @@ func (s *Seq) stored(layer, kv int) (*tensor.Tensor, error) {
 	if err := c.coverLocked(s.sl, k); err != nil {
 		return nil, err
 	}
-	var b []byte
 	r := 0
 	if g.layout == PerLayer {
 		r = 2*layer + kv
 	}
 	lo := s.sl.lo // the first unit held: 0 but behind a window
 	addr := c.slots.Base() + driver.Addr(c.slotOff(s.sl, r, lo))
-	if k > lo {
-		if b, err = s.sl.covers[r].Bytes(); err != nil {
-			return nil, errors.WithAssertionFailure(err)
+	// mem is [off, off+size) of region r from unit lo: none when the
+	// sequence holds no unit (its covers are not made).
+	mem := func(off, size uint64) (*memory, error) {
+		if size == 0 {
+			return c.emptyMem(addr + driver.Addr(off)), nil
 		}
+		return c.viewMem(s.sl.covers[r], off, size)
 	}
 	start := c.windowStartLocked(s) // 0 but behind a window
 	switch g.layout {
 	case PerLayer:
 		off := uint64(start)*g.row - uint64(lo)*g.unitBytes
 		size := uint64(s.n-start) * g.row
-		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[off : off+size], addr + driver.Addr(off)}, c.sharedBytes(s.sl, off, size),
-			g.dt, s.n-start, g.heads, g.dim)
+		m, err := mem(off, size)
+		if err != nil {
+			return nil, err
+		}
+		return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), m, c.sharedBytes(s.sl, off, size), g.dt, s.n-start, g.heads, g.dim)
 	case Contiguous:
 		if s.n == start {
-			return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:0], addr}, 0, g.dt, 0, g.heads, g.dim)
+			return tensor.NewLeasedReadOnly(s.sl.leaseLocked(), c.emptyMem(addr), 0, g.dt, 0, g.heads, g.dim)
 		}
 		return c.strideRowsLocked(s.sl, layer, kv, start, s.n-start)
 	}
 	elt := uint64(g.elt)
 	size := uint64(k-lo) * g.unitBytes
-	t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[:size], addr}, c.sharedBytes(s.sl, 0, size), g.dt, k-lo, int(g.unitBytes/elt))
+	m, err := mem(0, size)
+	if err != nil {
+		return nil, err
+	}
+	t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), m, c.sharedBytes(s.sl, 0, size), g.dt, k-lo, int(g.unitBytes/elt))
 	if err != nil {
 		return nil, err
 	}

@@ -176,7 +176,7 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	for k := range plan {
 		p := &plan[k]
 		st := Step{Pos: p.pos, N: len(p.tokens)}
-		if batch[p.i].Views && c.addressable {
+		if batch[p.i].Views && c.views {
 			st, err = c.stepLocked(p.s, p.pos, len(p.tokens))
 			if err != nil {
 				return nil, errors.CombineErrors(errors.Wrapf(err, "%s: request %d", what(), p.i), c.undoStepLocked(plan))

@@ -76,10 +76,15 @@ func (s *Seq) SharedUnits() int {
 // while the sequence runs: once it is preempted or freed, the cache
 // closed, or the unit's pages taken back, they answer ErrClosed.
 //
+// On the CUDA and AscendCL drivers, whose memory this process does not
+// address, the tensors are device tensors: a transfer engine with
+// staging (transfer.Config.Staging) registers them and moves their bytes
+// with the driver's copies.
+//
 // It refuses a unit the sequence does not hold and a preempted sequence
-// (ErrInvalid), a freed sequence or closed cache (ErrClosed), and a driver
-// whose memory this process cannot address (ErrUnsupported); a refusal
-// changes nothing.
+// (ErrInvalid), a freed sequence or closed cache (ErrClosed), and the sim
+// driver, which has no memory (ErrUnsupported); a refusal changes
+// nothing.
 func (s *Seq) UnitBytes(u int) ([]*tensor.Tensor, error) {
 	what := func() string { return fmt.Sprintf("kvcache: bytes of unit %d", u) }
 	c, err := s.lock(what)
@@ -99,9 +104,8 @@ func (s *Seq) UnitBytes(u int) ([]*tensor.Tensor, error) {
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the sequence of %d tokens in slot %d holds units %d to %d",
 			what(), s.n, s.sl.idx, s.sl.lo, k-1), "UnitsFor(Len()) is the number of units a sequence holds; a window's start at WindowStart()")
 	}
-	if !c.addressable {
-		return nil, errors.Wrapf(driver.ErrUnsupported, "%s: the %s driver's memory is not addressable from this process (the cache keeps the books only)",
-			what(), c.slots.Driver().Name())
+	if !c.views {
+		return nil, c.noViews(what)
 	}
 	if err := c.coverLocked(s.sl, k); err != nil {
 		return nil, err
@@ -109,13 +113,11 @@ func (s *Seq) UnitBytes(u int) ([]*tensor.Tensor, error) {
 	off, size := uint64(u-s.sl.coverLo)*g.unitBytes, g.unitBytes
 	out := make([]*tensor.Tensor, g.regions)
 	for r := range out {
-		v := s.sl.covers[r]
-		b, err := v.Bytes()
+		m, err := c.viewMem(s.sl.covers[r], off, size)
 		if err != nil {
-			return nil, errors.WithAssertionFailure(err)
+			return nil, err
 		}
-		t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), &memory{b[off : off+size], v.Addr() + driver.Addr(off)},
-			c.sharedBytes(s.sl, off, size), tensor.Uint8, int(size))
+		t, err := tensor.NewLeasedReadOnly(s.sl.leaseLocked(), m, c.sharedBytes(s.sl, off, size), tensor.Uint8, int(size))
 		if err != nil {
 			return nil, errors.WithAssertionFailure(err)
 		}
