@@ -191,11 +191,12 @@ func (d *Decode) take(ctx context.Context, src Source, h Handoff) (taken, error)
 }
 
 // generate decodes n tokens of s from h.First into res.
-func (d *Decode) generate(s *kvcache.Seq, h Handoff, n int, res *Result) error {
+func (d *Decode) generate(s *kvcache.Seq, h Handoff, n int, res *Result) (err error) {
 	if n == 0 {
 		return nil
 	}
-	kv := newSeqKV(s, d.cache.Config().Layers, d.tpg)
+	kv := newSeqKV(d.cache, s, d.cache.Config().Layers, d.tpg)
+	defer func() { err = errors.CombineErrors(err, kv.close()) }()
 	tok := h.First
 	res.Tokens = append(res.Tokens, tok)
 	for len(res.Tokens) < n {

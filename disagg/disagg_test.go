@@ -69,6 +69,12 @@ func newSides(t testing.TB, layout kvcache.Layout, maxCtx, maxSeqs int) *sides {
 	drv, err := host.New(host.Options{Devices: 2, Capacity: 64 * units.MiB, Granularity: page})
 	require.NoError(t, err)
 	drivertest.CloseAtEnd(t, drv)
+	return newSidesOn(t, drv, layout, maxCtx, maxSeqs)
+}
+
+// newSidesOn is newSides over drv's devices 0 (prefill) and 1 (decode).
+func newSidesOn(t testing.TB, drv driver.Driver, layout kvcache.Layout, maxCtx, maxSeqs int) *sides {
+	t.Helper()
 	space, mem := vaspace.New(drv), physical.New(drv)
 	m, err := transformer.New(modelConfig, 5)
 	require.NoError(t, err)

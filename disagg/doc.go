@@ -47,6 +47,20 @@
 // the prefill side as the decode side reaches it: Prefill itself in one
 // process, any request/reply channel between two (Refs are plain bytes).
 //
+// # Device memory
+//
+// On the CUDA and AscendCL drivers a cache's units are device tensors
+// (kvcache.Seq.UnitBytes): transfer engines made with staging
+// (transfer.Config.Staging, on each cache's device) move them through a
+// pinned host buffer; Local, whose tensor.Copy needs host memory, refuses
+// them (ErrUnsupported). A model that computes on the host — the
+// reference transformer — reaches the rows through the driver's copies:
+// a stream and a pinned buffer made per request at its first device row
+// and ended with it; Store copies a position's row to the device, and the
+// first Load of a layer after an Append copies the layer's rows off it
+// (a Store after that updates the copy too). A GPU model's kernels would
+// read and write the rows in place.
+//
 // # Lifetimes
 //
 // An exported extent is a tensor over the prefill sequence's memory under

@@ -33,25 +33,49 @@ func TestEngineMatchesLocal(t *testing.T) {
 			s.decode, err = NewDecode(s.dc, s.model, EngineFetcher(de, peer))
 			require.NoError(t, err)
 			rng := rand.New(rand.NewPCG(1, uint64(layout)))
-			tpu := unitTokensOf(layout)
-			base := randomTokens(rng, 2*tpu+6)
-			var total uint64
-			for _, p := range [][]int{base, append(slices.Clone(base[:2*tpu]), randomTokens(rng, 5)...), base, randomTokens(rng, tpu+3)} {
-				cached := s.index.cached(p)
-				h, err := s.prefill.Prefill(p, 0)
-				require.NoError(t, err)
-				res, err := s.decode.Decode(ctx, s.prefill, h, 4)
-				require.NoError(t, err)
-				want, wantLogits := reference(t, s.model, p, 4)
-				require.Equal(t, want, res.Tokens)
-				require.Equal(t, wantLogits, res.Logits)
-				require.Equal(t, cached, res.Cached)
-				total += res.Bytes
-			}
+			prefill := func(p []int) (Handoff, error) { return s.prefill.Prefill(p, 0) }
+			total := s.decodeAll(t, layout, sharingPrompts(rng, layout), prefill, s.prefill, s.decode)
 			require.Equal(t, total, de.Stats().BytesIn)
 			require.Equal(t, total, pe.Stats().BytesOut)
 			require.NoError(t, peer.Close())
 			require.NoError(t, s.prefill.Close())
 		})
 	}
+}
+
+// sharingPrompts are four prompts of the engine tests: a base of two
+// units and a bit, one sharing its two units, the base again (all of it
+// known but its last unit), and an unrelated one.
+func sharingPrompts(rng *rand.Rand, layout kvcache.Layout) [][]int {
+	tpu := unitTokensOf(layout)
+	base := randomTokens(rng, 2*tpu+6)
+	return [][]int{base, append(slices.Clone(base[:2*tpu]), randomTokens(rng, 5)...), base, randomTokens(rng, tpu+3)}
+}
+
+// decodeAll prefills each prompt (prefill), decodes 4 tokens of it from
+// src through d, and checks the tokens and logits against the reference,
+// the units cached against the decode cache's index and the bytes moved
+// against the units it lacked; it returns the bytes moved in all. Of
+// sharingPrompts, the third finds units cached.
+func (s *sides) decodeAll(t *testing.T, layout kvcache.Layout, prompts [][]int, prefill func([]int) (Handoff, error), src Source, d *Decode) uint64 {
+	t.Helper()
+	var total uint64
+	shared := len(prompts) > 2 && slices.Equal(prompts[0], prompts[2])
+	for i, p := range prompts {
+		cached := s.index.cached(p)
+		h, err := prefill(p)
+		require.NoError(t, err)
+		res, err := d.Decode(context.Background(), src, h, 4)
+		require.NoError(t, err)
+		want, wantLogits := reference(t, s.model, p, 4)
+		require.Equal(t, want, res.Tokens, "prompt %d", i)
+		require.Equal(t, wantLogits, res.Logits, "prompt %d: bit for bit", i)
+		require.Equal(t, cached, res.Cached, "prompt %d: units the decode cache held", i)
+		require.Equal(t, uint64(h.Units-res.Cached)*unitBytesOf(layout), res.Bytes, "prompt %d: the units it lacked, no more", i)
+		if i == 2 && shared {
+			require.Positive(t, res.Cached, "the third prompt repeats the first")
+		}
+		total += res.Bytes
+	}
+	return total
 }

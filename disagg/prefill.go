@@ -183,12 +183,13 @@ func (p *Prefill) Prefill(prompt []int, extra uint64) (Handoff, error) {
 
 // compute appends tokens (from position pos) to s, runs the model over
 // them, marks them written and returns the greedy token after the last.
-func (p *Prefill) compute(s *kvcache.Seq, tokens []int, pos int) (int, error) {
+func (p *Prefill) compute(s *kvcache.Seq, tokens []int, pos int) (_ int, err error) {
 	step, err := s.Append(tokens)
 	if err != nil {
 		return 0, err
 	}
-	kv := newSeqKV(s, p.cache.Config().Layers, p.tpg)
+	kv := newSeqKV(p.cache, s, p.cache.Config().Layers, p.tpg)
+	defer func() { err = errors.CombineErrors(err, kv.close()) }()
 	kv.appended(step)
 	var logits []float32
 	for i, tok := range tokens {

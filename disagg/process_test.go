@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,8 @@ import (
 	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/cuda"
+	"github.com/vmarena/vmarena/driver/cuda/cudatest"
 	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/transformer"
@@ -29,10 +32,14 @@ import (
 	"github.com/vmarena/vmarena/vaspace"
 )
 
-// prefillEnv, when set (to "KIND LAYOUT"), makes the test binary the
-// prefill process of TestTwoProcesses instead of running tests: it serves
-// its side over stdin and stdout, one JSON request and one JSON reply a
-// line (wire, below), and the bytes through a transfer engine of KIND.
+// prefillEnv, when set (to "KIND LAYOUT" or "KIND LAYOUT STANDIN"), makes
+// the test binary the prefill process of TestTwoProcesses (and
+// TestDeviceTwoProcesses) instead of running tests: it serves its side
+// over stdin and stdout, one JSON request and one JSON reply a line (wire,
+// below), and the bytes through a transfer engine of KIND. With STANDIN,
+// the path of a CUDA stand-in library, its cache is on device 0 of its own
+// instance of the stand-in (another process's GPU) and its engine stages
+// through a pinned buffer there.
 const prefillEnv = "VMARENA_DISAGG_PREFILL"
 
 func TestMain(m *testing.M) {
@@ -66,19 +73,36 @@ type wire struct {
 // newSides makes the prefill side's) and model, a transfer engine whose
 // address it says first, and the requests of the decode process.
 func servePrefill(v string, in io.Reader, out io.Writer) (err error) {
-	var kind, layoutName string
-	if _, err := fmt.Sscan(v, &kind, &layoutName); err != nil {
-		return errors.Wrapf(err, "%s=%q", prefillEnv, v)
+	f := strings.Fields(v)
+	if len(f) != 2 && len(f) != 3 {
+		return errors.Newf("%s=%q: want KIND LAYOUT [STANDIN]", prefillEnv, v)
 	}
-	layout := kvcache.TokenMajor
-	if layoutName == kvcache.PerLayer.String() {
+	kind, layout := f[0], kvcache.TokenMajor
+	if f[1] == kvcache.PerLayer.String() {
 		layout = kvcache.PerLayer
 	}
-	drv, err := host.New(host.Options{Devices: 1, Capacity: 64 * units.MiB, Granularity: page})
-	if err != nil {
-		return err
+	var drv driver.Driver
+	var staging transfer.Staging
+	if len(f) == 3 {
+		d, lib, err := cudatest.OpenFile(f[2], deviceMachine(1).Standin(), cuda.Options{})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			err = errors.CombineErrors(err, d.Close())
+			if leaks := lib.Leaks(); err == nil && len(leaks) > 0 {
+				err = errors.Newf("the stand-in still holds %s", strings.Join(leaks, ", "))
+			}
+		}()
+		drv, staging = d, deviceStaging(d, 0)
+	} else {
+		d, err := host.New(host.Options{Devices: 1, Capacity: 64 * units.MiB, Granularity: page})
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.CombineErrors(err, d.Close()) }()
+		drv = d
 	}
-	defer func() { err = errors.CombineErrors(err, drv.Close()) }()
 	m, err := transformer.New(modelConfig, 5)
 	if err != nil {
 		return err
@@ -90,7 +114,7 @@ func servePrefill(v string, in io.Reader, out io.Writer) (err error) {
 		return err
 	}
 	defer func() { err = errors.CombineErrors(err, cache.Close()) }()
-	e, err := transfer.New(transfer.Config{Kind: kind})
+	e, err := transfer.New(transfer.Config{Kind: kind, Staging: staging})
 	if err != nil {
 		return err
 	}
@@ -141,19 +165,29 @@ func servePrefill(v string, in io.Reader, out io.Writer) (err error) {
 // remotePrefill is the prefill process as the decode process reaches it:
 // a Source over its stdin and stdout.
 type remotePrefill struct {
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	enc  *json.Encoder
-	dec  *json.Decoder
-	addr string
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	enc     *json.Encoder
+	dec     *json.Decoder
+	addr    string
+	waited  sync.Once
+	waitErr error
 }
 
-func startPrefill(t *testing.T, kind string, layout kvcache.Layout) *remotePrefill {
+// wait waits for the process to end and returns its exit (nil for 0).
+func (r *remotePrefill) wait() error {
+	r.waited.Do(func() { r.waitErr = r.cmd.Wait() })
+	return r.waitErr
+}
+
+// startPrefill starts the prefill process; standin, if not empty, is the
+// CUDA stand-in library it opens its own instance of.
+func startPrefill(t *testing.T, kind string, layout kvcache.Layout, standin string) *remotePrefill {
 	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), prefillEnv+"="+kind+" "+layout.String())
+	cmd.Env = append(os.Environ(), strings.TrimSpace(prefillEnv+"="+kind+" "+layout.String()+" "+standin))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -163,9 +197,7 @@ func startPrefill(t *testing.T, kind string, layout kvcache.Layout) *remotePrefi
 	r := &remotePrefill{cmd: cmd, enc: json.NewEncoder(stdin), dec: json.NewDecoder(bufio.NewReader(stdout))}
 	t.Cleanup(func() {
 		_ = stdin.Close() // a process still reading stops at EOF
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		<-done
+		_ = r.wait()
 	})
 	var hello wire
 	require.NoError(t, r.dec.Decode(&hello))
@@ -226,18 +258,44 @@ func TestTwoProcesses(t *testing.T) {
 				if !slices.Contains(transfer.Kinds(), kind) {
 					t.Skip("this build has no UCX (build with -tags ucx, cgo and libucx-dev)")
 				}
-				twoProcesses(t, kind, layout)
+				twoProcesses(t, kind, layout, nil, "")
 			})
 		}
 	}
 }
 
-func twoProcesses(t *testing.T, kind string, layout kvcache.Layout) {
+// TestDeviceTwoProcesses is TestTwoProcesses with device memory on both
+// sides: the prefill process's cache on device 0 of its own instance of
+// the CUDA stand-in (another process's GPU: the instances share nothing),
+// this process's decode cache on device 1 of its own, and the units moved
+// over the tcp kind between two engines that each stage through a pinned
+// buffer on their cache's device. The prefill process exits 0 only if its
+// stand-in holds nothing once it closes.
+func TestDeviceTwoProcesses(t *testing.T) {
+	for _, layout := range []kvcache.Layout{kvcache.PerLayer, kvcache.TokenMajor} {
+		t.Run(layout.String(), func(t *testing.T) {
+			drv, lib := cudatest.Open(t, deviceMachine(2).Standin(), cuda.Options{})
+			twoProcesses(t, "tcp", layout, drv, lib.Path())
+		})
+	}
+}
+
+// twoProcesses runs the prefill process and decodes here: on the host
+// driver (drv nil), or on device 1 of drv with the prefill process on its
+// own instance of the CUDA stand-in at standin.
+func twoProcesses(t *testing.T, kind string, layout kvcache.Layout, drv driver.Driver, standin string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pp := startPrefill(t, kind, layout)
-	s := newSides(t, layout, 256, 4) // the decode side is s.dc; s.prefill is not used
-	de, err := transfer.New(transfer.Config{Kind: kind})
+	pp := startPrefill(t, kind, layout, standin)
+	var s *sides // the decode side is s.dc; s.prefill is not used
+	cfg := transfer.Config{Kind: kind}
+	if drv == nil {
+		s = newSides(t, layout, 256, 4)
+	} else {
+		s = newSidesOn(t, drv, layout, 256, 4)
+		cfg.Staging = deviceStaging(drv, 1)
+	}
+	de, err := transfer.New(cfg)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, de.Close()) }()
 	peer, err := de.Connect(ctx, pp.addr)
@@ -245,27 +303,8 @@ func twoProcesses(t *testing.T, kind string, layout kvcache.Layout) {
 	decode, err := NewDecode(s.dc, s.model, EngineFetcher(de, peer))
 	require.NoError(t, err)
 
-	rng := rand.New(rand.NewPCG(7, uint64(layout)))
-	tpu := unitTokensOf(layout)
-	base := randomTokens(rng, 2*tpu+6)
-	prompts := [][]int{base, append(slices.Clone(base[:2*tpu]), randomTokens(rng, 5)...), base, randomTokens(rng, tpu+3)}
-	var total uint64
-	for i, p := range prompts {
-		cached := s.index.cached(p)
-		h, err := pp.prefill(p)
-		require.NoError(t, err)
-		res, err := decode.Decode(ctx, pp, h, 4)
-		require.NoError(t, err)
-		want, wantLogits := reference(t, s.model, p, 4)
-		require.Equal(t, want, res.Tokens, "prompt %d", i)
-		require.Equal(t, wantLogits, res.Logits, "prompt %d", i)
-		require.Equal(t, cached, res.Cached, "prompt %d: units its prefix store held", i)
-		require.Equal(t, uint64(h.Units-res.Cached)*unitBytesOf(layout), res.Bytes, "prompt %d: the units it lacked, no more", i)
-		if i == 2 {
-			require.Positive(t, res.Cached, "the third prompt repeats the first: its whole units are cached")
-		}
-		total += res.Bytes
-	}
+	prompts := sharingPrompts(rand.New(rand.NewPCG(7, uint64(layout))), layout)
+	total := s.decodeAll(t, layout, prompts, pp.prefill, pp, decode)
 	require.Equal(t, total, de.Stats().BytesIn, "the engine moved the bytes the decode side counted")
 
 	// A request the prefill process let go is refused, from the other
@@ -282,4 +321,9 @@ func twoProcesses(t *testing.T, kind string, layout kvcache.Layout) {
 	require.NoError(t, s.dc.Check())
 	_, err = pp.call(wire{Op: "quit"})
 	require.ErrorIs(t, err, io.EOF)
+	require.NoError(t, pp.wait(), "the prefill process closed everything")
+	require.NoError(t, s.prefill.Close())
+	for _, c := range []*kvcache.Cache{s.pc, s.dc} {
+		require.NoError(t, c.Close())
+	}
 }

@@ -331,6 +331,15 @@ func (c *Cache) Base() driver.Addr {
 	return c.slots.Base()
 }
 
+// Driver is the driver the cache's memory is on, whose streams copy the
+// bytes of its device tensors (nil for a nil or zero cache).
+func (c *Cache) Driver() driver.Driver {
+	if c == nil || c.slots == nil {
+		return nil
+	}
+	return c.slots.Driver()
+}
+
 // SlotBytes is the address space of one slot.
 func (c *Cache) SlotBytes() uint64 {
 	if c == nil || c.g == nil {
