@@ -401,6 +401,41 @@ func (k *Cache) Admit(r *SimRequest) (int, error) {
 	return held, nil
 }
 
+// Fork starts child as a fork of parent's sequence (kvcache's Seq.Fork):
+// it shares the pages of parent's tokens, the prompt's last, partly
+// written unit copied at the child's (or parent's) next Append. parent
+// must be running with every token appended computed; child must be
+// another sample of its request, not admitted. kvcache's refusals come
+// back marked as they are (ErrOutOfMemory, ErrBusy, ErrUnsupported) and
+// change nothing.
+func (k *Cache) Fork(parent, child *SimRequest) error {
+	cs, err := k.live("fork", parent, false)
+	if err != nil {
+		return err
+	}
+	if err := k.usable("fork", child); err != nil {
+		return err
+	}
+	switch {
+	case k.seqs[child.id] != nil:
+		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: fork request %d into %d: it is admitted already", parent.id, child.id)
+	case child.prompt != parent.prompt || child.id == parent.id:
+		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: fork request %d into %d: not another sample of its prompt", parent.id, child.id)
+	case cs.next != parent.computed || cs.seq.Len() != cs.next:
+		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: fork request %d: %d tokens appended, %d computed", parent.id, cs.seq.Len(), parent.computed)
+	}
+	if err := cs.markComputed(); err != nil {
+		return errors.Wrapf(err, "serving: kvcache: fork request %d", parent.id)
+	}
+	seq, err := cs.seq.Fork()
+	if err != nil {
+		return errors.Wrapf(err, "serving: kvcache: fork request %d into %d", parent.id, child.id)
+	}
+	k.seqs[child.id] = &cacheSeq{seq: seq, next: cs.next, marked: cs.next}
+	k.checkAfter("fork")
+	return nil
+}
+
 // Append appends r's tokens [next, next+n) to its sequence — those it
 // does not hold room for already.
 func (k *Cache) Append(r *SimRequest, n int) error {

@@ -70,6 +70,16 @@ type Scheme interface {
 	Check() error
 }
 
+// forker is a scheme that starts a sequence as a fork of another
+// (Cache): Fork starts child, a sample not admitted, holding the KV of
+// parent's computed tokens (its prompt, all computed), which it shares
+// rather than copies. A refusal changes nothing: ErrOutOfMemory or
+// ErrBusy for want of room, ErrUnsupported where the scheme cannot fork
+// (the sample is then admitted as a request of its own).
+type forker interface {
+	Fork(parent, child *SimRequest) error
+}
+
 // kvWriter is a scheme told when the tokens a step appended to a request
 // are computed — their keys and values written — at the step's end (or,
 // with Options.AdmitAhead, once the step is launched: every later
@@ -237,10 +247,13 @@ func FitMaxContext(reqs []Request, c Config) int {
 // Request, and how far it has got. A scheme reads it and never changes it;
 // only Simulate does.
 type SimRequest struct {
-	// id is the request's index in the trace: its content identity where
-	// the trace names none.
-	id  int
-	req Request
+	// id is the sequence's index among the simulation's sequences (a
+	// trace request of n samples is n consecutive ones): its output's
+	// content identity. prompt is the first sample's id: its prompt's
+	// content identity where the trace names none, so that the samples of
+	// one request have equal prompts (prompt is id for a request of one).
+	id, prompt int
+	req        Request
 	// context is the tokens known: the prompt and the tokens generated so
 	// far. computed is those whose KV has been computed and is held;
 	// computed <= context, and context - computed is 1 when decoding (the
@@ -253,6 +266,9 @@ type SimRequest struct {
 	// preempted says the request has been preempted: it starts again
 	// through Resume, not Admit.
 	preempted bool
+	// forks are, on a request's first sample under a scheme that forks,
+	// its other samples, to fork from it when it produces its first token.
+	forks []*SimRequest
 }
 
 type simState uint8
@@ -264,7 +280,8 @@ const (
 	simRefused                  // longer than MaxContext or empty: never ran
 )
 
-// ID is the request's index in its trace.
+// ID is the sequence's index among the simulation's: the request's
+// index in its trace where no request before it samples several.
 func (r *SimRequest) ID() int {
 	if r == nil {
 		return 0
@@ -293,16 +310,20 @@ func (r *SimRequest) Context() int {
 // Token is token t of the request's context: a synthetic token id that
 // stands for its content. Where the trace names blocks (Mooncake's
 // hash_ids), the prompt's token t is a function of its block's id and its
-// place in it, so equal ids give equal tokens; every other token (an Azure
-// prompt, any output) is a function of the request's ID and t, shared with
-// no other request. Distinct contents give distinct tokens but with
-// probability 2^-63 a pair.
+// place in it, so equal ids give equal tokens; an Azure prompt's token is
+// a function of its request's first sample's ID and t, shared by that
+// request's samples alone; any output token is a function of the
+// sequence's ID and t, shared with no other. Distinct contents give
+// distinct tokens but with probability 2^-63 a pair.
 func (r *SimRequest) Token(t int) int {
 	if r == nil {
 		return 0
 	}
 	if t < r.req.Input && t/BlockTokens < len(r.req.Blocks) {
 		return tokenID(1, uint64(r.req.Blocks[t/BlockTokens]), uint64(t%BlockTokens))
+	}
+	if t < r.req.Input {
+		return tokenID(2, uint64(r.prompt), uint64(t))
 	}
 	return tokenID(2, uint64(r.id), uint64(t))
 }

@@ -15,7 +15,7 @@ var tinyConfig = Config{Model: tinyModel, Budget: 128 * units.KiB, MaxContext: 6
 
 // simReq is request id of a trace, not yet served.
 func simReq(id, input, output int, blocks ...int64) *SimRequest {
-	return &SimRequest{id: id, req: Request{Input: input, Output: output, Blocks: blocks}, context: input}
+	return &SimRequest{id: id, prompt: id, req: Request{Input: input, Output: output, Blocks: blocks}, context: input}
 }
 
 // TestTokens: Mooncake's hash_ids make equal prompt tokens where the ids

@@ -31,12 +31,16 @@ import (
 //     16,384 tokens, half of them behind one of 4 shared 2,048-token
 //     prefixes, outputs of 512 to 4,096 tokens; Poisson arrivals, 4 a
 //     second.
+//   - parallel-sampling: requests of n samples (Request.N: half of them
+//     1, the rest 2, 4 or 8, as parallel sampling and best-of-n ask),
+//     prompts of 256 to 8,192 tokens shared by no other request, outputs
+//     of 64 to 1,024 tokens; Poisson arrivals, 1 a second.
 //
 // Lengths are log-uniform between their bounds. A prompt's blocks of
 // BlockTokens are named as a Mooncake trace names them (Request.Blocks):
 // a shared prefix's whole blocks by its own ids, every other block by an
 // id no other request has; bursts name none.
-var RequestShapes = []string{"shared-prefix", "bursts", "squeeze"}
+var RequestShapes = []string{"shared-prefix", "bursts", "squeeze", "parallel-sampling"}
 
 // The requests RequestTrace makes by default, and at most.
 const (
@@ -63,7 +67,7 @@ type RequestTrace struct {
 }
 
 // shapeRates are each shape's default Rate.
-var shapeRates = map[string]float64{"shared-prefix": 2, "bursts": 2, "squeeze": 4}
+var shapeRates = map[string]float64{"shared-prefix": 2, "bursts": 2, "squeeze": 4, "parallel-sampling": 1}
 
 // Check refuses what Generate cannot make, with driver.ErrInvalid and a
 // message that says what would do: an unknown shape, a number of
@@ -133,6 +137,14 @@ func (g RequestTrace) Generate() ([]Request, error) {
 			input := int(gen.log(1024, 16384))
 			suffix := max(input-len(doc)*BlockTokens, 1)
 			reqs = append(reqs, gen.request(gen.poisson(g.Rate), doc, suffix, int(gen.log(512, 4096))))
+		}
+	case "parallel-sampling":
+		for range g.Requests {
+			r := gen.request(gen.poisson(g.Rate), nil, int(gen.log(256, 8192)), int(gen.log(64, 1024)))
+			if r.N = 1; gen.rng.IntN(2) == 1 {
+				r.N = 2 << gen.rng.IntN(3)
+			}
+			reqs = append(reqs, r)
 		}
 	}
 	// Arrivals from 0, as the readers give them.

@@ -56,8 +56,19 @@ func TestRequestTrace(t *testing.T) {
 					before = id
 				}
 			}
-			if shape != "bursts" {
+			if shape != "bursts" && shape != "parallel-sampling" {
 				require.Positive(t, shared, "prefixes are shared")
+			}
+			samples := map[int]int{}
+			for _, r := range a {
+				samples[r.N]++
+			}
+			if shape == "parallel-sampling" {
+				require.Positive(t, samples[1], "requests of one sample")
+				require.Positive(t, samples[2]+samples[4]+samples[8], "requests of several")
+				require.Equal(t, len(a), samples[1]+samples[2]+samples[4]+samples[8], "n of 1, 2, 4 or 8")
+			} else {
+				require.Equal(t, len(a), samples[0], "one sample each, n unsaid")
 			}
 			// Another rate: the same lengths, other arrivals.
 			fast, err := RequestTrace{Shape: shape, Seed: 7, Requests: 500, Rate: 100}.Generate()

@@ -38,6 +38,10 @@ const (
 	// MaxN bounds a request's parallel samples (Request.N), as vLLM's
 	// SamplingParams.n: far more than any serving workload asks for.
 	MaxN = 256
+	// MaxSampledSequences bounds, in one simulation, the sequences that
+	// requests of several samples add beyond one each (Simulate builds one
+	// SimRequest a sequence).
+	MaxSampledSequences = 1 << 22
 )
 
 // BlockTokens is the number of prompt tokens a Mooncake hash id names: a
@@ -71,8 +75,10 @@ type Request struct {
 	N int
 }
 
-// seqs is the number of sequences r samples: N, or 1 where N is 0.
-func seqs(r Request) int { return max(r.N, 1) }
+// Sequences is the number of sequences r samples: N, or 1 where N is 0.
+func (r Request) Sequences() int { return max(r.N, 1) }
+
+func seqs(r Request) int { return r.Sequences() }
 
 // azureHeader is the header line of an Azure LLM inference trace.
 const azureHeader = "TIMESTAMP,ContextTokens,GeneratedTokens"

@@ -90,10 +90,15 @@ type Progress struct {
 type Result struct {
 	// Scheme is the scheme's Name.
 	Scheme string
-	// Requests is the trace's requests: Finished ran to their last output
-	// token, Refused never ran (longer than MaxContext, or an empty
-	// prompt).
-	Requests, Finished, Refused int
+	// Requests is the sequences served: one a trace request, n for a
+	// request of n samples (Request.N), Samples of them the samples beyond
+	// the first. Finished ran to their last output token, Refused never
+	// ran (longer than MaxContext, or an empty prompt).
+	Requests, Samples, Finished, Refused int
+	// Forks counts the samples started as forks of their request's first
+	// (a scheme that forks), FailedForks those the scheme refused to fork,
+	// queued as requests of their own.
+	Forks, FailedForks int
 	// Preemptions counts the sequences preempted to make room.
 	Preemptions int
 	// Steps counts the steps run.
@@ -259,10 +264,22 @@ func (o Options) Check() error {
 // admit with nothing running (it could never run; Config.Check keeps
 // the baselines from that). A nil scheme is an error marked
 // driver.ErrInvalid, as are options Options.Check refuses; so is a
-// scheme whose Check fails before it starts (a zero value). So is a
-// request of more than one sequence (Request.N over 1): no scheme forks
-// yet, and the simulation refuses it before it starts rather than
-// simulate one sequence where the trace asks for several.
+// scheme whose Check fails before it starts (a zero value), a request
+// whose N is out of range, and a trace whose samples beyond one a
+// request pass MaxSampledSequences (what it would build is bounded).
+//
+// A request of n samples (Request.N) is n sequences of one prompt, each
+// generating Output tokens of its own (the samples' prompt tokens are
+// equal, their outputs distinct). On a scheme that forks (Cache:
+// kvcache.Seq.Fork), the first sample computes the prompt and, as it
+// produces its first token, the others start as its forks, each with a
+// first token of its own from the same logits (their TTFT is its): they
+// share every page the prompt fills and copy only its last, partly
+// written one at their first Append. A fork the scheme refuses (no room
+// for that copy, no free slot) queues the sample as a request of its
+// own, which finds the prompt in the prefix store. On the other schemes
+// the n samples arrive as n requests of one prompt, as vLLM V1 serves
+// parallel sampling, and share the prompt through their prefix caches.
 func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	if isnil.Is(scheme) {
 		return Result{}, errors.Wrap(driver.ErrInvalid, "serving: simulate: the scheme is nil")
@@ -273,25 +290,36 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	if err := scheme.Check(); err != nil {
 		return Result{}, errors.Wrapf(err, "serving: simulate %s: the scheme's books are wrong before it starts", scheme.Name())
 	}
+	extra := 0
 	for i, r := range reqs {
 		if r.N < 0 || r.N > MaxN {
 			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d has n %d, want 0 to %d",
 				scheme.Name(), i, r.N, MaxN), "n is the request's parallel samples; 0 and 1 mean one sequence")
 		}
-		if seqs(r) > 1 {
-			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d samples %d sequences (n %d), and no scheme forks a request yet",
-				scheme.Name(), i, seqs(r), r.N), "drop the requests' n field, or give each sample a request of its own")
+		if extra += seqs(r) - 1; extra > MaxSampledSequences {
+			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d takes the samples beyond one a request past %d",
+				scheme.Name(), i, MaxSampledSequences), "simulate a shorter trace, or one with fewer samples a request")
 		}
 	}
 	opts.defaults()
 	s := &simulation{
 		opts:   opts,
 		scheme: scheme,
-		all:    make([]SimRequest, len(reqs)),
-		res:    Result{Scheme: scheme.Name(), Requests: len(reqs)},
+		all:    make([]SimRequest, 0, len(reqs)+extra),
+		res:    Result{Scheme: scheme.Name(), Requests: len(reqs) + extra, Samples: extra},
 	}
-	for i, r := range reqs {
-		s.all[i] = SimRequest{id: i, req: r, context: r.Input}
+	s.fork, _ = scheme.(forker)
+	for _, r := range reqs {
+		prompt := len(s.all)
+		for range seqs(r) {
+			s.all = append(s.all, SimRequest{id: len(s.all), prompt: prompt, req: r, context: r.Input})
+		}
+		if s.fork != nil && seqs(r) > 1 {
+			first := &s.all[prompt]
+			for i := prompt + 1; i < len(s.all); i++ {
+				first.forks = append(first.forks, &s.all[i])
+			}
+		}
 	}
 	if d, ok := scheme.(driverCounted); ok {
 		s.drv = d
@@ -321,7 +349,9 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 type simulation struct {
 	opts   Options
 	scheme Scheme
-	all    []SimRequest
+	// fork is the scheme as a forker (nil: it forks no sequence).
+	fork forker
+	all  []SimRequest
 
 	now time.Duration
 	// next is the index in all of the next request to arrive.
@@ -532,6 +562,9 @@ func (s *simulation) arriveBy(t time.Duration) {
 			s.done++
 			continue
 		}
+		if s.fork != nil && r.prompt != r.id {
+			continue // a sample to fork from the first, once it has a token
+		}
 		s.waiting = append(s.waiting, r)
 	}
 }
@@ -578,6 +611,11 @@ func (s *simulation) advance() error {
 			s.res.OutputTokens++
 			if r.generated == 1 {
 				s.ttft = append(s.ttft, s.now-r.req.Arrival)
+				if len(r.forks) > 0 {
+					if err := s.forkSamples(r); err != nil {
+						return err
+					}
+				}
 			}
 		}
 		if r.generated == r.req.Output {
@@ -592,6 +630,48 @@ func (s *simulation) advance() error {
 		}
 	}
 	s.running = slices.DeleteFunc(s.running, func(r *SimRequest) bool { return r.state != simRunning })
+	return nil
+}
+
+// forkSamples starts r's other samples as forks of r, which has just
+// produced its first token from its computed prompt: each has a first
+// token of its own (the same logits, sampled again) and runs from the
+// next step. A fork the scheme refuses for want of room (ErrOutOfMemory,
+// ErrBusy) or support (ErrUnsupported) queues the sample, behind the
+// queue, as a request of its own. A sample whose output is one token
+// finishes here.
+func (s *simulation) forkSamples(r *SimRequest) error {
+	forks := r.forks
+	r.forks = nil
+	for _, c := range forks {
+		m := s.enter()
+		err := s.fork.Fork(r, c)
+		s.foreground(s.leave(m), false)
+		if err != nil {
+			if !errors.Is(err, driver.ErrOutOfMemory) && !errors.Is(err, driver.ErrBusy) && !errors.Is(err, driver.ErrUnsupported) {
+				return err
+			}
+			s.res.FailedForks++
+			s.waiting = append(s.waiting, c)
+			continue
+		}
+		s.res.Forks++
+		c.state, c.computed, c.context, c.generated = simRunning, r.computed, r.context, 1
+		s.res.OutputTokens++
+		s.ttft = append(s.ttft, s.now-c.req.Arrival)
+		if c.generated < c.req.Output {
+			s.running = append(s.running, c)
+			continue
+		}
+		if s.opts.AdmitAhead {
+			s.freeing = append(s.freeing, c)
+		} else if err := s.free(c, -1); err != nil {
+			return err
+		}
+		c.state = simFinished
+		s.res.Finished++
+		s.done++
+	}
 	return nil
 }
 

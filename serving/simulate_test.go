@@ -1,7 +1,10 @@
 package serving
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/kvcache"
 )
 
 // tenMs prices every step at 10 ms, whatever it computes.
@@ -311,28 +315,142 @@ func TestSummarizeRequests(t *testing.T) {
 	require.Equal(t, RequestsSummary{}, SummarizeRequests(nil))
 }
 
-// TestSimulateRefusesForks: a request of more than one sequence, or of an
-// n out of range, is driver.ErrInvalid before the simulation starts, and
-// the scheme is left untouched.
-func TestSimulateRefusesForks(t *testing.T) {
-	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
-	tbl, err := NewBlockTable(cfg)
+// TestSimulateSamples: a request of n samples is n sequences of one
+// prompt, each generating its own output. The paged scheme serves them as
+// vLLM V1 does, n requests of one prompt: the samples after the first
+// find the prompt's whole blocks in its prefix cache and compute its last,
+// partial block again. This cache forks the first sample once it has its
+// first token: the prompt is computed once, the forks' first tokens come
+// with the first's (the same TTFT), and no sample computes a prompt token.
+// With too few slots for every fork, the forks refused (ErrBusy) queue
+// the samples as requests of their own, which find the prompt's whole
+// units in the prefix store; everything finishes and the books agree. An
+// n out of range, or samples past MaxSampledSequences, is
+// driver.ErrInvalid before the simulation starts, the scheme untouched.
+func TestSimulateSamples(t *testing.T) {
+	const prompt, block = 40, DefaultBlockTokens
+	reqs := []Request{{Input: prompt, Output: 3, N: 4}, {Arrival: time.Second, Input: prompt, Output: 2}}
+	for _, ahead := range []bool{false, true} {
+		opts := Options{Config: tinyPages, CheckEvery: 1, AdmitAhead: ahead}
+		tbl, err := NewBlockTable(tinyPages)
+		require.NoError(t, err)
+		cacheOpts := CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB}
+		for _, sc := range []Scheme{tbl, newKVCache(t, tinyPages, cacheOpts)} {
+			t.Run(fmt.Sprintf("%s/ahead=%t", sc.Name(), ahead), func(t *testing.T) {
+				res, err := Simulate(reqs, sc, opts)
+				require.NoError(t, err)
+				require.Equal(t, 5, res.Requests, "four samples and one request")
+				require.Equal(t, 3, res.Samples)
+				require.Equal(t, 5, res.Finished)
+				require.Equal(t, int64(4*3+2), res.OutputTokens, "each sample its own output")
+				decode := int64(4*2 + 1) // the tokens after each sequence's first
+				if sc == Scheme(tbl) {
+					require.Zero(t, res.Forks)
+					require.Equal(t, int64(prompt+3*(prompt%block)+prompt)+decode, res.ComputedTokens,
+						"the samples after the first compute the prompt's partial block again")
+					require.Equal(t, int64(3*(prompt/block*block)), res.Stats.PrefixHit)
+				} else {
+					require.Equal(t, 3, res.Forks)
+					require.Zero(t, res.FailedForks)
+					require.Equal(t, int64(2*prompt)+decode, res.ComputedTokens, "the prompt computed once")
+					require.Equal(t, res.MedianTTFT, res.P99TTFT, "the forks' first tokens are the first's, the other request's as soon")
+				}
+				require.NoError(t, sc.Check())
+			})
+		}
+	}
+	t.Run("slots for one fork", func(t *testing.T) {
+		cfg := tinyPages
+		cfg.MaxSeqs = 2
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+		res, err := Simulate(reqs, k, Options{Config: cfg, CheckEvery: 1})
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Forks)
+		require.Equal(t, 2, res.FailedForks, "no free slot: ErrBusy")
+		require.Equal(t, 5, res.Finished)
+		require.Equal(t, int64(4*3+2), res.OutputTokens)
+		require.Positive(t, res.Stats.PrefixHit, "the queued samples find the prompt in the prefix store")
+		require.NoError(t, k.Check())
+	})
+	tbl, err := NewBlockTable(tinyPages)
 	require.NoError(t, err)
 	for _, tc := range []struct {
-		n    int
+		reqs []Request
 		says string
 	}{
-		{4, "request 1 samples 4 sequences (n 4), and no scheme forks a request yet"},
-		{-1, "request 1 has n -1, want 0 to 256"},
-		{MaxN + 1, "request 1 has n 257, want 0 to 256"},
+		{[]Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2, N: -1}}, "request 1 has n -1, want 0 to 256"},
+		{[]Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2, N: MaxN + 1}}, "request 1 has n 257, want 0 to 256"},
+		{slices.Repeat([]Request{{Input: 10, Output: 2, N: MaxN}}, MaxSampledSequences/(MaxN-1)+1),
+			fmt.Sprintf("request %d takes the samples beyond one a request past %d", MaxSampledSequences/(MaxN-1), MaxSampledSequences)},
 	} {
-		reqs := []Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2, N: tc.n}}
-		_, err := Simulate(reqs, tbl, Options{Config: cfg})
+		before := tbl.Stats()
+		_, err := Simulate(tc.reqs, tbl, Options{Config: tinyPages})
 		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)
 		require.ErrorContains(t, err, tc.says)
 		require.NoError(t, tbl.Check())
-		require.Equal(t, Stats{}, tbl.Stats(), "the refusal left it untouched")
+		require.Equal(t, before, tbl.Stats(), "the refusal left it untouched")
 	}
-	_, err = Simulate([]Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2}}, tbl, Options{Config: cfg})
-	require.NoError(t, err, "n 1 and n 0 are one sequence each")
+}
+
+// TestSimulateSamplesRandom: seeded traces of requests of 1 to 8 samples,
+// prompts sharing blocks or not, in a budget tight enough to preempt
+// forks and parents alike; this cache (drop and swap preemption, a step
+// ahead or not) and the paged scheme, their books checked after every
+// step. Every sequence finishes or is refused, each with its own output;
+// on the cache every sample is forked or queued, once.
+func TestSimulateSamplesRandom(t *testing.T) {
+	cfg := tinyPages
+	cfg.Budget = 128 * units.KiB // two sequences of the max context
+	var forks, failed, preempted, forkPreempted int
+	for seed := range uint64(6) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		var reqs []Request
+		var at time.Duration
+		for range 24 {
+			at += time.Duration(rng.IntN(400)) * time.Millisecond
+			in := 1 + rng.IntN(60)
+			r := Request{Arrival: at, Input: in, Output: 1 + rng.IntN(12), N: rng.IntN(9)}
+			if rng.IntN(2) == 0 {
+				r.Blocks = []int64{int64(rng.IntN(3))} // one of 3 shared prompts' block
+			}
+			reqs = append(reqs, r)
+		}
+		want, seqsWant := int64(0), 0
+		for _, r := range reqs {
+			seqsWant += r.Sequences()
+			if r.Input+r.Output <= cfg.MaxContext {
+				want += int64(r.Sequences() * r.Output)
+			}
+		}
+		for _, mode := range []kvcache.PreemptMode{kvcache.Drop, kvcache.Swap} {
+			for _, ahead := range []bool{false, true} {
+				tbl, err := NewBlockTable(cfg)
+				require.NoError(t, err)
+				k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, Preempt: mode})
+				for _, sc := range []Scheme{k, tbl} {
+					res, err := Simulate(reqs, sc, Options{Config: cfg, CheckEvery: 1, AdmitAhead: ahead})
+					require.NoError(t, err, "seed %d, %s, %v, ahead %t", seed, sc.Name(), mode, ahead)
+					require.Equal(t, seqsWant, res.Requests)
+					require.Equal(t, res.Requests, res.Finished+res.Refused)
+					require.Equal(t, want, res.OutputTokens, "each sequence its own output")
+					if sc == Scheme(k) {
+						refusedSamples := 0
+						for _, r := range reqs {
+							if r.Input+r.Output > cfg.MaxContext {
+								refusedSamples += r.Sequences() - 1
+							}
+						}
+						require.Equal(t, res.Samples-refusedSamples, res.Forks+res.FailedForks, "seed %d: every sample forked or queued", seed)
+						forks, failed, forkPreempted = forks+res.Forks, failed+res.FailedForks, forkPreempted+res.Preemptions
+					}
+					preempted += res.Preemptions
+					require.NoError(t, sc.Check())
+				}
+			}
+		}
+	}
+	t.Logf("forks %d, refused forks %d, preemptions %d (%d on the cache)", forks, failed, preempted, forkPreempted)
+	require.Positive(t, forks)
+	require.Positive(t, failed, "some forks find no slot or no room")
+	require.Positive(t, forkPreempted, "the budget preempts")
 }

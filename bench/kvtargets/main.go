@@ -11,7 +11,7 @@
 // vmarena kv simulate --admit-ahead), as an engine whose scheduler runs
 // while the GPU computes.
 //
-//	go run ./bench/kvtargets                      # 32 cells, 200 requests a trace
+//	go run ./bench/kvtargets                      # 40 cells, 200 requests a trace
 //	go run ./bench/kvtargets -requests 50 -models llama3-8b -cpuprofile /tmp/kv.prof
 //
 // Run it from the repository root (the Mooncake slice is
@@ -46,7 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	requests := fs.Int("requests", 200, "each trace's first `N` requests")
 	seed := fs.Uint64("seed", 1, "the `SEED` of the generated traces")
 	models := fs.String("models", strings.Join(bench.KVTargetModels, ","), "the model presets, a comma-separated `LIST`")
-	traces := fs.String("traces", "", "only these traces, a comma-separated `LIST` (mooncake, shared-prefix, bursts, squeeze; empty: all)")
+	traces := fs.String("traces", "", "only these traces, a comma-separated `LIST` (mooncake, shared-prefix, bursts, squeeze, parallel-sampling; empty: all)")
 	prices := fs.String("prices", "a100", "the driver call costs' `TABLE`: "+strings.Join(sim.CostTableNames(), " or "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
 	if err := fs.Parse(args); err != nil {

@@ -21,11 +21,11 @@ func TestRun(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	require.Contains(t, lines[0], "kvtargets: 8 requests a trace (seed 1)")
 	require.Contains(t, lines[2], "preempt cache/paged")
-	for i, trace := range []string{"mooncake", "mooncake", "shared-prefix", "shared-prefix", "bursts", "bursts", "squeeze", "squeeze"} {
+	for i, trace := range []string{"mooncake", "mooncake", "shared-prefix", "shared-prefix", "bursts", "bursts", "squeeze", "squeeze", "parallel-sampling", "parallel-sampling"} {
 		require.True(t, strings.HasPrefix(lines[3+i], trace+" "), lines[3+i])
 		require.Contains(t, lines[3+i], "llama3-8b")
 	}
-	require.Contains(t, lines[len(lines)-1], "8 cells in ")
+	require.Contains(t, lines[len(lines)-1], "10 cells in ")
 }
 
 // TestRunRefuses: flags it cannot use exit 2, saying why.
@@ -36,7 +36,7 @@ func TestRunRefuses(t *testing.T) {
 	}{
 		{[]string{"-prices", "b200"}, "-prices b200: want a100 or h100"},
 		{[]string{"-requests", "0"}, "-requests 0: want at least 1"},
-		{[]string{"-traces", "azure"}, `-traces: no trace "azure", want mooncake or shared-prefix, bursts, squeeze`},
+		{[]string{"-traces", "azure"}, `-traces: no trace "azure", want mooncake or shared-prefix, bursts, squeeze, parallel-sampling`},
 		{[]string{"-models", "gpt2"}, `-models: serving: no model preset "gpt2"`},
 		{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
 	} {

@@ -455,8 +455,14 @@ type KVSimulateJSON struct {
 type KVSchemeJSON struct {
 	Scheme string `json:"scheme"`
 	// Requests, Finished and Refused (longer than the max context) count
-	// requests; Preemptions the sequences preempted.
+	// sequences: a request of n samples (the trace's n) counts n, Samples
+	// of them beyond one a request; Forks the samples started as forks of
+	// their request's first (this cache), FailedForks those it could not
+	// fork and queued as requests; Preemptions the sequences preempted.
 	Requests    int `json:"requests"`
+	Samples     int `json:"samples"`
+	Forks       int `json:"forks"`
+	FailedForks int `json:"failed_forks"`
 	Finished    int `json:"finished"`
 	Refused     int `json:"refused"`
 	Preemptions int `json:"preemptions"`
@@ -571,7 +577,8 @@ func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.Config, m
 func kvSchemesJSON(results []serving.Result) []KVSchemeJSON {
 	out := []KVSchemeJSON{}
 	for _, r := range results {
-		out = append(out, KVSchemeJSON{Scheme: r.Scheme, Requests: r.Requests, Finished: r.Finished, Refused: r.Refused,
+		out = append(out, KVSchemeJSON{Scheme: r.Scheme, Requests: r.Requests, Samples: r.Samples, Forks: r.Forks, FailedForks: r.FailedForks,
+			Finished: r.Finished, Refused: r.Refused,
 			Preemptions: r.Preemptions, PeakSeqs: r.PeakSeqs, MeanSeqs: r.MeanSeqs,
 			PeakInUseBytes: r.PeakInUse, MeanInUseBytes: r.MeanInUse,
 			PeakWasteBytes: r.PeakWaste, MeanWasteBytes: r.MeanWaste, WasteFraction: r.WasteFraction(),

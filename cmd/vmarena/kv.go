@@ -338,10 +338,14 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	defer func() { code = max(code, closeCache(cache, stderr)) }()
 
 	var results []serving.Result
+	sequences := 0
+	for _, r := range reqs {
+		sequences += r.Sequences()
+	}
 	for _, sc := range schemes {
 		// On a terminal a bar counts each scheme's requests done; elsewhere
 		// (a log, a test) nothing is written.
-		bar := progress.New(stderr, int64(len(reqs)), "kv simulate: "+sc.Name())
+		bar := progress.New(stderr, int64(sequences), "kv simulate: "+sc.Name())
 		opts.Progress = nil
 		if bar != nil {
 			opts.Progress = func(p serving.Progress) { bar.Set(int64(p.Done)) }
@@ -466,6 +470,15 @@ func kvTable(results []serving.Result) [][]string {
 	}
 	row("scheme", func(r serving.Result) string { return r.Scheme })
 	row("requests finished", func(r serving.Result) string { return fmt.Sprintf("%d of %d", r.Finished, r.Requests) })
+	if slices.ContainsFunc(results, func(r serving.Result) bool { return r.Samples > 0 }) {
+		row("samples beyond one a request", func(r serving.Result) string { return fmt.Sprint(r.Samples) })
+		row("samples forked / queued as requests", func(r serving.Result) string {
+			if r.Forks+r.FailedForks == 0 {
+				return "- (requests of one prompt)"
+			}
+			return fmt.Sprintf("%d / %d", r.Forks, r.FailedForks)
+		})
+	}
 	row("refused (longer than max context)", func(r serving.Result) string { return fmt.Sprint(r.Refused) })
 	row("peak concurrent sequences", func(r serving.Result) string { return fmt.Sprint(r.PeakSeqs) })
 	row("mean concurrent sequences", func(r serving.Result) string { return fmt.Sprintf("%.1f", r.MeanSeqs) })

@@ -128,6 +128,25 @@ func TestKVSimulateHandmade(t *testing.T) {
 	require.Regexp(t, `(?m)^prefix cache: tokens found / looked up 32 / 64 \(50\.0%\) 32 / 64 \(50\.0%\) —$`, flat)
 	require.Regexp(t, `(?m)^tokens computed \(prompts, recomputes, decodes\) 46 50 82$`, flat)
 
+	// A request of 3 samples: this cache forks two, the paged and static
+	// schemes serve them as requests of one prompt; the JSON says so too.
+	samples := writeTrace(t, "samples.jsonl",
+		`{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [7], "n": 3}`+"\n")
+	code, out, errOut = runKV(t, "simulate", "--trace", samples, "--model", "llama-7b", "--memory", "1GiB")
+	require.Equal(t, 0, code, errOut)
+	flat = flatten(out)
+	require.Regexp(t, `(?m)^requests finished 3 of 3 3 of 3 3 of 3$`, flat)
+	require.Regexp(t, `(?m)^samples beyond one a request 2 2 2$`, flat)
+	require.Regexp(t, `(?m)^samples forked / queued as requests 2 / 0 - \(requests of one prompt\) - \(requests of one prompt\)$`, flat)
+	code, out, errOut = runKV(t, "simulate", "--trace", samples, "--model", "llama-7b", "--memory", "1GiB", "--json")
+	require.Equal(t, 0, code, errOut)
+	var doc KVSimulateJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &doc))
+	require.Equal(t, 3, doc.Schemes[0].Requests)
+	require.Equal(t, 2, doc.Schemes[0].Samples)
+	require.Equal(t, 2, doc.Schemes[0].Forks)
+	require.Zero(t, doc.Schemes[1].Forks)
+
 	// Per-layer, a sequence's first token takes a page in each of 64
 	// regions: 128 MiB, more than 8 MiB holds.
 	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--layout", "per-layer")
