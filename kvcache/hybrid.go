@@ -559,7 +559,7 @@ func (h *Hybrid) planAdmitLocked(what func() string, prompt []int, m, total int,
 		}
 		c := g.c
 		c.mu.Lock()
-		mm, _ := c.findFromLocked(prompt, 0, m, nil, nil)
+		mm := c.findAtMostLocked(prompt, m)
 		p := c.planAdmitLocked(mm, total)
 		c.mu.Unlock()
 		if p.sl == nil {

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/vmarena/vmarena/internal/errors"
 
@@ -135,7 +136,7 @@ func (c *Cache) admitUpTo(prompt []int, limit, total int) (*Seq, error) {
 		return nil, err
 	}
 	c.forgetAskedLocked()
-	m, _ := c.findFromLocked(prompt, 0, limit, nil, nil)
+	m := c.findAtMostLocked(prompt, limit)
 	p := c.planAdmitLocked(m, max(total, m.tokens))
 	sl := p.sl
 	if sl == nil {
@@ -154,8 +155,48 @@ func (c *Cache) admitUpTo(prompt []int, limit, total int) (*Seq, error) {
 func (c *Cache) matchTokens(prompt []int, limit int) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m, _ := c.findFromLocked(prompt, 0, limit, nil, nil)
-	return m.tokens
+	return c.findAtMostLocked(prompt, limit).tokens
+}
+
+// findAtMostLocked is the longest match of prompt (never its last token)
+// of at most atMost tokens: what a hybrid cache's groups, which must
+// agree on one count, can each lend. It is idempotent —
+// findAtMostLocked(p, findAtMostLocked(p, n).tokens) is the same match —
+// so the groups' agreement (Hybrid.matchLocked) settles at the longest
+// count every group can lend. In the Contiguous layout a unit's key
+// reaches past the tokens it holds whole, so a match found with a lower
+// limit (findFromLocked) would stop a unit short of it, and every round
+// of that agreement would lose a unit more; the match is cut from the
+// longest one instead: the units whole below the cut borrowed, the one
+// the next token starts in copied.
+func (c *Cache) findAtMostLocked(prompt []int, atMost int) match {
+	g := c.g
+	limit := min(atMost, len(prompt)-1)
+	if g.layout != Contiguous || c.cfg.Window > 0 {
+		m, _ := c.findFromLocked(prompt, 0, limit, nil, nil)
+		return m
+	}
+	m, _ := c.findFromLocked(prompt, 0, len(prompt)-1, nil, nil)
+	if m.tokens <= limit {
+		return m
+	}
+	all := slices.Clip(m.units)
+	if m.partial != nil {
+		all = append(all, m.partial)
+	}
+	// k is the most units whose whole tokens are at most limit: the
+	// largest k with floor(k*page/stride) <= limit (cut's tokens).
+	k := int((uint64(limit+1)*g.stride - 1) / g.page)
+	b, copyNext, tokens := g.cut(k)
+	if b > len(all) || copyNext && b >= len(all) {
+		m, _ := c.findFromLocked(prompt, 0, limit, nil, nil) // cannot be: the units are the longest match's
+		return m
+	}
+	out := match{units: all[:b], tokens: tokens}
+	if copyNext {
+		out.partial = all[b]
+	}
+	return out
 }
 
 // forkNeedLocked is the pages a Fork of s may need (its partly written

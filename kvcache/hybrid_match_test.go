@@ -1,0 +1,105 @@
+package kvcache
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// TestHybridLatentFindsWholePrefix: deepseek-v3's latent group (the
+// Contiguous layout, 70,272 bytes a token: tokens straddle its 2 MiB
+// pages) lends a second admission of a written 20,000-token prompt as
+// much as a uniform cache of the same geometry does: every token but
+// those of the unit the last one starts in. (Before, the hybrid's
+// agreement between groups asked the group again with the count it had
+// answered, and in the Contiguous layout each such round lost a unit:
+// 16,400 tokens.)
+func TestHybridLatentFindsWholePrefix(t *testing.T) {
+	prompt := seqTokens(20000, 20000, 0)
+	hc, err := HybridPreset("deepseek-v3")
+	require.NoError(t, err)
+	hc.MaxContext, hc.MaxSeqs = 32768, 8
+	e := simEnv(t, 80*units.GiB, 2*units.MiB)
+	h, err := NewHybrid(e.space, e.mem, hc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	_, err = s.Append(prompt)
+	require.NoError(t, err)
+	require.NoError(t, s.MarkWritten(len(prompt)))
+	require.NoError(t, s.Free())
+	s, err = h.Admit(prompt)
+	require.NoError(t, err)
+
+	cfg, err := Preset("deepseek-v3")
+	require.NoError(t, err)
+	cfg.MaxContext, cfg.MaxSeqs, cfg.Layout, cfg.MapAhead = 32768, 8, Contiguous, -1
+	c := simEnv(t, 80*units.GiB, 2*units.MiB).cache(t, cfg)
+	a, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	_, err = a.Append(prompt)
+	require.NoError(t, err)
+	require.NoError(t, a.MarkWritten(len(prompt)))
+	require.NoError(t, a.Free())
+	b, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	require.Equal(t, b.Matched(), s.Matched(), "the hybrid's latent group lends what the uniform cache does")
+	require.Greater(t, s.Matched(), len(prompt)-int(2*units.MiB/70272)-1, "all but the last unit's tokens")
+	require.NoError(t, s.Free())
+	require.NoError(t, b.Free())
+	require.NoError(t, h.Check())
+}
+
+// TestFindAtMost: in every layout, the match of at most n tokens holds at
+// most n, is the longest (a brute force over the longest match's units
+// agrees in the Contiguous layout), and asking again with its own count
+// gives it back: the fixed point the hybrid's groups agree on.
+func TestFindAtMost(t *testing.T) {
+	for _, layout := range []Layout{PerLayer, TokenMajor, Contiguous} {
+		t.Run(layout.String(), func(t *testing.T) {
+			cfg, err := Preset("deepseek-v3")
+			require.NoError(t, err)
+			cfg.MaxContext, cfg.MaxSeqs, cfg.Layout, cfg.MapAhead = 8192, 4, layout, -1
+			if layout == PerLayer {
+				cfg, err = Preset("llama3-8b") // 2 MiB holds whole rows
+				require.NoError(t, err)
+				cfg.MaxContext, cfg.MaxSeqs, cfg.Layout, cfg.MapAhead = 8192, 4, layout, -1
+			}
+			c := simEnv(t, 80*units.GiB, 2*units.MiB).cache(t, cfg)
+			prompt := seqTokens(5000, 5000, 0)
+			a, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			_, err = a.Append(prompt)
+			require.NoError(t, err)
+			require.NoError(t, a.MarkWritten(len(prompt)))
+			require.NoError(t, a.Free())
+			rng := rand.New(rand.NewPCG(1, uint64(layout)))
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			full := c.findAtMostLocked(prompt, len(prompt))
+			require.Positive(t, full.tokens)
+			for range 200 {
+				n := rng.IntN(len(prompt) + 1)
+				m := c.findAtMostLocked(prompt, n)
+				require.LessOrEqual(t, m.tokens, n)
+				again := c.findAtMostLocked(prompt, m.tokens)
+				require.Equal(t, m.tokens, again.tokens, "idempotent at %d", n)
+				require.Equal(t, len(m.units), len(again.units))
+				require.Equal(t, m.partial, again.partial)
+				if layout == Contiguous {
+					best := 0
+					for k := 0; k <= len(full.units)+1; k++ {
+						if _, _, tk := c.g.cut(k); tk <= n && tk <= full.tokens {
+							best = tk
+						}
+					}
+					require.Equal(t, best, m.tokens, "the longest at most %d", n)
+				}
+			}
+		})
+	}
+}
