@@ -279,9 +279,11 @@ func TestHybridRace(t *testing.T) {
 
 // TestHybridWindowHit: a hybrid's window group hits by the sliding-window
 // rule: once the first sequence's window passed its prompt's early units
-// (dropped from the window group's store), a second admission of the
-// prompt still matches what the full group holds, its window group's
-// sequence borrowing the window's units only.
+// (released, and kept cached in the window group's store), a second
+// admission of the prompt matches what the full group holds, its window
+// group's sequence borrowing the window's units only; a prompt sharing
+// only the first half hits at its end in both groups, through the units
+// behind the first prompt's window.
 func TestHybridWindowHit(t *testing.T) {
 	e := hostEnv(t, 64*units.MiB)
 	cfg := HybridConfig{Groups: []Group{
@@ -297,8 +299,8 @@ func TestHybridWindowHit(t *testing.T) {
 	}
 	require.NoError(t, a.MarkWritten(a.Len()))
 	win := h.groups[1].c
-	evicted := win.Stats().Evictions
-	require.Positive(t, evicted, "the window group's units before the prompt's last window are dropped")
+	require.Positive(t, win.Stats().WindowUnits, "the window group released units behind its window")
+	require.Zero(t, win.Stats().Evictions, "and keeps them cached")
 	require.NoError(t, a.Free())
 	require.NoError(t, h.Check())
 	b, err := h.Admit(prompt)
@@ -313,5 +315,18 @@ func TestHybridWindowHit(t *testing.T) {
 	require.NoError(t, b.MarkWritten(600))
 	require.NoError(t, h.Check())
 	require.NoError(t, b.Free())
+	require.NoError(t, h.Check())
+
+	half := seqTokens(600, 300, 7_000)
+	c, err := h.Admit(half)
+	require.NoError(t, err)
+	require.Greater(t, c.Matched(), 300-32, "a hit at the end of the shared half")
+	require.LessOrEqual(t, c.Matched(), 300)
+	require.Equal(t, c.Matched(), c.Group(1).Matched(), "the window group serves it")
+	_, err = c.Append(half[c.Matched():])
+	require.NoError(t, err)
+	require.NoError(t, c.MarkWritten(600))
+	require.NoError(t, h.Check())
+	require.NoError(t, c.Free())
 	require.NoError(t, h.Check())
 }

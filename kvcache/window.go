@@ -81,18 +81,9 @@ func (c *Cache) releaseBehindLocked(what func() string, s *Seq) error {
 		return errors.AssertionFailedf("%s: unit %d behind the window is being committed", what(), c.mapping.u)
 	}
 	shared := sl.shared
-	// The store units given back: those no hit can use are dropped
-	// after (dropBehindLocked).
-	var given []*storeUnit
-	for u := sl.lo; u < min(lo, sl.hi); u++ {
-		if ui := sl.units[u]; ui.state == unitBorrowed {
-			given = append(given, ui.su)
-		}
-	}
+	// The store units given back stay cached (see What a window cache's
+	// store keeps, below).
 	if err := c.decommitUnitsLocked(sl, sl.lo, lo); err != nil {
-		return err
-	}
-	if err := c.dropBehindLocked(s, given); err != nil {
 		return err
 	}
 	// decommitUnitsLocked keeps the shared units below the ones it gives
@@ -136,36 +127,13 @@ func (c *Cache) windowLo(k int) int {
 func (c *Cache) windowHit(k, from int) bool { return from <= c.windowLo(k) }
 
 // What a window cache's store keeps: a store unit that a release behind
-// a window leaves cached (no slot maps it) is dropped — unlisted, its
-// BlockRemoved sent, freed, counted as an eviction — when no hit of the
-// releasing sequence's prompt can use it: when it lies before the units
-// the longest match of that prompt borrows (windowLo of the prompt's
-// whole units but its last token). The store so keeps, of each prompt's
-// chain, about its last window, not every unit behind it. A prompt that
-// shares only a shorter prefix of such a chain finds the units behind
-// the chain's last window gone, and misses in the window cache.
-
-// keepFromLocked is the first unit of s's prompt chain a hit can use:
-// the first the longest match of its prompt borrows.
-func (c *Cache) keepFromLocked(s *Seq) int {
-	return c.windowLo(max(c.g.unitsBehind(len(s.prompt)-1), 0))
-}
-
-// dropBehindLocked drops the store units of given (just given back by
-// s's release behind its window) that are cached and lie before
-// keepFromLocked(s).
-func (c *Cache) dropBehindLocked(s *Seq, given []*storeUnit) error {
-	keep := c.keepFromLocked(s)
-	for _, su := range given {
-		if su.refs > 0 || su.elem == nil || su.u >= keep || c.ps.units[su.idx] != su {
-			continue
-		}
-		if err := c.evictUnitLocked(su); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// a window gives back stays cached (no slot maps it; it is evicted,
+// least recently used first, when memory is wanted), as vLLM's
+// SlidingWindowManager leaves the blocks it frees behind a window in its
+// free queue with their hashes. Any unit can serve a hit: a prompt that
+// shares a shorter prefix of the chain — a shared document under
+// questions of their own — hits at its end through the units of that
+// prefix's last window, which lie behind the longer prompt's.
 
 // windowPoolPages is the most pages a window cache's page pool keeps
 // across calls: the pages of the units the next BlockTokens tokens of a

@@ -692,11 +692,13 @@ func TestWindowEvents(t *testing.T) {
 
 // TestWindowPrefixHit: vLLM's sliding-window hit rule. A prompt prefilled
 // in chunks and decoded on has its units behind its window released; the
-// store drops those before the prompt's last window (no hit can use
-// them), keeps the last window's, and a second admission of the prompt
-// matches through the window's units alone: it borrows those, holds none
-// behind its window, and reads its window's tokens' bytes. Events stay
-// the index throughout.
+// store keeps them cached (nothing evicted), and a second admission of
+// the prompt matches through its window's units alone: it borrows those,
+// holds none behind its window, and reads its window's tokens' bytes. A
+// prompt that shares only the first half of it (a document under another
+// question) hits at the end of that half, through the units behind the
+// first prompt's window: what dropping them lost. Events stay the index
+// throughout.
 func TestWindowPrefixHit(t *testing.T) {
 	const n, window, chunk = 4000, 300, 512
 	for _, layout := range []Layout{TokenMajor, PerLayer, Contiguous} {
@@ -728,26 +730,20 @@ func TestWindowPrefixHit(t *testing.T) {
 			x.check(t, c, "decoded")
 			require.NoError(t, c.Check())
 			st := c.Stats()
-			require.Positive(t, st.Evictions, "the units before the prompt's last window are dropped")
+			require.Positive(t, st.WindowUnits, "units behind the window were released")
+			require.Zero(t, st.Evictions, "and stay cached")
 			require.NoError(t, a.Free())
-			keep := 0
-			c.mu.Lock()
-			keep = c.keepFromLocked(a)
-			for _, su := range c.ps.units {
-				if su != nil {
-					require.GreaterOrEqual(t, su.u, keep, "the store keeps the prompt's last window only")
-				}
-			}
-			c.mu.Unlock()
-			require.Positive(t, keep)
 
+			_, unitTok := c.g.unitTokens(0) // tokens a unit spans
 			b, err := c.Admit(prompt, 0)
 			require.NoError(t, err)
 			m := b.Matched()
-			first, _ := c.g.unitTokens(keep)
-			require.Greater(t, m, first, "the match reaches past the units dropped")
+			units := c.g.wholeUnits(m)
+			first, _ := c.g.unitTokens(c.windowLo(units))
+			require.Greater(t, m, n-window-2*unitTok, "the match reaches the prompt's last window")
 			require.Less(t, m, n)
-			require.Equal(t, keep, b.sl.lo, "the match borrows from the window of its first token on")
+			require.Positive(t, b.sl.lo, "the match borrows nothing behind the window of its first token")
+			require.Less(t, first, m)
 			require.Equal(t, st.Evictions, c.Stats().Evictions, "the admission evicts nothing")
 			step, err := b.Append(prompt[m:])
 			require.NoError(t, err)
@@ -758,6 +754,21 @@ func TestWindowPrefixHit(t *testing.T) {
 			x.check(t, c, "hit")
 			require.NoError(t, c.Check())
 			require.NoError(t, b.Free())
+
+			// A prompt sharing only the first half.
+			half := seqTokens(n, n/2, 900_000)
+			h, err := c.Admit(half, 0)
+			require.NoError(t, err)
+			require.Greater(t, h.Matched(), n/2-2*unitTok, "a hit at the end of the shared half")
+			require.LessOrEqual(t, h.Matched(), n/2)
+			step, err = h.Append(half[h.Matched():])
+			require.NoError(t, err)
+			writeStep(t, step, half, 0)
+			require.NoError(t, h.MarkWritten(n))
+			checkWindowed(t, h, half, 0)
+			x.check(t, c, "half")
+			require.NoError(t, c.Check())
+			require.NoError(t, h.Free())
 			x.closeChecked(t, c)
 		})
 	}
