@@ -72,7 +72,7 @@ type hybridModel struct {
 	seqs  []*hmSeq
 	bytes bool
 	// counts of what ran, for the test's coverage checks.
-	admits, refused, forks, drops, swaps, resumes, frees, hits int
+	admits, refused, forks, drops, swaps, resumes, frees, hits, givebacks int
 }
 
 // writeState writes s's recurrent state as that of tokens.
@@ -307,6 +307,30 @@ func (m *hybridModel) step(op, a, b byte) {
 		m.remove(q)
 		m.frees++
 	case 7: // budget
+		if b%4 >= 2 { // give back what is spare, as a member of a shared budget
+			before, spare := m.h.Stats(), m.h.Spare()
+			if b%4 == 3 {
+				_, err := m.h.GiveBack(0)
+				m.refuse(err, before, driver.ErrInvalid)
+				require.Equal(t, before.Budget, m.h.Stats().Budget)
+				return
+			}
+			page := m.h.cfg.PageSize
+			want := uint64(a) * 64 * units.KiB
+			got, err := m.h.GiveBack(max(want, 1))
+			require.NoError(t, err)
+			require.Equal(t, min((max(want, 1)+page-1)/page*page, spare), got, "what Spare counted, up to the ask")
+			after := m.h.Stats()
+			require.Equal(t, before.Budget-got, after.Budget)
+			require.Equal(t, before.Running, after.Running, "no sequence preempted")
+			require.Equal(t, before.Preemptions, after.Preemptions)
+			require.LessOrEqual(t, after.Committed, after.Budget)
+			if got == spare {
+				require.Zero(t, m.h.Spare(), "all that was spare went")
+			}
+			m.givebacks++
+			return
+		}
 		budgets := []uint64{6 * units.MiB, 10 * units.MiB, 24 * units.MiB}
 		preempted, err := m.h.SetBudget(budgets[int(a)%3], [2]PreemptMode{Swap, Drop}[b%2])
 		require.NoError(t, err)
@@ -367,13 +391,15 @@ func TestHybridModel(t *testing.T) {
 		total.resumes += m.resumes
 		total.frees += m.frees
 		total.hits += m.hits
+		total.givebacks += m.givebacks
 	}
-	t.Logf("admits %d, refused %d, forks %d, drops %d, swaps %d, resumes %d, frees %d, prefix hits %d",
-		total.admits, total.refused, total.forks, total.drops, total.swaps, total.resumes, total.frees, total.hits)
+	t.Logf("admits %d, refused %d, forks %d, drops %d, swaps %d, resumes %d, frees %d, prefix hits %d, give-backs %d",
+		total.admits, total.refused, total.forks, total.drops, total.swaps, total.resumes, total.frees, total.hits, total.givebacks)
 	if seeds < 6 {
 		return
 	}
 	require.Positive(t, total.admits)
+	require.Positive(t, total.givebacks)
 	require.Positive(t, total.forks)
 	require.Positive(t, total.drops)
 	require.Positive(t, total.swaps)

@@ -236,3 +236,15 @@ func (c *Cache) preemptableLocked(what func() string, s *Seq, mode PreemptMode) 
 	}
 	return nil
 }
+
+// shareSpare is what c could give back without preempting: every
+// stage's yieldable memory, in bytes.
+func (c *Cache) shareSpare() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n uint64
+	for stage := range numYieldStages {
+		n += c.shareYieldableLocked(stage, nil, 0, match{})
+	}
+	return n
+}

@@ -85,7 +85,7 @@ var exported = []reflect.Type{
 	reflect.TypeFor[serving.Stats](), reflect.TypeFor[serving.Model](), reflect.TypeFor[serving.RequestTrace](),
 	reflect.TypeFor[serving.RequestsSummary](), reflect.TypeFor[serving.Options](), reflect.TypeFor[serving.SimRequest](),
 	reflect.TypeFor[serving.Result](), reflect.TypeFor[serving.StaticReservation](), reflect.TypeFor[serving.GroupKind](),
-	reflect.TypeFor[serving.HybridBlockTable](), reflect.TypeFor[serving.HybridCache](),
+	reflect.TypeFor[serving.HybridBlockTable](), reflect.TypeFor[serving.HybridCache](), reflect.TypeFor[serving.Request](),
 	reflect.TypeFor[sleep.Manager](), reflect.TypeFor[sleep.Mode](),
 	reflect.TypeFor[stream.Event](), reflect.TypeFor[stream.HostBuffer](), reflect.TypeFor[stream.Stream](),
 	reflect.TypeFor[tensor.BF16](), reflect.TypeFor[tensor.DType](), reflect.TypeFor[tensor.F16](),
