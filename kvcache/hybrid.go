@@ -925,7 +925,10 @@ func (s *HybridSeq) Append(tokens []int) (HybridStep, error) {
 		c.mu.Unlock()
 		needs[i] = need{uint64(nd) * c.g.page, uint64(max(room, 0)) * c.g.page}
 	}
-	if !h.fits(needs, 0, 0) {
+	// The recurrent store's checkpoints are room too: makeFreeLocked
+	// evicts them with the cached units, as CanAdmit counted them.
+	_, ckpts := h.recNeedLocked(nil)
+	if !h.fits(needs, 0, ckpts) {
 		return HybridStep{}, errors.WithHint(errors.Wrapf(driver.ErrOutOfMemory, "%s: its groups' pages do not fit in the budget of %s, with what every group can give back",
 			what(), units.Bytes(h.budget)), "free or preempt sequences, or raise the budget (SetBudget)")
 	}

@@ -76,3 +76,50 @@ func (h *Hybrid) GiveBack(want uint64) (uint64, error) {
 	}
 	return give, nil
 }
+
+// SeqBytes is the memory an admission of a prompt of n tokens (at most
+// MaxContext), appended in one call, commits, nothing shared: in each
+// attention group the whole units its tokens reach — a sliding-window
+// group's too, which holds every token of an Append until the next one
+// releases those behind its window; a ring group's rings — and a
+// recurrent state slot. It is what a shared budget's member grows by to
+// admit such a sequence (budget/kvmember). 0 for a nil, zero or closed
+// cache, or n below 1.
+func (h *Hybrid) SeqBytes(n int) uint64 {
+	if h == nil || h.groups == nil || n <= 0 {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return 0
+	}
+	n = min(n, h.cfg.MaxContext)
+	var bytes uint64
+	for _, g := range h.groups {
+		c := g.c
+		if c == nil {
+			continue
+		}
+		if c.g.ring > 0 {
+			bytes += uint64(c.g.ringPages()) * c.g.page
+			continue
+		}
+		bytes += uint64(c.g.unitsFor(n)) * uint64(c.g.unitPages()) * c.g.page
+	}
+	if h.rec != nil {
+		bytes += h.rec.slotBytes
+	}
+	return bytes
+}
+
+// Closed reports whether the cache was closed (true for a nil or zero
+// cache).
+func (h *Hybrid) Closed() bool {
+	if h == nil || h.groups == nil {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.closed
+}

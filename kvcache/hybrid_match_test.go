@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/internal/units"
+	"github.com/vmarena/vmarena/tensor"
 )
 
 // TestHybridLatentFindsWholePrefix: deepseek-v3's latent group (the
@@ -102,4 +103,48 @@ func TestFindAtMost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHybridCheckpointIsRoom: an Append counts the recurrent store's
+// checkpoints as room, as CanAdmit does (they are given back with the
+// cached units): with a budget that holds a sequence and a checkpoint
+// but for that checkpoint no second sequence, CanAdmit's yes is kept —
+// the prompt's Append fits, evicting the checkpoint. (Before, the Append
+// left the checkpoints out and refused, ErrOutOfMemory, what CanAdmit
+// had promised.)
+func TestHybridCheckpointIsRoom(t *testing.T) {
+	const pg = 64 * units.KiB
+	e := simEnv(t, 48*pg, pg)
+	h := e.hybrid(t, HybridConfig{Groups: []Group{
+		{Kind: FullAttention, Layers: 2, KVHeads: 8, HeadDim: 128},
+		{Kind: SlidingWindow, Layers: 2, KVHeads: 8, HeadDim: 128, Window: 16},
+		{Kind: Recurrent, Layers: 1, StateBytes: 16 << 10},
+	}, DType: tensor.Float16, BlockTokens: 8, MaxContext: 64, MaxSeqs: 8, PageSize: pg})
+	_, err := h.SetBudget(2*pg, Drop)
+	require.NoError(t, err)
+	for i := range 4 {
+		prompt := seqTokens(40, 0, 1000*(i+1))
+		ok, err := h.CanAdmit(prompt, 0)
+		require.NoError(t, err)
+		if !ok {
+			// Grow the budget by what the sequence needs beyond the spare,
+			// as a shared budget's member does.
+			need := h.SeqBytes(40)
+			_, err := h.SetBudget(h.Stats().Budget+max(need-min(need, h.Spare()), pg), Drop)
+			require.NoError(t, err)
+			ok, err = h.CanAdmit(prompt, 0)
+			require.NoError(t, err)
+			require.True(t, ok)
+		}
+		s, err := h.Admit(prompt)
+		require.NoError(t, err)
+		_, err = s.Append(prompt[s.Len():])
+		require.NoError(t, err, "admission %d: CanAdmit agreed", i)
+		require.NoError(t, s.MarkWritten(40))
+		if i > 0 {
+			require.NoError(t, s.Free())
+		}
+		require.NoError(t, h.Check())
+	}
+	require.Positive(t, h.Stats().CheckpointsEvicted, "the checkpoints were the room")
 }

@@ -214,6 +214,8 @@ func (m *hybridModel) step(op, a, b byte) {
 	case 0: // admit and prefill
 		base := hybridBases[int(a)%3]
 		prompt := base[:1+int(b)%len(base)]
+		can, err := m.h.CanAdmit(prompt, 0)
+		require.NoError(t, err)
 		before := m.h.Stats()
 		s, err := m.h.Admit(prompt)
 		if err != nil {
@@ -230,6 +232,9 @@ func (m *hybridModel) step(op, a, b byte) {
 			m.checkState(s, prompt[:s.Matched()])
 		}
 		m.prefill(q, HybridStep{})
+		if can {
+			require.Equal(t, len(prompt), len(q.tokens), "CanAdmit agreed: the prompt's Appends fit")
+		}
 	case 1: // decode
 		q := m.pick(a, true)
 		if q == nil || len(q.tokens) < len(q.prompt) || len(q.tokens)+3 > m.h.cfg.MaxContext {

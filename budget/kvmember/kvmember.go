@@ -1,10 +1,12 @@
-// Package kvmember makes a kvcache.Cache a member of a shared device
+// Package kvmember makes a kvcache.Cache (Join) or a kvcache.Hybrid, a
+// model of several layer groups (JoinHybrid), a member of a shared device
 // budget (package budget): the cache's budget is the member's hold, raised
 // by acquiring from the book before an admission needs more, and lowered
 // when another member asks for memory back — by what the cache can give
-// without touching a running sequence's tokens (kvcache.Cache.GiveBack:
-// the budget not committed and the pooled pages, idle slots' pages, cached
-// prefix store units, surplus pages; never a preemption).
+// without touching a running sequence's tokens (kvcache.Cache.GiveBack and
+// kvcache.Hybrid.GiveBack: the budget not committed and the pooled pages,
+// idle slots' pages, cached prefix store units and recurrent checkpoints,
+// surplus pages; never a preemption).
 //
 // The invariant: the cache's budget is at most the member's hold, always,
 // so the cache never commits more than the book gave it. Between the
@@ -33,9 +35,9 @@ import (
 	"github.com/vmarena/vmarena/kvcache"
 )
 
-// Member is a kvcache.Cache's share of a budget.
+// Member is a kvcache.Cache's or kvcache.Hybrid's share of a budget.
 type Member struct {
-	c    *kvcache.Cache
+	c    memory
 	m    *budget.Member
 	page uint64
 
@@ -66,13 +68,30 @@ type Stats struct {
 // (budget.Book.Join, Acquire) is refused, with the cache's budget and the
 // book as they were.
 func Join(b *budget.Book, name string, floor, ceiling uint64, c *kvcache.Cache) (*Member, error) {
+	if c == nil {
+		return join(b, name, floor, ceiling, nil)
+	}
+	return join(b, name, floor, ceiling, cacheMem{c})
+}
+
+// JoinHybrid is Join for a hybrid cache (kvcache.Hybrid): its one budget
+// is the member's hold, and a request to give back takes what
+// kvcache.Hybrid.GiveBack gives across its groups and recurrent store.
+func JoinHybrid(b *budget.Book, name string, floor, ceiling uint64, h *kvcache.Hybrid) (*Member, error) {
+	if h == nil {
+		return join(b, name, floor, ceiling, nil)
+	}
+	return join(b, name, floor, ceiling, hybridMem{h})
+}
+
+func join(b *budget.Book, name string, floor, ceiling uint64, c memory) (*Member, error) {
 	what := func() string {
 		return fmt.Sprintf("kvmember: join %q with floor %s and ceiling %s", name, units.Bytes(floor), units.Bytes(ceiling))
 	}
-	if b == nil || c == nil || c.Closed() || c.Config().PageSize == 0 {
+	if b == nil || c == nil || c.Closed() || c.pageSize() == 0 {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the book or the cache is nil, or the cache is closed", what())
 	}
-	page := c.Config().PageSize
+	page := c.pageSize()
 	if ceiling < page {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the ceiling is under one page of the cache (%s)", what(), units.Bytes(page))
 	}
@@ -87,14 +106,13 @@ func Join(b *budget.Book, name string, floor, ceiling uint64, c *kvcache.Cache) 
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	st := c.Stats()
-	orig := st.Budget
-	hold := k.pages(max(floor, st.Committed+uint64(st.PooledPages)*page, page))
+	orig, committed := c.budget(), c.committed()
+	hold := k.pages(max(floor, committed, page))
 	if hold > ceiling {
 		hold -= page // the floor rounded up past the ceiling
 	}
-	if hold < st.Committed+uint64(st.PooledPages)*page {
-		return fail(errors.Wrapf(driver.ErrOutOfMemory, "the cache has %s committed, over the ceiling", units.Bytes(st.Committed)))
+	if hold < committed {
+		return fail(errors.Wrapf(driver.ErrOutOfMemory, "the cache has %s committed, over the ceiling", units.Bytes(committed)))
 	}
 	if err := m.Acquire(hold); err != nil {
 		return fail(err)
@@ -103,7 +121,7 @@ func Join(b *budget.Book, name string, floor, ceiling uint64, c *kvcache.Cache) 
 		if _, err := c.GiveBack(orig - hold); err != nil {
 			return fail(errors.CombineErrors(err, k.restore(orig)))
 		}
-		if now := c.Stats().Budget; now > hold {
+		if now := c.budget(); now > hold {
 			// Less was spare than the floor leaves room for: hold the rest.
 			if err := m.Acquire(now - hold); err != nil {
 				return fail(errors.CombineErrors(err, k.restore(orig)))
@@ -125,23 +143,18 @@ func (k *Member) restore(budget uint64) error {
 	if budget == 0 {
 		return nil
 	}
-	_, err := k.c.SetBudget(budget, kvcache.Drop)
-	return err
+	return k.c.lower(budget)
 }
 
 // setBudget raises the cache's budget (or keeps it): never a lowering,
 // which could preempt.
 func (k *Member) setBudget(n uint64) error {
-	if cur := k.c.Stats().Budget; n < cur {
+	if cur := k.c.budget(); n < cur {
 		return errors.AssertionFailedf("kvmember: the budget would fall from %s to %s outside a give-back", units.Bytes(cur), units.Bytes(n))
 	} else if n == cur {
 		return nil
 	}
-	pre, err := k.c.SetBudget(n, kvcache.Drop)
-	if err == nil && len(pre) > 0 {
-		err = errors.AssertionFailedf("kvmember: raising the budget preempted %d sequences", len(pre))
-	}
-	return err
+	return k.c.raise(n)
 }
 
 // pages rounds n up to whole pages.
@@ -162,12 +175,22 @@ func (k *Member) Name() string {
 	return k.m.Name()
 }
 
-// Cache is the member's cache.
+// Cache is the member's cache (nil for a hybrid cache's member).
 func (k *Member) Cache() *kvcache.Cache {
 	if k == nil {
 		return nil
 	}
-	return k.c
+	c, _ := k.c.(cacheMem)
+	return c.Cache
+}
+
+// Hybrid is the member's hybrid cache (nil for a Cache's member).
+func (k *Member) Hybrid() *kvcache.Hybrid {
+	if k == nil {
+		return nil
+	}
+	h, _ := k.c.(hybridMem)
+	return h.Hybrid
 }
 
 // Grow raises the member's hold and the cache's budget by n bytes (whole
@@ -191,7 +214,7 @@ func (k *Member) Grow(n uint64) error {
 	defer k.mu.Unlock()
 	k.pending += n
 	defer func() { k.pending -= n }()
-	if err := k.setBudget(k.c.Stats().Budget + n); err != nil {
+	if err := k.setBudget(k.c.budget() + n); err != nil {
 		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), k.m.Release(n))
 	}
 	return k.syncLocked()
@@ -207,7 +230,8 @@ func (k *Member) Grow(n uint64) error {
 // member asks for in between may take it back, and the admission then
 // answers ErrOutOfMemory. If the cache still cannot admit it, what
 // was grown is given back and the answer is ErrOutOfMemory; a growth the
-// book refuses is its error. Nothing changes on an error.
+// book refuses is its error. Nothing changes on an error. A hybrid
+// cache's member admits with AdmitHybrid (ErrInvalid here).
 func (k *Member) Admit(prompt []int, extra uint64, expectedOutput int) (*kvcache.Seq, error) {
 	what := func() string {
 		return fmt.Sprintf("kvmember: %s admits a prompt of %d tokens and %d more", k.Name(), len(prompt), expectedOutput)
@@ -215,48 +239,87 @@ func (k *Member) Admit(prompt []int, extra uint64, expectedOutput int) (*kvcache
 	if err := k.usable(what); err != nil {
 		return nil, err
 	}
-	ok, err := k.c.CanAdmit(prompt, extra, expectedOutput)
-	if err != nil {
-		return nil, errors.Wrapf(err, "kvmember")
+	c := k.Cache()
+	if c == nil {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the member's cache is a hybrid one", what()), "use AdmitHybrid")
 	}
-	if st := k.c.Stats(); !ok && st.Sequences < st.Slots {
-		total := min(len(prompt)+expectedOutput, k.c.Config().MaxContext)
-		need := k.SeqBytes(total)
-		spare := k.c.Spare()
-		grow := k.pages(max(need-min(need, spare), k.page))
-		if err := k.Grow(grow); err != nil {
-			return nil, err
-		}
-		if ok, err = k.c.CanAdmit(prompt, extra, expectedOutput); err != nil || !ok {
-			k.mu.Lock()
-			back, gerr := k.c.GiveBack(grow)
-			if back > 0 {
-				gerr = errors.CombineErrors(gerr, k.m.Release(back))
-			}
-			gerr = errors.CombineErrors(gerr, k.syncLocked())
-			k.mu.Unlock()
-			if err == nil {
-				err = errors.Wrapf(driver.ErrOutOfMemory, "%s: grown by %s, the cache still cannot admit it (%v)", what(), units.Bytes(grow), k.c)
-			}
-			return nil, errors.CombineErrors(err, gerr)
-		}
+	canAdmit := func() (bool, error) { return c.CanAdmit(prompt, extra, expectedOutput) }
+	if err := k.growToAdmit(what, canAdmit, len(prompt)+expectedOutput); err != nil {
+		return nil, err
 	}
-	s, err := k.c.Admit(prompt, extra)
+	s, err := c.Admit(prompt, extra)
 	if err != nil {
 		return nil, errors.Wrapf(err, "kvmember")
 	}
 	return s, nil
 }
 
+// AdmitHybrid is Admit for a hybrid cache's member
+// (kvcache.Hybrid.CanAdmit and Admit): ErrInvalid for a Cache's member.
+func (k *Member) AdmitHybrid(prompt []int, expectedOutput int) (*kvcache.HybridSeq, error) {
+	what := func() string {
+		return fmt.Sprintf("kvmember: %s admits a prompt of %d tokens and %d more", k.Name(), len(prompt), expectedOutput)
+	}
+	if err := k.usable(what); err != nil {
+		return nil, err
+	}
+	h := k.Hybrid()
+	if h == nil {
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the member's cache is not a hybrid one", what()), "use Admit")
+	}
+	canAdmit := func() (bool, error) { return h.CanAdmit(prompt, expectedOutput) }
+	if err := k.growToAdmit(what, canAdmit, len(prompt)+expectedOutput); err != nil {
+		return nil, err
+	}
+	s, err := h.Admit(prompt)
+	if err != nil {
+		return nil, errors.Wrapf(err, "kvmember")
+	}
+	return s, nil
+}
+
+// growToAdmit grows the member when canAdmit says no and a slot is free:
+// by the pages a sequence of total tokens takes, less what the cache has
+// spare; if the cache still cannot admit, what was grown goes back and
+// the answer is ErrOutOfMemory.
+func (k *Member) growToAdmit(what func() string, canAdmit func() (bool, error), total int) error {
+	ok, err := canAdmit()
+	if err != nil {
+		return errors.Wrapf(err, "kvmember")
+	}
+	if ok || !k.c.slotFree() {
+		return nil // admitted, or refused as the cache refuses it
+	}
+	need := k.SeqBytes(min(total, k.c.maxContext()))
+	spare := k.c.Spare()
+	grow := k.pages(max(need-min(need, spare), k.page))
+	if err := k.Grow(grow); err != nil {
+		return err
+	}
+	if ok, err = canAdmit(); err == nil && ok {
+		return nil
+	}
+	k.mu.Lock()
+	back, gerr := k.c.GiveBack(grow)
+	if back > 0 {
+		gerr = errors.CombineErrors(gerr, k.m.Release(back))
+	}
+	gerr = errors.CombineErrors(gerr, k.syncLocked())
+	k.mu.Unlock()
+	if err == nil {
+		err = errors.Wrapf(driver.ErrOutOfMemory, "%s: grown by %s, the cache still cannot admit it (%v)", what(), units.Bytes(grow), k.c)
+	}
+	return errors.CombineErrors(err, gerr)
+}
+
 // SeqBytes is the memory a sequence of n tokens takes in the cache, in
-// whole pages of every region (its units', the last one whole).
+// whole pages: every region's pages of its units, the last one whole (a
+// hybrid cache: kvcache.Hybrid.SeqBytes, every group's and its state).
 func (k *Member) SeqBytes(n int) uint64 {
 	if k == nil || k.c == nil || n <= 0 {
 		return 0
 	}
-	cfg := k.c.Config()
-	per := k.c.SlotBytes() / uint64(max(k.c.UnitsFor(cfg.MaxContext), 1))
-	return k.pages(uint64(k.c.UnitsFor(min(n, cfg.MaxContext))) * per)
+	return k.pages(k.c.seqBytes(n))
 }
 
 // Sync tells the book how much of the hold the cache could give back
@@ -312,8 +375,7 @@ func (k *Member) Stats() Stats {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	st := k.c.Stats()
-	out := Stats{Budget: st.Budget, Committed: st.Committed + uint64(st.PooledPages)*k.page, Asked: k.asked, GivenBack: k.given}
+	out := Stats{Budget: k.c.budget(), Committed: k.c.committed(), Asked: k.asked, GivenBack: k.given}
 	if in, err := k.m.Info(); err == nil {
 		out.Hold = in.Committed
 	}
@@ -333,13 +395,12 @@ func (k *Member) Check() error {
 	if err != nil {
 		return errors.Wrapf(err, "kvmember")
 	}
-	st := k.c.Stats()
+	budget, committed := k.c.budget(), k.c.committed()
 	switch {
-	case st.Budget > in.Committed:
-		return errors.AssertionFailedf("%s: the cache's budget %s is over the hold %s", what(), units.Bytes(st.Budget), units.Bytes(in.Committed))
-	case st.Committed+uint64(st.PooledPages)*k.page > st.Budget:
-		return errors.AssertionFailedf("%s: the cache commits %s over its budget %s", what(),
-			units.Bytes(st.Committed+uint64(st.PooledPages)*k.page), units.Bytes(st.Budget))
+	case budget > in.Committed:
+		return errors.AssertionFailedf("%s: the cache's budget %s is over the hold %s", what(), units.Bytes(budget), units.Bytes(in.Committed))
+	case committed > budget:
+		return errors.AssertionFailedf("%s: the cache commits %s over its budget %s", what(), units.Bytes(committed), units.Bytes(budget))
 	}
 	return k.c.Check()
 }
