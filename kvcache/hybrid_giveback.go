@@ -123,3 +123,51 @@ func (h *Hybrid) Closed() bool {
 	defer h.mu.Unlock()
 	return h.closed
 }
+
+// Reserve commits, ahead of the Append that will hold them, the pages of
+// the sequence's next n tokens past Len in every attention group, as
+// many as fit in the free budget (Seq.Reserve in each: nothing given
+// back, evicted or preempted; Len unchanged; a group's pages reserved
+// are its surplus until its tokens reach them), and returns how many of
+// the n tokens have their pages in every group, from the first — fewer
+// when the free budget runs out, which the Append then commits itself,
+// making room as it does. It is what an engine that schedules a step
+// ahead calls for the next step's prompt chunk, so that the driver's
+// latency hides behind the step before. It refuses a preempted
+// sequence, a negative n or one past MaxContext (ErrInvalid), a freed
+// sequence or closed cache (ErrClosed); a refusal changes nothing.
+func (s *HybridSeq) Reserve(n int) (int, error) {
+	what := func() string { return fmt.Sprintf("kvcache: hybrid: reserve %d tokens ahead", n) }
+	h, err := s.lock(what)
+	if err != nil {
+		return 0, err
+	}
+	defer h.unlock()
+	switch {
+	case !s.running:
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: the sequence is preempted; Resume it first", what())
+	case n < 0 || n > h.cfg.MaxContext-s.n:
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: a sequence of %d tokens takes 0 to %d more (MaxContext %d)",
+			what(), s.n, h.cfg.MaxContext-s.n, h.cfg.MaxContext)
+	}
+	got := n
+	for i, gs := range s.seqs {
+		if gs == nil || n == 0 {
+			continue
+		}
+		ahead := gs.Len() - s.n // tokens the group holds past Len (a recompute resume's)
+		if ahead >= n {
+			continue
+		}
+		var k int
+		if err := h.runLocked(i, need{}, nil, func(*Cache) error {
+			var err error
+			k, err = gs.Reserve(n - ahead)
+			return err
+		}); err != nil {
+			return 0, errors.Wrapf(err, "%s: group %d (%s)", what(), i, h.groups[i].Kind)
+		}
+		got = min(got, ahead+k)
+	}
+	return got, nil
+}

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/internal/units"
 	"github.com/vmarena/vmarena/tensor"
 )
@@ -147,4 +149,57 @@ func TestHybridCheckpointIsRoom(t *testing.T) {
 		require.NoError(t, h.Check())
 	}
 	require.Positive(t, h.Stats().CheckpointsEvicted, "the checkpoints were the room")
+}
+
+// TestHybridReserve: Reserve commits the next tokens' pages in every
+// group ahead of their Append, which then commits nothing; in a budget
+// with room for part of them it reserves what fits and the Append
+// commits the rest; its refusals (a negative count, past MaxContext, a
+// preempted sequence, a freed one) change nothing.
+func TestHybridReserve(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, tinyHybrid(256, 4, 24*units.MiB))
+	prompt := seqTokens(100, 0, 1)
+	s := hybridPrefill(t, h, prompt[:40])
+	commits := func() (n int) {
+		for _, g := range h.Stats().Groups {
+			n += g.Commits
+		}
+		return n
+	}
+	got, err := s.Reserve(60)
+	require.NoError(t, err)
+	require.Equal(t, 60, got)
+	require.Equal(t, 40, s.Len(), "nothing appended")
+	require.NoError(t, h.Check())
+	before := commits()
+	_, err = s.Append(prompt[40:])
+	require.NoError(t, err)
+	require.Equal(t, before, commits(), "the Append finds its pages committed")
+	require.NoError(t, s.MarkWritten(100))
+	require.NoError(t, h.Check())
+
+	st := h.Stats()
+	for _, n := range []int{-1, 256 - 100 + 1} {
+		_, err := s.Reserve(n)
+		drivertest.RequireIs(t, err, driver.ErrInvalid)
+	}
+	require.Equal(t, st.Committed, h.Stats().Committed)
+
+	// A budget with room for a part: what fits.
+	_, err = h.SetBudget(h.Stats().Committed+2*page, Drop)
+	require.NoError(t, err)
+	got, err = s.Reserve(150)
+	require.NoError(t, err)
+	require.Less(t, got, 150)
+	require.LessOrEqual(t, h.Stats().Committed, h.Stats().Budget)
+	require.NoError(t, h.Check())
+
+	require.NoError(t, s.Preempt(Drop))
+	_, err = s.Reserve(1)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "preempted")
+	require.NoError(t, s.Free())
+	_, err = s.Reserve(1)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	require.NoError(t, h.Check())
 }

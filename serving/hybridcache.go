@@ -334,6 +334,51 @@ func (k *HybridCache) Append(r *SimRequest, n int) error {
 	return nil
 }
 
+// Reserve commits ahead the pages of r's next n tokens, those after the
+// ones appended, in every group (kvcache's HybridSeq.Reserve: within the
+// free budget, making no room), and returns how many of them have their
+// pages: Options.AdmitAhead's reservation of the next step's prompt chunk
+// and, since the hybrid cache maps nothing ahead, of a decode's next token
+// (n 1, one past the context).
+func (k *HybridCache) Reserve(r *SimRequest, n int) (int, error) {
+	cs, err := k.live("reserve", r, false)
+	if err != nil {
+		return 0, err
+	}
+	// One past the context: a decode's next token (ReservesDecodes).
+	if n < 0 || n > r.context+1-cs.next || cs.next+n > k.cfg.MaxContext {
+		return 0, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: reserve %d tokens of request %d at %d: want 0 to %d",
+			n, r.id, cs.next, min(r.context+1, k.cfg.MaxContext)-cs.next)
+	}
+	held := max(cs.seq.Len()-cs.next, 0) // a recompute resume's pages
+	if n <= held {
+		return n, nil
+	}
+	got, err := cs.seq.Reserve(n - held)
+	if err != nil {
+		return 0, errors.Wrapf(err, "serving: hybrid cache: reserve for request %d", r.id)
+	}
+	k.checkAfter("reserve")
+	return held + got, nil
+}
+
+// ReservesDecodes says the step ahead reserves each decode's next token
+// too: the hybrid cache maps nothing ahead itself.
+func (k *HybridCache) ReservesDecodes() bool { return true }
+
+// Warm is nothing: the hybrid cache's groups keep no page pool to fill
+// ahead (each group's pool is bounded to a call's pages); Reserve commits
+// ahead instead.
+func (k *HybridCache) Warm(n int) error {
+	if err := k.made("warm"); err != nil {
+		return err
+	}
+	if n < 0 {
+		return errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: warm the pool for %d tokens", n)
+	}
+	return nil
+}
+
 // Computed marks the tokens appended to r written (kvcache's
 // MarkWritten: whole prompt units shareable, a recurrent checkpoint at a
 // unit boundary).

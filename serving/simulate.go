@@ -794,6 +794,15 @@ type kvReserver interface {
 	Warm(n int) error
 }
 
+// decodeReserver is a reserver that maps nothing ahead itself
+// (HybridCache): the step ahead also reserves the page of each decode's
+// next token, one past its context — the token the step generates, which
+// the next step appends — so that a decode crossing a unit boundary
+// finds its page committed.
+type decodeReserver interface {
+	ReservesDecodes() bool
+}
+
 // ahead is Options.AdmitAhead's work during a step whose batch is
 // made and priced (preempted says the step preempted a sequence; it
 // waits exposed, then computes for gpu), for the step after: that step's
@@ -811,6 +820,8 @@ type kvReserver interface {
 func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 	cfg := s.opts.Config
 	res, reserves := s.scheme.(kvReserver)
+	dec, _ := s.scheme.(decodeReserver)
+	decodes := reserves && dec != nil && dec.ReservesDecodes()
 	start, end := s.now+exposed, s.now+exposed+gpu
 	reserve := func(r *SimRequest, n int, window time.Duration) error {
 		if !reserves || n < 1 {
@@ -854,6 +865,12 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 		}
 		if done >= r.context {
 			budget-- // a decode: mapping ahead's
+			if decodes && r.generated+1 < r.req.Output {
+				// The token this step generates, which the next appends.
+				if err := reserve(r, 1, gpu); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		n := min(r.context-done, budget)
