@@ -401,6 +401,38 @@ func (k *HybridCache) markComputed(cs *hybridCacheSeq) error {
 	return nil
 }
 
+// Fork starts child as a fork of parent's sequence in every group
+// (kvcache's HybridSeq.Fork: the pages shared, each group's partly
+// written last unit copied at the next Append, the recurrent state
+// copied). parent must be running with every token appended computed;
+// child another sample of its request, not admitted. kvcache's refusals
+// come back marked as they are (ErrOutOfMemory, ErrBusy, ErrUnsupported:
+// a window group that released units, a ring) and change nothing.
+func (k *HybridCache) Fork(parent, child *SimRequest) error {
+	cs, err := k.live("fork", parent, false)
+	if err != nil {
+		return err
+	}
+	if err := k.usable("fork", child); err != nil {
+		return err
+	}
+	if err := checkFork("hybrid cache", parent, child, k.seqs[child.id] != nil, cs.next, cs.seq.Len()); err != nil {
+		return err
+	}
+	if err := k.markComputed(cs); err != nil {
+		return errors.Wrapf(err, "serving: hybrid cache: fork request %d", parent.id)
+	}
+	seq, err := cs.seq.Fork()
+	if err != nil {
+		return errors.Wrapf(err, "serving: hybrid cache: fork request %d into %d", parent.id, child.id)
+	}
+	ccs := &hybridCacheSeq{seq: seq, next: cs.next, marked: cs.next, last: cs.last}
+	k.setNeed(ccs, seq.Len())
+	k.seqs[child.id] = ccs
+	k.checkAfter("fork")
+	return nil
+}
+
 // Finish frees r's sequence in every group.
 func (k *HybridCache) Finish(r *SimRequest) error {
 	if err := k.usable("finish", r); err != nil {

@@ -453,3 +453,39 @@ func TestHybridAdmitAhead(t *testing.T) {
 	require.Equal(t, res[1].Finished, res[0].Finished)
 	require.LessOrEqual(t, res[0].MeanTTFT, res[1].MeanTTFT)
 }
+
+// TestHybridSamples: the hybrid cache forks a request's samples from the
+// first, on a window model and on a recurrent one (the recurrent state
+// copied), a prompt longer than the window included (the window group
+// forks its held units); the prompt is computed once, every sample
+// generates its own output, and the books agree after every step. The
+// hybrid paged scheme takes them as requests of one prompt.
+func TestHybridSamples(t *testing.T) {
+	for _, m := range []Model{windowModel, recurrentModel} {
+		t.Run(m.Name, func(t *testing.T) {
+			reqs := []Request{{Input: 200, Output: 5, N: 4}, {Arrival: time.Second, Input: 40, Output: 3, N: 2}}
+			cfg := Config{Model: m, Budget: 64 * units.MiB, MaxContext: 512, MaxSeqs: 32}
+			hc, err := NewHybridCache(cfg, 64*units.KiB)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, hc.Close()) }()
+			res, err := Simulate(reqs, hc, Options{Config: cfg, CheckEvery: 1})
+			require.NoError(t, err)
+			require.Equal(t, 6, res.Requests)
+			require.Equal(t, 4, res.Samples)
+			require.Equal(t, 4, res.Forks)
+			require.Zero(t, res.FailedForks)
+			require.Equal(t, 6, res.Finished)
+			require.Equal(t, int64(4*5+2*3), res.OutputTokens)
+			require.Equal(t, int64(200+40+4*4+2*2), res.ComputedTokens, "each prompt computed once")
+			require.NoError(t, hc.Check())
+
+			hp, err := NewHybridBlockTable(cfg)
+			require.NoError(t, err)
+			pres, err := Simulate(reqs, hp, Options{Config: cfg, CheckEvery: 1})
+			require.NoError(t, err)
+			require.Zero(t, pres.Forks)
+			require.Equal(t, res.OutputTokens, pres.OutputTokens)
+			require.Greater(t, pres.ComputedTokens, res.ComputedTokens, "fan-out computes the prompts' partial blocks again")
+		})
+	}
+}

@@ -416,13 +416,8 @@ func (k *Cache) Fork(parent, child *SimRequest) error {
 	if err := k.usable("fork", child); err != nil {
 		return err
 	}
-	switch {
-	case k.seqs[child.id] != nil:
-		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: fork request %d into %d: it is admitted already", parent.id, child.id)
-	case child.prompt != parent.prompt || child.id == parent.id:
-		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: fork request %d into %d: not another sample of its prompt", parent.id, child.id)
-	case cs.next != parent.computed || cs.seq.Len() != cs.next:
-		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: fork request %d: %d tokens appended, %d computed", parent.id, cs.seq.Len(), parent.computed)
+	if err := checkFork("kvcache", parent, child, k.seqs[child.id] != nil, cs.next, cs.seq.Len()); err != nil {
+		return err
 	}
 	if err := cs.markComputed(); err != nil {
 		return errors.Wrapf(err, "serving: kvcache: fork request %d", parent.id)

@@ -71,13 +71,29 @@ type Scheme interface {
 }
 
 // forker is a scheme that starts a sequence as a fork of another
-// (Cache): Fork starts child, a sample not admitted, holding the KV of
+// (Cache, HybridCache): Fork starts child, a sample not admitted, holding the KV of
 // parent's computed tokens (its prompt, all computed), which it shares
 // rather than copies. A refusal changes nothing: ErrOutOfMemory or
 // ErrBusy for want of room, ErrUnsupported where the scheme cannot fork
 // (the sample is then admitted as a request of its own).
 type forker interface {
 	Fork(parent, child *SimRequest) error
+}
+
+// checkFork refuses (ErrInvalid) a fork of parent into child that no
+// scheme makes: a child admitted already, or not another sample of
+// parent's prompt; a parent whose appended tokens (appended, its
+// sequence holding held) are not exactly those computed.
+func checkFork(scheme string, parent, child *SimRequest, admitted bool, appended, held int) error {
+	switch {
+	case admitted:
+		return errors.Wrapf(driver.ErrInvalid, "serving: %s: fork request %d into %d: it is admitted already", scheme, parent.id, child.id)
+	case child.prompt != parent.prompt || child.id == parent.id:
+		return errors.Wrapf(driver.ErrInvalid, "serving: %s: fork request %d into %d: not another sample of its prompt", scheme, parent.id, child.id)
+	case appended != parent.computed || held != appended:
+		return errors.Wrapf(driver.ErrInvalid, "serving: %s: fork request %d: %d tokens appended, %d computed", scheme, parent.id, held, parent.computed)
+	}
+	return nil
 }
 
 // kvWriter is a scheme told when the tokens a step appended to a request

@@ -271,7 +271,8 @@ func (o Options) Check() error {
 // A request of n samples (Request.N) is n sequences of one prompt, each
 // generating Output tokens of its own (the samples' prompt tokens are
 // equal, their outputs distinct). On a scheme that forks (Cache:
-// kvcache.Seq.Fork), the first sample computes the prompt and, as it
+// kvcache.Seq.Fork; HybridCache: kvcache.HybridSeq.Fork), the first
+// sample computes the prompt and, as it
 // produces its first token, the others start as its forks, each with a
 // first token of its own from the same logits (their TTFT is its): they
 // share every page the prompt fills and copy only its last, partly

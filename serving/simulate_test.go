@@ -397,7 +397,8 @@ func TestSimulateSamples(t *testing.T) {
 // forks and parents alike; this cache (drop and swap preemption, a step
 // ahead or not) and the paged scheme, their books checked after every
 // step. Every sequence finishes or is refused, each with its own output;
-// on the cache every sample is forked or queued, once.
+// on the cache every sample is forked or queued, once. The hybrid cache
+// and the hybrid paged scheme run the same way on a window model.
 func TestSimulateSamplesRandom(t *testing.T) {
 	cfg := tinyPages
 	cfg.Budget = 128 * units.KiB // two sequences of the max context
@@ -449,8 +450,80 @@ func TestSimulateSamplesRandom(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("forks %d, refused forks %d, preemptions %d (%d on the cache)", forks, failed, preempted, forkPreempted)
+	// The hybrid cache and the hybrid paged scheme on a window model, as
+	// tight.
+	hcfg := Config{Model: windowModel, Budget: 320 * units.KiB, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs}
+	var hforks, hpreempted int
+	for seed := range uint64(6) {
+		rng := rand.New(rand.NewPCG(seed, 12))
+		var reqs []Request
+		var at time.Duration
+		for range 24 {
+			at += time.Duration(rng.IntN(400)) * time.Millisecond
+			reqs = append(reqs, Request{Arrival: at, Input: 1 + rng.IntN(50), Output: 1 + rng.IntN(12), N: rng.IntN(9)})
+		}
+		hc, err := NewHybridCache(hcfg, 16*units.KiB)
+		require.NoError(t, err)
+		hp, err := NewHybridBlockTable(hcfg)
+		require.NoError(t, err)
+		for _, sc := range []Scheme{hc, hp} {
+			res, err := Simulate(reqs, sc, Options{Config: hcfg, CheckEvery: 1})
+			require.NoError(t, err, "seed %d, %s", seed, sc.Name())
+			require.Equal(t, res.Requests, res.Finished+res.Refused)
+			require.NoError(t, sc.Check())
+			if sc == Scheme(hc) {
+				hforks, hpreempted = hforks+res.Forks, hpreempted+res.Preemptions
+			}
+		}
+		require.NoError(t, hc.Close())
+	}
+	t.Logf("forks %d, refused forks %d, preemptions %d (%d on the cache); hybrid cache: forks %d, preemptions %d",
+		forks, failed, preempted, forkPreempted, hforks, hpreempted)
+	require.Positive(t, hforks)
+	require.Positive(t, hpreempted, "the budget preempts the hybrid cache too")
 	require.Positive(t, forks)
 	require.Positive(t, failed, "some forks find no slot or no room")
 	require.Positive(t, forkPreempted, "the budget preempts")
+}
+
+// TestForkRefusals: the caches' Fork refuses (ErrInvalid) a child that is
+// not another sample of the parent's prompt, one admitted already, and a
+// parent whose appended tokens are not all computed; each refusal leaves
+// the scheme's books as they were.
+func TestForkRefusals(t *testing.T) {
+	hcfg := Config{Model: windowModel, Budget: 4 * units.MiB, MaxContext: 64, MaxSeqs: 4}
+	hc, err := NewHybridCache(hcfg, 16*units.KiB)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hc.Close() })
+	for _, sc := range []interface {
+		Scheme
+		forker
+	}{newKVCache(t, tinyPages, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB}), hc} {
+		t.Run(sc.Name(), func(t *testing.T) {
+			parent, child, other := simReq(0, 20, 4), simReq(1, 20, 4), simReq(2, 20, 4)
+			child.prompt = 0
+			_, err := sc.Admit(parent)
+			require.NoError(t, err)
+			require.NoError(t, sc.Append(parent, 20))
+			before := sc.Stats()
+			err = sc.Fork(parent, child)
+			require.ErrorIs(t, err, driver.ErrInvalid, "not computed yet")
+			require.ErrorContains(t, err, "20 tokens appended, 0 computed")
+			parent.computed = 20
+			require.ErrorIs(t, sc.Fork(parent, other), driver.ErrInvalid, "another prompt")
+			require.ErrorIs(t, sc.Fork(parent, parent), driver.ErrInvalid, "itself")
+			require.Equal(t, before, sc.Stats())
+			if w, ok := sc.(kvWriter); ok {
+				require.NoError(t, w.Computed(parent))
+			}
+			require.NoError(t, sc.Fork(parent, child))
+			err = sc.Fork(parent, child)
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			require.ErrorContains(t, err, "admitted already")
+			require.NoError(t, sc.Check())
+			require.NoError(t, sc.Finish(child))
+			require.NoError(t, sc.Finish(parent))
+			require.NoError(t, sc.Check())
+		})
+	}
 }
