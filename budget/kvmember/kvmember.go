@@ -43,6 +43,9 @@ type Member struct {
 
 	mu      sync.Mutex // see the package doc
 	pending uint64     // bytes acquired whose budget is not raised yet
+	// admitting is the bytes grown for admissions in flight: spare in the
+	// cache until the admission takes them, and kept from give-backs.
+	admitting uint64
 	given   uint64     // bytes given back when asked, in all
 	asked   int        // requests to give back answered
 }
@@ -198,7 +201,12 @@ func (k *Member) Hybrid() *kvcache.Hybrid {
 // that much free (budget.Member.Acquire). A zero n is refused
 // (ErrInvalid); one the book cannot give is its ErrOutOfMemory, naming
 // who holds what; either way nothing changed.
-func (k *Member) Grow(n uint64) error {
+func (k *Member) Grow(n uint64) error { return k.grow(n, 0) }
+
+// grow is Grow; admitting (0 for Grow) is the bytes an admission that
+// grows takes, kept from give-backs from the budget's raise on (see
+// admitted).
+func (k *Member) grow(n, admitting uint64) error {
 	what := func() string { return fmt.Sprintf("kvmember: %s grows by %s", k.Name(), units.Bytes(n)) }
 	if err := k.usable(what); err != nil {
 		return err
@@ -217,6 +225,7 @@ func (k *Member) Grow(n uint64) error {
 	if err := k.setBudget(k.c.budget() + n); err != nil {
 		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), k.m.Release(n))
 	}
+	k.admitting += admitting
 	return k.syncLocked()
 }
 
@@ -226,9 +235,9 @@ func (k *Member) Grow(n uint64) error {
 // less what the cache has spare. As kvcache.Cache.Admit, the sequence
 // starts with the prefix the store held (Len); the caller appends the
 // rest of the prompt, with no other call between, in the room planned.
-// The growth is spare until the admission takes it: a give-back another
-// member asks for in between may take it back, and the admission then
-// answers ErrOutOfMemory. If the cache still cannot admit it, what
+// The growth is kept for the admission until it returns: a give-back
+// another member asks for in between takes nothing of it, and Sync does
+// not report it idle. If the cache still cannot admit it, what
 // was grown is given back and the answer is ErrOutOfMemory; a growth the
 // book refuses is its error. Nothing changes on an error. A hybrid
 // cache's member admits with AdmitHybrid (ErrInvalid here).
@@ -244,9 +253,12 @@ func (k *Member) Admit(prompt []int, extra uint64, expectedOutput int) (*kvcache
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the member's cache is a hybrid one", what()), "use AdmitHybrid")
 	}
 	canAdmit := func() (bool, error) { return c.CanAdmit(prompt, extra, expectedOutput) }
-	if err := k.growToAdmit(what, canAdmit, len(prompt)+expectedOutput); err != nil {
+	kept, err := k.growToAdmit(what, canAdmit, len(prompt)+expectedOutput)
+	if err != nil {
 		return nil, err
 	}
+	defer k.admitted(kept)
+	beforeAdmit()
 	s, err := c.Admit(prompt, extra)
 	if err != nil {
 		return nil, errors.Wrapf(err, "kvmember")
@@ -268,9 +280,12 @@ func (k *Member) AdmitHybrid(prompt []int, expectedOutput int) (*kvcache.HybridS
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the member's cache is not a hybrid one", what()), "use Admit")
 	}
 	canAdmit := func() (bool, error) { return h.CanAdmit(prompt, expectedOutput) }
-	if err := k.growToAdmit(what, canAdmit, len(prompt)+expectedOutput); err != nil {
+	kept, err := k.growToAdmit(what, canAdmit, len(prompt)+expectedOutput)
+	if err != nil {
 		return nil, err
 	}
+	defer k.admitted(kept)
+	beforeAdmit()
 	s, err := h.Admit(prompt)
 	if err != nil {
 		return nil, errors.Wrapf(err, "kvmember")
@@ -278,28 +293,43 @@ func (k *Member) AdmitHybrid(prompt []int, expectedOutput int) (*kvcache.HybridS
 	return s, nil
 }
 
+// beforeAdmit runs between an admission's growth and the cache's Admit:
+// a test's hook (another member asking for memory back there).
+var beforeAdmit = func() {}
+
 // growToAdmit grows the member when canAdmit says no and a slot is free:
 // by the pages a sequence of total tokens takes, less what the cache has
 // spare; if the cache still cannot admit, what was grown goes back and
-// the answer is ErrOutOfMemory.
-func (k *Member) growToAdmit(what func() string, canAdmit func() (bool, error), total int) error {
-	ok, err := canAdmit()
-	if err != nil {
-		return errors.Wrapf(err, "kvmember")
-	}
-	if ok || !k.c.slotFree() {
-		return nil // admitted, or refused as the cache refuses it
-	}
+// the answer is ErrOutOfMemory. It returns the bytes the admission takes
+// (kept from give-backs, admitting, until the caller's admitted): the
+// sequence's pages, grown or spare already.
+func (k *Member) growToAdmit(what func() string, canAdmit func() (bool, error), total int) (uint64, error) {
 	need := k.SeqBytes(min(total, k.c.maxContext()))
+	k.mu.Lock()
+	ok, err := canAdmit()
+	if err == nil && ok {
+		k.admitting += need
+		err = k.syncLocked()
+	}
+	k.mu.Unlock()
+	switch {
+	case err != nil:
+		return 0, errors.Wrapf(err, "kvmember")
+	case ok:
+		return need, nil
+	case !k.c.slotFree():
+		return 0, nil // refused as the cache refuses it
+	}
 	spare := k.c.Spare()
 	grow := k.pages(max(need-min(need, spare), k.page))
-	if err := k.Grow(grow); err != nil {
-		return err
+	if err := k.grow(grow, need); err != nil {
+		return 0, err
 	}
 	if ok, err = canAdmit(); err == nil && ok {
-		return nil
+		return need, nil
 	}
 	k.mu.Lock()
+	k.admitting -= need
 	back, gerr := k.c.GiveBack(grow)
 	if back > 0 {
 		gerr = errors.CombineErrors(gerr, k.m.Release(back))
@@ -309,7 +339,19 @@ func (k *Member) growToAdmit(what func() string, canAdmit func() (bool, error), 
 	if err == nil {
 		err = errors.Wrapf(driver.ErrOutOfMemory, "%s: grown by %s, the cache still cannot admit it (%v)", what(), units.Bytes(grow), k.c)
 	}
-	return errors.CombineErrors(err, gerr)
+	return 0, errors.CombineErrors(err, gerr)
+}
+
+// admitted ends an admission that kept kept bytes from give-backs: what
+// it did not take is spare again.
+func (k *Member) admitted(kept uint64) {
+	if kept == 0 {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.admitting -= kept
+	_ = k.syncLocked()
 }
 
 // SeqBytes is the memory a sequence of n tokens takes in the cache, in
@@ -340,7 +382,8 @@ func (k *Member) syncLocked() error {
 	if err != nil {
 		return errors.Wrapf(err, "kvmember")
 	}
-	spare := min(k.c.Spare()+k.pending, in.Committed)
+	spare := k.c.Spare() + k.pending
+	spare = min(spare-min(spare, k.admitting), in.Committed)
 	return errors.Wrapf(k.m.SetIdle(spare), "kvmember")
 }
 
@@ -354,8 +397,10 @@ func (k *Member) giveBack(want uint64) {
 	if err != nil || in.Committed <= in.Floor {
 		return
 	}
-	// Whole pages, above the floor.
-	want = min(k.pages(want), (in.Committed-in.Floor)/k.page*k.page)
+	// Whole pages, above the floor, and none an admission in flight grew
+	// by.
+	spare := k.c.Spare()
+	want = min(k.pages(want), (in.Committed-in.Floor)/k.page*k.page, (spare-min(spare, k.admitting))/k.page*k.page)
 	if want == 0 {
 		return
 	}

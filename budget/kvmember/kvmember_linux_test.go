@@ -319,3 +319,50 @@ func TestNoLeaks(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, same, "before %v, after %v", before, after)
 }
+
+// TestAdmitKeepsItsGrowth: another member asks for memory back between
+// an admission's growth and the cache's Admit (beforeAdmit): the
+// give-back takes nothing the admission will take, and it succeeds; after
+// it, what the freed sequence held is spare again and a later give-back
+// takes it.
+func TestAdmitKeepsItsGrowth(t *testing.T) {
+	b := openBook(t, 32*page)
+	defer b.Close()
+	a, c := newCache(t, 32*page, 8), newCache(t, 32*page, 8)
+	var err error
+	a.k, err = Join(b, "a", page, 32*page, a.c)
+	require.NoError(t, err)
+	c.k, err = Join(b, "c", page, 32*page, c.c)
+	require.NoError(t, err)
+	free := func() uint64 {
+		in, err := b.Members()
+		require.NoError(t, err)
+		n := uint64(32 * page)
+		for _, m := range in {
+			n -= m.Committed
+		}
+		return n
+	}
+	next := 0
+	var asked error
+	beforeAdmit = func() {
+		// c wants a page more than the book has free: a is asked.
+		asked = c.k.Grow(free() + page)
+		beforeAdmit = func() {}
+	}
+	t.Cleanup(func() { beforeAdmit = func() {} })
+	q, err := admit(a.k, tokens(&next, 16), 0)
+	require.NoError(t, err, "the growth stayed for the admission")
+	require.ErrorIs(t, asked, driver.ErrOutOfMemory, "a gave back nothing the admission takes")
+	require.Positive(t, a.k.Stats().Asked)
+	require.Equal(t, 16, q.Len())
+	require.NoError(t, a.k.Check())
+	require.NoError(t, c.k.Check())
+	require.NoError(t, q.Free())
+	require.NoError(t, a.k.Sync())
+	before := a.k.Stats()
+	require.NoError(t, c.k.Grow(free()+page), "a's freed pages are spare again")
+	require.Less(t, a.k.Stats().Hold, before.Hold)
+	a.close(t)
+	c.close(t)
+}
