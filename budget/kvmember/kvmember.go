@@ -46,8 +46,8 @@ type Member struct {
 	// admitting is the bytes grown for admissions in flight: spare in the
 	// cache until the admission takes them, and kept from give-backs.
 	admitting uint64
-	given   uint64     // bytes given back when asked, in all
-	asked   int        // requests to give back answered
+	given     uint64 // bytes given back when asked, in all
+	asked     int    // requests to give back answered
 }
 
 // Stats are a member's figures.
