@@ -43,8 +43,9 @@ type Member struct {
 
 	mu      sync.Mutex // see the package doc
 	pending uint64     // bytes acquired whose budget is not raised yet
-	// admitting is the bytes grown for admissions in flight: spare in the
-	// cache until the admission takes them, and kept from give-backs.
+	// admitting is the bytes admissions in flight take (their sequences'
+	// pages, grown or spare already): spare in the cache until the
+	// admission takes them, and kept from give-backs.
 	admitting uint64
 	given     uint64 // bytes given back when asked, in all
 	asked     int    // requests to give back answered
