@@ -638,16 +638,22 @@ func (s *simulation) advance() error {
 // produced its first token from its computed prompt: each has a first
 // token of its own (the same logits, sampled again) and runs from the
 // next step. A fork the scheme refuses for want of room (ErrOutOfMemory,
-// ErrBusy) or support (ErrUnsupported) queues the sample, behind the
-// queue, as a request of its own. A sample whose output is one token
-// finishes here.
+// ErrBusy) or support (ErrUnsupported), or that would run more than
+// MaxSeqs sequences, queues the sample, behind the queue, as a request of
+// its own. A sample whose output is one token finishes here.
 func (s *simulation) forkSamples(r *SimRequest) error {
 	forks := r.forks
 	r.forks = nil
 	for _, c := range forks {
-		m := s.enter()
-		err := s.fork.Fork(r, c)
-		s.foreground(s.leave(m), false)
+		var err error
+		if len(s.running) >= s.opts.Config.MaxSeqs {
+			// As many sequences run as a step takes: the sample waits.
+			err = errors.Wrapf(driver.ErrBusy, "serving: %d sequences run", len(s.running))
+		} else {
+			m := s.enter()
+			err = s.fork.Fork(r, c)
+			s.foreground(s.leave(m), false)
+		}
 		if err != nil {
 			if !errors.Is(err, driver.ErrOutOfMemory) && !errors.Is(err, driver.ErrBusy) && !errors.Is(err, driver.ErrUnsupported) {
 				return err

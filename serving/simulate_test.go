@@ -434,6 +434,7 @@ func TestSimulateSamplesRandom(t *testing.T) {
 					require.Equal(t, seqsWant, res.Requests)
 					require.Equal(t, res.Requests, res.Finished+res.Refused)
 					require.Equal(t, want, res.OutputTokens, "each sequence its own output")
+					require.LessOrEqual(t, res.PeakSeqs, cfg.MaxSeqs, "forks run no more than MaxSeqs")
 					if sc == Scheme(k) {
 						refusedSamples := 0
 						for _, r := range reqs {
@@ -470,6 +471,7 @@ func TestSimulateSamplesRandom(t *testing.T) {
 			res, err := Simulate(reqs, sc, Options{Config: hcfg, CheckEvery: 1})
 			require.NoError(t, err, "seed %d, %s", seed, sc.Name())
 			require.Equal(t, res.Requests, res.Finished+res.Refused)
+			require.LessOrEqual(t, res.PeakSeqs, hcfg.MaxSeqs)
 			require.NoError(t, sc.Check())
 			if sc == Scheme(hc) {
 				hforks, hpreempted = hforks+res.Forks, hpreempted+res.Preemptions
