@@ -147,7 +147,8 @@ func (k *Member) restore(budget uint64) error {
 	if budget == 0 {
 		return nil
 	}
-	return k.c.lower(budget)
+	_, err := k.c.setBudget(budget)
+	return err
 }
 
 // setBudget raises the cache's budget (or keeps it): never a lowering,
@@ -158,7 +159,11 @@ func (k *Member) setBudget(n uint64) error {
 	} else if n == cur {
 		return nil
 	}
-	return k.c.raise(n)
+	pre, err := k.c.setBudget(n)
+	if err == nil && pre > 0 {
+		err = errors.AssertionFailedf("kvmember: raising the budget preempted %d sequences", pre)
+	}
+	return err
 }
 
 // pages rounds n up to whole pages.

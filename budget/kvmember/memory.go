@@ -1,10 +1,6 @@
 package kvmember
 
-import (
-	"github.com/vmarena/vmarena/internal/errors"
-
-	"github.com/vmarena/vmarena/kvcache"
-)
+import "github.com/vmarena/vmarena/kvcache"
 
 // memory is what a member needs of its cache: a kvcache.Cache (cacheMem)
 // or a kvcache.Hybrid (hybridMem), each of which gives back what is
@@ -19,11 +15,9 @@ type memory interface {
 	// (pooled pages included).
 	budget() uint64
 	committed() uint64
-	// raise sets the budget to n, at least the current one: it preempts
-	// nothing (an error if it did).
-	raise(n uint64) error
-	// lower sets the budget to n whatever it holds, for a failed Join.
-	lower(n uint64) error
+	// setBudget sets the budget to n (SetBudget with kvcache.Drop) and
+	// says how many sequences that preempted.
+	setBudget(n uint64) (preempted int, err error)
 	pageSize() uint64
 	maxContext() int
 	// slotFree says a sequence could start (a slot is free).
@@ -42,17 +36,9 @@ func (c cacheMem) committed() uint64 {
 	return st.Committed + uint64(st.PooledPages)*c.pageSize()
 }
 
-func (c cacheMem) raise(n uint64) error {
+func (c cacheMem) setBudget(n uint64) (int, error) {
 	pre, err := c.SetBudget(n, kvcache.Drop)
-	if err == nil && len(pre) > 0 {
-		err = errors.AssertionFailedf("kvmember: raising the budget preempted %d sequences", len(pre))
-	}
-	return err
-}
-
-func (c cacheMem) lower(n uint64) error {
-	_, err := c.SetBudget(n, kvcache.Drop)
-	return err
+	return len(pre), err
 }
 
 func (c cacheMem) pageSize() uint64 { return c.Config().PageSize }
@@ -79,17 +65,9 @@ func (h hybridMem) String() string { return "a hybrid KV cache" }
 func (h hybridMem) budget() uint64    { return h.Stats().Budget }
 func (h hybridMem) committed() uint64 { return h.Stats().Committed }
 
-func (h hybridMem) raise(n uint64) error {
+func (h hybridMem) setBudget(n uint64) (int, error) {
 	pre, err := h.SetBudget(n, kvcache.Drop)
-	if err == nil && len(pre) > 0 {
-		err = errors.AssertionFailedf("kvmember: raising the budget preempted %d sequences", len(pre))
-	}
-	return err
-}
-
-func (h hybridMem) lower(n uint64) error {
-	_, err := h.SetBudget(n, kvcache.Drop)
-	return err
+	return len(pre), err
 }
 
 func (h hybridMem) pageSize() uint64      { return h.Config().PageSize }
