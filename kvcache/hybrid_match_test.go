@@ -203,3 +203,23 @@ func TestHybridReserve(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrClosed)
 	require.NoError(t, h.Check())
 }
+
+// TestHybridGiveBackRefusals: GiveBack refuses nothing asked (ErrInvalid)
+// and a closed cache (ErrClosed), changing nothing; Spare and SeqBytes are
+// 0 once closed.
+func TestHybridGiveBackRefusals(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h, err := NewHybrid(e.space, e.mem, tinyHybrid(256, 4, 24*units.MiB))
+	require.NoError(t, err)
+	before := h.Stats()
+	_, err = h.GiveBack(0)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "nothing asked")
+	require.Equal(t, before.Budget, h.Stats().Budget)
+	require.Positive(t, h.SeqBytes(10))
+	require.NoError(t, h.Close())
+	require.True(t, h.Closed())
+	_, err = h.GiveBack(page)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	require.Zero(t, h.Spare())
+	require.Zero(t, h.SeqBytes(10))
+}

@@ -489,3 +489,31 @@ func TestHybridSamples(t *testing.T) {
 		})
 	}
 }
+
+// TestHybridReserveRefusals: the hybrid cache's Reserve refuses a
+// negative count, one past the context's next token, and a request not
+// admitted; Warm a negative count (ErrInvalid); nothing changes.
+func TestHybridReserveRefusals(t *testing.T) {
+	cfg := Config{Model: windowModel, Budget: 4 * units.MiB, MaxContext: 64, MaxSeqs: 4}
+	hc, err := NewHybridCache(cfg, 16*units.KiB)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, hc.Close()) }()
+	r := simReq(0, 20, 4)
+	_, err = hc.Reserve(r, 1)
+	require.ErrorIs(t, err, driver.ErrInvalid, "not admitted")
+	_, err = hc.Admit(r)
+	require.NoError(t, err)
+	before := hc.Stats()
+	for _, n := range []int{-1, 22} {
+		_, err := hc.Reserve(r, n)
+		require.ErrorIs(t, err, driver.ErrInvalid, "%d", n)
+	}
+	require.ErrorIs(t, hc.Warm(-1), driver.ErrInvalid)
+	require.NoError(t, hc.Warm(100))
+	require.Equal(t, before, hc.Stats())
+	got, err := hc.Reserve(r, 21) // the prompt and the decode's next token
+	require.NoError(t, err)
+	require.Equal(t, 21, got)
+	require.NoError(t, hc.Check())
+	require.NoError(t, hc.Finish(r))
+}
