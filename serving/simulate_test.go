@@ -392,6 +392,23 @@ func TestSimulateSamples(t *testing.T) {
 	}
 }
 
+// sampledTrace is 24 requests of 0 to 8 samples (n), prompts of 1 to
+// maxInput tokens, outputs of 1 to 12, up to 400 ms apart; with shared,
+// half of them name one of 3 prompt blocks (a shared prompt).
+func sampledTrace(rng *rand.Rand, maxInput int, shared bool) []Request {
+	var reqs []Request
+	var at time.Duration
+	for range 24 {
+		at += time.Duration(rng.IntN(400)) * time.Millisecond
+		r := Request{Arrival: at, Input: 1 + rng.IntN(maxInput), Output: 1 + rng.IntN(12), N: rng.IntN(9)}
+		if shared && rng.IntN(2) == 0 {
+			r.Blocks = []int64{int64(rng.IntN(3))}
+		}
+		reqs = append(reqs, r)
+	}
+	return reqs
+}
+
 // TestSimulateSamplesRandom: seeded traces of requests of 1 to 8 samples,
 // prompts sharing blocks or not, in a budget tight enough to preempt
 // forks and parents alike; this cache (drop and swap preemption, a step
@@ -404,18 +421,7 @@ func TestSimulateSamplesRandom(t *testing.T) {
 	cfg.Budget = 128 * units.KiB // two sequences of the max context
 	var forks, failed, preempted, forkPreempted int
 	for seed := range uint64(6) {
-		rng := rand.New(rand.NewPCG(seed, 11))
-		var reqs []Request
-		var at time.Duration
-		for range 24 {
-			at += time.Duration(rng.IntN(400)) * time.Millisecond
-			in := 1 + rng.IntN(60)
-			r := Request{Arrival: at, Input: in, Output: 1 + rng.IntN(12), N: rng.IntN(9)}
-			if rng.IntN(2) == 0 {
-				r.Blocks = []int64{int64(rng.IntN(3))} // one of 3 shared prompts' block
-			}
-			reqs = append(reqs, r)
-		}
+		reqs := sampledTrace(rand.New(rand.NewPCG(seed, 11)), 60, true)
 		want, seqsWant := int64(0), 0
 		for _, r := range reqs {
 			seqsWant += r.Sequences()
@@ -456,13 +462,7 @@ func TestSimulateSamplesRandom(t *testing.T) {
 	hcfg := Config{Model: windowModel, Budget: 320 * units.KiB, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs}
 	var hforks, hpreempted int
 	for seed := range uint64(6) {
-		rng := rand.New(rand.NewPCG(seed, 12))
-		var reqs []Request
-		var at time.Duration
-		for range 24 {
-			at += time.Duration(rng.IntN(400)) * time.Millisecond
-			reqs = append(reqs, Request{Arrival: at, Input: 1 + rng.IntN(50), Output: 1 + rng.IntN(12), N: rng.IntN(9)})
-		}
+		reqs := sampledTrace(rand.New(rand.NewPCG(seed, 12)), 50, false)
 		hc, err := NewHybridCache(hcfg, 16*units.KiB)
 		require.NoError(t, err)
 		hp, err := NewHybridBlockTable(hcfg)
