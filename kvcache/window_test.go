@@ -745,15 +745,21 @@ func TestWindowPrefixHit(t *testing.T) {
 			require.Positive(t, b.sl.lo, "the match borrows nothing behind the window of its first token")
 			require.Less(t, first, m)
 			require.Equal(t, st.Evictions, c.Stats().Evictions, "the admission evicts nothing")
-			step, err := b.Append(prompt[m:])
-			require.NoError(t, err)
-			require.Equal(t, m, step.Pos)
-			writeStep(t, step, prompt, 0)
-			require.NoError(t, b.MarkWritten(n))
-			checkWindowed(t, b, prompt, 0)
-			x.check(t, c, "hit")
-			require.NoError(t, c.Check())
-			require.NoError(t, b.Free())
+			// finish appends the rest of s's prompt, writes and checks it,
+			// and frees s.
+			finish := func(s *Seq, prompt []int, what string) {
+				step, err := s.Append(prompt[s.Len():])
+				require.NoError(t, err)
+				require.Equal(t, s.Matched(), step.Pos)
+				writeStep(t, step, prompt, 0)
+				require.NoError(t, s.MarkWritten(n))
+				checkWindowed(t, s, prompt, 0)
+				x.check(t, c, what)
+				require.NoError(t, c.Check())
+				require.NoError(t, s.Free())
+			}
+			require.Equal(t, m, b.Len())
+			finish(b, prompt, "hit")
 
 			// A prompt sharing only the first half.
 			half := seqTokens(n, n/2, 900_000)
@@ -761,14 +767,7 @@ func TestWindowPrefixHit(t *testing.T) {
 			require.NoError(t, err)
 			require.Greater(t, h.Matched(), n/2-2*unitTok, "a hit at the end of the shared half")
 			require.LessOrEqual(t, h.Matched(), n/2)
-			step, err = h.Append(half[h.Matched():])
-			require.NoError(t, err)
-			writeStep(t, step, half, 0)
-			require.NoError(t, h.MarkWritten(n))
-			checkWindowed(t, h, half, 0)
-			x.check(t, c, "half")
-			require.NoError(t, c.Check())
-			require.NoError(t, h.Free())
+			finish(h, half, "half")
 			x.closeChecked(t, c)
 		})
 	}
