@@ -200,7 +200,10 @@ type Cache struct {
 	stepPlan []stepPlan
 	// pool keeps the pages both ranges decommit for their next commits
 	// (pool.go): committed memory outside pages, within the budget.
-	pool *arena.Pool
+	// warmPages is the pool's size the last fill asked for (Warm), which a
+	// window cache's bound on its pool keeps (windowPoolPages).
+	pool      *arena.Pool
+	warmPages int
 }
 
 // counters are the cumulative figures of Stats.

@@ -171,3 +171,72 @@ func (s *HybridSeq) Reserve(n int) (int, error) {
 	}
 	return got, nil
 }
+
+// Warm creates pages for the attention groups' page pools until each
+// keeps what a new sequence's first tokens tokens need there (the whole
+// units they reach, and one a prompt chunk may straddle), within the free
+// budget: it gives nothing back, and where the free budget holds less
+// than every group wants it shares it in proportion to what each lacks.
+// It is the creates the next admissions' commits would make, made ahead
+// — while a step computes, or the engine idles — so that those commits
+// only map (Cache.Warm, for every group at once). Warmed pages are
+// committed memory, the first any group gives back (GiveBack, SetBudget,
+// another group's growth). Ring groups, whose pages are committed whole
+// at a sequence's first Append, are left out. It returns the bytes the
+// pools keep; a create the driver refuses ends it with the error, the
+// pages created before it kept. It refuses a negative count or one past
+// MaxContext (ErrInvalid) and a closed cache (ErrClosed).
+func (h *Hybrid) Warm(tokens int) (uint64, error) {
+	what := func() string { return fmt.Sprintf("kvcache: hybrid: warm the page pools for %d tokens", tokens) }
+	if err := h.lock(what); err != nil {
+		return 0, err
+	}
+	defer h.unlock()
+	if tokens < 0 || tokens > h.cfg.MaxContext {
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: want 0 to MaxContext (%d)", what(), h.cfg.MaxContext)
+	}
+	page := h.cfg.PageSize
+	// want[i] is group i's pool target in pages, have[i] what it keeps.
+	want, have := make([]int, len(h.groups)), make([]int, len(h.groups))
+	var lack uint64
+	for i, g := range h.groups {
+		c := g.c
+		if c == nil || c.g.ring > 0 {
+			continue
+		}
+		if tokens > 0 {
+			want[i] = min(c.g.unitsFor(tokens)+1, c.g.units) * c.g.unitPages()
+		}
+		have[i] = int(c.pool.Bytes() / page)
+		lack += uint64(max(want[i]-have[i], 0))
+	}
+	if free := h.freeLocked() / page; lack > free {
+		for i := range want {
+			if short := want[i] - have[i]; short > 0 {
+				want[i] = have[i] + int(uint64(short)*free/lack)
+			}
+		}
+	}
+	var errs error
+	for i, g := range h.groups {
+		if g.c == nil || g.c.g.ring > 0 {
+			continue
+		}
+		gw := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, g.Kind) }
+		if errs = h.runLocked(i, need{}, nil, func(c *Cache) error {
+			c.mu.Lock()
+			defer c.unlock()
+			_, err := c.fillPoolLocked(gw, want[i])
+			return err
+		}); errs != nil {
+			break
+		}
+	}
+	var pooled uint64
+	for _, g := range h.groups {
+		if g.c != nil {
+			pooled += g.c.pool.Bytes()
+		}
+	}
+	return pooled, errs
+}

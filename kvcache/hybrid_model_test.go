@@ -72,7 +72,7 @@ type hybridModel struct {
 	seqs  []*hmSeq
 	bytes bool
 	// counts of what ran, for the test's coverage checks.
-	admits, refused, forks, drops, swaps, resumes, frees, hits, givebacks int
+	admits, refused, forks, drops, swaps, resumes, frees, hits, givebacks, warms int
 }
 
 // writeState writes s's recurrent state as that of tokens.
@@ -312,6 +312,27 @@ func (m *hybridModel) step(op, a, b byte) {
 		m.remove(q)
 		m.frees++
 	case 7: // budget
+		if b%8 >= 6 { // warm the pools ahead, or ask for too many tokens
+			before := m.h.Stats()
+			if b%8 == 7 {
+				_, err := m.h.Warm(m.h.cfg.MaxContext + 1 + int(a))
+				m.refuse(err, before, driver.ErrInvalid)
+				return
+			}
+			pooled, err := m.h.Warm(int(a) * 2)
+			require.NoError(t, err)
+			after := m.h.Stats()
+			require.LessOrEqual(t, after.Committed, after.Budget)
+			require.Equal(t, before.Budget, after.Budget)
+			require.Equal(t, before.Running, after.Running, "no sequence preempted")
+			var inPools uint64
+			for _, g := range after.Groups {
+				inPools += uint64(g.PooledPages) * m.h.cfg.PageSize
+			}
+			require.Equal(t, inPools, pooled)
+			m.warms++
+			return
+		}
 		if b%4 >= 2 { // give back what is spare, as a member of a shared budget
 			before, spare := m.h.Stats(), m.h.Spare()
 			if b%4 == 3 {
@@ -397,14 +418,16 @@ func TestHybridModel(t *testing.T) {
 		total.frees += m.frees
 		total.hits += m.hits
 		total.givebacks += m.givebacks
+		total.warms += m.warms
 	}
-	t.Logf("admits %d, refused %d, forks %d, drops %d, swaps %d, resumes %d, frees %d, prefix hits %d, give-backs %d",
-		total.admits, total.refused, total.forks, total.drops, total.swaps, total.resumes, total.frees, total.hits, total.givebacks)
+	t.Logf("admits %d, refused %d, forks %d, drops %d, swaps %d, resumes %d, frees %d, prefix hits %d, give-backs %d, warms %d",
+		total.admits, total.refused, total.forks, total.drops, total.swaps, total.resumes, total.frees, total.hits, total.givebacks, total.warms)
 	if seeds < 6 {
 		return
 	}
 	require.Positive(t, total.admits)
 	require.Positive(t, total.givebacks)
+	require.Positive(t, total.warms)
 	require.Positive(t, total.forks)
 	require.Positive(t, total.drops)
 	require.Positive(t, total.swaps)

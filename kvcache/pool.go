@@ -78,6 +78,13 @@ func (c *Cache) Warm(pages int) (int, error) {
 	if err := c.unmapKeptAheadLocked(pages); err != nil {
 		return c.pooledPages(), errors.Wrapf(err, "%s", what())
 	}
+	return c.fillPoolLocked(what, pages)
+}
+
+// fillPoolLocked creates pages for the pool until it keeps pages of them,
+// within the free budget, and returns the pages it keeps (Warm's fill).
+func (c *Cache) fillPoolLocked(what func() string, pages int) (int, error) {
+	c.warmPages = pages
 	have := c.pooledPages()
 	want := min(pages, have+max(c.freePagesLocked()-have, 0))
 	if want <= have {

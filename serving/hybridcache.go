@@ -366,9 +366,10 @@ func (k *HybridCache) Reserve(r *SimRequest, n int) (int, error) {
 // too: the hybrid cache maps nothing ahead itself.
 func (k *HybridCache) ReservesDecodes() bool { return true }
 
-// Warm is nothing: the hybrid cache's groups keep no page pool to fill
-// ahead (each group's pool is bounded to a call's pages); Reserve commits
-// ahead instead.
+// Warm fills the groups' page pools ahead with the pages of a prompt
+// chunk of n tokens (kvcache's Hybrid.Warm, within the free budget), so
+// that the next admissions' first chunks map pages instead of creating
+// them.
 func (k *HybridCache) Warm(n int) error {
 	if err := k.made("warm"); err != nil {
 		return err
@@ -376,7 +377,8 @@ func (k *HybridCache) Warm(n int) error {
 	if n < 0 {
 		return errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: warm the pool for %d tokens", n)
 	}
-	return nil
+	_, err := k.h.Warm(min(n, k.cfg.MaxContext))
+	return errors.Wrapf(err, "serving: hybrid cache: warm the pools")
 }
 
 // Computed marks the tokens appended to r written (kvcache's

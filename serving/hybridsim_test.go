@@ -509,8 +509,12 @@ func TestHybridReserveRefusals(t *testing.T) {
 		require.ErrorIs(t, err, driver.ErrInvalid, "%d", n)
 	}
 	require.ErrorIs(t, hc.Warm(-1), driver.ErrInvalid)
-	require.NoError(t, hc.Warm(100))
 	require.Equal(t, before, hc.Stats())
+	require.NoError(t, hc.Warm(100)) // past MaxContext: a chunk of the most a sequence holds
+	warmed := hc.Stats()
+	require.Greater(t, warmed.Cached, before.Cached, "the pools keep the warmed pages")
+	before.Cached = warmed.Cached
+	require.Equal(t, before, warmed, "nothing else changed")
 	got, err := hc.Reserve(r, 21) // the prompt and the decode's next token
 	require.NoError(t, err)
 	require.Equal(t, 21, got)

@@ -1,0 +1,92 @@
+package kvcache
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/sim"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// TestHybridWarm: Warm fills every attention group's pool with a chunk's
+// pages, so that the admission of a chunk of that many tokens creates
+// nothing; a window group's pool keeps them across the decodes that
+// release behind its window (and lets them go once Warm asks for none);
+// a short budget warms what is free and no more; its refusals change
+// nothing.
+func TestHybridWarm(t *testing.T) {
+	e := simEnv(t, 64*units.MiB, page)
+	drv := e.drv.(*sim.Driver)
+	cfg := tinyHybrid(256, 4, 24*units.MiB)
+	cfg.Groups[1].Window = 32
+	cfg.Groups = cfg.Groups[:3] // a recurrent state is committed at Admit, not warmed
+	h := e.hybrid(t, cfg)
+	pooled := func() (n int) {
+		for _, g := range h.Stats().Groups {
+			n += g.PooledPages
+		}
+		return n
+	}
+	a := hybridPrefill(t, h, seqTokens(100, 0, 1))
+
+	bytes, err := h.Warm(128)
+	require.NoError(t, err)
+	require.Positive(t, bytes)
+	require.Equal(t, uint64(pooled())*page, bytes)
+	require.NoError(t, h.Check())
+	warmed := pooled()
+
+	// A decode (within its last units in every group) bounds the window
+	// group's pool: to the warmed pages, not to a decode's.
+	_, err = a.Append([]int{5000})
+	require.NoError(t, err)
+	require.Equal(t, warmed, pooled(), "the decode keeps the warmed pages")
+
+	creates := drv.Calls().Create
+	b, err := h.Admit(seqTokens(128, 0, 2))
+	require.NoError(t, err)
+	_, err = b.Append(seqTokens(128, 0, 2))
+	require.NoError(t, err)
+	require.Equal(t, creates, drv.Calls().Create, "the admission's chunk maps warmed pages, creating none")
+	require.NoError(t, h.Check())
+
+	// Warm(0) asks for none: the window group's pool goes back to a
+	// decode's pages at its next Append.
+	_, err = h.Warm(64)
+	require.NoError(t, err)
+	high := h.Stats().Groups[1].PooledPages
+	_, err = h.Warm(0)
+	require.NoError(t, err)
+	_, err = a.Append([]int{7000})
+	require.NoError(t, err)
+	require.Less(t, h.Stats().Groups[1].PooledPages, high)
+	require.NoError(t, h.Check())
+
+	// A budget of a few free pages warms those only.
+	st := h.Stats()
+	_, err = h.SetBudget(st.Committed+3*page, Drop)
+	require.NoError(t, err)
+	before := pooled()
+	_, err = h.Warm(200)
+	require.NoError(t, err)
+	st = h.Stats()
+	require.LessOrEqual(t, st.Committed, st.Budget)
+	require.LessOrEqual(t, pooled()-before, 3)
+	require.NoError(t, h.Check())
+
+	// Refusals change nothing.
+	for _, n := range []int{-1, cfg.MaxContext + 1} {
+		_, err := h.Warm(n)
+		drivertest.RequireIs(t, err, driver.ErrInvalid)
+		require.Equal(t, st, h.Stats())
+	}
+	require.NoError(t, a.Free())
+	require.NoError(t, b.Free())
+	require.NoError(t, h.Close())
+	_, err = h.Warm(1)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	require.Zero(t, e.used(t))
+}
