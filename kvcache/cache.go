@@ -204,6 +204,9 @@ type Cache struct {
 	// window cache's bound on its pool keeps (windowPoolPages).
 	pool      *arena.Pool
 	warmPages int
+	// share is the Hybrid whose group the cache is (nil: none): the
+	// mapper plans under its lock, granted its free memory.
+	share *Hybrid
 }
 
 // counters are the cumulative figures of Stats.
@@ -227,6 +230,12 @@ type counters struct {
 // address space of every slot (nothing is committed) and checks cfg,
 // refusing anything it cannot hold (ErrInvalid, naming the field).
 func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error) {
+	return newCache(space, mem, cfg, nil)
+}
+
+// newCache is New of a cache that is share's group (nil: a cache of its
+// own).
+func newCache(space *vaspace.Space, mem *physical.Memory, cfg Config, share *Hybrid) (*Cache, error) {
 	if isnil.Is(space) || isnil.Is(mem) {
 		return nil, errors.Wrap(driver.ErrInvalid, "kvcache: new cache: the address space or the physical memory is nil")
 	}
@@ -271,7 +280,7 @@ func New(space *vaspace.Space, mem *physical.Memory, cfg Config) (*Cache, error)
 	}
 	c := &Cache{cfg: cfg, g: g, space: space, mem: mem, slots: slots, pool: pool,
 		addressable: slots.HostAddressable(), bytes: drv.Devices()[cfg.Device].Kind != driver.KindSim,
-		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true, ev: eventQueue{max: maxQueuedEvents}}
+		budget: cfg.Budget, seqs: map[*Seq]struct{}{}, protects: true, ev: eventQueue{max: maxQueuedEvents}, share: share}
 	c.views = c.bytes
 	c.cond = sync.NewCond(&c.mu)
 	if err := c.openStore(u.Capacity); err != nil {

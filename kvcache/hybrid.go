@@ -92,6 +92,11 @@ type HybridConfig struct {
 	// Ring asks sliding-window groups for the double-mapped ring (the
 	// last Window tokens one contiguous slice).
 	Ring bool
+	// MapAhead is every attention group's mapping-ahead watermark in
+	// tokens (Config.MapAhead: default, 0, BlockTokens; negative: none):
+	// each group's goroutine commits a running sequence's next unit
+	// within the one budget's free memory, between the Hybrid's calls.
+	MapAhead int
 	// NoPrefixSharing turns prefix sharing off in every group.
 	NoPrefixSharing bool
 	// Events, when set, is told every group's prefix index changes, each
@@ -191,7 +196,8 @@ type HybridStats struct {
 
 // NewHybrid makes a hybrid cache of cfg's groups on space and mem: one
 // Cache per attention group (Latent groups in the Contiguous layout, the
-// others in the layout PickLayout picks; no mapping ahead) and one
+// others in the layout PickLayout picks; each mapping ahead as
+// cfg.MapAhead says) and one
 // recurrent state store, every page counted against cfg.Budget. It
 // refuses a config it cannot hold (ErrInvalid, naming the field).
 func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*Hybrid, error) {
@@ -237,6 +243,9 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 	if cfg.BlockTokens == 0 {
 		cfg.BlockTokens = 16
 	}
+	if cfg.MapAhead == 0 {
+		cfg.MapAhead = cfg.BlockTokens
+	}
 	devs := space.Driver().Devices()
 	if err := driver.CheckDevice(func() string { return "kvcache: new hybrid cache" }, cfg.Device, len(devs)); err != nil {
 		return nil, err
@@ -264,7 +273,7 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 		}
 		cc := Config{Layers: g.Layers, KVHeads: g.KVHeads, HeadDim: g.HeadDim, DType: cfg.DType,
 			BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs, Budget: cfg.Budget,
-			PageSize: cfg.PageSize, Layout: AutoLayout, Device: cfg.Device, MapAhead: -1, NoPrefixSharing: cfg.NoPrefixSharing}
+			PageSize: cfg.PageSize, Layout: AutoLayout, Device: cfg.Device, MapAhead: cfg.MapAhead, NoPrefixSharing: cfg.NoPrefixSharing}
 		if g.Kind == Latent {
 			// The latent row kept as a "key" and a "value" of half of it
 			// each, side by side in the Contiguous layout: layer l's row of
@@ -300,11 +309,11 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 				cc.Layout, cc.NoPrefixSharing = PerLayer, true
 			}
 		}
-		c, err := New(space, mem, cc)
+		c, err := newCache(space, mem, cc, h)
 		if g.Kind == SlidingWindow && errors.Is(err, driver.ErrUnsupported) {
 			// Sliding windows not built: the group keeps every token.
 			cc.Window, cc.Ring = 0, false
-			c, err = New(space, mem, cc)
+			c, err = newCache(space, mem, cc, h)
 		} else {
 			hg.windowHeld = g.Kind == SlidingWindow
 		}
@@ -687,6 +696,19 @@ func (h *Hybrid) Admit(prompt []int) (*HybridSeq, error) {
 	return s, nil
 }
 
+// wakeMappers tells every group's mapping-ahead goroutine to look: a
+// call that may have left the one budget memory free (a sequence freed or
+// preempted, a budget raised) wakes them all, since any group's running
+// sequences may take it; a group's own calls wake its own. It never
+// blocks.
+func (h *Hybrid) wakeMappers() {
+	for _, g := range h.groups {
+		if g.c != nil {
+			g.c.wakeMapper()
+		}
+	}
+}
+
 // retightenLocked sets every group's budget to what it holds.
 func (h *Hybrid) retightenLocked() {
 	for _, g := range h.groups {
@@ -752,6 +774,7 @@ func (h *Hybrid) SetBudget(budget uint64, mode PreemptMode) ([]*HybridSeq, error
 	}
 	h.budget = budget
 	if h.heldLocked() <= budget {
+		h.wakeMappers() // free memory, maybe: the groups' goroutines look
 		return nil, nil
 	}
 	if err := h.makeFreeLocked(0, -1, nil, nil); err != nil && !errors.Is(err, driver.ErrOutOfMemory) {
@@ -852,6 +875,15 @@ func (h *Hybrid) Check() error {
 // twice is ErrClosed.
 func (h *Hybrid) Close() error {
 	what := func() string { return "kvcache: hybrid: close" }
+	if h != nil {
+		// The groups' goroutines plan under the Hybrid's lock: they stop
+		// before Close takes it.
+		for _, g := range h.groups {
+			if g.c != nil {
+				g.c.stopMapper()
+			}
+		}
+	}
 	if err := h.lock(what); err != nil {
 		return err
 	}
@@ -1170,6 +1202,7 @@ func (s *HybridSeq) preemptLocked(what func() string, mode PreemptMode) error {
 	}
 	s.running = false
 	h.counts.preemptions++
+	h.wakeMappers()
 	return errs
 }
 
@@ -1284,6 +1317,7 @@ func (s *HybridSeq) Free() error {
 	s.freed, s.running = true, false
 	delete(h.seqs, s)
 	h.counts.frees++
+	h.wakeMappers()
 	return errs
 }
 

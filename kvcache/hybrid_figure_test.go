@@ -18,7 +18,10 @@ import (
 // any growth takes first; pooled pages apart) against the exact need —
 // every full layer's rows of every token, every window layer's rows of
 // its last 1,024 — target at most 1.02; and, with prefix sharing off (no
-// cached pages), everything committed against the same need.
+// cached pages), everything committed against the same need. Both
+// without mapping ahead, the figure (exact and repeatable), and with it
+// (HybridConfig's default), where each group's goroutine may hold a
+// running sequence's next unit too (how many depends on when it ran).
 //
 // It skips under the invariants tag: the caches' Check after every
 // change walks every group's units, 474 s of a figure whose checks the
@@ -28,8 +31,8 @@ func TestHybridGemmaHeld(t *testing.T) {
 	if invariants.Enabled {
 		t.Skip("a figure: run without the invariants tag (the race step runs it)")
 	}
-	for _, sharing := range []bool{true, false} {
-		held, all := gemmaHeld(t, sharing)
+	for _, c := range []struct{ sharing, ahead bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
+		held, all := gemmaHeld(t, c.sharing, c.ahead)
 		require.LessOrEqual(t, held, 1.02)
 		// Everything committed but what is cached: the sequences' pages
 		// and the pool (bounded in the window group:
@@ -47,11 +50,14 @@ func TestHybridGemmaHeld(t *testing.T) {
 // gemmaHeld returns the memory the sequences hold and everything the
 // groups keep committed (cached and pooled pages too), each over the
 // exact need.
-func gemmaHeld(t *testing.T, sharing bool) (held, all float64) {
+func gemmaHeld(t *testing.T, sharing, ahead bool) (held, all float64) {
 	e := simEnv(t, 80*units.GiB, 0)
 	cfg, err := HybridPreset("gemma-3-27b")
 	require.NoError(t, err)
 	cfg.MaxContext, cfg.MaxSeqs, cfg.NoPrefixSharing = 32768+64, 9, !sharing
+	if !ahead {
+		cfg.MapAhead = -1
+	}
 	h := e.hybrid(t, cfg)
 	full, win := cfg.Groups[0], cfg.Groups[1]
 	rowBytes := func(g Group) uint64 { return 2 * uint64(g.Layers*g.KVHeads*g.HeadDim) * 2 }
@@ -91,8 +97,8 @@ func gemmaHeld(t *testing.T, sharing bool) (held, all float64) {
 	}
 	held = float64(inUse-cached) / float64(need)
 	all = float64(inUse-cached+pooled) / float64(need)
-	t.Logf("gemma-3-27b, 9 sequences (32k and 1k-8k, +64 decoded), 2 MiB pages, prefix sharing %v: need %s; committed %s, of it cached %s; held by the sequences %s (%.4f of the need); pooled %s more; all committed but the cached %s (%.4f of the need); layouts: full %s, window %s",
-		sharing, units.Bytes(need), units.Bytes(inUse), units.Bytes(cached), units.Bytes(inUse-cached), held, units.Bytes(pooled),
+	t.Logf("gemma-3-27b, 9 sequences (32k and 1k-8k, +64 decoded), 2 MiB pages, prefix sharing %v, mapping ahead %v: need %s; committed %s, of it cached %s; held by the sequences %s (%.4f of the need); pooled %s more; all committed but the cached %s (%.4f of the need); layouts: full %s, window %s",
+		sharing, ahead, units.Bytes(need), units.Bytes(inUse), units.Bytes(cached), units.Bytes(inUse-cached), held, units.Bytes(pooled),
 		units.Bytes(inUse-cached+pooled), all, h.groups[0].c.cfg.Layout, h.groups[1].c.cfg.Layout)
 	require.True(t, st.WindowHeld[1], "the window group keeps its window")
 	if !sharing {

@@ -24,7 +24,7 @@ func TestHybridLatentFindsWholePrefix(t *testing.T) {
 	prompt := seqTokens(20000, 20000, 0)
 	hc, err := HybridPreset("deepseek-v3")
 	require.NoError(t, err)
-	hc.MaxContext, hc.MaxSeqs = 32768, 8
+	hc.MaxContext, hc.MaxSeqs, hc.MapAhead = 32768, 8, -1
 	e := simEnv(t, 80*units.GiB, 2*units.MiB)
 	h, err := NewHybrid(e.space, e.mem, hc)
 	require.NoError(t, err)
@@ -106,7 +106,7 @@ func TestHybridCheckpointIsRoom(t *testing.T) {
 		{Kind: FullAttention, Layers: 2, KVHeads: 8, HeadDim: 128},
 		{Kind: SlidingWindow, Layers: 2, KVHeads: 8, HeadDim: 128, Window: 16},
 		{Kind: Recurrent, Layers: 1, StateBytes: 16 << 10},
-	}, DType: tensor.Float16, BlockTokens: 8, MaxContext: 64, MaxSeqs: 8, PageSize: pg})
+	}, DType: tensor.Float16, BlockTokens: 8, MaxContext: 64, MaxSeqs: 8, PageSize: pg, MapAhead: -1})
 	_, err := h.SetBudget(2*pg, Drop)
 	require.NoError(t, err)
 	for i := range 4 {

@@ -19,7 +19,7 @@ func TestHybridCanResume(t *testing.T) {
 		{Kind: FullAttention, Layers: 2, KVHeads: 2, HeadDim: 64},
 		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: 64},
 		{Kind: Recurrent, Layers: 2, StateBytes: 4096},
-	}, DType: tensor.Float16, MaxContext: 4096, MaxSeqs: 2, NoPrefixSharing: true})
+	}, DType: tensor.Float16, MaxContext: 4096, MaxSeqs: 2, NoPrefixSharing: true, MapAhead: -1})
 	prompt := make([]int, 1000)
 	for i := range prompt {
 		prompt[i] = i + 1

@@ -25,7 +25,7 @@ func tinyHybrid(maxCtx, maxSeqs int, budget uint64) HybridConfig {
 		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: maxCtx},
 		{Kind: Latent, Layers: 2, KVHeads: 1, HeadDim: 96},
 		{Kind: Recurrent, Layers: 2, StateBytes: 40 * units.KiB},
-	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: maxCtx, MaxSeqs: maxSeqs, PageSize: page, Budget: budget}
+	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: maxCtx, MaxSeqs: maxSeqs, PageSize: page, Budget: budget, MapAhead: -1}
 }
 
 func (e *env) hybrid(t testing.TB, cfg HybridConfig) *Hybrid {
@@ -289,7 +289,7 @@ func TestHybridWindowHit(t *testing.T) {
 	cfg := HybridConfig{Groups: []Group{
 		{Kind: FullAttention, Layers: 2, KVHeads: 2, HeadDim: 64},
 		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: 64},
-	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: 1024, MaxSeqs: 2, PageSize: page, Budget: 32 * units.MiB}
+	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: 1024, MaxSeqs: 2, PageSize: page, Budget: 32 * units.MiB, MapAhead: -1}
 	h := e.hybrid(t, cfg)
 	prompt := seqTokens(600, 600, 1)
 	a := hybridPrefill(t, h, prompt)

@@ -203,9 +203,7 @@ func (c *Cache) checkAheadLocked(fail func(string, ...any)) {
 // tried again at the next wake). A panic (a bug: no caller code runs here) is recorded for Check
 // and the unit put back.
 func (c *Cache) mapOne() (found bool) {
-	c.mu.Lock()
-	job, ok := c.nextJobLocked()
-	c.mu.Unlock()
+	job, ok := c.planAhead()
 	if !ok {
 		return false
 	}
@@ -237,6 +235,27 @@ func (c *Cache) mapOne() (found bool) {
 	c.counts.mapperCommits += c.g.regions
 	c.checkAfter("map ahead")
 	return true
+}
+
+// planAhead finds and marks the next unit to commit ahead. A Hybrid's
+// group plans under the Hybrid's lock (lockrank KVHybrid before
+// KVCache), granted the one budget's free memory and tightened after, as
+// any call into a group is (hybrid_share.go): the unit's pages, counted
+// in flight, are the group's from then on, so the groups never hold more
+// than the one budget; a closed Hybrid plans nothing.
+func (c *Cache) planAhead() (mapJob, bool) {
+	if h := c.share; h != nil {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.closed {
+			return mapJob{}, false
+		}
+		c.shareGrant(h.freeLocked())
+		defer c.shareGrant(0)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nextJobLocked()
 }
 
 // roomIn is the tokens units [0, k) hold whole.

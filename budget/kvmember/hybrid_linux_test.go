@@ -28,7 +28,8 @@ func newHybrid(t testing.TB, capacity uint64) (*sim.Driver, *physical.Memory, *k
 		{Kind: kvcache.FullAttention, Layers: 2, KVHeads: 8, HeadDim: 128},
 		{Kind: kvcache.SlidingWindow, Layers: 2, KVHeads: 8, HeadDim: 128, Window: 16},
 		{Kind: kvcache.Recurrent, Layers: 1, StateBytes: 16 << 10},
-	}, DType: tensor.Float16, BlockTokens: 8, MaxContext: 64, MaxSeqs: 8, PageSize: page})
+	}, DType: tensor.Float16, BlockTokens: 8, MaxContext: 64, MaxSeqs: 8, PageSize: page,
+		MapAhead: -1}) // the figures exact: no goroutine commits between the calls
 	require.NoError(t, err)
 	return drv, mem, h
 }
