@@ -35,8 +35,9 @@ const HybridCacheName = "this cache (hybrid)"
 // hybrid paged scheme: a window group that gave units back cannot swap);
 // CanAdmit asks kvcache's CanAdmit for a new request's prompt (no
 // expected output, as the paged schemes) and CanResume for a preempted
-// one's whole context. kvcache.Hybrid maps nothing ahead: every commit is
-// on the step's path (MapAhead 0), and it reserves nothing ahead.
+// one's whole context; it maps ahead as kvcache.Hybrid's groups do by
+// default (HybridCacheOptions), modelled as Cache's is (MapAhead: a
+// decode's commits in the background of the step before).
 //
 // Stats: InUse is what the groups and the state store hold committed,
 // less what they keep for reuse (Cached: cached prefix store pages, idle
@@ -50,6 +51,7 @@ const HybridCacheName = "this cache (hybrid)"
 // its last token) and found, as the paged scheme's.
 type HybridCache struct {
 	cfg  Config
+	opts HybridCacheOptions
 	page uint64
 
 	drv   *sim.Driver
@@ -85,17 +87,31 @@ type hybridCacheSeq struct {
 	need uint64
 }
 
+// HybridCacheOptions are the hybrid cache scheme's choices.
+type HybridCacheOptions struct {
+	// PageSize is every group's page (0: 2 MiB), a power of two from
+	// 4 KiB to 1 GiB.
+	PageSize uint64
+	// NoMapAhead turns mapping ahead off: every page is committed by the
+	// call that needs it, on the step's path, and a step scheduled ahead
+	// (Options.AdmitAhead) reserves each decode's next token instead. The
+	// zero value maps ahead, as kvcache.Hybrid does by default.
+	NoMapAhead bool
+}
+
 // NewHybridCache makes the scheme: a sim driver of one device holding
 // cfg.Budget (rounded up to the page), and a kvcache.Hybrid of the
-// model's groups over it. cfg must pass Config.Check; a page that is not
-// a power of two from 4 KiB to 1 GiB, and a model kvcache refuses (an
-// odd latent, an element size it has no dtype of), are errors marked
-// driver.ErrInvalid. Close releases it all.
-func NewHybridCache(cfg Config, pageSize uint64) (*HybridCache, error) {
+// model's groups over it (its mapping ahead modelled: see MapAhead).
+// cfg must pass Config.Check; a page that is not a power of two from
+// 4 KiB to 1 GiB, and a model kvcache refuses (an odd latent, an element
+// size it has no dtype of), are errors marked driver.ErrInvalid. Close
+// releases it all.
+func NewHybridCache(cfg Config, opts HybridCacheOptions) (*HybridCache, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
 	cfg.defaults()
+	pageSize := opts.PageSize
 	if pageSize == 0 {
 		pageSize = 2 * units.MiB
 	}
@@ -115,10 +131,14 @@ func NewHybridCache(cfg Config, pageSize uint64) (*HybridCache, error) {
 	if err != nil {
 		return nil, errors.Wrapf(err, "serving: hybrid cache: a sim device of %s", units.Bytes(capacity))
 	}
-	k := &HybridCache{cfg: cfg, page: pageSize, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
+	opts.PageSize = pageSize
+	k := &HybridCache{cfg: cfg, opts: opts, page: pageSize, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
 		seqs: map[int]*hybridCacheSeq{}, kinds: cfg.Model.Groups(), promptOf: -1}
 	k.h, err = kvcache.NewHybrid(k.space, k.mem, kvcache.HybridConfig{Groups: groups, DType: dt,
-		BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs, Budget: cfg.Budget, PageSize: pageSize})
+		BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs, Budget: cfg.Budget, PageSize: pageSize,
+		// Mapping ahead modelled (MapAhead), not run: no goroutine, so
+		// that every call's driver calls are its own.
+		MapAhead: -1})
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrapf(err, "serving: hybrid cache"), k.closeDriver())
 	}
@@ -209,8 +229,18 @@ func (k *HybridCache) DriverCalls() sim.Calls {
 	return k.drv.Calls()
 }
 
-// MapAhead is 0: kvcache.Hybrid maps nothing ahead.
-func (k *HybridCache) MapAhead() int { return 0 }
+// MapAhead is the window of mapping ahead Simulate models, in tokens:
+// BlockTokens (kvcache.Hybrid's default), 0 with NoMapAhead. The
+// kvcache.Hybrid under it maps nothing ahead itself (a goroutine's calls
+// would land in whichever call came next); Simulate counts a decode's
+// commits as the groups' goroutines would have made them, during the
+// step before.
+func (k *HybridCache) MapAhead() int {
+	if k == nil || k.opts.NoMapAhead {
+		return 0
+	}
+	return k.cfg.BlockTokens
+}
 
 func (k *HybridCache) made(op string) error {
 	if k == nil || k.h == nil {
@@ -338,8 +368,8 @@ func (k *HybridCache) Append(r *SimRequest, n int) error {
 // ones appended, in every group (kvcache's HybridSeq.Reserve: within the
 // free budget, making no room), and returns how many of them have their
 // pages: Options.AdmitAhead's reservation of the next step's prompt chunk
-// and, since the hybrid cache maps nothing ahead, of a decode's next token
-// (n 1, one past the context).
+// and, with NoMapAhead, of a decode's next token (n 1, one past the
+// context).
 func (k *HybridCache) Reserve(r *SimRequest, n int) (int, error) {
 	cs, err := k.live("reserve", r, false)
 	if err != nil {
@@ -362,9 +392,24 @@ func (k *HybridCache) Reserve(r *SimRequest, n int) (int, error) {
 	return held + got, nil
 }
 
+// ChunkAlign is BlockTokens for a model with recurrent layers (Simulate
+// ends a prompt chunk that stops short at a unit boundary, where
+// MarkWritten checkpoints the state), 0 else.
+func (k *HybridCache) ChunkAlign() int {
+	if k == nil || k.h == nil {
+		return 0
+	}
+	for _, g := range k.kinds {
+		if g.Kind == Recurrent {
+			return k.cfg.BlockTokens
+		}
+	}
+	return 0
+}
+
 // ReservesDecodes says the step ahead reserves each decode's next token
-// too: the hybrid cache maps nothing ahead itself.
-func (k *HybridCache) ReservesDecodes() bool { return true }
+// too: with NoMapAhead, where nothing else commits it ahead.
+func (k *HybridCache) ReservesDecodes() bool { return k != nil && k.opts.NoMapAhead }
 
 // Warm fills the groups' page pools ahead with the pages of a prompt
 // chunk of n tokens (kvcache's Hybrid.Warm, within the free budget), so

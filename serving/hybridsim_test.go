@@ -59,17 +59,17 @@ func TestHybridSchemesBadConfig(t *testing.T) {
 	require.Contains(t, err.Error(), "one sequence of 16 tokens")
 	_, err = NewHybridBlockTable(Config{Model: windowModel, Budget: units.KiB, MaxContext: 64, MaxSeqs: 1})
 	require.ErrorIs(t, err, driver.ErrInvalid)
-	_, err = NewHybridCache(Config{Model: windowModel, Budget: units.MiB, MaxContext: 64, MaxSeqs: 1}, 3*units.KiB)
+	_, err = NewHybridCache(Config{Model: windowModel, Budget: units.MiB, MaxContext: 64, MaxSeqs: 1}, HybridCacheOptions{PageSize: 3 * units.KiB})
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	odd := modelPresets["deepseek-v3"]
 	odd.HeadDim = 575
-	_, err = NewHybridCache(Config{Model: odd, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, 0)
+	_, err = NewHybridCache(Config{Model: odd, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, HybridCacheOptions{})
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	bad := windowModel
 	bad.WindowLayers = 7
 	_, err = NewHybridBlockTable(Config{Model: bad, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1})
 	require.ErrorIs(t, err, driver.ErrInvalid)
-	_, err = NewHybridCache(Config{Model: bad, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, 0)
+	_, err = NewHybridCache(Config{Model: bad, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, HybridCacheOptions{})
 	require.ErrorIs(t, err, driver.ErrInvalid)
 
 	r := simReq(0, 10, 2)
@@ -108,7 +108,7 @@ func TestHybridSchemesAccounting(t *testing.T) {
 			}
 			cfg := Config{Model: m, Budget: 64 * units.MiB, MaxContext: 512, MaxSeqs: 32}
 			opts := Options{Config: cfg, MaxBatchedTokens: 256, CheckEvery: 7, AdmitAhead: tc.ahead}
-			hc, err := NewHybridCache(cfg, 64*units.KiB)
+			hc, err := NewHybridCache(cfg, HybridCacheOptions{PageSize: 64 * units.KiB})
 			require.NoError(t, err)
 			defer func() { require.NoError(t, hc.Close()) }()
 			hp, err := NewHybridBlockTable(cfg)
@@ -336,7 +336,7 @@ func TestHybridGemmaFigure(t *testing.T) {
 func hybridFigure(t *testing.T, m Model, reqs []Request, budget uint64) []float64 {
 	cfg := Config{Model: m, Budget: budget, MaxSeqs: 256}
 	cfg.MaxContext = FitMaxContext(reqs, cfg)
-	hc, err := NewHybridCache(cfg, 0)
+	hc, err := NewHybridCache(cfg, HybridCacheOptions{})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, hc.Close()) }()
 	hp, err := NewHybridBlockTable(cfg)
@@ -361,7 +361,7 @@ func hybridFigure(t *testing.T, m Model, reqs []Request, budget uint64) []float6
 // back to the driver.
 func TestHybridCacheMisuse(t *testing.T) {
 	cfg := Config{Model: recurrentModel, Budget: 16 * units.MiB, MaxContext: 512, MaxSeqs: 4}
-	k, err := NewHybridCache(cfg, 64*units.KiB)
+	k, err := NewHybridCache(cfg, HybridCacheOptions{PageSize: 64 * units.KiB})
 	require.NoError(t, err)
 	a, b := simReq(0, 100, 10), simReq(1, 100, 10)
 	require.True(t, k.CanAdmit(a))
@@ -437,7 +437,7 @@ func TestHybridAdmitAhead(t *testing.T) {
 	cfg.MaxContext = FitMaxContext(reqs, cfg)
 	var res [2]Result
 	for i := range res {
-		hc, err := NewHybridCache(cfg, 0)
+		hc, err := NewHybridCache(cfg, HybridCacheOptions{})
 		require.NoError(t, err)
 		var sc Scheme = hc
 		if i == 1 {
@@ -465,7 +465,7 @@ func TestHybridSamples(t *testing.T) {
 		t.Run(m.Name, func(t *testing.T) {
 			reqs := []Request{{Input: 200, Output: 5, N: 4}, {Arrival: time.Second, Input: 40, Output: 3, N: 2}}
 			cfg := Config{Model: m, Budget: 64 * units.MiB, MaxContext: 512, MaxSeqs: 32}
-			hc, err := NewHybridCache(cfg, 64*units.KiB)
+			hc, err := NewHybridCache(cfg, HybridCacheOptions{PageSize: 64 * units.KiB})
 			require.NoError(t, err)
 			defer func() { require.NoError(t, hc.Close()) }()
 			res, err := Simulate(reqs, hc, Options{Config: cfg, CheckEvery: 1})
@@ -495,7 +495,7 @@ func TestHybridSamples(t *testing.T) {
 // admitted; Warm a negative count (ErrInvalid); nothing changes.
 func TestHybridReserveRefusals(t *testing.T) {
 	cfg := Config{Model: windowModel, Budget: 4 * units.MiB, MaxContext: 64, MaxSeqs: 4}
-	hc, err := NewHybridCache(cfg, 16*units.KiB)
+	hc, err := NewHybridCache(cfg, HybridCacheOptions{PageSize: 16 * units.KiB})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, hc.Close()) }()
 	r := simReq(0, 20, 4)
@@ -520,4 +520,48 @@ func TestHybridReserveRefusals(t *testing.T) {
 	require.Equal(t, 21, got)
 	require.NoError(t, hc.Check())
 	require.NoError(t, hc.Finish(r))
+}
+
+// TestHybridChunksAligned: on a model with recurrent layers, a prompt
+// chunk that stops short of the prompt's end ends at a unit boundary
+// (ChunkAlign), where MarkWritten checkpoints the recurrent state, so a
+// later prompt sharing a prefix starts from it. With the alignment hidden
+// a decode in each batch moves every chunk end off the units, no state
+// is checkpointed within the prompt and the later prompt finds nothing.
+func TestHybridChunksAligned(t *testing.T) {
+	ids := func(from int64, n int) []int64 {
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = from + int64(i)
+		}
+		return out
+	}
+	reqs := []Request{
+		{Input: 10, Output: 60, Blocks: ids(1000, 1)}, // decodes beside the prefill
+		{Input: 300, Output: 2, Blocks: ids(1, 19)},
+		{Arrival: 5 * time.Second, Input: 300, Output: 2, Blocks: append(ids(1, 16), ids(500, 3)...)},
+	}
+	cfg := Config{Model: recurrentModel, Budget: 64 * units.MiB, MaxContext: 512, MaxSeqs: 8}
+	hits := map[bool]int64{}
+	for _, aligned := range []bool{true, false} {
+		hc, err := NewHybridCache(cfg, HybridCacheOptions{PageSize: 64 * units.KiB})
+		require.NoError(t, err)
+		require.Equal(t, 16, hc.ChunkAlign())
+		var sc Scheme = hc
+		if !aligned {
+			sc = noReserve{hc, hc, hc} // no ChunkAlign
+		}
+		res, err := Simulate(reqs, sc, Options{Config: cfg, Prices: sim.A100, MaxBatchedTokens: 100, CheckEvery: 1})
+		require.NoError(t, err)
+		require.Equal(t, 3, res.Finished)
+		hits[aligned] = res.Stats.PrefixHit
+		require.NoError(t, hc.Close())
+	}
+	t.Logf("prefix tokens found: %d with chunks at unit boundaries, %d without", hits[true], hits[false])
+	require.GreaterOrEqual(t, hits[true], int64(160), "a checkpoint within the shared 256 tokens")
+	require.Zero(t, hits[false])
+	wm, err := NewHybridCache(Config{Model: windowModel, Budget: 4 * units.MiB, MaxContext: 64, MaxSeqs: 4}, HybridCacheOptions{PageSize: 16 * units.KiB})
+	require.NoError(t, err)
+	require.Zero(t, wm.ChunkAlign(), "no recurrent layer: chunks end anywhere")
+	require.NoError(t, wm.Close())
 }

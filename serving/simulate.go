@@ -310,6 +310,9 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 		res:    Result{Scheme: scheme.Name(), Requests: len(reqs) + extra, Samples: extra},
 	}
 	s.fork, _ = scheme.(forker)
+	if a, ok := scheme.(chunkAligner); ok {
+		s.align = max(a.ChunkAlign(), 1)
+	}
 	for _, r := range reqs {
 		prompt := len(s.all)
 		for range seqs(r) {
@@ -352,7 +355,10 @@ type simulation struct {
 	scheme Scheme
 	// fork is the scheme as a forker (nil: it forks no sequence).
 	fork forker
-	all  []SimRequest
+	// align is the tokens a prompt chunk that stops short of the context
+	// ends at a multiple of (chunkAligner; 0 or 1: any).
+	align int
+	all   []SimRequest
 
 	now time.Duration
 	// next is the index in all of the next request to arrive.
@@ -428,7 +434,7 @@ func (s *simulation) run() error {
 		preempted := false
 		for i := 0; i < len(s.running) && budget > 0; i++ {
 			r := s.running[i]
-			n := min(r.context-r.computed, budget)
+			n := s.chunk(r.computed, r.context, budget)
 			for {
 				m := s.enter()
 				err := s.scheme.Append(r, n)
@@ -478,7 +484,7 @@ func (s *simulation) run() error {
 			if !ok {
 				break // CanAdmit agreed, the scheme did not: r waits
 			}
-			n := min(r.context-r.computed, budget)
+			n := s.chunk(r.computed, r.context, budget)
 			m = s.enter()
 			err = s.scheme.Append(r, n)
 			s.appended(s.leave(m), n, true, true, err == nil)
@@ -801,8 +807,33 @@ type kvReserver interface {
 	Warm(n int) error
 }
 
-// decodeReserver is a reserver that maps nothing ahead itself
-// (HybridCache): the step ahead also reserves the page of each decode's
+// chunkAligner is a scheme whose prompt chunks should end at a multiple
+// of ChunkAlign tokens when they stop short of the context (HybridCache
+// of a model with recurrent layers: its state is checkpointed only at a
+// unit boundary, so a prefill chunked anywhere else leaves no state for
+// a later prompt to start from — vLLM's scheduler aligns its chunks to
+// the block for the same reason, mamba_cache_mode "align").
+type chunkAligner interface {
+	ChunkAlign() int
+}
+
+// chunk is the tokens a sequence computed to from, of context, takes
+// from a step's budget: all that is left if it fits, else the budget,
+// ending at a multiple of align where that leaves any.
+func (s *simulation) chunk(from, context, budget int) int {
+	n := min(context-from, budget)
+	if n == context-from || s.align <= 1 {
+		return n
+	}
+	if end := (from + n) / s.align * s.align; end > from {
+		return end - from
+	}
+	return n
+}
+
+// decodeReserver is a reserver that may map nothing ahead itself
+// (HybridCache with NoMapAhead): when ReservesDecodes says so, the step
+// ahead also reserves the page of each decode's
 // next token, one past its context — the token the step generates, which
 // the next step appends — so that a decode crossing a unit boundary
 // finds its page committed.
@@ -880,7 +911,7 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 			}
 			continue
 		}
-		n := min(r.context-done, budget)
+		n := s.chunk(done, r.context, budget)
 		if err := reserve(r, n, gpu); err != nil {
 			return err
 		}
@@ -908,7 +939,7 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 		if !ok {
 			break
 		}
-		n := min(r.context-r.computed, budget)
+		n := s.chunk(r.computed, r.context, budget)
 		if err := reserve(r, n, window); err != nil {
 			return err
 		}

@@ -463,7 +463,7 @@ func TestSimulateSamplesRandom(t *testing.T) {
 	var hforks, hpreempted int
 	for seed := range uint64(6) {
 		reqs := sampledTrace(rand.New(rand.NewPCG(seed, 12)), 50, false)
-		hc, err := NewHybridCache(hcfg, 16*units.KiB)
+		hc, err := NewHybridCache(hcfg, HybridCacheOptions{PageSize: 16 * units.KiB})
 		require.NoError(t, err)
 		hp, err := NewHybridBlockTable(hcfg)
 		require.NoError(t, err)
@@ -494,7 +494,7 @@ func TestSimulateSamplesRandom(t *testing.T) {
 // the scheme's books as they were.
 func TestForkRefusals(t *testing.T) {
 	hcfg := Config{Model: windowModel, Budget: 4 * units.MiB, MaxContext: 64, MaxSeqs: 4}
-	hc, err := NewHybridCache(hcfg, 16*units.KiB)
+	hc, err := NewHybridCache(hcfg, HybridCacheOptions{PageSize: 16 * units.KiB})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = hc.Close() })
 	for _, sc := range []interface {

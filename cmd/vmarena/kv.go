@@ -77,8 +77,8 @@ cut among KV cache groups, window blocks freed behind the window, a
 recurrent block a sequence) or auto (hybrid for a model with sliding-window
 or recurrent layers, uniform else). The hybrid schemes report the KV in use
 over the exact need (full layers' tokens, window layers' last window, the
-recurrent states); --layout, --preempt, --admit, --map-ahead and --kv-events
-are the uniform cache's.
+recurrent states); --layout, --preempt, --admit and --kv-events are the
+uniform cache's (--map-ahead is both caches').
 
 --model is a preset (llama3.1-8b, llama3.3-70b, qwen2.5-7b, mistral-7b,
 deepseek-v3, ...: the flags of vmarena kv simulate -h list them all) or the
@@ -206,7 +206,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	hybrid := *schemeSet == "hybrid" || (*schemeSet == "auto" && m.Hybrid())
 	if hybrid {
-		for _, f := range []string{"layout", "preempt", "admit", "map-ahead", "kv-events"} {
+		for _, f := range []string{"layout", "preempt", "admit", "kv-events"} {
 			if flagSet(fs, f) {
 				return usageErr("--%s is the uniform cache's: the hybrid schemes (--scheme %s, model %s) have none; give --scheme uniform", f, *schemeSet, m.Name)
 			}
@@ -304,7 +304,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	var schemes []serving.Scheme
 	var hybridPaged *serving.HybridBlockTable
 	if hybrid {
-		hc, err := serving.NewHybridCache(cfg, uint64(pageSize))
+		hc, err := serving.NewHybridCache(cfg, serving.HybridCacheOptions{PageSize: uint64(pageSize), NoMapAhead: !*mapAhead})
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 			return 1

@@ -345,6 +345,29 @@ func TestKVPrices(t *testing.T) {
 	}
 }
 
+// TestKVHybridMapAhead: the hybrid cache maps ahead unless
+// --map-ahead=false, as the uniform one does: its decodes' commits run in
+// the background of the step before, and off, every call is on the
+// steps' path.
+func TestKVHybridMapAhead(t *testing.T) {
+	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
+	doc := func(args ...string) KVSimulateJSON {
+		t.Helper()
+		code, out, errOut := runKV(t, append([]string{"simulate", "--trace", small, "--model", "mistral-7b", "--scheme", "hybrid",
+			"--memory", "4GiB", "--limit", "12", "--json"}, args...)...)
+		require.Equal(t, 0, code, errOut)
+		var d KVSimulateJSON
+		require.NoError(t, json.Unmarshal([]byte(out), &d))
+		return d
+	}
+	on, off := doc(), doc("--map-ahead=false")
+	require.Equal(t, 16, on.MapAheadTokens)
+	require.Equal(t, 0, off.MapAheadTokens)
+	require.Positive(t, on.Schemes[0].BackgroundDriverSeconds)
+	require.Zero(t, off.Schemes[0].BackgroundDriverSeconds)
+	require.Less(t, on.Schemes[0].ExposedDriverSeconds, off.Schemes[0].ExposedDriverSeconds)
+}
+
 // TestKVFailures: a trace that cannot be read exits 1 with the file in
 // the message and prints no table.
 func TestKVFailures(t *testing.T) {
