@@ -38,10 +38,12 @@ member holds, or a floor the others leave no room for, is refused and
 nothing changes.
 `
 
-const budgetSimUsage = `usage: vmarena budget simulate [--steps N] [--seed N] [--floor PAGES] [--floors LIST] [--json]
+const budgetSimUsage = `usage: vmarena budget simulate [--steps N] [--seed N] [--floor PAGES] [--floors LIST] [--kinds KIND,KIND] [--json]
 
 Runs two serving processes (this program re-executed), each a KV cache
-(kvcache.Cache on a sim driver of the whole device) joined to one book,
+(kvcache.Cache on a sim driver of the whole device; with --kinds, either
+may be a kvcache.Hybrid of full-attention and recurrent layers instead:
+cache,hybrid) joined to one book,
 whose request rates peak in turn, in lock step: with a static half of
 the device each, then on one elastic budget (ceiling all of it, floor
 --floor pages, 0 by default), where one takes the other's cached and idle
@@ -251,6 +253,7 @@ func budgetSimulate(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", cfg.Seed, "the traces' seed")
 	floor := fs.Int("floor", cfg.Floor, "the elastic budget's floor of each server, in pages")
 	floors := fs.String("floors", "0,8,16", "the floors, in pages, to run the elastic budget at besides (a comma-separated `LIST`; empty: none)")
+	kinds := fs.String("kinds", "cache,cache", "the two servers' KV caches (`KIND,KIND`): cache (kvcache.Cache) or hybrid (kvcache.Hybrid: the same attention layers and two recurrent ones)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
 	if code, ok := parseFlags(fs, name, budgetSimUsage, args, stdout, stderr); !ok {
 		return code
@@ -271,6 +274,16 @@ func budgetSimulate(args []string, stdout, stderr io.Writer) int {
 			return usageError(stderr, name, "--floors %q: %q is not 0 to %d pages", *floors, f, cfg.Pages/2)
 		}
 		cfg.Floors = append(cfg.Floors, n)
+	}
+	cfg.Kinds = strings.Split(*kinds, ",")
+	if len(cfg.Kinds) != 2 {
+		return usageError(stderr, name, "--kinds %q: want two kinds, one a server, as cache,hybrid", *kinds)
+	}
+	for i, k := range cfg.Kinds {
+		cfg.Kinds[i] = strings.TrimSpace(k)
+		if cfg.Kinds[i] != simCache && cfg.Kinds[i] != simHybrid {
+			return usageError(stderr, name, "--kinds %q: %q is neither cache nor hybrid", *kinds, k)
+		}
 	}
 	cfg.Steps, cfg.Seed, cfg.Floor = *steps, *seed, *floor
 	doc, err := simulateBoth(cfg, nil)
@@ -325,8 +338,8 @@ func simulateBoth(cfg simConfig, env []string) (simDocument, error) {
 
 func printSim(w io.Writer, doc simDocument) {
 	c := doc.Config
-	fmt.Fprintf(w, "two servers, peaks alternating every %d steps, %d steps of %d ms; device %d pages of %s; TTFT bound %d steps (%.2f s)\n\n",
-		c.Phase, c.Steps, c.StepMillis, c.Pages, units.Bytes(c.PageBytes), c.TTFTBound, doc.TTFTBoundSeconds)
+	fmt.Fprintf(w, "two servers (caches: %s, %s), peaks alternating every %d steps, %d steps of %d ms; device %d pages of %s; TTFT bound %d steps (%.2f s)\n\n",
+		c.kind(0), c.kind(1), c.Phase, c.Steps, c.StepMillis, c.Pages, units.Bytes(c.PageBytes), c.TTFTBound, doc.TTFTBoundSeconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "configuration\tfloor\tceiling\tserved\tarrived\tpeak committed\tover-commits\tgive-backs\tmax acquire wall\tacquires over a step\twall\tCPU")
 	for _, r := range []simResult{doc.Static, doc.Elastic} {

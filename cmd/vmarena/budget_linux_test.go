@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -69,6 +70,8 @@ func TestTopAndBudgetSet(t *testing.T) {
 		{[]string{"budget", "simulate", "--steps", "0"}, 2, "--steps 0"},
 		{[]string{"budget", "simulate", "--floor", "65"}, 2, "--floor 65"},
 		{[]string{"budget", "simulate", "--floors", "0,x"}, 2, `"x" is not`},
+		{[]string{"budget", "simulate", "--kinds", "cache"}, 2, "want two kinds"},
+		{[]string{"budget", "simulate", "--kinds", "cache,paged"}, 2, `"paged" is neither cache nor hybrid`},
 		{[]string{"top"}, 2, "no book given"},
 		{[]string{"top", "--book", path, "--interval", "0s"}, 2, "not positive"},
 		{[]string{"top", "--book", path, "--count", "-1"}, 2, "negative"},
@@ -88,13 +91,21 @@ func TestTopAndBudgetSet(t *testing.T) {
 // TestBudgetSimulate: the simulation runs both configurations in one
 // run, its servers this test binary re-executed; neither over-commits
 // and the elastic budget serves at least as many as the static halves;
-// the servers are kvcache.Cache members, which never preempt to give back.
-// (The figure itself is the CLI's: vmarena budget simulate.)
+// the servers are kvcache.Cache members, or a Cache and a Hybrid
+// (--kinds cache,hybrid), which never preempt to give back. (The figure
+// itself is the CLI's: vmarena budget simulate.)
 func TestBudgetSimulate(t *testing.T) {
-	code, out, errOut := runCmd(t, "budget", "simulate", "--steps", "300", "--json")
+	for _, kinds := range []string{"cache,cache", "cache,hybrid"} {
+		t.Run(kinds, func(t *testing.T) { checkBudgetSimulate(t, kinds) })
+	}
+}
+
+func checkBudgetSimulate(t *testing.T, kinds string) {
+	code, out, errOut := runCmd(t, "budget", "simulate", "--steps", "300", "--kinds", kinds, "--json")
 	require.Equal(t, 0, code, errOut)
 	var doc simDocument
 	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	require.Equal(t, strings.Split(kinds, ","), doc.Config.Kinds)
 	require.Zero(t, doc.Static.OverCommits)
 	require.Zero(t, doc.Elastic.OverCommits)
 	require.Equal(t, doc.Static.Arrived, doc.Elastic.Arrived, "the same trace")

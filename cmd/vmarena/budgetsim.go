@@ -50,11 +50,20 @@ type simConfig struct {
 	LowRate    float64 `json:"low_rate"`
 	Floor      int     `json:"floor_pages"` // the elastic budget's floor of each server
 	Floors     []int   `json:"floors_pages"`
+	// Kinds is each server's cache: simCache (kvcache.Cache) or
+	// simHybrid (kvcache.Hybrid).
+	Kinds []string `json:"kinds"`
 }
+
+// The servers' kinds of cache (simConfig.Kinds, --kinds).
+const (
+	simCache  = "cache"  // kvcache.Cache of the tiny preset
+	simHybrid = "hybrid" // kvcache.Hybrid: the tiny preset's layers and two recurrent ones
+)
 
 func defaultSim() simConfig {
 	return simConfig{Seed: 1, Steps: 800, Phase: 100, Pages: 128, PageBytes: 2 << 20, TTFTBound: 10, StepMillis: 50,
-		HighRate: 0.7, LowRate: 0.05, Floor: 0, Floors: []int{0, 8, 16}}
+		HighRate: 0.7, LowRate: 0.05, Floor: 0, Floors: []int{0, 8, 16}, Kinds: []string{simCache, simCache}}
 }
 
 // simRequest is one request of a server's trace.
@@ -100,14 +109,20 @@ type serverStats struct {
 // the tiny preset (16 KiB of KV a token, TokenMajor) on 2 MiB pages.
 const simTokensPerPage = 128
 
-// server is one simulated serving process: a kvcache.Cache on a sim
-// driver of the device's capacity, a member of the book through kvmember.
+// simStateBytes is a layer's recurrent state in the hybrid servers'
+// caches: 64 KiB, two layers, 128 KiB a sequence.
+const simStateBytes = 64 << 10
+
+// server is one simulated serving process: a kvcache.Cache (or, of kind
+// simHybrid, a kvcache.Hybrid) on a sim driver of the device's capacity,
+// a member of the book through kvmember.
 type server struct {
 	cfg   simConfig
 	k     int
 	drv   *sim.Driver
 	mem   *physical.Memory
 	c     *kvcache.Cache
+	h     *kvcache.Hybrid
 	m     *kvmember.Member
 	trace []simRequest
 	next  int
@@ -118,15 +133,41 @@ type server struct {
 	steps time.Duration
 }
 
-// simRunning is a running request: its sequence and the step it ends.
+// simRunning is a running request: its sequence (of the server's kind)
+// and the step it ends.
 type simRunning struct {
-	seq *kvcache.Seq
-	end int
+	seq  *kvcache.Seq
+	hseq *kvcache.HybridSeq
+	end  int
 }
 
-// newServer makes server k's cache. A request of p pages has a prompt
-// of p-1 pages and half of one, and appends a token a step while it
-// runs (at most 30 steps): its p pages hold it to the end.
+func (r simRunning) append(tokens []int) error {
+	if r.hseq != nil {
+		_, err := r.hseq.Append(tokens)
+		return err
+	}
+	_, err := r.seq.Append(tokens)
+	return err
+}
+
+func (r simRunning) free() error {
+	if r.hseq != nil {
+		return r.hseq.Free()
+	}
+	return r.seq.Free()
+}
+
+func (r simRunning) len() int {
+	if r.hseq != nil {
+		return r.hseq.Len()
+	}
+	return r.seq.Len()
+}
+
+// newServer makes server k's cache, of the kind cfg.Kinds says. A
+// request of p pages has a prompt of p-1 pages and half of one, and
+// appends a token a step while it runs (at most 30 steps): its p pages
+// hold it to the end (and, in a hybrid cache, its recurrent state).
 func newServer(cfg simConfig, k int) (*server, error) {
 	if cfg.PageBytes != 2<<20 {
 		return nil, fmt.Errorf("budget simulate: pages of %d bytes, the servers' caches take 2 MiB", cfg.PageBytes)
@@ -142,11 +183,64 @@ func newServer(cfg simConfig, k int) (*server, error) {
 	kc.Layout, kc.PageSize, kc.MapAhead = kvcache.TokenMajor, cfg.PageBytes, -1
 	kc.MaxContext, kc.MaxSeqs = 12*simTokensPerPage, cfg.Pages/4+1
 	mem := physical.New(drv)
-	c, err := kvcache.New(vaspace.New(drv), mem, kc)
+	s := &server{cfg: cfg, k: k, drv: drv, mem: mem, trace: cfg.trace(k)}
+	switch kind := cfg.kind(k); kind {
+	case simCache:
+		s.c, err = kvcache.New(vaspace.New(drv), mem, kc)
+	case simHybrid:
+		// The tiny preset's layers as a full-attention group (the same
+		// 128 tokens a page) and two recurrent layers: a request's pages
+		// hold it as a Cache's do, and its state takes 128 KiB more.
+		s.h, err = kvcache.NewHybrid(vaspace.New(drv), mem, kvcache.HybridConfig{Groups: []kvcache.Group{
+			{Kind: kvcache.FullAttention, Layers: kc.Layers, KVHeads: kc.KVHeads, HeadDim: kc.HeadDim},
+			{Kind: kvcache.Recurrent, Layers: 2, StateBytes: simStateBytes},
+		}, DType: kc.DType, MaxContext: kc.MaxContext, MaxSeqs: kc.MaxSeqs, PageSize: cfg.PageBytes, MapAhead: -1})
+	default:
+		err = fmt.Errorf("budget simulate: server %d: a cache of kind %q, want %s or %s", k, kind, simCache, simHybrid)
+	}
 	if err != nil {
 		return nil, errors.CombineErrors(err, drv.Close())
 	}
-	return &server{cfg: cfg, k: k, drv: drv, mem: mem, c: c, trace: cfg.trace(k)}, nil
+	return s, nil
+}
+
+// kind is server k's kind of cache (simCache where Kinds does not say).
+func (c simConfig) kind(k int) string {
+	if k < len(c.Kinds) {
+		return c.Kinds[k]
+	}
+	return simCache
+}
+
+// join makes the server a member of b.
+func (s *server) join(b *budget.Book, floor, ceiling uint64) error {
+	name := fmt.Sprintf("server-%d", s.k)
+	var err error
+	if s.h != nil {
+		s.m, err = kvmember.JoinHybrid(b, name, floor, ceiling, s.h)
+	} else {
+		s.m, err = kvmember.Join(b, name, floor, ceiling, s.c)
+	}
+	return err
+}
+
+// admit admits request i's prompt through the member, growing its hold
+// as it must.
+func (s *server) admit(prompt []int, steps int) (simRunning, error) {
+	if s.h != nil {
+		q, err := s.m.AdmitHybrid(prompt, steps)
+		return simRunning{hseq: q}, err
+	}
+	q, err := s.m.Admit(prompt, 0, steps)
+	return simRunning{seq: q}, err
+}
+
+// preemptions is the cache's preemptions.
+func (s *server) preemptions() int {
+	if s.h != nil {
+		return s.h.Stats().Preemptions
+	}
+	return s.c.Stats().Preemptions
 }
 
 // prompt is request i's tokens: none another request has, so that no
@@ -168,13 +262,13 @@ func (s *server) step(t int) error {
 	// cached (the prefix store) and idle (their slots).
 	for i := 0; i < len(s.run); {
 		if r := s.run[i]; r.end <= t {
-			if err := r.seq.Free(); err != nil {
+			if err := r.free(); err != nil {
 				return err
 			}
 			s.run = slices.Delete(s.run, i, i+1)
 			continue
 		}
-		if _, err := s.run[i].seq.Append([]int{1}); err != nil {
+		if err := s.run[i].append([]int{1}); err != nil {
 			return fmt.Errorf("server %d at step %d: a decode: %w", s.k, t, err)
 		}
 		i++
@@ -197,7 +291,7 @@ func (s *server) step(t int) error {
 		// Lock step: the other server waits for the driver, so only
 		// this admission's asks run its give-back now.
 		t0 := time.Now()
-		seq, err := s.m.Admit(prompt, 0, r.Steps)
+		seq, err := s.admit(prompt, r.Steps)
 		d := time.Since(t0)
 		if s.m.Stats().Hold > asked {
 			s.st.Grows++
@@ -211,11 +305,12 @@ func (s *server) step(t int) error {
 		} else if err != nil {
 			return err
 		}
-		if _, err := seq.Append(prompt[seq.Len():]); err != nil {
+		if err := seq.append(prompt[seq.len():]); err != nil {
 			return fmt.Errorf("server %d at step %d: the prompt of an admitted request: %w", s.k, t, err)
 		}
+		seq.end = t + r.Steps
 		s.queue = s.queue[1:]
-		s.run = append(s.run, simRunning{seq: seq, end: t + r.Steps})
+		s.run = append(s.run, seq)
 		s.st.Served++
 		s.ttft += t - r.Arrive
 	}
@@ -241,10 +336,14 @@ func (s *server) used() uint64 {
 func (s *server) close() error {
 	var err error
 	for _, r := range s.run {
-		err = errors.CombineErrors(err, r.seq.Free())
+		err = errors.CombineErrors(err, r.free())
 	}
 	s.run = nil
-	err = errors.CombineErrors(err, s.c.Close())
+	if s.h != nil {
+		err = errors.CombineErrors(err, s.h.Close())
+	} else {
+		err = errors.CombineErrors(err, s.c.Close())
+	}
 	if s.m != nil {
 		err = errors.CombineErrors(err, s.m.Close())
 	}
@@ -280,7 +379,7 @@ func serveBudget(stdin io.Reader, stdout io.Writer) int {
 		return fail(errors.CombineErrors(err, b.Close()))
 	}
 	pb := hello.Config.PageBytes
-	if s.m, err = kvmember.Join(b, fmt.Sprintf("server-%d", hello.K), uint64(hello.Floor)*pb, uint64(hello.Ceil)*pb, s.c); err != nil {
+	if err = s.join(b, uint64(hello.Floor)*pb, uint64(hello.Ceil)*pb); err != nil {
 		return fail(errors.CombineErrors(err, s.close()))
 	}
 	fmt.Fprintln(stdout, "ready")
@@ -307,7 +406,7 @@ func serveBudget(stdin io.Reader, stdout io.Writer) int {
 	st := s.st
 	ms := s.m.Stats()
 	st.Asks, st.GaveBackPages = ms.Asked, int(ms.GivenBack/pb)
-	st.Preemptions = s.c.Stats().Preemptions
+	st.Preemptions = s.preemptions()
 	// The other server may still ask this one while it ends: leave first.
 	if err := s.close(); err != nil {
 		return fail(err)
