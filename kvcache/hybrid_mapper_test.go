@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -68,11 +69,9 @@ func TestHybridMapAhead(t *testing.T) {
 	prompt := seqTokens(40, 0, 1)
 	s, err := h.Admit(prompt)
 	require.NoError(t, err)
-	q := &hmSeq{s: s, tokens: prompt, running: true}
+	q := &hmSeq{s: s, prompt: slices.Clip(prompt), running: true}
 	m.seqs = append(m.seqs, q)
-	step, err := s.Append(prompt)
-	require.NoError(t, err)
-	m.write(q, step)
+	m.prefill(q, HybridStep{})
 	m.compare()
 	_, before := mapperCommits(h)
 	for i := range 100 {
