@@ -55,7 +55,7 @@ type unitInfo struct {
 // coverUnits) of every region, and coverUnits never exceeds the units its
 // sequence's tokens fill. In a window cache (Config.Window) the units
 // below lo lie wholly behind its running sequence's window and are empty
-// (window.go); lo is 0 in every other slot.
+// or kept (window.go, kept.go); lo is 0 in every other slot.
 type slot struct {
 	idx                      int
 	units                    []unitInfo
@@ -415,8 +415,13 @@ func (c *Cache) decommitUnitsLocked(sl *slot, u0, u1 int) error {
 	if !any {
 		return nil
 	}
-	sl.shared = min(sl.shared, u0) // borrowed units go last first: what stays below u0 stays shared
-	if u0 < sl.coverUnits {
+	if u0 >= sl.lo {
+		// Borrowed units go last first: what stays below u0 stays
+		// shared. Below lo (a kept unit behind a running window, evicted)
+		// nothing the slot shares or covers changes.
+		sl.shared = min(sl.shared, u0)
+	}
+	if u0 < sl.coverUnits && u1 > sl.coverLo {
 		sl.revokeLocked()
 		if err := c.releaseCoversLocked(sl); err != nil {
 			return err
@@ -875,7 +880,7 @@ func (c *Cache) checkLocked() error {
 				for u := 0; g.ring == 0 && u < g.unitsFor(s.n); u++ {
 					if st := sl.units[u].state; u >= sl.lo && st != unitOwned && st != unitBorrowed {
 						fail("running sequence in slot %d has %d tokens, but unit %d is not committed", i, s.n, u)
-					} else if u < sl.lo && st != unitEmpty {
+					} else if u < sl.lo && st != unitEmpty && st != unitKept {
 						fail("running sequence in slot %d holds unit %d, behind its window's first unit %d", i, u, sl.lo)
 					}
 				}

@@ -19,10 +19,15 @@ import "github.com/vmarena/vmarena/internal/errors"
 // it, each at unit su.u). Memory pressure thus reclaims kept mappings
 // before it preempts anyone, with the cached units they map. Only listed
 // units are kept (an unpublished or unlisted unit's bytes are nobody
-// else's: it goes as before); a running sequence's slot keeps nothing —
-// an admission or a resume settles every kept unit of its slot first
-// (takeKeptLocked) — so that Append, Step, Reserve and the mapper see
-// only empty, owned, borrowed and committing units.
+// else's: it goes as before); a running sequence's slot keeps nothing at
+// or past its lo — an admission or a resume settles every kept unit of
+// its slot first (takeKeptLocked) — so that Append, Step, Reserve and the
+// mapper see only empty, owned, borrowed and committing units. Below lo a
+// window cache's running slot may keep units: a release behind the
+// window keeps the listed store units it borrowed mapped there, as a
+// sequence that ends does (no unmap on the Append's path), and an
+// eviction of one unmaps it there, outside the slot's views and its
+// shared units.
 //
 // Picking a slot for an admission (pickSlotLocked) looks for the slot
 // that keeps the deepest unit of the match it can find in a few probes:
@@ -75,6 +80,15 @@ func (c *Cache) unkeepLocked(sl *slot, u int) {
 // first, in one arena call a region for each run given back, so that
 // cached units join the LRU list from a chain's end.
 func (c *Cache) leaveLocked(sl *slot, to int, keepOwned bool) error {
+	err := c.leaveRangeLocked(sl, 0, to, keepOwned)
+	sl.shared = 0
+	return err
+}
+
+// leaveRangeLocked is leaveLocked of units [from, to) of sl (a window's
+// release behind it, from the slot's lo: releaseBehindLocked), leaving
+// sl.shared to the caller but as decommitUnitsLocked lowers it.
+func (c *Cache) leaveRangeLocked(sl *slot, from, to int, keepOwned bool) error {
 	ro := func(u int) bool { return u < sl.shared && c.protects }
 	goes := func(u int) bool {
 		switch ui := sl.units[u]; ui.state {
@@ -86,7 +100,7 @@ func (c *Cache) leaveLocked(sl *slot, to int, keepOwned bool) error {
 		return false
 	}
 	var errs error
-	for u := min(to, sl.hi) - 1; u >= 0; u-- {
+	for u := min(to, sl.hi) - 1; u >= from; u-- {
 		if ui := sl.units[u]; ui.state == unitBorrowed && keepable(ui.su) {
 			c.keepLocked(sl, u, ro(u))
 			continue
@@ -95,7 +109,7 @@ func (c *Cache) leaveLocked(sl *slot, to int, keepOwned bool) error {
 			continue
 		}
 		lo := u
-		for lo > 0 && goes(lo-1) {
+		for lo > from && goes(lo-1) {
 			lo--
 		}
 		// decommitUnitsLocked lowers shared to lo, which leaves ro of
@@ -103,7 +117,6 @@ func (c *Cache) leaveLocked(sl *slot, to int, keepOwned bool) error {
 		errs = errors.CombineErrors(errs, c.decommitUnitsLocked(sl, lo, u+1))
 		u = lo
 	}
-	sl.shared = 0
 	return errs
 }
 
@@ -197,8 +210,8 @@ func (c *Cache) checkKeptLocked(fail func(string, ...any)) {
 				fail("slot %d keeps store unit %d at unit %d, which belongs at unit %d", sl.idx, su.idx, u, su.u)
 			case !c.sharing() || c.ps.units[su.idx] != su || !su.listed:
 				fail("slot %d keeps store unit %d, which is not a listed unit of the store", sl.idx, su.idx)
-			case sl.seq != nil && sl.seq.state == seqRunning:
-				fail("slot %d keeps unit %d under a running sequence", sl.idx, u)
+			case sl.seq != nil && sl.seq.state == seqRunning && u >= sl.lo:
+				fail("slot %d keeps unit %d under a running sequence, at or past its window's first unit %d", sl.idx, u, sl.lo)
 			}
 			if int(ui.ki) >= len(su.keptIn) || su.keptIn[ui.ki] != sl {
 				fail("slot %d's kept unit %d is not in its store unit's list at %d", sl.idx, u, ui.ki)

@@ -11,7 +11,8 @@ import (
 // given back at the same addresses: the slot's own decommitted (their
 // pages back to the budget), the prefix store's unborrowed (cached there,
 // evicted least recently used first as any other). The slot's lo is the
-// first unit it still holds; units below lo are empty, and its running
+// first unit it still holds; units below lo are empty or kept (the listed
+// store units a release left mapped: kept.go), and its running
 // sequence's units [lo, unitsFor(Len)) are committed. A sequence thus
 // holds at most the units of W-1 tokens, the tokens appended by the last
 // call, and a unit at either end — O(W), whatever its length. Addresses
@@ -81,9 +82,18 @@ func (c *Cache) releaseBehindLocked(what func() string, s *Seq) error {
 		return errors.AssertionFailedf("%s: unit %d behind the window is being committed", what(), c.mapping.u)
 	}
 	shared := sl.shared
-	// The store units given back stay cached (see What a window cache's
-	// store keeps, below).
-	if err := c.decommitUnitsLocked(sl, sl.lo, lo); err != nil {
+	// The views start at WindowStart, which moves: they go first, as any
+	// decommit under them would take them. The listed store units given
+	// back stay cached (see What a window cache's store keeps, below) and
+	// stay mapped here, kept (kept.go): no unmap on the Append's path; an
+	// eviction unmaps them. The rest is decommitted.
+	if sl.coverUnits > 0 {
+		sl.revokeLocked()
+		if err := c.releaseCoversLocked(sl); err != nil {
+			return err
+		}
+	}
+	if err := c.leaveRangeLocked(sl, sl.lo, lo, false); err != nil {
 		return err
 	}
 	// decommitUnitsLocked keeps the shared units below the ones it gives
