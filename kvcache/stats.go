@@ -82,9 +82,9 @@ type Stats struct {
 	// in PagesCommitted.
 	RingPages int
 	// KeptUnits are the prefix store units left mapped in slots whose
-	// sequence ended or was preempted, for the slot's next sequence
-	// (mappings, not pages: the store's pages count once, in
-	// StorePages). KeptReused are those an admission or a resume found
+	// sequence ended or was preempted, for the slot's next sequence, and
+	// behind running sequences' windows (mappings, not pages: the store's
+	// pages count once, in StorePages). KeptReused are those an admission or a resume found
 	// holding the unit its match wanted there (no map, no unmap);
 	// KeptDropped those unmapped since: unlike what a new sequence
 	// matched, or their store unit evicted.
