@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"testing"
 
 	"github.com/vmarena/vmarena/internal/errors"
 )
@@ -104,6 +105,20 @@ func Compare(rounds int, work func()) (before, after Snapshot, same bool, err er
 		}
 	}
 	return before, after, false, nil
+}
+
+// Require is Compare for a test: it fails t (Fatal) when the snapshots
+// cannot be taken, or when every round left the process holding
+// something else, naming both snapshots.
+func Require(t testing.TB, rounds int, work func()) {
+	t.Helper()
+	before, after, same, err := Compare(rounds, work)
+	if err != nil {
+		t.Fatalf("leakcheck: %v", err)
+	}
+	if !same {
+		t.Fatalf("%v before, %v after", before, after)
+	}
 }
 
 // A round's verdict.
