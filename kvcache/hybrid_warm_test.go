@@ -90,3 +90,25 @@ func TestHybridWarm(t *testing.T) {
 	drivertest.RequireIs(t, err, driver.ErrClosed)
 	require.Zero(t, e.used(t))
 }
+
+// TestHybridWarmDeviceFull: a create the device refuses ends Warm with
+// the error (ErrOutOfMemory), the pages created before it kept in the
+// pools and the books as they should be; the sequences are untouched.
+func TestHybridWarmDeviceFull(t *testing.T) {
+	e := simEnv(t, 8*page, page)
+	cfg := tinyHybrid(256, 4, 64*page) // a budget past the device's 8 pages
+	cfg.Groups = cfg.Groups[:1]
+	h := e.hybrid(t, cfg)
+	s := hybridPrefill(t, h, seqTokens(40, 0, 1))
+	before := h.Stats().Groups[0]
+	pooled, err := h.Warm(256)
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory)
+	st := h.Stats()
+	require.Equal(t, uint64(st.Groups[0].PooledPages)*page, pooled, "what was created before the refusal is kept")
+	require.Positive(t, pooled)
+	require.Equal(t, before.PagesCommitted, st.Groups[0].PagesCommitted, "the sequence's pages as they were")
+	require.LessOrEqual(t, st.Committed, 8*page)
+	require.Equal(t, 40, s.Len())
+	require.NoError(t, h.Check())
+	require.NoError(t, s.Free())
+}
