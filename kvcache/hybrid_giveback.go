@@ -126,12 +126,13 @@ func (h *Hybrid) Closed() bool {
 
 // Reserve commits, ahead of the Append that will hold them, the pages of
 // the sequence's next n tokens past Len in every attention group, as
-// many as fit in the free budget (Seq.Reserve in each: nothing given
-// back, evicted or preempted; Len unchanged; a group's pages reserved
-// are its surplus until its tokens reach them), and returns how many of
-// the n tokens have their pages in every group, from the first — fewer
-// when the free budget runs out, which the Append then commits itself,
-// making room as it does. It is what an engine that schedules a step
+// many as fit in the free budget and the group's own idle and cached
+// pages (Seq.Reserve in each: its cached units evicted as that group's
+// Append would; nothing preempted, no running sequence's pages taken;
+// Len unchanged; a group's pages reserved are its surplus until its
+// tokens reach them), and returns how many of the n tokens have their
+// pages in every group, from the first — fewer when those run out,
+// which the Append then commits itself, making room as it does. It is what an engine that schedules a step
 // ahead calls for the next step's prompt chunk, so that the driver's
 // latency hides behind the step before. It refuses a preempted
 // sequence, a negative n or one past MaxContext (ErrInvalid), a freed
@@ -186,7 +187,13 @@ func (s *HybridSeq) Reserve(n int) (int, error) {
 // pools keep; a create the driver refuses ends it with the error, the
 // pages created before it kept. It refuses a negative count or one past
 // MaxContext (ErrInvalid) and a closed cache (ErrClosed).
-func (h *Hybrid) Warm(tokens int) (uint64, error) {
+func (h *Hybrid) Warm(tokens int) (uint64, error) { return h.WarmAtMost(tokens, -1) }
+
+// WarmAtMost is Warm creating at most pages pages in all (negative: no
+// bound), shared among the groups as the free budget is: a filler that
+// runs while a step computes asks for what the step's time pays for,
+// and the next call goes on from there.
+func (h *Hybrid) WarmAtMost(tokens, pages int) (uint64, error) {
 	what := func() string { return fmt.Sprintf("kvcache: hybrid: warm the page pools for %d tokens", tokens) }
 	if err := h.lock(what); err != nil {
 		return 0, err
@@ -210,10 +217,30 @@ func (h *Hybrid) Warm(tokens int) (uint64, error) {
 		have[i] = int(c.pool.Bytes() / page)
 		lack += uint64(max(want[i]-have[i], 0))
 	}
-	if free := h.freeLocked() / page; lack > free {
+	free := h.freeLocked() / page
+	if pages >= 0 {
+		free = min(free, uint64(pages))
+	}
+	if lack > free {
+		// Shares in proportion to what each lacks, rounded down, and the
+		// pages that rounding leaves to the first groups still short.
+		short := make([]int, len(want))
+		left := free
 		for i := range want {
-			if short := want[i] - have[i]; short > 0 {
-				want[i] = have[i] + int(uint64(short)*free/lack)
+			if short[i] = max(want[i]-have[i], 0); short[i] > 0 {
+				share := uint64(short[i]) * free / lack
+				want[i] = have[i] + int(share)
+				short[i] -= int(share)
+				left -= share
+			}
+		}
+		for i := range want {
+			if left == 0 {
+				break
+			}
+			if short[i] > 0 {
+				want[i]++
+				left--
 			}
 		}
 	}

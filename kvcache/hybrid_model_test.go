@@ -319,9 +319,27 @@ func (m *hybridModel) step(op, a, b byte) {
 				m.refuse(err, before, driver.ErrInvalid)
 				return
 			}
-			pooled, err := m.h.Warm(int(a) * 2)
+			// At most a pages more when a is odd (WarmAtMost), else no
+			// bound (Warm).
+			var pooled uint64
+			var err error
+			most := -1
+			if a%2 == 1 {
+				most = int(a)
+				pooled, err = m.h.WarmAtMost(int(a)*2, most)
+			} else {
+				pooled, err = m.h.Warm(int(a) * 2)
+			}
 			require.NoError(t, err)
 			after := m.h.Stats()
+			if most >= 0 {
+				var had, have int
+				for i := range after.Groups {
+					had += before.Groups[i].PooledPages
+					have += after.Groups[i].PooledPages
+				}
+				require.LessOrEqual(t, have, had+most, "WarmAtMost(%d, %d)", int(a)*2, most)
+			}
 			require.LessOrEqual(t, after.Committed, after.Budget)
 			require.Equal(t, before.Budget, after.Budget)
 			require.Equal(t, before.Running, after.Running, "no sequence preempted")

@@ -112,3 +112,44 @@ func TestHybridWarmDeviceFull(t *testing.T) {
 	require.NoError(t, h.Check())
 	require.NoError(t, s.Free())
 }
+
+// TestHybridWarmAtMost: WarmAtMost creates at most the pages it is
+// given, shared among the groups by what each lacks, and the next call
+// goes on from there to what Warm would have made; a negative bound is
+// none.
+func TestHybridWarmAtMost(t *testing.T) {
+	e := simEnv(t, 64*units.MiB, page)
+	drv := e.drv.(*sim.Driver)
+	cfg := tinyHybrid(256, 4, 24*units.MiB)
+	cfg.Groups = cfg.Groups[:2]
+	h := e.hybrid(t, cfg)
+	pooled := func() (n int) {
+		for _, g := range h.Stats().Groups {
+			n += g.PooledPages
+		}
+		return n
+	}
+	creates := drv.Calls().Create
+	_, err := h.WarmAtMost(128, 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, pooled())
+	require.Equal(t, creates+1, drv.Calls().Create)
+	_, err = h.WarmAtMost(128, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, pooled(), "a bound of none creates none")
+	require.Equal(t, creates+1, drv.Calls().Create)
+
+	e2 := simEnv(t, 64*units.MiB, page)
+	whole := e2.hybrid(t, cfg)
+	_, err = whole.Warm(128)
+	require.NoError(t, err)
+	var want int
+	for _, g := range whole.Stats().Groups {
+		want += g.PooledPages
+	}
+	require.Greater(t, want, 2)
+	_, err = h.WarmAtMost(128, -1)
+	require.NoError(t, err)
+	require.Equal(t, want, pooled(), "no bound: what Warm makes")
+	require.NoError(t, h.Check())
+}

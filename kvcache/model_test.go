@@ -464,14 +464,23 @@ func (s *mseq) next(have, cnt int, fresh *int) []int {
 }
 
 // reserve is the cache's Reserve: the units past s's tokens, up to those
-// n more tokens reach, that fit in the free budget are backed as back
-// backs them (no room made); it returns how many of the n tokens have
-// their pages then.
+// n more tokens reach, that fit in the free budget, idle slots' pages
+// and cached units' are backed as back backs them (the room made
+// without another sequence's surplus); it returns how many of the n
+// tokens have their pages then.
 func (m *model) reserve(s *mseq, n int) int {
 	sl := m.slots[s.slot]
 	have := len(s.tokens)
 	from, need := m.g.unitsFor(have), m.g.unitsFor(have+n)
-	free, k := m.free(), from
+	// The free budget, idle slots' pages and cached units': what
+	// makeRoom gives without another sequence's surplus.
+	idle := 0
+	for _, o := range m.slots {
+		if o.seq == nil {
+			idle += m.ownedFrom(o, 0) * m.up()
+		}
+	}
+	free, k := m.free()+idle+len(m.lru)*m.up(), from
 	for ; k < need; k++ {
 		if !sl.owned[k] && sl.borrowed[k] == nil {
 			if free < m.up() {

@@ -9,10 +9,12 @@ import (
 )
 
 // Reserve commits, ahead of the Append that will hold them, the pages of
-// the sequence's next n tokens past Len — as many of them as fit without
-// making room: in the budget's free pages (the page pool's first) and the
-// prefix store's free units. It never reclaims, evicts, preempts or gives
-// back a page another sequence could use, and it appends no token: Len is
+// the sequence's next n tokens past Len — as many of them as fit in the
+// budget's free pages (the page pool's first), the pages of idle slots
+// and of cached prefix units, which it evicts least recently used first
+// as the Append would, and the prefix store's free units. It never
+// preempts, takes another running sequence's pages (its surplus) or
+// gives back a page the cache needs, and it appends no token: Len is
 // unchanged, and the Append of those tokens finds their pages mapped and
 // makes no driver call for them. Whole units of the prompt are committed
 // in the prefix store, as Append commits them (published only once
@@ -22,10 +24,13 @@ import (
 // chunk of the next step — an admitted or resumed sequence's first chunk,
 // or the next chunk of a prefill — while the GPU computes the step before,
 // so that the driver's latency hides behind it, as mapping ahead does for
-// decodes. It returns how many of the n tokens have their pages now
-// (those committed before it included), from the first: fewer when the
-// budget has no free page for the rest, which the Append then commits
-// itself, making room as it does.
+// decodes; its evictions are the ones that Append would make a step
+// later, made where they hide (vLLM's scheduler, which allocates a
+// step's blocks when it schedules the step, evicts cached blocks then
+// too). It returns how many of the n tokens have their pages now (those
+// committed before it included), from the first: fewer when the rest
+// would need another sequence's pages, which the Append then takes
+// itself, or a preemption.
 //
 // Pages reserved past Len are the sequence's surplus (Stats.SurplusPages)
 // until its tokens reach them: a budget squeeze may take them back, and a
@@ -72,11 +77,11 @@ func (s *Seq) Reserve(n int) (int, error) {
 }
 
 // reserveUnitsLocked is the end of the units from from on, up to need,
-// that Reserve can back without making room: each empty unit takes a
-// page of every region from the free budget, each whole prompt unit
-// (empty, or a kept page the store unit replaces) a free unit of the
-// store. It stops at the first that does not fit, and at a unit in
-// flight.
+// that Reserve can back without taking a sequence's pages: each empty
+// unit takes a page of every region from the free budget, an idle slot
+// or a cached unit, each whole prompt unit (empty, or a kept page the store unit
+// replaces) a free unit of the store or a cached one's. It stops at the
+// first that does not fit, and at a unit in flight.
 func (c *Cache) reserveUnitsLocked(s *Seq, from, need int) int {
 	sl := s.sl
 	free := c.freePagesLocked()
@@ -84,6 +89,12 @@ func (c *Cache) reserveUnitsLocked(s *Seq, from, need int) int {
 	if c.sharing() {
 		store = len(c.ps.spare) + len(c.ps.free)
 	}
+	// Idle slots' pages are taken and cached units evicted for the rest,
+	// as Append would (makeRoomLocked, which takes idle pages first): a
+	// cached unit gives its pages and its place in the store.
+	idle, _ := c.reclaimableLocked(sl, need)
+	free += idle + c.evictablePagesLocked()
+	store += c.ps.lru.Len()
 	up := c.g.unitPages()
 	past := c.g.unitsFor(s.n)
 	u := from

@@ -1,7 +1,6 @@
 package kvcache
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,8 +12,8 @@ import (
 // TestReserveAhead: a reservation commits the pages of a prompt chunk
 // ahead (the prompt's whole units in the prefix store), the Append of
 // the chunk then makes no driver call and writes the same rows, and the
-// reservation stops at the free budget: it gives back no idle page and
-// evicts no cached unit to make room.
+// reservation takes the free budget, then cached units' pages (evicting
+// them, as the Append would), never another running sequence's.
 func TestReserveAhead(t *testing.T) {
 	e := simEnv(t, 64<<20, page)
 	cfg := tinyConfig(TokenMajor, 96, 2) // 4 tokens a page
@@ -49,28 +48,37 @@ func TestReserveAhead(t *testing.T) {
 	require.Equal(t, before, snapBooks(t, c, e), "a reservation that fits nothing changes nothing")
 	require.NoError(t, c.Check())
 
-	// Cached units stay: once the first sequence is freed (its written
-	// units cached, the rest given back to the pool), a second one's
-	// reservation takes the free pages (the pool's) and stops there,
-	// evicting and reclaiming nothing.
+	// Cached units go when the free budget is short, least recently used
+	// first, as the Append would evict them: once the first sequence is
+	// freed (its written units cached, the rest given back to the pool),
+	// a second one's reservation takes the free pages (the pool's), then
+	// the cached units'.
 	require.NoError(t, s.MarkWritten(8))
 	require.NoError(t, s.Free())
 	s2, err := c.Admit(family(2, 20), 0)
 	require.NoError(t, err)
 	st0 := c.Stats()
-	lru := snapBooks(t, c, e).lru
+	require.Equal(t, 2, st0.CachedPages)
 	got, err = s2.Reserve(60)
 	require.NoError(t, err)
 	st = c.Stats()
-	require.Less(t, got, 60)
-	require.Equal(t, 12, st.PagesCommitted, "the budget's free pages, all of them")
+	require.Equal(t, 48, got, "the budget's 12 pages, 4 tokens each")
+	require.Equal(t, 12, st.PagesCommitted)
 	require.Zero(t, st.PooledPages)
-	require.Equal(t, st0.CachedPages, st.CachedPages)
-	require.Equal(t, st0.Evictions, st.Evictions)
-	require.Equal(t, st0.Reclaims, st.Reclaims)
-	// The LRU list and the index (the store's free places aside).
-	require.Equal(t, lru[:strings.LastIndexByte(lru, ' ')], snapBooks(t, c, e).lru[:strings.LastIndexByte(lru, ' ')], "the cached units stay, in their order")
+	require.Zero(t, st.CachedPages)
+	require.Equal(t, st0.Evictions+2, st.Evictions)
 	require.NoError(t, c.Check())
+	// Another running sequence's surplus is never taken: a third
+	// sequence's reservation finds nothing and changes nothing.
+	s3, err := c.Admit(family(3, 8), 0)
+	require.NoError(t, err)
+	before = snapBooks(t, c, e)
+	got, err = s3.Reserve(8)
+	require.NoError(t, err)
+	require.Zero(t, got)
+	require.Equal(t, before, snapBooks(t, c, e), "the second sequence's surplus stays")
+	require.NoError(t, c.Check())
+	require.NoError(t, s3.Free())
 	require.NoError(t, s2.Free())
 }
 

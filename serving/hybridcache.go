@@ -412,17 +412,17 @@ func (k *HybridCache) ChunkAlign() int {
 func (k *HybridCache) ReservesDecodes() bool { return k != nil && k.opts.NoMapAhead }
 
 // Warm fills the groups' page pools ahead with the pages of a prompt
-// chunk of n tokens (kvcache's Hybrid.Warm, within the free budget), so
-// that the next admissions' first chunks map pages instead of creating
-// them.
-func (k *HybridCache) Warm(n int) error {
+// chunk of n tokens (kvcache's Hybrid.WarmAtMost, within the free
+// budget), adding at most most pages (negative: no bound), so that the
+// next admissions' first chunks map pages instead of creating them.
+func (k *HybridCache) Warm(n, most int) error {
 	if err := k.made("warm"); err != nil {
 		return err
 	}
 	if n < 0 {
 		return errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: warm the pool for %d tokens", n)
 	}
-	_, err := k.h.Warm(min(n, k.cfg.MaxContext))
+	_, err := k.h.WarmAtMost(min(n, k.cfg.MaxContext), most)
 	return errors.Wrapf(err, "serving: hybrid cache: warm the pools")
 }
 

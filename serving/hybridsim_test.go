@@ -508,9 +508,9 @@ func TestHybridReserveRefusals(t *testing.T) {
 		_, err := hc.Reserve(r, n)
 		require.ErrorIs(t, err, driver.ErrInvalid, "%d", n)
 	}
-	require.ErrorIs(t, hc.Warm(-1), driver.ErrInvalid)
+	require.ErrorIs(t, hc.Warm(-1, -1), driver.ErrInvalid)
 	require.Equal(t, before, hc.Stats())
-	require.NoError(t, hc.Warm(100)) // past MaxContext: a chunk of the most a sequence holds
+	require.NoError(t, hc.Warm(100, -1)) // past MaxContext: a chunk of the most a sequence holds
 	warmed := hc.Stats()
 	require.Greater(t, warmed.Cached, before.Cached, "the pools keep the warmed pages")
 	before.Cached = warmed.Cached

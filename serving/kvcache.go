@@ -455,8 +455,9 @@ func (k *Cache) Append(r *SimRequest, n int) error {
 }
 
 // Reserve commits ahead the pages of r's next n tokens, those after the
-// ones appended (kvcache's Seq.Reserve: within the free budget, making no
-// room), and returns how many of them have their pages.
+// ones appended (kvcache's Seq.Reserve: the free budget's, idle slots'
+// and cached units' pages, evicting those as the Append would, never a
+// running sequence's), and returns how many of them have their pages.
 func (k *Cache) Reserve(r *SimRequest, n int) (int, error) {
 	cs, err := k.live("reserve", r, false)
 	if err != nil {
@@ -480,9 +481,10 @@ func (k *Cache) Reserve(r *SimRequest, n int) (int, error) {
 }
 
 // Warm fills the cache's page pool with the pages n tokens' KV takes
-// (kvcache's Cache.Warm: created ahead, within the free budget), so that
-// the commits of the next prompt chunks only map.
-func (k *Cache) Warm(n int) error {
+// (kvcache's Cache.Warm: created ahead, within the free budget), adding
+// at most most pages to what it keeps (negative: no bound), so that the
+// commits of the next prompt chunks only map.
+func (k *Cache) Warm(n, most int) error {
 	if err := k.made("warm"); err != nil {
 		return err
 	}
@@ -491,6 +493,9 @@ func (k *Cache) Warm(n int) error {
 	}
 	page := k.cache.Config().PageSize
 	pages := (uint64(n)*k.cfg.Model.TokenBytes()+page-1)/page + 1 // a page a chunk straddles
+	if most >= 0 {
+		pages = min(pages, uint64(k.cache.Stats().PooledPages)+uint64(most))
+	}
 	_, err := k.cache.Warm(int(min(pages, uint64(1)<<30)))
 	return errors.Wrapf(err, "serving: kvcache: warm the pool")
 }

@@ -23,8 +23,8 @@ type driverCounted interface {
 }
 
 // DriverCost is what a scheme's driver calls cost over a simulation,
-// priced by Options.Prices. Every call is on the path of one step or
-// another:
+// priced by Options.Prices. Every call but those made before serving
+// starts (Startup) is on the path of one step or another:
 //
 //   - background: an Append of a sequence that ran in the step before, of
 //     at most MapAhead tokens (a decode), whose calls only commit memory
@@ -40,7 +40,7 @@ type driverCounted interface {
 //
 // Exposed is what steps waited for: it is added to the simulated clock
 // (each step takes its GPU time plus it), so TTFT and throughput pay for
-// it. Time = Background + the foreground's, and Exposed <= Time.
+// it. Time = Background + the foreground's + Startup, and Exposed <= Time.
 type DriverCost struct {
 	// Counted says the scheme's calls were counted (a scheme on the sim
 	// driver); false for the baselines, whose fields are all 0.
@@ -64,6 +64,12 @@ type DriverCost struct {
 	// (Options.AdmitAhead): admissions during the step before and
 	// prompt chunks' reservations; in Background and Admission.
 	Ahead time.Duration
+	// Startup is the time of the calls made before serving starts
+	// (Options.AdmitAhead): the pool a scheme that warms fills with a
+	// step's pages then, as the paged and static schemes allocate
+	// theirs before serving (unpriced, making no call while serving). In
+	// Time, never exposed.
+	Startup time.Duration
 }
 
 // ExposedShare is the exposed driver time over the steps' GPU time.

@@ -162,10 +162,11 @@ func mustPreset(t *testing.T, name string) Model {
 // and B, queued behind it, gets its prompt in the third. Scheduling a
 // step ahead, A's second page is reserved during the first step and B is
 // admitted, its page reserved, during the second: those calls hide
-// behind the 10 ms steps and only A's first page, committed before
-// anything runs, is exposed. With every call dearer than a step, what
-// exceeds the step is exposed. The paged scheme, with no driver call,
-// runs the same schedule.
+// behind the 10 ms steps; the pool's first pages are warmed before
+// serving starts (Startup, on no step's path). With every call dearer
+// than a step, what exceeds the step is exposed, and nothing is warmed
+// during a step. The paged scheme, with no driver call, runs the same
+// schedule.
 func TestSimulateAdmitAhead(t *testing.T) {
 	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 32, Output: 2, Blocks: []int64{1, 2}}, {Input: 16, Output: 2, Blocks: []int64{3}}}
@@ -182,7 +183,7 @@ func TestSimulateAdmitAhead(t *testing.T) {
 	// idle gap here, both arrive at once).
 	hidden := func(res Result) {
 		t.Helper()
-		require.LessOrEqual(t, res.Driver.Time-res.Driver.Exposed, res.GPUTime)
+		require.LessOrEqual(t, res.Driver.Time-res.Driver.Startup-res.Driver.Exposed, res.GPUTime)
 		require.LessOrEqual(t, res.SimTime, res.GPUTime+res.Driver.Exposed) // the last frees: after the last step
 	}
 	cheap := sim.CallCosts{Name: "1 ms a call", Create: time.Millisecond, Map: time.Millisecond, SetAccess: time.Millisecond, Unmap: time.Millisecond}
@@ -197,7 +198,9 @@ func TestSimulateAdmitAhead(t *testing.T) {
 	offCalls.Unmap, onCalls.Unmap = 0, 0
 	require.Equal(t, offCalls, onCalls, "the same calls, on other paths")
 	require.Zero(t, off.Driver.Ahead)
+	require.Zero(t, off.Driver.Startup)
 	require.Positive(t, on.Driver.Ahead)
+	require.Positive(t, on.Driver.Startup)
 	require.LessOrEqual(t, on.Driver.Ahead, on.Driver.Admission)
 	require.Less(t, on.Driver.Exposed, off.Driver.Exposed)
 	require.Less(t, on.MeanTTFT, off.MeanTTFT)
@@ -206,8 +209,13 @@ func TestSimulateAdmitAhead(t *testing.T) {
 	dear := sim.CallCosts{Name: "20 ms a call", Create: 20 * time.Millisecond, Map: 20 * time.Millisecond, SetAccess: 20 * time.Millisecond, Unmap: 20 * time.Millisecond}
 	res := run(dear, true)
 	hidden(res)
-	require.Equal(t, on.Driver.Calls, res.Driver.Calls)
-	require.Greater(t, res.Driver.Exposed, res.Driver.Time-res.GPUTime-time.Nanosecond, "what the steps cannot hide is exposed")
+	// The same calls but the kept mappings' unmaps the warming makes
+	// ahead: a step has no time left for any (no call fits in it).
+	dearCalls := res.Driver.Calls
+	require.LessOrEqual(t, dearCalls.Unmap, on.Driver.Calls.Unmap)
+	dearCalls.Unmap = 0
+	require.Equal(t, onCalls, dearCalls)
+	require.Greater(t, res.Driver.Exposed, res.Driver.Time-res.Driver.Startup-res.GPUTime-time.Nanosecond, "what the steps cannot hide is exposed")
 
 	bt, err := NewBlockTable(cfg)
 	require.NoError(t, err)
@@ -217,4 +225,45 @@ func TestSimulateAdmitAhead(t *testing.T) {
 	require.Equal(t, on.Steps, paged.Steps, "the same schedule")
 	require.Equal(t, on.GPUTime, paged.GPUTime)
 	require.Equal(t, paged.GPUTime, paged.SimTime)
+}
+
+// TestWarmFitsTheStep: warming the pool during a step adds no more pages
+// than the step's time left pays for (at the dearer of a create and an
+// unmap), so that the calls never outlast the step: 3.5 ms left at 1 ms
+// a create is 3 pages, and what was pending first leaves less; less than
+// a create's time left makes no call.
+func TestWarmFitsTheStep(t *testing.T) {
+	cfg := Config{Model: tinyModel, Budget: 1 * units.MiB, MaxContext: 64, MaxSeqs: 4}
+	k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+	prices := sim.CallCosts{Name: "1 ms a create", Create: time.Millisecond, Unmap: 500 * time.Microsecond}
+	s := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256, Prices: prices}, scheme: k, drv: k}
+	pooled := func() int { return k.cache.Stats().PooledPages }
+
+	require.NoError(t, s.warm(3500*time.Microsecond, false))
+	require.Equal(t, 3, pooled())
+	require.Equal(t, 3*time.Millisecond, s.pendingBg)
+	s.pendingBg = 0
+
+	s.pendingBg = 2 * time.Millisecond // other calls made ahead first
+	require.NoError(t, s.warm(3500*time.Microsecond, false))
+	require.Equal(t, 4, pooled(), "1.5 ms left: one page more")
+	require.Equal(t, 3*time.Millisecond, s.pendingBg)
+
+	s.pendingBg = 0
+	require.NoError(t, s.warm(999*time.Microsecond, false))
+	require.Equal(t, 4, pooled(), "no time for a create: no call")
+	require.Zero(t, s.pendingBg)
+
+	// In an idle gap the same bound, against the foreground pending.
+	require.NoError(t, s.warm(2*time.Millisecond, true))
+	require.Equal(t, 6, pooled())
+	require.Equal(t, 2*time.Millisecond, s.pendingFg)
+	require.Equal(t, uint64(6), s.res.Driver.Calls.Create)
+
+	// Unpriced creates: no bound but the tokens' pages (256 tokens of
+	// 1 KiB in 16 KiB pages: 16, and one a chunk straddles).
+	k2 := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+	s2 := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256}, scheme: k2, drv: k2}
+	require.NoError(t, s2.warm(time.Nanosecond, false))
+	require.Equal(t, 17, k2.cache.Stats().PooledPages)
 }

@@ -402,6 +402,11 @@ type scheduled struct {
 
 func (s *simulation) run() error {
 	cfg := s.opts.Config
+	if s.opts.AdmitAhead {
+		if err := s.startup(); err != nil {
+			return err
+		}
+	}
 	for s.done < len(s.all) || len(s.freeing) > 0 {
 		s.arrive()
 		if len(s.running) == 0 && len(s.freeing) > 0 {
@@ -798,13 +803,14 @@ func (s *simulation) finish() error {
 // kvReserver is a scheme that can commit a sequence's next tokens' memory
 // ahead of the Append that holds them (Cache): Options.AdmitAhead.
 type kvReserver interface {
-	// Reserve makes room, without making room (no reclaim, eviction or
-	// preemption), for r's next n tokens past those appended, and returns
-	// how many of them have it.
+	// Reserve commits the memory of r's next n tokens past those
+	// appended, without preempting or taking a running sequence's
+	// memory, and returns how many of them have it.
 	Reserve(r *SimRequest, n int) (int, error)
 	// Warm creates ahead, within the free budget, the memory n tokens
-	// take, for the next commits to map.
-	Warm(n int) error
+	// take, for the next commits to map, adding at most most pages
+	// (negative: no bound).
+	Warm(n, most int) error
 }
 
 // chunkAligner is a scheme whose prompt chunks should end at a multiple
@@ -950,37 +956,60 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 
 // warm has a scheme that can reserve create ahead, for the next
 // admissions' first chunks to map, the memory of up to a step's tokens
-// (MaxBatchedTokens), an eighth at a time while the time the step (or
-// the idle gap) has left hides it: during a step, behind window of its
-// GPU time, the other calls made ahead first (pendingBg); in an idle
-// gap of window (idle: foreground, which the gap hides).
+// (MaxBatchedTokens), as much of it as the time the step (or the idle
+// gap) has left hides: during a step, behind window of its GPU time,
+// the other calls made ahead first (pendingBg); in an idle gap of window
+// (idle: foreground, which the gap hides). The pages it may add are
+// what that time pays for at the dearer of a create and an unmap (a
+// page comes from one or the other): a filler that makes a page at a
+// time and stops when the step ends never delays the next step.
 func (s *simulation) warm(window time.Duration, idle bool) error {
 	res, ok := s.scheme.(kvReserver)
 	if !ok {
 		return nil
 	}
-	step := max(s.opts.MaxBatchedTokens/8, 1)
-	for n := step; n <= s.opts.MaxBatchedTokens; n += step {
-		pending := s.pendingBg
-		if idle {
-			pending = s.pendingFg
-		}
-		if pending >= window {
+	pending := s.pendingBg
+	if idle {
+		pending = s.pendingFg
+	}
+	left := window - pending
+	if left <= 0 {
+		return nil
+	}
+	most := -1 // no bound where pages cost nothing
+	if page := max(s.opts.Prices.Create, s.opts.Prices.Unmap); page > 0 {
+		most = int(min(left/page, 1<<30))
+		if most == 0 {
 			return nil
 		}
-		m := s.enter()
-		err := res.Warm(n)
-		c := s.leave(m)
-		if idle {
-			s.foreground(c, false)
-		} else {
-			s.aheadCalls(c, window, false)
-		}
-		if err != nil {
-			return err
-		}
 	}
-	return nil
+	m := s.enter()
+	err := res.Warm(s.opts.MaxBatchedTokens, most)
+	c := s.leave(m)
+	if idle {
+		s.foreground(c, false)
+	} else {
+		s.aheadCalls(c, window, false)
+	}
+	return err
+}
+
+// startup has a scheme that can warm fill its pool with a step's pages
+// (MaxBatchedTokens) before serving starts, as an engine warms its cache
+// when it starts and as the paged and static schemes allocate their
+// pools then: the calls are in Driver.Time and Driver.Startup, on no
+// step's path and no admission's.
+func (s *simulation) startup() error {
+	res, ok := s.scheme.(kvReserver)
+	if !ok {
+		return nil
+	}
+	m := s.enter()
+	err := res.Warm(s.opts.MaxBatchedTokens, -1)
+	t := s.leave(m).Time(s.opts.Prices)
+	s.res.Driver.Time += t
+	s.res.Driver.Startup += t
+	return err
 }
 
 // admit admits (or resumes) r, the front of the queue, which CanAdmit

@@ -521,10 +521,14 @@ type KVSchemeJSON struct {
 	DriverCalls DriverCallsJSON `json:"driver_calls"`
 	// DriverSeconds is the calls priced by driver_priced_by;
 	// BackgroundDriverSeconds what of it mapping ahead ran during steps;
-	// ExposedDriverSeconds what steps waited for (in simulated_seconds),
-	// ExposedDriverShare that over GPUSeconds, the steps' own time.
+	// StartupDriverSeconds what of it was made before serving started
+	// (--admit-ahead: the page pool warmed with a step's pages, on no
+	// step's path); ExposedDriverSeconds what steps waited for (in
+	// simulated_seconds), ExposedDriverShare that over GPUSeconds, the
+	// steps' own time.
 	DriverSeconds           float64 `json:"driver_seconds"`
 	BackgroundDriverSeconds float64 `json:"background_driver_seconds"`
+	StartupDriverSeconds    float64 `json:"startup_driver_seconds"`
 	ExposedDriverSeconds    float64 `json:"exposed_driver_seconds"`
 	GPUSeconds              float64 `json:"gpu_seconds"`
 	ExposedDriverShare      float64 `json:"exposed_driver_share"`
@@ -590,7 +594,7 @@ func kvSchemesJSON(results []serving.Result) []KVSchemeJSON {
 			Steps: r.Steps, SimulatedSeconds: secs(r.SimTime), WallSeconds: secs(r.WallTime),
 			Admissions: r.Admissions, FailedAdmits: r.FailedAdmits, FailedResumes: r.FailedResumes,
 			DriverCallsCounted: r.Driver.Counted, DriverCalls: driverCallsJSON(r.Driver.Calls),
-			DriverSeconds: secs(r.Driver.Time), BackgroundDriverSeconds: secs(r.Driver.Background),
+			DriverSeconds: secs(r.Driver.Time), BackgroundDriverSeconds: secs(r.Driver.Background), StartupDriverSeconds: secs(r.Driver.Startup),
 			ExposedDriverSeconds: secs(r.Driver.Exposed), GPUSeconds: secs(r.GPUTime), ExposedDriverShare: r.ExposedShare(),
 			AdmissionDriverSeconds: secs(r.Driver.Admission), PrefillSeconds: secs(r.PrefillTime), AdmissionDriverShare: r.AdmissionShare(),
 			CPUSeconds: secs(r.CPUTime)})

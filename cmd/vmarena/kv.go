@@ -520,8 +520,8 @@ func kvTable(results []serving.Result) [][]string {
 		c := r.Driver.Calls
 		return fmt.Sprintf("%d / %d / %d / %d / %d", c.Create, c.Release, c.Map, c.Unmap, c.SetAccess)
 	}))
-	row("driver time, all / in the background (mapping ahead)", driver(func(r serving.Result) string {
-		return seconds(r.Driver.Time) + " / " + seconds(r.Driver.Background)
+	row("driver time, all / in the background (mapping ahead) / before serving", driver(func(r serving.Result) string {
+		return seconds(r.Driver.Time) + " / " + seconds(r.Driver.Background) + " / " + seconds(r.Driver.Startup)
 	}))
 	row("driver time steps waited for (of GPU time)", driver(func(r serving.Result) string {
 		return fmt.Sprintf("%s (%.3f%%)", seconds(r.Driver.Exposed), 100*r.ExposedShare())

@@ -77,7 +77,7 @@ func TestKVSimulate(t *testing.T) {
 				"preemptions", "commit calls (per second)", "time to first token, mean", "time to first token, median / p99",
 				"output tokens per second", "tokens computed (prompts, recomputes, decodes)", "steps", "simulated time", "simulation wall time",
 				"failed admits / resumes (CanAdmit agreed, then no room)", "driver calls: create / release / map / unmap / set access",
-				"driver time, all / in the background (mapping ahead)", "driver time steps waited for (of GPU time)",
+				"driver time, all / in the background (mapping ahead) / before serving", "driver time steps waited for (of GPU time)",
 				"driver time per admission (of its prefill)", "the scheme's own CPU time (thread clock), ÷ paged", "GPU time of the steps"} {
 				require.Contains(t, flat, "\n"+row, row)
 			}
@@ -395,8 +395,9 @@ func TestKVFailures(t *testing.T) {
 }
 
 // TestKVAdmitAhead: --admit-ahead schedules a step ahead for every
-// scheme: the header says so, every request still finishes, and the
-// paged scheme still makes no driver call.
+// scheme: the header says so, every request still finishes, the paged
+// scheme still makes no driver call, and this cache's pool is warmed
+// before serving (startup_driver_seconds, none without the flag).
 func TestKVAdmitAhead(t *testing.T) {
 	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
 	args := []string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "4GiB", "--limit", "12"}
@@ -412,4 +413,11 @@ func TestKVAdmitAhead(t *testing.T) {
 	}
 	require.False(t, d.Schemes[1].DriverCallsCounted)
 	require.LessOrEqual(t, d.Schemes[0].ExposedDriverSeconds, d.Schemes[0].DriverSeconds)
+	require.Positive(t, d.Schemes[0].StartupDriverSeconds)
+	require.LessOrEqual(t, d.Schemes[0].StartupDriverSeconds+d.Schemes[0].BackgroundDriverSeconds, d.Schemes[0].DriverSeconds)
+	code, out, errOut = runKV(t, append(args, "--json")...)
+	require.Equal(t, 0, code, errOut)
+	d = KVSimulateJSON{}
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Zero(t, d.Schemes[0].StartupDriverSeconds)
 }
