@@ -93,9 +93,10 @@ type HybridCacheOptions struct {
 	// 4 KiB to 1 GiB.
 	PageSize uint64
 	// NoMapAhead turns mapping ahead off: every page is committed by the
-	// call that needs it, on the step's path, and a step scheduled ahead
-	// (Options.AdmitAhead) reserves each decode's next token instead. The
-	// zero value maps ahead, as kvcache.Hybrid does by default.
+	// call that needs it, on the step's path, but for what a step
+	// scheduled ahead (Options.AdmitAhead) reserves: the prompt chunks
+	// and each decode's next token. The zero value maps ahead, as
+	// kvcache.Hybrid does by default.
 	NoMapAhead bool
 }
 
@@ -366,16 +367,16 @@ func (k *HybridCache) Append(r *SimRequest, n int) error {
 
 // Reserve commits ahead the pages of r's next n tokens, those after the
 // ones appended, in every group (kvcache's HybridSeq.Reserve: within the
-// free budget, making no room), and returns how many of them have their
-// pages: Options.AdmitAhead's reservation of the next step's prompt chunk
-// and, with NoMapAhead, of a decode's next token (n 1, one past the
-// context).
+// free budget and the group's cached units, never a running sequence's
+// pages), and returns how many of them have their pages:
+// Options.AdmitAhead's reservation of the next step's prompt chunk and of
+// a decode's next token (n 1, one past the context).
 func (k *HybridCache) Reserve(r *SimRequest, n int) (int, error) {
 	cs, err := k.live("reserve", r, false)
 	if err != nil {
 		return 0, err
 	}
-	// One past the context: a decode's next token (ReservesDecodes).
+	// One past the context: a decode's next token (ReserveDecodes).
 	if n < 0 || n > r.context+1-cs.next || cs.next+n > k.cfg.MaxContext {
 		return 0, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: reserve %d tokens of request %d at %d: want 0 to %d",
 			n, r.id, cs.next, min(r.context+1, k.cfg.MaxContext)-cs.next)
@@ -407,9 +408,19 @@ func (k *HybridCache) ChunkAlign() int {
 	return 0
 }
 
-// ReservesDecodes says the step ahead reserves each decode's next token
-// too: with NoMapAhead, where nothing else commits it ahead.
-func (k *HybridCache) ReservesDecodes() bool { return k != nil && k.opts.NoMapAhead }
+// ReserveDecodes reserves the pages of each decode's next token in every
+// group (Reserve of one token past its context), in one call a step:
+// with NoMapAhead nothing else commits them ahead, and under pressure
+// the eviction that makes their room is made a step ahead, where it
+// hides.
+func (k *HybridCache) ReserveDecodes(rs []*SimRequest) error {
+	for _, r := range rs {
+		if _, err := k.Reserve(r, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Warm fills the groups' page pools ahead with the pages of a prompt
 // chunk of n tokens (kvcache's Hybrid.WarmAtMost, within the free

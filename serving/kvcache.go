@@ -457,15 +457,16 @@ func (k *Cache) Append(r *SimRequest, n int) error {
 // Reserve commits ahead the pages of r's next n tokens, those after the
 // ones appended (kvcache's Seq.Reserve: the free budget's, idle slots'
 // and cached units' pages, evicting those as the Append would, never a
-// running sequence's), and returns how many of them have their pages.
+// running sequence's), and returns how many of them have their pages: n
+// may reach one past the context, a decode's next token (ReserveDecodes).
 func (k *Cache) Reserve(r *SimRequest, n int) (int, error) {
 	cs, err := k.live("reserve", r, false)
 	if err != nil {
 		return 0, err
 	}
-	if n < 0 || n > r.context-cs.next {
+	if n < 0 || n > r.context+1-cs.next || cs.next+n > k.cfg.MaxContext {
 		return 0, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: reserve %d tokens of request %d at %d: want 0 to %d",
-			n, r.id, cs.next, r.context-cs.next)
+			n, r.id, cs.next, min(r.context+1, k.cfg.MaxContext)-cs.next)
 	}
 	// Tokens below Len have their pages already (a recompute resume's).
 	held := max(cs.seq.Len()-cs.next, 0)
@@ -632,4 +633,18 @@ func (k *Cache) checkSeqs() error {
 		fail("%d sequences running and %d preempted, the cache has %d and %d", running, preempted, st.Running, st.Preempted)
 	}
 	return errs
+}
+
+// ReserveDecodes reserves the page of each decode's next token (Reserve
+// of one token past its context, the token the step in flight
+// generates), in one call a step: under pressure the eviction that makes
+// its room is made a step ahead, where it hides, instead of on the
+// decode's path, where mapping ahead, which never evicts, leaves it.
+func (k *Cache) ReserveDecodes(rs []*SimRequest) error {
+	for _, r := range rs {
+		if _, err := k.Reserve(r, 1); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -277,8 +277,8 @@ func TestKVCacheBadInput(t *testing.T) {
 		{func() error { _, err := k.Preempt(b); return err }, "preempt request 1: it is not admitted"},
 		{func() error { _, err := k.Resume(b); return err }, "resume request 1: it is not admitted"},
 		{func() error { return k.Finish(b) }, "finish request 1: it is not admitted"},
-		{func() error { _, err := k.Reserve(a, -1); return err }, "reserve -1 tokens of request 0 at 20: want 0 to 0"},
-		{func() error { _, err := k.Reserve(a, 1); return err }, "reserve 1 tokens of request 0 at 20: want 0 to 0"},
+		{func() error { _, err := k.Reserve(a, -1); return err }, "reserve -1 tokens of request 0 at 20: want 0 to 1"},
+		{func() error { _, err := k.Reserve(a, 2); return err }, "reserve 2 tokens of request 0 at 20: want 0 to 1"},
 		{func() error { _, err := k.Reserve(b, 1); return err }, "reserve request 1: it is not admitted"},
 	} {
 		err := tc.call()

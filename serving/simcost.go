@@ -58,11 +58,15 @@ type DriverCost struct {
 	Background, Exposed time.Duration
 	// Admission is the time of the calls of admissions: Admit and Resume,
 	// the Appends of prompt chunks and recomputes, Preempt and Finish,
-	// and the calls made a step ahead.
+	// and those of them made a step ahead (admissions, prompt chunks'
+	// reservations, frees; not the pool's warming, the marks of what a
+	// step writes or the decodes' reservations).
 	Admission time.Duration
 	// Ahead is the time of the calls made a step ahead
-	// (Options.AdmitAhead): admissions during the step before and
-	// prompt chunks' reservations; in Background and Admission.
+	// (Options.AdmitAhead): admissions during the step before, prompt
+	// chunks' and decodes' reservations, frees, the marks of what a step
+	// writes and the pool's warming; what of it hides is in Background,
+	// and the admissions', chunks' and frees' in Admission.
 	Ahead time.Duration
 	// Startup is the time of the calls made before serving starts
 	// (Options.AdmitAhead): the pool a scheme that warms fills with a

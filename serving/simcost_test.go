@@ -201,7 +201,7 @@ func TestSimulateAdmitAhead(t *testing.T) {
 	require.Zero(t, off.Driver.Startup)
 	require.Positive(t, on.Driver.Ahead)
 	require.Positive(t, on.Driver.Startup)
-	require.LessOrEqual(t, on.Driver.Ahead, on.Driver.Admission)
+	require.LessOrEqual(t, on.Driver.Ahead, on.Driver.Time-on.Driver.Startup)
 	require.Less(t, on.Driver.Exposed, off.Driver.Exposed)
 	require.Less(t, on.MeanTTFT, off.MeanTTFT)
 	require.Less(t, on.SimTime, off.SimTime)
@@ -266,4 +266,45 @@ func TestWarmFitsTheStep(t *testing.T) {
 	s2 := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256}, scheme: k2, drv: k2}
 	require.NoError(t, s2.warm(time.Nanosecond, false))
 	require.Equal(t, 17, k2.cache.Stats().PooledPages)
+}
+
+// TestReserveDecodesEvictsAhead: with the budget full — a finished
+// request's prompt cached, a decoding one's page — the decode whose next
+// token crosses into a new page gets it from ReserveDecodes, which
+// evicts a cached unit a step ahead, and its Append then makes no driver
+// call; without the reservation the Append evicts and maps on the
+// step's path.
+func TestReserveDecodesEvictsAhead(t *testing.T) {
+	cfg := Config{Model: tinyModel, Budget: 48 * units.KiB, MaxContext: 48, MaxSeqs: 4} // 3 pages of 16 tokens
+	run := func(reserve bool) (kvcache.Stats, sim.Calls) {
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+		a, b := simReq(0, 32, 1), simReq(1, 16, 4)
+		_, err := k.Admit(a)
+		require.NoError(t, err)
+		require.NoError(t, k.Append(a, 32))
+		require.NoError(t, k.Computed(a))
+		require.NoError(t, k.Finish(a))
+		_, err = k.Admit(b)
+		require.NoError(t, err)
+		require.NoError(t, k.Append(b, 16))
+		require.NoError(t, k.Computed(b))
+		before := k.cache.Stats()
+		require.Equal(t, 2, before.CachedPages, "a's two units cached")
+		require.Equal(t, 3, before.PagesCommitted, "the budget full")
+		if reserve {
+			require.NoError(t, k.ReserveDecodes([]*SimRequest{b}))
+			require.Equal(t, 1, k.cache.Stats().Evictions, "one cached unit evicted ahead")
+		}
+		b.context++ // the token the step generated
+		calls := k.DriverCalls()
+		require.NoError(t, k.Append(b, 1))
+		return k.cache.Stats(), k.DriverCalls().Sub(calls)
+	}
+	st, calls := run(true)
+	require.Zero(t, calls.Total(), "the decode's page was reserved: no call on its path")
+	require.Equal(t, 1, st.CachedPages)
+	st, calls = run(false)
+	require.Positive(t, calls.Map, "without it the decode's Append commits its page")
+	require.Equal(t, 1, st.Evictions, "the same unit evicted, on the path")
+	require.Equal(t, 1, st.CachedPages)
 }

@@ -375,8 +375,10 @@ type simulation struct {
 	// request CanAdmit refuses waits for the next step rather than for
 	// them: the admission ahead during it sees their memory.
 	freeing []*SimRequest
-	// batch is this step's sequences and their token counts.
-	batch []scheduled
+	// batch is this step's sequences and their token counts; decodes
+	// the next step's decodes whose tokens the step ahead reserves.
+	batch   []scheduled
+	decodes []*SimRequest
 	// drv counts the scheme's driver calls (nil: a baseline). pendingFg
 	// and pendingBg are the driver time of the calls made since the last
 	// step, foreground and background (see DriverCost); slack is the time
@@ -837,14 +839,15 @@ func (s *simulation) chunk(from, context, budget int) int {
 	return n
 }
 
-// decodeReserver is a reserver that may map nothing ahead itself
-// (HybridCache with NoMapAhead): when ReservesDecodes says so, the step
-// ahead also reserves the page of each decode's
-// next token, one past its context — the token the step generates, which
-// the next step appends — so that a decode crossing a unit boundary
-// finds its page committed.
+// decodeReserver is a reserver whose step ahead also reserves the page of
+// each decode's next token, one past its context — the token the step
+// generates, which the next step appends — in one call a step, so that a
+// decode crossing a unit boundary finds its page committed: where the
+// budget is full, the eviction that makes its room is made where it
+// hides, not on the decode's path (mapping ahead never evicts), and with
+// the cache's mapping ahead off it is what commits decodes ahead at all.
 type decodeReserver interface {
-	ReservesDecodes() bool
+	ReserveDecodes(rs []*SimRequest) error
 }
 
 // ahead is Options.AdmitAhead's work during a step whose batch is
@@ -865,7 +868,6 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 	cfg := s.opts.Config
 	res, reserves := s.scheme.(kvReserver)
 	dec, _ := s.scheme.(decodeReserver)
-	decodes := reserves && dec != nil && dec.ReservesDecodes()
 	start, end := s.now+exposed, s.now+exposed+gpu
 	reserve := func(r *SimRequest, n int, window time.Duration) error {
 		if !reserves || n < 1 {
@@ -897,27 +899,53 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 	if err := s.flush(gpu); err != nil {
 		return err
 	}
+	// The next step's tokens, handed out in running's order: the decodes'
+	// next tokens reserved first, in one call (the older sequences, as a
+	// scheduler serves running requests in order), then the chunks.
+	done := func(i int, b *int) int {
+		r := s.running[i]
+		for *b < len(s.batch) && s.batch[*b].r != r {
+			*b++ // the batch is in running's order
+		}
+		if *b < len(s.batch) {
+			return r.computed + s.batch[*b].n
+		}
+		return r.computed
+	}
+	if dec != nil && reserves {
+		s.decodes = s.decodes[:0]
+		budget := s.opts.MaxBatchedTokens
+		for i, b := 0, 0; i < len(s.running) && budget > 0; i++ {
+			r := s.running[i]
+			if d := done(i, &b); d < r.context {
+				budget -= s.chunk(d, r.context, budget)
+				continue
+			}
+			budget--
+			if r.generated+1 < r.req.Output {
+				// The token this step generates, which the next appends.
+				s.decodes = append(s.decodes, r)
+			}
+		}
+		if len(s.decodes) > 0 {
+			m := s.enter()
+			err := dec.ReserveDecodes(s.decodes)
+			s.aheadCalls(s.leave(m), gpu, false)
+			clear(s.decodes)
+			if err != nil {
+				return err
+			}
+		}
+	}
 	budget := s.opts.MaxBatchedTokens
 	for i, b := 0, 0; i < len(s.running) && budget > 0; i++ {
 		r := s.running[i]
-		done := r.computed
-		for b < len(s.batch) && s.batch[b].r != r {
-			b++ // the batch is in running's order
-		}
-		if b < len(s.batch) {
-			done += s.batch[b].n
-		}
-		if done >= r.context {
-			budget-- // a decode: mapping ahead's
-			if decodes && r.generated+1 < r.req.Output {
-				// The token this step generates, which the next appends.
-				if err := reserve(r, 1, gpu); err != nil {
-					return err
-				}
-			}
+		d := done(i, &b)
+		if d >= r.context {
+			budget-- // a decode: reserved above, or mapping ahead's
 			continue
 		}
-		n := s.chunk(done, r.context, budget)
+		n := s.chunk(d, r.context, budget)
 		if err := reserve(r, n, gpu); err != nil {
 			return err
 		}
