@@ -414,6 +414,9 @@ func (k *HybridCache) ChunkAlign() int {
 // the eviction that makes their room is made a step ahead, where it
 // hides.
 func (k *HybridCache) ReserveDecodes(rs []*SimRequest) error {
+	if err := k.made("reserve decodes"); err != nil {
+		return err
+	}
 	for _, r := range rs {
 		if _, err := k.Reserve(r, 1); err != nil {
 			return err

@@ -641,6 +641,9 @@ func (k *Cache) checkSeqs() error {
 // its room is made a step ahead, where it hides, instead of on the
 // decode's path, where mapping ahead, which never evicts, leaves it.
 func (k *Cache) ReserveDecodes(rs []*SimRequest) error {
+	if err := k.made("reserve decodes"); err != nil {
+		return err
+	}
 	for _, r := range rs {
 		if _, err := k.Reserve(r, 1); err != nil {
 			return err
