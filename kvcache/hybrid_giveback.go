@@ -132,11 +132,12 @@ func (h *Hybrid) Closed() bool {
 // Len unchanged; a group's pages reserved are its surplus until its
 // tokens reach them), and returns how many of the n tokens have their
 // pages in every group, from the first — fewer when those run out,
-// which the Append then commits itself, making room as it does. It is what an engine that schedules a step
-// ahead calls for the next step's prompt chunk, so that the driver's
-// latency hides behind the step before. It refuses a preempted
-// sequence, a negative n or one past MaxContext (ErrInvalid), a freed
-// sequence or closed cache (ErrClosed); a refusal changes nothing.
+// which the Append then commits itself, making room as it does. It is
+// what an engine that schedules a step ahead calls for the next step's
+// prompt chunk, so that the driver's latency hides behind the step
+// before. It refuses a preempted sequence, a negative n or one past
+// MaxContext (ErrInvalid), a freed sequence or closed cache (ErrClosed);
+// a refusal changes nothing.
 func (s *HybridSeq) Reserve(n int) (int, error) {
 	what := func() string { return fmt.Sprintf("kvcache: hybrid: reserve %d tokens ahead", n) }
 	h, err := s.lock(what)

@@ -79,9 +79,9 @@ func (s *Seq) Reserve(n int) (int, error) {
 // reserveUnitsLocked is the end of the units from from on, up to need,
 // that Reserve can back without taking a sequence's pages: each empty
 // unit takes a page of every region from the free budget, an idle slot
-// or a cached unit, each whole prompt unit (empty, or a kept page the store unit
-// replaces) a free unit of the store or a cached one's. It stops at the
-// first that does not fit, and at a unit in flight.
+// or a cached unit, each whole prompt unit (empty, or a kept page the
+// store unit replaces) a free unit of the store or a cached one's. It
+// stops at the first that does not fit, and at a unit in flight.
 func (c *Cache) reserveUnitsLocked(s *Seq, from, need int) int {
 	sl := s.sl
 	free := c.freePagesLocked()
