@@ -376,7 +376,7 @@ func (k *HybridCache) Reserve(r *SimRequest, n int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	// One past the context: a decode's next token (ReserveDecodes).
+	// One past the context: a decode's next token, reserved a step ahead.
 	if n < 0 || n > r.context+1-cs.next || cs.next+n > k.cfg.MaxContext {
 		return 0, errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: reserve %d tokens of request %d at %d: want 0 to %d",
 			n, r.id, cs.next, min(r.context+1, k.cfg.MaxContext)-cs.next)
@@ -406,23 +406,6 @@ func (k *HybridCache) ChunkAlign() int {
 		}
 	}
 	return 0
-}
-
-// ReserveDecodes reserves the pages of each decode's next token in every
-// group (Reserve of one token past its context), in one call a step:
-// with NoMapAhead nothing else commits them ahead, and under pressure
-// the eviction that makes their room is made a step ahead, where it
-// hides.
-func (k *HybridCache) ReserveDecodes(rs []*SimRequest) error {
-	if err := k.made("reserve decodes"); err != nil {
-		return err
-	}
-	for _, r := range rs {
-		if _, err := k.Reserve(r, 1); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Warm fills the groups' page pools ahead with the pages of a prompt

@@ -424,7 +424,7 @@ func (n noReserve) Computed(r *SimRequest) error { return n.w.Computed(r) }
 
 // TestHybridAdmitAhead: scheduling a step ahead, the hybrid cache
 // reserves the next step's prompt chunks and each decode's next token
-// (HybridCache.Reserve, ReserveDecodes), so that the steps wait for less
+// (HybridCache.Reserve, of one token past the context for a decode), so that the steps wait for less
 // driver time than with its reservations hidden, serving the same tokens;
 // its books agree after every step.
 func TestHybridAdmitAhead(t *testing.T) {

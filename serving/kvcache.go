@@ -458,7 +458,7 @@ func (k *Cache) Append(r *SimRequest, n int) error {
 // ones appended (kvcache's Seq.Reserve: the free budget's, idle slots'
 // and cached units' pages, evicting those as the Append would, never a
 // running sequence's), and returns how many of them have their pages: n
-// may reach one past the context, a decode's next token (ReserveDecodes).
+// may reach one past the context, a decode's next token.
 func (k *Cache) Reserve(r *SimRequest, n int) (int, error) {
 	cs, err := k.live("reserve", r, false)
 	if err != nil {
@@ -633,21 +633,4 @@ func (k *Cache) checkSeqs() error {
 		fail("%d sequences running and %d preempted, the cache has %d and %d", running, preempted, st.Running, st.Preempted)
 	}
 	return errs
-}
-
-// ReserveDecodes reserves the page of each decode's next token (Reserve
-// of one token past its context, the token the step in flight
-// generates), in one call a step: under pressure the eviction that makes
-// its room is made a step ahead, where it hides, instead of on the
-// decode's path, where mapping ahead, which never evicts, leaves it.
-func (k *Cache) ReserveDecodes(rs []*SimRequest) error {
-	if err := k.made("reserve decodes"); err != nil {
-		return err
-	}
-	for _, r := range rs {
-		if _, err := k.Reserve(r, 1); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -270,7 +270,8 @@ func TestWarmFitsTheStep(t *testing.T) {
 
 // TestReserveDecodesEvictsAhead: with the budget full — a finished
 // request's prompt cached, a decoding one's page — the decode whose next
-// token crosses into a new page gets it from ReserveDecodes, which
+// token crosses into a new page gets it from the step ahead's
+// reservation of one token past its context, which
 // evicts a cached unit a step ahead, and its Append then makes no driver
 // call; without the reservation the Append evicts and maps on the
 // step's path.
@@ -292,7 +293,9 @@ func TestReserveDecodesEvictsAhead(t *testing.T) {
 		require.Equal(t, 2, before.CachedPages, "a's two units cached")
 		require.Equal(t, 3, before.PagesCommitted, "the budget full")
 		if reserve {
-			require.NoError(t, k.ReserveDecodes([]*SimRequest{b}))
+			got, err := k.Reserve(b, 1) // one past the context, as the step ahead reserves a decode's
+			require.NoError(t, err)
+			require.Equal(t, 1, got)
 			require.Equal(t, 1, k.cache.Stats().Evictions, "one cached unit evicted ahead")
 		}
 		b.context++ // the token the step generated

@@ -839,17 +839,6 @@ func (s *simulation) chunk(from, context, budget int) int {
 	return n
 }
 
-// decodeReserver is a reserver whose step ahead also reserves the page of
-// each decode's next token, one past its context — the token the step
-// generates, which the next step appends — in one call a step, so that a
-// decode crossing a unit boundary finds its page committed: where the
-// budget is full, the eviction that makes its room is made where it
-// hides, not on the decode's path (mapping ahead never evicts), and with
-// the cache's mapping ahead off it is what commits decodes ahead at all.
-type decodeReserver interface {
-	ReserveDecodes(rs []*SimRequest) error
-}
-
 // ahead is Options.AdmitAhead's work during a step whose batch is
 // made and priced (preempted says the step preempted a sequence; it
 // waits exposed, then computes for gpu), for the step after: that step's
@@ -867,7 +856,6 @@ type decodeReserver interface {
 func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 	cfg := s.opts.Config
 	res, reserves := s.scheme.(kvReserver)
-	dec, _ := s.scheme.(decodeReserver)
 	start, end := s.now+exposed, s.now+exposed+gpu
 	reserve := func(r *SimRequest, n int, window time.Duration) error {
 		if !reserves || n < 1 {
@@ -900,8 +888,14 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 		return err
 	}
 	// The next step's tokens, handed out in running's order: the decodes'
-	// next tokens reserved first, in one call (the older sequences, as a
-	// scheduler serves running requests in order), then the chunks.
+	// next tokens reserved first (the older sequences, as a scheduler
+	// serves running requests in order), then the chunks. A decode's is
+	// one past its context — the token the step generates, which the next
+	// appends — so that one crossing a unit boundary finds its page
+	// committed: where the budget is full, the eviction that makes its
+	// room is made where it hides, not on the decode's path (mapping
+	// ahead never evicts). The decodes' reservations are priced together,
+	// as one call a step.
 	done := func(i int, b *int) int {
 		r := s.running[i]
 		for *b < len(s.batch) && s.batch[*b].r != r {
@@ -912,7 +906,7 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 		}
 		return r.computed
 	}
-	if dec != nil && reserves {
+	if reserves {
 		s.decodes = s.decodes[:0]
 		budget := s.opts.MaxBatchedTokens
 		for i, b := 0, 0; i < len(s.running) && budget > 0; i++ {
@@ -928,8 +922,13 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 			}
 		}
 		if len(s.decodes) > 0 {
+			var err error
 			m := s.enter()
-			err := dec.ReserveDecodes(s.decodes)
+			for _, r := range s.decodes {
+				if _, err = res.Reserve(r, 1); err != nil {
+					break
+				}
+			}
 			s.aheadCalls(s.leave(m), gpu, false)
 			clear(s.decodes)
 			if err != nil {
