@@ -15,7 +15,7 @@ import (
 // random lifetimes of 512 B to 1 MiB under 300 MiB live and of 512 B to
 // 8 MiB under 256 MiB, and small training runs (activations up to
 // 8 MiB) — is at most what PyTorch's caching allocator reserves for the
-// same events (cachingModel), and printed.
+// same events (internal/cachingmodel), and printed.
 func TestSmallWorkloads(t *testing.T) {
 	if testing.Short() || invariants.Enabled {
 		t.Skip("replays about 100,000 allocator calls, each checked under the invariants tag")

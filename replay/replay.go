@@ -353,6 +353,9 @@ type device struct {
 	// the trace's (notePeaks).
 	probed *peaks
 	peak   peaks
+	// pending is a modelled oom event's record until the alloc after it
+	// says whether vmarena served the request.
+	pending *OOM
 }
 
 func (d *device) step(ev Event) error {
@@ -369,6 +372,14 @@ func (d *device) step(ev Event) error {
 			return errors.Newf("%s: the alloc_id is live already", what())
 		}
 		p, err := d.alloc(ev.Size)
+		if o := d.pending; o != nil {
+			d.pending = nil
+			o.Served = err == nil
+			if err != nil {
+				o.Refusal = err.Error()
+			}
+			d.res.OOMs = append(d.res.OOMs, *o)
+		}
 		if err != nil {
 			return errors.Wrapf(err, "%s", what())
 		}
@@ -386,6 +397,10 @@ func (d *device) step(ev Event) error {
 		delete(d.addrs, ev.AllocID)
 		d.res.Frees++
 	case OpOOM:
+		if ev.Modelled {
+			d.pending = &OOM{Line: ev.Line, Seq: ev.Seq, Size: ev.Size, DeviceFree: ev.DeviceFree, HasDeviceFree: ev.HasDeviceFree}
+			return nil
+		}
 		return d.probe(ev, what)
 	}
 	d.notePeaks()

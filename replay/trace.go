@@ -174,6 +174,11 @@ type Event struct {
 	// HasDeviceFree.
 	DeviceFree    uint64
 	HasDeviceFree bool
+	// Modelled marks an event of WithModelledSegments' model of PyTorch's
+	// caching allocator (a segment or oom event), not of a trace. A
+	// modelled oom is not probed: the workload's own alloc of the request
+	// follows it and says whether vmarena serves it.
+	Modelled bool
 }
 
 // Columns are the trace's columns, in the order the header names them.

@@ -188,6 +188,11 @@ type ReplayDeviceJSON struct {
 	Label  string `json:"label"`
 	Trace  string `json:"trace"`
 	Device int    `json:"device"`
+	// PyTorchModelled says PyTorch's figures (peak reserved, segment
+	// events, its driver calls and oom events) are a model's of its
+	// caching allocator run on the same events, as for a synthetic
+	// workload, not a trace's own.
+	PyTorchModelled bool `json:"pytorch_modelled"`
 	// Stopped says an error stopped the trace's replay: the figures are
 	// those of the events replayed before it (the command exits 1).
 	Stopped bool `json:"stopped"`
@@ -355,7 +360,7 @@ func replayDocument(drv, devices string, opts replay.Options, cols []column) Rep
 	}
 	for _, c := range cols {
 		d, s := c.d, c.d.Summary
-		j := ReplayDeviceJSON{Label: c.label, Trace: c.trace, Device: d.Device, Stopped: c.stopped, LiveAtPeak: s.LiveAtPeak,
+		j := ReplayDeviceJSON{Label: c.label, Trace: c.trace, Device: d.Device, PyTorchModelled: c.modelled, Stopped: c.stopped, LiveAtPeak: s.LiveAtPeak,
 			LargestAtPeak: []PeakAllocJSON{},
 			CapacityBytes: c.capacity, Events: s.Events, Allocs: d.Allocs, Frees: d.Frees, SkippedFrees: d.SkippedFrees,
 			MismatchedFrees: s.MismatchedFrees, MidRun: s.MidRun(), FreesBeforeRecording: s.FreedBeforeRecording,

@@ -36,7 +36,10 @@ fails stops the run; the table still shows what was replayed.
 --synthetic random-lifetimes replays a workload generated from --seed, beside
 the traces or alone: --events allocs and frees (100,000) of sizes log-uniform
 from 512 B to 4 GiB with random lifetimes, about 56 GiB live and never more
-than 80 GiB.
+than 80 GiB. Its PyTorch figures are a model's: the segments PyTorch's caching
+allocator (CUDACachingAllocator.cpp's defaults, no expandable segments) makes
+for the same events on a device of --capacity, and its oom events where that
+device could not hold them; the column says "PyTorch modelled".
 
 The table prices the driver calls of both sides per call by two tables:
 published A100 figures (cuMemCreate 193.32 µs, cuMemMap 1.45 µs,
@@ -186,14 +189,14 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 	on := replayOn{backend: backend{name: string(drvName), library: *library}, progress: stderr}
 	on.capped = given["capacity"]
 	var cols []column
-	add := func(trace, base string, res replay.Result) {
+	add := func(trace, base string, modelled bool, res replay.Result) {
 		for _, d := range res.Devices {
 			label := base
 			if len(res.Devices) > 1 || d.Device != 0 {
 				label = fmt.Sprintf("%s [dev %d]", base, d.Device)
 			}
 			cols = append(cols, column{label: label, d: d, capacity: res.Options.Capacity, space: res.SpaceCalls,
-				trace: trace, stopped: base != trace})
+				trace: trace, stopped: base != trace, modelled: modelled})
 		}
 	}
 	failed := false // a trace that failed stops the run; the table still shows what was replayed
@@ -202,16 +205,19 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", name, err)
 			if len(res.Devices) > 0 {
-				add(traceLabel(name), stoppedLabel(traceLabel(name), res), res)
+				add(traceLabel(name), stoppedLabel(traceLabel(name), res), false, res)
 			}
 			failed = true
 			break
 		}
-		add(traceLabel(name), traceLabel(name), res)
+		add(traceLabel(name), traceLabel(name), false, res)
 	}
 	if *synthetic != "" && !failed {
-		label := fmt.Sprintf("%s (seed %d)", *synthetic, *seed)
+		label := fmt.Sprintf("%s (seed %d, PyTorch modelled)", *synthetic, *seed)
 		workload, err := replay.Synthetic(*synthetic, *seed, *nEvents)
+		if err == nil {
+			workload, err = replay.WithModelledSegments(workload, opts.Capacity)
+		}
 		var res replay.Result
 		if err == nil {
 			res, err = on.replayEvents(label, workload, opts)
@@ -219,11 +225,11 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena replay: %s: %v\n", label, err)
 			if len(res.Devices) > 0 {
-				add(label, stoppedLabel(label, res), res)
+				add(label, stoppedLabel(label, res), true, res)
 			}
 			failed = true
 		} else {
-			add(label, label, res)
+			add(label, label, true, res)
 		}
 	}
 	if failed && len(cols) == 0 {
@@ -426,6 +432,9 @@ type column struct {
 	// replay (the column holds what was replayed before).
 	trace   string
 	stopped bool
+	// modelled says PyTorch's segment events are internal/cachingmodel's
+	// (replay.WithModelledSegments), not a trace's.
+	modelled bool
 }
 
 // replayTable is the table vmarena replay prints (and its report shows):

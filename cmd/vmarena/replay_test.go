@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -313,21 +314,32 @@ func TestReplayPickles(t *testing.T) {
 }
 
 // TestReplaySynthetic replays the random-lifetimes workload, alone and
-// beside a trace: a column of its own named with its seed, the same
-// figures for the same seed, others for another; its flags' bad values
-// are usage errors.
+// beside a trace: a column of its own named with its seed, PyTorch's side
+// modelled (its segment events those of internal/cachingmodel, priced as
+// a trace's), the same figures for the same seed, others for another;
+// its flags' bad values are usage errors.
 func TestReplaySynthetic(t *testing.T) {
 	code, out, errOut := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "150")
 	require.Equal(t, 0, code, errOut)
 	flat := flatten(out)
-	require.Contains(t, flat, "\ntrace random-lifetimes (seed 3)\n")
-	require.Contains(t, flat, "\nevents 150\n")
+	require.Contains(t, flat, "\ntrace random-lifetimes (seed 3, PyTorch modelled)\n")
+	require.Contains(t, flat, "\nevents 211\n", "150 events and the model's 61 segments")
+	require.Contains(t, flat, "\nallocs / frees replayed 150 / 0\n")
 	require.Contains(t, flat, "\nstarts mid-run no\n")
-	require.Contains(t, flat, "\nsegment events (PyTorch) 0\n")
-	require.Contains(t, flat, "\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release unknown\n")
-	require.Contains(t, flat, "\nmodelled driver time on H100 (PyTorch) unknown\n")
-	require.Contains(t, flat, "\ntarget: modelled driver time ≤ PyTorch's n/a\n")
+	require.Contains(t, flat, "\nsegment events (PyTorch) 61\n")
+	require.Contains(t, flat, "\nreserved / allocated (PyTorch) 1.002\n")
+	require.Contains(t, flat, "\ndriver calls (PyTorch, modelled): create / map / set access / unmap / release 1512 / 1512 / 61 / 0 / 0\n")
+	require.Regexp(t, `(?m)^modelled driver time on H100, vmarena ÷ PyTorch \d+\.\d+$`, flat)
+	require.Regexp(t, `(?m)^target: modelled driver time ≤ PyTorch's (met|not met)$`, flat)
 	require.Regexp(t, `(?m)^driver calls \(vmarena\): create / map / set access / unmap / release [1-9]\d* / [1-9]\d* / [1-9]\d* / \d+ / \d+$`, flat)
+
+	code, js, errOut := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "150", "--json")
+	require.Equal(t, 0, code, errOut)
+	var doc ReplayJSON
+	require.NoError(t, json.Unmarshal([]byte(js), &doc))
+	require.Len(t, doc.Devices, 1)
+	require.True(t, doc.Devices[0].PyTorchModelled)
+	require.Equal(t, 61, doc.Devices[0].SegmentEvents)
 
 	_, again, _ := runReplay(t, "--synthetic", "random-lifetimes", "--seed", "3", "--events", "150")
 	require.Equal(t, out, again, "the same seed, the same table")
@@ -337,8 +349,8 @@ func TestReplaySynthetic(t *testing.T) {
 	small := filepath.Join(traceDir, "silmont2000_mem_snapshot.csv")
 	code, out, errOut = runReplay(t, "--trace", small, "--synthetic", "random-lifetimes", "--events", "50")
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, flatten(out), "\ntrace silmont2000_mem_snapshot random-lifetimes (seed 1)\n")
-	require.Contains(t, flatten(out), "\nevents 97 50\n")
+	require.Contains(t, flatten(out), "\ntrace silmont2000_mem_snapshot random-lifetimes (seed 1, PyTorch modelled)\n")
+	require.Contains(t, flatten(out), "\nevents 97 69\n")
 
 	for _, tc := range []struct {
 		args []string
@@ -367,7 +379,8 @@ func TestReplaySynthetic(t *testing.T) {
 	// table shows what was replayed.
 	code, out, errOut = runReplay(t, "--synthetic", "random-lifetimes", "--events", "50", "--capacity", "1GiB")
 	require.Equal(t, 1, code)
-	require.Contains(t, flatten(out), "\ntrace random-lifetimes (seed 1) (stopped after 4 of 50 events)\n")
-	require.Contains(t, errOut, "vmarena replay: random-lifetimes (seed 1): replay: line ")
+	require.Contains(t, flatten(out), "\ntrace random-lifetimes (seed 1, PyTorch modelled) (stopped after 6 of 69 events)\n")
+	require.Contains(t, flatten(out), "\nPyTorch out of memory at (vmarena) line 7 (seq 5): not served\n", "the model's oom, probed")
+	require.Contains(t, errOut, "vmarena replay: random-lifetimes (seed 1, PyTorch modelled): replay: line ")
 	require.Contains(t, errOut, "out of memory")
 }
