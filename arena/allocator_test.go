@@ -1063,11 +1063,12 @@ func TestSyntheticWorkloads(t *testing.T) {
 		t.Run(w.name, func(t *testing.T) {
 			r, err := runWorkload(w, AllocatorOptions{SlackDivisor: *slackDivisor}, 0)
 			require.NoError(t, err)
-			pt, ok := cachingRatio(w, 80*units.GiB)
+			pt, ptCalls, ok := cachingRatio(w, 80*units.GiB)
 			c := r.calls
-			t.Logf("%-14s %7d events  peak allocated %8.2f MiB  ratio %.4f (PyTorch's caching allocator, modelled: %s)  map events %5d  unmap events %5d  stitches %4d  OOM retries %d  splits %4d  strands %4d  driver calls create/map/set access/unmap/release %d/%d/%d/%d/%d  modelled %.1f ms (A100) %.1f ms (H100)",
+			t.Logf("%-14s %7d events  peak allocated %8.2f MiB  ratio %.4f (PyTorch's caching allocator, modelled: %s)  map events %5d  unmap events %5d  stitches %4d  OOM retries %d  splits %4d  strands %4d  driver calls create/map/set access/unmap/release %d/%d/%d/%d/%d  modelled %.1f ms (A100) %.1f ms (H100); the caching allocator's %d/%d/%d/%d/%d, %.1f ms (A100) %.1f ms (H100)",
 				w.name, len(w.events), float64(r.peakAllocated)/float64(units.MiB), r.ratio(), cachingFigure(pt, ok), r.stats.MapEvents, r.stats.UnmapEvents, r.stats.Stitches, r.stats.OOMRetries,
-				r.stats.Splits, r.stats.Strands, c.Create, c.Map, c.SetAccess, c.Unmap, c.Release, 1e3*c.Time(sim.A100).Seconds(), 1e3*c.Time(sim.H100).Seconds())
+				r.stats.Splits, r.stats.Strands, c.Create, c.Map, c.SetAccess, c.Unmap, c.Release, 1e3*c.Time(sim.A100).Seconds(), 1e3*c.Time(sim.H100).Seconds(),
+				ptCalls.Create, ptCalls.Map, ptCalls.SetAccess, ptCalls.Unmap, ptCalls.Release, 1e3*ptCalls.Time(sim.A100).Seconds(), 1e3*ptCalls.Time(sim.H100).Seconds())
 			if *slackDivisor != 0 {
 				return
 			}

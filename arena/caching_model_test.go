@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/cachingmodel"
 	"github.com/vmarena/vmarena/internal/errors"
 	"github.com/vmarena/vmarena/internal/units"
@@ -18,11 +19,16 @@ import (
 // cachingRatio replays w through internal/cachingmodel, the model of
 // PyTorch's caching allocator the generated workloads are held to, on a
 // device of capacity bytes: its peak reserved over the workload's peak
-// allocated, or false when the model runs out of memory.
-func cachingRatio(w workload, capacity uint64) (float64, bool) {
+// allocated, and its driver calls as `vmarena replay` prices a trace's
+// segment events (replay.SegmentCalls: each segment as an expandable
+// segment's pages, one access grant a segment made); false when the model
+// runs out of memory.
+func cachingRatio(w workload, capacity uint64) (float64, sim.Calls, bool) {
 	m := cachingmodel.New(capacity)
 	sizes := map[int]uint64{}
 	var allocated, peak uint64
+	var calls sim.Calls
+	var segs []cachingmodel.Segment
 	for _, e := range w.events {
 		if e.size == 0 {
 			if err := m.Free(int64(e.id)); err != nil {
@@ -32,8 +38,18 @@ func cachingRatio(w workload, capacity uint64) (float64, bool) {
 			delete(sizes, e.id)
 			continue
 		}
-		if _, err := m.Alloc(int64(e.id), e.size, nil); errors.Is(err, cachingmodel.ErrOutOfMemory) {
-			return 0, false
+		var err error
+		segs, err = m.Alloc(int64(e.id), e.size, segs[:0])
+		for _, s := range segs {
+			n := cachingmodel.ExpandablePages(s.Size)
+			if s.Released {
+				calls = calls.Add(sim.Calls{Unmap: n, Release: n})
+			} else {
+				calls = calls.Add(sim.Calls{Create: n, Map: n, SetAccess: 1})
+			}
+		}
+		if errors.Is(err, cachingmodel.ErrOutOfMemory) {
+			return 0, calls, false
 		} else if err != nil {
 			panic(err)
 		}
@@ -44,7 +60,7 @@ func cachingRatio(w workload, capacity uint64) (float64, bool) {
 	if peak == 0 {
 		panic(fmt.Sprintf("caching model: %s allocates nothing", w.name))
 	}
-	return float64(m.Peak()) / float64(peak), true
+	return float64(m.Peak()) / float64(peak), calls, true
 }
 
 // TestCachingModelMatchesPyTorch: replayed through the model, the

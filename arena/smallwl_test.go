@@ -35,7 +35,7 @@ func TestSmallWorkloads(t *testing.T) {
 	for _, w := range ws {
 		r, err := runWorkload(w, AllocatorOptions{}, 0)
 		require.NoError(t, err)
-		pt, ok := cachingRatio(w, 80*units.GiB)
+		pt, _, ok := cachingRatio(w, 80*units.GiB)
 		require.True(t, ok)
 		t.Logf("%-16s %6d events  peak allocated %7.2f MiB  ratio %.4f (PyTorch's caching allocator, modelled: %.4f)  map/unmap events %d/%d",
 			w.name, len(w.events), float64(r.peakAllocated)/float64(units.MiB), r.ratio(), pt, r.stats.MapEvents, r.stats.UnmapEvents)

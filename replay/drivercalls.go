@@ -9,32 +9,21 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/driver/sim"
-	"github.com/vmarena/vmarena/internal/units"
-)
-
-// The pages of PyTorch's expandable segments (CUDACachingAllocator.cpp):
-// the small pool's segments map pages of smallPage, the large pool's
-// pages of largePage.
-const (
-	smallPage = 2 * units.MiB
-	largePage = 20 * units.MiB
+	"github.com/vmarena/vmarena/internal/cachingmodel"
 )
 
 // SegmentCalls are the driver calls an expandable segment makes for one
 // segment event of op and size bytes, as CUDACachingAllocator.cpp makes
 // them: memory is mapped in pages of 2 MiB (the small pool's) when size
-// is at most 2 MiB and of 20 MiB (the large pool's) otherwise, each page its own cuMemCreate and
-// cuMemMap, with one cuMemSetAccess over the range mapped; unmapping takes
-// a cuMemUnmap and a cuMemRelease per page. segment_alloc and segment_map
+// is at most 2 MiB and of 20 MiB (the large pool's) otherwise
+// (cachingmodel.ExpandablePages), each page its own cuMemCreate and
+// cuMemMap, with one cuMemSetAccess over the range mapped; unmapping
+// takes a cuMemUnmap and a cuMemRelease per page. segment_alloc and segment_map
 // are mapping, segment_free and segment_unmap unmapping (a cudaMalloc
 // segment priced as an expandable segment would map it). Any other op,
 // or a size of 0, makes no call.
 func SegmentCalls(op Op, size uint64) sim.Calls {
-	page := uint64(largePage)
-	if size <= smallPage {
-		page = smallPage
-	}
-	pages := size/page + min(1, size%page) // ceil, without overflow
+	pages := cachingmodel.ExpandablePages(size)
 	switch {
 	case pages == 0:
 		return sim.Calls{}

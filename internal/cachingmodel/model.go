@@ -142,6 +142,23 @@ func SegmentSize(size uint64) uint64 {
 	return (size + RoundLarge - 1) / RoundLarge * RoundLarge
 }
 
+// The pages of PyTorch's expandable segments: the small pool's segments
+// map pages of SmallBuffer, the large pool's of LargeBuffer.
+//
+// ExpandablePages is how many pages an expandable segment maps (or
+// unmaps) for size bytes of segment: pages of SmallBuffer when size is at
+// most SmallBuffer, else of LargeBuffer, each its own cuMemCreate and
+// cuMemMap (cuMemUnmap and cuMemRelease going back). It is how a
+// segment's driver calls are priced here, a cudaMalloc segment's
+// included: as expandable segments would make them.
+func ExpandablePages(size uint64) uint64 {
+	page := uint64(LargeBuffer)
+	if size <= SmallBuffer {
+		page = SmallBuffer
+	}
+	return size/page + min(1, size%page) // ceil, without overflow
+}
+
 func less(a, b *block) int {
 	return cmp.Or(cmp.Compare(a.size, b.size), cmp.Compare(a.seg.id, b.seg.id), cmp.Compare(a.off, b.off))
 }

@@ -147,3 +147,14 @@ func TestRandom(t *testing.T) {
 		}
 	}
 }
+
+// TestExpandablePages: 2 MiB pages up to 2 MiB, 20 MiB pages above,
+// rounded up, and no overflow at the top of the range.
+func TestExpandablePages(t *testing.T) {
+	for _, c := range []struct{ size, pages uint64 }{
+		{0, 0}, {1, 1}, {2 * units.MiB, 1}, {2*units.MiB + 1, 1}, {20 * units.MiB, 1},
+		{20*units.MiB + 1, 2}, {40 * units.MiB, 2}, {^uint64(0), ^uint64(0)/LargeBuffer + 1},
+	} {
+		require.Equal(t, c.pages, ExpandablePages(c.size), "size %d", c.size)
+	}
+}
