@@ -30,9 +30,10 @@ import (
 // empty (internal/cachingmodel's and arena's tests). The events are
 // numbered afresh as Synthetic numbers them (Seq from 0, Line from 2), so
 // it is for generated workloads: a recorded trace's lines would move.
-// Events that already have segment events are driver.ErrInvalid, as is a
-// capacity of 0 or an alloc of an id already live; the input is never
-// changed.
+// An alloc of 0 bytes takes no block (PyTorch's allocate returns a null
+// pointer for it). Events that already have segment events are
+// driver.ErrInvalid, as is a capacity of 0 or an alloc of an id already
+// live; the input is never changed.
 func WithModelledSegments(events []Event, capacity uint64) ([]Event, error) {
 	if capacity == 0 {
 		return nil, errors.Wrapf(driver.ErrInvalid, "replay: a modelled device of 0 bytes")
@@ -53,8 +54,11 @@ func WithModelledSegments(events []Event, capacity uint64) ([]Event, error) {
 			models[ev.Device] = m
 		}
 		key := allocKey{ev.Device, ev.AllocID}
-		switch ev.Op {
-		case OpAlloc:
+		switch {
+		case ev.Op == OpAlloc && ev.Size == 0:
+			// PyTorch's allocate hands back a null pointer for 0 bytes,
+			// taking no block: nothing for the model to hold.
+		case ev.Op == OpAlloc:
 			var err error
 			segs, err = m.Alloc(ev.AllocID, ev.Size, segs[:0])
 			for _, s := range segs {
@@ -73,7 +77,7 @@ func WithModelledSegments(events []Event, capacity uint64) ([]Event, error) {
 			default:
 				held[key] = true
 			}
-		case OpFreeCompleted:
+		case ev.Op == OpFreeCompleted:
 			if held[key] {
 				delete(held, key)
 				if err := m.Free(ev.AllocID); err != nil {

@@ -60,6 +60,15 @@ func TestWithModelledSegments(t *testing.T) {
 	require.False(t, s[0].MidRun())
 }
 
+// TestWithModelledSegmentsZeroBytes: an alloc of 0 bytes takes no block
+// and makes no segment; its free frees nothing.
+func TestWithModelledSegmentsZeroBytes(t *testing.T) {
+	out, err := WithModelledSegments([]Event{ev(OpAlloc, 1, 0), ev(OpFreeCompleted, 1, 0), ev(OpAlloc, 1, 0)}, units.GiB)
+	require.NoError(t, err)
+	require.Len(t, out, 3)
+	require.Zero(t, Summarize(out)[0].SegmentEvents)
+}
+
 // TestWithModelledSegmentsPerDevice: each device has a model of its own.
 func TestWithModelledSegmentsPerDevice(t *testing.T) {
 	a, b := ev(OpAlloc, 1, 100), ev(OpAlloc, 1, 100)
