@@ -30,10 +30,9 @@
 // the segments, never above the capacity. A refused call changes nothing
 // but what the OOM path releases, which it reports.
 //
-// Cost: a pool is a sorted slice, so an insert or a removal moves the
-// pool's later entries (PyTorch's std::set is logarithmic); a release
-// walks the pools. Neither is on a path whose cost a figure of this
-// module reports.
+// Cost: a pool is an ordered tree (pool.go), so an allocation or a free
+// costs the logarithm of the free blocks, as PyTorch's std::set does; the
+// OOM path walks the pools, as PyTorch's release of cached blocks does.
 package cachingmodel
 
 import (
@@ -80,7 +79,7 @@ type Model struct {
 	reserved, peak uint64
 	next           uint64 // the next segment's address
 	segs           int    // segments made, for their order
-	small, large   []*block
+	small, large   pool
 	live           map[int64]*block
 	// Mallocs and Releases count segments made and given back, OOMs the
 	// allocations that found the device full (served after the release
@@ -163,26 +162,19 @@ func less(a, b *block) int {
 	return cmp.Or(cmp.Compare(a.size, b.size), cmp.Compare(a.seg.id, b.seg.id), cmp.Compare(a.off, b.off))
 }
 
-func (m *Model) pool(small bool) *[]*block {
+func (m *Model) pool(small bool) *pool {
 	if small {
 		return &m.small
 	}
 	return &m.large
 }
 
-func (m *Model) insert(b *block) {
-	p := m.pool(b.seg.small)
-	i, _ := slices.BinarySearchFunc(*p, b, less)
-	*p = slices.Insert(*p, i, b)
-}
+func (m *Model) insert(b *block) { m.pool(b.seg.small).insert(b) }
 
 func (m *Model) remove(b *block) {
-	p := m.pool(b.seg.small)
-	i, ok := slices.BinarySearchFunc(*p, b, less)
-	if !ok || (*p)[i] != b {
+	if !m.pool(b.seg.small).remove(b) {
 		panic(errors.AssertionFailedf("cachingmodel: a free block not in its pool"))
 	}
-	*p = slices.Delete(*p, i, i+1)
 }
 
 // Alloc serves request id of size bytes, appending to segs the segments
@@ -198,10 +190,11 @@ func (m *Model) Alloc(id int64, size uint64, segs []Segment) ([]Segment, error) 
 	}
 	rounded, segSize := Rounded(size), SegmentSize(size)
 	small := rounded != 0 && rounded <= SmallSize
-	p := m.pool(small)
 	var b *block
-	if i, _ := slices.BinarySearchFunc(*p, &block{seg: &segment{id: -1}, size: rounded}, less); rounded != 0 && i < len(*p) {
-		b = (*p)[i]
+	if rounded != 0 {
+		b = m.pool(small).ceil(&block{seg: &segment{id: -1}, size: rounded})
+	}
+	if b != nil {
 		m.remove(b)
 	} else {
 		if segSize == 0 || segSize > m.capacity-m.reserved {
@@ -268,15 +261,15 @@ func (m *Model) Free(id int64) error {
 func (m *Model) releaseEmpty(segs []Segment) []Segment {
 	for _, small := range []bool{true, false} {
 		p := m.pool(small)
-		*p = slices.DeleteFunc(*p, func(b *block) bool {
+		for _, b := range p.blocks() {
 			if b.off != 0 || b.size != b.seg.size {
-				return false
+				continue
 			}
+			m.remove(b)
 			m.reserved -= b.size
 			m.Releases++
 			segs = append(segs, Segment{Released: true, Addr: b.seg.addr, Size: b.seg.size})
-			return true
-		})
+		}
 	}
 	return segs
 }
@@ -287,8 +280,8 @@ func (m *Model) Check() error {
 	heads := map[*segment]*block{}
 	inPool := map[*block]bool{}
 	for _, small := range []bool{true, false} {
-		p := *m.pool(small)
-		if !slices.IsSortedFunc(p, less) {
+		p := m.pool(small).blocks()
+		if len(p) != m.pool(small).n || !slices.IsSortedFunc(p, less) {
 			return fmt.Errorf("cachingmodel: the small=%v pool is not sorted", small)
 		}
 		for _, b := range p {

@@ -9,9 +9,9 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-func sizes(bs []*block) []uint64 {
+func sizes(p pool) []uint64 {
 	out := []uint64{}
-	for _, b := range bs {
+	for _, b := range p.blocks() {
 		out = append(out, b.size)
 	}
 	return out
@@ -40,7 +40,7 @@ func TestRules(t *testing.T) {
 	require.Equal(t, []uint64{17 * units.MiB}, sizes(m.large))
 	require.Empty(t, alloc(t, m, 3, 16*units.MiB+512)) // best fit: the 17 MiB block, the rest (1 MiB - 512) too small to split
 	require.Equal(t, uint64(17*units.MiB), m.live[3].size)
-	require.Empty(t, m.large)
+	require.Empty(t, m.large.blocks())
 	require.NoError(t, m.Free(2))
 	require.NoError(t, m.Free(3)) // merges with 2's block: the segment free whole
 	require.NoError(t, m.Check())
