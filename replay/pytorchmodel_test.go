@@ -135,3 +135,53 @@ func TestWithModelledSegmentsRandomLifetimes(t *testing.T) {
 	require.Equal(t, a.Allocs, d.Allocs)
 	require.Equal(t, a.Frees, d.Frees)
 }
+
+// FuzzWithModelledSegments: any events a caller passes (ops, devices,
+// ids and sizes drawn from the input, segment events included) come back
+// either refused with driver.ErrInvalid and nothing, or as the input in
+// order with only modelled segment and oom events between, each device's
+// reserved bytes never below zero nor above the capacity; the input is
+// never changed.
+func FuzzWithModelledSegments(f *testing.F) {
+	f.Add([]byte{1, 0, 1, 8, 1, 0, 2, 200, 3, 0, 1, 8, 1, 1, 1, 255})
+	f.Add([]byte{1, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 9})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var in []Event
+		for i := 0; i+3 < len(data) && len(in) < 500; i += 4 {
+			// Mostly the ops a workload has; now and then a segment op,
+			// which refuses the whole input.
+			op := []Op{OpAlloc, OpAlloc, OpFreeCompleted, OpFreeRequested, OpFreeCompleted, OpOOM, OpSnapshot, OpAlloc}[data[i]%8]
+			if data[i] == 255 {
+				op = OpSegmentAlloc
+			}
+			size := uint64(data[i+3]) << (data[i+3] % 40)
+			in = append(in, Event{Line: len(in) + 2, Op: op, Device: int(data[i+1] % 3), AllocID: int64(data[i+2] % 16), Size: size, HasAddr: true})
+		}
+		orig := slices.Clone(in)
+		const capacity = 256 * units.MiB
+		out, err := WithModelledSegments(in, capacity)
+		require.Equal(t, orig, in)
+		if err != nil {
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			require.Nil(t, out)
+			return
+		}
+		j := 0
+		reserved := map[int]int64{}
+		for _, e := range out {
+			if e.Modelled {
+				require.True(t, e.Op.IsSegment() || e.Op == OpOOM, "%v", e.Op)
+				reserved[e.Device] += int64(e.Op.reserves()) * int64(e.Size)
+				require.GreaterOrEqual(t, reserved[e.Device], int64(0))
+				require.LessOrEqual(t, reserved[e.Device], int64(capacity))
+				continue
+			}
+			require.Less(t, j, len(in))
+			want := in[j]
+			want.Seq, want.Line = e.Seq, e.Line
+			require.Equal(t, want, e)
+			j++
+		}
+		require.Equal(t, len(in), j)
+	})
+}
