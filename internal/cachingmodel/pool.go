@@ -1,31 +1,23 @@
 package cachingmodel
 
+import "math/rand/v2"
+
 // pool is a set of free blocks ordered by less (size, then segment, then
 // offset): a treap, a binary search tree kept balanced in expectation by
 // a random priority per node, so that an insert, a removal and the
 // best-fit search each cost the logarithm of the blocks pooled, as
-// PyTorch's std::set does. The priorities come from a fixed-seed
-// generator: the tree's shape, never its order, depends on them, so the
-// model's results do not.
+// PyTorch's std::set does. The priorities are math/rand/v2's: the
+// tree's shape, never its order, depends on them, so the model's results
+// do not.
 type pool struct {
 	root *node
 	n    int
-	seed uint64
 }
 
 type node struct {
 	b           *block
 	prio        uint64
 	left, right *node
-}
-
-// next is a splitmix64 step: the next priority.
-func (p *pool) next() uint64 {
-	p.seed += 0x9e3779b97f4a7c15
-	z := p.seed
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
 }
 
 // split parts t into the nodes before key and those from key on.
@@ -58,7 +50,7 @@ func merge(l, r *node) *node {
 
 func (p *pool) insert(b *block) {
 	l, r := split(p.root, b)
-	p.root = merge(merge(l, &node{b: b, prio: p.next()}), r)
+	p.root = merge(merge(l, &node{b: b, prio: rand.Uint64()}), r)
 	p.n++
 }
 
