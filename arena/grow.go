@@ -98,7 +98,8 @@ func (al *Allocator) budget(held uint64) uint64 {
 // (go test ./arena -run TestSyntheticWorkloads): 1/1 and 1/2 keep enough
 // whole free chunks lying about that requests split them (a 1 GiB trace
 // went from 66 creates to 111 at 1/2), 1/8 keeps what is cheap to keep
-// without that; docs/incoming/iss32-driver.md has the figures.
+// without that (docs/arena.md, "The allocator's driver calls", has what
+// keeping more costs).
 const (
 	keepDivisor    = 8
 	keepDecayShift = 16
@@ -521,11 +522,6 @@ func (al *Allocator) growLocked(h *heap, fp, align, req uint64) (driver.Addr, er
 	}
 }
 
-// splitLocked serves fp bytes at start in the free block r, where they
-// would cover in part the whole free chunks pin, one of them larger than
-// edgeChunk: it gives those chunks back and commits the request's own
-// chunks in their place (a chunk cannot be given back in part). Should
-// giving back fail, it grows as if no free block fitted.
 // serveLocked hands out fp bytes at pl in the free block r — splitting
 // first when pl says so.
 func (al *Allocator) serveLocked(h *heap, r bref, pl placement, fp, align, req uint64) (driver.Addr, error) {
@@ -539,6 +535,11 @@ func (al *Allocator) serveLocked(h *heap, r bref, pl placement, fp, align, req u
 	return h.place(r, pl.start, fp, req), nil
 }
 
+// splitLocked serves fp bytes at start in the free block r, where they
+// would cover in part the whole free chunks pin, one of them larger than
+// edgeChunk: it gives those chunks back and commits the request's own
+// chunks in their place (a chunk cannot be given back in part). Should
+// giving back fail, it grows as if no free block fitted.
 func (al *Allocator) splitLocked(h *heap, r bref, pin span, start, fp, align, req uint64) (driver.Addr, error) {
 	if err := h.decommit(r, pin.start, pin.end); err != nil {
 		return al.growLocked(h, fp, align, req)

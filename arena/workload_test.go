@@ -88,6 +88,27 @@ func trainingWorkload(seed uint64, layers, steps int, maxAct uint64) workload {
 	return workload{fmt.Sprintf("training/%d", seed), ev}
 }
 
+// repeatedTrainingWorkload: trainingWorkload's weights and its first step,
+// then that step again, steps times in all, event for event (new ids, the
+// same sizes in the same order), as a training loop repeats its step once
+// its shapes are fixed: what a long run pays after the first step.
+func repeatedTrainingWorkload(seed uint64, layers, steps int, maxAct uint64) workload {
+	one := trainingWorkload(seed, layers, 1, maxAct)
+	head, step := one.events[:2*layers], one.events[2*layers:]
+	ev := slices.Clone(head)
+	id := 0
+	for _, e := range one.events {
+		id = max(id, e.id)
+	}
+	for k := range steps {
+		for _, e := range step {
+			e.id += k * id
+			ev = append(ev, e)
+		}
+	}
+	return workload{fmt.Sprintf("training-repeat/%d", seed), ev}
+}
+
 // kvWorkload: serving requests whose key-value memory grows as tokens
 // arrive: each sequence holds blocks of perBlock bytes, appended one at a
 // time (a new block each blockTokens tokens) and all freed when the
