@@ -214,7 +214,20 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 	clear(m.units[len(m.units):cap(m.units)]) // no stale unit kept alive
 	if b, copyNext, tokens := g.cut(u); b != u || copyNext {
 		// Contiguous: the first token past the match starts in unit b,
-		// which is copied when the token starts inside it (cut).
+		// which is copied when the token starts inside it (cut) — unless
+		// a listed unit continues the prefix at u. The token straddling
+		// into unit u is the last of unit u-1's key, so the borrowed unit
+		// u-1 holds its first bytes as this prompt's; the rest, and the
+		// whole blocks that unit shares past it, come with its copy.
+		if copyNext && !window && b+1 == u && u < g.units {
+			if from, _ := g.keyTokens(u); from < limit && from < len(prompt) {
+				ch = chainTo(ch, prompt, extra, g.block, from/g.block)
+				if p, n := c.partialLocked(prompt, extra, limit, ch, u); p != nil {
+					m.partial, m.tokens = p, n
+					return m, ch
+				}
+			}
+		}
 		if copyNext {
 			m.partial = m.units[b] // nil when behind a window of 1
 		}
@@ -236,7 +249,7 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 // of unit u (nil if none), and the tokens matched in all.
 func (c *Cache) partialLocked(prompt []int, extra uint64, limit int, ch []uint64, u int) (*storeUnit, int) {
 	g := c.g
-	start, _ := g.unitTokens(u)
+	start, _ := g.keyTokens(u)
 	// The tokens unit u holds whole (in the Contiguous layout its last
 	// may straddle into the unit after).
 	whole := g.roomIn(u + 1)

@@ -354,6 +354,56 @@ func TestContiguousStraddleMatch(t *testing.T) {
 	}
 }
 
+// TestContiguousMatchGoesIntoNextUnit: in the Contiguous layout (12 KiB
+// tokens, 64 KiB pages, 2-token blocks) a prompt that shares a cached
+// prompt's tokens past a unit boundary a token straddles borrows the
+// units whose keys it matches whole — the straddling token is the last
+// of the unit before's key, so its first bytes there are this prompt's —
+// and copies the next unit's whole blocks it shares, as the other layouts
+// do: matched 30 tokens (units 0-4 borrowed, unit 5 copied) where the
+// match used to stop at 26 (unit 4 copied). Where the prompt differs at
+// the straddling token itself, unit 4 is not matched and is copied for
+// the blocks it shares. Every shared position reads back.
+func TestContiguousMatchGoesIntoNextUnit(t *testing.T) {
+	for _, c := range []struct {
+		name                    string
+		prompt                  []int
+		matched, shared, copies int
+	}{
+		{"past-the-straddle", append(family(0, 30), family(7, 20)...), 30, 5, 1},
+		{"at-the-straddle", append(family(0, 26), family(7, 20)...), 26, 4, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := hostEnv(t, 64*units.MiB)
+			cfg := tinyConfig(Contiguous, 64, 2)
+			cfg.Layers, cfg.BlockTokens = 3, 2
+			cache := e.cache(t, cfg)
+			a := prefill(t, cache, family(0, 40), 0)
+			require.NoError(t, a.Free())
+			b, err := cache.Admit(c.prompt, 0)
+			require.NoError(t, err)
+			require.Equal(t, c.matched, b.Matched())
+			require.Equal(t, c.shared, b.SharedUnits())
+			require.Equal(t, c.copies, cache.Stats().Copies)
+			require.NoError(t, cache.Check())
+			checkSeq(t, b, c.prompt, 0, 0, c.matched)
+			step, err := b.Append(c.prompt[b.Len():])
+			require.NoError(t, err)
+			writeStep(t, step, c.prompt, 0)
+			require.NoError(t, b.MarkWritten(len(c.prompt)))
+			checkSeq(t, b, c.prompt, 0, 0, len(c.prompt))
+			// The cached prompt is whole still: a third sequence of it
+			// reads it back.
+			a2, err := cache.Admit(family(0, 40), 0)
+			require.NoError(t, err)
+			checkSeq(t, a2, family(0, 40), 0, 0, a2.Matched())
+			require.NoError(t, a2.Free())
+			require.NoError(t, b.Free())
+			require.NoError(t, cache.Check())
+		})
+	}
+}
+
 // TestContiguousTokenOverPage: in the Contiguous layout with a token
 // larger than a page (68 KiB over 64 KiB pages) some pages complete no
 // token; each store unit's key names its index too, so a prefix is still
