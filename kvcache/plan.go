@@ -219,13 +219,12 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 		// into unit u is the last of unit u-1's key, so the borrowed unit
 		// u-1 holds its first bytes as this prompt's; the rest, and the
 		// whole blocks that unit shares past it, come with its copy.
-		if copyNext && !window && b+1 == u && u < g.units {
-			if from, _ := g.keyTokens(u); from < limit && from < len(prompt) {
-				ch = chainTo(ch, prompt, extra, g.block, from/g.block)
-				if p, n := c.partialLocked(prompt, extra, limit, ch, u); p != nil {
-					m.partial, m.tokens = p, n
-					return m, ch
-				}
+		if copyNext && !window && b+1 == u {
+			var p *storeUnit
+			var n int
+			if p, n, ch = c.partialLocked(prompt, extra, limit, ch, u); p != nil {
+				m.partial, m.tokens = p, n
+				return m, ch
 			}
 		}
 		if copyNext {
@@ -234,22 +233,21 @@ func (c *Cache) findFromLocked(prompt []int, extra uint64, limit int, prev []*st
 		m.units, m.tokens = m.units[:b], tokens
 		return m, ch
 	}
-	start, _ := g.unitTokens(u)
-	m.tokens = start
-	if u == g.units || start >= len(prompt) {
-		return m, ch
-	}
-	ch = chainTo(ch, prompt, extra, g.block, start/g.block)
-	m.partial, m.tokens = c.partialLocked(prompt, extra, limit, ch, u)
+	m.partial, m.tokens, ch = c.partialLocked(prompt, extra, limit, ch, u)
 	return m, ch
 }
 
 // partialLocked finds, past the whole units [0, u) of prompt matched, the
 // listed unit continuing the same prefix that shares the most whole blocks
-// of unit u (nil if none), and the tokens matched in all.
-func (c *Cache) partialLocked(prompt []int, extra uint64, limit int, ch []uint64, u int) (*storeUnit, int) {
+// of unit u (nil if none), and the tokens matched in all; it returns ch,
+// prompt's chain, extended as far as the search hashed.
+func (c *Cache) partialLocked(prompt []int, extra uint64, limit int, ch []uint64, u int) (*storeUnit, int, []uint64) {
 	g := c.g
 	start, _ := g.keyTokens(u)
+	if u == g.units || start >= len(prompt) {
+		return nil, start, ch
+	}
+	ch = chainTo(ch, prompt, extra, g.block, start/g.block)
 	// The tokens unit u holds whole (in the Contiguous layout its last
 	// may straddle into the unit after).
 	whole := g.roomIn(u + 1)
@@ -267,5 +265,5 @@ func (c *Cache) partialLocked(prompt []int, extra uint64, limit int, ch []uint64
 			best, partial = (start+n)/g.block*g.block-start, su
 		}
 	}
-	return partial, start + best
+	return partial, start + best, ch
 }
