@@ -396,6 +396,7 @@ func TestContiguousMatchGoesIntoNextUnit(t *testing.T) {
 			// reads it back.
 			a2, err := cache.Admit(family(0, 40), 0)
 			require.NoError(t, err)
+			require.Greater(t, a2.Matched(), c.matched, "the cached prompt's own prefix is found past b's")
 			checkSeq(t, a2, family(0, 40), 0, 0, a2.Matched())
 			require.NoError(t, a2.Free())
 			require.NoError(t, b.Free())
