@@ -742,7 +742,13 @@ func (s *Seq) Matched() int {
 // enqueued the step (a sequence that matches them is computed by a later
 // step, which the stream runs after it), as vLLM's block table caches a
 // block when it schedules it — so that a request admitted a step ahead,
-// while that step computes, shares what it computes.
+// while that step computes, shares what it computes. An engine whose step
+// writes every sequence's keys and values of a layer before that layer's
+// attention reads any (vLLM's forward: the cache write, then attention)
+// may mark them as soon as it has scheduled them into a step, so that a
+// sequence scheduled into the same step reads them there; it must not
+// then take them out of the step (cancel or preempt the sequence before
+// the step is enqueued).
 //
 // n only grows, from Written() to Len(). It refuses n outside that range
 // and a preempted sequence (ErrInvalid: Resume it first; after Drop its

@@ -501,12 +501,14 @@ func (k *Cache) Warm(n, most int) error {
 	return errors.Wrapf(err, "serving: kvcache: warm the pool")
 }
 
-// Computed marks the tokens appended to r's sequence written: Simulate
-// computed them in the step that just ended — or, scheduling a step
-// ahead (Options.AdmitAhead), launched the step that computes them,
-// which every later step follows on the stream (kvcache's MarkWritten).
-// A sequence preempted before then is not told, and its prefix store
-// units of that step are never shared.
+// Computed marks the tokens appended to r's sequence written
+// (kvcache's MarkWritten). Simulate calls it as soon as Append has
+// scheduled them into a step, whose every layer writes the batch's keys
+// and values before its attention reads any, so that a request admitted
+// later in the same pass shares them, as the paged scheme shares the
+// blocks it registers at Append; and again at the step's launch or end,
+// which then marks nothing new. A sequence preempted before it is told
+// never shares its prefix store units of that step.
 func (k *Cache) Computed(r *SimRequest) error {
 	cs, err := k.live("mark computed", r, false)
 	if err != nil {

@@ -175,6 +175,38 @@ func TestKVCacheSharesPrefixByHand(t *testing.T) {
 	}
 }
 
+// TestKVCacheSharesWhatAStepSchedules serves two requests that arrive
+// together with the same 40-token prompt (hash_id 7) from tinyPages, one
+// step admitting both. The first's prompt is scheduled into the step
+// before the second is admitted, so the second shares its two whole
+// pages (32 tokens) at once, as the paged scheme shares the blocks
+// Append registers: each request's keys and values of a layer are
+// written before that layer's attention reads any. Both schemes compute
+// the same tokens, 40 + 8 for the prompts and one decode each, with or
+// without mapping ahead.
+func TestKVCacheSharesWhatAStepSchedules(t *testing.T) {
+	reqs := []Request{{Input: 40, Output: 2, Blocks: []int64{7}}, {Input: 40, Output: 2, Blocks: []int64{7}}}
+	for _, ahead := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ahead=%v", ahead), func(t *testing.T) {
+			opts := Options{Config: tinyPages, MaxBatchedTokens: 1000, Steps: tenMs, CheckEvery: 1, AdmitAhead: ahead}
+			bt, err := NewBlockTable(tinyPages)
+			require.NoError(t, err)
+			paged, err := Simulate(reqs, bt, opts)
+			require.NoError(t, err)
+			for _, layout := range []kvcache.Layout{kvcache.TokenMajor, kvcache.PerLayer, kvcache.Contiguous} {
+				k := newKVCache(t, tinyPages, CacheOptions{Layout: layout, PageSize: 16 * units.KiB})
+				res, err := Simulate(reqs, k, opts)
+				require.NoError(t, err)
+				require.Equal(t, 2, res.Finished, layout)
+				require.Equal(t, int64(40+8+2), paged.ComputedTokens)
+				require.Equal(t, paged.ComputedTokens, res.ComputedTokens, "%s: the second prompt shares what the first's step computes", layout)
+				require.Equal(t, int64(32), res.Stats.PrefixHit, layout)
+				require.Equal(t, paged.MeanTTFT, res.MeanTTFT, layout)
+			}
+		})
+	}
+}
+
 // TestKVCachePreemptionByHand serves TestSimulatePreemptionByHand's two
 // requests (16-token prompts, 20 output tokens each, arriving together)
 // from 4 token-major pages of 16 tokens, every step 10 ms:

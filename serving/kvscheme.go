@@ -99,8 +99,9 @@ func checkFork(scheme string, parent, child *SimRequest, admitted bool, appended
 // kvWriter is a scheme told when the tokens a step appended to a request
 // are computed — their keys and values written — at the step's end (or,
 // with Options.AdmitAhead, once the step is launched: every later
-// step reads after it): Cache, whose prefix store shares only what a
-// sequence wrote.
+// step reads after it): Cache and HybridCache, whose prefix stores share
+// only what a sequence wrote. Simulate tells Cache sooner, as it
+// schedules the tokens (simulation.scheduled).
 type kvWriter interface {
 	Computed(r *SimRequest) error
 }

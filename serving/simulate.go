@@ -447,6 +447,9 @@ func (s *simulation) run() error {
 				err := s.scheme.Append(r, n)
 				s.appended(s.leave(m), n, false, r.context-r.computed > 1, err == nil)
 				if err == nil {
+					if err := s.scheduled(r); err != nil {
+						return err
+					}
 					break
 				}
 				if !errors.Is(err, driver.ErrOutOfMemory) {
@@ -508,6 +511,9 @@ func (s *simulation) run() error {
 				}
 				break
 			}
+			if err := s.scheduled(r); err != nil {
+				return err
+			}
 			s.batch = append(s.batch, scheduled{r, n})
 			work.add(cfg.Model, r.computed, n)
 			budget -= n
@@ -559,6 +565,29 @@ func (s *simulation) run() error {
 		return s.scheme.Check()
 	}
 	return nil
+}
+
+// scheduled marks the tokens Append just gave r written, as the step
+// that computes them is scheduled, when the scheme is this cache: a
+// request admitted later in the same pass shares the whole prompt units
+// they complete, as the paged scheme's BlockTable registers a block when
+// Append schedules it (vLLM V1 caches a request's full blocks in
+// allocate_slots). That is sound because every layer of a step writes
+// the whole batch's keys and values before its attention reads any, and
+// a pass never preempts a request it has scheduled: victims are taken
+// from running's end, past the requests scheduled so far, and a failed
+// admission preempts only itself, before it is marked. The hybrid cache
+// is not marked here: a recurrent checkpoint is the state after the
+// step, which a request in the same step cannot read.
+func (s *simulation) scheduled(r *SimRequest) error {
+	k, ok := s.scheme.(*Cache)
+	if !ok {
+		return nil
+	}
+	m := s.enter()
+	err := k.Computed(r)
+	s.foreground(s.leave(m), false)
+	return err
 }
 
 // arrive queues the requests that have arrived by now, refusing those no
