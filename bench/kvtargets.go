@@ -65,15 +65,16 @@ type KVTarget struct {
 // preemption, admitting for the prompt, as vmarena kv simulate runs it by
 // default) and the paged scheme, steps priced by
 // serving.A100, driver calls by costs, both scheduled a step ahead
-// (serving.Options.AdmitAhead).
-func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts) (KVTarget, error) {
+// (serving.Options.AdmitAhead) where ahead is true, each step after the
+// last else (kv simulate's default).
+func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts, ahead bool) (KVTarget, error) {
 	m, err := serving.ModelPreset(model)
 	if err != nil {
 		return KVTarget{}, err
 	}
 	cfg := serving.Config{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: serving.DefaultBlockTokens}
 	cfg.MaxContext = serving.FitMaxContext(tr.Requests, cfg)
-	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs, AdmitAhead: true}
+	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs, AdmitAhead: ahead}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
 	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {

@@ -66,11 +66,13 @@ type DriverCost struct {
 	// (Options.AdmitAhead): admissions during the step before, prompt
 	// chunks' and decodes' reservations, frees, the marks of what a step
 	// writes and the pool's warming; what of it hides is in Background,
-	// and the admissions', chunks' and frees' in Admission.
+	// and the admissions', chunks' and frees' in Admission. Without
+	// AdmitAhead a scheme that maps ahead warms its pool during each step
+	// too, as its own background work: in Background, not here.
 	Ahead time.Duration
-	// Startup is the time of the calls made before serving starts
-	// (Options.AdmitAhead): the pool a scheme that warms fills with a
-	// step's pages then, as the paged and static schemes allocate
+	// Startup is the time of the calls made before serving starts (with
+	// Options.AdmitAhead, or where the scheme maps ahead): the pool a
+	// scheme that warms fills with a step's pages then, as the paged and static schemes allocate
 	// theirs before serving (unpriced, making no call while serving). In
 	// Time, never exposed.
 	Startup time.Duration

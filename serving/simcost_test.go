@@ -37,17 +37,20 @@ func checkDriver(t *testing.T, res Result, costs sim.CallCosts) {
 }
 
 // TestSimulateDriverByHand: one request, a 16-token prompt and 20 output
-// tokens (35 of KV, three pages), on this cache with 16-token pages,
-// every step 10 ms. The prompt's page is committed by the Append of its
-// admission, on the step's path; the decode's pages (tokens 17 and 33)
-// only commit memory, so with mapping ahead each is made during the step
-// before and hidden when it costs less than the step, its excess exposed
-// when it costs more. Without mapping
-// ahead the step waits for it whole. The calls are the same every time.
+// tokens (35 of KV, three pages), on this cache with 16-token pages
+// (four in the budget) mapping 16 tokens ahead, every step 10 ms. The
+// cache warms its pool before serving (Startup: four creates, what the
+// budget holds), so each page it then takes is a map and an access: the
+// prompt's and the next, mapped ahead, by the Append of its admission,
+// on the step's path; two more during the steps before the decode
+// reaches them, hidden when they cost less than the step, their excess
+// exposed when they cost more. Without mapping ahead nothing is warmed
+// and the step waits for every call whole: a create for each of the
+// three pages, and the same maps and accesses.
 func TestSimulateDriverByHand(t *testing.T) {
 	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 16, Output: 20}}
-	page := sim.Calls{Create: 1, Map: 1, SetAccess: 1}
+	page := sim.Calls{Map: 1, SetAccess: 1}
 	run := func(costs sim.CallCosts, noAhead bool) Result {
 		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, NoMapAhead: noAhead})
 		res, err := Simulate(reqs, k, Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, Prices: costs, CheckEvery: 1})
@@ -61,28 +64,30 @@ func TestSimulateDriverByHand(t *testing.T) {
 		return res
 	}
 	cheap := sim.CallCosts{Name: "1 ms a call", Create: time.Millisecond, Map: time.Millisecond, SetAccess: time.Millisecond}
-	dear := sim.CallCosts{Name: "5 ms a call", Create: 5 * time.Millisecond, Map: 5 * time.Millisecond, SetAccess: 5 * time.Millisecond}
+	dear := sim.CallCosts{Name: "8 ms a call", Create: 8 * time.Millisecond, Map: 8 * time.Millisecond, SetAccess: 8 * time.Millisecond}
 
 	res := run(cheap, false)
 	calls := res.Driver.Calls
-	require.Equal(t, uint64(3), calls.Create, "three pages: the prompt's and the decode's two")
-	require.Equal(t, 2*page.Time(cheap), res.Driver.Background, "the decode's pages, during steps 1 and 17")
-	require.Equal(t, res.Driver.Time-res.Driver.Background, res.Driver.Exposed, "hidden behind the 10 ms step")
-	require.Equal(t, res.Driver.Exposed, res.Driver.Admission, "the admission's page")
+	require.Equal(t, sim.Calls{Create: 4, Map: 4, SetAccess: 4}, calls, "the pool's four pages, each then mapped with its access")
+	require.Equal(t, sim.Calls{Create: 4}.Time(cheap), res.Driver.Startup)
+	require.Equal(t, 2*page.Time(cheap), res.Driver.Admission, "the prompt's page and the next, on the admission's path")
+	require.Equal(t, 2*page.Time(cheap), res.Driver.Background, "the decode's next pages, during the steps before")
+	require.Equal(t, res.Driver.Admission, res.Driver.Exposed, "the rest hidden behind the 10 ms step")
 	require.Equal(t, res.GPUTime+res.Driver.Exposed, res.SimTime)
-	require.Equal(t, res.Driver.Exposed, res.MeanTTFT-10*time.Millisecond, "the first step waits for the prompt's page")
+	require.Equal(t, res.Driver.Exposed, res.MeanTTFT-10*time.Millisecond, "the first step waits for the admission's pages")
 	require.Equal(t, tenMs.time(tinyModel, stepWork{seqs: 1}), res.PrefillTime)
 
 	res = run(dear, false)
 	require.Equal(t, calls, res.Driver.Calls)
 	require.Equal(t, 2*page.Time(dear), res.Driver.Background)
-	require.Equal(t, res.Driver.Time-res.Driver.Background+2*(page.Time(dear)-10*time.Millisecond), res.Driver.Exposed,
-		"twice 15 ms of background behind a 10 ms step: 5 ms exposed each")
+	require.Equal(t, 2*page.Time(dear)+2*(page.Time(dear)-10*time.Millisecond), res.Driver.Exposed,
+		"the admission's two pages, and twice 16 ms of background behind a 10 ms step: 6 ms exposed each")
 	require.Equal(t, res.GPUTime+res.Driver.Exposed, res.SimTime)
 
 	res = run(dear, true)
-	require.Equal(t, calls, res.Driver.Calls)
+	require.Equal(t, sim.Calls{Create: 3, Map: 4, SetAccess: 4}, res.Driver.Calls, "no pool warmed: a create a page")
 	require.Zero(t, res.Driver.MapAhead)
+	require.Zero(t, res.Driver.Startup)
 	require.Equal(t, res.Driver.Time, res.Driver.Exposed, "no mapping ahead: every call waited for")
 	require.Equal(t, res.GPUTime+res.Driver.Exposed, res.SimTime)
 
@@ -95,7 +100,7 @@ func TestSimulateDriverByHand(t *testing.T) {
 // TestSimulateDriverTraceSlices: the first 100 requests (8 in 32 slots
 // under the race detector or the invariants tag) of the Mooncake
 // slice, llama3-8b in 16 GiB, A100 prices: whatever the figures, they
-// hold together (checkDriver), mapping ahead changes no call and exposes
+// hold together (checkDriver), mapping ahead (and the pool it warms) exposes
 // no more than without it, and the baselines make no driver call.
 func TestSimulateDriverTraceSlices(t *testing.T) {
 	reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", "mooncake_synthetic_trace.jsonl"))
@@ -124,8 +129,9 @@ func TestSimulateDriverTraceSlices(t *testing.T) {
 			with = res
 		}
 	}
-	require.Equal(t, with.Driver.Calls, without.Driver.Calls)
 	require.Positive(t, with.Driver.Background)
+	require.Positive(t, with.Driver.Startup, "mapping ahead, the pool is warmed before serving")
+	require.Zero(t, without.Driver.Startup)
 	require.LessOrEqual(t, with.Driver.Exposed, without.Driver.Exposed)
 	tbl, err := NewBlockTable(cfg)
 	require.NoError(t, err)
@@ -197,10 +203,10 @@ func TestSimulateAdmitAhead(t *testing.T) {
 	require.GreaterOrEqual(t, onCalls.Unmap, offCalls.Unmap)
 	offCalls.Unmap, onCalls.Unmap = 0, 0
 	require.Equal(t, offCalls, onCalls, "the same calls, on other paths")
-	require.Zero(t, off.Driver.Ahead)
-	require.Zero(t, off.Driver.Startup)
+	require.Zero(t, off.Driver.Ahead, "the pool's warming during a step is the cache's background, not the scheduler's")
 	require.Positive(t, on.Driver.Ahead)
 	require.Positive(t, on.Driver.Startup)
+	require.Equal(t, on.Driver.Startup, off.Driver.Startup, "a cache that maps ahead warms its pool before serving either way")
 	require.LessOrEqual(t, on.Driver.Ahead, on.Driver.Time-on.Driver.Startup)
 	require.Less(t, on.Driver.Exposed, off.Driver.Exposed)
 	require.Less(t, on.MeanTTFT, off.MeanTTFT)
@@ -236,7 +242,7 @@ func TestWarmFitsTheStep(t *testing.T) {
 	cfg := Config{Model: tinyModel, Budget: 1 * units.MiB, MaxContext: 64, MaxSeqs: 4}
 	k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
 	prices := sim.CallCosts{Name: "1 ms a create", Create: time.Millisecond, Unmap: 500 * time.Microsecond}
-	s := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256, Prices: prices}, scheme: k, drv: k}
+	s := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256, Prices: prices, AdmitAhead: true}, scheme: k, drv: k}
 	pooled := func() int { return k.cache.Stats().PooledPages }
 
 	require.NoError(t, s.warm(3500*time.Microsecond, false))
@@ -263,7 +269,7 @@ func TestWarmFitsTheStep(t *testing.T) {
 	// Unpriced creates: no bound but the tokens' pages (256 tokens of
 	// 1 KiB in 16 KiB pages: 16, and one a chunk straddles).
 	k2 := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
-	s2 := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256}, scheme: k2, drv: k2}
+	s2 := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256, AdmitAhead: true}, scheme: k2, drv: k2}
 	require.NoError(t, s2.warm(time.Nanosecond, false))
 	require.Equal(t, 17, k2.cache.Stats().PooledPages)
 }

@@ -60,7 +60,9 @@ type Options struct {
 	// is exposed). The requests that finish at a step's end are freed
 	// during the next step, behind its GPU time too, and such a scheme
 	// warms its page pool (Cache.Warm) with a step's tokens' memory
-	// while the step's time, or an idle gap, lasts. Both schemes run
+	// while the step's time, or an idle gap, lasts (as a scheme that maps
+	// ahead does without AdmitAhead too, as its own background work,
+	// after the step's Appends). Both schemes run
 	// the same scheduler; the paged scheme reserves nothing (its blocks
 	// cost no driver call, and its pool is allocated before serving).
 	AdmitAhead bool
@@ -404,10 +406,8 @@ type scheduled struct {
 
 func (s *simulation) run() error {
 	cfg := s.opts.Config
-	if s.opts.AdmitAhead {
-		if err := s.startup(); err != nil {
-			return err
-		}
+	if err := s.startup(); err != nil {
+		return err
 	}
 	for s.done < len(s.all) || len(s.freeing) > 0 {
 		s.arrive()
@@ -425,10 +425,8 @@ func (s *simulation) run() error {
 				break
 			}
 			gap := s.all[s.next].req.Arrival - s.now
-			if s.opts.AdmitAhead {
-				if err := s.warm(gap, true); err != nil {
-					return err
-				}
+			if err := s.warm(gap, true); err != nil {
+				return err
 			}
 			s.sample(gap)
 			s.idle(gap)
@@ -544,6 +542,8 @@ func (s *simulation) run() error {
 			ahead := max(after.InUse+after.Cached, before.InUse+before.Cached) - (before.InUse + before.Cached)
 			s.aheadSecs += float64(ahead) * dt.Seconds()
 			s.res.PeakAhead = max(s.res.PeakAhead, ahead)
+		} else if err := s.warm(gpu, false); err != nil {
+			return err
 		}
 		s.now += dt
 		s.res.Steps++
@@ -1021,7 +1021,7 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 // time and stops when the step ends never delays the next step.
 func (s *simulation) warm(window time.Duration, idle bool) error {
 	res, ok := s.scheme.(kvReserver)
-	if !ok {
+	if !ok || !s.warms() {
 		return nil
 	}
 	pending := s.pendingBg
@@ -1042,12 +1042,25 @@ func (s *simulation) warm(window time.Duration, idle bool) error {
 	m := s.enter()
 	err := res.Warm(s.opts.MaxBatchedTokens, most)
 	c := s.leave(m)
-	if idle {
+	switch {
+	case idle:
 		s.foreground(c, false)
-	} else {
+	case s.opts.AdmitAhead:
 		s.aheadCalls(c, window, false)
+	default:
+		s.background(c) // the scheme's own, as its mapping ahead
 	}
 	return err
+}
+
+// warms says the pool is warmed while the scheme serves: by the
+// scheduler a step ahead (Options.AdmitAhead), or, scheduling each step
+// after the last, by the scheme's own background work where it maps
+// ahead (a thread that creates pages while the GPU computes, as it maps
+// the decodes' next pages then). A scheme that does not map ahead makes
+// every call on the step's path.
+func (s *simulation) warms() bool {
+	return s.opts.AdmitAhead || s.res.Driver.MapAhead > 0
 }
 
 // startup has a scheme that can warm fill its pool with a step's pages
@@ -1057,7 +1070,7 @@ func (s *simulation) warm(window time.Duration, idle bool) error {
 // step's path and no admission's.
 func (s *simulation) startup() error {
 	res, ok := s.scheme.(kvReserver)
-	if !ok {
+	if !ok || !s.warms() {
 		return nil
 	}
 	m := s.enter()

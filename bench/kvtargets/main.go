@@ -9,9 +9,11 @@
 // time over GPU time and admissions' driver time over their prefill time.
 // Both schemes run the scheduler a step ahead (serving.Options.AdmitAhead:
 // vmarena kv simulate --admit-ahead), as an engine whose scheduler runs
-// while the GPU computes.
+// while the GPU computes; -admit-ahead=false schedules each step after
+// the last, as kv simulate does by default.
 //
 //	go run ./bench/kvtargets                      # 40 cells, 200 requests a trace
+//	go run ./bench/kvtargets -admit-ahead=false   # the same, each step scheduled after the last
 //	go run ./bench/kvtargets -requests 50 -models llama3-8b -cpuprofile /tmp/kv.prof
 //
 // Run it from the repository root (the Mooncake slice is
@@ -49,6 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	traces := fs.String("traces", "", "only these traces, a comma-separated `LIST` (mooncake, shared-prefix, bursts, squeeze, parallel-sampling; empty: all)")
 	prices := fs.String("prices", "a100", "the driver call costs' `TABLE`: "+strings.Join(sim.CostTableNames(), " or "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
+	ahead := fs.Bool("admit-ahead", true, "schedule a step ahead, both schemes (false: each step after the last, kv simulate's default)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -95,8 +98,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Fprintf(stdout, "kvtargets: %d requests a trace (seed %d), steps priced by the A100 roofline, driver calls by the %s; this cache in the layout kv simulate picks (kvcache.AutoLayout), mapping ahead; both schemes scheduled a step ahead (admissions, prompt chunks' reservations and frees during the step before: kv simulate --admit-ahead)\n\n",
-		*requests, *seed, costs.Name)
+	schedule := "both schemes scheduled a step ahead (admissions, prompt chunks' reservations and frees during the step before: kv simulate --admit-ahead)"
+	if !*ahead {
+		schedule = "both schemes scheduled each step after the last (kv simulate's default: admissions, prompt chunks and frees on the step's path)"
+	}
+	fmt.Fprintf(stdout, "kvtargets: %d requests a trace (seed %d), steps priced by the A100 roofline, driver calls by the %s; this cache in the layout kv simulate picks (kvcache.AutoLayout), mapping ahead; %s\n\n",
+		*requests, *seed, costs.Name, schedule)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(bench.KVTargetHeader, "\t"))
 	var cells []bench.KVTarget
@@ -104,7 +111,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, tr := range all {
 		for _, model := range strings.Split(*models, ",") {
 			for _, budget := range bench.KVTargetBudgets {
-				cell, err := bench.KVTargetCell(tr, model, budget, costs)
+				cell, err := bench.KVTargetCell(tr, model, budget, costs, *ahead)
 				if err != nil {
 					tw.Flush()
 					fmt.Fprintf(stderr, "kvtargets: %v\n", err)

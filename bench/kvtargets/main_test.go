@@ -28,6 +28,17 @@ func TestRun(t *testing.T) {
 	require.Contains(t, lines[len(lines)-1], "10 cells in ")
 }
 
+// TestRunEachStepAfterTheLast: -admit-ahead=false says in its header
+// that both schemes schedule each step after the last, and runs the cells.
+func TestRunEachStepAfterTheLast(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"-mooncake", mooncake, "-requests", "8", "-models", "llama3-8b", "-traces", "mooncake", "-admit-ahead=false"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Contains(t, lines[0], "both schemes scheduled each step after the last")
+	require.Contains(t, lines[len(lines)-1], "2 cells in ")
+}
+
 // TestRunRefuses: flags it cannot use exit 2, saying why.
 func TestRunRefuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -39,6 +50,7 @@ func TestRunRefuses(t *testing.T) {
 		{[]string{"-traces", "azure"}, `-traces: no trace "azure", want mooncake or shared-prefix, bursts, squeeze, parallel-sampling`},
 		{[]string{"-models", "gpt2"}, `-models: serving: no model preset "gpt2"`},
 		{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"-admit-ahead=maybe"}, `invalid boolean value "maybe" for -admit-ahead`},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"-mooncake", mooncake}, tc.args...), &out, &errOut)

@@ -527,8 +527,8 @@ type KVSchemeJSON struct {
 	// DriverSeconds is the calls priced by driver_priced_by;
 	// BackgroundDriverSeconds what of it mapping ahead ran during steps;
 	// StartupDriverSeconds what of it was made before serving started
-	// (--admit-ahead: the page pool warmed with a step's pages, on no
-	// step's path); ExposedDriverSeconds what steps waited for (in
+	// (the page pool warmed with a step's pages, on no step's path,
+	// unless --map-ahead=false without --admit-ahead); ExposedDriverSeconds what steps waited for (in
 	// simulated_seconds), ExposedDriverShare that over GPUSeconds, the
 	// steps' own time.
 	DriverSeconds           float64 `json:"driver_seconds"`

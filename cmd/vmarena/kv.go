@@ -44,8 +44,9 @@ for one sequence; longer requests are refused.
 Each scheme's driver calls are counted by kind and priced by --prices (the
 sim driver's table measured on an A100, or on an H100); with mapping ahead (on
 unless --map-ahead=false) this cache's decode commits run in the background
-during the step before and only what exceeds that step's GPU time is waited
-for. Steps wait for the exposed driver time, so TTFT and throughput pay for
+during the step before, its page pool is warmed there (and before serving,
+and in idle gaps) so that admissions map pages rather than create them, and
+only what exceeds that step's GPU time is waited for. Steps wait for the exposed driver time, so TTFT and throughput pay for
 it. --admit-ahead schedules a step ahead, as an engine whose scheduler runs
 while the GPU computes: admissions, the next prompt chunks' pages (this
 cache's Seq.Reserve) and the last step's frees are made during a step, for

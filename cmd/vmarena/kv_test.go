@@ -397,7 +397,8 @@ func TestKVFailures(t *testing.T) {
 // TestKVAdmitAhead: --admit-ahead schedules a step ahead for every
 // scheme: the header says so, every request still finishes, the paged
 // scheme still makes no driver call, and this cache's pool is warmed
-// before serving (startup_driver_seconds, none without the flag).
+// before serving (startup_driver_seconds: as without the flag, where the
+// cache maps ahead; none with --map-ahead=false).
 func TestKVAdmitAhead(t *testing.T) {
 	small := filepath.Join(requestsDir, "AzureLLMInferenceTrace_conv.csv")
 	args := []string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "4GiB", "--limit", "12"}
@@ -415,9 +416,15 @@ func TestKVAdmitAhead(t *testing.T) {
 	require.LessOrEqual(t, d.Schemes[0].ExposedDriverSeconds, d.Schemes[0].DriverSeconds)
 	require.Positive(t, d.Schemes[0].StartupDriverSeconds)
 	require.LessOrEqual(t, d.Schemes[0].StartupDriverSeconds+d.Schemes[0].BackgroundDriverSeconds, d.Schemes[0].DriverSeconds)
+	startup := d.Schemes[0].StartupDriverSeconds
 	code, out, errOut = runKV(t, append(args, "--json")...)
 	require.Equal(t, 0, code, errOut)
 	d = KVSimulateJSON{}
 	require.NoError(t, json.Unmarshal([]byte(out), &d))
-	require.Zero(t, d.Schemes[0].StartupDriverSeconds)
+	require.Equal(t, startup, d.Schemes[0].StartupDriverSeconds, "mapping ahead, the cache warms its pool before serving either way")
+	code, out, errOut = runKV(t, append(args, "--json", "--map-ahead=false")...)
+	require.Equal(t, 0, code, errOut)
+	d = KVSimulateJSON{}
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Zero(t, d.Schemes[0].StartupDriverSeconds, "every call on the steps' path")
 }
