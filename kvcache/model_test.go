@@ -384,15 +384,21 @@ func (m *model) evict(need int) {
 	for m.free() < need && len(m.lru) > 0 {
 		mu := m.lru[0]
 		m.lru = m.lru[1:]
-		m.unlist(mu)
-		for _, sl := range m.slots {
-			if sl.kept[mu.u] == mu {
-				sl.kept[mu.u] = nil
-				m.keptDropped++
-			}
-		}
-		m.release(m.up())
+		m.dropCached(mu)
 	}
+}
+
+// dropCached frees mu, a cached unit out of the LRU list: unlisted, its
+// kept mappings unmapped, its pages back.
+func (m *model) dropCached(mu *munit) {
+	m.unlist(mu)
+	for _, sl := range m.slots {
+		if sl.kept[mu.u] == mu {
+			sl.kept[mu.u] = nil
+			m.keptDropped++
+		}
+	}
+	m.release(m.up())
 }
 
 func (m *model) unlist(mu *munit) {
@@ -515,11 +521,19 @@ func (m *model) publish(s *mseq, upTo int) {
 			continue
 		}
 		mu.owner, mu.published = nil, true
-		if m.byKey[mu.key] == nil {
-			mu.listed = true
-			m.byKey[mu.key] = mu
-			m.listed = append(m.listed, mu)
+		old := m.byKey[mu.key]
+		if old != nil && (old.refs > 0 || old.u != mu.u || !slices.Equal(old.tokens, mu.tokens)) {
+			continue
 		}
+		if old != nil {
+			// A cached unit of the same tokens no one maps: mu takes
+			// its place, old's pages go back (replaceListedLocked).
+			m.lru = slices.DeleteFunc(m.lru, func(x *munit) bool { return x == old })
+			m.dropCached(old)
+		}
+		mu.listed = true
+		m.byKey[mu.key] = mu
+		m.listed = append(m.listed, mu)
 	}
 }
 

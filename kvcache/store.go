@@ -640,17 +640,50 @@ func (c *Cache) publishLocked(s *Seq, upTo int) {
 			break
 		}
 		su.owner, su.published = nil, true
-		if _, taken := c.ps.byKey[su.key]; !taken {
+		old, taken := c.ps.byKey[su.key]
+		if !taken {
 			su.listed = true
 			c.ps.byKey[su.key] = su
 			c.addKidLocked(su)
 			c.storedLocked(su)
+			continue
+		}
+		if old.refs == 0 && old.u == su.u && slices.Equal(old.tokens, su.tokens) {
+			c.replaceListedLocked(old, su)
 		}
 	}
 	if i > 0 {
 		n := copy(s.unpublished, s.unpublished[i:])
 		clear(s.unpublished[n:])
 		s.unpublished = s.unpublished[:n]
+	}
+}
+
+// replaceListedLocked lists su, just written, under the key of old, a
+// cached unit of the same tokens at the same place that no one maps, and
+// frees old. A sequence writes such a unit where its match ended inside
+// the unit before (a copy of the cached unit, the token straddling out of
+// it recomputed) or where it computed a prefix another sequence was
+// computing too. Left cached, old would be evicted before the units the
+// sequence publishes after it — those are held while it runs, and given
+// back after it — leaving a hole in the prefix that ends every later
+// match there; listed in its place, su is held and given back in the
+// prefix's order, and old's pages go back. The prefix's hash stays in the
+// index (no event). A kept mapping of old that cannot be unmapped leaves
+// old listed and is reported by Check.
+func (c *Cache) replaceListedLocked(old, su *storeUnit) {
+	if err := c.unmapKeptOfLocked(old); err != nil {
+		c.lostErr = errors.CombineErrors(c.lostErr, err)
+		return
+	}
+	c.lruRemoveLocked(old)
+	old.listed = false
+	c.dropKidLocked(old)
+	su.listed = true
+	c.ps.byKey[su.key] = su
+	c.addKidLocked(su)
+	if err := c.freeStoreUnitLocked(old); err != nil {
+		c.lostErr = errors.CombineErrors(c.lostErr, err)
 	}
 }
 

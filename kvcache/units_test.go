@@ -405,6 +405,66 @@ func TestContiguousMatchGoesIntoNextUnit(t *testing.T) {
 	}
 }
 
+// TestContiguousCopiedUnitTakesTheCachedOnesPlace: in the Contiguous
+// layout a match that ends where the prompt leaves the cached one, just
+// past a unit whose last token straddles into the next, copies that unit
+// (the straddling token is recomputed in the copy). The copy, once
+// written, holds the cached unit's tokens under its key: it is listed in
+// the cached unit's place and the cached one's page goes back, so that
+// the prefix stays whole when the cache evicts — the cached unit, used
+// no later than the admission, would go before the units the second
+// sequence writes past it, and every later match would end there.
+func TestContiguousCopiedUnitTakesTheCachedOnesPlace(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(Contiguous, 64, 2)
+	cfg.Layers, cfg.BlockTokens = 3, 2
+	c := e.cache(t, cfg)
+	g := c.g
+	k := 2
+	for {
+		if _, copyNext, _ := g.cut(k + 1); copyNext {
+			break
+		}
+		k++
+	}
+	_, keyEnd := g.keyTokens(k)
+	stored := 0 // the store units of a's 40 tokens
+	for u := 0; u < g.units; u++ {
+		if _, end := g.unitTokens(u); end <= 40 {
+			stored++
+		}
+	}
+	a := prefill(t, c, family(0, 40), 0)
+	require.NoError(t, a.Free())
+	require.Equal(t, stored*g.unitPages(), c.Stats().CachedPages)
+
+	prompt := append(family(0, keyEnd), family(7, 20)...)
+	copies := c.Stats().Copies
+	b := prefill(t, c, prompt, 0)
+	require.Equal(t, k, b.SharedUnits(), "units [0, k) borrowed")
+	require.Equal(t, copies+1, c.Stats().Copies, "unit k copied")
+	require.Equal(t, (stored-k-1)*g.unitPages(), c.Stats().CachedPages, "a's unit k gave its place to b's copy")
+	require.NoError(t, c.Check())
+	checkSeq(t, b, prompt, 0, 0, len(prompt))
+	require.NoError(t, b.Free())
+
+	// Evict a's units past k, then one more: b's last.
+	c.mu.Lock()
+	for range stored - k - 1 + 1 {
+		require.NoError(t, c.evictOneLocked())
+	}
+	c.mu.Unlock()
+	require.NoError(t, c.Check())
+	d, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	_, bLast := g.keyTokens(c.UnitsFor(len(prompt)) - 2)
+	require.Greater(t, d.Matched(), keyEnd, "b's prefix is whole past unit k")
+	require.LessOrEqual(t, d.Matched(), bLast)
+	checkSeq(t, d, prompt, 0, 0, d.Matched())
+	require.NoError(t, d.Free())
+	require.NoError(t, c.Check())
+}
+
 // TestContiguousTokenOverPage: in the Contiguous layout with a token
 // larger than a page (68 KiB over 64 KiB pages) some pages complete no
 // token; each store unit's key names its index too, so a prefix is still
