@@ -397,15 +397,23 @@ func (k *HybridCache) Reserve(r *SimRequest, n int) (int, error) {
 // ends a prompt chunk that stops short at a unit boundary, where
 // MarkWritten checkpoints the state), 0 else.
 func (k *HybridCache) ChunkAlign() int {
-	if k == nil || k.h == nil {
+	if k == nil || k.h == nil || !k.recurrent() {
 		return 0
 	}
+	return k.cfg.BlockTokens
+}
+
+// recurrent says the model has recurrent layers: a checkpoint of their
+// state is the state after a step, which no sequence in the same step
+// can read (so Simulate marks what a step writes once the step is
+// launched, not as it schedules it).
+func (k *HybridCache) recurrent() bool {
 	for _, g := range k.kinds {
 		if g.Kind == Recurrent {
-			return k.cfg.BlockTokens
+			return true
 		}
 	}
-	return 0
+	return false
 }
 
 // Warm fills the groups' page pools ahead with the pages of a prompt

@@ -100,8 +100,9 @@ func checkFork(scheme string, parent, child *SimRequest, admitted bool, appended
 // are computed — their keys and values written — at the step's end (or,
 // with Options.AdmitAhead, once the step is launched: every later
 // step reads after it): Cache and HybridCache, whose prefix stores share
-// only what a sequence wrote. Simulate tells Cache sooner, as it
-// schedules the tokens (simulation.scheduled).
+// only what a sequence wrote. Simulate tells Cache, and a HybridCache
+// with no recurrent layers, sooner: as it schedules the tokens
+// (simulation.scheduled).
 type kvWriter interface {
 	Computed(r *SimRequest) error
 }

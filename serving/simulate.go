@@ -568,24 +568,30 @@ func (s *simulation) run() error {
 }
 
 // scheduled marks the tokens Append just gave r written, as the step
-// that computes them is scheduled, when the scheme is this cache: a
-// request admitted later in the same pass shares the whole prompt units
-// they complete, as the paged scheme's BlockTable registers a block when
-// Append schedules it (vLLM V1 caches a request's full blocks in
-// allocate_slots). That is sound because every layer of a step writes
-// the whole batch's keys and values before its attention reads any, and
-// a pass never preempts a request it has scheduled: victims are taken
-// from running's end, past the requests scheduled so far, and a failed
-// admission preempts only itself, before it is marked. The hybrid cache
-// is not marked here: a recurrent checkpoint is the state after the
-// step, which a request in the same step cannot read.
+// that computes them is scheduled, when the scheme is this cache (or the
+// hybrid cache of a model with no recurrent layers): a request admitted
+// later in the same pass shares the whole prompt units they complete, as
+// the paged schemes share the blocks their Append registers (vLLM V1
+// caches a request's full blocks in allocate_slots). That is sound
+// because every layer of a step writes the whole batch's keys and values
+// before its attention reads any, and a pass never preempts a request it
+// has scheduled: victims are taken from running's end, past the requests
+// scheduled so far, and a failed admission preempts only itself, before
+// it is marked. A recurrent checkpoint is the state after the step,
+// which a request in the same step cannot read: a model with recurrent
+// layers is marked once the step is launched (or at its end).
 func (s *simulation) scheduled(r *SimRequest) error {
-	k, ok := s.scheme.(*Cache)
-	if !ok {
+	switch k := s.scheme.(type) {
+	case *Cache:
+	case *HybridCache:
+		if k.recurrent() {
+			return nil
+		}
+	default:
 		return nil
 	}
 	m := s.enter()
-	err := k.Computed(r)
+	err := s.scheme.(kvWriter).Computed(r)
 	s.foreground(s.leave(m), false)
 	return err
 }
