@@ -312,6 +312,8 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 		res:    Result{Scheme: scheme.Name(), Requests: len(reqs) + extra, Samples: extra},
 	}
 	s.fork, _ = scheme.(forker)
+	s.writer, _ = scheme.(kvWriter)
+	s.marksScheduled = marksScheduled(scheme)
 	if a, ok := scheme.(chunkAligner); ok {
 		s.align = max(a.ChunkAlign(), 1)
 	}
@@ -357,6 +359,11 @@ type simulation struct {
 	scheme Scheme
 	// fork is the scheme as a forker (nil: it forks no sequence).
 	fork forker
+	// writer is the scheme as a kvWriter (nil: it is not told), and
+	// marksScheduled says it is told as each Append schedules tokens
+	// (scheduled), not at the step's launch or end.
+	writer         kvWriter
+	marksScheduled bool
 	// align is the tokens a prompt chunk that stops short of the context
 	// ends at a multiple of (chunkAligner; 0 or 1: any).
 	align int
@@ -568,32 +575,39 @@ func (s *simulation) run() error {
 }
 
 // scheduled marks the tokens Append just gave r written, as the step
-// that computes them is scheduled, when the scheme is this cache (or the
-// hybrid cache of a model with no recurrent layers): a request admitted
-// later in the same pass shares the whole prompt units they complete, as
-// the paged schemes share the blocks their Append registers (vLLM V1
-// caches a request's full blocks in allocate_slots). That is sound
-// because every layer of a step writes the whole batch's keys and values
-// before its attention reads any, and a pass never preempts a request it
-// has scheduled: victims are taken from running's end, past the requests
-// scheduled so far, and a failed admission preempts only itself, before
-// it is marked. A recurrent checkpoint is the state after the step,
-// which a request in the same step cannot read: a model with recurrent
-// layers is marked once the step is launched (or at its end).
+// that computes them is scheduled, where the scheme is marked so
+// (marksScheduled).
 func (s *simulation) scheduled(r *SimRequest) error {
-	switch k := s.scheme.(type) {
-	case *Cache:
-	case *HybridCache:
-		if k.recurrent() {
-			return nil
-		}
-	default:
+	if !s.marksScheduled {
 		return nil
 	}
 	m := s.enter()
-	err := s.scheme.(kvWriter).Computed(r)
+	err := s.writer.Computed(r)
 	s.foreground(s.leave(m), false)
 	return err
+}
+
+// marksScheduled says Simulate marks what scheme's Appends schedule
+// written at once: it is this cache, or the hybrid cache of a model with
+// no recurrent layers. A request admitted later in the same pass then
+// shares the whole prompt units they complete, as the paged schemes share
+// the blocks their Append registers (vLLM V1 caches a request's full
+// blocks in allocate_slots). That is sound because every layer of a step
+// writes the whole batch's keys and values before its attention reads
+// any, and a pass never preempts a request it has scheduled: victims are
+// taken from running's end, past the requests scheduled so far, and a
+// failed admission preempts only itself, before it is marked. A
+// recurrent checkpoint is the state after the step, which a request in
+// the same step cannot read: a model with recurrent layers is marked once
+// the step is launched (or at its end).
+func marksScheduled(scheme Scheme) bool {
+	switch k := scheme.(type) {
+	case *Cache:
+		return true
+	case *HybridCache:
+		return !k.recurrent()
+	}
+	return false
 }
 
 // arrive queues the requests that have arrived by now, refusing those no
@@ -638,12 +652,13 @@ func (s *simulation) preempt(r *SimRequest) error {
 // advance ends a step: the batch's tokens are computed, sequences whose
 // context is all computed produce a token, and those done finish.
 func (s *simulation) advance() error {
-	marker, marks := s.scheme.(kvWriter)
+	// Marked as scheduled, or as the step started (ahead), or now.
+	marks := s.writer != nil && !s.marksScheduled && !s.opts.AdmitAhead
 	for _, b := range s.batch {
 		r := b.r
-		if marks && !s.opts.AdmitAhead { // else marked as the step started (ahead)
+		if marks {
 			m := s.enter()
-			err := marker.Computed(r)
+			err := s.writer.Computed(r)
 			s.foreground(s.leave(m), false)
 			if err != nil {
 				return err
@@ -902,17 +917,18 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 		return err
 	}
 	// The step is launched: its rows are written before any later step
-	// reads them (one stream), so they are marked now, and prefixes the
-	// step computes are matchable by the admissions below, as the paged
-	// scheme registers a block when it is scheduled. Then the requests
-	// that finished at the last step's end are freed.
-	if marker, marks := s.scheme.(kvWriter); marks {
+	// reads them (one stream), so a scheme not marked as the step was
+	// scheduled (marksScheduled) is marked now, and prefixes the step
+	// computes are matchable by the admissions below, as the paged scheme
+	// registers a block when it is scheduled. Then the requests that
+	// finished at the last step's end are freed.
+	if s.writer != nil && !s.marksScheduled {
 		for _, b := range s.batch {
 			if b.r.state != simRunning {
 				continue
 			}
 			m := s.enter()
-			err := marker.Computed(b.r)
+			err := s.writer.Computed(b.r)
 			s.aheadCalls(s.leave(m), gpu, false)
 			if err != nil {
 				return err
