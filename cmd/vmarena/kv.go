@@ -403,7 +403,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	ahead := "off: every page is committed on the step's path"
 	if cache.MapAhead() > 0 {
-		ahead = fmt.Sprintf("on: a decode's commits run during the step before, %d tokens ahead", cache.MapAhead())
+		ahead = fmt.Sprintf("on: a decode's commits run during the step before, %d tokens ahead, and the page pool is warmed there", cache.MapAhead())
 	}
 	if *admitAhead {
 		ahead += "; scheduling a step ahead (admissions, prompt chunks' reservations and frees during the step before)"
