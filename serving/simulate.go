@@ -450,11 +450,12 @@ func (s *simulation) run() error {
 			for {
 				m := s.enter()
 				err := s.scheme.Append(r, n)
+				marked := s.scheduled(r, err)
 				s.appended(s.leave(m), n, false, r.context-r.computed > 1, err == nil)
+				if marked != nil {
+					return marked
+				}
 				if err == nil {
-					if err := s.scheduled(r); err != nil {
-						return err
-					}
 					break
 				}
 				if !errors.Is(err, driver.ErrOutOfMemory) {
@@ -502,7 +503,11 @@ func (s *simulation) run() error {
 			n := s.chunk(r.computed, r.context, budget)
 			m = s.enter()
 			err = s.scheme.Append(r, n)
+			marked := s.scheduled(r, err)
 			s.appended(s.leave(m), n, true, true, err == nil)
+			if marked != nil {
+				return marked
+			}
 			if err != nil {
 				if !errors.Is(err, driver.ErrOutOfMemory) {
 					return err
@@ -515,9 +520,6 @@ func (s *simulation) run() error {
 					return err
 				}
 				break
-			}
-			if err := s.scheduled(r); err != nil {
-				return err
 			}
 			s.batch = append(s.batch, scheduled{r, n})
 			work.add(cfg.Model, r.computed, n)
@@ -576,15 +578,14 @@ func (s *simulation) run() error {
 
 // scheduled marks the tokens Append just gave r written, as the step
 // that computes them is scheduled, where the scheme is marked so
-// (marksScheduled).
-func (s *simulation) scheduled(r *SimRequest) error {
-	if !s.marksScheduled {
+// (marksScheduled) and the Append, whose error is appended, did not
+// fail. It runs inside the Append's bracket, as part of the one call the
+// scheduler makes: the two are priced and charged together.
+func (s *simulation) scheduled(r *SimRequest, appended error) error {
+	if !s.marksScheduled || appended != nil {
 		return nil
 	}
-	m := s.enter()
-	err := s.writer.Computed(r)
-	s.foreground(s.leave(m), false)
-	return err
+	return s.writer.Computed(r)
 }
 
 // marksScheduled says Simulate marks what scheme's Appends schedule
