@@ -154,8 +154,9 @@ type model struct {
 	listed  []*munit
 	lru     []*munit
 	copies  int
-	// forks and cowCopies count Seq.Fork's children and copies on write.
-	forks, cowCopies int
+	// forks and cowCopies count Seq.Fork's children and copies on write;
+	// replaced the cached units a written one took the place of.
+	forks, cowCopies, replaced int
 	// keptReused and keptDropped count kept mappings borrowed again and
 	// unmapped.
 	keptReused, keptDropped int
@@ -526,6 +527,7 @@ func (m *model) publish(s *mseq, upTo int) {
 			continue
 		}
 		if old != nil {
+			m.replaced++
 			// A cached unit of the same tokens no one maps: mu takes
 			// its place, old's pages go back (replaceListedLocked).
 			m.lru = slices.DeleteFunc(m.lru, func(x *munit) bool { return x == old })
@@ -772,6 +774,7 @@ type modelRun struct {
 	refusedAdmits, refusedResumes, asked int
 	steps, stepOOMs, reserves, warms     int
 	forks, refusedForks, cowCopies       int
+	replaced                             int
 }
 
 // add counts o's figures into r.
@@ -793,6 +796,7 @@ func (r *modelRun) add(o modelRun) {
 	r.forks += o.forks
 	r.refusedForks += o.refusedForks
 	r.cowCopies += o.cowCopies
+	r.replaced += o.replaced
 	r.reserves += o.reserves
 	r.warms += o.warms
 }
@@ -1291,6 +1295,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 	}
 	r.copies = m.copies
 	r.cowCopies = m.cowCopies
+	r.replaced = m.replaced
 	for _, ms := range m.seqs {
 		require.NoError(t, ms.real.Free())
 	}
@@ -1322,6 +1327,7 @@ func TestCacheModelContiguous(t *testing.T) {
 	require.Greater(t, total.preempts, 20)
 	require.Greater(t, total.resumes, 10)
 	require.Greater(t, total.hits, 200, "prompts of one family share prefixes")
+	require.Greater(t, total.replaced, 5, "written copies take the cached units' places")
 	require.Positive(t, total.copies, "matches ending where a token straddles copy a page")
 	require.Greater(t, total.forks, 10, "forks")
 	require.Positive(t, total.cowCopies, "copies on write")
