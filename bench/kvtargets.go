@@ -65,8 +65,8 @@ type KVTarget struct {
 // preemption, admitting for the prompt, as vmarena kv simulate runs it by
 // default) and the paged scheme, steps priced by
 // serving.A100, driver calls by costs, both scheduled a step ahead
-// (serving.Options.AdmitAhead) where ahead is true, each step after the
-// last else (kv simulate's default).
+// (serving.Options.AdmitAhead) when ahead is true, else each step after
+// the last (kv simulate's default).
 func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts, ahead bool) (KVTarget, error) {
 	m, err := serving.ModelPreset(model)
 	if err != nil {

@@ -506,9 +506,9 @@ func (k *Cache) Warm(n, most int) error {
 // scheduled them into a step, whose every layer writes the batch's keys
 // and values before its attention reads any, so that a request admitted
 // later in the same pass shares them, as the paged scheme shares the
-// blocks it registers at Append; and again at the step's launch or end,
-// which then marks nothing new. A sequence preempted before it is told
-// never shares its prefix store units of that step.
+// blocks it registers at Append (see marksScheduled). A sequence
+// preempted before it is told never shares its prefix store units of
+// that step.
 func (k *Cache) Computed(r *SimRequest) error {
 	cs, err := k.live("mark computed", r, false)
 	if err != nil {

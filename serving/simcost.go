@@ -72,9 +72,9 @@ type DriverCost struct {
 	Ahead time.Duration
 	// Startup is the time of the calls made before serving starts (with
 	// Options.AdmitAhead, or where the scheme maps ahead): the pool a
-	// scheme that warms fills with a step's pages then, as the paged and static schemes allocate
-	// theirs before serving (unpriced, making no call while serving). In
-	// Time, never exposed.
+	// scheme that warms fills with a step's pages then, as the paged and
+	// static schemes allocate theirs before serving (unpriced, making no
+	// call while serving). In Time, never exposed.
 	Startup time.Duration
 }
 

@@ -528,9 +528,9 @@ type KVSchemeJSON struct {
 	// BackgroundDriverSeconds what of it mapping ahead ran during steps;
 	// StartupDriverSeconds what of it was made before serving started
 	// (the page pool warmed with a step's pages, on no step's path,
-	// unless --map-ahead=false without --admit-ahead); ExposedDriverSeconds what steps waited for (in
-	// simulated_seconds), ExposedDriverShare that over GPUSeconds, the
-	// steps' own time.
+	// unless --map-ahead=false without --admit-ahead);
+	// ExposedDriverSeconds what steps waited for (in simulated_seconds),
+	// ExposedDriverShare that over GPUSeconds, the steps' own time.
 	DriverSeconds           float64 `json:"driver_seconds"`
 	BackgroundDriverSeconds float64 `json:"background_driver_seconds"`
 	StartupDriverSeconds    float64 `json:"startup_driver_seconds"`
