@@ -491,34 +491,41 @@ func TestHybridSamples(t *testing.T) {
 }
 
 // TestHybridSharesWhatAStepSchedules: two requests that arrive together
-// with the same 128-token prompt, admitted in one pass. On a model of
-// attention layers only (full and window) the hybrid cache marks the
-// first's prompt written as the pass schedules it, so the second shares
-// its whole units at once, as the hybrid paged scheme shares the blocks
-// Append registers: both compute the same tokens. On a model with
-// recurrent layers a checkpoint is the state after the step, so the
-// second computes its prompt too.
+// with one prompt, admitted in one pass. On a model of attention layers
+// only (full and window; 128-token prompts, one step) the hybrid cache
+// marks the first's prompt written as the pass schedules it, so the
+// second shares its whole units at once, as the hybrid paged scheme
+// shares the blocks Append registers: both compute the same tokens. On a
+// model with recurrent layers (300-token prompts, 200 tokens a step) the
+// first's first chunk ends at 192 tokens, where its groups' units and a
+// checkpoint agree; the checkpoint is the state after the step, so the
+// second, admitted in that step, finds none and computes its whole
+// prompt.
 func TestHybridSharesWhatAStepSchedules(t *testing.T) {
-	reqs := []Request{{Input: 128, Output: 2, Blocks: []int64{9}}, {Input: 128, Output: 2, Blocks: []int64{9}}}
-	for _, m := range []Model{windowModel, recurrentModel} {
-		t.Run(m.Name, func(t *testing.T) {
-			cfg := Config{Model: m, Budget: 64 * units.MiB, MaxContext: 512, MaxSeqs: 4}
-			opts := Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, CheckEvery: 1}
+	for _, c := range []struct {
+		m             Model
+		prompt, batch int
+	}{{windowModel, 128, 1000}, {recurrentModel, 300, 200}} {
+		t.Run(c.m.Name, func(t *testing.T) {
+			reqs := []Request{{Input: c.prompt, Output: 2, Blocks: []int64{9}}, {Input: c.prompt, Output: 2, Blocks: []int64{9}}}
+			cfg := Config{Model: c.m, Budget: 64 * units.MiB, MaxContext: 512, MaxSeqs: 4}
+			opts := Options{Config: cfg, MaxBatchedTokens: c.batch, Steps: tenMs, CheckEvery: 1}
 			hc, err := NewHybridCache(cfg, HybridCacheOptions{PageSize: 64 * units.KiB})
 			require.NoError(t, err)
 			defer func() { require.NoError(t, hc.Close()) }()
 			res, err := Simulate(reqs, hc, opts)
 			require.NoError(t, err)
 			require.Equal(t, 2, res.Finished)
-			if m.RecurrentLayers > 0 {
-				require.Equal(t, int64(2*128+2), res.ComputedTokens, "no checkpoint is read in the step that writes it")
+			whole := int64(2*c.prompt + 2)
+			if c.m.RecurrentLayers > 0 {
+				require.Equal(t, whole, res.ComputedTokens, "no checkpoint is read in the step that writes it")
 				return
 			}
 			hp, err := NewHybridBlockTable(cfg)
 			require.NoError(t, err)
 			pres, err := Simulate(reqs, hp, opts)
 			require.NoError(t, err)
-			require.Less(t, res.ComputedTokens, int64(2*128+2), "the second prompt shares the first's")
+			require.Less(t, res.ComputedTokens, whole, "the second prompt shares the first's")
 			require.Equal(t, pres.ComputedTokens, res.ComputedTokens)
 			require.Equal(t, pres.MeanTTFT, res.MeanTTFT)
 		})
