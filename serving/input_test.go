@@ -67,9 +67,17 @@ func TestTraceTotals(t *testing.T) {
 	azure := azureHead + strings.Repeat("2023-11-16 18:15:46.6805900,374,44\n", 3)
 	_, err := ParseAzure(strings.NewReader(azure))
 	require.NoError(t, err)
+	burst := burstHead + strings.Repeat("5,ChatGPT,472,18,490,Conversation log\n", 4)
+	_, err = ParseBurstGPT(strings.NewReader(burst))
+	requireMalformed(t, err, 5, "more than 3 requests (MaxRequests)")
 	_, err = ParseAzure(strings.NewReader(azure + "2023-11-16 18:15:46.6805900,374,44\n"))
 	require.ErrorIs(t, err, ErrMalformed)
-	require.ErrorContains(t, err, "serving: line 5: more than 3 requests (MaxRequests)")
+	require.ErrorContains(t, err, "serving: line 5: more than 3 requests (MaxRequests): serve the first N of a longer trace (kv simulate --limit N, ParseRequestsFileFirst)")
+	name := filepath.Join(t.TempDir(), "long.csv")
+	require.NoError(t, os.WriteFile(name, []byte(azure+"2023-11-16 18:15:46.6805900,374,44\n"), 0o600))
+	reqs, err := ParseRequestsFileFirst(name, 3)
+	require.NoError(t, err, "the first MaxRequests of a longer trace")
+	require.Len(t, reqs, 3)
 
 	line := func(ts int, ids string, n int) string {
 		return `{"timestamp": ` + string(rune('0'+ts)) + `, "input_length": ` + string(rune('0'+n)) + `00, "output_length": 1, "hash_ids": [` + ids + "]}\n"

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -96,41 +97,68 @@ const azureTimeLayout = "2006-01-02 15:04:05"
 //
 //	2023-11-16 18:15:46.6805900,374,44
 //
-// The TIMESTAMP is a date and time of day with a fraction of a second of up
-// to 9 digits (the traces write 7), read as UTC, since the traces name no
-// zone and a local zone's daylight-saving change would bend the gaps
-// between requests; a request's Arrival is its TIMESTAMP less the first
-// request's, to the nanosecond. ContextTokens is Input, GeneratedTokens is
-// Output, both decimal integers. Fields are separated by commas alone (no
-// spaces, no quotes); lines end in LF or CRLF, and no line is empty.
-// Requests must come in arrival order, as they do in the real traces.
+// or, as the 2024 traces (AzureLLMInferenceTrace_*_1week.csv) write them,
+//
+//	2024-05-10 00:00:00.009930+00:00,2162,5
+//
+// The TIMESTAMP is a date and time of day, then optionally a fraction of a
+// second of up to 9 digits (the 2023 traces write 7, the 2024 ones 6),
+// then optionally an offset from UTC, +hh:mm or -hh:mm (the 2024 traces
+// write +00:00). One without an offset is read as UTC, since the 2023
+// traces name no zone and a local zone's daylight-saving change would bend
+// the gaps between requests. A request's Arrival is its TIMESTAMP less the
+// first request's, to the nanosecond. ContextTokens is Input,
+// GeneratedTokens is Output, both decimal integers. Fields are separated
+// by commas alone (no spaces, no quotes); lines end in LF or CRLF, and no
+// line is empty. Requests must come in arrival order, as they do in the
+// 2023 traces.
 //
 // A nil reader is an error marked driver.ErrInvalid. The first problem in
 // the content (Request's rules, a line over MaxRequestLineBytes) is an
 // error marked ErrMalformed that names its line; the header is line 1.
-func ParseAzure(r io.Reader) ([]Request, error) {
+func ParseAzure(r io.Reader) ([]Request, error) { return parseAzure(r, 0) }
+
+// parseAzure is ParseAzure of the first n requests (n <= 0: all); it reads
+// no line past the nth request's.
+func parseAzure(r io.Reader, n int) ([]Request, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse azure trace: the reader is nil")
 	}
 	lines := newLineScanner(r)
-	if !lines.scan() {
-		if lines.err != nil {
-			return nil, lines.err
-		}
-		return nil, malformed(1, "empty input, want the header line %s", azureHeader)
+	h, err := csvHeader(lines, azureHeader)
+	if err != nil {
+		return nil, err
 	}
-	if h := strings.TrimPrefix(lines.text, "\ufeff"); h != azureHeader {
+	if h != azureHeader {
 		return nil, malformed(1, "header %s, want %s", quote(h), azureHeader)
 	}
+	return azureRows(lines, n)
+}
+
+// csvHeader reads a CSV trace's header line, less a byte-order mark;
+// want says what an empty input lacks.
+func csvHeader(lines *lineScanner, want string) (string, error) {
+	if !lines.scan() {
+		if lines.err != nil {
+			return "", lines.err
+		}
+		return "", malformed(1, "empty input, want the header line %s", want)
+	}
+	return strings.TrimPrefix(lines.text, "\ufeff"), nil
+}
+
+// azureRows reads an Azure trace's requests, the first n (n <= 0: all),
+// after its header.
+func azureRows(lines *lineScanner, n int) ([]Request, error) {
 	var (
 		reqs  []Request
 		first time.Time
 		prev  time.Time
 	)
-	for lines.scan() {
+	for (n <= 0 || len(reqs) < n) && lines.scan() {
 		line := lines.line
 		if len(reqs) == maxRequests {
-			return nil, malformed(line, "more than %d requests (MaxRequests)", maxRequests)
+			return nil, tooManyRequests(line)
 		}
 		fields := strings.Split(lines.text, ",")
 		if len(fields) != 3 {
@@ -167,14 +195,22 @@ func ParseAzure(r io.Reader) ([]Request, error) {
 	return reqs, nil
 }
 
+// tooManyRequests is the error of a trace of more than MaxRequests
+// requests, at line line.
+func tooManyRequests(line int) error {
+	return malformed(line, "more than %d requests (MaxRequests): serve the first N of a longer trace (kv simulate --limit N, ParseRequestsFileFirst)",
+		maxRequests)
+}
+
 // parseAzureTime reads a TIMESTAMP: exactly "YYYY-MM-DD hh:mm:ss" in
-// digits, then optionally "." and 1 to 9 digits, in UTC.
+// digits, then optionally "." and 1 to 9 digits, then optionally an offset
+// from UTC, "+hh:mm" or "-hh:mm" (at most 23:59); the time in UTC.
 func parseAzureTime(s string) (time.Time, error) {
-	const want = "want a time such as 2023-11-16 18:15:46.6805900"
-	base, frac, hasFrac := strings.Cut(s, ".")
-	if len(base) != len(azureTimeLayout) {
+	const want = "want a time such as 2023-11-16 18:15:46.6805900 or 2024-05-10 00:00:00.009930+00:00"
+	if len(s) < len(azureTimeLayout) {
 		return time.Time{}, errors.New(want)
 	}
+	base, rest := s[:len(azureTimeLayout)], s[len(azureTimeLayout):]
 	// time.Parse alone would take a one-digit hour or a signed year.
 	for i := range len(base) {
 		ok := base[i] == azureTimeLayout[i]
@@ -185,6 +221,18 @@ func parseAzureTime(s string) (time.Time, error) {
 			return time.Time{}, errors.New(want)
 		}
 	}
+	var offset time.Duration
+	if z := strings.IndexAny(rest, "+-"); z >= 0 {
+		d, err := parseUTCOffset(rest[z:])
+		if err != nil {
+			return time.Time{}, err
+		}
+		offset, rest = d, rest[:z]
+	}
+	frac, hasFrac := strings.CutPrefix(rest, ".")
+	if !hasFrac && rest != "" {
+		return time.Time{}, errors.New(want)
+	}
 	t, err := time.Parse(azureTimeLayout, base)
 	if err != nil {
 		var pe *time.ParseError
@@ -193,6 +241,7 @@ func parseAzureTime(s string) (time.Time, error) {
 		}
 		return time.Time{}, errors.New(want)
 	}
+	t = t.Add(-offset)
 	if !hasFrac {
 		return t, nil
 	}
@@ -212,7 +261,161 @@ func parseAzureTime(s string) (time.Time, error) {
 	return t.Add(time.Duration(ns)), nil
 }
 
+// parseUTCOffset reads "+hh:mm" or "-hh:mm", hh at most 23 and mm at most
+// 59: how far the time it follows is ahead of UTC.
+func parseUTCOffset(s string) (time.Duration, error) {
+	const want = "the offset from UTC %s is not +hh:mm or -hh:mm (at most 23:59)"
+	if len(s) != len("+hh:mm") || s[3] != ':' || !isDigit(s[1]) || !isDigit(s[2]) || !isDigit(s[4]) || !isDigit(s[5]) {
+		return 0, errors.Newf(want, quote(s))
+	}
+	h, m := int(s[1]-'0')*10+int(s[2]-'0'), int(s[4]-'0')*10+int(s[5]-'0')
+	if h > 23 || m > 59 {
+		return 0, errors.Newf(want, quote(s))
+	}
+	d := time.Duration(h)*time.Hour + time.Duration(m)*time.Minute
+	if s[0] == '-' {
+		d = -d
+	}
+	return d, nil
+}
+
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// The header lines of a BurstGPT trace: its first release's files
+// (BurstGPT_1.csv, BurstGPT_without_fails_1.csv and their like) and the
+// later ones with a session's id and elapsed time.
+const (
+	burstHeader        = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+	burstSessionHeader = "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type"
+)
+
+// ParseBurstGPT reads a BurstGPT trace (HPMLL/BurstGPT: the request log of
+// a ChatGPT and GPT-4 service): the header
+//
+//	Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+//
+// or the later one with "Session ID" and "Elapsed time" after Timestamp,
+// then one request a line, such as
+//
+//	5,ChatGPT,472,18,490,Conversation log
+//
+// Timestamp is seconds, a decimal number at least 0 with a fraction of up
+// to 9 digits or none (the released files write whole seconds); a
+// request's Arrival is its Timestamp less the first request's. Request
+// tokens is Input and Response tokens Output, decimal integers; the other
+// fields are not read (a failed request of the files with fails is 0
+// tokens in and out, served as such). Fields are separated by commas
+// alone, as in ParseAzure, lines end in LF or CRLF, and none is empty.
+// Requests must come in arrival order.
+//
+// A nil reader is an error marked driver.ErrInvalid. The first problem in
+// the content (Request's rules, a line over MaxRequestLineBytes) is an
+// error marked ErrMalformed that names its line; the header is line 1.
+func ParseBurstGPT(r io.Reader) ([]Request, error) {
+	if isnil.Is(r) {
+		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse burstgpt trace: the reader is nil")
+	}
+	lines := newLineScanner(r)
+	h, err := csvHeader(lines, burstHeader)
+	if err != nil {
+		return nil, err
+	}
+	cols, ok := burstColumns(h)
+	if !ok {
+		return nil, malformed(1, "header %s, want %s or %s", quote(h), burstHeader, burstSessionHeader)
+	}
+	return burstRows(lines, 0, cols)
+}
+
+// burstCols is where a BurstGPT header puts the fields read, and how many
+// fields a line has.
+type burstCols struct{ fields, input, output int }
+
+// burstColumns is the columns of BurstGPT header h, if it is one.
+func burstColumns(h string) (burstCols, bool) {
+	switch h {
+	case burstHeader:
+		return burstCols{fields: 6, input: 2, output: 3}, true
+	case burstSessionHeader:
+		return burstCols{fields: 8, input: 4, output: 5}, true
+	}
+	return burstCols{}, false
+}
+
+// burstRows reads a BurstGPT trace's requests, the first n (n <= 0: all),
+// after its header.
+func burstRows(lines *lineScanner, n int, cols burstCols) ([]Request, error) {
+	var (
+		reqs        []Request
+		first, prev time.Duration
+	)
+	for (n <= 0 || len(reqs) < n) && lines.scan() {
+		line := lines.line
+		if len(reqs) == maxRequests {
+			return nil, tooManyRequests(line)
+		}
+		fields := strings.Split(lines.text, ",")
+		if len(fields) != cols.fields {
+			return nil, malformed(line, "%d fields, want %d", len(fields), cols.fields)
+		}
+		t, err := parseSeconds(fields[0])
+		if err != nil {
+			return nil, malformed(line, "Timestamp %s %v", quote(fields[0]), err)
+		}
+		if len(reqs) == 0 {
+			first = t
+		} else if t < prev {
+			return nil, malformed(line, "Timestamp %s is before the previous line's %s: requests must come in arrival order",
+				fields[0], strconv.FormatFloat(prev.Seconds(), 'f', -1, 64))
+		}
+		prev = t
+		if arrival := t - first; arrival > MaxArrival {
+			return nil, malformed(line, "Timestamp %s is %v after the first request's, more than MaxArrival (%v)", fields[0], arrival, MaxArrival)
+		}
+		in, err := parseTokens(fields[cols.input])
+		if err != nil {
+			return nil, malformed(line, "Request tokens %s %v", quote(fields[cols.input]), err)
+		}
+		out, err := parseTokens(fields[cols.output])
+		if err != nil {
+			return nil, malformed(line, "Response tokens %s %v", quote(fields[cols.output]), err)
+		}
+		reqs = append(reqs, Request{Arrival: t - first, Input: in, Output: out})
+	}
+	if lines.err != nil {
+		return nil, lines.err
+	}
+	return reqs, nil
+}
+
+// maxSeconds bounds a time parseSeconds reads, so that it is a
+// time.Duration (292 years).
+const maxSeconds = uint64(math.MaxInt64/int64(time.Second)) - 1
+
+// parseSeconds reads a time in seconds: decimal digits, then optionally
+// "." and 1 to 9 digits, at most maxSeconds. Its error completes a
+// sentence that starts with the field's name.
+func parseSeconds(s string) (time.Duration, error) {
+	whole, frac, hasFrac := strings.Cut(s, ".")
+	if whole == "" || strings.Trim(whole, "0123456789") != "" {
+		return 0, errors.New("is not a number of seconds of at least 0, such as 5 or 5.25")
+	}
+	if hasFrac && (frac == "" || len(frac) > 9 || strings.Trim(frac, "0123456789") != "") {
+		return 0, errors.New("is not a number of seconds with 1 to 9 digits after its point")
+	}
+	secs, err := strconv.ParseUint(whole, 10, 64)
+	if err != nil || secs > maxSeconds {
+		return 0, errors.Newf("is over %d seconds", maxSeconds)
+	}
+	ns := 0
+	for i := range 9 {
+		ns *= 10
+		if i < len(frac) {
+			ns += int(frac[i] - '0')
+		}
+	}
+	return time.Duration(secs)*time.Second + time.Duration(ns), nil
+}
 
 // ParseMooncake reads a Mooncake trace (kvcache-ai/Mooncake,
 // FAST25-release/traces): one JSON object a line, such as
@@ -234,7 +437,11 @@ func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 // A nil reader is an error marked driver.ErrInvalid. The first problem in
 // the content (Request's rules, a line over MaxRequestLineBytes) is an
 // error marked ErrMalformed that names its line, the first being line 1.
-func ParseMooncake(r io.Reader) ([]Request, error) {
+func ParseMooncake(r io.Reader) ([]Request, error) { return parseMooncake(r, 0) }
+
+// parseMooncake is ParseMooncake of the first n requests (n <= 0: all);
+// it reads no line past the nth request's.
+func parseMooncake(r io.Reader, n int) ([]Request, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse mooncake trace: the reader is nil")
 	}
@@ -247,10 +454,10 @@ func ParseMooncake(r io.Reader) ([]Request, error) {
 		follows = map[int64]blockSeen{}
 		blocks  int // hash ids named so far
 	)
-	for lines.scan() {
+	for (n <= 0 || len(reqs) < n) && lines.scan() {
 		line := lines.line
 		if len(reqs) == maxRequests {
-			return nil, malformed(line, "more than %d requests (MaxRequests)", maxRequests)
+			return nil, tooManyRequests(line)
 		}
 		text := lines.text
 		if line == 1 {
@@ -501,27 +708,53 @@ func jsonError(err error) error {
 }
 
 // ParseRequestsFile reads the request trace in the named file, by its
-// extension: .csv is an Azure trace (ParseAzure), .jsonl a Mooncake one
+// extension: .csv is an Azure trace (ParseAzure) or a BurstGPT one
+// (ParseBurstGPT), as its header line says, .jsonl a Mooncake one
 // (ParseMooncake). Another extension is an error marked driver.ErrInvalid,
 // and so is a file that is not a regular one (a directory, a device, a
 // FIFO).
-func ParseRequestsFile(name string) ([]Request, error) {
-	var parse func(io.Reader) ([]Request, error)
+func ParseRequestsFile(name string) ([]Request, error) { return ParseRequestsFileFirst(name, 0) }
+
+// ParseRequestsFileFirst is ParseRequestsFile of the trace's first n
+// requests (n <= 0: all of them): it stops reading at the nth request's
+// line, so the rest of the file is neither read nor checked, and a trace
+// longer than MaxRequests (the 2024 Azure conversation trace has 27.3
+// million) can be served in part.
+func ParseRequestsFileFirst(name string, n int) ([]Request, error) {
+	var parse func(io.Reader, int) ([]Request, error)
 	switch ext := strings.ToLower(filepath.Ext(name)); ext {
 	case ".csv":
-		parse = ParseAzure
+		parse = parseCSV
 	case ".jsonl":
-		parse = ParseMooncake
+		parse = parseMooncake
 	default:
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: %s: no request trace format for extension %q", name, ext),
-			"name an Azure trace .csv or a Mooncake trace .jsonl")
+			"name an Azure or BurstGPT trace .csv or a Mooncake trace .jsonl")
 	}
 	f, err := in.Open(name, "request trace")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return parse(f)
+	return parse(f, n)
+}
+
+// parseCSV reads the first n requests (n <= 0: all) of an Azure or a
+// BurstGPT trace, as its header says.
+func parseCSV(r io.Reader, n int) ([]Request, error) {
+	lines := newLineScanner(r)
+	h, err := csvHeader(lines, azureHeader)
+	if err != nil {
+		return nil, err
+	}
+	if h == azureHeader {
+		return azureRows(lines, n)
+	}
+	if cols, ok := burstColumns(h); ok {
+		return burstRows(lines, n, cols)
+	}
+	return nil, malformed(1, "header %s, want an Azure trace's %s or a BurstGPT trace's %s (or %s)",
+		quote(h), azureHeader, burstHeader, burstSessionHeader)
 }
 
 // parseTokens reads a token count: a decimal integer from 0 to MaxTokens.

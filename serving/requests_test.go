@@ -46,6 +46,26 @@ func TestParseAzure(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, []Request{{Input: 1, Output: 2}, {Arrival: 750 * time.Millisecond, Input: 3, Output: 4}}, reqs)
 	})
+	t.Run("the 2024 traces' form", func(t *testing.T) {
+		// The first lines of AzureLLMInferenceTrace_code_1week.csv (2024),
+		// then a time with no fraction, and offsets other than UTC's.
+		reqs, err := ParseAzure(strings.NewReader(azureHead +
+			"2024-05-10 00:00:00.009930+00:00,2162,5\n" +
+			"2024-05-10 00:00:00.017335+00:00,2399,6\n" +
+			"2024-05-10 00:00:01+00:00,76,15\n" +
+			"2024-05-10 05:30:02.5+05:30,1,1\n" + // 00:00:02.5 UTC
+			"2024-05-09 23:00:03-01:00,1,1\n" + // 00:00:03 UTC
+			"2024-05-10 00:00:03,1,1\n")) // no offset: UTC
+		require.NoError(t, err)
+		require.Equal(t, []Request{
+			{Input: 2162, Output: 5},
+			{Arrival: 7405 * time.Microsecond, Input: 2399, Output: 6},
+			{Arrival: 990070 * time.Microsecond, Input: 76, Output: 15},
+			{Arrival: 2490070 * time.Microsecond, Input: 1, Output: 1},
+			{Arrival: 2990070 * time.Microsecond, Input: 1, Output: 1},
+			{Arrival: 2990070 * time.Microsecond, Input: 1, Output: 1},
+		}, reqs)
+	})
 	t.Run("read as UTC: no daylight-saving hour", func(t *testing.T) {
 		// Europe's clocks went back an hour at 01:00 UTC on 2023-10-29.
 		reqs, err := ParseAzure(strings.NewReader(azureHead + "2023-10-29 00:30:00,1,1\n2023-10-29 03:30:00,1,1\n"))
@@ -88,6 +108,16 @@ func TestParseAzureMalformed(t *testing.T) {
 		{"ten digits", azureHead + "2023-11-16 18:15:47.1234567891,374,44\n", 2, "10 digits after the seconds' point"},
 		{"fraction not digits", azureHead + "2023-11-16 18:15:47.12x,374,44\n", 2, "not all digits"},
 		{"two points", azureHead + "2023-11-16 18:15:47.1.2,374,44\n", 2, "not all digits"},
+		{"offset without a colon", azureHead + "2024-05-10 00:00:00.009930+0000,374,44\n", 2, `the offset from UTC "+0000" is not +hh:mm or -hh:mm`},
+		{"offset of a day", azureHead + "2024-05-10 00:00:00+24:00,374,44\n", 2, `the offset from UTC "+24:00" is not`},
+		{"offset's minutes", azureHead + "2024-05-10 00:00:00-01:60,374,44\n", 2, `the offset from UTC "-01:60" is not`},
+		{"offset not digits", azureHead + "2024-05-10 00:00:00+0a:00,374,44\n", 2, `the offset from UTC "+0a:00" is not`},
+		{"two offsets", azureHead + "2024-05-10 00:00:00+00:00+00:00,374,44\n", 2, `the offset from UTC "+00:00+00:00" is not`},
+		{"offset before the fraction", azureHead + "2024-05-10 00:00:00+00:00.5,374,44\n", 2, `the offset from UTC "+00:00.5" is not`},
+		{"zone letter", azureHead + "2024-05-10 00:00:00Z,374,44\n", 2, "want a time such as"},
+		{"zone name", azureHead + "2024-05-10 00:00:00 UTC,374,44\n", 2, "want a time such as"},
+		{"backwards across zones", azureHead + "2024-05-10 00:00:00+00:00,1,1\n2024-05-10 00:30:00+01:00,1,1\n", 3,
+			"is before the previous line's 2024-05-10 00:00:00.0000000"},
 		{"backwards", azureHead + good + "2023-11-16 18:15:46.6805899,1,1\n", 3,
 			`TIMESTAMP 2023-11-16 18:15:46.6805899 is before the previous line's 2023-11-16 18:15:46.6805900: requests must come in arrival order`},
 		{"after MaxArrival", azureHead + good + "2024-11-16 18:15:46.6805900,1,1\n", 3, "is 8784h0m0s after the first request's, more than MaxArrival (8760h0m0s)"},
@@ -102,6 +132,90 @@ func TestParseAzureMalformed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reqs, err := ParseAzure(strings.NewReader(tc.input))
+			require.Nil(t, reqs)
+			requireMalformed(t, err, tc.line, tc.says)
+		})
+	}
+}
+
+const burstHead = burstHeader + "\n"
+
+// TestParseBurstGPT: both headers, in the form the released files write
+// (these lines are made up in it, not copied from them).
+func TestParseBurstGPT(t *testing.T) {
+	want := []Request{
+		{Arrival: 0, Input: 472, Output: 18},
+		{Arrival: 40 * time.Second, Input: 1087, Output: 230},
+		{Arrival: 40 * time.Second, Input: 0, Output: 0}, // a failed request; the same time
+		{Arrival: 113*time.Second + 250*time.Millisecond, Input: 417, Output: 276},
+		{Arrival: 5270409 * time.Second, Input: MaxTokens, Output: 1},
+	}
+	reqs, err := ParseBurstGPT(strings.NewReader(burstHead +
+		"5,ChatGPT,472,18,490,Conversation log\n" +
+		"45,ChatGPT,1087,230,1317,Conversation log\n" +
+		"45.0,ChatGPT,0,0,0,Conversation log\n" +
+		"118.25,GPT-4,417,276,693,API log\n" +
+		"5270414,GPT-4,16777216,1,16777217,API log")) // no final LF
+	require.NoError(t, err)
+	require.Equal(t, want, reqs)
+
+	t.Run("with sessions", func(t *testing.T) {
+		reqs, err := ParseBurstGPT(strings.NewReader("\ufeff" + burstSessionHeader + "\r\n" +
+			"5,4f1c3e2a-0000-4000-8000-000000000001,0.5,ChatGPT,472,18,490,Conversation log\r\n" +
+			"45,4f1c3e2a-0000-4000-8000-000000000002,1.25,ChatGPT,1087,230,1317,Conversation log\r\n"))
+		require.NoError(t, err)
+		require.Equal(t, want[:2], reqs)
+	})
+	t.Run("header only", func(t *testing.T) {
+		reqs, err := ParseBurstGPT(strings.NewReader(burstHead))
+		require.NoError(t, err)
+		require.Empty(t, reqs)
+	})
+	t.Run("a file of either CSV trace", func(t *testing.T) {
+		dir := t.TempDir()
+		burst := filepath.Join(dir, "BurstGPT_1.csv")
+		require.NoError(t, os.WriteFile(burst, []byte(burstHead+"5,ChatGPT,472,18,490,Conversation log\n45,ChatGPT,1,2,3,API log\nbroken\n"), 0o600))
+		reqs, err := ParseRequestsFileFirst(burst, 2)
+		require.NoError(t, err)
+		require.Equal(t, []Request{{Input: 472, Output: 18}, {Arrival: 40 * time.Second, Input: 1, Output: 2}}, reqs)
+		_, err = ParseRequestsFile(burst)
+		requireMalformed(t, err, 4, "1 fields, want 6")
+
+		other := filepath.Join(dir, "other.csv")
+		require.NoError(t, os.WriteFile(other, []byte("time,in,out\n0,1,2\n"), 0o600))
+		_, err = ParseRequestsFile(other)
+		requireMalformed(t, err, 1, `header "time,in,out", want an Azure trace's TIMESTAMP,ContextTokens,GeneratedTokens or a BurstGPT trace's Timestamp,Model,`)
+	})
+}
+
+func TestParseBurstGPTMalformed(t *testing.T) {
+	const good = "5,ChatGPT,472,18,490,Conversation log\n"
+	for _, tc := range []struct {
+		name, input string
+		line        int
+		says        string
+	}{
+		{"empty", "", 1, "empty input, want the header line " + burstHeader},
+		{"Azure's header", azureHead, 1, `header "TIMESTAMP,ContextTokens,GeneratedTokens", want ` + burstHeader + " or " + burstSessionHeader},
+		{"header in other case", strings.ToLower(burstHeader) + "\n", 1, "header"},
+		{"too few fields", burstHead + "5,ChatGPT,472,18,490\n", 2, "5 fields, want 6"},
+		{"session fields under the old header", burstHead + "5,id,0.5,ChatGPT,472,18,490,Conversation log\n", 2, "8 fields, want 6"},
+		{"negative time", burstHead + "-5,ChatGPT,472,18,490,Conversation log\n", 2, `Timestamp "-5" is not a number of seconds of at least 0`},
+		{"exponent", burstHead + "5e3,ChatGPT,472,18,490,Conversation log\n", 2, `Timestamp "5e3" is not a number of seconds`},
+		{"empty time", burstHead + ",ChatGPT,472,18,490,Conversation log\n", 2, `Timestamp "" is not a number of seconds`},
+		{"point and no digits", burstHead + "5.,ChatGPT,472,18,490,Conversation log\n", 2, "with 1 to 9 digits after its point"},
+		{"ten digits", burstHead + "5.0123456789,ChatGPT,472,18,490,Conversation log\n", 2, "with 1 to 9 digits after its point"},
+		{"no whole seconds", burstHead + ".5,ChatGPT,472,18,490,Conversation log\n", 2, `Timestamp ".5" is not a number of seconds`},
+		{"huge time", burstHead + "99999999999999999999,ChatGPT,472,18,490,Conversation log\n", 2, "is over 9223372035 seconds"},
+		{"backwards", burstHead + "45,ChatGPT,1,1,2,API log\n" + good, 3, "Timestamp 5 is before the previous line's 45: requests must come in arrival order"},
+		{"after MaxArrival", burstHead + "0,ChatGPT,1,1,2,API log\n31536001,ChatGPT,1,1,2,API log\n", 3, "more than MaxArrival (8760h0m0s)"},
+		{"negative request tokens", burstHead + "5,ChatGPT,-1,18,17,Conversation log\n", 2, `Request tokens "-1" is not an integer of at least 0`},
+		{"response over MaxTokens", burstHead + "5,ChatGPT,1,16777217,16777218,Conversation log\n", 2, `Response tokens "16777217" is over MaxTokens`},
+		{"quoted model", burstHead + `5,"Chat,GPT",472,18,490,Conversation log` + "\n", 2, "7 fields, want 6"},
+		{"empty line", burstHead + good + "\n" + good, 3, "empty line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs, err := ParseBurstGPT(strings.NewReader(tc.input))
 			require.Nil(t, reqs)
 			requireMalformed(t, err, tc.line, tc.says)
 		})
@@ -258,6 +372,8 @@ func TestParseRequestsNilReader(t *testing.T) {
 	for _, r := range []io.Reader{nil, (*strings.Reader)(nil), (*os.File)(nil)} {
 		_, err := ParseAzure(r)
 		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
+		_, err = ParseBurstGPT(r)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
 		_, err = ParseMooncake(r)
 		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
 	}
@@ -278,6 +394,9 @@ func (f failingReader) Read(p []byte) (int, error) {
 // malformed trace.
 func TestParseRequestsReadError(t *testing.T) {
 	_, err := ParseAzure(failingReader{strings.NewReader(azureHead)})
+	require.ErrorContains(t, err, "serving: read: disk on fire")
+	require.False(t, errors.Is(err, ErrMalformed))
+	_, err = ParseBurstGPT(failingReader{strings.NewReader(burstHead + "5,ChatGPT,1,2,3,API log\n")})
 	require.ErrorContains(t, err, "serving: read: disk on fire")
 	require.False(t, errors.Is(err, ErrMalformed))
 	_, err = ParseMooncake(failingReader{strings.NewReader("")})
@@ -335,6 +454,35 @@ func TestParseRequestsFile(t *testing.T) {
 		_, err := ParseRequestsFile(filepath.Join(t.TempDir(), "none.jsonl"))
 		require.ErrorIs(t, err, os.ErrNotExist)
 	})
+	t.Run("the first requests", func(t *testing.T) {
+		for _, file := range []string{"AzureLLMInferenceTrace_conv.csv", "mooncake_synthetic_trace.jsonl"} {
+			all, err := ParseRequestsFile(filepath.Join("testdata", "requests", file))
+			require.NoError(t, err)
+			for _, n := range []int{1, 10, len(all), len(all) + 1} {
+				reqs, err := ParseRequestsFileFirst(filepath.Join("testdata", "requests", file), n)
+				require.NoError(t, err)
+				require.Equal(t, all[:min(n, len(all))], reqs, "%s, first %d", file, n)
+			}
+			reqs, err := ParseRequestsFileFirst(filepath.Join("testdata", "requests", file), 0)
+			require.NoError(t, err)
+			require.Equal(t, all, reqs, "%s, n 0: all", file)
+		}
+	})
+	t.Run("the lines after the first requests are not read", func(t *testing.T) {
+		dir := t.TempDir()
+		azure := filepath.Join(dir, "trace.csv")
+		require.NoError(t, os.WriteFile(azure, []byte(azureHead+"2024-05-10 00:00:00.009930+00:00,1,2\nnot a request\n"), 0o600))
+		mooncake := filepath.Join(dir, "trace.jsonl")
+		require.NoError(t, os.WriteFile(mooncake, []byte(`{"timestamp": 0, "input_length": 1, "output_length": 2, "hash_ids": [0]}`+"\n{\n"), 0o600))
+		for _, name := range []string{azure, mooncake} {
+			reqs, err := ParseRequestsFileFirst(name, 1)
+			require.NoError(t, err)
+			require.Len(t, reqs, 1)
+			require.Equal(t, Request{Input: 1, Output: 2, Blocks: reqs[0].Blocks}, reqs[0])
+			_, err = ParseRequestsFileFirst(name, 2)
+			requireMalformed(t, err, map[string]int{azure: 3, mooncake: 2}[name], "")
+		}
+	})
 	t.Run("extension in capitals", func(t *testing.T) {
 		name := filepath.Join(t.TempDir(), "trace.CSV")
 		require.NoError(t, os.WriteFile(name, []byte(azureHead+"2023-11-16 18:15:46,1,2\n"), 0o600))
@@ -381,6 +529,18 @@ func encodeAzure(reqs []Request) string {
 	b.WriteString(azureHead)
 	for _, r := range reqs {
 		fmt.Fprintf(&b, "%s,%d,%d\n", start.Add(r.Arrival).Format(azureTimeLayout+".000000000"), r.Input, r.Output)
+	}
+	return b.String()
+}
+
+// encodeBurstGPT writes reqs as a BurstGPT trace, from an arbitrary
+// first time.
+func encodeBurstGPT(reqs []Request) string {
+	var b strings.Builder
+	b.WriteString(burstHead)
+	for _, r := range reqs {
+		at := 5*time.Second + r.Arrival
+		fmt.Fprintf(&b, "%d.%09d,ChatGPT,%d,%d,%d,Conversation log\n", at/time.Second, at%time.Second, r.Input, r.Output, r.Input+r.Output)
 	}
 	return b.String()
 }
@@ -449,6 +609,12 @@ func FuzzParseAzure(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseAzure, encodeAzure, false) })
 }
 
+// FuzzParseBurstGPT: see fuzzRequests; the seeds are in
+// testdata/fuzz/FuzzParseBurstGPT.
+func FuzzParseBurstGPT(f *testing.F) {
+	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseBurstGPT, encodeBurstGPT, false) })
+}
+
 // FuzzParseMooncake: see fuzzRequests; the seeds are in
 // testdata/fuzz/FuzzParseMooncake.
 func FuzzParseMooncake(f *testing.F) {
@@ -458,7 +624,7 @@ func FuzzParseMooncake(f *testing.F) {
 // TestRequestFuzzSeeds: the seed corpus says what its names say: the
 // seeds named valid_* parse, every other one is malformed.
 func TestRequestFuzzSeeds(t *testing.T) {
-	for fuzz, parse := range map[string]func(io.Reader) ([]Request, error){"FuzzParseAzure": ParseAzure, "FuzzParseMooncake": ParseMooncake} {
+	for fuzz, parse := range map[string]func(io.Reader) ([]Request, error){"FuzzParseAzure": ParseAzure, "FuzzParseBurstGPT": ParseBurstGPT, "FuzzParseMooncake": ParseMooncake} {
 		dir := filepath.Join("testdata", "fuzz", fuzz)
 		entries, err := os.ReadDir(dir)
 		require.NoError(t, err)

@@ -28,14 +28,15 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                             [--kv-events-dp-rank 0] [--kv-events-vllm-hash-seed SEED]
                             [--kv-events-linger 1s]]
 
-Serves a request trace (an Azure LLM inference trace .csv, or a Mooncake trace
-.jsonl, whose hash_ids name shared prompt blocks) with continuous batching,
-once for each way of holding the KV memory, with the same budget and the same
-step prices, and prints their figures side by side: this library's cache
-(package kvcache on the sim driver, its memory the budget, laid out as
---layout — auto: kvcache.PickLayout's, the layout of least worst-case waste
-per sequence for the model and page — in pages of --page-size, preempting as
---preempt, admitting as --admit), a paged block table (vLLM: 16-token blocks,
+Serves a request trace (an Azure LLM inference or BurstGPT trace .csv, or a
+Mooncake trace .jsonl, whose hash_ids name shared prompt blocks; its first
+--limit requests when given) with continuous batching, once for each way of
+holding the KV memory, with the same budget and the same step prices, and
+prints their figures side by side: this library's cache (package kvcache on
+the sim driver, its memory the budget, laid out as --layout — auto:
+kvcache.PickLayout's, the layout of least worst-case waste per sequence for
+the model and page — in pages of --page-size, preempting as --preempt,
+admitting as --admit), a paged block table (vLLM: 16-token blocks,
 prefix caching, recompute preemption) and a static reservation of the maximum
 context for every sequence. --memory is the KV memory's budget. The max
 context defaults to the trace's longest request, as much as the budget holds
@@ -137,7 +138,7 @@ func kvCmd(args []string, stdout, stderr io.Writer) int {
 func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	fs := newFlags("kv simulate", stderr)
 	memory := sizeFlag(80 * units.GiB)
-	trace := fs.String("trace", "", "the request trace `FILE`: an Azure trace .csv or a Mooncake trace .jsonl")
+	trace := fs.String("trace", "", "the request trace `FILE`: an Azure or BurstGPT trace .csv or a Mooncake trace .jsonl")
 	model := fs.String("model", "", "the `MODEL`: a preset ("+strings.Join(serving.ModelPresets(), ", ")+") or the path of a Hugging Face config.json (or its directory)")
 	fs.Var(&memory, "memory", "the KV memory's budget, a `SIZE` such as 80GiB")
 	layout := fs.String("layout", kvLayouts[0], "this cache's `LAYOUT`: "+strings.Join(kvLayouts, " or ")+" (the baselines have none)")
@@ -145,7 +146,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	fs.Var(&pageSize, "page-size", "this cache's page, its unit of commit, a `SIZE`: a power of two from 4KiB to 1GiB, a multiple of the driver's granularity (a GPU's 2MiB; the host and sim drivers' 64KiB; some AMD GPUs' 4KiB)")
 	preempt := fs.String("preempt", kvPreempts[0], "what this cache's preemption does with a sequence's KV, a `MODE`: drop (recompute it on resume, as vLLM) or swap (to host memory)")
 	admit := fs.String("admit", kvAdmits[0], "what room this cache's admission asks for, a `POLICY`: prompt (the prompt's, as vLLM) or expected-output (the prompt's and the mean output of the requests finished so far)")
-	limit := fs.Int("limit", 0, "serve only the trace's first `N` requests (0: all)")
+	limit := fs.Int("limit", 0, "serve only the trace's first `N` requests (0: all); the lines after them are not read")
 	maxContext := fs.Int("max-context", 0, "the most `TOKENS` a sequence holds, prompt and output (0: the trace's longest request, as much as the budget holds)")
 	maxSeqs := fs.Int("max-seqs", 256, "the most sequences running at once `N` (vLLM's max_num_seqs)")
 	maxBatched := fs.Int("max-batched-tokens", serving.DefaultMaxBatchedTokens, "the most `TOKENS` a step computes (vLLM's max_num_batched_tokens)")
@@ -170,7 +171,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	case fs.NArg() > 0:
 		return usageErr("unexpected argument %q (the trace is given with --trace)", fs.Arg(0))
 	case *trace == "":
-		return usageErr("no trace given: want --trace FILE, an Azure trace .csv or a Mooncake trace .jsonl")
+		return usageErr("no trace given: want --trace FILE, an Azure or BurstGPT trace .csv or a Mooncake trace .jsonl")
 	case *model == "":
 		return usageErr("no model given: want --model and a preset (%s) or the path of a Hugging Face config.json", strings.Join(serving.ModelPresets(), ", "))
 	}
@@ -248,13 +249,10 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--max-context %d: --memory %s holds at most %d tokens of %s for one sequence", *maxContext, units.Bytes(uint64(memory)), contextCap, m.Name)
 	}
 
-	reqs, err := loadRequests(*trace)
+	reqs, err := loadRequests(*trace, *limit)
 	if err != nil {
 		fmt.Fprintf(stderr, "vmarena kv simulate: %s: %v\n", *trace, err)
 		return 1
-	}
-	if *limit > 0 && *limit < len(reqs) {
-		reqs = reqs[:*limit]
 	}
 	cfg.MaxContext = *maxContext
 	if cfg.MaxContext == 0 {

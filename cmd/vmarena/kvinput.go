@@ -8,16 +8,17 @@ import (
 )
 
 // loadRequests reads the request trace kv simulate serves: the file's
-// requests, by serving.ParseRequestsFile's rules and bounds, and at least
-// one of them, as replay refuses a trace of no events.
-func loadRequests(name string) ([]serving.Request, error) {
-	reqs, err := serving.ParseRequestsFile(name)
+// first limit requests (limit <= 0: all), by serving.ParseRequestsFile's
+// rules and bounds, and at least one of them, as replay refuses a trace of
+// no events.
+func loadRequests(name string, limit int) ([]serving.Request, error) {
+	reqs, err := serving.ParseRequestsFileFirst(name, limit)
 	if err != nil {
 		return nil, err
 	}
 	if len(reqs) == 0 {
 		return nil, errors.Wrap(driver.ErrInvalid,
-			"the trace holds no requests, nothing to simulate: an Azure trace needs rows after its header, a Mooncake trace a request a line")
+			"the trace holds no requests, nothing to simulate: an Azure or BurstGPT trace needs rows after its header, a Mooncake trace a request a line")
 	}
 	return reqs, nil
 }
