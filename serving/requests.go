@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -294,8 +295,10 @@ const (
 //
 //	Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
 //
-// or the later one with "Session ID" and "Elapsed time" after Timestamp,
-// then one request a line, such as
+// or the later one with "Session ID" and "Elapsed time" after Timestamp
+// (or those columns in another order, as an export of the dataset may
+// write them; Timestamp, Request tokens and Response tokens must be among
+// them), then one request a line, such as
 //
 //	5,ChatGPT,472,18,490,Conversation log
 //
@@ -322,24 +325,46 @@ func ParseBurstGPT(r io.Reader) ([]Request, error) {
 	}
 	cols, ok := burstColumns(h)
 	if !ok {
-		return nil, malformed(1, "header %s, want %s or %s", quote(h), burstHeader, burstSessionHeader)
+		return nil, malformed(1, "header %s, want %s or %s (those columns in any order, Timestamp, Request tokens and Response tokens among them)",
+			quote(h), burstHeader, burstSessionHeader)
 	}
 	return burstRows(lines, 0, cols)
 }
 
 // burstCols is where a BurstGPT header puts the fields read, and how many
 // fields a line has.
-type burstCols struct{ fields, input, output int }
+type burstCols struct{ fields, time, input, output int }
 
-// burstColumns is the columns of BurstGPT header h, if it is one.
+// burstNames are the columns a BurstGPT trace may have: those of its two
+// headers.
+var burstNames = strings.Split(burstSessionHeader, ",")
+
+// burstColumns is the columns of BurstGPT header h, if it is one: the
+// names of burstNames, each at most once, in any order (an export of the
+// dataset may reorder them), Timestamp, Request tokens and Response tokens
+// among them.
 func burstColumns(h string) (burstCols, bool) {
-	switch h {
-	case burstHeader:
-		return burstCols{fields: 6, input: 2, output: 3}, true
-	case burstSessionHeader:
-		return burstCols{fields: 8, input: 4, output: 5}, true
+	names := strings.Split(h, ",")
+	if len(names) > len(burstNames) {
+		return burstCols{}, false
 	}
-	return burstCols{}, false
+	cols := burstCols{fields: len(names), time: -1, input: -1, output: -1}
+	seen := map[string]bool{}
+	for i, name := range names {
+		if seen[name] || !slices.Contains(burstNames, name) {
+			return burstCols{}, false
+		}
+		seen[name] = true
+		switch name {
+		case "Timestamp":
+			cols.time = i
+		case "Request tokens":
+			cols.input = i
+		case "Response tokens":
+			cols.output = i
+		}
+	}
+	return cols, cols.time >= 0 && cols.input >= 0 && cols.output >= 0
 }
 
 // burstRows reads a BurstGPT trace's requests, the first n (n <= 0: all),
@@ -358,19 +383,19 @@ func burstRows(lines *lineScanner, n int, cols burstCols) ([]Request, error) {
 		if len(fields) != cols.fields {
 			return nil, malformed(line, "%d fields, want %d", len(fields), cols.fields)
 		}
-		t, err := parseSeconds(fields[0])
+		t, err := parseSeconds(fields[cols.time])
 		if err != nil {
-			return nil, malformed(line, "Timestamp %s %v", quote(fields[0]), err)
+			return nil, malformed(line, "Timestamp %s %v", quote(fields[cols.time]), err)
 		}
 		if len(reqs) == 0 {
 			first = t
 		} else if t < prev {
 			return nil, malformed(line, "Timestamp %s is before the previous line's %s: requests must come in arrival order",
-				fields[0], strconv.FormatFloat(prev.Seconds(), 'f', -1, 64))
+				fields[cols.time], strconv.FormatFloat(prev.Seconds(), 'f', -1, 64))
 		}
 		prev = t
 		if arrival := t - first; arrival > MaxArrival {
-			return nil, malformed(line, "Timestamp %s is %v after the first request's, more than MaxArrival (%v)", fields[0], arrival, MaxArrival)
+			return nil, malformed(line, "Timestamp %s is %v after the first request's, more than MaxArrival (%v)", fields[cols.time], arrival, MaxArrival)
 		}
 		in, err := parseTokens(fields[cols.input])
 		if err != nil {

@@ -166,6 +166,15 @@ func TestParseBurstGPT(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want[:2], reqs)
 	})
+	t.Run("columns in another order", func(t *testing.T) {
+		reqs, err := ParseBurstGPT(strings.NewReader("Log Type,Timestamp,Request tokens,Response tokens,Total tokens,Model\n" +
+			"Conversation log,5.0,472,18,490,ChatGPT\nConversation log,45.0,1087,230,1317,ChatGPT\n"))
+		require.NoError(t, err)
+		require.Equal(t, want[:2], reqs)
+		reqs, err = ParseBurstGPT(strings.NewReader("Request tokens,Response tokens,Timestamp\n472,18,5\n"))
+		require.NoError(t, err)
+		require.Equal(t, want[:1], reqs)
+	})
 	t.Run("header only", func(t *testing.T) {
 		reqs, err := ParseBurstGPT(strings.NewReader(burstHead))
 		require.NoError(t, err)
@@ -198,6 +207,10 @@ func TestParseBurstGPTMalformed(t *testing.T) {
 		{"empty", "", 1, "empty input, want the header line " + burstHeader},
 		{"Azure's header", azureHead, 1, `header "TIMESTAMP,ContextTokens,GeneratedTokens", want ` + burstHeader + " or " + burstSessionHeader},
 		{"header in other case", strings.ToLower(burstHeader) + "\n", 1, "header"},
+		{"no Timestamp", "Model,Request tokens,Response tokens\n", 1, "(those columns in any order, Timestamp, Request tokens and Response tokens among them)"},
+		{"a column twice", "Timestamp,Timestamp,Request tokens,Response tokens\n", 1, "header"},
+		{"an unknown column", burstHeader + ",Price\n", 1, "header"},
+		{"an empty column name", "Timestamp,,Request tokens,Response tokens\n", 1, "header"},
 		{"too few fields", burstHead + "5,ChatGPT,472,18,490\n", 2, "5 fields, want 6"},
 		{"session fields under the old header", burstHead + "5,id,0.5,ChatGPT,472,18,490,Conversation log\n", 2, "8 fields, want 6"},
 		{"negative time", burstHead + "-5,ChatGPT,472,18,490,Conversation log\n", 2, `Timestamp "-5" is not a number of seconds of at least 0`},
