@@ -2,7 +2,11 @@ package serving
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +26,65 @@ func newKVCache(t *testing.T, cfg Config, opts CacheOptions) *Cache {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, k.Close()) })
 	return k
+}
+
+// TestSimulateBailianTrace serves a Bailian trace read from its file: the
+// turns of each chat repeat the earlier turns' blocks, so both this cache
+// and the paged scheme find prefixes, and the paged scheme, whose blocks
+// are a Bailian block's 16 tokens, finds no more than the trace's whole
+// reused blocks hold.
+func TestSimulateBailianTrace(t *testing.T) {
+	l3, err := ModelPreset("llama3-8b")
+	require.NoError(t, err)
+	var b strings.Builder
+	rng := rand.New(rand.NewPCG(7, 7))
+	next := int64(1)
+	chats := map[int][]int64{} // each chat's blocks so far
+	for i := range 60 {
+		chat, turn := i%12, i/12+1
+		blocks := chats[chat]
+		for range 3 + rng.IntN(20) {
+			blocks = append(blocks, next)
+			next++
+		}
+		chats[chat] = blocks
+		input := 16*len(blocks) - rng.IntN(16)
+		parent := -1
+		if turn > 1 {
+			parent = chat
+		}
+		ids := make([]string, len(blocks))
+		for j, id := range blocks {
+			ids[j] = strconv.FormatInt(id, 10)
+		}
+		fmt.Fprintf(&b, `{"chat_id": %d, "parent_chat_id": %d, "timestamp": %.3f, "input_length": %d, "output_length": %d, "type": "text", "turn": %d, "hash_ids": [%s]}`+"\n",
+			i, parent, float64(i)*0.25, input, 8+rng.IntN(64), turn, strings.Join(ids, ", "))
+	}
+	name := filepath.Join(t.TempDir(), "qwen_traceA_blksz_16.jsonl")
+	require.NoError(t, os.WriteFile(name, []byte(b.String()), 0o600))
+	reqs, err := ParseRequestsFile(name)
+	require.NoError(t, err)
+	require.Len(t, reqs, 60)
+	sum := SummarizeRequests(reqs)
+	require.Equal(t, 16, sum.BlockTokens)
+	require.Positive(t, sum.ReusedTokens)
+
+	cfg := Config{Model: l3, Budget: 16 * units.GiB, MaxSeqs: 32}
+	cfg.MaxContext = FitMaxContext(reqs, cfg)
+	opts := Options{Config: cfg, CheckEvery: 7}
+	paged, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	pres, err := Simulate(reqs, paged, opts)
+	require.NoError(t, err)
+	cres, err := Simulate(reqs, newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor}), opts) // kv simulate's layout for llama3-8b
+	require.NoError(t, err)
+	for _, res := range []Result{pres, cres} {
+		require.Equal(t, len(reqs), res.Finished, res.Scheme)
+		require.Equal(t, sum.OutputTokens, res.OutputTokens, res.Scheme)
+		require.Positive(t, res.Stats.PrefixHit, res.Scheme)
+	}
+	require.LessOrEqual(t, pres.Stats.PrefixHit, sum.ReusedTokens)
+	t.Logf("prefix tokens found: paged %d, this cache %d, of %d in reused blocks", pres.Stats.PrefixHit, cres.Stats.PrefixHit, sum.ReusedTokens)
 }
 
 // TestKVCacheTraceSlices serves the first 200 requests of each real trace

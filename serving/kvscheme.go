@@ -326,19 +326,19 @@ func (r *SimRequest) Context() int {
 }
 
 // Token is token t of the request's context: a synthetic token id that
-// stands for its content. Where the trace names blocks (Mooncake's
-// hash_ids), the prompt's token t is a function of its block's id and its
-// place in it, so equal ids give equal tokens; an Azure prompt's token is
-// a function of its request's first sample's ID and t, shared by that
-// request's samples alone; any output token is a function of the
+// stands for its content. Where the trace names t's block (Mooncake's and
+// Bailian's hash_ids), the prompt's token t is a function of its block's
+// id and its place in it, so equal ids give equal tokens; any other prompt
+// token (an Azure or BurstGPT prompt's) is a function of its request's
+// first sample's ID and t, shared by that request's samples alone; any output token is a function of the
 // sequence's ID and t, shared with no other. Distinct contents give
 // distinct tokens but with probability 2^-63 a pair.
 func (r *SimRequest) Token(t int) int {
 	if r == nil {
 		return 0
 	}
-	if t < r.req.Input && t/BlockTokens < len(r.req.Blocks) {
-		return tokenID(1, uint64(r.req.Blocks[t/BlockTokens]), uint64(t%BlockTokens))
+	if bt := r.req.BlockSize(); t < r.req.Input && t/bt < len(r.req.Blocks) {
+		return tokenID(1, uint64(r.req.Blocks[t/bt]), uint64(t%bt))
 	}
 	if t < r.req.Input {
 		return tokenID(2, uint64(r.prompt), uint64(t))

@@ -46,6 +46,25 @@ func TestTokens(t *testing.T) {
 	require.Equal(t, 600+100+100+88+100+700+700, len(seen))
 }
 
+// TestTokensOfSmallBlocks: a Bailian trace's 16-token blocks make equal
+// tokens where the ids are equal, whatever ids come before them; tokens
+// past the blocks named are the request's own.
+func TestTokensOfSmallBlocks(t *testing.T) {
+	small := func(id, input int, blocks ...int64) *SimRequest {
+		r := simReq(id, input, 4, blocks...)
+		r.req.BlockTokens = 16
+		return r
+	}
+	a := small(0, 40, 7, 8, 9)
+	b := small(1, 40, 8, 7)    // the same ids in another order, and a block fewer
+	c := small(2, 40, 7, 8, 9) // a's ids
+	require.Equal(t, a.Tokens(nil, 0, 40), c.Tokens(nil, 0, 40))
+	require.Equal(t, a.Tokens(nil, 0, 16), b.Tokens(nil, 16, 32), "block 7, first in a and second in b")
+	require.Equal(t, a.Tokens(nil, 16, 32), b.Tokens(nil, 0, 16))
+	require.NotEqual(t, a.Token(32), b.Token(32), "b names no third block: its tokens there are its own")
+	require.NotEqual(t, a.Token(1), a.Token(17))
+}
+
 func TestKVConfig(t *testing.T) {
 	cfg := tinyConfig
 	require.NoError(t, cfg.Check())

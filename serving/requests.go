@@ -63,18 +63,35 @@ type Request struct {
 	Input int
 	// Output is the number of tokens the request generated.
 	Output int
-	// Blocks names the prompt's blocks of BlockTokens tokens, first to
-	// last, when the trace names them (Mooncake's hash_ids; nil for an
-	// Azure trace, never nil for a Mooncake one). Equal ids are equal
-	// content and equal prefixes: across a trace, an id always follows the
-	// same id, or always starts the prompt; so no id appears twice in one
-	// request. A Mooncake request has ceil(Input/BlockTokens) blocks.
+	// Blocks names the prompt's blocks of BlockTokens tokens (the field,
+	// or the constant where the field is 0), first to last, when the trace
+	// names them (Mooncake's and a Bailian trace's hash_ids; nil for an
+	// Azure or BurstGPT trace, never nil for the others). Equal ids are
+	// equal content. A Mooncake trace's are also equal prefixes: across
+	// it, an id always follows the same id, or always starts the prompt, so
+	// no id appears twice in one request; a Mooncake request has
+	// ceil(Input/BlockTokens) blocks. A Bailian trace hashes each block
+	// alone (an id may follow different ids) and names at most
+	// ceil(Input/16) blocks; tokens past the blocks named are the
+	// request's own.
 	Blocks []int64
+	// BlockTokens is the tokens of each block Blocks names: 0 for the
+	// constant BlockTokens (512, Mooncake's), 16 for a Bailian trace.
+	BlockTokens int
 	// N is the number of sequences the request samples from its one prompt
 	// (vLLM's SamplingParams.n), each generating Output tokens of its own.
 	// 0 and 1 both mean one sequence; a trace reader returns 0
 	// where the trace does not say, and otherwise 1 to MaxN.
 	N int
+}
+
+// BlockSize is the tokens of each of r's Blocks: r.BlockTokens, or the
+// constant BlockTokens where that is 0.
+func (r Request) BlockSize() int {
+	if r.BlockTokens > 0 {
+		return r.BlockTokens
+	}
+	return BlockTokens
 }
 
 // Sequences is the number of sequences r samples: N, or 1 where N is 0.
@@ -156,11 +173,8 @@ func azureRows(lines *lineScanner, n int) ([]Request, error) {
 		first time.Time
 		prev  time.Time
 	)
-	for (n <= 0 || len(reqs) < n) && lines.scan() {
+	for lines.nextRequest(n, len(reqs)) {
 		line := lines.line
-		if len(reqs) == maxRequests {
-			return nil, tooManyRequests(line)
-		}
 		fields := strings.Split(lines.text, ",")
 		if len(fields) != 3 {
 			return nil, malformed(line, "%d fields, want 3 (%s)", len(fields), azureHeader)
@@ -374,11 +388,8 @@ func burstRows(lines *lineScanner, n int, cols burstCols) ([]Request, error) {
 		reqs        []Request
 		first, prev time.Duration
 	)
-	for (n <= 0 || len(reqs) < n) && lines.scan() {
+	for lines.nextRequest(n, len(reqs)) {
 		line := lines.line
-		if len(reqs) == maxRequests {
-			return nil, tooManyRequests(line)
-		}
 		fields := strings.Split(lines.text, ",")
 		if len(fields) != cols.fields {
 			return nil, malformed(line, "%d fields, want %d", len(fields), cols.fields)
@@ -470,7 +481,12 @@ func parseMooncake(r io.Reader, n int) ([]Request, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse mooncake trace: the reader is nil")
 	}
-	lines := newLineScanner(r)
+	return mooncakeRows(newLineScanner(r), n)
+}
+
+// mooncakeRows reads a Mooncake trace's requests, the first n (n <= 0:
+// all).
+func mooncakeRows(lines *lineScanner, n int) ([]Request, error) {
 	var (
 		reqs        []Request
 		first, prev int64 // timestamps, in ms
@@ -479,15 +495,8 @@ func parseMooncake(r io.Reader, n int) ([]Request, error) {
 		follows = map[int64]blockSeen{}
 		blocks  int // hash ids named so far
 	)
-	for (n <= 0 || len(reqs) < n) && lines.scan() {
-		line := lines.line
-		if len(reqs) == maxRequests {
-			return nil, tooManyRequests(line)
-		}
-		text := lines.text
-		if line == 1 {
-			text = strings.TrimPrefix(text, "\ufeff")
-		}
+	for lines.nextRequest(n, len(reqs)) {
+		line, text := lines.line, lines.text
 		m, err := decodeMooncakeLine(text)
 		if err != nil {
 			return nil, malformed(line, "%v", err)
@@ -537,6 +546,178 @@ func parseMooncake(r io.Reader, n int) ([]Request, error) {
 		return nil, lines.err
 	}
 	return reqs, nil
+}
+
+// ParseBailian reads a trace of the Qwen-Bailian dataset
+// (alibaba-edu/qwen-bailian-usagetraces-anon, qwen_*_blksz_16.jsonl: the
+// requests of a Qwen serving cluster on Alibaba Cloud Bailian): one JSON
+// object a line, such as
+//
+//	{"chat_id": 159, "parent_chat_id": 55, "timestamp": 61.114, "input_length": 521, "output_length": 132, "type": "text", "turn": 2, "hash_ids": [1089, 1090]}
+//
+// timestamp is seconds, a JSON number at least 0 (a fraction and an
+// exponent allowed, as Python writes floats), read to the nanosecond; a
+// request's Arrival is its timestamp less the first request's.
+// input_length is Input and output_length Output, integers at least 0;
+// hash_ids name the prompt's 16-token blocks, each hashed alone, at most
+// ceil(input_length/16) of them (Request.Blocks, BlockTokens 16); chat_id
+// (an integer at least 0), parent_chat_id (at least -1, for a first turn),
+// turn (at least 0) and type (a string) are checked and not kept. Each of
+// these fields at most once and no other; timestamp, input_length,
+// output_length, hash_ids and chat_id are required. Lines end in LF or
+// CRLF, none is empty, and requests must come in arrival order.
+//
+// A nil reader is an error marked driver.ErrInvalid. The first problem in
+// the content (Request's rules, a line over MaxRequestLineBytes) is an
+// error marked ErrMalformed that names its line, the first being line 1.
+func ParseBailian(r io.Reader) ([]Request, error) {
+	if isnil.Is(r) {
+		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse bailian trace: the reader is nil")
+	}
+	return bailianRows(newLineScanner(r), 0)
+}
+
+// bailianBlockTokens is the tokens of a Bailian trace's block.
+const bailianBlockTokens = 16
+
+// bailianFields are a Bailian line's fields; the first five are required.
+var bailianFields = []string{"timestamp", "input_length", "output_length", "hash_ids", "chat_id", "parent_chat_id", "turn", "type"}
+
+// bailianRows reads a Bailian trace's requests, the first n (n <= 0: all).
+func bailianRows(lines *lineScanner, n int) ([]Request, error) {
+	var (
+		reqs        []Request
+		first, prev time.Duration
+		blocks      int
+	)
+	for lines.nextRequest(n, len(reqs)) {
+		line, text := lines.line, lines.text
+		r, err := decodeBailianLine(text)
+		if err != nil {
+			return nil, malformed(line, "%v", err)
+		}
+		if len(reqs) == 0 {
+			first = r.Arrival
+		} else if r.Arrival < prev {
+			return nil, malformed(line, "timestamp %s is before the previous line's %s: requests must come in arrival order",
+				strconv.FormatFloat(r.Arrival.Seconds(), 'f', -1, 64), strconv.FormatFloat(prev.Seconds(), 'f', -1, 64))
+		}
+		prev = r.Arrival
+		if r.Arrival -= first; r.Arrival > MaxArrival {
+			return nil, malformed(line, "timestamp %v after the first request's, more than MaxArrival (%v)", r.Arrival, MaxArrival)
+		}
+		if most := (r.Input + bailianBlockTokens - 1) / bailianBlockTokens; len(r.Blocks) > most {
+			return nil, malformed(line, "%d hash_ids for input_length %d, want at most %d (one per %d tokens, the last one partial)",
+				len(r.Blocks), r.Input, most, bailianBlockTokens)
+		}
+		if blocks += len(r.Blocks); blocks > maxRequestBlocks {
+			return nil, malformed(line, "more than %d hash_ids in the trace (MaxRequestBlocks)", maxRequestBlocks)
+		}
+		reqs = append(reqs, r)
+	}
+	if lines.err != nil {
+		return nil, lines.err
+	}
+	return reqs, nil
+}
+
+// decodeBailianLine reads one object of a Bailian trace, token by token
+// as decodeMooncakeLine does; its Arrival is the timestamp as written.
+func decodeBailianLine(text string) (Request, error) {
+	r := Request{BlockTokens: bailianBlockTokens}
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.UseNumber()
+	if err := wantDelim(dec, '{', "a JSON object"); err != nil {
+		return r, err
+	}
+	var have [8]bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return r, jsonError(err)
+		}
+		key, _ := tok.(string) // inside an object, a key is a string
+		k := slices.Index(bailianFields, key)
+		switch {
+		case k < 0:
+			return r, errors.Newf("unknown field %s, want the fields %s", quote(key), strings.Join(bailianFields, ", "))
+		case have[k]:
+			return r, errors.Newf("field %s twice", key)
+		}
+		have[k] = true
+		var v int64
+		switch key {
+		case "timestamp":
+			r.Arrival, err = seconds(dec, key)
+		case "input_length", "output_length":
+			v, err = nonNegative(dec, key, MaxTokens)
+			if key == "input_length" {
+				r.Input = int(v)
+			} else {
+				r.Output = int(v)
+			}
+		case "hash_ids":
+			r.Blocks, err = blockIDs(dec, bailianBlockTokens)
+		case "chat_id", "turn":
+			_, err = nonNegative(dec, key, 1<<63-1)
+		case "parent_chat_id":
+			_, err = atLeastMinusOne(dec, key)
+		case "type":
+			if tok, err = dec.Token(); err != nil {
+				return r, jsonError(err)
+			}
+			if _, ok := tok.(string); !ok {
+				err = errors.Newf("type is %s, want a string", describeToken(tok))
+			}
+		}
+		if err != nil {
+			return r, err
+		}
+	}
+	if err := wantDelim(dec, '}', "the object's end"); err != nil {
+		return r, err
+	}
+	for k, f := range bailianFields[:5] {
+		if !have[k] {
+			return r, errors.Newf("no field %s (a request has the fields %s)", f, strings.Join(bailianFields[:5], ", "))
+		}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return r, errors.New("more after the object's end: want one object a line")
+	}
+	return r, nil
+}
+
+// seconds reads a JSON number of seconds from 0 to maxSeconds, to the
+// nanosecond: exactly where it is written as digits with at most 9 after
+// the point, else (an exponent, or the 17 digits of a float's shortest
+// form) as the nearest nanosecond to its float64 value.
+func seconds(dec *json.Decoder, key string) (time.Duration, error) {
+	n, err := wantNumber(dec, key)
+	if err != nil {
+		return 0, err
+	}
+	if d, err := parseSeconds(n.String()); err == nil {
+		return d, nil
+	}
+	f, perr := strconv.ParseFloat(n.String(), 64)
+	if perr != nil || math.IsNaN(f) || f < 0 || f > float64(maxSeconds) {
+		return 0, errors.Newf("%s %s is not a number of seconds from 0 to %d", key, quote(n.String()), maxSeconds)
+	}
+	return time.Duration(math.Round(f * float64(time.Second))), nil
+}
+
+// atLeastMinusOne reads an integer at least -1.
+func atLeastMinusOne(dec *json.Decoder, key string) (int64, error) {
+	n, err := wantNumber(dec, key)
+	if err != nil {
+		return 0, err
+	}
+	v, perr := strconv.ParseInt(n.String(), 10, 64)
+	if perr != nil || v < -1 {
+		return 0, errors.Newf("%s %s is not an integer of at least -1%s", key, quote(n.String()), rangeNote(perr))
+	}
+	return v, nil
 }
 
 // blockSeen is what precedes a block id in its prompt: the id before it,
@@ -622,7 +803,7 @@ func decodeMooncakeLine(text string) (mooncakeRequest, error) {
 			n, err = nonNegative(dec, key, MaxTokens)
 			m.output = int(n)
 		case 3:
-			m.blocks, err = blockIDs(dec)
+			m.blocks, err = blockIDs(dec, BlockTokens)
 		}
 		if err != nil {
 			return m, err
@@ -661,14 +842,14 @@ func nonNegative(dec *json.Decoder, key string, max int64) (int64, error) {
 }
 
 // blockIDs reads the array of hash_ids, each an int64.
-func blockIDs(dec *json.Decoder) ([]int64, error) {
+func blockIDs(dec *json.Decoder, blockTokens int) ([]int64, error) {
 	if err := wantDelim(dec, '[', "hash_ids as an array of integers"); err != nil {
 		return nil, err
 	}
 	ids := []int64{}
 	for dec.More() {
-		if len(ids) == MaxTokens/BlockTokens {
-			return nil, errors.Newf("more than %d hash_ids (MaxTokens/BlockTokens)", MaxTokens/BlockTokens)
+		if len(ids) == MaxTokens/blockTokens {
+			return nil, errors.Newf("more than %d hash_ids (MaxTokens over %d-token blocks)", MaxTokens/blockTokens, blockTokens)
 		}
 		n, err := wantNumber(dec, "hash_ids["+strconv.Itoa(len(ids))+"]")
 		if err != nil {
@@ -735,7 +916,8 @@ func jsonError(err error) error {
 // ParseRequestsFile reads the request trace in the named file, by its
 // extension: .csv is an Azure trace (ParseAzure) or a BurstGPT one
 // (ParseBurstGPT), as its header line says, .jsonl a Mooncake one
-// (ParseMooncake). Another extension is an error marked driver.ErrInvalid,
+// (ParseMooncake) or a Bailian one (ParseBailian), as its first line's
+// fields say. Another extension is an error marked driver.ErrInvalid,
 // and so is a file that is not a regular one (a directory, a device, a
 // FIFO).
 func ParseRequestsFile(name string) ([]Request, error) { return ParseRequestsFileFirst(name, 0) }
@@ -751,10 +933,10 @@ func ParseRequestsFileFirst(name string, n int) ([]Request, error) {
 	case ".csv":
 		parse = parseCSV
 	case ".jsonl":
-		parse = parseMooncake
+		parse = parseJSONL
 	default:
 		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: %s: no request trace format for extension %q", name, ext),
-			"name an Azure or BurstGPT trace .csv or a Mooncake trace .jsonl")
+			"name an Azure or BurstGPT trace .csv or a Mooncake or Bailian trace .jsonl")
 	}
 	f, err := in.Open(name, "request trace")
 	if err != nil {
@@ -762,6 +944,46 @@ func ParseRequestsFileFirst(name string, n int) ([]Request, error) {
 	}
 	defer f.Close()
 	return parse(f, n)
+}
+
+// parseJSONL reads the first n requests (n <= 0: all) of a Mooncake or a
+// Bailian trace: a Bailian one where the first line has the field
+// chat_id.
+func parseJSONL(r io.Reader, n int) ([]Request, error) {
+	lines := newLineScanner(r)
+	if !lines.scan() {
+		return nil, lines.err
+	}
+	bailian := isBailianLine(strings.TrimPrefix(lines.text, "\ufeff"))
+	lines.unscan()
+	if bailian {
+		return bailianRows(lines, n)
+	}
+	return mooncakeRows(lines, n)
+}
+
+// isBailianLine says line is a JSON object with the key chat_id at its top
+// level, which no Mooncake line has.
+func isBailianLine(line string) bool {
+	dec := json.NewDecoder(strings.NewReader(line))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if key == "chat_id" {
+			return true
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return false
+		}
+	}
+	return false
 }
 
 // parseCSV reads the first n requests (n <= 0: all) of an Azure or a
@@ -805,7 +1027,33 @@ type lineScanner struct {
 	// err is the first problem found, reading or in a line; scan returns
 	// false from then on.
 	err error
+	// again makes the next scan return the line scanned last once more
+	// (unscan).
+	again bool
 }
+
+// nextRequest scans the line of a trace's next request, having read have
+// requests of the first n (n <= 0: all): false at the end, past the nth,
+// past MaxRequests (err says so) or at a problem in the line. A first
+// line's byte-order mark is dropped.
+func (s *lineScanner) nextRequest(n, have int) bool {
+	if (n > 0 && have >= n) || !s.scan() {
+		return false
+	}
+	if have == maxRequests {
+		s.err = tooManyRequests(s.line)
+		return false
+	}
+	if s.line == 1 {
+		s.text = strings.TrimPrefix(s.text, "\ufeff")
+	}
+	return true
+}
+
+// unscan makes the next scan return the line the last one returned: a
+// reader that read the first line to tell the trace's format reads it
+// again as a request.
+func (s *lineScanner) unscan() { s.again = s.line > 0 && s.err == nil }
 
 func newLineScanner(r io.Reader) *lineScanner {
 	sc := bufio.NewScanner(in.Reader(r, MaxTraceBytes, 0))
@@ -831,6 +1079,10 @@ func scanLines(data []byte, atEOF bool) (advance int, token []byte, err error) {
 func (s *lineScanner) scan() bool {
 	if s.err != nil {
 		return false
+	}
+	if s.again {
+		s.again = false
+		return true
 	}
 	if !s.sc.Scan() {
 		switch err := s.sc.Err(); {

@@ -235,6 +235,86 @@ func TestParseBurstGPTMalformed(t *testing.T) {
 	}
 }
 
+// bailianLine is a Bailian trace's line in the dataset's field order.
+func bailianLine(chat, parent int, ts string, input, output int, ids string) string {
+	return fmt.Sprintf(`{"chat_id": %d, "parent_chat_id": %d, "timestamp": %s, "input_length": %d, "output_length": %d, "type": "text", "turn": 1, "hash_ids": [%s]}`+"\n",
+		chat, parent, ts, input, output, ids)
+}
+
+// TestParseBailian: lines in the form of the Qwen-Bailian dataset's
+// (made up in it, not copied from its files).
+func TestParseBailian(t *testing.T) {
+	reqs, err := ParseBailian(strings.NewReader(
+		bailianLine(0, -1, "0.0", 40, 3, "1, 2, 3") +
+			bailianLine(1, 0, "61.114", 33, 132, "1, 2, 3") + // 33 tokens: three blocks, the last of 1
+			bailianLine(2, -1, "61.114", 0, 1, "") +
+			bailianLine(3, 1, "1e2", 48, 2, "9, 9") + // an exponent; an id twice; fewer blocks than the prompt's
+			`{"timestamp":7199.97,"input_length":16,"output_length":0,"hash_ids":[4],"chat_id":4}`)) // the required fields alone, no final LF
+	require.NoError(t, err)
+	require.Equal(t, []Request{
+		{Input: 40, Output: 3, Blocks: []int64{1, 2, 3}, BlockTokens: 16},
+		{Arrival: 61114 * time.Millisecond, Input: 33, Output: 132, Blocks: []int64{1, 2, 3}, BlockTokens: 16},
+		{Arrival: 61114 * time.Millisecond, Input: 0, Output: 1, Blocks: []int64{}, BlockTokens: 16},
+		{Arrival: 100 * time.Second, Input: 48, Output: 2, Blocks: []int64{9, 9}, BlockTokens: 16},
+		{Arrival: 7199970 * time.Millisecond, Input: 16, Blocks: []int64{4}, BlockTokens: 16},
+	}, reqs)
+	for _, r := range reqs {
+		require.Equal(t, 16, r.BlockSize())
+	}
+
+	t.Run("a file of either JSON lines trace", func(t *testing.T) {
+		dir := t.TempDir()
+		name := filepath.Join(dir, "qwen_traceA_blksz_16.jsonl")
+		require.NoError(t, os.WriteFile(name, []byte("\ufeff"+bailianLine(0, -1, "0.5", 20, 1, "1, 2")+bailianLine(1, 0, "1.5", 20, 1, "1, 2")+"{\n"), 0o600))
+		reqs, err := ParseRequestsFileFirst(name, 2)
+		require.NoError(t, err)
+		require.Equal(t, []Request{{Input: 20, Output: 1, Blocks: []int64{1, 2}, BlockTokens: 16},
+			{Arrival: time.Second, Input: 20, Output: 1, Blocks: []int64{1, 2}, BlockTokens: 16}}, reqs)
+		_, err = ParseRequestsFile(name)
+		requireMalformed(t, err, 3, "the line ends where the object's end belongs")
+		empty := filepath.Join(dir, "empty.jsonl")
+		require.NoError(t, os.WriteFile(empty, nil, 0o600))
+		reqs, err = ParseRequestsFile(empty)
+		require.NoError(t, err)
+		require.Empty(t, reqs)
+	})
+}
+
+func TestParseBailianMalformed(t *testing.T) {
+	good := bailianLine(0, -1, "0", 20, 1, "1, 2")
+	for _, tc := range []struct {
+		name, input string
+		line        int
+		says        string
+	}{
+		{"not an object", "[1]\n", 1, "'[' where a JSON object belongs"},
+		{"no chat_id", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "turn": 1}` + "\n", 1, "no field chat_id"},
+		{"no hash_ids", `{"chat_id": 0, "timestamp": 0, "input_length": 1, "output_length": 1}` + "\n", 1, "no field hash_ids"},
+		{"unknown field", `{"chat_id": 0, "timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [], "user": 3}` + "\n", 1, `unknown field "user"`},
+		{"a field twice", `{"chat_id": 0, "chat_id": 1, "timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}` + "\n", 1, "field chat_id twice"},
+		{"negative timestamp", good + bailianLine(1, -1, "-1.5", 20, 1, "1"), 2, `timestamp "-1.5" is not a number of seconds from 0`},
+		{"huge timestamp", bailianLine(1, -1, "1e300", 20, 1, "1"), 1, `timestamp "1e300" is not a number of seconds from 0 to 9223372035`},
+		{"timestamp a string", strings.Replace(good, `"timestamp": 0`, `"timestamp": "0"`, 1), 1, "timestamp"},
+		{"backwards", bailianLine(0, -1, "5.25", 20, 1, "1") + bailianLine(1, -1, "5.125", 20, 1, "1"), 2, "timestamp 5.125 is before the previous line's 5.25"},
+		{"after MaxArrival", bailianLine(0, -1, "0", 20, 1, "1") + bailianLine(1, -1, "31536001", 20, 1, "1"), 2, "more than MaxArrival"},
+		{"fractional length", strings.Replace(good, `"input_length": 20`, `"input_length": 20.5`, 1), 1, "input_length"},
+		{"parent under -1", bailianLine(0, -2, "0", 20, 1, "1"), 1, `parent_chat_id "-2" is not an integer of at least -1`},
+		{"negative chat", bailianLine(-1, -1, "0", 20, 1, "1"), 1, "chat_id"},
+		{"type a number", strings.Replace(good, `"type": "text"`, `"type": 3`, 1), 1, `type is the number "3", want a string`},
+		{"type an object", strings.Replace(good, `"type": "text"`, `"type": {}`, 1), 1, "type is '{', want a string"},
+		{"too many hash_ids", bailianLine(0, -1, "0", 17, 1, "1, 2, 3"), 1, "3 hash_ids for input_length 17, want at most 2 (one per 16 tokens"},
+		{"hash_id not an integer", bailianLine(0, -1, "0", 17, 1, "1.5"), 1, `hash_ids[0] "1.5" is not an integer`},
+		{"two objects", strings.TrimSuffix(good, "\n") + "{}\n", 1, "more after the object's end"},
+		{"empty line", good + "\n" + good, 2, "empty line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs, err := ParseBailian(strings.NewReader(tc.input))
+			require.Nil(t, reqs)
+			requireMalformed(t, err, tc.line, tc.says)
+		})
+	}
+}
+
 func TestParseMooncake(t *testing.T) {
 	reqs, err := ParseMooncake(strings.NewReader(
 		`{"timestamp": 5, "input_length": 1025, "output_length": 6, "hash_ids": [0, 1, 2]}` + "\n" +
@@ -387,6 +467,8 @@ func TestParseRequestsNilReader(t *testing.T) {
 		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
 		_, err = ParseBurstGPT(r)
 		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
+		_, err = ParseBailian(r)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
 		_, err = ParseMooncake(r)
 		drivertest.RequireIs(t, err, driver.ErrInvalid, "the reader is nil")
 	}
@@ -440,7 +522,11 @@ func TestParseRequestsFile(t *testing.T) {
 			reqs, err := ParseRequestsFile(filepath.Join("testdata", "requests", tc.file))
 			require.NoError(t, err)
 			require.Len(t, reqs, tc.requests)
-			checkRequests(t, reqs, tc.blocks > 0)
+			kind := noBlocks
+			if tc.blocks > 0 {
+				kind = mooncakeBlocks
+			}
+			checkRequests(t, reqs, kind)
 			var input, output, blocks int
 			distinct := map[int64]bool{}
 			for _, r := range reqs {
@@ -505,9 +591,20 @@ func TestParseRequestsFile(t *testing.T) {
 	})
 }
 
+// traceKind is what a trace's requests name of their prompts: no blocks
+// (Azure, BurstGPT), Mooncake's chained 512-token blocks, or Bailian's
+// 16-token blocks hashed alone.
+type traceKind int
+
+const (
+	noBlocks traceKind = iota
+	mooncakeBlocks
+	bailianBlocks
+)
+
 // checkRequests: the invariants Request documents, checked apart from the
 // readers' own bookkeeping: prefixes are compared whole.
-func checkRequests(t *testing.T, reqs []Request, mooncake bool) {
+func checkRequests(t *testing.T, reqs []Request, kind traceKind) {
 	t.Helper()
 	prefix := map[int64]string{} // each id's prompt before it
 	for i, r := range reqs {
@@ -519,11 +616,19 @@ func checkRequests(t *testing.T, reqs []Request, mooncake bool) {
 		require.LessOrEqual(t, r.Arrival, MaxArrival)
 		require.True(t, 0 <= r.Input && r.Input <= MaxTokens, "request %d: input %d", i, r.Input)
 		require.True(t, 0 <= r.Output && r.Output <= MaxTokens, "request %d: output %d", i, r.Output)
-		if !mooncake {
+		switch kind {
+		case noBlocks:
 			require.Nil(t, r.Blocks)
+			require.Zero(t, r.BlockTokens)
+			continue
+		case bailianBlocks:
+			require.NotNil(t, r.Blocks)
+			require.Equal(t, 16, r.BlockTokens)
+			require.LessOrEqual(t, len(r.Blocks), (r.Input+15)/16)
 			continue
 		}
 		require.NotNil(t, r.Blocks)
+		require.Zero(t, r.BlockTokens)
 		require.Len(t, r.Blocks, (r.Input+BlockTokens-1)/BlockTokens)
 		for j, id := range r.Blocks {
 			p := fmt.Sprint(r.Blocks[:j])
@@ -554,6 +659,21 @@ func encodeBurstGPT(reqs []Request) string {
 	for _, r := range reqs {
 		at := 5*time.Second + r.Arrival
 		fmt.Fprintf(&b, "%d.%09d,ChatGPT,%d,%d,%d,Conversation log\n", at/time.Second, at%time.Second, r.Input, r.Output, r.Input+r.Output)
+	}
+	return b.String()
+}
+
+// encodeBailian writes reqs as a Bailian trace, from an arbitrary first
+// time.
+func encodeBailian(reqs []Request) string {
+	var b strings.Builder
+	for i, r := range reqs {
+		ids := make([]string, len(r.Blocks))
+		for i, id := range r.Blocks {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		at := 2*time.Second + r.Arrival
+		b.WriteString(bailianLine(i, -1, fmt.Sprintf("%d.%09d", at/time.Second, at%time.Second), r.Input, r.Output, strings.Join(ids, ", ")))
 	}
 	return b.String()
 }
@@ -599,7 +719,7 @@ var lineOfError = regexp.MustCompile(`^serving: line ([0-9]+): `)
 // it fails with ErrMalformed naming a line of the input, or returns
 // requests that keep Request's invariants and survive being written and
 // read again.
-func fuzzRequests(t *testing.T, s string, parse func(io.Reader) ([]Request, error), encode func([]Request) string, mooncake bool) {
+func fuzzRequests(t *testing.T, s string, parse func(io.Reader) ([]Request, error), encode func([]Request) string, kind traceKind) {
 	reqs, err := parse(strings.NewReader(s))
 	if err != nil {
 		require.Nil(t, reqs)
@@ -610,7 +730,7 @@ func fuzzRequests(t *testing.T, s string, parse func(io.Reader) ([]Request, erro
 		require.True(t, 1 <= line && line <= strings.Count(s, "\n")+1, "line %d of an input of %d lines: %v", line, strings.Count(s, "\n")+1, err)
 		return
 	}
-	checkRequests(t, reqs, mooncake)
+	checkRequests(t, reqs, kind)
 	again, err := parse(strings.NewReader(encode(reqs)))
 	require.NoError(t, err)
 	require.Equal(t, reqs, again)
@@ -619,25 +739,32 @@ func fuzzRequests(t *testing.T, s string, parse func(io.Reader) ([]Request, erro
 // FuzzParseAzure: see fuzzRequests; the seeds are in
 // testdata/fuzz/FuzzParseAzure.
 func FuzzParseAzure(f *testing.F) {
-	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseAzure, encodeAzure, false) })
+	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseAzure, encodeAzure, noBlocks) })
 }
 
 // FuzzParseBurstGPT: see fuzzRequests; the seeds are in
 // testdata/fuzz/FuzzParseBurstGPT.
 func FuzzParseBurstGPT(f *testing.F) {
-	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseBurstGPT, encodeBurstGPT, false) })
+	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseBurstGPT, encodeBurstGPT, noBlocks) })
+}
+
+// FuzzParseBailian: see fuzzRequests; the seeds are in
+// testdata/fuzz/FuzzParseBailian.
+func FuzzParseBailian(f *testing.F) {
+	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseBailian, encodeBailian, bailianBlocks) })
 }
 
 // FuzzParseMooncake: see fuzzRequests; the seeds are in
 // testdata/fuzz/FuzzParseMooncake.
 func FuzzParseMooncake(f *testing.F) {
-	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseMooncake, encodeMooncake, true) })
+	f.Fuzz(func(t *testing.T, s string) { fuzzRequests(t, s, ParseMooncake, encodeMooncake, mooncakeBlocks) })
 }
 
 // TestRequestFuzzSeeds: the seed corpus says what its names say: the
 // seeds named valid_* parse, every other one is malformed.
 func TestRequestFuzzSeeds(t *testing.T) {
-	for fuzz, parse := range map[string]func(io.Reader) ([]Request, error){"FuzzParseAzure": ParseAzure, "FuzzParseBurstGPT": ParseBurstGPT, "FuzzParseMooncake": ParseMooncake} {
+	for fuzz, parse := range map[string]func(io.Reader) ([]Request, error){
+		"FuzzParseAzure": ParseAzure, "FuzzParseBailian": ParseBailian, "FuzzParseBurstGPT": ParseBurstGPT, "FuzzParseMooncake": ParseMooncake} {
 		dir := filepath.Join("testdata", "fuzz", fuzz)
 		entries, err := os.ReadDir(dir)
 		require.NoError(t, err)

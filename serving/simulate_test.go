@@ -310,8 +310,19 @@ func TestSummarizeRequests(t *testing.T) {
 	}
 	s := SummarizeRequests(reqs)
 	require.Equal(t, RequestsSummary{Requests: 3, Span: 3 * time.Second, PromptTokens: 2220, OutputTokens: 12, LongestContext: 1104,
-		Blocks: 7, ReusedBlocks: 3, ReusedTokens: 1536}, s)
+		Blocks: 7, ReusedBlocks: 3, ReusedTokens: 1536, BlockTokens: BlockTokens}, s)
 	require.InDelta(t, 1536.0/2220, s.ReusedFraction(), 1e-12)
+
+	// Blocks hashed alone (a Bailian trace's): an id is reused only after
+	// the same ids.
+	bailian := []Request{
+		{Input: 40, Blocks: []int64{7, 8, 9}, BlockTokens: 16},
+		{Input: 40, Blocks: []int64{8, 9, 9}, BlockTokens: 16}, // 8 and 9 again, after other ids: none reused
+		{Input: 36, Blocks: []int64{7, 8, 5}, BlockTokens: 16}, // 7 and 8 as before: 32 tokens
+		{Input: 40, Blocks: []int64{7, 8, 9}, BlockTokens: 16}, // all three, the last of 8 tokens
+	}
+	s = SummarizeRequests(bailian)
+	require.Equal(t, RequestsSummary{Requests: 4, PromptTokens: 156, LongestContext: 40, Blocks: 12, ReusedBlocks: 5, ReusedTokens: 72, BlockTokens: 16}, s)
 	require.Equal(t, RequestsSummary{}, SummarizeRequests(nil))
 }
 

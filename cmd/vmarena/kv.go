@@ -29,8 +29,8 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                             [--kv-events-linger 1s]]
 
 Serves a request trace (an Azure LLM inference or BurstGPT trace .csv, or a
-Mooncake trace .jsonl, whose hash_ids name shared prompt blocks; its first
---limit requests when given) with continuous batching, once for each way of
+Mooncake or Qwen-Bailian trace .jsonl, whose hash_ids name shared prompt
+blocks; its first --limit requests when given) with continuous batching, once for each way of
 holding the KV memory, with the same budget and the same step prices, and
 prints their figures side by side: this library's cache (package kvcache on
 the sim driver, its memory the budget, laid out as --layout — auto:
@@ -138,7 +138,7 @@ func kvCmd(args []string, stdout, stderr io.Writer) int {
 func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	fs := newFlags("kv simulate", stderr)
 	memory := sizeFlag(80 * units.GiB)
-	trace := fs.String("trace", "", "the request trace `FILE`: an Azure or BurstGPT trace .csv or a Mooncake trace .jsonl")
+	trace := fs.String("trace", "", "the request trace `FILE`: an Azure or BurstGPT trace .csv or a Mooncake or Bailian trace .jsonl")
 	model := fs.String("model", "", "the `MODEL`: a preset ("+strings.Join(serving.ModelPresets(), ", ")+") or the path of a Hugging Face config.json (or its directory)")
 	fs.Var(&memory, "memory", "the KV memory's budget, a `SIZE` such as 80GiB")
 	layout := fs.String("layout", kvLayouts[0], "this cache's `LAYOUT`: "+strings.Join(kvLayouts, " or ")+" (the baselines have none)")
@@ -171,7 +171,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	case fs.NArg() > 0:
 		return usageErr("unexpected argument %q (the trace is given with --trace)", fs.Arg(0))
 	case *trace == "":
-		return usageErr("no trace given: want --trace FILE, an Azure or BurstGPT trace .csv or a Mooncake trace .jsonl")
+		return usageErr("no trace given: want --trace FILE, an Azure or BurstGPT trace .csv or a Mooncake or Bailian trace .jsonl")
 	case *model == "":
 		return usageErr("no model given: want --model and a preset (%s) or the path of a Hugging Face config.json", strings.Join(serving.ModelPresets(), ", "))
 	}
@@ -385,7 +385,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if sum.Blocks > 0 {
 		header = append(header, fmt.Sprintf("prompt blocks (hash_ids of %d tokens): %d, %d named before by an earlier request, holding %.1f%% of prompt tokens",
-			serving.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction()))
+			sum.BlockTokens, sum.Blocks, sum.ReusedBlocks, 100*sum.ReusedFraction()))
 	} else {
 		header = append(header, "prompt blocks: the trace names none, so no two requests share content")
 	}

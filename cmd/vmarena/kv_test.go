@@ -241,7 +241,7 @@ func TestKVFlags(t *testing.T) {
 	}{
 		{nil, "vmarena kv: no subcommand, want simulate"},
 		{[]string{"simulat"}, `vmarena kv: unknown subcommand "simulat", want simulate`},
-		{[]string{"simulate"}, "no trace given: want --trace FILE, an Azure or BurstGPT trace .csv or a Mooncake trace .jsonl"},
+		{[]string{"simulate"}, "no trace given: want --trace FILE, an Azure or BurstGPT trace .csv or a Mooncake or Bailian trace .jsonl"},
 		{[]string{"simulate", "--trace", small}, "no model given: want --model and a preset (deepseek-v2-lite, deepseek-v3, gemma-3-27b, "},
 		{[]string{"simulate", "--trace", small, "--model", "gpt2"},
 			`vmarena kv simulate: --model gpt2: serving: no model preset "gpt2", want one of deepseek-v2-lite, deepseek-v3, gemma-3-27b, gpt-oss-120b, llama-7b, llama3-8b, llama3.1-70b, llama3.1-8b, llama3.3-70b, mistral-7b, qwen2.5-7b, qwen3-next-80b-a3b, or the path of a Hugging Face config.json`},

@@ -18,7 +18,7 @@ func loadRequests(name string, limit int) ([]serving.Request, error) {
 	}
 	if len(reqs) == 0 {
 		return nil, errors.Wrap(driver.ErrInvalid,
-			"the trace holds no requests, nothing to simulate: an Azure or BurstGPT trace needs rows after its header, a Mooncake trace a request a line")
+			"the trace holds no requests, nothing to simulate: an Azure or BurstGPT trace needs rows after its header, a Mooncake or Bailian trace a request a line")
 	}
 	return reqs, nil
 }
