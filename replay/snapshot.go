@@ -34,7 +34,8 @@ const pickleProto = 0x80
 // alloc gets the next alloc_id of its device, and each free the alloc_id
 // of the live allocation at its address — -1 when there is none (an
 // allocation made before recording) — the allocation ending at its
-// free_completed. Segment, oom and snapshot entries carry alloc_id -1.
+// free_completed. Segment, oom, snapshot and user_defined entries carry
+// alloc_id -1.
 //
 // The pickle is decoded by a restricted unpickler (replay/internal/pickle) that
 // builds plain data only and refuses anything that would construct an
@@ -166,8 +167,8 @@ func snapshotEvent(e any, dev int, seq uint64, index int) (Event, error) {
 	if ev.Addr, ev.HasAddr, err = number("addr"); err != nil {
 		return ev, err
 	}
-	if !ev.HasAddr && ev.Op != OpOOM && ev.Op != OpSnapshot {
-		return ev, errors.Newf("%s with no addr: every entry but oom and snapshot has one", ev.Op)
+	if !ev.HasAddr && ev.Op != OpOOM && !ev.Op.IsMark() {
+		return ev, errors.Newf("%s with no addr: every entry but oom, snapshot and user_defined has one", ev.Op)
 	}
 	if ev.DeviceFree, ev.HasDeviceFree, err = number("device_free"); err != nil {
 		return ev, err

@@ -241,6 +241,39 @@ func TestParseSnapshotPrefixes(t *testing.T) {
 	}
 }
 
+// TestUserDefinedEntries: a newer PyTorch's user_defined trace entries
+// (its annotations of the recording; they carry an address of 0, a size
+// of 0 and a stream, and in the newest a user_metadata string) are read,
+// in a snapshot and in the CSV, with or without an address, and change
+// nothing.
+func TestUserDefinedEntries(t *testing.T) {
+	plain, err := Parse(bytes.NewReader(pk([]map[string]any{entry("alloc", 512, 0), entry("free_completed", 512, 0)})))
+	require.NoError(t, err)
+	marked, err := Parse(bytes.NewReader(pk([]map[string]any{
+		entry("user_defined", 0, 0), entry("alloc", 512, 0),
+		{"action": "user_defined", "size": 0, "stream": 0, "time_us": 7, "user_metadata": "step 1"},
+		entry("free_completed", 512, 0),
+	})))
+	require.NoError(t, err)
+	require.Equal(t, Event{Line: 2, Seq: 0, Op: OpUserDefined, HasAddr: true, AllocID: -1, TimeUS: 100, HasTime: true}, marked[0])
+	require.Equal(t, Event{Line: 4, Seq: 2, Op: OpUserDefined, AllocID: -1, TimeUS: 7, HasTime: true}, marked[2])
+	csv, err := Parse(strings.NewReader(header + "0,0,user_defined,0,,-1,0,5,\n1,0,alloc,512,0,0,0,,\n2,0,user_defined,0,0,-1,0,,\n3,0,free_completed,512,0,0,0,,\n"))
+	require.NoError(t, err)
+	require.Equal(t, Event{Line: 2, Seq: 0, Op: OpUserDefined, AllocID: -1, TimeUS: 5, HasTime: true}, csv[0])
+	a, err := Replay(plain, Options{CheckEvery: 1, Verify: true})
+	require.NoError(t, err)
+	for _, events := range [][]Event{marked, csv} {
+		b, err := Replay(events, Options{CheckEvery: 1, Verify: true})
+		require.NoError(t, err)
+		require.Equal(t, 2, b.Devices[0].Summary.Count(OpUserDefined))
+		require.Equal(t, a.Devices[0].Figures, b.Devices[0].Figures)
+		require.Equal(t, a.Devices[0].Summary.PeakAllocated, b.Devices[0].Summary.PeakAllocated)
+	}
+	_, err = Parse(bytes.NewReader(pk([]map[string]any{{"action": "alloc", "size": 512, "stream": 0}})))
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorContains(t, err, "alloc with no addr: every entry but oom, snapshot and user_defined has one")
+}
+
 // TestSnapshotRows: a snapshot row (PyTorch dumped a snapshot while
 // recording) is read, with or without an address, and changes nothing.
 func TestSnapshotRows(t *testing.T) {

@@ -98,15 +98,23 @@ const (
 	// OpSnapshot marks where PyTorch dumped a snapshot while recording;
 	// it changes nothing.
 	OpSnapshot
+	// OpUserDefined is a mark the program put in the trace (PyTorch's
+	// user_defined entries, its annotations of the recording, in newer
+	// snapshots); it changes nothing.
+	OpUserDefined
 
-	numOps = int(OpSnapshot) + 1
+	numOps = int(OpUserDefined) + 1
 )
 
 var opNames = [numOps]string{"", "alloc", "free_requested", "free_completed",
-	"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom", "snapshot"}
+	"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom", "snapshot", "user_defined"}
 
 // Ops lists every op in the order they are defined.
-var Ops = []Op{OpAlloc, OpFreeRequested, OpFreeCompleted, OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap, OpOOM, OpSnapshot}
+var Ops = []Op{OpAlloc, OpFreeRequested, OpFreeCompleted, OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap, OpOOM, OpSnapshot, OpUserDefined}
+
+// IsMark says whether the op is a mark in the trace that changes nothing
+// (a snapshot's, or the program's own), which needs no address.
+func (o Op) IsMark() bool { return o == OpSnapshot || o == OpUserDefined }
 
 func (o Op) String() string {
 	if int(o) < numOps && o != 0 {
@@ -369,8 +377,8 @@ func parseEvent(rec []string, col [numColumns]int, line int) (Event, error) {
 	op := field(2)
 	ev.Size = num(3, 64)
 	// PyTorch records no address for a request it failed, nor for a
-	// snapshot's mark.
-	if field(4) != "" || (op != opNames[OpOOM] && op != opNames[OpSnapshot]) {
+	// mark.
+	if field(4) != "" || (op != opNames[OpOOM] && op != opNames[OpSnapshot] && op != opNames[OpUserDefined]) {
 		ev.Addr, ev.HasAddr = num(4, 64), true
 	}
 	ev.AllocID = signed(5)

@@ -151,7 +151,7 @@ func FuzzParse(f *testing.F) {
 			}
 			require.Contains(t, Ops, ev.Op)
 			require.Greater(t, ev.Line, last)
-			require.True(t, ev.HasAddr || ev.Op == OpOOM || ev.Op == OpSnapshot, "only an oom or a snapshot may lack an address")
+			require.True(t, ev.HasAddr || ev.Op == OpOOM || ev.Op.IsMark(), "only an oom or a mark may lack an address")
 			last = ev.Line
 		}
 	})
@@ -163,10 +163,11 @@ func TestOp(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, op, got)
 	}
-	require.Equal(t, "Op(10)", Op(10).String())
+	require.Equal(t, "Op(11)", Op(11).String())
 	require.Equal(t, "snapshot", OpSnapshot.String())
+	require.Equal(t, "user_defined", OpUserDefined.String())
 	require.Equal(t, "oom", OpOOM.String())
-	var segment, free []Op
+	var segment, free, mark []Op
 	for _, op := range Ops {
 		if op.IsSegment() {
 			segment = append(segment, op)
@@ -174,9 +175,13 @@ func TestOp(t *testing.T) {
 		if op.IsFree() {
 			free = append(free, op)
 		}
+		if op.IsMark() {
+			mark = append(mark, op)
+		}
 	}
 	require.Equal(t, []Op{OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap}, segment)
 	require.Equal(t, []Op{OpFreeRequested, OpFreeCompleted}, free)
+	require.Equal(t, []Op{OpSnapshot, OpUserDefined}, mark)
 	require.True(t, slices.IsSortedFunc(Ops, func(a, b Op) int { return int(a) - int(b) }))
 	require.Len(t, Ops, numOps-1)
 }
