@@ -195,9 +195,9 @@ var Columns = []string{"seq", "device", "op", "size", "addr", "alloc_id", "strea
 const numColumns = 9 // len(Columns)
 
 // Parse reads a whole trace. The header must name exactly the nine columns
-// (in any order). Every line must have as many fields as the header, numbers
-// where numbers belong (addr may be empty on an oom or snapshot row), and a known op; an
-// alloc must carry an alloc_id of at least 0 that is not already live on its
+// (in any order). Every line must have as many fields as the header,
+// numbers where numbers belong (addr may be empty on an oom, snapshot or
+// user_defined row), and a known op; an alloc must carry an alloc_id of at least 0 that is not already live on its
 // device (allocated and not yet free_completed). The first problem found is
 // returned, marked with ErrMalformed and naming its line.
 //
