@@ -134,11 +134,7 @@ const azureTimeLayout = "2006-01-02 15:04:05"
 // A nil reader is an error marked driver.ErrInvalid. The first problem in
 // the content (Request's rules, a line over MaxRequestLineBytes) is an
 // error marked ErrMalformed that names its line; the header is line 1.
-func ParseAzure(r io.Reader) ([]Request, error) { return parseAzure(r, 0) }
-
-// parseAzure is ParseAzure of the first n requests (n <= 0: all); it reads
-// no line past the nth request's.
-func parseAzure(r io.Reader, n int) ([]Request, error) {
+func ParseAzure(r io.Reader) ([]Request, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse azure trace: the reader is nil")
 	}
@@ -150,7 +146,7 @@ func parseAzure(r io.Reader, n int) ([]Request, error) {
 	if h != azureHeader {
 		return nil, malformed(1, "header %s, want %s", quote(h), azureHeader)
 	}
-	return azureRows(lines, n)
+	return azureRows(lines, 0)
 }
 
 // csvHeader reads a CSV trace's header line, less a byte-order mark;
@@ -473,15 +469,11 @@ func parseSeconds(s string) (time.Duration, error) {
 // A nil reader is an error marked driver.ErrInvalid. The first problem in
 // the content (Request's rules, a line over MaxRequestLineBytes) is an
 // error marked ErrMalformed that names its line, the first being line 1.
-func ParseMooncake(r io.Reader) ([]Request, error) { return parseMooncake(r, 0) }
-
-// parseMooncake is ParseMooncake of the first n requests (n <= 0: all);
-// it reads no line past the nth request's.
-func parseMooncake(r io.Reader, n int) ([]Request, error) {
+func ParseMooncake(r io.Reader) ([]Request, error) {
 	if isnil.Is(r) {
 		return nil, errors.Wrap(driver.ErrInvalid, "serving: parse mooncake trace: the reader is nil")
 	}
-	return mooncakeRows(newLineScanner(r), n)
+	return mooncakeRows(newLineScanner(r), 0)
 }
 
 // mooncakeRows reads a Mooncake trace's requests, the first n (n <= 0:
@@ -604,7 +596,8 @@ func bailianRows(lines *lineScanner, n int) ([]Request, error) {
 		}
 		prev = r.Arrival
 		if r.Arrival -= first; r.Arrival > MaxArrival {
-			return nil, malformed(line, "timestamp %v after the first request's, more than MaxArrival (%v)", r.Arrival, MaxArrival)
+			return nil, malformed(line, "timestamp %s is %v after the first request's, more than MaxArrival (%v)",
+				strconv.FormatFloat(prev.Seconds(), 'f', -1, 64), r.Arrival, MaxArrival)
 		}
 		if most := (r.Input + bailianBlockTokens - 1) / bailianBlockTokens; len(r.Blocks) > most {
 			return nil, malformed(line, "%d hash_ids for input_length %d, want at most %d (one per %d tokens, the last one partial)",

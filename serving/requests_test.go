@@ -296,7 +296,7 @@ func TestParseBailianMalformed(t *testing.T) {
 		{"huge timestamp", bailianLine(1, -1, "1e300", 20, 1, "1"), 1, `timestamp "1e300" is not a number of seconds from 0 to 9223372035`},
 		{"timestamp a string", strings.Replace(good, `"timestamp": 0`, `"timestamp": "0"`, 1), 1, "timestamp"},
 		{"backwards", bailianLine(0, -1, "5.25", 20, 1, "1") + bailianLine(1, -1, "5.125", 20, 1, "1"), 2, "timestamp 5.125 is before the previous line's 5.25"},
-		{"after MaxArrival", bailianLine(0, -1, "0", 20, 1, "1") + bailianLine(1, -1, "31536001", 20, 1, "1"), 2, "more than MaxArrival"},
+		{"after MaxArrival", bailianLine(0, -1, "0", 20, 1, "1") + bailianLine(1, -1, "31536001", 20, 1, "1"), 2, "timestamp 31536001 is 8760h0m1s after the first request's, more than MaxArrival (8760h0m0s)"},
 		{"fractional length", strings.Replace(good, `"input_length": 20`, `"input_length": 20.5`, 1), 1, "input_length"},
 		{"parent under -1", bailianLine(0, -2, "0", 20, 1, "1"), 1, `parent_chat_id "-2" is not an integer of at least -1`},
 		{"negative chat", bailianLine(-1, -1, "0", 20, 1, "1"), 1, "chat_id"},
