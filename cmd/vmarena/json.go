@@ -422,12 +422,15 @@ type KVSimulateJSON struct {
 	OutputTokens         int64   `json:"output_tokens"`
 	LongestContextTokens int     `json:"longest_context_tokens"`
 	// PromptBlocks counts the prompt blocks the trace names (Mooncake's
-	// hash_ids, 0 for a trace that names none), ReusedPromptBlocks those
-	// an earlier request named, ReusedPromptTokens the prompt tokens in
-	// them.
+	// and Bailian's hash_ids, 0 for a trace that names none),
+	// ReusedPromptBlocks those an earlier request named after the same
+	// ones, ReusedPromptTokens the prompt tokens in them, and
+	// PromptBlockTokens the tokens of a block (512 Mooncake's, 16
+	// Bailian's; 0 where the trace names none).
 	PromptBlocks       int   `json:"prompt_blocks"`
 	ReusedPromptBlocks int   `json:"reused_prompt_blocks"`
 	ReusedPromptTokens int64 `json:"reused_prompt_tokens"`
+	PromptBlockTokens  int   `json:"prompt_block_tokens"`
 	// Model is the model's name and TokenKVBytes its KV memory a token.
 	Model        string `json:"model"`
 	TokenKVBytes uint64 `json:"token_kv_bytes"`
@@ -576,7 +579,7 @@ func kvDocument(trace string, sum serving.RequestsSummary, cfg serving.Config, m
 	}, preempt, admit string, results []serving.Result) KVSimulateJSON {
 	return KVSimulateJSON{Trace: trace, Requests: sum.Requests, SpanSeconds: secs(sum.Span),
 		PromptTokens: sum.PromptTokens, OutputTokens: sum.OutputTokens, LongestContextTokens: sum.LongestContext,
-		PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens,
+		PromptBlocks: sum.Blocks, ReusedPromptBlocks: sum.ReusedBlocks, ReusedPromptTokens: sum.ReusedTokens, PromptBlockTokens: sum.BlockTokens,
 		Model: cfg.Model.Name, TokenKVBytes: cfg.Model.TokenBytes(), BudgetBytes: cfg.Budget, MaxContextTokens: cfg.MaxContext,
 		MaxSeqs: cfg.MaxSeqs, MaxBatchedTokens: maxBatched, StepsPricedBy: steps,
 		Cache: cache.String(), CacheReservedBytes: cache.Reserved(), Preempt: preempt, Admit: admit,
