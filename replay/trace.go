@@ -197,9 +197,10 @@ const numColumns = 9 // len(Columns)
 // Parse reads a whole trace. The header must name exactly the nine columns
 // (in any order). Every line must have as many fields as the header,
 // numbers where numbers belong (addr may be empty on an oom, snapshot or
-// user_defined row), and a known op; an alloc must carry an alloc_id of at least 0 that is not already live on its
-// device (allocated and not yet free_completed). The first problem found is
-// returned, marked with ErrMalformed and naming its line.
+// user_defined row), and a known op; an alloc must carry an alloc_id of at
+// least 0 that is not already live on its device (allocated and not yet
+// free_completed). The first problem found is returned, marked with
+// ErrMalformed and naming its line.
 //
 // Input that starts with a pickle's PROTO opcode (byte 0x80, which no CSV
 // text starts with) is read as a PyTorch snapshot instead (ParseSnapshot).

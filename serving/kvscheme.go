@@ -330,8 +330,9 @@ func (r *SimRequest) Context() int {
 // Bailian's hash_ids), the prompt's token t is a function of its block's
 // id and its place in it, so equal ids give equal tokens; any other prompt
 // token (an Azure or BurstGPT prompt's) is a function of its request's
-// first sample's ID and t, shared by that request's samples alone; any output token is a function of the
-// sequence's ID and t, shared with no other. Distinct contents give
+// first sample's ID and t, shared by that request's samples alone; any
+// output token is a function of the sequence's ID and t, shared with no
+// other. Distinct contents give
 // distinct tokens but with probability 2^-63 a pair.
 func (r *SimRequest) Token(t int) int {
 	if r == nil {

@@ -30,17 +30,17 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
 
 Serves a request trace (an Azure LLM inference or BurstGPT trace .csv, or a
 Mooncake or Qwen-Bailian trace .jsonl, whose hash_ids name shared prompt
-blocks; its first --limit requests when given) with continuous batching, once for each way of
-holding the KV memory, with the same budget and the same step prices, and
-prints their figures side by side: this library's cache (package kvcache on
-the sim driver, its memory the budget, laid out as --layout — auto:
-kvcache.PickLayout's, the layout of least worst-case waste per sequence for
-the model and page — in pages of --page-size, preempting as --preempt,
-admitting as --admit), a paged block table (vLLM: 16-token blocks,
-prefix caching, recompute preemption) and a static reservation of the maximum
-context for every sequence. --memory is the KV memory's budget. The max
-context defaults to the trace's longest request, as much as the budget holds
-for one sequence; longer requests are refused.
+blocks; its first --limit requests when given) with continuous batching,
+once for each way of holding the KV memory, with the same budget and the
+same step prices, and prints their figures side by side: this library's
+cache (package kvcache on the sim driver, its memory the budget, laid out
+as --layout — auto: kvcache.PickLayout's, the layout of least worst-case
+waste per sequence for the model and page — in pages of --page-size,
+preempting as --preempt, admitting as --admit), a paged block table (vLLM:
+16-token blocks, prefix caching, recompute preemption) and a static
+reservation of the maximum context for every sequence. --memory is the KV
+memory's budget. The max context defaults to the trace's longest request,
+as much as the budget holds for one sequence; longer requests are refused.
 
 Each scheme's driver calls are counted by kind and priced by --prices (the
 sim driver's table measured on an A100, or on an H100); with mapping ahead (on
