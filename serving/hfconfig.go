@@ -38,6 +38,13 @@ type hfConfig struct {
 	LayerTypes       []string `json:"layer_types"`
 	// Gemma 3: every sliding_window_pattern-th layer is full attention.
 	SlidingWindowPattern *int `json:"sliding_window_pattern"`
+	// Llama 4's chunked local attention: a layer that uses RoPE
+	// (no_rope_layers' 1s; by default all but every
+	// no_rope_layer_interval-th, 4) attends within its chunk of
+	// attention_chunk_size tokens.
+	AttentionChunkSize  *int  `json:"attention_chunk_size"`
+	NoRopeLayers        []int `json:"no_rope_layers"`
+	NoRopeLayerInterval *int  `json:"no_rope_layer_interval"`
 
 	// Linear attention (Qwen3-Next's Gated DeltaNet): every
 	// full_attention_interval-th layer is full attention where layer_types
@@ -114,6 +121,10 @@ var configDTypes = map[string]int{"bfloat16": 2, "float16": 2, "float32": 4}
 //     them (models that alternate: Gemma 2 and 3, gpt-oss), else every
 //     layer (Mistral 7B v0.1). A config that alternates without
 //     layer_types (older Gemma 2 files) is read as windowed everywhere.
+//     Llama 4's chunked local attention (attention_chunk_size, on the
+//     layers no_rope_layers marks 1, by default all but every 4th; or
+//     layer_types' "chunked_attention") is read as a window of the
+//     chunk's size: an upper bound of what a chunked layer keeps.
 //   - Params (and ActiveParams, for a mixture of experts) are estimated,
 //     not read: no config gives them. The estimate counts the embeddings
 //     (twice unless tie_word_embeddings), each layer's attention
@@ -251,11 +262,16 @@ const (
 	layerRecurrent
 )
 
-// layerTypeKinds are the layer_types entries the reader knows.
+// layerTypeKinds are the layer_types entries the reader knows. A chunked
+// layer (Llama 4's) is read as a window of its chunk (see layers).
 var layerTypeKinds = map[string]int{
 	"full_attention": layerFull, "attention": layerFull, "sliding_attention": layerWindow,
-	"linear_attention": layerRecurrent, "mamba": layerRecurrent,
+	"chunked_attention": layerWindow, "linear_attention": layerRecurrent, "mamba": layerRecurrent,
 }
+
+// llama4NoRopeInterval is Llama4TextConfig's no_rope_layer_interval
+// default: every 4th layer is global attention without RoPE.
+const llama4NoRopeInterval = 4
 
 // gemma3Defaults are Gemma3TextConfig's defaults for what Gemma 3's
 // text_config leaves out: a full layer every 6th, and the vocabulary.
@@ -265,14 +281,21 @@ const (
 )
 
 // layers reads which layers are full, windowed and recurrent into m: from
-// layer_types where the config has it; else Gemma 3's
+// layer_types where the config has it; else Llama 4's
+// attention_chunk_size with no_rope_layers, Gemma 3's
 // sliding_window_pattern, Qwen3-Next's full_attention_interval or
 // Jamba's attn_layer_period and attn_layer_offset; else every layer is
 // windowed where there is a window (Mistral 7B v0.1) and full otherwise.
-// The recurrent layers' state is read from their fields (recurrentState).
+// A chunked layer is read as a window of attention_chunk_size tokens: it
+// attends to at most that many either way, and the window keeps at least
+// what the chunk does (at the chunk's end, the same), so the KV need it
+// gives is an upper bound of the chunked layer's, within twice it. The
+// recurrent layers' state is read from their fields (recurrentState).
 func (r *configReader) layers(c *hfConfig, m *Model, hidden int) {
 	kinds := make([]int, m.Layers)
 	windowed := c.SlidingWindow != nil && (c.UseSlidingWindow == nil || *c.UseSlidingWindow)
+	// chunked says the window layers are chunked ones (Llama 4's).
+	chunked := false
 	every := func(field string, v *int, offset int) {
 		n := r.within(field, *v, m.Layers)
 		for i := range kinds {
@@ -287,14 +310,44 @@ func (r *configReader) layers(c *hfConfig, m *Model, hidden int) {
 			r.fail("layer_types has %d entries for %d num_hidden_layers", len(c.LayerTypes), m.Layers)
 			return
 		}
+		sliding := false
 		for i, t := range c.LayerTypes {
 			k, ok := layerTypeKinds[t]
 			if !ok {
-				r.fail("layer_types[%d] is %.40q, want full_attention, sliding_attention, linear_attention, attention or mamba", i, t)
+				r.fail("layer_types[%d] is %.40q, want full_attention, sliding_attention, chunked_attention, linear_attention, attention or mamba", i, t)
 				return
 			}
 			kinds[i] = k
+			chunked = chunked || t == "chunked_attention"
+			sliding = sliding || t == "sliding_attention"
 		}
+		if chunked && sliding {
+			r.fail(`layer_types names both "sliding_attention" and "chunked_attention" layers: one window size is read`)
+			return
+		}
+	case c.AttentionChunkSize != nil && *c.AttentionChunkSize != 0:
+		chunked = true
+		if len(c.NoRopeLayers) > 0 {
+			if len(c.NoRopeLayers) != m.Layers {
+				r.fail("no_rope_layers has %d entries for %d num_hidden_layers", len(c.NoRopeLayers), m.Layers)
+				return
+			}
+			for i, rope := range c.NoRopeLayers {
+				if rope != 0 && rope != 1 {
+					r.fail("no_rope_layers[%d] is %d, want 1 (RoPE, chunked attention) or 0 (global attention)", i, rope)
+					return
+				}
+				if rope == 1 {
+					kinds[i] = layerWindow
+				}
+			}
+			break
+		}
+		interval := llama4NoRopeInterval
+		if c.NoRopeLayerInterval != nil {
+			interval = r.within("no_rope_layer_interval", *c.NoRopeLayerInterval, m.Layers)
+		}
+		every("no_rope_layer_interval", &interval, 0)
 	case c.SlidingWindowPattern != nil || (c.ModelType == "gemma3_text" && windowed):
 		pattern := gemma3Pattern
 		if c.SlidingWindowPattern != nil {
@@ -332,10 +385,22 @@ func (r *configReader) layers(c *hfConfig, m *Model, hidden int) {
 	for _, k := range kinds {
 		counts[k]++
 	}
-	if counts[layerWindow] > 0 && windowed {
+	switch {
+	case counts[layerWindow] > 0 && chunked:
+		if windowed {
+			r.fail(`both "sliding_window" and chunked layers ("attention_chunk_size"): one window size is read`)
+			return
+		}
+		if c.AttentionChunkSize == nil {
+			r.fail(`layer_types names %d "chunked_attention" layers but there is no "attention_chunk_size": add the chunk in tokens`, counts[layerWindow])
+			return
+		}
+		m.SlidingWindow = r.within("attention_chunk_size", *c.AttentionChunkSize, maxModelWindow)
+		m.WindowLayers = counts[layerWindow]
+	case counts[layerWindow] > 0 && windowed:
 		m.SlidingWindow = r.within("sliding_window", *c.SlidingWindow, maxModelWindow)
 		m.WindowLayers = counts[layerWindow]
-	} else if counts[layerWindow] > 0 && c.SlidingWindow == nil && c.LayerTypes != nil {
+	case counts[layerWindow] > 0 && c.SlidingWindow == nil && c.LayerTypes != nil:
 		r.fail(`layer_types names %d "sliding_attention" layers but there is no "sliding_window": add the window in tokens`, counts[layerWindow])
 		return
 	}

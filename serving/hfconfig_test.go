@@ -171,6 +171,111 @@ func TestModelFromConfigWindow(t *testing.T) {
 	require.Zero(t, m.SlidingWindow)
 }
 
+// TestModelFromConfigChunked: Llama 4's chunked local attention is read as
+// a window of its chunk, on the layers that use RoPE (by default all but
+// every 4th), from a multimodal config's text_config too. The configs are
+// Llama 3.1's with Llama 4's fields added, not copies of a Llama 4 file.
+func TestModelFromConfigChunked(t *testing.T) {
+	c := llama31(t)
+	c["sliding_window"] = nil
+	c["attention_chunk_size"] = 8192
+	c["no_rope_layers"] = []int{}
+	m, err := fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 8192, m.SlidingWindow)
+	require.Equal(t, 24, m.WindowLayers, "32 layers, every 4th global")
+
+	c["no_rope_layer_interval"] = 2
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 16, m.WindowLayers)
+	delete(c, "no_rope_layer_interval")
+
+	rope := make([]int, 32)
+	for i := range rope {
+		if i%3 != 0 {
+			rope[i] = 1
+		}
+	}
+	c["no_rope_layers"] = rope
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 21, m.WindowLayers, "the layers no_rope_layers marks 1")
+
+	types := make([]string, 32)
+	for i := range types {
+		types[i] = "chunked_attention"
+		if i%4 == 3 {
+			types[i] = "full_attention"
+		}
+	}
+	c["layer_types"] = types
+	m, err = fromMap(t, c)
+	require.NoError(t, err)
+	require.Equal(t, 24, m.WindowLayers, "layer_types first")
+	require.Equal(t, 8192, m.SlidingWindow)
+
+	// In a multimodal config's text_config.
+	text := llama31(t)
+	text["sliding_window"] = nil
+	text["attention_chunk_size"] = 8192
+	m, err = fromMap(t, map[string]any{"text_config": text, "torch_dtype": "bfloat16"})
+	require.NoError(t, err)
+	require.Equal(t, 24, m.WindowLayers)
+
+	// No chunk, a zero or a null one: full attention.
+	for _, chunk := range []any{0, nil} {
+		c := llama31(t)
+		c["sliding_window"] = nil
+		c["attention_chunk_size"] = chunk
+		m, err := fromMap(t, c)
+		require.NoError(t, err)
+		require.Zero(t, m.WindowLayers)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		edit   func(c map[string]any)
+		errMsg string
+	}{
+		{"no_rope_layers too short", func(c map[string]any) { c["no_rope_layers"] = []int{1, 0} }, "no_rope_layers has 2 entries for 32 num_hidden_layers"},
+		{"no_rope_layers not 0 or 1", func(c map[string]any) {
+			r := make([]int, 32)
+			r[5] = 2
+			c["no_rope_layers"] = r
+		}, "no_rope_layers[5] is 2, want 1 (RoPE, chunked attention) or 0 (global attention)"},
+		{"a zero interval", func(c map[string]any) { c["no_rope_layer_interval"] = 0 }, `"no_rope_layer_interval" is 0, want 1 to 32`},
+		{"a negative chunk", func(c map[string]any) { c["attention_chunk_size"] = -1 }, `"attention_chunk_size" is -1`},
+		{"a window and a chunk", func(c map[string]any) { c["sliding_window"] = 4096 }, `both "sliding_window" and chunked layers ("attention_chunk_size"): one window size is read`},
+		{"chunked layer_types without a chunk", func(c map[string]any) {
+			delete(c, "attention_chunk_size")
+			types := make([]string, 32)
+			for i := range types {
+				types[i] = "chunked_attention"
+			}
+			c["layer_types"] = types
+		}, `layer_types names 32 "chunked_attention" layers but there is no "attention_chunk_size": add the chunk in tokens`},
+		{"sliding and chunked layer_types", func(c map[string]any) {
+			types := make([]string, 32)
+			for i := range types {
+				types[i] = []string{"chunked_attention", "sliding_attention"}[i%2]
+			}
+			c["layer_types"] = types
+		}, `layer_types names both "sliding_attention" and "chunked_attention" layers: one window size is read`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := llama31(t)
+			c["sliding_window"] = nil
+			c["attention_chunk_size"] = 8192
+			tc.edit(c)
+			m, err := fromMap(t, c)
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			require.ErrorContains(t, err, "serving: test: "+tc.errMsg)
+			require.Equal(t, Model{}, m)
+		})
+	}
+}
+
 func TestModelFromConfigLatent(t *testing.T) {
 	m, err := LoadModel("testdata/models/DeepSeek-V2-Lite")
 	require.NoError(t, err)
@@ -298,6 +403,7 @@ func FuzzModelFromConfig(f *testing.F) {
 	f.Add([]byte(`{"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 1, "intermediate_size": 1, "vocab_size": 1, "dtype": "float32", "kv_lora_rank": -1, "qk_rope_head_dim": 1, "qk_nope_head_dim": 1, "v_head_dim": 1}`))
 	f.Add([]byte(`{"num_hidden_layers": 4, "num_attention_heads": 2, "hidden_size": 8, "intermediate_size": 8, "vocab_size": 8, "dtype": "bfloat16", "layer_types": ["mamba", "attention", "mamba", "sliding_attention"], "sliding_window": 4, "mamba_n_heads": 2, "mamba_d_head": 4, "mamba_d_state": 8, "mamba_d_conv": 4}`))
 	f.Add([]byte(`{"text_config": {"model_type": "gemma3_text", "num_hidden_layers": 7, "num_attention_heads": 2, "hidden_size": 8, "intermediate_size": 8, "sliding_window": 16}, "torch_dtype": "bfloat16"}`))
+	f.Add([]byte(`{"text_config": {"num_hidden_layers": 8, "num_attention_heads": 2, "hidden_size": 8, "intermediate_size": 8, "vocab_size": 8, "attention_chunk_size": 16, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}, "torch_dtype": "bfloat16"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ModelFromConfig("fuzz", data)
 		if err != nil {
