@@ -289,8 +289,9 @@ const (
 // A chunked layer is read as a window of attention_chunk_size tokens: it
 // attends to at most that many either way, and the window keeps at least
 // what the chunk does (at the chunk's end, the same), so the KV need it
-// gives is an upper bound of the chunked layer's, within twice it. The
-// recurrent layers' state is read from their fields (recurrentState).
+// gives is an upper bound of the chunked layer's, about twice it on
+// average over a long sequence. The recurrent layers' state is read from
+// their fields (recurrentState).
 func (r *configReader) layers(c *hfConfig, m *Model, hidden int) {
 	kinds := make([]int, m.Layers)
 	windowed := c.SlidingWindow != nil && (c.UseSlidingWindow == nil || *c.UseSlidingWindow)
