@@ -55,7 +55,7 @@ func SummarizeRequests(reqs []Request) RequestsSummary {
 			l := link{chain, id}
 			if c, ok := chains[l]; ok {
 				s.ReusedBlocks++
-				s.ReusedTokens += int64(min(r.Input-i*bt, bt))
+				s.ReusedTokens += int64(max(min(r.Input-i*bt, bt), 0)) // no more than the prompt, whatever Blocks say
 				chain = c
 				continue
 			}

@@ -76,7 +76,8 @@ type Request struct {
 	// request's own.
 	Blocks []int64
 	// BlockTokens is the tokens of each block Blocks names: 0 for the
-	// constant BlockTokens (512, Mooncake's), 16 for a Bailian trace.
+	// constant BlockTokens (512, Mooncake's), 16 for a Bailian trace;
+	// Simulate refuses one below 0 or over MaxTokens.
 	BlockTokens int
 	// N is the number of sequences the request samples from its one prompt
 	// (vLLM's SamplingParams.n), each generating Output tokens of its own.

@@ -295,6 +295,10 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	}
 	extra := 0
 	for i, r := range reqs {
+		if r.BlockTokens < 0 || r.BlockTokens > MaxTokens {
+			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d has blocks of %d tokens, want 0 to %d",
+				scheme.Name(), i, r.BlockTokens, MaxTokens), "BlockTokens is the tokens a hash id of Blocks names; 0 means BlockTokens, Mooncake's 512")
+		}
 		if r.N < 0 || r.N > MaxN {
 			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d has n %d, want 0 to %d",
 				scheme.Name(), i, r.N, MaxN), "n is the request's parallel samples; 0 and 1 mean one sequence")

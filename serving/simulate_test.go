@@ -323,6 +323,10 @@ func TestSummarizeRequests(t *testing.T) {
 	}
 	s = SummarizeRequests(bailian)
 	require.Equal(t, RequestsSummary{Requests: 4, PromptTokens: 156, LongestContext: 40, Blocks: 12, ReusedBlocks: 5, ReusedTokens: 72, BlockTokens: 16}, s)
+	// Blocks past the prompt (a caller's requests; no reader makes them)
+	// hold none of its tokens.
+	s = SummarizeRequests([]Request{{Input: 16, Blocks: []int64{1, 2, 3}, BlockTokens: 16}, {Input: 16, Blocks: []int64{1, 2, 3}, BlockTokens: 16}})
+	require.Equal(t, int64(16), s.ReusedTokens)
 	require.Equal(t, RequestsSummary{}, SummarizeRequests(nil))
 }
 
@@ -390,6 +394,8 @@ func TestSimulateSamples(t *testing.T) {
 		says string
 	}{
 		{[]Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2, N: -1}}, "request 1 has n -1, want 0 to 256"},
+		{[]Request{{Input: 10, Output: 2}, {Input: 10, Output: 2, Blocks: []int64{1}, BlockTokens: -16}}, "request 1 has blocks of -16 tokens, want 0 to 16777216"},
+		{[]Request{{Input: 10, Output: 2, Blocks: []int64{1}, BlockTokens: MaxTokens + 1}}, "request 0 has blocks of 16777217 tokens, want 0 to 16777216"},
 		{[]Request{{Input: 10, Output: 2, N: 1}, {Input: 10, Output: 2, N: MaxN + 1}}, "request 1 has n 257, want 0 to 256"},
 		{slices.Repeat([]Request{{Input: 10, Output: 2, N: MaxN}}, MaxSampledSequences/(MaxN-1)+1),
 			fmt.Sprintf("request %d takes the samples beyond one a request past %d", MaxSampledSequences/(MaxN-1), MaxSampledSequences)},
