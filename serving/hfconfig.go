@@ -344,11 +344,17 @@ func (r *configReader) layers(c *hfConfig, m *Model, hidden int) {
 			}
 			break
 		}
-		interval := llama4NoRopeInterval
 		if c.NoRopeLayerInterval != nil {
-			interval = r.within("no_rope_layer_interval", *c.NoRopeLayerInterval, m.Layers)
+			every("no_rope_layer_interval", c.NoRopeLayerInterval, 0)
+			break
 		}
-		every("no_rope_layer_interval", &interval, 0)
+		// transformers' default, whatever the layer count: fewer than
+		// 4 layers are all chunked.
+		for i := range kinds {
+			if (i+1)%llama4NoRopeInterval != 0 {
+				kinds[i] = layerWindow
+			}
+		}
 	case c.SlidingWindowPattern != nil || (c.ModelType == "gemma3_text" && windowed):
 		pattern := gemma3Pattern
 		if c.SlidingWindowPattern != nil {

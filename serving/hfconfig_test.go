@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -141,14 +142,7 @@ func TestModelFromConfigWindow(t *testing.T) {
 	// Alternating layers, as layer_types says (Gemma 2, gpt-oss).
 	c := llama31(t)
 	c["sliding_window"] = 4096
-	types := make([]string, 32)
-	for i := range types {
-		types[i] = "full_attention"
-		if i%2 == 0 {
-			types[i] = "sliding_attention"
-		}
-	}
-	c["layer_types"] = types
+	c["layer_types"] = slices.Repeat([]string{"sliding_attention", "full_attention"}, 16)
 	m, err = fromMap(t, c)
 	require.NoError(t, err)
 	require.Equal(t, 4096, m.SlidingWindow)
@@ -156,9 +150,7 @@ func TestModelFromConfigWindow(t *testing.T) {
 
 	// layer_types without a sliding layer: no window, whatever
 	// sliding_window says.
-	for i := range types {
-		types[i] = "full_attention"
-	}
+	c["layer_types"] = repeat("full_attention", 32)
 	m, err = fromMap(t, c)
 	require.NoError(t, err)
 	require.Zero(t, m.SlidingWindow)
@@ -202,14 +194,7 @@ func TestModelFromConfigChunked(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 21, m.WindowLayers, "the layers no_rope_layers marks 1")
 
-	types := make([]string, 32)
-	for i := range types {
-		types[i] = "chunked_attention"
-		if i%4 == 3 {
-			types[i] = "full_attention"
-		}
-	}
-	c["layer_types"] = types
+	c["layer_types"] = slices.Repeat([]string{"chunked_attention", "chunked_attention", "chunked_attention", "full_attention"}, 8)
 	m, err = fromMap(t, c)
 	require.NoError(t, err)
 	require.Equal(t, 24, m.WindowLayers, "layer_types first")
@@ -222,6 +207,14 @@ func TestModelFromConfigChunked(t *testing.T) {
 	m, err = fromMap(t, map[string]any{"text_config": text, "torch_dtype": "bfloat16"})
 	require.NoError(t, err)
 	require.Equal(t, 24, m.WindowLayers)
+
+	// Fewer layers than the default interval: all of them chunked, as
+	// transformers' default pattern has them.
+	short := llama31(t)
+	short["sliding_window"], short["attention_chunk_size"], short["num_hidden_layers"] = nil, 8192, 3
+	m, err = fromMap(t, short)
+	require.NoError(t, err)
+	require.Equal(t, 3, m.WindowLayers)
 
 	// No chunk, a zero or a null one: full attention.
 	for _, chunk := range []any{0, nil} {
@@ -249,18 +242,10 @@ func TestModelFromConfigChunked(t *testing.T) {
 		{"a window and a chunk", func(c map[string]any) { c["sliding_window"] = 4096 }, `both "sliding_window" and chunked layers ("attention_chunk_size"): one window size is read`},
 		{"chunked layer_types without a chunk", func(c map[string]any) {
 			delete(c, "attention_chunk_size")
-			types := make([]string, 32)
-			for i := range types {
-				types[i] = "chunked_attention"
-			}
-			c["layer_types"] = types
+			c["layer_types"] = repeat("chunked_attention", 32)
 		}, `layer_types names 32 "chunked_attention" layers but there is no "attention_chunk_size": add the chunk in tokens`},
 		{"sliding and chunked layer_types", func(c map[string]any) {
-			types := make([]string, 32)
-			for i := range types {
-				types[i] = []string{"chunked_attention", "sliding_attention"}[i%2]
-			}
-			c["layer_types"] = types
+			c["layer_types"] = slices.Repeat([]string{"chunked_attention", "sliding_attention"}, 16)
 		}, `layer_types names both "sliding_attention" and "chunked_attention" layers: one window size is read`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -316,11 +301,7 @@ func TestModelFromConfigRefused(t *testing.T) {
 		{"negative window", func(c map[string]any) { c["sliding_window"] = -1 }, `"sliding_window" is -1`},
 		{"layer_types too short", func(c map[string]any) { c["layer_types"] = []string{"sliding_attention"} }, "layer_types has 1 entries for 32 num_hidden_layers"},
 		{"layer_types without a window", func(c map[string]any) {
-			types := make([]string, 32)
-			for i := range types {
-				types[i] = "sliding_attention"
-			}
-			c["layer_types"] = types
+			c["layer_types"] = repeat("sliding_attention", 32)
 		}, `layer_types names 32 "sliding_attention" layers but there is no "sliding_window": add the window in tokens`},
 		{"too many parameters", func(c map[string]any) { c["vocab_size"] = 1 << 24; c["hidden_size"] = 1 << 20; c["head_dim"] = 128 }, "an estimated 3.697e+13 parameters, more than the 1.759e+13 a model may have"},
 		{"latent without rope", func(c map[string]any) { c["kv_lora_rank"] = 512 }, `no "qk_rope_head_dim": add it`},

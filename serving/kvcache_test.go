@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,12 +52,8 @@ func TestSimulateBailianTrace(t *testing.T) {
 		if turn > 1 {
 			parent = chat
 		}
-		ids := make([]string, len(blocks))
-		for j, id := range blocks {
-			ids[j] = strconv.FormatInt(id, 10)
-		}
 		fmt.Fprintf(&b, `{"chat_id": %d, "parent_chat_id": %d, "timestamp": %.3f, "input_length": %d, "output_length": %d, "type": "text", "turn": %d, "hash_ids": [%s]}`+"\n",
-			i, parent, float64(i)*0.25, input, 8+rng.IntN(64), turn, strings.Join(ids, ", "))
+			i, parent, float64(i)*0.25, input, 8+rng.IntN(64), turn, joinIDs(blocks))
 	}
 	name := filepath.Join(t.TempDir(), "qwen_traceA_blksz_16.jsonl")
 	require.NoError(t, os.WriteFile(name, []byte(b.String()), 0o600))

@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -47,14 +48,7 @@ func TestModelGroups(t *testing.T) {
 // 4's Mamba-2 by layer_types, Jamba's Mamba by attn_layer_period.
 func TestModelFromConfigRecurrent(t *testing.T) {
 	c := llama31(t)
-	types := make([]string, 32)
-	for i := range types {
-		types[i] = "mamba"
-		if i%8 == 7 {
-			types[i] = "attention"
-		}
-	}
-	c["layer_types"] = types
+	c["layer_types"] = slices.Repeat(append(repeat("mamba", 7), "attention"), 4)
 	c["mamba_n_heads"], c["mamba_d_head"], c["mamba_d_state"], c["mamba_d_conv"], c["mamba_n_groups"] = 128, 64, 128, 4, 1
 	m, err := fromMap(t, c)
 	require.NoError(t, err)

@@ -260,17 +260,26 @@ func parseAzureTime(s string) (time.Time, error) {
 	if len(frac) == 0 || len(frac) > 9 {
 		return time.Time{}, errors.Newf("%d digits after the seconds' point, want 1 to 9", len(frac))
 	}
+	if !allDigits(frac) {
+		return time.Time{}, errors.New("the fraction of a second is not all digits")
+	}
+	return t.Add(fractionNanos(frac)), nil
+}
+
+// allDigits says s is decimal digits only (true for "").
+func allDigits(s string) bool { return strings.Trim(s, "0123456789") == "" }
+
+// fractionNanos is the nanoseconds of the digits after a seconds' point,
+// at most 9 of them, all digits.
+func fractionNanos(frac string) time.Duration {
 	ns := 0
 	for i := range 9 {
 		ns *= 10
 		if i < len(frac) {
-			if !isDigit(frac[i]) {
-				return time.Time{}, errors.New("the fraction of a second is not all digits")
-			}
 			ns += int(frac[i] - '0')
 		}
 	}
-	return t.Add(time.Duration(ns)), nil
+	return time.Duration(ns)
 }
 
 // parseUTCOffset reads "+hh:mm" or "-hh:mm", hh at most 23 and mm at most
@@ -430,24 +439,17 @@ const maxSeconds = uint64(math.MaxInt64/int64(time.Second)) - 1
 // sentence that starts with the field's name.
 func parseSeconds(s string) (time.Duration, error) {
 	whole, frac, hasFrac := strings.Cut(s, ".")
-	if whole == "" || strings.Trim(whole, "0123456789") != "" {
+	if whole == "" || !allDigits(whole) {
 		return 0, errors.New("is not a number of seconds of at least 0, such as 5 or 5.25")
 	}
-	if hasFrac && (frac == "" || len(frac) > 9 || strings.Trim(frac, "0123456789") != "") {
+	if hasFrac && (frac == "" || len(frac) > 9 || !allDigits(frac)) {
 		return 0, errors.New("is not a number of seconds with 1 to 9 digits after its point")
 	}
 	secs, err := strconv.ParseUint(whole, 10, 64)
 	if err != nil || secs > maxSeconds {
 		return 0, errors.Newf("is over %d seconds", maxSeconds)
 	}
-	ns := 0
-	for i := range 9 {
-		ns *= 10
-		if i < len(frac) {
-			ns += int(frac[i] - '0')
-		}
-	}
-	return time.Duration(secs)*time.Second + time.Duration(ns), nil
+	return time.Duration(secs)*time.Second + fractionNanos(frac), nil
 }
 
 // ParseMooncake reads a Mooncake trace (kvcache-ai/Mooncake,
@@ -615,35 +617,17 @@ func bailianRows(lines *lineScanner, n int) ([]Request, error) {
 	return reqs, nil
 }
 
-// decodeBailianLine reads one object of a Bailian trace, token by token
-// as decodeMooncakeLine does; its Arrival is the timestamp as written.
+// decodeBailianLine reads one object of a Bailian trace (decodeObject);
+// its Arrival is the timestamp as written.
 func decodeBailianLine(text string) (Request, error) {
 	r := Request{BlockTokens: bailianBlockTokens}
-	dec := json.NewDecoder(strings.NewReader(text))
-	dec.UseNumber()
-	if err := wantDelim(dec, '{', "a JSON object"); err != nil {
-		return r, err
-	}
-	var have [8]bool
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return r, jsonError(err)
-		}
-		key, _ := tok.(string) // inside an object, a key is a string
-		k := slices.Index(bailianFields, key)
-		switch {
-		case k < 0:
-			return r, errors.Newf("unknown field %s, want the fields %s", quote(key), strings.Join(bailianFields, ", "))
-		case have[k]:
-			return r, errors.Newf("field %s twice", key)
-		}
-		have[k] = true
-		var v int64
+	err := decodeObject(text, bailianFields[:5], bailianFields[5:], func(dec *json.Decoder, key string) error {
+		var err error
 		switch key {
 		case "timestamp":
 			r.Arrival, err = seconds(dec, key)
 		case "input_length", "output_length":
+			var v int64
 			v, err = nonNegative(dec, key, MaxTokens)
 			if key == "input_length" {
 				r.Input = int(v)
@@ -657,29 +641,17 @@ func decodeBailianLine(text string) (Request, error) {
 		case "parent_chat_id":
 			_, err = atLeastMinusOne(dec, key)
 		case "type":
-			if tok, err = dec.Token(); err != nil {
-				return r, jsonError(err)
+			tok, terr := dec.Token()
+			if terr != nil {
+				return jsonError(terr)
 			}
 			if _, ok := tok.(string); !ok {
 				err = errors.Newf("type is %s, want a string", describeToken(tok))
 			}
 		}
-		if err != nil {
-			return r, err
-		}
-	}
-	if err := wantDelim(dec, '}', "the object's end"); err != nil {
-		return r, err
-	}
-	for k, f := range bailianFields[:5] {
-		if !have[k] {
-			return r, errors.Newf("no field %s (a request has the fields %s)", f, strings.Join(bailianFields[:5], ", "))
-		}
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return r, errors.New("more after the object's end: want one object a line")
-	}
-	return r, nil
+		return err
+	})
+	return r, err
 }
 
 // seconds reads a JSON number of seconds from 0 to maxSeconds, to the
@@ -741,80 +713,84 @@ type mooncakeRequest struct {
 
 var mooncakeFields = []string{"timestamp", "input_length", "output_length", "hash_ids"}
 
-// decodeMooncakeLine reads one JSON object token by token, for exact field
-// names (encoding/json matches them without regard to case), each field
-// once, and integers as written.
+// decodeMooncakeLine reads one object of a Mooncake trace
+// (decodeObject): its four fields, and n if it has one.
 func decodeMooncakeLine(text string) (mooncakeRequest, error) {
 	var m mooncakeRequest
+	err := decodeObject(text, mooncakeFields, []string{"n"}, func(dec *json.Decoder, key string) error {
+		var err error
+		switch key {
+		case "n":
+			var n int64
+			if n, err = nonNegative(dec, key, MaxN); err == nil && n == 0 {
+				err = errors.Newf("n 0 is under 1: a request samples at least one sequence")
+			}
+			m.n = int(n)
+		case "timestamp":
+			m.timestamp, err = nonNegative(dec, key, 1<<63-1)
+		case "input_length", "output_length":
+			var n int64
+			n, err = nonNegative(dec, key, MaxTokens)
+			if key == "input_length" {
+				m.input = int(n)
+			} else {
+				m.output = int(n)
+			}
+		case "hash_ids":
+			m.blocks, err = blockIDs(dec, BlockTokens)
+		}
+		return err
+	})
+	return m, err
+}
+
+// decodeObject reads text as one JSON object token by token, for exact
+// field names (encoding/json matches them without regard to case), each
+// field once, every required one and no field but those and the
+// optional ones, and numbers as written (json.Number): field reads the
+// value of each, the decoder just past its key.
+func decodeObject(text string, required, optional []string, field func(dec *json.Decoder, key string) error) error {
 	dec := json.NewDecoder(strings.NewReader(text))
 	dec.UseNumber()
 	if err := wantDelim(dec, '{', "a JSON object"); err != nil {
-		return m, err
+		return err
 	}
-	var have [4]bool
+	have := make([]bool, len(required)+len(optional))
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return m, jsonError(err)
+			return jsonError(err)
 		}
 		key, _ := tok.(string) // inside an object, a key is a string
-		if key == "n" {
-			if m.n != 0 {
-				return m, errors.New("field n twice")
-			}
-			var n int64
-			if n, err = nonNegative(dec, key, MaxN); err != nil {
-				return m, err
-			}
-			if n == 0 {
-				return m, errors.Newf("n 0 is under 1: a request samples at least one sequence")
-			}
-			m.n = int(n)
-			continue
-		}
-		k := -1
-		for i, f := range mooncakeFields {
-			if f == key {
-				k = i
+		k := slices.Index(required, key)
+		if k < 0 {
+			if k = slices.Index(optional, key); k >= 0 {
+				k += len(required)
 			}
 		}
 		switch {
 		case k < 0:
-			return m, errors.Newf("unknown field %s, want the fields %s (and optionally n)", quote(key), strings.Join(mooncakeFields, ", "))
+			return errors.Newf("unknown field %s, want the fields %s (and optionally %s)", quote(key), strings.Join(required, ", "), strings.Join(optional, ", "))
 		case have[k]:
-			return m, errors.Newf("field %s twice", key)
+			return errors.Newf("field %s twice", key)
 		}
 		have[k] = true
-		switch k {
-		case 0:
-			m.timestamp, err = nonNegative(dec, key, 1<<63-1)
-		case 1:
-			var n int64
-			n, err = nonNegative(dec, key, MaxTokens)
-			m.input = int(n)
-		case 2:
-			var n int64
-			n, err = nonNegative(dec, key, MaxTokens)
-			m.output = int(n)
-		case 3:
-			m.blocks, err = blockIDs(dec, BlockTokens)
-		}
-		if err != nil {
-			return m, err
+		if err := field(dec, key); err != nil {
+			return err
 		}
 	}
 	if err := wantDelim(dec, '}', "the object's end"); err != nil {
-		return m, err
+		return err
 	}
-	for k, ok := range have {
-		if !ok {
-			return m, errors.Newf("no field %s (a request has the fields %s)", mooncakeFields[k], strings.Join(mooncakeFields, ", "))
+	for k, f := range required {
+		if !have[k] {
+			return errors.Newf("no field %s (a request has the fields %s)", f, strings.Join(required, ", "))
 		}
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return m, errors.New("more after the object's end: want one object a line")
+		return errors.New("more after the object's end: want one object a line")
 	}
-	return m, nil
+	return nil
 }
 
 // nonNegative reads an integer from 0 to max.

@@ -277,6 +277,11 @@ func TestParseBailian(t *testing.T) {
 		reqs, err = ParseRequestsFile(empty)
 		require.NoError(t, err)
 		require.Empty(t, reqs)
+		// A first line that cannot tell the format is the error.
+		blank := filepath.Join(dir, "blank.jsonl")
+		require.NoError(t, os.WriteFile(blank, []byte("\n"+bailianLine(0, -1, "0.5", 20, 1, "1, 2")), 0o600))
+		_, err = ParseRequestsFile(blank)
+		requireMalformed(t, err, 1, "empty line")
 	})
 }
 
@@ -668,12 +673,8 @@ func encodeBurstGPT(reqs []Request) string {
 func encodeBailian(reqs []Request) string {
 	var b strings.Builder
 	for i, r := range reqs {
-		ids := make([]string, len(r.Blocks))
-		for i, id := range r.Blocks {
-			ids[i] = strconv.FormatInt(id, 10)
-		}
 		at := 2*time.Second + r.Arrival
-		b.WriteString(bailianLine(i, -1, fmt.Sprintf("%d.%09d", at/time.Second, at%time.Second), r.Input, r.Output, strings.Join(ids, ", ")))
+		b.WriteString(bailianLine(i, -1, fmt.Sprintf("%d.%09d", at/time.Second, at%time.Second), r.Input, r.Output, joinIDs(r.Blocks)))
 	}
 	return b.String()
 }
@@ -683,18 +684,23 @@ func encodeBailian(reqs []Request) string {
 func encodeMooncake(reqs []Request) string {
 	var b strings.Builder
 	for _, r := range reqs {
-		ids := make([]string, len(r.Blocks))
-		for i, id := range r.Blocks {
-			ids[i] = strconv.FormatInt(id, 10)
-		}
 		n := ""
 		if r.N != 0 {
 			n = fmt.Sprintf(`, "n": %d`, r.N)
 		}
 		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%s]%s}`+"\n",
-			r.Arrival/time.Millisecond, r.Input, r.Output, strings.Join(ids, ", "), n)
+			r.Arrival/time.Millisecond, r.Input, r.Output, joinIDs(r.Blocks), n)
 	}
 	return b.String()
+}
+
+// joinIDs writes hash ids as a trace's hash_ids list holds them.
+func joinIDs(ids []int64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatInt(id, 10)
+	}
+	return strings.Join(s, ", ")
 }
 
 // TestRequestsRoundTrip: the slices of the real traces, written again and
