@@ -1,7 +1,9 @@
 package arena
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -23,7 +25,12 @@ import (
 // The pool's chunks stay committed: the device counts them as used, and
 // so must whoever budgets the memory (Bytes). It keeps at most Limit
 // bytes — a decommit past it releases — and Trim releases down to a
-// figure; Close releases all. Shareable chunks are never pooled (their
+// figure; Close releases all. A commit whose device has no room for a
+// chunk the pool lacks the size of releases pooled chunks of other sizes
+// on it first, the largest first, as many as make the room (ranges of
+// one pool may cut chunks of different sizes: a KV cache's slots a page,
+// its prefix store a unit of several); a commit they cannot make room
+// for releases none. Shareable chunks are never pooled (their
 // exports name them). A reused chunk holds whatever was written to it
 // last, as a created one holds whatever the device had.
 //
@@ -112,25 +119,38 @@ func (p *Pool) Trim(to uint64) error {
 // is the physical memory's to report) and the error returned.
 func (p *Pool) trimLocked(to uint64) error {
 	var errs error
-	for k, list := range p.free {
-		for p.bytes > to && len(list) > 0 {
-			c := list[len(list)-1]
-			list[len(list)-1] = nil
-			list = list[:len(list)-1]
-			p.bytes -= k.size
+	for k := range p.free {
+		for p.bytes > to {
+			c := p.popLocked(k)
+			if c == nil {
+				break
+			}
 			p.stats.Released++
 			errs = errors.CombineErrors(errs, c.Release())
-		}
-		if len(list) == 0 {
-			delete(p.free, k)
-		} else {
-			p.free[k] = list
 		}
 		if p.bytes <= to {
 			break
 		}
 	}
 	return errs
+}
+
+// popLocked takes the latest kept chunk of k out of the pool, nil when
+// it keeps none.
+func (p *Pool) popLocked(k poolKey) *physical.Chunk {
+	list := p.free[k]
+	if len(list) == 0 {
+		return nil
+	}
+	c := list[len(list)-1]
+	list[len(list)-1] = nil
+	if list = list[:len(list)-1]; len(list) == 0 {
+		delete(p.free, k)
+	} else {
+		p.free[k] = list
+	}
+	p.bytes -= k.size
+	return c
 }
 
 // Bytes is what the pool keeps now: committed memory no range maps.
@@ -181,24 +201,54 @@ func (p *Pool) count(dev driver.DeviceID, size uint64) int {
 	return len(p.free[poolKey{dev, size}])
 }
 
+// sizesOn lists the sizes of dev's kept chunks and how many of each, the
+// largest first.
+func (p *Pool) sizesOn(dev driver.DeviceID) []sizeCount {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []sizeCount
+	if p.closed {
+		return nil
+	}
+	for k, l := range p.free {
+		if k.dev == dev && len(l) > 0 {
+			out = append(out, sizeCount{k.size, len(l)})
+		}
+	}
+	slices.SortFunc(out, func(a, b sizeCount) int { return cmp.Compare(b.size, a.size) })
+	return out
+}
+
+// release releases n of dev's kept chunks of size (fewer if it keeps
+// fewer), the latest kept first, to make room on the device for chunks of
+// another size (Sparse's plan). A chunk the driver refuses to release is
+// dropped all the same and the error returned, as trimLocked does.
+func (p *Pool) release(dev driver.DeviceID, size uint64, n int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs error
+	for ; n > 0; n-- {
+		c := p.popLocked(poolKey{dev, size})
+		if c == nil {
+			break
+		}
+		p.stats.Released++
+		errs = errors.CombineErrors(errs, c.Release())
+	}
+	return errs
+}
+
 // take hands out a kept chunk of dev and size, if there is one.
 func (p *Pool) take(dev driver.DeviceID, size uint64) *physical.Chunk {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	k := poolKey{dev, size}
-	list := p.free[k]
-	if p.closed || len(list) == 0 {
+	if p.closed {
 		return nil
 	}
-	c := list[len(list)-1]
-	list[len(list)-1] = nil
-	if list = list[:len(list)-1]; len(list) == 0 {
-		delete(p.free, k)
-	} else {
-		p.free[k] = list
+	c := p.popLocked(poolKey{dev, size})
+	if c != nil {
+		p.stats.Reused++
 	}
-	p.bytes -= size
-	p.stats.Reused++
 	return c
 }
 

@@ -150,3 +150,66 @@ func poolFill(t *testing.T, d backend) {
 	_, err = zero.Fill(0, g, 1)
 	drivertest.RequireIs(t, err, driver.ErrInvalid)
 }
+
+// TestPoolRoomForOtherSizes: a full device whose memory the pool holds
+// in chunks of one size still commits chunks of another: the plan counts
+// the pooled chunks as room and the commit releases just enough of them,
+// the largest first, before it creates (a KV cache's slots decommit pages
+// of one chunk each while its prefix store commits units of two; the
+// device filled with the slots' pooled pages refused every store commit).
+// A plan the device cannot hold even so releases nothing and changes
+// nothing.
+func TestPoolRoomForOtherSizes(t *testing.T) { onEveryDriver(t, poolRoomForOtherSizes) }
+
+func poolRoomForOtherSizes(t *testing.T, d backend) {
+	e := d.env(t, 8*g)
+	p, err := NewPool(e.mem, 8*g)
+	require.NoError(t, err)
+	small := e.sparse(t, SparseOptions{Max: 8 * g, ChunkSize: g, Pool: p})
+	pairs := e.sparse(t, SparseOptions{Max: 16 * g, ChunkSize: g, MaxChunk: 2 * g, Pool: p})
+	require.NoError(t, small.Commit(0, 6*g))
+	require.NoError(t, small.Decommit(0, 6*g))
+	require.Equal(t, 6*g, p.Bytes(), "six chunks of one granule kept")
+	require.NoError(t, pairs.Commit(0, 2*g), "the two free granules hold one pair")
+	require.Equal(t, 8*g, e.used(t, 0), "the device is full: six pooled, one pair")
+
+	// Six granules pooled, none free: a pair releases two of them.
+	before := p.Stats()
+	require.NoError(t, pairs.Commit(2*g, 2*g))
+	ps := p.Stats()
+	require.Equal(t, before.Released+2, ps.Released, "two pooled granules released for the pair")
+	require.Equal(t, 4*g, p.Bytes())
+	require.Equal(t, 8*g, e.used(t, 0))
+	st := pairs.Stats()
+	require.Equal(t, 2, st.Creates)
+	require.Equal(t, 4*g, st.Committed)
+	require.NoError(t, pairs.Check())
+	require.NoError(t, p.Check())
+
+	// Five pairs would need ten granules; the four pooled make room for
+	// two: refused, nothing released, nothing committed.
+	before, used := p.Stats(), e.used(t, 0)
+	drivertest.RequireIs(t, pairs.Commit(4*g, 10*g), driver.ErrOutOfMemory)
+	require.Equal(t, before, p.Stats(), "a refused commit released nothing")
+	require.Equal(t, used, e.used(t, 0))
+	require.Equal(t, 4*g, pairs.Stats().Committed)
+	require.NoError(t, pairs.Check())
+	require.NoError(t, pairs.Commit(4*g, 4*g), "two pairs: the four pooled granules released")
+	require.Zero(t, p.Bytes())
+	require.Equal(t, before.Released+4, p.Stats().Released)
+
+	// A pair back in the pool, and a granule to commit: the pair is
+	// released (more than the granule needs; the rest is free memory).
+	require.NoError(t, pairs.Decommit(6*g, 2*g))
+	require.Equal(t, 2*g, p.Bytes(), "the pair kept as one chunk")
+	require.NoError(t, small.Commit(0, g))
+	require.Zero(t, p.Bytes())
+	require.Equal(t, 7*g, e.used(t, 0))
+	require.NoError(t, small.Check())
+	require.NoError(t, pairs.Check())
+	require.NoError(t, p.Check())
+	require.NoError(t, small.Close())
+	require.NoError(t, pairs.Close())
+	require.NoError(t, p.Close())
+	require.Zero(t, e.used(t, 0))
+}

@@ -473,10 +473,17 @@ func (s *Sparse) commitLocked(what func() string, holes []span, cut func(span) [
 	if len(holes) == 0 {
 		return nil
 	}
-	pieces, err := s.planLocked(what, holes, cut)
+	pieces, release, err := s.planLocked(what, holes, cut)
 	defer func() { s.scratch.pieces = pieces[:0] }()
 	if err != nil {
 		return err
+	}
+	// Pooled chunks of other sizes the plan counted on as room: released
+	// now that the plan holds (a refused plan released nothing).
+	for _, r := range release {
+		if err := s.opts.Pool.release(pieces[0].dev, r.size, r.n); err != nil {
+			return errors.Wrapf(err, "%s: release %d pooled chunks of %s for chunks of another size", what(), r.n, units.Bytes(r.size))
+		}
 	}
 	made := s.scratch.made[:0]
 	defer func() {
@@ -578,12 +585,17 @@ func (s *Sparse) grantRowLocked(h span, access []driver.Access) error {
 // planLocked cuts the holes into chunks (by cut, or at most MaxChunk each)
 // and chooses the device of every chunk, counting free memory as it goes;
 // it refuses — before anything is created — a commit the devices cannot
-// hold.
-func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []span) ([]piece, error) {
+// hold. A chunk the pool holds of the size is taken; where the device
+// has no room for a new one, the pool's chunks of other sizes on it are
+// room too (the device counts them as used, and they are only a cache):
+// release lists those the commit must release before it creates, by
+// size (a range with a pool has one device).
+func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []span) ([]piece, []sizeCount, error) {
 	free := s.freeInto(s.scratch.free[:0])
 	defer func() { s.scratch.free = free[:0] }()
 	pieces := s.scratch.pieces[:0]
-	var taken []sizeCount // the pooled chunks the plan takes, by size
+	var taken []sizeCount   // the pooled chunks the plan leaves, by size
+	var release []sizeCount // the pooled chunks to release, by size
 	var asked uint64
 	for _, h := range holes {
 		asked += h.size()
@@ -593,7 +605,7 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 		if cut != nil {
 			parts = cut(h)
 			if err := s.checkCut(h, parts); err != nil {
-				return pieces, errors.Wrapf(err, "%s", what())
+				return pieces, nil, errors.Wrapf(err, "%s", what())
 			}
 		} else {
 			parts = s.scratch.parts[:0]
@@ -611,8 +623,11 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 				continue
 			}
 			dev, err := s.chooseLocked(p.start, p.size(), free)
+			if err != nil && s.roomInPoolLocked(p.size(), free, &taken, &release) {
+				dev, err = s.chooseLocked(p.start, p.size(), free)
+			}
 			if err != nil {
-				return pieces, errors.WithHint(
+				return pieces, nil, errors.WithHint(
 					errors.Wrapf(err, "%s: needed %s more committed; %s", what(), units.Bytes(asked), s.describeFree()),
 					"decommit or free memory on the devices named, or commit less")
 			}
@@ -620,7 +635,56 @@ func (s *Sparse) planLocked(what func() string, holes []span, cut func(span) []s
 			pieces = append(pieces, piece{p.start, p.size(), dev})
 		}
 	}
-	return pieces, nil
+	return pieces, release, nil
+}
+
+// roomInPoolLocked plans the release of pooled chunks of the range's one
+// device, of sizes the plan has not taken, the largest first, until the
+// device's free memory (free, which it raises) holds size, and reports
+// whether it does. The chunks go from taken (what the plan may still
+// take, by size) to release. It plans nothing when they would not make
+// the room.
+func (s *Sparse) roomInPoolLocked(size uint64, free []uint64, taken, release *[]sizeCount) bool {
+	o, ok := s.opts.Placement.(oneDevice)
+	if s.opts.Pool == nil || !ok || free[o.dev] >= size {
+		return false
+	}
+	sizes := s.opts.Pool.sizesOn(o.dev)
+	for i := range sizes {
+		if j := slices.IndexFunc(*taken, func(t sizeCount) bool { return t.size == sizes[i].size }); j >= 0 {
+			sizes[i].n = (*taken)[j].n
+		}
+	}
+	room := free[o.dev]
+	var plan []sizeCount
+	for _, sc := range sizes {
+		if room >= size {
+			break
+		}
+		n := min(sc.n, int((size-room+sc.size-1)/sc.size))
+		if n > 0 {
+			plan = append(plan, sizeCount{sc.size, n})
+			room += uint64(n) * sc.size
+		}
+	}
+	if room < size {
+		return false
+	}
+	for _, r := range plan {
+		j := slices.IndexFunc(*taken, func(t sizeCount) bool { return t.size == r.size })
+		if j < 0 {
+			*taken = append(*taken, sizeCount{r.size, s.opts.Pool.count(o.dev, r.size)})
+			j = len(*taken) - 1
+		}
+		(*taken)[j].n -= r.n
+		if k := slices.IndexFunc(*release, func(t sizeCount) bool { return t.size == r.size }); k >= 0 {
+			(*release)[k].n += r.n
+		} else {
+			*release = append(*release, r)
+		}
+	}
+	free[o.dev] = room
+	return true
 }
 
 // sizeCount is a number of chunks of one size.

@@ -550,3 +550,54 @@ func TestKVCacheAsksBeforeItCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallPagesServeEveryRequest: at 64 KiB pages a llama3-8b token
+// (128 KiB) is a unit of two pages; the slots commit it page by page and
+// the prefix store as one chunk, so the pool kept pages of one size while
+// the store needed the other. With the device full of pooled pages the
+// cache refused requests with nothing running ("it can never run"), at
+// the first admission of the squeeze trace at 1 GiB. The pooled chunks
+// of the other size are room now (arena's TestPoolRoomForOtherSizes):
+// the uniform cache and the hybrid (mistral-7b's sliding window) finish
+// and refuse what the paged scheme does on the same traces.
+func TestSmallPagesServeEveryRequest(t *testing.T) {
+	if race.Enabled {
+		t.Skip("one goroutine's simulations, ten times slower under the detector: scripts/test runs it without")
+	}
+	for _, c := range []struct {
+		model, shape string
+		budget       uint64
+	}{
+		{"llama3-8b", "shared-prefix", 4 * units.GiB},
+		{"llama3-8b", "squeeze", 1 * units.GiB},
+		{"mistral-7b", "bursts", 2 * units.GiB},
+	} {
+		t.Run(c.model+"/"+c.shape, func(t *testing.T) {
+			m, err := ModelPreset(c.model)
+			require.NoError(t, err)
+			reqs, err := RequestTrace{Shape: c.shape, Seed: 1, Requests: 20}.Generate()
+			require.NoError(t, err)
+			cfg := Config{Model: m, Budget: c.budget, MaxSeqs: 32}
+			cfg.MaxContext = FitMaxContext(reqs, cfg)
+			opts := Options{Config: cfg, CheckEvery: 100}
+			paged, err := NewBlockTable(cfg)
+			require.NoError(t, err)
+			pres, err := Simulate(reqs, paged, opts)
+			require.NoError(t, err)
+			var scheme Scheme
+			if m.Hybrid() {
+				h, err := NewHybridCache(cfg, HybridCacheOptions{PageSize: 64 * units.KiB})
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, h.Close()) })
+				scheme = h
+			} else {
+				scheme = newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 64 * units.KiB})
+			}
+			res, err := Simulate(reqs, scheme, opts)
+			require.NoError(t, err)
+			require.Equal(t, pres.Finished, res.Finished)
+			require.Equal(t, len(reqs), res.Finished+res.Refused, "every request served or refused as longer than the context")
+			require.Equal(t, pres.Refused, res.Refused)
+		})
+	}
+}
