@@ -156,6 +156,12 @@ func TestConfigRefusals(t *testing.T) {
 		{"odd page", func(c *Config) { c.PageSize = page + 4096 }, driver.ErrMisaligned, "PageSize"},
 		{"huge heads", func(c *Config) { c.KVHeads, c.HeadDim = 1<<40, 1<<30 }, driver.ErrInvalid, "overflows"},
 		{"huge slots", func(c *Config) { c.MaxContext, c.MaxSeqs = 1<<40, 1<<20 }, driver.ErrInvalid, "overflows"},
+		// 2^17 units a slot, 2^10 slots: books of 2^27 entries, in 64 TiB
+		// of address space the process could reserve.
+		{"too many units", func(c *Config) { c.MaxContext, c.MaxSeqs = 1<<22, 1<<10 }, driver.ErrInvalid, "MaxUnits"},
+		// PickLayout weighs the worst waste over 2^40 lengths without
+		// walking them; two slots of 2^62 bytes overflow.
+		{"auto, long, huge pages", func(c *Config) { c.Layout, c.MaxContext, c.PageSize = AutoLayout, 1<<40, 1<<62 }, driver.ErrInvalid, "address space overflows"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := good

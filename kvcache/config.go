@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
 
@@ -437,8 +438,26 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 	if g.units > math.MaxInt32 {
 		return nil, tooBig("the pages of a slot")
 	}
+	if n, ok := mul(uint64(g.units), uint64(cfg.MaxSeqs)); !ok || n > MaxUnits {
+		return nil, errors.WithHint(bad("%d slots of %d units (%s) would take books of %d units, more than MaxUnits (%d; %d bytes of host memory each)",
+			cfg.MaxSeqs, g.units, g, n, MaxUnits, unitInfoBytes), "fewer MaxSeqs, a shorter MaxContext or a larger PageSize")
+	}
 	return g, nil
 }
+
+// MaxUnits is the most commit units (pages, or a page in every region in
+// PerLayer) a cache's slots may span together: the books keep an entry
+// for each from New on, so a config asking for more is refused instead of
+// building them. It is the number of 2 MiB pages in 128 TiB, the whole of
+// a 47-bit address space, so at a GPU's page size no reservation the
+// address space could hold is refused; smaller pages reach it sooner
+// (64 TiB at 1 MiB, 4 TiB at 64 KiB). Each group of a Hybrid is a cache
+// of its own.
+const MaxUnits = 1 << 26
+
+// unitInfoBytes is the size of a unit's entry in the books (MaxUnits'
+// error).
+const unitInfoBytes = int(unsafe.Sizeof(unitInfo{}))
 
 // pickOrder is the layouts PickLayout weighs, the one it takes on a tie
 // first: TokenMajor's pages hold whole tokens (a prefix is shared at
@@ -450,18 +469,29 @@ var pickOrder = [...]Layout{TokenMajor, Contiguous, PerLayer}
 // lowest for cfg's shape, PageSize (0: 2 MiB, a GPU's granularity) and
 // MaxContext: the most bytes committed past a sequence's tokens, over
 // every length from 1 to MaxContext (WorstWaste). On a tie it takes
-// TokenMajor, then Contiguous, then PerLayer. A config New would refuse
-// is ErrInvalid, as New words it.
+// TokenMajor, then Contiguous, then PerLayer. A layout whose slot cannot
+// hold cfg (it overflows, or passes MaxUnits) is passed over; a config no
+// layout holds is ErrInvalid, as New words it for the first.
 func PickLayout(cfg Config) (Layout, error) {
-	best, worst := PerLayer, uint64(math.MaxUint64)
+	best, worst, found := PerLayer, uint64(math.MaxUint64), false
+	var first error
 	for _, l := range pickOrder {
 		w, err := WorstWaste(cfg, l)
 		if err != nil {
-			return 0, err
+			// A layout that cannot hold cfg (its slot overflows where
+			// another's does not) is not a choice; a fault of cfg's
+			// own is every layout's.
+			if first == nil {
+				first = err
+			}
+			continue
 		}
-		if w < worst {
-			best, worst = l, w
+		if !found || w < worst {
+			best, worst, found = l, w, true
 		}
+	}
+	if !found {
+		return 0, first
 	}
 	return best, nil
 }
@@ -495,14 +525,64 @@ func (g *geometry) worstWaste() uint64 {
 	// Each region wastes (-n*stride) mod page: every multiple of
 	// gcd(stride, page) below the page once n has gone round.
 	d := gcd(g.stride, g.page)
-	if q := g.page / d; uint64(g.maxCtx) >= q {
+	q := g.page / d
+	if uint64(g.maxCtx) >= q {
 		return uint64(g.regions) * (g.page - d)
 	}
-	var worst uint64
-	for n := 1; n <= g.maxCtx; n++ {
-		worst = max(worst, (g.page-uint64(n)*g.stride%g.page)%g.page)
+	// Short of that, with s = stride/d coprime to q, n*s mod q is never
+	// 0 for n in [1, MaxContext], so (-n*s) mod q is q less it and the
+	// worst is q less the least n*s mod q: found in O(log² q), where a
+	// walk over every length is MaxContext steps (a caller's config may
+	// ask for 2^40 tokens).
+	return uint64(g.regions) * d * (q - leastMulMod(g.stride/d%q, q, uint64(g.maxCtx)))
+}
+
+// leastMulMod is the least a*n mod m over n in [1, most], for a coprime
+// to m and 1 <= most < m (so that it is never 0): the least t in [1, m)
+// with firstMulIn(a, m, 1, t) <= most, by bisection (the first n whose
+// residue is at most t comes no later as t grows).
+func leastMulMod(a, m, most uint64) uint64 {
+	lo, hi := uint64(1), m-1 // a*1 mod m <= m-1: hi always qualifies
+	for lo < hi {
+		t := lo + (hi-lo)/2
+		if n, ok := firstMulIn(a, m, 1, t); ok && n <= most {
+			hi = t
+		} else {
+			lo = t + 1
+		}
 	}
-	return uint64(g.regions) * worst
+	return lo
+}
+
+// firstMulIn is the least n >= 0 with lo <= a*n mod m <= hi, for
+// 0 <= lo <= hi < m, and false when there is none. Euclid's descent: if
+// no multiple of a (a < m) lies in [lo, hi], an n that has it wraps y
+// times, a*n = m*y + r with r in [lo, hi], and the least n is that of the
+// least y, which is the least y with m*y mod a in [a - hi%a, a - lo%a]
+// (lo and hi then have one quotient by a, so the range does not wrap):
+// the same question of (m mod a, a), so the depth is Euclid's on (a, m).
+// Every product is 128-bit: m may be any uint64.
+func firstMulIn(a, m, lo, hi uint64) (uint64, bool) {
+	if lo == 0 {
+		return 0, true
+	}
+	if a %= m; a == 0 {
+		return 0, false
+	}
+	k := lo/a + min(lo%a, 1) // the first multiple of a at or past lo
+	if h, l := bits.Mul64(k, a); h == 0 && l <= hi {
+		return k, true
+	}
+	y, ok := firstMulIn(m, a, a-hi%a, a-lo%a)
+	if !ok {
+		return 0, false
+	}
+	// n = ceil((m*y + lo) / a), less than m (residues repeat with period m).
+	h, l := bits.Mul64(m, y)
+	l, c := bits.Add64(l, lo, 0)
+	h += c
+	n, r := bits.Div64(h, l, a)
+	return n + min(r, 1), true
 }
 
 // String describes the geometry for messages: "per-layer, 64 regions of
