@@ -4,6 +4,7 @@ package serving
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
 
@@ -76,12 +77,26 @@ type pagedSeq struct {
 	registered int
 }
 
-// maxTableBlocks bounds the blocks of a table: ids are int32.
-const maxTableBlocks = 1<<31 - 1
+// MaxBlocks bounds the blocks of a paged scheme's budget: its pool keeps
+// an entry for every block from the start, so a budget of more (a large
+// one over tiny tokens, or blocks of one token) is refused instead of
+// building them. 2^26 blocks of 16 tokens hold a billion tokens, over a
+// thousand times what an 80 GiB GPU holds of llama3-8b's.
+const MaxBlocks = 1 << 26
+
+// checkBlocks refuses a budget of n blocks of bt tokens past MaxBlocks,
+// naming the scheme (what).
+func checkBlocks(what string, budget, n uint64, bt int) error {
+	if n <= MaxBlocks {
+		return nil
+	}
+	return errors.Wrapf(driver.ErrInvalid, "serving: %s: a budget of %s is %d blocks of %d tokens, more than MaxBlocks (%d; %d bytes of books each): give larger blocks or a smaller budget",
+		what, units.Bytes(budget), n, bt, MaxBlocks, unsafe.Sizeof(pagedBlock{}))
+}
 
 // NewBlockTable makes a paged scheme over cfg's budget: Budget /
 // (BlockTokens * Model.TokenBytes()) blocks, all free. cfg must pass
-// Config.Check; a budget of more than 2^31-1 blocks is refused too.
+// Config.Check; a budget of more than MaxBlocks blocks is refused too.
 func NewBlockTable(cfg Config) (*BlockTable, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
@@ -89,9 +104,8 @@ func NewBlockTable(cfg Config) (*BlockTable, error) {
 	cfg.defaults()
 	tb := cfg.Model.TokenBytes()
 	n := cfg.Budget / (tb * uint64(cfg.BlockTokens))
-	if n > maxTableBlocks {
-		return nil, errors.Wrapf(driver.ErrInvalid, "serving: paged: a budget of %s is %d blocks of %d tokens, more than %d: give larger blocks",
-			units.Bytes(cfg.Budget), n, cfg.BlockTokens, maxTableBlocks)
+	if err := checkBlocks("paged", cfg.Budget, n, cfg.BlockTokens); err != nil {
+		return nil, err
 	}
 	t := &BlockTable{
 		blockTokens: cfg.BlockTokens,

@@ -146,3 +146,25 @@ func TestBlockTableMisuse(t *testing.T) {
 	require.NoError(t, tbl.Append(a, 0), "nothing to add")
 	require.Equal(t, before, tbl.Stats())
 }
+
+// TestPagedBudgetPastMaxBlocks: a budget of more blocks than MaxBlocks (a
+// large budget over a tiny token, in blocks of one token) is refused by
+// both paged schemes, naming MaxBlocks, before a block is built; the
+// plain table's pool was built whole (693 million blocks, 16 GiB of books,
+// for 80 GiB over a 124-byte token) and a hostile config ran the process
+// out of memory.
+func TestPagedBudgetPastMaxBlocks(t *testing.T) {
+	m := Model{Name: "tiny-token", Layers: 31, KVHeads: 2, HeadDim: 1, ElemBytes: 1, QueryHeads: 2, Params: 1 << 20}
+	cfg := Config{Model: m, Budget: 80 * units.GiB, MaxContext: 256, MaxSeqs: 4, BlockTokens: 1}
+	require.NoError(t, cfg.Check())
+	_, err := NewBlockTable(cfg)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "more than MaxBlocks")
+	_, err = NewHybridBlockTable(cfg)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "more than MaxBlocks")
+	cfg.Budget = 1024 * m.TokenBytes()
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	require.Equal(t, 1024, tbl.Blocks())
+}

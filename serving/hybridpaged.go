@@ -129,7 +129,7 @@ func pagedGroupSize(gs []LayerGroup) int {
 }
 
 // NewHybridBlockTable makes the hybrid paged scheme over cfg's budget. cfg
-// must pass Config.Check; a budget of more than 2^31-1 blocks, or one
+// must pass Config.Check; a budget of more than MaxBlocks blocks, or one
 // whose pool cannot hold one sequence of MaxContext tokens, is refused
 // (driver.ErrInvalid). A model of one kind of layers is served as one
 // group: the plain BlockTable's books, less its figures' names.
@@ -171,9 +171,8 @@ func NewHybridBlockTable(cfg Config) (*HybridBlockTable, error) {
 		}
 	}
 	n := cfg.Budget / t.blockBytes
-	if n > maxTableBlocks {
-		return nil, errors.Wrapf(driver.ErrInvalid, "serving: paged hybrid: a budget of %s is %d blocks of %d tokens, more than %d: give larger blocks",
-			units.Bytes(cfg.Budget), n, bt, maxTableBlocks)
+	if err := checkBlocks("paged hybrid", cfg.Budget, n, bt); err != nil {
+		return nil, err
 	}
 	if need := t.blocksAt(cfg.MaxContext); uint64(need) > n {
 		return nil, errors.Wrapf(driver.ErrInvalid, "serving: paged hybrid: a budget of %s is %d blocks of %d tokens in %d-layer groups (%s each), and one sequence of %d tokens of %s takes %d: want a larger budget or a shorter max context",
