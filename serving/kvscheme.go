@@ -5,6 +5,7 @@ package serving
 
 import (
 	"fmt"
+	"math/bits"
 
 	"github.com/vmarena/vmarena/internal/errors"
 
@@ -236,27 +237,32 @@ func (c Config) WindowNote() string {
 }
 
 // ContextCap is the longest context the budget holds for one sequence in
-// whole blocks: the most MaxContext may be.
+// whole blocks: the most MaxContext may be. It is 0 for a model or block
+// size Check refuses.
 func (c Config) ContextCap() int {
 	c.defaults()
-	tb := c.Model.TokenBytes()
-	if tb == 0 || c.BlockTokens < 1 {
+	if c.Model.check() != nil || c.BlockTokens < 1 || c.BlockTokens > maxBlockTokens {
 		return 0
 	}
-	blocks := c.Budget / (tb * uint64(c.BlockTokens))
-	return int(min(blocks*uint64(c.BlockTokens), 2*MaxTokens))
+	hi, block := bits.Mul64(c.Model.TokenBytes(), uint64(c.BlockTokens))
+	if hi != 0 || block == 0 {
+		return 0
+	}
+	blocks := c.Budget / block
+	return int(min(min(blocks, 2*MaxTokens)*uint64(c.BlockTokens), 2*MaxTokens))
 }
 
 // FitMaxContext is the MaxContext that refuses no request of reqs if the
 // budget allows: the longest prompt plus output, rounded up to a whole
-// block, at most ContextCap. At least one block.
+// block, at most ContextCap. At least one block. A prompt or output out of
+// 0 to MaxTokens counts as the nearest bound (Simulate refuses it).
 func FitMaxContext(reqs []Request, c Config) int {
 	c.defaults()
 	longest := 1
 	for _, r := range reqs {
-		longest = max(longest, r.Input+r.Output)
+		longest = max(longest, min(max(r.Input, 0), MaxTokens)+min(max(r.Output, 0), MaxTokens))
 	}
-	bt := max(c.BlockTokens, 1)
+	bt := min(max(c.BlockTokens, 1), maxBlockTokens)
 	longest = (longest + bt - 1) / bt * bt
 	return min(longest, max(c.ContextCap(), bt))
 }

@@ -123,3 +123,25 @@ func TestWindowNote(t *testing.T) {
 	mistral.WindowLayers = 16
 	require.Contains(t, Config{Model: mistral, MaxContext: 8192}.WindowNote(), "not modelled: 16 of 32 layers of mistral-7b")
 }
+
+// TestContextCapOfBadConfigs: ContextCap and FitMaxContext take a
+// caller's Config and requests as they are, before Check: a block whose
+// bytes overflow (llama3-8b's 128 KiB token times 2^47 tokens is 2^64,
+// which wrapped to 0 and divided by it), a model Check refuses, and
+// prompts and outputs out of range answer a figure, never a panic.
+func TestContextCapOfBadConfigs(t *testing.T) {
+	l3 := modelPresets["llama3-8b"]
+	for _, c := range []Config{
+		{Model: l3, Budget: 80 * units.GiB, BlockTokens: 1 << 47},
+		{Model: l3, Budget: 80 * units.GiB, BlockTokens: -3},
+		{Model: Model{Name: "bad", Layers: -1, KVHeads: 8, HeadDim: 128, ElemBytes: 2}, Budget: 80 * units.GiB},
+	} {
+		require.NotPanics(t, func() { require.Zero(t, c.ContextCap()) }, "%+v", c)
+	}
+	huge := []Request{{Input: int(^uint(0) >> 1), Output: int(^uint(0) >> 1)}, {Input: -5, Output: -5}}
+	c := Config{Model: l3, Budget: 8 * units.TiB} // 64M tokens, past the cap
+	require.Equal(t, 2*MaxTokens, c.ContextCap())
+	require.Equal(t, 2*MaxTokens, FitMaxContext(huge, c), "each field counted at MaxTokens")
+	c.BlockTokens = 1 << 47
+	require.NotPanics(t, func() { FitMaxContext(huge, c) })
+}

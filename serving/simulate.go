@@ -205,6 +205,30 @@ func (o *Options) defaults() {
 	}
 }
 
+// checkCallersRequest refuses (driver.ErrInvalid) reqs[i] where it breaks
+// what the trace readers guarantee (Request): an Input or Output below 0
+// or over MaxTokens, an Arrival below 0 or over MaxArrival, or one before
+// the request ahead of it. A caller's list is checked as a file is: a
+// negative Output never finished, and the loop served it forever.
+func checkCallersRequest(reqs []Request, i int) error {
+	r := reqs[i]
+	bad := func(format string, args ...any) error {
+		return errors.Wrapf(driver.ErrInvalid, "request %d: "+format, append([]any{i}, args...)...)
+	}
+	switch {
+	case r.Input < 0 || r.Input > MaxTokens:
+		return bad("a prompt of %d tokens, want 0 to %d", r.Input, MaxTokens)
+	case r.Output < 0 || r.Output > MaxTokens:
+		return bad("an output of %d tokens, want 0 to %d", r.Output, MaxTokens)
+	case r.Arrival < 0 || r.Arrival > MaxArrival:
+		return bad("arrives at %v, want 0 to %v", r.Arrival, MaxArrival)
+	case i > 0 && r.Arrival < reqs[i-1].Arrival:
+		return errors.WithHint(bad("arrives at %v, before request %d's %v", r.Arrival, i-1, reqs[i-1].Arrival),
+			"requests must come in arrival order (slices.SortStableFunc by Arrival)")
+	}
+	return nil
+}
+
 // Check refuses options no simulation can run with, with driver.ErrInvalid:
 // a Config that Config.Check refuses, MaxBatchedTokens out of range, a
 // negative price (of a step or of a driver call) or CheckEvery.
@@ -229,7 +253,10 @@ func (o Options) Check() error {
 }
 
 // Simulate serves reqs (a trace, in arrival order) with continuous
-// batching, the scheme holding the KV, and measures it.
+// batching, the scheme holding the KV, and measures it. A list that is not
+// what the trace readers return (Request: an Input or Output out of 0 to
+// MaxTokens, an Arrival out of 0 to MaxArrival or before the one ahead of
+// it) is refused, driver.ErrInvalid, before anything runs.
 //
 // Each request arrives at its Arrival and waits in a queue. A request
 // whose prompt and output together exceed MaxContext, or whose prompt is
@@ -295,6 +322,9 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	}
 	extra := 0
 	for i, r := range reqs {
+		if err := checkCallersRequest(reqs, i); err != nil {
+			return Result{}, errors.Wrapf(err, "serving: simulate %s", scheme.Name())
+		}
 		if r.BlockTokens < 0 || r.BlockTokens > MaxTokens {
 			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: request %d has blocks of %d tokens, want 0 to %d",
 				scheme.Name(), i, r.BlockTokens, MaxTokens), "BlockTokens is the tokens a hash id of Blocks names; 0 means BlockTokens, Mooncake's 512")

@@ -2,6 +2,7 @@ package serving
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -545,4 +546,45 @@ func TestForkRefusals(t *testing.T) {
 			require.NoError(t, sc.Check())
 		})
 	}
+}
+
+// TestSimulateRefusesCallersRequests: a caller's request list is held to
+// what the trace readers return: a prompt or output out of 0 to
+// MaxTokens, an arrival out of 0 to MaxArrival or before the request
+// ahead of it, each refused (driver.ErrInvalid, naming the request)
+// before a step runs, the scheme untouched. A negative output was served
+// forever.
+func TestSimulateRefusesCallersRequests(t *testing.T) {
+	good := []Request{{Arrival: 0, Input: 40, Output: 4}, {Arrival: time.Millisecond, Input: 30, Output: 2}}
+	cfg := Config{Model: tinyPages.Model, Budget: tinyPages.Budget, MaxContext: 128, MaxSeqs: 4}
+	for _, c := range []struct {
+		name   string
+		change func(r []Request)
+		says   string
+	}{
+		{"negative output", func(r []Request) { r[1].Output = math.MinInt64 }, "request 1: an output of -9223372036854775808 tokens"},
+		{"output over MaxTokens", func(r []Request) { r[0].Output = MaxTokens + 1 }, "request 0: an output of"},
+		{"negative prompt", func(r []Request) { r[0].Input = -1 }, "request 0: a prompt of -1 tokens"},
+		{"prompt over MaxTokens", func(r []Request) { r[1].Input = math.MaxInt }, "request 1: a prompt of"},
+		{"negative arrival", func(r []Request) { r[0].Arrival = -time.Second }, "request 0: arrives at -1s"},
+		{"arrival past MaxArrival", func(r []Request) { r[1].Arrival = MaxArrival + 1 }, "request 1: arrives at"},
+		{"out of order", func(r []Request) { r[0].Arrival = time.Second }, "request 1: arrives at 1ms, before request 0's 1s"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reqs := slices.Clone(good)
+			c.change(reqs)
+			tbl, err := NewBlockTable(cfg)
+			require.NoError(t, err)
+			before := tbl.Stats()
+			_, err = Simulate(reqs, tbl, Options{Config: cfg})
+			require.ErrorIs(t, err, driver.ErrInvalid)
+			require.ErrorContains(t, err, c.says)
+			require.Equal(t, before, tbl.Stats())
+		})
+	}
+	tbl, err := NewBlockTable(cfg)
+	require.NoError(t, err)
+	res, err := Simulate(good, tbl, Options{Config: cfg})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Finished)
 }
