@@ -273,7 +273,7 @@ func newCache(space *vaspace.Space, mem *physical.Memory, cfg Config, share *Hyb
 		return nil, errors.Wrapf(err, "kvcache: new cache")
 	}
 	slots, err := arena.NewSparse(space, mem, arena.SparseOptions{
-		Max: g.slotBytes * uint64(cfg.MaxSeqs), ChunkSize: g.page, Device: cfg.Device, Pool: pool,
+		Max: g.slotBytes * uint64(cfg.MaxSeqs), ChunkSize: g.page, MaxChunk: g.unitBytes, Device: cfg.Device, Pool: pool,
 	})
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrapf(err, "kvcache: new cache of %d slots of %s (%s)", cfg.MaxSeqs, units.Bytes(g.slotBytes), g), pool.Close())

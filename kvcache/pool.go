@@ -53,7 +53,10 @@ func (c *Cache) checkPoolLocked(fail func(string, ...any)) {
 // within the budget beside the pages in use (it gives nothing back to
 // make room): the creates the commits of the next prompt chunks would
 // make, made ahead — while a step computes, or the engine idles — so
-// that those commits only map. A warmed page is committed memory
+// that those commits only map. The pool's chunks are the cache's units
+// (a page, or a token-major group of several: the chunk a commit maps),
+// so pages rounds up to whole units where the budget has room for them
+// and down where it has not. A warmed page is committed memory
 // (Stats.PooledPages), given back like any pooled page when the budget
 // is lowered, at Close, or taken by the next commit. It returns the pages
 // the pool keeps; a create the driver refuses ends it with the error, the
@@ -82,15 +85,17 @@ func (c *Cache) Warm(pages int) (int, error) {
 }
 
 // fillPoolLocked creates pages for the pool until it keeps pages of them,
-// within the free budget, and returns the pages it keeps (Warm's fill).
+// in whole units, within the free budget, and returns the pages it keeps
+// (Warm's fill). Every chunk of the pool is a unit: the slots and the
+// store both commit unit by unit, in chunks of a unit each.
 func (c *Cache) fillPoolLocked(what func() string, pages int) (int, error) {
 	c.warmPages = pages
-	have := c.pooledPages()
-	want := min(pages, have+max(c.freePagesLocked()-have, 0))
-	if want <= have {
-		return have, nil
+	upp := int(c.g.unitBytes / c.g.page)
+	want := min((pages+upp-1)/upp, c.freePagesLocked()/upp) // units
+	if want <= c.pooledPages()/upp {
+		return c.pooledPages(), nil
 	}
-	_, err := c.pool.Fill(c.cfg.Device, c.g.page, want)
+	_, err := c.pool.Fill(c.cfg.Device, c.g.unitBytes, want)
 	c.checkAfter("warm")
 	if err != nil {
 		return c.pooledPages(), errors.Wrapf(err, "%s", what())

@@ -61,3 +61,46 @@ func TestPagePool(t *testing.T) {
 		})
 	}
 }
+
+// TestMultiPageUnitsPoolWhole: a token-major token larger than a page is
+// a unit of several pages, which the slots and the prefix store both
+// commit as one chunk, so the pool they share holds chunks of one size:
+// Warm creates whole units, and sequences that come and go — their
+// prompts cached in the store, evicted for the next — map the pool's
+// chunks over and over, creating and releasing none (a pool of pages
+// beside a store of units had to release pages to create units, and the
+// other way round).
+func TestMultiPageUnitsPoolWhole(t *testing.T) {
+	e := hostEnv(t, 64<<20) // real bytes: the units read back what was written
+	cfg := tinyConfig(TokenMajor, 64, 2)
+	cfg.HeadDim = 384 // 96 KiB a token: a unit of two pages
+	const units = 24
+	cfg.Budget = 2 * units * page
+	c := e.cache(t, cfg)
+	require.Equal(t, uint64(2*page), c.g.unitBytes)
+
+	got, err := c.Warm(2*units - 1) // rounds up to whole units
+	require.NoError(t, err)
+	require.Equal(t, 2*units, got)
+	p0 := c.pool.Stats()
+	require.Equal(t, units, p0.Filled, "one create a unit, not a page")
+	require.Equal(t, units, p0.Chunks)
+	require.NoError(t, c.Check())
+
+	for i := range 12 {
+		prompt := family(i, 10) // 10 units, cached at Free; the next evicts them
+		s := prefill(t, c, prompt, 0)
+		checkSeq(t, s, prompt, 0, 0, len(prompt))
+		require.NoError(t, s.Free())
+		require.NoError(t, c.Check())
+		st := c.Stats()
+		require.Equal(t, 2*units, st.PagesCommitted+st.PooledPages, "the budget stays whole")
+		require.Equal(t, uint64(2*units)*page, e.used(t))
+	}
+	p1 := c.pool.Stats()
+	require.Equal(t, units, p1.Filled, "every chunk the pool's: none created")
+	require.Zero(t, p1.Released, "none released to make a chunk of another size")
+	require.Positive(t, p1.Reused)
+	require.NoError(t, c.Close())
+	require.Zero(t, e.used(t))
+}
