@@ -66,15 +66,18 @@ type KVTarget struct {
 // default) and the paged scheme, steps priced by
 // serving.A100, driver calls by costs, both scheduled a step ahead
 // (serving.Options.AdmitAhead) when ahead is true, else each step after
-// the last (kv simulate's default).
-func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts, ahead bool) (KVTarget, error) {
+// the last (kv simulate's default), this cache's page pool warmed before
+// serving with the budget (serving.Options.WarmBudget, kv simulate's
+// default --warm budget) when warmBudget is true, else with a step's
+// tokens (--warm step).
+func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts, ahead, warmBudget bool) (KVTarget, error) {
 	m, err := serving.ModelPreset(model)
 	if err != nil {
 		return KVTarget{}, err
 	}
 	cfg := serving.Config{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: serving.DefaultBlockTokens}
 	cfg.MaxContext = serving.FitMaxContext(tr.Requests, cfg)
-	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs, AdmitAhead: ahead}
+	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs, AdmitAhead: ahead, WarmBudget: warmBudget}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
 	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {

@@ -64,7 +64,7 @@ func TestKVTargetTracesRefuses(t *testing.T) {
 func TestForksHoldLess(t *testing.T) {
 	reqs, err := serving.RequestTrace{Shape: "parallel-sampling", Seed: 1, Requests: 200}.Generate()
 	require.NoError(t, err)
-	c, err := KVTargetCell(KVTrace{Name: "parallel-sampling", Requests: reqs}, "llama3-8b", 16*units.GiB, sim.A100, true)
+	c, err := KVTargetCell(KVTrace{Name: "parallel-sampling", Requests: reqs}, "llama3-8b", 16*units.GiB, sim.A100, true, true)
 	require.NoError(t, err)
 	const mib = float64(units.MiB)
 	t.Logf("in use %.0f MiB (cache) / %.0f MiB (paged), waste %.1f / %.1f MiB, mean TTFT %v / %v, forks %d, failed %d",

@@ -6,6 +6,7 @@ package serving
 
 import (
 	"fmt"
+	"math/bits"
 
 	"github.com/vmarena/vmarena/internal/errors"
 
@@ -493,11 +494,18 @@ func (k *Cache) Warm(n, most int) error {
 		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: warm the pool for %d tokens", n)
 	}
 	page := k.cache.Config().PageSize
-	pages := (uint64(n)*k.cfg.Model.TokenBytes()+page-1)/page + 1 // a page a chunk straddles
+	const maxPages = uint64(1) << 30 // the budget bounds them first
+	pages := maxPages
+	if hi, b := bits.Mul64(uint64(n), k.cfg.Model.TokenBytes()); hi == 0 && b/page < maxPages {
+		pages = b/page + 1 // and a page a chunk straddles
+		if b%page != 0 {
+			pages++
+		}
+	}
 	if most >= 0 {
 		pages = min(pages, uint64(k.cache.Stats().PooledPages)+uint64(most))
 	}
-	_, err := k.cache.Warm(int(min(pages, uint64(1)<<30)))
+	_, err := k.cache.Warm(int(min(pages, maxPages)))
 	return errors.Wrapf(err, "serving: kvcache: warm the pool")
 }
 

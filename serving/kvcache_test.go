@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/race"
 	"github.com/vmarena/vmarena/internal/units"
@@ -600,4 +601,44 @@ func TestSmallPagesServeEveryRequest(t *testing.T) {
 			require.Equal(t, pres.Refused, res.Refused)
 		})
 	}
+}
+
+// TestWarmBudget: with Options.WarmBudget the cache's page pool is warmed
+// before serving with the whole budget (a trace holding more than the
+// budget), so every create is made then, none while serving, and steps
+// wait for less driver time than when the pool is warmed a step at a
+// time (steps of 512 tokens here, a fraction of the budget); with a
+// budget larger than the trace, the warm stops at the trace's memory,
+// and serving keeps a step's pages pooled on top, as without WarmBudget.
+func TestWarmBudget(t *testing.T) {
+	m, err := ModelPreset("llama3-8b")
+	require.NoError(t, err)
+	reqs := make([]Request, 16)
+	for i := range reqs {
+		reqs[i] = Request{Arrival: time.Duration(i) * 20 * time.Millisecond, Input: 400 + 37*i, Output: 30}
+	}
+	run := func(budget uint64, warmBudget bool) Result {
+		cfg := Config{Model: m, Budget: budget, MaxSeqs: 32}
+		cfg.MaxContext = FitMaxContext(reqs, cfg)
+		c := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 64 * units.KiB})
+		res, err := Simulate(reqs, c, Options{Config: cfg, MaxBatchedTokens: 512, CheckEvery: 50, Prices: sim.A100, WarmBudget: warmBudget})
+		require.NoError(t, err)
+		require.Equal(t, len(reqs), res.Finished+res.Refused)
+		return res
+	}
+	var tokens uint64
+	for _, r := range reqs {
+		tokens += uint64(r.Input + r.Output)
+	}
+	small := tokens * m.TokenBytes() / 4 // the trace holds four budgets' worth
+	step, whole := run(small, false), run(small, true)
+	n := small / (128 * units.KiB) // llama3-8b's token: a unit of two pages
+	require.Equal(t, n, whole.Driver.Calls.Create, "the budget's units, created once")
+	require.Equal(t, time.Duration(n)*sim.A100.Create, whole.Driver.Startup, "every create before serving")
+	require.Less(t, whole.Driver.Exposed, step.Driver.Exposed)
+	require.LessOrEqual(t, whole.MeanTTFT, step.MeanTTFT)
+
+	big := run(64*tokens*m.TokenBytes(), true)
+	t.Logf("a budget of 64 traces: %d creates for %d tokens", big.Driver.Calls.Create, tokens)
+	require.LessOrEqual(t, big.Driver.Calls.Create, tokens+512+1, "at most the trace's units and a step's pool, not the budget's")
 }

@@ -66,6 +66,21 @@ type Options struct {
 	// the same scheduler; the paged scheme reserves nothing (its blocks
 	// cost no driver call, and its pool is allocated before serving).
 	AdmitAhead bool
+	// WarmBudget has a scheme that warms its page pool (mapping ahead, or
+	// with AdmitAhead) fill it before serving with the whole budget's
+	// memory, as vLLM allocates its KV tensors at start-up and as the
+	// paged and static schemes allocate their pools then — at most the
+	// memory of every token of every request (the most the run can hold;
+	// a step's tokens' if that is more), so a budget larger than the
+	// trace creates nothing it never maps. A hybrid cache warms at most a
+	// sequence's MaxContext (HybridCache.Warm): its groups' shares of the
+	// budget depend on the mix of sequences.
+	// Serving then maps pages the pool holds and creates none, whatever
+	// the page size. False warms a step's tokens' memory before serving,
+	// and the rest as steps and idle gaps pay for it: memory is created
+	// as the load first needs it (an engine that shares the device).
+	// The calls are in Result.Driver.Startup either way.
+	WarmBudget bool
 }
 
 // ProgressSteps is how many steps pass between calls of
@@ -1120,23 +1135,46 @@ func (s *simulation) warms() bool {
 	return s.opts.AdmitAhead || s.res.Driver.MapAhead > 0
 }
 
-// startup has a scheme that can warm fill its pool with a step's pages
-// (MaxBatchedTokens) before serving starts, as an engine warms its cache
-// when it starts and as the paged and static schemes allocate their
-// pools then: the calls are in Driver.Time and Driver.Startup, on no
-// step's path and no admission's.
+// startup has a scheme that can warm fill its pool before serving starts,
+// as an engine warms its cache when it starts and as the paged and static
+// schemes allocate their pools then: with a step's pages
+// (MaxBatchedTokens), or with the budget's up to every token of the
+// requests (Options.WarmBudget). The calls are in Driver.Time and
+// Driver.Startup, on no step's path and no admission's.
 func (s *simulation) startup() error {
 	res, ok := s.scheme.(kvReserver)
 	if !ok || !s.warms() {
 		return nil
 	}
+	n := s.opts.MaxBatchedTokens
+	if s.opts.WarmBudget {
+		n = max(n, s.tokensOfAll())
+	}
 	m := s.enter()
-	err := res.Warm(s.opts.MaxBatchedTokens, -1)
+	err := res.Warm(n, -1)
 	t := s.leave(m).Time(s.opts.Prices)
 	s.res.Driver.Time += t
 	s.res.Driver.Startup += t
 	return err
 }
+
+// tokensOfAll is every token of every sequence to serve, prompts and
+// outputs, up to MaxWarmTokens: the most memory the run can hold.
+func (s *simulation) tokensOfAll() int {
+	var n uint64
+	for _, r := range s.all {
+		n += uint64(r.req.Input) + uint64(r.req.Output) // each at most MaxTokens
+		if n >= MaxWarmTokens {
+			return MaxWarmTokens
+		}
+	}
+	return int(n)
+}
+
+// MaxWarmTokens bounds the tokens Options.WarmBudget warms the pool for,
+// as the budget bounds them first: 2^40 tokens are more than any budget
+// of this simulation holds (a petabyte at a byte a token).
+const MaxWarmTokens = 1 << 40
 
 // admit admits (or resumes) r, the front of the queue, which CanAdmit
 // agreed to, pricing the calls with price; false when the scheme

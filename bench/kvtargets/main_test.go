@@ -39,6 +39,17 @@ func TestRunEachStepAfterTheLast(t *testing.T) {
 	require.Contains(t, lines[len(lines)-1], "2 cells in ")
 }
 
+// TestRunWarmStep: -warm step says in its header that the page pool is
+// warmed with a step's tokens, and runs the cells.
+func TestRunWarmStep(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"-mooncake", mooncake, "-requests", "8", "-models", "llama3-8b", "-traces", "mooncake", "-warm", "step"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Contains(t, lines[0], "warmed before serving with a step's tokens (-warm step)")
+	require.Contains(t, lines[len(lines)-1], "2 cells in ")
+}
+
 // TestRunRefuses: flags it cannot use exit 2, saying why.
 func TestRunRefuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -51,6 +62,7 @@ func TestRunRefuses(t *testing.T) {
 		{[]string{"-models", "gpt2"}, `-models: serving: no model preset "gpt2"`},
 		{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"-admit-ahead=maybe"}, `invalid boolean value "maybe" for -admit-ahead`},
+		{[]string{"-warm", "half"}, "-warm half: want budget or step"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"-mooncake", mooncake}, tc.args...), &out, &errOut)

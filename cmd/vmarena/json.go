@@ -444,9 +444,11 @@ type KVSimulateJSON struct {
 	StepsPricedBy    string `json:"steps_priced_by"`
 	// DriverPricedBy names the table of driver call costs (--prices);
 	// MapAheadTokens is this cache's mapping-ahead window, 0 when off
-	// (--map-ahead=false).
+	// (--map-ahead=false); Warm is --warm, what the page pool is warmed
+	// with before serving: "budget" or "step".
 	DriverPricedBy string `json:"driver_priced_by"`
 	MapAheadTokens int    `json:"map_ahead_tokens"`
+	Warm           string `json:"warm"`
 	// Cache describes this cache (its layout and pages), which reserves
 	// CacheReservedBytes of address space; Preempt is its --preempt and
 	// Admit its --admit.

@@ -22,7 +22,7 @@ const kvUsage = `usage: vmarena kv simulate --trace FILE --model PRESET|CONFIG.j
                            [--preempt drop|swap] [--admit prompt|expected-output] [--limit N]
                            [--max-context TOKENS] [--max-seqs 256] [--max-batched-tokens 8192]
                            [--prices a100|h100] [--map-ahead=false] [--admit-ahead]
-                           [--scheme auto|uniform|hybrid] [--report FILE] [--json]
+                           [--warm budget|step] [--scheme auto|uniform|hybrid] [--report FILE] [--json]
                            [--kv-events tcp://HOST:PORT|ipc://PATH [--kv-events-topic TOPIC]
                             [--kv-events-replay ENDPOINT] [--kv-events-layout array|map]
                             [--kv-events-dp-rank 0] [--kv-events-vllm-hash-seed SEED]
@@ -45,10 +45,14 @@ as much as the budget holds for one sequence; longer requests are refused.
 Each scheme's driver calls are counted by kind and priced by --prices (the
 sim driver's table measured on an A100, or on an H100); with mapping ahead (on
 unless --map-ahead=false) this cache's decode commits run in the background
-during the step before, its page pool is warmed there (and before serving,
-and in idle gaps) so that admissions map pages rather than create them, and
-only what exceeds that step's GPU time is waited for. Steps wait for the exposed driver time, so TTFT and throughput pay for
-it. --admit-ahead schedules a step ahead, as an engine whose scheduler runs
+during the step before, and only what exceeds that step's GPU time is
+waited for; its page pool is warmed before serving, so that admissions map
+pages rather than create them: with the whole budget (--warm budget, as
+vLLM allocates its KV cache at start-up; at most the memory of every token
+of the trace), or with a step's tokens (--warm step: the rest is created
+as the load first needs it, warmed during steps and in idle gaps as their
+time pays for). Steps wait for the exposed driver time, so TTFT and
+throughput pay for it. --admit-ahead schedules a step ahead, as an engine whose scheduler runs
 while the GPU computes: admissions, the next prompt chunks' pages (this
 cache's Seq.Reserve) and the last step's frees are made during a step, for
 every scheme, and only what exceeds its GPU time is waited for. The paged and
@@ -111,6 +115,11 @@ var kvPreempts = []string{"drop", "swap"}
 // for the prompt alone, or for the prompt and an expected output.
 var kvAdmits = []string{"prompt", "expected-output"}
 
+// kvWarms are what --warm accepts, the default first: the page pool
+// warmed before serving with the whole budget (serving.Options.WarmBudget)
+// or with a step's tokens.
+var kvWarms = []string{"budget", "step"}
+
 // kvSchemeSets are what --scheme accepts, the default first.
 var kvSchemeSets = []string{"auto", "uniform", "hybrid"}
 
@@ -154,6 +163,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	prices := fs.String("prices", "a100", "the `TABLE` of driver call costs: "+strings.Join(sim.CostTableNames(), " or ")+" (measured per call on that GPU)")
 	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
 	admitAhead := fs.Bool("admit-ahead", false, "schedule a step ahead: admit, reserve the next prompt chunks' pages and free the finished requests during a step, in the background of its GPU time (every scheme)")
+	warm := fs.String("warm", kvWarms[0], "what this cache's page pool is warmed with before serving, mapping ahead: budget (the whole budget, as vLLM allocates its KV cache at start-up; at most every token of the trace) or step (a step's tokens, the rest created as the load first needs it)")
 	jsonOut := fs.Bool("json", false, jsonHelp)
 	schemeSet := fs.String("scheme", kvSchemeSets[0], "the `SCHEMES` compared: auto (hybrid for a model with sliding-window or recurrent layers), uniform (this cache, paged, static) or hybrid (this library's hybrid cache and vLLM's hybrid paged manager)")
 	events := fs.String("kv-events", "", "publish this cache's KV events as vLLM does, on a ZMQ PUB socket listening at `ENDPOINT` (tcp://HOST:PORT, HOST * for every interface, PORT 0 for a free one; or ipc://PATH)")
@@ -189,6 +199,8 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--preempt %s: want %s", *preempt, strings.Join(kvPreempts, " or "))
 	case !slices.Contains(kvAdmits, *admit):
 		return usageErr("--admit %s: want %s", *admit, strings.Join(kvAdmits, " or "))
+	case !slices.Contains(kvWarms, *warm):
+		return usageErr("--warm %s: want %s", *warm, strings.Join(kvWarms, " or "))
 	case !slices.Contains(kvSchemeSets, *schemeSet):
 		return usageErr("--scheme %s: want %s", *schemeSet, strings.Join(kvSchemeSets, " or "))
 	case *limit < 0:
@@ -261,7 +273,8 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if err := cfg.Check(); err != nil {
 		return usageErr("%v", err)
 	}
-	opts := serving.Options{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != "", AdmitAhead: *admitAhead}
+	opts := serving.Options{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != "", AdmitAhead: *admitAhead,
+		WarmBudget: *warm == "budget"}
 
 	// The schemes, each built from the same cfg: this cache's first.
 	lay, err := kvcache.ParseLayout(*layout)
@@ -406,6 +419,13 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	if *admitAhead {
 		ahead += "; scheduling a step ahead (admissions, prompt chunks' reservations and frees during the step before)"
 	}
+	if cache.MapAhead() > 0 || *admitAhead {
+		if *warm == "budget" {
+			ahead += "; the page pool warmed before serving with the budget, or every token of the trace if less (--warm budget)"
+		} else {
+			ahead += "; the page pool warmed before serving with a step's tokens, the rest during steps and idle gaps (--warm step)"
+		}
+	}
 	header = append(header, fmt.Sprintf("driver calls priced by the %s; this cache's mapping ahead %s", costs.Name, ahead))
 	table := kvTable(results)
 	if hybrid {
@@ -413,7 +433,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if *jsonOut {
 		doc := kvDocument(filepath.Base(*trace), sum, cfg, *maxBatched, opts.Steps.Name, cache, *preempt, *admit, results)
-		doc.DriverPricedBy, doc.MapAheadTokens = costs.Name, cache.MapAhead()
+		doc.DriverPricedBy, doc.MapAheadTokens, doc.Warm = costs.Name, cache.MapAhead(), *warm
 		if err := writeJSON(stdout, doc); err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 			return 1

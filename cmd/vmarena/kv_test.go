@@ -174,6 +174,12 @@ func TestKVSimulateHandmade(t *testing.T) {
 	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--admit", "expected-output")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, flatten(out), "; preempts by drop; admits with room for the prompt and an expected output, the mean of the requests finished so far\n")
+	require.Contains(t, flatten(out), "; the page pool warmed before serving with the budget, or every token of the trace if less (--warm budget)\n")
+
+	// --warm step warms a step's tokens before serving, and says so.
+	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--warm", "step")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, flatten(out), "; the page pool warmed before serving with a step's tokens, the rest during steps and idle gaps (--warm step)\n")
 }
 
 // TestKVSimulateModels: --model takes a preset or a Hugging Face
@@ -259,6 +265,7 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--page-size", "4GiB"}, "--page-size 4 GiB: want a power of two from 4 KiB"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--preempt", "pause"}, "--preempt pause: want drop or swap"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--admit", "output"}, "--admit output: want prompt or expected-output"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--warm", "half"}, "--warm half: want budget or step"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "paged"}, "--scheme paged: want auto or uniform or hybrid"},
 		{[]string{"simulate", "--trace", small, "--model", "gemma-3-27b", "--layout", "per-layer"},
 			"--layout is the uniform cache's: the hybrid schemes (--scheme auto, model gemma-3-27b) have none; give --scheme uniform"},
