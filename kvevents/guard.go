@@ -16,8 +16,12 @@ import (
 // before zmq4 sees it and refuses what no subscriber or replay client
 // sends: no ZMTP 3 greeting, a frame longer than maxFrame, a message of
 // more than maxFrames frames, a message before the handshake's READY,
-// a handshake not done within handshakeTimeout; and it gives each write
-// writeTimeout. A refused connection is closed; the others go on.
+// a handshake not done within handshakeTimeout, a first command whose
+// body is not a READY of whole properties (zmq4's metadata parser slices
+// past a short property and panics: the guard holds the command's body,
+// at most maxFrame, and checks it before zmq4 reads its last byte); and
+// it gives each write writeTimeout. A refused connection is closed; the
+// others go on.
 const (
 	// maxFrame bounds a frame a peer sends: a subscription is the topic
 	// and a byte, a replay request three short frames, the handshake's
@@ -57,6 +61,7 @@ type guardConn struct {
 	command   bool   // the current frame is a command
 	frames    int    // frames of the current message so far
 	handshook bool   // the peer's first command (READY) is in
+	ready     []byte // the first command's body so far, checked whole
 }
 
 func newGuardConn(c net.Conn) *guardConn {
@@ -115,10 +120,15 @@ func (g *guardConn) scan(p []byte) error {
 			p = p[k:]
 		case g.body > 0:
 			k := min(g.body, uint64(len(p)))
+			if g.command && !g.handshook {
+				g.ready = append(g.ready, p[:k]...)
+			}
 			g.body -= k
 			p = p[k:]
 			if g.body == 0 {
-				g.frameDone()
+				if err := g.frameDone(); err != nil {
+					return err
+				}
 			}
 		default:
 			g.hdr[g.hdrN] = p[0]
@@ -155,7 +165,9 @@ func (g *guardConn) scan(p []byte) error {
 			}
 			g.body = size
 			if size == 0 {
-				g.frameDone()
+				if err := g.frameDone(); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -163,11 +175,43 @@ func (g *guardConn) scan(p []byte) error {
 }
 
 // frameDone notes a whole frame read: the first command ends the
-// handshake, and with it the read deadline.
-func (g *guardConn) frameDone() {
-	if g.command && !g.handshook {
-		g.handshook = true
-		g.done.Store(true)
-		g.timer.Stop()
+// handshake, and with it the read deadline, once its body is a READY
+// of whole properties.
+func (g *guardConn) frameDone() error {
+	if !g.command || g.handshook {
+		return nil
 	}
+	if !wellFormedReady(g.ready) {
+		return errRefused
+	}
+	g.ready = nil
+	g.handshook = true
+	g.done.Store(true)
+	g.timer.Stop()
+	return nil
+}
+
+// wellFormedReady reports whether body is a ZMTP READY command's: the
+// name READY, then properties each of a name (a length byte, at least
+// one byte) and a value (a 4-byte big-endian length, that many bytes),
+// the last ending where body does.
+func wellFormedReady(body []byte) bool {
+	const name = "READY"
+	if len(body) < 1+len(name) || int(body[0]) != len(name) || string(body[1:1+len(name)]) != name {
+		return false
+	}
+	for p := body[1+len(name):]; len(p) > 0; {
+		k := int(p[0])
+		if k == 0 || len(p) < 1+k+4 {
+			return false
+		}
+		p = p[1+k:]
+		v := binary.BigEndian.Uint32(p)
+		p = p[4:]
+		if uint64(v) > uint64(len(p)) {
+			return false
+		}
+		p = p[v:]
+	}
+	return true
 }

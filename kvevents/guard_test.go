@@ -33,18 +33,21 @@ func cat(parts ...[]byte) []byte {
 }
 
 // TestGuardFrames: what a subscriber and a replay client send passes;
-// each bound refuses.
+// each bound refuses, and so does a first command that is no READY of
+// whole properties.
 func TestGuardFrames(t *testing.T) {
 	hello := cat(greeting(), readyAs("DEALER"))
 	request := cat([]byte{0x01, 0, 0x00, 8}, seq8(3))
 	long := func(n uint64) []byte { return binary.BigEndian.AppendUint64([]byte{0x02}, n) }
-	for _, tc := range []struct {
+	type guardCase struct {
 		name    string
 		data    []byte
 		refused bool
-	}{
+	}
+	cases := []guardCase{
 		{"a replay request", cat(hello, request), false},
 		{"a subscription", cat(greeting(), readyAs("SUB"), []byte{0x00, 3, 1, 'k', 'v'}), false},
+		{"a READY of no property", cat(greeting(), command("\x05READY"), request), false},
 		{"a long frame of 64 KiB", cat(hello, long(maxFrame), make([]byte, maxFrame)), false},
 		{"a frame over 64 KiB", cat(hello, long(maxFrame+1)), true},
 		{"a frame of 2^63 bytes", cat(hello, long(1<<63)), true},
@@ -54,7 +57,11 @@ func TestGuardFrames(t *testing.T) {
 		{"a message before READY", append(greeting(), 0x00, 0), true},
 		{"no signature", append([]byte("GET / HTTP/1.1\r\n"), make([]byte, 64)...), true},
 		{"ZMTP 2", func() []byte { g := greeting(); g[10] = 1; return g }(), true},
-	} {
+	}
+	for _, b := range badReadies {
+		cases = append(cases, guardCase{"READY: " + b.name, cat(greeting(), command(b.body)), true})
+	}
+	for _, tc := range cases {
 		for _, chunk := range []int{1, 3, 64, 1 << 20} {
 			refused, _ := scanAll(tc.data, chunk)
 			require.Equal(t, tc.refused, refused, "%s in pieces of %d", tc.name, chunk)

@@ -53,6 +53,23 @@ func readyAs(typ string) []byte {
 	return append([]byte{0x04, byte(len(body))}, body...)
 }
 
+// command is a short command frame of body.
+func command(body string) []byte { return append([]byte{0x04, byte(len(body))}, body...) }
+
+// badReadies are first commands the guard refuses: READYs whose
+// properties are cut short (zmq4's parser panics on the first three),
+// and commands that are no READY.
+var badReadies = []struct{ name, body string }{
+	{"a property name and no value length", "\x05READY\x0bSocket-Type"},
+	{"a property of a zero-length name", "\x05READY\x00"},
+	{"a property name past the body", "\x05READY\x04abcd"},
+	{"a value past the body", "\x05READY\x01k\x00\x00\x00\x09abc"},
+	{"a value length of 2^32-1", "\x05READY\x01k\xff\xff\xff\xff"},
+	{"a command name past the body", "\x09READY"},
+	{"another command", "\x04PING"},
+	{"an empty command", ""},
+}
+
 func newPublisher(t *testing.T, o Options) *Publisher {
 	t.Helper()
 	o.Endpoint, o.ReplayEndpoint = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"

@@ -96,6 +96,51 @@ func TestHostileReplayRequests(t *testing.T) {
 	require.NoError(t, p.Close())
 }
 
+// TestHostileHandshakes: a first command that is no READY of whole
+// properties — some of which zmq4's own metadata parser slices past and
+// panics on, which on a serving goroutine would end the process — closes
+// its connection on either socket, counted as refused; a subscriber and
+// a replay client are served afterwards.
+func TestHostileHandshakes(t *testing.T) {
+	p := newPublisher(t, Options{})
+	for _, addr := range []string{p.Addr().String(), p.ReplayAddr().String()} {
+		for _, b := range badReadies {
+			c, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			_, _ = c.Write(cat(greeting(), command(b.body)))
+			_, _ = io.Copy(io.Discard, c) // ends when the publisher closes it
+			require.NoError(t, c.Close(), b.name)
+		}
+	}
+	for p.Stats().Refused < 2*len(badReadies) {
+		time.Sleep(time.Millisecond) // counted as each connection's goroutine ends
+	}
+	require.Equal(t, 2*len(badReadies), p.Stats().Refused)
+	sub := zmq4.NewSub(context.Background())
+	defer sub.Close()
+	require.NoError(t, sub.Dial("tcp://"+p.Addr().String()))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
+	for p.Stats().Subscribers == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	servesOne(t, p, sub)
+	require.NoError(t, p.Close())
+}
+
+// servesOne publishes batch 0 and checks that sub receives it and that
+// a replay client is sent it.
+func servesOne(t *testing.T, p *Publisher, sub zmq4.Socket) {
+	t.Helper()
+	p.Publish(makeBatch(0, 0))
+	m, err := sub.Recv()
+	require.NoError(t, err)
+	require.NoError(t, checkPayload(m.Frames[2], 0, 0, nil, Array))
+	d := zmq4.NewDealer(context.Background())
+	defer d.Close()
+	require.NoError(t, d.Dial("tcp://"+p.ReplayAddr().String()))
+	require.Equal(t, []int64{0}, replayFrom(t, d, nil, seq8(0)))
+}
+
 // TestNoLeaks: a publisher that served a subscriber and a replay and
 // closed, with a subscriber that never reads (a raw connection that
 // subscribed) still connected and batches still queued for it, leaves no
@@ -114,13 +159,7 @@ func TestNoLeaks(t *testing.T) {
 		for p.Stats().Subscribers < 2 {
 			time.Sleep(time.Millisecond)
 		}
-		p.Publish(makeBatch(0, 0))
-		m, err := sub.Recv()
-		require.NoError(t, err)
-		require.NoError(t, checkPayload(m.Frames[2], 0, 0, nil, Array))
-		d := zmq4.NewDealer(context.Background())
-		require.NoError(t, d.Dial("tcp://"+p.ReplayAddr().String()))
-		require.Equal(t, []int64{0}, replayFrom(t, d, nil, seq8(0)))
+		servesOne(t, p, sub)
 		for i := range 50 {
 			p.Publish(makeBatch(i, 64<<10)) // more than the stalled one's buffers take
 		}
@@ -131,7 +170,6 @@ func TestNoLeaks(t *testing.T) {
 			require.NoError(t, err)
 		}
 		require.NoError(t, sub.Close())
-		require.NoError(t, d.Close())
 		require.NoError(t, p.Close())
 		require.NoError(t, stalled.Close())
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
@@ -136,6 +137,7 @@ type Publisher struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	closed bool
+	quit   chan struct{} // closed by Close: an accept loop's pause ends
 	peers  map[*peer]struct{}
 	next   int64  // the next batch's sequence number
 	ring   []kept // the batches kept for replay, oldest at head
@@ -185,7 +187,7 @@ func New(opts Options) (*Publisher, error) {
 	if opts.HWM == 0 {
 		opts.HWM = DefaultHWM
 	}
-	p := &Publisher{opts: opts, topic: []byte(opts.Topic), peers: map[*peer]struct{}{}}
+	p := &Publisher{opts: opts, topic: []byte(opts.Topic), peers: map[*peer]struct{}{}, quit: make(chan struct{})}
 	if opts.VLLMHashSeed != nil {
 		p.hasher = NewVLLMHasher(*opts.VLLMHashSeed)
 	}
@@ -261,6 +263,7 @@ func (p *Publisher) ReplayEndpoint() string {
 // goroutine of its own (a handshake that stalls stalls only itself).
 func (p *Publisher) accept(ln net.Listener, sub bool) {
 	defer p.wg.Done()
+	var pause time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -270,8 +273,18 @@ func (p *Publisher) accept(ln net.Listener, sub bool) {
 			if closed {
 				return
 			}
+			// Out of file descriptors, or a connection aborted in the
+			// backlog: the accept fails again at once until that ends, so
+			// pause, doubling from 5 ms to 1 s, rather than spin.
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			select {
+			case <-p.quit:
+				return
+			case <-time.After(pause):
+			}
 			continue
 		}
+		pause = 0
 		p.mu.Lock()
 		if p.closed || len(p.peers) >= 2*maxPeers || p.countLocked(sub) >= maxPeers {
 			if !p.closed {
@@ -310,6 +323,15 @@ func (p *Publisher) serve(pe *peer) {
 			p.refused()
 		}
 		p.drop(pe)
+	}()
+	// zmq4 parses what the peer sends on this goroutine (the handshake's
+	// metadata, each message's frames). The guard refuses the input its
+	// parser is known to slice past (guard.go); should another input
+	// make it panic, that ends this peer's connection, not the process.
+	defer func() {
+		if r := recover(); r != nil {
+			bad = true
+		}
 	}()
 	kind, want := zmq4.Router, []string{"DEALER", "REQ", "ROUTER"}
 	if pe.sub {
@@ -617,6 +639,7 @@ func (p *Publisher) Close() error {
 		return driver.Closed("kvevents: close: closed already")
 	}
 	p.closed = true
+	close(p.quit)
 	peers := make([]*peer, 0, len(p.peers))
 	for pe := range p.peers {
 		peers = append(peers, pe)
