@@ -55,7 +55,12 @@
 // never keeps a tensor's bytes past an access, never panics or writes
 // outside registered bytes on a peer's frame, malformed or hostile (it
 // answers an error, or drops the connection), and never retries a
-// transfer: only Connect retries, DialRetries times at most.
+// transfer: only Connect retries, DialRetries times at most. It serves
+// at most 1,024 connections at once (one past that is closed as it is
+// accepted), and an accept the kernel refuses (no file descriptor left)
+// is tried again after a pause doubling from 5 ms to 1 s: the engine
+// serves again once descriptors are back, and peers that connect and
+// hold on cannot take every descriptor of the process.
 //
 // # Trust
 //

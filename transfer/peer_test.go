@@ -47,6 +47,13 @@ import (
 const peerEnv = "VMARENA_TRANSFER_PEER"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(fdFloodEnv) != "" {
+		if err := runFDFlood(); err != nil {
+			fmt.Fprintln(os.Stderr, "descriptor flood:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if kind := os.Getenv(initiatorEnv); kind != "" {
 		if err := runInitiator(kind, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "initiator:", err)

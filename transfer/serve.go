@@ -19,19 +19,47 @@ import (
 // and moves bytes only inside the registration's range, under its
 // tensor's access.
 
-// accept runs the accept loop until the listener closes.
+// maxServed bounds the connections an engine serves at once: a
+// connection past it is closed as it is accepted, so that peers that
+// connect and hold on cannot take every file descriptor of the process.
+// A variable only for the tests.
+var maxServed = 1024
+
+// accept runs the accept loop until the listener closes. An accept the
+// kernel refuses for a while (out of file descriptors, a connection
+// aborted in the backlog) is tried again after a pause that doubles from
+// 5 ms to 1 s, as net/http's server does: the engine serves again once
+// descriptors are back, rather than never.
 func (e *Engine) accept() {
 	defer e.wg.Done()
+	var pause time.Duration
 	for {
 		c, err := e.ln.Accept()
 		if err != nil {
-			return // closed (Close); a transient error ends serving too, which Close then reports nothing of
+			if errors.Is(err, net.ErrClosed) || e.closing.Err() != nil {
+				return // Close
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			t := time.NewTimer(pause)
+			select {
+			case <-e.closing.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
 		}
+		pause = 0
 		e.mu.Lock()
 		if e.closed {
 			e.mu.Unlock()
 			_ = c.Close()
 			return
+		}
+		if len(e.conns) >= maxServed {
+			e.mu.Unlock()
+			_ = c.Close()
+			continue
 		}
 		e.conns[c] = struct{}{}
 		e.wg.Add(1)

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"encoding/binary"
+	stderrors "errors"
 	"io"
 	"net"
 	"testing"
@@ -113,4 +114,60 @@ func rebase(data []byte, base uint64) []byte {
 		}
 	}
 	return out
+}
+
+// TestServedConnectionsBounded: an engine serves at most maxServed
+// connections at once; one past it is closed as it is accepted, the
+// others go on, and once one of them ends a new one is served again.
+func TestServedConnectionsBounded(t *testing.T) {
+	old := maxServed
+	maxServed = 4
+	t.Cleanup(func() { maxServed = old })
+	e, err := New(Config{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.Close()) }()
+	hello := func() []byte {
+		blob := helloBlob{kind: "tcp"}.encode()
+		h := request{kind: kindHello, id: protocolVersion, n: uint64(len(blob))}.encode()
+		return append(h[:], blob...)
+	}()
+	// greet dials and says hello: true when the engine answers, false
+	// when it closes the connection instead.
+	greet := func() (net.Conn, bool) {
+		c, err := net.Dial("tcp", e.Addr())
+		require.NoError(t, err)
+		_, _ = c.Write(hello)
+		var h [8]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			var ne net.Error
+			require.False(t, stderrors.As(err, &ne) && ne.Timeout())
+			_ = c.Close()
+			return nil, false
+		}
+		_, err = io.ReadFull(c, make([]byte, binary.BigEndian.Uint32(h[4:])))
+		require.NoError(t, err)
+		require.Zero(t, h[0])
+		return c, true
+	}
+	var held []net.Conn
+	for range maxServed {
+		c, ok := greet()
+		require.True(t, ok)
+		held = append(held, c)
+	}
+	_, ok := greet()
+	require.False(t, ok, "one past the bound is closed")
+	require.NoError(t, held[0].Close())
+	// The engine forgets the ended connection when its goroutine sees
+	// the close: until then a new one may still be turned away.
+	for {
+		if c, ok := greet(); ok {
+			require.NoError(t, c.Close())
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, c := range held[1:] {
+		require.NoError(t, c.Close())
+	}
 }
