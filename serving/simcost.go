@@ -72,7 +72,8 @@ type DriverCost struct {
 	Ahead time.Duration
 	// Startup is the time of the calls made before serving starts (with
 	// Options.AdmitAhead, or where the scheme maps ahead): the pool a
-	// scheme that warms fills with a step's pages then, as the paged and
+	// scheme that warms fills then, with the budget (Options.WarmBudget)
+	// or a step's pages, as the paged and
 	// static schemes allocate theirs before serving (unpriced, making no
 	// call while serving). In Time, never exposed.
 	Startup time.Duration

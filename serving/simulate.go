@@ -72,9 +72,10 @@ type Options struct {
 	// paged and static schemes allocate their pools then — at most the
 	// memory of every token of every request (the most the run can hold;
 	// a step's tokens' if that is more), so a budget larger than the
-	// trace creates nothing it never maps. A hybrid cache warms at most a
-	// sequence's MaxContext (HybridCache.Warm): its groups' shares of the
-	// budget depend on the mix of sequences.
+	// trace creates nothing it never maps. It is the uniform cache's
+	// (Cache); a hybrid cache warms a step's tokens either way: its
+	// groups' shares of the budget depend on the mix of sequences, and
+	// a warm pool holds memory its cached checkpoints would.
 	// Serving then maps pages the pool holds and creates none, whatever
 	// the page size. False warms a step's tokens' memory before serving,
 	// and the rest as steps and idle gaps pay for it: memory is created
@@ -1138,8 +1139,8 @@ func (s *simulation) warms() bool {
 // startup has a scheme that can warm fill its pool before serving starts,
 // as an engine warms its cache when it starts and as the paged and static
 // schemes allocate their pools then: with a step's pages
-// (MaxBatchedTokens), or with the budget's up to every token of the
-// requests (Options.WarmBudget). The calls are in Driver.Time and
+// (MaxBatchedTokens), or, for a budgetWarmer, with the budget's up to
+// every token of the requests (Options.WarmBudget). The calls are in Driver.Time and
 // Driver.Startup, on no step's path and no admission's.
 func (s *simulation) startup() error {
 	res, ok := s.scheme.(kvReserver)
@@ -1147,7 +1148,7 @@ func (s *simulation) startup() error {
 		return nil
 	}
 	n := s.opts.MaxBatchedTokens
-	if s.opts.WarmBudget {
+	if _, ok := s.scheme.(budgetWarmer); ok && s.opts.WarmBudget {
 		n = max(n, s.tokensOfAll())
 	}
 	m := s.enter()
@@ -1157,6 +1158,10 @@ func (s *simulation) startup() error {
 	s.res.Driver.Startup += t
 	return err
 }
+
+// budgetWarmer is a scheme whose pool Options.WarmBudget warms with the
+// budget (Cache).
+type budgetWarmer interface{ warmsBudget() }
 
 // tokensOfAll is every token of every sequence to serve, prompts and
 // outputs, up to MaxWarmTokens: the most memory the run can hold.

@@ -270,6 +270,7 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "gemma-3-27b", "--layout", "per-layer"},
 			"--layout is the uniform cache's: the hybrid schemes (--scheme auto, model gemma-3-27b) have none; give --scheme uniform"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "hybrid", "--preempt", "swap"}, "--preempt is the uniform cache's"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "hybrid", "--warm", "step"}, "--warm is the uniform cache's"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "-1"}, "--limit -1: want a number of requests, or 0 for all"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "many"}, `invalid value "many" for flag -limit`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "0"}, `invalid value "0" for flag -memory: "0" is zero`},
