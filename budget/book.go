@@ -39,6 +39,10 @@ const (
 	// liveBase is the byte whose lock says slot 0's member lives; the
 	// locks lie past the file's end, where no data is.
 	liveBase = 1 << 30
+	// maxGen bounds a copy's generation: one write a generation, no
+	// book reaches it, and one past it is refused as corrupt rather than
+	// let a forged generation outrank every write after it.
+	maxGen = 1 << 62
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -171,6 +175,11 @@ func decodeState(b []byte, capacity uint64) (*state, error) {
 	}
 	if le.Uint32(b[12:]) != 0 {
 		return bad("a reserved field is not zero")
+	}
+	if s.gen == 0 || s.gen > maxGen {
+		// A generation the next write would wrap (or near it) would win
+		// over every later write: no book writes 2^62 times.
+		return bad("generation %d, want 1 to %d", s.gen, uint64(maxGen))
 	}
 	if s.capacity != capacity {
 		return bad("capacity %d, the header says %d", s.capacity, capacity)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -95,13 +96,18 @@ func Open(path string, opts Options) (*Book, error) {
 	if b.mem, err = unix.Mmap(fd, 0, FileSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 		return fail(errors.Wrapf(mark(err), "%s", what()))
 	}
-	if fresh {
-		encodeHeader(b.mem, opts.Capacity)
-		s := &state{gen: 1, capacity: opts.Capacity}
-		encodeState(b.buf[copy0:], s)
-		copy(b.mem[copy0:copy0+stateSize], b.buf[copy0:copy0+stateSize])
-	}
-	s, _, err := b.readLocked()
+	var s *state
+	err = onMapping(what, func() error {
+		if fresh {
+			encodeHeader(b.mem, opts.Capacity)
+			s := &state{gen: 1, capacity: opts.Capacity}
+			encodeState(b.buf[copy0:], s)
+			copy(b.mem[copy0:copy0+stateSize], b.buf[copy0:copy0+stateSize])
+		}
+		var err error
+		s, _, err = b.readLocked()
+		return err
+	})
 	if err != nil {
 		return fail(errors.Wrapf(err, "%s", what()))
 	}
@@ -111,6 +117,27 @@ func Open(path string, opts Options) (*Book, error) {
 	}
 	b.capacity = s.capacity
 	return b, nil
+}
+
+// onMapping runs fn, which reads or writes the shared mapping, and makes
+// a fault there an error (ErrInvalid) rather than the SIGBUS that ends
+// the process: the book's file truncated under the mapping, by something
+// that is not a member (no member changes its size). What fn changed in
+// the mapping before the fault stays; the books read from it next are
+// refused as they do not decode, until the file is whole again.
+func onMapping(what func() string, fn func() error) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			err = errors.WithHint(errors.Wrapf(driver.ErrInvalid, "%s: the book's mapping faulted: its file was cut short by something that is not a member", what()),
+				"remove the book file once every member has left")
+		}
+	}()
+	return fn()
 }
 
 // mark gives a system call's error its sentinel.
@@ -164,11 +191,31 @@ func ofd(f *os.File, cmd int, typ int16, off int64) error {
 	}
 }
 
+// lockWait bounds how long a call waits for the book's lock, which a
+// member holds only while it reads and writes the books: a process
+// stopped while it held it, or something that is not a member, leaves
+// the caller with ErrBusy rather than blocked for good. A variable only
+// for the tests.
+var lockWait = 5 * time.Second
+
 func (b *Book) lockFile() error {
-	if err := ofd(b.f, unix.F_OFD_SETLKW, unix.F_WRLCK, 0); err != nil {
-		return mark(err)
+	deadline := time.Now().Add(lockWait)
+	pause := 20 * time.Microsecond
+	for {
+		err := ofd(b.f, unix.F_OFD_SETLK, unix.F_WRLCK, 0)
+		if err == nil {
+			return nil
+		}
+		if err != unix.EAGAIN && err != unix.EACCES {
+			return mark(err)
+		}
+		if time.Now().After(deadline) {
+			return errors.WithHint(errors.Wrapf(driver.ErrBusy, "budget: the book's lock has been held for %s by another open file", lockWait),
+				"a member stopped while it held the lock (a debugger, SIGSTOP), or something that is not a member, holds byte 0 of the book file")
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 10*time.Millisecond)
 	}
-	return nil
 }
 
 func (b *Book) unlockFile() { _ = ofd(b.f, unix.F_OFD_SETLK, unix.F_UNLCK, 0) }
@@ -189,6 +236,11 @@ func (b *Book) alive(slot int) bool {
 func (b *Book) readLocked() (*state, int, error) {
 	copy(b.buf[:], b.mem[:len(b.buf)])
 	s, which, err := decode(b.buf[:])
+	if err == nil && b.capacity != 0 && s.capacity != b.capacity {
+		// No member changes a book's capacity: the one Open read stands.
+		err = errors.Wrapf(driver.ErrInvalid, "budget: corrupt book: capacity %s, it was opened with %s",
+			units.Bytes(s.capacity), units.Bytes(b.capacity))
+	}
 	if err != nil {
 		return nil, 0, errors.WithHint(err, "the book file was written by something that is not a member; remove it once every member has left")
 	}
@@ -231,6 +283,18 @@ func (b *Book) update(what func() string, sweep bool, fn func(s *state) (write b
 		return errors.Wrapf(err, "%s", what())
 	}
 	defer b.unlockFile()
+	var err error
+	if ferr := onMapping(what, func() error {
+		err = b.updateLocked(what, sweep, fn)
+		return nil
+	}); ferr != nil {
+		return ferr
+	}
+	return err
+}
+
+// updateLocked is update's work under both locks, on the mapping.
+func (b *Book) updateLocked(what func() string, sweep bool, fn func(s *state) (write bool, err error)) error {
 	s, next, err := b.readLocked()
 	if err != nil {
 		return errors.Wrapf(err, "%s", what())
@@ -360,23 +424,35 @@ func (b *Book) Join(name string, floor, ceiling uint64, give GiveBack) (*Member,
 		if err := s.checkLimits(what, -1, floor, ceiling); err != nil {
 			return false, err
 		}
-		slot := -1
+		free := 0
 		for i := range s.recs {
 			if !s.recs[i].used {
+				free++
+			}
+		}
+		if free == 0 {
+			return false, errors.Wrapf(driver.ErrBusy, "%s: the book has %d members, its most", what(), MaxMembers)
+		}
+		live, err := b.reopen()
+		if err != nil {
+			return false, errors.Wrapf(err, "%s", what())
+		}
+		// A free record whose liveness lock something holds (no member:
+		// a member's record is in the books) is passed over.
+		slot, held := -1, 0
+		for i := range s.recs {
+			if s.recs[i].used {
+				continue
+			}
+			if err := ofd(live, unix.F_OFD_SETLK, unix.F_WRLCK, liveBase+int64(i)); err == nil {
 				slot = i
 				break
 			}
+			held++
 		}
 		if slot < 0 {
-			return false, errors.Wrapf(driver.ErrBusy, "%s: the book has %d members, its most", what(), MaxMembers)
-		}
-		live, err := os.OpenFile(b.path, os.O_RDWR|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return false, errors.Wrapf(mark(err), "%s", what())
-		}
-		if err := ofd(live, unix.F_OFD_SETLK, unix.F_WRLCK, liveBase+int64(slot)); err != nil {
 			_ = live.Close()
-			return false, errors.Wrapf(driver.ErrBusy, "%s: slot %d's liveness lock is held: %v", what(), slot, err)
+			return false, errors.Wrapf(driver.ErrBusy, "%s: the liveness locks of all %d free slots are held by something that is not a member", what(), held)
 		}
 		m.live, m.slot = live, slot
 		for m.token == 0 {
@@ -397,6 +473,33 @@ func (b *Book) Join(name string, floor, ceiling uint64, give GiveBack) (*Member,
 	}
 	go m.serve()
 	return m, nil
+}
+
+// reopen opens the book's file again, for a member's liveness lock (a
+// lock of an open file of its own, so that it goes when the member's
+// process dies): the file at the book's path, refused (ErrInvalid) when
+// that is no longer the file the book mapped, since a lock taken on
+// another file would leave the member's own book seeing it dead.
+func (b *Book) reopen() (*os.File, error) {
+	f, err := os.OpenFile(b.path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, mark(err)
+	}
+	var mine, there unix.Stat_t
+	if err := unix.Fstat(int(b.f.Fd()), &mine); err != nil {
+		_ = f.Close()
+		return nil, mark(err)
+	}
+	if err := unix.Fstat(int(f.Fd()), &there); err != nil {
+		_ = f.Close()
+		return nil, mark(err)
+	}
+	if mine.Dev != there.Dev || mine.Ino != there.Ino {
+		_ = f.Close()
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "budget: %s is no longer the book's file (it was removed or replaced)", b.path),
+			"join through a Book opened on the file now at the path")
+	}
+	return f, nil
 }
 
 // mailbox is a slot's words in the mapping.
@@ -430,9 +533,14 @@ func futexWake(addr *uint32) {
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE, shared */, 1<<30, 0, 0, 0)
 }
 
+// serveWake bounds serve's wait for a request, after which it looks at
+// whether the member is closing.
+const serveWake = time.Second
+
 // serve answers the member's give-back requests until it closes.
 func (m *Member) serve() {
 	defer close(m.done)
+	what := func() string { return fmt.Sprintf("budget: %s answers a give-back request", m.name) }
 	mb := m.b.mailbox(m.slot)
 	seen := m.seen
 	for {
@@ -441,16 +549,26 @@ func (m *Member) serve() {
 		if m.closing.Load() {
 			return
 		}
-		futexWait(mb.req, seen, 0)
+		// Woken by a request or by stop; the wait is bounded all the
+		// same, since a file cut short under the mapping fails stop's
+		// wake (EFAULT) and would leave this wait, and Close, for good.
+		futexWait(mb.req, seen, serveWake)
 		if m.closing.Load() {
 			return
 		}
-		cur := atomic.LoadUint32(mb.req)
+		var cur uint32
+		var want uint64
+		if onMapping(what, func() error {
+			cur = atomic.LoadUint32(mb.req)
+			want = min(atomic.LoadUint64(mb.bytes), m.b.capacity) // bounded: any member may write it
+			return nil
+		}) != nil {
+			return // the file was cut short: no request can be read any more
+		}
 		if cur == seen {
 			continue
 		}
 		seen = cur
-		want := min(atomic.LoadUint64(mb.bytes), m.b.capacity) // bounded: any member may write it
 		if want > 0 && m.give != nil {
 			before, err := m.Info()
 			m.give(want)
@@ -465,7 +583,9 @@ func (m *Member) serve() {
 				})
 			}
 		}
-		atomic.StoreUint32(mb.ack, cur)
+		if onMapping(what, func() error { atomic.StoreUint32(mb.ack, cur); return nil }) != nil {
+			return
+		}
 		futexWake(mb.ack)
 	}
 }
@@ -603,8 +723,16 @@ const maxRounds = 4
 // deadline or the member's death.
 func (m *Member) awaitAck(slot int, seq uint32, deadline time.Time) bool {
 	mb := m.b.mailbox(slot)
+	what := func() string { return fmt.Sprintf("budget: %s waits for slot %d's give-back", m.name, slot) }
+	load := func() (ack uint32, ok bool) {
+		err := onMapping(what, func() error { ack = atomic.LoadUint32(mb.ack); return nil })
+		return ack, err == nil
+	}
 	for {
-		ack := atomic.LoadUint32(mb.ack)
+		ack, ok := load()
+		if !ok {
+			return true // the file was cut short: the next read refuses the books
+		}
 		if int32(ack-seq) >= 0 {
 			return true
 		}
@@ -613,7 +741,7 @@ func (m *Member) awaitAck(slot int, seq uint32, deadline time.Time) bool {
 			return false
 		}
 		futexWait(mb.ack, ack, min(left, 10*time.Millisecond))
-		if atomic.LoadUint32(mb.ack) == ack && !m.b.aliveSlot(slot) {
+		if now, ok := load(); !ok || now == ack && !m.b.aliveSlot(slot) {
 			return true // dead: the next read sweeps its hold
 		}
 	}
@@ -708,7 +836,9 @@ func (m *Member) Close() error {
 func (m *Member) stop() {
 	m.closing.Store(true)
 	mb := m.b.mailbox(m.slot)
-	atomic.AddUint32(mb.req, 1)
+	// Cut short, the mapping faults here, and serve, which faulted too or
+	// will at its next read, has ended or ends: closing is set.
+	_ = onMapping(func() string { return "budget: stop a member" }, func() error { atomic.AddUint32(mb.req, 1); return nil })
 	futexWake(mb.req)
 	<-m.done
 }

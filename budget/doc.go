@@ -17,10 +17,12 @@
 // single process whose death matters, and a commit costs one uncontended
 // file lock and a copy of a few kilobytes.
 //
-//   - The lock. An open-file-description lock (F_OFD_SETLKW) on the file's
+//   - The lock. An open-file-description lock (F_OFD_SETLK) on the file's
 //     first byte, taken by a Book's descriptor behind an in-process mutex.
 //     The kernel lets it go when the holder's descriptor closes, so a
-//     member killed while holding it blocks nobody.
+//     member killed while holding it blocks nobody; one stopped while it
+//     holds it (or something that is not a member holding the byte)
+//     leaves a caller with ErrBusy after 5 s of trying, not blocked.
 //   - A member killed mid-update. The state is written twice over, to
 //     alternating copies, each with a generation and a CRC-32C: a write
 //     goes to the copy not read, so one torn by a kill fails its CRC and
@@ -48,10 +50,17 @@
 //     before use: a copy whose CRC fails is taken as torn; a copy
 //     whose CRC holds but whose values break an invariant (a hold above
 //     its ceiling, holds summing over the capacity, a name that is not
-//     UTF-8) is a corrupt book, an ErrInvalid error naming the first
-//     broken rule, and every call refuses until it is repaired: never a
-//     crash, never an over-commit. Mailbox values are clamped to the
-//     capacity. The file's permissions decide who may join; a member that
+//     UTF-8, a generation past 2^62 that would outrank every later
+//     write, a capacity other than the one Open read) is a corrupt book,
+//     an ErrInvalid error naming the first broken rule, and every call
+//     refuses until it is repaired: never a crash, never an over-commit.
+//     Mailbox values are clamped to the capacity. A file cut short under
+//     the mapping makes the next access fault; that is an ErrInvalid
+//     error too (the fault is recovered, not the SIGBUS that would end
+//     the process), and a file replaced at the book's path is refused to
+//     a join, whose liveness lock would otherwise land on the new file.
+//     A free slot whose liveness lock something holds is passed over.
+//     The file's permissions decide who may join; a member that
 //     writes well-formed lies within the rules (taking a hold it does not
 //     use) is beyond what shared books can refuse, as it is beyond a
 //     driver's: the books guarantee consistency, not honesty.
