@@ -213,6 +213,21 @@ func ReplayOn(drv driver.Driver, events []Event, opts Options) (Result, error) {
 	return replayOn(drv, events, opts)
 }
 
+// countDevices counts the distinct devices events name, up to most+1.
+func countDevices(events []Event, most int) int {
+	seen := map[int]struct{}{}
+	last := 0
+	for i := range events {
+		if d := events[i].Device; i == 0 || d != last {
+			seen[d], last = struct{}{}, d
+			if len(seen) > most {
+				break
+			}
+		}
+	}
+	return len(seen)
+}
+
 // replayOn is Replay on drv, or on a sim driver of its own when drv is nil.
 func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err error) {
 	if err := opts.Check(); err != nil {
@@ -221,6 +236,12 @@ func replayOn(drv driver.Driver, events []Event, opts Options) (res Result, err 
 	opts.defaults()
 	res.Options = opts
 	res.Options.Progress = nil // the result is figures, not the caller's hook
+	// A trace naming more devices than a driver has is refused before
+	// anything is summarized per device (a 6.6 MB trace of 200,000
+	// devices built 1.2 GB of summaries, then was refused).
+	if n := countDevices(events, driver.MaxDevices); n > driver.MaxDevices {
+		return res, errors.Wrapf(driver.ErrInvalid, "replay: the trace names more than %d devices, the most a driver has", driver.MaxDevices)
+	}
 	sums := Summarize(events)
 	index := map[int]int{} // trace device -> driver device, dense
 	for i, s := range sums {

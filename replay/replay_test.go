@@ -199,6 +199,18 @@ func TestReplayErrors(t *testing.T) {
 		require.True(t, errors.Is(err, driver.ErrInvalid), "%v", err)
 		require.ErrorContains(t, err, "unknown allocator policy 9")
 	})
+	t.Run("more devices than a driver has", func(t *testing.T) {
+		var body strings.Builder
+		for i := range 20000 { // 0.6 MB naming 20,000 devices
+			fmt.Fprintf(&body, "%d,%d,alloc,1,%d,0,0,,\n", i, i, i)
+		}
+		res, err := Replay(parse(body.String()), Options{})
+		require.ErrorIs(t, err, driver.ErrInvalid)
+		require.ErrorContains(t, err, fmt.Sprintf("the trace names more than %d devices", driver.MaxDevices))
+		require.Empty(t, res.Devices, "refused before any device's summary is built")
+		_, err = Replay(parse("0,3,alloc,512,0,0,0,,\n1,7,alloc,512,0,1,0,,\n"), Options{})
+		require.NoError(t, err, "two devices, numbered sparsely")
+	})
 	t.Run("no events", func(t *testing.T) {
 		res, err := Replay(nil, Options{})
 		require.NoError(t, err)

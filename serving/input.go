@@ -26,8 +26,12 @@ const (
 	// MaxRequests bounds the requests of a request trace; the real traces
 	// here have at most 19,366 (an hour of Azure's chat service).
 	MaxRequests = 1 << 24
-	// MaxRequestBlocks bounds the hash ids a Mooncake trace names in all
-	// (8 bytes each); the real one names 94,112.
+	// MaxRequestBlocks bounds the hash ids a Mooncake or Bailian trace
+	// names in all, 8 bytes each in the requests' Blocks; the Mooncake
+	// reader also indexes each distinct id (the id before it: about 125
+	// bytes of heap each), so a trace at the bound whose ids are all
+	// distinct takes about 8 GiB to read. The bundled Mooncake trace
+	// names 94,112.
 	MaxRequestBlocks = 1 << 26
 )
 

@@ -192,7 +192,7 @@ type Limits struct {
 
 // BuiltPerByte bounds what a decode builds per byte of input by default;
 // BuiltFloor is added so that a tiny pickle is never refused. The three
-// real snapshots of ../../testdata/alloc-traces/pickles build 5.3, 11.5
+// real snapshots of ../../testdata/alloc-traces/pickles build 5.7, 13.8
 // and 13.4 bytes per byte of input (TestBuiltPerByte); a list of one-byte
 // values (None, an empty tuple) builds 32; a hostile pickle of one-byte
 // opcodes that each make a collection would build 48 to 80.
@@ -652,7 +652,12 @@ func (d *decoder) put(i uint64) error {
 }
 
 // setItems sets the key-value pairs in items, charging each pair the
-// most a new key costs (two slots and an index entry).
+// most a new key costs (two slots and an index entry) and each string
+// key the bytes the set reads of it: hashed and compared once in a dict
+// with an index, compared with each key of a small one. A long key named
+// through the memo and set over and over would otherwise cost work
+// quadratic in the input (a 4 MiB pickle of one 2 MiB key set a million
+// times took 20 s); charged, it is refused as building too much.
 func (d *decoder) setItems(dict *Dict, items []any) error {
 	if len(items)%2 != 0 {
 		return errors.Newf("%d values to set in a dict, want key-value pairs", len(items))
@@ -661,6 +666,15 @@ func (d *decoder) setItems(dict *Dict, items []any) error {
 		return err
 	}
 	for i := 0; i < len(items); i += 2 {
+		if k, ok := items[i].(string); ok {
+			reads := 2
+			if dict.index == nil {
+				reads = 1 + len(dict.keys)
+			}
+			if err := d.build(int64(len(k)) * int64(reads)); err != nil {
+				return err
+			}
+		}
 		if err := dict.set(items[i], items[i+1]); err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package pickle
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/big"
 	"os"
@@ -374,6 +375,37 @@ func TestBuiltBudget(t *testing.T) {
 	_, err = DecodeLimits(p(o(opLong4, wideInt...)), Limits{MaxBuilt: 4096})
 	require.ErrorIs(t, err, ErrMalformed)
 	require.Contains(t, err.Error(), "bytes of values built")
+}
+
+// TestLongKeySetOverAndOver: a long string key named through the memo
+// and set in a dict over and over is charged its bytes at each set, so
+// the decode is refused as building too much, in time linear in the
+// input; the same key set a few times decodes.
+func TestLongKeySetOverAndOver(t *testing.T) {
+	key := strings.Repeat("k", 1<<20)
+	pickle := func(small bool, sets int) []byte {
+		ops := [][]byte{o(opEmptyDict)}
+		if !small { // past smallDict keys: an index is built
+			for i := range 9 {
+				ops = append(ops, str(fmt.Sprint(i)), o(opNone), o(opSetItem))
+			}
+		}
+		ops = append(ops, o(opBinUnicode, append(le32(uint32(len(key))), key...)...), o(opBinPut, 0), o(opPop))
+		for range sets {
+			ops = append(ops, o(opBinGet, 0), o(opNone), o(opSetItem))
+		}
+		return p(ops...)
+	}
+	for _, small := range []bool{true, false} {
+		_, err := Decode(pickle(small, 1<<18))
+		require.ErrorIs(t, err, ErrMalformed, "small %t", small)
+		require.Contains(t, err.Error(), "bytes of values built")
+		v, err := Decode(pickle(small, 4))
+		require.NoError(t, err, "small %t", small)
+		got, ok := v.(*Dict).Get(key)
+		require.True(t, ok)
+		require.Nil(t, got)
+	}
 }
 
 // TestBuiltPerByte: the real snapshots build well under the default
