@@ -76,8 +76,8 @@ type Options struct {
 	// (Cache); a hybrid cache warms a step's tokens either way: its
 	// groups' shares of the budget depend on the mix of sequences, and
 	// a warm pool holds memory its cached checkpoints would.
-	// Serving then maps pages the pool holds and creates none, whatever
-	// the page size. False warms a step's tokens' memory before serving,
+	// Serving then maps pages the pool holds rather than create them,
+	// whatever the page size. False warms a step's tokens' memory before serving,
 	// and the rest as steps and idle gaps pay for it: memory is created
 	// as the load first needs it (an engine that shares the device).
 	// The calls are in Result.Driver.Startup either way.
@@ -1164,22 +1164,23 @@ func (s *simulation) startup() error {
 type budgetWarmer interface{ warmsBudget() }
 
 // tokensOfAll is every token of every sequence to serve, prompts and
-// outputs, up to MaxWarmTokens: the most memory the run can hold.
+// outputs (a fork's prompt counted again: a bound, not a count), up to
+// maxWarmTokens: the most memory the run can hold.
 func (s *simulation) tokensOfAll() int {
 	var n uint64
 	for _, r := range s.all {
 		n += uint64(r.req.Input) + uint64(r.req.Output) // each at most MaxTokens
-		if n >= MaxWarmTokens {
-			return MaxWarmTokens
+		if n >= maxWarmTokens {
+			return maxWarmTokens
 		}
 	}
 	return int(n)
 }
 
-// MaxWarmTokens bounds the tokens Options.WarmBudget warms the pool for,
-// as the budget bounds them first: 2^40 tokens are more than any budget
-// of this simulation holds (a petabyte at a byte a token).
-const MaxWarmTokens = 1 << 40
+// maxWarmTokens bounds the tokens Options.WarmBudget warms the pool for,
+// within an int everywhere; the budget bounds the pages first (80 GiB of
+// a token of 40 bytes is 2^31 tokens).
+const maxWarmTokens = math.MaxInt32
 
 // admit admits (or resumes) r, the front of the queue, which CanAdmit
 // agreed to, pricing the calls with price; false when the scheme
