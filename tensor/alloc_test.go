@@ -2,6 +2,8 @@ package tensor_test
 
 import (
 	"math/rand/v2"
+	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -128,4 +130,50 @@ func TestEmptyKeepsItsBytesThroughChurn(t *testing.T) {
 		require.NoError(t, al.Free(p))
 	}
 	require.NoError(t, al.Check())
+}
+
+// TestReleaseWaitsForAccesses: Release of a tensor whose memory an
+// Access is writing waits for the access to end before it frees the
+// memory, so the next allocation, which may take the same address, is
+// never written through the stale access.
+func TestReleaseWaitsForAccesses(t *testing.T) {
+	al := newAllocator(t, 8*gran)
+	x, err := tensor.Empty(al, tensor.Uint8, 4*int(gran))
+	require.NoError(t, err)
+	started, goOn := make(chan struct{}), make(chan struct{})
+	var finished atomic.Bool
+	accessed := make(chan error, 1)
+	go func() {
+		accessed <- x.Access(true, func(b []byte) error {
+			close(started)
+			<-goOn
+			b[100] = 0xab // the stale write, were the memory freed already
+			finished.Store(true)
+			return nil
+		})
+	}()
+	<-started
+	released := make(chan bool, 1)
+	go func() {
+		require.NoError(t, x.Release())
+		released <- finished.Load()
+	}()
+	for !x.Released() {
+		runtime.Gosched() // Release has begun: new accesses refuse from here
+	}
+	_, err = x.At(0)
+	require.ErrorIs(t, err, driver.ErrClosed)
+	close(goOn)
+	require.NoError(t, <-accessed)
+	require.True(t, <-released, "Release returned only after the access in flight ended")
+	// The next allocation may take the same address: nothing writes it
+	// through x any more.
+	y, err := tensor.Empty(al, tensor.Uint8, 4*int(gran))
+	require.NoError(t, err)
+	require.NoError(t, y.Access(true, func(b []byte) error { b[100] = 7; return nil }))
+	require.ErrorIs(t, x.Access(true, func(b []byte) error { b[100] = 0xab; return nil }), driver.ErrClosed)
+	v, err := y.At(100)
+	require.NoError(t, err)
+	require.Equal(t, 7.0, v)
+	require.NoError(t, y.Release())
 }

@@ -50,8 +50,9 @@
 // is made (ErrAccessDenied), so At and Set never fault.
 //
 // Access runs a function with a contiguous tensor's bytes while holding
-// its memory as At, Set and Copy do for one element or one copy: a
-// lease's Revoke waits for it, and a released or revoked tensor answers
+// its memory as At, Set and Copy do for one element or one copy: the
+// owner's Release and a lease's Revoke wait for it (neither may be
+// called from inside it), and a released or revoked tensor answers
 // ErrClosed without running it. It is how a long access (a transfer
 // moving the bytes to or from a socket, package transfer) stays atomic
 // with respect to the owner taking the memory back. Mapped reports

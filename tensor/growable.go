@@ -225,7 +225,8 @@ func (g *Growable) Tensor() (*Tensor, error) {
 
 // Release ends every arena view the Growable made: every tensor it handed
 // out, and every view of them, refuses to touch memory from now on
-// (ErrClosed). The arena keeps its length and memory; closing it is the
+// (ErrClosed), and the accesses in flight through them end first (it
+// waits for them, so it must not be called from inside one). The arena keeps its length and memory; closing it is the
 // caller's. Releasing twice is ErrClosed.
 func (g *Growable) Release() error {
 	if g.unmade() {
@@ -240,6 +241,9 @@ func (g *Growable) Release() error {
 	g.released = true
 	for _, st := range g.storages {
 		st.released.Store(true)
+	}
+	for _, st := range g.storages {
+		st.settle() // the accesses in flight end before the cover does
 	}
 	var errs error
 	if g.cover != nil {

@@ -3,8 +3,10 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -55,6 +57,12 @@ type storage struct {
 	// rather than index nil, and AccessDevice hands out addr instead.
 	unaddressable bool
 	size          int
+	// using counts the accesses in flight (enter to exit). An access
+	// counts itself before it looks at released, and Release sets
+	// released before it looks at using (both sequentially consistent),
+	// so once Release sees zero no access is touching the memory and
+	// none will: it ends the memory only then.
+	using atomic.Int64
 }
 
 // length is the storage's memory in bytes: its bytes', or a device
@@ -89,6 +97,7 @@ func (st *storage) enter() bool {
 	if st.lease != nil && !st.lease.enter() {
 		return false
 	}
+	st.using.Add(1)
 	if st.released.Load() {
 		st.exit()
 		return false
@@ -98,8 +107,21 @@ func (st *storage) enter() bool {
 
 // exit ends an access enter started.
 func (st *storage) exit() {
+	st.using.Add(-1)
 	if st.lease != nil {
 		st.lease.exit()
+	}
+}
+
+// settle waits, once released is set, for the accesses in flight to end
+// (an access lasts as long as its caller makes it: Access's fn).
+func (st *storage) settle() {
+	for spins := 0; st.using.Load() != 0; spins++ {
+		if spins < 64 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
 	}
 }
 
@@ -312,8 +334,12 @@ func checkLayout(dt DType, shape []int, what func() string) (int, error) {
 
 // Release ends the memory of a tensor that owns it (one OnArena or Empty
 // returned): the arena view ends, or the allocation is freed. Every view
-// of the tensor refuses to touch memory afterwards (ErrClosed). A view,
-// or a tensor over memory someone else owns, cannot release it
+// of the tensor refuses to touch memory afterwards (ErrClosed), and the
+// accesses in flight through any of them (At, Set, Copy, Access) end
+// first: Release waits for them, so none touches memory after it is
+// freed (or handed to the next allocation). It must not be called from
+// inside an access of the tensor or its views, which it would wait for.
+// A view, or a tensor over memory someone else owns, cannot release it
 // (ErrInvalid); releasing twice is ErrClosed.
 func (t *Tensor) Release() error {
 	if err := t.made(func() string { return "tensor: release" }); err != nil {
@@ -330,6 +356,7 @@ func (t *Tensor) Release() error {
 	if !t.st.released.CompareAndSwap(false, true) {
 		return driver.Closed(fmt.Sprintf("tensor: release of %s: already released", t))
 	}
+	t.st.settle()
 	if err := t.st.release(); err != nil {
 		t.st.released.Store(false)
 		return errors.Wrapf(err, "tensor: release of %s", t)
