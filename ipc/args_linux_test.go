@@ -186,6 +186,8 @@ func TestNilArguments(t *testing.T) {
 		{"SendPointer nil pool", func() error { return rx.SendPointer(nil, ptr) }, driver.ErrInvalid, "not made by ExportPool"},
 		{"SendPointer zero ExportedPool", func() error { return rx.SendPointer(zeroEP, ptr) }, driver.ErrInvalid, "not made by ExportPool"},
 		{"SendPointer zero pointer", func() error { return rx.SendPointer(ep, 0) }, driver.ErrNotAllocated, "export pointer"},
+		// tx never sent the pool: its peer could take no pointer of it, nor release one.
+		{"SendPointer of a pool not sent", func() error { return tx.SendPointer(ep, ptr) }, driver.ErrInvalid, "the pool was not sent on this connection"},
 		{"RecvRelease nil pool", func() error { _, err := rx.RecvRelease(nil); return err }, driver.ErrInvalid, "not made by ExportPool"},
 		{"RecvRelease zero ExportedPool", func() error { _, err := rx.RecvRelease(zeroEP); return err }, driver.ErrInvalid, "not made by ExportPool"},
 		{"RecvPool nil space", func() error { _, err := tx.RecvPool(nil, p.mem, 0); return err }, driver.ErrInvalid, "the address space is nil"},

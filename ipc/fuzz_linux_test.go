@@ -440,6 +440,7 @@ func FuzzRecvRelease(f *testing.F) {
 		peer, c := socketPair(t)
 		noWait := time.Duration(0) // the peer is this process: it will not exit
 		c.testExitWait = &noWait
+		require.NoError(t, c.SendPool(x.ep))
 		require.NoError(t, c.SendPointer(x.ep, x.ptr))
 		pk := append([]byte(nil), data[1:]...)
 		if m := pk; len(m) == headerSize+16 && Kind(m[4]) == KindRelease && string(m[headerSize:headerSize+8]) == string(make([]byte, 8)) {

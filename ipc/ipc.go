@@ -192,7 +192,10 @@ type Conn struct {
 	// holds counts the imports the peer holds: pool pointers sent with
 	// SendPointer and not yet released (RecvRelease); each is one import
 	// counted by its pool (pool.ExportPointer). Entries are never zero.
-	holds  map[*ExportedPool]map[driver.Addr]int
+	holds map[*ExportedPool]map[driver.Addr]int
+	// pools are the pools SendPool sent on this connection: a pointer of
+	// another the peer could not take, nor ever release.
+	pools  map[uint64]bool
 	closed bool // Close was called
 
 	testExitWait *time.Duration // tests shorten PeerExitWait here

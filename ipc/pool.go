@@ -152,12 +152,24 @@ func (c *Conn) SendPool(ep *ExportedPool) error {
 	if !ep.allowed(c.PeerPID()) {
 		return c.refuse(fmt.Sprintf("pool %#x", ep.id))
 	}
-	return c.send(KindPool, 0, u64s(ep.id, ep.p.Max()))
+	if err := c.send(KindPool, 0, u64s(ep.id, ep.p.Max())); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pools == nil {
+		c.pools = map[uint64]bool{}
+	}
+	c.pools[ep.id] = true
+	return nil
 }
 
 // SendPointer sends one live allocation of the pool: the chunks it lies on
 // that this connection has not sent yet, then the pointer. The pool then
-// refuses to free it until the peer releases it (RecvRelease).
+// refuses to free it until the peer releases it (RecvRelease). A pool
+// not sent on this connection first (SendPool) is refused (ErrInvalid),
+// with nothing counted: its peer could not take the pointer, nor ever
+// release it.
 func (c *Conn) SendPointer(ep *ExportedPool, ptr driver.Addr) error {
 	if err := c.open("send pointer"); err != nil {
 		return err
@@ -167,6 +179,13 @@ func (c *Conn) SendPointer(ep *ExportedPool, ptr driver.Addr) error {
 	}
 	if !ep.allowed(c.PeerPID()) {
 		return c.refuse(fmt.Sprintf("pool %#x", ep.id))
+	}
+	c.mu.Lock()
+	sentPool := c.pools[ep.id]
+	c.mu.Unlock()
+	if !sentPool {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "ipc: send pointer %v of pool %#x: the pool was not sent on this connection", ptr, ep.id),
+			"send the pool first (SendPool), then its pointers")
 	}
 	// ExportPointer counts an import: the pool cannot free ptr, nor unmap
 	// the chunks under it, until the peer releases it (or this fails).
