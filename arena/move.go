@@ -463,6 +463,9 @@ func (s *Sparse) Move(off, n uint64, to driver.DeviceID) error {
 		errs = errors.CombineErrors(errs, m.old.Release())
 		s.stats.Releases++
 	}
+	// The fresh chunks, created by the scratch range, are the range's
+	// own now: counted as its creates, as the old ones as its releases.
+	s.stats.Creates += len(ms)
 	s.stats.Moves++
 	s.stats.MovedBytes += total
 	if invariants.Enabled {

@@ -240,7 +240,9 @@ func moveKeepsBytesAndAccess(t *testing.T, d backend) {
 	require.Equal(t, driver.AccessRead, acc, "grants move with the chunk")
 	require.Equal(t, 4*g, e.used(t, 1))
 	require.Zero(t, e.used(t, 0))
-	require.Equal(t, 1, s.Stats().Moves)
+	st := s.Stats()
+	require.Equal(t, 1, st.Moves)
+	require.Equal(t, st.Chunks, st.Creates-st.Releases, "the moved-to chunks count as the range's creates, the old as its releases")
 	require.NoError(t, v.Release())
 	require.NoError(t, s.Check())
 }

@@ -249,7 +249,11 @@ func usable(what func() string, s *stream.Stream) error {
 }
 
 // MallocAsync returns size bytes usable by work enqueued on s from now on.
-// A nil stream is ErrInvalid, a destroyed one ErrClosed.
+// A nil stream is ErrInvalid, a destroyed one ErrClosed. s may be of
+// another device than the pool's (its work reaches the memory through
+// the pool's access for that device); FreeAsync takes only a stream of
+// the pool's device, so memory allocated on another's is freed on one of
+// the pool's device after an event of s.
 func (p *Pool) MallocAsync(size uint64, s *stream.Stream) (driver.Addr, error) {
 	what := func() string { return fmt.Sprintf("pool: malloc async %s on %s", units.Bytes(size), s) }
 	if err := usable(what, s); err != nil {

@@ -53,7 +53,26 @@ func (t *Tensor) Narrow(dim, start, length int) (*Tensor, error) {
 	}
 	shape := slices.Clone(t.shape)
 	shape[dim] = length
-	return t.view(shape, slices.Clone(t.strides), t.offset+start*t.strides[dim]), nil
+	return t.view(shape, slices.Clone(t.strides), t.offsetAt(shape, dim, start)), nil
+}
+
+// offsetAt is the offset of a view of t whose dim starts at start, with
+// shape. An empty view names no element, and its offset (PyTorch's
+// storage_offset: start's) is kept at most the storage's end: moved view
+// after view past it, with strides no storage bounds (an empty tensor's
+// reshaped to 2^62), it would grow until it wrapped.
+func (t *Tensor) offsetAt(shape []int, dim, start int) int {
+	if !slices.Contains(shape, 0) {
+		return t.offset + start*t.strides[dim] // inside the storage
+	}
+	end := t.st.length() / t.dt.Size()
+	if t.offset >= end {
+		return t.offset
+	}
+	if s := t.strides[dim]; start > 0 && s > (end-t.offset)/start {
+		return end
+	}
+	return min(t.offset+start*t.strides[dim], end)
 }
 
 // Slice returns the view of elements start, start+step, ... below end of
@@ -88,7 +107,7 @@ func (t *Tensor) Slice(dim, start, end, step int) (*Tensor, error) {
 	if shape[dim] > 1 { // step < end-start here, so the product stays inside the storage
 		strides[dim] *= step
 	}
-	return t.view(shape, strides, t.offset+start*t.strides[dim]), nil
+	return t.view(shape, strides, t.offsetAt(shape, dim, start)), nil
 }
 
 // Permute returns the view whose dim i is t's dim dims[i]; dims must be a

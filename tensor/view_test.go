@@ -76,6 +76,26 @@ func TestNarrow(t *testing.T) {
 	})
 }
 
+// TestEmptyViewsKeepTheirOffset: an empty view's offset stays at most
+// the storage's end, however far views of it move it: reshaped to huge
+// strides and narrowed again and again, it never wraps.
+func TestEmptyViewsKeepTheirOffset(t *testing.T) {
+	x := base234(t)
+	v, err := x.Narrow(0, 0, 0)
+	require.NoError(t, err)
+	for range 4 {
+		v, err = v.Reshape(0, 1<<62)
+		require.NoError(t, err)
+		v, err = v.Narrow(1, 1<<62, 0)
+		require.NoError(t, err)
+		require.NoError(t, v.Check())
+		require.LessOrEqual(t, v.Offset(), 24)
+		v, err = v.Slice(1, 0, 0, math.MaxInt)
+		require.NoError(t, err)
+		require.NoError(t, v.Check())
+	}
+}
+
 func TestSlice(t *testing.T) {
 	slice := func(dim, start, end, step int) func(*tensor.Tensor) (*tensor.Tensor, error) {
 		return func(x *tensor.Tensor) (*tensor.Tensor, error) { return x.Slice(dim, start, end, step) }
