@@ -4,10 +4,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"syscall"
 
 	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/sentinel"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -58,7 +60,7 @@ func takeBackup(c *hostCache, mode Mode, dir, tag string, live map[driver.Addr]u
 		}
 		f, err := os.CreateTemp(dir, "vmarena-sleep-*.bak")
 		if err != nil {
-			return fail(err)
+			return fail(fileErr(err))
 		}
 		b.file = f
 		stage = make([]byte, copyPiece)
@@ -86,7 +88,7 @@ func takeBackup(c *hostCache, mode Mode, dir, tag string, live map[driver.Addr]u
 					return fail(err)
 				}
 				if _, err := b.file.WriteAt(stage[:k], off+int64(done)); err != nil {
-					return fail(errors.Wrapf(err, "write %s to %s", units.Bytes(k), b.file.Name()))
+					return fail(errors.Wrapf(fileErr(err), "write %s to %s", units.Bytes(k), b.file.Name()))
 				}
 				done += k
 			}
@@ -162,4 +164,18 @@ func (b *backup) free() error {
 		b.file = nil
 	}
 	return errs
+}
+
+// fileErr marks an error of the backup file with the sentinel a caller
+// tests for: a directory that is not there (or not a directory)
+// ErrInvalid, one the process may not write ErrAccessDenied, a full disk
+// ErrOutOfMemory; any other the same as ErrInvalid.
+func fileErr(err error) error {
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		return sentinel.Mark(err, driver.ErrAccessDenied)
+	case errors.Is(err, syscall.ENOSPC):
+		return sentinel.Mark(err, driver.ErrOutOfMemory)
+	}
+	return sentinel.Mark(err, driver.ErrInvalid)
 }

@@ -2,6 +2,7 @@ package sleep
 
 import (
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -332,4 +333,37 @@ func fileBlocksDrop(t *testing.T, m *Manager, free func()) {
 		return
 	}
 	require.Less(t, after, before, "the freed allocation's blocks of the backup file go back")
+}
+
+// TestFileBackupErrorsAreMarked: a File sleep whose backup directory is
+// not there, or may not be written, fails with the sentinel a caller
+// tests for (ErrInvalid, ErrAccessDenied), and the tag stays awake with
+// its bytes.
+func TestFileBackupErrorsAreMarked(t *testing.T) {
+	d := openHost(t, 16*mib)
+	readOnly := t.TempDir()
+	require.NoError(t, os.Chmod(readOnly, 0o500))
+	t.Cleanup(func() { _ = os.Chmod(readOnly, 0o700) })
+	for _, c := range []struct {
+		dir  string
+		want error
+	}{
+		{filepath.Join(t.TempDir(), "absent"), driver.ErrInvalid},
+		{readOnly, driver.ErrAccessDenied},
+	} {
+		if c.want == driver.ErrAccessDenied && os.Geteuid() == 0 {
+			continue // root writes a directory whatever its mode
+		}
+		m, err := New(d, Options{TagMax: testTMax, ChunkSize: testCS, BackupDir: c.dir})
+		require.NoError(t, err)
+		p, err := m.Alloc("w", 100*kib)
+		require.NoError(t, err)
+		want := pattern(7, 100*kib)
+		require.NoError(t, d.Write(p, want))
+		err = m.Sleep(File, "w")
+		require.ErrorIs(t, err, c.want, "%s", c.dir)
+		requireContents(t, d, map[driver.Addr][]byte{p: want})
+		require.NoError(t, m.Check())
+		closeAll(t, m)
+	}
 }

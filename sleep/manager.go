@@ -28,6 +28,9 @@ type Options struct {
 	// allocation is made.
 	TagMax uint64
 	// BackupDir is where File mode writes its backups ("" = os.TempDir()).
+	// A File sleep fails, the tag left awake with its bytes, when the
+	// directory is not there (ErrInvalid), may not be written
+	// (ErrAccessDenied) or is full (ErrOutOfMemory).
 	BackupDir string
 	// ChunkSize is the unit each tag commits and gives back memory in
 	// (default: the device's recommended granularity).
