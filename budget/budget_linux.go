@@ -52,7 +52,17 @@ func Open(path string, opts Options) (*Book, error) {
 	if perm == 0 {
 		perm = 0o600
 	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, uint32(perm))
+	// Without a capacity no book is made: the file is not created, so a
+	// refused open leaves nothing behind.
+	flags := unix.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK
+	if opts.Capacity != 0 {
+		flags |= unix.O_CREAT
+	}
+	fd, err := unix.Open(path, flags, uint32(perm))
+	if errors.Is(err, unix.ENOENT) && opts.Capacity == 0 {
+		return nil, errors.WithHint(errors.Wrapf(mark(err), "%s: no book there, and a new book needs a capacity", what()),
+			"open it with Options.Capacity to make it, or open the path of a book another made")
+	}
 	if err != nil {
 		return nil, errors.Wrapf(mark(err), "%s", what())
 	}

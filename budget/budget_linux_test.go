@@ -417,6 +417,22 @@ func TestHostile(t *testing.T) {
 	require.NoError(t, b.Close())
 }
 
+// TestOpenWithoutACapacity: opening a book that is not there without a
+// capacity is refused and creates no file.
+func TestOpenWithoutACapacity(t *testing.T) {
+	path := bookPath(t)
+	_, err := Open(path, Options{})
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.Contains(t, err.Error(), "no book there")
+	require.NoFileExists(t, path)
+	b := open(t, path, 64*mib) // with one it is made
+	require.NoError(t, b.Close())
+	b2, err := Open(path, Options{})
+	require.NoError(t, err)
+	require.Equal(t, uint64(64*mib), b2.Capacity())
+	require.NoError(t, b2.Close())
+}
+
 // TestHostileCoTenant: what something that is not a member can do to a
 // book's file, beyond writing bytes into it (TestHostile), leaves the
 // members with clear errors, never a crash, a hang or an over-commit:

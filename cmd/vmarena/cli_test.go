@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -119,4 +120,20 @@ func TestVersionLine(t *testing.T) {
 	require.Equal(t, "vmarena v0.0.0-20261127070000-0123abc (revision 0123abc, "+goLine+")",
 		versionLine(&debug.BuildInfo{Main: debug.Module{Version: "v0.0.0-20261127070000-0123abc"}, Settings: []debug.BuildSetting{
 			{Key: "vcs.revision", Value: "0123abc"}, {Key: "vcs.modified", Value: "false"}}}))
+}
+
+// fullWriter fails every write, as /dev/full does.
+type fullWriter struct{}
+
+func (fullWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// TestOutputThatCannotBeWritten: a command whose standard output cannot
+// be written exits 1 saying so, text or JSON, not 0 with its output lost.
+func TestOutputThatCannotBeWritten(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"devices"}, {"devices", "--json"}, {"help"}} {
+		var errOut strings.Builder
+		code := runChecked(args, fullWriter{}, &errOut)
+		require.Equal(t, 1, code, "%v", args)
+		require.Contains(t, errOut.String(), "no space left on device", "%v", args)
+	}
 }

@@ -107,6 +107,10 @@ const (
 	kvPageMax = 1 * units.GiB
 )
 
+// kvMemoryMax bounds --memory: the cache's prefix store reserves the
+// budget's address space, its slots theirs, both on the sim driver.
+const kvMemoryMax = sim.AddressSpace / 2
+
 // kvPreempts are the preemption modes --preempt accepts, the default
 // (vLLM's) first.
 var kvPreempts = []string{"drop", "swap"}
@@ -249,6 +253,10 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if err := checkReport(*report); err != nil {
 		return usageErr("--report %v", err)
+	}
+	if uint64(memory) > kvMemoryMax {
+		return usageErr("--memory %s: more than the %s this cache's prefix store can reserve on the sim driver (half its %s of address space; the slots take the rest)",
+			units.Bytes(uint64(memory)), units.Bytes(kvMemoryMax), units.Bytes(sim.AddressSpace))
 	}
 	cfg := serving.Config{Model: m, Budget: uint64(memory), MaxSeqs: *maxSeqs, BlockTokens: serving.DefaultBlockTokens}
 	contextCap := cfg.ContextCap()

@@ -266,6 +266,7 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--preempt", "pause"}, "--preempt pause: want drop or swap"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--admit", "output"}, "--admit output: want prompt or expected-output"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--warm", "half"}, "--warm half: want budget or step"},
+		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "1000TiB"}, "--memory 1000 TiB: more than the 65024 GiB this cache's prefix store can reserve"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "paged"}, "--scheme paged: want auto or uniform or hybrid"},
 		{[]string{"simulate", "--trace", small, "--model", "gemma-3-27b", "--layout", "per-layer"},
 			"--layout is the uniform cache's: the hybrid schemes (--scheme auto, model gemma-3-27b) have none; give --scheme uniform"},

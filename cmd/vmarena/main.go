@@ -55,7 +55,36 @@ func main() {
 	if os.Getenv(serverEnv) != "" {
 		os.Exit(serveBudget(os.Stdin, os.Stdout)) // one server of budget simulate
 	}
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(runChecked(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// runChecked is run with its standard output checked: a command whose
+// output could not be written (a full disk, a closed pipe, /dev/full)
+// exits 1 saying so, rather than 0 with its output lost.
+func runChecked(args []string, stdout, stderr io.Writer) int {
+	out := &checkedWriter{w: stdout}
+	code := run(args, out, stderr)
+	if out.err != nil && code == 0 {
+		fmt.Fprintf(stderr, "vmarena: writing the output: %v\n", out.err)
+		code = 1
+	}
+	return code
+}
+
+// checkedWriter is w, keeping the first error a write met; later writes
+// are not tried.
+type checkedWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (c *checkedWriter) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.w.Write(p)
+	c.err = err
+	return n, err
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

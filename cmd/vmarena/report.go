@@ -39,36 +39,36 @@ func reportTable(caption string, table [][]string) report.Table {
 }
 
 // checkReport says what keeps a report from being written to name, before
-// the run rather than after it: a directory, a directory that is not
-// there, a file that cannot be opened for writing. An empty name is no
-// report.
+// the run rather than after it: something there that is not a regular
+// file (a directory; a FIFO, which opening for writing would wait on for
+// good; a device), a directory that is not there or that cannot be
+// written (the report is written beside its name and renamed over it).
+// An empty name is no report. It leaves nothing behind.
 func checkReport(name string) error {
 	if name == "" {
 		return nil
 	}
-	fi, statErr := os.Stat(name)
-	if statErr == nil && fi.IsDir() {
-		return errors.Newf("%s: a directory, want a file", name)
+	if fi, err := os.Stat(name); err == nil {
+		switch {
+		case fi.IsDir():
+			return errors.Newf("%s: a directory, want a file", name)
+		case !fi.Mode().IsRegular():
+			return errors.Newf("%s: not a regular file (%s), want a file", name, fi.Mode().Type())
+		}
 	}
 	dir := filepath.Dir(name)
 	if di, err := os.Stat(dir); err != nil || !di.IsDir() {
 		return errors.Newf("%s: there is no directory %s to write it in", name, dir)
 	}
-	// Open it as the write will, but without truncating it, and remove it
-	// again if it was not there.
-	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := os.CreateTemp(dir, ".vmarena-report-check-*")
 	if err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return errors.Newf("%s: cannot be written: %v", name, err)
+		return errors.Newf("%s: cannot be written in %s: %v", name, dir, err)
 	}
-	err = f.Close()
-	if statErr != nil {
-		err = errors.CombineErrors(err, os.Remove(name))
-	}
-	return err
+	return errors.CombineErrors(f.Close(), os.Remove(f.Name()))
 }
 
 // writeReport writes the page to the file name.

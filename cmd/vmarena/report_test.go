@@ -218,9 +218,13 @@ func TestReportUsage(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.True(t, strings.HasPrefix(errOut, "vmarena kv simulate: --report "+filepath.Join(dir, "no", "kv.html")+": there is no directory"), errOut)
 
-	// Checked and removed again: a run that fails writes no report.
+	// Checked and removed again: a run that fails writes no report, and
+	// leaves nothing in the directory.
 	out := filepath.Join(dir, "out.html")
 	code, _, _ = runReplay(t, "--trace", filepath.Join(dir, "missing.csv"), "--report", out)
 	require.Equal(t, 1, code)
 	require.NoFileExists(t, out)
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, ents)
 }

@@ -40,6 +40,10 @@ const (
 	spaceSize = 1<<47 - spaceBase
 )
 
+// AddressSpace is the bytes of simulated address space a sim driver
+// reserves from (127 TiB): what ranges over it, together, can span.
+const AddressSpace = spaceSize
+
 // Options configure a sim driver. Zero fields take the defaults.
 type Options struct {
 	// Devices is the number of devices (default 1).

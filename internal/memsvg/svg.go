@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"sort"
 	"strings"
 
+	"github.com/vmarena/vmarena/internal/atomicfile"
 	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/internal/units"
@@ -239,13 +239,14 @@ func Write(w io.Writer, p Picture) error {
 	return err
 }
 
-// WriteFile writes p to the file path (created or truncated).
+// WriteFile writes p to the file path, replacing it; a write that fails
+// leaves path as it was (no half-written picture).
 func WriteFile(path string, p Picture) error {
 	var b bytes.Buffer
 	if err := Write(&b, p); err != nil {
 		return err
 	}
-	return errors.Wrap(os.WriteFile(path, b.Bytes(), 0o644), "memsvg")
+	return errors.Wrap(atomicfile.Write(path, b.Bytes(), 0o644), "memsvg") // whole or not at all
 }
 
 // drawRange draws range i: a heading, its cells in rows of cols, each

@@ -20,8 +20,8 @@ import (
 	"bytes"
 	"html/template"
 	"io"
-	"os"
 
+	"github.com/vmarena/vmarena/internal/atomicfile"
 	"github.com/vmarena/vmarena/internal/errors"
 )
 
@@ -82,13 +82,14 @@ func Write(w io.Writer, p Page) error {
 	return errors.Wrap(err, "report")
 }
 
-// WriteFile writes p to the file name, replacing it.
+// WriteFile writes p to the file name, replacing it; a write that fails
+// leaves name as it was (no half-written page).
 func WriteFile(name string, p Page) error {
 	var buf bytes.Buffer
 	if err := Write(&buf, p); err != nil {
 		return err
 	}
-	return errors.Wrap(os.WriteFile(name, buf.Bytes(), 0o644), "report")
+	return errors.Wrap(atomicfile.Write(name, buf.Bytes(), 0o644), "report") // whole or not at all
 }
 
 // document is a Page with its charts drawn.
