@@ -224,7 +224,7 @@ func (b *Book) lockFile() error {
 				"a member stopped while it held the lock (a debugger, SIGSTOP), or something that is not a member, holds byte 0 of the book file")
 		}
 		time.Sleep(pause)
-		pause = min(2*pause, 10*time.Millisecond)
+		pause = min(2*pause, time.Millisecond) // a held lock is let go within microseconds
 	}
 }
 
