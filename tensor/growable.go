@@ -243,7 +243,7 @@ func (g *Growable) Release() error {
 		st.released.Store(true)
 	}
 	for _, st := range g.storages {
-		st.settle() // the accesses in flight end before the cover does
+		drain(&st.using) // the accesses in flight end before the cover does
 	}
 	var errs error
 	if g.cover != nil {

@@ -54,7 +54,15 @@ func (l *Lease) Revoke() {
 		return
 	}
 	l.revoked.Store(true)
-	for spins := 0; l.using.Load() != 0; spins++ {
+	drain(&l.using)
+}
+
+// drain waits for a count of accesses in flight to reach zero, once what
+// they check (a lease's revoked, a storage's released) is set: yielding
+// at first, then sleeping, since an access lasts as long as its caller
+// makes it (Access's fn).
+func drain(using *atomic.Int64) {
+	for spins := 0; using.Load() != 0; spins++ {
 		if spins < 64 {
 			runtime.Gosched()
 		} else {

@@ -3,10 +3,8 @@ package tensor
 import (
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -110,18 +108,6 @@ func (st *storage) exit() {
 	st.using.Add(-1)
 	if st.lease != nil {
 		st.lease.exit()
-	}
-}
-
-// settle waits, once released is set, for the accesses in flight to end
-// (an access lasts as long as its caller makes it: Access's fn).
-func (st *storage) settle() {
-	for spins := 0; st.using.Load() != 0; spins++ {
-		if spins < 64 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(10 * time.Microsecond)
-		}
 	}
 }
 
@@ -356,7 +342,7 @@ func (t *Tensor) Release() error {
 	if !t.st.released.CompareAndSwap(false, true) {
 		return driver.Closed(fmt.Sprintf("tensor: release of %s: already released", t))
 	}
-	t.st.settle()
+	drain(&t.st.using)
 	if err := t.st.release(); err != nil {
 		t.st.released.Store(false)
 		return errors.Wrapf(err, "tensor: release of %s", t)
