@@ -6,10 +6,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/vmarena/vmarena/internal/backoff"
 	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
@@ -263,7 +263,7 @@ func (p *Publisher) ReplayEndpoint() string {
 // goroutine of its own (a handshake that stalls stalls only itself).
 func (p *Publisher) accept(ln net.Listener, sub bool) {
 	defer p.wg.Done()
-	var pause time.Duration
+	var pause backoff.Pause
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -275,16 +275,13 @@ func (p *Publisher) accept(ln net.Listener, sub bool) {
 			}
 			// Out of file descriptors, or a connection aborted in the
 			// backlog: the accept fails again at once until that ends, so
-			// pause, doubling from 5 ms to 1 s, rather than spin.
-			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
-			select {
-			case <-p.quit:
+			// pause rather than spin.
+			if !pause.Wait(p.quit) {
 				return
-			case <-time.After(pause):
 			}
 			continue
 		}
-		pause = 0
+		pause.Reset()
 		p.mu.Lock()
 		if p.closed || len(p.peers) >= 2*maxPeers || p.countLocked(sub) >= maxPeers {
 			if !p.closed {

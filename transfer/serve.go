@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/vmarena/vmarena/internal/backoff"
 	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
@@ -27,29 +28,21 @@ var maxServed = 1024
 
 // accept runs the accept loop until the listener closes. An accept the
 // kernel refuses for a while (out of file descriptors, a connection
-// aborted in the backlog) is tried again after a pause that doubles from
-// 5 ms to 1 s, as net/http's server does: the engine serves again once
-// descriptors are back, rather than never.
+// aborted in the backlog) is tried again after a pause (backoff.Pause:
+// 5 ms doubling to 1 s): the engine serves again once descriptors are
+// back, rather than never.
 func (e *Engine) accept() {
 	defer e.wg.Done()
-	var pause time.Duration
+	var pause backoff.Pause
 	for {
 		c, err := e.ln.Accept()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) || e.closing.Err() != nil {
+			if errors.Is(err, net.ErrClosed) || e.closing.Err() != nil || !pause.Wait(e.closing.Done()) {
 				return // Close
-			}
-			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
-			t := time.NewTimer(pause)
-			select {
-			case <-e.closing.Done():
-				t.Stop()
-				return
-			case <-t.C:
 			}
 			continue
 		}
-		pause = 0
+		pause.Reset()
 		e.mu.Lock()
 		if e.closed {
 			e.mu.Unlock()
