@@ -509,10 +509,6 @@ func (k *Cache) Warm(n, most int) error {
 	return errors.Wrapf(err, "serving: kvcache: warm the pool")
 }
 
-// warmsBudget marks the cache as a scheme Options.WarmBudget warms with
-// the budget before serving.
-func (k *Cache) warmsBudget() {}
-
 // Computed marks the tokens appended to r's sequence written
 // (kvcache's MarkWritten). Simulate calls it as soon as Append has
 // scheduled them into a step, whose every layer writes the batch's keys

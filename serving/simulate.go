@@ -1139,8 +1139,8 @@ func (s *simulation) warms() bool {
 // startup has a scheme that can warm fill its pool before serving starts,
 // as an engine warms its cache when it starts and as the paged and static
 // schemes allocate their pools then: with a step's pages
-// (MaxBatchedTokens), or, for a budgetWarmer, with the budget's up to
-// every token of the requests (Options.WarmBudget). The calls are in Driver.Time and
+// (MaxBatchedTokens), or, for the uniform cache (Cache), with the
+// budget's up to every token of the requests (Options.WarmBudget). The calls are in Driver.Time and
 // Driver.Startup, on no step's path and no admission's.
 func (s *simulation) startup() error {
 	res, ok := s.scheme.(kvReserver)
@@ -1148,7 +1148,7 @@ func (s *simulation) startup() error {
 		return nil
 	}
 	n := s.opts.MaxBatchedTokens
-	if _, ok := s.scheme.(budgetWarmer); ok && s.opts.WarmBudget {
+	if _, ok := s.scheme.(*Cache); ok && s.opts.WarmBudget {
 		n = max(n, s.tokensOfAll())
 	}
 	m := s.enter()
@@ -1158,10 +1158,6 @@ func (s *simulation) startup() error {
 	s.res.Driver.Startup += t
 	return err
 }
-
-// budgetWarmer is a scheme whose pool Options.WarmBudget warms with the
-// budget (Cache).
-type budgetWarmer interface{ warmsBudget() }
 
 // tokensOfAll is every token of every sequence to serve, prompts and
 // outputs (a fork's prompt counted again: a bound, not a count), up to
