@@ -208,7 +208,7 @@ func NewCache(cfg Config, opts CacheOptions) (*Cache, error) {
 		Budget: cfg.Budget, PageSize: page, Layout: opts.Layout, MapAhead: -1, Events: opts.Events,
 	})
 	if err != nil {
-		return nil, errors.CombineErrors(errors.Wrapf(err, "serving: kvcache"), k.closeDriver())
+		return nil, errors.CombineErrors(errors.Wrapf(err, "serving"), k.closeDriver())
 	}
 	return k, nil
 }
