@@ -126,3 +126,57 @@ func TestSharedWithoutReadOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestAdmitWeighsTheKeptSlot: an admission takes the slot keeping its
+// match only where reusing the kept units saves more than unmapping the
+// slot's other kept units costs (an unmap counted as unmapMaps maps);
+// else a slot keeping nothing, which maps the match afresh and unmaps
+// nothing, leaving the kept units where they are.
+func TestAdmitWeighsTheKeptSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		shared, tail int // tokens of the prompt shared with a's, and of a's own after them
+		keptSlot     bool
+	}{
+		{"a long shared prefix", 192, 8, true},
+		{"a short shared prefix before a long prompt of its own", 12, 188, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := simEnv(t, 64<<20, page)
+			drv := e.drv.(*sim.Driver)
+			c := e.cache(t, tinyConfig(TokenMajor, 256, 4))
+			prompt := seqTokens(tc.shared+tc.tail, tc.shared+tc.tail, 0)
+			a, err := c.Admit(prompt, 0)
+			require.NoError(t, err)
+			_, err = a.Append(prompt[a.Len():])
+			require.NoError(t, err)
+			require.NoError(t, a.MarkWritten(a.Len()))
+			require.NoError(t, a.Free())
+			kept := c.Stats().KeptUnits
+			require.Positive(t, kept)
+
+			other := seqTokens(tc.shared+8, tc.shared, 50000)
+			t0 := drv.Tally().Total()
+			b, err := c.Admit(other, 0)
+			require.NoError(t, err)
+			calls := drv.Tally().Total().Sub(t0)
+			shared := c.UnitsFor(b.Matched())
+			require.Positive(t, shared)
+			st := c.Stats()
+			if tc.keptSlot {
+				require.Equal(t, a.Slot(), b.Slot(), "the slot keeping the shared units")
+				require.Equal(t, shared, st.KeptReused, "each shared unit reused in place")
+				require.Equal(t, uint64(kept-shared), calls.Unmap, "a's own units unmapped")
+			} else {
+				require.NotEqual(t, a.Slot(), b.Slot(), "a slot keeping nothing")
+				require.Zero(t, st.KeptReused)
+				require.Zero(t, calls.Unmap, "nothing unmapped on the admission's path")
+				require.Equal(t, kept, st.KeptUnits, "a's units stay kept in its slot")
+				require.GreaterOrEqual(t, calls.Map, uint64(shared), "the match mapped afresh")
+			}
+			require.NoError(t, c.Check())
+			require.NoError(t, b.Free())
+			require.NoError(t, c.Close())
+		})
+	}
+}

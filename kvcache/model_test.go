@@ -185,16 +185,20 @@ func (m *model) take(n int) {
 // trim is SetBudget's: the pool fits beside the pages in use.
 func (m *model) trim() { m.pooled = min(m.pooled, max(m.budget-m.pages, 0)) }
 
-// pickSlot is the cache's pickSlotLocked for a match of units: the
+// pickSlot is the cache's pickSlotLocked for a match of units: of the
 // lowest free slot keeping the deepest of units the probes (the last,
-// then halfway down, to the first) find; else the free slot with the
+// then halfway down, to the first) find, and the free slot with the
 // fewest units kept mapped, then the most pages kept (the lowest of
-// those), or -1.
+// those), the one whose unmaps (unmapMaps maps each) and maps cost less,
+// the kept slot on a tie; or -1.
 func (m *model) pickSlot(units []*munit) int {
+	kept := -1
+probes:
 	for i := len(units) - 1; i >= 0; i /= 2 {
 		for k, sl := range m.slots {
 			if sl.seq == nil && sl.kept[i] == units[i] {
-				return k
+				kept = k
+				break probes
 			}
 		}
 		if i == 0 {
@@ -214,6 +218,16 @@ func (m *model) pickSlot(units []*munit) int {
 		if n, pn := m.keptIn(sl), m.keptIn(m.slots[pick]); n < pn || (n == pn && o > po) {
 			pick = k
 		}
+	}
+	if kept < 0 || kept == pick {
+		return pick
+	}
+	reused := 0
+	for u, mu := range units {
+		reused += b2i(m.slots[kept].kept[u] == mu)
+	}
+	if (m.keptIn(m.slots[kept])-reused)*unmapMaps <= m.keptIn(m.slots[pick])*unmapMaps+reused {
+		return kept
 	}
 	return pick
 }
@@ -356,6 +370,21 @@ func (m *model) room(keep *mslot, keepUnits int) int {
 // reclaim gives back idle slots' pages (longest idle first), cached units
 // (least recently used first), then surplus pages, until need more fit.
 func (m *model) reclaim(need int, keep *mslot, keepUnits int) {
+	m.reclaimIdle(need, keep)
+	m.evict(need)
+	for _, sl := range m.slots {
+		if m.free() >= need {
+			break
+		}
+		if sl.seq != nil {
+			m.reclaimFrom(sl, m.surplusFrom(sl, keep, keepUnits), need)
+		}
+	}
+}
+
+// reclaimIdle gives back idle slots' pages, longest idle first, until
+// need more fit.
+func (m *model) reclaimIdle(need int, keep *mslot) {
 	var idles []*mslot
 	for _, sl := range m.slots {
 		if sl.seq == nil && sl != keep && m.ownedFrom(sl, 0) > 0 {
@@ -368,15 +397,6 @@ func (m *model) reclaim(need int, keep *mslot, keepUnits int) {
 			break
 		}
 		m.reclaimFrom(sl, 0, need)
-	}
-	m.evict(need)
-	for _, sl := range m.slots {
-		if m.free() >= need {
-			break
-		}
-		if sl.seq != nil {
-			m.reclaimFrom(sl, m.surplusFrom(sl, keep, keepUnits), need)
-		}
 	}
 }
 
@@ -1147,8 +1167,10 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			n := o.n % 24
 			got, err := c.Warm(n)
 			require.NoError(t, err, step)
-			// The cached units commits of n pages would evict lose their
-			// kept mappings.
+			// Idle slots' pages go into the pool as far as n pages
+			// need them, and the cached units commits of the rest would
+			// evict lose their kept mappings.
+			m.reclaimIdle(n, nil)
 			idle := 0
 			for _, sl := range m.slots {
 				if sl.seq == nil {

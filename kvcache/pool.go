@@ -49,11 +49,15 @@ func (c *Cache) checkPoolLocked(fail func(string, ...any)) {
 	}
 }
 
-// Warm creates pages for the page pool until it keeps pages of them,
-// within the budget beside the pages in use (it gives nothing back to
-// make room): the creates the commits of the next prompt chunks would
-// make, made ahead — while a step computes, or the engine idles — so
-// that those commits only map. The pool's chunks are the cache's units
+// Warm readies pages pages for the next commits, ahead — while a step
+// computes, or the engine idles — so that those commits only map: it
+// creates pages for the page pool until it keeps pages of them, within
+// the budget beside the pages in use; where the budget is spent, it takes
+// idle slots' pages into the pool (longest idle first, as a commit
+// would) and unmaps the kept mappings of the cached units that
+// committing the rest would evict (least recently used first), the
+// unmaps those commits would make. It evicts no cached unit and takes
+// nothing from a running sequence. The pool's chunks are the cache's units
 // (a page, or a token-major group of several: the chunk a commit maps),
 // so pages rounds up to whole units where the budget has room for them
 // and down where it has not. A warmed page is committed memory
@@ -76,8 +80,12 @@ func (c *Cache) Warm(pages int) (int, error) {
 		return 0, err
 	}
 	// The pages the free budget cannot give will come from idle slots'
-	// pages and then from evicting cached store units: the kept mappings
-	// of those units go now, ahead, not under the commit that evicts them.
+	// pages and then from evicting cached store units: the idle pages and
+	// the kept mappings of those units go now, ahead, not under the
+	// commit that takes them.
+	if err := c.reclaimIdleLocked(pages, nil); err != nil {
+		return c.pooledPages(), errors.Wrapf(err, "%s", what())
+	}
 	if err := c.unmapKeptAheadLocked(pages); err != nil {
 		return c.pooledPages(), errors.Wrapf(err, "%s", what())
 	}

@@ -51,7 +51,7 @@ func TestWindowReleaseKeepsStoreUnits(t *testing.T) {
 	})
 	t.Run("evicted while running", func(t *testing.T) {
 		e := hostEnv(t, 64*units.MiB)
-		cfg := tinyConfig(TokenMajor, 512, 3)
+		cfg := tinyConfig(TokenMajor, 512, 1) // one slot: b takes the one its prompt's units are kept in
 		cfg.Window = 32
 		c := e.cache(t, cfg)
 		prompt := seqTokens(200, 200, 0)

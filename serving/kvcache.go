@@ -483,15 +483,24 @@ func (k *Cache) Reserve(r *SimRequest, n int) (int, error) {
 }
 
 // Warm fills the cache's page pool with the pages n tokens' KV takes
-// (kvcache's Cache.Warm: created ahead, within the free budget), adding
-// at most most pages to what it keeps (negative: no bound), so that the
-// commits of the next prompt chunks only map.
+// (kvcache's Cache.Warm: created ahead, within the free budget; where the
+// budget is spent, idle slots' pages taken into the pool and the kept
+// mappings of the cached units the commits would evict unmapped, ahead),
+// adding at most most pages to what it keeps (negative: no bound), so
+// that the commits of the next prompt chunks only map.
 func (k *Cache) Warm(n, most int) error {
+	_, err := k.warm(n, most)
+	return err
+}
+
+// warm is Warm, and reports whether most bounded what it asked for
+// (warmWithin asks again with a larger most while time is left).
+func (k *Cache) warm(n, most int) (bounded bool, err error) {
 	if err := k.made("warm"); err != nil {
-		return err
+		return false, err
 	}
 	if n < 0 {
-		return errors.Wrapf(driver.ErrInvalid, "serving: kvcache: warm the pool for %d tokens", n)
+		return false, errors.Wrapf(driver.ErrInvalid, "serving: kvcache: warm the pool for %d tokens", n)
 	}
 	page := k.cache.Config().PageSize
 	const maxPages = uint64(1) << 30 // the budget bounds them first
@@ -503,10 +512,12 @@ func (k *Cache) Warm(n, most int) error {
 		}
 	}
 	if most >= 0 {
-		pages = min(pages, uint64(k.cache.Stats().PooledPages)+uint64(most))
+		if most := uint64(k.cache.Stats().PooledPages) + uint64(most); most < pages {
+			pages, bounded = most, true
+		}
 	}
-	_, err := k.cache.Warm(int(min(pages, maxPages)))
-	return errors.Wrapf(err, "serving: kvcache: warm the pool")
+	_, err = k.cache.Warm(int(min(pages, maxPages)))
+	return bounded, errors.Wrapf(err, "serving: kvcache: warm the pool")
 }
 
 // Computed marks the tokens appended to r's sequence written

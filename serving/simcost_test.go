@@ -317,3 +317,50 @@ func TestReserveDecodesEvictsAhead(t *testing.T) {
 	require.Equal(t, 1, st.Evictions, "the same unit evicted, on the path")
 	require.Equal(t, 1, st.CachedPages)
 }
+
+// unmapWarmer is a scheme whose warm readies a page with one unmap (an
+// idle slot's page taken into the pool, a kept mapping unmapped ahead)
+// as far as most bounds it, of want pages in all.
+type unmapWarmer struct {
+	*Cache
+	want, ready int
+	calls       sim.Calls
+	asked       []int
+}
+
+func (u *unmapWarmer) warm(n, most int) (bool, error) {
+	u.asked = append(u.asked, most)
+	add := min(u.want, most) - u.ready
+	if add > 0 {
+		u.ready += add
+		u.calls.Unmap += uint64(add)
+	}
+	return most < u.want, nil
+}
+
+func (u *unmapWarmer) DriverCalls() sim.Calls { return u.calls }
+
+// TestWarmRoundsUseTheTimeLeft: where the pages a warm readies cost
+// unmaps, not the creates its first round was bounded by, it asks again
+// with the time left, so that a step's time readies as many pages as it
+// pays for; it stops once the scheme has what it wanted, and a scheme
+// that cannot say gets one round.
+func TestWarmRoundsUseTheTimeLeft(t *testing.T) {
+	cfg := Config{Model: tinyModel, Budget: 1 * units.MiB, MaxContext: 64, MaxSeqs: 4}
+	k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB})
+	prices := sim.CallCosts{Name: "1 ms a create, 0.1 ms an unmap", Create: time.Millisecond, Unmap: 100 * time.Microsecond}
+	u := &unmapWarmer{Cache: k, want: 1000}
+	s := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256, Prices: prices, AdmitAhead: true}, scheme: u, drv: u}
+	require.NoError(t, s.warm(10*time.Millisecond, false))
+	// 10 pages at the dearer price (1 ms of unmaps), then 9 more with
+	// the 9 ms left, 8 with the 8.1 ms left, ...
+	require.Equal(t, []int{10, 19, 27, 34, 40, 46, 51, 55, 59, 63, 66, 69, 72, 74, 76, 78}, u.asked, "16 rounds, each with the time the last left")
+	require.Equal(t, 78, u.ready)
+	require.Equal(t, time.Duration(78)*prices.Unmap, s.pendingBg, "within the step's 10 ms")
+
+	u2 := &unmapWarmer{Cache: k, want: 15}
+	s2 := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256, Prices: prices, AdmitAhead: true}, scheme: u2, drv: u2}
+	require.NoError(t, s2.warm(10*time.Millisecond, false))
+	require.Equal(t, []int{10, 19}, u2.asked, "the second round had all it wanted")
+	require.Equal(t, 15, u2.ready)
+}

@@ -1089,8 +1089,7 @@ func (s *simulation) ahead(preempted bool, exposed, gpu time.Duration) error {
 // gap) has left hides: during a step, behind window of its GPU time,
 // the other calls made ahead first (pendingBg); in an idle gap of window
 // (idle: foreground, which the gap hides). The pages it may add are
-// what that time pays for at the dearer of a create and an unmap (a
-// page comes from one or the other): a filler that makes a page at a
+// what that time pays for (warmWithin): a filler that makes a page at a
 // time and stops when the step ends never delays the next step.
 func (s *simulation) warm(window time.Duration, idle bool) error {
 	res, ok := s.scheme.(kvReserver)
@@ -1105,15 +1104,8 @@ func (s *simulation) warm(window time.Duration, idle bool) error {
 	if left <= 0 {
 		return nil
 	}
-	most := -1 // no bound where pages cost nothing
-	if page := max(s.opts.Prices.Create, s.opts.Prices.Unmap); page > 0 {
-		most = int(min(left/page, 1<<30))
-		if most == 0 {
-			return nil
-		}
-	}
 	m := s.enter()
-	err := res.Warm(s.opts.MaxBatchedTokens, most)
+	err := s.warmWithin(res, left)
 	c := s.leave(m)
 	switch {
 	case idle:
@@ -1124,6 +1116,54 @@ func (s *simulation) warm(window time.Duration, idle bool) error {
 		s.background(c) // the scheme's own, as its mapping ahead
 	}
 	return err
+}
+
+// warmRounds bounds warmWithin's calls of the scheme's Warm.
+const warmRounds = 16
+
+// boundedWarmer is a scheme whose warm reports whether its bound on the
+// pages it adds held it back (Cache).
+type boundedWarmer interface {
+	warm(n, most int) (bounded bool, err error)
+}
+
+// warmWithin has res warm its pool for a step's tokens with calls that
+// take about left at most. A page costs a create or, where the budget is
+// spent, an unmap (an idle slot's page taken into the pool, a kept
+// mapping of what the commits would evict), as the scheme alone knows:
+// each round asks for the pages the time left pays for at the dearer of
+// the two, prices what the round made, and the next asks for more with
+// what is left, until the scheme has all it wanted, the time is spent or
+// warmRounds rounds ran (a scheme that cannot say what held it back gets
+// one). A round overruns left by at most a unit's calls.
+func (s *simulation) warmWithin(res kvReserver, left time.Duration) error {
+	page := max(s.opts.Prices.Create, s.opts.Prices.Unmap)
+	if page <= 0 || s.drv == nil {
+		return res.Warm(s.opts.MaxBatchedTokens, -1) // no bound where pages cost nothing
+	}
+	bw, bounds := res.(boundedWarmer)
+	rounds := warmRounds
+	if !bounds {
+		rounds = 1
+	}
+	most := 0
+	for range rounds {
+		more := int(min(left/page, 1<<30))
+		if more == 0 {
+			return nil
+		}
+		most += more
+		before := s.drv.DriverCalls()
+		if !bounds {
+			return res.Warm(s.opts.MaxBatchedTokens, most)
+		}
+		bounded, err := bw.warm(s.opts.MaxBatchedTokens, most)
+		if err != nil || !bounded {
+			return err
+		}
+		left -= s.drv.DriverCalls().Sub(before).Time(s.opts.Prices)
+	}
+	return nil
 }
 
 // warms says the pool is warmed while the scheme serves: by the
