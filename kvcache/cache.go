@@ -201,9 +201,11 @@ type Cache struct {
 	// pool keeps the pages both ranges decommit for their next commits
 	// (pool.go): committed memory outside pages, within the budget.
 	// warmPages is the pool's size the last fill asked for (Warm), which a
-	// window cache's bound on its pool keeps (windowPoolPages).
-	pool      *arena.Pool
-	warmPages int
+	// window cache's bound on its pool keeps (windowPoolPages), and
+	// budgetWarmPages the size a Hybrid's WarmBudget filled it to, which the
+	// bound keeps too.
+	pool                       *arena.Pool
+	warmPages, budgetWarmPages int
 	// share is the Hybrid whose group the cache is (nil: none): the
 	// mapper plans under its lock, granted its free memory.
 	share *Hybrid

@@ -119,7 +119,11 @@ type Hybrid struct {
 	seqs   map[*HybridSeq]struct{}
 	tick   uint64
 	closed bool
-	counts hybridCounts
+	// budgetWarmed says WarmBudget filled the pools: a group's commit
+	// then takes the other groups' pooled pages before its own cached
+	// units (runLocked).
+	budgetWarmed bool
+	counts       hybridCounts
 }
 
 // hybridGroup is one group: its Cache (attention kinds), or its first
@@ -425,27 +429,11 @@ func (h *Hybrid) shortLocked(want uint64) uint64 {
 // given back.
 func (h *Hybrid) makeFreeLocked(want uint64, skip int, spare []uint64, keepCkpt *checkpoint) error {
 	for stage := 0; stage < numYieldStages; stage++ {
-		for i, g := range h.groups {
-			short := h.shortLocked(want)
-			if short == 0 {
-				return nil
-			}
-			if i == skip || g.c == nil {
-				continue
-			}
-			if spare != nil {
-				short = min(short, spare[i])
-			}
-			if short == 0 {
-				continue
-			}
-			gave, err := g.c.shareYield(short, stage, nil, 0)
-			if spare != nil {
-				spare[i] -= min(gave, spare[i])
-			}
-			if err != nil {
-				return err
-			}
+		if err := h.yieldStageLocked(want, skip, spare, stage); err != nil {
+			return err
+		}
+		if h.shortLocked(want) == 0 {
+			return nil
 		}
 		for stage == yieldCached && h.rec != nil && h.shortLocked(want) > 0 {
 			ok, err := h.rec.evictOne(keepCkpt)
@@ -460,6 +448,36 @@ func (h *Hybrid) makeFreeLocked(want uint64, skip int, spare []uint64, keepCkpt 
 	if short := h.shortLocked(want); short > 0 {
 		return errors.Wrapf(driver.ErrOutOfMemory, "kvcache: hybrid: %s wanted free in the budget of %s, %s short after giving back what every group could",
 			units.Bytes(want), units.Bytes(h.budget), units.Bytes(short))
+	}
+	return nil
+}
+
+// yieldStageLocked has the groups but skip give back memory of stage
+// (yieldPool, ...) until want more bytes are free within the budget, or
+// they have none of it; spare bounds what each gives (nil: no bound) and
+// is lowered by it.
+func (h *Hybrid) yieldStageLocked(want uint64, skip int, spare []uint64, stage int) error {
+	for j, g := range h.groups {
+		short := h.shortLocked(want)
+		if short == 0 {
+			return nil
+		}
+		if j == skip || g.c == nil {
+			continue
+		}
+		if spare != nil {
+			short = min(short, spare[j])
+		}
+		if short == 0 {
+			continue
+		}
+		gave, err := g.c.shareYield(short, stage, nil, 0)
+		if spare != nil {
+			spare[j] -= min(gave, spare[j])
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -480,6 +498,17 @@ func spares(needs []need) []uint64 {
 // and tightens its budget after.
 func (h *Hybrid) runLocked(i int, n need, spare []uint64, op func(c *Cache) error) error {
 	c := h.groups[i].c
+	// After a budget warm, what the free budget and group i's own pool
+	// cannot give comes from the other groups' pools first, before group
+	// i evicts its own cached units for it: a pooled page holds no one's
+	// data (a share of the warm that the mix of sequences proved wrong).
+	// A step's warm leaves pools of a chunk's pages, which the stages of
+	// makeFreeLocked take as before.
+	if own := h.freeLocked() + c.sharePooled(); h.budgetWarmed && n.need > own {
+		if err := h.yieldStageLocked(n.need-own, i, spare, yieldPool); err != nil {
+			return err
+		}
+	}
 	if n.need > n.room {
 		if err := h.makeFreeLocked(n.need-n.room, i, spare, nil); err != nil {
 			return err

@@ -245,6 +245,87 @@ func (h *Hybrid) WarmAtMost(tokens, pages int) (uint64, error) {
 			}
 		}
 	}
+	return h.fillPoolsLocked(what, want, false)
+}
+
+// WarmBudget creates pages for the attention groups' page pools with the
+// free budget, at most pages pages in all (negative: no bound), as an
+// engine that owns its device fills its KV memory at start-up: shared
+// among the groups in proportion to the bytes a token keeps in each, a
+// window group's share at most what its slots' windows can hold
+// (MaxSeqs windows and a unit each), the rest to the other groups. A
+// share the mix of sequences proves wrong costs a release and a create a
+// page: from then on a group that needs more than the free budget and
+// its own pool takes the others' pooled pages before it evicts its own
+// cached units. A window group's pool keeps its share across the pages
+// its windows give back. Ring groups are left out. It returns the bytes
+// the pools keep; a create the driver refuses ends it with the error,
+// the pages created before it kept. A closed cache is ErrClosed.
+func (h *Hybrid) WarmBudget(pages int) (uint64, error) {
+	what := func() string { return "kvcache: hybrid: warm the page pools with the budget" }
+	if err := h.lock(what); err != nil {
+		return 0, err
+	}
+	defer h.unlock()
+	h.budgetWarmed = true
+	page := h.cfg.PageSize
+	free := h.freeLocked() / page
+	if pages >= 0 {
+		free = min(free, uint64(pages))
+	}
+	// weight[i] is group i's bytes a token; most[i] the pages its pool
+	// can use (no bound: 1<<62).
+	n := len(h.groups)
+	weight, most, want := make([]uint64, n), make([]uint64, n), make([]int, n)
+	for i, g := range h.groups {
+		c := g.c
+		if c == nil || c.g.ring > 0 {
+			continue
+		}
+		weight[i] = uint64(2*c.cfg.Layers) * c.g.row
+		most[i] = 1 << 62
+		if g.windowHeld {
+			most[i] = uint64(c.cfg.MaxSeqs) * uint64(c.g.unitsFor(c.cfg.Window)+1) * uint64(c.g.unitPages())
+		}
+		want[i] = int(c.pool.Bytes() / page)
+	}
+	// Shares by weight, capped; what a cap leaves goes round again to
+	// the groups below theirs (a pass per capped group at most).
+	for left := free; left > 0; {
+		var sum uint64
+		for i := range weight {
+			if uint64(want[i]) < most[i] {
+				sum += weight[i]
+			}
+		}
+		if sum == 0 {
+			break
+		}
+		given := uint64(0)
+		for i := range weight {
+			if uint64(want[i]) >= most[i] || weight[i] == 0 {
+				continue
+			}
+			share := min(left*weight[i]/sum, most[i]-uint64(want[i]))
+			if share == 0 && given == 0 {
+				share = min(left, most[i]-uint64(want[i])) // the rounding's pages, to the first
+			}
+			want[i] += int(share)
+			given += share
+		}
+		if given == 0 {
+			break
+		}
+		left -= given
+	}
+	return h.fillPoolsLocked(what, want, true)
+}
+
+// fillPoolsLocked fills each attention group's pool (ring groups left
+// out) to want[i] pages, budget marking the fill as WarmBudget's (the
+// window groups keep it: budgetWarmPages), and returns the bytes the
+// pools keep; a create the driver refuses ends it with the error.
+func (h *Hybrid) fillPoolsLocked(what func() string, want []int, budget bool) (uint64, error) {
 	var errs error
 	for i, g := range h.groups {
 		if g.c == nil || g.c.g.ring > 0 {
@@ -254,6 +335,9 @@ func (h *Hybrid) WarmAtMost(tokens, pages int) (uint64, error) {
 		if errs = h.runLocked(i, need{}, nil, func(c *Cache) error {
 			c.mu.Lock()
 			defer c.unlock()
+			if budget {
+				c.budgetWarmPages = want[i]
+			}
 			_, err := c.fillPoolLocked(gw, want[i])
 			return err
 		}); errs != nil {

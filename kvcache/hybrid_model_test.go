@@ -319,15 +319,20 @@ func (m *hybridModel) step(op, a, b byte) {
 				m.refuse(err, before, driver.ErrInvalid)
 				return
 			}
-			// At most a pages more when a is odd (WarmAtMost), else no
-			// bound (Warm).
+			// At most a pages more when a is odd (WarmAtMost), or the
+			// free budget's, at most a pages, when a is 2 mod 4
+			// (WarmBudget), else no bound (Warm).
 			var pooled uint64
 			var err error
 			most := -1
-			if a%2 == 1 {
+			switch {
+			case a%2 == 1:
 				most = int(a)
 				pooled, err = m.h.WarmAtMost(int(a)*2, most)
-			} else {
+			case a%4 == 2:
+				most = int(a)
+				pooled, err = m.h.WarmBudget(most)
+			default:
 				pooled, err = m.h.Warm(int(a) * 2)
 			}
 			require.NoError(t, err)
@@ -338,7 +343,7 @@ func (m *hybridModel) step(op, a, b byte) {
 					had += before.Groups[i].PooledPages
 					have += after.Groups[i].PooledPages
 				}
-				require.LessOrEqual(t, have, had+most, "WarmAtMost(%d, %d)", int(a)*2, most)
+				require.LessOrEqual(t, have, had+most, "WarmAtMost(%d, %d) or WarmBudget(%d)", int(a)*2, most, most)
 			}
 			require.LessOrEqual(t, after.Committed, after.Budget)
 			require.Equal(t, before.Budget, after.Budget)

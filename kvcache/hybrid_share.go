@@ -46,6 +46,13 @@ func (c *Cache) shareHeld() uint64 {
 	return c.heldLocked()
 }
 
+// sharePooled is the bytes c's page pool keeps.
+func (c *Cache) sharePooled() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pool.Bytes()
+}
+
 // shareGrant sets c's budget to what it holds and extra more (0: tight).
 func (c *Cache) shareGrant(extra uint64) {
 	c.mu.Lock()

@@ -153,3 +153,59 @@ func TestHybridWarmAtMost(t *testing.T) {
 	require.Equal(t, want, pooled(), "no bound: what Warm makes")
 	require.NoError(t, h.Check())
 }
+
+// TestHybridWarmBudget: WarmBudget fills the groups' pools with the free
+// budget, shared by the bytes a token keeps in each (the full and latent
+// groups here), a window group's share at most its slots' windows, the
+// rest to the others; a bound on the pages is kept; the window group's
+// pool keeps its share across the decodes that release behind its
+// window; the next admissions create nothing; on a closed cache it is
+// ErrClosed.
+func TestHybridWarmBudget(t *testing.T) {
+	e := simEnv(t, 64*units.MiB, page)
+	drv := e.drv.(*sim.Driver)
+	cfg := tinyHybrid(256, 4, 24*units.MiB)
+	cfg.Groups[1].Window = 32
+	cfg.Groups = cfg.Groups[:3]
+	h := e.hybrid(t, cfg)
+
+	_, err := h.WarmBudget(10)
+	require.NoError(t, err)
+	st := h.Stats()
+	n := 0
+	for _, g := range st.Groups {
+		n += g.PooledPages
+	}
+	require.Equal(t, 10, n, "at most the pages asked for")
+
+	bytes, err := h.WarmBudget(-1)
+	require.NoError(t, err)
+	st = h.Stats()
+	require.Equal(t, bytes, st.Committed, "every committed page is pooled")
+	require.Greater(t, st.Committed+page*uint64(len(st.Groups)), st.Budget, "the budget is filled, within a unit a group")
+	full, window, latent := st.Groups[0].PooledPages, st.Groups[1].PooledPages, st.Groups[2].PooledPages
+	wc := h.groups[1].c
+	capped := wc.cfg.MaxSeqs * (wc.g.unitsFor(wc.cfg.Window) + 1) * wc.g.unitPages()
+	require.LessOrEqual(t, window, capped, "a window group's share is at most its windows'")
+	require.Positive(t, window)
+	// A token keeps a key and a value of 2*64 floats in each of the full
+	// group's 2 layers (2,048 bytes), a latent vector of 96 floats in each
+	// of the latent group's (768 bytes): 8:3, within the rounding to units.
+	require.InDelta(t, 8.0/3.0, float64(full)/float64(latent), 0.05)
+	require.NoError(t, h.Check())
+
+	creates := drv.Calls().Create
+	a := hybridPrefill(t, h, seqTokens(100, 0, 1))
+	for i := range 40 { // past the window: its units behind go back
+		_, err = a.Append([]int{5000 + i})
+		require.NoError(t, err)
+	}
+	require.Equal(t, creates, drv.Calls().Create, "the prefill and the decodes map pooled pages, creating none")
+	require.Equal(t, uint64(0), drv.Calls().Release, "the window group's pool keeps what its window gives back")
+	require.NoError(t, h.Check())
+	require.NoError(t, a.Free())
+	require.NoError(t, h.Close())
+	_, err = h.WarmBudget(-1)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	require.Zero(t, e.used(t))
+}

@@ -148,14 +148,14 @@ func (c *Cache) windowHit(k, from int) bool { return from <= c.windowLo(k) }
 // windowPoolPages is the most pages a window cache's page pool keeps
 // across calls: the pages of the units the next BlockTokens tokens of a
 // decode reach (one unit more for the one they start in), or what the
-// last Warm filled it to (warmPages: a Hybrid's Warm of its groups), if
-// more. What a release behind a window gives back past that — a prefill
-// chunk's worth, left when the next call only decodes — is committed
+// last Warm filled it to (warmPages: a Hybrid's Warm of its groups) or
+// a Hybrid's WarmBudget (budgetWarmPages), if more. What a release
+// behind a window gives back past that — a prefill chunk's worth, left when the next call only decodes — is committed
 // memory no sequence holds, so it goes back to the driver at the next
 // Append or Step (boundWindowPoolLocked); within one call, a release's
 // pages still serve the same call's commits.
 func (c *Cache) windowPoolPages() int {
-	return max((c.g.unitsFor(c.g.block)+1)*c.g.unitPages(), c.warmPages)
+	return max((c.g.unitsFor(c.g.block)+1)*c.g.unitPages(), c.warmPages, c.budgetWarmPages)
 }
 
 // boundWindowPoolLocked releases pooled pages of a window cache down to

@@ -5,6 +5,7 @@ package serving
 
 import (
 	"fmt"
+	"math/bits"
 	"strings"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -429,6 +430,21 @@ func (k *HybridCache) Warm(n, most int) error {
 	}
 	_, err := k.h.WarmAtMost(min(n, k.cfg.MaxContext), most)
 	return errors.Wrapf(err, "serving: hybrid cache: warm the pools")
+}
+
+// warmBudget fills the groups' page pools before serving with the free
+// budget (kvcache's Hybrid.WarmBudget), at most the pages n tokens of
+// every layer take (Options.WarmBudget: every token of the trace).
+func (k *HybridCache) warmBudget(n int) error {
+	if err := k.made("warm"); err != nil {
+		return err
+	}
+	pages := -1
+	if hi, b := bits.Mul64(uint64(max(n, 0)), k.cfg.Model.TokenBytes()); hi == 0 && b/k.h.Config().PageSize < 1<<30 {
+		pages = int(b/k.h.Config().PageSize) + 2*len(k.h.Config().Groups) // and a unit a group a chunk straddles
+	}
+	_, err := k.h.WarmBudget(pages)
+	return errors.Wrapf(err, "serving: hybrid cache: warm the pools with the budget")
 }
 
 // Computed marks the tokens appended to r written (kvcache's

@@ -607,3 +607,36 @@ func TestHybridChunksAligned(t *testing.T) {
 	require.Zero(t, wm.ChunkAlign(), "no recurrent layer: chunks end anywhere")
 	require.NoError(t, wm.Close())
 }
+
+// TestHybridCacheWarmsTheBudget: with Options.WarmBudget the hybrid cache's pools
+// are filled before serving (Driver.Startup), so a run whose tokens fit
+// in the budget creates nearly nothing while it serves, where a step's
+// warm creates pages on the way; the same tokens are served either way.
+func TestHybridCacheWarmsTheBudget(t *testing.T) {
+	if race.Enabled {
+		t.Skip("one goroutine's simulation, ten times slower under the detector: scripts/test runs it without")
+	}
+	reqs, err := RequestTrace{Shape: "bursts", Seed: 2, Requests: 24}.Generate()
+	require.NoError(t, err)
+	cfg := Config{Model: modelPresets["mistral-7b"], Budget: 16 * units.GiB, MaxSeqs: 64}
+	cfg.MaxContext = FitMaxContext(reqs, cfg)
+	creates := sim.CallCosts{Name: "1 us a create", Create: time.Microsecond}
+	var res [2]Result
+	for i, budget := range []bool{true, false} {
+		hc, err := NewHybridCache(cfg, HybridCacheOptions{})
+		require.NoError(t, err)
+		res[i], err = Simulate(reqs, hc, Options{Config: cfg, Prices: creates, WarmBudget: budget, CheckEvery: 8})
+		require.NoError(t, err)
+		require.NoError(t, hc.Close())
+	}
+	t.Logf("calls %+v with the budget warmed, %+v a step's; startup %v, %v; preemptions %d", res[0].Driver.Calls, res[1].Driver.Calls, res[0].Driver.Startup, res[1].Driver.Startup, res[0].Preemptions)
+	// The budget warm is bounded by the memory of every token of the
+	// trace, not the sequences' partly filled last units: those few are
+	// created while serving.
+	serving := func(r Result) time.Duration { return r.Driver.Time - r.Driver.Startup }
+	require.Less(t, 5*serving(res[0]), res[0].Driver.Startup, "nearly every create before serving")
+	require.Less(t, 5*serving(res[0]), serving(res[1]), "creates while serving")
+	require.Greater(t, res[0].Driver.Startup, res[1].Driver.Startup)
+	require.Equal(t, res[1].OutputTokens, res[0].OutputTokens)
+	require.Equal(t, res[1].Finished, res[0].Finished)
+}

@@ -72,11 +72,11 @@ type Options struct {
 	// paged and static schemes allocate their pools then — at most the
 	// memory of every token of every request (the most the run can hold;
 	// a step's tokens' if that is more), so a budget larger than the
-	// trace creates nothing it never maps. It is the uniform cache's
-	// (Cache); a hybrid cache warms a step's tokens either way: its
-	// groups' shares of the budget depend on the mix of sequences, and
-	// a warm pool holds memory its cached checkpoints would.
-	// Serving then maps pages the pool holds rather than create them,
+	// trace creates nothing it never maps. A hybrid cache's groups share
+	// it by the bytes a token keeps in each, a window group's at most
+	// its slots' windows (kvcache's Hybrid.WarmBudget): a share the mix
+	// of sequences proves wrong is taken back by the group that needs
+	// it, as the free budget would be. Serving then maps pages the pool holds rather than create them,
 	// whatever the page size. False warms a step's tokens' memory before serving,
 	// and the rest as steps and idle gaps pay for it: memory is created
 	// as the load first needs it (an engine that shares the device).
@@ -1179,20 +1179,30 @@ func (s *simulation) warms() bool {
 // startup has a scheme that can warm fill its pool before serving starts,
 // as an engine warms its cache when it starts and as the paged and static
 // schemes allocate their pools then: with a step's pages
-// (MaxBatchedTokens), or, for the uniform cache (Cache), with the
-// budget's up to every token of the requests (Options.WarmBudget). The calls are in Driver.Time and
-// Driver.Startup, on no step's path and no admission's.
+// (MaxBatchedTokens), or with the budget's up to every token of the
+// requests (Options.WarmBudget: the uniform cache's pool, or the hybrid
+// cache's groups' pools, shared by the bytes a token keeps in each). The
+// calls are in Driver.Time and Driver.Startup, on no step's path and no
+// admission's.
 func (s *simulation) startup() error {
 	res, ok := s.scheme.(kvReserver)
 	if !ok || !s.warms() {
 		return nil
 	}
 	n := s.opts.MaxBatchedTokens
-	if _, ok := s.scheme.(*Cache); ok && s.opts.WarmBudget {
-		n = max(n, s.tokensOfAll())
-	}
 	m := s.enter()
-	err := res.Warm(n, -1)
+	var err error
+	switch sc := s.scheme.(type) {
+	case *Cache:
+		if s.opts.WarmBudget {
+			n = max(n, s.tokensOfAll())
+		}
+	case *HybridCache:
+		if s.opts.WarmBudget {
+			err = sc.warmBudget(max(n, s.tokensOfAll()))
+		}
+	}
+	err = errors.CombineErrors(err, res.Warm(n, -1))
 	t := s.leave(m).Time(s.opts.Prices)
 	s.res.Driver.Time += t
 	s.res.Driver.Startup += t

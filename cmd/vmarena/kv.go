@@ -49,9 +49,11 @@ during the step before, and only what exceeds that step's GPU time is
 waited for; its page pool is warmed before serving, so that admissions map
 pages rather than create them: with the whole budget (--warm budget, as
 vLLM allocates its KV cache at start-up; at most the memory of every token
-of the trace), or with a step's tokens (--warm step, and the hybrid
-cache's pools always: the rest is created as the load first needs it,
-warmed during steps and in idle gaps as their time pays for). Steps wait for the exposed driver time, so TTFT and
+of the trace; the hybrid cache's groups' pools share it by the bytes a
+token keeps in each, where --warm budget is given), or with a step's
+tokens (--warm step, the hybrid cache's default: the rest is created as
+the load first needs it, warmed during steps and in idle gaps as their
+time pays for). Steps wait for the exposed driver time, so TTFT and
 throughput pay for it. --admit-ahead schedules a step ahead, as an engine whose scheduler runs
 while the GPU computes: admissions, the next prompt chunks' pages (this
 cache's Seq.Reserve) and the last step's frees are made during a step, for
@@ -167,7 +169,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	prices := fs.String("prices", "a100", "the `TABLE` of driver call costs: "+strings.Join(sim.CostTableNames(), " or ")+" (measured per call on that GPU)")
 	mapAhead := fs.Bool("map-ahead", true, "this cache maps the next pages of running sequences ahead, in the background of the step before (false: every page on the step's path)")
 	admitAhead := fs.Bool("admit-ahead", false, "schedule a step ahead: admit, reserve the next prompt chunks' pages and free the finished requests during a step, in the background of its GPU time (every scheme)")
-	warm := fs.String("warm", kvWarms[0], "what this cache's page pool is warmed with before serving, mapping ahead: budget (the whole budget, as vLLM allocates its KV cache at start-up; at most every token of the trace) or step (a step's tokens, the rest created as the load first needs it); the hybrid cache warms a step's")
+	warm := fs.String("warm", kvWarms[0], "what this cache's page pool is warmed with before serving, mapping ahead: budget (the whole budget, as vLLM allocates its KV cache at start-up; at most every token of the trace) or step (a step's tokens, the rest created as the load first needs it); the hybrid cache's default is step; given budget, its groups share the budget by the bytes a token keeps in each")
 	jsonOut := fs.Bool("json", false, jsonHelp)
 	schemeSet := fs.String("scheme", kvSchemeSets[0], "the `SCHEMES` compared: auto (hybrid for a model with sliding-window or recurrent layers), uniform (this cache, paged, static) or hybrid (this library's hybrid cache and vLLM's hybrid paged manager)")
 	events := fs.String("kv-events", "", "publish this cache's KV events as vLLM does, on a ZMQ PUB socket listening at `ENDPOINT` (tcp://HOST:PORT, HOST * for every interface, PORT 0 for a free one; or ipc://PATH)")
@@ -223,8 +225,15 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("--kv-events-linger %s: want 0 or more", *eventsLinger)
 	}
 	hybrid := *schemeSet == "hybrid" || (*schemeSet == "auto" && m.Hybrid())
+	// The hybrid cache warms a step's tokens unless --warm budget is
+	// given: a budget warm's pools crowd out cached prefix units there
+	// (serving.Options.WarmBudget).
+	if hybrid && !flagSet(fs, "warm") {
+		*warm = "step"
+	}
+	warmBudget := *warm == "budget"
 	if hybrid {
-		for _, f := range []string{"layout", "preempt", "admit", "warm", "kv-events"} {
+		for _, f := range []string{"layout", "preempt", "admit", "kv-events"} {
 			if flagSet(fs, f) {
 				return usageErr("--%s is the uniform cache's: the hybrid schemes (--scheme %s, model %s) have none; give --scheme uniform", f, *schemeSet, m.Name)
 			}
@@ -282,7 +291,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		return usageErr("%v", err)
 	}
 	opts := serving.Options{Config: cfg, MaxBatchedTokens: *maxBatched, Steps: serving.A100, Prices: costs, Record: *report != "", AdmitAhead: *admitAhead,
-		WarmBudget: *warm == "budget"}
+		WarmBudget: warmBudget}
 
 	// The schemes, each built from the same cfg: this cache's first.
 	lay, err := kvcache.ParseLayout(*layout)
@@ -428,7 +437,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 		ahead += "; scheduling a step ahead (admissions, prompt chunks' reservations and frees during the step before)"
 	}
 	if cache.MapAhead() > 0 || *admitAhead {
-		if *warm == "budget" && !hybrid {
+		if *warm == "budget" {
 			ahead += "; the page pool warmed before serving with the budget, or every token of the trace if less (--warm budget)"
 		} else {
 			ahead += "; the page pool warmed before serving with a step's tokens, the rest during steps and idle gaps (--warm step)"

@@ -180,6 +180,20 @@ func TestKVSimulateHandmade(t *testing.T) {
 	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--warm", "step")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, flatten(out), "; the page pool warmed before serving with a step's tokens, the rest during steps and idle gaps (--warm step)\n")
+
+	// The hybrid cache's pools are warmed with a step's tokens unless
+	// --warm budget is given, and the header says which.
+	code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--scheme", "hybrid")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, flatten(out), "; the page pool warmed before serving with a step's tokens, the rest during steps and idle gaps (--warm step)\n")
+	for _, tc := range []struct{ warm, says string }{
+		{"budget", "; the page pool warmed before serving with the budget, or every token of the trace if less (--warm budget)\n"},
+		{"step", "; the page pool warmed before serving with a step's tokens, the rest during steps and idle gaps (--warm step)\n"},
+	} {
+		code, out, errOut = runKV(t, "simulate", "--trace", azure, "--model", "llama3-8b", "--memory", "8MiB", "--max-context", "64", "--scheme", "hybrid", "--warm", tc.warm)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, flatten(out), tc.says)
+	}
 }
 
 // TestKVSimulateModels: --model takes a preset or a Hugging Face
@@ -271,7 +285,6 @@ func TestKVFlags(t *testing.T) {
 		{[]string{"simulate", "--trace", small, "--model", "gemma-3-27b", "--layout", "per-layer"},
 			"--layout is the uniform cache's: the hybrid schemes (--scheme auto, model gemma-3-27b) have none; give --scheme uniform"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "hybrid", "--preempt", "swap"}, "--preempt is the uniform cache's"},
-		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--scheme", "hybrid", "--warm", "step"}, "--warm is the uniform cache's"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "-1"}, "--limit -1: want a number of requests, or 0 for all"},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--limit", "many"}, `invalid value "many" for flag -limit`},
 		{[]string{"simulate", "--trace", small, "--model", "llama3-8b", "--memory", "0"}, `invalid value "0" for flag -memory: "0" is zero`},
