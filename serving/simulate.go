@@ -76,8 +76,9 @@ type Options struct {
 	// it by the bytes a token keeps in each, a window group's at most
 	// its slots' windows (kvcache's Hybrid.WarmBudget): a share the mix
 	// of sequences proves wrong is taken back by the group that needs
-	// it, as the free budget would be. Serving then maps pages the pool holds rather than create them,
-	// whatever the page size. False warms a step's tokens' memory before serving,
+	// it, as the free budget would be. Serving then maps pages the pool
+	// holds rather than create them, whatever the page size. The CLI
+	// gives the hybrid cache this only with --warm budget. False warms a step's tokens' memory before serving,
 	// and the rest as steps and idle gaps pay for it: memory is created
 	// as the load first needs it (an engine that shares the device).
 	// The calls are in Result.Driver.Startup either way.
