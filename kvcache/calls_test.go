@@ -180,3 +180,51 @@ func TestAdmitWeighsTheKeptSlot(t *testing.T) {
 		})
 	}
 }
+
+// TestWarmClearsASpareSlot: where every free slot keeps units mapped,
+// Warm unmaps those of the one an admission no kept units match would
+// take (the fewest kept), so that admission unmaps nothing on its path;
+// the other slot's kept units stay, and a Warm with a clean free slot
+// unmaps nothing.
+func TestWarmClearsASpareSlot(t *testing.T) {
+	e := simEnv(t, 64<<20, page)
+	drv := e.drv.(*sim.Driver)
+	c := e.cache(t, tinyConfig(TokenMajor, 256, 2))
+	run := func(p []int) *Seq {
+		s, err := c.Admit(p, 0)
+		require.NoError(t, err)
+		_, err = s.Append(p[s.Len():])
+		require.NoError(t, err)
+		require.NoError(t, s.MarkWritten(s.Len()))
+		return s
+	}
+	a := run(seqTokens(120, 120, 0))
+	require.NoError(t, a.Free())
+	b := run(seqTokens(40, 0, 7000))
+	require.NotEqual(t, a.Slot(), b.Slot(), "the clean slot")
+	require.NoError(t, b.Free())
+	before := c.Stats().KeptUnits
+	c.mu.Lock()
+	longKept, shortKept := c.slotList[a.Slot()].kept, c.slotList[b.Slot()].kept
+	c.mu.Unlock()
+	require.Positive(t, shortKept)
+	require.Greater(t, longKept, shortKept)
+	require.Equal(t, longKept+shortKept, before)
+
+	t0 := drv.Calls()
+	_, err := c.Warm(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(shortKept), drv.Calls().Sub(t0).Unmap, "the fewest-kept slot's units unmapped ahead")
+	require.Equal(t, longKept, c.Stats().KeptUnits, "the other slot's stay")
+	t1 := drv.Calls()
+	_, err = c.Warm(0)
+	require.NoError(t, err)
+	require.Zero(t, drv.Calls().Sub(t1).Unmap, "a clean free slot: nothing to clear")
+
+	d, err := c.Admit(seqTokens(40, 0, 90000), 0)
+	require.NoError(t, err)
+	require.Equal(t, b.Slot(), d.Slot())
+	require.Zero(t, drv.Calls().Sub(t1).Unmap, "the admission unmaps nothing")
+	require.NoError(t, c.Check())
+	require.NoError(t, d.Free())
+}

@@ -1187,6 +1187,30 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				}
 				short -= m.up()
 			}
+			// The free slot an admission no kept units match would take
+			// keeps nothing after it.
+			spare := -1
+			for k, sl := range m.slots {
+				if sl.seq != nil {
+					continue
+				}
+				if spare < 0 {
+					spare = k
+					continue
+				}
+				o, po := m.ownedFrom(sl, 0), m.ownedFrom(m.slots[spare], 0)
+				if n, pn := m.keptIn(sl), m.keptIn(m.slots[spare]); n < pn || (n == pn && o > po) {
+					spare = k
+				}
+			}
+			if spare >= 0 {
+				for u, mu := range m.slots[spare].kept {
+					if mu != nil {
+						m.slots[spare].kept[u] = nil
+						m.keptDropped++
+					}
+				}
+			}
 			if add := min(n, m.budget-m.pages) - m.pooled; add > 0 {
 				m.pooled += add
 				m.created += add

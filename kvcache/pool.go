@@ -56,8 +56,10 @@ func (c *Cache) checkPoolLocked(fail func(string, ...any)) {
 // idle slots' pages into the pool (longest idle first, as a commit
 // would) and unmaps the kept mappings of the cached units that
 // committing the rest would evict (least recently used first), the
-// unmaps those commits would make. It evicts no cached unit and takes
-// nothing from a running sequence. The pool's chunks are the cache's units
+// unmaps those commits would make. Where every free slot keeps units
+// mapped, it unmaps those of the one an admission that no kept units
+// match would take (the fewest kept): that admission's unmaps. It evicts
+// no cached unit and takes nothing from a running sequence. The pool's chunks are the cache's units
 // (a page, or a token-major group of several: the chunk a commit maps),
 // so pages rounds up to whole units where the budget has room for them
 // and down where it has not. A warmed page is committed memory
@@ -89,6 +91,9 @@ func (c *Cache) Warm(pages int) (int, error) {
 	if err := c.unmapKeptAheadLocked(pages); err != nil {
 		return c.pooledPages(), errors.Wrapf(err, "%s", what())
 	}
+	if err := c.clearSpareSlotLocked(); err != nil {
+		return c.pooledPages(), errors.Wrapf(err, "%s", what())
+	}
 	return c.fillPoolLocked(what, pages)
 }
 
@@ -109,4 +114,21 @@ func (c *Cache) fillPoolLocked(what func() string, pages int) (int, error) {
 		return c.pooledPages(), errors.Wrapf(err, "%s", what())
 	}
 	return c.pooledPages(), nil
+}
+
+// clearSpareSlotLocked unmaps, ahead, the kept units of the free slot an
+// admission that no slot's kept units match would take (pickSlotLocked's
+// fewest kept), where no free slot keeps nothing: the unmaps that
+// admission would make on its path.
+func (c *Cache) clearSpareSlotLocked() error {
+	var sl *slot
+	for _, x := range c.slotList {
+		if x.seq == nil && (sl == nil || x.kept < sl.kept || (x.kept == sl.kept && x.owned > sl.owned)) {
+			sl = x
+		}
+	}
+	if sl == nil || sl.kept == 0 {
+		return nil
+	}
+	return c.dropKeptLocked(sl)
 }
