@@ -59,8 +59,9 @@ func (c *Cache) checkPoolLocked(fail func(string, ...any)) {
 // unmaps those commits would make. Where every free slot keeps units
 // mapped, it unmaps those of the one an admission that no kept units
 // match would take (the fewest kept): that admission's unmaps. It evicts
-// no cached unit and takes nothing from a running sequence. The pool's chunks are the cache's units
-// (a page, or a token-major group of several: the chunk a commit maps),
+// no cached unit and takes nothing from a running sequence. The pool's
+// chunks are the cache's units (a page, or a token-major group of
+// several: the chunk a commit maps),
 // so pages rounds up to whole units where the budget has room for them
 // and down where it has not. A warmed page is committed memory
 // (Stats.PooledPages), given back like any pooled page when the budget
@@ -121,12 +122,7 @@ func (c *Cache) fillPoolLocked(what func() string, pages int) (int, error) {
 // fewest kept), where no free slot keeps nothing: the unmaps that
 // admission would make on its path.
 func (c *Cache) clearSpareSlotLocked() error {
-	var sl *slot
-	for _, x := range c.slotList {
-		if x.seq == nil && (sl == nil || x.kept < sl.kept || (x.kept == sl.kept && x.owned > sl.owned)) {
-			sl = x
-		}
-	}
+	sl := c.fewestKeptFreeLocked()
 	if sl == nil || sl.kept == 0 {
 		return nil
 	}

@@ -263,13 +263,7 @@ func (c *Cache) admitIntoLocked(what func() string, sl *slot, prompt []int, extr
 // (a kept slot whose last sequence's own prompt units follow the shared
 // ones would unmap them all for a few reused units).
 func (c *Cache) pickSlotLocked(sus []*storeUnit) *slot {
-	kept := c.keptSlotLocked(sus)
-	var sl *slot
-	for _, x := range c.slotList {
-		if x.seq == nil && (sl == nil || x.kept < sl.kept || (x.kept == sl.kept && x.owned > sl.owned)) {
-			sl = x
-		}
-	}
+	kept, sl := c.keptSlotLocked(sus), c.fewestKeptFreeLocked()
 	if kept == nil || kept == sl {
 		return sl
 	}
@@ -281,6 +275,19 @@ func (c *Cache) pickSlotLocked(sus []*storeUnit) *slot {
 	}
 	if (kept.kept-reused)*unmapMaps <= sl.kept*unmapMaps+reused {
 		return kept
+	}
+	return sl
+}
+
+// fewestKeptFreeLocked is the free slot keeping the fewest units mapped,
+// then the one with the most pages of its own, the lowest of those; nil
+// when every slot holds a sequence.
+func (c *Cache) fewestKeptFreeLocked() *slot {
+	var sl *slot
+	for _, x := range c.slotList {
+		if x.seq == nil && (sl == nil || x.kept < sl.kept || (x.kept == sl.kept && x.owned > sl.owned)) {
+			sl = x
+		}
 	}
 	return sl
 }
