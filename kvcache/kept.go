@@ -35,8 +35,12 @@ import "github.com/vmarena/vmarena/internal/errors"
 // on down to its first — the lowest idle one at the first probe that
 // finds any. A slot's kept units are a prefix chain of its last match
 // (eviction takes a chain from its end), so the deepest unit kept stands
-// for all below it. The cost is the probes (log of the match's units)
-// times the slots keeping each, never a walk over every slot.
+// for all below it. The probes cost their number (log of the match's
+// units) times the slots keeping each. That slot is taken where the maps
+// its reuse saves outweigh the unmaps of its other kept units:
+// pickSlotLocked weighs it against the free slot keeping the fewest (a
+// walk of the MaxSeqs slots, fewestKeptFreeLocked), which Warm clears
+// ahead where every free slot keeps units.
 
 // keepable reports whether a borrowed su may stay mapped once its
 // borrower ends: listed (published, matchable) and whole.
