@@ -226,8 +226,9 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	hybrid := *schemeSet == "hybrid" || (*schemeSet == "auto" && m.Hybrid())
 	// The hybrid cache warms a step's tokens unless --warm budget is
-	// given: a budget warm's pools crowd out cached prefix units there
-	// (serving.Options.WarmBudget).
+	// given: a budget warm's shares among its groups are a guess the mix
+	// of sequences can prove wrong, a release and a create a page moved
+	// (docs/serving.md, what an engine pays).
 	if hybrid && !flagSet(fs, "warm") {
 		*warm = "step"
 	}
