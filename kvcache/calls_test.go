@@ -146,11 +146,7 @@ func TestAdmitWeighsTheKeptSlot(t *testing.T) {
 			drv := e.drv.(*sim.Driver)
 			c := e.cache(t, tinyConfig(TokenMajor, 256, 4))
 			prompt := seqTokens(tc.shared+tc.tail, tc.shared+tc.tail, 0)
-			a, err := c.Admit(prompt, 0)
-			require.NoError(t, err)
-			_, err = a.Append(prompt[a.Len():])
-			require.NoError(t, err)
-			require.NoError(t, a.MarkWritten(a.Len()))
+			a := prefill(t, c, prompt, 0)
 			require.NoError(t, a.Free())
 			kept := c.Stats().KeptUnits
 			require.Positive(t, kept)
@@ -190,17 +186,9 @@ func TestWarmClearsASpareSlot(t *testing.T) {
 	e := simEnv(t, 64<<20, page)
 	drv := e.drv.(*sim.Driver)
 	c := e.cache(t, tinyConfig(TokenMajor, 256, 2))
-	run := func(p []int) *Seq {
-		s, err := c.Admit(p, 0)
-		require.NoError(t, err)
-		_, err = s.Append(p[s.Len():])
-		require.NoError(t, err)
-		require.NoError(t, s.MarkWritten(s.Len()))
-		return s
-	}
-	a := run(seqTokens(120, 120, 0))
+	a := prefill(t, c, seqTokens(120, 120, 0), 0)
 	require.NoError(t, a.Free())
-	b := run(seqTokens(40, 0, 7000))
+	b := prefill(t, c, seqTokens(40, 0, 7000), 0)
 	require.NotEqual(t, a.Slot(), b.Slot(), "the clean slot")
 	require.NoError(t, b.Free())
 	before := c.Stats().KeptUnits

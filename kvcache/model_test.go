@@ -205,6 +205,24 @@ probes:
 			break
 		}
 	}
+	pick := m.fewestKept()
+	if kept < 0 || kept == pick {
+		return pick
+	}
+	reused := 0
+	for u, mu := range units {
+		reused += b2i(m.slots[kept].kept[u] == mu)
+	}
+	if (m.keptIn(m.slots[kept])-reused)*unmapMaps <= m.keptIn(m.slots[pick])*unmapMaps+reused {
+		return kept
+	}
+	return pick
+}
+
+// fewestKept is the cache's fewestKeptFreeLocked: the free slot keeping
+// the fewest units mapped, then the most pages kept, the lowest of
+// those; -1 when none is free.
+func (m *model) fewestKept() int {
 	pick := -1
 	for k, sl := range m.slots {
 		if sl.seq != nil {
@@ -218,16 +236,6 @@ probes:
 		if n, pn := m.keptIn(sl), m.keptIn(m.slots[pick]); n < pn || (n == pn && o > po) {
 			pick = k
 		}
-	}
-	if kept < 0 || kept == pick {
-		return pick
-	}
-	reused := 0
-	for u, mu := range units {
-		reused += b2i(m.slots[kept].kept[u] == mu)
-	}
-	if (m.keptIn(m.slots[kept])-reused)*unmapMaps <= m.keptIn(m.slots[pick])*unmapMaps+reused {
-		return kept
 	}
 	return pick
 }
@@ -1189,21 +1197,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			}
 			// The free slot an admission no kept units match would take
 			// keeps nothing after it.
-			spare := -1
-			for k, sl := range m.slots {
-				if sl.seq != nil {
-					continue
-				}
-				if spare < 0 {
-					spare = k
-					continue
-				}
-				o, po := m.ownedFrom(sl, 0), m.ownedFrom(m.slots[spare], 0)
-				if n, pn := m.keptIn(sl), m.keptIn(m.slots[spare]); n < pn || (n == pn && o > po) {
-					spare = k
-				}
-			}
-			if spare >= 0 {
+			if spare := m.fewestKept(); spare >= 0 {
 				for u, mu := range m.slots[spare].kept {
 					if mu != nil {
 						m.slots[spare].kept[u] = nil

@@ -326,10 +326,14 @@ type unmapWarmer struct {
 	want, ready int
 	calls       sim.Calls
 	asked       []int
+	failAt      int // the round that fails (0: none)
 }
 
 func (u *unmapWarmer) warm(n, most int) (bool, error) {
 	u.asked = append(u.asked, most)
+	if len(u.asked) == u.failAt {
+		return false, driver.ErrOutOfMemory
+	}
 	add := min(u.want, most) - u.ready
 	if add > 0 {
 		u.ready += add
@@ -363,4 +367,11 @@ func TestWarmRoundsUseTheTimeLeft(t *testing.T) {
 	require.NoError(t, s2.warm(10*time.Millisecond, false))
 	require.Equal(t, []int{10, 19}, u2.asked, "the second round had all it wanted")
 	require.Equal(t, 15, u2.ready)
+
+	// A round's error ends the warm with it.
+	u3 := &unmapWarmer{Cache: k, want: 1000, failAt: 3}
+	s3 := &simulation{opts: Options{Config: cfg, MaxBatchedTokens: 256, Prices: prices, AdmitAhead: true}, scheme: u3, drv: u3}
+	require.ErrorIs(t, s3.warm(10*time.Millisecond, false), driver.ErrOutOfMemory)
+	require.Len(t, u3.asked, 3, "no round after the failed one")
+	require.Equal(t, 19, u3.ready)
 }

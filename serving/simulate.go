@@ -1142,22 +1142,21 @@ func (s *simulation) warmWithin(res kvReserver, left time.Duration) error {
 	if page <= 0 || s.drv == nil {
 		return res.Warm(s.opts.MaxBatchedTokens, -1) // no bound where pages cost nothing
 	}
-	bw, bounds := res.(boundedWarmer)
-	rounds := warmRounds
-	if !bounds {
-		rounds = 1
+	bw, ok := res.(boundedWarmer)
+	if !ok {
+		if most := int(min(left/page, 1<<30)); most > 0 {
+			return res.Warm(s.opts.MaxBatchedTokens, most)
+		}
+		return nil
 	}
 	most := 0
-	for range rounds {
+	for range warmRounds {
 		more := int(min(left/page, 1<<30))
 		if more == 0 {
 			return nil
 		}
 		most += more
 		before := s.drv.DriverCalls()
-		if !bounds {
-			return res.Warm(s.opts.MaxBatchedTokens, most)
-		}
 		bounded, err := bw.warm(s.opts.MaxBatchedTokens, most)
 		if err != nil || !bounded {
 			return err
