@@ -1,6 +1,7 @@
 package sleep
 
 import (
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"os"
@@ -14,8 +15,14 @@ import (
 )
 
 // copyPiece bounds the staging buffer of a file backup: bytes move
-// between device memory and the file through it.
-const copyPiece = 64 << 20
+// between device memory and the file through it, and each such piece of
+// an allocation is checked on its own. A variable only so that tests
+// can make pieces of several.
+var copyPiece uint64 = 64 << 20
+
+// castagnoli is the CRC-32C table a file backup's pieces are checked
+// with (hardware-assisted on amd64 and arm64).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // A backup holds one tag's live allocations while it sleeps: each in a
 // host buffer (Host) or at an offset of one file (File). Discard makes
@@ -29,12 +36,15 @@ type backup struct {
 	file  *os.File
 }
 
-// piece is one allocation's backup: its host buffer or its file offset.
+// piece is one allocation's backup: its host buffer or its file offset,
+// and there the CRC-32C of each copyPiece of it as written, so that a
+// wake restores only bytes the file still holds as the sleep wrote them.
 type piece struct {
 	size   uint64
-	buf    []byte // Host
-	pinned bool   // buf is the driver's (HostAlloc)
-	off    int64  // File
+	buf    []byte   // Host
+	pinned bool     // buf is the driver's (HostAlloc)
+	off    int64    // File
+	sums   []uint32 // File: one a copyPiece, the last maybe shorter
 }
 
 // takeBackup copies the live allocations (address → size) out of device
@@ -82,6 +92,7 @@ func takeBackup(c *hostCache, mode Mode, dir, tag string, live map[driver.Addr]u
 			if err != nil {
 				return fail(err)
 			}
+			pc := piece{size: n, off: off, sums: make([]uint32, 0, (n+copyPiece-1)/copyPiece)}
 			for done := uint64(0); done < n; {
 				k := min(n-done, copyPiece)
 				if err := d.Read(p+driver.Addr(done), stage[:k]); err != nil {
@@ -90,16 +101,21 @@ func takeBackup(c *hostCache, mode Mode, dir, tag string, live map[driver.Addr]u
 				if _, err := b.file.WriteAt(stage[:k], off+int64(done)); err != nil {
 					return fail(errors.Wrapf(fileErr(err), "write %s to %s", units.Bytes(k), b.file.Name()))
 				}
+				pc.sums = append(pc.sums, crc32.Checksum(stage[:k], castagnoli))
 				done += k
 			}
-			b.at[p] = piece{size: n, off: off}
+			b.at[p] = pc
 		}
 		b.bytes += n
 	}
 	return b, nil
 }
 
-// restore writes every backed-up allocation back to device memory.
+// restore writes every backed-up allocation back to device memory. A
+// file's piece is written only once its bytes read back as the sleep
+// wrote them (their CRC-32C): a file cut short or changed since is
+// ErrInvalid, naming the bytes, and the caller puts the tag back to
+// sleep, so what was written before it is given back, not kept.
 func (b *backup) restore() error {
 	var stage []byte
 	if b.mode == File {
@@ -114,8 +130,13 @@ func (b *backup) restore() error {
 		case File:
 			for done := uint64(0); done < pc.size; {
 				k := min(pc.size-done, copyPiece)
-				if _, err := b.file.ReadAt(stage[:k], pc.off+int64(done)); err != nil {
-					return errors.Wrapf(err, "read %s from %s", units.Bytes(k), b.file.Name())
+				at := pc.off + int64(done)
+				if _, err := b.file.ReadAt(stage[:k], at); err != nil {
+					return errors.Wrapf(fileErr(err), "read %s at offset %d of %s (the backup of %s)", units.Bytes(k), at, b.file.Name(), p)
+				}
+				if got, want := crc32.Checksum(stage[:k], castagnoli), pc.sums[done/copyPiece]; got != want {
+					return errors.Wrapf(driver.ErrInvalid, "the backup of %s in %s changed since the sleep: its %s at offset %d read back with CRC-32C %#08x, written as %#08x",
+						p, b.file.Name(), units.Bytes(k), at, got, want)
 				}
 				if err := b.cache.d.Write(p+driver.Addr(done), stage[:k]); err != nil {
 					return err

@@ -36,7 +36,11 @@
 //     Options.HostCache lets the Manager keep pinned ones, up to that many
 //     bytes, for the next sleep of the same sizes (pinning is what a
 //     sleep costs most on a GPU; Close gives them back). A File backup is
-//     one file in Options.BackupDir, removed at Wake and Close.
+//     one file in Options.BackupDir, removed at Wake and Close; the
+//     CRC-32C of every 64 MiB of each allocation is kept as it is
+//     written, and Wake restores a piece only once it reads back the
+//     same: a file changed or cut short since is ErrInvalid naming it,
+//     and the tag sleeps on.
 //   - Free in a sleeping tag drops that allocation's backup and releases
 //     nothing: the tag's memory went back once, at Sleep.
 //   - Memory a tag frees stays committed in it for its next allocations,

@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/host"
 )
 
 // TestFreedMemoryServesOtherTags: sixteen tags each allocate a quarter
@@ -90,21 +92,31 @@ func TestTrim(t *testing.T) {
 	require.ErrorIs(t, (&Manager{}).Trim(), driver.ErrInvalid)
 }
 
-// TestWakeWithBackupFileRemoved: a File-mode wake whose backup file was
-// removed from its directory meanwhile restores from the file it holds
-// open: the tag is awake with its bytes, and Wake says so (no error).
-func TestWakeWithBackupFileRemoved(t *testing.T) {
+// sleptToFile makes a Manager on the host driver whose tag "w" holds
+// fillModel's allocations and sleeps in File mode, and returns the
+// contents to expect and the name of its backup file, the one file of
+// its BackupDir.
+func sleptToFile(t *testing.T) (*host.Driver, *Manager, map[driver.Addr][]byte, string) {
+	t.Helper()
 	d := openHost(t, testCap)
 	dir := t.TempDir()
 	m, err := New(d, Options{TagMax: testTMax, ChunkSize: testCS, BackupDir: dir})
 	require.NoError(t, err)
-	defer closeAll(t, m)
 	want := fillModel(t, d, m)
 	require.NoError(t, m.Sleep(File, "w"))
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, ents, 1)
-	require.NoError(t, os.Remove(dir+"/"+ents[0].Name()))
+	return d, m, want, dir + "/" + ents[0].Name()
+}
+
+// TestWakeWithBackupFileRemoved: a File-mode wake whose backup file was
+// removed from its directory meanwhile restores from the file it holds
+// open: the tag is awake with its bytes, and Wake says so (no error).
+func TestWakeWithBackupFileRemoved(t *testing.T) {
+	d, m, want, name := sleptToFile(t)
+	defer closeAll(t, m)
+	require.NoError(t, os.Remove(name))
 
 	require.NoError(t, m.Wake("w"))
 	s := stats(t, m, "w")
@@ -113,4 +125,64 @@ func TestWakeWithBackupFileRemoved(t *testing.T) {
 	require.Equal(t, 1, s.Cycles)
 	requireContents(t, d, want)
 	require.NoError(t, m.Check())
+}
+
+// TestWakeRefusesAChangedBackup: a File-mode wake whose backup file was
+// changed since the sleep — a byte in its middle flipped, the file cut
+// short, or emptied — restores nothing it cannot vouch for: Wake is
+// ErrInvalid naming the file, the tag sleeps on with its books and its
+// backup as they were and nothing of the device held, and once the file
+// holds what the sleep wrote again the next wake restores every byte
+// (pieces of 64 KiB, so that allocations of several are checked piece
+// by piece).
+func TestWakeRefusesAChangedBackup(t *testing.T) {
+	piece := copyPiece
+	copyPiece = 64 * kib // the 256 KiB allocation is four pieces
+	t.Cleanup(func() { copyPiece = piece })
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, f *os.File, size int64)
+		says   string
+	}{
+		{"flipped", func(t *testing.T, f *os.File, size int64) {
+			var b [1]byte
+			_, err := f.ReadAt(b[:], size/2)
+			require.NoError(t, err)
+			b[0] ^= 0x40
+			_, err = f.WriteAt(b[:], size/2)
+			require.NoError(t, err)
+		}, "changed since the sleep"},
+		{"cut short", func(t *testing.T, f *os.File, size int64) {
+			require.NoError(t, f.Truncate(size/2))
+		}, "read "},
+		{"emptied", func(t *testing.T, f *os.File, size int64) {
+			require.NoError(t, f.Truncate(0))
+		}, "read "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d, m, want, name := sleptToFile(t)
+			defer closeAll(t, m)
+			written, err := os.ReadFile(name)
+			require.NoError(t, err)
+			f, err := os.OpenFile(name, os.O_RDWR, 0)
+			require.NoError(t, err)
+			defer f.Close()
+			c.change(t, f, int64(len(written)))
+
+			before, used := stats(t, m, "w"), d.Used(0)
+			err = m.Wake("w")
+			require.True(t, errors.Is(err, driver.ErrInvalid), "%v", err)
+			require.ErrorContains(t, err, c.says)
+			require.ErrorContains(t, err, name)
+			require.Equal(t, before, stats(t, m, "w"), "the tag sleeps on, unchanged")
+			require.Equal(t, used, d.Used(0), "nothing of the device is held")
+			require.NoError(t, m.Check())
+
+			_, err = f.WriteAt(written, 0)
+			require.NoError(t, err)
+			require.NoError(t, m.Wake("w"))
+			requireContents(t, d, want)
+			require.Zero(t, stats(t, m, "w").BackupBytes)
+		})
+	}
 }
