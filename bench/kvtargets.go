@@ -60,24 +60,30 @@ type KVTarget struct {
 	tokenBytes uint64
 }
 
-// KVTargetCell simulates one cell: this cache (the layout
-// kvcache.PickLayout picks for the model, mapping ahead, drop
+// KVTargetRun is how the matrix's cells are run: the driver calls'
+// prices (Costs), and serving.Options' AdmitAhead (both schemes
+// scheduled a step ahead; false: each step after the last, kv
+// simulate's default), WarmBudget (this cache's page pool warmed before
+// serving with the budget, kv simulate's default --warm budget; false:
+// with a step's tokens, --warm step) and WaitForNone (no step waits for
+// exposed driver time: what of a gap the exposed time makes).
+type KVTargetRun struct {
+	Costs                               sim.CallCosts
+	AdmitAhead, WarmBudget, WaitForNone bool
+}
+
+// KVTargetCell simulates one cell, run as run says: this cache (the
+// layout kvcache.PickLayout picks for the model, mapping ahead, drop
 // preemption, admitting for the prompt, as vmarena kv simulate runs it by
-// default) and the paged scheme, steps priced by
-// serving.A100, driver calls by costs, both scheduled a step ahead
-// (serving.Options.AdmitAhead) when ahead is true, else each step after
-// the last (kv simulate's default), this cache's page pool warmed before
-// serving with the budget (serving.Options.WarmBudget, kv simulate's
-// default --warm budget) when warmBudget is true, else with a step's
-// tokens (--warm step).
-func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts, ahead, warmBudget bool) (KVTarget, error) {
+// default) and the paged scheme, steps priced by serving.A100.
+func KVTargetCell(tr KVTrace, model string, budget uint64, run KVTargetRun) (KVTarget, error) {
 	m, err := serving.ModelPreset(model)
 	if err != nil {
 		return KVTarget{}, err
 	}
 	cfg := serving.Config{Model: m, Budget: budget, MaxSeqs: 256, BlockTokens: serving.DefaultBlockTokens}
 	cfg.MaxContext = serving.FitMaxContext(tr.Requests, cfg)
-	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: costs, AdmitAhead: ahead, WarmBudget: warmBudget}
+	opts := serving.Options{Config: cfg, Steps: serving.A100, Prices: run.Costs, AdmitAhead: run.AdmitAhead, WarmBudget: run.WarmBudget, WaitForNone: run.WaitForNone}
 	cell := KVTarget{Trace: tr.Name, Model: model, Budget: budget, tokenBytes: m.TokenBytes()}
 	cache, err := serving.NewCache(cfg, serving.CacheOptions{Layout: kvcache.AutoLayout})
 	if err != nil {
@@ -96,7 +102,7 @@ func KVTargetCell(tr KVTrace, model string, budget uint64, costs sim.CallCosts, 
 }
 
 // KVTargetHeader is the table's first row; Row a cell's.
-var KVTargetHeader = []string{"trace", "model", "budget", "preempt cache/paged", "waste % cache/paged", "waste % target",
+var KVTargetHeader = []string{"trace", "model", "budget", "preempt cache/paged", "waste % cache/paged", "waste % target", "waste MiB cache/paged",
 	"TTFT ÷ paged", "output/s ÷ paged", "failed resumes", "exposed drv ÷ GPU", "admission drv ÷ prefill", "CPU ÷ paged"}
 
 // Row is the cell's line of the table: its figures and ratios to the
@@ -107,6 +113,7 @@ func (k KVTarget) Row() []string {
 		fmt.Sprintf("%d / %d", c.Preemptions, p.Preemptions),
 		fmt.Sprintf("%.3f / %.3f", 100*c.WasteFraction(), 100*p.WasteFraction()),
 		fmt.Sprintf("%.3f", 100*k.WasteTarget()),
+		fmt.Sprintf("%.2f / %.2f", c.MeanWaste/float64(units.MiB), p.MeanWaste/float64(units.MiB)),
 		ratio(c.MeanTTFT.Seconds(), p.MeanTTFT.Seconds()),
 		ratio(c.OutputPerSecond(), p.OutputPerSecond()),
 		fmt.Sprint(c.FailedResumes),
@@ -134,13 +141,17 @@ func (k KVTarget) WasteTarget() float64 {
 
 // KVTargetsMet counts, over cells, those that meet each target.
 type KVTargetsMet struct {
-	Cells                                           int
-	Preemptions, Waste, TTFT, Output, FailedResumes int
-	Exposed, Admission, CPU                         int
+	Cells                                        int
+	Preemptions, Waste, WasteBytes, TTFT, Output int
+	FailedResumes                                int
+	Exposed, Admission, CPU                      int
 }
 
 // Met counts the targets each cell meets: preemptions at most the paged
-// scheme's, waste at most WasteTarget, TTFT at most and output rate at
+// scheme's, waste at most WasteTarget (and, apart, the mean bytes of
+// waste at most the paged scheme's: where forks share a prompt's pages
+// the memory in use, the fraction's denominator, shrinks more than the
+// waste), TTFT at most and output rate at
 // least the paged scheme's, no failed resume, exposed driver time at most
 // 1% of GPU time and admissions' at most 1% of their prefill, the cache's
 // CPU at most 5 times the paged scheme's.
@@ -156,6 +167,7 @@ func Met(cells []KVTarget) KVTargetsMet {
 		c, p := k.Cache, k.Paged
 		m.Preemptions += b(c.Preemptions <= p.Preemptions)
 		m.Waste += b(c.WasteFraction() <= k.WasteTarget())
+		m.WasteBytes += b(c.MeanWaste <= p.MeanWaste)
 		m.TTFT += b(c.MeanTTFT <= p.MeanTTFT)
 		m.Output += b(c.OutputPerSecond() >= p.OutputPerSecond())
 		m.FailedResumes += b(c.FailedResumes == 0)
@@ -168,9 +180,9 @@ func Met(cells []KVTarget) KVTargetsMet {
 
 // String is the counts in a line.
 func (m KVTargetsMet) String() string {
-	return fmt.Sprintf("targets met, of %d cells: preemptions <= paged %d, waste <= target %d, TTFT <= paged %d, output/s >= paged %d, "+
+	return fmt.Sprintf("targets met, of %d cells: preemptions <= paged %d, waste <= target %d (waste bytes <= paged %d), TTFT <= paged %d, output/s >= paged %d, "+
 		"no failed resume %d, exposed driver <= 1%% of GPU %d, admission driver <= 1%% of prefill %d, CPU <= 5x paged %d",
-		m.Cells, m.Preemptions, m.Waste, m.TTFT, m.Output, m.FailedResumes, m.Exposed, m.Admission, m.CPU)
+		m.Cells, m.Preemptions, m.Waste, m.WasteBytes, m.TTFT, m.Output, m.FailedResumes, m.Exposed, m.Admission, m.CPU)
 }
 
 // ratio is a / b to three places, "—" when b is 0.

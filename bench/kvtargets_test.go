@@ -14,7 +14,8 @@ import (
 
 // TestKVTargetsMet: the waste target is the paged scheme's where a page
 // holds at most a block of tokens, plus half a page a running sequence
-// otherwise; Met counts each target a cell meets, by hand.
+// otherwise; Met counts each target a cell meets, by hand, the waste's
+// bytes apart from its fraction.
 func TestKVTargetsMet(t *testing.T) {
 	const mib = float64(units.MiB)
 	paged := serving.Result{Preemptions: 2, MeanInUse: 1000 * mib, MeanWaste: 10 * mib,
@@ -35,9 +36,13 @@ func TestKVTargetsMet(t *testing.T) {
 	bad.Cache.OutputTokens, bad.Cache.FailedResumes, bad.Cache.CPUTime = 99, 1, 6*time.Second
 	bad.Cache.GPUTime, bad.Cache.Driver.Exposed = time.Second, 20*time.Millisecond
 	bad.Cache.PrefillTime, bad.Cache.Driver.Admission = time.Second, 20*time.Millisecond
-	m := Met([]KVTarget{good, bad})
-	require.Equal(t, KVTargetsMet{Cells: 2, Preemptions: 1, Waste: 1, TTFT: 1, Output: 1, FailedResumes: 1, Exposed: 1, Admission: 1, CPU: 1}, m)
-	require.Contains(t, m.String(), "targets met, of 2 cells: preemptions <= paged 1,")
+	// Forks share the prompt's pages: half the memory in use, a fifth
+	// less waste, a larger fraction of it.
+	forked := good
+	forked.Cache.MeanInUse, forked.Cache.MeanWaste = 500*mib, 8*mib
+	m := Met([]KVTarget{good, bad, forked})
+	require.Equal(t, KVTargetsMet{Cells: 3, Preemptions: 2, Waste: 1, WasteBytes: 2, TTFT: 2, Output: 2, FailedResumes: 2, Exposed: 2, Admission: 2, CPU: 2}, m)
+	require.Contains(t, m.String(), "targets met, of 3 cells: preemptions <= paged 2, waste <= target 1 (waste bytes <= paged 2),")
 }
 
 // TestKVTargetTracesRefuses: no requests is driver.ErrInvalid; a missing
@@ -64,7 +69,7 @@ func TestKVTargetTracesRefuses(t *testing.T) {
 func TestForksHoldLess(t *testing.T) {
 	reqs, err := serving.RequestTrace{Shape: "parallel-sampling", Seed: 1, Requests: 200}.Generate()
 	require.NoError(t, err)
-	c, err := KVTargetCell(KVTrace{Name: "parallel-sampling", Requests: reqs}, "llama3-8b", 16*units.GiB, sim.A100, true, true)
+	c, err := KVTargetCell(KVTrace{Name: "parallel-sampling", Requests: reqs}, "llama3-8b", 16*units.GiB, KVTargetRun{Costs: sim.A100, AdmitAhead: true, WarmBudget: true})
 	require.NoError(t, err)
 	const mib = float64(units.MiB)
 	t.Logf("in use %.0f MiB (cache) / %.0f MiB (paged), waste %.1f / %.1f MiB, mean TTFT %v / %v, forks %d, failed %d",

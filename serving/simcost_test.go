@@ -46,14 +46,16 @@ func checkDriver(t *testing.T, res Result, costs sim.CallCosts) {
 // reaches them, hidden when they cost less than the step, their excess
 // exposed when they cost more. Without mapping ahead nothing is warmed
 // and the step waits for every call whole: a create for each of the
-// three pages, and the same maps and accesses.
+// three pages, and the same maps and accesses. With WaitForNone the same
+// calls are counted exposed, and no step waits for them.
 func TestSimulateDriverByHand(t *testing.T) {
 	cfg := Config{Model: tinyModel, Budget: 64 * units.KiB, MaxContext: 64, MaxSeqs: 4}
 	reqs := []Request{{Input: 16, Output: 20}}
 	page := sim.Calls{Map: 1, SetAccess: 1}
+	waitForNone := false
 	run := func(costs sim.CallCosts, noAhead bool) Result {
 		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.TokenMajor, PageSize: 16 * units.KiB, NoMapAhead: noAhead})
-		res, err := Simulate(reqs, k, Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, Prices: costs, CheckEvery: 1})
+		res, err := Simulate(reqs, k, Options{Config: cfg, MaxBatchedTokens: 1000, Steps: tenMs, Prices: costs, CheckEvery: 1, WaitForNone: waitForNone})
 		require.NoError(t, err)
 		checkDriver(t, res, costs)
 		require.True(t, res.Driver.Counted)
@@ -90,6 +92,14 @@ func TestSimulateDriverByHand(t *testing.T) {
 	require.Zero(t, res.Driver.Startup)
 	require.Equal(t, res.Driver.Time, res.Driver.Exposed, "no mapping ahead: every call waited for")
 	require.Equal(t, res.GPUTime+res.Driver.Exposed, res.SimTime)
+	waited := res
+
+	waitForNone = true
+	res = run(dear, true)
+	require.Equal(t, waited.Driver, res.Driver, "WaitForNone: the same calls, priced and counted as exposed")
+	require.Equal(t, res.GPUTime, res.SimTime, "but no step waits for them")
+	require.Equal(t, 10*time.Millisecond, res.MeanTTFT)
+	waitForNone = false
 
 	res = run(sim.CallCosts{}, false)
 	require.Equal(t, calls, res.Driver.Calls, "free prices: counted all the same")

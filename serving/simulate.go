@@ -83,6 +83,14 @@ type Options struct {
 	// as the load first needs it (an engine that shares the device).
 	// The calls are in Result.Driver.Startup either way.
 	WarmBudget bool
+	// WaitForNone has steps wait for none of the driver time that would
+	// be exposed: it is priced and counted (Result.Driver.Exposed) as
+	// ever, but the simulated clock does not move for it. No engine runs
+	// so; it is for telling what of a gap in TTFT or output rate the
+	// exposed time makes, since a step that starts a fraction of a
+	// millisecond later can take a request that arrived meanwhile and so
+	// change every step after it.
+	WaitForNone bool
 }
 
 // ProgressSteps is how many steps pass between calls of
@@ -590,6 +598,9 @@ func (s *simulation) run() error {
 		exposed := s.exposed()
 		s.res.Driver.Exposed += exposed
 		s.res.GPUTime += gpu
+		if s.opts.WaitForNone {
+			exposed = 0
+		}
 		dt := exposed + gpu
 		s.slack = gpu
 		s.sample(dt)

@@ -15,6 +15,7 @@
 //	go run ./bench/kvtargets                      # 40 cells, 200 requests a trace
 //	go run ./bench/kvtargets -admit-ahead=false   # the same, each step scheduled after the last
 //	go run ./bench/kvtargets -warm step           # the page pool warmed with a step's tokens, not the budget
+//	go run ./bench/kvtargets -wait-for-none       # no step waits for exposed driver time: what of a gap it makes
 //	go run ./bench/kvtargets -requests 50 -models llama3-8b -cpuprofile /tmp/kv.prof
 //
 // Run it from the repository root (the Mooncake slice is
@@ -53,6 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	prices := fs.String("prices", "a100", "the driver call costs' `TABLE`: "+strings.Join(sim.CostTableNames(), " or "))
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
 	ahead := fs.Bool("admit-ahead", true, "schedule a step ahead, both schemes (false: each step after the last, kv simulate's default)")
+	waitNone := fs.Bool("wait-for-none", false, "steps wait for none of the exposed driver time, priced and counted all the same (serving.Options.WaitForNone: what of a TTFT or output gap the exposed time makes)")
 	warm := fs.String("warm", "budget", "what this cache's page pool is warmed with before serving: budget (the whole budget, kv simulate's default) or step (a step's tokens, the rest as the load needs it)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -108,6 +110,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if !*ahead {
 		schedule = "both schemes scheduled each step after the last (kv simulate's default: admissions, prompt chunks and frees on the step's path)"
 	}
+	if *waitNone {
+		schedule += "; no step waits for exposed driver time (-wait-for-none)"
+	}
 	fmt.Fprintf(stdout, "kvtargets: %d requests a trace (seed %d), steps priced by the A100 roofline, driver calls by the %s; this cache in the layout kv simulate picks (kvcache.AutoLayout), mapping ahead, its page pool warmed before serving with %s; %s\n\n",
 		*requests, *seed, costs.Name, map[string]string{"budget": "the budget (-warm budget)", "step": "a step's tokens (-warm step)"}[*warm], schedule)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
@@ -117,7 +122,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, tr := range all {
 		for _, model := range strings.Split(*models, ",") {
 			for _, budget := range bench.KVTargetBudgets {
-				cell, err := bench.KVTargetCell(tr, model, budget, costs, *ahead, *warm == "budget")
+				cell, err := bench.KVTargetCell(tr, model, budget, bench.KVTargetRun{Costs: costs, AdmitAhead: *ahead, WarmBudget: *warm == "budget", WaitForNone: *waitNone})
 				if err != nil {
 					tw.Flush()
 					fmt.Fprintf(stderr, "kvtargets: %v\n", err)

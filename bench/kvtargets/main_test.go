@@ -28,26 +28,23 @@ func TestRun(t *testing.T) {
 	require.Contains(t, lines[len(lines)-1], "10 cells in ")
 }
 
-// TestRunEachStepAfterTheLast: -admit-ahead=false says in its header
-// that both schemes schedule each step after the last, and runs the cells.
-func TestRunEachStepAfterTheLast(t *testing.T) {
-	var out, errOut bytes.Buffer
-	code := run([]string{"-mooncake", mooncake, "-requests", "8", "-models", "llama3-8b", "-traces", "mooncake", "-admit-ahead=false"}, &out, &errOut)
-	require.Equal(t, 0, code, errOut.String())
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Contains(t, lines[0], "both schemes scheduled each step after the last")
-	require.Contains(t, lines[len(lines)-1], "2 cells in ")
-}
-
-// TestRunWarmStep: -warm step says in its header that the page pool is
-// warmed with a step's tokens, and runs the cells.
-func TestRunWarmStep(t *testing.T) {
-	var out, errOut bytes.Buffer
-	code := run([]string{"-mooncake", mooncake, "-requests", "8", "-models", "llama3-8b", "-traces", "mooncake", "-warm", "step"}, &out, &errOut)
-	require.Equal(t, 0, code, errOut.String())
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Contains(t, lines[0], "warmed before serving with a step's tokens (-warm step)")
-	require.Contains(t, lines[len(lines)-1], "2 cells in ")
+// TestRunHeaders: -admit-ahead=false, -warm step and -wait-for-none each
+// say in the header how the cells ran, and run them.
+func TestRunHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		flag, says string
+	}{
+		{"-admit-ahead=false", "both schemes scheduled each step after the last"},
+		{"-warm=step", "warmed before serving with a step's tokens (-warm step)"},
+		{"-wait-for-none", "no step waits for exposed driver time (-wait-for-none)"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run([]string{"-mooncake", mooncake, "-requests", "8", "-models", "llama3-8b", "-traces", "mooncake", tc.flag}, &out, &errOut)
+		require.Equal(t, 0, code, errOut.String())
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		require.Contains(t, lines[0], tc.says, tc.flag)
+		require.Contains(t, lines[len(lines)-1], "2 cells in ", tc.flag)
+	}
 }
 
 // TestRunRefuses: flags it cannot use exit 2, saying why.
