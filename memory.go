@@ -54,14 +54,17 @@ type Options struct {
 var drivers = []string{"host", "sim", "cuda", "acl"}
 
 // A Memory is an open driver with its address space, its physical memory
-// and an allocator on one device, and everything made from it with
-// NewArena and NewKVCache. Close closes them all, the latest made first,
-// then the address space, the physical memory and the driver. Safe for
-// concurrent use.
+// and an allocator on one device, and everything made from it (NewArena,
+// NewKVCache, NewPool, NewMultiDeviceArena, NewSleep, NewTransfer).
+// Close closes them all, the latest made first, then the address space,
+// the physical memory and the driver. Safe for concurrent use.
 //
 // Invariant: while the Memory is open, drv, space and mem are open, made
 // holds the objects made from them not yet closed by Close (the
-// allocator first), and every one of them lives on space and mem.
+// allocator first), and every one of them lives on space and mem. mu is
+// never held while something is closed: what Close closes may wait for
+// the caller's code (a KV cache's Events, a host function ahead of a
+// pool's free), which may call the Memory.
 type Memory struct {
 	drv   driver.Driver
 	space *vaspace.Space
@@ -69,8 +72,11 @@ type Memory struct {
 	al    *arena.Allocator
 	dev   DeviceID
 
-	mu   sync.Mutex // guards made, lower, closing and closed
-	made []closer   // in the order made; Close goes from the end
+	// closeMu serialises Close; it is taken before mu, and held while
+	// Close closes what it closes, mu not.
+	closeMu sync.Mutex
+	mu      sync.Mutex // guards made, lower, closing and closed
+	made    []closer   // in the order made; Close goes from the end
 	// lower are the space, the memory and the driver, in the order Close
 	// closes them; a Close that fails part-way leaves the rest here.
 	lower []closer
@@ -252,44 +258,62 @@ func add[T any](m *Memory, name string, make func() (T, error), close func(T) er
 // combined, and Close may be called again once the refusal's cause is
 // gone. Something closed already by hand counts as closed. Once all is
 // closed, Close returns nil again.
+//
+// What Close closes may wait for code of the caller's (a KV cache tells
+// its Events, a pool waits for the work ahead of its frees in flight),
+// and that code may call the Memory meanwhile: Usage answers, the makers
+// refuse (ErrClosed). A Close called there waits for the one running,
+// which waits for it: Close must not be called from such code. Calls of
+// Close from several goroutines run one at a time.
 func (m *Memory) Close() error {
 	if m.unmade() {
 		return unmade("Close")
 	}
+	m.closeMu.Lock()
+	defer m.closeMu.Unlock()
+	// Only a Close changes made and lower once closing is set, and
+	// closeMu lets one run at a time: what it reads here stays as read
+	// until it stores what is left.
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
+	closed := m.closed
+	m.closing = true
+	made, lower := m.made, m.lower
+	m.mu.Unlock()
+	if closed {
 		return nil
 	}
-	m.closing = true
-	closeAll := func(cs []closer) ([]closer, []error) {
-		var left []closer
-		var errs []error
-		for i := len(cs) - 1; i >= 0; i-- {
-			if err := cs[i].close(); err != nil && !errors.Is(err, driver.ErrClosed) {
-				left = append(left, cs[i])
-				errs = append(errs, errors.Wrapf(err, "vmarena: close %s", cs[i].name))
-			}
-		}
-		slices.Reverse(left)
-		return left, errs
-	}
+	var left []closer
 	var errs []error
-	if m.made, errs = closeAll(m.made); len(errs) > 0 {
+	for i := len(made) - 1; i >= 0; i-- {
+		if err := made[i].close(); err != nil && !errors.Is(err, driver.ErrClosed) {
+			left = append(left, made[i])
+			errs = append(errs, errors.Wrapf(err, "vmarena: close %s", made[i].name))
+		}
+	}
+	slices.Reverse(left)
+	m.mu.Lock()
+	m.made = left
+	m.mu.Unlock()
+	if len(errs) > 0 {
 		return errors.WithHint(combine(errs),
 			"call Close again once what holds them is released: it carries on where it stopped")
 	}
 	// The lower layers go in order, each after the one above it: the
 	// space before the memory (its Close refuses while anything is
 	// mapped, so no chunk goes from under a mapping), the driver last.
-	for len(m.lower) > 0 {
-		c := m.lower[0]
+	for len(lower) > 0 {
+		c := lower[0]
 		if err := c.close(); err != nil && !errors.Is(err, driver.ErrClosed) {
+			m.mu.Lock()
+			m.lower = lower
+			m.mu.Unlock()
 			return errors.Wrapf(err, "vmarena: close %s", c.name)
 		}
-		m.lower = m.lower[1:]
+		lower = lower[1:]
 	}
-	m.closed = true
+	m.mu.Lock()
+	m.lower, m.closed = nil, true
+	m.mu.Unlock()
 	return nil
 }
 
