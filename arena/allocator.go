@@ -515,7 +515,7 @@ func (al *Allocator) freeLocked(p driver.Addr) error {
 	if h := al.heapOf(p); h != nil {
 		if id := h.bins.find(uint64(p) - h.base); id != 0 {
 			if !al.binFreeLocked(h, id, uint64(p)-h.base) {
-				return al.notAllocated(p)
+				return al.notAllocated("free", p)
 			}
 			al.checkAfter("free")
 			return nil
@@ -538,31 +538,42 @@ func (al *Allocator) freeLocked(p driver.Addr) error {
 		al.checkAfter("free")
 		return nil
 	}
-	return al.notAllocated(p)
+	return al.notAllocated("free", p)
 }
 
-// notAllocated explains why p is not a live allocation.
-func (al *Allocator) notAllocated(p driver.Addr) error {
-	what := fmt.Sprintf("arena: free %s", p)
+// notAllocated explains why p, given to the call op ("free", "size",
+// "bytes", "export"), is not a live allocation's start.
+func (al *Allocator) notAllocated(op string, p driver.Addr) error {
+	what := fmt.Sprintf("arena: %s %s", op, p)
 	if h := al.heapOf(p); h != nil {
 		if id := h.bins.find(uint64(p) - h.base); id != 0 {
-			return h.bins.notAllocated(h.base, what, id, uint64(p)-h.base)
+			return h.bins.notAllocated(h.base, op, what, id, uint64(p)-h.base)
 		}
-		return h.notAllocated(what, uint64(p-h.s.Base()))
+		return h.notAllocated(op, what, uint64(p-h.s.Base()))
 	}
 	if al.st != nil && al.st.Range().Contains(p) {
 		off := uint64(p - al.st.Base())
 		for _, st := range al.stitches {
 			if off > st.off && off < st.off+st.size {
-				return errors.Wrapf(driver.ErrNotAllocated, "%s: it points inside the stitched allocation at %s; free takes its start",
-					what, al.st.Base()+driver.Addr(st.off))
+				return errors.Wrapf(driver.ErrNotAllocated, "%s: it points inside the stitched allocation at %s; %s takes its start",
+					what, al.st.Base()+driver.Addr(st.off), op)
 			}
 		}
-		return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s: no live stitched allocation starts there (freed twice?)", what),
-			"free each allocation once")
+		return freedError(op, fmt.Sprintf("%s: no live stitched allocation starts there", what))
 	}
 	return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s: the address is not in this allocator's memory", what),
-		"free an address with the allocator whose Alloc returned it")
+		"pass the start of a live allocation, with the allocator whose Alloc returned it")
+}
+
+// freedError is ErrNotAllocated for memory of the allocator's that no
+// live allocation holds, msg saying what was asked, with the likely
+// cause for op.
+func freedError(op, msg string) error {
+	if op == "free" {
+		return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s (freed twice?)", msg), "free each allocation once")
+	}
+	return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s (freed already?)", msg),
+		"use an allocation only until it is freed")
 }
 
 // Size reports the size asked for by the live allocation at p.
@@ -583,7 +594,7 @@ func (al *Allocator) Size(p driver.Addr) (uint64, error) {
 	if st := al.stitchAt(p); st != nil {
 		return st.req, nil
 	}
-	return 0, al.notAllocated(p)
+	return 0, al.notAllocated("size", p)
 }
 
 // Bytes returns the live allocation at p as a slice of the size asked for,
@@ -618,7 +629,7 @@ func (al *Allocator) bytesLocked(p driver.Addr) ([]byte, error) {
 		s, off, n = al.st, st.off, st.req
 	}
 	if s == nil {
-		return nil, al.notAllocated(p)
+		return nil, al.notAllocated("bytes", p)
 	}
 	d := s.Driver()
 	hm, ok := d.(driver.HostMapper)
@@ -677,7 +688,7 @@ func (al *Allocator) Export(p driver.Addr) (Exported, error) {
 		if al.stitchAt(p) != nil {
 			return Exported{}, errors.Wrapf(driver.ErrUnsupported, "arena: export %s: a stitched allocation cannot be exported", p)
 		}
-		return Exported{}, al.notAllocated(p)
+		return Exported{}, al.notAllocated("export", p)
 	}
 	if !h.s.opts.Shareable {
 		return Exported{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "arena: export %s: the allocator's chunks are not shareable", p),

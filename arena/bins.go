@@ -289,17 +289,16 @@ func (al *Allocator) binFreeLocked(h *heap, id uint32, off uint64) bool {
 }
 
 // notAllocated explains why off, inside bin id, is no live allocation's
-// start.
-func (bs *bins) notAllocated(base uint64, what string, id uint32, off uint64) error {
+// start, for the call op, what naming it with its address.
+func (bs *bins) notAllocated(base uint64, op, what string, id uint32, off uint64) error {
 	s := &bs.slabs[id]
 	sz := uint64(s.class) * binUnit
 	start := s.off + (off-s.off)/sz*sz
 	if start == off || bs.slotAt(id, start) < 0 {
-		return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s: that memory is free (freed twice?)", what),
-			"free each allocation once")
+		return freedError(op, what+": that memory is free")
 	}
-	return errors.Wrapf(driver.ErrNotAllocated, "%s: it points inside the allocation at %s; free takes its start",
-		what, driver.Addr(base+start))
+	return errors.Wrapf(driver.ErrNotAllocated, "%s: it points inside the allocation at %s; %s takes its start",
+		what, driver.Addr(base+start), op)
 }
 
 // check verifies the invariants in the type's doc and returns what the

@@ -570,8 +570,8 @@ func (h *heap) unlink(r bref) {
 }
 
 // notAllocated explains why off, in the heap's range, is no live
-// allocation's start.
-func (h *heap) notAllocated(what string, off uint64) error {
+// allocation's start, for the call op, what naming it with its address.
+func (h *heap) notAllocated(op, what string, off uint64) error {
 	r := h.blockAt(off)
 	var b *block
 	if r != 0 {
@@ -579,11 +579,10 @@ func (h *heap) notAllocated(what string, off uint64) error {
 	}
 	switch {
 	case b == nil || b.state == blockFree || b.state == blockHole:
-		return errors.WithHint(errors.Wrapf(driver.ErrNotAllocated, "%s: that memory is free (freed twice?)", what),
-			"free each allocation once")
+		return freedError(op, what+": that memory is free")
 	case b.state == blockLent:
-		return errors.Wrapf(driver.ErrNotAllocated, "%s: that memory is lent to a stitched allocation; free that one", what)
+		return errors.Wrapf(driver.ErrNotAllocated, "%s: that memory is lent to a stitched allocation; %s that one", what, op)
 	}
-	return errors.Wrapf(driver.ErrNotAllocated, "%s: it points inside the allocation at %s; free takes its start",
-		what, driver.Addr(h.base+b.off))
+	return errors.Wrapf(driver.ErrNotAllocated, "%s: it points inside the allocation at %s; %s takes its start",
+		what, driver.Addr(h.base+b.off), op)
 }
