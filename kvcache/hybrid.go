@@ -64,7 +64,9 @@ type Group struct {
 	HeadDim int
 	// Window is SlidingWindow's tokens attended.
 	Window int
-	// StateBytes is Recurrent's bytes of state a layer keeps per sequence.
+	// StateBytes is Recurrent's bytes of state a layer keeps per sequence
+	// (1 to 2^40; a Hybrid's recurrent layers are at most 2^20 in all,
+	// their state at most 2^40 bytes a sequence).
 	StateBytes uint64
 }
 
@@ -137,6 +139,13 @@ type hybridGroup struct {
 	windowHeld bool
 	first      int
 }
+
+// maxRecurrentLayers and maxStateBytes bound a Hybrid's recurrent layers
+// in all and a sequence's state, every recurrent layer's StateBytes.
+const (
+	maxRecurrentLayers = 1 << 20
+	maxStateBytes      = 1 << 40
+)
 
 type hybridCounts struct {
 	admits, failedAdmits, frees, forks, preemptions, resumes, checkpointHits int
@@ -216,6 +225,11 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 	}
 	cfg.Groups = slices.Clone(cfg.Groups)
 	attention, windows := 0, 0
+	// recLayers and stateBytes are the recurrent layers in all and a
+	// sequence's state (every recurrent layer's StateBytes): at most
+	// maxRecurrentLayers and maxStateBytes, so that the store's slot
+	// and its range are products that fit.
+	recLayers, stateBytes := 0, uint64(0)
 	for i, g := range cfg.Groups {
 		switch {
 		case g.Kind >= numGroupKinds:
@@ -234,6 +248,14 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 			return nil, bad("group %d (recurrent): StateBytes %d must be 1 to 2^40, KVHeads and HeadDim 0", i, g.StateBytes)
 		case g.Kind != Recurrent && g.StateBytes != 0:
 			return nil, bad("group %d (%s): StateBytes is for recurrent groups only", i, g.Kind)
+		}
+		if g.Kind == Recurrent {
+			if g.Layers > maxRecurrentLayers-recLayers || uint64(g.Layers) > (maxStateBytes-stateBytes)/g.StateBytes {
+				return nil, bad("group %d (recurrent): %d layers of %d bytes: the recurrent layers are at most %d in all, their state at most 2^40 bytes a sequence",
+					i, g.Layers, g.StateBytes, maxRecurrentLayers)
+			}
+			recLayers += g.Layers
+			stateBytes += uint64(g.Layers) * g.StateBytes
 		}
 		attention += b2i(g.Kind.attends())
 		windows += b2i(g.Kind == SlidingWindow)

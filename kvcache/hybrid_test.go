@@ -328,3 +328,28 @@ func TestHybridWindowHit(t *testing.T) {
 	require.NoError(t, c.Free())
 	require.NoError(t, h.Check())
 }
+
+// TestHybridRecurrentBounds: recurrent layers whose state a sequence
+// would overflow a slot's bytes (2^24 layers of 2^40 bytes are 2^64: a
+// zero-byte slot before it was refused) or that are too many to list are
+// refused (ErrInvalid), naming the group, with nothing reserved.
+func TestHybridRecurrentBounds(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	for _, rec := range []Group{
+		{Kind: Recurrent, Layers: 1 << 24, StateBytes: 1 << 40},
+		{Kind: Recurrent, Layers: 2, StateBytes: 1 << 40},
+		{Kind: Recurrent, Layers: 1<<20 + 1, StateBytes: 1},
+	} {
+		cfg := tinyHybrid(64, 2, 16*units.MiB)
+		cfg.Groups[3] = rec
+		h, err := NewHybrid(e.space, e.mem, cfg)
+		require.ErrorIs(t, err, driver.ErrInvalid, "%+v", rec)
+		require.ErrorContains(t, err, "group 3 (recurrent)")
+		require.Nil(t, h)
+		require.Empty(t, e.space.Reservations())
+	}
+	cfg := tinyHybrid(64, 2, 16*units.MiB)
+	cfg.Groups = append(cfg.Groups, Group{Kind: Recurrent, Layers: 1, StateBytes: 1<<40 - 2*40*units.KiB})
+	h := e.hybrid(t, cfg) // 2^40 bytes of state in all: the bound itself
+	require.NoError(t, h.Check())
+}

@@ -3,6 +3,8 @@ package kvcache
 import (
 	"container/list"
 	"fmt"
+	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -79,8 +81,16 @@ func newRecurrentStore(space *vaspace.Space, mem *physical.Memory, groups []Grou
 			off += g.StateBytes
 		}
 	}
+	// off is at most 2^40 (NewHybrid's bound): only the page's size
+	// and the slots' number can take the products past a range's bytes.
 	r.slotBytes = (off + page - 1) / page * page
+	if r.slotBytes < off {
+		return nil, errors.Wrapf(driver.ErrInvalid, "kvcache: new hybrid cache: a recurrent state of %s on pages of %s overflows", units.Bytes(off), units.Bytes(page))
+	}
 	n := maxSeqs + int(min(capacity/r.slotBytes, 1<<16))
+	if hi, lo := bits.Mul64(uint64(n), r.slotBytes); hi != 0 || lo > math.MaxInt64 {
+		return nil, errors.Wrapf(driver.ErrInvalid, "kvcache: new hybrid cache: the recurrent state store of %d slots of %s overflows", n, units.Bytes(r.slotBytes))
+	}
 	s, err := arena.NewSparse(space, mem, arena.SparseOptions{Max: uint64(n) * r.slotBytes, ChunkSize: page, MaxChunk: r.slotBytes, Device: dev})
 	if err != nil {
 		return nil, errors.Wrapf(err, "kvcache: new hybrid cache: the recurrent state store of %d slots of %s", n, units.Bytes(r.slotBytes))
