@@ -1129,12 +1129,13 @@ func (s *HybridSeq) Fork() (*HybridSeq, error) {
 			continue
 		}
 		c := gs.c
+		gwhat := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, h.groups[i].Kind) }
 		c.mu.Lock()
-		nd, room, err := c.forkNeedLocked(what, gs)
+		nd, room, err := c.forkNeedLocked(gwhat, gs)
 		n := gs.n
 		c.mu.Unlock()
 		if err != nil {
-			return nil, errors.Wrapf(err, "group %d", i)
+			return nil, err
 		}
 		if n != s.n {
 			return nil, errors.Wrapf(driver.ErrInvalid, "%s: group %d holds %d tokens, the sequence %d: append first", what(), i, n, s.n)
@@ -1219,11 +1220,12 @@ func (s *HybridSeq) preemptableLocked(what func() string, mode PreemptMode) erro
 		if gs == nil {
 			continue
 		}
+		gwhat := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, s.h.groups[i].Kind) }
 		gs.c.mu.Lock()
-		err := gs.c.preemptableLocked(what, gs, mode)
+		err := gs.c.preemptableLocked(gwhat, gs, mode)
 		gs.c.mu.Unlock()
 		if err != nil {
-			return errors.Wrapf(err, "group %d", i)
+			return err
 		}
 	}
 	return nil
@@ -1356,7 +1358,7 @@ func (s *HybridSeq) Free() error {
 	for i, gs := range s.seqs {
 		if gs != nil {
 			if err := gs.Free(); err != nil {
-				errs = errors.CombineErrors(errs, errors.Wrapf(err, "group %d", i))
+				errs = errors.CombineErrors(errs, errors.Wrapf(err, "%s: group %d", what(), i))
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"strings"
 	"sync"
 	"testing"
 
@@ -352,4 +353,38 @@ func TestHybridRecurrentBounds(t *testing.T) {
 	cfg.Groups = append(cfg.Groups, Group{Kind: Recurrent, Layers: 1, StateBytes: 1<<40 - 2*40*units.KiB})
 	h := e.hybrid(t, cfg) // 2^40 bytes of state in all: the bound itself
 	require.NoError(t, h.Check())
+}
+
+// TestHybridGroupRefusalsPrefixed: a refusal a group's check makes (a
+// fork with every slot taken or no prefix sharing, a swap of a sequence
+// its window group released units of) is the hybrid's, its message
+// starting "kvcache: " and naming the group, and changes nothing.
+func TestHybridGroupRefusalsPrefixed(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyHybrid(512, 1, 32*units.MiB)
+	cfg.Groups[1].Window = 32
+	h := e.hybrid(t, cfg)
+	s := hybridPrefill(t, h, seqTokens(200, 200, 1))
+	for range 40 {
+		_, err := s.Append([]int{7})
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.MarkWritten(s.Len()))
+	before := h.Stats()
+	_, err := s.Fork()
+	require.ErrorIs(t, err, driver.ErrBusy)
+	require.True(t, strings.HasPrefix(err.Error(), "kvcache: hybrid: fork a sequence: group 0 (full): "), "%v", err)
+	err = s.Preempt(Swap)
+	require.ErrorIs(t, err, driver.ErrUnsupported)
+	require.True(t, strings.HasPrefix(err.Error(), "kvcache: hybrid: preempt a sequence (swap): group 1 (window): "), "%v", err)
+	require.Equal(t, before, h.Stats())
+	require.NoError(t, h.Check())
+
+	cfg = tinyHybrid(512, 2, 32*units.MiB)
+	cfg.NoPrefixSharing = true
+	h = e.hybrid(t, cfg)
+	s = hybridPrefill(t, h, seqTokens(100, 100, 1))
+	_, err = s.Fork()
+	require.ErrorIs(t, err, driver.ErrUnsupported)
+	require.True(t, strings.HasPrefix(err.Error(), "kvcache: "), "%v", err)
 }
