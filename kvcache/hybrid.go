@@ -974,7 +974,8 @@ func (s *HybridSeq) lock(what func() string) (*Hybrid, error) {
 // tokens past those it holds (after an Admit where its store lent more).
 // It plans every group's pages, and what the others can give back for
 // them, before any driver call: a refusal (ErrOutOfMemory; ErrInvalid for
-// bad tokens or a preempted sequence) changes nothing.
+// bad tokens, a preempted sequence, or more tokens than a ring group
+// takes in one Append) changes nothing.
 func (s *HybridSeq) Append(tokens []int) (HybridStep, error) {
 	what := func() string { return fmt.Sprintf("kvcache: hybrid: append %d tokens", len(tokens)) }
 	h, err := s.lock(what)
@@ -1004,8 +1005,18 @@ func (s *HybridSeq) Append(tokens []int) (HybridStep, error) {
 		}
 		c := gs.c
 		c.mu.Lock()
+		// What the group's Append would refuse of its tokens (a ring's
+		// most an Append) is refused here, before any group appends.
+		var err error
+		if have := gs.n; have < end && c.g.ring > 0 {
+			gwhat := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, h.groups[i].Kind) }
+			err = c.ringAppendableLocked(gwhat, end-have)
+		}
 		nd, room := c.appendPlanLocked(gs, end-gs.n)
 		c.mu.Unlock()
+		if err != nil {
+			return HybridStep{}, err
+		}
 		needs[i] = need{uint64(nd) * c.g.page, uint64(max(room, 0)) * c.g.page}
 	}
 	// The recurrent store's checkpoints are room too: makeFreeLocked

@@ -388,3 +388,38 @@ func TestHybridGroupRefusalsPrefixed(t *testing.T) {
 	require.ErrorIs(t, err, driver.ErrUnsupported)
 	require.True(t, strings.HasPrefix(err.Error(), "kvcache: "), "%v", err)
 }
+
+// ringHybrid is a full-attention group and a ring window group of 64
+// tokens (a ring of 128 rows: at most 65 tokens an Append).
+func ringHybrid() HybridConfig {
+	return HybridConfig{Groups: []Group{
+		{Kind: FullAttention, Layers: 2, KVHeads: 2, HeadDim: 64},
+		{Kind: SlidingWindow, Layers: 2, KVHeads: 2, HeadDim: 64, Window: 64},
+	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: 1024, MaxSeqs: 2, PageSize: page, Budget: 32 * units.MiB, MapAhead: -1, Ring: true}
+}
+
+// TestHybridRingAppendRefusal: an Append of more tokens than the ring
+// group takes at once is refused before any group appends (the full
+// group, first, took the tokens and committed their pages before); the
+// prompt then appended in chunks the ring takes fits.
+func TestHybridRingAppendRefusal(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, ringHybrid())
+	prompt := seqTokens(100, 100, 1)
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	before := h.Stats()
+	_, err = s.Append(prompt)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.True(t, strings.HasPrefix(err.Error(), "kvcache: hybrid: append 100 tokens: group 1 (window): "), "%v", err)
+	require.Equal(t, before, h.Stats(), "nothing changed")
+	require.Zero(t, s.Group(0).Len())
+	require.NoError(t, h.Check())
+	for s.Len() < len(prompt) {
+		_, err := s.Append(prompt[s.Len():min(s.Len()+60, len(prompt))])
+		require.NoError(t, err)
+	}
+	require.Equal(t, 100, s.Group(0).Len())
+	require.Equal(t, 100, s.Group(1).Len())
+	require.NoError(t, h.Check())
+}
