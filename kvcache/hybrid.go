@@ -658,7 +658,7 @@ func (h *Hybrid) CanAdmit(prompt []int, expectedOutput int) (bool, error) {
 		return false, err
 	}
 	m, cp := h.matchLocked(prompt, h.chainOf(prompt))
-	needs, err := h.planAdmitLocked(what, prompt, m, min(len(prompt)+expectedOutput, h.cfg.MaxContext), cp)
+	needs, err := h.planAdmitLocked(what, prompt, m, min(len(prompt)+min(expectedOutput, h.cfg.MaxContext), h.cfg.MaxContext), cp)
 	if errors.Is(err, driver.ErrBusy) {
 		return false, nil
 	}

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -58,4 +59,29 @@ func TestHybridCanResume(t *testing.T) {
 	var zero HybridSeq
 	_, err = zero.CanResume(0)
 	require.ErrorIs(t, err, driver.ErrInvalid)
+}
+
+// TestHybridCanAdmitHugeOutput: an expected output (or more tokens after
+// a resume) past MaxContext is counted as MaxContext in all, whatever
+// its size: math.MaxInt overflowed the sum to a negative total, which
+// every budget held (true where the answer for MaxContext is false).
+func TestHybridCanAdmitHugeOutput(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, tinyHybrid(512, 4, 2*units.MiB))
+	prompt := []int{1, 2}
+	for _, out := range []int{510, 1 << 40, math.MaxInt} {
+		ok, err := h.CanAdmit(prompt, out)
+		require.NoError(t, err)
+		require.False(t, ok, "%d more: the whole MaxContext does not fit in 2 MiB", out)
+	}
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	_, err = s.Append(prompt)
+	require.NoError(t, err)
+	require.NoError(t, s.Preempt(Drop))
+	for _, more := range []int{510, math.MaxInt} {
+		ok, err := s.CanResume(more)
+		require.NoError(t, err)
+		require.False(t, ok, "%d more", more)
+	}
 }

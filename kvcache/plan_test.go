@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -141,4 +142,30 @@ func TestAdmitRechecksARewrittenSlice(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n.Matched(), "the rewritten prompt shares nothing with the cached one")
 	require.NoError(t, c.Check())
+}
+
+// TestCanAdmitHugeOutput: Cache.CanAdmit and Seq.CanResume count an
+// output past MaxContext as MaxContext in all; math.MaxInt overflowed
+// the sum to a negative total, which every budget held.
+func TestCanAdmitHugeOutput(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	cfg := tinyConfig(PerLayer, 1024, 2)
+	cfg.Budget = 8 * page
+	c := e.cache(t, cfg)
+	prompt := []int{1, 2}
+	for _, out := range []int{1022, math.MaxInt} {
+		ok, err := c.CanAdmit(prompt, 0, out)
+		require.NoError(t, err)
+		require.False(t, ok, "%d more", out)
+	}
+	s, err := c.Admit(prompt, 0)
+	require.NoError(t, err)
+	_, err = s.Append(prompt)
+	require.NoError(t, err)
+	require.NoError(t, s.Preempt(Drop))
+	for _, more := range []int{1022, math.MaxInt} {
+		ok, err := s.CanResume(more)
+		require.NoError(t, err)
+		require.False(t, ok, "%d more", more)
+	}
 }

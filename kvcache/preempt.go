@@ -434,7 +434,7 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 	if len(prompt) > c.cfg.MaxContext {
 		return false, nil
 	}
-	total := min(len(prompt)+expectedOutput, c.cfg.MaxContext)
+	total := min(len(prompt)+min(expectedOutput, c.cfg.MaxContext), c.cfg.MaxContext)
 	return c.planAdmitLocked(m, total).fits(), nil
 }
 
@@ -457,5 +457,5 @@ func (s *Seq) CanResume(more int) (bool, error) {
 	case more < 0:
 		return false, errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
 	}
-	return c.planResumeLocked(s, min(s.n+more, c.cfg.MaxContext)).fits(), nil
+	return c.planResumeLocked(s, min(s.n+min(more, c.cfg.MaxContext), c.cfg.MaxContext)).fits(), nil
 }
