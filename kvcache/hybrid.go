@@ -809,8 +809,12 @@ func (h *Hybrid) Stats() HybridStats {
 // then cached prefix units and recurrent checkpoints, then idle slots'
 // pages, then surplus) and, if that is not enough, the latest admitted
 // running sequences are preempted in mode, in every group, until all fits;
-// it returns them. A zero budget or a bad mode is ErrInvalid, nothing
-// changed.
+// it returns them. What stays committed with every sequence it can
+// preempt preempted — a ring group's sequences, which are never
+// preempted, and the recurrent states that swapped sequences keep in
+// their slots — bounds it: the budget is then set to that, and the error
+// (ErrOutOfMemory) says so, the sequences it preempted staying
+// preempted. A zero budget or a bad mode is ErrInvalid, nothing changed.
 func (h *Hybrid) SetBudget(budget uint64, mode PreemptMode) ([]*HybridSeq, error) {
 	what := func() string { return fmt.Sprintf("kvcache: hybrid: set the budget to %s", units.Bytes(budget)) }
 	if err := h.lock(what); err != nil {
@@ -859,7 +863,13 @@ func (h *Hybrid) SetBudget(budget uint64, mode PreemptMode) ([]*HybridSeq, error
 		}
 	}
 	if held := h.heldLocked(); held > budget {
-		return preempted, errors.AssertionFailedf("%s: %s stays committed with every sequence preempted", what(), units.Bytes(held))
+		// What no stage gives back and no preemption frees: a ring
+		// group's sequences (never preempted) and the recurrent states
+		// swapped sequences keep. The budget stops at it, so that the
+		// groups never hold past the budget.
+		h.budget = held
+		return preempted, errors.WithHint(errors.Wrapf(driver.ErrOutOfMemory, "%s: %s stays committed with every sequence it can preempt preempted (a ring group's sequences, swapped sequences' recurrent states): the budget is %s",
+			what(), units.Bytes(held), units.Bytes(held)), "preempt with Drop, which gives the recurrent states back, or free sequences")
 	}
 	return preempted, nil
 }

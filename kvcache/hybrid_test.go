@@ -423,3 +423,54 @@ func TestHybridRingAppendRefusal(t *testing.T) {
 	require.Equal(t, 100, s.Group(1).Len())
 	require.NoError(t, h.Check())
 }
+
+// TestHybridSetBudgetFloor: a budget lowered below what no preemption
+// frees — the recurrent states swapped sequences keep, a ring group's
+// sequences — stops at what stays held, ErrOutOfMemory saying so, and
+// the books hold (the groups within the budget); raised again, the
+// sequences resume. Before, the budget was set below what was held and
+// SetBudget answered an assertion failure, with Check rejecting the
+// books.
+func TestHybridSetBudgetFloor(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, tinyHybrid(512, 4, 32*units.MiB))
+	a := hybridPrefill(t, h, seqTokens(100, 100, 1))
+	b := hybridPrefill(t, h, seqTokens(100, 100, 2))
+	require.NoError(t, b.Preempt(Swap))
+	for _, mode := range []PreemptMode{Drop, Swap} {
+		_, err := h.SetBudget(page, mode)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory, "%s", mode)
+		require.True(t, strings.HasPrefix(err.Error(), "kvcache: hybrid: set the budget to 64 KiB: "), "%v", err)
+		st := h.Stats()
+		require.Equal(t, st.Committed, st.Budget, "the budget stops at what stays")
+		require.Equal(t, st.StateBytes, st.Committed, "the swapped sequences' states")
+		require.NoError(t, h.Check())
+		_, err = h.SetBudget(32*units.MiB, Drop)
+		require.NoError(t, err)
+		for _, s := range []*HybridSeq{a, b} {
+			if s.Len() > 0 && h.Stats().Running < 2 {
+				if _, err := s.Resume(); err != nil {
+					require.ErrorIs(t, err, driver.ErrInvalid, "running")
+				}
+			}
+		}
+		require.NoError(t, h.Check())
+		require.Equal(t, 2, h.Stats().Running)
+		require.NoError(t, b.Preempt(Swap))
+	}
+
+	h = e.hybrid(t, ringHybrid())
+	prompt := seqTokens(60, 60, 1)
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	_, err = s.Append(prompt)
+	require.NoError(t, err)
+	preempted, err := h.SetBudget(page, Drop)
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	require.Empty(t, preempted, "a ring sequence is never preempted")
+	st := h.Stats()
+	require.Equal(t, st.Committed, st.Budget)
+	require.NoError(t, h.Check())
+	_, err = s.Append([]int{5})
+	require.NoError(t, err, "its ring holds its window: the decode goes on")
+}
