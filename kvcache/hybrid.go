@@ -1429,7 +1429,7 @@ func (s *HybridSeq) State(layer int) (*tensor.Tensor, error) {
 			n = len(h.rec.layerOff)
 		}
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the cache has %d recurrent layers", what(), n)
-	case s.state == nil:
+	case !s.running:
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the sequence is preempted; Resume it first", what())
 	}
 	return h.rec.tensor(s.state, layer)

@@ -474,3 +474,21 @@ func TestHybridSetBudgetFloor(t *testing.T) {
 	_, err = s.Append([]int{5})
 	require.NoError(t, err, "its ring holds its window: the decode goes on")
 }
+
+// TestHybridStatePreempted: State refuses a preempted sequence, swapped
+// (whose state stays in its slot) as dropped, and answers again once it
+// is resumed.
+func TestHybridStatePreempted(t *testing.T) {
+	e := hostEnv(t, 64*units.MiB)
+	h := e.hybrid(t, tinyHybrid(512, 4, 32*units.MiB))
+	s := hybridPrefill(t, h, seqTokens(100, 100, 1))
+	for _, mode := range []PreemptMode{Swap, Drop} {
+		require.NoError(t, s.Preempt(mode))
+		_, err := s.State(0)
+		require.ErrorIs(t, err, driver.ErrInvalid, "%s", mode)
+		_, err = s.Resume()
+		require.NoError(t, err)
+		_, err = s.State(0)
+		require.NoError(t, err)
+	}
+}
