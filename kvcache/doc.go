@@ -73,7 +73,9 @@
 // addresses, never touches memory itself (the arena maps, tensors are
 // views), never commits past the budget, never lets a tensor outlive the
 // memory under it (revoked views answer ErrClosed), and never changes
-// anything in a call that fails. On the CUDA and AscendCL drivers its
+// anything in a call that fails, but one: a Hybrid.SetBudget below what
+// no preemption frees keeps the preemptions it made and sets the budget
+// to what stays held, answering ErrOutOfMemory. On the CUDA and AscendCL drivers its
 // tensors are device tensors (an address and a length; the driver's
 // copies move their bytes). On the sim driver it keeps every book but
 // hands out no tensors.
