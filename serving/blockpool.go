@@ -60,13 +60,16 @@ func (p *blockPool) unlinkFree(b int32) {
 // blocks of blockTokens tokens: a block's hash is of its parent's (a
 // constant for the first) and its tokens (SimRequest.Token).
 func extendChain(c []uint64, r *SimRequest, n, blockTokens int) []uint64 {
+	var buf [64]int
 	for k := len(c); k < n; k++ {
 		h := uint64(0x6b76_6361_6368_6531) // the first block's parent
 		if k > 0 {
 			h = c[k-1]
 		}
-		for i := k * blockTokens; i < (k+1)*blockTokens; i++ {
-			h = mix64(h ^ uint64(r.Token(i)))
+		for i, end := k*blockTokens, (k+1)*blockTokens; i < end; i += len(buf) {
+			for _, tok := range r.Tokens(buf[:0], i, min(end, i+len(buf))) {
+				h = mix64(h ^ uint64(tok))
+			}
 		}
 		c = append(c, h)
 	}

@@ -339,9 +339,10 @@ func (r *SimRequest) Context() int {
 // first sample's ID and t, shared by that request's samples alone; any
 // output token is a function of the sequence's ID and t, shared with no
 // other. Distinct contents give
-// distinct tokens but with probability 2^-63 a pair.
+// distinct tokens but with probability 2^-63 a pair. A nil request's
+// tokens, and a negative t, are 0: no position holds them.
 func (r *SimRequest) Token(t int) int {
-	if r == nil {
+	if r == nil || t < 0 {
 		return 0
 	}
 	if bt := r.req.BlockSize(); t < r.req.Input && t/bt < len(r.req.Blocks) {
@@ -353,18 +354,59 @@ func (r *SimRequest) Token(t int) int {
 	return tokenID(2, uint64(r.id), uint64(t))
 }
 
-// Tokens appends tokens from to to-1 to dst, as Token names them.
+// Tokens appends tokens from to to-1 to dst, as Token names them. It
+// mixes the first two words of tokenID once a run of tokens that share
+// them (a named block, the rest of the prompt, the output), not once a
+// token: the same tokens, a third of the mixing.
 func (r *SimRequest) Tokens(dst []int, from, to int) []int {
-	for t := from; t < to; t++ {
-		dst = append(dst, r.Token(t))
+	if r == nil || from < 0 {
+		for t := from; t < to; t++ {
+			dst = append(dst, r.Token(t))
+		}
+		return dst
+	}
+	t := from
+	bt := r.req.BlockSize()
+	// The tokens of named blocks end at the prompt's end or the last
+	// block's, min(to, Input, nb*bt), written so that nb*bt is taken only
+	// where it is at most named: it cannot overflow.
+	named := min(to, r.req.Input)
+	if nb := len(r.req.Blocks); nb < named/bt+1 {
+		named = min(named, nb*bt)
+	}
+	for t < named {
+		b := t / bt
+		h := tokenRun(1, uint64(r.req.Blocks[b]))
+		for end := min(named, (b+1)*bt); t < end; t++ {
+			dst = append(dst, tokenAt(h, uint64(t%bt)))
+		}
+	}
+	if end := min(to, r.req.Input); t < end {
+		h := tokenRun(2, uint64(r.prompt))
+		for ; t < end; t++ {
+			dst = append(dst, tokenAt(h, uint64(t)))
+		}
+	}
+	if t < to {
+		h := tokenRun(2, uint64(r.id))
+		for ; t < to; t++ {
+			dst = append(dst, tokenAt(h, uint64(t)))
+		}
 	}
 	return dst
 }
 
 // tokenID mixes a tag and two words into a non-negative int.
 func tokenID(tag, a, b uint64) int {
-	return int(mix64(mix64(mix64(tag)^a)^b) >> 1)
+	return tokenAt(tokenRun(tag, a), b)
 }
+
+// tokenRun is tokenID's mix of its first two words, the same for a run of
+// tokens.
+func tokenRun(tag, a uint64) uint64 { return mix64(mix64(tag) ^ a) }
+
+// tokenAt is tokenID of the run whose mix is h and word b.
+func tokenAt(h, b uint64) int { return int(mix64(h^b) >> 1) }
 
 // mix64 is the finalizer of SplitMix64 (Steele, Lea and Flood, 2014):
 // every bit of x moves about half the bits of the result.

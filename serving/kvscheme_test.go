@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -144,4 +145,30 @@ func TestContextCapOfBadConfigs(t *testing.T) {
 	require.Equal(t, 2*MaxTokens, FitMaxContext(huge, c), "each field counted at MaxTokens")
 	c.BlockTokens = 1 << 47
 	require.NotPanics(t, func() { FitMaxContext(huge, c) })
+}
+
+// TestTokensAreToken: Tokens, which mixes once a run of tokens, names
+// every token as Token does, across block ends, the prompt's end and the
+// output, for blocks of every size and fewer blocks than the prompt.
+func TestTokensAreToken(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		input := rng.IntN(100)
+		blocks := make([]int64, rng.IntN(8))
+		for j := range blocks {
+			blocks[j] = rng.Int64N(5)
+		}
+		r := simReq(i, input, 10, blocks...)
+		r.req.BlockTokens = []int{0, 1, 3, 16, 512, 1 << 62}[rng.IntN(6)]
+		from := rng.IntN(130) - 5
+		to := from + rng.IntN(60)
+		want := []int{}
+		for tk := from; tk < to; tk++ {
+			want = append(want, r.Token(tk))
+		}
+		require.Equal(t, want, r.Tokens([]int{}, from, to), "request %d: tokens %d to %d, blocks of %d", i, from, to, r.req.BlockTokens)
+	}
+	var none *SimRequest
+	require.Equal(t, []int{0, 0}, none.Tokens(nil, 3, 5))
+	require.Zero(t, simReq(0, 10, 10, 3).Token(-1), "no position is negative")
 }
