@@ -149,6 +149,21 @@ func (l *library) deviceLocked(ordinal int) (backend, error) {
 	return l.devs[i], nil
 }
 
+// usedDeviceLocked is the backend of the caller's device ordinal for a
+// free: it opens nothing and makes no backend (a device with none has
+// nothing to free, and a bad free changes nothing).
+func (l *library) usedDeviceLocked(p driver.Addr, ordinal int) (backend, error) {
+	i := slices.Index(l.ordinals, ordinal)
+	if i < 0 {
+		return nil, errors.WithHintf(errors.Wrapf(driver.ErrNoDevice, "libvmarena: free %#x: device %d is not one of the %s driver's devices %v", uint64(p), ordinal, l.cfg.Driver, l.ordinals),
+			"%s lists the devices the library opens", envDevices)
+	}
+	if l.devs[i] == nil {
+		return nil, errors.Wrapf(driver.ErrNotAllocated, "libvmarena: free %#x: nothing is allocated on device %d", uint64(p), ordinal)
+	}
+	return l.devs[i], nil
+}
+
 // tagID is the number of tag, registered at its first use. An empty tag is
 // the default one.
 func (l *library) tagID(tag string) (int32, error) {
@@ -233,7 +248,7 @@ func (l *library) freeOn(p driver.Addr, size uint64, ordinal int, stream uintptr
 	if l.d == nil {
 		return errors.Wrapf(driver.ErrNotAllocated, "libvmarena: free %#x: nothing is allocated", uint64(p))
 	}
-	b, err := l.deviceLocked(ordinal)
+	b, err := l.usedDeviceLocked(p, ordinal)
 	if err != nil {
 		return err
 	}
@@ -260,7 +275,7 @@ func (l *library) freeOn(p driver.Addr, size uint64, ordinal int, stream uintptr
 		if l.d == nil {
 			return errors.Wrapf(driver.ErrNotAllocated, "libvmarena: free %#x: the library was shut down in the wait", uint64(p))
 		}
-		if b, err = l.deviceLocked(ordinal); err != nil {
+		if b, err = l.usedDeviceLocked(p, ordinal); err != nil {
 			return err
 		}
 	}

@@ -606,3 +606,33 @@ func TestFreeWaitsForTheStream(t *testing.T) {
 	require.NoError(t, l.check())
 	require.NoError(t, l.shutdown())
 }
+
+// TestFreeOnAnUnusedDeviceMakesNothing: a free that names a device with
+// no allocation yet is refused, and the device stays unused: no backend is
+// made for it, so the stats do not list it.
+func TestFreeOnAnUnusedDeviceMakesNothing(t *testing.T) {
+	l := newLibrary(testEnv(envDevices, "2"))
+	p, err := l.alloc(0, 4096, 0)
+	require.NoError(t, err)
+	stats := func() statsJSON {
+		js, err := l.statsJSON()
+		require.NoError(t, err)
+		var s statsJSON
+		require.NoError(t, json.Unmarshal(js, &s))
+		return s
+	}
+	before := stats()
+	for _, size := range []uint64{0, 4096} {
+		err := l.free(p, size, 1)
+		require.ErrorIs(t, err, driver.ErrNotAllocated)
+		require.Equal(t, codeInvalid, codeOf(err))
+		require.ErrorContains(t, err, "libvmarena: ")
+	}
+	after := stats()
+	require.Equal(t, uint64(2), after.FreeErrors-before.FreeErrors)
+	after.FreeErrors = before.FreeErrors
+	require.Equal(t, before, after, "the bad frees changed nothing")
+	require.Nil(t, l.devs[1], "a free made device 1's backend")
+	require.NoError(t, l.free(p, 4096, 0))
+	require.NoError(t, l.shutdown())
+}
