@@ -390,3 +390,14 @@ func BenchmarkCAllocFree(b *testing.B) {
 	b.ReportMetric(goNs, "go-ns/op")
 	b.ReportMetric(cNs/goNs, "c/go")
 }
+
+// TestCHostileCalls runs testdata/hostile.c: bad calls from C, each
+// refused with its code and message, the process alive.
+func TestCHostileCalls(t *testing.T) {
+	bin := compileProgram(t, "hostile")
+	for _, c := range []string{"tags"} {
+		t.Run(c, func(t *testing.T) {
+			runChecked(t, hostEnv, bin, c)
+		})
+	}
+}

@@ -4,6 +4,7 @@ package main
 
 /*
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 
 // cudaStream_t is PyTorch's stream type in the allocator's ABI: on the
@@ -18,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/errors"
 )
 
 // lib is the library's state: one per process, as the C API has no handle.
@@ -53,9 +55,9 @@ func vmarena_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream C.cuda
 //export vmarena_set_tag
 func vmarena_set_tag(tag *C.char) C.int {
 	return status(call("set tag", func() error {
-		name := ""
-		if tag != nil {
-			name = C.GoString(tag)
+		name, err := goTag(tag)
+		if err != nil {
+			return err
 		}
 		id, err := lib.tagID(name)
 		if err == nil {
@@ -67,12 +69,24 @@ func vmarena_set_tag(tag *C.char) C.int {
 
 //export vmarena_sleep
 func vmarena_sleep(tag *C.char, mode C.int) C.int {
-	return status(call("sleep", func() error { return lib.sleep(goTag(tag), int(mode)) }))
+	return status(call("sleep", func() error {
+		name, err := goTag(tag)
+		if err != nil {
+			return err
+		}
+		return lib.sleep(name, int(mode))
+	}))
 }
 
 //export vmarena_wake
 func vmarena_wake(tag *C.char) C.int {
-	return status(call("wake", func() error { return lib.wake(goTag(tag)) }))
+	return status(call("wake", func() error {
+		name, err := goTag(tag)
+		if err != nil {
+			return err
+		}
+		return lib.wake(name)
+	}))
 }
 
 //export vmarena_last_error
@@ -100,10 +114,16 @@ func vmarena_shutdown() C.int {
 	return status(call("shutdown", lib.shutdown))
 }
 
-// goTag is a C tag as Go has it: NULL is "", every tag.
-func goTag(tag *C.char) string {
+// goTag is a C tag as Go has it: NULL is "". It reads at most
+// maxTagLen+1 bytes, so that a string with no NUL in reach is refused as
+// too long instead of read past its end.
+func goTag(tag *C.char) (string, error) {
 	if tag == nil {
-		return ""
+		return "", nil
 	}
-	return C.GoString(tag)
+	n := C.strnlen(tag, maxTagLen+1)
+	if n > maxTagLen {
+		return "", errors.Wrapf(driver.ErrInvalid, "libvmarena: a tag of more than %d bytes (no NUL in its first %d)", maxTagLen, maxTagLen+1)
+	}
+	return C.GoStringN(tag, C.int(n)), nil
 }

@@ -122,7 +122,9 @@ extern void vmarena_free(void* ptr, size_t size, int device, cudaStream_t stream
  * vmarena_set_tag makes tag the tag of the calling thread's allocations
  * that follow; NULL or "" is the default tag, "default". A tag is printable
  * ASCII of at most 128 bytes; a process may name 1,024 distinct tags. On
- * error the thread's tag does not change.
+ * error the thread's tag does not change. Every function that takes a tag
+ * reads at most 129 bytes of it: one with no NUL among them is
+ * VMARENA_ERR_INVALID.
  */
 extern int vmarena_set_tag(const char* tag);
 

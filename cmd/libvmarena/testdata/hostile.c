@@ -1,0 +1,63 @@
+/*
+ * hostile.c calls libvmarena as a careless or hostile C caller would, and
+ * checks that each bad call is refused with its code and a message, the
+ * process alive:
+ *
+ *   hostile tags   tags without a terminator in reach: a string of
+ *                  non-NUL bytes that ends at an unmapped page, passed to
+ *                  vmarena_set_tag, vmarena_sleep and vmarena_wake.
+ *
+ * It prints "ok" and exits 0 when every check holds; else a FAIL line (or
+ * the signal that killed it).
+ */
+#define _GNU_SOURCE
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "check.h"
+
+/* unterminated is n bytes of 'a' that end where an unmapped page begins. */
+static const char *unterminated(size_t n) {
+	long page = sysconf(_SC_PAGESIZE);
+	char *m = mmap(NULL, 2 * (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(m != MAP_FAILED, "mmap");
+	CHECK(mprotect(m + page, (size_t)page, PROT_NONE) == 0, "mprotect");
+	CHECK(n <= (size_t)page, "n %zu", n);
+	memset(m + page - n, 'a', n);
+	return m + page - n;
+}
+
+static int tags(void) {
+	CHECK(vmarena_set_tag("kv") == VMARENA_OK, "set_tag kv");
+	void *p = vmarena_alloc(4096, 0, NULL);
+	CHECK(p != NULL, "alloc");
+	/* 129 bytes: one more than a tag may have, and no NUL before the
+	 * unmapped page. */
+	for (size_t n = 129; n <= 4096; n *= 2) {
+		const char *bad = unterminated(n);
+		CHECK(vmarena_set_tag(bad) == VMARENA_ERR_INVALID, "set_tag of %zu unterminated bytes", n);
+		CHECK(strstr(vmarena_last_error(), "tag") != NULL, "set_tag's message: %s", vmarena_last_error());
+		CHECK(vmarena_sleep(bad, VMARENA_SLEEP_DISCARD) == VMARENA_ERR_INVALID, "sleep of %zu unterminated bytes", n);
+		CHECK(vmarena_wake(bad) == VMARENA_ERR_INVALID, "wake of %zu unterminated bytes", n);
+	}
+	/* The thread's tag did not change: the allocation is kv's. */
+	void *q = vmarena_alloc(4096, 0, NULL);
+	CHECK(q != NULL, "alloc");
+	char *js = vmarena_stats_json();
+	CHECK(js != NULL, "stats_json");
+	CHECK(strstr(js, "\"tag\":\"kv\",\"live\":2,") != NULL, "both allocations are kv's: %s", js);
+	vmarena_free_string(js);
+	vmarena_free(p, 4096, 0, NULL);
+	vmarena_free(q, 4096, 0, NULL);
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown");
+	return 0;
+}
+
+int main(int argc, char **argv) {
+	CHECK(argc == 2, "usage: hostile tags");
+	int rc = 1;
+	if (strcmp(argv[1], "tags") == 0) rc = tags();
+	else CHECK(0, "no such case %s", argv[1]);
+	if (rc == 0) printf("ok\n");
+	return rc;
+}
