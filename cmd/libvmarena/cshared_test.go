@@ -395,7 +395,7 @@ func BenchmarkCAllocFree(b *testing.B) {
 // refused with its code and message, the process alive.
 func TestCHostileCalls(t *testing.T) {
 	bin := compileProgram(t, "hostile")
-	for _, c := range []string{"tags"} {
+	for _, c := range []string{"tags", "strings"} {
 		t.Run(c, func(t *testing.T) {
 			runChecked(t, hostEnv, bin, c)
 		})

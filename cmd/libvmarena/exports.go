@@ -16,6 +16,7 @@ import "C"
 
 import (
 	"os"
+	"sync"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/driver"
@@ -103,11 +104,37 @@ func vmarena_stats_json() *C.char {
 		setThreadError(err)
 		return nil
 	}
-	return C.CString(string(js))
+	s := C.CString(string(js))
+	cstrings.mu.Lock()
+	cstrings.live[uintptr(unsafe.Pointer(s))] = struct{}{}
+	cstrings.mu.Unlock()
+	return s
 }
 
+// cstrings are the strings vmarena_stats_json returned that
+// vmarena_free_string has not freed yet, by address: C's free is given
+// only those, as it aborts the process (or corrupts its heap) on a
+// pointer freed already or one malloc did not return.
+var cstrings = struct {
+	mu   sync.Mutex // guards live
+	live map[uintptr]struct{}
+}{live: map[uintptr]struct{}{}}
+
 //export vmarena_free_string
-func vmarena_free_string(s *C.char) { C.free(unsafe.Pointer(s)) }
+func vmarena_free_string(s *C.char) {
+	if s == nil {
+		return
+	}
+	cstrings.mu.Lock()
+	_, ok := cstrings.live[uintptr(unsafe.Pointer(s))]
+	delete(cstrings.live, uintptr(unsafe.Pointer(s)))
+	cstrings.mu.Unlock()
+	if !ok {
+		setThreadError(errors.Wrapf(driver.ErrInvalid, "libvmarena: free_string %#x: not a string vmarena_stats_json returned (freed twice?)", uintptr(unsafe.Pointer(s))))
+		return
+	}
+	C.free(unsafe.Pointer(s))
+}
 
 //export vmarena_shutdown
 func vmarena_shutdown() C.int {

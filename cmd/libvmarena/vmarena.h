@@ -175,7 +175,12 @@ extern const char* vmarena_last_error(void);
  */
 extern char* vmarena_stats_json(void);
 
-/* vmarena_free_string frees a string vmarena_stats_json returned. */
+/*
+ * vmarena_free_string frees a string vmarena_stats_json returned. NULL is
+ * nothing to free; any other pointer (a string freed already, one the
+ * library did not return, a pointer inside one) frees nothing, and the
+ * message goes to vmarena_last_error.
+ */
 extern void vmarena_free_string(char* s);
 
 /*

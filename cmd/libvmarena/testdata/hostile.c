@@ -6,6 +6,8 @@
  *   hostile tags   tags without a terminator in reach: a string of
  *                  non-NUL bytes that ends at an unmapped page, passed to
  *                  vmarena_set_tag, vmarena_sleep and vmarena_wake.
+ *   hostile strings vmarena_free_string of a string freed already, of one
+ *                  the library never returned and of an interior pointer.
  *
  * It prints "ok" and exits 0 when every check holds; else a FAIL line (or
  * the signal that killed it).
@@ -53,10 +55,33 @@ static int tags(void) {
 	return 0;
 }
 
+static int strings(void) {
+	vmarena_free_string(NULL); /* nothing */
+	char *js = vmarena_stats_json();
+	CHECK(js != NULL, "stats_json");
+	char *other = vmarena_stats_json();
+	CHECK(other != NULL, "stats_json");
+	vmarena_free_string(js);
+	vmarena_free_string(js); /* freed already */
+	CHECK(strstr(vmarena_last_error(), "free_string") != NULL, "a second free_string: %s", vmarena_last_error());
+	char mine[] = "{}";
+	vmarena_free_string(mine); /* not the library's */
+	vmarena_free_string(other + 1); /* inside one of its strings */
+	char *heap = malloc(16); /* the C heap's, not the library's */
+	CHECK(heap != NULL, "malloc");
+	vmarena_free_string(heap);
+	free(heap);
+	/* The string still live is whole and frees once. */
+	CHECK(other[0] == '{', "the live string: %s", other);
+	vmarena_free_string(other);
+	return 0;
+}
+
 int main(int argc, char **argv) {
-	CHECK(argc == 2, "usage: hostile tags");
+	CHECK(argc == 2, "usage: hostile tags|strings");
 	int rc = 1;
 	if (strcmp(argv[1], "tags") == 0) rc = tags();
+	else if (strcmp(argv[1], "strings") == 0) rc = strings();
 	else CHECK(0, "no such case %s", argv[1]);
 	if (rc == 0) printf("ok\n");
 	return rc;
