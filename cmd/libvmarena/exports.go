@@ -141,7 +141,8 @@ func vmarena_shutdown() C.int {
 	return status(call("shutdown", lib.shutdown))
 }
 
-// goTag is a C tag as Go has it: NULL is "". It reads at most
+// goTag is a C tag as Go has it: NULL is "" (every tag, to sleep and
+// wake), and "" is defaultTag, as vmarena_set_tag has it. It reads at most
 // maxTagLen+1 bytes, so that a string with no NUL in reach is refused as
 // too long instead of read past its end.
 func goTag(tag *C.char) (string, error) {
@@ -151,6 +152,9 @@ func goTag(tag *C.char) (string, error) {
 	n := C.strnlen(tag, maxTagLen+1)
 	if n > maxTagLen {
 		return "", errors.Wrapf(driver.ErrInvalid, "libvmarena: a tag of more than %d bytes (no NUL in its first %d)", maxTagLen, maxTagLen+1)
+	}
+	if n == 0 {
+		return defaultTag, nil
 	}
 	return C.GoStringN(tag, C.int(n)), nil
 }

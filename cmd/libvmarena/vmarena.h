@@ -130,7 +130,7 @@ extern int vmarena_set_tag(const char* tag);
 
 /*
  * vmarena_sleep gives back the memory of the allocations under tag (NULL:
- * every tag) on every device, keeping their addresses, after the work that
+ * every tag; "" is the default tag, as for vmarena_set_tag) on every device, keeping their addresses, after the work that
  * used them; mode is a VMARENA_SLEEP_ value. It does not know the streams
  * the allocations were made on: sleep synchronizes each device whole first (cuda: cuCtxSynchronize in the device's primary
  * context, PyTorch's; acl: aclrtSynchronizeDevice; host: the driver's own
@@ -145,8 +145,9 @@ extern int vmarena_set_tag(const char* tag);
 extern int vmarena_sleep(const char* tag, int mode);
 
 /*
- * vmarena_wake takes the memory of tag (NULL: every tag) back at the same
- * addresses with the same access, and restores the contents its sleep kept.
+ * vmarena_wake takes the memory of tag (NULL: every tag; "": the default
+ * tag) back at the same addresses with the same access, and restores the
+ * contents its sleep kept.
  * Waking an awake tag does nothing; a wake that fails leaves the tag
  * asleep, its backup whole.
  */

@@ -8,6 +8,8 @@
  *                  vmarena_set_tag, vmarena_sleep and vmarena_wake.
  *   hostile strings vmarena_free_string of a string freed already, of one
  *                  the library never returned and of an interior pointer.
+ *   hostile empty  vmarena_sleep and vmarena_wake of "": the default tag,
+ *                  as vmarena_set_tag has it, not every tag as NULL is.
  *
  * It prints "ok" and exits 0 when every check holds; else a FAIL line (or
  * the signal that killed it).
@@ -77,11 +79,47 @@ static int strings(void) {
 	return 0;
 }
 
+/* asleep says whether tag sleeps, from the stats. */
+static int asleep(const char *tag) {
+	char *js = vmarena_stats_json(), want[200];
+	CHECK(js != NULL, "stats_json");
+	snprintf(want, sizeof want, "\"tag\":\"%s\",", tag);
+	const char *at = strstr(js, want);
+	CHECK(at != NULL, "no tag %s in %s", tag, js);
+	at = strstr(at, "\"asleep\":");
+	CHECK(at != NULL, "no asleep in %s", js);
+	int yes = strncmp(at + strlen("\"asleep\":"), "true", 4) == 0;
+	vmarena_free_string(js);
+	return yes;
+}
+
+static int empty(void) {
+	void *d = vmarena_alloc(4096, 0, NULL);
+	CHECK(d != NULL, "alloc under the default tag");
+	CHECK(vmarena_set_tag("kv") == VMARENA_OK, "set_tag kv");
+	void *k = vmarena_alloc(4096, 0, NULL);
+	CHECK(k != NULL, "alloc under kv");
+	CHECK(vmarena_sleep("", VMARENA_SLEEP_DISCARD) == VMARENA_OK, "sleep \"\"");
+	CHECK(asleep("default"), "sleep \"\" sleeps the default tag");
+	CHECK(!asleep("kv"), "sleep \"\" sleeps kv: it is not NULL, every tag");
+	CHECK(vmarena_sleep("kv", VMARENA_SLEEP_DISCARD) == VMARENA_OK, "sleep kv");
+	CHECK(vmarena_wake("") == VMARENA_OK, "wake \"\"");
+	CHECK(!asleep("default"), "wake \"\" wakes the default tag");
+	CHECK(asleep("kv"), "wake \"\" wakes kv: it is not NULL, every tag");
+	CHECK(vmarena_wake(NULL) == VMARENA_OK, "wake NULL");
+	CHECK(!asleep("kv"), "wake NULL wakes kv");
+	vmarena_free(d, 4096, 0, NULL);
+	vmarena_free(k, 4096, 0, NULL);
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown");
+	return 0;
+}
+
 int main(int argc, char **argv) {
-	CHECK(argc == 2, "usage: hostile tags|strings");
+	CHECK(argc == 2, "usage: hostile tags|strings|empty");
 	int rc = 1;
 	if (strcmp(argv[1], "tags") == 0) rc = tags();
 	else if (strcmp(argv[1], "strings") == 0) rc = strings();
+	else if (strcmp(argv[1], "empty") == 0) rc = empty();
 	else CHECK(0, "no such case %s", argv[1]);
 	if (rc == 0) printf("ok\n");
 	return rc;
