@@ -394,10 +394,15 @@ func BenchmarkCAllocFree(b *testing.B) {
 // TestCHostileCalls runs testdata/hostile.c: bad calls from C, each
 // refused with its code and message, the process alive.
 func TestCHostileCalls(t *testing.T) {
-	bin := compileProgram(t, "hostile")
-	for _, c := range []string{"tags", "strings", "empty"} {
+	bin := compileProgram(t, "hostile", "-pthread")
+	for _, c := range []string{"tags", "strings", "empty", "race"} {
 		t.Run(c, func(t *testing.T) {
 			runChecked(t, hostEnv, bin, c)
 		})
 	}
+	// On cuda a free waits for its stream without the library's lock:
+	// the race again, over the stand-in.
+	t.Run("race/cuda", func(t *testing.T) {
+		runChecked(t, standinEnv(t, "cuda"), bin, "race")
+	})
 }

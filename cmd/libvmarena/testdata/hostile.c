@@ -10,11 +10,18 @@
  *                  the library never returned and of an interior pointer.
  *   hostile empty  vmarena_sleep and vmarena_wake of "": the default tag,
  *                  as vmarena_set_tag has it, not every tag as NULL is.
+ *   hostile race   threads allocate and free while another shuts the
+ *                  library down over and over, and pairs of threads free
+ *                  the same pointer at once: every allocation is freed
+ *                  once, the other free of each pair is refused, and the
+ *                  library shuts down at the end.
  *
  * It prints "ok" and exits 0 when every check holds; else a FAIL line (or
  * the signal that killed it).
  */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -114,12 +121,68 @@ static int empty(void) {
 	return 0;
 }
 
+enum { race_threads = 4, race_rounds = 300 };
+static atomic_int racing;
+static void *volatile race_slot[race_threads / 2];
+static pthread_barrier_t race_barrier;
+
+/* churn allocates and frees; threads 2i and 2i+1 then free one pointer
+ * at once, each round. */
+static void *churn(void *arg) {
+	long i = (long)arg;
+	for (int r = 0; r < race_rounds; r++) {
+		void *p = vmarena_alloc(4096 * (1 + (r % 3)), 0, NULL);
+		CHECK(p != NULL, "thread %ld: alloc, round %d", i, r);
+		vmarena_free(p, 4096 * (1 + (r % 3)), 0, NULL);
+		if (i % 2 == 0) {
+			void *q = vmarena_alloc(8192, 0, NULL);
+			CHECK(q != NULL, "thread %ld: alloc, round %d", i, r);
+			race_slot[i / 2] = q;
+		}
+		pthread_barrier_wait(&race_barrier);
+		vmarena_free(race_slot[i / 2], 8192, 0, NULL);
+		pthread_barrier_wait(&race_barrier);
+	}
+	return NULL;
+}
+
+static void *shutter(void *arg) {
+	(void)arg;
+	while (atomic_load(&racing)) {
+		int rc = vmarena_shutdown();
+		CHECK(rc == VMARENA_OK || rc == VMARENA_ERR_BUSY, "shutdown: %d", rc);
+		char *js = vmarena_stats_json();
+		CHECK(js != NULL, "stats_json");
+		vmarena_free_string(js);
+	}
+	return NULL;
+}
+
+static int race(void) {
+	pthread_t th[race_threads], sh;
+	pthread_barrier_init(&race_barrier, NULL, race_threads);
+	atomic_store(&racing, 1);
+	CHECK(pthread_create(&sh, NULL, shutter, NULL) == 0, "pthread_create");
+	for (long i = 0; i < race_threads; i++) CHECK(pthread_create(&th[i], NULL, churn, (void *)i) == 0, "pthread_create");
+	for (int i = 0; i < race_threads; i++) pthread_join(th[i], NULL);
+	atomic_store(&racing, 0);
+	pthread_join(sh, NULL);
+	char *js = vmarena_stats_json();
+	CHECK(js != NULL, "stats_json");
+	for (const char *at = strstr(js, "\"live\":"); at != NULL; at = strstr(at + 1, "\"live\":"))
+		CHECK(strncmp(at, "\"live\":0,", 9) == 0, "something is live: %s", js);
+	vmarena_free_string(js);
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown at the end");
+	return 0;
+}
+
 int main(int argc, char **argv) {
-	CHECK(argc == 2, "usage: hostile tags|strings|empty");
+	CHECK(argc == 2, "usage: hostile tags|strings|empty|race");
 	int rc = 1;
 	if (strcmp(argv[1], "tags") == 0) rc = tags();
 	else if (strcmp(argv[1], "strings") == 0) rc = strings();
 	else if (strcmp(argv[1], "empty") == 0) rc = empty();
+	else if (strcmp(argv[1], "race") == 0) rc = race();
 	else CHECK(0, "no such case %s", argv[1]);
 	if (rc == 0) printf("ok\n");
 	return rc;
