@@ -111,6 +111,9 @@ func (l *library) openLocked() error {
 		d, err = acl.Open(acl.Options{Devices: cfg.Devices, Capacity: cfg.Capacity})
 	}
 	if err != nil {
+		if cfg.Capacity != 0 {
+			return errors.Wrapf(err, "libvmarena: open the %s driver (%s=%s, %s=%d)", cfg.Driver, envDriver, cfg.Driver, envCapacity, cfg.Capacity)
+		}
 		return errors.Wrapf(err, "libvmarena: open the %s driver (%s=%s)", cfg.Driver, envDriver, cfg.Driver)
 	}
 	n := len(d.Devices())
@@ -142,6 +145,9 @@ func (l *library) deviceLocked(ordinal int) (backend, error) {
 	if l.devs[i] == nil {
 		b, err := newBackend(l.d, backendOptions{Device: driver.DeviceID(i), TagMax: l.cfg.TagMax, BackupDir: l.cfg.BackupDir, HostCache: l.cfg.HostCache})
 		if err != nil {
+			if l.cfg.TagMax != 0 {
+				return nil, errors.Wrapf(err, "libvmarena: device %d (%s=%d)", ordinal, envTagMax, l.cfg.TagMax)
+			}
 			return nil, errors.Wrapf(err, "libvmarena: device %d", ordinal)
 		}
 		l.devs[i] = b

@@ -636,3 +636,22 @@ func TestFreeOnAnUnusedDeviceMakesNothing(t *testing.T) {
 	require.NoError(t, l.free(p, 4096, 0))
 	require.NoError(t, l.shutdown())
 }
+
+// TestSizesTheDriverRefusesNameTheVariable: a capacity or tag maximum
+// that parses but that the driver or the backend refuses (not a multiple
+// of the granularity) fails the call with codeInvalid, naming the
+// variable, as vmarena.h says of every bad value.
+func TestSizesTheDriverRefusesNameTheVariable(t *testing.T) {
+	for _, tc := range []struct{ name, value string }{
+		{envCapacity, "3MiB"},
+		{envCapacity, "1"},
+		{envTagMax, "4095"},
+	} {
+		l := newLibrary(testEnv(tc.name, tc.value))
+		_, err := l.alloc(0, 4096, 0)
+		require.Error(t, err, "%s=%s", tc.name, tc.value)
+		require.Equal(t, codeInvalid, codeOf(err), "%v", err)
+		require.ErrorContains(t, err, tc.name, "%s=%s", tc.name, tc.value)
+		require.NoError(t, l.shutdown())
+	}
+}
