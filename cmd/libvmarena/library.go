@@ -208,13 +208,28 @@ func (l *library) alloc(tag int32, size int64, ordinal int) (driver.Addr, error)
 	if tag < 0 || int(tag) >= len(l.tags) {
 		return 0, errors.AssertionFailedf("libvmarena: the thread's tag number %d is not registered", tag)
 	}
+	// fresh: the device has no backend yet, and this call makes it.
+	fresh := l.d == nil
+	if i := slices.Index(l.ordinals, ordinal); i >= 0 && l.devs[i] == nil {
+		fresh = true
+	}
 	b, err := l.deviceLocked(ordinal)
 	if err != nil {
 		return 0, err
 	}
 	a, err := b.Alloc(l.tags[tag], uint64(size))
 	if err != nil {
-		return 0, errors.Wrapf(err, "libvmarena: alloc of %d bytes on device %d under tag %q", size, ordinal, l.tags[tag])
+		err = errors.Wrapf(err, "libvmarena: alloc of %d bytes on device %d under tag %q", size, ordinal, l.tags[tag])
+		if fresh {
+			// The backend is this call's: a refused allocation leaves the
+			// device as it found it, without one (and the tag the
+			// backend made for it).
+			if e := b.Close(); e != nil {
+				return 0, errors.CombineErrors(err, errors.Wrapf(e, "libvmarena: device %d: close the backend made for the refused alloc", ordinal))
+			}
+			l.devs[slices.Index(l.ordinals, ordinal)] = nil
+		}
+		return 0, err
 	}
 	return a, nil
 }

@@ -655,3 +655,26 @@ func TestSizesTheDriverRefusesNameTheVariable(t *testing.T) {
 		require.NoError(t, l.shutdown())
 	}
 }
+
+// TestFailedFirstAllocMakesNothing: an allocation refused on a device that
+// had none leaves the device unused, as a bad call leaves everything: its
+// backend is closed again, so the stats do not list the device or the tag,
+// and sleeping the tag is still no such tag.
+func TestFailedFirstAllocMakesNothing(t *testing.T) {
+	l := newLibrary(testEnv(envDevices, "2"))
+	p, err := l.alloc(0, 4096, 0)
+	require.NoError(t, err)
+	id, err := l.tagID("kv")
+	require.NoError(t, err)
+	before, err := l.statsJSON()
+	require.NoError(t, err)
+	_, err = l.alloc(id, 17*int64(units.MiB), 1) // beyond the tag's max
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	after, err := l.statsJSON()
+	require.NoError(t, err)
+	require.JSONEq(t, string(before), string(after))
+	require.Nil(t, l.devs[1])
+	require.ErrorIs(t, l.sleep("kv", 0), driver.ErrInvalid)
+	require.NoError(t, l.free(p, 4096, 0))
+	require.NoError(t, l.shutdown())
+}
