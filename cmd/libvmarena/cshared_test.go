@@ -395,7 +395,7 @@ func BenchmarkCAllocFree(b *testing.B) {
 // refused with its code and message, the process alive.
 func TestCHostileCalls(t *testing.T) {
 	bin := compileProgram(t, "hostile", "-pthread")
-	for _, c := range []string{"tags", "strings", "empty", "race"} {
+	for _, c := range []string{"tags", "strings", "empty", "calls", "race"} {
 		t.Run(c, func(t *testing.T) {
 			runChecked(t, hostEnv, bin, c)
 		})

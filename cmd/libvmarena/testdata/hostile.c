@@ -10,6 +10,11 @@
  *                  the library never returned and of an interior pointer.
  *   hostile empty  vmarena_sleep and vmarena_wake of "": the default tag,
  *                  as vmarena_set_tag has it, not every tag as NULL is.
+ *   hostile calls  calls before the first allocation and after shutdown,
+ *                  shutdown twice, sizes at the ends of their types,
+ *                  negative and huge devices and modes, frees of
+ *                  pointers the library never returned: each refused (or
+ *                  nothing to do), nothing live after.
  *   hostile race   threads allocate and free while another shuts the
  *                  library down over and over, and pairs of threads free
  *                  the same pointer at once: every allocation is freed
@@ -22,6 +27,8 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
+#include <limits.h>
+#include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -121,6 +128,61 @@ static int empty(void) {
 	return 0;
 }
 
+static int calls(void) {
+	/* Before anything is open. */
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown before init");
+	CHECK(vmarena_sleep(NULL, VMARENA_SLEEP_HOST) == VMARENA_OK, "sleep NULL before init");
+	CHECK(vmarena_wake(NULL) == VMARENA_OK, "wake NULL before init");
+	CHECK(vmarena_sleep("default", VMARENA_SLEEP_HOST) == VMARENA_ERR_INVALID, "sleep default before init");
+	int local;
+	vmarena_free(&local, 0, 0, NULL);
+	CHECK(strstr(vmarena_last_error(), "nothing is allocated") != NULL, "free before init: %s", vmarena_last_error());
+	char *js = vmarena_stats_json();
+	CHECK(js != NULL && strstr(js, "\"open\":false") != NULL, "stats before init: %s", js ? js : "NULL");
+	vmarena_free_string(js);
+
+	/* Sizes and devices at the ends of their types. */
+	ssize_t sizes[] = {0, -1, SSIZE_MAX, SSIZE_MAX - 4095, (ssize_t)1 << 62, -SSIZE_MAX - 1};
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+		CHECK(vmarena_alloc(sizes[i], 0, NULL) == NULL, "alloc of %zd", sizes[i]);
+		CHECK(vmarena_last_error()[0] != 0, "alloc of %zd: no message", sizes[i]);
+	}
+	int devices[] = {-1, INT_MIN, INT_MAX, 1, 32};
+	for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
+		CHECK(vmarena_alloc(4096, devices[i], NULL) == NULL, "alloc on device %d", devices[i]);
+	int modes[] = {-1, INT_MIN, INT_MAX, 3};
+	for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+		CHECK(vmarena_sleep(NULL, modes[i]) == VMARENA_ERR_INVALID, "sleep mode %d", modes[i]);
+
+	/* Frees of what the library did not return, or returned otherwise. */
+	void *p = vmarena_alloc(5000, 0, NULL);
+	CHECK(p != NULL, "alloc");
+	vmarena_free(&local, 0, 0, NULL);
+	vmarena_free((char *)p + 4096, 0, 0, NULL);
+	vmarena_free((char *)p - 1, 0, 0, NULL);
+	vmarena_free((void *)UINTPTR_MAX, 0, 0, NULL);
+	vmarena_free(p, SIZE_MAX, 0, NULL);
+	vmarena_free(p, 4096, 0, NULL);
+	vmarena_free(p, 0, -1, NULL);
+	vmarena_free(p, 0, INT_MIN, NULL); /* 8 refused frees here, 9 with the one before init */
+	CHECK(vmarena_shutdown() == VMARENA_ERR_BUSY, "shutdown while p lives");
+	js = vmarena_stats_json();
+	CHECK(js != NULL && strstr(js, "\"free_errors\":9,") != NULL && strstr(js, "\"live\":1,") != NULL, "stats: %s", js ? js : "NULL");
+	vmarena_free_string(js);
+	vmarena_free(p, 5000, 0, NULL);
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown");
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown twice");
+
+	/* After shutdown: p is nobody's, and the library opens again. */
+	vmarena_free(p, 5000, 0, NULL);
+	CHECK(strstr(vmarena_last_error(), "nothing is allocated") != NULL, "free after shutdown: %s", vmarena_last_error());
+	void *q = vmarena_alloc(4096, 0, NULL);
+	CHECK(q != NULL, "alloc after shutdown");
+	vmarena_free(q, 4096, 0, NULL);
+	CHECK(vmarena_shutdown() == VMARENA_OK, "shutdown");
+	return 0;
+}
+
 enum { race_threads = 4, race_rounds = 300 };
 static atomic_int racing;
 static void *volatile race_slot[race_threads / 2];
@@ -177,11 +239,12 @@ static int race(void) {
 }
 
 int main(int argc, char **argv) {
-	CHECK(argc == 2, "usage: hostile tags|strings|empty|race");
+	CHECK(argc == 2, "usage: hostile tags|strings|empty|calls|race");
 	int rc = 1;
 	if (strcmp(argv[1], "tags") == 0) rc = tags();
 	else if (strcmp(argv[1], "strings") == 0) rc = strings();
 	else if (strcmp(argv[1], "empty") == 0) rc = empty();
+	else if (strcmp(argv[1], "calls") == 0) rc = calls();
 	else if (strcmp(argv[1], "race") == 0) rc = race();
 	else CHECK(0, "no such case %s", argv[1]);
 	if (rc == 0) printf("ok\n");
