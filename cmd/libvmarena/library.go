@@ -338,7 +338,15 @@ func (l *library) sleep(tag string, m int) error {
 	if m < 0 || m >= int(modeCount) {
 		return errors.Wrapf(driver.ErrInvalid, "libvmarena: sleep mode %d (0 discard, 1 host, 2 file)", m)
 	}
-	return l.sleepWake("sleep", tag, func(b backend, tags ...string) error { return b.Sleep(mode(m), tags...) })
+	return l.sleepWake("sleep", tag, func(b backend, tags ...string) error {
+		err := b.Sleep(mode(m), tags...)
+		if err != nil && mode(m) == modeFile {
+			// A file sleep is VMARENA_BACKUP_DIR's first use (nothing
+			// checks it before): its error names the variable.
+			return errors.Wrapf(err, "backups under %s=%q", envBackupDir, l.cfg.BackupDir)
+		}
+		return err
+	})
 }
 
 func (l *library) wake(tag string) error {

@@ -678,3 +678,22 @@ func TestFailedFirstAllocMakesNothing(t *testing.T) {
 	require.NoError(t, l.free(p, 4096, 0))
 	require.NoError(t, l.shutdown())
 }
+
+// TestFileSleepNamesTheBackupDir: a file-mode sleep that cannot write
+// under VMARENA_BACKUP_DIR fails naming the variable and its value, and
+// leaves the tag awake.
+func TestFileSleepNamesTheBackupDir(t *testing.T) {
+	l := newLibrary(testEnv(envBackupDir, "/nonexistent/vmarena-backups"))
+	p, err := l.alloc(0, 4096, 0)
+	require.NoError(t, err)
+	err = l.sleep("", int(modeFile))
+	require.Error(t, err)
+	require.ErrorContains(t, err, `VMARENA_BACKUP_DIR="/nonexistent/vmarena-backups"`)
+	js, err := l.statsJSON()
+	require.NoError(t, err)
+	var s statsJSON
+	require.NoError(t, json.Unmarshal(js, &s))
+	require.False(t, s.Devices[0].Tags[0].Asleep)
+	require.NoError(t, l.free(p, 4096, 0))
+	require.NoError(t, l.shutdown())
+}

@@ -58,7 +58,9 @@
  *   VMARENA_TAG_MAX      the most one tag may hold per device (default: the
  *                        capacity).
  *   VMARENA_BACKUP_DIR   where VMARENA_SLEEP_FILE writes its backups
- *                        (default: $TMPDIR, else /tmp).
+ *                        (default: $TMPDIR, else /tmp). It is first used
+ *                        by such a sleep: one that cannot write there
+ *                        fails naming the variable, the tag awake.
  *   VMARENA_HOST_CACHE   how much pinned host memory each device may keep
  *                        after a VMARENA_SLEEP_HOST wake for the next
  *                        sleep of the same sizes (default 0: every backup
