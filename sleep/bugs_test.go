@@ -367,3 +367,42 @@ func TestFileBackupErrorsAreMarked(t *testing.T) {
 		closeAll(t, m)
 	}
 }
+
+// TestRefusedFirstAllocMakesNoTag: a tag whose first allocation is
+// refused is not made — Stats does not list it and Sleep answers that
+// there is no such tag — while a refused allocation in a tag that exists
+// keeps it; the device holds what it held before.
+func TestRefusedFirstAllocMakesNoTag(t *testing.T) {
+	d := openHost(t, 8*mib)
+	m, err := New(d, Options{TagMax: 4 * mib, ChunkSize: testCS})
+	require.NoError(t, err)
+	p, err := m.Alloc("kv", 2*mib)
+	require.NoError(t, err)
+	tags := func() (names []string) {
+		for _, st := range m.Stats() {
+			names = append(names, st.Tag)
+		}
+		return names
+	}
+	before, used := tags(), d.Used(0)
+
+	_, err = m.Alloc("weights", 8*mib)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `tag "weights"`)
+	require.Equal(t, before, tags())
+	// Out of memory, Alloc trims what other tags keep free: the device
+	// holds no more than before.
+	require.LessOrEqual(t, d.Used(0), used)
+	err = m.Sleep(Discard, "weights")
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.Contains(t, err.Error(), `no tag "weights"`)
+
+	_, err = m.Alloc("kv", 8*mib)
+	require.Error(t, err)
+	require.Equal(t, before, tags(), "a tag that exists stays")
+	q, err := m.Alloc("weights", 2*mib)
+	require.NoError(t, err, "the name is free for a first allocation that fits")
+	require.NoError(t, m.Free(q))
+	require.NoError(t, m.Free(p))
+	require.NoError(t, m.Close())
+}

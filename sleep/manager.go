@@ -189,8 +189,20 @@ func (m *Manager) tagLocked(name string) (*tag, error) {
 	return t, nil
 }
 
+// dropTagLocked closes t, a tag that holds nothing and no lease, and
+// forgets it; a tag whose allocator will not close is kept, and the
+// error says why.
+func (m *Manager) dropTagLocked(t *tag) error {
+	if err := t.al.Close(); err != nil {
+		return errors.Wrapf(err, "sleep: drop tag %q made for the refused alloc", t.name)
+	}
+	delete(m.tags, t.name)
+	return errors.Wrapf(t.drv.Close(), "sleep: drop tag %q made for the refused alloc", t.name)
+}
+
 // Alloc returns size fresh bytes under tag ("" is the default tag). A
-// tag that sleeps refuses (ErrBusy naming it): wake it first. In a tag a
+// tag exists from its first allocation that succeeds: one whose first
+// allocation is refused is not made. A tag that sleeps refuses (ErrBusy naming it): wake it first. In a tag a
 // Sleep or Wake is busy with, Alloc waits for it to return first.
 func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 	if err := m.begin("Alloc"); err != nil {
@@ -210,6 +222,7 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 			errors.Wrapf(driver.ErrBusy, "sleep: alloc %s in tag %q: the tag is asleep", units.Bytes(size), tag),
 			"wake the tag before allocating in it")
 	}
+	fresh := m.tags[tag] == nil
 	t, err := m.tagLocked(tag)
 	if err != nil {
 		return 0, err
@@ -221,7 +234,13 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 		p, err = t.al.Alloc(size, 0)
 	}
 	if err != nil {
-		return 0, errors.Wrapf(err, "sleep: alloc in tag %q", tag)
+		err = errors.Wrapf(err, "sleep: alloc in tag %q", tag)
+		if fresh {
+			// The tag is this call's, and holds nothing: a refused first
+			// allocation leaves no tag behind, as if never asked.
+			err = errors.CombineErrors(err, m.dropTagLocked(t))
+		}
+		return 0, err
 	}
 	t.live[p] = size
 	m.owner[p] = t
