@@ -174,6 +174,11 @@ func (d *Decode) take(ctx context.Context, src Source, h Handoff) (taken, error)
 		if len(ts) != len(unit) {
 			return res, errors.Wrapf(driver.ErrInvalid, "disagg: unit %d has %d extents here, %d at the prefill side", u, len(ts), len(unit))
 		}
+		for j, t := range ts {
+			if n := tensorBytes(t); unit[j].Len != n {
+				return res, errors.Wrapf(driver.ErrInvalid, "disagg: extent %d of unit %d has %d bytes here, the prefill side's ref says %d", j, u, n, unit[j].Len)
+			}
+		}
 		dst = append(dst, ts...)
 		flat = append(flat, unit...)
 	}

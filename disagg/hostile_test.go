@@ -1,0 +1,87 @@
+package disagg
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/transfer"
+)
+
+// hostileSource is a prefill side that bends its answers: units passes
+// every answer of the real source through bend before the decode side
+// sees it.
+type hostileSource struct {
+	Source
+	bend func(refs [][]Ref) [][]Ref
+}
+
+func (h hostileSource) Units(ctx context.Context, id uint64, from, to int) ([][]Ref, error) {
+	refs, err := h.Source.Units(ctx, id, from, to)
+	if err != nil {
+		return nil, err
+	}
+	return h.bend(refs), nil
+}
+
+// engineSides is s with its sides joined by two tcp transfer engines.
+func engineSides(t *testing.T, s *sides) {
+	t.Helper()
+	pe, err := transfer.New(transfer.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pe.Close() })
+	de, err := transfer.New(transfer.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = de.Close() })
+	peer, err := de.Connect(context.Background(), pe.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = peer.Close() })
+	s.prefill, err = NewPrefill(s.pc, s.model, EngineExporter(pe))
+	require.NoError(t, err)
+	s.decode, err = NewDecode(s.dc, s.model, EngineFetcher(de, peer))
+	require.NoError(t, err)
+}
+
+// TestHostileShortRefs: a prefill side whose refs say fewer bytes than
+// the decode side's extents hold (which a transfer engine would move,
+// leaving the rest of each unit as it was) is refused before anything is
+// fetched; the decode cache publishes nothing of the prompt and ends as
+// it was, and a later honest request decodes as one process does.
+func TestHostileShortRefs(t *testing.T) {
+	ctx := context.Background()
+	for _, layout := range []kvcache.Layout{kvcache.PerLayer, kvcache.TokenMajor} {
+		t.Run(layout.String(), func(t *testing.T) {
+			s := newSides(t, layout, 256, 4)
+			engineSides(t, s)
+			for _, delta := range []int64{-1, 1} {
+				prompt := randomTokens(rand.New(rand.NewPCG(7, uint64(delta+2))), 2*unitTokensOf(layout)+3)
+				h, err := s.prefill.Prefill(prompt, 0)
+				require.NoError(t, err)
+				before := s.dc.Stats()
+				src := hostileSource{s.prefill, func(refs [][]Ref) [][]Ref {
+					for _, unit := range refs {
+						for i := range unit {
+							unit[i].Len = uint64(int64(unit[i].Len) + delta)
+						}
+					}
+					return refs
+				}}
+				_, err = s.decode.Decode(ctx, src, h, 3)
+				drivertest.RequireIs(t, err, driver.ErrInvalid, "bytes")
+				require.Zero(t, s.index.cached(prompt), "nothing of the prompt is published")
+				require.Equal(t, before.Running, s.dc.Stats().Running)
+				require.NoError(t, s.dc.Check())
+				require.Zero(t, s.prefill.Stats().Held, "the request was released")
+				prefill := func(p []int) (Handoff, error) { return s.prefill.Prefill(p, 0) }
+				s.decodeAll(t, layout, [][]int{prompt}, prefill, s.prefill, s.decode)
+			}
+			require.NoError(t, s.prefill.Close())
+			require.NoError(t, s.pc.Check())
+		})
+	}
+}
