@@ -46,6 +46,7 @@ type Decode struct {
 	model Model
 	fetch Fetcher
 	tpg   int
+	vocab int // the model's vocabulary, when it tells it; 0 if not
 
 	// mu guards stats.
 	mu    lockrank.Mutex[lockrank.DisaggDecode]
@@ -63,7 +64,11 @@ func NewDecode(cache *kvcache.Cache, model Model, fetch Fetcher) (*Decode, error
 	if fetch == nil {
 		return nil, errors.Wrap(driver.ErrInvalid, "disagg: new decode side: no fetcher")
 	}
-	return &Decode{cache: cache, model: model, fetch: fetch, tpg: tpg}, nil
+	d := &Decode{cache: cache, model: model, fetch: fetch, tpg: tpg}
+	if m, ok := model.(interface{ Config() transformer.Config }); ok {
+		d.vocab = m.Config().Vocab
+	}
+	return d, nil
 }
 
 // Decode takes request h from src and generates n tokens (h.First and n-1
@@ -75,8 +80,10 @@ func NewDecode(cache *kvcache.Cache, model Model, fetch Fetcher) (*Decode, error
 // a later request sharing them fetches less.
 //
 // It refuses a nil context or source, a negative n, and a handoff from a
-// cache of another shape or with a prompt of another number of units
-// (ErrInvalid), before admitting anything. After that src is released
+// cache of another shape, with a prompt of another number of units or
+// with a token (the first, or one of the prompt) outside the model's
+// vocabulary when the model tells it (ErrInvalid), before admitting
+// anything. After that src is released
 // whatever happens, and on failure the decode cache ends as it was but
 // for its prefix store (what it publishes only once the prompt is
 // written).
@@ -99,6 +106,9 @@ func (d *Decode) Decode(ctx context.Context, src Source, h Handoff, n int) (Resu
 		return Result{}, errors.Wrapf(driver.ErrInvalid, "%s: the handoff says %d units, the decode cache puts the prompt in %d",
 			what(), h.Units, d.cache.UnitsFor(len(h.Prompt)))
 	}
+	if err := d.checkTokens(h); err != nil {
+		return Result{}, errors.Wrapf(err, "%s", what())
+	}
 	res, err := d.take(ctx, src, h)
 	if rerr := src.Release(ctx, h.ID); rerr != nil {
 		err = errors.CombineErrors(err, errors.Wrapf(rerr, "%s", what()))
@@ -119,6 +129,23 @@ func (d *Decode) Decode(ctx context.Context, src Source, h Handoff, n int) (Resu
 	d.stats.Tokens += len(res.Tokens)
 	d.mu.Unlock()
 	return res.Result, nil
+}
+
+// checkTokens refuses a handoff whose first token or a prompt token is
+// outside the model's vocabulary, when the model tells it.
+func (d *Decode) checkTokens(h Handoff) error {
+	if d.vocab <= 0 {
+		return nil
+	}
+	if h.First < 0 || h.First >= d.vocab {
+		return errors.Wrapf(driver.ErrInvalid, "the first token %d is outside the vocabulary 0..%d", h.First, d.vocab-1)
+	}
+	for i, tok := range h.Prompt {
+		if tok < 0 || tok >= d.vocab {
+			return errors.Wrapf(driver.ErrInvalid, "prompt token %d (%d) is outside the vocabulary 0..%d", i, tok, d.vocab-1)
+		}
+	}
+	return nil
 }
 
 // freeSeq frees s if there is one.

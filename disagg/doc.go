@@ -83,7 +83,8 @@
 // Every refusal is marked with a sentinel of the driver package, its
 // message starting "disagg: ": ErrInvalid for a bad argument (a request
 // id the prefill side does not hold, a unit range outside the prompt's,
-// caches of different shapes, refs and tensors of different lengths),
+// caches of different shapes, refs and tensors of different lengths, a
+// handoff's token outside the model's vocabulary),
 // ErrClosed for a closed side or a released extent; the caches' and the
 // transport's errors come back wrapped as they are.
 package disagg

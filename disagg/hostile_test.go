@@ -85,3 +85,41 @@ func TestHostileShortRefs(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileTokens: a handoff whose first token or a prompt token is
+// outside the model's vocabulary is refused before anything is admitted
+// or fetched, whatever the count; the request stays held at the prefill
+// side, for the decode side's caller to release.
+func TestHostileTokens(t *testing.T) {
+	ctx := context.Background()
+	s := newSides(t, kvcache.TokenMajor, 128, 2)
+	prompt := randomTokens(rand.New(rand.NewPCG(8, 8)), 20)
+	h, err := s.prefill.Prefill(prompt, 0)
+	require.NoError(t, err)
+	before := s.dc.Stats()
+	for _, c := range []struct {
+		name string
+		bend func(*Handoff)
+	}{
+		{"first past the vocabulary", func(h *Handoff) { h.First = modelConfig.Vocab }},
+		{"negative first", func(h *Handoff) { h.First = -1 }},
+		{"prompt token past the vocabulary", func(h *Handoff) { h.Prompt[3] = modelConfig.Vocab + 7 }},
+		{"negative prompt token", func(h *Handoff) { h.Prompt[len(h.Prompt)-1] = -2 }},
+	} {
+		for _, n := range []int{1, 3} {
+			bad := h
+			bad.Prompt = append([]int(nil), h.Prompt...)
+			c.bend(&bad)
+			_, err := s.decode.Decode(ctx, s.prefill, bad, n)
+			drivertest.RequireIs(t, err, driver.ErrInvalid, "vocabulary")
+			require.Equal(t, before, s.dc.Stats(), "%s, %d tokens: the decode cache is untouched", c.name, n)
+			require.Zero(t, s.link.Stats().Exports, "%s, %d tokens: nothing was exported", c.name, n)
+			require.Equal(t, 1, s.prefill.Stats().Held, "%s, %d tokens: the request is still held", c.name, n)
+		}
+	}
+	res, err := s.decode.Decode(ctx, s.prefill, h, 3)
+	require.NoError(t, err)
+	want, _ := reference(t, s.model, prompt, 3)
+	require.Equal(t, want, res.Tokens)
+	s.close(t)
+}
