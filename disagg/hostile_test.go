@@ -123,3 +123,42 @@ func TestHostileTokens(t *testing.T) {
 	require.Equal(t, want, res.Tokens)
 	s.close(t)
 }
+
+// TestHostileUnitsFlood: a decode side that asks for the same units over
+// and over (a replay, or a flood) gets the refs it got the first time,
+// and the prefill side exports each extent of a request once, however
+// often it is asked; a range overlapping what was exported exports only
+// the units new to it. Release lets every extent go.
+func TestHostileUnitsFlood(t *testing.T) {
+	ctx := context.Background()
+	s := newSides(t, kvcache.PerLayer, 256, 2)
+	tpu := unitTokensOf(kvcache.PerLayer)
+	h, err := s.prefill.Prefill(randomTokens(rand.New(rand.NewPCG(9, 9)), 3*tpu+1), 0)
+	require.NoError(t, err)
+	require.Equal(t, 4, h.Units)
+	first, err := s.prefill.Units(ctx, h.ID, 1, 3)
+	require.NoError(t, err)
+	perUnit := len(first[0])
+	require.Equal(t, 2*perUnit, s.link.Stats().Exports)
+	for range 100 {
+		again, err := s.prefill.Units(ctx, h.ID, 1, 3)
+		require.NoError(t, err)
+		require.Equal(t, first, again, "the same refs")
+	}
+	require.Equal(t, 2*perUnit, s.link.Stats().Exports, "nothing exported again")
+	all, err := s.prefill.Units(ctx, h.ID, 0, 4)
+	require.NoError(t, err)
+	require.Equal(t, first, all[1:3])
+	require.Equal(t, 4*perUnit, s.link.Stats().Live, "units 0 and 3 exported, once")
+	require.Equal(t, 4*perUnit, s.prefill.Stats().Exported)
+	// The refs handed out are the caller's: bending them changes nothing
+	// of what the prefill side answers next.
+	all[1][0].Len++
+	all[1][0].Desc[0] ^= 0xff
+	again, err := s.prefill.Units(ctx, h.ID, 1, 3)
+	require.NoError(t, err)
+	require.Equal(t, first, again)
+	require.NoError(t, s.prefill.Release(ctx, h.ID))
+	require.Zero(t, s.link.Stats().Live)
+	s.close(t)
+}

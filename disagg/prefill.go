@@ -87,10 +87,12 @@ type Prefill struct {
 }
 
 // held is a prefilled request the decode side has not released: its
-// sequence and the release of every extent exported of it.
+// sequence, the refs of the units exported of it (refs[u], nil for a unit
+// not exported) and the release of every extent exported.
 type held struct {
 	h        Handoff
 	seq      *kvcache.Seq
+	refs     [][]Ref
 	releases []func() error
 }
 
@@ -205,9 +207,11 @@ func (p *Prefill) compute(s *kvcache.Seq, tokens []int, pos int) (_ int, err err
 
 // Units exports units [from, to) of request id (0 <= from <= to <=
 // Handoff.Units) and returns their extents' refs, unit by unit. The
-// extents stay exported until Release. It refuses a request it does not
-// hold, a bad range and a nil context (ErrInvalid) and a closed side
-// (ErrClosed); on failure nothing stays exported by the call.
+// extents stay exported until Release; a unit asked for again is not
+// exported again: its refs are those it got the first time. It refuses a
+// request it does not hold, a bad range and a nil context (ErrInvalid)
+// and a closed side (ErrClosed); on failure nothing stays exported by the
+// call.
 func (p *Prefill) Units(ctx context.Context, id uint64, from, to int) ([][]Ref, error) {
 	what := func() string { return fmt.Sprintf("disagg: units [%d, %d) of request %d", from, to, id) }
 	if err := p.made(what); err != nil {
@@ -225,17 +229,28 @@ func (p *Prefill) Units(ctx context.Context, id uint64, from, to int) ([][]Ref, 
 	if from < 0 || from > to || to > hd.h.Units {
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: the request's prompt fills units 0 to %d", what(), hd.h.Units-1)
 	}
+	if hd.refs == nil {
+		hd.refs = make([][]Ref, hd.h.Units)
+	}
 	refs := make([][]Ref, 0, to-from)
 	var releases []func() error
+	var exported []int
 	undo := func(err error) ([][]Ref, error) {
 		for _, r := range releases {
 			err = errors.CombineErrors(err, r())
+		}
+		for _, u := range exported {
+			hd.refs[u] = nil
 		}
 		return nil, err
 	}
 	for u := from; u < to; u++ {
 		if err := ctx.Err(); err != nil {
 			return undo(errors.Wrapf(err, "%s", what()))
+		}
+		if hd.refs[u] != nil {
+			refs = append(refs, cloneRefs(hd.refs[u]))
+			continue
 		}
 		ts, err := hd.seq.UnitBytes(u)
 		if err != nil {
@@ -250,11 +265,22 @@ func (p *Prefill) Units(ctx context.Context, id uint64, from, to int) ([][]Ref, 
 			unit[i] = r
 			releases = append(releases, release)
 		}
-		refs = append(refs, unit)
+		hd.refs[u] = unit
+		exported = append(exported, u)
+		refs = append(refs, cloneRefs(unit))
 	}
 	hd.releases = append(hd.releases, releases...)
 	p.stats.Exported += len(releases)
 	return refs, nil
+}
+
+// cloneRefs is a copy of refs the caller may change.
+func cloneRefs(refs []Ref) []Ref {
+	out := make([]Ref, len(refs))
+	for i, r := range refs {
+		out[i] = Ref{Desc: append([]byte(nil), r.Desc...), Len: r.Len}
+	}
+	return out
 }
 
 // heldLocked is request id, or why it is not held.
