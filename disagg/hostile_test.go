@@ -10,6 +10,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/transfer"
 )
 
@@ -160,5 +161,96 @@ func TestHostileUnitsFlood(t *testing.T) {
 	require.Equal(t, first, again)
 	require.NoError(t, s.prefill.Release(ctx, h.ID))
 	require.Zero(t, s.link.Stats().Live)
+	s.close(t)
+}
+
+// failingFetcher copies the first ok extents through f, then fails.
+type failingFetcher struct {
+	f  Fetcher
+	ok int
+}
+
+func (x failingFetcher) Fetch(ctx context.Context, dst []*tensor.Tensor, src []Ref) error {
+	n := min(x.ok, len(dst))
+	if err := x.f.Fetch(ctx, dst[:n], src[:n]); err != nil {
+		return err
+	}
+	return driver.Closed("the peer went away mid-transfer")
+}
+
+// TestHostilePeerHandled: what a broken or hostile prefill side can
+// answer that the decode side refuses as it is: units of another count,
+// extents of another count, refs it never made, a peer gone mid-transfer
+// or cancelled, and the same handoff decoded twice at once. Each ends
+// with the decode cache holding no sequence, consistent, its prefix
+// store without the prompt, and the prefill side holding nothing.
+func TestHostilePeerHandled(t *testing.T) {
+	ctx := context.Background()
+	s := newSides(t, kvcache.TokenMajor, 256, 4)
+	rng := rand.New(rand.NewPCG(10, 10))
+	tpu := unitTokensOf(kvcache.TokenMajor)
+	for _, c := range []struct {
+		name string
+		bend func([][]Ref) [][]Ref
+		frag string
+	}{
+		{"a unit short", func(r [][]Ref) [][]Ref { return r[1:] }, "got"},
+		{"a unit more", func(r [][]Ref) [][]Ref { return append(r, r[0]) }, "got"},
+		{"an extent short", func(r [][]Ref) [][]Ref { r[0] = r[0][1:]; return r }, "extents"},
+		{"an extent more", func(r [][]Ref) [][]Ref { r[0] = append(r[0], r[0][0]); return r }, "extents"},
+		{"a ref never made", func(r [][]Ref) [][]Ref { r[1][0].Desc = []byte{0xff, 0xff, 0, 0, 0, 0, 0, 0}; return r }, "never exported"},
+		{"a ref cut short", func(r [][]Ref) [][]Ref { r[0][0].Desc = r[0][0].Desc[:3]; return r }, "a local ref is 8"},
+	} {
+		prompt := randomTokens(rng, 2*tpu+1)
+		h, err := s.prefill.Prefill(prompt, 0)
+		require.NoError(t, err)
+		_, err = s.decode.Decode(ctx, hostileSource{s.prefill, c.bend}, h, 2)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, c.frag)
+		require.Zero(t, s.dc.Stats().Running, c.name)
+		require.NoError(t, s.dc.Check(), c.name)
+		require.Zero(t, s.index.cached(prompt), c.name)
+		require.Zero(t, s.prefill.Stats().Held, c.name)
+	}
+
+	// The peer goes away after some extents moved.
+	prompt := randomTokens(rng, 3*tpu)
+	h, err := s.prefill.Prefill(prompt, 0)
+	require.NoError(t, err)
+	broken, err := NewDecode(s.dc, s.model, failingFetcher{s.link, 3})
+	require.NoError(t, err)
+	_, err = broken.Decode(ctx, s.prefill, h, 2)
+	drivertest.RequireIs(t, err, driver.ErrClosed, "mid-transfer")
+	require.Zero(t, s.dc.Stats().Running)
+	require.NoError(t, s.dc.Check())
+	require.Zero(t, s.index.cached(prompt))
+
+	// Cancelled before the units are asked for.
+	h, err = s.prefill.Prefill(prompt, 0)
+	require.NoError(t, err)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = s.decode.Decode(cancelled, s.prefill, h, 2)
+	drivertest.RequireIs(t, err, context.Canceled)
+	require.Zero(t, s.dc.Stats().Running)
+	require.Zero(t, s.prefill.Stats().Held, "Prefill.Release does not look at the context")
+
+	// One handoff decoded twice at once (a replay): at most one takes
+	// it; the other is refused, and the books hold.
+	h, err = s.prefill.Prefill(prompt, 0)
+	require.NoError(t, err)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := s.decode.Decode(ctx, s.prefill, h, 2); errs <- err }()
+	}
+	var failed int
+	for range 2 {
+		if err := <-errs; err != nil {
+			failed++
+		}
+	}
+	require.GreaterOrEqual(t, failed, 1, "a handoff is taken once")
+	require.Zero(t, s.dc.Stats().Running)
+	require.NoError(t, s.dc.Check())
+	require.NoError(t, s.pc.Check())
 	s.close(t)
 }
