@@ -185,10 +185,16 @@ type Conn struct {
 	// connection releases them (pool.ReleaseImport by hand is refused).
 	holder *pool.ImportHolder
 
+	// sendMu is held across a pointer's messages (sendPointer), so that
+	// they go out in one piece, and guards sent. It is taken before mu,
+	// and mu is never held across a send: Close, which takes mu, does
+	// not wait for a send stalled on a peer that reads nothing.
+	sendMu lockrank.Mutex[lockrank.IPCSend]
+	sent   map[uint64]map[uint64]sentChunk // pool id -> offset -> the chunk sent there on this connection
+
 	// mu guards the fields below. It is taken before an exported pool's
 	// own lock (ReleaseImportFor), never after.
-	mu   lockrank.Mutex[lockrank.IPCConn]
-	sent map[uint64]map[uint64]sentChunk // pool id -> offset -> the chunk sent there on this connection
+	mu lockrank.Mutex[lockrank.IPCConn]
 	// holds counts the imports the peer holds: pool pointers sent with
 	// SendPointer and not yet released (RecvRelease); each is one import
 	// counted by its pool (pool.ExportPointer). Entries are never zero.

@@ -193,10 +193,7 @@ func (c *Conn) SendPointer(ep *ExportedPool, ptr driver.Addr) error {
 	if err != nil {
 		return errors.Wrap(err, "ipc: send pointer")
 	}
-	if err := c.sendPointer(ep, xp); err != nil {
-		return errors.CombineErrors(errors.Wrap(err, "ipc: send pointer"), ep.p.ReleaseImportFor(c.holder, ptr))
-	}
-	return nil
+	return errors.Wrap(c.sendPointer(ep, xp), "ipc: send pointer")
 }
 
 // sentChunk is what a connection sent of a pool at one offset.
@@ -206,10 +203,12 @@ type sentChunk struct {
 }
 
 // sendPointer sends the chunks under xp this connection has not sent as
-// they are now, then the pointer.
+// they are now, then the pointer. On failure the import ExportPointerFor
+// counted for it is released, unless a release came for it meanwhile.
 func (c *Conn) sendPointer(ep *ExportedPool, xp pool.ExportedPointer) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	ptr := ep.p.Base() + driver.Addr(xp.Offset)
 	if c.sent == nil {
 		c.sent = map[uint64]map[uint64]sentChunk{}
 	}
@@ -232,7 +231,7 @@ func (c *Conn) sendPointer(ep *ExportedPool, xp pool.ExportedPointer) error {
 			err = errors.Wrapf(driver.ErrUnsupported, "ipc: handle type %d does not travel over a socket", ch.Shareable.Type)
 		}
 		if err != nil {
-			return err
+			return errors.CombineErrors(err, ep.p.ReleaseImportFor(c.holder, ptr))
 		}
 		// The importer replaced whatever it mapped over this range.
 		for off, sc := range sent {
@@ -242,19 +241,31 @@ func (c *Conn) sendPointer(ep *ExportedPool, xp pool.ExportedPointer) error {
 		}
 		sent[ch.Offset] = sentChunk{size: ch.Size, id: ch.ID}
 	}
-	if err := c.send(KindPointer, 0, u64s(ep.id, xp.Offset, xp.Size)); err != nil {
-		return err
-	}
-	// Counted before c.mu is let go, so that a release racing in on
-	// another goroutine finds it.
+	// Counted before the pointer goes out, so that a release racing in on
+	// another goroutine finds it; c.mu is not held across the send, so
+	// that Close and the releases go on while a peer that reads nothing
+	// stalls it.
+	c.mu.Lock()
 	if c.holds == nil {
 		c.holds = map[*ExportedPool]map[driver.Addr]int{}
 	}
 	if c.holds[ep] == nil {
 		c.holds[ep] = map[driver.Addr]int{}
 	}
-	c.holds[ep][ep.p.Base()+driver.Addr(xp.Offset)]++
-	return nil
+	c.holds[ep][ptr]++
+	c.mu.Unlock()
+	err := c.send(KindPointer, 0, u64s(ep.id, xp.Offset, xp.Size))
+	if err == nil {
+		return nil
+	}
+	c.mu.Lock()
+	if c.holds[ep][ptr] > 0 { // not released meanwhile (RecvRelease, ReleaseIfGone)
+		c.dropHoldLocked(ep, ptr)
+		err = errors.CombineErrors(err, ep.p.ReleaseImportFor(c.holder, ptr))
+	}
+	c.mu.Unlock()
+	c.dropPeerIfDone() // a Close meanwhile left the peer watched for this hold
+	return err
 }
 
 // RecvRelease waits for the peer to release one pointer of the pool and

@@ -35,8 +35,10 @@
 //	                   prefix store's; never across a wait for a tensor access (drainLocked lets it go)
 //	                   nor across KV event delivery (events.go).
 //	TensorGrowable     tensor.Growable.mu: held across the arena.Arena calls that grow it.
-//	IPCConn            ipc.Conn.mu: held across a pointer's sends on its own socket (the chunks and
-//	                   the pointer go out in one piece) and the pools' ReleaseImportFor.
+//	IPCSend            ipc.Conn.sendMu: held across a pointer's sends on its own socket (the chunks and
+//	                   the pointer go out in one piece), which wait while the peer reads nothing;
+//	                   takes IPCConn between the sends, never across one.
+//	IPCConn            ipc.Conn.mu: held across the pools' ReleaseImportFor; never across a send.
 //	IPCReceive         ipc.ImportedPool.recv: orders the receivers of one imported pool; held while
 //	                   a RecvPointer waits on the socket, with no other lock of this list held.
 //	PoolCreating       pool's registry.creating: held across New and CloseDefaults' destroys.
@@ -97,6 +99,6 @@
 // UCX. Code that waits on I/O or on another object's callback — a lease's
 // revoke, a peer's socket, a caller's function — does so with no lock of
 // this list held but the ones that say so above (TransferPeer, whose op
-// is the I/O; IPCConn's and IPCImportedPool's sends on a local socket;
+// is the I/O; IPCSend's and IPCImportedPool's sends on a local socket;
 // IPCReceive, which guards only the order of one pool's receives).
 package lockrank

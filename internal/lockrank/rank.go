@@ -19,6 +19,7 @@ const (
 	rankKVHybrid
 	rankKVCache
 	rankTensorGrowable
+	rankIPCSend
 	rankIPCConn
 	rankIPCReceive
 	rankPoolCreating
@@ -62,6 +63,7 @@ var names = [...]string{
 	rankKVHybrid:           "KVHybrid",
 	rankKVCache:            "KVCache",
 	rankTensorGrowable:     "TensorGrowable",
+	rankIPCSend:            "IPCSend",
 	rankIPCConn:            "IPCConn",
 	rankIPCReceive:         "IPCReceive",
 	rankPoolCreating:       "PoolCreating",
@@ -115,6 +117,7 @@ type (
 	KVHybrid           struct{}
 	KVCache            struct{}
 	TensorGrowable     struct{}
+	IPCSend            struct{}
 	IPCConn            struct{}
 	IPCReceive         struct{}
 	PoolCreating       struct{}
@@ -155,6 +158,7 @@ func (SleepManager) rank() Rank       { return rankSleepManager }
 func (KVHybrid) rank() Rank           { return rankKVHybrid }
 func (KVCache) rank() Rank            { return rankKVCache }
 func (TensorGrowable) rank() Rank     { return rankTensorGrowable }
+func (IPCSend) rank() Rank            { return rankIPCSend }
 func (IPCConn) rank() Rank            { return rankIPCConn }
 func (IPCReceive) rank() Rank         { return rankIPCReceive }
 func (PoolCreating) rank() Rank       { return rankPoolCreating }
