@@ -109,3 +109,70 @@ func drain(c *Conn) {
 		}
 	}
 }
+
+// TestHostilePoolPeerHandled: what an exporting peer can send that the
+// fuzz seeds do not name, each refused as it is: a pool of no bytes
+// (ErrInvalid) or of bytes no granule divides (ErrMisaligned), a chunk at
+// an offset no granule divides or of a size none does (ErrMisaligned),
+// and a directory or a pipe's write end as the chunk (ErrInvalid, "not a
+// memory file"). After each the imported pool passes its Check, maps
+// nothing, nothing is imported, and no descriptor is left open.
+func TestHostilePoolPeerHandled(t *testing.T) {
+	p, err := fuzzProc()
+	require.NoError(t, err)
+	const id = 7
+	g := uint64(fuzzGran)
+	dir := func(t *testing.T) int {
+		fd, err := unix.Open(t.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		require.NoError(t, err)
+		return fd
+	}
+	pipeW := func(t *testing.T) int {
+		var fds [2]int
+		require.NoError(t, unix.Pipe2(fds[:], unix.O_CLOEXEC))
+		require.NoError(t, unix.Close(fds[0]))
+		return fds[1]
+	}
+	memfd := func(size uint64) func(t *testing.T) int {
+		return func(t *testing.T) int { return fuzzMemfd(t, size, true) }
+	}
+	for _, c := range []struct {
+		name    string
+		max     uint64
+		off     uint64
+		size    uint64
+		fd      func(t *testing.T) int
+		poolErr error
+		err     error
+	}{
+		{name: "a pool of no bytes", max: 0, poolErr: driver.ErrInvalid},
+		{name: "a pool of a granule and a half", max: g + g/2, poolErr: driver.ErrMisaligned},
+		{name: "a chunk at half a granule", max: 4 * g, off: g / 2, size: g, fd: memfd(g), err: driver.ErrMisaligned},
+		{name: "a chunk of half a granule", max: 4 * g, off: 0, size: g / 2, fd: memfd(g / 2), err: driver.ErrMisaligned},
+		{name: "a directory", max: 4 * g, off: 0, size: g, fd: dir, err: driver.ErrInvalid},
+		{name: "a pipe's write end", max: 4 * g, off: 0, size: g, fd: pipeW, err: driver.ErrInvalid},
+	} {
+		before, used := openFDs(t), p.used()
+		peer, rx := socketPair(t)
+		rawSend(t, peer, packet(KindPool, 0, 0, u64s(id, c.max)), nil)
+		ip, err := rx.RecvPool(p.space, p.mem, 0)
+		if c.poolErr != nil {
+			if err == nil {
+				require.NoError(t, ip.Close())
+			}
+			require.ErrorIs(t, err, c.poolErr, c.name)
+		} else {
+			require.NoError(t, err, c.name)
+			rawSend(t, peer, packet(KindPoolChunk, driver.HandlePOSIXFD, 1, u64s(id, c.off, c.size, 1)), []int{c.fd(t)})
+			_, err = rx.RecvPointer(ip)
+			require.ErrorIs(t, err, c.err, "%s: %v", c.name, err)
+			require.NoError(t, ip.Check(), c.name)
+			require.Empty(t, ip.Chunks(), c.name)
+			require.NoError(t, ip.Close(), c.name)
+		}
+		require.Equal(t, used, p.used(), "%s: nothing imported", c.name)
+		require.NoError(t, p.mem.Check(), c.name)
+		closeConns(t, peer, rx)
+		requireNoNewFDs(t, before, c.name)
+	}
+}
