@@ -46,6 +46,8 @@
 // A Source is
 // the prefill side as the decode side reaches it: Prefill itself in one
 // process, any request/reply channel between two (Refs are plain bytes).
+// Prefill names a request by 64 random bits, so a decode peer reaches the
+// requests whose handoffs it was given and cannot guess another's.
 //
 // # Device memory
 //

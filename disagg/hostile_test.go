@@ -254,3 +254,38 @@ func TestHostilePeerHandled(t *testing.T) {
 	require.NoError(t, s.pc.Check())
 	s.close(t)
 }
+
+// TestHostileGuessedIDs: a decode peer that knows one handoff's ID and
+// asks for the IDs around it (another peer's requests, were IDs counted
+// up) is refused every one, and the other request stays held, whole:
+// IDs are random, never 0.
+func TestHostileGuessedIDs(t *testing.T) {
+	ctx := context.Background()
+	s := newSides(t, kvcache.PerLayer, 256, 2)
+	rng := rand.New(rand.NewPCG(10, 10))
+	mine, err := s.prefill.Prefill(randomTokens(rng, 20), 0)
+	require.NoError(t, err)
+	theirs, err := s.prefill.Prefill(randomTokens(rng, 20), 0)
+	require.NoError(t, err)
+	require.NotZero(t, mine.ID)
+	require.NotEqual(t, mine.ID, theirs.ID)
+	for d := uint64(1); d <= 64; d++ {
+		for _, id := range []uint64{mine.ID + d, mine.ID - d, d - 1} {
+			if id == mine.ID {
+				continue
+			}
+			// Were theirs among these (a chance of 2^-57 with random
+			// IDs), the guess would reach it.
+			_, err := s.prefill.Units(ctx, id, 0, 1)
+			drivertest.RequireIs(t, err, driver.ErrInvalid, "holds no request")
+			drivertest.RequireIs(t, s.prefill.Release(ctx, id), driver.ErrInvalid, "holds no request")
+		}
+	}
+	require.Equal(t, 2, s.prefill.Stats().Held)
+	res, err := s.decode.Decode(ctx, s.prefill, theirs, 2)
+	require.NoError(t, err)
+	want, _ := reference(t, s.model, theirs.Prompt, 2)
+	require.Equal(t, want, res.Tokens)
+	require.NoError(t, s.prefill.Release(ctx, mine.ID))
+	s.close(t)
+}

@@ -2,6 +2,8 @@ package disagg
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -33,7 +35,10 @@ func shapeOf(c *kvcache.Cache) Shape {
 // once its prompt is computed: everything but the bytes, which the decode
 // side asks for by unit (Source.Units).
 type Handoff struct {
-	// ID is the request at the prefill side, until Source.Release.
+	// ID is the request at the prefill side, until Source.Release: 64
+	// random bits (crypto/rand), never 0, so that a decode peer can name
+	// only the requests whose handoffs it was given, not guess another
+	// peer's.
 	ID uint64
 	// Prompt and Extra are the request's prompt and extra key (the decode
 	// side admits the same).
@@ -80,7 +85,6 @@ type Prefill struct {
 
 	// mu guards the fields below.
 	mu     lockrank.Mutex[lockrank.DisaggPrefill]
-	next   uint64
 	held   map[uint64]*held
 	closed bool
 	stats  PrefillStats
@@ -173,14 +177,25 @@ func (p *Prefill) Prefill(prompt []int, extra uint64) (Handoff, error) {
 	if p.closed {
 		return Handoff{}, errors.CombineErrors(driver.Closed(what()+": the prefill side was closed meanwhile"), s.Free())
 	}
-	p.next++
-	h.ID = p.next
+	h.ID = p.newIDLocked()
 	p.held[h.ID] = &held{h: h, seq: s}
 	p.stats.Requests++
 	p.stats.Computed += len(prompt) - matched
 	p.stats.Matched += matched
 	p.stats.Held = len(p.held)
 	return h, nil
+}
+
+// newIDLocked is a request ID no held request has: 64 bits from
+// crypto/rand (whose Read does not fail), drawn again on 0 or a held one.
+func (p *Prefill) newIDLocked() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if id := binary.LittleEndian.Uint64(b[:]); id != 0 && p.held[id] == nil {
+			return id
+		}
+	}
 }
 
 // compute appends tokens (from position pos) to s, runs the model over
