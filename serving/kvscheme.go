@@ -375,9 +375,12 @@ func (r *SimRequest) Tokens(dst []int, from, to int) []int {
 		named = min(named, nb*bt)
 	}
 	for t < named {
-		b := t / bt
-		h := tokenRun(1, uint64(r.req.Blocks[b]))
-		for end := min(named, (b+1)*bt); t < end; t++ {
+		h := tokenRun(1, uint64(r.req.Blocks[t/bt]))
+		end := named // the block's end where it comes first, t+rem without overflow
+		if rem := bt - t%bt; rem < end-t {
+			end = t + rem
+		}
+		for ; t < end; t++ {
 			dst = append(dst, tokenAt(h, uint64(t%bt)))
 		}
 	}
