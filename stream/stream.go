@@ -534,6 +534,9 @@ func Elapsed(start, end *Event) (time.Duration, error) {
 	if start == nil || end == nil {
 		return 0, errors.Wrap(driver.ErrInvalid, "stream: elapsed time: no event (nil)")
 	}
+	if start.unmade() || end.unmade() {
+		return 0, unmade("Elapsed of an Event", "NewEvent")
+	}
 	if start.d != end.d {
 		return 0, errors.Wrap(driver.ErrInvalid, "stream: elapsed time between events of two drivers")
 	}
