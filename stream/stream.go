@@ -211,13 +211,15 @@ func (s *Stream) Wait(e *Event) error {
 	if e.d != s.d {
 		return errors.Wrap(driver.ErrInvalid, "stream: wait on an event of another driver")
 	}
+	// e stays locked until the driver has the wait: a Record of e on
+	// another stream in between would make the driver wait for that record
+	// while s learned the clock of the one before.
 	e.mu.Lock()
-	clock := maps.Clone(e.clock)
-	closed := e.closed
-	e.mu.Unlock()
-	if closed {
+	defer e.mu.Unlock()
+	if e.closed {
 		return driver.Closed("stream: wait on a destroyed event")
 	}
+	clock := e.clock
 	return s.enqueue("wait on event", func() error {
 		if err := s.st.StreamWaitEvent(s.id, e.id); err != nil {
 			return err
