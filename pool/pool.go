@@ -255,6 +255,9 @@ func usable(what func() string, s *stream.Stream) error {
 // the pool's device, so memory allocated on another's is freed on one of
 // the pool's device after an event of s.
 func (p *Pool) MallocAsync(size uint64, s *stream.Stream) (driver.Addr, error) {
+	if p.unmade() {
+		return 0, unmade("Pool.MallocAsync", "New")
+	}
 	what := func() string { return fmt.Sprintf("pool: malloc async %s on %s", units.Bytes(size), s) }
 	if err := usable(what, s); err != nil {
 		return 0, err
@@ -357,6 +360,9 @@ func (p *Pool) noteReservedLocked() {
 // an event of that device. A nil stream is ErrInvalid, a destroyed one
 // ErrClosed, and ptr stays live.
 func (p *Pool) FreeAsync(ptr driver.Addr, s *stream.Stream) error {
+	if p.unmade() {
+		return unmade("Pool.FreeAsync", "New")
+	}
 	what := func() string { return fmt.Sprintf("pool: free async %s on %s", ptr, s) }
 	if err := usable(what, s); err != nil {
 		return err
