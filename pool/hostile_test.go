@@ -45,3 +45,22 @@ func TestUnmadePoolMallocFree(t *testing.T) {
 	require.NoError(t, pe.p.FreeAsync(ptr, pe.a))
 	require.NoError(t, pe.a.Synchronize())
 }
+
+// TestBytesOfReusedBlock: Bytes of an allocation that reuses a larger
+// freed block is the size asked for, length and capacity, not the block's:
+// the bytes past it are no part of the allocation.
+func TestBytesOfReusedBlock(t *testing.T) {
+	pe := newPoolEnv(t, Props{}, true, true, true)
+	p1, err := pe.p.MallocAsync(4096, pe.a)
+	require.NoError(t, err)
+	require.NoError(t, pe.p.FreeAsync(p1, pe.a))
+	p2, err := pe.p.MallocAsync(3000, pe.a)
+	require.NoError(t, err)
+	require.Equal(t, p1, p2, "the freed block is reused on its own stream")
+	b, err := pe.p.Bytes(p2)
+	require.NoError(t, err)
+	require.Equal(t, 3000, len(b))
+	require.Equal(t, 3000, cap(b), "an append must not reach past the allocation")
+	require.NoError(t, pe.p.FreeAsync(p2, pe.a))
+	require.NoError(t, pe.a.Synchronize())
+}

@@ -536,11 +536,19 @@ func (p *Pool) Bytes(ptr driver.Addr) ([]byte, error) {
 	if p.destroyed {
 		return nil, p.errDestroyed("bytes")
 	}
-	if _, ok := p.live[ptr]; !ok {
+	blk, ok := p.live[ptr]
+	if !ok {
 		return nil, p.notLiveLocked(fmt.Sprintf("pool: bytes of %s", ptr), ptr)
 	}
 	b, err := alBytes(p.al, ptr)
-	return b, errors.Wrap(err, "pool: bytes")
+	if err != nil {
+		return nil, errors.Wrap(err, "pool: bytes")
+	}
+	// The allocator's block may be a reused one, larger than asked for.
+	if uint64(len(b)) < blk.size {
+		return nil, errors.AssertionFailedf("pool: bytes of %s: the driver gave %d bytes of an allocation of %d", ptr, len(b), blk.size)
+	}
+	return b[:blk.size:blk.size], nil
 }
 
 // Owns reports whether ptr is a live allocation of the pool.
