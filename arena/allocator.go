@@ -722,9 +722,10 @@ func (s *Sparse) export(off, n uint64) ([]SharedChunk, error) {
 }
 
 // SetAccess sets what dev may do with all the allocator's memory, now and
-// later: its heaps and its stitch range. It refuses (ErrBusy) to leave the
-// memory writable by no device while allocations are live: their bytes
-// (Bytes, a tensor's) would fault. On failure nothing changes.
+// later: its heaps and its stitch range. It refuses a value that is no
+// driver.Access (ErrInvalid), and (ErrBusy) to leave the memory writable
+// by no device while allocations are live: their bytes (Bytes, a
+// tensor's) would fault. On failure nothing changes.
 func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 	if al.unmade() {
 		return unmade("Allocator.SetAccess", "NewAllocator")
@@ -733,6 +734,9 @@ func (al *Allocator) SetAccess(dev driver.DeviceID, acc driver.Access) error {
 	defer al.mu.Unlock()
 	if al.closed {
 		return al.errClosed("set access")
+	}
+	if err := driver.CheckAccess(func() string { return fmt.Sprintf("arena: allocator set access of device %d", dev) }, acc); err != nil {
+		return err
 	}
 	if n := al.live(); n > 0 && al.heaps[0].s.losesWrite(dev, acc) {
 		return errors.WithHint(

@@ -627,6 +627,7 @@ func allocatorBadInput(t *testing.T, d backend) {
 		{"bytes of a freed pointer", func() error { _, err := al.Bytes(other); return err }, driver.ErrNotAllocated, ""},
 		{"export from a non-shareable allocator", func() error { _, err := al.Export(live); return err }, driver.ErrInvalid, "not shareable"},
 		{"set access of an unknown device", func() error { return al.SetAccess(6, driver.AccessRead) }, driver.ErrNoDevice, ""},
+		{"set access to no access value", func() error { return al.SetAccess(0, driver.Access(2)) }, driver.ErrInvalid, "access value 2 is not"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s0, n0 := state()
