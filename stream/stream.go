@@ -259,7 +259,7 @@ func (s *Stream) Synchronize() error {
 	if closed {
 		return driver.Closed(fmt.Sprintf("stream: synchronize of destroyed %s", s))
 	}
-	err := s.st.SyncStream(s.id)
+	err := s.raced(s.st.SyncStream(s.id), "synchronize")
 	if waited(err) {
 		err = errors.CombineErrors(err, runHooks(s.d))
 	}
@@ -267,6 +267,16 @@ func (s *Stream) Synchronize() error {
 		return errors.Wrapf(err, "stream: synchronize %s", s)
 	}
 	return nil
+}
+
+// raced is err, the driver's answer to op on s, or ErrClosed where the
+// driver no longer knew s (ErrBadHandle) because a Destroy ran meanwhile:
+// the caller's race with the destroy reads as the destroyed stream it is.
+func (s *Stream) raced(err error, op string) error {
+	if errors.Is(err, driver.ErrBadHandle) && s.Destroyed() {
+		return driver.Closed(fmt.Sprintf("stream: %s of %s: destroyed meanwhile", op, s))
+	}
+	return err
 }
 
 // waited reports whether a synchronize that returned err waited: it
@@ -290,7 +300,11 @@ func (s *Stream) Query() (bool, error) {
 	if s.Destroyed() {
 		return false, driver.Closed(fmt.Sprintf("stream: query of destroyed %s", s))
 	}
-	return s.st.QueryStream(s.id)
+	done, err := s.st.QueryStream(s.id)
+	if err != nil {
+		return false, errors.Wrapf(s.raced(err, "query"), "stream: query %s", s)
+	}
+	return done, nil
 }
 
 // Destroy waits for the stream's work, reports any failure not yet
@@ -486,11 +500,20 @@ func (e *Event) Synchronize() error {
 	if err := e.destroyed("synchronize"); err != nil {
 		return err
 	}
-	err := e.st.SyncEvent(e.id)
+	err := e.raced(e.st.SyncEvent(e.id), "synchronize")
 	if waited(err) {
 		err = errors.CombineErrors(err, runHooks(e.d))
 	}
 	return errors.Wrap(err, "stream: synchronize event")
+}
+
+// raced is err, the driver's answer to op on e, or ErrClosed where the
+// driver no longer knew e (ErrBadHandle) because a Destroy ran meanwhile.
+func (e *Event) raced(err error, op string) error {
+	if errors.Is(err, driver.ErrBadHandle) && e.destroyed(op) != nil {
+		return driver.Closed("stream: " + op + " of an event destroyed meanwhile")
+	}
+	return err
 }
 
 // WaitDone waits for the event as last recorded without running the
@@ -503,7 +526,7 @@ func (e *Event) WaitDone() error {
 	if err := e.destroyed("wait"); err != nil {
 		return err
 	}
-	return errors.Wrap(e.st.SyncEvent(e.id), "stream: wait for event")
+	return errors.Wrap(e.raced(e.st.SyncEvent(e.id), "wait"), "stream: wait for event")
 }
 
 // Query reports whether the event as last recorded has completed.
@@ -514,7 +537,11 @@ func (e *Event) Query() (bool, error) {
 	if err := e.destroyed("query"); err != nil {
 		return false, err
 	}
-	return e.st.QueryEvent(e.id)
+	done, err := e.st.QueryEvent(e.id)
+	if err != nil {
+		return false, errors.Wrap(e.raced(err, "query"), "stream: query event")
+	}
+	return done, nil
 }
 
 // Destroy destroys the event; work already waiting on it completes.
