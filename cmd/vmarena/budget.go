@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -116,8 +117,15 @@ func topCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "vmarena top: %v\n", err)
 			return 1
 		}
-		fmt.Fprint(stdout, "\x1b[H\x1b[2J") // home, clear
-		printTop(stdout, *path, b.Capacity(), in)
+		// Each redraw is one write; one that fails ends the command,
+		// which would otherwise redraw into the failing output for ever.
+		var frame bytes.Buffer
+		frame.WriteString("\x1b[H\x1b[2J") // home, clear
+		printTop(&frame, *path, b.Capacity(), in)
+		if _, err := stdout.Write(frame.Bytes()); err != nil {
+			fmt.Fprintf(stderr, "vmarena top: %v\n", err)
+			return 1
+		}
 	}
 	return 0
 }

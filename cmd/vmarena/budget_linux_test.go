@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -122,4 +123,43 @@ func checkBudgetSimulate(t *testing.T, kinds string) {
 		require.Zero(t, f.OverCommits, "floor %d", f.Floor)
 	}
 	t.Logf("served static %d, elastic %d of %d (ratio %.2f)", doc.Static.Served, doc.Elastic.Served, doc.Elastic.Arrived, doc.ServedRatio)
+}
+
+// refusingWriter fails every write, as /dev/full does, and fails the test
+// once it has been asked for more than most writes: a command that goes
+// on writing into output that cannot be written never ends by itself.
+type refusingWriter struct {
+	t      *testing.T
+	most   int
+	writes int
+}
+
+func (w *refusingWriter) Write([]byte) (int, error) {
+	w.writes++
+	if w.writes > w.most {
+		w.t.Fatalf("still writing after %d failed writes", w.most)
+	}
+	return 0, syscall.ENOSPC
+}
+
+// TestTopOutputThatCannotBeWritten: vmarena top, redrawing until
+// interrupted, stops at the first redraw it cannot write and exits 1
+// saying so, rather than redrawing into the failing output for ever.
+func TestTopOutputThatCannotBeWritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "book")
+	b, err := budget.Open(path, budget.Options{Capacity: 1 << 30})
+	require.NoError(t, err)
+	defer b.Close()
+	for _, args := range [][]string{
+		{"top", "--book", path, "--interval", "1ms"},
+		{"top", "--book", path, "--interval", "1ms", "--count", "1000"},
+	} {
+		var errOut strings.Builder
+		w := &refusingWriter{t: t, most: 100}
+		code := run(args, w, &errOut)
+		require.Equal(t, 1, code, "%v", args)
+		require.Equal(t, 1, w.writes, "%v: the writes tried", args)
+		require.Contains(t, errOut.String(), "vmarena top: ", "%v", args)
+		require.Contains(t, errOut.String(), "no space left on device", "%v", args)
+	}
 }
