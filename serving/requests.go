@@ -503,8 +503,12 @@ func mooncakeRows(lines *lineScanner, n int) ([]Request, error) {
 		}
 		prev = m.timestamp
 		if d := m.timestamp - first; d > int64(MaxArrival/time.Millisecond) {
-			return nil, malformed(line, "timestamp %d is %v after the first request's, more than MaxArrival (%v)",
-				m.timestamp, time.Duration(d)*time.Millisecond, MaxArrival)
+			after := strconv.FormatInt(d, 10) + "ms" // past the largest Duration
+			if d <= math.MaxInt64/int64(time.Millisecond) {
+				after = (time.Duration(d) * time.Millisecond).String()
+			}
+			return nil, malformed(line, "timestamp %d is %s after the first request's, more than MaxArrival (%v)",
+				m.timestamp, after, MaxArrival)
 		}
 		if want := (m.input + BlockTokens - 1) / BlockTokens; len(m.blocks) != want {
 			return nil, malformed(line, "%d hash_ids for input_length %d, want %d (one per %d tokens, the last one partial)",

@@ -417,6 +417,7 @@ func TestParseMooncakeMalformed(t *testing.T) {
 		{"n twice", `{"timestamp": 10, "n": 2, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "n": 3}` + "\n", 1, "field n twice"},
 		{"n fractional", `{"timestamp": 10, "input_length": 600, "output_length": 6, "hash_ids": [0, 1], "n": 1.5}` + "\n", 1, `n "1.5" is not an integer`},
 		{"after MaxArrival", good + line("31536000011", "600", "6", "[0, 1]"), 2, "timestamp 31536000011 is 8760h0m0.001s after the first request's, more than MaxArrival"},
+		{"past the largest Duration after the first", good + line("9223372036854775807", "600", "6", "[0, 1]"), 2, "timestamp 9223372036854775807 is 9223372036854775797ms after the first request's, more than MaxArrival"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reqs, err := ParseMooncake(strings.NewReader(tc.input))
