@@ -183,13 +183,21 @@ func budgetSet(args []string, stdout, stderr io.Writer) int {
 	case *floorArg == "" && *ceilArg == "":
 		return usageError(stderr, name, "nothing to set: give --floor, --ceiling or both")
 	}
-	size := func(flag, s string) (uint64, bool) {
-		n, err := units.Parse(s)
-		if err != nil {
-			usageError(stderr, name, "--%s %q: %v", flag, s, err)
-			return 0, false
+	// The sizes are checked before the book is opened: a bad one is a
+	// usage error whatever the book.
+	var newFloor, newCeiling uint64
+	for _, f := range []struct {
+		flag, arg string
+		to        *uint64
+	}{{"floor", *floorArg, &newFloor}, {"ceiling", *ceilArg, &newCeiling}} {
+		if f.arg == "" {
+			continue
 		}
-		return n, true
+		n, err := units.Parse(f.arg)
+		if err != nil {
+			return usageError(stderr, name, "--%s %q: %v", f.flag, f.arg, err)
+		}
+		*f.to = n
 	}
 	b, err := budget.Open(*path, budget.Options{})
 	if err != nil {
@@ -213,16 +221,11 @@ func budgetSet(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vmarena %s: budget: no member named %q in %s\n", name, *member, *path)
 		return 1
 	}
-	var ok bool
 	if *floorArg != "" {
-		if floor, ok = size("floor", *floorArg); !ok {
-			return 2
-		}
+		floor = newFloor
 	}
 	if *ceilArg != "" {
-		if ceiling, ok = size("ceiling", *ceilArg); !ok {
-			return 2
-		}
+		ceiling = newCeiling
 	}
 	if err := b.SetLimits(*member, floor, ceiling); err != nil {
 		fmt.Fprintf(stderr, "vmarena %s: %v\n", name, err)

@@ -62,6 +62,7 @@ func TestTopAndBudgetSet(t *testing.T) {
 	}{
 		{[]string{"budget", "set", "--book", path, "--member", "decode", "--floor", "1MiB"}, 1, `no member named "decode"`},
 		{[]string{"budget", "set", "--book", path, "--member", "prefill", "--floor", "lots"}, 2, `--floor "lots"`},
+		{[]string{"budget", "set", "--book", filepath.Join(t.TempDir(), "none"), "--member", "prefill", "--ceiling", "-1"}, 2, `--ceiling "-1"`},
 		{[]string{"budget", "set", "--book", path, "--member", "prefill", "--floor", "600MiB"}, 1, "budget"},
 		{[]string{"budget", "set", "--book", path, "--member", "prefill"}, 2, "nothing to set"},
 		{[]string{"budget", "set", "--member", "prefill", "--floor", "1MiB"}, 2, "no book given"},
