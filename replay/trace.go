@@ -30,8 +30,8 @@
 //     its addr is empty and device_free says what the device had left;
 //   - snapshot: PyTorch dumped a snapshot while recording; a no-op.
 //
-// Segment events carry alloc_id -1. time_us and device_free may be empty;
-// addr may be empty on oom and snapshot rows only.
+// Segment events carry alloc_id -1. time_us (at least 0) and device_free
+// may be empty; addr may be empty on oom and snapshot rows only.
 //
 // It also reads the pickles torch.cuda.memory._dump_snapshot writes
 // (snapshot.go): Parse and ParseFile tell them from CSV by their first
@@ -175,7 +175,8 @@ type Event struct {
 	// segment events.
 	AllocID int64
 	Stream  int64
-	// TimeUS is the event's time in microseconds, when HasTime.
+	// TimeUS is the event's time in microseconds (0 to 2^63-1), when
+	// HasTime.
 	TimeUS  int64
 	HasTime bool
 	// DeviceFree is the device's free memory after the event, when
@@ -385,7 +386,9 @@ func parseEvent(rec []string, col [numColumns]int, line int) (Event, error) {
 	ev.AllocID = signed(5)
 	ev.Stream = signed(6)
 	if field(7) != "" {
-		ev.TimeUS, ev.HasTime = signed(7), true
+		// From 0, as the pickles' times: so that the difference of
+		// two never overflows.
+		ev.TimeUS, ev.HasTime = int64(num(7, 63)), true
 	}
 	if field(8) != "" {
 		ev.DeviceFree, ev.HasDeviceFree = num(8, 64), true

@@ -99,6 +99,7 @@ func TestParseMalformed(t *testing.T) {
 		{"bad alloc_id", header + "0,0,alloc,512,4096,id,0,,\n", 2, `column alloc_id: "id" is not an integer`},
 		{"bad stream", header + "0,0,alloc,512,4096,0,s,,\n", 2, `column stream: "s"`},
 		{"bad time", header + "0,0,alloc,512,4096,0,0,soon,\n", 2, `column time_us: "soon"`},
+		{"negative time", header + "0,0,alloc,512,4096,0,0,-1,\n", 2, `column time_us: "-1" is not an integer of at least 0`},
 		{"bad device_free", header + "0,0,alloc,512,4096,0,0,,-5\n", 2, `column device_free: "-5"`},
 		{"unknown op", header + good + "1,0,realloc,512,4096,1,0,,\n", 3, `unknown op "realloc"`},
 		{"empty op", header + "0,0,,512,4096,0,0,,\n", 2, `unknown op ""`},
