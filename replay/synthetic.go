@@ -33,10 +33,12 @@ func Synthetic(name string, seed uint64, events int) ([]Event, error) {
 	return nil, errors.Wrapf(driver.ErrInvalid, "replay: unknown synthetic workload %q, want %s", name, strings.Join(Workloads, " or "))
 }
 
-// The random-lifetimes workload's defaults, and the most events it makes.
+// The random-lifetimes workload's defaults, and the most events it makes:
+// as many as a trace file may hold (MaxTraceEvents), since the events are
+// built in memory as a trace's are (112 bytes each, 1.9 GB at the most).
 const (
 	DefaultSyntheticEvents = 100_000
-	MaxSyntheticEvents     = 100_000_000
+	MaxSyntheticEvents     = MaxTraceEvents
 )
 
 // RandomLifetimes is the random-lifetimes workload: allocations of sizes

@@ -145,8 +145,8 @@ func TestRandomLifetimesBadOptions(t *testing.T) {
 		w    RandomLifetimes
 		says string
 	}{
-		{RandomLifetimes{Events: -1}, "-1 events: want 1 to 100000000 (0 for the default 100000)"},
-		{RandomLifetimes{Events: MaxSyntheticEvents + 1}, "100000001 events: want 1 to 100000000"},
+		{RandomLifetimes{Events: -1}, "-1 events: want 1 to 16777216 (0 for the default 100000)"},
+		{RandomLifetimes{Events: MaxSyntheticEvents + 1}, "16777217 events: want 1 to 16777216"},
 		{RandomLifetimes{Events: math.MaxInt}, "9223372036854775807 events: want 1 to"},
 		{RandomLifetimes{MinSize: 8 * units.GiB}, "sizes from 8 GiB to 4 GiB: the least is above the most"},
 		{RandomLifetimes{MinSize: 2048, MaxSize: 1024}, "sizes from 2 KiB to 1 KiB"},

@@ -363,9 +363,9 @@ func TestReplaySynthetic(t *testing.T) {
 		{[]string{"--trace", small, "--seed", "2", "--events", "20"}, "--seed and --events are for --synthetic"},
 		{[]string{"--synthetic", "random-lifetimes", "--seed", "-1"}, `invalid value "-1" for flag -seed`},
 		{[]string{"--synthetic", "random-lifetimes", "--seed", "x"}, `invalid value "x" for flag -seed`},
-		{[]string{"--synthetic", "random-lifetimes", "--events", "0"}, "--events 0: want 1 to 100000000"},
-		{[]string{"--synthetic", "random-lifetimes", "--events", "-4"}, "--events -4: want 1 to 100000000"},
-		{[]string{"--synthetic", "random-lifetimes", "--events", "100000001"}, "--events 100000001: want 1 to 100000000"},
+		{[]string{"--synthetic", "random-lifetimes", "--events", "0"}, "--events 0: want 1 to 16777216"},
+		{[]string{"--synthetic", "random-lifetimes", "--events", "-4"}, "--events -4: want 1 to 16777216"},
+		{[]string{"--synthetic", "random-lifetimes", "--events", "16777217"}, "--events 16777217: want 1 to 16777216"},
 		{[]string{"--synthetic", "random-lifetimes", "--events", "many"}, `invalid value "many" for flag -events`},
 	} {
 		code, out, errOut := runReplay(t, tc.args...)
