@@ -19,7 +19,9 @@
 //
 // Invariants: positions only grow; a stream's clock entry for another
 // stream never exceeds that stream's position; an event's clock is the
-// recording stream's clock at the moment of recording. The package never
+// recording stream's clock at the moment of recording. A clock forgets
+// the streams destroyed, at its stream's next record or wait, so it holds
+// no more than the streams alive and those destroyed since. The package never
 // touches memory itself; the driver does.
 package stream
 
@@ -50,6 +52,27 @@ type Stream struct {
 	pos    uint64
 	clock  map[*Stream]uint64
 	closed bool
+	// gone says a Destroy of the stream went through: other streams'
+	// clocks forget it when they next record or wait (forgetGoneLocked),
+	// read without its lock, as they hold their own.
+	gone atomic.Bool
+}
+
+// forgetGoneLocked drops the streams destroyed since from s's clock, so
+// that it holds the streams alive (and those destroyed since s last
+// recorded or waited, or named by the event it waits on), not every
+// stream s ever followed: a long-lived
+// stream that waits on many short-lived ones keeps its books, and each
+// Record's copy of them, the size of what is alive. A destroyed stream's
+// entry only ever made OrderedAfter answer true; without it the answer
+// is false, the cautious one (a pool then reuses memory freed on it
+// through its event, not through the order).
+func (s *Stream) forgetGoneLocked() {
+	for t := range s.clock {
+		if t.gone.Load() {
+			delete(s.clock, t)
+		}
+	}
 }
 
 // streamsOf returns d's streams. d must be comparable: streams and events
@@ -135,7 +158,10 @@ func (s *Stream) Position() uint64 {
 
 // OrderedAfter reports whether work enqueued on s from now on runs after
 // the first pos operations of t: t is s itself, or s has waited on an event
-// recorded on t at or after pos (directly or through other streams).
+// recorded on t at or after pos (directly or through other streams). For
+// a destroyed t it may answer false where s did wait: s forgets the
+// streams destroyed (see the package doc), and false is the cautious
+// answer.
 func (s *Stream) OrderedAfter(t *Stream, pos uint64) bool {
 	if s == t {
 		return true
@@ -186,6 +212,7 @@ func (s *Stream) Record(e *Event) error {
 		if err := s.st.RecordEvent(e.id, s.id); err != nil {
 			return err
 		}
+		s.forgetGoneLocked()
 		clock = maps.Clone(s.clock)
 		clock[s] = s.pos + 1 // this record is the (pos+1)-th operation
 		return nil
@@ -224,6 +251,7 @@ func (s *Stream) Wait(e *Event) error {
 		if err := s.st.StreamWaitEvent(s.id, e.id); err != nil {
 			return err
 		}
+		s.forgetGoneLocked()
 		for t, p := range clock {
 			if t != s && p > s.clock[t] {
 				s.clock[t] = p
@@ -331,7 +359,9 @@ func (s *Stream) Destroy() error {
 		s.mu.Lock()
 		s.closed = false
 		s.mu.Unlock()
+		return errors.Wrapf(err, "stream: destroy %s", s)
 	}
+	s.gone.Store(true)
 	return errors.Wrapf(err, "stream: destroy %s", s)
 }
 
