@@ -21,7 +21,8 @@ func EngineExporter(e *transfer.Engine) Exporter { return engineExporter{e} }
 // EngineFetcher is the decode side's half of the transfer engine e,
 // connected to the prefill side's engine by p: Fetch registers each
 // destination, issues one Get with an Op per extent, and closes the
-// registrations.
+// registrations. A ref whose length is not its destination's is refused
+// (ErrInvalid) before anything moves.
 func EngineFetcher(e *transfer.Engine, p *transfer.Peer) Fetcher { return engineFetcher{e, p} }
 
 type engineExporter struct{ e *transfer.Engine }
@@ -66,6 +67,12 @@ func (f engineFetcher) Fetch(ctx context.Context, dst []*tensor.Tensor, src []Re
 			return errors.Wrapf(err, "disagg: fetch extent %d", i)
 		}
 		ops = append(ops, transfer.Op{Local: r, Remote: d, Len: src[i].Len})
+		if n := r.Len(); src[i].Len != n {
+			// A shorter ref would leave the rest of the destination as it
+			// was, a longer one is refused by the engine: both before any
+			// byte moves.
+			return errors.Wrapf(driver.ErrInvalid, "disagg: fetch extent %d: the ref says %d bytes, its destination has %d", i, src[i].Len, n)
+		}
 	}
 	return f.p.Get(ctx, ops...)
 }

@@ -8,8 +8,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
+	"github.com/vmarena/vmarena/driver/host"
 	"github.com/vmarena/vmarena/kvcache"
+	"github.com/vmarena/vmarena/physical"
+	"github.com/vmarena/vmarena/tensor"
 	"github.com/vmarena/vmarena/transfer"
+	"github.com/vmarena/vmarena/vaspace"
 )
 
 // TestEngineMatchesLocal: the two sides joined by two tcp transfer engines
@@ -78,4 +85,65 @@ func (s *sides) decodeAll(t *testing.T, layout kvcache.Layout, prompts [][]int, 
 		total += res.Bytes
 	}
 	return total
+}
+
+// TestEngineFetcherRefusesLengths: EngineFetcher used on its own refuses
+// a ref shorter or longer than its destination before any byte moves
+// (the destination keeps what it held), and fetches a ref of the right
+// length whole.
+func TestEngineFetcherRefusesLengths(t *testing.T) {
+	ctx := context.Background()
+	drv, err := host.New(host.Options{Capacity: 64 << 20})
+	require.NoError(t, err)
+	drivertest.CloseAtEnd(t, drv)
+	a, err := arena.New(vaspace.New(drv), physical.New(drv), arena.Options{Max: 64 << 20})
+	require.NoError(t, err)
+	var made []*tensor.Tensor
+	defer func() {
+		for _, x := range made {
+			require.NoError(t, x.Release())
+		}
+		require.NoError(t, a.Close())
+	}()
+	pe, err := transfer.New(transfer.Config{})
+	require.NoError(t, err)
+	defer pe.Close()
+	de, err := transfer.New(transfer.Config{})
+	require.NoError(t, err)
+	defer de.Close()
+	peer, err := de.Connect(ctx, pe.Addr())
+	require.NoError(t, err)
+	defer peer.Close()
+	tensorOf := func(fill byte) *tensor.Tensor {
+		x, err := tensor.OnArena(a, tensor.Uint8, 64)
+		require.NoError(t, err)
+		made = append(made, x)
+		require.NoError(t, x.Access(true, func(b []byte) error {
+			for i := range b {
+				b[i] = fill + byte(i)
+			}
+			return nil
+		}))
+		return x
+	}
+	bytesOf := func(x *tensor.Tensor) (out []byte) {
+		require.NoError(t, x.Access(false, func(b []byte) error { out = slices.Clone(b); return nil }))
+		return out
+	}
+	src := tensorOf(1)
+	ref, release, err := EngineExporter(pe).Export(src)
+	require.NoError(t, err)
+	defer release()
+	f := EngineFetcher(de, peer)
+	for _, n := range []uint64{0, 32, 63, 65} {
+		dst := tensorOf(100)
+		before := bytesOf(dst)
+		bad := ref
+		bad.Len = n
+		drivertest.RequireIs(t, f.Fetch(ctx, []*tensor.Tensor{dst}, []Ref{bad}), driver.ErrInvalid, "its destination has 64")
+		require.Equal(t, before, bytesOf(dst), "a ref of %d bytes: nothing moved", n)
+	}
+	dst := tensorOf(100)
+	require.NoError(t, f.Fetch(ctx, []*tensor.Tensor{dst}, []Ref{ref}))
+	require.Equal(t, bytesOf(src), bytesOf(dst))
 }
