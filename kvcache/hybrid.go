@@ -140,6 +140,12 @@ type hybridGroup struct {
 	first      int
 }
 
+// groupWhat names group i's part of the call what names, for the
+// group's own refusals.
+func (h *Hybrid) groupWhat(what func() string, i int) func() string {
+	return func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, h.groups[i].Kind) }
+}
+
 // maxRecurrentLayers and maxStateBytes bound a Hybrid's recurrent layers
 // in all and a sequence's state, every recurrent layer's StateBytes.
 const (
@@ -658,7 +664,7 @@ func (h *Hybrid) CanAdmit(prompt []int, expectedOutput int) (bool, error) {
 		return false, err
 	}
 	m, cp := h.matchLocked(prompt, h.chainOf(prompt))
-	needs, err := h.planAdmitLocked(what, prompt, m, min(len(prompt)+min(expectedOutput, h.cfg.MaxContext), h.cfg.MaxContext), cp)
+	needs, err := h.planAdmitLocked(what, prompt, m, upTo(len(prompt), expectedOutput, h.cfg.MaxContext), cp)
 	if errors.Is(err, driver.ErrBusy) {
 		return false, nil
 	}
@@ -1019,7 +1025,7 @@ func (s *HybridSeq) Append(tokens []int) (HybridStep, error) {
 		// most an Append) is refused here, before any group appends.
 		var err error
 		if have := gs.n; have < end && c.g.ring > 0 {
-			gwhat := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, h.groups[i].Kind) }
+			gwhat := h.groupWhat(what, i)
 			err = c.ringAppendableLocked(gwhat, end-have)
 		}
 		nd, room := c.appendPlanLocked(gs, end-gs.n)
@@ -1150,7 +1156,7 @@ func (s *HybridSeq) Fork() (*HybridSeq, error) {
 			continue
 		}
 		c := gs.c
-		gwhat := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, h.groups[i].Kind) }
+		gwhat := h.groupWhat(what, i)
 		c.mu.Lock()
 		nd, room, err := c.forkNeedLocked(gwhat, gs)
 		n := gs.n
@@ -1241,7 +1247,7 @@ func (s *HybridSeq) preemptableLocked(what func() string, mode PreemptMode) erro
 		if gs == nil {
 			continue
 		}
-		gwhat := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, s.h.groups[i].Kind) }
+		gwhat := s.h.groupWhat(what, i)
 		gs.c.mu.Lock()
 		err := gs.c.preemptableLocked(gwhat, gs, mode)
 		gs.c.mu.Unlock()

@@ -331,7 +331,7 @@ func (h *Hybrid) fillPoolsLocked(what func() string, want []int, budget bool) (u
 		if g.c == nil || g.c.g.ring > 0 {
 			continue
 		}
-		gw := func() string { return fmt.Sprintf("%s: group %d (%s)", what(), i, g.Kind) }
+		gw := h.groupWhat(what, i)
 		if errs = h.runLocked(i, need{}, nil, func(c *Cache) error {
 			c.mu.Lock()
 			defer c.unlock()

@@ -36,7 +36,7 @@ func (s *HybridSeq) CanResume(more int) (bool, error) {
 		}
 		c := gs.c
 		c.mu.Lock()
-		p := c.planResumeLocked(gs, min(gs.n+min(more, c.cfg.MaxContext), c.cfg.MaxContext))
+		p := c.planResumeLocked(gs, upTo(gs.n, more, c.cfg.MaxContext))
 		c.mu.Unlock()
 		needs[i] = need{uint64(p.need) * c.g.page, uint64(max(p.room, 0)) * c.g.page}
 	}

@@ -434,7 +434,7 @@ func (c *Cache) CanAdmit(prompt []int, extra uint64, expectedOutput int) (bool, 
 	if len(prompt) > c.cfg.MaxContext {
 		return false, nil
 	}
-	total := min(len(prompt)+min(expectedOutput, c.cfg.MaxContext), c.cfg.MaxContext)
+	total := upTo(len(prompt), expectedOutput, c.cfg.MaxContext)
 	return c.planAdmitLocked(m, total).fits(), nil
 }
 
@@ -457,5 +457,11 @@ func (s *Seq) CanResume(more int) (bool, error) {
 	case more < 0:
 		return false, errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
 	}
-	return c.planResumeLocked(s, min(s.n+min(more, c.cfg.MaxContext), c.cfg.MaxContext)).fits(), nil
+	return c.planResumeLocked(s, upTo(s.n, more, c.cfg.MaxContext)).fits(), nil
 }
+
+// upTo is n tokens and more after them, at most limit (a MaxContext), for
+// the admission and resume questions: more, a caller's figure of any size,
+// is capped before the sum, which cannot overflow (n and limit are counts
+// of tokens held or allowed; more is not negative).
+func upTo(n, more, limit int) int { return min(n+min(more, limit), limit) }
