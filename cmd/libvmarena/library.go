@@ -131,28 +131,29 @@ func (l *library) openLocked() error {
 	return nil
 }
 
-// deviceLocked is the backend of the caller's device ordinal, opening the
-// driver and making the backend as needed.
-func (l *library) deviceLocked(ordinal int) (backend, error) {
+// deviceLocked is the backend of the caller's device ordinal and its
+// index in devs, opening the driver and making the backend as needed;
+// made says this call made it.
+func (l *library) deviceLocked(ordinal int) (_ backend, i int, made bool, _ error) {
 	if err := l.openLocked(); err != nil {
-		return nil, err
+		return nil, 0, false, err
 	}
-	i := slices.Index(l.ordinals, ordinal)
+	i = slices.Index(l.ordinals, ordinal)
 	if i < 0 {
-		return nil, errors.WithHintf(errors.Wrapf(driver.ErrNoDevice, "libvmarena: device %d is not one of the %s driver's devices %v", ordinal, l.cfg.Driver, l.ordinals),
+		return nil, 0, false, errors.WithHintf(errors.Wrapf(driver.ErrNoDevice, "libvmarena: device %d is not one of the %s driver's devices %v", ordinal, l.cfg.Driver, l.ordinals),
 			"%s lists the devices the library opens", envDevices)
 	}
 	if l.devs[i] == nil {
 		b, err := newBackend(l.d, backendOptions{Device: driver.DeviceID(i), TagMax: l.cfg.TagMax, BackupDir: l.cfg.BackupDir, HostCache: l.cfg.HostCache})
 		if err != nil {
 			if l.cfg.TagMax != 0 {
-				return nil, errors.Wrapf(err, "libvmarena: device %d (%s=%d)", ordinal, envTagMax, l.cfg.TagMax)
+				return nil, 0, false, errors.Wrapf(err, "libvmarena: device %d (%s=%d)", ordinal, envTagMax, l.cfg.TagMax)
 			}
-			return nil, errors.Wrapf(err, "libvmarena: device %d", ordinal)
+			return nil, 0, false, errors.Wrapf(err, "libvmarena: device %d", ordinal)
 		}
-		l.devs[i] = b
+		l.devs[i], made = b, true
 	}
-	return l.devs[i], nil
+	return l.devs[i], i, made, nil
 }
 
 // usedDeviceLocked is the backend of the caller's device ordinal for a
@@ -208,26 +209,21 @@ func (l *library) alloc(tag int32, size int64, ordinal int) (driver.Addr, error)
 	if tag < 0 || int(tag) >= len(l.tags) {
 		return 0, errors.AssertionFailedf("libvmarena: the thread's tag number %d is not registered", tag)
 	}
-	// fresh: the device has no backend yet, and this call makes it.
-	fresh := l.d == nil
-	if i := slices.Index(l.ordinals, ordinal); i >= 0 && l.devs[i] == nil {
-		fresh = true
-	}
-	b, err := l.deviceLocked(ordinal)
+	b, i, made, err := l.deviceLocked(ordinal)
 	if err != nil {
 		return 0, err
 	}
 	a, err := b.Alloc(l.tags[tag], uint64(size))
 	if err != nil {
 		err = errors.Wrapf(err, "libvmarena: alloc of %d bytes on device %d under tag %q", size, ordinal, l.tags[tag])
-		if fresh {
+		if made {
 			// The backend is this call's: a refused allocation leaves the
 			// device as it found it, without one (and the tag the
 			// backend made for it).
 			if e := b.Close(); e != nil {
 				return 0, errors.CombineErrors(err, errors.Wrapf(e, "libvmarena: device %d: close the backend made for the refused alloc", ordinal))
 			}
-			l.devs[slices.Index(l.ordinals, ordinal)] = nil
+			l.devs[i] = nil
 		}
 		return 0, err
 	}
