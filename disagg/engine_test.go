@@ -105,15 +105,7 @@ func TestEngineFetcherRefusesLengths(t *testing.T) {
 		}
 		require.NoError(t, a.Close())
 	}()
-	pe, err := transfer.New(transfer.Config{})
-	require.NoError(t, err)
-	defer pe.Close()
-	de, err := transfer.New(transfer.Config{})
-	require.NoError(t, err)
-	defer de.Close()
-	peer, err := de.Connect(ctx, pe.Addr())
-	require.NoError(t, err)
-	defer peer.Close()
+	pe, de, peer := joinedEngines(t)
 	tensorOf := func(fill byte) *tensor.Tensor {
 		x, err := tensor.OnArena(a, tensor.Uint8, 64)
 		require.NoError(t, err)

@@ -30,18 +30,28 @@ func (h hostileSource) Units(ctx context.Context, id uint64, from, to int) ([][]
 	return h.bend(refs), nil
 }
 
-// engineSides is s with its sides joined by two tcp transfer engines.
-func engineSides(t *testing.T, s *sides) {
+// joinedEngines are two tcp transfer engines, the prefill side's and the
+// decode side's, and the decode side's peer of the other, closed at the
+// test's end.
+func joinedEngines(t *testing.T) (pe, de *transfer.Engine, peer *transfer.Peer) {
 	t.Helper()
 	pe, err := transfer.New(transfer.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pe.Close() })
-	de, err := transfer.New(transfer.Config{})
+	de, err = transfer.New(transfer.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = de.Close() })
-	peer, err := de.Connect(context.Background(), pe.Addr())
+	peer, err = de.Connect(context.Background(), pe.Addr())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = peer.Close() })
+	return pe, de, peer
+}
+
+// engineSides is s with its sides joined by two tcp transfer engines.
+func engineSides(t *testing.T, s *sides) {
+	t.Helper()
+	pe, de, peer := joinedEngines(t)
+	var err error
 	s.prefill, err = NewPrefill(s.pc, s.model, EngineExporter(pe))
 	require.NoError(t, err)
 	s.decode, err = NewDecode(s.dc, s.model, EngineFetcher(de, peer))
