@@ -362,10 +362,7 @@ func runModel(t *testing.T, data []byte) {
 				}
 			}
 		case 7: // the stats
-			js, err := l.statsJSON()
-			require.NoError(t, err)
-			var s statsJSON
-			require.NoError(t, json.Unmarshal(js, &s))
+			s := statsOf(t, l)
 			// Live counts exactly; awake bytes are the memory committed
 			// under the tag, at least its live bytes.
 			want, liveBytes := map[string]tagJSON{}, map[string]uint64{}
@@ -442,10 +439,7 @@ func TestDevicesAreSeparate(t *testing.T) {
 	require.ErrorIs(t, l.free(p1, 8192, 0), driver.ErrNotAllocated)
 	_, err = l.alloc(0, 4096, 2)
 	require.ErrorIs(t, err, driver.ErrNoDevice)
-	js, err := l.statsJSON()
-	require.NoError(t, err)
-	var s statsJSON
-	require.NoError(t, json.Unmarshal(js, &s))
+	s := statsOf(t, l)
 	require.Len(t, s.Devices, 2)
 	for i, want := range []uint64{4096, 8192} {
 		require.Equal(t, i, s.Devices[i].Device)
@@ -551,10 +545,7 @@ func TestFreeWaitsForTheStream(t *testing.T) {
 	l.mu.Lock()
 	l.d = &syncing{Driver: l.d, sync: func(dev driver.DeviceID, stream uintptr) error {
 		// The library's lock is free in the wait: stats can be read.
-		js, err := l.statsJSON()
-		require.NoError(t, err)
-		var s statsJSON
-		require.NoError(t, json.Unmarshal(js, &s))
+		s := statsOf(t, l)
 		waits = append(waits, wait{dev, stream, s.Devices[1].Tags[0].Live})
 		if fail != nil {
 			if fail.Error() == "panic" {
@@ -565,13 +556,7 @@ func TestFreeWaitsForTheStream(t *testing.T) {
 		return nil
 	}}
 	l.mu.Unlock()
-	stats := func() statsJSON {
-		js, err := l.statsJSON()
-		require.NoError(t, err)
-		var s statsJSON
-		require.NoError(t, json.Unmarshal(js, &s))
-		return s
-	}
+	stats := func() statsJSON { return statsOf(t, l) }
 	before := stats()
 
 	// Bad frees wait for nothing.
@@ -614,13 +599,7 @@ func TestFreeOnAnUnusedDeviceMakesNothing(t *testing.T) {
 	l := newLibrary(testEnv(envDevices, "2"))
 	p, err := l.alloc(0, 4096, 0)
 	require.NoError(t, err)
-	stats := func() statsJSON {
-		js, err := l.statsJSON()
-		require.NoError(t, err)
-		var s statsJSON
-		require.NoError(t, json.Unmarshal(js, &s))
-		return s
-	}
+	stats := func() statsJSON { return statsOf(t, l) }
 	before := stats()
 	for _, size := range []uint64{0, 4096} {
 		err := l.free(p, size, 1)
@@ -689,11 +668,18 @@ func TestFileSleepNamesTheBackupDir(t *testing.T) {
 	err = l.sleep("", int(modeFile))
 	require.Error(t, err)
 	require.ErrorContains(t, err, `VMARENA_BACKUP_DIR="/nonexistent/vmarena-backups"`)
+	s := statsOf(t, l)
+	require.False(t, s.Devices[0].Tags[0].Asleep)
+	require.NoError(t, l.free(p, 4096, 0))
+	require.NoError(t, l.shutdown())
+}
+
+// statsOf is l's stats JSON, decoded.
+func statsOf(t testing.TB, l *library) statsJSON {
+	t.Helper()
 	js, err := l.statsJSON()
 	require.NoError(t, err)
 	var s statsJSON
 	require.NoError(t, json.Unmarshal(js, &s))
-	require.False(t, s.Devices[0].Tags[0].Asleep)
-	require.NoError(t, l.free(p, 4096, 0))
-	require.NoError(t, l.shutdown())
+	return s
 }
