@@ -64,6 +64,11 @@ type slot struct {
 	hi                       int
 	seq                      *Seq
 	freedAt                  uint64 // tick of the last Free, for reclaiming idle slots oldest first
+	// cleared says ClearKept has unmapped the units the slot's last
+	// sequence left kept above the last one a match borrowed (kept.go);
+	// false again when a sequence leaves the slot, or a match first
+	// borrows a unit the slot keeps.
+	cleared bool
 	// idleListed says the slot is in the cache's idle list, between
 	// idlePrev and idleNext; admitting keeps it out while Admit matches a
 	// prompt into it.

@@ -216,3 +216,84 @@ func TestWarmClearsASpareSlot(t *testing.T) {
 	require.NoError(t, c.Check())
 	require.NoError(t, d.Free())
 }
+
+// TestClearKeptUnmapsWhatNoMatchBorrowed: ClearKept unmaps, ahead, the
+// units a free slot keeps above the last one a match borrowed — its
+// sequence's own question, past a shared document — a unit at a time as
+// its bound allows, and never the document; the next admission sharing
+// the document then takes the slot and reuses every document unit with
+// no unmap on its path. A slot keeping nothing a match borrowed keeps
+// what it has; a refused call changes nothing.
+func TestClearKeptUnmapsWhatNoMatchBorrowed(t *testing.T) {
+	e := simEnv(t, 64<<20, page)
+	drv := e.drv.(*sim.Driver)
+	c := e.cache(t, tinyConfig(TokenMajor, 512, 4))
+	const doc, question = 192, 64
+	up := c.g.unitPages()
+
+	// Nothing a match borrowed: nothing to clear.
+	x := prefill(t, c, seqTokens(doc+question, doc, 90000), 0)
+	require.NoError(t, x.Free())
+	kept := c.Stats().KeptUnits
+	require.Positive(t, kept)
+	n, err := c.ClearKept(1 << 20)
+	require.NoError(t, err)
+	require.Zero(t, n, "no unit of x's was borrowed by a match: no admission would reuse its slot's prefix")
+	require.Equal(t, kept, c.Stats().KeptUnits)
+
+	// b matches x's document and adds a question of its own: both
+	// slots keep the document, a match borrowed, and a question above it.
+	b := prefill(t, c, seqTokens(doc+question, doc, 50000), 0)
+	docUnits := c.UnitsFor(b.Matched())
+	require.Positive(t, docUnits)
+	require.NotEqual(t, x.Slot(), b.Slot())
+	require.NoError(t, b.Free())
+	st := c.Stats()
+	own := st.KeptUnits/2 - docUnits
+	require.Positive(t, own, "each slot keeps its question's whole units past the document")
+
+	// Refused: nothing changes.
+	before := c.Stats()
+	_, err = c.ClearKept(-1)
+	requireIs(t, err, driver.ErrInvalid, "a negative bound")
+	require.Equal(t, before, c.Stats())
+
+	// The bound: none, then one unit's pages (of x's slot, the first
+	// freed), then the rest.
+	n, err = c.ClearKept(up - 1)
+	require.NoError(t, err)
+	require.Zero(t, n, "less than a unit's pages unmaps no unit")
+	t0 := drv.Tally().Total()
+	n, err = c.ClearKept(up)
+	require.NoError(t, err)
+	require.Equal(t, up, n)
+	require.Equal(t, st.KeptUnits-1, c.Stats().KeptUnits)
+	require.NoError(t, c.Check())
+	n, err = c.ClearKept(1 << 20)
+	require.NoError(t, err)
+	require.Equal(t, (2*own-1)*up, n, "the rest of both questions, not the document")
+	require.Equal(t, uint64(2*own*up), drv.Tally().Total().Sub(t0).Unmap)
+	require.Equal(t, 2*docUnits, c.Stats().KeptUnits)
+	n, err = c.ClearKept(1 << 20)
+	require.NoError(t, err)
+	require.Zero(t, n, "cleared")
+	require.NoError(t, c.Check())
+
+	// The next admission sharing the document reuses it where x's slot
+	// keeps it: no unmap on its path.
+	t1 := drv.Tally().Total()
+	d, err := c.Admit(seqTokens(doc+question, doc, 70000), 0)
+	require.NoError(t, err)
+	require.Equal(t, x.Slot(), d.Slot(), "the lowest slot keeping the document")
+	require.Zero(t, drv.Tally().Total().Sub(t1).Unmap)
+	require.Equal(t, st.KeptReused+docUnits, c.Stats().KeptReused)
+	require.NoError(t, c.Check())
+	require.NoError(t, d.Free())
+	require.NoError(t, c.Close())
+	_, err = c.ClearKept(1)
+	requireIs(t, err, driver.ErrClosed, "a closed cache")
+	var zero *Cache
+	_, err = zero.ClearKept(1)
+	requireIs(t, err, driver.ErrInvalid, "a nil cache")
+	require.Zero(t, e.used(t))
+}

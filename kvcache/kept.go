@@ -1,6 +1,12 @@
 package kvcache
 
-import "github.com/vmarena/vmarena/internal/errors"
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/internal/errors"
+
+	"github.com/vmarena/vmarena/driver"
+)
 
 // Kept mappings. A sequence that ends (Free) or is preempted leaves the
 // listed prefix store units it borrowed mapped where they are, in state
@@ -41,6 +47,17 @@ import "github.com/vmarena/vmarena/internal/errors"
 // pickSlotLocked weighs it against the free slot keeping the fewest (a
 // walk of the MaxSeqs slots, fewestKeptFreeLocked), which Warm clears
 // ahead where every free slot keeps units.
+//
+// A free slot whose last sequence matched a shared prefix (a system
+// prompt, a document) and put its own question's units in the store
+// keeps both, and the next admission sharing the prefix would unmap the
+// question's units on its path, or take a clean slot and map the whole
+// prefix again. ClearKept unmaps them ahead, in a step's spare time: in
+// free slots, oldest free first, the kept units above the last one a
+// match borrowed (su.hits counts the matches that borrowed a store
+// unit; a slot keeping none a match borrowed keeps what it has, since no
+// admission would reuse it where it is). A slot it walked is cleared
+// until a sequence leaves it or a match first borrows a unit it keeps.
 
 // keepable reports whether a borrowed su may stay mapped once its
 // borrower ends: listed (published, matchable) and whole.
@@ -85,7 +102,7 @@ func (c *Cache) unkeepLocked(sl *slot, u int) {
 // cached units join the LRU list from a chain's end.
 func (c *Cache) leaveLocked(sl *slot, to int, keepOwned bool) error {
 	err := c.leaveRangeLocked(sl, 0, to, keepOwned)
-	sl.shared = 0
+	sl.shared, sl.cleared = 0, false
 	return err
 }
 
@@ -157,6 +174,103 @@ func (c *Cache) takeKeptLocked(sl *slot, sus []*storeUnit) (writable bool, err e
 		u = lo
 	}
 	return writable, nil
+}
+
+// ClearKept unmaps, ahead, what free slots keep mapped that the next
+// admission into them would unmap on its path: the units a slot's last
+// sequence put in the prefix store itself and no match has borrowed since
+// (its question, its part of a conversation), kept above the last unit
+// any match borrowed (a system prompt, a shared document). The admission
+// that shares the slot's prefix then reuses the kept units below them
+// with no unmap (pickSlotLocked weighs every other kept unit of a slot as
+// unmapMaps maps). The units stay in the store, cached and matchable: a
+// later match maps them again (a map each, against an unmap each now).
+// Free slots go oldest free first, each from its last kept unit down to
+// the first a match borrowed; at most pages pages are unmapped, whole
+// units (what a unit's pages would pass the bound is left, with the
+// rest, for the next call). An engine calls it while a step computes,
+// with the unmaps the time left pays for, as vmarena kv simulate does
+// after Warm. It returns the pages it unmapped. It refuses a negative
+// count (ErrInvalid) and a closed cache (ErrClosed); a driver failure
+// ends it, the units unmapped before it gone.
+func (c *Cache) ClearKept(pages int) (int, error) {
+	what := func() string { return fmt.Sprintf("kvcache: clear free slots' kept units, at most %d pages", pages) }
+	if err := c.made(what); err != nil {
+		return 0, err
+	}
+	if pages < 0 {
+		return 0, errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
+	}
+	c.mu.Lock()
+	defer c.unlock()
+	if err := c.usableLocked(what); err != nil {
+		return 0, err
+	}
+	up := c.g.unitPages()
+	n := 0
+	for {
+		sl := c.oldestUnclearedLocked()
+		if sl == nil {
+			break
+		}
+		k, whole, err := c.clearKeptOfLocked(sl, pages/up-n)
+		n += k
+		if err != nil {
+			c.checkAfter("clear kept")
+			return n * up, errors.Wrapf(err, "%s", what())
+		}
+		if !whole {
+			break
+		}
+	}
+	c.checkAfter("clear kept")
+	return n * up, nil
+}
+
+// oldestUnclearedLocked is the free slot freed longest ago (the lowest
+// of those) that keeps units ClearKept has not walked, or nil.
+func (c *Cache) oldestUnclearedLocked() *slot {
+	var sl *slot
+	for _, x := range c.slotList {
+		if x.seq == nil && x.kept > 0 && !x.cleared && (sl == nil || x.freedAt < sl.freedAt) {
+			sl = x
+		}
+	}
+	return sl
+}
+
+// clearKeptOfLocked unmaps, from sl's last kept unit down to the last
+// one a match borrowed, the kept units no match has borrowed, at most
+// most of them, in one arena call a run. A slot that keeps no unit a
+// match borrowed keeps what it has: no admission would reuse its prefix,
+// and the one that takes it unmaps them (clearSpareSlotLocked, ahead, for
+// the spare). It returns how many it unmapped and whether it got there
+// (sl is cleared then), not stopped by most.
+func (c *Cache) clearKeptOfLocked(sl *slot, most int) (n int, whole bool, err error) {
+	shared := sl.hi - 1 // the last kept unit a match borrowed
+	for shared >= 0 && (sl.units[shared].state != unitKept || sl.units[shared].su.hits == 0) {
+		shared--
+	}
+	kept := func(u int) bool { return sl.units[u].state == unitKept }
+	for u := sl.hi - 1; u > shared && shared >= 0; u-- {
+		if !kept(u) {
+			continue
+		}
+		if n == most {
+			return n, false, nil
+		}
+		lo := u
+		for lo-1 > shared && n+u+1-lo < most && kept(lo-1) {
+			lo--
+		}
+		if err := c.decommitUnitsLocked(sl, lo, u+1); err != nil {
+			return n, false, err
+		}
+		n += u + 1 - lo
+		u = lo
+	}
+	sl.cleared = true
+	return n, true, nil
 }
 
 // dropKeptLocked unmaps every unit sl keeps (a fork's child slot).

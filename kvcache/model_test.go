@@ -109,6 +109,10 @@ type mslot struct {
 	kept    []*munit
 	seq     *mseq
 	freedAt int
+	// cleared is the cache's slot.cleared: clearKept walked the slot
+	// since its last sequence left, or a match first borrowed a unit it
+	// keeps.
+	cleared bool
 }
 
 type mseq struct {
@@ -134,6 +138,8 @@ type munit struct {
 	owner             *mseq
 	published, listed bool
 	private           bool // a fork's: never listed, freed when let go
+	// hits counts the admissions and resumes whose match borrowed it.
+	hits int
 }
 
 type model struct {
@@ -252,6 +258,7 @@ func (m *model) keptIn(sl *mslot) (n int) {
 // last unit down, a borrowed listed unit is kept mapped, any other
 // borrowed unit given back, an owned one decommitted unless keepOwned.
 func (m *model) leave(sl *mslot, keepOwned bool) {
+	sl.cleared = false
 	for u := len(sl.owned) - 1; u >= 0; u-- {
 		if mu := sl.borrowed[u]; mu != nil && mu.listed {
 			sl.borrowed[u] = nil
@@ -700,7 +707,54 @@ func (m *model) apply(s *mseq, r mmatch, copy bool) []int {
 		r.tokens, _ = m.g.unitTokens(k)
 	}
 	s.matched = r.tokens
+	for _, mu := range r.units[:k] {
+		if mu.hits == 0 {
+			for _, x := range m.slots {
+				if x.kept[mu.u] == mu {
+					x.cleared = false
+				}
+			}
+		}
+		mu.hits++
+	}
 	return backed
+}
+
+// clearKept is the cache's ClearKept: of the free slots keeping units it
+// has not walked, oldest free first (the lowest of those), each loses
+// the kept units above the last one a match borrowed — none where it
+// keeps no such unit — from its last down, until pages pages' units are
+// gone. It returns the pages unmapped.
+func (m *model) clearKept(pages int) int {
+	most, n := pages/m.up(), 0
+	for {
+		pick := -1
+		for k, sl := range m.slots {
+			if sl.seq == nil && !sl.cleared && m.keptIn(sl) > 0 && (pick < 0 || sl.freedAt < m.slots[pick].freedAt) {
+				pick = k
+			}
+		}
+		if pick < 0 {
+			return n * m.up()
+		}
+		sl := m.slots[pick]
+		shared := len(sl.kept) - 1
+		for shared >= 0 && (sl.kept[shared] == nil || sl.kept[shared].hits == 0) {
+			shared--
+		}
+		for u := len(sl.kept) - 1; u > shared && shared >= 0; u-- {
+			if sl.kept[u] == nil {
+				continue
+			}
+			if n == most {
+				return n * m.up()
+			}
+			sl.kept[u] = nil
+			m.keptDropped++
+			n++
+		}
+		sl.cleared = true
+	}
 }
 
 // canAdmit is the cache's CanAdmit: the slot Admit would take, and
@@ -803,6 +857,8 @@ type modelRun struct {
 	steps, stepOOMs, reserves, warms     int
 	forks, refusedForks, cowCopies       int
 	replaced                             int
+	// cleared counts the ClearKept calls that unmapped a kept unit.
+	cleared int
 }
 
 // add counts o's figures into r.
@@ -827,6 +883,7 @@ func (r *modelRun) add(o modelRun) {
 	r.replaced += o.replaced
 	r.reserves += o.reserves
 	r.warms += o.warms
+	r.cleared += o.cleared
 }
 
 // books is every book of a cache a refused call must leave as it was:
@@ -877,8 +934,13 @@ func requireRefused(t *testing.T, err error, before, after books, failed [2]uint
 // the config byte says so, the sim driver) and the model, in the layout
 // the config byte says — or, layout Contiguous, in that layout with 3
 // layers (a token of 12 KiB: 5 1/3 a 64 KiB page, so tokens straddle two
-// pages at two boundaries in three).
+// pages at two boundaries in three). The cache has three slots.
 func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
+	return runModelSlots(t, data, layout, 3)
+}
+
+// runModelSlots is runModel with slots slots.
+func runModelSlots(t *testing.T, data []byte, layout Layout, slots int) (r modelRun) {
 	cfgByte, ops := decode(data)
 	if len(ops) == 0 {
 		return r
@@ -891,7 +953,7 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 	}
 	onSim := cfgByte/2%4 == 0
 	budget := 24 + int(cfgByte/8%4)*16
-	cfg := tinyConfig(layout, 96, 3)
+	cfg := tinyConfig(layout, 96, slots)
 	if layout == Contiguous {
 		cfg.Layers = 3
 	}
@@ -1170,8 +1232,15 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 			}
 			r.appends++
 		case opWarm:
-			// The pool grows to n pages, within the free budget beside
-			// the pages in use and the pool.
+			// Kept units no match borrowed, above those one did, unmapped
+			// ahead as far as o.seq pages allow; then the pool grows to n
+			// pages, within the free budget beside the pages in use and
+			// the pool.
+			pages := o.seq % 16
+			cleared, err := c.ClearKept(pages)
+			require.NoError(t, err, step)
+			require.Equal(t, m.clearKept(pages), cleared, step)
+			r.cleared += b2i(cleared > 0)
 			n := o.n % 24
 			got, err := c.Warm(n)
 			require.NoError(t, err, step)
@@ -1210,6 +1279,8 @@ func runModel(t *testing.T, data []byte, layout Layout) (r modelRun) {
 				m.created += add
 			}
 			require.Equal(t, m.pooled, got, step)
+			// What the time left after the warm pays for: kept units no
+			// match borrowed, above those one did.
 			r.warms++
 		case opStep:
 			ok, oom := m.step(t, c, o, &fresh, cfg.MaxContext, onSim, step)
@@ -1418,6 +1489,7 @@ func FuzzCacheModel(f *testing.F) {
 		}
 		_ = runModel(t, data, AutoLayout)
 		_ = runModel(t, data, Contiguous)
+		_ = runModelSlots(t, data, AutoLayout, 8)
 	})
 }
 

@@ -76,6 +76,10 @@ type storeUnit struct {
 	used uint64
 	// keptIn is the slots that keep it mapped at unit u (kept.go).
 	keptIn []*slot
+	// hits counts the admissions and resumes whose match borrowed it
+	// (countMatchLocked): none for a unit only its writer has mapped,
+	// whose kept mappings ClearKept unmaps ahead.
+	hits int
 	// clear says it is one of the cached units at the LRU list's front
 	// that keep no mapping (prefixStore.clearN).
 	clear bool
@@ -766,6 +770,20 @@ func (c *Cache) countMatchLocked(s *Seq) {
 	}
 	c.counts.queries += len(s.prompt) / c.g.block
 	c.counts.hits += s.matched / c.g.block
+	for sl, u := s.sl, s.sl.lo; u < sl.shared; u++ {
+		su := sl.units[u].su
+		if su == nil {
+			continue
+		}
+		if su.hits == 0 {
+			// The slots keeping it may now keep units above it that no
+			// match borrowed: ClearKept walks them again.
+			for _, x := range su.keptIn {
+				x.cleared = false
+			}
+		}
+		su.hits++
+	}
 }
 
 // rematchLocked borrows again, for a preempted sequence being resumed,
