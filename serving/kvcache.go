@@ -520,6 +520,18 @@ func (k *Cache) warm(n, most int) (bounded bool, err error) {
 	return bounded, errors.Wrapf(err, "serving: kvcache: warm the pool")
 }
 
+// ClearKept unmaps, ahead, at most pages pages of the kept mappings the
+// cache's free slots hold that no match has borrowed (kvcache's
+// Cache.ClearKept), so that the admission sharing a slot's prefix
+// reuses the rest with no unmap on its path.
+func (k *Cache) ClearKept(pages int) error {
+	if err := k.made("clear kept mappings"); err != nil {
+		return err
+	}
+	_, err := k.cache.ClearKept(pages)
+	return errors.Wrapf(err, "serving: kvcache: clear kept mappings")
+}
+
 // Computed marks the tokens appended to r's sequence written
 // (kvcache's MarkWritten). Simulate calls it as soon as Append has
 // scheduled them into a step, whose every layer writes the batch's keys

@@ -371,6 +371,8 @@ func TestKVCacheBadInput(t *testing.T) {
 		{func() error { _, err := k.Reserve(a, -1); return err }, "reserve -1 tokens of request 0 at 20: want 0 to 1"},
 		{func() error { _, err := k.Reserve(a, 2); return err }, "reserve 2 tokens of request 0 at 20: want 0 to 1"},
 		{func() error { _, err := k.Reserve(b, 1); return err }, "reserve request 1: it is not admitted"},
+		{func() error { return k.ClearKept(-1) }, "kvcache: clear free slots' kept units, at most -1 pages: a negative count"},
+		{func() error { return (&Cache{}).ClearKept(1) }, "clear kept mappings: the scheme was not made by NewCache"},
 	} {
 		err := tc.call()
 		require.ErrorIs(t, err, driver.ErrInvalid, tc.says)

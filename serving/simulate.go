@@ -1118,6 +1118,9 @@ func (s *simulation) warm(window time.Duration, idle bool) error {
 	}
 	m := s.enter()
 	err := s.warmWithin(res, left)
+	if kc, ok := s.scheme.(keptClearer); ok && err == nil && s.drv != nil {
+		err = s.clearKeptWithin(kc, left-s.drv.DriverCalls().Sub(m.calls).Time(s.opts.Prices))
+	}
 	c := s.leave(m)
 	switch {
 	case idle:
@@ -1128,6 +1131,27 @@ func (s *simulation) warm(window time.Duration, idle bool) error {
 		s.background(c) // the scheme's own, as its mapping ahead
 	}
 	return err
+}
+
+// keptClearer is a scheme whose free slots keep mappings that the next
+// admission into them would unmap on its path, and that can unmap them
+// ahead (Cache: kvcache's ClearKept).
+type keptClearer interface {
+	// ClearKept unmaps at most pages pages of them.
+	ClearKept(pages int) error
+}
+
+// clearKeptWithin has kc unmap, after its warm, the kept mappings the time
+// left still pays for (an unmap a page; with unpriced unmaps, all).
+func (s *simulation) clearKeptWithin(kc keptClearer, left time.Duration) error {
+	most := 1 << 30
+	if p := s.opts.Prices.Unmap; p > 0 {
+		most = int(min(left/p, 1<<30))
+	}
+	if most <= 0 {
+		return nil
+	}
+	return kc.ClearKept(most)
 }
 
 // warmRounds bounds warmWithin's calls of the scheme's Warm.
