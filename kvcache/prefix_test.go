@@ -3,6 +3,7 @@ package kvcache
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -362,8 +363,10 @@ func TestResumeCountsItsLookup(t *testing.T) {
 
 // TestConcurrentSharing: goroutines admitting prompts of one family at
 // the same time — some finding the others' units published, some making
-// their own — append, write and read back their sequences; every byte is
-// as written and the books agree. Run it with -race.
+// their own — append, write and read back their sequences, while another
+// warms the pool and clears the free slots' kept units (an engine's
+// background work between steps); every byte is as written and the books
+// agree. Run it with -race.
 func TestConcurrentSharing(t *testing.T) {
 	for _, layout := range []Layout{PerLayer, TokenMajor} {
 		t.Run(layout.String(), func(t *testing.T) {
@@ -414,7 +417,30 @@ func TestConcurrentSharing(t *testing.T) {
 				}()
 			}
 			go func() { wg.Wait(); close(done) }()
+			background := make(chan error, 1)
+			var cleared atomic.Int64
+			go func() {
+				for {
+					select {
+					case <-done:
+						background <- nil
+						return
+					default:
+					}
+					if _, err := c.Warm(64); err != nil {
+						background <- err
+						return
+					}
+					n, err := c.ClearKept(8)
+					if err != nil {
+						background <- err
+						return
+					}
+					cleared.Add(int64(n))
+				}
+			}()
 			bounded(t, "the sequences", func() struct{} { <-done; return struct{}{} })
+			require.NoError(t, bounded(t, "the background work", func() error { return <-background }))
 			close(errs)
 			for err := range errs {
 				require.NoError(t, err)
@@ -422,7 +448,7 @@ func TestConcurrentSharing(t *testing.T) {
 			st := c.Stats()
 			require.Positive(t, st.PrefixHits)
 			require.NoError(t, c.Check())
-			t.Logf("%s: %d hits of %d blocks asked, %d copies", layout, st.PrefixHits, st.PrefixQueries, st.Copies)
+			t.Logf("%s: %d hits of %d blocks asked, %d copies, %d kept pages cleared ahead", layout, st.PrefixHits, st.PrefixQueries, st.Copies, cleared.Load())
 		})
 	}
 }
