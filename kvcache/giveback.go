@@ -67,7 +67,9 @@ func (c *Cache) GiveBack(want uint64) (uint64, error) {
 			return 0, err
 		}
 	}
-	pages := int(min((want+c.g.page-1)/c.g.page, uint64(1)<<40))
+	// Rounded up without the sum want+page-1, which wraps near the top
+	// of uint64 (a caller asking for everything).
+	pages := int(min(want/c.g.page+uint64(b2i(want%c.g.page != 0)), uint64(1)<<40))
 	give := min(pages, c.sparePagesLocked())
 	if give == 0 {
 		return 0, nil

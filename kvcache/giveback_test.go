@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -62,4 +63,32 @@ func TestGiveBack(t *testing.T) {
 	_, err = c.GiveBack(page)
 	require.True(t, errors.Is(err, driver.ErrClosed), "%v", err)
 	require.Zero(t, c.Spare())
+}
+
+// TestGiveBackHugeWant: a want near the top of uint64 (a caller asking
+// for everything, math.MaxUint64) gives back all that Spare counts, as a
+// want of exactly the spare bytes does; the books stay consistent and a
+// later Admit and Append work.
+func TestGiveBackHugeWant(t *testing.T) {
+	for _, want := range []uint64{math.MaxUint64, math.MaxUint64 - page + 2} {
+		e := simEnv(t, 64*page, page)
+		c := e.cache(t, tinyConfig(TokenMajor, 64, 8))
+		s, err := c.Admit(family(0, 16), 0)
+		require.NoError(t, err)
+		_, err = s.Append(family(0, 16))
+		require.NoError(t, err)
+		spare := c.Spare()
+		require.Equal(t, uint64(60*page), spare)
+		got, err := c.GiveBack(want)
+		require.NoError(t, err)
+		require.Equal(t, spare, got, "want %d: everything spare", want)
+		require.Equal(t, uint64(4*page), c.Stats().Budget)
+		require.Zero(t, c.Spare())
+		require.NoError(t, c.Check())
+		_, err = c.SetBudget(8*page, Drop)
+		require.NoError(t, err)
+		_, err = s.Append([]int{7})
+		require.NoError(t, err)
+		require.NoError(t, c.Check())
+	}
 }
