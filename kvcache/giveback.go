@@ -75,7 +75,9 @@ func (c *Cache) GiveBack(want uint64) (uint64, error) {
 		return 0, nil
 	}
 	before := c.budget
-	c.budget = uint64(c.budgetPages()-give) * c.g.page
+	// Less give pages exactly: a budget past the pages the books count
+	// (budgetPages caps them) goes down by give pages, not to the cap.
+	c.budget -= uint64(give) * c.g.page
 	defer c.checkAfter("give back")
 	defer c.trimPoolLocked()
 	for _, step := range []func() error{

@@ -92,3 +92,24 @@ func TestGiveBackHugeWant(t *testing.T) {
 		require.NoError(t, c.Check())
 	}
 }
+
+// TestGiveBackPastAHugeBudget: under a budget past the pages the books
+// count (SetBudget(math.MaxUint64), no limit), GiveBack lowers the budget
+// by what it was asked, in whole pages, and says so: the bytes it returns
+// are the budget's fall, never more than the want rounded up to a page.
+func TestGiveBackPastAHugeBudget(t *testing.T) {
+	e := simEnv(t, 64*page, page)
+	c := e.cache(t, tinyConfig(TokenMajor, 64, 8))
+	_, err := c.SetBudget(math.MaxUint64, Drop)
+	require.NoError(t, err)
+	got, err := c.GiveBack(page + 1)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2*page), got)
+	require.Equal(t, uint64(math.MaxUint64-2*page), c.Stats().Budget)
+	require.NoError(t, c.Check())
+	s, err := c.Admit(family(0, 16), 0)
+	require.NoError(t, err)
+	_, err = s.Append(family(0, 16))
+	require.NoError(t, err)
+	require.NoError(t, c.Check())
+}
