@@ -105,7 +105,9 @@ func (c *Cache) Warm(pages int) (int, error) {
 func (c *Cache) fillPoolLocked(what func() string, pages int) (int, error) {
 	c.warmPages = pages
 	upp := int(c.g.unitBytes / c.g.page)
-	want := min((pages+upp-1)/upp, c.freePagesLocked()/upp) // units
+	// Units, rounded up without the sum pages+upp-1, which wraps for a
+	// count near math.MaxInt.
+	want := min(pages/upp+b2i(pages%upp != 0), c.freePagesLocked()/upp)
 	if want <= c.pooledPages()/upp {
 		return c.pooledPages(), nil
 	}

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -103,4 +104,28 @@ func TestMultiPageUnitsPoolWhole(t *testing.T) {
 	require.Positive(t, p1.Reused)
 	require.NoError(t, c.Close())
 	require.Zero(t, e.used(t))
+}
+
+// TestWarmHugeCount: Warm of a count near math.MaxInt (a caller asking
+// for all it can), in units of several pages, fills the pool to the free
+// budget, as a count of the budget's pages does; a later Admit and Append
+// take their pages from it.
+func TestWarmHugeCount(t *testing.T) {
+	for _, pages := range []int{math.MaxInt, math.MaxInt - 1} {
+		e := hostEnv(t, 64<<20)
+		cfg := tinyConfig(TokenMajor, 64, 2)
+		cfg.HeadDim = 384 // 96 KiB a token: a unit of two pages
+		cfg.Budget = 16 * page
+		c := e.cache(t, cfg)
+		require.Equal(t, uint64(2*page), c.g.unitBytes)
+		got, err := c.Warm(pages)
+		require.NoError(t, err)
+		require.Equal(t, 16, got, "Warm(%d): the whole free budget", pages)
+		require.Equal(t, 16, c.Stats().PooledPages)
+		require.NoError(t, c.Check())
+		s := prefill(t, c, family(0, 3), 0)
+		require.Equal(t, 3, s.Len())
+		require.Equal(t, 16, c.Stats().PagesCommitted+c.Stats().PooledPages)
+		require.NoError(t, c.Check())
+	}
 }
