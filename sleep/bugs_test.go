@@ -10,7 +10,9 @@ import (
 	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/host"
+	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/leakcheck"
 )
 
@@ -405,4 +407,52 @@ func TestRefusedFirstAllocMakesNoTag(t *testing.T) {
 	require.NoError(t, m.Free(q))
 	require.NoError(t, m.Free(p))
 	require.NoError(t, m.Close())
+}
+
+// TestRefusedSleepKeepsFreeMemory: a Sleep refused before anything is
+// backed up — a BackupDir that is a file, not a directory (ErrInvalid); a
+// Host sleep on the sim driver, which has no bytes (ErrUnsupported) —
+// leaves the tag as it was: awake, its free chunks still committed for
+// its next allocations (Stats equal before and after), the device's used
+// bytes unchanged. A valid Sleep and Wake follow.
+func TestRefusedSleepKeepsFreeMemory(t *testing.T) {
+	notDir := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(notDir, nil, 0o600))
+	simDrv, err := sim.New(sim.Options{Devices: 1, Capacity: testCap, Granularity: 4 * kib})
+	require.NoError(t, err)
+	drivertest.CloseAtEnd(t, simDrv)
+	for _, c := range []struct {
+		name string
+		d    interface {
+			driver.Driver
+			Used(driver.DeviceID) uint64
+		}
+		mode Mode
+		want error
+	}{
+		{"file into a file", openHost(t, testCap), File, driver.ErrInvalid},
+		{"host on sim", simDrv, Host, driver.ErrUnsupported},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := New(c.d, Options{TagMax: testTMax, ChunkSize: testCS, BackupDir: notDir})
+			require.NoError(t, err)
+			_, err = m.Alloc("w", 100) // live: closeAll frees it
+			require.NoError(t, err)
+			q, err := m.Alloc("w", 300*kib)
+			require.NoError(t, err)
+			require.NoError(t, m.Free(q)) // its chunks stay committed in the tag
+			before, used := m.Stats(), c.d.Used(0)
+			require.Greater(t, before[0].AwakeBytes, testCS)
+			err = m.Sleep(c.mode, "w")
+			require.ErrorIs(t, err, c.want)
+			require.ErrorContains(t, err, `sleep: `+c.mode.String()+` backup of tag "w"`)
+			require.Equal(t, before, m.Stats())
+			require.Equal(t, used, c.d.Used(0))
+			require.NoError(t, m.Check())
+			require.NoError(t, m.Sleep(Discard, "w"))
+			require.NoError(t, m.Wake("w"))
+			closeAll(t, m)
+			require.Zero(t, c.d.Used(0))
+		})
+	}
 }

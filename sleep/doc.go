@@ -15,8 +15,8 @@
 // tag's (tagDriver) that passes every call to the real driver and records
 // each chunk, mapping and access grant. Sleep gives the real memory back
 // beneath the allocator's unchanged books; Wake makes it again from the
-// records. Free chunks are trimmed first, so Sleep backs up only live
-// allocations and Wake commits only chunks that hold them.
+// records. Sleep backs up only live allocations, then trims the free
+// chunks, so Wake commits only chunks that hold them.
 //
 // # Guarantees
 //

@@ -515,14 +515,18 @@ func (m *Manager) sleepTag(t *tag, mode Mode) (*backup, bool, error) {
 	if m.hook != nil {
 		m.hook("sleep", t.name)
 	}
-	// Free chunks go back for good first: they need no backup, and wake
-	// need not commit them again.
-	if err := t.al.Trim(); err != nil {
-		return nil, false, errors.Wrapf(err, "sleep: tag %q: give back free memory", t.name)
-	}
+	// The backup first (of the live allocations only): a sleep it
+	// refuses (a BackupDir that cannot be written, no host access) leaves
+	// the tag as it was, its free chunks still committed for its next
+	// allocations.
 	bk, err := takeBackup(m.cache, mode, m.o.BackupDir, t.name, t.live)
 	if err != nil {
 		return nil, false, err
+	}
+	// Free chunks go back for good: they need no backup, and wake need
+	// not commit them again.
+	if err := t.al.Trim(); err != nil {
+		return nil, false, errors.CombineErrors(errors.Wrapf(err, "sleep: tag %q: give back free memory", t.name), bk.free())
 	}
 	if err := t.drv.sleep(); err != nil && !t.drv.isAsleep() {
 		return nil, false, errors.CombineErrors(err, bk.free())
