@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -41,10 +42,11 @@ import (
 // ringGeometry sets g's ring for a window of w tokens: R the fewest
 // pages that hold w + BlockTokens rows, each region two rings long.
 func (g *geometry) ringGeometry(w int) error {
-	rows := uint64(w + g.block)
-	need := rows * g.row
-	r := (need + g.page - 1) / g.page
-	if r > 1<<30 {
+	// Every step is checked: BlockTokens is the caller's, of any size.
+	rows := uint64(w) + uint64(g.block)
+	hi, need := bits.Mul64(rows, g.row)
+	r := need/g.page + uint64(b2i(need%g.page != 0))
+	if hi != 0 || r > 1<<30 {
 		return fmt.Errorf("a ring of %d rows of %s overflows", rows, units.Bytes(g.row))
 	}
 	g.ring = int(r)

@@ -271,3 +271,29 @@ func TestRingReserve(t *testing.T) {
 	require.NoError(t, s.Free())
 	require.NoError(t, c.Check())
 }
+
+// TestRingHugeBlockTokens: a ring's pages hold Window + BlockTokens rows;
+// a BlockTokens near math.MaxInt, whose sum with the window overflows, is
+// refused at New (ErrInvalid, saying the ring overflows) rather than
+// sized from a sum that wrapped — a ring of one page, short of the rows
+// an Append of BlockTokens+1 tokens needs, or no slot at all — and
+// reserves nothing; a BlockTokens that fits still makes a cache.
+func TestRingHugeBlockTokens(t *testing.T) {
+	e := hostEnv(t, 16*units.MiB)
+	for _, bt := range []int{math.MaxInt, math.MaxInt - 39, math.MaxInt / 2} {
+		cfg := ringConfig(8, 64, 40, 256)
+		cfg.BlockTokens = bt
+		_, err := New(e.space, e.mem, cfg)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "kvcache: new cache: a ring of", "overflows")
+		require.Empty(t, e.space.Reservations())
+	}
+	cfg := ringConfig(8, 64, 40, 256)
+	cfg.BlockTokens = 32
+	c := e.cache(t, cfg)
+	require.GreaterOrEqual(t, c.g.ringCap, 40+32)
+	s, err := c.Admit(family(0, 33), 0)
+	require.NoError(t, err)
+	_, err = s.Append(family(0, 33))
+	require.NoError(t, err)
+	require.NoError(t, c.Check())
+}
