@@ -1,6 +1,7 @@
 package sleep
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -392,9 +393,9 @@ func TestRefusedFirstAllocMakesNoTag(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), `tag "weights"`)
 	require.Equal(t, before, tags())
-	// Out of memory, Alloc trims what other tags keep free: the device
-	// holds no more than before.
-	require.LessOrEqual(t, d.Used(0), used)
+	// Past TagMax, refused before anything is done: the device holds
+	// what it held.
+	require.Equal(t, used, d.Used(0))
 	err = m.Sleep(Discard, "weights")
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	require.Contains(t, err.Error(), `no tag "weights"`)
@@ -455,4 +456,39 @@ func TestRefusedSleepKeepsFreeMemory(t *testing.T) {
 			require.Zero(t, c.d.Used(0))
 		})
 	}
+}
+
+// TestAllocPastTagMaxTrimsNothing: an Alloc larger than TagMax, which no
+// tag can ever hold, is refused (ErrOutOfMemory, naming the tag and
+// TagMax) before anything is done: the other tags keep their free chunks
+// committed (Stats and the device's used bytes as before), no tag is
+// made for it, and an Alloc that fits follows.
+func TestAllocPastTagMaxTrimsNothing(t *testing.T) {
+	d := openHost(t, testCap)
+	m := newManager(t, d)
+	keep, err := m.Alloc("kv", 100)
+	require.NoError(t, err)
+	q, err := m.Alloc("kv", 2*mib)
+	require.NoError(t, err)
+	require.NoError(t, m.Free(q)) // its chunks stay committed in "kv"
+	before, used := m.Stats(), d.Used(0)
+	require.Greater(t, before[0].AwakeBytes, 2*mib)
+	for _, c := range []struct {
+		tag  string
+		size uint64
+	}{{"kv", testTMax + 1}, {"weights", testTMax + 1}, {"weights", math.MaxUint64}} {
+		_, err := m.Alloc(c.tag, c.size)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory)
+		require.ErrorContains(t, err, `sleep: alloc `)
+		require.ErrorContains(t, err, `in tag "`+c.tag+`"`)
+		require.ErrorContains(t, err, "TagMax")
+		require.Equal(t, before, m.Stats())
+		require.Equal(t, used, d.Used(0))
+		require.NoError(t, m.Check())
+	}
+	p, err := m.Alloc("weights", testTMax)
+	require.NoError(t, err, "TagMax itself fits")
+	require.NoError(t, m.Free(p))
+	require.NoError(t, m.Free(keep))
+	require.NoError(t, m.Close())
 }

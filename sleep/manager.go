@@ -203,7 +203,9 @@ func (m *Manager) dropTagLocked(t *tag) error {
 // Alloc returns size fresh bytes under tag ("" is the default tag). A
 // tag exists from its first allocation that succeeds: one whose first
 // allocation is refused is not made. A tag that sleeps refuses (ErrBusy naming it): wake it first. In a tag a
-// Sleep or Wake is busy with, Alloc waits for it to return first.
+// Sleep or Wake is busy with, Alloc waits for it to return first. A size
+// larger than Options.TagMax is refused (ErrOutOfMemory) with nothing
+// done.
 func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 	if err := m.begin("Alloc"); err != nil {
 		return 0, err
@@ -211,6 +213,12 @@ func (m *Manager) Alloc(tag string, size uint64) (driver.Addr, error) {
 	defer m.mu.Unlock()
 	if size == 0 {
 		return 0, errors.Wrapf(driver.ErrInvalid, "sleep: alloc in tag %q: size is zero", tag)
+	}
+	if size > m.o.TagMax {
+		// No tag ever holds it: refused before a tag is made for it or
+		// the other tags' free memory is given back for it.
+		return 0, errors.WithHint(errors.Wrapf(driver.ErrOutOfMemory, "sleep: alloc %s in tag %q: larger than TagMax (%s), the most a tag holds",
+			units.Bytes(size), tag, units.Bytes(m.o.TagMax)), "make the Manager with a larger Options.TagMax")
 	}
 	for t := m.tags[tag]; t != nil && t.busy; t = m.tags[tag] {
 		if err := m.waitLocked("Alloc"); err != nil {
