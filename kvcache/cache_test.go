@@ -496,3 +496,29 @@ func TestBadInput(t *testing.T) {
 	require.Zero(t, e.used(t), "Close gave back everything")
 	require.Empty(t, e.space.Reservations())
 }
+
+// TestManySlotsCountTheirBooks: MaxUnits bounds the books New builds, and
+// a slot's own entry (its state, lists, views) weighs several units': a
+// config of MaxUnits slots of one unit each — some 2^26 slot entries, many
+// GiB of host memory — is refused (ErrInvalid, naming MaxUnits) by the
+// check before anything is built, and New reserves nothing for it. A
+// config of a few slots is still accepted.
+func TestManySlotsCountTheirBooks(t *testing.T) {
+	cfg := tinyConfig(PerLayer, 1, MaxUnits) // one unit a slot
+	cfg.NoPrefixSharing = true
+	devs := []driver.Device{{Kind: driver.KindSim, Capacity: 1 << 40, MinGranularity: page, RecommendedGranularity: page}}
+	c := cfg
+	_, err := c.check(devs, page)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "MaxUnits", "MaxSeqs")
+	e := simEnv(t, 1<<40, page)
+	_, err = New(e.space, e.mem, cfg)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "kvcache: new cache", "MaxUnits")
+	require.Empty(t, e.space.Reservations())
+	cfg.MaxSeqs = 64
+	ok := e.cache(t, cfg)
+	s, err := ok.Admit([]int{1}, 0)
+	require.NoError(t, err)
+	_, err = s.Append([]int{1})
+	require.NoError(t, err)
+	require.NoError(t, ok.Check())
+}

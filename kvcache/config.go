@@ -438,17 +438,18 @@ func (cfg *Config) check(devs []driver.Device, gran uint64) (*geometry, error) {
 	if g.units > math.MaxInt32 {
 		return nil, tooBig("the pages of a slot")
 	}
-	if n, ok := mul(uint64(g.units), uint64(cfg.MaxSeqs)); !ok || n > MaxUnits {
-		return nil, errors.WithHint(bad("%d slots of %d units (%s) would take books of %d units, more than MaxUnits (%d; %d bytes of host memory each)",
-			cfg.MaxSeqs, g.units, g, n, MaxUnits, unitInfoBytes), "fewer MaxSeqs, a shorter MaxContext or a larger PageSize")
+	if n, ok := mul(uint64(g.units+slotEntryUnits), uint64(cfg.MaxSeqs)); !ok || n > MaxUnits {
+		return nil, errors.WithHint(bad("%d slots (MaxSeqs) of %d units (%s) would take books of %d units (a slot's own entry counted as %d), more than MaxUnits (%d; %d bytes of host memory each)",
+			cfg.MaxSeqs, g.units, g, n, slotEntryUnits, MaxUnits, unitInfoBytes), "fewer MaxSeqs, a shorter MaxContext or a larger PageSize")
 	}
 	return g, nil
 }
 
 // MaxUnits is the most commit units (pages, or a page in every region in
 // PerLayer) a cache's slots may span together: the books keep an entry
-// for each from New on, so a config asking for more is refused instead of
-// building them. It is the number of 2 MiB pages in 128 TiB, the whole of
+// for each from New on, and one for each slot that weighs slotEntryUnits
+// of them, so a config asking for more is refused instead of building
+// them. It is the number of 2 MiB pages in 128 TiB, the whole of
 // a 47-bit address space, so at a GPU's page size no reservation the
 // address space could hold is refused; smaller pages reach it sooner
 // (64 TiB at 1 MiB, 4 TiB at 64 KiB). Each group of a Hybrid is a cache
@@ -458,6 +459,11 @@ const MaxUnits = 1 << 26
 // unitInfoBytes is the size of a unit's entry in the books (MaxUnits'
 // error).
 const unitInfoBytes = int(unsafe.Sizeof(unitInfo{}))
+
+// slotEntryUnits is a slot's own entry in the books (the slot and its
+// place in the slot list), counted in units' entries, rounded up: what
+// MaxUnits counts for each slot beside its units.
+const slotEntryUnits = (int(unsafe.Sizeof(slot{})+unsafe.Sizeof((*slot)(nil))) + unitInfoBytes - 1) / unitInfoBytes
 
 // pickOrder is the layouts PickLayout weighs, the one it takes on a tie
 // first: TokenMajor's pages hold whole tokens (a prefix is shared at
