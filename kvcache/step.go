@@ -130,6 +130,12 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 	if c.g.ring > 0 {
 		return c.ringStepBatchLocked(what, batch, plan, into)
 	}
+	// Every request is checked before any is waited for or drained (a
+	// drain ends its sequence's tensors), as Append checks its tokens
+	// first: a bad request refuses the step with nothing touched.
+	if err := c.checkStepLocked(what, plan); err != nil {
+		return nil, err
+	}
 	if err := c.quiesceCowLocked(what, plan); err != nil {
 		return nil, err
 	}
@@ -202,20 +208,13 @@ func (c *Cache) Step(batch []StepRequest, into []SeqStep) ([]SeqStep, error) {
 func (c *Cache) settleStepLocked(what func() string, plan []stepPlan) ([]bool, error) {
 	var waited []bool
 	for {
-		if c.closed {
-			return nil, errCacheClosed(what)
+		if err := c.checkStepLocked(what, plan); err != nil {
+			return nil, err
 		}
 		busy := -1
 		for k := range plan {
-			p := &plan[k]
-			s := p.s
-			pwhat := func() string {
-				return fmt.Sprintf("%s: request %d, %d tokens to the sequence of %d in slot %d", what(), p.i, len(p.tokens), s.n, s.sl.idx)
-			}
-			if err := c.appendableLocked(pwhat, s, p.tokens); err != nil {
-				return nil, err
-			}
-			if c.mapping.sl == s.sl && c.mapping.u < c.g.unitsFor(s.n+len(p.tokens)) {
+			s := plan[k].s
+			if c.mapping.sl == s.sl && c.mapping.u < c.g.unitsFor(s.n+len(plan[k].tokens)) {
 				busy = k
 			}
 		}
@@ -228,6 +227,25 @@ func (c *Cache) settleStepLocked(what func() string, plan []stepPlan) ([]bool, e
 		waited[busy] = true
 		c.cond.Wait()
 	}
+}
+
+// checkStepLocked refuses, as Append does, a closed cache and any request
+// Append would refuse of its sequence (appendableLocked).
+func (c *Cache) checkStepLocked(what func() string, plan []stepPlan) error {
+	if c.closed {
+		return errCacheClosed(what)
+	}
+	for k := range plan {
+		p := &plan[k]
+		s := p.s
+		pwhat := func() string {
+			return fmt.Sprintf("%s: request %d, %d tokens to the sequence of %d in slot %d", what(), p.i, len(p.tokens), s.n, s.sl.idx)
+		}
+		if err := c.appendableLocked(pwhat, s, p.tokens); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // planStepLocked fills in each request's units and pages and refuses,

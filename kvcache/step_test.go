@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 )
 
 // step is the model's Cache.Step: o picks up to four running sequences
@@ -298,4 +299,45 @@ func TestStepMapAhead(t *testing.T) {
 			require.NoError(t, c.Close())
 		})
 	}
+}
+
+// TestRefusedStepKeepsTensors: a Step refused for a bad request (no
+// tokens, a negative token, a preempted sequence) is refused before it
+// touches any other request's sequence, as Append is: the tensors handed
+// out for a window sequence whose step would release the units behind
+// its window still read after the refusal, and the books are as before.
+// A valid step of the same sequences follows.
+func TestRefusedStepKeepsTensors(t *testing.T) {
+	e := hostEnv(t, 64<<20)
+	cfg := tinyConfig(PerLayer, 256, 4)
+	cfg.Window = 4
+	c := e.cache(t, cfg)
+	w := prefill(t, c, family(0, 40), 0) // 32 tokens a page: the next step releases unit 0
+	require.True(t, c.releasePendingLocked(w))
+	b := prefill(t, c, family(1, 3), 0)
+	p := prefill(t, c, family(2, 3), 0)
+	require.NoError(t, p.Preempt(Drop))
+	k, err := w.K(0)
+	require.NoError(t, err)
+	read := func() error { _, err := k.At(w.Len()-1, 0, 0); return err }
+	require.NoError(t, read())
+	before := c.Stats()
+	for _, tc := range []struct {
+		name  string
+		batch []StepRequest
+	}{
+		{"no tokens", []StepRequest{{Seq: w, Tokens: []int{1}}, {Seq: b}}},
+		{"negative token", []StepRequest{{Seq: w, Tokens: []int{1}}, {Seq: b, Tokens: []int{-1}}}},
+		{"preempted", []StepRequest{{Seq: w, Tokens: []int{1}}, {Seq: p, Tokens: []int{1}}}},
+	} {
+		_, err := c.Step(tc.batch, nil)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "kvcache: step of 2 sequences: request 1")
+		require.NoError(t, read(), "%s: the window sequence's tensor still reads", tc.name)
+		require.Equal(t, before, c.Stats(), tc.name)
+		require.NoError(t, c.Check(), tc.name)
+	}
+	_, err = c.Step([]StepRequest{{Seq: w, Tokens: []int{1}}, {Seq: b, Tokens: []int{1}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 41, w.Len())
+	require.NoError(t, c.Check())
 }
