@@ -316,9 +316,9 @@ func (c *Cache) cowPagesLocked(s *Seq) int {
 // that reaches need units writes there: granted write access in place
 // when s's slot alone maps it, else copied into a new unit of the slot —
 // if the budget can hold that and the Append's empty units (pages) too
-// (else ErrOutOfMemory, nothing changed). A copy gives the shared unit
-// back, which revokes s's tensors: the caller has quiesced s (no access
-// in flight, no commit of its slot).
+// (else ErrOutOfMemory, nothing changed, in place or not). A copy gives
+// the shared unit back, which revokes s's tensors: the caller has
+// quiesced s (no access in flight, no commit of its slot).
 func (c *Cache) cowLocked(what func() string, s *Seq, need, pages int) error {
 	u, su := c.cowUnitLocked(s)
 	if su == nil {
@@ -326,6 +326,15 @@ func (c *Cache) cowLocked(what func() string, s *Seq, need, pages int) error {
 	}
 	sl, g := s.sl, c.g
 	if su.refs == 1 {
+		// In place only once the Append's own pages fit: a refused
+		// Append leaves the unit shared, read-only.
+		idle, surplus := c.reclaimableLocked(sl, need)
+		if room := c.freePagesLocked() + idle + surplus + c.evictablePagesLocked(); pages > room {
+			return errors.WithHint(
+				errors.Wrapf(driver.ErrOutOfMemory, "%s: its new units need %d pages of %s; the budget of %s has %d free or to give back",
+					what(), pages, units.Bytes(g.page), units.Bytes(c.budget), room),
+				"free or preempt sequences, or raise the budget (SetBudget)")
+		}
 		for r := 0; c.protects && r < g.regions; r++ {
 			if err := c.slots.Grant(c.cfg.Device, c.slotOff(sl, r, u), g.unitBytes, driver.AccessReadWrite); err != nil {
 				var undo error

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/driver/sim"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/race"
@@ -639,4 +640,44 @@ func BenchmarkFork(b *testing.B) {
 	b.ReportMetric(float64(admitWall/n), "admit-ns/op")
 	b.ReportMetric(float64(admitCPU/n), "admit-cpu-ns/op")
 	b.ReportMetric(float64(forkCPU)/float64(admitCPU), "fork/admit-cpu")
+}
+
+// TestRefusedAppendKeepsLastSharedUnit: a fork whose parent is freed maps
+// its partly written last unit alone, so its next Append takes it back
+// for writing in place rather than copy it — but only once that Append's
+// own pages fit: an Append past the budget is refused (ErrOutOfMemory)
+// with the unit still shared, read-only (SharedUnits, its access and the
+// books as before). An Append that fits then writes in place.
+func TestRefusedAppendKeepsLastSharedUnit(t *testing.T) {
+	e := hostEnv(t, 64<<20)
+	cfg := tinyConfig(TokenMajor, 256, 4)
+	cfg.Budget = 12 * page
+	c := e.cache(t, cfg)
+	a := prefill(t, c, family(0, 10), 0) // 4 tokens a unit: the third holds 2
+	child, err := a.Fork()
+	require.NoError(t, err)
+	require.NoError(t, a.Free())
+	shared, before := child.SharedUnits(), snapBooks(t, c, e)
+	require.Equal(t, 3, shared)
+	access := func() driver.Access {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		got, err := c.slots.AccessAt(c.cfg.Device, c.slotOff(child.sl, 0, 2))
+		require.NoError(t, err)
+		return got
+	}
+	require.Equal(t, driver.AccessRead, access())
+	_, err = child.Append(make([]int, 100))
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "kvcache: append 100 tokens", "budget")
+	require.Equal(t, shared, child.SharedUnits(), "the last unit is still shared")
+	require.Equal(t, driver.AccessRead, access())
+	require.Equal(t, before, snapBooks(t, c, e))
+	require.Equal(t, 10, child.Len())
+	require.NoError(t, c.Check())
+	_, err = child.Append([]int{1})
+	require.NoError(t, err)
+	require.Equal(t, 2, child.SharedUnits(), "taken back for writing in place")
+	require.Equal(t, driver.AccessReadWrite, access())
+	require.Zero(t, c.Stats().CowCopies)
+	require.NoError(t, c.Check())
 }
