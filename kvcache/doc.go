@@ -92,6 +92,13 @@
 // answer ErrClosed once revoked and ErrAccessDenied to a write into rows
 // shared through the prefix store.
 //
+// The calls that end a sequence's tensors (Free, Preempt, Close, a
+// SetBudget that preempts it, an Append or Step that must move the
+// memory under them) wait for the accesses in flight through them, as
+// tensor.Lease.Revoke does. An access may call into the cache,
+// but one of those calls on its own sequence, made from inside the
+// access, waits for itself and never returns.
+//
 // # Hybrid models
 //
 // A Hybrid (hybrid.go) holds a model whose layers are of several kinds:
