@@ -61,8 +61,11 @@ type CacheOptions struct {
 // Its choices, where the simulation leaves one:
 //
 //   - Shape: the cache is built from the Config the baselines are —
-//     Model's Layers, KVHeads, HeadDim and ElemBytes (a latent KV as a
-//     key and a value of half its elements each), BlockTokens (the unit
+//     Model's attention layers (AttentionLayers: a recurrent layer keeps
+//     no KV a token, so a token is Model.TokenBytes, as the baselines
+//     count it; its state is the hybrid schemes'), KVHeads, HeadDim and
+//     ElemBytes (a latent KV as a key and a value of half its elements
+//     each), BlockTokens (the unit
 //     of prefix hashing), MaxContext, MaxSeqs (its slots: a preempted
 //     sequence keeps its slot, which Simulate allows for, as it resumes
 //     preempted requests before it admits new ones) and Budget.
@@ -203,7 +206,7 @@ func NewCache(cfg Config, opts CacheOptions) (*Cache, error) {
 	k := &Cache{cfg: cfg, opts: opts, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
 		seqs: map[int]*cacheSeq{}, promptOf: -1}
 	k.cache, err = kvcache.New(k.space, k.mem, kvcache.Config{
-		Layers: cfg.Model.Layers, KVHeads: kvHeads, HeadDim: headDim, DType: dt,
+		Layers: cfg.Model.AttentionLayers(), KVHeads: kvHeads, HeadDim: headDim, DType: dt,
 		BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs,
 		Budget: cfg.Budget, PageSize: page, Layout: opts.Layout, MapAhead: -1, Events: opts.Events,
 	})

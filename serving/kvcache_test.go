@@ -644,3 +644,25 @@ func TestWarmBudget(t *testing.T) {
 	t.Logf("a budget of 64 traces: %d creates for %d tokens", big.Driver.Calls.Create, tokens)
 	require.LessOrEqual(t, big.Driver.Calls.Create, tokens+512+1, "at most the trace's units and a step's pool, not the budget's")
 }
+
+// TestKVCacheHoldsAttentionLayersOnly: this cache keeps a token's KV in
+// the model's attention layers only, Model.TokenBytes as the paged
+// scheme counts it — a model with recurrent layers (qwen3-next: 12
+// attention layers of 48) keeps no KV a token in the others — so the
+// memory a prompt commits is its tokens' KV and less than a page more.
+func TestKVCacheHoldsAttentionLayersOnly(t *testing.T) {
+	for _, name := range ModelPresets() {
+		m, err := ModelPreset(name)
+		require.NoError(t, err)
+		cfg := Config{Model: m, Budget: 4 * units.GiB, MaxContext: 4096, MaxSeqs: 2}
+		k := newKVCache(t, cfg, CacheOptions{Layout: kvcache.AutoLayout})
+		r := simReq(0, 4000, 1)
+		_, err = k.Admit(r)
+		require.NoError(t, err, name)
+		require.NoError(t, k.Append(r, 4000), name)
+		st := k.cache.Stats()
+		want := 4000 * m.TokenBytes()
+		require.GreaterOrEqual(t, st.UsedBytes+st.Waste, want, name)
+		require.Less(t, st.UsedBytes+st.Waste, want+2*k.cache.Config().PageSize, "%s: %d attention layers of %d", name, m.AttentionLayers(), m.Layers)
+	}
+}
