@@ -88,14 +88,16 @@
 // package runs the accept loops, the handshakes (a goroutine each), the
 // queues and the writers itself, and reads every connection through a
 // guard that closes it for what no subscriber or replay client sends: no
-// ZMTP 3 greeting, a frame over 64 KiB, a message of more than 8 frames,
-// a message before the handshake's READY, a first command that is no
-// READY of whole properties (zmq4's metadata parser slices past a short
-// one and panics; a panic that zmq4 should still raise on a peer's input
-// ends that connection, not the process), a handshake not done within
-// 10 s, a peer of a socket type that does not fit (a subscriber must be
-// SUB or XSUB, a replay client DEALER, REQ or ROUTER), a subscriber's
-// message that is no subscription, or more than 256 subscriptions. A
+// ZMTP 3 greeting, a frame over 64 KiB, a message of more than 8 frames
+// (commands counted), a command frame with the MORE flag (a command is
+// one frame), a message before the handshake's READY, a first command
+// that is no READY of whole properties (zmq4's metadata parser slices
+// past a short one and panics; a panic that zmq4 should still raise on
+// a peer's input ends that connection, not the process), a handshake
+// not done within 10 s, a peer of a socket type that does not fit (a
+// subscriber must be SUB or XSUB, a replay client DEALER, REQ or
+// ROUTER), a subscriber's message that is no subscription, or more than
+// 256 subscriptions. A
 // write that blocks 30 s cuts the peer off (a subscriber reconnects and
 // replays). At most 256 subscribers and 256 replay clients are
 // connected at once; Stats.Refused counts the connections closed. An

@@ -15,13 +15,15 @@ import (
 // guardConn, which follows the ZMTP framing of what the peer sends
 // before zmq4 sees it and refuses what no subscriber or replay client
 // sends: no ZMTP 3 greeting, a frame longer than maxFrame, a message of
-// more than maxFrames frames, a message before the handshake's READY,
-// a handshake not done within handshakeTimeout, a first command whose
-// body is not a READY of whole properties (zmq4's metadata parser slices
-// past a short property and panics: the guard holds the command's body,
-// at most maxFrame, and checks it before zmq4 reads its last byte); and
-// it gives each write writeTimeout. A refused connection is closed; the
-// others go on.
+// more than maxFrames frames (commands counted with the rest), a command
+// frame with the MORE flag (ZMTP's commands are single frames; zmq4
+// would append every frame after it to the command), a message before
+// the handshake's READY, a handshake not done within handshakeTimeout,
+// a first command whose body is not a READY of whole properties (zmq4's
+// metadata parser slices past a short property and panics: the guard
+// holds the command's body, at most maxFrame, and checks it before zmq4
+// reads its last byte); and it gives each write writeTimeout. A refused
+// connection is closed; the others go on.
 const (
 	// maxFrame bounds a frame a peer sends: a subscription is the topic
 	// and a byte, a replay request three short frames, the handshake's
@@ -151,17 +153,18 @@ func (g *guardConn) scan(p []byte) error {
 				return errRefused
 			}
 			g.command = flags&0x04 != 0
-			if !g.command {
-				if !g.handshook {
-					return errRefused // a message before READY
-				}
-				g.frames++
-				if g.frames > maxFrames {
-					return errRefused
-				}
-				if flags&0x01 == 0 {
-					g.frames = 0
-				}
+			switch {
+			case g.command && flags&0x01 != 0:
+				return errRefused // a command is one frame: no MORE
+			case !g.command && !g.handshook:
+				return errRefused // a message before READY
+			}
+			g.frames++
+			if g.frames > maxFrames {
+				return errRefused
+			}
+			if flags&0x01 == 0 {
+				g.frames = 0
 			}
 			g.body = size
 			if size == 0 {

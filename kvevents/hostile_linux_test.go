@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"runtime"
@@ -179,4 +180,50 @@ func TestNoLeaks(t *testing.T) {
 	for runtime.NumGoroutine() > goroutines {
 		time.Sleep(5 * time.Millisecond) // a leak is left to go test's -timeout
 	}
+}
+
+// TestHostileCommandFrames: a command frame with the MORE flag (ZMTP
+// commands are single frames), after the handshake or as the READY
+// itself, followed by more such frames, closes its connection on either
+// socket (zmq4 would append them to one message without end); a
+// subscriber and a replay client are served afterwards.
+func TestHostileCommandFrames(t *testing.T) {
+	p := newPublisher(t, Options{})
+	more := []byte{}
+	for range 100 {
+		more = append(more, 0x05, 0) // an empty command frame, with MORE
+	}
+	readyMore := readyAs("DEALER")
+	readyMore[0] |= 0x01
+	for _, addr := range []string{p.Addr().String(), p.ReplayAddr().String()} {
+		for _, send := range [][]byte{
+			cat(greeting(), readyAs("DEALER"), more),
+			cat(greeting(), readyAs("SUB"), more),
+			cat(greeting(), readyMore, more),
+		} {
+			c, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			_, _ = c.Write(send)
+			// A publisher that holds the connection open waiting for the
+			// message's next frame is what this test catches: the deadline
+			// only tells that from a close, generously.
+			require.NoError(t, c.SetReadDeadline(time.Now().Add(30*time.Second)))
+			_, err = io.Copy(io.Discard, c)
+			var ne net.Error
+			require.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection was not closed: the publisher waits for more frames")
+			require.NoError(t, c.Close())
+		}
+	}
+	for p.Stats().Refused < 6 {
+		time.Sleep(time.Millisecond) // counted as each connection's goroutine ends
+	}
+	sub := zmq4.NewSub(context.Background())
+	defer sub.Close()
+	require.NoError(t, sub.Dial("tcp://"+p.Addr().String()))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
+	for p.Stats().Subscribers == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	servesOne(t, p, sub)
+	require.NoError(t, p.Close())
 }
