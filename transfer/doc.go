@@ -57,10 +57,13 @@
 // answers an error, or drops the connection), and never retries a
 // transfer: only Connect retries, DialRetries times at most. It serves
 // at most 1,024 connections at once (one past that is closed as it is
-// accepted), and an accept the kernel refuses (no file descriptor left)
-// is tried again after a pause doubling from 5 ms to 1 s: the engine
-// serves again once descriptors are back, and peers that connect and
-// hold on cannot take every descriptor of the process.
+// accepted); one whose hello, or a request from its first byte on
+// (header and payload), does not come within LeaseTimeout is dropped,
+// while one idle between requests is kept; and an accept the kernel
+// refuses (no file descriptor left) is tried again after a pause
+// doubling from 5 ms to 1 s: the engine serves again once descriptors
+// are back, and peers that connect and hold on cannot take every
+// descriptor of the process.
 //
 // # Trust
 //

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -589,4 +590,62 @@ func TestKinds(t *testing.T) {
 		require.NoError(t, e.Close())
 	}
 	require.Contains(t, transfer.Kinds(), "tcp")
+}
+
+// TestStalledHeader: a peer that sends part of a request's header and
+// then nothing, before its hello or after it, is dropped once
+// LeaseTimeout has passed since the header's first byte, rather than
+// holding its connection (one of the engine's maxServed) for good; a
+// peer idle between requests is kept. Nothing changes, and the engine
+// serves others afterwards.
+func TestStalledHeader(t *testing.T) {
+	l := newLoop(t)
+	before := l.state(t)
+	goroutines := runtime.NumGoroutine()
+	put := header(2, 0, l.dw.ID, l.dw.Gen, l.dw.Addr, 8)
+	for _, c := range []struct {
+		name  string
+		hello bool
+		send  []byte
+	}{
+		{"part of a hello", false, helloFrame(wireVersion, "tcp")[:20]},
+		{"one byte of a put", true, put[:1]},
+		{"all but a byte of a put", true, put[:len(put)-1]},
+		{"a get's magic", true, header(3, 0, l.dw.ID, l.dw.Gen, l.dw.Addr, 8)[:2]},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var conn net.Conn
+			if c.hello {
+				conn = rawConn(t, l.e)
+			} else {
+				var err error
+				conn, err = net.Dial("tcp", l.e.Addr())
+				require.NoError(t, err)
+				defer conn.Close()
+			}
+			_, err := conn.Write(c.send)
+			require.NoError(t, err)
+			// The deadline tells a connection held for good from one
+			// dropped, generously: the engine's LeaseTimeout is 2 s.
+			require.NoError(t, conn.SetReadDeadline(time.Now().Add(60*time.Second)))
+			status, body := readResp(t, conn)
+			require.Equal(t, byte(255), status, "dropped, not answered (%q)", body)
+		})
+	}
+	idle := rawConn(t, l.e) // said hello, and nothing since: kept
+	require.NoError(t, l.p.Get(context.Background(), transfer.Op{Local: l.w, LocalOff: 16, Remote: l.dr, Len: 8}))
+	_, err := idle.Write(header(3, 0, l.dw.ID, l.dw.Gen, l.dw.Addr, 16))
+	require.NoError(t, err)
+	status, _ := readResp(t, idle)
+	require.Zero(t, status)
+	_, err = io.ReadFull(idle, make([]byte, 16))
+	require.NoError(t, err)
+	require.NoError(t, idle.Close())
+	require.NoError(t, l.e.Check())
+	after := l.state(t)
+	require.Equal(t, before.ro, after.ro)
+	require.Equal(t, before.stats.Refused, after.stats.Refused)
+	for runtime.NumGoroutine() > goroutines { // each dropped connection's goroutine ends; a leak hangs to -timeout
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -14,8 +14,10 @@ import (
 
 // The target side: one goroutine accepts control connections, and one
 // per connection serves its requests in order until the connection ends
-// (the peer closes it, a frame is malformed, a payload does not come
-// within LeaseTimeout, or the engine closes). Nothing a peer sends is
+// (the peer closes it, a frame is malformed, the hello, or a request's
+// header and payload from its first byte on, does not come within
+// LeaseTimeout, or the engine closes). A peer may stay idle between
+// requests for as long as it likes. Nothing a peer sends is
 // trusted: each op is checked against the live registrations (servedOp)
 // and moves bytes only inside the registration's range, under its
 // tensor's access.
@@ -107,13 +109,22 @@ func (e *Engine) serve(c net.Conn) {
 		return
 	}
 	for {
-		_ = c.SetDeadline(time.Time{}) // idle between ops: no deadline
-		q, _, err := readRequest(c)
-		if err != nil {
+		// Idle between ops: no deadline until a request's first byte is
+		// in; from then on its header, and the op, have LeaseTimeout.
+		_ = c.SetDeadline(time.Time{})
+		var h [reqSize]byte
+		if _, err := io.ReadFull(c, h[:1]); err != nil {
 			return
 		}
 		deadline := time.Now().Add(e.cfg.LeaseTimeout)
 		_ = c.SetDeadline(deadline)
+		if _, err := io.ReadFull(c, h[1:]); err != nil {
+			return
+		}
+		q, err := decodeRequest(h)
+		if err != nil {
+			return
+		}
 		switch {
 		case q.kind == kindPut && e.worker == nil:
 			err = e.servePut(c, q)
