@@ -97,7 +97,9 @@
 // not done within 10 s, a peer of a socket type that does not fit (a
 // subscriber must be SUB or XSUB, a replay client DEALER, REQ or
 // ROUTER), a subscriber's message that is no subscription, or more than
-// 256 subscriptions. A
+// 256 subscriptions that are a prefix of the topic (one that is not
+// matches nothing and is not kept, so a subscriber keeps len(Topic)+1
+// at most). A
 // write that blocks 30 s cuts the peer off (a subscriber reconnects and
 // replays). At most 256 subscribers and 256 replay clients are
 // connected at once; Stats.Refused counts the connections closed. An

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -222,6 +223,55 @@ func TestHostileCommandFrames(t *testing.T) {
 	require.NoError(t, sub.Dial("tcp://"+p.Addr().String()))
 	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
 	for p.Stats().Subscribers == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	servesOne(t, p, sub)
+	require.NoError(t, p.Close())
+}
+
+// TestHostileSubscriptions: subscribers that each subscribe to hundreds
+// of long topics that are no prefix of the publisher's (they match
+// nothing) do not make the publisher keep them: the heap does not grow
+// by what they sent. They are served as subscribers, and so is a
+// subscriber of the topic.
+func TestHostileSubscriptions(t *testing.T) {
+	p := newPublisher(t, Options{Topic: "kv"})
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	heap := ms.HeapAlloc
+	const conns, subs, size = 8, 250, 60 << 10
+	long := make([]byte, 0, 9+1+size)
+	for i := range conns {
+		c, err := net.Dial("tcp", p.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.Write(cat(greeting(), readyAs("SUB")))
+		require.NoError(t, err)
+		for j := range subs {
+			long = append(long[:0], 0x02)
+			long = binary.BigEndian.AppendUint64(long, 1+size)
+			long = append(long, 1, byte(i), byte(j), byte(j>>8))
+			long = append(long, make([]byte, size-3)...)
+			_, err = c.Write(long)
+			require.NoError(t, err)
+		}
+		_, err = c.Write([]byte{0x00, 1, 1}) // and "": every topic
+		require.NoError(t, err)
+	}
+	for p.Stats().Subscribers < conns { // each subscription applied in order, "" last
+		time.Sleep(time.Millisecond)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	grew := int64(ms.HeapAlloc) - int64(heap)
+	require.Less(t, grew, int64(32<<20), "the heap grew by %d bytes: the publisher keeps subscriptions that match nothing", grew)
+	require.Zero(t, p.Stats().Refused)
+	sub := zmq4.NewSub(context.Background())
+	defer sub.Close()
+	require.NoError(t, sub.Dial("tcp://"+p.Addr().String()))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "k"))
+	for p.Stats().Subscribers < conns+1 {
 		time.Sleep(time.Millisecond)
 	}
 	servesOne(t, p, sub)

@@ -95,7 +95,9 @@ type Stats struct {
 }
 
 // maxPeers bounds the connections a socket holds at once; maxTopics the
-// subscriptions of one subscriber.
+// subscriptions one subscriber keeps (those that are a prefix of the
+// topic: len(Topic)+1 at most, so the bound is reached only with a topic
+// of 256 bytes or more).
 const (
 	maxPeers  = 256
 	maxTopics = 256
@@ -395,12 +397,18 @@ func (p *Publisher) drop(pe *peer) {
 
 // subscribe applies a subscription message (one frame: 1 or 0, then
 // the topic) and reports whether it was one; other messages a SUB never
-// sends, and are refused.
+// sends, and are refused. Only a subscription that is a prefix of the
+// topic is kept (one that is not matches nothing, and its subscribe and
+// unsubscribe change nothing): a subscriber keeps at most len(Topic)+1
+// of them, whatever it sends.
 func (p *Publisher) subscribe(pe *peer, frames [][]byte) bool {
 	if len(frames) != 1 || len(frames[0]) == 0 || frames[0][0] > 1 {
 		return false
 	}
 	t := string(frames[0][1:])
+	if !strings.HasPrefix(p.opts.Topic, t) {
+		return true
+	}
 	pe.mu.Lock()
 	defer pe.mu.Unlock()
 	if frames[0][0] == 1 {
