@@ -68,8 +68,12 @@
 // A request from a number
 // no longer kept is answered with what is still kept and the end marker,
 // as vLLM's: the first number sent is then not the one asked for, and
-// the client knows it lost what lay between. A request from a number not
-// yet published gets the end marker alone. A malformed request (another
+// the client knows it lost what lay between. The answer ends at the
+// newest batch published when the request came, and each batch is
+// looked up as it is sent: one evicted while a slow client is answered
+// is skipped likewise, and a client holds no batch but the one it is
+// being sent. A request from a number not yet published gets the end
+// marker alone. A malformed request (another
 // frame count, a non-empty delimiter, a number not of 8 bytes) or a
 // negative number is refused: counted (Stats.ReplayRefused) and
 // answered by the end marker alone; it changes nothing.

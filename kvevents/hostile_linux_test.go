@@ -277,3 +277,52 @@ func TestHostileSubscriptions(t *testing.T) {
 	servesOne(t, p, sub)
 	require.NoError(t, p.Close())
 }
+
+// TestStalledReplayClients: replay clients that each ask for every
+// batch kept and then read nothing, one after another while the replay
+// buffer turns over, hold no more than the batch each is being sent:
+// the heap does not grow by the buffers they asked for, the batches
+// evicted meanwhile are not kept for them. A replay client is served
+// throughout, and the publisher closes.
+func TestStalledReplayClients(t *testing.T) {
+	const bufferBytes, clients = 32 << 20, 8
+	p := newPublisher(t, Options{BufferBytes: bufferBytes})
+	next := 0
+	fill := func() { // a buffer's worth of new batches, the old ones evicted
+		for b := 0; b < bufferBytes; {
+			batch := makeBatch(next, 32<<10)
+			next++
+			payload, err := EncodeBatch(batch, nil, Array)
+			require.NoError(t, err)
+			b += len(payload)
+			p.Publish(batch)
+		}
+	}
+	fill()
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	heap := ms.HeapAlloc
+	request := cat([]byte{0x01, 0, 0x00, 8}, seq8(0))
+	for i := range clients {
+		c, err := net.DialTCP("tcp", nil, p.ReplayAddr().(*net.TCPAddr))
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.SetReadBuffer(4096)) // what the kernel takes in for it stays small
+		_, err = c.Write(cat(greeting(), readyAs("DEALER"), request))
+		require.NoError(t, err)
+		for p.Stats().Replays < i+1 {
+			time.Sleep(time.Millisecond)
+		}
+		fill()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	grew := int64(ms.HeapAlloc) - int64(heap)
+	require.Less(t, grew, int64(bufferBytes), "the heap grew by %d bytes: stalled replay clients keep the batches evicted since they asked", grew)
+	d := zmq4.NewDealer(context.Background())
+	defer d.Close()
+	require.NoError(t, d.Dial("tcp://"+p.ReplayAddr().String()))
+	require.Equal(t, []int64{int64(next - 1)}, replayFrom(t, d, nil, seq8(int64(next-1))))
+	require.NoError(t, p.Close())
+}

@@ -582,53 +582,60 @@ func ParseReplayRequest(frames [][]byte) (int64, error) {
 
 // replay answers one request of pe's: every batch kept from the number
 // asked on (from the oldest kept, if that one is gone: the client sees
-// the first number is not the one it asked for), then the end marker; a
-// refused request gets the end marker alone. It reports whether pe can
-// still be written to.
+// the first number is not the one it asked for) up to the newest when
+// it asked, then the end marker; a refused request gets the end marker
+// alone. Each batch is looked up as it is sent, so a client that reads
+// slowly holds only the one it is being sent, not every batch it asked
+// for (a batch evicted meanwhile is skipped, as one gone before it
+// asked). It reports whether pe can still be written to.
 func (p *Publisher) replay(pe *peer, frames [][]byte) bool {
 	start, err := ParseReplayRequest(frames)
-	var batches []kept
 	p.mu.Lock()
+	end := p.next
 	if err != nil {
 		p.stats.ReplayRefused++
+		start = end
 	} else {
 		p.stats.Replays++
-		batches = p.fromLocked(start)
-		p.stats.Replayed += len(batches)
 	}
 	p.mu.Unlock()
-	for _, k := range batches {
+	for seq := start; seq < end; {
+		p.mu.Lock()
+		k, ok := p.keptLocked(seq)
+		ok = ok && k.seq < end
+		if ok {
+			p.stats.Replayed++
+		}
+		p.mu.Unlock()
+		if !ok {
+			break
+		}
 		var seqb [8]byte
 		binary.BigEndian.PutUint64(seqb[:], uint64(k.seq))
 		if pe.c.SendMsg(zmq4.NewMsgFrom(nil, seqb[:], k.payload)) != nil {
 			return false
 		}
+		seq = k.seq + 1
 	}
-	var end [8]byte
+	var endb [8]byte
 	endSeq := int64(EndSeq)
-	binary.BigEndian.PutUint64(end[:], uint64(endSeq))
-	return pe.c.SendMsg(zmq4.NewMsgFrom(nil, end[:], nil)) == nil
+	binary.BigEndian.PutUint64(endb[:], uint64(endSeq))
+	return pe.c.SendMsg(zmq4.NewMsgFrom(nil, endb[:], nil)) == nil
 }
 
-// fromLocked is the kept batches from sequence number start on: an index
-// into the ring (sequence numbers are consecutive), no search.
-func (p *Publisher) fromLocked(start int64) []kept {
+// keptLocked is the kept batch of sequence number seq, or the oldest
+// kept after it when that one is gone; false when none is kept from seq
+// on. An index into the ring (sequence numbers are consecutive), no
+// search.
+func (p *Publisher) keptLocked(seq int64) (kept, bool) {
 	if p.n == 0 {
-		return nil
+		return kept{}, false
 	}
-	oldest := p.ring[p.head].seq
-	skip := int64(0)
-	if start > oldest {
-		skip = start - oldest
-	}
+	skip := max(seq-p.ring[p.head].seq, 0)
 	if skip >= int64(p.n) {
-		return nil
+		return kept{}, false
 	}
-	out := make([]kept, 0, int64(p.n)-skip)
-	for i := skip; i < int64(p.n); i++ {
-		out = append(out, p.ring[(p.head+int(i))%len(p.ring)])
-	}
-	return out
+	return p.ring[(p.head+int(skip))%len(p.ring)], true
 }
 
 // Close stops publishing, closes both sockets and every connection, and

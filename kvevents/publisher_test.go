@@ -74,6 +74,20 @@ func TestEncodeErrorTakesNoNumber(t *testing.T) {
 	require.Equal(t, []int64{0}, seqsOf(p.fromLocked(0)))
 }
 
+// fromLocked is the kept batches from sequence number start on, as
+// replay sends them (keptLocked, one after another).
+func (p *Publisher) fromLocked(start int64) []kept {
+	var out []kept
+	for {
+		k, ok := p.keptLocked(start)
+		if !ok {
+			return out
+		}
+		out = append(out, k)
+		start = k.seq + 1
+	}
+}
+
 func seqsOf(ks []kept) []int64 {
 	out := make([]int64, len(ks))
 	for i, k := range ks {
