@@ -81,10 +81,11 @@
 // # Bounds
 //
 // Each subscriber has a queue of its own with a high-water mark
-// (Options.HWM, 100,000 messages, as vLLM's): past it, that
-// subscriber's messages are dropped (Stats.Dropped) until its writer
-// catches up; it sees the gap in the sequence numbers and asks the
-// replay socket. The ZMTP wire is spoken by github.com/go-zeromq/zmq4 at
+// (Options.HWM, 100,000 messages, as vLLM's) and at most
+// Options.BufferBytes of payload (a batch larger than that is queued
+// alone): past either, that subscriber's messages are dropped
+// (Stats.Dropped) until its writer catches up; it sees the gap in the
+// sequence numbers and asks the replay socket. The ZMTP wire is spoken by github.com/go-zeromq/zmq4 at
 // the connection level only (zmq4.Open, Conn.SendMsg, Conn.RecvMsg): its
 // sockets trust their peers (a frame of whatever length a peer
 // announces is allocated, a handshake runs on the accept loop with no

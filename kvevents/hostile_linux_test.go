@@ -326,3 +326,53 @@ func TestStalledReplayClients(t *testing.T) {
 	require.Equal(t, []int64{int64(next - 1)}, replayFrom(t, d, nil, seq8(int64(next-1))))
 	require.NoError(t, p.Close())
 }
+
+// TestStalledSubscriber: a subscriber that reads nothing while many
+// times the replay buffer's bytes are published has at most about
+// BufferBytes queued for it (the rest is dropped, counted, and left to
+// the replay socket), not HWM messages of any size: the heap does not
+// grow by what was published. A subscriber that reads is sent every
+// batch published after it subscribed.
+func TestStalledSubscriber(t *testing.T) {
+	const bufferBytes = 8 << 20
+	p := newPublisher(t, Options{BufferBytes: bufferBytes})
+	c, err := net.DialTCP("tcp", nil, p.Addr().(*net.TCPAddr))
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetReadBuffer(4096)) // what the kernel takes in for it stays small
+	_, err = c.Write(cat(greeting(), readyAs("SUB"), []byte{0x00, 1, 1}))
+	require.NoError(t, err)
+	for p.Stats().Subscribers < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	heap := ms.HeapAlloc
+	for i := 0; p.Stats().Bytes < 8*bufferBytes; i++ {
+		p.Publish(makeBatch(i, 32<<10))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	grew := int64(ms.HeapAlloc) - int64(heap)
+	require.Less(t, grew, int64(4*bufferBytes), "the heap grew by %d bytes: the stalled subscriber's queue keeps what was published", grew)
+	require.Positive(t, p.Stats().Dropped)
+
+	sub := zmq4.NewSub(context.Background())
+	defer sub.Close()
+	require.NoError(t, sub.Dial("tcp://"+p.Addr().String()))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
+	for p.Stats().Subscribers < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	first := p.Stats().Batches
+	for i := range 20 {
+		p.Publish(makeBatch(first+i, 0))
+	}
+	for i := range 20 {
+		m, err := sub.Recv()
+		require.NoError(t, err)
+		require.Equal(t, uint64(first+i), binary.BigEndian.Uint64(m.Frames[1]))
+	}
+	require.NoError(t, p.Close())
+}

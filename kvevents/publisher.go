@@ -62,9 +62,10 @@ type Options struct {
 	// prompts itself finds this cache's blocks.
 	VLLMHashSeed *string
 	// HWM is the PUB socket's high-water mark in messages, a subscriber
-	// (0: DefaultHWM): past it, messages to that subscriber are dropped
-	// until it catches up (it sees a gap in the sequence numbers and
-	// asks the replay socket).
+	// (0: DefaultHWM): past it, or past BufferBytes of payload queued
+	// for that subscriber, messages to it are dropped until it catches
+	// up (it sees a gap in the sequence numbers and asks the replay
+	// socket).
 	HWM int
 }
 
@@ -119,8 +120,13 @@ type peer struct {
 	topics  []string
 	match   bool   // a subscription is a prefix of the topic
 	pending []kept // queued for the writer, at most HWM
-	wake    chan struct{}
-	done    chan struct{}
+	// queued is the payload bytes of pending and of the batch the
+	// writer took and has not sent yet: at most BufferBytes, past which
+	// Publish drops as it does at HWM (one batch larger than that is
+	// queued alone).
+	queued int
+	wake   chan struct{}
+	done   chan struct{}
 }
 
 // Publisher publishes a cache's event batches as vLLM's
@@ -438,13 +444,17 @@ func (p *Publisher) write(pe *peer) {
 		batch := pe.pending
 		pe.pending = nil
 		pe.mu.Unlock()
-		for _, k := range batch {
+		for i, k := range batch {
 			var seqb [8]byte
 			binary.BigEndian.PutUint64(seqb[:], uint64(k.seq))
 			if pe.c.SendMsg(zmq4.NewMsgFrom(p.topic, seqb[:], k.payload)) != nil {
 				_ = pe.raw.Close() // its reader ends, and drops it
 				return
 			}
+			batch[i] = kept{} // sent: the writer holds it no longer
+			pe.mu.Lock()
+			pe.queued -= len(k.payload)
+			pe.mu.Unlock()
 		}
 	}
 }
@@ -483,10 +493,11 @@ func (p *Publisher) Publish(b kvcache.EventBatch) {
 		pe.mu.Lock()
 		switch {
 		case !pe.match || pe.c == nil:
-		case len(pe.pending) >= p.opts.HWM:
+		case len(pe.pending) >= p.opts.HWM || pe.queued > 0 && pe.queued+len(payload) > p.opts.BufferBytes:
 			p.stats.Dropped++
 		default:
 			pe.pending = append(pe.pending, k)
+			pe.queued += len(payload)
 			select {
 			case pe.wake <- struct{}{}:
 			default:
