@@ -85,31 +85,32 @@
 // Options.BufferBytes of payload (a batch larger than that is queued
 // alone): past either, that subscriber's messages are dropped
 // (Stats.Dropped) until its writer catches up; it sees the gap in the
-// sequence numbers and asks the replay socket. The ZMTP wire is spoken by github.com/go-zeromq/zmq4 at
-// the connection level only (zmq4.Open, Conn.SendMsg, Conn.RecvMsg): its
-// sockets trust their peers (a frame of whatever length a peer
-// announces is allocated, a handshake runs on the accept loop with no
-// deadline, a slow subscriber stops the one writer of all), so this
-// package runs the accept loops, the handshakes (a goroutine each), the
-// queues and the writers itself, and reads every connection through a
-// guard that closes it for what no subscriber or replay client sends: no
-// ZMTP 3 greeting, a frame over 64 KiB, a message of more than 8 frames
-// (commands counted), a command frame with the MORE flag (a command is
-// one frame), a message before the handshake's READY, a first command
-// that is no READY of whole properties (zmq4's metadata parser slices
-// past a short one and panics; a panic that zmq4 should still raise on
-// a peer's input ends that connection, not the process), a handshake
-// not done within 10 s, a peer of a socket type that does not fit (a
-// subscriber must be SUB or XSUB, a replay client DEALER, REQ or
-// ROUTER), a subscriber's message that is no subscription, or more than
-// 256 subscriptions that are a prefix of the topic (one that is not
-// matches nothing and is not kept, so a subscriber keeps len(Topic)+1
-// at most). A
-// write that blocks 30 s cuts the peer off (a subscriber reconnects and
-// replays). At most 256 subscribers and 256 replay clients are
-// connected at once; Stats.Refused counts the connections closed. An
-// accept that fails (no file descriptor left) is tried again after a
-// pause doubling from 5 ms to 1 s, not in a loop that spins a core.
+// sequence numbers and asks the replay socket. The ZMTP wire is spoken by
+// github.com/go-zeromq/zmq4 at the connection level only (zmq4.Open,
+// Conn.SendMsg, Conn.RecvMsg): its sockets trust their peers (a frame of
+// whatever length a peer announces is allocated, a handshake runs on the
+// accept loop with no deadline, a slow subscriber stops the one writer of
+// all), so this package runs the accept loops, the handshakes (a goroutine
+// each), the queues and the writers itself (a subscriber's writer sends
+// each message whole, and what zmq4 writes on the reading goroutine, a
+// PONG to a subscriber's PING, goes between messages, never inside one),
+// and reads every connection through a guard that closes it for what no
+// subscriber or replay client sends: no ZMTP 3 greeting, a frame over 64
+// KiB, a message of more than 8 frames (commands counted), a command frame
+// with the MORE flag (a command is one frame), a message before the
+// handshake's READY, a first command that is no READY of whole properties
+// (zmq4's metadata parser slices past a short one and panics; a panic that
+// zmq4 should still raise on a peer's input ends that connection, not the
+// process), a handshake not done within 10 s, a peer of a socket type that
+// does not fit (a subscriber must be SUB or XSUB, a replay client DEALER,
+// REQ or ROUTER), a subscriber's message that is no subscription, or more
+// than 256 subscriptions that are a prefix of the topic (one that is not
+// matches nothing and is not kept, so a subscriber keeps len(Topic)+1 at
+// most). A write that blocks 30 s cuts the peer off (a subscriber
+// reconnects and replays). At most 256 subscribers and 256 replay clients
+// are connected at once; Stats.Refused counts the connections closed. An
+// accept that fails (no file descriptor left) is tried again after a pause
+// doubling from 5 ms to 1 s, not in a loop that spins a core.
 //
 // # What it never does
 //

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,6 +65,12 @@ type guardConn struct {
 	frames    int    // frames of the current message so far
 	handshook bool   // the peer's first command (READY) is in
 	ready     []byte // the first command's body so far, checked whole
+
+	// wmu is held while a message is written (Write, writeMsg); wheld
+	// and out are Write's.
+	wmu   sync.Mutex
+	wheld bool
+	out   outFrames
 }
 
 func newGuardConn(c net.Conn) *guardConn {
@@ -95,9 +102,120 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Write writes what zmq4 sends on the goroutine that reads the
+// connection (the greeting, the handshake's READY, the PONG it answers
+// a PING with, a replay's messages), holding wmu from the first byte of
+// a message (or of the greeting) to its last: a subscriber's writer,
+// which sends through writeMsg under wmu too, never puts a message
+// inside one, and a PONG never lands inside a message it sends (zmq4
+// writes each frame's header and body apart). Only that goroutine calls
+// Write, so out needs no lock.
 func (g *guardConn) Write(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		if !g.wheld {
+			g.wmu.Lock()
+			g.wheld = true
+		}
+		k, end := g.out.advance(p)
+		_ = g.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+		n, err := g.Conn.Write(p[:k])
+		written += n
+		if err != nil || end {
+			g.wheld = false
+			g.wmu.Unlock()
+		}
+		if err != nil {
+			_ = g.Close() // the stream is cut inside a frame: nothing more can go
+			return written, err
+		}
+		p = p[k:]
+	}
+	return written, nil
+}
+
+// endWrites lets wmu go if a message Write began is cut short (the
+// reading goroutine ends inside it): called by that goroutine as it
+// ends, after which the connection is closed, so that the writer fails
+// rather than waits.
+func (g *guardConn) endWrites() {
+	if g.wheld {
+		g.wheld = false
+		g.wmu.Unlock()
+	}
+}
+
+// writeMsg sends frames as one message, under wmu (see Write), in one
+// write where the connection can.
+func (g *guardConn) writeMsg(frames ...[]byte) error {
+	bufs := make(net.Buffers, 0, 2*len(frames))
+	for i, f := range frames {
+		h := make([]byte, 0, 9)
+		var flags byte
+		if i < len(frames)-1 {
+			flags |= 0x01
+		}
+		if len(f) > 255 {
+			h = binary.BigEndian.AppendUint64(append(h, flags|0x02), uint64(len(f)))
+		} else {
+			h = append(h, flags, byte(len(f)))
+		}
+		bufs = append(bufs, h, f)
+	}
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
 	_ = g.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-	return g.Conn.Write(p)
+	_, err := bufs.WriteTo(g.Conn)
+	return err
+}
+
+// outFrames follows the framing of what zmq4 writes: the greeting, then
+// frames.
+type outFrames struct {
+	greeted bool
+	hdr     [9]byte // the frame header written so far
+	hdrN    int
+	body    uint64 // body bytes of the current frame still to go
+	more    bool   // the current frame has MORE (a command never has)
+}
+
+// advance takes what comes first of p: bytes up to the end of the
+// greeting or of a message, or all of p; end says a message (or the
+// greeting) ends there.
+func (o *outFrames) advance(p []byte) (k int, end bool) {
+	if !o.greeted {
+		// zmq4 writes the greeting whole, in one write.
+		o.greeted = true
+		return min(len(p), greetingLen), true
+	}
+	for k < len(p) {
+		if o.body > 0 {
+			d := min(o.body, uint64(len(p)-k))
+			o.body -= d
+			k += int(d)
+		} else {
+			o.hdr[o.hdrN] = p[k]
+			o.hdrN++
+			k++
+			want := 2
+			if o.hdr[0]&0x02 != 0 {
+				want = 9
+			}
+			if o.hdrN < want {
+				continue
+			}
+			o.body = uint64(o.hdr[1])
+			if want == 9 {
+				o.body = binary.BigEndian.Uint64(o.hdr[1:9])
+			}
+			o.more = o.hdr[0]&0x01 != 0
+			o.hdrN = 0
+		}
+		if o.body == 0 && o.hdrN == 0 && !o.more {
+			return k, true
+		}
+	}
+	return k, false
 }
 
 // scan follows the framing through p.

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -374,5 +375,75 @@ func TestStalledSubscriber(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, uint64(first+i), binary.BigEndian.Uint64(m.Frames[1]))
 	}
+	require.NoError(t, p.Close())
+}
+
+// TestPingsWhilePublishing: a subscriber that sends PING commands (as
+// libzmq's does with ZMQ_HEARTBEAT_IVL) while batches are published to
+// it gets every message whole, three frames with no command between
+// them or inside one, and a PONG for its pings, each between messages.
+func TestPingsWhilePublishing(t *testing.T) {
+	const n = 20000
+	p := newPublisher(t, Options{})
+	c, err := net.Dial("tcp", p.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write(cat(greeting(), readyAs("SUB"), []byte{0x00, 1, 1}))
+	require.NoError(t, err)
+	for p.Stats().Subscribers < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	go func() {
+		ping := command("\x04PING\x00\x00")
+		for range n {
+			if _, err := c.Write(ping); err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		for i := range n {
+			p.Publish(makeBatch(i, 0))
+		}
+	}()
+	r := bufio.NewReader(c)
+	_, err = io.ReadFull(r, make([]byte, greetingLen))
+	require.NoError(t, err)
+	frames, msgs, pongs := 0, 0, 0
+	for msgs < n {
+		flags, err := r.ReadByte()
+		require.NoError(t, err)
+		var size uint64
+		if flags&0x02 != 0 {
+			var b [8]byte
+			_, err = io.ReadFull(r, b[:])
+			size = binary.BigEndian.Uint64(b[:])
+		} else {
+			var b byte
+			b, err = r.ReadByte()
+			size = uint64(b)
+		}
+		require.NoError(t, err)
+		require.True(t, flags&^0x07 == 0 && size < 1<<20, "a frame header %#x of %d bytes after %d messages: the stream is garbled", flags, size, msgs)
+		body := make([]byte, size)
+		_, err = io.ReadFull(r, body)
+		require.NoError(t, err)
+		if flags&0x04 != 0 {
+			require.Zero(t, frames, "a command %q inside message %d", body, msgs)
+			if string(body[:min(len(body), 6)]) == "\x05READY" {
+				continue
+			}
+			require.Equal(t, "\x04PONG", string(body))
+			pongs++
+			continue
+		}
+		frames++
+		if flags&0x01 == 0 {
+			require.Equal(t, 3, frames, "message %d", msgs)
+			frames = 0
+			msgs++
+		}
+	}
+	require.Positive(t, pongs)
 	require.NoError(t, p.Close())
 }

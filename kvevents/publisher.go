@@ -113,7 +113,7 @@ type kept struct {
 // Publish queues) or a replay client (its reader goroutine answers).
 type peer struct {
 	c   *zmq4.Conn
-	raw net.Conn
+	raw *guardConn
 	sub bool
 
 	mu      sync.Mutex
@@ -324,9 +324,11 @@ func (p *Publisher) serve(pe *peer) {
 	defer p.wg.Done()
 	bad := false // pe sent what no subscriber or replay client sends
 	defer func() {
-		if g, ok := pe.raw.(*guardConn); bad || ok && g.refused.Load() {
+		if bad || pe.raw.refused.Load() {
 			p.refused()
 		}
+		_ = pe.raw.Close()
+		pe.raw.endWrites()
 		p.drop(pe)
 	}()
 	// zmq4 parses what the peer sends on this goroutine (the handshake's
@@ -447,7 +449,7 @@ func (p *Publisher) write(pe *peer) {
 		for i, k := range batch {
 			var seqb [8]byte
 			binary.BigEndian.PutUint64(seqb[:], uint64(k.seq))
-			if pe.c.SendMsg(zmq4.NewMsgFrom(p.topic, seqb[:], k.payload)) != nil {
+			if pe.raw.writeMsg(p.topic, seqb[:], k.payload) != nil {
 				_ = pe.raw.Close() // its reader ends, and drops it
 				return
 			}
