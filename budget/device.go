@@ -21,7 +21,11 @@ import (
 //
 // Invariant: the member's hold is at least the bytes of the wrapped
 // device's live chunks (created through the Device, not yet returned) —
-// exactly that when the member acquires nothing else. Every other call
+// exactly that when the member acquires nothing else, but for bytes
+// returned to the device whose release the book refused (its lock held
+// by something that is not a member: ErrBusy), which the call that
+// returned them answers with the book's error and the next call that
+// reaches the book gives back. Every other call
 // passes through. The driver must answer its books (driver.Books: every
 // driver of this module does), which the Device answers for it; chunks
 // are not exported through it (no driver.Sharing): an import would
@@ -41,6 +45,10 @@ type Device struct {
 	chunks map[driver.Handle]*devChunk
 	maps   map[driver.Addr]driver.Handle
 	live   uint64 // bytes of the chunks not returned
+	// owed is bytes returned to the device whose release the book
+	// refused (its lock held by something that is not a member, a
+	// corrupt book): given back at the next call that reaches the book.
+	owed   uint64
 	closed bool
 }
 
@@ -189,6 +197,9 @@ func (w *Device) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 	if size == 0 || size > MaxCapacity {
 		return w.d.Create(dev, size, opts) // the driver's own refusal
 	}
+	w.mu.Lock()
+	_ = w.settleLocked() // what is still owed stays owed; the Acquire says why
+	w.mu.Unlock()
 	if err := w.m.Acquire(size); err != nil {
 		return 0, errors.Wrapf(err, "budget: create a chunk of %s on device %d", units.Bytes(size), dev)
 	}
@@ -202,12 +213,14 @@ func (w *Device) Create(dev driver.DeviceID, size uint64, opts driver.ChunkOptio
 				"every process on the device should join the book")
 		}
 		if err != nil {
-			return 0, errors.CombineErrors(err, w.m.Release(size))
+			w.owed += size
+			return 0, errors.CombineErrors(err, w.settleLocked())
 		}
 	}
 	h, err := w.d.Create(dev, size, opts)
 	if err != nil {
-		return 0, errors.CombineErrors(err, w.m.Release(size))
+		w.owed += size
+		return 0, errors.CombineErrors(err, w.settleLocked())
 	}
 	w.chunks[h] = &devChunk{size: size}
 	w.live += size
@@ -222,7 +235,21 @@ func (w *Device) giveBackLocked(h driver.Handle, c *devChunk) error {
 	}
 	delete(w.chunks, h)
 	w.live -= c.size
-	return w.m.Release(c.size)
+	w.owed += c.size
+	return w.settleLocked()
+}
+
+// settleLocked gives the member back what is owed (see owed); refused,
+// it stays owed, and the book's error is returned.
+func (w *Device) settleLocked() error {
+	if w.owed == 0 {
+		return nil
+	}
+	if err := w.m.Release(w.owed); err != nil {
+		return err
+	}
+	w.owed = 0
+	return nil
 }
 
 func (w *Device) Release(h driver.Handle) error {
@@ -319,10 +346,8 @@ func (w *Device) Close() error {
 		return nil
 	}
 	w.closed = true
-	var err error
-	if w.live > 0 {
-		err = w.m.Release(w.live)
-	}
+	w.owed += w.live
+	err := w.settleLocked()
 	w.live = 0
 	clear(w.chunks)
 	clear(w.maps)

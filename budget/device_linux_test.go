@@ -10,9 +10,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vmarena/vmarena/internal/errors"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/cuda"
@@ -351,4 +353,52 @@ func TestDeviceCUDA(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, in.Committed)
 	require.NoError(t, w.Close())
+}
+
+// TestDeviceReleaseRefusedByTheBook: a chunk released while something
+// that is not a member holds the book's lock goes back to the device,
+// and the Release answers the book's ErrBusy; its bytes are given back
+// to the member at the next call that reaches the book once the lock is
+// free, so the member's hold is again what the device has live.
+func TestDeviceReleaseRefusedByTheBook(t *testing.T) {
+	old := lockWait
+	lockWait = 100 * time.Millisecond
+	t.Cleanup(func() { lockWait = old })
+	path := bookPath(t)
+	b := open(t, path, 16*mib)
+	defer b.Close()
+	m, err := b.Join("m", 0, 16*mib, nil)
+	require.NoError(t, err)
+	defer m.Close()
+	hold := func() uint64 {
+		in, err := m.Info()
+		require.NoError(t, err)
+		return in.Committed
+	}
+	d, err := hostDevice(16*mib, m)
+	require.NoError(t, err)
+	w := d.(*deviceHost).Device
+	h, err := d.Create(0, chunk, driver.ChunkOptions{})
+	require.NoError(t, err)
+	h2, err := d.Create(0, chunk, driver.ChunkOptions{})
+	require.NoError(t, err)
+
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	require.NoError(t, ofd(f, unix.F_OFD_SETLK, unix.F_WRLCK, 0))
+	err = d.Release(h)
+	require.ErrorIs(t, err, driver.ErrBusy)
+	require.Equal(t, uint64(chunk), w.Live(), "the chunk is back on the device")
+	require.Equal(t, uint64(chunk), d.(driver.Books).Used(0))
+	require.NoError(t, f.Close()) // the lock goes with it
+
+	h3, err := d.Create(0, chunk, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.Equal(t, w.Live(), hold(), "the member holds what the device has live")
+	require.NoError(t, d.Release(h2))
+	require.NoError(t, d.Release(h3))
+	require.Zero(t, w.Live())
+	require.Zero(t, hold())
+	require.NoError(t, d.Close())
+	require.Zero(t, hold())
 }
