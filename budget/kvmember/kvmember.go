@@ -10,10 +10,12 @@
 //
 // The invariant: the cache's budget is at most the member's hold, always,
 // so the cache never commits more than the book gave it. Between the
-// calls of this package it is exactly the hold; inside one, the hold
-// rises before the budget (Grow acquires, then raises the budget) and the
-// budget falls before the hold (a give-back lowers the budget, then
-// releases). Every change of the cache's budget goes through a Member; a
+// calls of this package it is exactly the hold, but for bytes whose
+// release the book refused (its lock held by something that is not a
+// member), which the next call that reaches the book releases; inside
+// one, the hold rises before the budget (Grow acquires, then raises the
+// budget) and the budget falls before the hold (a give-back lowers the
+// budget, then releases). Every change of the cache's budget goes through a Member; a
 // caller that calls the cache's SetBudget itself breaks the invariant
 // (Check reports it).
 //
@@ -49,6 +51,10 @@ type Member struct {
 	admitting uint64
 	given     uint64 // bytes given back when asked, in all
 	asked     int    // requests to give back answered
+	// owed is bytes the cache gave up whose release the book refused
+	// (its lock held by something that is not a member, a corrupt
+	// book): released at the next call that reaches the book.
+	owed uint64
 }
 
 // Stats are a member's figures.
@@ -229,7 +235,7 @@ func (k *Member) grow(n, admitting uint64) error {
 	k.pending += n
 	defer func() { k.pending -= n }()
 	if err := k.setBudget(k.c.budget() + n); err != nil {
-		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), k.m.Release(n))
+		return errors.CombineErrors(errors.Wrapf(err, "%s", what()), k.releaseLocked(n))
 	}
 	k.admitting += admitting
 	return k.syncLocked()
@@ -338,7 +344,7 @@ func (k *Member) growToAdmit(what func() string, canAdmit func() (bool, error), 
 	k.admitting -= need
 	back, gerr := k.c.GiveBack(grow)
 	if back > 0 {
-		gerr = errors.CombineErrors(gerr, k.m.Release(back))
+		gerr = errors.CombineErrors(gerr, k.releaseLocked(back))
 	}
 	gerr = errors.CombineErrors(gerr, k.syncLocked())
 	k.mu.Unlock()
@@ -384,6 +390,7 @@ func (k *Member) Sync() error {
 }
 
 func (k *Member) syncLocked() error {
+	_ = k.releaseLocked(0) // refused, it stays owed: Info says why
 	in, err := k.m.Info()
 	if err != nil {
 		return errors.Wrapf(err, "kvmember")
@@ -412,11 +419,26 @@ func (k *Member) giveBack(want uint64) {
 	}
 	got, err := k.c.GiveBack(want)
 	if got > 0 {
-		if err := k.m.Release(got); err == nil {
+		if err := k.releaseLocked(got); err == nil {
 			k.given += got
 		}
 	}
 	_ = k.syncLocked()
+}
+
+// releaseLocked releases n bytes the cache gave up, and what is owed;
+// refused, they stay owed (released by the next call that reaches the
+// book: syncLocked) and the book's error is returned.
+func (k *Member) releaseLocked(n uint64) error {
+	k.owed += n
+	if k.owed == 0 {
+		return nil
+	}
+	if err := k.m.Release(k.owed); err != nil {
+		return err
+	}
+	k.owed = 0
+	return nil
 }
 
 // Stats returns the member's figures (zero for a nil or zero member).

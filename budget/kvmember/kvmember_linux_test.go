@@ -4,11 +4,13 @@ package kvmember
 
 import (
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vmarena/vmarena/internal/errors"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/budget"
 	"github.com/vmarena/vmarena/driver"
@@ -365,4 +367,58 @@ func TestAdmitKeepsItsGrowth(t *testing.T) {
 	require.Less(t, a.k.Stats().Hold, before.Hold)
 	a.close(t)
 	c.close(t)
+}
+
+// lockingMem is a member's memory whose GiveBack, once it has given
+// back, runs then: something that is not a member taking the book's lock
+// as the member is about to release what its cache gave up.
+type lockingMem struct {
+	memory
+	then func()
+}
+
+func (m lockingMem) GiveBack(want uint64) (uint64, error) {
+	got, err := m.memory.GiveBack(want)
+	m.then()
+	return got, err
+}
+
+// TestGiveBackRefusedByTheBook: a give-back whose release the book
+// refuses (its lock held by something that is not a member) leaves the
+// cache's budget lowered and the bytes owed; once the lock is free, the
+// next call that reaches the book (Sync) releases them, and the hold is
+// again the cache's budget.
+func TestGiveBackRefusedByTheBook(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "book")
+	b, err := budget.Open(path, budget.Options{Capacity: 32 * page})
+	require.NoError(t, err)
+	defer b.Close()
+	a := newCache(t, 32*page, 8)
+	a.k, err = Join(b, "a", 4*page, 32*page, a.c)
+	require.NoError(t, err)
+	next := 0
+	require.NoError(t, a.k.Grow(12*page))
+	q, err := admit(a.k, tokens(&next, 16), 0)
+	require.NoError(t, err)
+	require.NoError(t, q.Free())
+	require.NoError(t, a.k.Sync())
+	before := a.k.Stats()
+	require.Equal(t, before.Hold, before.Budget)
+
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Start: 0, Len: 1}
+	a.k.c = lockingMem{memory: a.k.c, then: func() { require.NoError(t, unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)) }}
+	a.k.giveBack(8 * page) // the book's lock is held from the cache's give-back on: ErrBusy after the book's wait
+	lk.Type = unix.F_UNLCK
+	require.NoError(t, unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk))
+	st := a.k.Stats()
+	require.Less(t, st.Budget, before.Budget, "the cache gave back")
+
+	require.NoError(t, a.k.Sync())
+	st = a.k.Stats()
+	require.Equal(t, st.Budget, st.Hold, "the hold is the cache's budget again")
+	require.NoError(t, a.k.Check())
+	a.close(t)
 }
