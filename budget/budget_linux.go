@@ -427,6 +427,7 @@ func (b *Book) Join(name string, floor, ceiling uint64, give GiveBack) (*Member,
 		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %v", what(), err)
 	}
 	m := &Member{b: b, name: name, give: give, done: make(chan struct{})}
+	counted := false // b.members counts m
 	err := b.update(what, true, func(s *state) (bool, error) {
 		if s.find(name) >= 0 {
 			return false, errors.Wrapf(driver.ErrInvalid, "%s: a live member has the name", what())
@@ -476,9 +477,21 @@ func (b *Book) Join(name string, floor, ceiling uint64, give GiveBack) (*Member,
 		m.seen = atomic.LoadUint32(mb.req)
 		atomic.StoreUint32(mb.ack, m.seen)
 		b.members++
+		counted = true
 		return true, nil
 	})
 	if err != nil {
+		if m.live != nil {
+			// The mapping faulted after the slot's liveness lock was
+			// taken (the file cut short under it): the member never
+			// was, and its lock goes.
+			_ = m.live.Close()
+		}
+		if counted {
+			b.mu.Lock()
+			b.members--
+			b.mu.Unlock()
+		}
 		return nil, err
 	}
 	go m.serve()

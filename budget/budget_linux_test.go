@@ -780,3 +780,30 @@ func TestNoLeaks(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestJoinOnAFileCutShort: a book file cut short past its books but
+// before the mailboxes (a page boundary a co-tenant's truncate can land
+// on) makes a join fault where it sets the new member's mailbox, after it
+// took a slot's liveness lock: the join is refused (ErrInvalid) and lets
+// that lock and its descriptor go, so once the file is whole again the
+// next join gets the same slot.
+func TestJoinOnAFileCutShort(t *testing.T) {
+	path := bookPath(t)
+	b := open(t, path, 64*mib)
+	require.NoError(t, os.Truncate(path, mailOff))
+	_, err := b.Join("a", 0, 64*mib, nil)
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.Contains(t, err.Error(), "cut short")
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Start: liveBase, Len: 1}
+	require.NoError(t, unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk))
+	require.Equal(t, int16(unix.F_UNLCK), lk.Type, "slot 0's liveness lock is still held")
+	require.NoError(t, os.Truncate(path, FileSize))
+	a, err := b.Join("a", 0, 64*mib, nil)
+	require.NoError(t, err)
+	require.Zero(t, a.slot)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+}
