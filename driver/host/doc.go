@@ -26,8 +26,9 @@
 //	            fallocate; a shareable chunk gets a memfd of its own, so an
 //	            export never exposes the heap, sealed with F_ADD_SEALS
 //	            (shrink, grow, seal) so no process that holds it can resize it
-//	Import      fstat and F_GET_SEALS: a memfd of the chunk's size, sealed so,
-//	            or ErrInvalid; the chunk keeps a duplicate (F_DUPFD_CLOEXEC)
+//	Import      fstat, F_GET_SEALS and F_GETFL: a memfd of the chunk's size,
+//	            sealed so, open read-write, or ErrInvalid; the chunk keeps a
+//	            duplicate (F_DUPFD_CLOEXEC)
 //	Map         mmap(addr, size, PROT_NONE, MAP_SHARED|MAP_FIXED, fd, off) —
 //	            only ever inside a reservation this driver owns
 //	SetAccess   mprotect with the widest access any device has; per-device

@@ -232,11 +232,12 @@ const shareSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 //
 // The descriptor must be a memory file of exactly the chunk's size, sealed
 // as a shareable chunk's is (shareSeals; F_SEAL_EXEC, which the kernel may
-// add, is allowed) and not sealed against writing: a file some holder can
-// resize could lose its memory under the mappings, and one sealed against
-// writes could not be mapped read-write. Anything else is ErrInvalid,
-// naming what is wrong; the driver keeps nothing of it (the caller still
-// closes its descriptor).
+// add, is allowed), not sealed against writing, and open for reading and
+// writing: a file some holder can resize could lose its memory under the
+// mappings, and one sealed against writes, or a descriptor opened
+// read-only or write-only, could not be mapped read-write. Anything else
+// is ErrInvalid, naming what is wrong; the driver keeps nothing of it (the
+// caller still closes its descriptor).
 func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle, error) {
 	if d.unmade() {
 		return *new(driver.Handle), errUnmade("Import")
@@ -259,7 +260,8 @@ func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle
 }
 
 // checkShared returns nil when the descriptor of sh is a memory file of
-// sh.Size bytes that no holder can resize, and otherwise an ErrInvalid
+// sh.Size bytes that no holder can resize, open for reading and writing,
+// and otherwise an ErrInvalid
 // that says what it is instead.
 func checkShared(sh driver.Shareable) error {
 	var st unix.Stat_t
@@ -280,6 +282,14 @@ func checkShared(sh driver.Shareable) error {
 	}
 	if w := seals & (unix.F_SEAL_WRITE | unix.F_SEAL_FUTURE_WRITE); w != 0 {
 		return errors.Wrapf(driver.ErrInvalid, "a memory file sealed against writing (seals %s): it cannot be mapped read-write", sealNames(seals))
+	}
+	fl, err := unix.FcntlInt(uintptr(sh.FD), unix.F_GETFL, 0)
+	if err != nil {
+		return errors.Wrapf(driver.ErrInvalid, "fcntl(F_GETFL): %v", err)
+	}
+	if fl&unix.O_ACCMODE != unix.O_RDWR {
+		return errors.WithHint(errors.Wrapf(driver.ErrInvalid, "a descriptor not open for reading and writing (open flags %#o): it cannot be mapped read-write", fl),
+			"send the descriptor Export returned, not one reopened read-only")
 	}
 	if uint64(st.Size) != sh.Size {
 		return errors.Wrapf(driver.ErrInvalid, "not a memory file of %s: it holds %s (%d bytes)", units.Bytes(sh.Size), units.Bytes(uint64(st.Size)), st.Size)

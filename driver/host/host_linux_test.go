@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"syscall"
 	"testing"
@@ -288,4 +289,40 @@ func TestImportSealedMemfd(t *testing.T) {
 	require.Equal(t, g, d.Used(1))
 	require.NoError(t, d.Release(h))
 	require.Zero(t, d.Used(1))
+}
+
+// TestImportRefusesDescriptorNotReadWrite: a descriptor of a properly
+// sealed memory file, opened read-only or write-only (a reopen through
+// /proc/self/fd), cannot be mapped read-write, or mapped at all: Import
+// refuses it (ErrInvalid) and keeps nothing. Accepted, a SetAccess
+// (read-write) over it and a chunk mapped beside it failed in mprotect
+// after the kernel had already made the neighbour writable, with the
+// driver's books still saying no access.
+func TestImportRefusesDescriptorNotReadWrite(t *testing.T) {
+	d := newTest(t, small())
+	g := d.Granularity()
+	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, int64(g)))
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
+	require.NoError(t, err)
+	for _, mode := range []int{unix.O_RDONLY, unix.O_WRONLY} {
+		reopened, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), mode|unix.O_CLOEXEC, 0)
+		require.NoError(t, err)
+		defer unix.Close(reopened)
+		fds, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		_, err = d.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: reopened, Size: g}, 1)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "host: import of descriptor", "not open for reading and writing")
+		after, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		require.Equal(t, len(fds), len(after), "the driver keeps no descriptor of a refused import")
+		require.Zero(t, d.Used(1))
+		require.NoError(t, d.Check())
+	}
+	h, err := d.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: g}, 1)
+	require.NoError(t, err, "the read-write descriptor imports")
+	require.Equal(t, g, d.Used(1))
+	require.NoError(t, d.Release(h))
 }
