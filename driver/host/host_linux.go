@@ -582,6 +582,14 @@ func prot(a driver.Access) int {
 func (b *backend) Protect(r *ledger.Region, addr driver.Addr, size uint64, from, to driver.Access) error {
 	mem := bytesAt(r, addr, int(size))
 	if err := unix.Mprotect(mem, prot(to)); err != nil {
+		// mprotect changes the kernel's mappings one at a time and stops
+		// at the first it cannot change, leaving those before it changed:
+		// put the whole range back to from (what it all was), so a failed
+		// call changes nothing.
+		if rerr := unix.Mprotect(mem, prot(from)); rerr != nil {
+			return errors.CombineErrors(errors.Wrap(err, "mprotect"),
+				errors.AssertionFailedf("mprotect back to %s after a failure: %v", from, rerr))
+		}
 		return errors.Wrap(err, "mprotect")
 	}
 	if b.populate && from == driver.AccessNone && to != driver.AccessNone {

@@ -326,3 +326,54 @@ func TestImportRefusesDescriptorNotReadWrite(t *testing.T) {
 	require.Equal(t, g, d.Used(1))
 	require.NoError(t, d.Release(h))
 }
+
+// TestFailedProtectChangesNothing: an mprotect that fails part way over a
+// run of several kernel mappings (here the second chunk's descriptor is
+// read-only, slipped past Import's checks through the books; in the wild,
+// vm.max_map_count reached while splitting) leaves the mappings before
+// the failure as they were, so the failed SetAccess changes nothing in the
+// kernel either: the books say no access, and no page is writable.
+func TestFailedProtectChangesNothing(t *testing.T) {
+	d := newTest(t, small())
+	g := d.Granularity()
+	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, int64(g)))
+	ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(ro)
+	bad, err := d.books.Import(1, g, func(c *ledger.Chunk) error {
+		dup, err := unix.FcntlInt(uintptr(ro), unix.F_DUPFD_CLOEXEC, 0)
+		c.Backing = &chunkMem{fd: dup, own: true}
+		return err
+	})
+	require.NoError(t, err)
+	good, err := d.Create(1, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	base, err := d.Reserve(2*g, 0, 0)
+	require.NoError(t, err)
+	require.NoError(t, d.Map(base, good))
+	require.NoError(t, d.Map(base+driver.Addr(g), bad))
+
+	err = d.SetAccess(base, 2*g, 0, driver.AccessReadWrite)
+	require.ErrorContains(t, err, "host: set access of device 0")
+	require.ErrorContains(t, err, "mprotect")
+	es, err := procmaps.Read()
+	require.NoError(t, err)
+	for _, at := range []driver.Addr{base, base + driver.Addr(g)} {
+		e, ok := procmaps.Find(es, uint64(at))
+		require.True(t, ok)
+		require.Equal(t, "---s", e.Perms, "%s: the failed SetAccess left the kernel's protection as it was", at)
+		a, err := d.Access(at, 0)
+		require.NoError(t, err)
+		require.Equal(t, driver.AccessNone, a)
+	}
+	require.NoError(t, d.Check())
+	require.NoError(t, d.SetAccess(base, g, 0, driver.AccessReadWrite), "the good chunk alone still takes access")
+	require.NoError(t, d.Write(base, []byte{1}))
+	require.NoError(t, d.Unmap(base+driver.Addr(g), g))
+	require.NoError(t, d.Unmap(base, g))
+	require.NoError(t, d.Release(bad))
+	require.NoError(t, d.Release(good))
+}
