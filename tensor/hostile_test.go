@@ -1,6 +1,7 @@
 package tensor_test
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,5 +68,25 @@ func TestNilArguments(t *testing.T) {
 	v, err := x.At(2)
 	require.NoError(t, err)
 	require.Equal(t, 3.0, v)
+	require.NoError(t, x.Check())
+}
+
+// TestShapeBytesOverflowNamed: a shape whose element count fits an int
+// but whose bytes do not (float32 [MaxInt], [MaxInt/4+1]) is refused by
+// New and NewLeased with ErrInvalid saying that the bytes overflow an
+// int; the message never shows a wrapped, negative byte count. A valid
+// tensor over the same buffer is made afterwards.
+func TestShapeBytesOverflowNamed(t *testing.T) {
+	h := newHeap(64)
+	for _, n := range []int{math.MaxInt, math.MaxInt/4 + 1} {
+		_, err := tensor.New(h, tensor.Float32, n)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "tensor: new float32 tensor", "elements of 4 bytes overflow an int")
+		require.NotContains(t, err.Error(), "-")
+		_, err = tensor.NewLeased(tensor.NewLease(), h, tensor.Float32, n)
+		drivertest.RequireIs(t, err, driver.ErrInvalid, "tensor: new leased float32 tensor", "elements of 4 bytes overflow an int")
+		require.NotContains(t, err.Error(), "-")
+	}
+	x, err := tensor.New(h, tensor.Float32, 16)
+	require.NoError(t, err)
 	require.NoError(t, x.Check())
 }

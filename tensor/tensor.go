@@ -158,8 +158,8 @@ func numElements(shape []int) (int, error) {
 }
 
 // New lays a row-major tensor of dt and shape over buf, at offset 0. It
-// refuses (ErrInvalid) an undefined dtype, a negative dim, or a buffer too
-// small for the shape, and (ErrMisaligned) a buffer that does not start at
+// refuses (ErrInvalid) an undefined dtype, a negative dim, a shape whose
+// bytes overflow an int, or a buffer too small for the shape, and (ErrMisaligned) a buffer that does not start at
 // a multiple of the element size. A shape of no dims is a scalar (one
 // element); a zero dim makes an empty tensor, which fits any buffer.
 //
@@ -215,12 +215,9 @@ func bufferBytes(buf Buffer) (b []byte, addr driver.Addr, dev bool, n int, err e
 
 // newOn makes a row-major tensor at offset 0 of st, checking everything.
 func newOn(st *storage, dt DType, shape []int, what func() string) (*Tensor, error) {
-	if !dt.Valid() {
-		return nil, errors.Wrapf(driver.ErrInvalid, "%s: %s is not a defined dtype", what(), dt)
-	}
-	n, err := numElements(shape)
+	n, err := checkLayout(dt, shape, what)
 	if err != nil {
-		return nil, sentinel.Mark(errors.Wrapf(err, "%s", what()), driver.ErrInvalid)
+		return nil, err
 	}
 	if n > st.length()/dt.Size() {
 		return nil, errors.WithHint(
