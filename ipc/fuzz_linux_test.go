@@ -91,7 +91,8 @@ func fuzzMemfd(t *testing.T, size uint64, sealed bool) int {
 	fd, err := unix.MemfdCreate("fuzz", flags)
 	require.NoError(t, err)
 	require.NoError(t, unix.Ftruncate(fd, int64(size)))
-	if sealed {
+	if sealed { // committed and sealed, as the host driver's exports are
+		require.NoError(t, unix.Fallocate(fd, 0, 0, int64(size)))
 		_, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
 		require.NoError(t, err)
 	}

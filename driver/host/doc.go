@@ -27,8 +27,8 @@
 //	            export never exposes the heap, sealed with F_ADD_SEALS
 //	            (shrink, grow, seal) so no process that holds it can resize it
 //	Import      fstat, F_GET_SEALS and F_GETFL: a memfd of the chunk's size,
-//	            sealed so, open read-write, or ErrInvalid; the chunk keeps a
-//	            duplicate (F_DUPFD_CLOEXEC)
+//	            committed throughout, sealed so, open read-write, or
+//	            ErrInvalid; the chunk keeps a duplicate (F_DUPFD_CLOEXEC)
 //	Map         mmap(addr, size, PROT_NONE, MAP_SHARED|MAP_FIXED, fd, off) —
 //	            only ever inside a reservation this driver owns
 //	SetAccess   mprotect with the widest access any device has; per-device

@@ -230,12 +230,16 @@ const shareSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 // the memory goes when every process has closed its duplicates and
 // unmapped it.
 //
-// The descriptor must be a memory file of exactly the chunk's size, sealed
-// as a shareable chunk's is (shareSeals; F_SEAL_EXEC, which the kernel may
-// add, is allowed), not sealed against writing, and open for reading and
-// writing: a file some holder can resize could lose its memory under the
-// mappings, and one sealed against writes, or a descriptor opened
-// read-only or write-only, could not be mapped read-write. Anything else
+// The descriptor must be a memory file of exactly the chunk's size,
+// committed throughout (its blocks allocated, as Create's fallocate leaves
+// a shareable chunk's), sealed as a shareable chunk's is (shareSeals;
+// F_SEAL_EXEC, which the kernel may add, is allowed), not sealed against
+// writing, and open for reading and writing: memory not yet allocated
+// would be allocated at first touch, past the out-of-memory checks (the
+// OOM killer's, not an error); a file some holder can resize could lose
+// its memory under the mappings; and one sealed against writes, or a
+// descriptor opened read-only or write-only, could not be mapped
+// read-write. Anything else
 // is ErrInvalid, naming what is wrong; the driver keeps nothing of it (the
 // caller still closes its descriptor).
 func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle, error) {
@@ -260,8 +264,8 @@ func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle
 }
 
 // checkShared returns nil when the descriptor of sh is a memory file of
-// sh.Size bytes that no holder can resize, open for reading and writing,
-// and otherwise an ErrInvalid
+// sh.Size bytes, committed throughout, that no holder can resize, open for
+// reading and writing, and otherwise an ErrInvalid
 // that says what it is instead.
 func checkShared(sh driver.Shareable) error {
 	var st unix.Stat_t
@@ -293,6 +297,12 @@ func checkShared(sh driver.Shareable) error {
 	}
 	if uint64(st.Size) != sh.Size {
 		return errors.Wrapf(driver.ErrInvalid, "not a memory file of %s: it holds %s (%d bytes)", units.Bytes(sh.Size), units.Bytes(uint64(st.Size)), st.Size)
+	}
+	if held := uint64(st.Blocks) * 512; held < sh.Size {
+		return errors.WithHint(
+			errors.Wrapf(driver.ErrInvalid, "a memory file not committed throughout (%s of %s allocated): the rest would be allocated at first touch, past the out-of-memory checks",
+				units.Bytes(held), units.Bytes(sh.Size)),
+			"export chunks created shareable by the host driver: their memfds are committed whole (fallocate)")
 	}
 	return nil
 }

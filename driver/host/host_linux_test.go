@@ -271,7 +271,7 @@ func TestCloseWithUnreportedClosedError(t *testing.T) {
 }
 
 // TestImportSealedMemfd: a memory file sealed as the host driver seals its
-// exports, of the right size, is memory like any export — the host
+// exports, of the right size and committed, is memory like any export — the host
 // driver's descriptors are plain memfds, so one made by hand imports. (The
 // conformance suite checks only the refusals: what an accepted descriptor
 // looks like is each driver's own.)
@@ -282,6 +282,7 @@ func TestImportSealedMemfd(t *testing.T) {
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	require.NoError(t, unix.Ftruncate(fd, int64(g)))
+	require.NoError(t, unix.Fallocate(fd, 0, 0, int64(g)))
 	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
 	require.NoError(t, err)
 	h, err := d.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: g}, 1)
@@ -305,6 +306,7 @@ func TestImportRefusesDescriptorNotReadWrite(t *testing.T) {
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	require.NoError(t, unix.Ftruncate(fd, int64(g)))
+	require.NoError(t, unix.Fallocate(fd, 0, 0, int64(g)))
 	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
 	require.NoError(t, err)
 	for _, mode := range []int{unix.O_RDONLY, unix.O_WRONLY} {
@@ -376,4 +378,39 @@ func TestFailedProtectChangesNothing(t *testing.T) {
 	require.NoError(t, d.Unmap(base, g))
 	require.NoError(t, d.Release(bad))
 	require.NoError(t, d.Release(good))
+}
+
+// TestImportRefusesUncommittedMemfd: a sealed memory file of the right
+// size whose pages were never allocated (ftruncate only, or with a hole
+// punched in it) is refused (ErrInvalid) and nothing is kept: its memory
+// would be allocated at first touch, after Import had counted it as
+// committed, where running out is the OOM killer and not an error. The
+// same file committed throughout (fallocate, as Create commits a
+// shareable chunk) imports.
+func TestImportRefusesUncommittedMemfd(t *testing.T) {
+	d := newTest(t, small())
+	g := d.Granularity()
+	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, int64(2*g)))
+	require.NoError(t, unix.Fallocate(fd, 0, 0, int64(g))) // the first half only
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
+	require.NoError(t, err)
+	sh := driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: 2 * g}
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	_, err = d.Import(sh, 1)
+	drivertest.RequireIs(t, err, driver.ErrInvalid, "host: import of descriptor", "not committed throughout", "64 KiB of 128 KiB")
+	after, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	require.Equal(t, len(fds), len(after), "the driver keeps no descriptor of a refused import")
+	require.Zero(t, d.Used(1))
+	require.NoError(t, d.Check())
+
+	require.NoError(t, unix.Fallocate(fd, 0, 0, int64(2*g)))
+	h, err := d.Import(sh, 1)
+	require.NoError(t, err, "committed throughout, it imports")
+	require.Equal(t, 2*g, d.Used(1))
+	require.NoError(t, d.Release(h))
 }
