@@ -226,32 +226,37 @@ func (g *Growable) Tensor() (*Tensor, error) {
 // Release ends every arena view the Growable made: every tensor it handed
 // out, and every view of them, refuses to touch memory from now on
 // (ErrClosed), and the accesses in flight through them end first (it
-// waits for them, so it must not be called from inside one). The arena keeps its length and memory; closing it is the
-// caller's. Releasing twice is ErrClosed.
+// waits for them, so it must not be called from inside one). It waits
+// without holding the Growable's lock, so such an access may still call
+// the Growable meanwhile (AppendRows and Tensor then answer ErrClosed).
+// The arena keeps its length and memory; closing it is the caller's.
+// Releasing twice is ErrClosed.
 func (g *Growable) Release() error {
 	if g.unmade() {
 		return unmade("Growable.Release", "NewGrowable")
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	defer g.checkAfter("release")
 	if g.released {
+		g.mu.Unlock()
 		return driver.Closed("tensor: release of a growable tensor: already released")
 	}
 	g.released = true
-	for _, st := range g.storages {
+	storages, cover := g.storages, g.cover
+	for _, st := range storages {
 		st.released.Store(true)
 	}
-	for _, st := range g.storages {
-		drain(&st.using) // the accesses in flight end before the cover does
-	}
-	var errs error
-	if g.cover != nil {
-		errs = g.cover.Release()
-	}
 	g.cover, g.coverB, g.storages, g.whole = nil, nil, nil, nil
-	if errs != nil {
-		return errors.Wrap(errs, "tensor: release of a growable tensor")
+	g.checkAfter("release")
+	g.mu.Unlock()
+	// No new access starts now; the ones in flight may call g, so the
+	// lock is not held while they end, before the cover does.
+	for _, st := range storages {
+		drain(&st.using)
+	}
+	if cover != nil {
+		if err := cover.Release(); err != nil {
+			return errors.Wrap(err, "tensor: release of a growable tensor")
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package tensor_test
 
 import (
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -276,4 +277,43 @@ func TestGrowableConcurrent(t *testing.T) {
 			require.Equal(t, (1+i%2)*width, seen[r.tag], "each append's rows are its own")
 		}
 	}
+}
+
+// TestGrowableReleaseDuringAccess: Release waits for an access in flight
+// through one of the Growable's tensors, and that access may ask the
+// Growable about itself (Rows, RowShape, Check, Tensor, AppendRows)
+// meanwhile: Release does not hold the Growable's lock while it waits,
+// so the access finishes (the calls that need a live Growable answer
+// ErrClosed), and then Release does.
+func TestGrowableReleaseDuringAccess(t *testing.T) {
+	a := newArena(t, 64*gran)
+	g, err := tensor.NewGrowable(a, tensor.Float32, 4)
+	require.NoError(t, err)
+	x, err := g.AppendRows(2)
+	require.NoError(t, err)
+	released := make(chan error, 1)
+	var rows int
+	var checkErr, tensorErr, appendErr error
+	err = x.Access(false, func(b []byte) error {
+		go func() { released <- g.Release() }()
+		for !x.Released() { // Release has begun: it waits for this access
+			runtime.Gosched()
+		}
+		rows = g.Rows()
+		checkErr = g.Check()
+		_, tensorErr = g.Tensor()
+		_, appendErr = g.AppendRows(1)
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, <-released)
+	require.Equal(t, 2, rows)
+	require.NoError(t, checkErr)
+	drivertest.RequireIs(t, tensorErr, driver.ErrClosed, "the growable was released")
+	drivertest.RequireIs(t, appendErr, driver.ErrClosed, "the growable was released")
+	drivertest.RequireIs(t, g.Release(), driver.ErrClosed, "already released")
+	_, err = x.At(0, 0)
+	drivertest.RequireIs(t, err, driver.ErrClosed)
+	require.NoError(t, g.Check())
+	require.Equal(t, uint64(2*16), a.Len(), "the arena keeps its length")
 }
