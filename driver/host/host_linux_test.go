@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"syscall"
@@ -412,5 +413,31 @@ func TestImportRefusesUncommittedMemfd(t *testing.T) {
 	h, err := d.Import(sh, 1)
 	require.NoError(t, err, "committed throughout, it imports")
 	require.Equal(t, 2*g, d.Used(1))
+	require.NoError(t, d.Release(h))
+}
+
+// TestRangePastTheTopNamed: a range that starts inside a reservation but
+// whose size runs past the end of the address space (HostBytes and
+// SetAccess of 2^64-1 bytes) is ErrNotReserved saying so, not "not inside
+// any reservation" about an address that is; nothing changes.
+func TestRangePastTheTopNamed(t *testing.T) {
+	d := newTest(t, small())
+	g := d.Granularity()
+	base, err := d.Reserve(2*g, 0, 0)
+	require.NoError(t, err)
+	h, err := d.Create(0, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, d.Map(base, h))
+	_, err = d.HostBytes(base, math.MaxUint64)
+	drivertest.RequireIs(t, err, driver.ErrNotReserved, "host: host bytes", "runs past the end of the address space")
+	require.NotContains(t, err.Error(), "not inside any reservation")
+	err = d.SetAccess(base, math.MaxUint64-g+1, 0, driver.AccessRead)
+	drivertest.RequireIs(t, err, driver.ErrNotReserved, "host: set access", "runs past the end of the address space")
+	a, err := d.Access(base, 0)
+	require.NoError(t, err)
+	require.Equal(t, driver.AccessNone, a)
+	require.NoError(t, d.Check())
+	require.NoError(t, d.SetAccess(base, g, 0, driver.AccessRead))
+	require.NoError(t, d.Unmap(base, g))
 	require.NoError(t, d.Release(h))
 }

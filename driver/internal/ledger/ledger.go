@@ -501,8 +501,12 @@ func (l *Ledger) regionOf(addr driver.Addr) *Region {
 func (l *Ledger) reservationFor(what func() string, addr driver.Addr, size uint64) (*Region, error) {
 	r := l.regionOf(addr)
 	end := addr + driver.Addr(size)
-	if r == nil || end < addr {
+	if r == nil {
 		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: %s is not inside any reservation", what(), addr)
+	}
+	if end < addr {
+		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: [%s, +%d) runs past the end of the address space, and of the reservation [%s, %s)",
+			what(), addr, size, r.Base, r.end())
 	}
 	if end > r.end() {
 		return nil, errors.Wrapf(driver.ErrNotReserved, "%s: [%s, %s) runs past the end of the reservation [%s, %s)",
