@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -30,6 +31,9 @@ type Driver struct {
 	engine *queue.Engine // the streams and events
 	b      *backend
 	hb     queue.HostBuffers // what HostAlloc handed out
+	// closing is held by Close while it closes the host buffers and the
+	// books (closeBooks): one Close at a time.
+	closing sync.Mutex
 }
 
 var (
@@ -93,25 +97,51 @@ func New(opts Options) (*Driver, error) {
 	return &Driver{books: l, engine: queue.New("host", opts.Devices, peer), b: b}, nil
 }
 
-// Close waits for the streams to finish their work, then unmaps, releases
-// and unreserves everything and returns the pinned host buffers; the heaps
-// go back to the system. The error reports stream work that failed and was
-// not yet reported. While anything is mapped or a pinned host buffer is
-// live it refuses with ErrBusy, naming them, and changes nothing: a slice
-// or tensor over that memory would fault at its next touch. A second Close
-// is ErrClosed, as is every later call.
+// Close releases and unreserves everything and gives the heaps back to
+// the system, takes no more pinned host buffers, then waits for the
+// streams to finish their work. The error reports stream work that failed
+// and was not yet reported. While anything is mapped or a pinned host buffer
+// is live it refuses with ErrBusy, naming them, and changes nothing: a
+// slice or tensor over that memory would fault at its next touch. The
+// check and the closing of the books (and of the host buffers) are one
+// step each, so memory mapped or pinned while Close runs makes it refuse
+// or is refused itself; stream work that runs while Close waits for the
+// streams finds the driver closed. A second Close is ErrClosed, as is
+// every later call.
 func (d *Driver) Close() error {
 	if d.unmade() {
 		return errUnmade("Close")
 	}
+	if err := d.closeBooks(); err != nil {
+		return err
+	}
+	return d.engine.Close() // failures of stream work not yet reported
+}
+
+// closeBooks is Close's first half: the host buffers and then the books,
+// each checked and closed in one step (a refusal of the books reopens the
+// buffers, so a refused Close changes nothing). Closes run it one at a
+// time; it never waits for the streams, so a host function that Close's
+// second half waits for may call Close itself.
+func (d *Driver) closeBooks() error {
+	d.closing.Lock()
+	defer d.closing.Unlock()
 	if d.engine.Closed() {
 		return driver.Closed("host: close: closed already")
 	}
 	if err := errors.CombineErrors(d.books.Busy(), d.hb.Busy("host")); err != nil {
 		return err
 	}
-	err := d.engine.Close() // failures of stream work not yet reported
-	return errors.CombineErrors(err, errors.CombineErrors(d.books.Close(), d.closeHostBuffers()))
+	if err := d.hb.CloseIdle("host"); err != nil {
+		return err // a buffer pinned since the check, or a Close that got here first
+	}
+	if err := d.books.Close(); errors.Is(err, driver.ErrBusy) {
+		d.hb.Reopen() // a chunk mapped since the check: nothing is closed
+		return err
+	} else if err != nil {
+		return errors.CombineErrors(err, d.engine.Close())
+	}
+	return nil
 }
 
 // tearDown closes d whatever is mapped or pinned: for tests, whose

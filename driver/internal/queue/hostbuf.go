@@ -92,6 +92,31 @@ func (h *HostBuffers) Busy(name string) error {
 	return nil
 }
 
+// CloseIdle closes h, as Close does, only when no buffer is live: with
+// buffers live it is ErrBusy and changes nothing, and once closed
+// ErrClosed. Reopen undoes it, for a driver's Close that finds, after
+// this, something else it must refuse for. name prefixes the message.
+func (h *HostBuffers) CloseIdle(name string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return driver.Closed(name + ": close: closed already")
+	}
+	if n := len(h.bufs); n > 0 {
+		return errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: close: %d host buffer(s) still live", name, n),
+			"free them (HostFree) first: their bytes would fault at the next touch")
+	}
+	h.closed = true
+	return nil
+}
+
+// Reopen takes buffers again after CloseIdle.
+func (h *HostBuffers) Reopen() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = false
+}
+
 // Close takes no more buffers and returns the live ones, for the caller
 // to give back.
 func (h *HostBuffers) Close() [][]byte {
