@@ -21,6 +21,7 @@ package sim
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/vmarena/vmarena/internal/errors"
 
@@ -68,6 +69,9 @@ type Driver struct {
 	engine  *queue.Engine // the streams and events
 
 	hb queue.HostBuffers // what HostAlloc handed out
+	// closing is held by Close while it closes the host buffers and the
+	// books (closeBooks): one Close at a time.
+	closing sync.Mutex
 
 	costs CallCosts // prices the calls counted (Tally)
 	// calls serializes the calls that change the record (the ledger
@@ -133,23 +137,49 @@ func New(opts Options) (*Driver, error) {
 	return d, nil
 }
 
-// Close waits for the streams to finish their work, then releases and
-// unreserves everything; the error reports stream work that failed and was
-// not yet reported. As the host driver does, it refuses with ErrBusy,
-// naming them, and changes nothing while anything is mapped or a HostAlloc
-// buffer is live. A second Close is ErrClosed, as is every later call.
+// Close releases and unreserves everything and takes no more HostAlloc
+// buffers, then waits for the streams to finish their work; the error
+// reports stream work that failed and was not yet reported. As the host
+// driver does, it refuses with ErrBusy, naming them, and changes nothing
+// while anything is mapped or a HostAlloc buffer is live; each check is
+// one step with the closing, so memory mapped or allocated while Close
+// runs makes it refuse or is refused itself, and stream work that runs
+// while Close waits finds the driver closed. A second Close is ErrClosed,
+// as is every later call.
 func (d *Driver) Close() error {
 	if d.unmade() {
 		return errUnmade("Close")
 	}
+	if err := d.closeBooks(); err != nil {
+		return err
+	}
+	return d.engine.Close() // failures of stream work not yet reported
+}
+
+// closeBooks is Close's first half: the host buffers and then the books,
+// each checked and closed in one step (a refusal of the books reopens the
+// buffers, so a refused Close changes nothing). Closes run it one at a
+// time; it never waits for the streams, so a host function that Close's
+// second half waits for may call Close itself.
+func (d *Driver) closeBooks() error {
+	d.closing.Lock()
+	defer d.closing.Unlock()
 	if d.engine.Closed() {
 		return driver.Closed("sim: close: closed already")
 	}
 	if err := errors.CombineErrors(d.books.Busy(), d.hb.Busy("sim")); err != nil {
 		return err
 	}
-	err := d.engine.Close() // failures of stream work not yet reported
-	return errors.CombineErrors(err, d.books.Close())
+	if err := d.hb.CloseIdle("sim"); err != nil {
+		return err // a buffer allocated since the check, or a Close that got here first
+	}
+	if err := d.books.Close(); errors.Is(err, driver.ErrBusy) {
+		d.hb.Reopen() // a chunk mapped since the check: nothing is closed
+		return err
+	} else if err != nil {
+		return errors.CombineErrors(err, d.engine.Close())
+	}
+	return nil
 }
 
 // tearDown closes d whatever is mapped or allocated: for tests, whose
