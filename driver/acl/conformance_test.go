@@ -94,3 +94,7 @@ func TestConformanceWaitSync(t *testing.T) {
 func errNoVMM(lib string) error {
 	return errors.Newf("AscendCL runtime %s has no NPU with virtual memory management", lib)
 }
+
+// TestCloseRacingMap: a chunk mapped while Close runs makes Close refuse,
+// changing nothing, or is refused because the driver closed.
+func TestCloseRacingMap(t *testing.T) { vendor.CloseRacingMap(t, small) }

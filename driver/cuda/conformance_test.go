@@ -103,3 +103,7 @@ func TestConformanceWaitModes(t *testing.T) {
 func errNoVMM(lib string) error {
 	return errors.Newf("CUDA driver %s has no GPU with virtual memory management", lib)
 }
+
+// TestCloseRacingMap: a chunk mapped while Close runs makes Close refuse,
+// changing nothing, or is refused because the driver closed.
+func TestCloseRacingMap(t *testing.T) { vendor.CloseRacingMap(t, small) }

@@ -32,6 +32,7 @@ package accel
 
 import (
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -154,6 +155,9 @@ type Core struct {
 	streams map[driver.Stream]any
 	// host are the pinned buffers HostAlloc handed out.
 	host queue.HostBuffers
+	// closing is held by Close while it closes the pinned buffers and the
+	// record (closeBooks): one Close at a time.
+	closing sync.Mutex
 }
 
 // New opens a Core over rt.
@@ -332,17 +336,44 @@ func (c *Core) AllowPIDs(h driver.Handle, pids []int) error {
 // Closed reports whether Close (or TearDown) has run.
 func (c *Core) Closed() bool { return c.engine.Closed() }
 
-// Close refuses while memory is mapped or pinned host buffers are live;
-// otherwise it waits for the streams, destroys them, gives back every
-// chunk and reservation, and lets go of the runtime.
+// Close refuses while memory is mapped or pinned host buffers are live,
+// changing nothing; otherwise it gives back every chunk and reservation
+// and takes no more pinned buffers, then waits for the streams, destroys
+// them, and lets go of the runtime. Each check is one step with the
+// closing (closeBooks), so memory mapped or pinned while Close runs makes
+// it refuse or is refused itself, and stream work that runs while Close
+// waits finds the driver closed.
 func (c *Core) Close() error {
+	if err := c.closeBooks(); err != nil {
+		return err
+	}
+	return c.close(func() error { return nil }) // closeBooks closed them
+}
+
+// closeBooks is Close's first half: the pinned buffers and then the
+// record, each checked and closed in one step (a refusal of the record
+// reopens the buffers, so a refused Close changes nothing). Closes run it
+// one at a time; it never waits for the streams, so a host function that
+// Close's second half waits for may call Close itself.
+func (c *Core) closeBooks() error {
+	c.closing.Lock()
+	defer c.closing.Unlock()
 	if c.engine.Closed() {
 		return driver.Closed(c.info.Name + ": close: closed already")
 	}
 	if err := errors.CombineErrors(c.books.Busy(), c.host.Busy(c.info.Name)); err != nil {
 		return err
 	}
-	return c.close(c.books.Close)
+	if err := c.host.CloseIdle(c.info.Name); err != nil {
+		return err // a buffer pinned since the check, or a Close that got here first
+	}
+	if err := c.books.Close(); errors.Is(err, driver.ErrBusy) {
+		c.host.Reopen() // a chunk mapped since the check: nothing is closed
+		return err
+	} else if err != nil {
+		return errors.CombineErrors(err, c.close(func() error { return nil }))
+	}
+	return nil
 }
 
 // TearDown closes c whatever is mapped or pinned: for the vendor
