@@ -9,6 +9,7 @@ import (
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
 	"github.com/vmarena/vmarena/mapping"
+	"github.com/vmarena/vmarena/physical"
 	"github.com/vmarena/vmarena/vaspace"
 )
 
@@ -135,4 +136,45 @@ func TestCheckSeesReleaseBehind(t *testing.T) {
 	drivertest.RequireIs(t, c.Release(), driver.ErrBadHandle, "no longer holds the handle")
 	require.NoError(t, s.tab.Check())
 	require.NoError(t, s.mem.Check())
+}
+
+// TestUnmapOfMappingUnmappedBehind: a mapping of the table's unmapped
+// through the driver behind the table's back is let go by the table's
+// Unmap (and Close): the driver no longer maps it, so the books follow
+// the driver, and the error, which wraps driver.ErrNotMapped, says what
+// happened. The chunk's reference goes with it, so its memory returns on
+// Release, and the reservation can be freed. (Before, Unmap and Close
+// failed for good, holding the chunk's memory and the reservation.)
+func TestUnmapOfMappingUnmappedBehind(t *testing.T) {
+	s := newStack(t)
+	a, err := s.mem.Create(0, gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	b, err := s.mem.Create(1, 2*gran, driver.ChunkOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.tab.Map(s.at(0), a))
+	require.NoError(t, s.tab.Map(s.at(4), b))
+
+	require.NoError(t, s.drv.Unmap(s.at(0), gran)) // behind the table's back
+	drivertest.RequireIs(t, s.tab.Unmap(s.at(0)), driver.ErrNotMapped,
+		"mapping: unmap at", "the driver no longer maps", "has let it go")
+	_, err = s.tab.Lookup(s.at(0))
+	drivertest.RequireIs(t, err, driver.ErrNotMapped)
+	require.Zero(t, a.Mappings())
+	require.NoError(t, s.tab.Check())
+	require.NoError(t, a.Release())
+	require.Equal(t, uint64(0), usageOf(t, s, 0).Used, "a's memory returned")
+
+	require.NoError(t, s.drv.Unmap(s.at(4), 2*gran)) // and b's, before Close
+	drivertest.RequireIs(t, s.tab.Close(), driver.ErrNotMapped, "mapping: close", "has let it go")
+	require.Zero(t, b.Mappings())
+	require.NoError(t, b.Release())
+	require.NoError(t, s.mem.Check())
+	require.NoError(t, s.res.Free(), "nothing holds the reservation")
+}
+
+func usageOf(t *testing.T, s *stack, dev driver.DeviceID) physical.Usage {
+	t.Helper()
+	u, err := s.mem.Usage(dev)
+	require.NoError(t, err)
+	return u
 }

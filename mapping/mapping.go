@@ -18,7 +18,11 @@
 // and attaches itself to the reservation so the reservation cannot be freed
 // while anything is mapped. Every change goes through the driver first and
 // is recorded only when the driver succeeded, so a failed call leaves the
-// table and the driver as they were.
+// table and the driver as they were, but for one case: an unmap (Unmap,
+// UnmapRange, Close) of a mapping the driver no longer has (it answers
+// ErrNotMapped or ErrNotReserved: unmapped through the driver behind the
+// table's back) lets the mapping and its chunk reference go all the same,
+// since the driver has, and the error, which wraps the driver's, says so.
 //
 // Every driver call a Table makes runs under the reservation's Hold: the
 // reservation cannot be freed meanwhile, so a table never reaches into a
@@ -82,6 +86,10 @@ type entry struct {
 	gran   uint64
 	access runs.List[accessRow]
 	ndev   int
+	// gone is the driver's answer when an unmap found the mapping no
+	// longer there (unmapped through the driver behind the table's back):
+	// the unmap let it go (unmapOp.Do).
+	gone error
 }
 
 // mapOp and unmapOp are an entry's driver map and unmap, as the mapref.Op
@@ -98,7 +106,13 @@ func (o *mapOp) Do() error {
 }
 
 func (o *unmapOp) Do() error {
-	return o.tab.res.Hold(func() error { return o.tab.drv.Unmap(o.rng.Base, o.rng.Size) })
+	err := o.tab.res.Hold(func() error { return o.tab.drv.Unmap(o.rng.Base, o.rng.Size) })
+	if errors.Is(err, driver.ErrNotMapped) || errors.Is(err, driver.ErrNotReserved) {
+		// The driver maps nothing there any more: the books follow it.
+		o.gone = err
+		return nil
+	}
+	return err
 }
 
 // accessRow is what each device may do at a granule (index = device).
@@ -272,7 +286,9 @@ func (t *Table) Map(addr driver.Addr, c *physical.Chunk) error {
 }
 
 // Unmap removes the mapping that starts at addr, returning its range to the
-// reserved state and dropping the table's reference on its chunk.
+// reserved state and dropping the table's reference on its chunk. A
+// mapping the driver no longer has is removed from the books all the same,
+// with an error wrapping the driver's (see the package doc).
 func (t *Table) Unmap(addr driver.Addr) error {
 	if t.unmade() {
 		return unmade("Table.Unmap", "New")
@@ -324,22 +340,34 @@ func (t *Table) UnmapRange(r vaspace.Range) error {
 			return errors.Wrapf(driver.ErrPartial, "%s: it cuts the mapping %s of %s", what(), e.rng, e.chunk)
 		}
 	}
+	var gone error // mappings the driver no longer had, let go
 	for i := hi - 1; i >= lo; i-- {
 		if e := t.at(i); e != nil && r.ContainsRange(e.rng) {
 			if err := t.unmap(what, e); err != nil {
-				return err
+				gone = errors.CombineErrors(gone, err)
+				if e.gone == nil {
+					return gone
+				}
 			}
 		}
 	}
-	return nil
+	return gone
 }
 
-// unmap unmaps the entry e and drops it from the books.
+// unmap unmaps the entry e and drops it from the books. A mapping the
+// driver no longer has is dropped too (the books follow the driver), and
+// the error, which wraps the driver's, says so: e.gone is then set.
 func (t *Table) unmap(what func() string, e *entry) error {
 	if err := mapref.Unmap(e.chunk, (*unmapOp)(e)); err != nil {
 		return errors.Wrapf(err, "%s", what())
 	}
 	t.maps.DeleteStart(e.rng.Base)
+	if e.gone != nil {
+		return errors.WithHint(
+			errors.Wrapf(e.gone, "%s: the driver no longer maps %s of %s (unmapped through the driver behind the table's back?); the table has let it go",
+				what(), e.rng, e.chunk),
+			"unmap with Table.Unmap, never with Driver.Unmap")
+	}
 	return nil
 }
 
@@ -608,7 +636,10 @@ func (t *Table) touch(op string, dev driver.DeviceID, addr driver.Addr, p []byte
 }
 
 // Close unmaps every mapping and detaches the table from its reservation.
-// The reservation itself stays; free it with its Free.
+// The reservation itself stays; free it with its Free. Mappings the driver
+// no longer has are let go (see the package doc): Close then closes the
+// table and returns an error saying so; if the driver refuses to unmap one
+// it has, the table stays open.
 func (t *Table) Close() error {
 	if t.unmade() {
 		return unmade("Table.Close", "New")
@@ -622,12 +653,12 @@ func (t *Table) Close() error {
 	for i := t.n() - 1; i >= 0; i-- {
 		errs = errors.CombineErrors(errs, t.unmap(func() string { return "mapping: close" }, t.at(i)))
 	}
-	if errs != nil {
-		return errs
+	if t.n() > 0 {
+		return errs // the driver refused to unmap some: the table stays open
 	}
 	t.closed = true
 	t.res.Detach(t)
-	return nil
+	return errs // nil, or mappings the driver no longer had, let go
 }
 
 // Check compares the table with the driver and with its own invariants and
