@@ -229,7 +229,7 @@ func (d *Driver) Export(h driver.Handle) (driver.Shareable, error) {
 		m := c.Backing.(*chunkMem)
 		fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
-			return driver.Shareable{}, errors.Wrap(err, "dup")
+			return driver.Shareable{}, fdError(err, "dup")
 		}
 		return driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: c.Size}, nil
 	})
@@ -286,7 +286,7 @@ func (d *Driver) Import(sh driver.Shareable, dev driver.DeviceID) (driver.Handle
 	return d.books.Import(dev, sh.Size, func(c *ledger.Chunk) error {
 		fd, err := unix.FcntlInt(uintptr(sh.FD), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
-			return errors.Wrap(err, "dup")
+			return fdError(err, "dup")
 		}
 		c.Backing = &chunkMem{fd: fd, own: true}
 		return nil
@@ -482,6 +482,17 @@ func (b *backend) Reserve(size, align uint64, hint driver.Addr) (driver.Addr, an
 	return driver.Addr(uintptr(base)), base, nil
 }
 
+// fdError wraps the failure of a system call that makes a descriptor,
+// marking running out of them (EMFILE, ENFILE) ErrOutOfMemory, as the
+// other resources a call needs are.
+func fdError(err error, call string) error {
+	if err == unix.EMFILE || err == unix.ENFILE {
+		return sentinel.Mark(errors.Wrapf(err, "%s: no descriptor free (the process's limit, RLIMIT_NOFILE, or the system's is reached)", call),
+			driver.ErrOutOfMemory)
+	}
+	return errors.Wrap(err, call)
+}
+
 func reserveError(err error, size uint64) error {
 	if err == unix.ENOMEM {
 		return sentinel.Mark(errors.Wrapf(err, "the process has no free address range of %s", units.Bytes(size)), driver.ErrOutOfMemory)
@@ -505,7 +516,7 @@ func (b *backend) Commit(c *ledger.Chunk) error {
 	if c.Opts.Shareable {
 		fd, err := unix.MemfdCreate(fmt.Sprintf("vmarena-host%d-chunk%d", c.Device, c.Handle), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 		if err != nil {
-			return errors.Wrap(err, "memfd_create")
+			return fdError(err, "memfd_create")
 		}
 		if err := unix.Ftruncate(fd, int64(c.Size)); err != nil {
 			_ = unix.Close(fd)

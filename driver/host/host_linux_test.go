@@ -514,3 +514,75 @@ func TestCloseFromHostFuncWhileClosing(t *testing.T) {
 	drivertest.RequireIs(t, <-inner, driver.ErrClosed, "host: close")
 	drivertest.RequireIs(t, d.Close(), driver.ErrClosed)
 }
+
+// TestOutOfDescriptorsIsOutOfMemory: with the process's descriptor limit
+// reached, creating a shareable chunk (a memfd of its own), exporting one
+// and importing one each fail with ErrOutOfMemory naming the descriptor
+// limit, and change nothing; once descriptors are free again the same
+// calls work.
+func TestOutOfDescriptorsIsOutOfMemory(t *testing.T) {
+	d := newTest(t, small())
+	g := d.Granularity()
+	shared, err := d.Create(0, g, driver.ChunkOptions{Shareable: true})
+	require.NoError(t, err)
+	x, err := d.Export(shared)
+	require.NoError(t, err)
+	defer unix.Close(x.FD)
+	unexported, err := d.Create(0, g, driver.ChunkOptions{Shareable: true})
+	require.NoError(t, err)
+
+	var old unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
+	es, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	// Fill every descriptor below a low limit, then lower the limit to it.
+	limit := uint64(len(es) + 8)
+	var fill []int
+	for {
+		fd, err := unix.Dup(0)
+		if err != nil || uint64(fd) >= limit {
+			if err == nil {
+				unix.Close(fd)
+			}
+			break
+		}
+		fill = append(fill, fd)
+	}
+	lowered := old
+	lowered.Cur = limit
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &lowered))
+	restore := func() {
+		require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old))
+		for _, fd := range fill {
+			unix.Close(fd)
+		}
+		fill = nil
+	}
+	defer func() {
+		if fill != nil {
+			restore()
+		}
+	}()
+	used := d.Used(0)
+	_, err = d.Create(0, g, driver.ChunkOptions{Shareable: true})
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "host: create", "descriptor")
+	_, err = d.Export(unexported)
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "host: export", "descriptor")
+	_, err = d.Import(x, 1)
+	drivertest.RequireIs(t, err, driver.ErrOutOfMemory, "host: import", "descriptor")
+	require.Equal(t, used, d.Used(0))
+	require.Zero(t, d.Used(1))
+	require.NoError(t, d.Check())
+	restore()
+
+	h, err := d.Create(0, g, driver.ChunkOptions{Shareable: true})
+	require.NoError(t, err)
+	y, err := d.Export(unexported)
+	require.NoError(t, err, "a failed export can be retried")
+	require.NoError(t, unix.Close(y.FD))
+	imp, err := d.Import(x, 1)
+	require.NoError(t, err)
+	for _, h := range []driver.Handle{imp, h, unexported, shared} {
+		require.NoError(t, d.Release(h))
+	}
+}
