@@ -21,7 +21,11 @@ import (
 
 // Export makes the chunk's shareable handle — once: a second Export is
 // ErrBusy — and sets the processes allowed to import it. The chunk keeps
-// the handle (Exported) until its memory is returned here. A driver that
+// the handle (Exported) until its memory is returned here: a descriptor
+// in it (HandlePOSIXFD) is the chunk's, which closes it then, so the
+// caller sends it (package ipc does) and never closes it — a descriptor
+// closed early is a number the chunk would later close under whatever
+// file the process has opened on it since. A driver that
 // keeps an allow-list of its own (driver.AllowList: AscendCL's tokens) is
 // given allowPIDs too; if it refuses them, the chunk stays exported with
 // nobody allowed to import it, and the error says so (SetAllowedPIDs
