@@ -21,6 +21,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -57,6 +58,13 @@ type Options struct {
 	// Costs prices the driver's calls (Tally); the zero value is A100. A
 	// negative cost is ErrInvalid.
 	Costs CallCosts
+	// HostMemory bounds the host buffers HostAlloc lends, the live ones
+	// together (default: the machine's physical memory on Linux, none
+	// elsewhere). They are real memory of this process, so a bound past
+	// what the machine has free lets an allocation run the process out of
+	// memory as any other would; it is cut to the largest buffer Go can
+	// make.
+	HostMemory uint64
 }
 
 // Driver is the sim driver. It implements driver.Driver and
@@ -69,6 +77,12 @@ type Driver struct {
 	engine  *queue.Engine // the streams and events
 
 	hb queue.HostBuffers // what HostAlloc handed out
+	// host counts the bytes of the live host buffers, within hostMax
+	// (Options.HostMemory).
+	host struct {
+		sync.Mutex
+		live, max uint64
+	}
 	// closing is held by Close while it closes the host buffers and the
 	// books (closeBooks): one Close at a time.
 	closing sync.Mutex
@@ -134,6 +148,14 @@ func New(opts Options) (*Driver, error) {
 	d := &Driver{books: l, backend: b, costs: opts.Costs,
 		engine: queue.New("sim", opts.Devices, func(_, _ driver.DeviceID) bool { return true })}
 	d.calls.devices = make([]Calls, opts.Devices)
+	d.host.max = opts.HostMemory
+	if d.host.max == 0 {
+		d.host.max = machineMemory()
+	}
+	if d.host.max == 0 {
+		d.host.max = math.MaxUint64
+	}
+	d.host.max = min(d.host.max, math.MaxInt-hostAlign)
 	return d, nil
 }
 

@@ -1,6 +1,7 @@
 package sim_test
 
 import (
+	"math"
 	"runtime"
 	"testing"
 
@@ -109,4 +110,46 @@ func TestCloseFromHostFuncWhileClosing(t *testing.T) {
 	require.NoError(t, d.Close())
 	drivertest.RequireIs(t, <-inner, driver.ErrClosed, "sim: close")
 	drivertest.RequireIs(t, d.Close(), driver.ErrClosed)
+}
+
+// TestHostAllocBounded: HostAlloc lends at most Options.HostMemory of host
+// buffers, live ones together, and
+// refuses past it with ErrOutOfMemory, naming the bound, rather than
+// asking Go for a buffer it cannot make (a size near 2^64 panicked, one of
+// 2^44 ended the process out of memory); a buffer freed makes room again,
+// and a refusal changes nothing. By default the bound is the machine's
+// memory.
+func TestHostAllocBounded(t *testing.T) {
+	d, err := sim.New(sim.Options{Capacity: 64 * units.MiB, HostMemory: units.MiB})
+	require.NoError(t, err)
+	for _, size := range []uint64{math.MaxUint64, math.MaxInt, 1 << 62, 1 << 44, units.MiB + 1} {
+		_, err := d.HostAlloc(size)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory, "%d bytes", size)
+		require.ErrorContains(t, err, "of at most 1 MiB")
+	}
+	a, err := d.HostAlloc(600 * units.KiB)
+	require.NoError(t, err)
+	_, err = d.HostAlloc(600 * units.KiB)
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	b, err := d.HostAlloc(400 * units.KiB)
+	require.NoError(t, err)
+	require.NoError(t, d.HostFree(a))
+	a, err = d.HostAlloc(600 * units.KiB)
+	require.NoError(t, err, "the freed buffer's room")
+	require.NoError(t, d.HostFree(a))
+	require.NoError(t, d.HostFree(b))
+	require.NoError(t, d.Close())
+
+	// By default, no more than the machine has (Linux: its physical
+	// memory): a buffer that size is never lent.
+	if runtime.GOOS != "linux" {
+		return
+	}
+	d, err = sim.New(sim.Options{})
+	require.NoError(t, err)
+	for _, size := range []uint64{math.MaxUint64, 1 << 62, 1 << 50} {
+		_, err := d.HostAlloc(size)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory, "%d bytes", size)
+	}
+	require.NoError(t, d.Close())
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // The sim driver's streams run host functions, record and wait on events
@@ -69,8 +70,9 @@ func (d *Driver) Memset(driver.Addr, byte, uint64, driver.Stream) error {
 }
 
 // HostAlloc returns size bytes of Go memory aligned to 64 bytes (nothing is
-// pinned: there is no device to copy to). A zero size is ErrInvalid; Close
-// refuses (ErrBusy) while any buffer is live.
+// pinned: there is no device to copy to). A zero size is ErrInvalid, one
+// the live buffers and Options.HostMemory leave no room for
+// ErrOutOfMemory; Close refuses (ErrBusy) while any buffer is live.
 func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	if d.unmade() {
 		return nil, errUnmade("HostAlloc")
@@ -81,10 +83,20 @@ func (d *Driver) HostAlloc(size uint64) ([]byte, error) {
 	if size == 0 {
 		return nil, errors.Wrap(driver.ErrInvalid, "sim: host alloc of zero bytes")
 	}
-	raw := make([]byte, size+64)
-	off := (64 - uintptr(unsafe.Pointer(&raw[0]))%64) % 64
+	d.host.Lock()
+	if size > d.host.max-d.host.live {
+		live, most := d.host.live, d.host.max
+		d.host.Unlock()
+		return nil, errors.WithHint(errors.Wrapf(driver.ErrOutOfMemory, "sim: host alloc of %s: %s of host buffers live, of at most %s",
+			units.Bytes(size), units.Bytes(live), units.Bytes(most)), "free host buffers, or make the driver with a larger Options.HostMemory")
+	}
+	d.host.live += size
+	d.host.Unlock()
+	raw := make([]byte, size+hostAlign)
+	off := (hostAlign - uintptr(unsafe.Pointer(&raw[0]))%hostAlign) % hostAlign
 	b := raw[off : off+uintptr(size) : off+uintptr(size)]
 	if !d.hb.Add(b) {
+		d.hostGone(size)
 		return nil, driver.Closed("sim: host alloc")
 	}
 	return b, nil
@@ -101,5 +113,19 @@ func (d *Driver) HostFree(b []byte) error {
 	if d.engine.Closed() {
 		return driver.Closed("sim: host free")
 	}
-	return d.hb.Remove("sim", d.engine, b)
+	if err := d.hb.Remove("sim", d.engine, b); err != nil {
+		return err
+	}
+	d.hostGone(uint64(len(b)))
+	return nil
+}
+
+// hostAlign is the alignment of a host buffer.
+const hostAlign = 64
+
+// hostGone takes n bytes of host buffers out of the live count.
+func (d *Driver) hostGone(n uint64) {
+	d.host.Lock()
+	d.host.live -= n
+	d.host.Unlock()
 }
