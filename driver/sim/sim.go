@@ -83,9 +83,6 @@ type Driver struct {
 		sync.Mutex
 		live, max uint64
 	}
-	// closing is held by Close while it closes the host buffers and the
-	// books (closeBooks): one Close at a time.
-	closing sync.Mutex
 
 	costs CallCosts // prices the calls counted (Tally)
 	// calls serializes the calls that change the record (the ledger
@@ -178,30 +175,10 @@ func (d *Driver) Close() error {
 	return d.engine.Close() // failures of stream work not yet reported
 }
 
-// closeBooks is Close's first half: the host buffers and then the books,
-// each checked and closed in one step (a refusal of the books reopens the
-// buffers, so a refused Close changes nothing). Closes run it one at a
-// time; it never waits for the streams, so a host function that Close's
-// second half waits for may call Close itself.
+// closeBooks is Close's first half: the host buffers and then the books
+// (queue.HostBuffers.CloseWith).
 func (d *Driver) closeBooks() error {
-	d.closing.Lock()
-	defer d.closing.Unlock()
-	if d.engine.Closed() {
-		return driver.Closed("sim: close: closed already")
-	}
-	if err := errors.CombineErrors(d.books.Busy(), d.hb.Busy("sim")); err != nil {
-		return err
-	}
-	if err := d.hb.CloseIdle("sim"); err != nil {
-		return err // a buffer allocated since the check, or a Close that got here first
-	}
-	if err := d.books.Close(); errors.Is(err, driver.ErrBusy) {
-		d.hb.Reopen() // a chunk mapped since the check: nothing is closed
-		return err
-	} else if err != nil {
-		return errors.CombineErrors(err, d.engine.Close())
-	}
-	return nil
+	return d.hb.CloseWith("sim", d.engine, d.books, d.engine.Close)
 }
 
 // tearDown closes d whatever is mapped or allocated: for tests, whose

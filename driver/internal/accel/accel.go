@@ -32,7 +32,6 @@ package accel
 
 import (
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -155,9 +154,6 @@ type Core struct {
 	streams map[driver.Stream]any
 	// host are the pinned buffers HostAlloc handed out.
 	host queue.HostBuffers
-	// closing is held by Close while it closes the pinned buffers and the
-	// record (closeBooks): one Close at a time.
-	closing sync.Mutex
 }
 
 // New opens a Core over rt.
@@ -351,29 +347,9 @@ func (c *Core) Close() error {
 }
 
 // closeBooks is Close's first half: the pinned buffers and then the
-// record, each checked and closed in one step (a refusal of the record
-// reopens the buffers, so a refused Close changes nothing). Closes run it
-// one at a time; it never waits for the streams, so a host function that
-// Close's second half waits for may call Close itself.
+// record (queue.HostBuffers.CloseWith).
 func (c *Core) closeBooks() error {
-	c.closing.Lock()
-	defer c.closing.Unlock()
-	if c.engine.Closed() {
-		return driver.Closed(c.info.Name + ": close: closed already")
-	}
-	if err := errors.CombineErrors(c.books.Busy(), c.host.Busy(c.info.Name)); err != nil {
-		return err
-	}
-	if err := c.host.CloseIdle(c.info.Name); err != nil {
-		return err // a buffer pinned since the check, or a Close that got here first
-	}
-	if err := c.books.Close(); errors.Is(err, driver.ErrBusy) {
-		c.host.Reopen() // a chunk mapped since the check: nothing is closed
-		return err
-	} else if err != nil {
-		return errors.CombineErrors(err, c.close(func() error { return nil }))
-	}
-	return nil
+	return c.host.CloseWith(c.info.Name, c.engine, c.books, func() error { return c.close(func() error { return nil }) })
 }
 
 // TearDown closes c whatever is mapped or pinned: for the vendor

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"sync"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/internal/errors"
@@ -19,6 +20,48 @@ type HostBuffers struct {
 	mu     lockrank.Mutex[lockrank.HostBuffers]
 	bufs   map[*byte]uint64
 	closed bool
+	// closing is held by CloseWith: one driver Close at a time.
+	closing sync.Mutex
+}
+
+// Books is the record a driver's Close closes after its host buffers
+// (driver/internal/ledger's Ledger).
+type Books interface {
+	// Busy says why the record cannot close now (ErrBusy), or nil.
+	Busy() error
+	// Close closes it, or refuses (ErrBusy) where something was mapped
+	// since Busy.
+	Close() error
+}
+
+// CloseWith is a driver Close's first half: h and then books, each
+// checked and closed in one step, so memory mapped or pinned while Close
+// runs makes it refuse or is refused itself; a refusal of the books
+// reopens h, so a refused Close changes nothing. A driver closed already
+// (e closed) is ErrClosed. Closes run it one at a time; it never waits
+// for the streams, so a host function that the Close's second half (e's
+// Close) waits for may call Close itself. failed runs where the books
+// fail to close for another reason than ErrBusy, its error joined to
+// theirs (the rest of the driver's Close). name prefixes the messages.
+func (h *HostBuffers) CloseWith(name string, e *Engine, books Books, failed func() error) error {
+	h.closing.Lock()
+	defer h.closing.Unlock()
+	if e.Closed() {
+		return driver.Closed(name + ": close: closed already")
+	}
+	if err := errors.CombineErrors(books.Busy(), h.Busy(name)); err != nil {
+		return err
+	}
+	if err := h.CloseIdle(name); err != nil {
+		return err // a buffer pinned since the check, or a Close that got here first
+	}
+	if err := books.Close(); errors.Is(err, driver.ErrBusy) {
+		h.Reopen() // a chunk mapped since the check: nothing is closed
+		return err
+	} else if err != nil {
+		return errors.CombineErrors(err, failed())
+	}
+	return nil
 }
 
 // Add records b. It is false once Close has run: the caller gives b back
