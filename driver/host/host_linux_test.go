@@ -442,52 +442,13 @@ func TestRangePastTheTopNamed(t *testing.T) {
 	require.NoError(t, d.Release(h))
 }
 
-// TestCloseRacingMap: a chunk mapped while Close runs (here from a host
-// function, which Close waits for, so the interleaving is certain) either
-// makes Close refuse, changing nothing, or is refused itself because the
-// driver closed. Close used to check that nothing was mapped, close the
-// streams, and only then close the books: the mapping slipped in between,
-// Close returned ErrBusy with the streams already closed, a second Close
-// said "closed already", and the reservations, chunks and heaps stayed
-// with the driver for good while Reserve and Map kept working.
+// TestCloseRacingMap: drivertest.CloseRacingMap, and the reservations,
+// chunks, heaps and descriptors all go with the Close that succeeds.
 func TestCloseRacingMap(t *testing.T) {
 	before, after, same, err := leakcheck.Compare(3, func() {
 		d, err := New(small())
 		require.NoError(t, err)
-		g := d.Granularity()
-		base, err := d.Reserve(g, 0, 0)
-		require.NoError(t, err)
-		h, err := d.Create(0, g, driver.ChunkOptions{})
-		require.NoError(t, err)
-		s, err := d.CreateStream(0)
-		require.NoError(t, err)
-		mapped := make(chan error, 1)
-		require.NoError(t, d.LaunchHostFunc(s, "maps while Close runs", func() error {
-			for !d.engine.Closed() { // Close has begun, and waits for this
-				runtime.Gosched()
-			}
-			mapped <- d.Map(base, h)
-			return nil
-		}))
-		closeErr := d.Close()
-		mapErr := <-mapped
-		if closeErr == nil {
-			drivertest.RequireIs(t, mapErr, driver.ErrClosed, "host: map")
-			_, err := d.Reserve(g, 0, 0)
-			drivertest.RequireIs(t, err, driver.ErrClosed)
-			drivertest.RequireIs(t, d.Close(), driver.ErrClosed)
-			return
-		}
-		// Close refused: nothing changed, so the driver works on and a
-		// Close with nothing mapped takes everything down.
-		drivertest.RequireIs(t, closeErr, driver.ErrBusy)
-		require.NoError(t, mapErr)
-		_, err = d.CreateStream(0)
-		require.NoError(t, err, "a refused Close left the streams open")
-		require.NoError(t, d.Unmap(base, g))
-		require.NoError(t, d.Close())
-		_, err = d.Reserve(g, 0, 0)
-		drivertest.RequireIs(t, err, driver.ErrClosed)
+		drivertest.CloseRacingMap(t, d)
 	})
 	require.NoError(t, err)
 	require.True(t, same, "%v before, %v after", before, after)

@@ -50,46 +50,11 @@ func TestSyncDevice(t *testing.T) {
 	drivertest.SyncDeviceWaits(t, d, -1, 2)
 }
 
-// TestCloseRacingMap: a chunk mapped while Close runs (from a host
-// function, which Close waits for, so the interleaving is certain) either
-// makes Close refuse, changing nothing, or is refused itself because the
-// driver closed; never a Close that refuses with the streams closed and
-// the books open for good.
+// TestCloseRacingMap: drivertest.CloseRacingMap.
 func TestCloseRacingMap(t *testing.T) {
 	d, err := sim.New(sim.Options{Devices: 1, Capacity: 4 << 20})
 	require.NoError(t, err)
-	g := d.Granularity()
-	base, err := d.Reserve(g, 0, 0)
-	require.NoError(t, err)
-	h, err := d.Create(0, g, driver.ChunkOptions{})
-	require.NoError(t, err)
-	s, err := d.CreateStream(0)
-	require.NoError(t, err)
-	mapped := make(chan error, 1)
-	require.NoError(t, d.LaunchHostFunc(s, "maps while Close runs", func() error {
-		for !sim.Closing(d) { // Close has begun, and waits for this
-			runtime.Gosched()
-		}
-		mapped <- d.Map(base, h)
-		return nil
-	}))
-	closeErr := d.Close()
-	mapErr := <-mapped
-	if closeErr == nil {
-		drivertest.RequireIs(t, mapErr, driver.ErrClosed, "sim: map")
-		_, err := d.Reserve(g, 0, 0)
-		drivertest.RequireIs(t, err, driver.ErrClosed)
-		drivertest.RequireIs(t, d.Close(), driver.ErrClosed)
-		return
-	}
-	drivertest.RequireIs(t, closeErr, driver.ErrBusy)
-	require.NoError(t, mapErr)
-	_, err = d.CreateStream(0)
-	require.NoError(t, err, "a refused Close left the streams open")
-	require.NoError(t, d.Unmap(base, g))
-	require.NoError(t, d.Close())
-	_, err = d.Reserve(g, 0, 0)
-	drivertest.RequireIs(t, err, driver.ErrClosed)
+	drivertest.CloseRacingMap(t, d)
 }
 
 // TestCloseFromHostFuncWhileClosing: a host function that Close waits for

@@ -10,11 +10,9 @@ package acceltest
 import (
 	"bytes"
 	"os"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"github.com/vmarena/vmarena/internal/errors"
 
 	"github.com/vmarena/vmarena/driver"
 	"github.com/vmarena/vmarena/driver/drivertest"
@@ -236,55 +234,9 @@ func (v Vendor[D]) HardwareSmoke(t *testing.T) {
 	}
 }
 
-// CloseRacingMap: a chunk mapped while Close runs (from a host function,
-// which Close waits for; it maps once CreateEvent answers ErrClosed, the
-// sign that Close has begun closing the streams) either makes Close
-// refuse, changing nothing, or is refused itself because the driver
-// closed; never a Close that refuses with the streams closed and the
-// record open for good.
+// CloseRacingMap is drivertest.CloseRacingMap on the vendor's driver
+// over the stand-in.
 func (v Vendor[D]) CloseRacingMap(t *testing.T, cfg standin.Config) {
 	d, _ := v.OpenStandin(t, cfg, func(path string) (D, error) { return v.Open(path, 0) })
-	base, err := d.Reserve(d.Granularity(), 0, 0)
-	require.NoError(t, err)
-	h, err := d.Create(0, d.Granularity(), driver.ChunkOptions{})
-	require.NoError(t, err)
-	s, err := d.CreateStream(0)
-	require.NoError(t, err)
-	mapped := make(chan error, 1)
-	polled := make(chan error, 1)
-	require.NoError(t, d.LaunchHostFunc(s, "maps while Close runs", func() error {
-		for {
-			e, err := d.CreateEvent(0)
-			if err == nil {
-				err = d.DestroyEvent(e)
-			}
-			if errors.Is(err, driver.ErrClosed) {
-				break
-			}
-			if err != nil {
-				polled <- err
-				return nil
-			}
-			runtime.Gosched()
-		}
-		polled <- nil
-		mapped <- d.Map(base, h)
-		return nil
-	}))
-	closeErr := d.Close()
-	require.NoError(t, <-polled)
-	mapErr := <-mapped
-	if closeErr == nil {
-		drivertest.RequireIs(t, mapErr, driver.ErrClosed)
-		_, err := d.Reserve(d.Granularity(), 0, 0)
-		drivertest.RequireIs(t, err, driver.ErrClosed)
-		drivertest.RequireIs(t, d.Close(), driver.ErrClosed)
-		return
-	}
-	drivertest.RequireIs(t, closeErr, driver.ErrBusy)
-	require.NoError(t, mapErr)
-	_, err = d.CreateStream(0)
-	require.NoError(t, err, "a refused Close left the streams open")
-	require.NoError(t, d.Unmap(base, d.Granularity()))
-	require.NoError(t, d.Close())
+	drivertest.CloseRacingMap(t, d)
 }

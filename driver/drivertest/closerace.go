@@ -1,0 +1,77 @@
+package drivertest
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vmarena/vmarena/internal/errors"
+
+	"github.com/vmarena/vmarena/driver"
+)
+
+// StreamsDriver is a driver with streams (driver.Streams).
+type StreamsDriver interface {
+	driver.Driver
+	driver.Streams
+}
+
+// CloseRacingMap checks that a chunk mapped while Close runs either makes
+// Close refuse (ErrBusy), changing nothing, or is refused itself
+// (ErrClosed) because the driver closed: never a Close that refuses with
+// the streams closed and the books open for good. The map comes from a
+// host function, which Close waits for, once CreateEvent answers
+// ErrClosed (the sign that Close has begun closing the streams), so the
+// interleaving is certain. d has nothing mapped; CloseRacingMap closes
+// it.
+func CloseRacingMap(t *testing.T, d StreamsDriver) {
+	t.Helper()
+	g := d.Granularity()
+	base, err := d.Reserve(g, 0, 0)
+	require.NoError(t, err)
+	h, err := d.Create(0, g, driver.ChunkOptions{})
+	require.NoError(t, err)
+	s, err := d.CreateStream(0)
+	require.NoError(t, err)
+	mapped := make(chan error, 1)
+	polled := make(chan error, 1)
+	require.NoError(t, d.LaunchHostFunc(s, "maps while Close runs", func() error {
+		for {
+			e, err := d.CreateEvent(0)
+			if err == nil {
+				err = d.DestroyEvent(e)
+			}
+			if errors.Is(err, driver.ErrClosed) {
+				break
+			}
+			if err != nil {
+				polled <- err
+				return nil
+			}
+			runtime.Gosched()
+		}
+		polled <- nil
+		mapped <- d.Map(base, h)
+		return nil
+	}))
+	closeErr := d.Close()
+	require.NoError(t, <-polled)
+	mapErr := <-mapped
+	if closeErr == nil {
+		RequireIs(t, mapErr, driver.ErrClosed)
+		_, err := d.Reserve(g, 0, 0)
+		RequireIs(t, err, driver.ErrClosed)
+		RequireIs(t, d.Close(), driver.ErrClosed)
+		return
+	}
+	// Close refused: nothing changed, so the driver works on and a Close
+	// with nothing mapped takes everything down.
+	RequireIs(t, closeErr, driver.ErrBusy)
+	require.NoError(t, mapErr)
+	_, err = d.CreateStream(0)
+	require.NoError(t, err, "a refused Close left the streams open")
+	require.NoError(t, d.Unmap(base, g))
+	require.NoError(t, d.Close())
+	_, err = d.Reserve(g, 0, 0)
+	RequireIs(t, err, driver.ErrClosed)
+}
