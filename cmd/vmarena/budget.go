@@ -48,10 +48,13 @@ cache,hybrid) joined to one book,
 whose request rates peak in turn, in lock step: with a static half of
 the device each, then on one elastic budget (ceiling all of it, floor
 --floor pages, 0 by default), where one takes the other's cached and idle
-pages when its peak needs them; then again at each floor of --floors.
-Prints the requests each configuration served within the same TTFT bound,
-their ratio, the servers' CPU time beside the wall time, and whether the
-books or a device were ever over-committed.
+pages when its peak needs them; then again at each floor of --floors;
+and, where the two kinds are the same, one server of that kind serving
+both traces on the whole device, the most any sharing of the device
+serves with these servers. Prints the requests each configuration served
+within the same TTFT bound, their ratios, the servers' CPU time beside
+the wall time, and whether the books or a device were ever
+over-committed.
 `
 
 // topDocument is vmarena top --json.
@@ -237,11 +240,20 @@ func budgetSet(args []string, stdout, stderr io.Writer) int {
 
 // simDocument is vmarena budget simulate --json.
 type simDocument struct {
-	Config           simConfig `json:"config"`
-	Static           simResult `json:"static"`
-	Elastic          simResult `json:"elastic"`
-	ServedRatio      float64   `json:"served_ratio"`
-	TTFTBoundSeconds float64   `json:"ttft_bound_s"`
+	Config      simConfig `json:"config"`
+	Static      simResult `json:"static"`
+	Elastic     simResult `json:"elastic"`
+	ServedRatio float64   `json:"served_ratio"`
+	// Pooled is one server of the same kind serving both traces on the
+	// whole device (both servers' slots): what any way of sharing the
+	// device serves at most with these servers' admission. PooledRatio
+	// is the elastic budget's served over it, BoundRatio its served
+	// over the static halves' (the most served_ratio could be). Absent
+	// where the two servers' kinds differ.
+	Pooled           *simResult `json:"pooled,omitempty"`
+	PooledRatio      float64    `json:"elastic_of_pooled,omitempty"`
+	BoundRatio       float64    `json:"pooled_ratio,omitempty"`
+	TTFTBoundSeconds float64    `json:"ttft_bound_s"`
 	// Floors are the elastic budget at each floor of --floors (the
 	// same ceiling, the same traces), beside the static halves.
 	Floors []floorResult `json:"floors"`
@@ -321,11 +333,24 @@ func simulateBoth(cfg simConfig, env []string) (simDocument, error) {
 		return doc, err
 	}
 	half := cfg.Pages / 2
-	if doc.Static, err = runSim(cfg, "static half each", half, half, self, env); err != nil {
+	if doc.Static, err = runSim(cfg, "static half each", half, half, false, self, env); err != nil {
 		return doc, err
 	}
-	if doc.Elastic, err = runSim(cfg, "elastic budget", cfg.Floor, cfg.Pages, self, env); err != nil {
+	if doc.Elastic, err = runSim(cfg, "elastic budget", cfg.Floor, cfg.Pages, false, self, env); err != nil {
 		return doc, err
+	}
+	if cfg.kind(0) == cfg.kind(1) {
+		p, err := runSim(cfg, "one server, both traces", 0, cfg.Pages, true, self, env)
+		if err != nil {
+			return doc, err
+		}
+		doc.Pooled = &p
+		if p.Served > 0 {
+			doc.PooledRatio = float64(doc.Elastic.Served) / float64(p.Served)
+		}
+		if doc.Static.Served > 0 {
+			doc.BoundRatio = float64(p.Served) / float64(doc.Static.Served)
+		}
 	}
 	ratio := func(r simResult) float64 {
 		if doc.Static.Served == 0 {
@@ -337,7 +362,7 @@ func simulateBoth(cfg simConfig, env []string) (simDocument, error) {
 	for _, f := range cfg.Floors {
 		r := doc.Elastic
 		if f != cfg.Floor {
-			if r, err = runSim(cfg, "elastic budget", f, cfg.Pages, self, env); err != nil {
+			if r, err = runSim(cfg, "elastic budget", f, cfg.Pages, false, self, env); err != nil {
 				return doc, err
 			}
 		}
@@ -353,7 +378,11 @@ func printSim(w io.Writer, doc simDocument) {
 		c.kind(0), c.kind(1), c.Phase, c.Steps, c.StepMillis, c.Pages, units.Bytes(c.PageBytes), c.TTFTBound, doc.TTFTBoundSeconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "configuration\tfloor\tceiling\tserved\tarrived\tpeak committed\tover-commits\tgive-backs\tmax acquire wall\tacquires over a step\twall\tCPU")
-	for _, r := range []simResult{doc.Static, doc.Elastic} {
+	rows := []simResult{doc.Static, doc.Elastic}
+	if doc.Pooled != nil {
+		rows = append(rows, *doc.Pooled)
+	}
+	for _, r := range rows {
 		asks, over, pages := 0, 0, 0
 		var maxWall float64
 		for _, s := range r.Servers {
@@ -367,6 +396,10 @@ func printSim(w io.Writer, doc simDocument) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nelastic / static requests served: %.2f× (floor %d pages)\n", doc.ServedRatio, doc.Config.Floor)
+	if doc.Pooled != nil {
+		fmt.Fprintf(w, "elastic / one server of both traces on the whole device: %.1f%% (that server / static: %.2f×: the most a sharing of the device serves with these servers)\n",
+			100*doc.PooledRatio, doc.BoundRatio)
+	}
 	for _, f := range doc.Floors {
 		fmt.Fprintf(w, "  at a floor of %3d pages: %d served, %.2f×, peak committed %d pages, %d over-commits\n",
 			f.Floor, f.Served, f.ServedRatio, f.PeakPages, f.OverCommits)

@@ -123,6 +123,20 @@ func checkBudgetSimulate(t *testing.T, kinds string) {
 	for _, f := range doc.Floors {
 		require.Zero(t, f.OverCommits, "floor %d", f.Floor)
 	}
+	// One server of both traces on the whole device, the bound, where the
+	// kinds are the same: the same arrivals, and the elastic budget's
+	// served within 2% of it (the give-backs' steps, and the two servers'
+	// queues apart where it has one).
+	if kinds == "cache,hybrid" {
+		require.Nil(t, doc.Pooled)
+	} else {
+		require.NotNil(t, doc.Pooled)
+		require.Equal(t, doc.Elastic.Arrived, doc.Pooled.Arrived)
+		require.Len(t, doc.Pooled.Servers, 1)
+		require.Zero(t, doc.Pooled.OverCommits)
+		require.InDelta(t, 1, doc.PooledRatio, 0.02)
+		require.InDelta(t, float64(doc.Pooled.Served)/float64(doc.Static.Served), doc.BoundRatio, 1e-9)
+	}
 	t.Logf("served static %d, elastic %d of %d (ratio %.2f)", doc.Static.Served, doc.Elastic.Served, doc.Elastic.Arrived, doc.ServedRatio)
 }
 

@@ -71,9 +71,20 @@ type simRequest struct {
 	Arrive, Pages, Steps int
 }
 
+// pooledServer is the k of the one server that serves both traces on the
+// whole device (simulateBoth's bound).
+const pooledServer = -1
+
 // trace generates server k's requests: Poisson arrivals at HighRate in
-// its peaks and LowRate between, the peaks of the two servers alternating.
+// its peaks and LowRate between, the peaks of the two servers
+// alternating; for pooledServer, both servers' requests in the order
+// they arrive.
 func (c simConfig) trace(k int) []simRequest {
+	if k == pooledServer {
+		both := append(c.trace(0), c.trace(1)...)
+		slices.SortStableFunc(both, func(a, b simRequest) int { return a.Arrive - b.Arrive })
+		return both
+	}
 	rng := rand.New(rand.NewPCG(c.Seed, uint64(k)+1))
 	var out []simRequest
 	for t := 0; t < c.Steps; t++ {
@@ -182,6 +193,9 @@ func newServer(cfg simConfig, k int) (*server, error) {
 	}
 	kc.Layout, kc.PageSize, kc.MapAhead = kvcache.TokenMajor, cfg.PageBytes, -1
 	kc.MaxContext, kc.MaxSeqs = 12*simTokensPerPage, cfg.Pages/4+1
+	if k == pooledServer {
+		kc.MaxSeqs *= 2 // both servers' slots
+	}
 	mem := physical.New(drv)
 	s := &server{cfg: cfg, k: k, drv: drv, mem: mem, trace: cfg.trace(k)}
 	switch kind := cfg.kind(k); kind {
@@ -204,8 +218,10 @@ func newServer(cfg simConfig, k int) (*server, error) {
 	return s, nil
 }
 
-// kind is server k's kind of cache (simCache where Kinds does not say).
+// kind is server k's kind of cache (simCache where Kinds does not say;
+// pooledServer's is the first server's).
 func (c simConfig) kind(k int) string {
+	k = max(k, 0)
 	if k < len(c.Kinds) {
 		return c.Kinds[k]
 	}
@@ -248,7 +264,7 @@ func (s *server) preemptions() int {
 func (s *server) prompt(i int) []int {
 	r := s.trace[i]
 	out := make([]int, (r.Pages-1)*simTokensPerPage+simTokensPerPage/2)
-	base := (s.k*len(s.trace) + i) << 16
+	base := ((s.k+1)*len(s.trace) + i) << 16 // pooledServer's from 0
 	for j := range out {
 		out[j] = base + j
 	}
@@ -433,10 +449,11 @@ type simResult struct {
 	CPUSec      float64       `json:"cpu_s"` // the servers' processes, user and system
 }
 
-// runSim runs both servers in lock step over one book with the given
-// floor and ceiling each, checking after every step that the books are
-// never over-committed.
-func runSim(cfg simConfig, name string, floor, ceiling int, self string, env []string) (simResult, error) {
+// runSim runs both servers (or, pooled, the one server of both traces:
+// pooledServer) in lock step over one book with the given floor and
+// ceiling each, checking after every step that the books are never
+// over-committed.
+func runSim(cfg simConfig, name string, floor, ceiling int, pooled bool, self string, env []string) (simResult, error) {
 	res := simResult{Name: name, Floor: floor, Ceiling: ceiling}
 	dir, err := os.MkdirTemp("", "vmarena-budget-")
 	if err != nil {
@@ -464,7 +481,11 @@ func runSim(cfg simConfig, name string, floor, ceiling int, self string, env []s
 			_ = c.cmd.Wait()
 		}
 	}()
-	for k := 0; k < 2; k++ {
+	servers := []int{0, 1}
+	if pooled {
+		servers = []int{pooledServer}
+	}
+	for _, k := range servers {
 		cmd := exec.Command(self, "-test.run=^$")
 		cmd.Env = append(append(os.Environ(), env...), serverEnv+"=1")
 		in, err := cmd.StdinPipe()
@@ -488,8 +509,8 @@ func runSim(cfg simConfig, name string, floor, ceiling int, self string, env []s
 		}
 	}
 	for t := 0; t < cfg.Steps; t++ {
-		for i := 0; i < 2; i++ {
-			k := (t + i) % 2 // each server goes first every other step
+		for i := range kids {
+			k := (t + i) % len(kids) // each server goes first every other step
 			fmt.Fprintf(kids[k].in, "step %d\n", t)
 			line, err := kids[k].out.ReadString('\n')
 			if err != nil || !strings.HasPrefix(line, "ok ") {
