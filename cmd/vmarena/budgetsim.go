@@ -231,6 +231,9 @@ func (c simConfig) kind(k int) string {
 // join makes the server a member of b.
 func (s *server) join(b *budget.Book, floor, ceiling uint64) error {
 	name := fmt.Sprintf("server-%d", s.k)
+	if s.k == pooledServer {
+		name = "server-both"
+	}
 	var err error
 	if s.h != nil {
 		s.m, err = kvmember.JoinHybrid(b, name, floor, ceiling, s.h)
