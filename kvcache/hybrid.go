@@ -99,6 +99,16 @@ type HybridConfig struct {
 	// each group's goroutine commits a running sequence's next unit
 	// within the one budget's free memory, between the Hybrid's calls.
 	MapAhead int
+	// PrefillChunk is the most tokens the caller appends at once while a
+	// prompt is prefilled after Admit (a chunked prefill: an engine's
+	// token budget a step), or 0: the rest of the prompt in one Append.
+	// CanAdmit and Admit plan a sliding-window group for what a prefill
+	// in such chunks holds at its peak — the window behind a chunk and
+	// the chunk — rather than the whole prompt, which one Append holds
+	// at once before anything goes behind the window; the other groups
+	// hold the whole prompt either way. An Append of more than
+	// PrefillChunk tokens may then find no room (ErrOutOfMemory).
+	PrefillChunk int
 	// NoPrefixSharing turns prefix sharing off in every group.
 	NoPrefixSharing bool
 	// Events, when set, is told every group's prefix index changes, each
@@ -271,6 +281,9 @@ func NewHybrid(space *vaspace.Space, mem *physical.Memory, cfg HybridConfig) (*H
 	}
 	if cfg.Ring && windows == 0 {
 		return nil, bad("Ring needs a sliding-window group")
+	}
+	if cfg.PrefillChunk < 0 || cfg.PrefillChunk > cfg.MaxContext {
+		return nil, bad("PrefillChunk %d: want 0 (the whole prompt in one Append) to MaxContext %d", cfg.PrefillChunk, cfg.MaxContext)
 	}
 	if cfg.BlockTokens == 0 {
 		cfg.BlockTokens = 16
@@ -626,7 +639,7 @@ func (h *Hybrid) planAdmitLocked(what func() string, prompt []int, m, total int,
 		c := g.c
 		c.mu.Lock()
 		mm := c.findAtMostLocked(prompt, m)
-		p := c.planAdmitLocked(mm, total)
+		p := c.planAdmitChunkedLocked(mm, total, h.cfg.PrefillChunk)
 		c.mu.Unlock()
 		if p.sl == nil {
 			return nil, errors.WithHint(errors.Wrapf(driver.ErrBusy, "%s: all %d slots hold sequences", what(), h.cfg.MaxSeqs),

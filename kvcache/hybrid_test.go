@@ -492,3 +492,49 @@ func TestHybridStatePreempted(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestHybridPrefillChunk: with HybridConfig.PrefillChunk, a sliding-window
+// group's admission plan is what a prefill in such chunks holds at its
+// peak — the window behind a chunk and the chunk — not the whole prompt,
+// which one Append holds at once: a prompt whose window group would need
+// four times the budget in one Append is admitted, and prefilled in
+// chunks with no refusal and books Check accepts. A chunk below 0 or past
+// MaxContext is refused.
+func TestHybridPrefillChunk(t *testing.T) {
+	e := simEnv(t, 64*units.MiB, page)
+	cfg := HybridConfig{Groups: []Group{
+		{Kind: FullAttention, Layers: 1, KVHeads: 1, HeadDim: 64},
+		{Kind: SlidingWindow, Layers: 8, KVHeads: 2, HeadDim: 64, Window: 64},
+	}, DType: tensor.Float32, BlockTokens: 16, MaxContext: 2048, MaxSeqs: 2, PageSize: page, Budget: 4 * units.MiB, MapAhead: -1}
+	prompt := seqTokens(2048, 0, 7)
+
+	whole := e.hybrid(t, cfg)
+	ok, err := whole.CanAdmit(prompt, 0)
+	require.NoError(t, err)
+	require.False(t, ok, "in one Append the window group holds the whole prompt: 16 MiB")
+	_, err = whole.Admit(prompt)
+	requireIs(t, err, driver.ErrOutOfMemory, "admit")
+
+	cfg.PrefillChunk = 128
+	h := e.hybrid(t, cfg)
+	ok, err = h.CanAdmit(prompt, 0)
+	require.NoError(t, err)
+	require.True(t, ok, "in chunks of 128 it holds its window and a chunk")
+	s, err := h.Admit(prompt)
+	require.NoError(t, err)
+	for s.Len() < len(prompt) {
+		_, err := s.Append(prompt[s.Len():min(s.Len()+cfg.PrefillChunk, len(prompt))])
+		require.NoError(t, err, "at %d tokens", s.Len())
+		require.NoError(t, h.Check())
+	}
+	require.Zero(t, h.Stats().FailedAdmits)
+	require.NoError(t, s.Free())
+
+	for _, chunk := range []int{-1, cfg.MaxContext + 1} {
+		bad := cfg
+		bad.PrefillChunk = chunk
+		_, err := NewHybrid(e.space, e.mem, bad)
+		requireIs(t, err, driver.ErrInvalid, "PrefillChunk")
+		require.ErrorContains(t, err, "PrefillChunk")
+	}
+}

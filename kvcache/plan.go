@@ -62,6 +62,34 @@ func (c *Cache) planAdmitLocked(m match, total int) plan {
 	return plan{sl: sl, m: m, need: need, room: room}
 }
 
+// planAdmitChunkedLocked is planAdmitLocked for a prompt the caller
+// appends in chunks of at most chunk tokens (HybridConfig.PrefillChunk;
+// 0: in one Append). A sliding-window cache (not a ring) releases the
+// units behind the next token's window before each Append commits, so
+// its prefill holds at most, at any chunk, the units from the first its
+// window reaches to the chunk's end: the plan needs the most new pages
+// any chunk holds, not the whole prompt's (the slot's own pages in a
+// chunk's units count against it, as planAdmitLocked counts them). The
+// room is planAdmitLocked's. It costs a step for each of the prompt's
+// chunks.
+func (c *Cache) planAdmitChunkedLocked(m match, total, chunk int) plan {
+	p := c.planAdmitLocked(m, total)
+	if p.sl == nil || chunk <= 0 || c.cfg.Window == 0 || c.g.ring > 0 {
+		return p
+	}
+	sl, up, k := p.sl, c.g.unitPages(), len(m.units)
+	peak := 0
+	for at := max(m.tokens, 0); at < total; at += chunk {
+		lo := max(c.g.unitsBehind(at+1-c.cfg.Window), k)
+		hi := c.g.unitsFor(min(at+chunk, total))
+		if hi > lo {
+			peak = max(peak, hi-lo-sl.ownedIn(lo, hi))
+		}
+	}
+	p.need = min(p.need, peak*up)
+	return p
+}
+
 // resumeLimitLocked is how many of s's first tokens a Resume may find in
 // the store, and whether a partly shared unit is copied: all of them
 // after a swap (its bytes come back from host memory: no copy), all but
