@@ -99,6 +99,12 @@ type HybridCacheOptions struct {
 	// and each decode's next token. The zero value maps ahead, as
 	// kvcache.Hybrid does by default.
 	NoMapAhead bool
+	// PrefillChunk is the most tokens of a prompt the simulation appends
+	// at once, its Options.MaxBatchedTokens (0: DefaultMaxBatchedTokens):
+	// kvcache's HybridConfig.PrefillChunk, so that a sliding-window
+	// group is asked at admission for its window and a chunk, not the
+	// whole prompt. Simulate refuses a MaxBatchedTokens larger than it.
+	PrefillChunk int
 }
 
 // NewHybridCache makes the scheme: a sim driver of one device holding
@@ -134,17 +140,32 @@ func NewHybridCache(cfg Config, opts HybridCacheOptions) (*HybridCache, error) {
 		return nil, errors.Wrapf(err, "serving: hybrid cache: a sim device of %s", units.Bytes(capacity))
 	}
 	opts.PageSize = pageSize
+	if opts.PrefillChunk == 0 {
+		opts.PrefillChunk = DefaultMaxBatchedTokens
+	}
+	if opts.PrefillChunk < 0 || opts.PrefillChunk > maxBatchedTokens {
+		return nil, errors.CombineErrors(errors.Wrapf(driver.ErrInvalid, "serving: hybrid cache: a prefill chunk of %d tokens, want 1 to %d", opts.PrefillChunk, maxBatchedTokens), drv.Close())
+	}
 	k := &HybridCache{cfg: cfg, opts: opts, page: pageSize, drv: drv, space: vaspace.New(drv), mem: physical.New(drv),
 		seqs: map[int]*hybridCacheSeq{}, kinds: cfg.Model.Groups(), promptOf: -1}
 	k.h, err = kvcache.NewHybrid(k.space, k.mem, kvcache.HybridConfig{Groups: groups, DType: dt,
 		BlockTokens: cfg.BlockTokens, MaxContext: cfg.MaxContext, MaxSeqs: cfg.MaxSeqs, Budget: cfg.Budget, PageSize: pageSize,
 		// Mapping ahead modelled (MapAhead), not run: no goroutine, so
 		// that every call's driver calls are its own.
-		MapAhead: -1})
+		MapAhead: -1, PrefillChunk: min(opts.PrefillChunk, cfg.MaxContext)})
 	if err != nil {
 		return nil, errors.CombineErrors(errors.Wrapf(err, "serving: hybrid cache"), k.closeDriver())
 	}
 	return k, nil
+}
+
+// PrefillChunk is the most tokens of a prompt the scheme plans one
+// Append for (HybridCacheOptions.PrefillChunk).
+func (k *HybridCache) PrefillChunk() int {
+	if k == nil {
+		return 0
+	}
+	return k.opts.PrefillChunk
 }
 
 // hybridGroups is m's groups as kvcache's, for sequences of at most

@@ -71,6 +71,17 @@ func TestHybridSchemesBadConfig(t *testing.T) {
 	require.ErrorIs(t, err, driver.ErrInvalid)
 	_, err = NewHybridCache(Config{Model: bad, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, HybridCacheOptions{})
 	require.ErrorIs(t, err, driver.ErrInvalid)
+	_, err = NewHybridCache(Config{Model: windowModel, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, HybridCacheOptions{PrefillChunk: -1})
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "prefill chunk of -1 tokens")
+	// Steps past the prefill chunk the cache planned for: refused before
+	// anything is simulated.
+	hc, err := NewHybridCache(Config{Model: windowModel, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, HybridCacheOptions{PrefillChunk: 32})
+	require.NoError(t, err)
+	_, err = Simulate([]Request{{Input: 10, Output: 2}}, hc, Options{Config: Config{Model: windowModel, Budget: units.GiB, MaxContext: 64, MaxSeqs: 1}, MaxBatchedTokens: 64})
+	require.ErrorIs(t, err, driver.ErrInvalid)
+	require.ErrorContains(t, err, "steps of up to 64 tokens, past the scheme's prefill chunk of 32")
+	require.NoError(t, hc.Close())
 
 	r := simReq(0, 10, 2)
 	for _, s := range []Scheme{&HybridBlockTable{}, (*HybridBlockTable)(nil), &HybridCache{}, (*HybridCache)(nil)} {

@@ -345,6 +345,16 @@ func Simulate(reqs []Request, scheme Scheme, opts Options) (Result, error) {
 	if err := scheme.Check(); err != nil {
 		return Result{}, errors.Wrapf(err, "serving: simulate %s: the scheme's books are wrong before it starts", scheme.Name())
 	}
+	if pc, ok := scheme.(prefillChunker); ok {
+		steps := opts.MaxBatchedTokens
+		if steps == 0 {
+			steps = DefaultMaxBatchedTokens
+		}
+		if steps > pc.PrefillChunk() {
+			return Result{}, errors.WithHint(errors.Wrapf(driver.ErrInvalid, "serving: simulate %s: steps of up to %d tokens, past the scheme's prefill chunk of %d",
+				scheme.Name(), steps, pc.PrefillChunk()), "make the scheme with a PrefillChunk of at least Options.MaxBatchedTokens")
+		}
+	}
 	extra := 0
 	for i, r := range reqs {
 		if err := checkCallersRequest(reqs, i); err != nil {
@@ -926,6 +936,13 @@ type kvReserver interface {
 	// take, for the next commits to map, adding at most most pages
 	// (negative: no bound).
 	Warm(n, most int) error
+}
+
+// prefillChunker is a scheme that plans a prompt's prefill for chunks
+// of at most PrefillChunk tokens (HybridCache): Simulate refuses steps
+// larger than that.
+type prefillChunker interface {
+	PrefillChunk() int
 }
 
 // chunkAligner is a scheme whose prompt chunks should end at a multiple

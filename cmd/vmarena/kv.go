@@ -334,7 +334,7 @@ func kvSimulate(args []string, stdout, stderr io.Writer) (code int) {
 	var schemes []serving.Scheme
 	var hybridPaged *serving.HybridBlockTable
 	if hybrid {
-		hc, err := serving.NewHybridCache(cfg, serving.HybridCacheOptions{PageSize: uint64(pageSize), NoMapAhead: !*mapAhead})
+		hc, err := serving.NewHybridCache(cfg, serving.HybridCacheOptions{PageSize: uint64(pageSize), NoMapAhead: !*mapAhead, PrefillChunk: *maxBatched})
 		if err != nil {
 			fmt.Fprintf(stderr, "vmarena kv simulate: %v\n", err)
 			return 1
