@@ -396,9 +396,20 @@ func (m *hybridModel) step(op, a, b byte) {
 // runHybridModel runs the operations data decodes to (three bytes each)
 // on a host-driver Hybrid of tinyHybrid's groups.
 func runHybridModel(t testing.TB, data []byte) *hybridModel {
+	return runHybridModelChunk(t, data, 0)
+}
+
+// runHybridModelChunk is runHybridModel with HybridConfig.PrefillChunk
+// chunk: the model prefills a block at a time, so a chunk of a block
+// holds CanAdmit's promise that the prompt's Appends fit.
+func runHybridModelChunk(t testing.TB, data []byte, chunk int) *hybridModel {
 	e := hostEnv(t, 64*units.MiB)
 	cfg := tinyHybrid(480, 4, 24*units.MiB)
 	cfg.Groups[1].Window = 128
+	if cfg.PrefillChunk = chunk; chunk > 0 {
+		// The window group eight times the others: its plan binds.
+		cfg.Groups[1].Layers *= 8
+	}
 	h := e.hybrid(t, cfg)
 	m := &hybridModel{t: t, h: h, bytes: true}
 	for i := 0; i+2 < len(data) && i < 3*200; i += 3 {
@@ -424,14 +435,25 @@ func randomHybridInput(r *rand.Rand, n int) []byte {
 
 // TestHybridModel runs random operation sequences against the model and
 // checks every kind of operation ran, and refusals too.
-func TestHybridModel(t *testing.T) {
+func TestHybridModel(t *testing.T) { testHybridModel(t, 0) }
+
+// TestHybridModelChunked is TestHybridModel with a prefill chunk of a
+// block (HybridConfig.PrefillChunk): the window group's admissions are
+// planned for its window and a chunk, and every prefill CanAdmit agreed
+// to fits.
+func TestHybridModelChunked(t *testing.T) { testHybridModel(t, 16) }
+
+func testHybridModel(t *testing.T, chunk int) {
+	if race.Enabled && chunk > 0 {
+		t.Skip("TestHybridModel's model with a larger window group; run without -race")
+	}
 	seeds := uint64(6)
 	if race.Enabled {
 		seeds = 2 // one goroutine's model, ten times slower under the detector; scripts/test runs the six without it
 	}
 	var total hybridModel
 	for seed := range seeds {
-		m := runHybridModel(t, randomHybridInput(rand.New(rand.NewPCG(seed, 31)), 120))
+		m := runHybridModelChunk(t, randomHybridInput(rand.New(rand.NewPCG(seed, 31)), 120), chunk)
 		total.admits += m.admits
 		total.refused += m.refused
 		total.forks += m.forks
@@ -466,6 +488,7 @@ func FuzzHybridModel(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_ = runHybridModel(t, data)
+		_ = runHybridModelChunk(t, data, 16)
 	})
 }
 

@@ -128,7 +128,27 @@ func (c *Cache) appendPlanLocked(s *Seq, k int) (need, room int) {
 		need = c.emptyPagesLocked(s.sl, c.g.unitsFor(s.n), to) + c.cowPagesLocked(s)
 	}
 	idle, surplus := c.reclaimableLocked(s.sl, to)
-	return need, c.freePagesLocked() + idle + surplus + c.evictablePagesLocked()
+	return need, c.freePagesLocked() + idle + surplus + c.evictablePagesLocked() + c.releasablePagesLocked(s)
+}
+
+// releasablePagesLocked is the pages the release behind s's window that
+// its next Append makes first (releaseBehindLocked) gives back or leaves
+// cached, evictable: its own units there, and the store units no other
+// sequence maps. 0 outside a window cache (and in a ring).
+func (c *Cache) releasablePagesLocked(s *Seq) int {
+	if c.cfg.Window == 0 || c.g.ring > 0 || s.state != seqRunning {
+		return 0
+	}
+	sl, n := s.sl, 0
+	for u := sl.lo; u < min(c.windowFirstLocked(s), sl.hi); u++ {
+		switch ui := sl.units[u]; ui.state {
+		case unitOwned:
+			n++
+		case unitBorrowed:
+			n += b2i(ui.su.refs == 1)
+		}
+	}
+	return n * c.g.unitPages()
 }
 
 // admitUpTo is Admit with the prefix the store lends limited to the first
