@@ -75,3 +75,38 @@ func CloseRacingMap(t *testing.T, d StreamsDriver) {
 	_, err = d.Reserve(g, 0, 0)
 	RequireIs(t, err, driver.ErrClosed)
 }
+
+// CloseFromHostFunc checks that a host function Close waits for may call
+// Close too and gets ErrClosed at once (the driver is closing) rather
+// than waiting for the first Close, which waits for it; the first Close
+// succeeds. The host function calls Close once CreateEvent answers
+// ErrClosed, the sign that Close has begun closing the streams. name
+// starts the second Close's message. d has nothing mapped;
+// CloseFromHostFunc closes it.
+func CloseFromHostFunc(t *testing.T, d StreamsDriver, name string) {
+	t.Helper()
+	s, err := d.CreateStream(0)
+	require.NoError(t, err)
+	inner := make(chan error, 1)
+	require.NoError(t, d.LaunchHostFunc(s, "closes while Close runs", func() error {
+		for {
+			e, err := d.CreateEvent(0)
+			if err == nil {
+				err = d.DestroyEvent(e)
+			}
+			if errors.Is(err, driver.ErrClosed) {
+				break
+			}
+			if err != nil {
+				inner <- err
+				return nil
+			}
+			runtime.Gosched()
+		}
+		inner <- d.Close()
+		return nil
+	}))
+	require.NoError(t, d.Close())
+	RequireIs(t, <-inner, driver.ErrClosed, name+": close")
+	RequireIs(t, d.Close(), driver.ErrClosed)
+}

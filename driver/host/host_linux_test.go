@@ -461,19 +461,7 @@ func TestCloseRacingMap(t *testing.T) {
 func TestCloseFromHostFuncWhileClosing(t *testing.T) {
 	d, err := New(small())
 	require.NoError(t, err)
-	s, err := d.CreateStream(0)
-	require.NoError(t, err)
-	inner := make(chan error, 1)
-	require.NoError(t, d.LaunchHostFunc(s, "closes while Close runs", func() error {
-		for !d.engine.Closed() { // the first Close has begun, and waits for this
-			runtime.Gosched()
-		}
-		inner <- d.Close()
-		return nil
-	}))
-	require.NoError(t, d.Close())
-	drivertest.RequireIs(t, <-inner, driver.ErrClosed, "host: close")
-	drivertest.RequireIs(t, d.Close(), driver.ErrClosed)
+	drivertest.CloseFromHostFunc(t, d, "host")
 }
 
 // TestOutOfDescriptorsIsOutOfMemory: with the process's descriptor limit

@@ -62,19 +62,7 @@ func TestCloseRacingMap(t *testing.T) {
 func TestCloseFromHostFuncWhileClosing(t *testing.T) {
 	d, err := sim.New(sim.Options{Devices: 1, Capacity: 4 << 20})
 	require.NoError(t, err)
-	s, err := d.CreateStream(0)
-	require.NoError(t, err)
-	inner := make(chan error, 1)
-	require.NoError(t, d.LaunchHostFunc(s, "closes while Close runs", func() error {
-		for !sim.Closing(d) {
-			runtime.Gosched()
-		}
-		inner <- d.Close()
-		return nil
-	}))
-	require.NoError(t, d.Close())
-	drivertest.RequireIs(t, <-inner, driver.ErrClosed, "sim: close")
-	drivertest.RequireIs(t, d.Close(), driver.ErrClosed)
+	drivertest.CloseFromHostFunc(t, d, "sim")
 }
 
 // TestHostAllocBounded: HostAlloc lends at most Options.HostMemory of host
