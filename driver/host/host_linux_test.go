@@ -279,13 +279,7 @@ func TestCloseWithUnreportedClosedError(t *testing.T) {
 func TestImportSealedMemfd(t *testing.T) {
 	d := newTest(t, small())
 	g := d.Devices()[1].MinGranularity
-	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	require.NoError(t, unix.Ftruncate(fd, int64(g)))
-	require.NoError(t, unix.Fallocate(fd, 0, 0, int64(g)))
-	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
-	require.NoError(t, err)
+	fd := handMadeMemfd(t, g, g, true)
 	h, err := d.Import(driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: g}, 1)
 	require.NoError(t, err)
 	require.Equal(t, g, d.Used(1))
@@ -303,13 +297,7 @@ func TestImportSealedMemfd(t *testing.T) {
 func TestImportRefusesDescriptorNotReadWrite(t *testing.T) {
 	d := newTest(t, small())
 	g := d.Granularity()
-	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	require.NoError(t, unix.Ftruncate(fd, int64(g)))
-	require.NoError(t, unix.Fallocate(fd, 0, 0, int64(g)))
-	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
-	require.NoError(t, err)
+	fd := handMadeMemfd(t, g, g, true)
 	for _, mode := range []int{unix.O_RDONLY, unix.O_WRONLY} {
 		reopened, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), mode|unix.O_CLOEXEC, 0)
 		require.NoError(t, err)
@@ -339,10 +327,7 @@ func TestImportRefusesDescriptorNotReadWrite(t *testing.T) {
 func TestFailedProtectChangesNothing(t *testing.T) {
 	d := newTest(t, small())
 	g := d.Granularity()
-	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	require.NoError(t, unix.Ftruncate(fd, int64(g)))
+	fd := handMadeMemfd(t, g, 0, false)
 	ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	require.NoError(t, err)
 	defer unix.Close(ro)
@@ -391,13 +376,7 @@ func TestFailedProtectChangesNothing(t *testing.T) {
 func TestImportRefusesUncommittedMemfd(t *testing.T) {
 	d := newTest(t, small())
 	g := d.Granularity()
-	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	require.NoError(t, unix.Ftruncate(fd, int64(2*g)))
-	require.NoError(t, unix.Fallocate(fd, 0, 0, int64(g))) // the first half only
-	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
-	require.NoError(t, err)
+	fd := handMadeMemfd(t, 2*g, g, true) // the first half allocated only
 	sh := driver.Shareable{Type: driver.HandlePOSIXFD, FD: fd, Size: 2 * g}
 	fds, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
@@ -534,4 +513,24 @@ func TestOutOfDescriptorsIsOutOfMemory(t *testing.T) {
 	for _, h := range []driver.Handle{imp, h, unexported, shared} {
 		require.NoError(t, d.Release(h))
 	}
+}
+
+// handMadeMemfd is a memory file of size bytes made as a peer would, not
+// by the driver: the first allocated bytes allocated (fallocate), sealed
+// as a shareable chunk's is (shareSeals) when seal. It is closed when
+// the test ends.
+func handMadeMemfd(t *testing.T, size, allocated uint64, seal bool) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("hand-made", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	require.NoError(t, unix.Ftruncate(fd, int64(size)))
+	if allocated > 0 {
+		require.NoError(t, unix.Fallocate(fd, 0, 0, int64(allocated)))
+	}
+	if seal {
+		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shareSeals)
+		require.NoError(t, err)
+	}
+	return fd
 }
