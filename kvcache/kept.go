@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/internal/errors"
-
-	"github.com/vmarena/vmarena/driver"
 )
 
 // Kept mappings. A sequence that ends (Free) or is preempted leaves the
@@ -195,17 +193,10 @@ func (c *Cache) takeKeptLocked(sl *slot, sus []*storeUnit) (writable bool, err e
 // ends it, the units unmapped before it gone.
 func (c *Cache) ClearKept(pages int) (int, error) {
 	what := func() string { return fmt.Sprintf("kvcache: clear free slots' kept units, at most %d pages", pages) }
-	if err := c.made(what); err != nil {
+	if err := c.lockCount(what, pages); err != nil {
 		return 0, err
 	}
-	if pages < 0 {
-		return 0, errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
-	}
-	c.mu.Lock()
 	defer c.unlock()
-	if err := c.usableLocked(what); err != nil {
-		return 0, err
-	}
 	up := c.g.unitPages()
 	n := 0
 	for {

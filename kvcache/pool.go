@@ -71,17 +71,10 @@ func (c *Cache) checkPoolLocked(fail func(string, ...any)) {
 // and a closed cache (ErrClosed).
 func (c *Cache) Warm(pages int) (int, error) {
 	what := func() string { return fmt.Sprintf("kvcache: warm the page pool to %d pages", pages) }
-	if err := c.made(what); err != nil {
+	if err := c.lockCount(what, pages); err != nil {
 		return 0, err
 	}
-	if pages < 0 {
-		return 0, errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
-	}
-	c.mu.Lock()
 	defer c.unlock()
-	if err := c.usableLocked(what); err != nil {
-		return 0, err
-	}
 	// The pages the free budget cannot give will come from idle slots'
 	// pages and then from evicting cached store units: the idle pages and
 	// the kept mappings of those units go now, ahead, not under the
@@ -96,6 +89,25 @@ func (c *Cache) Warm(pages int) (int, error) {
 		return c.pooledPages(), errors.Wrapf(err, "%s", what())
 	}
 	return c.fillPoolLocked(what, pages)
+}
+
+// lockCount locks c for a call taking a count of pages (Warm,
+// ClearKept): a cache made by New and not closed, and a count not
+// negative (ErrInvalid). On success the caller holds c.mu and lets it go
+// with c.unlock.
+func (c *Cache) lockCount(what func() string, n int) error {
+	if err := c.made(what); err != nil {
+		return err
+	}
+	if n < 0 {
+		return errors.Wrapf(driver.ErrInvalid, "%s: a negative count", what())
+	}
+	c.mu.Lock()
+	if err := c.usableLocked(what); err != nil {
+		c.unlock()
+		return err
+	}
+	return nil
 }
 
 // fillPoolLocked creates pages for the pool until it keeps pages of them,
