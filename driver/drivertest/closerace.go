@@ -36,22 +36,11 @@ func CloseRacingMap(t *testing.T, d StreamsDriver) {
 	mapped := make(chan error, 1)
 	polled := make(chan error, 1)
 	require.NoError(t, d.LaunchHostFunc(s, "maps while Close runs", func() error {
-		for {
-			e, err := d.CreateEvent(0)
-			if err == nil {
-				err = d.DestroyEvent(e)
-			}
-			if errors.Is(err, driver.ErrClosed) {
-				break
-			}
-			if err != nil {
-				polled <- err
-				return nil
-			}
-			runtime.Gosched()
+		err := untilClosing(d)
+		polled <- err
+		if err == nil {
+			mapped <- d.Map(base, h)
 		}
-		polled <- nil
-		mapped <- d.Map(base, h)
 		return nil
 	}))
 	closeErr := d.Close()
@@ -89,19 +78,9 @@ func CloseFromHostFunc(t *testing.T, d StreamsDriver, name string) {
 	require.NoError(t, err)
 	inner := make(chan error, 1)
 	require.NoError(t, d.LaunchHostFunc(s, "closes while Close runs", func() error {
-		for {
-			e, err := d.CreateEvent(0)
-			if err == nil {
-				err = d.DestroyEvent(e)
-			}
-			if errors.Is(err, driver.ErrClosed) {
-				break
-			}
-			if err != nil {
-				inner <- err
-				return nil
-			}
-			runtime.Gosched()
+		if err := untilClosing(d); err != nil {
+			inner <- err
+			return nil
 		}
 		inner <- d.Close()
 		return nil
@@ -109,4 +88,22 @@ func CloseFromHostFunc(t *testing.T, d StreamsDriver, name string) {
 	require.NoError(t, d.Close())
 	RequireIs(t, <-inner, driver.ErrClosed, name+": close")
 	RequireIs(t, d.Close(), driver.ErrClosed)
+}
+
+// untilClosing returns once d's CreateEvent answers ErrClosed (Close has
+// begun closing the streams), or with any other error it answers.
+func untilClosing(d StreamsDriver) error {
+	for {
+		e, err := d.CreateEvent(0)
+		if err == nil {
+			err = d.DestroyEvent(e)
+		}
+		if errors.Is(err, driver.ErrClosed) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		runtime.Gosched()
+	}
 }
